@@ -1,0 +1,185 @@
+"""The exception hierarchy of qplug.
+
+Every failure a user can cause (bad input, bad config, a broken plugin) surfaces as a subclass of
+:class:`QplugError`, never as a bare ``AssertionError``/``KeyError`` from deep inside torch. Errors
+carry structured attributes so that tools (the CLI, reports) can show them without parsing text,
+and messages say what failed, where, and how to fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable, Sequence
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """Return ``" (did you mean 'x'?)"`` for a close candidate, else an empty string."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class QplugError(Exception):
+    """Root of every error qplug raises on purpose."""
+
+
+# -- plugins ---------------------------------------------------------------------------------------
+
+
+class PluginError(QplugError):
+    """A plugin failed; ``plugin`` and ``dist`` say which one."""
+
+    def __init__(self, message: str, *, plugin: str | None = None, dist: str | None = None,
+                 version: str | None = None, hook: str | None = None):
+        super().__init__(message)
+        self.plugin = plugin
+        self.dist = dist
+        self.version = version
+        self.hook = hook
+
+
+class PluginLoadError(PluginError):
+    """Importing or registering a plugin failed."""
+
+
+class PluginHookError(PluginError):
+    """A plugin's hook implementation raised while being called."""
+
+
+class PluginContractError(PluginError):
+    """A plugin's hook returned something that does not satisfy the hook's contract."""
+
+
+class DuplicateBackendError(PluginError):
+    """Two plugins register a backend with the same name."""
+
+    def __init__(self, message: str, *, backend: str, dists: Sequence[str]):
+        super().__init__(message)
+        self.backend = backend
+        self.dists = tuple(dists)
+
+
+# -- backends --------------------------------------------------------------------------------------
+
+
+class BackendError(QplugError):
+    """A backend cannot be found or used."""
+
+    def __init__(self, message: str, *, backend: str | None = None):
+        super().__init__(message)
+        self.backend = backend
+
+
+class BackendNotFoundError(BackendError):
+    """No installed plugin provides the requested backend."""
+
+
+class BackendUnavailableError(BackendError):
+    """The backend is installed but cannot run on this machine (engine missing, wrong CPU...)."""
+
+
+# -- configs and patterns --------------------------------------------------------------------------
+
+
+class ConfigError(QplugError):
+    """A config object or document is invalid; ``field`` is the path of the bad value."""
+
+    def __init__(self, message: str, *, field: str | None = None, value: Any = None):
+        super().__init__(message)
+        self.field = field
+        self.value = value
+
+
+class ConfigValidationError(ConfigError):
+    """A config value fails validation when the object is built."""
+
+
+class DuplicatePatternError(ConfigError):
+    """A pattern is registered twice for one backend (pass ``replace=True`` to override)."""
+
+
+class ConstraintViolationError(ConfigError):
+    """A user's qconfig cannot be honoured by the backend's dtype constraints."""
+
+
+class PatternError(ConfigError):
+    """A fusion/quantization pattern is malformed; ``position`` locates the bad element."""
+
+    def __init__(self, message: str, *, pattern: Any = None, position: tuple[int, ...] | None = None):
+        super().__init__(message, field="pattern", value=pattern)
+        self.pattern = pattern
+        self.position = position
+
+
+# -- graphs ----------------------------------------------------------------------------------------
+
+
+class GraphError(QplugError):
+    """Something went wrong capturing or transforming a graph."""
+
+    def __init__(self, message: str, *, node: str | None = None):
+        super().__init__(message)
+        self.node = node
+
+
+class TraceError(GraphError):
+    """The model cannot be captured as a torch.fx graph."""
+
+    def __init__(self, message: str, *, module: str | None = None, node: str | None = None):
+        super().__init__(message, node=node)
+        self.module = module
+
+
+class PassError(GraphError):
+    """A graph pass failed or left an invalid graph; the input GraphModule is unchanged."""
+
+    def __init__(self, message: str, *, pass_name: str | None = None,
+                 completed_passes: Sequence[str] = (), node: str | None = None):
+        super().__init__(message, node=node)
+        self.pass_name = pass_name
+        self.completed_passes = tuple(completed_passes)
+
+
+# -- calibration and numerics ----------------------------------------------------------------------
+
+
+class CalibrationError(QplugError):
+    """Calibration data is missing or unusable."""
+
+    def __init__(self, message: str, *, node: str | None = None):
+        super().__init__(message)
+        self.node = node
+
+
+class UncalibratedObserverError(CalibrationError):
+    """qparams were requested from observers that never saw data; ``nodes`` lists them."""
+
+    def __init__(self, message: str, *, nodes: Sequence[str] = ()):
+        super().__init__(message, node=nodes[0] if nodes else None)
+        self.nodes = tuple(nodes)
+
+
+class NonFiniteCalibrationError(CalibrationError):
+    """Calibration data contains NaN or Inf; ``count`` says how many values."""
+
+    def __init__(self, message: str, *, node: str | None = None, count: int = 0):
+        super().__init__(message, node=node)
+        self.count = count
+
+
+class NumericOverflowError(QplugError):
+    """An int8 computation would overflow its accumulator or bias range."""
+
+
+# -- serialization ---------------------------------------------------------------------------------
+
+
+class SerializationError(QplugError):
+    """A saved model cannot be written or read."""
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class UnsafeFileError(SerializationError):
+    """The file would need unpickling (code execution) to load."""

@@ -1,0 +1,107 @@
+"""Kernel contract shared by the core's lowering pass and the backend plugins.
+
+A backend registers, for a quantization pattern (complex format, the same key as its
+``BackendPatternConfig``), a :class:`KernelSpec`. At convert time the lowering pass hands the spec's
+``build`` a :class:`KernelContext` describing one matched instance (float module, qparams of every
+quantized input, the output and the weight) and puts the returned module into the graph. The module's
+``forward`` receives the *backend's* quantized tensors in the order of ``input_qparams`` and returns a
+quantized tensor with ``output_qparams``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from qplug_core.errors import ConfigValidationError
+from qplug_core.qparams import QParams
+
+#: torch >= 2.13 deprecates tensors with dtypes quint8/qint8/qint32; the kernels we wrap still need
+#: them, so the warning is silenced exactly around the calls that create such tensors.
+_QUANTIZED_DTYPE_WARNING = r".*quantized tensor creation functions.*deprecated.*|.*quint8.*deprecated.*"
+
+_ENGINE_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def quiet_quantized_dtypes() -> Iterator[None]:
+    """Silence torch's deprecation warning for quantized dtypes inside this block only."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_QUANTIZED_DTYPE_WARNING)
+        yield
+
+
+@contextlib.contextmanager
+def engine_context(engine: str | None) -> Iterator[None]:
+    """Run a block (weight packing) under ``engine`` and restore the user's engine afterwards.
+
+    Packed weights remember the engine they were packed for, so running them needs no switch;
+    only packing does. ``None`` leaves the engine alone.
+    """
+    if engine is None:
+        yield
+        return
+    with _ENGINE_LOCK:
+        previous = torch.backends.quantized.engine
+        torch.backends.quantized.engine = engine
+        try:
+            with quiet_quantized_dtypes():
+                yield
+        finally:
+            torch.backends.quantized.engine = previous
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """Stands in ``KernelContext.args`` for the i-th quantized tensor input of the kernel."""
+
+    index: int
+
+
+@dataclass
+class KernelContext:
+    """One matched, calibrated pattern instance, ready to be turned into an int8 module.
+
+    ``module`` is the float root module after fusion (``nn.Conv2d``, a fused ``ConvReLU2d``, ...) or
+    ``None`` for functional patterns, whose anchor target is in ``target``. ``args``/``kwargs`` are
+    the anchor node's arguments with quantized tensor inputs replaced by :class:`TensorArg`.
+    """
+
+    pattern: Any
+    module: nn.Module | None
+    target: Any
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    input_qparams: tuple[QParams, ...] = ()
+    output_qparams: QParams | None = None
+    weight_qparams: QParams | None = None
+    engine: str | None = None
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """How a backend runs one quantized pattern.
+
+    ``build(ctx)`` returns the int8 module (packing weights under ``ctx.engine``). A ``passthrough``
+    kernel needs no module: the original op runs unchanged on the backend's quantized tensors (shape
+    ops, max pooling), so lowering just removes the dequantize/quantize pair around it.
+    ``self_test()`` raises if the kernel is unusable on this machine; lowering then falls back to
+    the reference form with a warning.
+    """
+
+    op: str
+    build: Callable[[KernelContext], nn.Module] | None = None
+    passthrough: bool = False
+    self_test: Callable[[], None] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.build is None) == (not self.passthrough):
+            raise ConfigValidationError(
+                f"KernelSpec {self.op!r}: give exactly one of build=... or passthrough=True",
+                field="build", value=self.build)

@@ -139,6 +139,14 @@ class PassError(GraphError):
         self.completed_passes = tuple(completed_passes)
 
 
+class InputMismatchError(QplugError):
+    """The example or calibration inputs do not fit the model (wrong count, shape or dtype)."""
+
+
+class ModelStateError(QplugError):
+    """The model is in a state the requested step cannot use (e.g. converting a QAT model in train mode)."""
+
+
 # -- calibration and numerics ----------------------------------------------------------------------
 
 

@@ -1,0 +1,119 @@
+"""Fusion: replace matched subgraphs (conv -> bn -> relu, ...) by one fused module.
+
+Semantics follow PyTorch's FX fuser (matching-rules.md rules 21–25) with two deliberate fixes:
+the config's own fuser method is used as registered (so a backend that only registers
+``(Conv2d, F.relu)`` works), and a root that is not a module call is a clear ``PatternError``
+instead of an ``AssertionError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch.nn.functional as F
+from torch import fx, nn
+import torch
+
+from qplug_core.errors import PatternError
+from qplug_core.fx.graph_utils import set_submodule
+from qplug_core.matcher import Match, find_matches
+from qplug_core.patterns import MatchAllNode, format_pattern
+
+_RELU_FUNCTIONS = (F.relu, torch.relu)
+
+
+@dataclass(frozen=True)
+class FusionRecord:
+    """One fusion that happened: where, which pattern, and the module it produced."""
+
+    module_name: str
+    pattern: str
+    fused_type: str
+    nodes: tuple[str, ...]
+
+
+def fusion_patterns(backend) -> dict[Any, tuple[Any, Callable]]:
+    """complex pattern -> (config, fuser taking complex-order modules) for every fusable config."""
+    table = {}
+    for config in backend.config.configs:
+        pattern = config.pattern_complex_format
+        if config.fuser_method is not None:
+            table[pattern] = (config, config.complex_fuser_method)
+        elif pattern in backend.fuser_methods:
+            table[pattern] = (config, backend.fuser_methods[pattern])
+    return table
+
+
+def fuse_graph(gm: fx.GraphModule, backend, *, is_qat: bool) -> list[FusionRecord]:
+    """Fuse ``gm`` in place with the backend's fusion patterns; return what was fused."""
+    table = fusion_patterns(backend)
+    if not table:
+        return []
+    modules = dict(gm.named_modules())
+    matches = find_matches(gm, {p: entry for p, entry in table.items()}, modules=modules)
+    records = []
+    for match in _unique_in_graph_order(gm, matches):
+        config, fuser = match.config
+        records.append(_apply_fusion(gm, modules, match, config, fuser, is_qat))
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return records
+
+
+def _unique_in_graph_order(gm: fx.GraphModule, matches: Mapping[str, Match]) -> list[Match]:
+    seen, ordered = set(), []
+    for node in gm.graph.nodes:
+        match = matches.get(node.name)
+        if match is not None and id(match) not in seen and match.anchor is node:
+            seen.add(id(match))
+            ordered.append(match)
+    return ordered
+
+
+def _apply_fusion(gm, modules, match: Match, config, fuser, is_qat: bool) -> FusionRecord:
+    root = config.root_node_getter(match.node_pattern) if config.root_node_getter else match.root
+    if not isinstance(root, fx.Node) or root.op != "call_module":
+        raise PatternError(
+            f"fusion pattern {format_pattern(match.pattern)} has root node "
+            f"{getattr(root, 'name', root)!r}, which is not a module call; fusion replaces the root "
+            "module, so set a root node getter that returns the weighted module's node",
+            pattern=match.pattern)
+    root_module = modules[root.target]
+    structured = _modules_for(match.node_pattern, modules, root_module)
+    fused = fuser(is_qat, *structured) if isinstance(structured, tuple) else fuser(is_qat, structured)
+    set_submodule(gm, root.target, fused)
+    modules[root.target] = fused
+
+    extra = tuple(config.extra_inputs_getter(match.node_pattern)) if config.extra_inputs_getter else ()
+    graph = gm.graph
+    with graph.inserting_before(match.anchor):
+        fused_node = graph.call_module(root.target, args=tuple(root.args) + extra, kwargs=dict(root.kwargs))
+    fused_node.meta = dict(root.meta)
+    match.anchor.replace_all_uses_with(fused_node)
+    for node in match.nodes:  # pre-order, anchor first: every member's users inside the match go first
+        if not node.users:
+            graph.erase_node(node)
+    return FusionRecord(root.target, format_pattern(match.pattern), type(fused).__name__,
+                        tuple(n.name for n in match.nodes))
+
+
+def _modules_for(node_pattern, modules, root_module: nn.Module):
+    """Map a matched node structure to the modules/targets a fuser method receives (rule 24)."""
+    if isinstance(node_pattern, (tuple, list)):
+        return tuple(_modules_for(p, modules, root_module) for p in node_pattern)
+    node = node_pattern
+    if not isinstance(node, fx.Node):
+        return MatchAllNode
+    if node.op == "call_module":
+        return modules[node.target]
+    if (node.op == "call_function" and node.target in _RELU_FUNCTIONS) or (
+            node.op == "call_method" and node.target in ("relu", "relu_")):
+        relu = nn.ReLU()
+        relu.train(root_module.training)
+        return relu
+    if node.op in ("call_function", "call_method"):
+        return node.target
+    return MatchAllNode
+

@@ -1,0 +1,195 @@
+"""Lowering: replace reference regions (dequantize -> float op -> quantize) by backend kernels.
+
+For each quantized region whose pattern the backend has a kernel for, the kernel module takes the
+*quantized* inputs directly and produces the quantized output, so consecutive int8 ops pass
+quantized tensors to each other with no dequantize/quantize pair in between. Regions without a
+kernel keep the reference form. Finally the reference ``Quantize``/``Dequantize`` boundaries are
+swapped for the backend's own (which create the backend's quantized tensors).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from qplug_core import qparams as Q
+from qplug_core.fx.graph_utils import is_module_call, set_submodule
+from qplug_core.fx.tags import KERNEL, REGION, region_tag
+from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
+from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
+from qplug_core.qparams import QParams
+
+#: keys of the backend kernel table for the boundary modules (besides patterns)
+QUANTIZE_KEY = "quantize"
+DEQUANTIZE_KEY = "dequantize"
+
+
+@dataclass
+class LoweringSummary:
+    """Which regions run on backend kernels, and which stayed in reference form and why."""
+
+    lowered: dict[str, str] = field(default_factory=dict)  # anchor node -> kernel op
+    reference: dict[str, str] = field(default_factory=dict)  # anchor node -> reason
+
+
+@dataclass
+class _RegionNodes:
+    members: list[fx.Node] = field(default_factory=list)
+    anchor: fx.Node | None = None
+
+
+def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
+    """Lower ``gm`` (reference form) to ``backend``'s kernels, in place."""
+    summary = LoweringSummary()
+    for tag, nodes in _quantized_regions(gm):
+        spec = backend.kernels.get(tag.pattern)
+        name = nodes.anchor.name
+        if spec is None:
+            summary.reference[name] = f"backend {backend.name!r} has no kernel for {tag.pattern_name}"
+            continue
+        problem = _self_test_problem(backend, spec)
+        if problem:
+            summary.reference[name] = problem
+            continue
+        if _lower_region(gm, backend, spec, tag, nodes):
+            summary.lowered[name] = spec.op
+        else:
+            summary.reference[name] = "its inputs or output are not quantized in this graph"
+    _swap_boundaries(gm, backend)
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.graph.lint()
+    gm.recompile()
+    return summary
+
+
+def _quantized_regions(gm: fx.GraphModule):
+    regions: dict[int, _RegionNodes] = defaultdict(_RegionNodes)
+    tags = {}
+    for node in gm.graph.nodes:
+        tag = region_tag(node)
+        if tag is None or not tag.quantized:
+            continue
+        regions[tag.region_id].members.append(node)
+        tags[tag.region_id] = tag
+        if tag.is_anchor:
+            regions[tag.region_id].anchor = node
+    return [(tags[i], r) for i, r in regions.items() if r.anchor is not None]
+
+
+_self_test_results: dict[tuple[str, str], str] = {}
+
+
+def _self_test_problem(backend, spec: KernelSpec) -> str:
+    """Run a kernel's self-test once per process; a failing kernel falls back with a warning."""
+    if spec.self_test is None:
+        return ""
+    key = (backend.name, spec.op)
+    if key not in _self_test_results:
+        try:
+            spec.self_test()
+            _self_test_results[key] = ""
+        except Exception as error:  # a broken kernel must not break conversion
+            _self_test_results[key] = f"kernel {spec.op} failed its self-test ({error}); using the reference form"
+            warnings.warn(f"qplug: backend {backend.name!r}: {_self_test_results[key]}", stacklevel=3)
+    return _self_test_results[key]
+
+
+def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _RegionNodes) -> bool:
+    anchor = nodes.anchor
+    compute = next((m for m in nodes.members if _input_boundaries(gm, m)), anchor)
+    boundaries = _input_boundaries(gm, compute)
+    output_quantize = _single_user(anchor, gm, Quantize)
+    if tag.dtype_config is not None and not tag.is_dynamic and tag.dtype_config.input_dtype is not None \
+            and not boundaries and _has_float_tensor_input(compute):
+        return False
+    if spec.passthrough:
+        return _lower_passthrough(gm, nodes, boundaries, output_quantize)
+    root = next((m for m in nodes.members if m.meta.get("qplug_root")), None)
+    module = gm.get_submodule(root.target) if root is not None else None
+    weight_qparams = None
+    if isinstance(module, ReferenceWeighted):
+        module, weight_qparams = module.module, module.weight_qparams
+    elif root is None and compute.op == "call_module":
+        module = gm.get_submodule(compute.target)
+    index = {b: i for i, b in enumerate(boundaries)}
+    ctx = KernelContext(
+        pattern=tag.pattern, module=module, target=compute.target if compute.op != "call_module" else None,
+        args=_with_tensor_args(compute.args, index), kwargs=_with_tensor_args(compute.kwargs, index),
+        input_qparams=tuple(_boundary_qparams(gm, b) for b in boundaries),
+        output_qparams=gm.get_submodule(output_quantize.target).qparams if output_quantize else None,
+        weight_qparams=weight_qparams, engine=backend.engine)
+    kernel = spec.build(ctx)
+    kernel_name = root.target if root is not None else f"{anchor.name}_int8"
+    set_submodule(gm, kernel_name, kernel)
+    with gm.graph.inserting_before(anchor):
+        new = gm.graph.call_module(kernel_name, args=tuple(b.args[0] for b in boundaries))
+    new.meta.update({k: v for k, v in anchor.meta.items() if k not in ("qplug_root", REGION)})
+    new.meta[KERNEL] = spec.op
+    (output_quantize or anchor).replace_all_uses_with(new)
+    return True
+
+
+def _input_boundaries(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
+    return [a for a in node.all_input_nodes if is_module_call(gm, a, (Dequantize, DynamicQuantize))]
+
+
+def _has_float_tensor_input(node: fx.Node) -> bool:
+    return any(a.meta.get("qplug_value") == "float_tensor" for a in node.all_input_nodes
+               if a.op != "get_attr")
+
+
+def _single_user(node: fx.Node, gm: fx.GraphModule, cls: type) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 and is_module_call(gm, users[0], cls) else None
+
+
+def _boundary_qparams(gm: fx.GraphModule, boundary: fx.Node) -> QParams:
+    module = gm.get_submodule(boundary.target)
+    if isinstance(module, DynamicQuantize):
+        qmin, qmax = Q.quant_range(module.dtype, module.reduce_range)
+        return QParams(torch.tensor(1.0), torch.tensor(0), module.dtype, qmin, qmax, is_dynamic=True)
+    return module.qparams
+
+
+def _with_tensor_args(value: Any, index: dict[fx.Node, int]) -> Any:
+    if isinstance(value, fx.Node):
+        return TensorArg(index[value]) if value in index else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_with_tensor_args(v, index) for v in value)
+    if isinstance(value, dict):
+        return {k: _with_tensor_args(v, index) for k, v in value.items()}
+    return value
+
+
+def _lower_passthrough(gm, nodes: _RegionNodes, boundaries: list[fx.Node], output_quantize) -> bool:
+    if output_quantize is None or len(boundaries) != 1:
+        return False
+    for member in nodes.members:
+        for boundary in boundaries:
+            member.replace_input_with(boundary, boundary.args[0])
+    output_quantize.replace_all_uses_with(nodes.anchor)
+    return True
+
+
+def _swap_boundaries(gm: fx.GraphModule, backend) -> None:
+    quantize_spec = backend.kernels.get(QUANTIZE_KEY)
+    dequantize_spec = backend.kernels.get(DEQUANTIZE_KEY)
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or not node.users:
+            continue
+        module = gm.get_submodule(node.target)
+        if type(module) is Quantize and quantize_spec is not None:
+            ctx = KernelContext(pattern=QUANTIZE_KEY, module=None, target=None,
+                                output_qparams=module.qparams, engine=backend.engine)
+            set_submodule(gm, node.target, quantize_spec.build(ctx))
+        elif type(module) is Dequantize and dequantize_spec is not None:
+            ctx = KernelContext(pattern=DEQUANTIZE_KEY, module=None, target=None,
+                                input_qparams=(module.qparams,), engine=backend.engine)
+            set_submodule(gm, node.target, dequantize_spec.build(ctx))
+

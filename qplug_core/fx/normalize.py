@@ -1,0 +1,82 @@
+"""Turn functional linear/conv calls on constant weights into modules before fusion.
+
+``F.linear(x, self.w, self.b)`` and ``F.conv2d(x, self.w, ...)`` then match, fuse, quantize and lower
+exactly like ``nn.Linear`` / ``nn.Conv2d``, so backends need one kernel per op, not two.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+_CONV = {F.conv1d: nn.Conv1d, F.conv2d: nn.Conv2d, F.conv3d: nn.Conv3d}
+_CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+
+
+def _attr(gm: fx.GraphModule, node) -> torch.Tensor | None:
+    if isinstance(node, fx.Node) and node.op == "get_attr":
+        value = gm.get_parameter(node.target) if _is_param(gm, node.target) else None
+        return value
+    return None
+
+
+def _is_param(gm: fx.GraphModule, target: str) -> bool:
+    try:
+        gm.get_parameter(target)
+        return True
+    except AttributeError:
+        return False
+
+
+def _bound_args(node: fx.Node, names: tuple[str, ...]) -> dict:
+    bound = dict(zip(names, node.args))
+    bound.update(node.kwargs)
+    return bound
+
+
+def normalize_functionals(gm: fx.GraphModule) -> int:
+    """Replace eligible functional calls in place; returns how many were replaced."""
+    replaced = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or (node.target is not F.linear and node.target not in _CONV):
+            continue
+        names = ("input", "weight", "bias") if node.target is F.linear else _CONV_ARGS
+        args = _bound_args(node, names)
+        weight, bias_node = _attr(gm, args.get("weight")), args.get("bias")
+        bias = _attr(gm, bias_node)
+        if weight is None or (bias_node is not None and bias is None):
+            continue
+        module = _module_for(node.target, weight, bias, args)
+        if module is None:
+            continue
+        name = f"{node.name}_module"
+        gm.add_submodule(name, module)
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_module(name, args=(args["input"],))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        replaced += 1
+    if replaced:
+        gm.graph.eliminate_dead_code()
+        gm.delete_all_unused_submodules()
+        gm.recompile()
+    return replaced
+
+
+def _module_for(target, weight: torch.Tensor, bias: torch.Tensor | None, args: dict) -> nn.Module | None:
+    if target is F.linear:
+        module = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    else:
+        settings = {k: args.get(k, d) for k, d in
+                    (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))}
+        if any(isinstance(v, fx.Node) for v in settings.values()):
+            return None
+        groups = settings["groups"]
+        module = _CONV[target](weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]),
+                               bias=bias is not None, **settings)
+    module.weight = weight
+    if bias is not None:
+        module.bias = bias
+    return module

@@ -1,0 +1,98 @@
+"""What a quantization did: fusions, int8 regions, kernels, and every op left in float with why."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch import fx
+
+from qplug_core.fx.fuse import FusionRecord
+from qplug_core.fx.tags import BOUNDARY, KERNEL, OBSERVER, region_tag
+
+#: GraphModule.meta key under which flows keep their report
+REPORT_KEY = "qplug_report"
+
+_NON_COMPUTE_FUNCTIONS = {"getattr", "getitem", "size", "dim"}
+
+
+@dataclass
+class SkippedNode:
+    node: str
+    op: str
+    reason: str
+
+
+@dataclass
+class QuantizationReport:
+    """The record of one quantization; ``skipped`` lists every float compute op with a reason."""
+
+    backend: str
+    mode: str
+    fusions: list[FusionRecord] = field(default_factory=list)
+    quantized: dict[str, str] = field(default_factory=dict)  # anchor node -> pattern
+    kernels: dict[str, str] = field(default_factory=dict)  # anchor node -> kernel op
+    reference: dict[str, str] = field(default_factory=dict)  # anchor node -> why no kernel
+    skipped: list[SkippedNode] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __rich__(self):
+        from rich.table import Table
+
+        table = Table(title=f"qplug quantization report — backend {self.backend} ({self.mode})")
+        table.add_column("what")
+        table.add_column("count", justify="right")
+        table.add_column("details")
+        table.add_row("fusions", str(len(self.fusions)),
+                      ", ".join(sorted({f.fused_type for f in self.fusions})))
+        table.add_row("int8 regions", str(len(self.quantized)), "")
+        table.add_row("on backend kernels", str(len(self.kernels)),
+                      ", ".join(sorted(set(self.kernels.values()))))
+        table.add_row("reference form (no kernel)", str(len(self.reference)),
+                      "; ".join(sorted(set(self.reference.values())))[:200])
+        table.add_row("left in float", str(len(self.skipped)),
+                      "; ".join(f"{s.node}: {s.reason}" for s in self.skipped[:4])[:300])
+        return table
+
+
+def describe_op(node: fx.Node, gm: fx.GraphModule) -> str:
+    if node.op == "call_module":
+        return type(gm.get_submodule(node.target)).__name__
+    target = node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | None = None
+                        ) -> list[SkippedNode]:
+    """Every op that still computes in float, with the reason recorded by prepare or lowering.
+
+    ``fallback_reasons`` (anchor node name -> reason) marks int8 regions that lowering left in
+    reference form: they compute in float between dequantize and quantize, so they are listed too.
+    """
+    anchors = {}
+    for node in gm.graph.nodes:
+        tag = region_tag(node)
+        if tag is not None and tag.is_anchor:
+            anchors[tag.region_id] = node.name
+    skipped = []
+    for node in gm.graph.nodes:
+        if (node.op not in ("call_module", "call_function", "call_method")
+                or OBSERVER in node.meta or BOUNDARY in node.meta or KERNEL in node.meta):
+            continue
+        op = describe_op(node, gm)
+        if op in _NON_COMPUTE_FUNCTIONS:
+            continue
+        tag = region_tag(node)
+        if tag is None:
+            reason = "no quantization pattern of the backend matches this op"
+        elif not tag.quantized:
+            reason = tag.reason
+        elif fallback_reasons and anchors.get(tag.region_id) in fallback_reasons:
+            reason = fallback_reasons[anchors[tag.region_id]]
+        else:
+            continue
+        skipped.append(SkippedNode(node.name, op, reason))
+    return skipped

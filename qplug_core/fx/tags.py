@@ -1,0 +1,63 @@
+"""Plain-data annotations that prepare leaves on nodes for convert and lowering.
+
+Only plain values live in ``node.meta`` (no references to other nodes), so the tags survive
+``copy.deepcopy`` of a GraphModule and every pass that copies meta.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+#: node.meta key: what the node's value is ("float_tensor", "tensor" or "other")
+VALUE_KIND = "qplug_value"
+#: node.meta key: the :class:`RegionTag` of the region the node belongs to
+REGION = "qplug_region"
+#: node.meta key on observer nodes: which value they observe and why ("input"/"output"/"shared")
+OBSERVER = "qplug_observer"
+#: node.meta key on quantize/dequantize boundary nodes
+BOUNDARY = "qplug_boundary"
+#: node.meta key on nodes that run a backend kernel: the kernel's op name
+KERNEL = "qplug_kernel"
+
+
+@dataclass(frozen=True)
+class RegionTag:
+    """What prepare decided for the region a node belongs to."""
+
+    region_id: int
+    is_anchor: bool
+    pattern: Any
+    pattern_name: str
+    quantized: bool
+    reason: str
+    weighted: bool
+    is_dynamic: bool
+    qconfig: Any = None
+    dtype_config: Any = None
+
+
+def value_kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return "float_tensor" if value.is_floating_point() else "tensor"
+    return "other"
+
+
+class ValueAnnotator(fx.Interpreter):
+    """Runs the graph once on example inputs and records each node's value kind.
+
+    Knowing which values are float tensors lets prepare observe exactly those (never integer
+    indices, shapes or tuples), instead of guessing from op names.
+    """
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        n.meta[VALUE_KIND] = value_kind(result)
+        return result
+
+
+def region_tag(node: fx.Node) -> RegionTag | None:
+    return node.meta.get(REGION)

@@ -1,0 +1,116 @@
+"""The reference (simulated) quantized form that runs anywhere.
+
+``convert_to_reference_fx`` produces graphs built from these modules: ``Quantize`` turns a float tensor
+into plain integers (uint8/int8 storage, no torch quantized dtypes), ``Dequantize`` turns them back,
+and weighted float modules carry weights that were quantized and dequantized once. Every real backend
+is tested against this form, and lowering reads the qparams it records.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from qplug_core import qparams as Q
+from qplug_core.qparams import QParams
+
+
+class _QParamsHolder(nn.Module):
+    """Stores one QParams as buffers so that state_dict save/load and ``.to()`` keep it."""
+
+    def __init__(self, qparams: QParams):
+        super().__init__()
+        self.register_buffer("scale", qparams.scale.detach().clone().to(torch.float32))
+        self.register_buffer("zero_point", qparams.zero_point.detach().clone().to(torch.int64))
+        self.dtype = qparams.dtype
+        self.quant_min = qparams.quant_min
+        self.quant_max = qparams.quant_max
+        self.axis = qparams.axis
+
+    @property
+    def qparams(self) -> QParams:
+        return QParams(self.scale, self.zero_point, self.dtype, self.quant_min, self.quant_max, self.axis)
+
+    def extra_repr(self) -> str:
+        if self.axis is None:
+            return (f"dtype={self.dtype}, scale={float(self.scale):.6g}, "
+                    f"zero_point={int(self.zero_point)}")
+        return f"dtype={self.dtype}, axis={self.axis}, channels={self.scale.numel()}"
+
+
+class Quantize(_QParamsHolder):
+    """float -> plain integer tensor with this module's qparams (reference form)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Q.quantize(x, self.qparams)
+
+
+class Dequantize(_QParamsHolder):
+    """plain integer tensor -> float with this module's qparams (reference form)."""
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return Q.dequantize(q, self.qparams)
+
+
+class DynamicQuantize(nn.Module):
+    """Simulates run-time (dynamic) activation quantization: per-batch min/max qparams, then q/dq.
+
+    Mirrors what dynamic int8 kernels do internally, so reference and lowered dynamic models agree.
+    """
+
+    def __init__(self, dtype: torch.dtype = torch.quint8, reduce_range: bool = False):
+        super().__init__()
+        self.dtype = dtype
+        self.reduce_range = reduce_range
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:
+            return x
+        qmin, qmax = Q.quant_range(self.dtype, self.reduce_range)
+        scale, zero_point = Q.compute_qparams(
+            x.detach().min(), x.detach().max(), dtype=self.dtype, qscheme=torch.per_tensor_affine,
+            quant_min=qmin, quant_max=qmax, eps=torch.finfo(torch.float32).eps)
+        return Q.fake_quantize(x, QParams(scale, zero_point, self.dtype, qmin, qmax))
+
+    def extra_repr(self) -> str:
+        return f"dtype={self.dtype}, reduce_range={self.reduce_range}"
+
+
+class ReferenceWeighted(nn.Module):
+    """A float module whose weight was quantized then dequantized once with ``weight_qparams``.
+
+    Keeps the wrapped module (and its name in the model) so per-layer comparison and lowering find
+    it; ``weight_qparams`` lets lowering re-quantize the weight exactly (the values lie on the grid).
+    """
+
+    def __init__(self, module: nn.Module, weight_qparams: QParams, weight_name: str = "weight"):
+        super().__init__()
+        self.module = copy.deepcopy(module)
+        self.weight_name = weight_name
+        holder = _QParamsHolder(weight_qparams)
+        self.weight_qparams_holder = holder
+        owner, attr = _weight_owner(self.module, weight_name)
+        weight = getattr(owner, attr)
+        with torch.no_grad():
+            weight.copy_(Q.fake_quantize(weight.detach(), weight_qparams))
+
+    @property
+    def weight_qparams(self) -> QParams:
+        return self.weight_qparams_holder.qparams
+
+    @property
+    def weight(self) -> torch.Tensor:
+        owner, attr = _weight_owner(self.module, self.weight_name)
+        return getattr(owner, attr)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def _weight_owner(module: nn.Module, weight_name: str) -> tuple[nn.Module, str]:
+    """Resolve a dotted weight name ("0.weight" inside a fused Sequential) to (owner, attr)."""
+    owner_path, _, attr = weight_name.rpartition(".")
+    owner = module.get_submodule(owner_path) if owner_path else module
+    return owner, attr

@@ -90,6 +90,11 @@ def _state(gm: fx.GraphModule) -> dict[str, Any]:
     return state
 
 
+def get_default_qconfig_mapping(backend: str | Backend | None = None, mode: str = "static") -> QConfigMapping:
+    """The backend's default QConfigMapping for ``mode`` ("static", "qat" or "dynamic")."""
+    return get_backend(backend).default_qconfig_mapping(mode)
+
+
 def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Backend | None = None,
             is_qat: bool = False, inplace: bool = False, non_traceable_module_names=(),
             non_traceable_module_classes=()) -> fx.GraphModule:

@@ -91,27 +91,39 @@ def _is_weighted(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
     return weight_name_of(module) is not None or isinstance(module, (nn.RNNBase, nn.RNNCellBase))
 
 
-def module_path_and_type(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[str, Any]:
-    """What a QConfigMapping resolves on: the module path a node belongs to and its object type.
+class CallCounter:
+    """Counts calls of one object type per module, for ``set_module_name_object_type_order``."""
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, Any], int] = {}
+
+    def next(self, scope: str, object_type: Any) -> int:
+        index = self._counts.get((scope, object_type), 0)
+        self._counts[(scope, object_type)] = index + 1
+        return index
+
+
+def resolve_qconfig(mapping: QConfigMapping, node: fx.Node, modules: dict[str, nn.Module],
+                    counter: CallCounter) -> QConfig | None:
+    """The qconfig of a region's root node, with torch.ao's lookup rules per node kind.
 
     Fused modules resolve as their weighted child (users write rules for ``nn.Conv2d``, not for
     ``ConvReLU2d``) unless the mapping names the fused type itself.
     """
     if node.op == "call_module":
-        return node.target, type(modules[node.target])
+        module = modules[node.target]
+        object_type = type(module)
+        if (isinstance(module, nn.Sequential) and len(module)
+                and object_type not in mapping.object_type_qconfigs):
+            object_type = type(module[0])
+        parent = node.target.rpartition(".")[0]
+        return mapping.qconfig_for_module(node.target, object_type, counter.next(parent, object_type))
     stack = node.meta.get("nn_module_stack") or {}
-    path = next(reversed(stack)) if stack else ""
-    return path, node.target
-
-
-def resolve_qconfig(mapping: QConfigMapping, node: fx.Node, modules: dict[str, nn.Module],
-                    index: int | None) -> QConfig | None:
-    path, object_type = module_path_and_type(node, modules)
-    qconfig = mapping.qconfig_for(path, object_type, index)
-    module = modules.get(node.target) if node.op == "call_module" else None
-    if isinstance(module, nn.Sequential) and len(module) and object_type not in mapping.object_type_qconfigs:
-        qconfig = mapping.qconfig_for(path, type(module[0]), index)
-    return qconfig
+    scope_path, scope_type = next(reversed(stack.values())) if stack else ("", None)
+    if node.op == "call_function":
+        index = counter.next(scope_path, node.target)
+        return mapping.qconfig_for_function(node.target, scope_path, scope_type, index)
+    return mapping.qconfig_for_method(node.target, scope_path, scope_type)
 
 
 def observer_traits(obs: nn.Module) -> dict[str, Any]:
@@ -170,7 +182,7 @@ class RegionPlanner:
         matches = find_matches(self.gm, configs, modules=self.modules)
         regions: list[Region] = []
         seen: set[int] = set()
-        index_counter: dict[tuple[str, Any], int] = {}
+        counter = CallCounter()
         for node in self.gm.graph.nodes:
             match = matches.get(node.name)
             if match is None or match.anchor is not node or id(match) in seen:
@@ -178,10 +190,7 @@ class RegionPlanner:
             seen.add(id(match))
             region = Region(match, match.config)
             region.inputs = self._external_inputs(match)
-            key = module_path_and_type(region.root, self.modules)
-            index = index_counter.get(key, 0)
-            index_counter[key] = index + 1
-            region.qconfig = resolve_qconfig(self.mapping, region.root, self.modules, index)
+            region.qconfig = resolve_qconfig(self.mapping, region.root, self.modules, counter)
             region.weighted = _is_weighted(region.root, self.modules)
             self._choose_dtype_config(region)
             regions.append(region)

@@ -1,0 +1,113 @@
+"""Capture a model as a torch.fx GraphModule at two levels of the same IR.
+
+* :func:`capture_module` traces symbolically (module-level graph: ``call_module`` for leaves,
+  torch functions and methods otherwise). This is what the fuse/prepare/convert flows use.
+* :func:`capture_aten` exports with ``torch.export`` and returns ``ExportedProgram.module()``:
+  a runnable GraphModule whose ops are ``torch.ops.aten.*`` and whose parameters are ordinary
+  attributes (``get_attr`` nodes), so the same passes run on both levels. ``graph_module`` of the
+  ExportedProgram is not used because it lifts parameters to placeholders, which changes the
+  calling convention.
+
+A failure becomes a :class:`~qplug_core.errors.TraceError` that names the innermost submodule
+whose ``forward`` could not be traced and the two ways out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+from torch.fx import GraphModule, Tracer
+
+from qplug_core.errors import TraceError
+
+__all__ = ["QplugTracer", "capture_module", "capture_aten"]
+
+
+class QplugTracer(Tracer):
+    """fx's default leaf rule plus caller-chosen opaque modules; records the failing submodule.
+
+    ``node.meta["nn_module_stack"]`` is filled by fx's Tracer itself (an ordered dict
+    ``{qualified_name: (qualified_name, module_type)}``) for every node created inside a module.
+    """
+
+    def __init__(self, *, leaf_modules: Iterable[type[nn.Module]] = (),
+                 non_traceable_module_names: Iterable[str] = (),
+                 non_traceable_module_classes: Iterable[type[nn.Module]] = ()) -> None:
+        super().__init__()
+        self._leaf_classes = tuple(leaf_modules) + tuple(non_traceable_module_classes)
+        self._leaf_names = frozenset(non_traceable_module_names)
+        self._stack: list[str] = []
+        self.failing_module: str | None = None
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self._leaf_names or isinstance(m, self._leaf_classes):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        name = self.path_of_module(m)
+        self._stack.append(name)
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        except Exception:
+            # The innermost frame records first; outer frames must not overwrite it.
+            if self.failing_module is None:
+                self.failing_module = name
+            raise
+        finally:
+            self._stack.pop()
+
+
+def capture_module(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
+                   non_traceable_module_names: Sequence[str] = (),
+                   non_traceable_module_classes: Sequence[type[nn.Module]] = (),
+                   concrete_args: dict[str, Any] | None = None) -> GraphModule:
+    """Symbolically trace ``model`` into a GraphModule.
+
+    The listed modules (by class or qualified name) become opaque ``call_module`` nodes; fx's
+    default leaves (``torch.nn`` modules) stay leaves. Raises :class:`TraceError` naming the
+    submodule that cannot be traced.
+    """
+    tracer = QplugTracer(leaf_modules=leaf_modules,
+                         non_traceable_module_names=non_traceable_module_names,
+                         non_traceable_module_classes=non_traceable_module_classes)
+    try:
+        graph = tracer.trace(model, concrete_args=concrete_args)
+    except Exception as e:
+        where = tracer.failing_module or ""
+        location = f"submodule {where!r} ({type(model.get_submodule(where)).__name__})" \
+            if where else f"the top-level forward of {type(model).__name__}"
+        fix = (f"mark it non-traceable with non_traceable_module_names=[{where!r}] "
+               f"(or non_traceable_module_classes=[{type(model.get_submodule(where)).__name__}])"
+               if where else "move the untraceable code into a submodule and mark that submodule "
+               "non-traceable (non_traceable_module_names / non_traceable_module_classes)")
+        raise TraceError(f"cannot trace {location}: {type(e).__name__}: {e}. Either {fix}, or "
+                         "quantize in eager mode with qp.eager.", module=where or None) from e
+    name = type(model).__name__
+    return GraphModule(tracer.root, graph, name)
+
+
+def capture_aten(model: nn.Module, example_inputs: tuple[Any, ...], *,
+                 decompose: bool = False) -> GraphModule:
+    """Export ``model`` with ``torch.export`` into an ATen-level GraphModule.
+
+    Returns ``ExportedProgram.module()`` (parameters as ``get_attr``, same calling convention as
+    the model). With ``decompose=True`` the program is first lowered to the core ATen opset via
+    ``run_decompositions()``.
+    """
+    if not isinstance(example_inputs, tuple):
+        raise TraceError(f"example_inputs must be a tuple of positional inputs, got "
+                         f"{type(example_inputs).__name__}; wrap a single tensor as (x,).")
+    try:
+        program = torch.export.export(model, example_inputs)
+        if decompose:
+            program = program.run_decompositions()
+        return program.module()
+    except Exception as e:
+        raise TraceError(f"torch.export could not capture {type(model).__name__}: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Mark "
+                         "data-dependent code non-traceable and use capture_module, or quantize "
+                         "in eager mode with qp.eager.") from e

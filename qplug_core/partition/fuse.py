@@ -1,0 +1,101 @@
+"""Turn groups of nodes into submodules called through ``call_module``.
+
+Each group becomes a GraphModule whose inputs are the values the group reads from outside and
+whose outputs are the values read after it (a tuple unpacked by ``getitem`` when there are
+several). The caller's graph is then re-sorted topologically, because the call has to sit after
+all of its inputs and before all users of its outputs, which no single original position
+guarantees. The groups must be acyclic with respect to each other (the partitioner ensures it).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Sequence
+
+from torch.fx import Graph, GraphModule, Node
+
+from qplug_core.errors import GraphError
+
+__all__ = ["fuse_by_partitions", "stable_topological_sort"]
+
+
+def _build_submodule(gm: GraphModule, nodes: list[Node], name: str
+                     ) -> tuple[GraphModule, list[Node], list[Node]]:
+    members = set(nodes)
+    inputs: dict[Node, None] = {}
+    for node in nodes:
+        for a in node.all_input_nodes:
+            if a not in members:
+                inputs.setdefault(a)
+    outputs = [n for n in nodes if any(u not in members for u in n.users)]
+    sub = Graph()
+    env: dict[Node, Node] = {}
+    for a in inputs:
+        env[a] = sub.placeholder(a.name)
+        env[a].meta.update(a.meta)
+    for node in nodes:
+        env[node] = sub.node_copy(node, env.__getitem__)
+    sub.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[o] for o in outputs))
+    return GraphModule(gm, sub, class_name=name), list(inputs), outputs
+
+
+def stable_topological_sort(graph: Graph) -> None:
+    """Reorder ``graph`` so every node follows its inputs, moving as few nodes as possible."""
+    placed: set[Node] = set()
+    order: list[Node] = []
+    for root in graph.nodes:
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if node in placed:
+                continue
+            if expanded:
+                placed.add(node)
+                order.append(node)
+                continue
+            stack.append((node, True))
+            stack.extend((a, False) for a in reversed(node.all_input_nodes) if a not in placed)
+    prev = order[0]
+    for node in order[1:]:
+        if prev.next is not node:
+            prev.append(node)
+        prev = node
+
+
+def fuse_by_partitions(gm: GraphModule, partitions: Sequence[Sequence[Node]],
+                       prefix: str = "fused_") -> GraphModule:
+    """Fuse each group of nodes of ``gm`` into a submodule ``<prefix><i>``; edits ``gm`` in place."""
+    graph = gm.graph
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    for i, group in enumerate(partitions):
+        nodes = sorted(group, key=position.__getitem__)
+        if not nodes:
+            continue
+        bad = [n.name for n in nodes if n.op in ("placeholder", "output")]
+        if bad:
+            raise GraphError(f"cannot fuse placeholder/output nodes {bad}; partitions hold call "
+                             "and get_attr nodes only.", node=bad[0])
+        name = f"{prefix}{i}"
+        sub, inputs, outputs = _build_submodule(gm, nodes, name)
+        gm.add_submodule(name, sub)
+        with graph.inserting_after(nodes[-1]):
+            call = graph.call_module(name, tuple(inputs))
+        members = set(nodes)
+
+        def outside(user: Node) -> bool:
+            return user not in members
+
+        if len(outputs) == 1:
+            outputs[0].replace_all_uses_with(call, delete_user_cb=outside)
+        else:
+            with graph.inserting_after(call):
+                for k, out in enumerate(outputs):
+                    item = graph.call_function(operator.getitem, (call, k))
+                    item.meta.update(out.meta)
+                    out.replace_all_uses_with(item, delete_user_cb=outside)
+        for node in reversed(nodes):
+            graph.erase_node(node)
+    stable_topological_sort(graph)
+    graph.lint()
+    gm.recompile()
+    return gm

@@ -1,0 +1,188 @@
+"""CapabilityBasedPartitioner and operator support rules."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+from torch import fx, nn
+
+from qplug_core.errors import GraphError
+from qplug_core.ir import capture_aten
+from qplug_core.partition import (
+    CapabilityBasedPartitioner,
+    OperatorSupport,
+    OperatorSupportBase,
+    OpSupports,
+    any_chain,
+    chain,
+)
+
+aten = torch.ops.aten
+
+
+class AddMul(OperatorSupportBase):
+    """The seed's example support."""
+
+    def is_node_supported(self, submodules, node):
+        return node.op == "call_function" and node.target in (aten.add.Tensor, aten.mul.Tensor)
+
+
+class AddMulModel(nn.Module):
+    def forward(self, x, y):
+        a = x + y
+        b = a * y
+        c = torch.relu(b)
+        return c * x + y
+
+
+EX = (torch.randn(4), torch.randn(4))
+
+
+@pytest.fixture(scope="module")
+def aten_gm() -> fx.GraphModule:
+    return capture_aten(AddMulModel(), EX)
+
+
+def names(partitions) -> list[set[str]]:
+    return sorted(({n.name for n in p.nodes} for p in partitions), key=sorted)
+
+
+def test_seed_add_mul_example(aten_gm):
+    import copy
+    gm = copy.deepcopy(aten_gm)
+    ref = gm(*EX)
+    part = CapabilityBasedPartitioner(gm, AddMul())
+    partitions = part.propose_partitions()
+    assert names(partitions) == [{"add", "mul"}, {"add_1", "mul_1"}]
+    fused = part.fuse_partitions(partitions)
+    assert sorted(n.target for n in fused.graph.nodes if n.op == "call_module"
+                  and n.target.startswith("fused_")) == ["fused_0", "fused_1"]
+    torch.testing.assert_close(fused(*EX), ref)
+
+
+def diamond() -> fx.GraphModule:
+    """a -> (b unsupported) -> d and a -> d: fusing {a, d} would be a cycle through b."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(torch.add, (x, x))
+    a2 = g.call_function(torch.mul, (a, a))
+    b = g.call_function(torch.sigmoid, (a2,))
+    d = g.call_function(torch.add, (a2, b))
+    d2 = g.call_function(torch.mul, (d, d))
+    g.output(d2)
+    return fx.GraphModule(nn.Module(), g)
+
+
+SUPPORT = OperatorSupport({torch.add: None, torch.mul: None})
+
+
+def test_diamond_refuses_cyclic_merge():
+    gm = diamond()
+    x = torch.randn(5)
+    ref = gm(x)
+    part = CapabilityBasedPartitioner(gm, SUPPORT)
+    partitions = part.propose_partitions()
+    assert names(partitions) == [{"add", "mul"}, {"add_1", "mul_1"}]
+    fused = part.fuse_partitions(partitions)
+    fused.graph.lint()
+    torch.testing.assert_close(fused(x), ref)
+
+
+def test_independent_partitions_merge_horizontally():
+    g = fx.Graph()
+    x = g.placeholder("x")
+    left = g.call_function(torch.mul, (g.call_function(torch.add, (x, x)), x))
+    right = g.call_function(torch.mul, (g.call_function(torch.add, (x, 1.0)), x))
+    g.output(g.call_function(torch.sigmoid, (g.call_function(torch.sub, (left, right)),)))
+    gm = fx.GraphModule(nn.Module(), g)
+    (only,) = CapabilityBasedPartitioner(gm, SUPPORT).propose_partitions()
+    assert only.size() == 4
+    x_val = torch.randn(3)
+    ref = gm(x_val)
+    torch.testing.assert_close(CapabilityBasedPartitioner(gm, SUPPORT).partition_and_fuse()(x_val), ref)
+
+
+def single_add() -> fx.GraphModule:
+    return fx.symbolic_trace(lambda x: torch.sigmoid(torch.add(x, x)))
+
+
+def test_single_node_partitions_dropped_by_default():
+    assert CapabilityBasedPartitioner(single_add(), SUPPORT).propose_partitions() == []
+
+
+def test_single_node_partitions_when_allowed():
+    gm = single_add()
+    assert len(CapabilityBasedPartitioner(gm, SUPPORT, allows_single_node_partition=True)
+               .propose_partitions()) == 1
+    assert len(CapabilityBasedPartitioner(gm, SUPPORT, allowed_single_node_partition_ops=[
+        "torch.add"]).propose_partitions()) == 1
+
+
+def test_non_compute_only_partitions_dropped():
+    gm = fx.symbolic_trace(lambda x: torch.sigmoid(torch.flatten(torch.add(x, x))))
+    support = OperatorSupport({torch.add: None, torch.flatten: None})
+    keep = CapabilityBasedPartitioner(gm, support).propose_partitions()
+    assert len(keep) == 1 and keep[0].size() == 2
+    # flatten counted as non-compute: one compute node left, so the partition is dropped
+    assert CapabilityBasedPartitioner(gm, support, non_compute_ops=["torch.flatten"]
+                                      ).propose_partitions() == []
+
+
+def test_getitem_joins_its_producer():
+    def f(x):
+        parts = torch.split(x * 2, 2)
+        return torch.sigmoid(torch.add(parts[0], parts[1]))
+
+    gm = fx.symbolic_trace(f)
+    support = OperatorSupport({operator.mul: None, torch.split: None})
+    (p,) = CapabilityBasedPartitioner(gm, support).propose_partitions()
+    assert {n.name for n in p.nodes} == {"mul", "split", "getitem", "getitem_1"}
+
+
+def test_modules_count_as_compute():
+    gm = fx.symbolic_trace(nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Sigmoid()))
+    support = OperatorSupport({nn.Linear: None, nn.ReLU: None})
+    (p,) = CapabilityBasedPartitioner(gm, support).propose_partitions()
+    assert {n.target for n in p.nodes} == {"0", "1"}
+    x = torch.randn(2, 3)
+    ref = gm(x)
+    torch.testing.assert_close(CapabilityBasedPartitioner(gm, support).partition_and_fuse()(x), ref)
+
+
+def test_dtype_rules_on_aten_graph():
+    class M(nn.Module):
+        def forward(self, x, i):
+            return (x + x) * x + (i + i) * i
+
+    gm = capture_aten(M(), (torch.randn(3), torch.arange(3)))
+    float_only = OperatorSupport({
+        aten.add.Tensor: (([torch.float32], [torch.float32]), {}),
+        "torch.ops.aten.mul.Tensor": (([torch.float32],), {}),
+    })
+    partitions = CapabilityBasedPartitioner(gm, float_only).propose_partitions()
+    (p,) = partitions
+    assert all(n.meta["val"].dtype == torch.float32 for n in p.nodes)
+    no_int = chain(OperatorSupport({aten.add.Tensor: None, aten.mul.Tensor: None}),
+                   OpSupports.decline_if_input_dtype(torch.int64))
+    assert names(CapabilityBasedPartitioner(gm, no_int).propose_partitions()) == names(partitions)
+
+
+def test_chain_and_any_chain_and_names():
+    gm = diamond()
+    nodes = {n.name: n for n in gm.graph.nodes}
+    add_only = OperatorSupport({torch.add: None})
+    not_add = OpSupports.decline_if_node_in_names({"add"})
+    assert not chain(add_only, not_add).is_node_supported({}, nodes["add"])
+    assert chain(add_only, not_add).is_node_supported({}, nodes["add_1"])
+    assert any_chain(add_only, OperatorSupport({torch.sigmoid: None})).is_node_supported(
+        {}, nodes["sigmoid"])
+    assert not any_chain(add_only).is_node_supported({}, nodes["mul"])
+
+
+def test_dtype_rule_without_metadata_is_graph_error():
+    gm = diamond()
+    support = OperatorSupport({torch.add: (([torch.float32],), {})})
+    with pytest.raises(GraphError, match="no dtype metadata"):
+        CapabilityBasedPartitioner(gm, support).propose_partitions()

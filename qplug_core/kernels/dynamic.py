@@ -1,0 +1,242 @@
+"""Dynamic (weight-only ahead of time) kernels: Linear, LSTM, GRU and the RNN cells.
+
+Weights are quantized once (qint8, per-tensor or per-channel symmetric, or float16) and packed under
+the target engine; activations are quantized per call inside the ops, so these modules take and
+return float tensors. fbgemm quantizes activations to 7 bits (``reduce_range``) because non-VNNI
+x86 saturates int16 pair sums in ``vpmaddubsw``; qnnpack ignores the flag (and complains), so it
+gets ``False``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from qplug_core.errors import ConfigValidationError, ConstraintViolationError
+from qplug_core.kernels._common import (
+    check_reduction_length,
+    forward_quiet,
+    quantize_weight,
+    split_fused_relu,
+)
+from qplug_core.kernels.base import engine_context
+from qplug_core.kernels.capabilities import engine_capabilities
+from qplug_core.qparams import QParams
+
+_Q = torch.ops.quantized
+_WEIGHT_DTYPES = (torch.qint8, torch.float16)
+
+
+def symmetric_weight_qparams(weight: torch.Tensor, per_channel: bool) -> QParams:
+    """qint8 symmetric min/max qparams (torch's default dynamic weight observer: amax / 127.5)."""
+    w = weight.detach().float()
+    amax = w.abs().flatten(1).amax(1) if per_channel else w.abs().max()
+    scale = torch.clamp(amax / 127.5, min=torch.finfo(torch.float32).eps)
+    return QParams(scale, torch.zeros_like(scale, dtype=torch.int64), torch.qint8, -128, 127,
+                   axis=0 if per_channel else None, is_dynamic=True)
+
+
+class _DynamicKernel(nn.Module):
+    """Shared ``from_float`` checks and weight packing of the dynamic modules."""
+
+    _float_type: type[nn.Module] | tuple[type[nn.Module], ...]
+
+    def __init__(self, dtype: torch.dtype, engine: str, reduce_range: bool):
+        super().__init__()
+        self.dtype, self.engine, self.reduce_range = dtype, engine, reduce_range
+
+    @classmethod
+    def _check(cls, dtype: torch.dtype, engine: str, per_channel: bool) -> None:
+        name, caps = cls.__name__, engine_capabilities(engine)
+        if dtype not in _WEIGHT_DTYPES:
+            raise ConfigValidationError(f"{name}: dtype must be torch.qint8 or torch.float16, got "
+                                        f"{dtype}", field="dtype", value=dtype)
+        if dtype == torch.float16 and not caps.fp16_dynamic_linear:
+            raise ConstraintViolationError(
+                f"{name}: engine {engine!r} on torch {torch.__version__} cannot pack float16 "
+                f"weights; use dtype=torch.qint8", field="dtype", value=dtype)
+        if per_channel and dtype == torch.qint8 and not caps.per_channel_linear:
+            raise ConstraintViolationError(
+                f"{name}: engine {engine!r} lacks per-channel linear weights; use per_channel=False",
+                field="per_channel", value=per_channel)
+
+    def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None, per_channel: bool) -> object:
+        """Pack one weight matrix (call under ``engine_context``)."""
+        check_reduction_length(weight.shape[1], type(self).__name__)
+        bias = None if bias is None else bias.detach().float()
+        if self.dtype == torch.float16:
+            return _Q.linear_prepack_fp16(weight.detach().float(), bias)
+        return _Q.linear_prepack(quantize_weight(weight, symmetric_weight_qparams(weight, per_channel)),
+                                 bias)
+
+    @classmethod
+    def from_float(cls, mod: nn.Module, *, dtype: torch.dtype = torch.qint8,
+                   engine: str | None = None, per_channel: bool = False) -> _DynamicKernel:
+        """Quantize and pack ``mod``'s weights for ``engine`` (default: the current engine)."""
+        engine = engine or torch.backends.quantized.engine
+        cls._check(dtype, engine, per_channel)
+        kernel = cls(dtype, engine, reduce_range=engine in ("fbgemm", "x86"))
+        with engine_context(engine):
+            kernel._build(mod, per_channel)
+        return kernel
+
+    def _build(self, mod: nn.Module, per_channel: bool) -> None:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"dtype={self.dtype}, engine={self.engine!r}, reduce_range={self.reduce_range}"
+
+
+class DynamicLinear(_DynamicKernel):
+    """``nn.Linear`` (+ReLU) with int8 or fp16 weights; float in, float out."""
+
+    def _build(self, mod: nn.Module, per_channel: bool) -> None:
+        linear, relu = split_fused_relu(mod, nn.Linear, type(self).__name__)
+        self._packed = self._pack(linear.weight, linear.bias, per_channel)
+        if self.dtype == torch.float16:
+            self._op: Callable[[torch.Tensor], torch.Tensor] = (
+                _Q.linear_relu_dynamic_fp16 if relu else _Q.linear_dynamic_fp16)
+        else:
+            op, reduce_range = (_Q.linear_relu_dynamic if relu else _Q.linear_dynamic), self.reduce_range
+            self._op = lambda x, packed: op(x, packed, reduce_range)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with forward_quiet():
+            return self._op(x, self._packed)
+
+
+def _bias(mod: nn.Module, name: str, size: int) -> torch.Tensor:
+    """The cell ops need bias tensors; a bias-free layer gets zeros (same numbers)."""
+    b = getattr(mod, name, None)
+    return torch.zeros(size) if b is None else b.detach().float()
+
+
+class _DynamicRNN(_DynamicKernel):
+    """Stacked, optionally bidirectional LSTM/GRU over ``torch.quantized_lstm`` / ``_gru``."""
+
+    def _build(self, mod: nn.Module, per_channel: bool) -> None:
+        if not isinstance(mod, self._float_type):
+            raise ConfigValidationError(f"{type(self).__name__}: expected {self._float_type}, got "
+                                        f"{type(mod).__name__}", field="module")
+        if getattr(mod, "proj_size", 0):
+            raise ConstraintViolationError(f"{type(self).__name__}: proj_size is not supported by "
+                                           f"torch.quantized_lstm", field="proj_size")
+        self.num_layers, self.hidden_size = mod.num_layers, mod.hidden_size
+        self.bidirectional, self.batch_first = mod.bidirectional, mod.batch_first
+        params = []
+        for layer in range(mod.num_layers):
+            for suffix in ("", "_reverse")[: 2 if mod.bidirectional else 1]:
+                names = [f"{kind}_{part}_l{layer}{suffix}" for kind in ("weight", "bias")
+                         for part in ("ih", "hh")]
+                w_ih, w_hh = getattr(mod, names[0]), getattr(mod, names[1])
+                b_ih, b_hh = (_bias(mod, n, w_ih.shape[0]) for n in names[2:])
+                p_ih, p_hh = self._pack(w_ih, b_ih, per_channel), self._pack(w_hh, b_hh, per_channel)
+                if self.dtype == torch.float16:
+                    params.append(_Q.make_quantized_cell_params_fp16(p_ih, p_hh))
+                else:
+                    params.append(_Q.make_quantized_cell_params_dynamic(p_ih, p_hh, b_ih, b_hh,
+                                                                        self.reduce_range))
+        self._params = params
+
+    def _zeros(self, x: torch.Tensor) -> torch.Tensor:
+        batch = x.shape[0 if self.batch_first else 1]
+        layers = self.num_layers * (2 if self.bidirectional else 1)
+        return torch.zeros(layers, batch, self.hidden_size, dtype=x.dtype)
+
+
+class DynamicLSTM(_DynamicRNN):
+    """``nn.LSTM`` (batched input): ``forward(x, (h0, c0)=None) -> (out, (h, c))``."""
+
+    _float_type = nn.LSTM
+
+    def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        if hx is None:
+            hx = (self._zeros(x), self._zeros(x))
+        with forward_quiet():
+            out, h, c = torch.quantized_lstm(x, hx, self._params, True, self.num_layers, 0.0, False,
+                                             self.bidirectional, self.batch_first, dtype=self.dtype,
+                                             use_dynamic=True)
+        return out, (h, c)
+
+
+class DynamicGRU(_DynamicRNN):
+    """``nn.GRU`` (batched input): ``forward(x, h0=None) -> (out, h)``."""
+
+    _float_type = nn.GRU
+
+    def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        with forward_quiet():
+            return torch.quantized_gru(x, self._zeros(x) if hx is None else hx, self._params, True,
+                                       self.num_layers, 0.0, False, self.bidirectional,
+                                       self.batch_first)
+
+
+class _DynamicCell(_DynamicKernel):
+    """One recurrent cell: two dynamic linears (ih, hh) and the float gate maths.
+
+    torch's ``quantized_*_cell_dynamic`` ops hard-code ``reduce_range=True``, which makes qnnpack
+    print an unsuppressible C++ warning to stderr; composing the cell from ``linear_dynamic``
+    calls keeps the per-engine ``reduce_range`` and the same numbers.
+    """
+
+    def _build(self, mod: nn.Module, per_channel: bool) -> None:
+        if not isinstance(mod, self._float_type):
+            raise ConfigValidationError(f"{type(self).__name__}: expected {self._float_type}, got "
+                                        f"{type(mod).__name__}", field="module")
+        self.hidden_size = mod.hidden_size
+        self._p_ih = self._pack(mod.weight_ih, mod.bias_ih, per_channel)
+        self._p_hh = self._pack(mod.weight_hh, mod.bias_hh, per_channel)
+        self._nonlinearity = getattr(mod, "nonlinearity", None)
+
+    def _linear(self, x: torch.Tensor, packed: object) -> torch.Tensor:
+        with forward_quiet():
+            if self.dtype == torch.float16:
+                return _Q.linear_dynamic_fp16(x, packed)
+            return _Q.linear_dynamic(x, packed, self.reduce_range)
+
+    def _gates(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._linear(x, self._p_ih), self._linear(h, self._p_hh)
+
+    def _zeros(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(x.shape[0], self.hidden_size, dtype=x.dtype)
+
+
+class LSTMCell(_DynamicCell):
+    """``nn.LSTMCell``: ``forward(x, (h, c)=None) -> (h', c')``."""
+
+    _float_type = nn.LSTMCell
+
+    def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, c = (self._zeros(x), self._zeros(x)) if hx is None else hx
+        gi, gh = self._gates(x, h)
+        i, f, g, o = (gi + gh).chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+
+class GRUCell(_DynamicCell):
+    """``nn.GRUCell``: ``forward(x, h=None) -> h'``."""
+
+    _float_type = nn.GRUCell
+
+    def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
+        h = self._zeros(x) if hx is None else hx
+        (i_r, i_z, i_n), (h_r, h_z, h_n) = (g.chunk(3, 1) for g in self._gates(x, h))
+        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        return (1 - z) * n + z * h
+
+
+class RNNCell(_DynamicCell):
+    """``nn.RNNCell`` (tanh or relu): ``forward(x, h=None) -> h'``."""
+
+    _float_type = nn.RNNCell
+
+    def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
+        gi, gh = self._gates(x, self._zeros(x) if hx is None else hx)
+        return torch.relu(gi + gh) if self._nonlinearity == "relu" else torch.tanh(gi + gh)

@@ -1,0 +1,97 @@
+"""Weight-only 8-bit Embedding / EmbeddingBag (per-row float scale and offset).
+
+``embedding_bag_byte_prepack`` stores each row as uint8 plus its own float scale and minimum in a
+plain ``torch.uint8`` tensor, so no deprecated quantized dtype is involved. Indices in, float out.
+The per-row qparams come from the row's min/max (the op's own rule), not from calibration.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from qplug_core.errors import ConfigValidationError, ConstraintViolationError
+from qplug_core.kernels.base import KernelContext, engine_context
+
+_Q = torch.ops.quantized
+
+
+def _pack_rows(mod: nn.Module, engine: str | None) -> torch.Tensor:
+    if mod.max_norm is not None:
+        raise ConstraintViolationError(f"{type(mod).__name__}: max_norm renormalises rows at run "
+                                       f"time and cannot be quantized ahead of time", field="max_norm")
+    with engine_context(engine):
+        return _Q.embedding_bag_byte_prepack(mod.weight.detach().float().contiguous())
+
+
+def _lookup(packed: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+            per_sample_weights: torch.Tensor | None, include_last_offset: bool) -> torch.Tensor:
+    return _Q.embedding_bag_byte_rowwise_offsets(packed, indices, offsets, False, 0, False,
+                                                 per_sample_weights, None, include_last_offset)
+
+
+class Embedding(nn.Module):
+    """``nn.Embedding`` lookups of 8-bit rows: each index is a bag of one, summed."""
+
+    def __init__(self, packed: torch.Tensor, embedding_dim: int):
+        super().__init__()
+        self.register_buffer("packed_weight", packed)
+        self.embedding_dim = embedding_dim
+
+    @classmethod
+    def from_float(cls, mod: nn.Embedding, *, engine: str | None = None) -> Embedding:
+        return cls(_pack_rows(mod, engine), mod.embedding_dim)
+
+    @classmethod
+    def from_context(cls, ctx: KernelContext) -> Embedding:
+        return cls.from_float(ctx.module, engine=ctx.engine)
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        flat = indices.reshape(-1)
+        offsets = torch.arange(flat.numel(), dtype=flat.dtype)
+        out = _lookup(self.packed_weight, flat, offsets, None, False)
+        return out.reshape(*indices.shape, self.embedding_dim)
+
+
+class EmbeddingBag(nn.Module):
+    """``nn.EmbeddingBag`` (mode sum or mean) over 8-bit rows.
+
+    The op only sums; ``mean`` is a weighted sum with weights 1/bag-size. ``max`` has no 8-bit
+    kernel and is refused at build.
+    """
+
+    def __init__(self, packed: torch.Tensor, mode: str, include_last_offset: bool):
+        super().__init__()
+        self.register_buffer("packed_weight", packed)
+        self.mode, self.include_last_offset = mode, include_last_offset
+
+    @classmethod
+    def from_float(cls, mod: nn.EmbeddingBag, *, engine: str | None = None) -> EmbeddingBag:
+        if mod.mode not in ("sum", "mean"):
+            raise ConstraintViolationError(f"EmbeddingBag: mode={mod.mode!r} has no 8-bit kernel "
+                                           f"(sum and mean only)", field="mode", value=mod.mode)
+        return cls(_pack_rows(mod, engine), mod.mode, mod.include_last_offset)
+
+    @classmethod
+    def from_context(cls, ctx: KernelContext) -> EmbeddingBag:
+        return cls.from_float(ctx.module, engine=ctx.engine)
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        include_last = self.include_last_offset
+        if indices.dim() == 2:  # fixed-size bags, one per row
+            bags, length = indices.shape
+            offsets = torch.arange(0, bags * length, length, dtype=indices.dtype)
+            indices, include_last = indices.reshape(-1), False
+        elif offsets is None:
+            raise ConfigValidationError("EmbeddingBag: 1-D indices need offsets", field="offsets")
+        if self.mode == "mean":
+            if per_sample_weights is not None:
+                raise ConfigValidationError("EmbeddingBag: per_sample_weights need mode='sum'",
+                                            field="per_sample_weights")
+            ends = offsets[1:] if include_last else torch.cat(
+                [offsets[1:], offsets.new_tensor([indices.numel()])])
+            counts = ends - offsets[: ends.numel()]
+            per_sample_weights = torch.repeat_interleave(1.0 / counts.clamp(min=1).float(), counts)
+        return _lookup(self.packed_weight, indices, offsets.to(indices.dtype), per_sample_weights,
+                       include_last)

@@ -1,0 +1,43 @@
+"""Ops that run unchanged on quantized tensors (verified on fbgemm and qnnpack, quint8 and qint8).
+
+Lowering removes the dequantize/quantize pair around them and the output keeps the input's
+qparams; backends register them as ``KernelSpec(passthrough=True)``. Targets are functions,
+``call_method`` names (str) and module classes, as the pattern format uses.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qplug_core.kernels.capabilities import engine_capabilities
+
+PASSTHROUGH_OPS: tuple[object, ...] = (
+    # pooling (max pooling and averaging keep the input's qparams)
+    F.max_pool1d, F.max_pool2d, nn.MaxPool1d, nn.MaxPool2d,
+    F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+    F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d,
+    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+    torch.mean, "mean",
+    # shape and data movement
+    torch.flatten, nn.Flatten, "flatten", "reshape", "view", "permute", "transpose", "contiguous",
+    torch.reshape, torch.permute, torch.transpose, torch.squeeze, torch.unsqueeze,
+    "squeeze", "unsqueeze", torch.chunk, torch.split, "chunk", "split", torch.narrow, "narrow",
+    "repeat", "expand", F.pixel_shuffle, nn.PixelShuffle, F.interpolate, nn.Upsample,
+    # clipping activations (exact on the integer grid)
+    F.relu, torch.relu, nn.ReLU, "relu", F.relu6, nn.ReLU6, F.hardtanh, nn.Hardtanh,
+    torch.clamp, "clamp", F.dropout, nn.Dropout, nn.Identity,
+)
+
+#: passthrough ops some engines lack (dispatched on the global engine at run time)
+_ENGINE_DEPENDENT: dict[str, tuple[object, ...]] = {
+    "max_pool3d": (F.max_pool3d, nn.MaxPool3d),
+}
+
+
+def passthrough_ops(engine: str) -> tuple[object, ...]:
+    """:data:`PASSTHROUGH_OPS` plus those ``engine`` supports by probe (max_pool3d: not qnnpack)."""
+    caps = engine_capabilities(engine)
+    extra = tuple(op for flag, ops in _ENGINE_DEPENDENT.items() if getattr(caps, flag) for op in ops)
+    return PASSTHROUGH_OPS + extra

@@ -1,0 +1,184 @@
+"""Element-wise, activation, norm and passthrough kernels vs a float reference, per engine.
+
+These ops have no packed state: torch dispatches them on the global engine, so each case runs
+under ``engine_context(engine)`` to exercise that engine's implementation.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+from torch import nn
+
+from kernel_reference import ENGINES, lsb_diff, output_qparams_covering, qparams, random_activation
+from qplug_core.errors import ConstraintViolationError
+from qplug_core.kernels.base import KernelContext, TensorArg, engine_context
+from qplug_core.kernels.torch_int8 import (
+    ELU, FIXED_QPARAMS, Add, AddReLU, BatchNorm2d, BatchNorm3d, Cat, GroupNorm, Hardsigmoid,
+    Hardswish, InstanceNorm, LayerNorm, LeakyReLU, Mul, MulReLU, Sigmoid, Softmax, Tanh,
+)
+
+CI = settings(derandomize=True, max_examples=15, deadline=None)
+SHAPES = st.lists(st.integers(1, 5), min_size=2, max_size=4).map(tuple)
+DTYPES = st.sampled_from([torch.quint8, torch.qint8])
+
+
+def run(kernel_cls, ctx: KernelContext, reference, inputs, engine: str, max_lsb: int = 1) -> None:
+    expected = reference(*(x.dequantize() for x in inputs))
+    if ctx.output_qparams is None:
+        ctx.output_qparams = output_qparams_covering(expected, inputs[0].dtype)
+    ctx.engine = engine
+    module = kernel_cls.from_context(ctx)
+    with engine_context(engine):
+        out = module(*inputs)
+    assert lsb_diff(out, expected).max().item() <= max_lsb
+
+
+def activation(shape, seed, dtype=torch.quint8, scale=0.03):
+    zp = 100 if dtype == torch.quint8 else -20
+    high = 255 if dtype == torch.quint8 else 127
+    return random_activation(shape, scale, zp, torch.Generator().manual_seed(seed), high, dtype)
+
+
+BINARY = [(Add, torch.add), (AddReLU, lambda a, b: torch.relu(a + b)), (Mul, torch.mul),
+          (MulReLU, lambda a, b: torch.relu(a * b))]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("kernel_cls,reference", BINARY)
+@CI
+@given(shape=SHAPES, dtype=DTYPES, seed=st.integers(0, 2**16))
+def test_binary_tensor_tensor(engine, kernel_cls, reference, shape, dtype, seed):
+    a, b = activation(shape, seed, dtype), activation(shape, seed + 1, dtype, scale=0.02)
+    ctx = KernelContext(pattern="p", module=None, target=torch.add, args=(TensorArg(0), TensorArg(1)),
+                        input_qparams=(qparams(a.q_scale(), a.q_zero_point(), dtype),
+                                       qparams(b.q_scale(), b.q_zero_point(), dtype)))
+    run(kernel_cls, ctx, reference, (a, b), engine)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("kernel_cls,reference", BINARY)
+@CI
+@given(shape=SHAPES, scalar=st.sampled_from([-1.5, -0.25, 0.5, 2.0, 3]), seed=st.integers(0, 2**16))
+def test_binary_tensor_scalar(engine, kernel_cls, reference, shape, scalar, seed):
+    a = activation(shape, seed)
+    ctx = KernelContext(pattern="p", module=None, target=torch.add, args=(TensorArg(0), scalar),
+                        input_qparams=(qparams(a.q_scale(), a.q_zero_point()),))
+    # the scalar ops keep the input's grid; the reference may differ by the op's own rounding
+    run(kernel_cls, ctx, lambda x: reference(x, torch.tensor(float(scalar))), (a,), engine, max_lsb=2)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@CI
+@given(shape=SHAPES, dim=st.integers(0, 1), n=st.integers(2, 3), seed=st.integers(0, 2**16))
+def test_cat(engine, shape, dim, n, seed):
+    xs = [activation(shape, seed + i, scale=0.02 + 0.01 * i) for i in range(n)]
+    ctx = KernelContext(pattern="p", module=None, target=torch.cat,
+                        args=([TensorArg(i) for i in range(n)],), kwargs={"dim": dim},
+                        input_qparams=tuple(qparams(x.q_scale(), x.q_zero_point()) for x in xs))
+    run(Cat, ctx, lambda *t: torch.cat(t, dim), xs, engine)
+
+
+UNARY = [(Hardswish, nn.Hardswish()), (ELU, nn.ELU(0.5)), (LeakyReLU, nn.LeakyReLU(0.2)),
+         (Softmax, nn.Softmax(dim=-1))]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("kernel_cls,module", UNARY)
+@CI
+@given(shape=SHAPES, dtype=DTYPES, seed=st.integers(0, 2**16))
+def test_unary(engine, kernel_cls, module, shape, dtype, seed):
+    if kernel_cls is Softmax and (engine == "qnnpack" or dtype == torch.qint8):
+        dtype = torch.quint8  # quantized softmax: quint8 only
+    x = activation(shape, seed, dtype)
+    ctx = KernelContext(pattern="p", module=module, target=type(module), args=(TensorArg(0),),
+                        input_qparams=(qparams(x.q_scale(), x.q_zero_point(), dtype),))
+    run(kernel_cls, ctx, module, (x,), engine)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("kernel_cls,name,fn", [(Sigmoid, "sigmoid", torch.sigmoid),
+                                                (Tanh, "tanh", torch.tanh),
+                                                (Hardsigmoid, "hardsigmoid", F.hardsigmoid)])
+@pytest.mark.parametrize("dtype", [torch.quint8, torch.qint8])
+def test_fixed_qparams(engine, kernel_cls, name, fn, dtype):
+    x = activation((4, 33), 5, dtype, scale=0.05)
+    scale, zp = FIXED_QPARAMS[name][dtype]
+    ctx = KernelContext(pattern="p", module=None, target=fn, args=(TensorArg(0),),
+                        input_qparams=(qparams(x.q_scale(), x.q_zero_point(), dtype),),
+                        output_qparams=qparams(scale, zp, dtype))
+    run(kernel_cls, ctx, fn, (x,), engine)
+    ctx.output_qparams = qparams(0.1, zp, dtype)
+    with pytest.raises(ConstraintViolationError, match="fixed"):
+        kernel_cls.from_context(ctx)
+
+
+def _bn(dim: int, seed: int) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    bn = getattr(nn, f"BatchNorm{dim}d")(3).eval()
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5, generator=g)
+        bn.bias.uniform_(-0.5, 0.5, generator=g)
+        bn.running_mean.uniform_(-1, 1, generator=g)
+        bn.running_var.uniform_(0.5, 2, generator=g)
+    return bn
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@CI
+@given(dim=st.sampled_from([2, 3]), relu=st.booleans(), n=st.integers(1, 3), size=st.integers(1, 4),
+       seed=st.integers(0, 2**16))
+def test_batch_norm(engine, dim, relu, n, size, seed):
+    bn = _bn(dim, seed)
+    module = nn.Sequential(bn, nn.ReLU()) if relu else bn
+    x = activation((n, 3) + (size,) * dim, seed)
+    ctx = KernelContext(pattern="p", module=module, target=None, args=(TensorArg(0),),
+                        input_qparams=(qparams(x.q_scale(), x.q_zero_point()),))
+    run(BatchNorm3d if dim == 3 else BatchNorm2d, ctx, module, (x,), engine)
+
+
+NORMS = [(LayerNorm, lambda: nn.LayerNorm([4, 5]), (3, 4, 5)),
+         (GroupNorm, lambda: nn.GroupNorm(2, 4), (2, 4, 3, 3)),
+         (InstanceNorm, lambda: nn.InstanceNorm2d(4, affine=True), (2, 4, 3, 3)),
+         (InstanceNorm, lambda: nn.InstanceNorm1d(4), (2, 4, 7))]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("kernel_cls,make,shape", NORMS)
+@settings(derandomize=True, max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16))
+def test_norms(engine, kernel_cls, make, shape, seed):
+    module = make()
+    if getattr(module, "weight", None) is not None:
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(seed)
+            module.weight.uniform_(0.5, 1.5, generator=g)
+            module.bias.uniform_(-0.5, 0.5, generator=g)
+    x = activation(shape, seed)
+    ctx = KernelContext(pattern="p", module=module, target=None, args=(TensorArg(0),),
+                        input_qparams=(qparams(x.q_scale(), x.q_zero_point()),))
+    run(kernel_cls, ctx, module, (x,), engine)
+
+
+PASSTHROUGH_CASES = [
+    ("max_pool2d", lambda x: F.max_pool2d(x, 2), 0), ("max_pool1d", lambda x: F.max_pool1d(x.flatten(2), 2), 0),
+    ("avg_pool2d", lambda x: F.avg_pool2d(x, 2), 1), ("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, 1), 1),
+    ("mean", lambda x: x.mean((2, 3)), 1), ("flatten", lambda x: torch.flatten(x, 1), 0),
+    ("permute", lambda x: x.permute(0, 2, 3, 1), 0), ("relu6", F.relu6, 0),
+    ("hardtanh", lambda x: F.hardtanh(x, -0.5, 0.5), 1), ("clamp", lambda x: torch.clamp(x, -0.5, 0.5), 1),
+    ("interpolate", lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), 1),
+    ("chunk", lambda x: torch.chunk(x, 2, 1)[1], 0), ("dropout", lambda x: F.dropout(x, 0.5, False), 0),
+]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("dtype", [torch.quint8, torch.qint8])
+@pytest.mark.parametrize("name,fn,max_lsb", PASSTHROUGH_CASES, ids=[c[0] for c in PASSTHROUGH_CASES])
+def test_passthrough_ops_keep_qparams(engine, dtype, name, fn, max_lsb):
+    x = activation((2, 4, 6, 6), 9, dtype)
+    with engine_context(engine):
+        out = fn(x)
+    assert (out.q_scale(), out.q_zero_point()) == (x.q_scale(), x.q_zero_point())
+    assert lsb_diff(out, fn(x.dequantize())).max().item() <= max_lsb

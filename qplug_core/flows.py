@@ -7,6 +7,7 @@ modified, and records what it did in ``GraphModule.meta`` for the next step and 
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from typing import Any, Iterable
 
@@ -31,10 +32,17 @@ from qplug_core.fx.regions import RegionPlanner
 from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes
 from qplug_core.fx.tags import ValueAnnotator, region_tag
 from qplug_core.ir.capture import capture_module
+from qplug_core.passes import PassManager
 from qplug_core.fx.leaves import leaf_module_classes
 
 _STATE_KEY = "qplug_state"
 _ON_UNSUPPORTED = ("warn", "raise", "skip")
+
+
+def run_passes(gm: fx.GraphModule, passes: list) -> None:
+    """Run flow passes in place through the PassManager (lint after each pass under QPLUG_DEBUG)."""
+    debug = os.environ.get("QPLUG_DEBUG") == "1"
+    PassManager(passes, inplace=True, run_checks_after_each_pass=debug)(gm)
 
 
 def as_input_tuple(example_inputs: Any) -> tuple:
@@ -102,8 +110,11 @@ def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Back
     chosen = resolve_backend(backend)
     gm = _capture(model, inplace=inplace, non_traceable_module_names=non_traceable_module_names,
                   non_traceable_module_classes=non_traceable_module_classes)
-    normalize_functionals(gm)
-    gm.meta["qplug_fusions"] = fuse_graph(gm, chosen, is_qat=is_qat)
+
+    def fuse(graph_module: fx.GraphModule) -> None:
+        graph_module.meta["qplug_fusions"] = fuse_graph(graph_module, chosen, is_qat=is_qat)
+
+    run_passes(gm, [*chosen.passes("pre_fuse"), normalize_functionals, fuse])
     return gm
 
 
@@ -127,15 +138,19 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     gm = fuse_fx(model, inputs, backend=chosen, is_qat=is_qat, inplace=inplace,
                  non_traceable_module_names=non_traceable_module_names,
                  non_traceable_module_classes=non_traceable_module_classes)
-    _annotate(gm, inputs)
-    regions = RegionPlanner(gm, chosen, mapping, keep_isolated_ops_float=keep_isolated_ops_float,
-                            on_unsupported=on_unsupported).plan()
-    if is_qat:
-        swap_qat_modules(gm, regions)
-    ObserverInserter(gm, is_qat=is_qat).insert(regions)
-    tag_regions(regions)
-    gm.graph.lint()
-    gm.recompile()
+
+    def annotate(graph_module: fx.GraphModule) -> None:
+        _annotate(graph_module, inputs)
+
+    def observe(graph_module: fx.GraphModule) -> None:
+        regions = RegionPlanner(graph_module, chosen, mapping, on_unsupported=on_unsupported,
+                                keep_isolated_ops_float=keep_isolated_ops_float).plan()
+        if is_qat:
+            swap_qat_modules(graph_module, regions)
+        ObserverInserter(graph_module, is_qat=is_qat).insert(regions)
+        tag_regions(regions)
+
+    run_passes(gm, [annotate, observe, *chosen.passes("post_prepare")])
     gm.meta[_STATE_KEY] = {"backend": chosen.name, "mode": mode}
     if is_qat:
         gm.train()
@@ -241,8 +256,16 @@ def convert_fx(observed: fx.GraphModule, *, backend: str | Backend | None = None
     chosen = get_backend(backend if backend is not None else state["backend"]).require_available()
     gm = observed if inplace else copy.deepcopy(observed)
     _check_device(gm, chosen)
-    convert_graph(gm, allow_uncalibrated=allow_uncalibrated)
-    summary = lower_graph(gm, chosen)
+    lowering = {}
+
+    def convert(graph_module: fx.GraphModule) -> None:
+        convert_graph(graph_module, allow_uncalibrated=allow_uncalibrated)
+
+    def lower(graph_module: fx.GraphModule) -> None:
+        lowering["summary"] = lower_graph(graph_module, chosen)
+
+    run_passes(gm, [*chosen.passes("pre_convert"), convert, lower, *chosen.passes("post_convert")])
+    summary = lowering["summary"]
     report = QuantizationReport(backend=chosen.name, mode=state["mode"],
                                 fusions=list(gm.meta.get("qplug_fusions", [])),
                                 kernels=dict(summary.lowered), reference=dict(summary.reference))

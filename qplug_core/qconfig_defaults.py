@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qplug_core.backend import MODES
 from qplug_core.config import QConfig, QConfigMapping
 from qplug_core.errors import ConfigError, did_you_mean
 from qplug_core.observers import (
@@ -31,20 +32,20 @@ from qplug_core.observers import (
     PlaceholderObserver,
 )
 
-MODES = ("static", "qat", "dynamic")
 _FLOAT_IN_STATIC = (nn.LayerNorm, F.layer_norm, nn.GroupNorm, F.group_norm, nn.InstanceNorm1d,
                     nn.InstanceNorm2d, nn.InstanceNorm3d, F.instance_norm, nn.Softmax, F.softmax,
                     torch.softmax, "softmax")
 _DYNAMIC_MODULES = (nn.Linear, nn.LSTM, nn.GRU, nn.RNNCell, nn.LSTMCell, nn.GRUCell)
 _EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
+_CONV_TRANSPOSE = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
 def _weight_factory(*, per_channel: bool, qat: bool, weight_quant_min: int, weight_quant_max: int,
-                    eps: float):
+                    eps: float, ch_axis: int = 0):
     kwargs = dict(dtype=torch.qint8, quant_min=weight_quant_min, quant_max=weight_quant_max, eps=eps,
                   qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric)
     if per_channel:
-        kwargs["ch_axis"] = 0
+        kwargs["ch_axis"] = ch_axis
     if qat:
         observer = MovingAveragePerChannelMinMaxObserver if per_channel else MovingAverageMinMaxObserver
         return FakeQuantize.with_args(observer=observer, **kwargs)
@@ -86,9 +87,14 @@ def float16_dynamic_qconfig() -> QConfig:
 
 
 def default_qconfig_mapping(mode: str = "static", *, reduce_range: bool = False, per_channel: bool = True,
-                            weight_quant_min: int = -128, weight_quant_max: int = 127,
+                            per_channel_conv_transpose: bool = False, weight_quant_min: int = -128,
+                            weight_quant_max: int = 127,
                             eps: float = torch.finfo(torch.float32).eps) -> QConfigMapping:
-    """The mapping a backend with these properties should use for ``mode``."""
+    """The mapping a backend with these properties should use for ``mode``.
+
+    Transposed convs keep their output channels on weight axis 1, and not every engine has
+    per-channel kernels for them, hence the separate switch.
+    """
     if mode not in MODES:
         raise ConfigError(f"unknown quantization mode {mode!r}{did_you_mean(mode, MODES)}; use one of "
                           f"{', '.join(MODES)}", field="mode", value=mode)
@@ -101,10 +107,15 @@ def default_qconfig_mapping(mode: str = "static", *, reduce_range: bool = False,
             mapping.set_object_type(module_type, qconfig)
         return mapping
     qat = mode == "qat"
+    activation = _activation_factory(qat=qat, reduce_range=reduce_range, eps=eps)
+    weight_range = dict(qat=qat, weight_quant_min=weight_quant_min, weight_quant_max=weight_quant_max,
+                        eps=eps)
     mapping = QConfigMapping().set_global(QConfig(
-        activation=_activation_factory(qat=qat, reduce_range=reduce_range, eps=eps),
-        weight=_weight_factory(per_channel=per_channel, qat=qat, weight_quant_min=weight_quant_min,
-                               weight_quant_max=weight_quant_max, eps=eps)))
+        activation=activation, weight=_weight_factory(per_channel=per_channel, **weight_range)))
+    transpose = QConfig(activation=activation, weight=_weight_factory(
+        per_channel=per_channel and per_channel_conv_transpose, ch_axis=1, **weight_range))
+    for conv_transpose in _CONV_TRANSPOSE:
+        mapping.set_object_type(conv_transpose, transpose)
     for embedding in _EMBEDDINGS:
         mapping.set_object_type(embedding, embedding_qconfig(qat=qat))
     for op in _FLOAT_IN_STATIC:

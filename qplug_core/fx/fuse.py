@@ -50,7 +50,7 @@ def fuse_graph(gm: fx.GraphModule, backend, *, is_qat: bool) -> list[FusionRecor
     table = fusion_patterns(backend)
     if not table:
         return []
-    modules = dict(gm.named_modules())
+    modules = dict(gm.named_modules(remove_duplicate=False))
     matches = find_matches(gm, {p: entry for p, entry in table.items()}, modules=modules)
     records = []
     for match in _unique_in_graph_order(gm, matches):

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from qplug_core.passes import PassResult
+
 _CONV = {F.conv1d: nn.Conv1d, F.conv2d: nn.Conv2d, F.conv3d: nn.Conv3d}
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
@@ -35,8 +37,8 @@ def _bound_args(node: fx.Node, names: tuple[str, ...]) -> dict:
     return bound
 
 
-def normalize_functionals(gm: fx.GraphModule) -> int:
-    """Replace eligible functional calls in place; returns how many were replaced."""
+def normalize_functionals(gm: fx.GraphModule) -> PassResult:
+    """Replace eligible functional calls in place (a pass: modified when any was replaced)."""
     replaced = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or (node.target is not F.linear and node.target not in _CONV):
@@ -62,7 +64,7 @@ def normalize_functionals(gm: fx.GraphModule) -> int:
         gm.graph.eliminate_dead_code()
         gm.delete_all_unused_submodules()
         gm.recompile()
-    return replaced
+    return PassResult(gm, replaced > 0)
 
 
 def _module_for(target, weight: torch.Tensor, bias: torch.Tensor | None, args: dict) -> nn.Module | None:

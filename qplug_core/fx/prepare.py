@@ -99,7 +99,7 @@ def _observes_inputs(region: Region) -> bool:
 
 def swap_qat_modules(gm: fx.GraphModule, regions: list[Region]) -> None:
     """Replace each quantized weighted root by its QAT module (weights get fake-quant)."""
-    modules = dict(gm.named_modules())
+    modules = dict(gm.named_modules(remove_duplicate=False))
     for region in regions:
         root = region.root
         if not (region.quantized and region.weighted and root.op == "call_module"):

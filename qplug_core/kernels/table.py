@@ -1,0 +1,133 @@
+"""Map a backend's quantization patterns to the torch.ops.quantized kernels that run them.
+
+fbgemm and qnnpack run the same ``torch.ops.quantized`` ops under different engines, so both
+plugins build their kernel tables here from their own pattern configs and engine; what differs
+(which ops an engine lacks) comes from probing the engine, not from two hand-kept lists.
+A pattern that no kernel implements is simply absent: lowering keeps it in reference form.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qplug_core.kernels import torch_int8 as K
+from qplug_core.kernels.base import KernelContext, KernelSpec
+from qplug_core.nn.intrinsic import FusedModule
+
+_RELU = (nn.ReLU, F.relu, torch.relu, "relu", "relu_")
+_ADD = (operator.add, torch.add, "add")
+_MUL = (operator.mul, torch.mul, "mul")
+_WEIGHTED = {nn.Linear: K.Linear, nn.Conv1d: K.Conv1d, nn.Conv2d: K.Conv2d, nn.Conv3d: K.Conv3d,
+             nn.ConvTranspose1d: K.ConvTranspose1d, nn.ConvTranspose2d: K.ConvTranspose2d,
+             nn.ConvTranspose3d: K.ConvTranspose3d}
+_FOLDABLE = (nn.ReLU, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_DYNAMIC = {nn.Linear: K.DynamicLinear, nn.LSTM: K.DynamicLSTM, nn.GRU: K.DynamicGRU,
+            nn.LSTMCell: K.LSTMCell, nn.GRUCell: K.GRUCell, nn.RNNCell: K.RNNCell}
+_NORMS = {nn.BatchNorm2d: K.BatchNorm2d, nn.BatchNorm3d: K.BatchNorm3d, nn.LayerNorm: K.LayerNorm,
+          nn.GroupNorm: K.GroupNorm, nn.InstanceNorm1d: K.InstanceNorm,
+          nn.InstanceNorm2d: K.InstanceNorm, nn.InstanceNorm3d: K.InstanceNorm}
+_UNARY = {nn.Hardswish: K.Hardswish, F.hardswish: K.Hardswish, nn.ELU: K.ELU, F.elu: K.ELU,
+          nn.LeakyReLU: K.LeakyReLU, F.leaky_relu: K.LeakyReLU,
+          nn.Sigmoid: K.Sigmoid, torch.sigmoid: K.Sigmoid, F.sigmoid: K.Sigmoid, "sigmoid": K.Sigmoid,
+          nn.Tanh: K.Tanh, torch.tanh: K.Tanh, F.tanh: K.Tanh, "tanh": K.Tanh,
+          nn.Hardsigmoid: K.Hardsigmoid, F.hardsigmoid: K.Hardsigmoid}
+
+
+def _weighted_base(module_class: type) -> type | None:
+    """The plain weighted class a (possibly fused) module class lowers as, if any."""
+    if module_class in _WEIGHTED:
+        return module_class
+    if isinstance(module_class, type) and issubclass(module_class, FusedModule):
+        first, *rest = module_class.CHILD_TYPES
+        if first in _WEIGHTED and all(t in _FOLDABLE for t in rest):
+            return first
+    return None
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    return module[0] if isinstance(module, nn.Sequential) else module
+
+
+def build_weighted(ctx: KernelContext) -> nn.Module:
+    """Static, dynamic or weight-only kernel for a weighted module, chosen from the context."""
+    if ctx.input_qparams and ctx.input_qparams[0].is_dynamic:
+        return build_dynamic(ctx)
+    return _WEIGHTED[type(_unwrap(ctx.module))].from_context(ctx)
+
+
+def build_dynamic(ctx: KernelContext) -> nn.Module:
+    """Float in, float out: weights quantized now, activations per call (int8 or float16)."""
+    weight = ctx.weight_qparams
+    dtype = weight.dtype if weight is not None else torch.qint8
+    return _DYNAMIC[type(_unwrap(ctx.module))].from_float(
+        ctx.module, dtype=dtype, engine=ctx.engine,
+        per_channel=weight is not None and weight.axis is not None)
+
+
+def build_embedding(ctx: KernelContext) -> nn.Module:
+    cls = K.EmbeddingBag if isinstance(ctx.module, nn.EmbeddingBag) else K.Embedding
+    return cls.from_context(ctx)
+
+
+def _spec(op: str, kernel: type, engine: str,
+          build: Callable[[KernelContext], nn.Module] | None = None) -> KernelSpec:
+    """A spec building ``kernel`` (or via ``build``) whose self-test runs ``kernel``'s for ``engine``."""
+    return KernelSpec(op, build=build or kernel.from_context, self_test=lambda: kernel.self_test(engine))
+
+
+def _kernel_for(pattern: Any, passthrough: tuple, engine: str) -> KernelSpec | None:
+    if isinstance(pattern, tuple):
+        if len(pattern) == 2 and pattern[0] in _RELU and pattern[1] in _ADD:
+            return _spec("quantized::add_relu", K.AddReLU, engine)
+        if len(pattern) == 2 and pattern[0] in _RELU and pattern[1] in _MUL:
+            return _spec("quantized::mul_relu", K.MulReLU, engine)
+        return None
+    if pattern in _ADD:
+        return _spec("quantized::add", K.Add, engine)
+    if pattern in _MUL:
+        return _spec("quantized::mul", K.Mul, engine)
+    if pattern is torch.cat:
+        return _spec("quantized::cat", K.Cat, engine)
+    if pattern in _UNARY:
+        kernel = _UNARY[pattern]
+        return _spec(f"quantized::{kernel.__name__.lower()}", kernel, engine)
+    if pattern in passthrough:
+        return KernelSpec("passthrough", passthrough=True)
+    if not isinstance(pattern, type):
+        return None
+    base = _weighted_base(pattern)
+    if base is not None:
+        kernel = _WEIGHTED[base]
+        return _spec(f"quantized::{kernel.__name__.lower()}", kernel, engine, build=build_weighted)
+    if pattern in _DYNAMIC:
+        return KernelSpec(f"quantized::{pattern.__name__.lower()}_dynamic", build=build_dynamic)
+    if pattern in (nn.Embedding, nn.EmbeddingBag):
+        return KernelSpec("quantized::embedding_bag_byte", build=build_embedding)
+    if pattern in _NORMS:
+        kernel = _NORMS[pattern]
+        return _spec(f"quantized::{kernel.__name__.lower()}", kernel, engine)
+    if isinstance(pattern, type) and issubclass(pattern, FusedModule) \
+            and pattern.CHILD_TYPES[0] in (nn.BatchNorm2d, nn.BatchNorm3d):
+        kernel = _NORMS[pattern.CHILD_TYPES[0]]
+        return _spec(f"quantized::{kernel.__name__.lower()}_relu", kernel, engine)
+    return None
+
+
+def torch_int8_kernels(patterns: Iterable[Any], engine: str) -> dict[Any, KernelSpec]:
+    """Kernel table for ``engine``: every given (complex-format) pattern a kernel implements,
+    plus the quantize/dequantize boundary modules."""
+    passthrough = K.passthrough_ops(engine)
+    table: dict[Any, KernelSpec] = {
+        "quantize": _spec("quantize_per_tensor", K.Quantize, engine),
+        "dequantize": _spec("dequantize", K.Dequantize, engine),
+    }
+    for pattern in patterns:
+        spec = _kernel_for(pattern, passthrough, engine)
+        if spec is not None:
+            table[pattern] = spec
+    return table

@@ -1,0 +1,74 @@
+"""The ``qplug`` command line with only the built-in plugins (discovery lives in tests/plugins)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from qplug_core.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def test_version_option_and_command_agree():
+    option, command = runner.invoke(app, ["--version"]), runner.invoke(app, ["version"])
+    assert option.exit_code == command.exit_code == 0
+    assert option.stdout == command.stdout
+    assert option.stdout.startswith("qplug-core ")
+
+
+def test_no_arguments_shows_help():
+    result = runner.invoke(app, [])
+    assert "list-backends" in result.output and result.exit_code in (0, 2)
+
+
+def test_list_backends_table_shows_reference():
+    result = runner.invoke(app, ["list-backends"])
+    assert result.exit_code == 0
+    assert "reference" in result.stdout and "qplug-core" in result.stdout
+
+
+def test_list_backends_json_schema():
+    result = runner.invoke(app, ["list-backends", "--json"])
+    document = json.loads(result.stdout)
+    assert set(document) == {"schema_version", "loaded", "backends", "plugins"}
+    (reference,) = document["backends"]
+    assert reference["name"] == "reference" and reference["status"] == "ok"
+    assert reference["n_kernels"] == 0 and reference["n_pattern_configs"] > 0
+    assert set(reference) == {"name", "status", "available", "reason", "description", "engine",
+                              "plugins", "n_pattern_configs", "n_kernels"}
+
+
+def test_plugins_json_lists_the_builtin_reference():
+    document = json.loads(runner.invoke(app, ["plugins", "--json"]).stdout)
+    assert document["plugins"][0]["name"] == "reference" and document["plugins"][0]["builtin"]
+
+
+def test_doctor_reports_torch_and_backends():
+    result = runner.invoke(app, ["doctor"])
+    assert result.exit_code == 0
+    assert "[ok] torch: torch " in result.stdout
+    assert "[ok] backend reference: ok" in result.stdout
+
+
+def test_unknown_option_is_a_usage_error():
+    assert runner.invoke(app, ["list-backends", "--jsn"]).exit_code == 2
+
+
+def test_fast_paths_do_not_import_torch():
+    code = ("import sys\nfrom qplug_core.cli import main\n"
+            "for argv in (['--version'], ['list-backends', '--no-load']):\n"
+            "    sys.argv = ['qplug', *argv]\n"
+            "    try:\n        main()\n    except SystemExit as exit:\n        assert not exit.code\n"
+            "print('torch imported:', 'torch' in sys.modules)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                            cwd=REPO, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip().endswith("torch imported: False")

@@ -25,7 +25,7 @@ from qplug_core.errors import (
 )
 from qplug_core.fx.convert import convert_graph
 from qplug_core.fx.fuse import fuse_graph
-from qplug_core.fx.lower import lower_graph
+from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.fx.normalize import normalize_functionals
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.fx.regions import RegionPlanner
@@ -264,8 +264,10 @@ def convert_fx(observed: fx.GraphModule, *, backend: str | Backend | None = None
     def lower(graph_module: fx.GraphModule) -> None:
         lowering["summary"] = lower_graph(graph_module, chosen)
 
-    run_passes(gm, [*chosen.passes("pre_convert"), convert, lower, *chosen.passes("post_convert")])
-    summary = lowering["summary"]
+    # a backend without kernels (reference) runs the reference form itself: nothing to lower
+    lower_steps = [lower] if chosen.kernels else []
+    run_passes(gm, [*chosen.passes("pre_convert"), convert, *lower_steps, *chosen.passes("post_convert")])
+    summary = lowering.get("summary", LoweringSummary())
     report = QuantizationReport(backend=chosen.name, mode=state["mode"],
                                 fusions=list(gm.meta.get("qplug_fusions", [])),
                                 kernels=dict(summary.lowered), reference=dict(summary.reference))

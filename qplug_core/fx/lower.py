@@ -127,8 +127,10 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     kernel = spec.build(ctx)
     kernel_name = root.target if root is not None else f"{anchor.name}_int8"
     set_submodule(gm, kernel_name, kernel)
+    # quantized-input kernels take the quantized tensors; float-input ones (weight-only) the node's args
+    args, kwargs = (tuple(b.args[0] for b in boundaries), {}) if boundaries else (compute.args, compute.kwargs)
     with gm.graph.inserting_before(anchor):
-        new = gm.graph.call_module(kernel_name, args=tuple(b.args[0] for b in boundaries))
+        new = gm.graph.call_module(kernel_name, args=args, kwargs=kwargs)
     new.meta.update({k: v for k, v in anchor.meta.items() if k not in ("qplug_root", REGION)})
     new.meta[KERNEL] = spec.op
     (output_quantize or anchor).replace_all_uses_with(new)

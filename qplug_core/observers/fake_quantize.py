@@ -1,0 +1,171 @@
+"""Fake quantization for quantization-aware training (QAT).
+
+A fake-quant module observes its input (like an observer), keeps the resulting scale and zero
+point in buffers and returns ``dequantize(quantize(x))`` in float, with a straight-through gradient,
+so that training sees the rounding and clipping the int8 model will do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from qplug_core.errors import ConfigValidationError
+from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.factory import FactoryMixin
+from qplug_core.observers.fixed import FixedQParamsObserver
+from qplug_core.observers.minmax import MovingAverageMinMaxObserver
+from qplug_core.qparams import PER_CHANNEL_SCHEMES, QParams, fake_quantize
+
+
+class FakeQuantizeBase(nn.Module, FactoryMixin):
+    """Switches shared by every fake-quant module: observing and fake-quantizing can be toggled.
+
+    The switches are buffers (not Python attributes) so that they travel with the state dict.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("fake_quant_enabled", torch.tensor([1], dtype=torch.uint8))
+        self.register_buffer("observer_enabled", torch.tensor([1], dtype=torch.uint8))
+
+    def enable_fake_quant(self, enabled: bool = True) -> None:
+        self.fake_quant_enabled[0] = 1 if enabled else 0
+
+    def disable_fake_quant(self) -> None:
+        self.enable_fake_quant(False)
+
+    def enable_observer(self, enabled: bool = True) -> None:
+        self.observer_enabled[0] = 1 if enabled else 0
+
+    def disable_observer(self) -> None:
+        self.enable_observer(False)
+
+
+class FakeQuantize(FakeQuantizeBase):
+    """Observer + fake quantization: ``(clamp(round(x / scale) + zp, qmin, qmax) - zp) * scale``.
+
+    ``observer`` is an observer class or factory (``MovingAverageMinMaxObserver`` by default);
+    ``quant_min``/``quant_max`` and ``observer_kwargs`` configure it. ``activation_post_process``
+    holds the observer.
+    """
+
+    def __init__(self, observer: Callable[..., ObserverBase] = MovingAverageMinMaxObserver,
+                 quant_min: int | None = None, quant_max: int | None = None,
+                 **observer_kwargs: Any) -> None:
+        super().__init__()
+        if quant_min is not None or quant_max is not None:
+            observer_kwargs.update(quant_min=quant_min, quant_max=quant_max)
+        self.activation_post_process = observer(**observer_kwargs)
+        if not isinstance(self.activation_post_process, ObserverBase):
+            raise ConfigValidationError(
+                f"observer must build a qplug observer, got {type(self.activation_post_process)}",
+                field="observer", value=observer)
+        obs = self.activation_post_process
+        self.dtype, self.qscheme = obs.dtype, obs.qscheme
+        self.quant_min, self.quant_max = obs.quant_min, obs.quant_max
+        self.is_dynamic = obs.is_dynamic
+        self.is_per_channel = obs.qscheme in PER_CHANNEL_SCHEMES
+        self.ch_axis: int = getattr(obs, "ch_axis", -1)
+        zp_dtype = torch.float32 if obs.qscheme == torch.per_channel_affine_float_qparams \
+            else torch.int32
+        self.register_buffer("scale", torch.tensor([1.0]))
+        self.register_buffer("zero_point", torch.tensor([0], dtype=zp_dtype))
+
+    @property
+    def name(self) -> str:
+        """The model location, shared with (and stored on) the observer for error messages."""
+        return self.activation_post_process.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self.activation_post_process.name = value
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.activation_post_process.calculate_qparams()
+
+    def qparams(self) -> QParams:
+        """The qparams currently used for fake quantization (0-d tensors when per-tensor)."""
+        scale, zero_point = self._current_qparams()
+        axis = self.ch_axis if self.is_per_channel else None
+        if axis is None:
+            scale, zero_point = scale.reshape(()), zero_point.reshape(())
+        return QParams(scale=scale, zero_point=zero_point, dtype=self.dtype,
+                       quant_min=self.quant_min, quant_max=self.quant_max, axis=axis,
+                       is_dynamic=self.is_dynamic)
+
+    def _current_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        zero_point = self.zero_point.detach().clone()
+        if self.qscheme != torch.per_channel_affine_float_qparams:
+            zero_point = zero_point.to(torch.int64)
+        return self.scale.detach().clone(), zero_point
+
+    def _update_qparams(self, x: torch.Tensor) -> None:
+        self.activation_post_process(x.detach())
+        scale, zero_point = self.calculate_qparams()
+        if self.scale.shape != scale.shape:
+            self.scale.resize_(scale.shape)
+            self.zero_point.resize_(zero_point.shape)
+        self.scale.copy_(scale)
+        self.zero_point.copy_(zero_point)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.observer_enabled[0] == 1:
+            self._update_qparams(x)
+        if self.fake_quant_enabled[0] == 0:
+            return x
+        if self.qscheme == torch.per_channel_affine_float_qparams:
+            # embedding weights: bounded, so torch's kernel (which rounds x / scale + zp with
+            # extra precision) is safe here and keeps outputs identical to torch.ao's
+            return torch.fake_quantize_per_channel_affine(
+                x, self.scale, self.zero_point, self.ch_axis, self.quant_min, self.quant_max)
+        if self.is_per_channel:
+            # torch's per-channel kernel wraps around for |x / scale| > 2**31; ours saturates
+            return fake_quantize(x, self.qparams())
+        return torch.fake_quantize_per_tensor_affine(x, self.scale, self.zero_point,
+                                                     self.quant_min, self.quant_max)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        # per-channel qparams change size after the first batch; match the saved size first
+        for key in ("scale", "zero_point"):
+            saved = state_dict.get(prefix + key)
+            if saved is not None and getattr(self, key).shape != saved.shape:
+                getattr(self, key).resize_(saved.shape)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def extra_repr(self) -> str:
+        return (f"fake_quant_enabled={self.fake_quant_enabled}, "
+                f"observer_enabled={self.observer_enabled}, quant_min={self.quant_min}, "
+                f"quant_max={self.quant_max}, dtype={self.dtype}, qscheme={self.qscheme}, "
+                f"ch_axis={self.ch_axis}, scale={self.scale}, zero_point={self.zero_point}")
+
+
+class FixedQParamsFakeQuantize(FakeQuantize):
+    """Fake quantization with constant qparams, for sigmoid/tanh/softmax-like outputs in QAT."""
+
+    def __init__(self, observer: Callable[..., ObserverBase]) -> None:
+        super().__init__(observer=observer)
+        if not isinstance(self.activation_post_process, FixedQParamsObserver):
+            raise ConfigValidationError(
+                "FixedQParamsFakeQuantize needs a FixedQParamsObserver, got "
+                f"{type(self.activation_post_process).__name__}", field="observer", value=observer)
+        self.scale.copy_(self.activation_post_process.scale)
+        self.zero_point.copy_(self.activation_post_process.zero_point)
+
+
+def _toggle(method: str) -> Callable[[nn.Module], None]:
+    def apply(mod: nn.Module) -> None:
+        if isinstance(mod, FakeQuantizeBase):
+            getattr(mod, method)()
+
+    apply.__name__ = method
+    apply.__doc__ = f"Call ``{method}()`` on ``mod`` if it is a fake-quant module (for ``model.apply``)."
+    return apply
+
+
+enable_fake_quant = _toggle("enable_fake_quant")
+disable_fake_quant = _toggle("disable_fake_quant")
+enable_observer = _toggle("enable_observer")
+disable_observer = _toggle("disable_observer")

@@ -1,0 +1,100 @@
+"""LearnableFakeQuantize: LSQ fake quantization, whose scale and zero point are trained.
+
+Learned Step Size Quantization (Esser et al., https://openreview.net/pdf?id=rkgO66VKDS) lets the
+optimizer move the scale (and zero point) instead of only observing the range; the gradients are
+optionally scaled by ``1 / sqrt(numel * quant_max)`` as the paper recommends, which keeps their
+magnitude comparable to the weights'.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from qplug_core.errors import ConfigValidationError
+from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.fake_quantize import FakeQuantize
+from qplug_core.observers.minmax import MovingAverageMinMaxObserver
+from qplug_core.qparams import SYMMETRIC_SCHEMES
+
+
+def _round_ste(x: torch.Tensor) -> torch.Tensor:
+    """Round in the forward pass, identity in the backward pass."""
+    return x + (torch.round(x) - x).detach()
+
+
+def _scale_grad(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """``x`` in the forward pass, gradient multiplied by ``factor`` in the backward pass."""
+    return (x - x * factor).detach() + x * factor
+
+
+class LearnableFakeQuantize(FakeQuantize):
+    """Fake quantization with ``scale`` and ``zero_point`` as trainable parameters (LSQ).
+
+    While ``observer_enabled`` is on, the parameters follow the observer (a good initialisation);
+    call :meth:`enable_param_learning` to freeze the observer and train them instead.
+    """
+
+    def __init__(self, observer: Callable[..., ObserverBase] = MovingAverageMinMaxObserver,
+                 quant_min: int | None = None, quant_max: int | None = None,
+                 channel_len: int = 1, use_grad_scaling: bool = False,
+                 **observer_kwargs: Any) -> None:
+        super().__init__(observer, quant_min, quant_max, **observer_kwargs)
+        if not isinstance(channel_len, int) or channel_len < 1:
+            raise ConfigValidationError(f"channel_len must be a positive int, got {channel_len!r}",
+                                        field="channel_len", value=channel_len)
+        if self.qscheme == torch.per_channel_affine_float_qparams:
+            raise ConfigValidationError("LSQ does not support float zero points",
+                                        field="qscheme", value=self.qscheme)
+        del self.scale, self.zero_point  # buffers in FakeQuantize, parameters here
+        self.scale = nn.Parameter(torch.ones(channel_len))
+        self.zero_point = nn.Parameter(torch.zeros(channel_len))
+        self.use_grad_scaling = use_grad_scaling
+
+    def enable_param_learning(self) -> LearnableFakeQuantize:
+        """Train scale and zero point; stop following the observer."""
+        self.disable_observer()
+        self.enable_fake_quant()
+        return self
+
+    def enable_static_estimate(self) -> LearnableFakeQuantize:
+        """Follow the observer (no learning), fake-quantizing the output."""
+        self.enable_observer()
+        self.enable_fake_quant()
+        return self
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        scale = self.scale.detach().clamp(min=float(self.activation_post_process.eps))
+        zero_point = self.zero_point.detach().round().clamp(self.quant_min, self.quant_max)
+        return scale, zero_point.to(torch.int64)
+
+    def _current_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.calculate_qparams()
+
+    def _update_qparams(self, x: torch.Tensor) -> None:
+        self.activation_post_process(x.detach())
+        scale, zero_point = self.activation_post_process.calculate_qparams()
+        with torch.no_grad():
+            self.scale.copy_(scale.expand_as(self.scale))
+            self.zero_point.copy_(zero_point.to(torch.float32).expand_as(self.zero_point))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.observer_enabled[0] == 1:
+            self._update_qparams(x)
+        if self.fake_quant_enabled[0] == 0:
+            return x
+        if self.qscheme in SYMMETRIC_SCHEMES:
+            with torch.no_grad():
+                self.zero_point.zero_()
+        factor = 1.0 / (x.numel() * self.quant_max) ** 0.5 if self.use_grad_scaling else 1.0
+        scale = _scale_grad(self.scale.clamp(min=float(self.activation_post_process.eps)), factor)
+        zero_point = _scale_grad(self.zero_point, factor)
+        if self.is_per_channel:
+            shape = [1] * x.dim()
+            shape[self.ch_axis] = -1
+            scale, zero_point = scale.reshape(shape), zero_point.reshape(shape)
+        zero_point = _round_ste(zero_point).clamp(self.quant_min, self.quant_max)
+        q = torch.clamp(_round_ste(x / scale) + zero_point, self.quant_min, self.quant_max)
+        return (q - zero_point) * scale

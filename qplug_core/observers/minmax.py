@@ -1,0 +1,186 @@
+"""Observers that track the minimum and maximum (running or moving-average), per tensor or channel.
+
+The update rules are torch.ao's, operation for operation, so that the same data gives bit-identical
+statistics and therefore identical qparams.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
+from qplug_core.observers.base import ObserverBase
+from qplug_core.qparams import PER_CHANNEL_SCHEMES
+
+
+def _check_averaging_constant(value: float) -> None:
+    if not 0 < value <= 1:
+        raise ConfigValidationError(
+            f"averaging_constant must be in (0, 1], got {value}", field="averaging_constant",
+            value=value)
+
+
+def _not_below(max_val: torch.Tensor, min_val: torch.Tensor) -> torch.Tensor:
+    """``max_val`` raised to ``min_val`` where averaging rounded it below (constant inputs).
+
+    ``m + c * (x - m)`` need not equal ``x`` even when min and max are the same ``x``; torch.ao
+    then fails with "min should be less than max". Elsewhere this is the identity.
+    """
+    return torch.max(max_val, min_val)
+
+
+class MinMaxObserver(ObserverBase):
+    """Running min/max of everything observed; the default for weights."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.register_buffer("min_val", torch.tensor(float("inf")))
+        self.register_buffer("max_val", torch.tensor(float("-inf")))
+
+    @property
+    def has_data(self) -> bool:
+        return bool(self.min_val <= self.max_val)
+
+    def _observed_range(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.min_val, self.max_val
+
+    def _update(self, x_min: torch.Tensor, x_max: torch.Tensor) -> None:
+        self.min_val.copy_(torch.min(x_min, self.min_val))
+        self.max_val.copy_(torch.max(x_max, self.max_val))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:
+            return x
+        found = self._finite_aminmax(x.detach().to(self.min_val.dtype))
+        if found is not None:
+            self._update(found[1], found[2])
+        return x
+
+    def reset_min_max_vals(self) -> None:
+        self.min_val.fill_(float("inf"))
+        self.max_val.fill_(float("-inf"))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, min_val={self.min_val}, max_val={self.max_val}"
+
+
+class MovingAverageMinMaxObserver(MinMaxObserver):
+    """Exponential moving average of each batch's min/max; the default inside QAT fake-quant."""
+
+    def __init__(self, averaging_constant: float = 0.01, **kwargs: Any) -> None:
+        _check_averaging_constant(averaging_constant)
+        if kwargs.get("is_dynamic") and averaging_constant != 1:
+            raise ConfigValidationError(
+                "dynamic quantization observes each batch on its own; use averaging_constant=1",
+                field="averaging_constant", value=averaging_constant)
+        super().__init__(**kwargs)
+        self.averaging_constant = averaging_constant
+
+    def _update(self, x_min: torch.Tensor, x_max: torch.Tensor) -> None:
+        if not self.has_data:
+            self.min_val.copy_(x_min)
+            self.max_val.copy_(x_max)
+            return
+        c = self.averaging_constant
+        new_min = self.min_val + c * (x_min - self.min_val)
+        new_max = self.max_val + c * (x_max - self.max_val)
+        self.min_val.copy_(new_min)
+        self.max_val.copy_(_not_below(new_max, new_min))
+
+
+class PerChannelMinMaxObserver(ObserverBase):
+    """Running min/max of each slice along ``ch_axis``; the default for conv/linear weights."""
+
+    supported_qschemes = PER_CHANNEL_SCHEMES
+
+    def __init__(self, ch_axis: int = 0, qscheme: torch.qscheme = torch.per_channel_affine,
+                 **kwargs: Any) -> None:
+        if not isinstance(ch_axis, int) or isinstance(ch_axis, bool):
+            raise ConfigValidationError(f"ch_axis must be an int, got {ch_axis!r}",
+                                        field="ch_axis", value=ch_axis)
+        if kwargs.get("is_dynamic"):
+            raise ConfigValidationError(
+                f"{type(self).__name__} cannot be used for dynamic quantization",
+                field="is_dynamic", value=True)
+        super().__init__(qscheme=qscheme, **kwargs)
+        self.ch_axis = ch_axis
+        self.register_buffer("min_val", torch.tensor([]))
+        self.register_buffer("max_val", torch.tensor([]))
+
+    @property
+    def has_data(self) -> bool:
+        return self.min_val.numel() > 0
+
+    def _observed_range(self) -> tuple[torch.Tensor, torch.Tensor]:
+        empty = torch.isinf(self.min_val).nonzero().flatten().tolist()
+        if empty:
+            raise UncalibratedObserverError(
+                f"{self._where()}: channel(s) {empty[:10]} along axis {self.ch_axis} saw no "
+                "finite values; check the calibration data for those channels",
+                nodes=[self.name] if self.name else [])
+        return self.min_val, self.max_val
+
+    def _check_channels(self, x: torch.Tensor) -> None:
+        if not -x.dim() <= self.ch_axis < x.dim():
+            raise ConfigValidationError(
+                f"{self._where()}: ch_axis={self.ch_axis} is out of range for an input of shape "
+                f"{tuple(x.shape)}", field="ch_axis", value=self.ch_axis)
+        if self.has_data and x.shape[self.ch_axis] != self.min_val.numel():
+            raise ConfigValidationError(
+                f"{self._where()}: input has {x.shape[self.ch_axis]} channels along axis "
+                f"{self.ch_axis} but earlier inputs had {self.min_val.numel()}",
+                field="ch_axis", value=self.ch_axis)
+
+    def _combine(self, cur_min: torch.Tensor, cur_max: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.min(cur_min, self.min_val), torch.max(cur_max, self.max_val)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:
+            return x
+        self._check_channels(x)
+        cur_min, cur_max = self._channel_aminmax(x.detach().to(self.min_val.dtype), self.ch_axis)
+        if self.has_data:
+            cur_min, cur_max = self._combine(cur_min, cur_max)
+        self.min_val.resize_(cur_min.shape).copy_(cur_min)
+        self.max_val.resize_(cur_max.shape).copy_(cur_max)
+        return x
+
+    def reset_min_max_vals(self) -> None:
+        self.min_val.resize_(0)
+        self.max_val.resize_(0)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        # the buffers start empty; give them the saved size so the default loader can copy
+        for key in ("min_val", "max_val"):
+            if prefix + key in state_dict:
+                getattr(self, key).resize_(state_dict[prefix + key].shape)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, ch_axis={self.ch_axis}, min_val={self.min_val}, "
+                f"max_val={self.max_val}")
+
+
+class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
+    """Per-channel moving averages of min/max; the per-channel weight observer for QAT."""
+
+    def __init__(self, averaging_constant: float = 0.01, **kwargs: Any) -> None:
+        _check_averaging_constant(averaging_constant)
+        super().__init__(**kwargs)
+        self.averaging_constant = averaging_constant
+
+    def _combine(self, cur_min: torch.Tensor, cur_max: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.averaging_constant
+        new_min = self.min_val + c * (cur_min - self.min_val)
+        new_max = self.max_val + c * (cur_max - self.max_val)
+        # a channel without finite values this batch (nonfinite="ignore") keeps its average;
+        # a channel seen for the first time takes the batch value
+        new_min = torch.where(torch.isfinite(cur_min), new_min, self.min_val)
+        new_max = torch.where(torch.isfinite(cur_max), new_max, self.max_val)
+        new_min = torch.where(torch.isfinite(self.min_val), new_min, cur_min)
+        new_max = torch.where(torch.isfinite(self.max_val), new_max, cur_max)
+        return new_min, _not_below(new_max, new_min)

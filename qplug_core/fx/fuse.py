@@ -88,12 +88,16 @@ def _apply_fusion(gm, modules, match: Match, config, fuser, is_qat: bool) -> Fus
 
     extra = tuple(config.extra_inputs_getter(match.node_pattern)) if config.extra_inputs_getter else ()
     graph = gm.graph
-    with graph.inserting_before(match.anchor):
-        fused_node = graph.call_module(root.target, args=tuple(root.args) + extra, kwargs=dict(root.kwargs))
-    fused_node.meta = dict(root.meta)
+    if extra:  # extra inputs may be computed after the root: call the fused module at the anchor
+        with graph.inserting_before(match.anchor):
+            fused_node = graph.call_module(root.target, args=tuple(root.args) + extra,
+                                           kwargs=dict(root.kwargs))
+        fused_node.meta = dict(root.meta)
+    else:  # the root node now calls the fused module, keeping its place and name
+        fused_node = root
     match.anchor.replace_all_uses_with(fused_node)
     for node in match.nodes:  # pre-order, anchor first: every member's users inside the match go first
-        if not node.users:
+        if node is not fused_node and not node.users:
             graph.erase_node(node)
     return FusionRecord(root.target, format_pattern(match.pattern), type(fused).__name__,
                         tuple(n.name for n in match.nodes))

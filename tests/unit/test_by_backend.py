@@ -18,7 +18,7 @@ class _ConvThenSoftmax(nn.Module):
 
     def forward(self, x):
         y = self.conv2(self.relu(self.conv1(x)))
-        return self.softmax(y.flatten(1))
+        return self.softmax(torch.flatten(y, 1))
 
 
 def test_int8_nodes_form_one_partition_and_float_nodes_say_why():

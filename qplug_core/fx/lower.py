@@ -125,15 +125,41 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         output_qparams=gm.get_submodule(output_quantize.target).qparams if output_quantize else None,
         weight_qparams=weight_qparams, engine=backend.engine)
     kernel = spec.build(ctx)
-    kernel_name = root.target if root is not None else f"{anchor.name}_int8"
+    kernel_name = root.target if root is not None else _free_module_name(gm, compute, spec.op)
     set_submodule(gm, kernel_name, kernel)
     # quantized-input kernels take the quantized tensors; float-input ones (weight-only) the node's args
     args, kwargs = (tuple(b.args[0] for b in boundaries), {}) if boundaries else (compute.args, compute.kwargs)
-    with gm.graph.inserting_before(anchor):
-        new = gm.graph.call_module(kernel_name, args=args, kwargs=kwargs)
+    if compute.op == "call_module" and compute.target == kernel_name:
+        new = compute  # the module call now runs the kernel, keeping its name and place
+        new.args, new.kwargs = args, kwargs
+    else:
+        with gm.graph.inserting_before(anchor):
+            new = gm.graph.create_node("call_module", kernel_name, args, kwargs,
+                                       name=kernel_name.replace(".", "_"))
     new.meta.update({k: v for k, v in anchor.meta.items() if k not in ("qplug_root", REGION)})
+    new.meta.pop(REGION, None)
     new.meta[KERNEL] = spec.op
     (output_quantize or anchor).replace_all_uses_with(new)
+    return True
+
+
+def _free_module_name(gm: fx.GraphModule, node: fx.Node, op: str) -> str:
+    """A readable, unused module path for a functional kernel: ``layer1.0.add_relu``."""
+    scopes = [s for s in (node.meta.get("nn_module_stack") or {}) if s != node.target]
+    scope = scopes[-1] if scopes and _has_submodule(gm, scopes[-1]) else ""
+    base = op.rpartition(":")[2] or "kernel"
+    candidate, suffix = f"{scope}.{base}" if scope else base, 0
+    while _has_submodule(gm, candidate):
+        suffix += 1
+        candidate = f"{scope}.{base}_{suffix}" if scope else f"{base}_{suffix}"
+    return candidate
+
+
+def _has_submodule(gm: fx.GraphModule, name: str) -> bool:
+    try:
+        gm.get_submodule(name)
+    except AttributeError:
+        return False
     return True
 
 

@@ -48,7 +48,7 @@ def adds_pattern(backend: str) -> str:
 def qplug_backend_pattern_configs(backend):
     from torch import nn
     from qplug_core.config import BackendPatternConfig
-    return [BackendPatternConfig(nn.Hardswish)] if backend == {backend!r} else []
+    return [BackendPatternConfig(nn.Softsign)] if backend == {backend!r} else []
 """
 
 

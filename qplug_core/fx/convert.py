@@ -96,7 +96,8 @@ def _replace_observers(gm: fx.GraphModule) -> None:
             continue
         observer = gm.get_submodule(node.target)
         if getattr(observer, "is_dynamic", False):
-            replacement = DynamicQuantize(observer.dtype, getattr(observer, "reduce_range", False))
+            replacement = DynamicQuantize(observer.dtype, observer.quant_min or 0,
+                                          255 if observer.quant_max is None else observer.quant_max)
             _replace_with_modules(gm, node, [(f"{node.target}_dynamic", replacement)])
         elif observer.dtype not in QUANTIZED_DTYPES or not observer.has_data:
             node.replace_all_uses_with(node.args[0])

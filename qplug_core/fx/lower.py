@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import fx
 
-from qplug_core import qparams as Q
 from qplug_core.fx.graph_utils import is_module_call, set_submodule
 from qplug_core.fx.tags import KERNEL, REGION, region_tag
 from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
@@ -180,8 +179,8 @@ def _single_user(node: fx.Node, gm: fx.GraphModule, cls: type) -> fx.Node | None
 def _boundary_qparams(gm: fx.GraphModule, boundary: fx.Node) -> QParams:
     module = gm.get_submodule(boundary.target)
     if isinstance(module, DynamicQuantize):
-        qmin, qmax = Q.quant_range(module.dtype, module.reduce_range)
-        return QParams(torch.tensor(1.0), torch.tensor(0), module.dtype, qmin, qmax, is_dynamic=True)
+        return QParams(torch.tensor(1.0), torch.tensor(0), module.dtype, module.quant_min,
+                       module.quant_max, is_dynamic=True)
     return module.qparams
 
 

@@ -62,22 +62,33 @@ class _DynamicKernel(nn.Module):
                 f"{name}: engine {engine!r} lacks per-channel linear weights; use per_channel=False",
                 field="per_channel", value=per_channel)
 
-    def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None, per_channel: bool) -> object:
-        """Pack one weight matrix (call under ``engine_context``)."""
+    def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None, per_channel: bool,
+              qparams: QParams | None = None) -> object:
+        """Pack one weight matrix (call under ``engine_context``); ``qparams`` default to symmetric."""
         check_reduction_length(weight.shape[1], type(self).__name__)
         bias = None if bias is None else bias.detach().float()
         if self.dtype == torch.float16:
             return _Q.linear_prepack_fp16(weight.detach().float(), bias)
-        return _Q.linear_prepack(quantize_weight(weight, symmetric_weight_qparams(weight, per_channel)),
-                                 bias)
+        qparams = qparams or symmetric_weight_qparams(weight, per_channel)
+        return _Q.linear_prepack(quantize_weight(weight, qparams), bias)
 
     @classmethod
     def from_float(cls, mod: nn.Module, *, dtype: torch.dtype = torch.qint8,
-                   engine: str | None = None, per_channel: bool = False) -> _DynamicKernel:
-        """Quantize and pack ``mod``'s weights for ``engine`` (default: the current engine)."""
+                   engine: str | None = None, per_channel: bool = False,
+                   reduce_range: bool | None = None,
+                   weight_qparams: QParams | None = None) -> _DynamicKernel:
+        """Quantize and pack ``mod``'s weights for ``engine`` (default: the current engine).
+
+        ``reduce_range=None`` picks 7-bit activations on x86 engines (safe without VNNI); the flows
+        pass the calibrated choice. ``weight_qparams`` (single-weight modules) override the default
+        symmetric weight qparams, so a user's weight observer is honoured.
+        """
         engine = engine or torch.backends.quantized.engine
         cls._check(dtype, engine, per_channel)
-        kernel = cls(dtype, engine, reduce_range=engine in ("fbgemm", "x86"))
+        if reduce_range is None:
+            reduce_range = engine in ("fbgemm", "x86")
+        kernel = cls(dtype, engine, reduce_range=reduce_range)
+        kernel._weight_qparams = weight_qparams
         with engine_context(engine):
             kernel._build(mod, per_channel)
         return kernel
@@ -94,7 +105,7 @@ class DynamicLinear(_DynamicKernel):
 
     def _build(self, mod: nn.Module, per_channel: bool) -> None:
         linear, relu = split_fused_relu(mod, nn.Linear, type(self).__name__)
-        self._packed = self._pack(linear.weight, linear.bias, per_channel)
+        self._packed = self._pack(linear.weight, linear.bias, per_channel, self._weight_qparams)
         if self.dtype == torch.float16:
             self._op: Callable[[torch.Tensor], torch.Tensor] = (
                 _Q.linear_relu_dynamic_fp16 if relu else _Q.linear_dynamic_fp16)

@@ -60,22 +60,22 @@ class DynamicQuantize(nn.Module):
     Mirrors what dynamic int8 kernels do internally, so reference and lowered dynamic models agree.
     """
 
-    def __init__(self, dtype: torch.dtype = torch.quint8, reduce_range: bool = False):
+    def __init__(self, dtype: torch.dtype = torch.quint8, quant_min: int = 0, quant_max: int = 255):
         super().__init__()
         self.dtype = dtype
-        self.reduce_range = reduce_range
+        self.quant_min = quant_min
+        self.quant_max = quant_max
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == 0:
+        if x.numel() == 0 or self.dtype not in Q.STORAGE_DTYPE:  # float16 dynamic: float activations
             return x
-        qmin, qmax = Q.quant_range(self.dtype, self.reduce_range)
         scale, zero_point = Q.compute_qparams(
             x.detach().min(), x.detach().max(), dtype=self.dtype, qscheme=torch.per_tensor_affine,
-            quant_min=qmin, quant_max=qmax, eps=torch.finfo(torch.float32).eps)
-        return Q.fake_quantize(x, QParams(scale, zero_point, self.dtype, qmin, qmax))
+            quant_min=self.quant_min, quant_max=self.quant_max, eps=torch.finfo(torch.float32).eps)
+        return Q.fake_quantize(x, QParams(scale, zero_point, self.dtype, self.quant_min, self.quant_max))
 
     def extra_repr(self) -> str:
-        return f"dtype={self.dtype}, reduce_range={self.reduce_range}"
+        return f"dtype={self.dtype}, quant_min={self.quant_min}, quant_max={self.quant_max}"
 
 
 class ReferenceWeighted(nn.Module):

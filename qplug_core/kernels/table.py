@@ -64,9 +64,12 @@ def build_dynamic(ctx: KernelContext) -> nn.Module:
     """Float in, float out: weights quantized now, activations per call (int8 or float16)."""
     weight = ctx.weight_qparams
     dtype = weight.dtype if weight is not None else torch.qint8
+    activation = ctx.input_qparams[0] if ctx.input_qparams else None
     return _DYNAMIC[type(_unwrap(ctx.module))].from_float(
         ctx.module, dtype=dtype, engine=ctx.engine,
-        per_channel=weight is not None and weight.axis is not None)
+        per_channel=weight is not None and weight.axis is not None,
+        reduce_range=None if activation is None else activation.quant_max <= 127,
+        weight_qparams=weight if weight is not None and weight.dtype == torch.qint8 else None)
 
 
 def build_embedding(ctx: KernelContext) -> nn.Module:

@@ -1,0 +1,196 @@
+"""Eager-mode convert: swap every observed module for its int8 (or simulated) version.
+
+With a backend that has kernels, each module becomes the kernel its pattern maps to in the
+backend's kernel table, built from a :class:`KernelContext` holding the float module (QAT modules
+give ``to_float()``), the weight qparams (the qconfig's weight observer run on the weight, or the
+QAT weight fake quant's), the output qparams (``activation_post_process``) and the input qparams
+(``activation_pre_process``, see :mod:`qplug_core.eager.prepare`). QuantStub/DeQuantStub become the
+table's ``quantize``/``dequantize`` kernels and FloatFunctional a :class:`QFunctional`.
+
+The reference backend has no kernels: modules become :class:`SimulatedOutput` (weights rounded to
+the int8 grid, output quantized and dequantized) and every value stays a float tensor, so the
+result runs anywhere and is the oracle for the int8 backends.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from qplug_core.backend import Backend, get_backend
+from qplug_core.config import QConfig
+from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
+from qplug_core.eager.prepare import (
+    INPUT_OBSERVER,
+    OUTPUT_OBSERVER,
+    STATE_ATTR,
+    observe_input,
+    observe_output,
+)
+from qplug_core.eager.stubs import DeQuantStub, QuantStub
+from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
+from qplug_core.fx.regions import weight_name_of
+from qplug_core.kernels.base import KernelContext, TensorArg
+from qplug_core.observers import FakeQuantizeBase, ObserverBase
+from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
+from qplug_core.qparams import QParams
+
+_QUANTIZE_KEY, _DEQUANTIZE_KEY = "quantize", "dequantize"
+
+
+class SimulatedOutput(nn.Module):
+    """Runs ``module`` (or passes the input through) and rounds the output to the int8 grid."""
+
+    def __init__(self, module: nn.Module | None, qparams: QParams) -> None:
+        super().__init__()
+        self.module = module
+        self.quantize = Quantize(qparams)
+        self.dequantize = Dequantize(qparams)
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        y = self.module(*args, **kwargs) if self.module is not None else args[0]
+        return self.dequantize(self.quantize(y))
+
+
+def _uncalibrated(model: nn.Module) -> list[str]:
+    """Names of the prepare-inserted observers that never saw data."""
+    missing = []
+    for module in model.modules():
+        if isinstance(module, (ObserverBase, FakeQuantizeBase)):
+            continue
+        for observer in (module._modules.get(OUTPUT_OBSERVER), module.__dict__.get(INPUT_OBSERVER)):
+            inner = getattr(observer, OUTPUT_OBSERVER, observer)  # a fake quant's observer
+            if isinstance(inner, ObserverBase) and not inner.has_data:
+                missing.append(inner.name)
+    return missing
+
+
+def _float_and_weight_qparams(module: nn.Module, qconfig: QConfig
+                              ) -> tuple[nn.Module, QParams | None]:
+    """The float module a kernel is built from, and its weight qparams (None: unweighted)."""
+    if hasattr(module, "weight_fake_quant"):
+        return module.to_float(), module.weight_fake_quant.qparams()
+    weight_name = weight_name_of(module)
+    if weight_name is None or qconfig.weight is None:
+        return module, None
+    observer = qconfig.weight()
+    observer(module.get_parameter(weight_name).detach())
+    return module, observer.qparams()
+
+
+def _clean_float(module: nn.Module) -> nn.Module:
+    """A copy of an observed float module without its observers and qplug hooks."""
+    clean = copy.copy(module)
+    clean._modules = {k: v for k, v in module._modules.items() if k != OUTPUT_OBSERVER}
+    clean.__dict__.pop(INPUT_OBSERVER, None)
+    clean._forward_hooks = type(module._forward_hooks)(
+        (k, h) for k, h in module._forward_hooks.items() if h is not observe_output)
+    clean._forward_pre_hooks = type(module._forward_pre_hooks)(
+        (k, h) for k, h in module._forward_pre_hooks.items() if h is not observe_input)
+    clean.__dict__.pop("qconfig", None)
+    return clean
+
+
+def _user_hooks(source: nn.Module, target: nn.Module) -> nn.Module:
+    for hook in source._forward_pre_hooks.values():
+        if hook is not observe_input:
+            target.register_forward_pre_hook(hook)
+    for hook in source._forward_hooks.values():
+        if hook is not observe_output:
+            target.register_forward_hook(hook)
+    return target
+
+
+class _Converter:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.kernels = backend.kernels
+
+    def _context(self, **fields: Any) -> KernelContext:
+        return KernelContext(engine=self.backend.engine, **fields)
+
+    def stub(self, stub: nn.Module) -> nn.Module:
+        if isinstance(stub, DeQuantStub):
+            if not self.kernels:
+                return nn.Identity()
+            return self.kernels[_DEQUANTIZE_KEY].build(self._context(
+                pattern=_DEQUANTIZE_KEY, module=None, target=None))
+        qparams = stub.activation_post_process.qparams()
+        if not self.kernels:
+            return SimulatedOutput(None, qparams)
+        return self.kernels[_QUANTIZE_KEY].build(self._context(
+            pattern=_QUANTIZE_KEY, module=None, target=None, output_qparams=qparams))
+
+    def functional(self, functional: FloatFunctional) -> nn.Module:
+        qparams = functional.activation_post_process.qparams()
+        if not self.kernels:
+            simulated = FloatFunctional()
+            simulated.activation_post_process = SimulatedOutput(None, qparams)
+            return simulated
+        specs = {op: self.kernels.get(pattern) for op, pattern in OP_PATTERNS.items()}
+        return QFunctional(specs, qparams, self.backend.engine, self.backend.name)
+
+    def op(self, module: nn.Module) -> nn.Module:
+        output_qparams = module.activation_post_process.qparams()
+        input_qparams = module.__dict__[INPUT_OBSERVER].qparams()
+        float_module, weight_qparams = _float_and_weight_qparams(_clean_float(module), module.qconfig)
+        if not self.kernels:
+            if weight_qparams is not None:
+                float_module = ReferenceWeighted(float_module, weight_qparams,
+                                                 weight_name_of(float_module))
+            return SimulatedOutput(float_module, output_qparams)
+        pattern = type(float_module)
+        return self.kernels[pattern].build(self._context(
+            pattern=pattern, module=float_module, target=None, args=(TensorArg(0),),
+            input_qparams=(input_qparams,), output_qparams=output_qparams,
+            weight_qparams=weight_qparams))
+
+    def swap(self, module: nn.Module) -> nn.Module | None:
+        """The replacement of ``module``, or None to keep it (and look inside)."""
+        if isinstance(module, DeQuantStub):
+            return self.stub(module)
+        if isinstance(module, (ObserverBase, FakeQuantizeBase)) or not isinstance(module._modules.get(OUTPUT_OBSERVER), (ObserverBase, FakeQuantizeBase)):
+            return None  # not observed (qconfig None or not quantizable): keep, look inside
+        if isinstance(module, QuantStub):
+            return self.stub(module)
+        if isinstance(module, FloatFunctional):
+            return self.functional(module)
+        return self.op(module)
+
+
+def _convert_children(parent: nn.Module, converter: _Converter) -> None:
+    for name, child in list(parent.named_children()):
+        replacement = converter.swap(child)
+        if replacement is None:
+            _convert_children(child, converter)
+        else:
+            setattr(parent, name, _user_hooks(child, replacement).train(False))
+
+
+def convert(model: nn.Module, *, backend: str | Backend | None = None,
+            inplace: bool = False) -> nn.Module:
+    """Observed (or QAT-trained) model -> int8 model in eval mode.
+
+    ``backend=None`` uses the backend the model was prepared for. Raises
+    :class:`UncalibratedObserverError` naming every module whose observers never saw data.
+    """
+    state = getattr(model, STATE_ATTR, None) if isinstance(model, nn.Module) else None
+    if state is None:
+        raise ConfigValidationError(
+            "this model was not prepared by qplug's eager mode (no qplug_eager_state); call "
+            "qp.eager.prepare or qp.eager.prepare_qat and calibrate it first", field="model")
+    chosen = get_backend(backend if backend is not None else state["backend"]).require_available()
+    missing = _uncalibrated(model)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise UncalibratedObserverError(
+            f"{len(missing)} observer(s) never saw calibration data: {shown}. Run calibration "
+            "batches through the prepared model so that every quantized module executes, or set "
+            "the qconfig of the unused modules to None.", nodes=missing)
+    model = model if inplace else copy.deepcopy(model)
+    _convert_children(model, _Converter(chosen))
+    delattr(model, STATE_ATTR)
+    return model.eval()

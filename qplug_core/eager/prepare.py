@@ -1,0 +1,189 @@
+"""Eager-mode prepare: give every quantizable leaf module a qconfig and observers.
+
+Which qconfig: a ``qconfig`` attribute on a module or any ancestor wins (torch.ao's
+``propagate_qconfig_``, for code migrating from ``model.qconfig = ...``); otherwise the
+QConfigMapping (given, or the backend's default) decides by module name and type.
+
+What is observed: the output of each QuantStub, FloatFunctional and each module whose pattern the
+backend runs with its own output observer and a (non-passthrough) kernel — weighted modules, fused
+modules, batch norm, hardswish... (the reference backend, which has no kernels, observes every such
+pattern). Passthrough ops (relu, pooling, dropout) and fixed-qparams ops (sigmoid, tanh) run on the
+quantized tensors unobserved, as in torch.ao.
+
+Input qparams: eager mode does not know which module produced a module's input, so each observed
+module also gets an input observer (attribute ``activation_pre_process``, fed by a forward
+pre-hook, same observer kind as its output's; not a child module, so not in the state dict). When a module consumes another's output directly both see the same tensors
+and agree exactly; kernels use input qparams only to check the activation dtype and to guard the
+int32 bias against overflow (engines that quantize the bias).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.utils.parametrize import type_before_parametrizations
+
+from qplug_core.backend import Backend
+from qplug_core.config import ObservationType, QConfig, QConfigMapping
+from qplug_core.eager.functional import FloatFunctional
+from qplug_core.eager.stubs import DeQuantStub, QuantStub
+from qplug_core.errors import ConfigValidationError, ConstraintViolationError
+from qplug_core.flows import resolve_backend
+from qplug_core.fx.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
+from qplug_core.observers import ObserverBase
+
+#: attribute of the prepared root module recording backend and mode for convert
+STATE_ATTR = "qplug_eager_state"
+OUTPUT_OBSERVER = "activation_post_process"
+INPUT_OBSERVER = "activation_pre_process"
+_UNSET = object()
+
+
+def observe_output(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+    """Forward hook: the output observer (identity) or fake quant (QAT) replaces the output."""
+    return module.activation_post_process(output)
+
+
+def observe_input(module: nn.Module, args: tuple) -> None:
+    """Forward pre-hook: record the first input's range (input is left unchanged)."""
+    if args and isinstance(args[0], torch.Tensor):
+        module.activation_pre_process(args[0].detach())
+
+
+def resolve_qconfigs(model: nn.Module, mapping: QConfigMapping) -> dict[str, QConfig | None]:
+    """Qualified name -> qconfig: nearest ``qconfig`` attribute (self or ancestor), else mapping."""
+    result: dict[str, QConfig | None] = {}
+
+    def visit(module: nn.Module, name: str, inherited: Any) -> None:
+        own = module.__dict__.get("qconfig", _UNSET)
+        chosen = inherited if own is _UNSET else own
+        result[name] = (mapping.qconfig_for_module(name, type_before_parametrizations(module))
+                        if chosen is _UNSET else chosen)
+        for child_name, child in module.named_children():
+            visit(child, f"{name}.{child_name}" if name else child_name, chosen)
+
+    visit(model, "", _UNSET)
+    return result
+
+
+def _is_observed_pattern(module: nn.Module, name: str, qconfig: QConfig, backend: Backend) -> bool:
+    """Whether ``module`` is an op the backend quantizes statically with its own output qparams;
+    raises when it would be, but ``qconfig`` cannot be honoured."""
+    module_type = type_before_parametrizations(module)
+    config = backend.config.pattern_to_config().get(module_type)
+    if config is None or config.observation_type != ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT:
+        return False
+    if backend.kernels:
+        spec = backend.kernels.get(module_type)
+        if spec is None or spec.passthrough:
+            return False
+    static = [dc for dc in config.dtype_configs if not dc.is_dynamic
+              and dc.output_dtype in QUANTIZED_DTYPES
+              and dc.output_dtype_with_constraints.scale_exact_match is None]
+    if not static:
+        return False
+    weighted = weight_name_of(module) is not None
+    problems = [dtype_config_problems(qconfig, dc, weighted) for dc in static]
+    if any(not p for p in problems):
+        return True
+    raise ConstraintViolationError(
+        f"module {name!r} ({module_type.__name__}) cannot be quantized by backend "
+        f"{backend.name!r}: {'; '.join(problems[0])}. Use the backend's default qconfig mapping "
+        "(qp.get_default_qconfig_mapping), or set this module's qconfig to None to keep it float "
+        "(with a DeQuantStub/QuantStub around it)", field=name)
+
+
+def _observer(qconfig: QConfig, name: str, role: str, *, plain: bool) -> nn.Module:
+    observer = qconfig.activation()
+    if plain:  # input observers only record: use the fake quant's observer itself
+        observer = getattr(observer, "activation_post_process", observer)
+    observer.name = f"{role} of module {name!r}"
+    return observer
+
+
+def _attach(module: nn.Module, name: str, qconfig: QConfig, *, with_input: bool) -> None:
+    module.qconfig = qconfig
+    module.add_module(OUTPUT_OBSERVER, _observer(qconfig, name, "output", plain=False))
+    if isinstance(module, FloatFunctional):
+        return  # its ops call activation_post_process themselves
+    module.register_forward_hook(observe_output)
+    if with_input:
+        # a plain attribute, not a child: fused modules are nn.Sequentials, which would run a
+        # child observer on their *output* (the output observer runs there too, harmlessly,
+        # as in torch.ao: it is an identity)
+        module.__dict__[INPUT_OBSERVER] = _observer(qconfig, name, "input", plain=True)
+        module.register_forward_pre_hook(observe_input)
+
+
+def _plan(model: nn.Module, qconfigs: dict[str, QConfig | None], backend: Backend
+          ) -> list[tuple[str, nn.Module, QConfig, bool]]:
+    """(name, module, qconfig, observe input) for every module to observe, in model order."""
+    plan: list[tuple[str, nn.Module, QConfig, bool]] = []
+
+    def visit(module: nn.Module, name: str) -> None:
+        qconfig = qconfigs[name]
+        if isinstance(module, (ObserverBase, DeQuantStub)):
+            return
+        if qconfig is not None and isinstance(module, (QuantStub, FloatFunctional)):
+            plan.append((name, module, qconfig, False))
+            return
+        if qconfig is not None and name and _is_observed_pattern(module, name, qconfig, backend):
+            plan.append((name, module, qconfig, True))
+            return
+        for child_name, child in module.named_children():
+            visit(child, f"{name}.{child_name}" if name else child_name)
+
+    visit(model, "")
+    return plan
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, module)
+
+
+def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: Any,
+             inplace: bool, is_qat: bool) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
+                                    field="model", value=type(model).__name__)
+    if getattr(model, STATE_ATTR, None) is not None:
+        raise ConfigValidationError("this model is already prepared; prepare the float model once",
+                                    field="model")
+    chosen = resolve_backend(backend)
+    mode = "qat" if is_qat else "static"
+    mapping = chosen.default_qconfig_mapping(mode) if qconfig_mapping is None else qconfig_mapping
+    if not isinstance(mapping, QConfigMapping):
+        raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got "
+                                    f"{type(mapping).__name__}", field="qconfig_mapping")
+    model = model if inplace else copy.deepcopy(model)
+    plan = _plan(model, resolve_qconfigs(model, mapping), chosen)
+    for name, module, qconfig, with_input in plan:
+        if is_qat and with_input:
+            qat_class = chosen.config.pattern_to_config()[type_before_parametrizations(module)].qat_module
+            if qat_class is not None:
+                module = qat_class.from_float(module, qconfig)
+                _set_submodule(model, name, module)
+        _attach(module, name, qconfig, with_input=with_input)
+    setattr(model, STATE_ATTR, {"backend": chosen.name, "mode": mode})
+    return model.train(is_qat)
+
+
+def prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, *,
+            backend: str | Backend | None = None, inplace: bool = False) -> nn.Module:
+    """Observed copy of ``model`` (eval mode) for static post-training quantization.
+
+    Run calibration batches through it, then :func:`convert`. ``qconfig_mapping=None`` uses the
+    backend's default static mapping (``module.qconfig`` attributes take precedence).
+    """
+    return _prepare(model, qconfig_mapping, backend, inplace, is_qat=False)
+
+
+def prepare_qat(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, *,
+                backend: str | Backend | None = None, inplace: bool = False) -> nn.Module:
+    """QAT copy of ``model`` (training mode): QAT modules with weight fake quant, fake-quantized
+    outputs. Fuse with ``fuse_modules(..., is_qat=True)`` first to keep BatchNorm trainable."""
+    return _prepare(model, qconfig_mapping, backend, inplace, is_qat=True)

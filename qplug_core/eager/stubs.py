@@ -1,0 +1,41 @@
+"""QuantStub / DeQuantStub: where an eager-mode model enters and leaves int8.
+
+Eager mode has no graph, so the user marks the float -> int8 and int8 -> float boundaries with
+these identity modules; prepare observes the QuantStub's output and convert swaps both for the
+backend's quantize / dequantize kernels (torch.ao semantics, our own code).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class QuantStub(nn.Module):
+    """Identity in float; becomes the backend's Quantize at convert.
+
+    ``qconfig`` (optional) is set as the ``qconfig`` attribute, which takes precedence over the
+    QConfigMapping for this stub (as ``torch.ao.quantization.QuantStub(qconfig)`` does).
+    """
+
+    def __init__(self, qconfig: Any = None) -> None:
+        super().__init__()
+        if qconfig is not None:
+            self.qconfig = qconfig
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class DeQuantStub(nn.Module):
+    """Identity in float; becomes the backend's Dequantize at convert (never observed)."""
+
+    def __init__(self, qconfig: Any = None) -> None:
+        super().__init__()
+        if qconfig is not None:
+            self.qconfig = qconfig
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x

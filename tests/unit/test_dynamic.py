@@ -1,0 +1,176 @@
+"""quantize_dynamic: recurrent models, cells and a BERT-style encoder vs float, per-channel and
+float16 defaults, the reference simulation vs the fbgemm kernels, and torch.ao as an oracle."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+import qplug_fbgemm.cpu
+from qplug_core.config import QConfigMapping
+from qplug_core.dynamic import SimulatedDynamic
+from qplug_core.errors import ConfigError, ConfigValidationError, ConstraintViolationError
+from qplug_core.kernels import torch_int8 as K
+from qplug_core.qconfig_defaults import dynamic_qconfig
+from qplug_core.report import sqnr
+from qplug_core.zoo import example_inputs, get_model
+from qplug_core.zoo.transformer import make_realistic_bert
+
+BACKENDS = ["reference", "fbgemm", "qnnpack"]
+#: 7-bit activations, as fbgemm's dynamic kernels use: makes the simulation comparable
+SEVEN_BIT = dynamic_qconfig(per_channel=True, reduce_range=True)
+
+
+def _unpacked_weight(kernel: nn.Module) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ops.quantized.linear_unpack(kernel._packed)[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["lstm_classifier", "gru_classifier"])
+def test_recurrent_classifiers_stay_close_to_float(name, backend, plugin_autoload):
+    model = get_model(name, seed=0)
+    x = example_inputs(name, batch=4)
+    before = copy.deepcopy(model.state_dict())
+    quantized = qp.quantize_dynamic(model, backend=backend)
+    with torch.no_grad():
+        ref, out = model(*x), quantized(*x)
+    cos = torch.nn.functional.cosine_similarity(ref, out).min().item()
+    print(f"\n{name} on {backend}: SQNR {sqnr(ref, out):.1f} dB, min cosine {cos:.5f}")
+    assert sqnr(ref, out) > 30 and cos > 0.999
+    kinds = {"reference": (SimulatedDynamic, SimulatedDynamic)}.get(
+        backend, (K.DynamicLSTM if name.startswith("lstm") else K.DynamicGRU, K.DynamicLinear))
+    assert (type(quantized.rnn), type(quantized.fc)) == kinds
+    assert type(model.rnn) in (nn.LSTM, nn.GRU) and type(model.fc) is nn.Linear  # user model unchanged
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+CELLS = [nn.LSTMCell(16, 24), nn.GRUCell(16, 24), nn.RNNCell(16, 24, nonlinearity="relu")]
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: type(c).__name__)
+def test_cells_simulation_matches_fbgemm(cell, plugin_autoload):
+    torch.manual_seed(0)
+    x, h = torch.randn(5, 16), torch.randn(5, 24)
+    hx = (h, h) if isinstance(cell, nn.LSTMCell) else h
+    first = (lambda y: y[0]) if isinstance(cell, nn.LSTMCell) else (lambda y: y)
+    with torch.no_grad():
+        ref = first(cell(x, hx))
+        int8 = first(qp.quantize_dynamic(cell, backend="fbgemm")(x, hx))
+        simulated = first(qp.quantize_dynamic(cell, backend="reference")(x, hx))
+    print(f"\n{type(cell).__name__}: fbgemm vs float {sqnr(ref, int8):.1f} dB, vs simulation "
+          f"{sqnr(simulated, int8):.1f} dB")
+    assert sqnr(ref, int8) > 30 and sqnr(simulated, int8) > 50
+
+
+def test_linear_simulation_matches_fbgemm_and_needs_the_same_activation_bits(plugin_autoload):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).eval()
+    x = torch.randn(8, 32)
+    with torch.no_grad():
+        int8 = qp.quantize_dynamic(model, backend="fbgemm")(x)
+        seven = qp.quantize_dynamic(model, {nn.Linear: SEVEN_BIT}, backend="reference")(x)
+        eight = qp.quantize_dynamic(model, backend="reference")(x)
+    print(f"\nfbgemm vs 7-bit simulation {sqnr(seven, int8):.1f} dB, vs 8-bit {sqnr(eight, int8):.1f} dB")
+    # fbgemm's default dynamic mapping uses 8-bit activations on VNNI CPUs, 7-bit without VNNI
+    matching, other = (eight, seven) if qplug_fbgemm.cpu.has_vnni() else (seven, eight)
+    assert sqnr(matching, int8) > 45 and sqnr(matching, int8) > sqnr(other, int8) + 10
+
+
+def test_bert_encoder_all_linears_dynamic_on_fbgemm(plugin_autoload):
+    model = make_realistic_bert()
+    inputs = example_inputs("bert_encoder", batch=4)
+    quantized = qp.quantize_dynamic(model, backend="fbgemm")
+    with torch.no_grad():
+        ref, out = model(*inputs), quantized(*inputs)
+    cos = torch.nn.functional.cosine_similarity(ref, out).min().item()
+    print(f"\nBERT-style encoder fbgemm dynamic: SQNR {sqnr(ref, out):.1f} dB, min cosine {cos:.6f}")
+    assert sqnr(ref, out) > 35 and cos > 0.9999
+    n_linear = sum(type(m) is nn.Linear for m in model.modules())
+    assert n_linear == sum(type(m) is K.DynamicLinear for m in quantized.modules()) == 12
+    assert not any(type(m) is nn.Linear for m in quantized.modules())
+
+
+def test_fbgemm_defaults_to_per_channel_weights(plugin_autoload):
+    model = get_model("lstm_classifier", seed=0)
+    per_channel = qp.quantize_dynamic(model, backend="fbgemm")
+    per_tensor = qp.quantize_dynamic(model, {nn.Linear: dynamic_qconfig(per_channel=False,
+                                                                        reduce_range=False)},
+                                     backend="fbgemm")
+    assert _unpacked_weight(per_channel.fc).qscheme() == torch.per_channel_affine
+    assert _unpacked_weight(per_tensor.fc).qscheme() == torch.per_tensor_affine
+
+
+def test_float16_on_fbgemm(plugin_autoload):
+    model = get_model("lstm_classifier", seed=0)
+    x = example_inputs("lstm_classifier", batch=4)
+    quantized = qp.quantize_dynamic(model, dtype=torch.float16, backend="fbgemm")
+    simulated = qp.quantize_dynamic(model, dtype=torch.float16, backend="reference")
+    assert quantized.fc.dtype == quantized.rnn.dtype == torch.float16
+    with torch.no_grad():
+        ref, out, sim = model(*x), quantized(*x), simulated(*x)
+    print(f"\nfloat16 dynamic on fbgemm: SQNR {sqnr(ref, out):.1f} dB")
+    assert sqnr(ref, out) > 60 and torch.allclose(out, sim, atol=1e-4)
+
+
+def test_qnnpack_refuses_float16_naming_the_backend(plugin_autoload):
+    with pytest.raises(ConstraintViolationError, match=r"backend 'qnnpack' cannot quantize module "
+                                                       r"'rnn' \(LSTM\) dynamically.*float16"):
+        qp.quantize_dynamic(get_model("lstm_classifier", seed=0), dtype=torch.float16,
+                            backend="qnnpack")
+
+
+def test_differential_vs_torch_ao(plugin_autoload):
+    tq = pytest.importorskip("torch.ao.quantization")
+    model = get_model("lstm_classifier", seed=0)
+    x = example_inputs("lstm_classifier", batch=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = tq.quantize_dynamic(model, {nn.LSTM, nn.Linear}, dtype=torch.qint8)
+        with torch.no_grad():
+            ao_out = theirs(*x)
+    ours = qp.quantize_dynamic(model, {nn.LSTM, nn.Linear}, backend="fbgemm")
+    with torch.no_grad():
+        ref, out = model(*x), ours(*x)
+    print(f"\nvs float: qplug fbgemm {sqnr(ref, out):.1f} dB, torch.ao {sqnr(ref, ao_out):.1f} dB; "
+          f"qplug vs torch.ao {sqnr(ao_out, out):.1f} dB")
+    assert sqnr(ao_out, out) > 30 and sqnr(ref, out) > sqnr(ref, ao_out) - 3
+
+
+def test_qconfig_spec_forms_select_modules():
+    model = get_model("lstm_classifier", seed=0)
+    by_name = qp.quantize_dynamic(model, {"fc"}, backend="reference")
+    assert type(by_name.fc) is SimulatedDynamic and type(by_name.rnn) is nn.LSTM
+    opted_out = qp.quantize_dynamic(model, {nn.LSTM: None, nn.Linear: SEVEN_BIT}, backend="reference")
+    assert type(opted_out.rnn) is nn.LSTM and opted_out.fc.input_quantize.quant_max == 127
+    mapping = QConfigMapping().set_module_name("rnn", SEVEN_BIT)
+    assert type(qp.quantize_dynamic(model, mapping, backend="reference").fc) is nn.Linear
+    same = qp.quantize_dynamic(model, backend="reference", inplace=True)
+    assert same is model and type(model.rnn) is SimulatedDynamic
+
+
+@pytest.mark.parametrize("spec, error, message", [
+    ({"rn": None}, ConfigError, r"names module 'rn'.*did you mean 'rnn'"),
+    ({nn.Conv2d}, ConfigError, r"Conv2d cannot be quantized dynamically"),
+    ({"rnn.": None}, ConfigError, r"did you mean 'rnn'"),
+    ([3], ConfigError, r"object_type must be a module class"),
+    ("fc", ConfigValidationError, r"qconfig_spec must be"),
+])
+def test_bad_qconfig_spec(spec, error, message):
+    with pytest.raises(error, match=message):
+        qp.quantize_dynamic(get_model("lstm_classifier", seed=0), spec, backend="reference")
+
+
+def test_static_qconfig_and_bad_dtype_are_refused():
+    model = get_model("lstm_classifier", seed=0)
+    with pytest.raises(ConstraintViolationError, match=r"module 'rnn' \(LSTM\).*static"):
+        qp.quantize_dynamic(model, qp.get_default_qconfig_mapping("reference", "static"),
+                            backend="reference")
+    with pytest.raises(ConfigValidationError, match="dtype must be torch.qint8 or torch.float16"):
+        qp.quantize_dynamic(model, dtype=torch.quint8, backend="reference")

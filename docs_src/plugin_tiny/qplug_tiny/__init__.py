@@ -1,0 +1,1 @@
+"""qplug-tiny: the backend built in docs/plugins/writing-a-backend.md."""

@@ -1,0 +1,188 @@
+"""The docs cannot rot: examples run, shown code is the tested code, references match the code.
+
+* every ``docs_src/*.py`` runs (in-process, with the installed plugins loaded, as for a user);
+* every fenced block preceded by ``<!-- docs_src/<path> -->`` is byte-for-byte that file;
+* every ``python`` block in ``docs/`` is either such a block or a checked hook signature;
+* ``docs/plugins/hooks.md`` gives every hookspec with its exact signature and firstresult flag;
+* ``docs/cli.md`` documents exactly the commands of the typer app, and its examples exit 0;
+* the plugin tutorial's own test suite passes against a (fake) installed distribution.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from qplug_core import hookspecs, plugins
+from qplug_core.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+SRC = REPO / "docs_src"
+TINY = SRC / "plugin_tiny"
+
+FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```\s*$", re.S | re.M)
+MARKER = re.compile(r"<!-- (docs_src/[^ ]+|hookspec) -->\s*\n\s*\Z")
+DOC_FILES = sorted(DOCS.rglob("*.md"))
+EXAMPLES = sorted(SRC.glob("*.py"))
+
+
+def fenced_blocks(path: Path) -> list[tuple[str, str, str | None]]:
+    """``(language, code, marker)`` of every fenced block; marker is what the comment before it names."""
+    text = path.read_text()
+    blocks = []
+    for match in FENCE.finditer(text):
+        before = MARKER.search(text[:match.start()])
+        blocks.append((match.group(1), match.group(2), before.group(1) if before else None))
+    return blocks
+
+
+def test_docs_exist():
+    names = {p.relative_to(DOCS).as_posix() for p in DOC_FILES}
+    for required in ["index.md", "quickstart.md", "cli.md", "migrating.md", "security.md",
+                     "guide/static-ptq.md", "guide/qat.md", "guide/dynamic.md", "guide/eager.md",
+                     "concepts/patterns.md", "concepts/observers.md", "concepts/ir.md",
+                     "concepts/partitioning.md", "plugins/writing-a-backend.md",
+                     "plugins/hooks.md", "plugins/testing-your-plugin.md"]:
+        assert required in names, f"docs/{required} is missing"
+
+
+# -- (a) every example runs --------------------------------------------------------------------
+
+
+@pytest.fixture
+def isolated_example(plugin_autoload, monkeypatch):
+    """Run an example as a user would (all installed plugins), then undo what it did to the process."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    modules = set(sys.modules)
+    yield
+    for name in set(sys.modules) - modules:
+        if name.startswith("qplug_tiny"):
+            del sys.modules[name]
+    plugins.reset()
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_runs(example: Path, isolated_example, capsys):
+    runpy.run_path(str(example), run_name="__main__")
+    assert capsys.readouterr().out, f"{example.name} printed nothing"
+
+
+def test_plugin_tutorial_test_suite_passes(tmp_path):
+    """docs_src/plugin_tiny/tests against the plugin 'installed' through a dist-info on the path."""
+    info = tmp_path / "qplug_tiny-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: qplug-tiny\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[qplug]\ntiny = qplug_tiny.plugin\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QPLUG_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(TINY), str(REPO)])
+    result = subprocess.run([sys.executable, "-m", "pytest", str(TINY / "tests"), "-q",
+                             "-p", "no:cacheprovider", "--rootdir", str(TINY)],
+                            cwd=TINY, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+# -- (b) shown code is tested code -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=[p.relative_to(DOCS).as_posix() for p in DOC_FILES])
+def test_marked_blocks_match_their_files(doc: Path):
+    for language, code, marker in fenced_blocks(doc):
+        if marker is None or marker == "hookspec":
+            continue
+        source = REPO / marker
+        assert source.is_file(), f"{doc.name} includes {marker}, which does not exist"
+        assert code == source.read_text(), (
+            f"{doc.relative_to(REPO)}: the block marked {marker} differs from the file; "
+            "copy the file into the block again")
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=[p.relative_to(DOCS).as_posix() for p in DOC_FILES])
+def test_every_python_block_is_tested(doc: Path):
+    for language, code, marker in fenced_blocks(doc):
+        if language in ("python", "py", "pycon"):
+            assert marker is not None, (
+                f"{doc.relative_to(REPO)}: untested python block starting {code[:60]!r}; put it in "
+                "docs_src/ and mark it with <!-- docs_src/<file> -->")
+
+
+def test_every_example_is_shown_somewhere():
+    shown = {marker for doc in DOC_FILES for _, _, marker in fenced_blocks(doc) if marker}
+    files = {p.relative_to(REPO).as_posix() for p in SRC.rglob("*")
+             if p.is_file() and p.suffix in (".py", ".toml") and "__pycache__" not in p.parts
+             and p.name != "__init__.py"}
+    assert not files - shown, f"examples no page shows: {sorted(files - shown)}"
+
+
+# -- hooks.md is the hookspec reference --------------------------------------------------------
+
+
+def hookspec_functions() -> dict[str, object]:
+    return {name: fn for name, fn in vars(hookspecs).items()
+            if name.startswith("qplug_") and callable(fn)}
+
+
+def hooks_doc_sections() -> dict[str, str]:
+    text = (DOCS / "plugins" / "hooks.md").read_text()
+    parts = re.split(r"^### `(qplug_\w+)`\s*$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_hooks_doc_lists_every_hookspec():
+    assert sorted(hooks_doc_sections()) == sorted(hookspec_functions())
+
+
+@pytest.mark.parametrize("name", sorted(hookspec_functions()))
+def test_hooks_doc_signature_and_firstresult(name):
+    section = hooks_doc_sections()[name]
+    fn = hookspec_functions()[name]
+    expected = f"def {name}{inspect.signature(fn)}: ...\n".replace("'", "")
+    blocks = [code for lang, code, marker in
+              ((m.group(1), m.group(2), "hookspec") for m in FENCE.finditer(section))
+              if lang == "python"]
+    assert blocks and blocks[0] == expected, f"hooks.md {name}: expected signature block {expected!r}"
+    firstresult = fn.qplug_spec["firstresult"]
+    assert f"**firstresult:** {'yes' if firstresult else 'no'}" in section
+    assert "**versionadded:** 0.1" in section
+
+
+# -- cli.md ------------------------------------------------------------------------------------
+
+
+def app_commands() -> set[str]:
+    return set(typer.main.get_command(app).commands)
+
+
+def test_cli_doc_lists_every_command():
+    text = (DOCS / "cli.md").read_text()
+    documented = set(re.findall(r"^### `qplug ([\w-]+)`", text, flags=re.M))
+    assert documented == app_commands(), (
+        f"docs/cli.md sections {sorted(documented)} != commands of the app {sorted(app_commands())}")
+
+
+def cli_examples() -> list[str]:
+    lines = []
+    for lang, code, _ in fenced_blocks(DOCS / "cli.md"):
+        if lang == "console":
+            lines += [line[2:] for line in code.splitlines()
+                      if line.startswith("$ qplug ") and "# not-run" not in line]
+    return lines
+
+
+@pytest.mark.parametrize("line", cli_examples())
+def test_cli_examples_succeed(line, plugin_autoload, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # commands that write files write them here
+    command, _, expected = line.partition("  # exit ")
+    args = shlex.split(command)[1:]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == int(expected or 0), result.output

@@ -33,7 +33,14 @@ ENV_DEBUG = "QPLUG_DEBUG"
 FAILED_PLUGIN = (plugins.PluginStatus.BROKEN, plugins.PluginStatus.CONFLICT,
                  plugins.PluginStatus.INCOMPATIBLE)
 FAILED_BACKEND = ("broken", "conflict")
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "qplug_core.commands.demo",
+    "qplug_core.commands.show_backend",
+    "qplug_core.commands.quantize",
+    "qplug_core.commands.report_cmd",
+    "qplug_core.commands.bench",
+    "qplug_core.commands.new_backend",
+)
 
 
 class QplugGroup(TyperGroup):

@@ -1,0 +1,131 @@
+"""Latency and size measurements shared by ``qplug demo`` and ``qplug bench``.
+
+Latency is timed *interleaved* (float, int8, float, int8, ... with the order flipped every run)
+so that a noisy, shared machine slows both models alike instead of biasing one of them, and on
+one thread by default: on a busy machine torch's worker threads wait for each other and a few runs
+take 100x the median.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from qplug_core.commands._common import number
+from qplug_core.errors import SerializationError
+
+WARMUP_RUNS = 3
+
+
+@dataclass(frozen=True)
+class Latency:
+    median_ms: float
+    p90_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"median_ms": number(self.median_ms), "p90_ms": number(self.p90_ms)}
+
+
+def _latency(samples: list[float]) -> Latency:
+    ordered = sorted(samples)
+    return Latency(statistics.median(ordered) * 1e3,
+                   ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1e3)
+
+
+def interleaved_latency(float_model: nn.Module, int8_model: nn.Module, inputs: tuple, runs: int,
+                        *, threads: int = 1, advance: Callable[[], Any] = lambda: None
+                        ) -> tuple[Latency, Latency]:
+    """``(float, int8)`` latency over ``runs`` alternating calls each, after a short warm-up, on
+    ``threads`` torch threads (the caller's setting is restored)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            return _time([float_model, int8_model], inputs, runs, advance)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _time(models: list[nn.Module], inputs: tuple, runs: int,
+          advance: Callable[[], Any]) -> tuple[Latency, Latency]:
+    for _ in range(WARMUP_RUNS):
+        for model in models:
+            model(*inputs)
+    samples: list[list[float]] = [[], []]
+    for run in range(runs):
+        for index in ((0, 1) if run % 2 == 0 else (1, 0)):
+            start = time.perf_counter()
+            models[index](*inputs)
+            samples[index].append(time.perf_counter() - start)
+        advance()
+    return _latency(samples[0]), _latency(samples[1])
+
+
+def latency_document(float_latency: Latency, int8_latency: Latency, *, runs: int, batch: int,
+                     threads: int) -> dict[str, Any]:
+    return {"runs": runs, "batch": batch, "threads": threads, "float": float_latency.to_dict(),
+            "int8": int8_latency.to_dict(),
+            "speedup": number(float_latency.median_ms / int8_latency.median_ms, 2)}
+
+
+@dataclass(frozen=True)
+class Size:
+    float_bytes: int
+    int8_bytes: int
+    method: str
+    #: why the fallback method was used, if it was
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"float_bytes": self.float_bytes, "int8_bytes": self.int8_bytes,
+                "ratio": number(self.float_bytes / self.int8_bytes, 2), "method": self.method,
+                "note": self.note}
+
+
+def model_sizes(float_model: nn.Module, int8_model: nn.Module) -> Size:
+    """Serialized sizes: the ``qp.save`` file against a safetensors file of the float weights, or,
+    where the model cannot be saved, the tensor bytes of both models (packed weights unpacked)."""
+    from safetensors.torch import save as safetensors_bytes
+
+    import qplug_core as qp
+
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            int8_bytes = qp.save(int8_model, Path(scratch) / "model.safetensors").stat().st_size
+    except SerializationError as exc:
+        return Size(_tensor_bytes(float_model), _tensor_bytes(int8_model),
+                    "tensor bytes of both models, packed weights included (qp.save could not "
+                    "save this model)", note=str(exc))
+    state = {k: v.contiguous() for k, v in float_model.state_dict().items()}
+    return Size(len(safetensors_bytes(state)), int8_bytes,
+                "qp.save file vs safetensors file of the float state_dict")
+
+
+def _tensor_bytes(model: nn.Module) -> int:
+    """Bytes of every tensor in the state_dict plus those inside packed-weight objects, which
+    torch's quantized kernels keep outside the state_dict."""
+    from qplug_core.kernels.base import quiet_quantized_dtypes
+
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values()
+                if isinstance(t, torch.Tensor))
+    with quiet_quantized_dtypes():
+        for module in model.modules():
+            for value in vars(module).values():
+                if isinstance(value, torch.ScriptObject) and hasattr(value, "__getstate__"):
+                    total += sum(t.numel() * t.element_size() for t in _tensors(value.__getstate__()))
+    return total
+
+
+def _tensors(state: Any) -> list[torch.Tensor]:
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [t for item in state for t in _tensors(item)]
+    return []

@@ -1,0 +1,148 @@
+"""``qplug quantize`` and ``qplug report``: a user's factory in, a saved int8 model and its report
+out; every bad input is one line on stderr and exit 1 (malformed options: exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from cli_testkit import SHAPE, assert_one_line_error, invoke, run
+
+
+def _quantize(models: str, factory: str, out: Path, *extra: str):
+    return invoke("quantize", f"{models}:{factory}", "--example-shape", SHAPE, "--out", str(out),
+                  "--backend", "reference", *extra)
+
+
+# -- success (needs qp.save) -------------------------------------------------------------------------
+
+
+def test_static_with_calibration_file_saves_and_reports(user_models, calibration_file, tmp_path,
+                                                        requires_save):
+    out = tmp_path / "net.safetensors"
+    result = _quantize(user_models, "build", out, "--calibration", str(calibration_file), "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["out"] == str(out) and out.stat().st_size == doc["size_bytes"]
+    assert doc["backend"] == "reference" and doc["mode"] == "static"
+    assert [f["fused_type"] for f in doc["report"]["fusions"]] == ["ConvReLU2d"]
+    assert "warning" not in result.stderr
+
+    shown = invoke("report", str(out), "--json")
+    assert shown.exit_code == 0, shown.stderr
+    report = shown.json()
+    assert report["backend"] == "reference" and report["size_bytes"] == out.stat().st_size
+    assert report["saved_with"]["torch"] == torch.__version__ and "qplug-core" in report["saved_with"]
+    assert report["report"]["quantized"] == doc["report"]["quantized"]
+    text = invoke("report", str(out))
+    assert text.exit_code == 0 and "qplug quantization report" in text.stdout
+
+
+def test_random_calibration_warns_loudly(user_models, tmp_path, requires_save):
+    result = _quantize(user_models, "build", tmp_path / "net.safetensors")
+    assert result.exit_code == 0, result.stderr
+    assert "qplug: warning: no --calibration file" in result.stderr
+    assert "qplug quantization report" in result.stdout
+
+
+@pytest.mark.parametrize("mode,factory", [("dynamic", "build"), ("qat-convert", "qat")])
+def test_dynamic_and_qat_convert(user_models, tmp_path, mode, factory, requires_save):
+    result = _quantize(user_models, factory, tmp_path / "net.safetensors", "--mode", mode, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["mode"] == mode and "warning" not in result.stderr
+
+
+def test_npy_calibration_and_report_as_subprocess(user_models, tmp_path, requires_save):
+    np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((4, 3, 8, 8)))
+    out = tmp_path / "net.safetensors"
+    result = run("quantize", f"{user_models}:build", "--example-shape", SHAPE, "--out", str(out),
+                 "--calibration", "calib.npy", "--json", cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["out"] == str(out)
+    shown = run("report", str(out), "--json")
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["backend"] == "reference"
+
+
+# -- bad inputs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec,fragments", [
+    ("no_such_module_xyz:build", ["cannot import 'no_such_module_xyz'"]),
+    ("{m}:bulid", ["has no callable 'bulid'", "did you mean 'build'?"]),
+    ("{m}:broken", ["{m}:broken() raised RuntimeError: weights.bin is missing"]),
+    ("{m}:not_a_model", ["returned int, not a torch.nn.Module"]),
+    ("{m}", ["is not MODULE:FACTORY"]),
+    ("{m}:build_with_typo_and_no_match_at_all", ["has no callable"]),
+])
+def test_bad_model_spec(user_models, tmp_path, spec, fragments):
+    spec = spec.format(m=user_models)
+    result = invoke("quantize", spec, "--example-shape", SHAPE, "--out", str(tmp_path / "o.safetensors"))
+    assert_one_line_error(result, *(f.format(m=user_models) for f in fragments))
+
+
+def test_wrong_example_shape(user_models, tmp_path):
+    result = invoke("quantize", f"{user_models}:build", "--example-shape", "2,3,9,9",
+                    "--out", str(tmp_path / "o.safetensors"), "--backend", "reference")
+    assert_one_line_error(result, "cannot run on the example inputs ((2, 3, 9, 9))")
+
+
+def test_unknown_backend(user_models, tmp_path):
+    result = invoke("quantize", f"{user_models}:build", "--example-shape", SHAPE,
+                    "--out", str(tmp_path / "o.safetensors"), "--backend", "fbgem")
+    assert_one_line_error(result, "no backend 'fbgem'", "did you mean 'fbgemm'?")
+
+
+def _pickled_npy(path: Path) -> None:
+    np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+
+
+@pytest.mark.parametrize("name,write,fragment", [
+    ("calib.npy", _pickled_npy, "pickles are refused"),
+    ("calib.safetensors", lambda p: p.write_bytes(b"\x00" * 3), "cannot read calibration file"),
+    ("calib.pt", lambda p: torch.save({"x": torch.zeros(1)}, p), "must end in .safetensors"),
+    ("calib.npy", lambda p: np.save(p, np.zeros((4, 3, 5, 5), dtype=np.float32)),
+     "has shape (4, 3, 5, 5) but --example-shape is (2, 3, 8, 8)"),
+    ("calib.npy", lambda p: np.save(p, np.zeros((4, 3, 8, 8), dtype=np.int64)),
+     "must be floating point"),
+    ("missing.npy", None, "does not exist"),
+])
+def test_bad_calibration_file(user_models, tmp_path, name, write, fragment):
+    path = tmp_path / name
+    if write is not None:
+        write(path)
+    result = _quantize(user_models, "build", tmp_path / "o.safetensors", "--calibration", str(path))
+    assert_one_line_error(result, fragment)
+
+
+def test_qat_convert_of_a_plain_model(user_models, tmp_path):
+    result = _quantize(user_models, "build", tmp_path / "o.safetensors", "--mode", "qat-convert")
+    assert_one_line_error(result, "returned a plain Net, which was not prepared by qplug")
+
+
+@pytest.mark.parametrize("args", [["--example-shape", "1,x,3"], ["--example-shape", "0,3"],
+                                  ["--example-shape", SHAPE, "--mode", "int4"], ["--example-shape", SHAPE]])
+def test_malformed_options_are_usage_errors(user_models, args):
+    assert invoke("quantize", f"{user_models}:build", *args).exit_code == 2
+
+
+def test_bad_input_as_subprocess(user_models, tmp_path):
+    result = run("quantize", f"{user_models}:broken", "--example-shape", SHAPE,
+                 "--out", str(tmp_path / "o.safetensors"), cwd=tmp_path)
+    assert_one_line_error(result, "RuntimeError: weights.bin is missing")
+
+
+@pytest.mark.parametrize("write,fragment", [
+    (None, "no such file"),
+    (lambda p: torch.save({"w": torch.zeros(2)}, p), "is a pickle file"),
+    (lambda p: p.write_bytes(b"not a model"), "corrupt or not a safetensors file"),
+])
+def test_report_bad_files(tmp_path, write, fragment):
+    path = tmp_path / "model.safetensors"
+    if write is not None:
+        write(path)
+    assert_one_line_error(invoke("report", str(path)), fragment)
+    if write is None:
+        assert_one_line_error(run("report", str(path), "--json"), fragment)

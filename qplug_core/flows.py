@@ -33,6 +33,7 @@ from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_
 from qplug_core.fx.tags import ValueAnnotator, region_tag
 from qplug_core.ir.capture import capture_module
 from qplug_core.passes import PassManager
+from qplug_core.serialization import record_artifact
 from qplug_core.fx.leaves import leaf_module_classes
 
 _STATE_KEY = "qplug_state"
@@ -76,6 +77,11 @@ def _capture(model: nn.Module, *, inplace: bool, non_traceable_module_names=(),
 
 
 def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
+    n_inputs = sum(node.op == "placeholder" for node in gm.graph.nodes)
+    if len(example_inputs) > n_inputs:
+        raise InputMismatchError(
+            f"{len(example_inputs)} example inputs given but the model's forward takes {n_inputs}; "
+            "pass example_inputs as a tuple with one entry per positional input of forward")
     try:
         with torch.no_grad():
             ValueAnnotator(gm).run(*example_inputs)
@@ -90,7 +96,7 @@ def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
 
 
 def _state(gm: fx.GraphModule) -> dict[str, Any]:
-    state = gm.meta.get(_STATE_KEY)
+    state = getattr(gm, "meta", {}).get(_STATE_KEY)
     if state is None:
         raise ConfigValidationError(
             "this model was not prepared by qplug (no qplug state in GraphModule.meta); call "
@@ -138,6 +144,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     gm = fuse_fx(model, inputs, backend=chosen, is_qat=is_qat, inplace=inplace,
                  non_traceable_module_names=non_traceable_module_names,
                  non_traceable_module_classes=non_traceable_module_classes)
+    _check_device(gm, chosen)
 
     def annotate(graph_module: fx.GraphModule) -> None:
         _annotate(graph_module, inputs)
@@ -213,7 +220,15 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
             batches += 1
             if any(isinstance(x, torch.Tensor) and x.numel() for x in batch):
                 non_empty += 1
-            model(*batch)
+            try:
+                model(*batch)
+            except QplugError:
+                raise
+            except Exception as error:
+                raise InputMismatchError(
+                    f"calibration batch {batches - 1} does not fit the model: {type(error).__name__}: "
+                    f"{str(error).splitlines()[0] if str(error) else ''}. Give batches with the same "
+                    "number, shapes and dtypes of inputs as example_inputs") from error
     if non_empty == 0:
         raise CalibrationError(f"0 batches observed ({batches} given, all empty): calibration needs "
                                "at least one batch of representative, non-empty inputs")
@@ -227,21 +242,73 @@ def _check_device(gm: fx.GraphModule, backend: Backend) -> None:
     if devices - {"cpu"}:
         raise BackendUnavailableError(
             f"backend {backend.name!r} runs on the CPU but the model has tensors on "
-            f"{sorted(devices - {'cpu'})}; call model.cpu() before converting", backend=backend.name)
+            f"{sorted(devices - {'cpu'})}; move it with model.cpu() before quantizing",
+            backend=backend.name)
+
+
+def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_uncalibrated: bool,
+             inplace: bool, strict: bool) -> fx.GraphModule:
+    """Convert to the reference form, keep the save artifact, then lower and report."""
+    state = _state(observed)
+    gm = observed if inplace else copy.deepcopy(observed)
+
+    def convert(graph_module: fx.GraphModule) -> None:
+        convert_graph(graph_module, allow_uncalibrated=allow_uncalibrated)
+        record_artifact(graph_module, backend)
+
+    run_passes(gm, [*backend.passes("pre_convert"), convert])
+    report = finish_conversion(gm, backend, mode=state["mode"], lower=lower)
+    if strict and report.skipped:
+        listed = "; ".join(f"{s.node} ({s.op}): {s.reason}" for s in report.skipped[:5])
+        raise ConfigValidationError(f"strict=True but {len(report.skipped)} op(s) stay float: {listed}",
+                                    field="strict")
+    return gm
+
+
+def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
+                      lower: bool = True) -> QuantizationReport:
+    """Lower a reference-form model to ``backend`` (post_convert passes too) and attach its report.
+
+    Shared by convert_fx and qp.load, which rebuilds the reference form from a file.
+    """
+    regions = _quantized_regions(gm)
+    found: dict[str, LoweringSummary] = {}
+
+    def lower_to_kernels(graph_module: fx.GraphModule) -> None:
+        found["summary"] = lower_graph(graph_module, backend)
+
+    # a backend without kernels (reference) runs the reference form itself: nothing to lower
+    lowering = [lower_to_kernels] if lower and backend.kernels else []
+    run_passes(gm, [*lowering, *backend.passes("post_convert")])
+    summary = found.get("summary", LoweringSummary())
+    report = QuantizationReport(
+        backend=backend.name, mode=_mode_of(mode, regions.values()),
+        fusions=list(gm.meta.get("qplug_fusions", [])),
+        quantized={name: pattern for name, (pattern, _) in regions.items()},
+        kernels=dict(summary.lowered), reference=dict(summary.reference),
+        skipped=float_compute_nodes(gm, summary.reference))
+    gm.meta[REPORT_KEY] = report
+    return report
+
+
+def _quantized_regions(gm: fx.GraphModule) -> dict[str, tuple[str, bool]]:
+    """anchor node name -> (pattern name, is dynamic) for every int8 region."""
+    return {node.name: (tag.pattern_name, tag.is_dynamic) for node in gm.graph.nodes
+            if (tag := region_tag(node)) is not None and tag.is_anchor and tag.quantized}
+
+
+def _mode_of(prepared_mode: str, regions) -> str:
+    dynamic = [is_dynamic for _, is_dynamic in regions]
+    if prepared_mode == "static" and dynamic and all(dynamic):
+        return "dynamic"
+    return prepared_mode
 
 
 def convert_to_reference_fx(observed: fx.GraphModule, *, allow_uncalibrated: bool = False,
-                            inplace: bool = False) -> fx.GraphModule:
+                            inplace: bool = False, strict: bool = False) -> fx.GraphModule:
     """Observed model -> reference int8 model (q/dq around float ops) that runs anywhere."""
-    state = _state(observed)
-    gm = observed if inplace else copy.deepcopy(observed)
-    convert_graph(gm, allow_uncalibrated=allow_uncalibrated)
-    report = QuantizationReport(backend="reference", mode=state["mode"],
-                                fusions=list(gm.meta.get("qplug_fusions", [])))
-    _fill_regions(gm, report)
-    report.skipped = float_compute_nodes(gm)
-    gm.meta[REPORT_KEY] = report
-    return gm
+    return _convert(observed, get_backend("reference"), lower=False,
+                    allow_uncalibrated=allow_uncalibrated, inplace=inplace, strict=strict)
 
 
 def convert_fx(observed: fx.GraphModule, *, backend: str | Backend | None = None,
@@ -254,40 +321,9 @@ def convert_fx(observed: fx.GraphModule, *, backend: str | Backend | None = None
     """
     state = _state(observed)
     chosen = get_backend(backend if backend is not None else state["backend"]).require_available()
-    gm = observed if inplace else copy.deepcopy(observed)
-    _check_device(gm, chosen)
-    lowering = {}
-
-    def convert(graph_module: fx.GraphModule) -> None:
-        convert_graph(graph_module, allow_uncalibrated=allow_uncalibrated)
-
-    def lower(graph_module: fx.GraphModule) -> None:
-        lowering["summary"] = lower_graph(graph_module, chosen)
-
-    # a backend without kernels (reference) runs the reference form itself: nothing to lower
-    lower_steps = [lower] if chosen.kernels else []
-    run_passes(gm, [*chosen.passes("pre_convert"), convert, *lower_steps, *chosen.passes("post_convert")])
-    summary = lowering.get("summary", LoweringSummary())
-    report = QuantizationReport(backend=chosen.name, mode=state["mode"],
-                                fusions=list(gm.meta.get("qplug_fusions", [])),
-                                kernels=dict(summary.lowered), reference=dict(summary.reference))
-    _fill_regions(gm, report)
-    report.skipped = float_compute_nodes(gm, summary.reference)
-    gm.meta[REPORT_KEY] = report
-    if strict and report.skipped:
-        listed = "; ".join(f"{s.node} ({s.op}): {s.reason}" for s in report.skipped[:5])
-        raise ConfigValidationError(f"strict=True but {len(report.skipped)} op(s) stay float: {listed}",
-                                    field="strict")
-    return gm
-
-
-def _fill_regions(gm: fx.GraphModule, report: QuantizationReport) -> None:
-    for node in gm.graph.nodes:
-        tag = region_tag(node)
-        if tag is not None and tag.is_anchor and tag.quantized:
-            report.quantized[node.name] = tag.pattern_name
-    for name in report.kernels:
-        report.quantized.setdefault(name, "")
+    _check_device(observed, chosen)
+    return _convert(observed, chosen, lower=True, allow_uncalibrated=allow_uncalibrated,
+                    inplace=inplace, strict=strict)
 
 
 def quantization_report(model: fx.GraphModule) -> QuantizationReport:

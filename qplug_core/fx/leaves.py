@@ -14,10 +14,10 @@ from torch import nn
 @functools.lru_cache(maxsize=None)
 def leaf_module_classes() -> tuple[type[nn.Module], ...]:
     import qplug_core.nn as qnn
-    from qplug_core.nn import intrinsic
+    from qplug_core.nn import intrinsic, qat
 
     found = []
-    for namespace in (vars(intrinsic), vars(qnn)):
+    for namespace in (vars(intrinsic), vars(qat), vars(qnn)):
         for value in namespace.values():
             if (isinstance(value, type) and issubclass(value, nn.Module)
                     and value.__module__.startswith("qplug_core.nn") and value not in found):

@@ -83,6 +83,11 @@ class FakeQuantize(FakeQuantizeBase):
     def name(self, value: str) -> None:
         self.activation_post_process.name = value
 
+    @property
+    def has_data(self) -> bool:
+        """Whether the observer has seen data (convert checks this before using the qparams)."""
+        return self.activation_post_process.has_data
+
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.activation_post_process.calculate_qparams()
 

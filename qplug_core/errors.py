@@ -9,6 +9,8 @@ and messages say what failed, where, and how to fix it.
 from __future__ import annotations
 
 import difflib
+import sys
+import warnings
 from typing import Any, Iterable, Sequence
 
 
@@ -16,6 +18,14 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for a close candidate, else an empty string."""
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn at the first frame outside qplug, so the warning points at the user's call."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(("qplug_core", "qplug_")):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 class QplugError(Exception):

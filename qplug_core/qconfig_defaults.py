@@ -36,6 +36,8 @@ _FLOAT_IN_STATIC = (nn.LayerNorm, F.layer_norm, nn.GroupNorm, F.group_norm, nn.I
                     nn.InstanceNorm2d, nn.InstanceNorm3d, F.instance_norm, nn.Softmax, F.softmax,
                     torch.softmax, "softmax")
 _DYNAMIC_MODULES = (nn.Linear, nn.LSTM, nn.GRU, nn.RNNCell, nn.LSTMCell, nn.GRUCell)
+#: recurrent layers have int8 kernels only for dynamic quantization
+_DYNAMIC_ONLY = (nn.LSTM, nn.GRU, nn.RNNCell, nn.LSTMCell, nn.GRUCell)
 _EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
 _CONV_TRANSPOSE = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
@@ -118,6 +120,6 @@ def default_qconfig_mapping(mode: str = "static", *, reduce_range: bool = False,
         mapping.set_object_type(conv_transpose, transpose)
     for embedding in _EMBEDDINGS:
         mapping.set_object_type(embedding, embedding_qconfig(qat=qat))
-    for op in _FLOAT_IN_STATIC:
+    for op in _FLOAT_IN_STATIC + _DYNAMIC_ONLY:
         mapping.set_object_type(op, None)
     return mapping

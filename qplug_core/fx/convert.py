@@ -8,7 +8,12 @@ is the oracle every backend is compared with; lowering turns it into backend ker
 
 from __future__ import annotations
 
+import copy
+
+import torch
 from torch import fx, nn
+
+from qplug_core import qparams as Q
 
 from qplug_core.errors import ModelStateError, UncalibratedObserverError
 from qplug_core.fx.graph_utils import set_submodule
@@ -66,6 +71,9 @@ def _convert_weighted_modules(gm: fx.GraphModule) -> None:
         module = gm.get_submodule(node.target)
         if isinstance(module, ReferenceWeighted):
             continue
+        if isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
+            set_submodule(gm, node.target, _rounded_rnn(module, tag.qconfig))
+            continue
         float_module, weight_qparams = _float_module_and_weight_qparams(module, tag)
         if weight_qparams is None:
             continue
@@ -86,6 +94,25 @@ def _float_module_and_weight_qparams(module: nn.Module, tag):
     weight = getattr(module.get_submodule(owner_path) if owner_path else module, attr)
     observer(weight.detach())
     return module, observer.qparams()
+
+
+def _rounded_rnn(module: nn.Module, qconfig) -> nn.Module:
+    """An RNN whose weight matrices lie on the int8 grid (each observed on its own), as the
+    dynamic kernels will quantize them; float16 weights are rounded to half precision."""
+    rounded = copy.deepcopy(module)
+    if qconfig is None or qconfig.weight is None:
+        return rounded
+    with torch.no_grad():
+        for name, weight in rounded.named_parameters():
+            if not name.startswith("weight"):
+                continue
+            observer = qconfig.weight()
+            if observer.dtype == torch.float16:
+                weight.copy_(weight.half().float())
+            elif observer.dtype in QUANTIZED_DTYPES:
+                observer(weight.detach())
+                weight.copy_(Q.fake_quantize(weight.detach(), observer.qparams()))
+    return rounded
 
 
 def _replace_observers(gm: fx.GraphModule) -> None:

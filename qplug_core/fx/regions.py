@@ -14,7 +14,6 @@ A *region* is one match of a backend quantization pattern. Two kinds are told ap
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapping
-from qplug_core.errors import ConstraintViolationError
+from qplug_core.errors import ConfigValidationError, ConstraintViolationError, warn_user
 from qplug_core.fx.tags import VALUE_KIND
 from qplug_core.matcher import Match, find_matches
 from qplug_core.patterns import format_pattern
@@ -192,6 +191,8 @@ class RegionPlanner:
             region.inputs = self._external_inputs(match)
             region.qconfig = resolve_qconfig(self.mapping, region.root, self.modules, counter)
             region.weighted = _is_weighted(region.root, self.modules)
+            if region.weighted and region.qconfig is not None:
+                _check_weight_observer(region.qconfig, region.root, self.modules)
             self._choose_dtype_config(region)
             regions.append(region)
         if self.keep_isolated_ops_float:
@@ -233,7 +234,23 @@ class RegionPlanner:
         if self.on_unsupported == "raise":
             raise ConstraintViolationError(message, field=region.anchor.name)
         if self.on_unsupported == "warn":
-            warnings.warn(message, stacklevel=4)
+            warn_user(message)
+
+
+def _check_weight_observer(qconfig: QConfig, root: fx.Node, modules: dict[str, nn.Module]) -> None:
+    """A per-channel weight axis must exist on this layer's weight; say so at prepare, by name."""
+    if qconfig.weight is None:
+        return
+    name = weight_name_of(modules[root.target])
+    axis = getattr(qconfig.weight(), "ch_axis", None)
+    if name is None or axis is None:
+        return
+    weight = modules[root.target].get_parameter(name)
+    if not -weight.dim() <= axis < weight.dim():
+        raise ConfigValidationError(
+            f"layer {root.target!r}: the weight observer's ch_axis={axis} is out of range for its "
+            f"{weight.dim()}-d weight of shape {tuple(weight.shape)}; use ch_axis=0 (output "
+            "channels) or a per-tensor weight observer", field=f"{root.target}.weight", value=axis)
 
 
 def _is_float_tensor(node: fx.Node) -> bool:

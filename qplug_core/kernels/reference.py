@@ -9,6 +9,7 @@ is tested against this form, and lowering reads the qparams it records.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 from torch import nn
@@ -41,10 +42,16 @@ class _QParamsHolder(nn.Module):
 
 
 class Quantize(_QParamsHolder):
-    """float -> plain integer tensor with this module's qparams (reference form)."""
+    """float -> plain integer tensor with this module's qparams (reference form).
+
+    Values clamp to the *dtype's* range, not the calibrated ``quant_max``: quantized tensors hold
+    the full range, so a backend's kernels (and torch.ao's reference form) saturate there too, and
+    the reference must agree with them on values beyond the calibration range.
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return Q.quantize(x, self.qparams)
+        low, high = Q.quant_range(self.dtype)
+        return Q.quantize(x, dataclasses.replace(self.qparams, quant_min=low, quant_max=high))
 
 
 class Dequantize(_QParamsHolder):

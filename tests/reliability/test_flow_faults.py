@@ -287,11 +287,6 @@ def test_weight_axis_out_of_range_is_a_config_error_before_any_kernel():
         qp.convert_fx(observed)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "row 34: a weight observer's ch_axis is only checked when convert observes the weight "
-    "(qplug_core/fx/convert.py::_float_module_and_weight_qparams), the observer has no name, so the "
-    "error neither comes at prepare nor says which layer; RegionPlanner should build the weight "
-    "observer for each weighted region at prepare and check ch_axis < weight.dim()"))
 def test_weight_axis_out_of_range_is_reported_at_prepare_with_the_layer():
     with pytest.raises(ConfigValidationError, match="conv.*ch_axis=5"):
         qp.prepare_fx(conv_net(), _weight_axis_mapping(5), X, backend="fbgemm")

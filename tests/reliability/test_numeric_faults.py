@@ -116,10 +116,6 @@ def test_fbgemm_depthwise_inputs_get_7_bits_even_with_vnni(monkeypatch):
     assert sorted(set(quant_max.values())) == [127, 255]  # every other activation keeps 8 bits
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "row 30: overriding fbgemm's 7-bit default on a non-VNNI CPU is silent; prepare should warn "
-    "when backend=='fbgemm', qplug_fbgemm.cpu.has_vnni() is False and an activation observer of a "
-    "quantized region has quant_max > 127 (e.g. a post_prepare check in qplug_fbgemm/passes.py)"))
 def test_overriding_reduce_range_on_non_vnni_warns(monkeypatch):
     monkeypatch.setattr(fbgemm_cpu, "has_vnni", lambda: True)
     eight_bit = qp.get_default_qconfig_mapping("fbgemm")

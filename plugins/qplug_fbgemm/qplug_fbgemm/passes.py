@@ -14,8 +14,11 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
+from qplug_core.errors import warn_user
 from qplug_core.fx.tags import OBSERVER
 from qplug_core.passes import PassResult
+
+from qplug_fbgemm import cpu
 
 REDUCED_QUANT_MAX = 127
 
@@ -49,3 +52,19 @@ def limit_depthwise_input_range(gm: fx.GraphModule) -> PassResult:
         if isinstance(source, fx.Node) and source.op == "call_module" and OBSERVER in source.meta:
             modified |= _reduce(gm.get_submodule(source.target))
     return PassResult(gm, modified)
+
+
+def warn_full_range_without_vnni(gm: fx.GraphModule) -> PassResult:
+    """Warn when 8-bit activations meet a CPU without VNNI (dense GEMMs saturate there too)."""
+    if cpu.has_vnni():
+        return PassResult(gm, False)
+    wide = sorted({node.args[0].name for node in gm.graph.nodes
+                   if node.op == "call_module" and OBSERVER in node.meta
+                   and getattr(gm.get_submodule(node.target), "quant_max", 0) > REDUCED_QUANT_MAX
+                   and getattr(gm.get_submodule(node.target), "dtype", None) == torch.quint8})
+    if wide:
+        warn_user(f"fbgemm: this CPU has no VNNI, so 8-bit activations can saturate FBGEMM's int16 "
+                  f"pair sums and silently corrupt outputs; {len(wide)} activation(s) use the full "
+                  f"[0, 255] range (e.g. {', '.join(wide[:3])}). Keep the plugin's default qconfig "
+                  "mapping (7-bit activations here) or set reduce_range=True.")
+    return PassResult(gm, False)

@@ -18,7 +18,7 @@ from qplug_core.kernels.base import KernelSpec
 from qplug_core.qconfig_defaults import default_qconfig_mapping
 
 from qplug_fbgemm import cpu
-from qplug_fbgemm.passes import limit_depthwise_input_range
+from qplug_fbgemm.passes import limit_depthwise_input_range, warn_full_range_without_vnni
 
 if TYPE_CHECKING:
     from qplug_core.config import BackendPatternConfig, QConfigMapping
@@ -85,7 +85,7 @@ def qplug_default_qconfig_mapping(backend: str, mode: str) -> QConfigMapping | N
 @hookimpl
 def qplug_passes(stage: str, backend: str) -> list[Callable]:
     if backend == NAME and stage == "post_prepare":
-        return [limit_depthwise_input_range]
+        return [limit_depthwise_input_range, warn_full_range_without_vnni]
     return []
 
 

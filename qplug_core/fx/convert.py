@@ -17,6 +17,8 @@ from qplug_core import qparams as Q
 
 from qplug_core.errors import ModelStateError, UncalibratedObserverError
 from qplug_core.fx.graph_utils import set_submodule
+from qplug_core.nn.fuser_methods import get_fuser_method
+from qplug_core.nn.intrinsic import FusedModule
 from qplug_core.fx.prepare import is_observer_module
 from qplug_core.fx.regions import QUANTIZED_DTYPES, weight_name_of
 from qplug_core.fx.tags import BOUNDARY, OBSERVER, region_tag
@@ -86,6 +88,7 @@ def _float_module_and_weight_qparams(module: nn.Module, tag):
     if hasattr(module, "weight_fake_quant"):
         fake_quant = module.weight_fake_quant
         return module.to_float(), fake_quant.qparams()
+    module = _fold_batch_norm(module)
     weight_name = weight_name_of(module)
     if weight_name is None or tag.qconfig is None or tag.qconfig.weight is None:
         return module, None
@@ -94,6 +97,18 @@ def _float_module_and_weight_qparams(module: nn.Module, tag):
     weight = getattr(module.get_submodule(owner_path) if owner_path else module, attr)
     observer(weight.detach())
     return module, observer.qparams()
+
+
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def _fold_batch_norm(module: nn.Module) -> nn.Module:
+    """A float fused module that still holds a BatchNorm (ConvBn2d, LinearBn1d...) folded as in
+    eval-mode fusion, so the weight is observed after folding, exactly as the kernel will run it."""
+    if not (isinstance(module, FusedModule)
+            and any(isinstance(child, _BATCH_NORMS) for child in module)):
+        return module
+    return get_fuser_method(tuple(type(child) for child in module))(False, *module)
 
 
 def _rounded_rnn(module: nn.Module, qconfig) -> nn.Module:

@@ -41,14 +41,18 @@ class Quantize(KernelModule):
 
 
 class Dequantize(KernelModule):
-    """quantized -> float32."""
+    """quantized -> float32, in the default (contiguous) memory layout.
+
+    Quantized convs return channels_last tensors; float code after them was written for the float
+    model's contiguous outputs (``view``, ``resize_``), so the float side gets that layout back.
+    """
 
     @classmethod
     def from_context(cls, ctx: KernelContext) -> Dequantize:
         return cls()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.dequantize()
+        return x.dequantize().contiguous()
 
     @classmethod
     def self_test(cls, engine: str) -> None:

@@ -39,14 +39,27 @@ _UNARY = {nn.Hardswish: K.Hardswish, F.hardswish: K.Hardswish, nn.ELU: K.ELU, F.
 
 
 def _weighted_base(module_class: type) -> type | None:
-    """The plain weighted class a (possibly fused) module class lowers as, if any."""
+    """The plain weighted class a (possibly fused or QAT) module class lowers as, if any."""
     if module_class in _WEIGHTED:
         return module_class
+    float_module = getattr(module_class, "FLOAT_MODULE", None)  # QAT classes convert to this
+    if float_module is not None and float_module is not module_class:
+        return _weighted_base(float_module)
     if isinstance(module_class, type) and issubclass(module_class, FusedModule):
         first, *rest = module_class.CHILD_TYPES
         if first in _WEIGHTED and all(t in _FOLDABLE for t in rest):
             return first
     return None
+
+
+#: weighted classes whose kernels some engines lack, by EngineCapabilities flag
+_CAPABILITY = {nn.Conv1d: "conv1d", nn.Conv3d: "conv3d", nn.ConvTranspose1d: "conv_transpose1d",
+               nn.ConvTranspose2d: "conv_transpose2d", nn.ConvTranspose3d: "conv_transpose3d"}
+
+
+def _engine_runs(base: type, engine: str) -> bool:
+    flag = _CAPABILITY.get(base)
+    return flag is None or bool(getattr(K.engine_capabilities(engine), flag))
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
@@ -104,7 +117,7 @@ def _kernel_for(pattern: Any, passthrough: tuple, engine: str) -> KernelSpec | N
     if not isinstance(pattern, type):
         return None
     base = _weighted_base(pattern)
-    if base is not None:
+    if base is not None and _engine_runs(base, engine):
         kernel = _WEIGHTED[base]
         return _spec(f"quantized::{kernel.__name__.lower()}", kernel, engine, build=build_weighted)
     if pattern in _DYNAMIC:

@@ -3,8 +3,7 @@
 One generated model per config (``qplug_core.testing.pattern_cases``): the pattern must be matched,
 quantized, lowered to qnnpack's kernel when the kernel table has one, and agree with
 ``convert_to_reference_fx`` of the same observed model within one quantization step on >= 99% of
-the output elements. Known bugs elsewhere are strict xfails, so fixing them makes these tests fail
-until the marker is removed.
+the output elements.
 """
 
 from __future__ import annotations
@@ -25,16 +24,6 @@ except importlib.metadata.PackageNotFoundError:
                 allow_module_level=True)
 
 BACKEND = "qnnpack"
-_CONVT3D = ("bug: the kernel table registers quantized::convtranspose3d for qnnpack although the "
-            "engine has no such kernel (its self-test fails, so lowering falls back to the reference "
-            "form with a warning); the table should consult engine_capabilities")
-_RESIZE = ("bug: x.resize_() in reference form after a quantized conv reinterprets the channels_last "
-           "storage that the backend's Dequantize returns (values scrambled)")
-KNOWN_FAILURES = {
-    "ConvTranspose3d": _CONVT3D,
-    "BatchNorm3d <- ConvTranspose3d": _CONVT3D,
-    ".resize_()": _RESIZE,
-}
 
 
 def _with_plugins_loaded():
@@ -56,8 +45,6 @@ def _params():
         marks = []
         if case.skip_reason:
             marks.append(pytest.mark.skip(reason=case.skip_reason))
-        elif case.id in KNOWN_FAILURES:
-            marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[case.id], strict=True))
         yield pytest.param(case, id=case.id, marks=marks)
 
 
@@ -94,10 +81,6 @@ def test_pattern_lowers_and_matches_reference(backend, case):
         assert result.anchors and set(result.anchors) <= set(result.kernels), result.explain()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: convert_fx crashes (ConfigValidationError from the conv kernel) on a float ConvBn2d under "
-    "static prepare although the kernel table maps ConvBn2d to quantized::conv2d; it should fold the "
-    "BN or keep the reference form"))
 def test_static_float_conv_bn_module_converts(backend):
     import qplug_core as qp
     from qplug_core.nn import intrinsic as nni

@@ -24,7 +24,9 @@ class _QParamsHolder(nn.Module):
     def __init__(self, qparams: QParams):
         super().__init__()
         self.register_buffer("scale", qparams.scale.detach().clone().to(torch.float32))
-        self.register_buffer("zero_point", qparams.zero_point.detach().clone().to(torch.int64))
+        zero_point = qparams.zero_point.detach().clone()  # float for per-row embedding qparams
+        self.register_buffer("zero_point", zero_point if zero_point.is_floating_point()
+                             else zero_point.to(torch.int64))
         self.dtype = qparams.dtype
         self.quant_min = qparams.quant_min
         self.quant_max = qparams.quant_max

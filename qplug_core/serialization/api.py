@@ -1,0 +1,169 @@
+"""``qp.save`` and ``qp.load``: converted models to and from one ``.safetensors`` file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+from torch import fx, nn
+
+from qplug_core import plugins
+from qplug_core.backend import KNOWN_DISTRIBUTIONS, Backend, get_backend, list_backends
+from qplug_core.errors import (
+    BackendNotFoundError, BackendUnavailableError, ConfigError, QplugError, SerializationError,
+)
+from qplug_core.serialization.artifact import (
+    ARTIFACT_KEY, FUSIONS_KEY, Artifact, backend_identity, from_document, fusion_records, to_document,
+)
+from qplug_core.serialization.files import read_artifact_file, write_artifact_file
+from qplug_core.serialization.graph_codec import decode_graph
+from qplug_core.serialization.module_codec import decode_modules
+
+#: PEP 508 distribution names
+_DISTRIBUTION_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?\Z")
+
+
+def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
+    """Write a converted model to ``path`` (one ``.safetensors`` file) and return the path.
+
+    ``qmodel`` must come from ``qp.convert_fx``, ``qp.convert_to_reference_fx`` or ``qp.load``:
+    what is written is the reference form recorded at convert time (int8 weights, qparams, graph;
+    float tensors are shared with the model) and the backend it was converted for, so modules
+    swapped into the model later are not saved. The file is replaced atomically, and saving the
+    same model twice gives byte-identical files.
+    """
+    target = Path(path)
+    artifact = qmodel.meta.get(ARTIFACT_KEY) if isinstance(qmodel, fx.GraphModule) else None
+    if isinstance(artifact, str):
+        raise SerializationError(f"cannot save to {target}: {artifact}", path=str(target))
+    if not isinstance(artifact, Artifact):
+        raise SerializationError(
+            f"cannot save to {target}: the model was not produced by qp.convert_fx, "
+            f"qp.convert_to_reference_fx or qp.load (GraphModule.meta[{ARTIFACT_KEY!r}] is missing); "
+            "quantize it with qplug first", path=str(target))
+    document = json.dumps(to_document(artifact), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    write_artifact_file(target, document, artifact.tensors)
+    return target
+
+
+def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) -> fx.GraphModule:
+    """Load a model saved by :func:`save`, lowered to the backend it was converted for.
+
+    ``backend`` overrides that backend; ``backend="reference"`` gives the reference form, which
+    runs anywhere. Nothing is ever unpickled: a pickle (``torch.save``) file raises
+    :class:`UnsafeFileError` and there is no opt-in, because a pickle cannot carry a qplug model
+    without running code. A damaged or tampered file raises :class:`SerializationError` naming it; a
+    backend that is not installed raises :class:`BackendNotFoundError` with the ``pip install``
+    command. A plugin version that differs in its major version (minor for 0.x) from the one
+    recorded only warns: the file holds the backend-independent reference form, and the installed
+    plugin builds its kernels from it.
+    """
+    from qplug_core.flows import finish_conversion  # flows imports this package: import at call time
+
+    source = Path(path)
+    text, tensors = read_artifact_file(source)
+    try:
+        artifact = from_document(json.loads(text), tensors)
+    except (ValueError, RecursionError, ConfigError) as exc:  # RecursionError: absurdly nested JSON
+        raise SerializationError(f"{source} is not a valid qplug artifact: {type(exc).__name__}: {exc}",
+                                 path=str(source)) from exc
+    chosen = _resolve_backend(artifact, backend, source)
+    gm = _rebuild(artifact, source)
+    gm.meta[FUSIONS_KEY] = fusion_records(artifact)
+    try:
+        finish_conversion(gm, chosen, mode=artifact.model["mode"])
+    except QplugError:
+        raise
+    except Exception as exc:  # a tampered graph must not crash deep inside lowering
+        raise SerializationError(f"{source}: lowering to backend {chosen.name!r} failed: "
+                                 f"{type(exc).__name__}: {exc}", path=str(source)) from exc
+    name, contributors = backend_identity(chosen)
+    gm.meta[ARTIFACT_KEY] = replace(artifact, backend=name, plugins=contributors)
+    return gm
+
+
+def _rebuild(artifact: Artifact, source: Path) -> fx.GraphModule:
+    model = artifact.model
+    try:
+        root, modes = decode_modules(model["modules"], model["attributes"], model["tensors"],
+                                     artifact.tensors)
+        gm = fx.GraphModule(root, decode_graph(model["graph"]), class_name="GraphModule")
+        gm.graph.lint()
+    except ConfigError as exc:
+        raise SerializationError(f"{source} is not a valid qplug artifact: {exc}", path=str(source)) from exc
+    except Exception as exc:  # fx rejects a graph that does not fit its modules with plain errors
+        raise SerializationError(f"{source}: the saved graph does not fit its modules: "
+                                 f"{type(exc).__name__}: {exc}", path=str(source)) from exc
+    gm.train(model["training"])
+    for module, training in modes:
+        module.train(training)
+    return gm
+
+
+def _resolve_backend(artifact: Artifact, backend: str | Backend | None, source: Path) -> Backend:
+    """The backend to lower to, checked before any work is done."""
+    wanted = artifact.backend if backend is None else backend
+    name = wanted.name if isinstance(wanted, Backend) else wanted
+    try:
+        chosen = get_backend(wanted).require_available()
+    except BackendNotFoundError as exc:
+        recorded = [p["dist"] for p in artifact.plugins if p["name"] == name]
+        dist = next((d for d in [KNOWN_DISTRIBUTIONS.get(name), *recorded, f"qplug-{name}"]
+                     if _distribution_name(d)), None)
+        install = f"install it with: pip install {dist}" if dist else "install the plugin that provides it"
+        installed = ", ".join(info.name for info in list_backends()) or "none"
+        raise BackendNotFoundError(
+            f"{source} was converted for backend {name!r}, which is not installed (installed: "
+            f"{installed}); {install}, or load the backend-independent reference form with "
+            "qp.load(path, backend='reference')", backend=name) from exc
+    except BackendUnavailableError as exc:
+        raise BackendUnavailableError(f"{source}: {exc}; qp.load(path, backend='reference') gives the "
+                                      "reference form, which runs anywhere", backend=name) from exc
+    if name == artifact.backend:
+        _check_plugin_versions(artifact, chosen, source)
+    return chosen
+
+
+def _distribution_name(text: str | None) -> bool:
+    """Whether ``text`` is a valid distribution name: names from a file end up in pip commands."""
+    return bool(text) and _DISTRIBUTION_NAME.match(text) is not None
+
+
+def _check_plugin_versions(artifact: Artifact, chosen: Backend, source: Path) -> None:
+    installed = {r.dist: r.version for r in chosen.contributors if r.dist}
+    for saved in artifact.plugins:
+        dist, version = saved["dist"], saved["version"]
+        if not _distribution_name(dist) or dist == plugins.CORE_DISTRIBUTION or not _valid_version(version):
+            continue
+        if dist not in installed:
+            message = (f"{source} was converted with plugin {dist} {version}, which does not contribute to "
+                       f"backend {chosen.name!r} here; the patterns it provided stay in reference form")
+        elif not _compatible(version, installed[dist]):
+            message = (f"{source} was converted with {dist} {version} but {installed[dist]} is installed; "
+                       f"its kernels may round differently (pip install '{dist}=={version}' reproduces "
+                       "the original exactly)")
+        else:
+            continue
+        warnings.warn(f"qplug: {message}", plugins.QplugPluginWarning, stacklevel=4)
+
+
+def _valid_version(text: str | None) -> bool:
+    try:
+        Version(text or "")
+    except InvalidVersion:
+        return False
+    return True
+
+
+def _compatible(saved: str, installed: str | None) -> bool:
+    """Same major version (same minor for 0.x), as with a caret requirement."""
+    if not _valid_version(installed):
+        return False
+    a, b = Version(saved), Version(installed or "")
+    width = 2 if a.major == 0 else 1
+    return a.release[:width] == b.release[:width]

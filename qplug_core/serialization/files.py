@@ -1,0 +1,113 @@
+"""The artifact file: one ``.safetensors`` file, written atomically and read without unpickling.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header (tensor dtypes, shapes
+and offsets, plus string metadata) and raw tensor bytes; reading it runs no code. qplug keeps its
+document as one metadata string, so the header has a single metadata key and identical models give
+byte-identical files. Before safetensors parses anything, the first bytes are checked so that a
+pickle (``torch.save``) file, a truncated file or an absurd header length gets a clear error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from qplug_core.errors import SerializationError, UnsafeFileError
+
+#: safetensors metadata key under which the qplug document is stored
+METADATA_KEY = "qplug"
+#: the header size safetensors itself accepts at most
+MAX_HEADER_BYTES = 100_000_000
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+_PICKLE_PROTO = b"\x80"
+_PICKLE_VERSIONS = (b"\x02", b"\x03", b"\x04", b"\x05")
+
+
+def write_artifact_file(path: Path, document: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Write atomically: a temporary file beside ``path``, flushed to disk, then renamed over it."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        save_file(_storable(tensors), str(temporary), metadata={METADATA_KEY: document})
+        with open(temporary, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise SerializationError(f"cannot write {path}: {exc.strerror or exc}; check that the directory "
+                                 "exists and is writable", path=str(path)) from exc
+    except Exception as exc:  # safetensors refuses some tensors (unsupported dtypes) with plain errors
+        raise SerializationError(f"cannot write {path}: {exc}", path=str(path)) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+
+
+def _storable(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU, contiguous tensors that share no memory (safetensors refuses shared storage)."""
+    seen: set[int] = set()
+    result = {}
+    for key, tensor in tensors.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer in seen:
+            tensor = tensor.clone()
+        elif tensor.numel():
+            seen.add(pointer)
+        result[key] = tensor
+    return result
+
+
+def read_artifact_file(path: Path) -> tuple[str, dict[str, torch.Tensor]]:
+    """The qplug document and the tensors of the file at ``path``; never unpickles."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as file:
+            head = file.read(9)
+    except FileNotFoundError as exc:
+        raise SerializationError(f"{path}: no such file", path=str(path)) from exc
+    except OSError as exc:
+        raise SerializationError(f"cannot read {path}: {exc.strerror or exc}", path=str(path)) from exc
+    _check_head(path, head, size)
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as file:
+            document = (file.metadata() or {}).get(METADATA_KEY)
+            if document is None:
+                raise SerializationError(
+                    f"{path} is a safetensors file without qplug metadata; qp.load reads the files "
+                    "written by qp.save", path=str(path))
+            tensors = {key: file.get_tensor(key) for key in file.keys()}
+    except SerializationError:
+        raise
+    except Exception as exc:  # safetensors reports every malformed file as a plain exception
+        raise SerializationError(f"{path} is corrupt: {exc}", path=str(path)) from exc
+    return document, tensors
+
+
+def _check_head(path: Path, head: bytes, size: int) -> None:
+    header = int.from_bytes(head[:8], "little") if len(head) >= 8 else None
+    looks_safe = (header is not None and header <= MAX_HEADER_BYTES and 8 + header <= size
+                  and head[8:9] == b"{")
+    pickled = head[:4] in _ZIP_MAGICS or (head[:1] == _PICKLE_PROTO and head[1:2] in _PICKLE_VERSIONS)
+    if pickled and not looks_safe:
+        raise UnsafeFileError(
+            f"{path} is a pickle file (torch.save or TorchScript); loading it would run whatever code it "
+            "contains, so qp.load refuses it. qp.load reads only the .safetensors files written by "
+            "qp.save: where you trust the file, run qp.save(torch.load(path, weights_only=False), "
+            "'model.safetensors') once and share the .safetensors file instead", path=str(path))
+    if header is None:
+        raise SerializationError(f"{path} is not a qplug artifact: {size} bytes is too short for a "
+                                 "safetensors file", path=str(path))
+    if header > MAX_HEADER_BYTES:
+        raise SerializationError(f"{path} is corrupt or not a safetensors file: it declares a "
+                                 f"{header}-byte header (at most {MAX_HEADER_BYTES})", path=str(path))
+    if 8 + header > size:
+        raise SerializationError(f"{path} is truncated: its header needs {8 + header} bytes but the file "
+                                 f"has {size}; copy the file again", path=str(path))
+    if head[8:9] != b"{":
+        raise SerializationError(f"{path} is corrupt or not a safetensors file: the header is not a "
+                                 "JSON object", path=str(path))

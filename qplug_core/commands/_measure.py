@@ -80,32 +80,38 @@ class Size:
     float_bytes: int
     int8_bytes: int
     method: str
+    #: size of the whole ``qp.save`` file (tensors plus its JSON graph description), when saved
+    file_bytes: int | None = None
     #: why the fallback method was used, if it was
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"float_bytes": self.float_bytes, "int8_bytes": self.int8_bytes,
                 "ratio": number(self.float_bytes / self.int8_bytes, 2), "method": self.method,
-                "note": self.note}
+                "file_bytes": self.file_bytes, "note": self.note}
 
 
 def model_sizes(float_model: nn.Module, int8_model: nn.Module) -> Size:
-    """Serialized sizes: the ``qp.save`` file against a safetensors file of the float weights, or,
-    where the model cannot be saved, the tensor bytes of both models (packed weights unpacked)."""
-    from safetensors.torch import save as safetensors_bytes
+    """Weight bytes: the tensors of the ``qp.save`` file against the float state_dict's (the file
+    also carries a JSON graph, reported as ``file_bytes``); where the model cannot be saved, the
+    tensor bytes of both models (packed weights unpacked)."""
+    from safetensors import safe_open
 
     import qplug_core as qp
 
+    float_bytes = sum(t.numel() * t.element_size() for t in float_model.state_dict().values())
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            int8_bytes = qp.save(int8_model, Path(scratch) / "model.safetensors").stat().st_size
+            path = qp.save(int8_model, Path(scratch) / "model.safetensors")
+            with safe_open(str(path), framework="pt") as saved:
+                int8_bytes = sum(saved.get_tensor(k).nbytes for k in saved.keys())
+            file_bytes = path.stat().st_size
     except SerializationError as exc:
         return Size(_tensor_bytes(float_model), _tensor_bytes(int8_model),
                     "tensor bytes of both models, packed weights included (qp.save could not "
                     "save this model)", note=str(exc))
-    state = {k: v.contiguous() for k, v in float_model.state_dict().items()}
-    return Size(len(safetensors_bytes(state)), int8_bytes,
-                "qp.save file vs safetensors file of the float state_dict")
+    return Size(float_bytes, int8_bytes, "tensor bytes of the qp.save file vs the float state_dict",
+                file_bytes=file_bytes)
 
 
 def _tensor_bytes(model: nn.Module) -> int:

@@ -116,8 +116,10 @@ def _summary_table(doc: dict[str, Any]) -> Any:
     table.add_row("p90 latency", f"{lat['float']['p90_ms']:.3f} ms", f"{lat['int8']['p90_ms']:.3f} ms",
                   "")
     size = doc["size"]
-    table.add_row("size", f"{size['float_bytes'] / 1e3:,.1f} kB", f"{size['int8_bytes'] / 1e3:,.1f} kB",
+    table.add_row("weights", f"{size['float_bytes'] / 1e3:,.1f} kB", f"{size['int8_bytes'] / 1e3:,.1f} kB",
                   f"{size['ratio']}x smaller")
+    if size.get("file_bytes"):
+        table.add_row("saved file (weights + graph)", "", f"{size['file_bytes'] / 1e3:,.1f} kB", "")
     return table
 
 

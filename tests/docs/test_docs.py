@@ -179,9 +179,15 @@ def cli_examples() -> list[str]:
     return lines
 
 
+@pytest.fixture(scope="module")
+def cli_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One directory for all examples, in page order: ``report`` reads what ``quantize`` wrote."""
+    return tmp_path_factory.mktemp("cli_examples")
+
+
 @pytest.mark.parametrize("line", cli_examples())
-def test_cli_examples_succeed(line, plugin_autoload, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # commands that write files write them here
+def test_cli_examples_succeed(line, plugin_autoload, cli_workdir, monkeypatch):
+    monkeypatch.chdir(cli_workdir)
     command, _, expected = line.partition("  # exit ")
     args = shlex.split(command)[1:]
     result = CliRunner().invoke(app, args)

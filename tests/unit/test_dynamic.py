@@ -169,7 +169,7 @@ def test_bad_qconfig_spec(spec, error, message):
 
 def test_static_qconfig_and_bad_dtype_are_refused():
     model = get_model("lstm_classifier", seed=0)
-    with pytest.raises(ConstraintViolationError, match=r"module 'rnn' \(LSTM\).*static"):
+    with pytest.raises(ConstraintViolationError, match=r"module 'fc' \(Linear\).*static"):
         qp.quantize_dynamic(model, qp.get_default_qconfig_mapping("reference", "static"),
                             backend="reference")
     with pytest.raises(ConfigValidationError, match="dtype must be torch.qint8 or torch.float16"):

@@ -1,0 +1,101 @@
+"""A ready pytest suite proving every pattern config of a backend end to end.
+
+The fbgemm and qnnpack plugins run it, and a third-party backend can too: in a test module write
+``globals().update(pattern_suite("mynpu", "qplug-mynpu"))``. Each pattern gets a generated model
+(:func:`~qplug_core.testing.pattern_cases.cases_for`) that must be matched, quantized, lowered to the
+backend's kernel when its kernel table has one, and agree with ``convert_to_reference_fx`` of the
+same observed model within one quantization step on >= 99% of the output elements.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any, Callable, Iterator
+
+import pytest
+import torch
+
+import qplug_core as qp
+from qplug_core import plugins
+from qplug_core.backend import get_backend
+from qplug_core.nn import intrinsic as nni
+from qplug_core.testing.pattern_cases import PatternCase, cases_for, check_pattern
+
+_SWITCHES = (plugins.ENV_LOAD, plugins.ENV_DISABLE, plugins.ENV_STRICT)
+
+
+def _with_plugins_loaded(action: Callable[[], Any]) -> Any:
+    with pytest.MonkeyPatch.context() as mp:
+        for name in _SWITCHES:
+            mp.delenv(name, raising=False)
+        plugins.reset()
+        try:
+            return action()
+        finally:
+            plugins.reset()
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def pattern_suite(backend_name: str, distribution: str) -> dict[str, Any]:
+    """The fixture and tests to put into a test module's globals (see the module docstring)."""
+    if not _installed(distribution):
+        pytest.skip(f"{distribution} is not installed (pip install it to run its pattern suite)",
+                    allow_module_level=True)
+    cases: list[PatternCase] = _with_plugins_loaded(
+        lambda: cases_for(backend_name) if get_backend(backend_name).availability().ok else [])
+
+    def params() -> Iterator[Any]:
+        for case in cases:
+            marks = [pytest.mark.skip(reason=case.skip_reason)] if case.skip_reason else []
+            yield pytest.param(case, id=case.id, marks=marks)
+
+    @pytest.fixture(scope="module")
+    def backend():
+        """The backend assembled once, with every installed plugin loaded, on one thread."""
+        with pytest.MonkeyPatch.context() as mp:
+            for name in _SWITCHES:
+                mp.delenv(name, raising=False)
+            plugins.reset()
+            chosen = get_backend(backend_name)
+            if not chosen.availability().ok:
+                pytest.skip(f"{backend_name} unavailable: {chosen.availability().reason}")
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # tiny tensors: threads only add contention on shared CI
+            yield chosen
+            torch.set_num_threads(threads)
+            plugins.reset()
+
+    def test_one_case_per_pattern_config(backend):
+        patterns = [c.pattern_complex_format for c in backend.config.configs]
+        assert [case.pattern for case in cases] == patterns
+        assert len({case.id for case in cases}) == len(cases)
+
+    @pytest.mark.parametrize("case", list(params()))
+    def test_pattern_lowers_and_matches_reference(backend, case):
+        result = check_pattern(backend, case)
+        assert result.ok, result.explain()
+        assert result.matched and result.outputs
+        if result.expect_kernel:  # the kernel table has this pattern: its anchor runs on the kernel
+            assert result.anchors and set(result.anchors) <= set(result.kernels), result.explain()
+
+    def test_static_float_conv_bn_module_converts(backend):
+        model = torch.nn.Sequential(nni.ConvBn2d(torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4)))
+        x = torch.randn(2, 4, 6, 6)
+        observed = qp.prepare_fx(model.eval(), None, (x,), backend=backend)
+        qp.calibrate(observed, [(x,)])
+        reference, lowered = qp.convert_to_reference_fx(observed), qp.convert_fx(observed)
+        with torch.no_grad():
+            expected, got = reference(x), lowered(x)
+        step = float(expected.max() - expected.min()) / 255 * 1.01
+        assert ((got - expected).abs() <= step).float().mean() >= 0.99
+
+    return {"backend": backend, "test_one_case_per_pattern_config": test_one_case_per_pattern_config,
+            "test_pattern_lowers_and_matches_reference": test_pattern_lowers_and_matches_reference,
+            "test_static_float_conv_bn_module_converts": test_static_float_conv_bn_module_converts}

@@ -175,6 +175,9 @@ class RegionPlanner:
         self.keep_isolated_ops_float = keep_isolated_ops_float
         self.on_unsupported = on_unsupported
         self.modules = dict(gm.named_modules(remove_duplicate=False))
+        # (qconfig, dtype config, weighted) -> problems: checking builds throw-away observers,
+        # and a model has few distinct qconfigs but thousands of regions
+        self._problems: dict[tuple[Any, int, bool], list[str]] = {}
 
     def plan(self) -> list[Region]:
         configs = self.backend.config.pattern_to_config()
@@ -217,7 +220,11 @@ class RegionPlanner:
             return
         problems_by_config = []
         for dtype_config in region.config.dtype_configs:
-            problems = dtype_config_problems(region.qconfig, dtype_config, region.weighted)
+            key = (region.qconfig, id(dtype_config), region.weighted)
+            problems = self._problems.get(key)
+            if problems is None:
+                problems = self._problems[key] = dtype_config_problems(
+                    region.qconfig, dtype_config, region.weighted)
             if not problems:
                 region.dtype_config = dtype_config
                 region.quantized = True

@@ -1,0 +1,125 @@
+"""Shared helpers of the end-to-end benches (prepare, quantize, latency).
+
+* :func:`interleaved` times several variants round-robin in a rotating order, so machine noise
+  (other engineers' test runs on this shared box) hits every variant alike; report medians/p90.
+* :func:`torch_ao` imports ``torch.ao.quantization`` for the comparison only (runtime code never
+  does), with its deprecation warnings silenced; ``None`` when torch no longer ships it.
+* :func:`machine_line` prints what the figures were measured on, with the load average.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def load_average() -> str:
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:  # pragma: no cover - not on Linux
+        return "n/a"
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine_line() -> str:
+    return (f"{time.strftime('%Y-%m-%d %H:%M')}  {cpu_model()}, {os.cpu_count()} cores, "
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"load avg {load_average()}")
+
+
+def torch_ao():
+    """``torch.ao.quantization`` (comparison only), or None when absent."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torch.ao.quantization as tq
+            import torch.ao.quantization.quantize_fx as tq_fx
+    except ImportError:
+        return None
+    tq.quantize_fx = tq_fx
+    return tq
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence warnings and stderr chatter (backend announcements, progress bars) of a step."""
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """(seconds, result) of one call, after a GC so collection debt is not billed to ``fn``."""
+    gc.collect()
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def interleaved(variants: dict[str, Callable[[], Any]], rounds: int, *, warmup: int = 1,
+                inner: int = 1) -> dict[str, list[float]]:
+    """Seconds per call of every variant over ``rounds`` rotating rounds (after ``warmup`` ones).
+
+    Each round runs each variant ``inner`` times back to back and records the mean per call.
+    """
+    names = list(variants)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup + rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            fn = variants[name]
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            elapsed = (time.perf_counter() - start) / inner
+            if r >= warmup:
+                samples[name].append(elapsed)
+    return samples
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def p90(xs: list[float]) -> float:
+    ordered = sorted(xs)
+    if len(ordered) == 1:
+        return ordered[0]
+    k = 0.9 * (len(ordered) - 1)
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A plain right-aligned text table (first column left-aligned)."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    def line(cells: list[str]) -> str:
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+    out = [line(header), "-" * len(line(header))]
+    out += [line(r) for r in rows]
+    return "\n".join(out)

@@ -6,7 +6,9 @@ modified, and records what it did in ``GraphModule.meta`` for the next step and 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import os
 import sys
 from typing import Any, Iterable
@@ -32,7 +34,7 @@ from qplug_core.fx.regions import RegionPlanner
 from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes
 from qplug_core.fx.tags import ValueAnnotator, region_tag
 from qplug_core.ir.capture import capture_module
-from qplug_core.passes import PassManager
+from qplug_core.passes import PassManager, PassResult
 from qplug_core.serialization import record_artifact
 from qplug_core.fx.leaves import leaf_module_classes
 
@@ -43,7 +45,25 @@ _ON_UNSUPPORTED = ("warn", "raise", "skip")
 def run_passes(gm: fx.GraphModule, passes: list) -> None:
     """Run flow passes in place through the PassManager (lint after each pass under QPLUG_DEBUG)."""
     debug = os.environ.get("QPLUG_DEBUG") == "1"
-    PassManager(passes, inplace=True, run_checks_after_each_pass=debug)(gm)
+    with _gc_paused():
+        PassManager(passes, inplace=True, run_checks_after_each_pass=debug)(gm)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause Python's cyclic GC while a flow builds thousands of nodes and modules.
+
+    Graph rewriting allocates many long-lived objects, which triggers repeated full collections
+    that scan the whole growing graph: measured 34% of prepare_fx at 5,600 nodes, and the only
+    superlinear term. Reference counting still frees everything; the GC resumes afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def as_input_tuple(example_inputs: Any) -> tuple:
@@ -136,7 +156,18 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     if not isinstance(mapping, QConfigMapping):
         raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got "
                                     f"{type(mapping).__name__}", field="qconfig_mapping")
-    inputs = as_input_tuple(example_inputs)
+    with _gc_paused():
+        return _prepare_graph(model, mapping, as_input_tuple(example_inputs), chosen, mode=mode,
+                              is_qat=is_qat, inplace=inplace,
+                              keep_isolated_ops_float=keep_isolated_ops_float,
+                              on_unsupported=on_unsupported,
+                              non_traceable_module_names=non_traceable_module_names,
+                              non_traceable_module_classes=non_traceable_module_classes)
+
+
+def _prepare_graph(model, mapping, inputs, chosen, *, mode, is_qat, inplace, keep_isolated_ops_float,
+                   on_unsupported, non_traceable_module_names, non_traceable_module_classes
+                   ) -> fx.GraphModule:
     was_training = model.training
     if not is_qat and was_training and not inplace:
         model = copy.deepcopy(model).eval()
@@ -146,8 +177,9 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
                  non_traceable_module_classes=non_traceable_module_classes)
     _check_device(gm, chosen)
 
-    def annotate(graph_module: fx.GraphModule) -> None:
+    def annotate(graph_module: fx.GraphModule) -> PassResult:
         _annotate(graph_module, inputs)
+        return PassResult(graph_module, False)  # only node.meta changes
 
     def observe(graph_module: fx.GraphModule) -> None:
         regions = RegionPlanner(graph_module, chosen, mapping, on_unsupported=on_unsupported,

@@ -58,8 +58,7 @@ def fuse_graph(gm: fx.GraphModule, backend, *, is_qat: bool) -> list[FusionRecor
         records.append(_apply_fusion(gm, modules, match, config, fuser, is_qat))
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
-    gm.recompile()
-    return records
+    return records  # the PassManager recompiles after the pass
 
 
 def _unique_in_graph_order(gm: fx.GraphModule, matches: Mapping[str, Match]) -> list[Match]:

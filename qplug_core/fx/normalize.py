@@ -63,7 +63,6 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
     if replaced:
         gm.graph.eliminate_dead_code()
         gm.delete_all_unused_submodules()
-        gm.recompile()
     return PassResult(gm, replaced > 0)
 
 

@@ -171,11 +171,13 @@ class Backend:
         if stage not in STAGES:
             raise ConfigError(f"unknown stage {stage!r}{did_you_mean(stage, STAGES)}; use one of "
                               f"{', '.join(STAGES)}", field="stage", value=stage)
+        from qplug_core.fx.annotation_guard import guard_plugin_pass
+
         found: list[Callable] = []
         for result in plugins.collect("qplug_passes", stage=stage, backend=self.name):
             if not result.ok:
                 raise result.error
-            found.extend(result.value)
+            found.extend(guard_plugin_pass(p, result.record.label) for p in result.value)
         return found
 
     def __repr__(self) -> str:

@@ -293,7 +293,8 @@ def _leaf_name(op: Any) -> str:
     if is_match_all(op):
         return "*"
     if isinstance(op, type):
-        return op.__name__
+        # qplug's QAT modules share their float modules' names: tell them apart
+        return f"qat.{op.__name__}" if op.__module__.startswith("qplug_core.nn.qat") else op.__name__
     if isinstance(op, str):
         return f".{op}()"
     if callable(op):

@@ -264,8 +264,13 @@ def plan() -> tuple[list[Candidate], list[str]]:
                             lambda module=module: importlib.import_module(module))
                   for name, module in DEFAULT_PLUGINS.items()]
     found: set[str] = set(DEFAULT_PLUGINS)
+    seen: set[tuple[str, str, str]] = set()
     for info in discover():
         keys = {canonicalize_name(info.name), canonicalize_name(info.dist)}
+        identity = (info.name, canonicalize_name(info.dist), info.version)
+        if identity in seen:  # one distribution's metadata seen twice (e.g. a leftover egg-info)
+            continue
+        seen.add(identity)
         if wanted is None or keys & wanted:
             found |= keys
             candidates.append(Candidate(info.record(), info.entry_point.load, info.requires))

@@ -101,10 +101,8 @@ class PatternCase:
 
 
 def case_id(pattern: Any) -> str:
-    """``format_pattern`` plus the defining module for classes whose name is ambiguous (QAT)."""
+    """``format_pattern`` (which marks QAT classes) plus ``nni.`` for fused float modules."""
     text = format_pattern(pattern)
-    if isinstance(pattern, type) and pattern.__module__.startswith("qplug_core.nn.qat"):
-        return f"qat.{text}"
     if isinstance(pattern, type) and pattern.__module__.startswith("qplug_core.nn.intrinsic"):
         return f"nni.{text}"
     return text

@@ -90,7 +90,6 @@ class CapabilityBasedPartitioner:
         counter = itertools.count()
 
         def merge_pass(self_v: int) -> bool:
-            nonlocal all_bits
             merged = False
             for other in self._candidates(q, order_of, self_v, all_bits):
                 if other not in order_of:

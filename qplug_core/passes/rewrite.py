@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-from torch import fx
 from torch.fx import Graph, GraphModule, Node
 
 from qplug_core.errors import GraphError

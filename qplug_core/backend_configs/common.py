@@ -207,6 +207,9 @@ _SHARE_QPARAMS_OPS: tuple[Any, ...] = (
     "contiguous", "clamp", "detach", "detach_", "mean", "permute", "repeat", "repeat_interleave",
     "reshape", "resize_", "relu", "relu_", "squeeze", "squeeze_", "transpose", "unsqueeze",
     "unsqueeze_", "view",
+    # beyond torch.ao's list: common in real models (decoders, classifier heads), and each runs
+    # unchanged on quantized tensors, so leaving them out would break int8 chains for nothing
+    nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.Flatten, "flatten",
 )
 """Ops that work on quantized tensors without changing their qparams (pooling, reshapes, relu)."""
 

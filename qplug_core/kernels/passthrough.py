@@ -25,6 +25,7 @@ PASSTHROUGH_OPS: tuple[object, ...] = (
     torch.reshape, torch.permute, torch.transpose, torch.squeeze, torch.unsqueeze,
     "squeeze", "unsqueeze", torch.chunk, torch.split, "chunk", "split", torch.narrow, "narrow",
     "repeat", "expand", F.pixel_shuffle, nn.PixelShuffle, F.interpolate, nn.Upsample,
+    nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d,
     # clipping activations (exact on the integer grid)
     F.relu, torch.relu, nn.ReLU, "relu", F.relu6, nn.ReLU6, F.hardtanh, nn.Hardtanh,
     torch.clamp, "clamp", F.dropout, nn.Dropout, nn.Identity,

@@ -182,6 +182,7 @@ _MODULE_DIMS: dict[type, int] = {
     nn.AdaptiveAvgPool1d: 3, nn.AdaptiveAvgPool2d: 4, nn.AdaptiveAvgPool3d: 5,
     nn.AvgPool1d: 3, nn.AvgPool2d: 4, nn.AvgPool3d: 5,
     nn.MaxPool1d: 3, nn.MaxPool2d: 4, nn.MaxPool3d: 5,
+    nn.Upsample: 4, nn.UpsamplingNearest2d: 4, nn.UpsamplingBilinear2d: 4, nn.Flatten: 4,
 }
 _MODULE_FACTORIES: dict[type, Callable[[], nn.Module]] = {
     **{_CONV[d]: (lambda d=d: _CONV[d](C, C, 3, padding=1)) for d in _CONV},
@@ -203,6 +204,10 @@ _MODULE_FACTORIES: dict[type, Callable[[], nn.Module]] = {
     nn.PixelShuffle: lambda: nn.PixelShuffle(2), nn.PixelUnshuffle: lambda: nn.PixelUnshuffle(2),
     nn.ReLU: nn.ReLU, nn.ReLU6: nn.ReLU6, nn.LayerNorm: lambda: nn.LayerNorm(6),
     nn.Embedding: lambda: nn.Embedding(10, 8), nn.EmbeddingBag: lambda: nn.EmbeddingBag(10, 8),
+    nn.Upsample: lambda: nn.Upsample(scale_factor=2),
+    nn.UpsamplingNearest2d: lambda: nn.UpsamplingNearest2d(scale_factor=2),
+    nn.UpsamplingBilinear2d: lambda: nn.UpsamplingBilinear2d(scale_factor=2),
+    nn.Flatten: lambda: nn.Flatten(2),
 }
 _RNN = {nn.LSTM: lambda: nn.LSTM(8, 8, batch_first=True), nn.GRU: lambda: nn.GRU(8, 8, batch_first=True),
         nn.LSTMCell: lambda: nn.LSTMCell(8, 8), nn.GRUCell: lambda: nn.GRUCell(8, 8),
@@ -272,6 +277,7 @@ _METHOD_STEPS: dict[str, tuple[Callable, int | str | None]] = {
     "transpose": (lambda b, x: x.transpose(2, 3), 4),
     "unsqueeze": (lambda b, x: x.unsqueeze(2), 3), "unsqueeze_": (lambda b, x: x.unsqueeze_(2), 3),
     "view": (lambda b, x: x.view(2, C, -1), 4),
+    "flatten": (lambda b, x: x.flatten(2), 4),
     "sigmoid": (lambda b, x: x.sigmoid(), None), "sigmoid_": (lambda b, x: x.sigmoid_(), None),
     "tanh": (lambda b, x: x.tanh(), None), "tanh_": (lambda b, x: x.tanh_(), None),
     "size": (lambda b, x: x.view(x.size(0), x.size(1), -1), 4),

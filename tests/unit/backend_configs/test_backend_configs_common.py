@@ -16,9 +16,10 @@ from qplug_core.errors import ConfigValidationError
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat
 
-EXPECTED_TOTAL = 198
+EXPECTED_TOTAL = 203
 OUR_EXTRAS = {  # deliberate additions over torch.ao (complex format)
     (torch.relu, nn.Linear), ("relu", nn.Linear), (torch.relu, F.linear), ("relu", F.linear),
+    nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.Flatten, "flatten",
 }
 
 
@@ -79,7 +80,7 @@ CATEGORIES = [  # (our builder, torch.ao builder name, expected number of our co
     (lambda d: [common.cat_config(d)], "_get_cat_config", 1),
     (common.default_op_configs, "_get_default_op_configs", 14),
     (common.fixed_qparams_op_configs, "_get_fixed_qparams_op_configs", 13),
-    (common.share_qparams_op_configs, "_get_share_qparams_op_configs", 59),
+    (common.share_qparams_op_configs, "_get_share_qparams_op_configs", 64),
     (common.tensor_info_op_configs, "_get_tensor_info_op_configs", 2),
     (common.bn_configs, "_get_bn_configs", 8),
     (common.ln_configs, "_get_ln_configs", 2),

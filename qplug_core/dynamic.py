@@ -205,6 +205,5 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
         replacement = _swap(module, qconfig, chosen)
         if not name:
             return replacement.eval()
-        parent, _, attr = name.rpartition(".")
-        setattr(result.get_submodule(parent) if parent else result, attr, replacement)
+        result.set_submodule(name, replacement)
     return result.eval()

@@ -35,11 +35,6 @@ def _groups(modules_to_fuse: Sequence[str] | Sequence[Sequence[str]]) -> list[li
     return result
 
 
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, attr, module)
-
-
 def _fuse_group(model: nn.Module, group: list[str], named: dict[str, nn.Module], is_qat: bool,
                 fuser_func: FuserMethod | None) -> None:
     for name in group:
@@ -65,9 +60,9 @@ def _fuse_group(model: nn.Module, group: list[str], named: dict[str, nn.Module],
     for hook in modules[-1]._forward_hooks.values():
         fused.register_forward_hook(hook)
     fused.train(modules[0].training)
-    _set_submodule(model, group[0], fused)
+    model.set_submodule(group[0], fused)
     for name, module in zip(group[1:], modules[1:]):
-        _set_submodule(model, name, nn.Identity().train(module.training))
+        model.set_submodule(name, nn.Identity().train(module.training))
 
 
 def fuse_modules(model: nn.Module, modules_to_fuse: Sequence[str] | Sequence[Sequence[str]],

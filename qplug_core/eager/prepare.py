@@ -140,11 +140,6 @@ def _plan(model: nn.Module, qconfigs: dict[str, QConfig | None], backend: Backen
     return plan
 
 
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, attr, module)
-
-
 def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: Any,
              inplace: bool, is_qat: bool) -> nn.Module:
     if not isinstance(model, nn.Module):
@@ -166,7 +161,7 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
             qat_class = chosen.config.pattern_to_config()[type_before_parametrizations(module)].qat_module
             if qat_class is not None:
                 module = qat_class.from_float(module, qconfig)
-                _set_submodule(model, name, module)
+                model.set_submodule(name, module)
         _attach(module, name, qconfig, with_input=with_input)
     setattr(model, STATE_ATTR, {"backend": chosen.name, "mode": mode})
     return model.train(is_qat)

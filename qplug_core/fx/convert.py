@@ -16,13 +16,18 @@ from torch import fx, nn
 from qplug_core import qparams as Q
 
 from qplug_core.errors import ModelStateError, UncalibratedObserverError
-from qplug_core.fx.graph_utils import set_submodule
 from qplug_core.nn.fuser_methods import get_fuser_method
 from qplug_core.nn.intrinsic import FusedModule
 from qplug_core.fx.prepare import is_observer_module
 from qplug_core.fx.regions import QUANTIZED_DTYPES, weight_name_of
 from qplug_core.fx.tags import BOUNDARY, OBSERVER, region_tag
-from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
+from qplug_core.kernels.reference import (
+    Dequantize,
+    DynamicQuantize,
+    Quantize,
+    ReferenceWeighted,
+    weight_of,
+)
 
 
 def check_calibrated(gm: fx.GraphModule) -> list[str]:
@@ -74,13 +79,13 @@ def _convert_weighted_modules(gm: fx.GraphModule) -> None:
         if isinstance(module, ReferenceWeighted):
             continue
         if isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
-            set_submodule(gm, node.target, _rounded_rnn(module, tag.qconfig))
+            gm.set_submodule(node.target, _rounded_rnn(module, tag.qconfig))
             continue
         float_module, weight_qparams = _float_module_and_weight_qparams(module, tag)
         if weight_qparams is None:
             continue
         weight_name = weight_name_of(float_module)
-        set_submodule(gm, node.target, ReferenceWeighted(float_module, weight_qparams, weight_name))
+        gm.set_submodule(node.target, ReferenceWeighted(float_module, weight_qparams, weight_name))
 
 
 def _float_module_and_weight_qparams(module: nn.Module, tag):
@@ -93,9 +98,7 @@ def _float_module_and_weight_qparams(module: nn.Module, tag):
     if weight_name is None or tag.qconfig is None or tag.qconfig.weight is None:
         return module, None
     observer = tag.qconfig.weight()
-    owner_path, _, attr = weight_name.rpartition(".")
-    weight = getattr(module.get_submodule(owner_path) if owner_path else module, attr)
-    observer(weight.detach())
+    observer(weight_of(module, weight_name).detach())
     return module, observer.qparams()
 
 

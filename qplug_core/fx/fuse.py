@@ -16,7 +16,6 @@ from torch import fx, nn
 import torch
 
 from qplug_core.errors import PatternError
-from qplug_core.fx.graph_utils import set_submodule
 from qplug_core.matcher import Match, find_matches
 from qplug_core.patterns import MatchAllNode, format_pattern
 
@@ -82,7 +81,7 @@ def _apply_fusion(gm, modules, match: Match, config, fuser, is_qat: bool) -> Fus
     root_module = modules[root.target]
     structured = _modules_for(match.node_pattern, modules, root_module)
     fused = fuser(is_qat, *structured) if isinstance(structured, tuple) else fuser(is_qat, structured)
-    set_submodule(gm, root.target, fused)
+    gm.set_submodule(root.target, fused)
     modules[root.target] = fused
 
     extra = tuple(config.extra_inputs_getter(match.node_pattern)) if config.extra_inputs_getter else ()

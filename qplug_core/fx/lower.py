@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from qplug_core.fx.graph_utils import is_module_call, set_submodule
+from qplug_core.fx.graph_utils import is_module_call
 from qplug_core.fx.tags import KERNEL, REGION, region_tag
 from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
 from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
@@ -125,7 +125,7 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         weight_qparams=weight_qparams, engine=backend.engine)
     kernel = spec.build(ctx)
     kernel_name = root.target if root is not None else _free_module_name(gm, compute, spec.op)
-    set_submodule(gm, kernel_name, kernel)
+    gm.set_submodule(kernel_name, kernel)
     # quantized-input kernels take the quantized tensors; float-input ones (weight-only) the node's args
     args, kwargs = (tuple(b.args[0] for b in boundaries), {}) if boundaries else (compute.args, compute.kwargs)
     if compute.op == "call_module" and compute.target == kernel_name:
@@ -214,9 +214,9 @@ def _swap_boundaries(gm: fx.GraphModule, backend) -> None:
         if type(module) is Quantize and quantize_spec is not None:
             ctx = KernelContext(pattern=QUANTIZE_KEY, module=None, target=None,
                                 output_qparams=module.qparams, engine=backend.engine)
-            set_submodule(gm, node.target, quantize_spec.build(ctx))
+            gm.set_submodule(node.target, quantize_spec.build(ctx))
         elif type(module) is Dequantize and dequantize_spec is not None:
             ctx = KernelContext(pattern=DEQUANTIZE_KEY, module=None, target=None,
                                 input_qparams=(module.qparams,), engine=backend.engine)
-            set_submodule(gm, node.target, dequantize_spec.build(ctx))
+            gm.set_submodule(node.target, dequantize_spec.build(ctx))
 

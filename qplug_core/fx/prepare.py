@@ -14,7 +14,6 @@ from typing import Any
 from torch import fx, nn
 
 from qplug_core.config import ObservationType
-from qplug_core.fx.graph_utils import set_submodule
 from qplug_core.fx.regions import QUANTIZED_DTYPES, Region
 from qplug_core.fx.tags import OBSERVER, REGION, RegionTag
 from qplug_core.observers import (
@@ -108,7 +107,7 @@ def swap_qat_modules(gm: fx.GraphModule, regions: list[Region]) -> None:
         module = modules[root.target]
         if qat_class is None or isinstance(module, qat_class):
             continue
-        set_submodule(gm, root.target, qat_class.from_float(module, region.qconfig))
+        gm.set_submodule(root.target, qat_class.from_float(module, region.qconfig))
 
 
 def tag_regions(regions: list[Region]) -> None:

@@ -23,6 +23,7 @@ from torch import fx, nn
 from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapping
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, warn_user
 from qplug_core.fx.tags import VALUE_KIND
+from qplug_core.kernels.reference import weight_of
 from qplug_core.matcher import Match, find_matches
 from qplug_core.patterns import format_pattern
 
@@ -178,6 +179,7 @@ class RegionPlanner:
         # (qconfig, dtype config, weighted) -> problems: checking builds throw-away observers,
         # and a model has few distinct qconfigs but thousands of regions
         self._problems: dict[tuple[Any, int, bool], list[str]] = {}
+        self._weight_axes: dict[QConfig, int | None] = {}  # same reason: one observer per qconfig
 
     def plan(self) -> list[Region]:
         configs = self.backend.config.pattern_to_config()
@@ -195,7 +197,7 @@ class RegionPlanner:
             region.qconfig = resolve_qconfig(self.mapping, region.root, self.modules, counter)
             region.weighted = _is_weighted(region.root, self.modules)
             if region.weighted and region.qconfig is not None:
-                _check_weight_observer(region.qconfig, region.root, self.modules)
+                self._check_weight_axis(region.qconfig, region.root)
             self._choose_dtype_config(region)
             regions.append(region)
         if self.keep_isolated_ops_float:
@@ -243,21 +245,23 @@ class RegionPlanner:
         if self.on_unsupported == "warn":
             warn_user(message)
 
+    def _check_weight_axis(self, qconfig: QConfig, root: fx.Node) -> None:
+        """A per-channel weight axis must exist on this layer's weight; say so at prepare, by name."""
+        if qconfig not in self._weight_axes:
+            observer = qconfig.weight() if qconfig.weight is not None else None
+            self._weight_axes[qconfig] = getattr(observer, "ch_axis", None)
+        axis = self._weight_axes[qconfig]
+        name = weight_name_of(self.modules[root.target])
+        if axis is not None and name is not None:
+            _check_axis(axis, root.target, weight_of(self.modules[root.target], name))
 
-def _check_weight_observer(qconfig: QConfig, root: fx.Node, modules: dict[str, nn.Module]) -> None:
-    """A per-channel weight axis must exist on this layer's weight; say so at prepare, by name."""
-    if qconfig.weight is None:
-        return
-    name = weight_name_of(modules[root.target])
-    axis = getattr(qconfig.weight(), "ch_axis", None)
-    if name is None or axis is None:
-        return
-    weight = modules[root.target].get_parameter(name)
+
+def _check_axis(axis: int, layer: str, weight: torch.Tensor) -> None:
     if not -weight.dim() <= axis < weight.dim():
         raise ConfigValidationError(
-            f"layer {root.target!r}: the weight observer's ch_axis={axis} is out of range for its "
+            f"layer {layer!r}: the weight observer's ch_axis={axis} is out of range for its "
             f"{weight.dim()}-d weight of shape {tuple(weight.shape)}; use ch_axis=0 (output "
-            "channels) or a per-tensor weight observer", field=f"{root.target}.weight", value=axis)
+            "channels) or a per-tensor weight observer", field=f"{layer}.weight", value=axis)
 
 
 def _is_float_tensor(node: fx.Node) -> bool:

@@ -100,8 +100,7 @@ class ReferenceWeighted(nn.Module):
         self.weight_name = weight_name
         holder = _QParamsHolder(weight_qparams)
         self.weight_qparams_holder = holder
-        owner, attr = _weight_owner(self.module, weight_name)
-        weight = getattr(owner, attr)
+        weight = weight_of(self.module, weight_name)
         with torch.no_grad():
             weight.copy_(Q.fake_quantize(weight.detach(), weight_qparams))
 
@@ -111,15 +110,16 @@ class ReferenceWeighted(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        owner, attr = _weight_owner(self.module, self.weight_name)
-        return getattr(owner, attr)
+        return weight_of(self.module, self.weight_name)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
 
-def _weight_owner(module: nn.Module, weight_name: str) -> tuple[nn.Module, str]:
-    """Resolve a dotted weight name ("0.weight" inside a fused Sequential) to (owner, attr)."""
+def weight_of(module: nn.Module, weight_name: str) -> torch.Tensor:
+    """The tensor at a dotted weight name ("0.weight" inside a fused Sequential).
+
+    Plain attribute access, unlike ``get_parameter``, also returns parametrized weights.
+    """
     owner_path, _, attr = weight_name.rpartition(".")
-    owner = module.get_submodule(owner_path) if owner_path else module
-    return owner, attr
+    return getattr(module.get_submodule(owner_path) if owner_path else module, attr)

@@ -27,6 +27,7 @@ from qplug_core.errors import (
 )
 from qplug_core.fx.convert import convert_graph
 from qplug_core.fx.fuse import fuse_graph
+from qplug_core.fx.leaves import leaf_module_classes
 from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.fx.normalize import normalize_functionals
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
@@ -36,7 +37,6 @@ from qplug_core.fx.tags import ValueAnnotator, region_tag
 from qplug_core.ir.capture import capture_module
 from qplug_core.passes import PassManager, PassResult
 from qplug_core.serialization import record_artifact
-from qplug_core.fx.leaves import leaf_module_classes
 
 _STATE_KEY = "qplug_state"
 _ON_UNSUPPORTED = ("warn", "raise", "skip")

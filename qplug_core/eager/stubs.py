@@ -13,12 +13,9 @@ import torch
 from torch import nn
 
 
-class QuantStub(nn.Module):
-    """Identity in float; becomes the backend's Quantize at convert.
-
-    ``qconfig`` (optional) is set as the ``qconfig`` attribute, which takes precedence over the
-    QConfigMapping for this stub (as ``torch.ao.quantization.QuantStub(qconfig)`` does).
-    """
+class _Stub(nn.Module):
+    """Identity in float; an optional ``qconfig`` attribute wins over the QConfigMapping for it
+    (as ``torch.ao.quantization.QuantStub(qconfig)`` does)."""
 
     def __init__(self, qconfig: Any = None) -> None:
         super().__init__()
@@ -29,13 +26,9 @@ class QuantStub(nn.Module):
         return x
 
 
-class DeQuantStub(nn.Module):
-    """Identity in float; becomes the backend's Dequantize at convert (never observed)."""
+class QuantStub(_Stub):
+    """Where float enters int8: observed at prepare, the backend's Quantize after convert."""
 
-    def __init__(self, qconfig: Any = None) -> None:
-        super().__init__()
-        if qconfig is not None:
-            self.qconfig = qconfig
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
+class DeQuantStub(_Stub):
+    """Where int8 leaves for float: the backend's Dequantize after convert (never observed)."""

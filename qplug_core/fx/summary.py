@@ -34,7 +34,6 @@ class QuantizationReport:
     kernels: dict[str, str] = field(default_factory=dict)  # anchor node -> kernel op
     reference: dict[str, str] = field(default_factory=dict)  # anchor node -> why no kernel
     skipped: list[SkippedNode] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -25,7 +25,7 @@ from qplug_core.nn.intrinsic import FusedModule
 
 __all__ = [
     "QATModule", "QATWithBn", "build_weight_fake_quant", "freeze_bn_stats", "resolve_qconfig",
-    "share_parameter", "update_bn_stats",
+    "check_float_module", "share_parameter", "update_bn_stats",
 ]
 
 
@@ -37,6 +37,15 @@ def resolve_qconfig(cls: type, mod: nn.Module | None, qconfig: Any) -> Any:
             f"{cls.__name__} needs a qconfig with a weight fake-quant factory (qconfig.weight); "
             "pass qconfig=... or set module.qconfig before prepare_qat", field="qconfig", value=qconfig)
     return qconfig
+
+
+def check_float_module(cls: type, mod: nn.Module) -> None:
+    """``cls.from_float`` accepts exactly ``cls.FLOAT_MODULE`` (parametrized modules by their original type)."""
+    got = type_before_parametrizations(mod)
+    if got is not cls.FLOAT_MODULE:
+        raise ConfigValidationError(
+            f"{cls.__module__}.{cls.__name__}.from_float takes a {cls.FLOAT_MODULE.__name__}, "
+            f"got {got.__name__}", field="mod", value=got)
 
 
 def build_weight_fake_quant(qconfig: Any, like: torch.Tensor) -> nn.Module:
@@ -92,11 +101,7 @@ class QATModule:
     @classmethod
     def from_float(cls, mod: nn.Module, qconfig: Any = None) -> Any:
         """The QAT module for a float (or fused float) module, sharing its parameters."""
-        got = type_before_parametrizations(mod)
-        if got is not cls.FLOAT_MODULE:
-            raise ConfigValidationError(
-                f"{cls.__module__}.{cls.__name__}.from_float takes a {cls.FLOAT_MODULE.__name__}, "
-                f"got {got.__name__}", field="mod", value=got)
+        check_float_module(cls, mod)
         qconfig = resolve_qconfig(cls, mod, qconfig)
         root = mod[0] if isinstance(mod, FusedModule) else mod
         qat = cls(**cls._root_args(root), qconfig=qconfig,

@@ -12,10 +12,14 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.parametrize import type_before_parametrizations
 
 from qplug_core.errors import ConfigValidationError
-from qplug_core.nn.qat_base import build_weight_fake_quant, resolve_qconfig, share_parameter
+from qplug_core.nn.qat_base import (
+    build_weight_fake_quant,
+    check_float_module,
+    resolve_qconfig,
+    share_parameter,
+)
 
 __all__ = ["Embedding", "EmbeddingBag"]
 
@@ -43,11 +47,7 @@ class _QATEmbedding:
     @classmethod
     def from_float(cls, mod: nn.Module, qconfig: Any = None) -> Any:
         """The QAT module for ``mod``, sharing its weight."""
-        got = type_before_parametrizations(mod)
-        if got is not cls.FLOAT_MODULE:
-            raise ConfigValidationError(
-                f"{cls.__module__}.{cls.__name__}.from_float takes a {cls.FLOAT_MODULE.__name__}, "
-                f"got {got.__name__}", field="mod", value=got)
+        check_float_module(cls, mod)
         qconfig = resolve_qconfig(cls, mod, qconfig)
         qat = cls(**{name: getattr(mod, name) for name in cls.ARG_NAMES}, qconfig=qconfig,
                   device=mod.weight.device, dtype=mod.weight.dtype)

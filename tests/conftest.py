@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 from hypothesis import settings
 
-from qplug_core import plugins
+from qplug_core import plugins, testing
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 settings.register_profile("nightly", max_examples=50_000, deadline=None, print_blob=True)
@@ -30,6 +30,13 @@ def _builtin_plugins_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     plugins.reset()
     yield
     plugins.reset()
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")`` (model-sized tests)."""
+    with testing.one_thread():
+        yield
 
 
 @pytest.fixture

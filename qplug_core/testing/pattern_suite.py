@@ -9,47 +9,24 @@ same observed model within one quantization step on >= 99% of the output element
 
 from __future__ import annotations
 
-import importlib.metadata
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 import torch
 
 import qplug_core as qp
-from qplug_core import plugins
 from qplug_core.backend import get_backend
 from qplug_core.nn import intrinsic as nni
+from qplug_core.testing.environment import all_plugins_loaded, one_thread, require_distribution
 from qplug_core.testing.pattern_cases import PatternCase, cases_for, check_pattern
-
-_SWITCHES = (plugins.ENV_LOAD, plugins.ENV_DISABLE, plugins.ENV_STRICT)
-
-
-def _with_plugins_loaded(action: Callable[[], Any]) -> Any:
-    with pytest.MonkeyPatch.context() as mp:
-        for name in _SWITCHES:
-            mp.delenv(name, raising=False)
-        plugins.reset()
-        try:
-            return action()
-        finally:
-            plugins.reset()
-
-
-def _installed(distribution: str) -> bool:
-    try:
-        importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def pattern_suite(backend_name: str, distribution: str) -> dict[str, Any]:
     """The fixture and tests to put into a test module's globals (see the module docstring)."""
-    if not _installed(distribution):
-        pytest.skip(f"{distribution} is not installed (pip install it to run its pattern suite)",
-                    allow_module_level=True)
-    cases: list[PatternCase] = _with_plugins_loaded(
-        lambda: cases_for(backend_name) if get_backend(backend_name).availability().ok else [])
+    require_distribution(distribution)
+    with all_plugins_loaded():
+        available = get_backend(backend_name).availability().ok
+        cases: list[PatternCase] = cases_for(backend_name) if available else []
 
     def params() -> Iterator[Any]:
         for case in cases:
@@ -59,18 +36,11 @@ def pattern_suite(backend_name: str, distribution: str) -> dict[str, Any]:
     @pytest.fixture(scope="module")
     def backend():
         """The backend assembled once, with every installed plugin loaded, on one thread."""
-        with pytest.MonkeyPatch.context() as mp:
-            for name in _SWITCHES:
-                mp.delenv(name, raising=False)
-            plugins.reset()
+        with all_plugins_loaded(), one_thread():
             chosen = get_backend(backend_name)
             if not chosen.availability().ok:
                 pytest.skip(f"{backend_name} unavailable: {chosen.availability().reason}")
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)  # tiny tensors: threads only add contention on shared CI
             yield chosen
-            torch.set_num_threads(threads)
-            plugins.reset()
 
     def test_one_case_per_pattern_config(backend):
         patterns = [c.pattern_complex_format for c in backend.config.configs]

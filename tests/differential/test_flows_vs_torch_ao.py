@@ -43,8 +43,9 @@ from qplug_core.observers import HistogramObserver, PerChannelMinMaxObserver  # 
 from qplug_core.zoo import calibrate_batchnorm, get_model  # noqa: E402
 from qplug_core.zoo.digits import digits_cnn  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
-                                        "ignore::FutureWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
+                                         "ignore::FutureWarning"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 class SmallResNet(nn.Module):
@@ -80,14 +81,6 @@ MODELS = {
     "mobilenet_v2": (lambda: get_model("mobilenet_v2", seed=0), 3, 64),
 }
 CHAOTIC = {"mobilenet_v2"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _ours_mapping(reduce_range: bool) -> QConfigMapping:

@@ -65,14 +65,6 @@ def _float_ops_inside(gm: fx.GraphModule, kernels: dict[str, str]) -> list[str]:
     return found
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
 @pytest.mark.parametrize("model_name", ["resnet18", "mobilenet_v2"])

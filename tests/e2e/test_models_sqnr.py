@@ -35,13 +35,7 @@ from qplug_core.zoo import calibrate_batchnorm, example_inputs, get_model
 from qplug_core.zoo.transformer import make_realistic_bert
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: on the shared 2-core CI box contended OpenMP is ~10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _images(px: int, seed: int, batch: int) -> tuple[torch.Tensor]:

@@ -26,12 +26,7 @@ from qplug_core.zoo import example_inputs
 from qplug_core.zoo.transformer import make_realistic_bert
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import qplug_core as qp
+from qplug_core.testing import one_thread
 from qplug_core.zoo import get_model
 from qplug_core.zoo.batchnorm import calibrate_batchnorm
 
@@ -85,12 +86,8 @@ def baseline() -> dict[str, float]:
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_output_sqnr_holds_its_baseline(name, baseline):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         measured = _measure(name)
-    finally:
-        torch.set_num_threads(threads)
     if os.environ.get("QPLUG_UPDATE_SQNR_BASELINE") == "1":
         data = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
         data[name] = round(measured, 2)

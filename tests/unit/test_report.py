@@ -19,12 +19,7 @@ from qplug_core.zoo import example_inputs, get_model
 from qplug_core.zoo.resnet import BasicBlock
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def noisy(reference: torch.Tensor, ratio: float, seed: int = 0) -> torch.Tensor:

@@ -18,13 +18,7 @@ from qplug_core.zoo.lstm import RecurrentClassifier
 from qplug_core.zoo.transformer import make_realistic_bert
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small CPU models run faster and steadier on one thread on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def num_params(model: nn.Module) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 
 import pytest
@@ -10,23 +9,17 @@ import torch
 
 from qplug_core import plugins
 from qplug_core.backend import X86_MACHINES, get_backend, list_backends
+from qplug_core.testing import all_plugins_loaded, require_distribution
 
 from qplug_fbgemm import cpu
 
-try:
-    importlib.metadata.version("qplug-fbgemm")
-except importlib.metadata.PackageNotFoundError:
-    pytest.skip("qplug-fbgemm is not installed (pip install -e plugins/qplug_fbgemm)",
-                allow_module_level=True)
+require_distribution("qplug-fbgemm")
 
 
 @pytest.fixture(autouse=True)
-def installed_plugins(monkeypatch):
-    for name in (plugins.ENV_LOAD, plugins.ENV_DISABLE, plugins.ENV_STRICT):
-        monkeypatch.delenv(name, raising=False)
-    plugins.reset()
-    yield
-    plugins.reset()
+def installed_plugins():
+    with all_plugins_loaded():
+        yield
 
 
 def test_entry_point_is_loaded():

@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
 import torch
 
 from qplug_core import plugins
 from qplug_core.backend import get_backend, list_backends
 from qplug_core.errors import BackendNotFoundError
+from qplug_core.testing import all_plugins_loaded, require_distribution
 
-try:
-    importlib.metadata.version("qplug-qnnpack")
-except importlib.metadata.PackageNotFoundError:
-    pytest.skip("qplug-qnnpack is not installed (pip install -e plugins/qplug_qnnpack)",
-                allow_module_level=True)
+require_distribution("qplug-qnnpack")
 
 
 @pytest.fixture(autouse=True)
-def installed_plugins(monkeypatch):
-    for name in (plugins.ENV_LOAD, plugins.ENV_DISABLE, plugins.ENV_STRICT):
-        monkeypatch.delenv(name, raising=False)
-    plugins.reset()
-    yield
-    plugins.reset()
+def installed_plugins():
+    with all_plugins_loaded():
+        yield
 
 
 def test_backend_is_listed_with_real_availability():

@@ -51,7 +51,7 @@ def run_passes(gm: fx.GraphModule, passes: list) -> None:
 
 @contextlib.contextmanager
 def _gc_paused():
-    """Pause Python's cyclic GC while a flow builds thousands of nodes and modules.
+    """Pause Python's cyclic GC while a flow copies, traces or rewrites thousands of nodes.
 
     Graph rewriting allocates many long-lived objects, which triggers repeated full collections
     that scan the whole growing graph: measured 34% of prepare_fx at 5,600 nodes, and the only
@@ -88,12 +88,13 @@ def _capture(model: nn.Module, *, inplace: bool, non_traceable_module_names=(),
     if not isinstance(model, nn.Module):
         raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
                                     field="model", value=type(model).__name__)
-    source = model if inplace else copy.deepcopy(model)
-    if isinstance(source, fx.GraphModule):
-        return source
-    return capture_module(source, leaf_modules=leaf_module_classes(),
-                          non_traceable_module_names=non_traceable_module_names,
-                          non_traceable_module_classes=non_traceable_module_classes)
+    with _gc_paused():
+        source = model if inplace else copy.deepcopy(model)
+        if isinstance(source, fx.GraphModule):
+            return source
+        return capture_module(source, leaf_modules=leaf_module_classes(),
+                              non_traceable_module_names=non_traceable_module_names,
+                              non_traceable_module_classes=non_traceable_module_classes)
 
 
 def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
@@ -156,20 +157,8 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     if not isinstance(mapping, QConfigMapping):
         raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got "
                                     f"{type(mapping).__name__}", field="qconfig_mapping")
-    with _gc_paused():
-        return _prepare_graph(model, mapping, as_input_tuple(example_inputs), chosen, mode=mode,
-                              is_qat=is_qat, inplace=inplace,
-                              keep_isolated_ops_float=keep_isolated_ops_float,
-                              on_unsupported=on_unsupported,
-                              non_traceable_module_names=non_traceable_module_names,
-                              non_traceable_module_classes=non_traceable_module_classes)
-
-
-def _prepare_graph(model, mapping, inputs, chosen, *, mode, is_qat, inplace, keep_isolated_ops_float,
-                   on_unsupported, non_traceable_module_names, non_traceable_module_classes
-                   ) -> fx.GraphModule:
-    was_training = model.training
-    if not is_qat and was_training and not inplace:
+    inputs = as_input_tuple(example_inputs)
+    if not is_qat and model.training and not inplace:  # PTQ folds batch norm: eval semantics
         model = copy.deepcopy(model).eval()
         inplace = True
     gm = fuse_fx(model, inputs, backend=chosen, is_qat=is_qat, inplace=inplace,
@@ -282,7 +271,8 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
              inplace: bool, strict: bool) -> fx.GraphModule:
     """Convert to the reference form, keep the save artifact, then lower and report."""
     state = _state(observed)
-    gm = observed if inplace else copy.deepcopy(observed)
+    with _gc_paused():
+        gm = observed if inplace else copy.deepcopy(observed)
 
     def convert(graph_module: fx.GraphModule) -> None:
         convert_graph(graph_module, allow_uncalibrated=allow_uncalibrated)

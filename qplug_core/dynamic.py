@@ -16,14 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrize import type_before_parametrizations
 
-from qplug_core import qparams as Q
 from qplug_core.backend import Backend
 from qplug_core.config import QConfig, QConfigMapping
 from qplug_core.errors import ConfigError, ConfigValidationError, ConstraintViolationError, did_you_mean
 from qplug_core.flows import resolve_backend
 from qplug_core.fx.regions import dtype_config_problems
 from qplug_core.kernels.base import KernelContext, TensorArg
-from qplug_core.kernels.reference import DynamicQuantize
+from qplug_core.kernels.reference import DynamicQuantize, observed_weight_qparams, rounded_copy
 from qplug_core.qconfig_defaults import float16_dynamic_qconfig
 from qplug_core.qparams import QParams
 
@@ -44,13 +43,8 @@ class SimulatedDynamic(nn.Module):
     def __init__(self, module: nn.Module, weight_qparams: dict[str, QParams],
                  input_quantize: DynamicQuantize | None) -> None:
         super().__init__()
-        self.module = copy.deepcopy(module)
+        self.module = rounded_copy(module, weight_qparams)
         self.input_quantize = input_quantize
-        with torch.no_grad():
-            for name, qp in weight_qparams.items():
-                weight = getattr(self.module, name)
-                weight.copy_(weight.half().float() if qp.dtype == torch.float16
-                             else Q.fake_quantize(weight.detach(), qp))
 
     def forward(self, x: torch.Tensor, hx: Any = None) -> Any:
         if self.input_quantize is None:
@@ -84,14 +78,6 @@ def _weight_names(module: nn.Module) -> list[str]:
     return ["weight"]
 
 
-def _weight_qparams(qconfig: QConfig, weight: torch.Tensor) -> QParams:
-    observer = qconfig.weight()
-    if observer.dtype == torch.float16:  # weight-only float16: no qparams, only the dtype
-        return QParams(torch.tensor(1.0), torch.tensor(0), torch.float16, 0, 0)
-    observer(weight.detach())
-    return observer.qparams()
-
-
 def _check_supported(qconfig: QConfig, module_type: type, name: str, backend: Backend) -> None:
     """ConstraintViolationError unless one of the backend's dynamic dtype configs fits."""
     config = backend.config.pattern_to_config().get(module_type)
@@ -114,7 +100,7 @@ def _swap(module: nn.Module, qconfig: QConfig, backend: Backend) -> nn.Module:
         act_quantized = activation.dtype in (torch.quint8, torch.qint8)
         quantize = DynamicQuantize(activation.dtype, activation.quant_min,
                                    activation.quant_max) if act_quantized else None
-        return SimulatedDynamic(module, {n: _weight_qparams(qconfig, getattr(module, n))
+        return SimulatedDynamic(module, {n: observed_weight_qparams(qconfig, getattr(module, n))
                                          for n in weights}, quantize)
     module_type = type_before_parametrizations(module)
     spec = backend.kernels.get(module_type)
@@ -127,7 +113,7 @@ def _swap(module: nn.Module, qconfig: QConfig, backend: Backend) -> nn.Module:
     return spec.build(KernelContext(
         pattern=module_type, module=module, target=None, args=(TensorArg(0),),
         input_qparams=(input_qparams,), engine=backend.engine,
-        weight_qparams=_weight_qparams(qconfig, getattr(module, weights[0]))))
+        weight_qparams=observed_weight_qparams(qconfig, getattr(module, weights[0]))))
 
 
 def _default_qconfig(dtype: torch.dtype, backend: Backend) -> QConfig:

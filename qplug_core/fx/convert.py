@@ -10,14 +10,9 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import fx, nn
 
-from qplug_core import qparams as Q
-
 from qplug_core.errors import ModelStateError, UncalibratedObserverError
-from qplug_core.nn.fuser_methods import get_fuser_method
-from qplug_core.nn.intrinsic import FusedModule
 from qplug_core.fx.prepare import is_observer_module
 from qplug_core.fx.regions import QUANTIZED_DTYPES, weight_name_of
 from qplug_core.fx.tags import BOUNDARY, OBSERVER, region_tag
@@ -26,8 +21,12 @@ from qplug_core.kernels.reference import (
     DynamicQuantize,
     Quantize,
     ReferenceWeighted,
+    observed_weight_qparams,
+    rounded_copy,
     weight_of,
 )
+from qplug_core.nn.fuser_methods import get_fuser_method
+from qplug_core.nn.intrinsic import FusedModule
 
 
 def check_calibrated(gm: fx.GraphModule) -> list[str]:
@@ -97,9 +96,7 @@ def _float_module_and_weight_qparams(module: nn.Module, tag):
     weight_name = weight_name_of(module)
     if weight_name is None or tag.qconfig is None or tag.qconfig.weight is None:
         return module, None
-    observer = tag.qconfig.weight()
-    observer(weight_of(module, weight_name).detach())
-    return module, observer.qparams()
+    return module, observed_weight_qparams(tag.qconfig, weight_of(module, weight_name))
 
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -115,22 +112,13 @@ def _fold_batch_norm(module: nn.Module) -> nn.Module:
 
 
 def _rounded_rnn(module: nn.Module, qconfig) -> nn.Module:
-    """An RNN whose weight matrices lie on the int8 grid (each observed on its own), as the
-    dynamic kernels will quantize them; float16 weights are rounded to half precision."""
-    rounded = copy.deepcopy(module)
+    """An RNN whose weight matrices (each observed on its own) lie on the grid the dynamic kernels
+    will quantize them to."""
     if qconfig is None or qconfig.weight is None:
-        return rounded
-    with torch.no_grad():
-        for name, weight in rounded.named_parameters():
-            if not name.startswith("weight"):
-                continue
-            observer = qconfig.weight()
-            if observer.dtype == torch.float16:
-                weight.copy_(weight.half().float())
-            elif observer.dtype in QUANTIZED_DTYPES:
-                observer(weight.detach())
-                weight.copy_(Q.fake_quantize(weight.detach(), observer.qparams()))
-    return rounded
+        return copy.deepcopy(module)
+    return rounded_copy(module, {name: observed_weight_qparams(qconfig, weight)
+                                 for name, weight in module.named_parameters()
+                                 if name.startswith("weight")})
 
 
 def _replace_observers(gm: fx.GraphModule) -> None:

@@ -96,13 +96,9 @@ class ReferenceWeighted(nn.Module):
 
     def __init__(self, module: nn.Module, weight_qparams: QParams, weight_name: str = "weight"):
         super().__init__()
-        self.module = copy.deepcopy(module)
+        self.module = rounded_copy(module, {weight_name: weight_qparams})
         self.weight_name = weight_name
-        holder = _QParamsHolder(weight_qparams)
-        self.weight_qparams_holder = holder
-        weight = weight_of(self.module, weight_name)
-        with torch.no_grad():
-            weight.copy_(Q.fake_quantize(weight.detach(), weight_qparams))
+        self.weight_qparams_holder = _QParamsHolder(weight_qparams)
 
     @property
     def weight_qparams(self) -> QParams:
@@ -114,6 +110,32 @@ class ReferenceWeighted(nn.Module):
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+
+def observed_weight_qparams(qconfig, weight: torch.Tensor) -> QParams | None:
+    """Run ``qconfig``'s weight observer on ``weight``: its qparams (dtype only for float16),
+    or ``None`` when the qconfig leaves weights in float."""
+    observer = qconfig.weight()
+    if observer.dtype == torch.float16:
+        return QParams(torch.tensor(1.0), torch.tensor(0), torch.float16, 0, 0)
+    if observer.dtype not in Q.STORAGE_DTYPE:
+        return None
+    observer(weight.detach())
+    return observer.qparams()
+
+
+def rounded_copy(module: nn.Module, weight_qparams: dict[str, QParams | None]) -> nn.Module:
+    """A copy of ``module`` whose named weights lie on their int8 grid (or are float16-rounded):
+    what the reference form runs, and what kernels re-quantize exactly."""
+    rounded = copy.deepcopy(module)
+    with torch.no_grad():
+        for name, qparams in weight_qparams.items():
+            if qparams is None:
+                continue
+            weight = weight_of(rounded, name)
+            weight.copy_(weight.half().float() if qparams.dtype == torch.float16
+                         else Q.fake_quantize(weight.detach(), qparams))
+    return rounded
 
 
 def weight_of(module: nn.Module, weight_name: str) -> torch.Tensor:

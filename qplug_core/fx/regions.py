@@ -26,8 +26,9 @@ from qplug_core.fx.tags import VALUE_KIND
 from qplug_core.kernels.reference import weight_of
 from qplug_core.matcher import Match, find_matches
 from qplug_core.patterns import format_pattern
+from qplug_core.qparams import STORAGE_DTYPE
 
-QUANTIZED_DTYPES = (torch.quint8, torch.qint8, torch.qint32)
+QUANTIZED_DTYPES = tuple(STORAGE_DTYPE)  # quint8, qint8, qint32
 
 
 @dataclass(eq=False)

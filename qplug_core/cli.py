@@ -59,7 +59,8 @@ class QplugGroup(TyperGroup):
 
 
 app = typer.Typer(cls=QplugGroup, no_args_is_help=True, pretty_exceptions_show_locals=False,
-                  add_completion=False, help="Plugin-based int8 quantization for PyTorch.")
+                  add_completion=False, rich_markup_mode=None,
+                  help="Plugin-based int8 quantization for PyTorch.")
 
 
 @contextlib.contextmanager

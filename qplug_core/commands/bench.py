@@ -11,7 +11,8 @@ from typing import Any
 
 import typer
 
-from qplug_core.commands._common import emit_json, parse_shape, progress, show, warn
+from qplug_core.commands._common import emit_json, parse_shape, progress, warn
+from qplug_core.commands._table import new_table, show
 
 
 def _models(target: str, example: tuple, backend: str | None) -> tuple[Any, Any, str]:

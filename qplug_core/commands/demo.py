@@ -12,9 +12,9 @@ from typing import Any
 
 import typer
 
-from qplug_core.commands._common import emit_json, number, progress, show
-
-WORST_LAYERS = 5
+from qplug_core.commands._common import emit_json, number, progress
+from qplug_core.commands._accuracy import WORST_LAYERS, worst_layers_table
+from qplug_core.commands._table import new_table, show
 
 
 class DemoModel(str, Enum):
@@ -96,12 +96,8 @@ def run_demo(backend: str | None, model: DemoModel, runs: int) -> tuple[dict[str
 
 
 def _summary_table(doc: dict[str, Any]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=f"qplug demo — {doc['model']} on backend {doc['backend']}",
-                  title_justify="left")
-    for column in ("", "float", "int8", "change"):
-        table.add_column(column, justify="right" if column else "left")
+    table = new_table("", "float", "int8", "change", right=("float", "int8", "change"),
+                      title=f"qplug demo — {doc['model']} on backend {doc['backend']}")
     if "accuracy" in doc:
         acc = doc["accuracy"]
         table.add_row(f"top-1 accuracy ({acc['test_images']} held-out images)",
@@ -123,19 +119,6 @@ def _summary_table(doc: dict[str, Any]) -> Any:
     return table
 
 
-def _worst_table(doc: dict[str, Any]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=f"worst {WORST_LAYERS} layers by SQNR ({doc['sqnr']['compared_against']})",
-                  title_justify="left")
-    for column in ("layer", "float", "int8", "SQNR dB"):
-        table.add_column(column, justify="right" if column == "SQNR dB" else "left")
-    for layer in doc["sqnr"]["worst_layers"]:
-        table.add_row(layer["name"], layer["float_type"], layer["quant_type"],
-                      f"{float(layer['sqnr_db']):.1f}")
-    return table
-
-
 def demo(
     backend: str = typer.Option(None, "--backend", help="Backend to use (default: the best one here)."),
     model: DemoModel = typer.Option(DemoModel.digits, "--model",
@@ -149,7 +132,7 @@ def demo(
     if as_json:
         emit_json(document)
         return
-    show(_summary_table(document), report, _worst_table(document),
+    show(_summary_table(document), report, worst_layers_table(document["sqnr"]),
          f"size measured as: {document['size']['method']}")
 
 

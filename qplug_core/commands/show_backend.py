@@ -10,7 +10,8 @@ from typing import Any
 
 import typer
 
-from qplug_core.commands._common import emit_json, show
+from qplug_core.commands._common import emit_json
+from qplug_core.commands._table import new_table, show
 
 #: short table labels of the observation types (JSON keeps the enum names)
 _OBSERVATION_LABELS = {"OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT": "own",

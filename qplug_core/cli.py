@@ -113,15 +113,12 @@ def _emit_json(document: dict[str, Any]) -> None:
 
 
 def _print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from qplug_core.commands._table import new_table, show
 
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
+    table = new_table(*columns, title=title)
     for row in rows:
         table.add_row(*row)
-    Console(file=sys.stdout).print(table)
+    show(table)
 
 
 def _print_failures(records: list[plugins.PluginRecord]) -> None:

@@ -30,19 +30,30 @@ def new_table(*columns: str, title: str | None = None, show_header: bool = True,
     return table
 
 
-def _longest_word(text: Any) -> int:
-    return max((len(word) for word in str(text).split()), default=0)
+def _cell_lines(cell: Any) -> list[str]:
+    return str(cell.plain if hasattr(cell, "plain") else cell).splitlines() or [""]
 
 
-def _protect_words(table: Table) -> int:
-    """Give every column a minimum width of its longest word; the table's minimum width."""
-    total = 0
+def _fit_columns(table: Table, width: int) -> int:
+    """Fix each column's width: its widest line when everything fits in ``width``, otherwise its
+    longest word plus a share of the room left. Returns the table's total width."""
+    lows, highs = [], []
     for column in table.columns:
-        cells = [column.header, *column._cells]  # rich keeps a column's cells there
-        column.min_width = max(_longest_word(cell) for cell in cells)
-        total += column.min_width + 2  # one space of padding each side
-    borders = len(table.columns) + 1 if table.box is not None else 0
-    return total + borders
+        lines = [line for cell in (column.header, *column._cells) for line in _cell_lines(cell)]
+        lows.append(max((len(word) for line in lines for word in line.split()), default=1))
+        highs.append(max(len(line) for line in lines))
+    frame = 3 * len(table.columns) + 1 if table.box is not None else 2 * len(table.columns)
+    room = width - frame - sum(lows)
+    wanted = [high - low for low, high in zip(lows, highs)]
+    if room >= sum(wanted):
+        widths = highs
+    else:  # share what is left in proportion to how much more each column would like
+        share = max(room, 0)
+        widths = [low + (share * extra // sum(wanted) if sum(wanted) else 0)
+                  for low, extra in zip(lows, wanted)]
+    for column, fixed in zip(table.columns, widths):
+        column.width = max(fixed, 1)
+    return sum(widths) + frame
 
 
 def terminal_width() -> int:
@@ -58,7 +69,7 @@ def show(*renderables: Any) -> None:
     """Print tables (words kept whole) and other rich renderables on stdout."""
     renderables = tuple(r.__rich__() if hasattr(r, "__rich__") else r for r in renderables)
     width = terminal_width()
-    needed = [_protect_words(r) for r in renderables if isinstance(r, Table)]
-    console = Console(file=sys.stdout, width=max([width, *needed]), soft_wrap=False)
+    needed = [_fit_columns(r, width) for r in renderables if isinstance(r, Table)]
+    console = Console(file=sys.stdout, width=max([width, *needed]))
     for renderable in renderables:
         console.print(renderable)

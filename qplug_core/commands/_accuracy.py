@@ -7,12 +7,13 @@ float conv+bn+relu, not the bare conv.
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from qplug_core.commands._common import number
 from qplug_core.commands._table import new_table
+
+if TYPE_CHECKING:
+    from torch import nn
 
 WORST_LAYERS = 5
 

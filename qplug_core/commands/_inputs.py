@@ -103,7 +103,8 @@ def forward_input_names(model: nn.Module, count: int) -> list[str]:
     return params[:count]
 
 
-def load_batches(path: Path, specs: list[InputSpec] | None, names: list[str]) -> list[tuple]:
+def load_batches(path: Path, specs: list[InputSpec] | None, names: list[str], *,
+                 what: str = "calibration") -> list[tuple]:
     """Batches of positional inputs from a ``.safetensors`` or ``.npy`` file.
 
     A file for a one-input model holds one tensor per batch (any keys, taken in natural order: 2
@@ -112,20 +113,20 @@ def load_batches(path: Path, specs: list[InputSpec] | None, names: list[str]) ->
     batch of a one-input model. Nothing is unpickled. With ``specs`` (the example inputs) every
     tensor is checked against its input's shape and dtype.
     """
-    tensors = _read_tensors(path)
+    tensors = _read_tensors(path, what)
     if len(names) == 1 and not any("/" in key for key in tensors):
         batches = [(tensors[key],) for key in sorted(tensors, key=_natural)]
     else:
         batches = _named_batches(path, tensors, names)
     if specs is None:
         return batches
-    return [tuple(_checked(path, key, tensor, spec) for tensor, spec, key in
+    return [tuple(_checked(path, what, key, tensor, spec) for tensor, spec, key in
                   zip(batch, specs, names)) for batch in batches]
 
 
 def input_count(path: Path) -> int:
     """How many inputs a batch in ``path`` holds (the distinct NAMEs of NAME/INDEX keys, or 1)."""
-    names = {key.rpartition("/")[0] for key in _read_tensors(path) if "/" in key}
+    names = {key.rpartition("/")[0] for key in _read_tensors(path, "input") if "/" in key}
     return len(names) or 1
 
 
@@ -133,30 +134,30 @@ def _natural(key: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", key))
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def _read_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:
     if not path.is_file():
-        raise CalibrationError(f"input file {path} does not exist")
+        raise CalibrationError(f"{what} file {path} does not exist")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         try:
             tensors = load_file(str(path))
         except Exception as exc:  # safetensors reports malformed files as plain exceptions
-            raise CalibrationError(f"cannot read input file {path}: {exc}") from exc
+            raise CalibrationError(f"cannot read {what} file {path}: {exc}") from exc
     elif path.suffix == ".npy":
         import numpy as np
 
         try:
             array = np.load(path, allow_pickle=False)
         except Exception as exc:  # pickled object arrays raise ValueError, bad files OSError
-            raise CalibrationError(f"cannot read input file {path} (a plain numeric .npy "
+            raise CalibrationError(f"cannot read {what} file {path} (a plain numeric .npy "
                                    f"array is needed; pickles are refused): {exc}") from exc
         tensors = {"array": torch.from_numpy(array)}
     else:
-        raise CalibrationError(f"input file {path} must end in .safetensors (tensors keyed by "
+        raise CalibrationError(f"{what} file {path} must end in .safetensors (tensors keyed by "
                                "batch, or NAME/INDEX for several inputs) or .npy (one batch)")
     if not tensors:
-        raise CalibrationError(f"input file {path} holds no tensors")
+        raise CalibrationError(f"{what} file {path} holds no tensors")
     return tensors
 
 
@@ -179,14 +180,16 @@ def _named_batches(path: Path, tensors: dict[str, torch.Tensor], names: list[str
     return batches
 
 
-def _checked(path: Path, name: str, tensor: torch.Tensor, spec: InputSpec) -> torch.Tensor:
+def _checked(path: Path, what: str, name: str, tensor: torch.Tensor, spec: InputSpec
+             ) -> torch.Tensor:
     if tensor.is_floating_point() != spec.is_float:
+        kind = "floating point" if spec.is_float else "integer"
         raise CalibrationError(
-            f"tensor {name!r} in {path} is {tensor.dtype} but the input is {spec.dtype} "
-            f"(--example-dtype); give {'floating point' if spec.is_float else 'integer'} tensors")
+            f"{what} tensor {name!r} in {path} is {tensor.dtype} but the input is {spec.dtype} "
+            f"(--example-dtype): {what} tensors for it must be {kind}")
     if tuple(tensor.shape[1:]) != spec.shape[1:] or tensor.dim() != len(spec.shape):
         raise CalibrationError(
-            f"tensor {name!r} in {path} has shape {tuple(tensor.shape)} but --example-shape is "
+            f"{what} tensor {name!r} in {path} has shape {tuple(tensor.shape)} but --example-shape is "
             f"{','.join(map(str, spec.shape))}; all sizes but the first (batch) must match")
     return tensor.to(spec.dtype)
 

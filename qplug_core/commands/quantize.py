@@ -93,7 +93,7 @@ def quantize(
     facts: dict[str, Any] = {"model": model_spec, "mode": mode.value, "backend": report.backend,
                              "out": str(path), "size_bytes": path.stat().st_size}
     if mode is not Mode.qat_convert:  # a QAT factory returns no float original to compare with
-        held_out = load_batches(evaluation, specs, names) if evaluation else None
+        held_out = load_batches(evaluation, specs, names, what="--eval") if evaluation else None
         facts["accuracy"] = accuracy_document(
             model, qmodel, held_out or batches or [example], backend=chosen,
             evaluated_on=(f"--eval {evaluation}" if evaluation else

@@ -43,7 +43,7 @@ def report(
         model = load_factory_model(float_spec)
         names = forward_input_names(model, input_count(evaluation))
         facts["accuracy"] = accuracy_document(
-            model, qmodel, load_batches(evaluation, None, names), backend=document["backend"],
+            model, qmodel, load_batches(evaluation, None, names, what="--eval"), backend=document["backend"],
             evaluated_on=f"--eval {evaluation}",
             fuse=qp.quantization_report(qmodel).mode != "dynamic")
     print_report(qp.quantization_report(qmodel), facts, as_json)

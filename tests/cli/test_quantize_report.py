@@ -104,7 +104,7 @@ def _pickled_npy(path: Path) -> None:
     ("calib.safetensors", lambda p: p.write_bytes(b"\x00" * 3), "cannot read calibration file"),
     ("calib.pt", lambda p: torch.save({"x": torch.zeros(1)}, p), "must end in .safetensors"),
     ("calib.npy", lambda p: np.save(p, np.zeros((4, 3, 5, 5), dtype=np.float32)),
-     "has shape (4, 3, 5, 5) but --example-shape is (2, 3, 8, 8)"),
+     "has shape (4, 3, 5, 5) but --example-shape is 2,3,8,8"),
     ("calib.npy", lambda p: np.save(p, np.zeros((4, 3, 8, 8), dtype=np.int64)),
      "must be floating point"),
     ("missing.npy", None, "does not exist"),

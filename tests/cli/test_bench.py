@@ -26,7 +26,7 @@ def test_factory_json(user_models):
 
 
 def test_saved_model_quotes_no_speedup_without_its_float_model(user_models, calibration_file,
-                                                                tmp_path, requires_save):
+                                                                tmp_path):
     """A saved file holds no float original: timing it alone gives no ratio (a ratio against its
     simulated reference form would flatter int8); --float gives the real one."""
     out = tmp_path / "net.safetensors"

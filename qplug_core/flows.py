@@ -32,7 +32,7 @@ from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.fx.normalize import normalize_functionals
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.fx.regions import RegionPlanner
-from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes
+from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes, report_key
 from qplug_core.fx.tags import ValueAnnotator, region_tag
 from qplug_core.ir.capture import capture_module
 from qplug_core.passes import PassManager, PassResult
@@ -315,7 +315,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
 
 def _quantized_regions(gm: fx.GraphModule) -> dict[str, tuple[str, bool]]:
     """anchor node name -> (pattern name, is dynamic) for every int8 region."""
-    return {node.name: (tag.pattern_name, tag.is_dynamic) for node in gm.graph.nodes
+    return {report_key(node): (tag.pattern_name, tag.is_dynamic) for node in gm.graph.nodes
             if (tag := region_tag(node)) is not None and tag.is_anchor and tag.quantized}
 
 

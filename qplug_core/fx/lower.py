@@ -18,6 +18,7 @@ import torch
 from torch import fx
 
 from qplug_core.fx.graph_utils import is_module_call
+from qplug_core.fx.summary import report_key
 from qplug_core.fx.tags import KERNEL, REGION, region_tag
 from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
 from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
@@ -47,7 +48,7 @@ def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
     summary = LoweringSummary()
     for tag, nodes in _quantized_regions(gm):
         spec = backend.kernels.get(tag.pattern)
-        name = nodes.anchor.name
+        name = report_key(nodes.anchor)
         if spec is None:
             summary.reference[name] = f"backend {backend.name!r} has no kernel for {tag.pattern_name}"
             continue

@@ -17,6 +17,10 @@ from qplug_core.commands._accuracy import WORST_LAYERS, worst_layers_table
 from qplug_core.commands._table import new_table, show
 
 
+#: output SQNR the random-weight demo models reach on fbgemm (measured with ``qplug demo --model``)
+RANDOM_WEIGHT_SQNR_DB = {"resnet18": 35, "mobilenet_v2": 12}
+
+
 class DemoModel(str, Enum):
     digits = "digits"
     resnet18 = "resnet18"
@@ -88,11 +92,21 @@ def run_demo(backend: str | None, model: DemoModel, runs: int) -> tuple[dict[str
                  "compared_against": "fused float model (qp.fuse_fx)",
                  "worst_layers": [layer.to_dict() for layer in comparison.worst(WORST_LAYERS)]},
     }
+    if model is not DemoModel.digits:
+        document["note"] = random_weights_note(model.value)
     if work.test_set is not None:
         document["accuracy"] = {"float": number(work.float_accuracy),
                                 "int8": number(accuracy(qmodel, *work.test_set)),
                                 "test_images": len(work.test_set[1])}
     return document, report
+
+
+def random_weights_note(model: str) -> str:
+    """What to expect from a model whose weights are random (nothing is downloaded)."""
+    return (f"{model} has random weights (built from code, nothing downloaded), so there is no "
+            f"accuracy to report, only output SQNR: expect about {RANDOM_WEIGHT_SQNR_DB[model]} dB. "
+            "Random weights have no structure for int8 to exploit and the error compounds with "
+            "depth; trained weights usually quantize better.")
 
 
 def _summary_table(doc: dict[str, Any]) -> Any:
@@ -132,7 +146,8 @@ def demo(
     if as_json:
         emit_json(document)
         return
-    show(_summary_table(document), report, worst_layers_table(document["sqnr"]),
+    show(*([document["note"]] if "note" in document else []),
+         _summary_table(document), report, worst_layers_table(document["sqnr"]),
          f"size measured as: {document['size']['method']}")
 
 

@@ -24,6 +24,7 @@ import typer
 from typer.core import TyperGroup
 
 from qplug_core import plugins
+from qplug_core.audience import cli_audience
 from qplug_core.errors import PluginError, QplugError
 
 EXIT_ERROR = 1
@@ -100,6 +101,7 @@ def _root(ctx: typer.Context,
           version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                        help="Show qplug-core and plugin versions and exit.")) -> None:
     ctx.with_resource(_plugin_warnings_on_stderr())
+    ctx.with_resource(cli_audience())
 
 
 @app.command()

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import torch
 from torch import fx, nn
 
+from qplug_core.audience import spelled
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import (
@@ -79,7 +80,9 @@ def resolve_backend(backend: str | Backend | None) -> Backend:
     """The Backend to use; with ``None`` the best one for this machine, announced on stderr."""
     chosen = get_backend(backend)
     if backend is None:
-        print(f"qplug: using backend {chosen.name!r} (pass backend=... to choose)", file=sys.stderr)
+        print(f"qplug: using backend {chosen.name!r} "
+              f"({spelled('pass backend=... to choose', 'choose one with --backend NAME')})",
+              file=sys.stderr)
     return chosen
 
 

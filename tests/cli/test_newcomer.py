@@ -164,3 +164,23 @@ def test_help_shows_flags_without_type_placeholders(command):
     result = invoke(command, "--help")
     assert result.exit_code == 0
     assert "<bool>" not in result.stdout and "--json" in result.stdout
+
+
+def test_messages_speak_the_language_of_their_reader(user_models, tmp_path):
+    """The shell user is told about --backend and --calibration, the Python user about keywords."""
+    shell = run("quantize", f"{user_models}:build", "--example-shape", "2,3,8,8", "--out",
+                str(tmp_path / "m.safetensors"), cwd=tmp_path)
+    assert shell.exit_code == 0, shell.stderr
+    assert "choose one with --backend NAME" in shell.stderr and "backend=" not in shell.stderr
+
+    import qplug_core as qp
+    from qplug_core.audience import cli_audience
+    from qplug_core.commands._inputs import load_factory_model
+
+    observed = qp.prepare_fx(load_factory_model(f"{user_models}:build"), None,
+                             (torch.randn(2, 3, 8, 8),), backend="reference")
+    with pytest.raises(qp.errors.UncalibratedObserverError, match="allow_uncalibrated=True"):
+        qp.convert_fx(observed)
+    with cli_audience(), pytest.raises(qp.errors.UncalibratedObserverError) as raised:
+        qp.convert_fx(observed)
+    assert "--calibration batches" in str(raised.value) and "=True" not in str(raised.value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import platform
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from qplug_core import plugins
@@ -136,6 +136,17 @@ class Backend:
             return self.spec.is_available()
         except Exception as exc:  # a probe that crashes means "not usable here", with the reason
             return Availability(False, f"availability check raised {type(exc).__name__}: {exc}")
+
+    def with_config(self, config: BackendConfig) -> Backend:
+        """This backend with another BackendConfig (torch.ao's ``backend_config=``): the same
+        kernels, fuser methods and engine, matched against ``config``'s patterns. Patterns the
+        backend has no kernel for run in reference form, as usual."""
+        from qplug_core.config import BackendConfig
+
+        if not isinstance(config, BackendConfig):
+            raise ConfigValidationError(f"with_config needs a BackendConfig, got "
+                                        f"{type(config).__name__}", field="config")
+        return replace(self, config=config)
 
     def require_available(self) -> Backend:
         """Return ``self``, or raise :class:`BackendUnavailableError` saying why and what to use."""

@@ -24,6 +24,7 @@ import typer
 from typer.core import TyperGroup
 
 from qplug_core import plugins
+from qplug_core.audience import cli_audience
 from qplug_core.errors import PluginError, QplugError
 
 EXIT_ERROR = 1
@@ -59,7 +60,8 @@ class QplugGroup(TyperGroup):
 
 
 app = typer.Typer(cls=QplugGroup, no_args_is_help=True, pretty_exceptions_show_locals=False,
-                  add_completion=False, help="Plugin-based int8 quantization for PyTorch.")
+                  add_completion=False, rich_markup_mode=None,
+                  help="Plugin-based int8 quantization for PyTorch.")
 
 
 @contextlib.contextmanager
@@ -99,6 +101,7 @@ def _root(ctx: typer.Context,
           version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                        help="Show qplug-core and plugin versions and exit.")) -> None:
     ctx.with_resource(_plugin_warnings_on_stderr())
+    ctx.with_resource(cli_audience())
 
 
 @app.command()
@@ -112,15 +115,12 @@ def _emit_json(document: dict[str, Any]) -> None:
 
 
 def _print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from qplug_core.commands._table import new_table, show
 
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
+    table = new_table(*columns, title=title)
     for row in rows:
         table.add_row(*row)
-    Console(file=sys.stdout).print(table)
+    show(table)
 
 
 def _print_failures(records: list[plugins.PluginRecord]) -> None:

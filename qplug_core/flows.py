@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import torch
 from torch import fx, nn
 
+from qplug_core.audience import spelled
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import (
@@ -32,7 +33,7 @@ from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.fx.normalize import normalize_functionals
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.fx.regions import RegionPlanner
-from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes
+from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes, report_key
 from qplug_core.fx.tags import ValueAnnotator, region_tag
 from qplug_core.ir.capture import capture_module
 from qplug_core.passes import PassManager, PassResult
@@ -79,7 +80,9 @@ def resolve_backend(backend: str | Backend | None) -> Backend:
     """The Backend to use; with ``None`` the best one for this machine, announced on stderr."""
     chosen = get_backend(backend)
     if backend is None:
-        print(f"qplug: using backend {chosen.name!r} (pass backend=... to choose)", file=sys.stderr)
+        print(f"qplug: using backend {chosen.name!r} "
+              f"({spelled('pass backend=... to choose', 'choose one with --backend NAME')})",
+              file=sys.stderr)
     return chosen
 
 
@@ -315,7 +318,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
 
 def _quantized_regions(gm: fx.GraphModule) -> dict[str, tuple[str, bool]]:
     """anchor node name -> (pattern name, is dynamic) for every int8 region."""
-    return {node.name: (tag.pattern_name, tag.is_dynamic) for node in gm.graph.nodes
+    return {report_key(node): (tag.pattern_name, tag.is_dynamic) for node in gm.graph.nodes
             if (tag := region_tag(node)) is not None and tag.is_anchor and tag.quantized}
 
 

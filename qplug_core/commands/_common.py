@@ -22,15 +22,6 @@ def number(value: float, digits: int = 4) -> float | str:
     return round(value, digits) if math.isfinite(value) else str(value)
 
 
-def show(*renderables: Any) -> None:
-    """Print rich renderables (tables, reports) on stdout."""
-    from rich.console import Console
-
-    console = Console(file=sys.stdout)
-    for renderable in renderables:
-        console.print(renderable)
-
-
 def warn(message: str) -> None:
     """A loud one-line warning on stderr."""
     typer.secho(f"qplug: warning: {message}", err=True, fg=typer.colors.YELLOW, bold=True)

@@ -27,52 +27,70 @@ WARMUP_RUNS = 3
 @dataclass(frozen=True)
 class Latency:
     median_ms: float
+    p10_ms: float
     p90_ms: float
 
+    @property
+    def spread(self) -> float:
+        """Run-to-run spread relative to the median: (p90 - p10) / median."""
+        return (self.p90_ms - self.p10_ms) / self.median_ms
+
     def to_dict(self) -> dict[str, Any]:
-        return {"median_ms": number(self.median_ms), "p90_ms": number(self.p90_ms)}
+        return {"median_ms": number(self.median_ms), "p10_ms": number(self.p10_ms),
+                "p90_ms": number(self.p90_ms), "spread": number(self.spread, 3)}
 
 
 def _latency(samples: list[float]) -> Latency:
     ordered = sorted(samples)
-    return Latency(statistics.median(ordered) * 1e3,
-                   ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1e3)
+
+    def at(fraction: float) -> float:
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1e3
+
+    return Latency(statistics.median(ordered) * 1e3, at(0.1), at(0.9))
 
 
-def interleaved_latency(float_model: nn.Module, int8_model: nn.Module, inputs: tuple, runs: int,
-                        *, threads: int = 1, advance: Callable[[], Any] = lambda: None
-                        ) -> tuple[Latency, Latency]:
+def interleaved_latency(float_model: nn.Module | None, int8_model: nn.Module, inputs: tuple,
+                        runs: int, *, threads: int = 1, advance: Callable[[], Any] = lambda: None
+                        ) -> tuple[Latency | None, Latency]:
     """``(float, int8)`` latency over ``runs`` alternating calls each, after a short warm-up, on
-    ``threads`` torch threads (the caller's setting is restored)."""
+    ``threads`` torch threads (the caller's setting is restored). Without a float model only
+    the int8 one is timed."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    models = [m for m in (float_model, int8_model) if m is not None]
     try:
         with torch.no_grad():
-            return _time([float_model, int8_model], inputs, runs, advance)
+            timed = _time(models, inputs, runs, advance)
     finally:
         torch.set_num_threads(previous)
+    return (timed[0] if float_model is not None else None), timed[-1]
 
 
 def _time(models: list[nn.Module], inputs: tuple, runs: int,
-          advance: Callable[[], Any]) -> tuple[Latency, Latency]:
+          advance: Callable[[], Any]) -> list[Latency]:
     for _ in range(WARMUP_RUNS):
         for model in models:
             model(*inputs)
-    samples: list[list[float]] = [[], []]
-    for run in range(runs):
-        for index in ((0, 1) if run % 2 == 0 else (1, 0)):
+    samples: list[list[float]] = [[] for _ in models]
+    order = list(range(len(models)))
+    for _ in range(runs):
+        for index in order:
             start = time.perf_counter()
             models[index](*inputs)
             samples[index].append(time.perf_counter() - start)
+        order.reverse()  # each model goes first every other run
         advance()
-    return _latency(samples[0]), _latency(samples[1])
+    return [_latency(s) for s in samples]
 
 
-def latency_document(float_latency: Latency, int8_latency: Latency, *, runs: int, batch: int,
-                     threads: int) -> dict[str, Any]:
-    return {"runs": runs, "batch": batch, "threads": threads, "float": float_latency.to_dict(),
+def latency_document(float_latency: Latency | None, int8_latency: Latency, *, runs: int,
+                     batch: int, threads: int) -> dict[str, Any]:
+    """Latencies as JSON; ``speedup`` (int8 over float) only when float was timed."""
+    return {"runs": runs, "batch": batch, "threads": threads,
+            "float": float_latency.to_dict() if float_latency else None,
             "int8": int8_latency.to_dict(),
-            "speedup": number(float_latency.median_ms / int8_latency.median_ms, 2)}
+            "speedup": (number(float_latency.median_ms / int8_latency.median_ms, 2)
+                        if float_latency else None)}
 
 
 @dataclass(frozen=True)

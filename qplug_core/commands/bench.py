@@ -1,7 +1,9 @@
 """``qplug bench``: float vs int8 latency of one model, timed in one interleaved run.
 
-For a saved model (PATH) the float original is not in the file, so the baseline is its reference
-form (the same int8 arithmetic simulated with float ops), and the output says so.
+A speed-up is only ever quoted against the float model: for a saved file (which holds no float
+original) give ``--float MODULE:FACTORY``, otherwise only the int8 latency is shown. The reference
+form of a saved model (int8 simulated with float ops) is slower than float, so a ratio against it
+would flatter int8.
 """
 
 from __future__ import annotations
@@ -11,72 +13,85 @@ from typing import Any
 
 import typer
 
-from qplug_core.commands._common import emit_json, parse_shape, progress, show, warn
+from qplug_core.commands._common import emit_json, progress, warn
+from qplug_core.commands._table import new_table, show
+from qplug_core.commands.quantize import EXAMPLE_DTYPES, EXAMPLE_SHAPES
+
+#: relative run-to-run spread ((p90 - p10) / median) above which the figures are flagged
+NOISY_SPREAD = 0.25
 
 
-def _models(target: str, example: tuple, backend: str | None) -> tuple[Any, Any, str]:
-    """``(baseline, int8, baseline description)`` for a saved file or a MODULE:FACTORY."""
+def _models(target: str, float_spec: str | None, example: tuple, backend: str | None
+            ) -> tuple[Any, Any]:
+    """``(float model or None, int8 model)`` for a saved file or a MODULE:FACTORY."""
     import qplug_core as qp
-
-    if Path(target).is_file():
-        return (qp.load(target, backend="reference"), qp.load(target, backend=backend),
-                "reference form of the saved model (int8 simulated with float ops)")
     from qplug_core.commands._inputs import load_factory_model
     from qplug_core.flows import resolve_backend
 
+    if Path(target).is_file():
+        return (load_factory_model(float_spec) if float_spec else None,
+                qp.load(target, backend=backend))
     model = load_factory_model(target)
-    warn("calibrating on random data: fine for timing, not for accuracy")
+    warn("calibrating on the example input: fine for timing, not for accuracy")
     qmodel = qp.quantize(model, example, [example], backend=resolve_backend(backend),
                          progress=False)
-    return model, qmodel, "float model"
+    return model, qmodel
 
 
 def bench(
     target: str = typer.Argument(..., metavar="MODULE:FACTORY|PATH",
                                  help="A model factory, or a model saved by qp.save."),
-    example_shape: str = typer.Option(..., "--example-shape", help="Input shape, e.g. 1,3,224,224."),
+    example_shapes: list[str] = EXAMPLE_SHAPES,
+    example_dtypes: list[str] = EXAMPLE_DTYPES,
+    float_spec: str = typer.Option(None, "--float", metavar="MODULE:FACTORY",
+                                   help="For a saved model: its float original, to time against."),
     backend: str = typer.Option(None, "--backend", help="Backend (default: the best one here, or "
                                                         "the one a saved model was made for)."),
     runs: int = typer.Option(50, "--runs", min=3, help="Timed runs per model (interleaved)."),
     threads: int = typer.Option(1, "--threads", min=1, help="torch threads while timing."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
 ) -> None:
-    """Time float vs int8 latency (median, p90, speed-up) in one interleaved run."""
-    import torch
-
+    """Time int8 latency, and float vs int8 (speed-up) in one interleaved run when the float model
+    is known."""
     import qplug_core as qp
-
+    from qplug_core.commands._inputs import input_specs
     from qplug_core.commands._measure import interleaved_latency, latency_document
     from qplug_core.errors import InputMismatchError
 
-    shape = parse_shape(example_shape)
-    example = (torch.randn(shape, generator=torch.Generator().manual_seed(0)),)
-    baseline, qmodel, baseline_kind = _models(target, example, backend)
+    specs = input_specs(example_shapes, example_dtypes)
+    example = tuple(spec.example() for spec in specs)
+    float_model, qmodel = _models(target, float_spec, example, backend)
     with progress() as bar:
         task = bar.add_task(f"timing ({runs} interleaved runs)", total=runs)
         try:
-            latency = interleaved_latency(baseline, qmodel, example, runs, threads=threads,
+            latency = interleaved_latency(float_model, qmodel, example, runs, threads=threads,
                                           advance=lambda: bar.advance(task))
         except RuntimeError as exc:  # a saved model given the wrong --example-shape
-            raise InputMismatchError(f"the model cannot run on an input of shape {shape}: "
+            raise InputMismatchError(f"the model cannot run on the --example-shape inputs: "
                                      f"{' '.join(str(exc).split())[:300]}") from exc
-    document = {"model": target, "baseline": baseline_kind,
+    document = {"model": target, "float_model": float_spec or (None if float_model is None
+                                                                else target),
                 "backend": qp.quantization_report(qmodel).backend,
-                "latency": latency_document(*latency, runs=runs, batch=shape[0], threads=threads)}
+                "latency": latency_document(*latency, runs=runs, batch=specs[0].shape[0],
+                                            threads=threads)}
+    noisy = [name for name in ("float", "int8") if (document["latency"].get(name) or {})
+             .get("spread", 0) > NOISY_SPREAD]
+    if noisy:
+        warn(f"run-to-run spread above {NOISY_SPREAD:.0%} for {' and '.join(noisy)}: the machine "
+             "is busy; close other work or raise --runs before quoting these figures")
     if as_json:
         emit_json(document)
         return
-    from rich.table import Table
-
     lat = document["latency"]
-    table = Table(title=f"qplug bench — {target} on {document['backend']} (batch {shape[0]}, "
-                        f"{runs} runs, {threads} thread(s))", title_justify="left")
-    for column in ("", "median ms", "p90 ms"):
-        table.add_column(column, justify="right" if column else "left")
-    table.add_row(f"baseline: {baseline_kind}", f"{lat['float']['median_ms']:.3f}",
-                  f"{lat['float']['p90_ms']:.3f}")
-    table.add_row("int8", f"{lat['int8']['median_ms']:.3f}", f"{lat['int8']['p90_ms']:.3f}")
-    show(table, f"speed-up: {lat['speedup']}x")
+    table = new_table("", "median ms", "p90 ms", "spread", right=("median ms", "p90 ms", "spread"),
+                      title=f"qplug bench — {target} on {document['backend']} (batch "
+                            f"{lat['batch']}, {runs} runs, {threads} thread(s))")
+    for name in ("float", "int8"):
+        if lat.get(name):
+            table.add_row(name, f"{lat[name]['median_ms']:.3f}", f"{lat[name]['p90_ms']:.3f}",
+                          f"{lat[name]['spread']:.0%}")
+    show(table, f"speed-up of int8 over float: {lat['speedup']}x" if lat.get("speedup") else
+         "no float model to compare with: pass --float MODULE:FACTORY for a speed-up")
 
 
 def register(app: typer.Typer) -> None:

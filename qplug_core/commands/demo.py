@@ -12,9 +12,13 @@ from typing import Any
 
 import typer
 
-from qplug_core.commands._common import emit_json, number, progress, show
+from qplug_core.commands._common import emit_json, number, progress
+from qplug_core.commands._accuracy import WORST_LAYERS, worst_layers_table
+from qplug_core.commands._table import new_table, show
 
-WORST_LAYERS = 5
+
+#: output SQNR the random-weight demo models reach on fbgemm (measured with ``qplug demo --model``)
+RANDOM_WEIGHT_SQNR_DB = {"resnet18": 35, "mobilenet_v2": 12}
 
 
 class DemoModel(str, Enum):
@@ -88,6 +92,8 @@ def run_demo(backend: str | None, model: DemoModel, runs: int) -> tuple[dict[str
                  "compared_against": "fused float model (qp.fuse_fx)",
                  "worst_layers": [layer.to_dict() for layer in comparison.worst(WORST_LAYERS)]},
     }
+    if model is not DemoModel.digits:
+        document["note"] = random_weights_note(model.value)
     if work.test_set is not None:
         document["accuracy"] = {"float": number(work.float_accuracy),
                                 "int8": number(accuracy(qmodel, *work.test_set)),
@@ -95,13 +101,17 @@ def run_demo(backend: str | None, model: DemoModel, runs: int) -> tuple[dict[str
     return document, report
 
 
-def _summary_table(doc: dict[str, Any]) -> Any:
-    from rich.table import Table
+def random_weights_note(model: str) -> str:
+    """What to expect from a model whose weights are random (nothing is downloaded)."""
+    return (f"{model} has random weights (built from code, nothing downloaded), so there is no "
+            f"accuracy to report, only output SQNR: expect about {RANDOM_WEIGHT_SQNR_DB[model]} dB. "
+            "Random weights have no structure for int8 to exploit and the error compounds with "
+            "depth; trained weights usually quantize better.")
 
-    table = Table(title=f"qplug demo — {doc['model']} on backend {doc['backend']}",
-                  title_justify="left")
-    for column in ("", "float", "int8", "change"):
-        table.add_column(column, justify="right" if column else "left")
+
+def _summary_table(doc: dict[str, Any]) -> Any:
+    table = new_table("", "float", "int8", "change", right=("float", "int8", "change"),
+                      title=f"qplug demo — {doc['model']} on backend {doc['backend']}")
     if "accuracy" in doc:
         acc = doc["accuracy"]
         table.add_row(f"top-1 accuracy ({acc['test_images']} held-out images)",
@@ -123,19 +133,6 @@ def _summary_table(doc: dict[str, Any]) -> Any:
     return table
 
 
-def _worst_table(doc: dict[str, Any]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=f"worst {WORST_LAYERS} layers by SQNR ({doc['sqnr']['compared_against']})",
-                  title_justify="left")
-    for column in ("layer", "float", "int8", "SQNR dB"):
-        table.add_column(column, justify="right" if column == "SQNR dB" else "left")
-    for layer in doc["sqnr"]["worst_layers"]:
-        table.add_row(layer["name"], layer["float_type"], layer["quant_type"],
-                      f"{float(layer['sqnr_db']):.1f}")
-    return table
-
-
 def demo(
     backend: str = typer.Option(None, "--backend", help="Backend to use (default: the best one here)."),
     model: DemoModel = typer.Option(DemoModel.digits, "--model",
@@ -149,7 +146,8 @@ def demo(
     if as_json:
         emit_json(document)
         return
-    show(_summary_table(document), report, _worst_table(document),
+    show(*([document["note"]] if "note" in document else []),
+         _summary_table(document), report, worst_layers_table(document["sqnr"]),
          f"size measured as: {document['size']['method']}")
 
 

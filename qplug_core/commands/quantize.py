@@ -1,7 +1,9 @@
 """``qplug quantize MODULE:FACTORY``: quantize a user's model from the shell and save it.
 
 The model comes from a factory function (importable from the current directory) rather than a
-pickled file, so nothing is unpickled; calibration data is read from .safetensors or .npy.
+pickled file, so nothing is unpickled; calibration data is read from .safetensors or .npy. Models
+with several inputs, or integer ones (token ids, masks), take one ``--example-shape`` and
+``--example-dtype`` per input and a .safetensors file keyed ``NAME/INDEX``.
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ from typing import Any
 
 import typer
 
-from qplug_core.commands._common import parse_shape
-
 
 class Mode(str, Enum):
     static = "static"
@@ -21,57 +21,86 @@ class Mode(str, Enum):
     qat_convert = "qat-convert"
 
 
-def quantize_model(model: Any, example: tuple, calibration: Path | None, backend: str | None,
+#: options shared by the commands that build example inputs (quantize, bench)
+EXAMPLE_SHAPES = typer.Option(..., "--example-shape",
+                              help="Shape of one input, batch first, e.g. 1,3,224,224; repeat it "
+                                   "once per positional input of forward.")
+EXAMPLE_DTYPES = typer.Option([], "--example-dtype",
+                              help="dtype of each input (float32, int64, ...): once for all "
+                                   "inputs, or once per --example-shape. Default float32.")
+
+
+def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, backend: Any,
                    mode: Mode) -> Any:
     """The converted model for ``mode``; ``qat-convert`` expects a ``qp.prepare_qat_fx`` model."""
     from torch import fx
 
     import qplug_core as qp
-    from qplug_core.commands._inputs import load_calibration, random_calibration
     from qplug_core.errors import ConfigError
-    from qplug_core.flows import resolve_backend
 
-    chosen = resolve_backend(backend).require_available()
     if mode is Mode.qat_convert:
         if not isinstance(model, fx.GraphModule):
             raise ConfigError(f"--mode qat-convert needs the trained model qp.prepare_qat_fx returned; "
                               f"the factory returned a plain {type(model).__name__}, which was not "
-                              "prepared by qplug (use --mode static for a float model)", field="mode")
-        return qp.convert_fx(model.eval(), backend=chosen)
+                              "prepared by qplug (use --mode static for a float model)", field="--mode")
+        return qp.convert_fx(model.eval(), backend=backend)
     if mode is Mode.dynamic:  # weights only ahead of time: no calibration data needed
-        mapping = qp.get_default_qconfig_mapping(chosen, "dynamic")
-        return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=chosen), backend=chosen)
-    shape = tuple(example[0].shape)
-    batches = load_calibration(calibration, shape) if calibration else random_calibration(shape)
-    return qp.quantize(model, example, batches, backend=chosen)
+        mapping = qp.get_default_qconfig_mapping(backend, "dynamic")
+        return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=backend), backend=backend)
+    return qp.quantize(model, example, calibration, backend=backend)
 
 
 def quantize(
     model_spec: str = typer.Argument(..., metavar="MODULE:FACTORY",
                                      help="A function returning the float nn.Module."),
-    example_shape: str = typer.Option(..., "--example-shape", help="Input shape, e.g. 1,3,224,224."),
+    example_shapes: list[str] = EXAMPLE_SHAPES,
+    example_dtypes: list[str] = EXAMPLE_DTYPES,
     out: Path = typer.Option(..., "--out", help="Where to write the int8 model (.safetensors)."),
     calibration: Path = typer.Option(None, "--calibration",
-                                     help=".safetensors (one tensor per batch) or .npy file."),
+                                     help=".safetensors (one tensor per batch, or NAME/INDEX keys "
+                                          "for several inputs) or .npy file (one batch)."),
+    evaluation: Path = typer.Option(None, "--eval",
+                                    help="Held-out inputs (same format as --calibration) to measure "
+                                         "accuracy on; default: the calibration batches."),
     backend: str = typer.Option(None, "--backend", help="Backend (default: the best one here)."),
     mode: Mode = typer.Option(Mode.static, "--mode", help="static, dynamic, or qat-convert (the "
                                                           "factory returns a trained QAT model)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
 ) -> None:
-    """Quantize MODULE:FACTORY's model, save it with qp.save and print the quantization report."""
-    import torch
-
+    """Quantize MODULE:FACTORY's model, save it with qp.save, print the report and its accuracy."""
     import qplug_core as qp
-    from qplug_core.commands._inputs import load_factory_model
+    from qplug_core.commands._accuracy import accuracy_document
+    from qplug_core.commands._inputs import (
+        forward_input_names,
+        input_specs,
+        load_batches,
+        load_factory_model,
+        random_calibration,
+    )
     from qplug_core.commands._report import print_report
+    from qplug_core.flows import resolve_backend
 
-    shape = parse_shape(example_shape)
+    specs = input_specs(example_shapes, example_dtypes)
     model = load_factory_model(model_spec)
-    qmodel = quantize_model(model, (torch.randn(shape),), calibration, backend, mode)
+    names = forward_input_names(model, len(specs))
+    example = tuple(spec.example() for spec in specs)
+    chosen = resolve_backend(backend).require_available()
+    batches = (load_batches(calibration, specs, names) if calibration
+               else None if mode is not Mode.static else random_calibration(specs))
+    qmodel = quantize_model(model, example, batches, chosen, mode)
     path = qp.save(qmodel, out)
     report = qp.quantization_report(qmodel)
-    print_report(report, {"model": model_spec, "mode": mode.value, "backend": report.backend,
-                          "out": str(path), "size_bytes": path.stat().st_size}, as_json)
+    facts: dict[str, Any] = {"model": model_spec, "mode": mode.value, "backend": report.backend,
+                             "out": str(path), "size_bytes": path.stat().st_size}
+    if mode is not Mode.qat_convert:  # a QAT factory returns no float original to compare with
+        held_out = load_batches(evaluation, specs, names, what="--eval") if evaluation else None
+        facts["accuracy"] = accuracy_document(
+            model, qmodel, held_out or batches or [example], backend=chosen,
+            evaluated_on=(f"--eval {evaluation}" if evaluation else
+                          f"the calibration set {calibration} (not held out)" if calibration else
+                          "random inputs (pass --eval FILE for a real figure)"),
+            fuse=mode is Mode.static)
+    print_report(report, facts, as_json)
 
 
 def register(app: typer.Typer) -> None:

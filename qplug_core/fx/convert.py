@@ -12,6 +12,7 @@ import copy
 
 from torch import fx, nn
 
+from qplug_core.audience import spelled
 from qplug_core.errors import ModelStateError, UncalibratedObserverError
 from qplug_core.fx.prepare import is_observer_module
 from qplug_core.fx.regions import QUANTIZED_DTYPES, weight_name_of
@@ -54,9 +55,12 @@ def convert_graph(gm: fx.GraphModule, *, allow_uncalibrated: bool = False) -> No
     if missing and not allow_uncalibrated:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise UncalibratedObserverError(
-            f"{len(missing)} observer(s) never saw calibration data: {shown}. Run calibration data "
-            "through the prepared model (qp.calibrate) so every branch executes, or pass "
-            "allow_uncalibrated=True to leave those activations in float.", nodes=missing)
+            f"{len(missing)} observer(s) never saw calibration data: {shown}. "
+            + spelled("Run calibration data through the prepared model (qp.calibrate) so every "
+                      "branch executes, or pass allow_uncalibrated=True to leave those "
+                      "activations in float.",
+                      "Give --calibration batches that make every branch of the model run."),
+            nodes=missing)
     _convert_weighted_modules(gm)
     _replace_observers(gm)
     _delete_observer_modules(gm)

@@ -18,10 +18,11 @@ import torch
 from torch import fx
 
 from qplug_core.fx.graph_utils import is_module_call
+from qplug_core.fx.summary import report_key
 from qplug_core.fx.tags import KERNEL, REGION, region_tag
 from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
 from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
-from qplug_core.qparams import QParams
+from qplug_core.qparams import STORAGE_DTYPE, QParams
 
 #: keys of the backend kernel table for the boundary modules (besides patterns)
 QUANTIZE_KEY = "quantize"
@@ -47,7 +48,7 @@ def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
     summary = LoweringSummary()
     for tag, nodes in _quantized_regions(gm):
         spec = backend.kernels.get(tag.pattern)
-        name = nodes.anchor.name
+        name = report_key(nodes.anchor)
         if spec is None:
             summary.reference[name] = f"backend {backend.name!r} has no kernel for {tag.pattern_name}"
             continue
@@ -103,7 +104,9 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     anchor = nodes.anchor
     compute = next((m for m in nodes.members if _input_boundaries(gm, m)), anchor)
     boundaries = _input_boundaries(gm, compute)
-    output_quantize = _single_user(anchor, gm, Quantize)
+    # a float-output kernel (weight-only embedding, dynamic linear) leaves the quantize after it to
+    # whatever int8 op consumes the value
+    output_quantize = _single_user(anchor, gm, Quantize) if _quantized_output(tag) else None
     if tag.dtype_config is not None and not tag.is_dynamic and tag.dtype_config.input_dtype is not None \
             and not boundaries and _has_float_tensor_input(compute):
         return False
@@ -140,6 +143,11 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     new.meta[KERNEL] = spec.op
     (output_quantize or anchor).replace_all_uses_with(new)
     return True
+
+
+def _quantized_output(tag) -> bool:
+    config = tag.dtype_config
+    return config is None or (not tag.is_dynamic and config.output_dtype in STORAGE_DTYPE)
 
 
 def _free_module_name(gm: fx.GraphModule, node: fx.Node, op: str) -> str:

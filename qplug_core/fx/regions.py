@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from qplug_core.audience import spelled
 from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapping
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, warn_user
 from qplug_core.fx.tags import VALUE_KIND
@@ -306,5 +307,5 @@ def _keep_isolated_connectors_float(gm: fx.GraphModule, regions: list[Region]) -
             continue
         region.quantized = False
         side = "no int8 value reaches it" if not up else "its output feeds no int8 op"
-        region.reason = (f"kept float: {side}; quantizing it alone would add error without a speed-up "
-                         "(keep_isolated_ops_float=False quantizes it anyway)")
+        region.reason = (f"kept float: {side}; quantizing it alone would add error without a speed-up"
+                         + spelled(" (keep_isolated_ops_float=False quantizes it anyway)", ""))

@@ -30,9 +30,10 @@ class QuantizationReport:
     backend: str
     mode: str
     fusions: list[FusionRecord] = field(default_factory=list)
-    quantized: dict[str, str] = field(default_factory=dict)  # anchor node -> pattern
-    kernels: dict[str, str] = field(default_factory=dict)  # anchor node -> kernel op
-    reference: dict[str, str] = field(default_factory=dict)  # anchor node -> why no kernel
+    # keys: the anchor's report_key (module name for module calls, else node name)
+    quantized: dict[str, str] = field(default_factory=dict)  # anchor -> pattern
+    kernels: dict[str, str] = field(default_factory=dict)  # anchor -> kernel op
+    reference: dict[str, str] = field(default_factory=dict)  # anchor -> why no kernel
     skipped: list[SkippedNode] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -57,6 +58,12 @@ class QuantizationReport:
         return table
 
 
+def report_key(node: fx.Node) -> str:
+    """How reports name a node: a module call by the module's qualified name (what
+    ``model.get_submodule`` takes: ``layer1.0.conv1``, ``2``), any other op by the node's name."""
+    return str(node.target) if node.op == "call_module" else node.name
+
+
 def describe_op(node: fx.Node, gm: fx.GraphModule) -> str:
     if node.op == "call_module":
         return type(gm.get_submodule(node.target)).__name__
@@ -75,7 +82,7 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
     for node in gm.graph.nodes:
         tag = region_tag(node)
         if tag is not None and tag.is_anchor:
-            anchors[tag.region_id] = node.name
+            anchors[tag.region_id] = report_key(node)
     skipped = []
     for node in gm.graph.nodes:
         if (node.op not in ("call_module", "call_function", "call_method")
@@ -93,5 +100,5 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
             reason = fallback_reasons[anchors[tag.region_id]]
         else:
             continue
-        skipped.append(SkippedNode(node.name, op, reason))
+        skipped.append(SkippedNode(report_key(node), op, reason))
     return skipped

@@ -1,10 +1,9 @@
-"""Fixtures of the CLI tests: a user's model module in the current directory, calibration data,
-and a skip for tests that need ``qp.save`` while qplug_core/serialization is being written."""
+"""Fixtures of the CLI tests: a user's model module in the current directory and calibration
+data."""
 
 from __future__ import annotations
 
 import sys
-import tempfile
 import textwrap
 import uuid
 from pathlib import Path
@@ -14,8 +13,6 @@ import pytest
 import torch
 from cli_testkit import MODELS_SOURCE
 
-import qplug_core as qp
-from qplug_core.errors import SerializationError
 
 
 @pytest.fixture
@@ -36,27 +33,3 @@ def calibration_file(tmp_path: Path) -> Path:
     gen = torch.Generator().manual_seed(1)
     save_file({f"batch{i}": torch.randn(4, 3, 8, 8, generator=gen) for i in range(3)}, str(path))
     return path
-
-
-def _save_works() -> str | None:
-    """Why qp.save cannot save a converted model yet, or None once it can."""
-    from torch import nn
-
-    model = nn.Sequential(nn.Linear(4, 4)).eval()
-    x = torch.randn(2, 4)
-    qmodel = qp.quantize(model, (x,), [x], backend="reference", progress=False)
-    try:
-        with tempfile.TemporaryDirectory() as scratch:
-            qp.save(qmodel, Path(scratch) / "m.safetensors")
-    except SerializationError as exc:
-        return str(exc)
-    return None
-
-
-@pytest.fixture
-def requires_save() -> None:
-    """Skip until qp.save works on converted models (qplug_core/serialization is in progress)."""
-    reason = _save_works()
-    if reason is not None:
-        pytest.skip("qp.save cannot save converted models yet (convert_fx does not call "
-                    f"qplug_core.serialization.record_artifact): {reason[:120]}")

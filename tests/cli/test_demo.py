@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from qplug_core.commands.demo import RANDOM_WEIGHT_SQNR_DB
 from cli_testkit import assert_one_line_error, invoke, run
 
 
@@ -48,3 +50,6 @@ def test_random_weight_models_report_output_sqnr(model, plugin_autoload):
     assert result.exit_code == 0, result.stderr
     doc = result.json()
     assert "accuracy" not in doc and doc["sqnr"]["output_db"] > 10
+    expected = RANDOM_WEIGHT_SQNR_DB[model]
+    assert "random weights" in doc["note"] and f"expect about {expected} dB" in doc["note"]
+    assert abs(doc["sqnr"]["output_db"] - expected) < 3, "the note's figure is out of date"

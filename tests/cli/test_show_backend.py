@@ -28,7 +28,7 @@ def test_reference_json_has_both_formats_fusions_and_qconfigs():
     assert cbr["dtype_configs"][0]["weight_dtype"] == "torch.qint8"
     assert all(row["kernel"] is None for row in doc["pattern_configs"])  # reference: no kernels
     static = doc["default_qconfigs"]["static"]
-    assert static["available"] and static["global"].startswith("activation HistogramObserver quint8")
+    assert static["available"] and static["global"].startswith("activation Histogram quint8")
     assert "LayerNorm" in static["kept_float"]
     assert doc["default_qconfigs"]["dynamic"]["global"] == "float (not quantized)"
 
@@ -44,11 +44,39 @@ def test_a_branch_pattern_has_no_simple_form():
     assert _simple_text((nn.ReLU, nn.Conv2d)) == "(Conv2d, ReLU)"
 
 
-def test_table_output():
-    result = invoke("show-backend", "reference", columns=200)
-    assert result.exit_code == 0
-    assert "backend reference:" in result.stdout and "pattern configs" in result.stdout
-    assert "default qconfigs" in result.stdout and "fuse_conv_bn_relu" in result.stdout
+def _table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("│")]
+
+
+def _first_cells(text: str) -> list[str]:
+    return [line.split("│")[1].strip() for line in _table_lines(text)]
+
+
+def test_default_view_is_one_line_per_op_family_within_80_columns(plugin_autoload):
+    result = invoke("show-backend", "fbgemm")
+    assert result.exit_code == 0, result.stderr
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    families = [cell for cell in _first_cells(result.stdout.split("default qconfigs")[0]) if cell]
+    assert len(families) == len(set(families)), "a family is listed twice"
+    # Conv2d, F.conv2d, (Conv2d, BatchNorm2d, ReLU), ConvReLU2d, qat.ConvBn2d ... are one family
+    assert "conv2d" in families and not {"Conv2d", "ConvReLU2d", "qat.ConvBn2d"} & set(families)
+    doc = invoke("show-backend", "fbgemm", "--json").json()
+    assert len(families) < len(doc["pattern_configs"]) / 2
+    assert "conv2d" in result.stdout and "u8,s8,f32->u8" in result.stdout
+
+
+def test_filters_and_the_full_table(plugin_autoload):
+    conv = invoke("show-backend", "fbgemm", "--op", "Conv2d")
+    assert conv.exit_code == 0, conv.stderr
+    assert [c for c in _first_cells(conv.stdout.split("default qconfigs")[0]) if c] == ["conv2d"]
+    full = invoke("show-backend", "reference", "--pattern", "BatchNorm2d", "--full", columns=200)
+    assert full.exit_code == 0, full.stderr
+    assert "fuse_conv_bn_relu" in full.stdout and "(Conv2d, BatchNorm2d, ReLU)" in full.stdout
+    assert "Linear" not in full.stdout.split("default qconfigs")[0]
+    assert_one_line_error(invoke("show-backend", "reference", "--op", "conv2"), "no pattern family",
+                          "did you mean")
+    assert_one_line_error(invoke("show-backend", "reference", "--pattern", "Nope"),
+                          "no pattern contains 'Nope'")
 
 
 def test_unknown_backend_is_one_line_with_did_you_mean():

@@ -1,0 +1,75 @@
+"""CLI tables that never split a word across lines.
+
+rich folds a cell when its column is narrower than one of its words, which turns names such as
+``quantized::conv2d_relu`` into two halves at 80 columns. Every column here is at least as wide as
+its longest word, and the console grows past the terminal width only when even that cannot fit (a
+long line is easier to read than a broken name).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+#: terminal width used when stdout is not a terminal and COLUMNS is unset
+DEFAULT_WIDTH = 80
+
+
+def new_table(*columns: str, title: str | None = None, show_header: bool = True,
+              right: tuple[str, ...] = ()) -> Table:
+    """A table with the given column headers (those in ``right`` right-justified)."""
+    table = Table(title=title, title_justify="left", show_header=show_header,
+                  box=None if not show_header else Table().box)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    return table
+
+
+def _cell_lines(cell: Any) -> list[str]:
+    return str(cell.plain if hasattr(cell, "plain") else cell).splitlines() or [""]
+
+
+def _fit_columns(table: Table, width: int) -> int:
+    """Fix each column's width: its widest line when everything fits in ``width``, otherwise its
+    longest word plus a share of the room left. Returns the table's total width."""
+    lows, highs = [], []
+    for column in table.columns:
+        lines = [line for cell in (column.header, *column._cells) for line in _cell_lines(cell)]
+        lows.append(max((len(word) for line in lines for word in line.split()), default=1))
+        highs.append(max(len(line) for line in lines))
+    frame = 3 * len(table.columns) + 1 if table.box is not None else 2 * len(table.columns)
+    room = width - frame - sum(lows)
+    wanted = [high - low for low, high in zip(lows, highs)]
+    if room >= sum(wanted):
+        widths = highs
+    else:  # share what is left in proportion to how much more each column would like
+        share = max(room, 0)
+        widths = [low + (share * extra // sum(wanted) if sum(wanted) else 0)
+                  for low, extra in zip(lows, wanted)]
+    for column, fixed in zip(table.columns, widths):
+        column.width = max(fixed, 1)
+    return sum(widths) + frame
+
+
+def terminal_width() -> int:
+    """``COLUMNS`` when set (as the shell exports it), else the terminal's width, else 80."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    return DEFAULT_WIDTH
+
+
+def show(*renderables: Any) -> None:
+    """Print tables (words kept whole) and other rich renderables on stdout."""
+    renderables = tuple(r.__rich__() if hasattr(r, "__rich__") else r for r in renderables)
+    width = terminal_width()
+    needed = [_fit_columns(r, width) for r in renderables if isinstance(r, Table)]
+    console = Console(file=sys.stdout, width=max([width, *needed]))
+    for renderable in renderables:
+        console.print(renderable)

@@ -14,7 +14,7 @@ observed = qp.prepare_fx(model, mapping, example_inputs, backend="fbgemm")
 qp.calibrate(observed, [example_inputs])  # dynamic: only weights need observing; one batch does
 int8 = qp.convert_fx(observed)
 
-print(qp.quantization_report(int8).kernels)  # {'_0': 'quantized::linear', '_2': 'quantized::linear'}
+print(qp.quantization_report(int8).kernels)  # {'0': 'quantized::linear', '2': 'quantized::linear'}
 print(type(int8.get_submodule("0")).__name__)  # DynamicLinear: float in, float out
 x = torch.randn(4, 64)
 print(f"{qp.sqnr(model(x), int8(x)):.1f} dB")

@@ -25,5 +25,5 @@ for step in range(5):  # your training loop, unchanged
 
 prepared.eval()
 int8 = qp.convert_fx(prepared)
-print(qp.quantization_report(int8).kernels)  # {'_0': 'quantized::conv2d', '_4': 'quantized::linear', ...}
+print(qp.quantization_report(int8).kernels)  # {'0': 'quantized::conv2d', '4': 'quantized::linear', ...}
 print(int8(torch.randn(2, 1, 8, 8)).shape)

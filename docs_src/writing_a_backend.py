@@ -37,7 +37,7 @@ calibration = [torch.randn(8, 16) for _ in range(4)]
 qmodel = qp.quantize(model, example, calibration, backend="tiny")
 
 report = qp.quantization_report(qmodel)
-print(report.kernels)   # {'_0': 'quantized::linear', '_2': 'quantized::linear'}
+print(report.kernels)   # {'0': 'quantized::linear', '2': 'quantized::linear'}
 print(report.skipped)   # the ReLU has no pattern in this backend: it runs in float
 assert set(report.kernels.values()) == {"quantized::linear"}
 print(f"output SQNR {qp.compare(model, qmodel, calibration).output_sqnr_db:.1f} dB")

@@ -60,7 +60,7 @@ def test_plugin_is_discovered_and_quantizes(scaffolded, monkeypatch):
         model = torch.nn.Sequential(torch.nn.Linear(8, 4)).eval()
         x = torch.randn(4, 8)
         qmodel = qp.quantize(model, (x,), [x], backend=NAME, progress=False)
-        assert qp.quantization_report(qmodel).kernels == {"_0": "quantized::linear"}
+        assert qp.quantization_report(qmodel).kernels == {"0": "quantized::linear"}
         shown = invoke("show-backend", NAME, "--json").json()
         assert shown["pattern_configs"][0]["kernel"] == "quantized::linear"
     finally:

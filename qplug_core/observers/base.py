@@ -20,6 +20,7 @@ from qplug_core.errors import (
     did_you_mean,
 )
 from qplug_core.observers.factory import FactoryMixin
+from qplug_core.observers.ranks import Ranks, batch_ranks, refuse_reduction
 from qplug_core.qparams import (
     PER_CHANNEL_SCHEMES,
     PER_TENSOR_SCHEMES,
@@ -96,6 +97,41 @@ class ObserverBase(nn.Module, FactoryMixin):
     def _observed_range(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The (min, max) to quantize for; only called when ``has_data`` is true."""
         raise NotImplementedError
+
+    # -- agreeing across ranks (torch.distributed) ----------------------------------------------
+
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """Make this observer's statistics identical on every rank of ``ranks``, in place.
+
+        The protocol every observer class implements (docs/guide/distributed.md): after the call
+        each rank holds the statistics one process would hold had it seen every rank's batches,
+        by a documented rule, and a second call changes nothing. Called at the end of distributed
+        calibration, and every k steps in QAT. A class that changes how statistics are gathered
+        (``forward``, ``_update``, ...) must define it; otherwise distributed calibration refuses
+        to run.
+        """
+        refuse_reduction(self)
+
+    reduce_across_ranks.undeclared = True  # type: ignore[attr-defined]
+
+    def _batch_aminmax(self, x: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``(finite values of x, min, max)`` of this batch, or ``None`` when it has none.
+
+        While the observer reduces each batch across ranks, min and max are those of the *global*
+        batch (every rank's batch together) and ``None`` means no rank had data; the values stay
+        this rank's own.
+        """
+        found = self._finite_aminmax(x) if x.numel() else None
+        ranks = batch_ranks(self)
+        if ranks is None:
+            return found
+        if found is None:
+            empty = x.reshape(-1)[:0]
+            inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
+            found = (empty, inf, -inf)
+        low, high = ranks.min_max(found[1], found[2])
+        return (found[0], low, high) if bool(low <= high) else None
 
     # -- qparams -------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import torch
 
 from qplug_core.errors import ConfigValidationError
 from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.ranks import Ranks, batch_ranks
 
 _STEP = 1e-5  # quantile granularity of the search (torch.ao's ``stepsize``)
 _UPSAMPLE = 16  # sub-bins per bin when an old histogram is re-binned into a wider range
@@ -148,19 +149,17 @@ class HistogramObserver(ObserverBase):
         return bool(self.min_val <= self.max_val)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == 0:
-            return x
-        found = self._finite_aminmax(x.detach().to(torch.float32))
+        found = self._batch_aminmax(x.detach().to(torch.float32))
         if found is None:
             return x
         values, x_min, x_max = found
         if not self.has_data:
             self.min_val.copy_(x_min)
             self.max_val.copy_(x_max)
-            self.histogram.copy_(torch.histc(values, self.bins, min=x_min.item(), max=x_max.item()))
+            self.histogram.copy_(self._counts(values, x_min, x_max))
             return x
         new_min, new_max = torch.min(self.min_val, x_min), torch.max(self.max_val, x_max)
-        update = torch.histc(values, self.bins, min=new_min.item(), max=new_max.item())
+        update = self._counts(values, new_min, new_max)
         if bool(new_min == self.min_val) and bool(new_max == self.max_val):
             self.histogram.copy_(self.histogram + update)
             return x
@@ -168,6 +167,40 @@ class HistogramObserver(ObserverBase):
         self.min_val.copy_(new_min)
         self.max_val.copy_(new_max)
         return x
+
+    def _counts(self, values: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        """This batch's histogram over [low, high]; summed over the ranks while reducing each batch.
+
+        A value's bin depends only on the value and the range, so with the range agreed first
+        the sum of the ranks' counts is the histogram of the global batch, exactly.
+        """
+        if values.numel():
+            counts = torch.histc(values, self.bins, min=low.item(), max=high.item())
+        else:
+            counts = torch.zeros_like(self.histogram)
+        ranks = batch_ranks(self)
+        return counts if ranks is None else ranks.total(counts)
+
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """Nothing when the ranks agree (they do after reducing each batch); else one histogram.
+
+        The ranks agree on the range (MIN/MAX), move their histograms onto it (the same
+        re-binning as a range change during calibration) and sum the bins.
+        """
+        if ranks.identical(self.histogram, self.min_val, self.max_val):
+            return
+        new_min, new_max = ranks.min_max(self.min_val, self.max_val)
+        if not bool(new_min <= new_max):
+            return
+        if not self.has_data:
+            mine = torch.zeros_like(self.histogram)
+        elif bool(new_min == self.min_val) and bool(new_max == self.max_val):
+            mine = self.histogram
+        else:
+            mine = self._rebinned(new_min, new_max)
+        self.histogram.copy_(ranks.total(mine))
+        self.min_val.copy_(new_min)
+        self.max_val.copy_(new_max)
 
     def _rebinned(self, new_min: torch.Tensor, new_max: torch.Tensor) -> torch.Tensor:
         """The current histogram moved onto ``bins`` equal bins over [new_min, new_max].

@@ -27,6 +27,7 @@ def quantize_model(model: Any, example: tuple, calibration: Path | None, backend
     from torch import fx
 
     import qplug_core as qp
+    from qplug_core import distributed
     from qplug_core.commands._inputs import load_calibration, random_calibration
     from qplug_core.errors import ConfigError
     from qplug_core.flows import resolve_backend
@@ -43,7 +44,7 @@ def quantize_model(model: Any, example: tuple, calibration: Path | None, backend
         return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=chosen), backend=chosen)
     shape = tuple(example[0].shape)
     batches = load_calibration(calibration, shape) if calibration else random_calibration(shape)
-    return qp.quantize(model, example, batches, backend=chosen)
+    return qp.quantize(model, example, distributed.shard_by_rank(batches), backend=chosen)
 
 
 def quantize(
@@ -62,12 +63,17 @@ def quantize(
     import torch
 
     import qplug_core as qp
+    from qplug_core import distributed
     from qplug_core.commands._inputs import load_factory_model
     from qplug_core.commands._report import print_report
 
     shape = parse_shape(example_shape)
     model = load_factory_model(model_spec)
-    qmodel = quantize_model(model, (torch.randn(shape),), calibration, backend, mode)
+    with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
+        qmodel = quantize_model(model, (torch.randn(shape),), calibration, backend, mode)
+        saving = distributed.is_rank_zero()
+    if not saving:
+        return
     path = qp.save(qmodel, out)
     report = qp.quantization_report(qmodel)
     print_report(report, {"model": model_spec, "mode": mode.value, "backend": report.backend,

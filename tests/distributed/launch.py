@@ -1,0 +1,70 @@
+"""Run a worker script as the ranks of a local gloo process group (plus, optionally, alone).
+
+Each rank is a plain ``python worker.py`` subprocess with the environment torchrun would give it
+(RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT), so the workers exercise the same
+``env://`` initialisation users get. Every process is killed once ``timeout`` seconds have passed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def worker_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """A user's environment (every installed plugin loads), one thread, and the torchrun variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QPLUG_")}
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def run(command: list[str], *, world: int, with_single: bool = False, timeout: float = 120,
+        cwd: Path | None = None, extra_env: dict[str, str] | None = None
+        ) -> list[subprocess.CompletedProcess]:
+    """Start ``world`` ranks of ``command`` (and one process with WORLD_SIZE=1 when
+    ``with_single``) at once; returns their results, ranks first, after all have ended."""
+    port = free_port()
+    envs = [worker_env(rank, world, port) for rank in range(world)]
+    if with_single:
+        envs.append(worker_env(0, 1, free_port()))
+    for env in envs:
+        env.update(extra_env or {})
+    procs = [subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for env in envs]
+    deadline = time.monotonic() + timeout
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return results
+
+
+def run_script(script: Path, *args: str, world: int = 2, with_single: bool = False,
+               timeout: float = 120, extra_env: dict[str, str] | None = None
+               ) -> list[subprocess.CompletedProcess]:
+    results = run([sys.executable, str(script), *args], world=world, with_single=with_single,
+                  timeout=timeout, extra_env=extra_env)
+    for index, result in enumerate(results):
+        assert result.returncode == 0, (f"process {index} of {script.name} failed:\n"
+                                        f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return results

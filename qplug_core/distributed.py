@@ -21,6 +21,7 @@ collectives that wait for all ranks.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 from typing import Any, Iterable, Iterator
@@ -140,7 +141,7 @@ class ObserverSync:
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ConfigValidationError(f"every must be a positive int, got {every!r}",
                                         field="every", value=every)
-        if every > 1 and getattr(model, "broadcast_buffers", False):
+        if every > 1 and _broadcasts_buffers(model):
             raise ConfigValidationError(
                 "this DistributedDataParallel model broadcasts rank 0's buffers at every forward "
                 "(broadcast_buffers=True), which replaces the ranks' observers between syncs; "
@@ -158,13 +159,16 @@ class ObserverSync:
             for module in self.observers:
                 target = getattr(module, "activation_post_process", module)
                 self._previous[target] = reduce_each_batch(target, ranks)
-        self._hook = self.model.register_forward_hook(self._after_forward)
+        self._hook = self.model.register_forward_pre_hook(self._before_forward)
 
-    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _before_forward(self, module: nn.Module, args: Any) -> None:
+        # Before the next forward, not after this one: backward still needs the buffers this
+        # forward used (BatchNorm's running_var, fake-quant scales) unmodified.
         if module is not self.model:  # a deep copy (convert) carries the hook along: not ours
             return
+        due = self.steps > 0 and self.steps % self.every == 0
         self.steps += 1
-        if self.steps % self.every:
+        if not due:
             return
         with torch.no_grad():
             if self.every > 1:
@@ -228,11 +232,12 @@ def data_parallel(prepared: nn.Module, *, sync_every: int = 1, sync_batchnorm: b
     ``sync_batchnorm=True`` (GPU only, as torch's SyncBatchNorm), else the ranks' running
     statistics are averaged at every sync. ``ddp.observer_sync.remove()`` stops the reductions.
     """
-    if ddp_options.pop("broadcast_buffers", False):
-        raise ConfigValidationError(
-            "broadcast_buffers=True would replace every rank's observers, fake-quant qparams and "
-            "BatchNorm statistics by rank 0's at each forward; qplug keeps them in agreement "
-            "itself, so leave it out", field="broadcast_buffers", value=True)
+    for option in _BUFFER_BROADCAST_OPTIONS:
+        if ddp_options.pop(option, False):
+            raise ConfigValidationError(
+                f"{option}=True would replace every rank's observers, fake-quant qparams and "
+                "BatchNorm statistics by rank 0's at each forward; qplug keeps them in agreement "
+                "itself, so leave it out", field=option, value=True)
     ranks = _required_ranks(group)
     if sync_batchnorm:
         if any(p.device.type == "cpu" for p in prepared.parameters()):
@@ -242,10 +247,25 @@ def data_parallel(prepared: nn.Module, *, sync_every: int = 1, sync_batchnorm: b
                 "statistics across ranks", field="sync_batchnorm", value=True)
         prepared = nn.SyncBatchNorm.convert_sync_batchnorm(prepared, process_group=group)
     sync = ObserverSync(prepared, ranks, sync_every)
-    ddp = DistributedDataParallel(prepared, broadcast_buffers=False, process_group=group,
+    ddp = DistributedDataParallel(prepared, process_group=group, **_no_buffer_broadcast(),
                                   **ddp_options)
     ddp.observer_sync = sync
     return ddp
+
+
+#: DDP's switches for broadcasting rank 0's buffers at every forward (torch 2.13 renamed it)
+_BUFFER_BROADCAST_OPTIONS = ("broadcast_buffers", "forward_sync_buffers")
+
+
+def _no_buffer_broadcast() -> dict[str, bool]:
+    """DDP keyword turning the per-forward broadcast off, in this torch's spelling."""
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": False}
+
+
+def _broadcasts_buffers(model: nn.Module) -> bool:
+    return isinstance(model, DistributedDataParallel) and bool(
+        getattr(model, "forward_sync_buffers", getattr(model, "broadcast_buffers", False)))
 
 
 # -- what qp.calibrate and the qplug command use ------------------------------------------------

@@ -24,14 +24,19 @@ import contextlib
 import inspect
 import os
 import sys
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from qplug_core.errors import CalibrationError, ConfigValidationError, DistributedCalibrationError
+from qplug_core.errors import (
+    CalibrationError,
+    ConfigValidationError,
+    DistributedCalibrationError,
+)
 from qplug_core.observers import FakeQuantizeBase, HistogramObserver, ObserverBase
 from qplug_core.observers.ranks import Ranks, declares_reduction, reduce_each_batch
 

@@ -66,7 +66,7 @@ def mapping(activation=None, weight=None) -> QConfigMapping:
                                                weight=weight or base.weight))
 
 
-ACT = dict(dtype=torch.quint8, quant_min=0, quant_max=127)
+ACT = {"dtype": torch.quint8, "quant_min": 0, "quant_max": 127}
 MODEL_CASES = {
     "fbgemm_default": mapping(),
     "act_minmax": mapping(obs.MinMaxObserver.with_args(**ACT)),
@@ -85,7 +85,7 @@ MODEL_CASES = {
 
 def observer_zoo() -> nn.Sequential:
     """Every shipped observer and fake-quant class, each watching the same (N, 4, 5) activations."""
-    per_channel = dict(ch_axis=1, dtype=torch.qint8, qscheme=torch.per_channel_symmetric)
+    per_channel = {"ch_axis": 1, "dtype": torch.qint8, "qscheme": torch.per_channel_symmetric}
     return nn.Sequential(
         obs.MinMaxObserver(),
         obs.MovingAverageMinMaxObserver(averaging_constant=0.3),

@@ -33,8 +33,7 @@ def worker_env(rank: int, world: int, port: int) -> dict[str, str]:
 
 
 def run(command: list[str], *, world: int, with_single: bool = False, timeout: float = 120,
-        cwd: Path | None = None, extra_env: dict[str, str] | None = None
-        ) -> list[subprocess.CompletedProcess]:
+        extra_env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
     """Start ``world`` ranks of ``command`` (and one process with WORLD_SIZE=1 when
     ``with_single``) at once; returns their results, ranks first, after all have ended."""
     port = free_port()
@@ -43,8 +42,14 @@ def run(command: list[str], *, world: int, with_single: bool = False, timeout: f
         envs.append(worker_env(0, 1, free_port()))
     for env in envs:
         env.update(extra_env or {})
+    return run_all([(command, env) for env in envs], timeout=timeout)
+
+
+def run_all(jobs: list[tuple[list[str], dict[str, str]]], *, timeout: float,
+            cwd: Path | None = None) -> list[subprocess.CompletedProcess]:
+    """Run (command, environment) jobs concurrently; kill whatever still runs at ``timeout``."""
     procs = [subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for env in envs]
+                              stderr=subprocess.PIPE, text=True) for command, env in jobs]
     deadline = time.monotonic() + timeout
     results = []
     try:

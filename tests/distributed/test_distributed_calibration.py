@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import launch
 import pytest
 import torch
-from safetensors.torch import load_file
-
-import launch
 from calibration_worker import MODEL_CASES, observer_zoo
+from safetensors.torch import load_file
 
 HERE = Path(__file__).resolve().parent
 CASES = [*MODEL_CASES, "dynamic", "sampler"]

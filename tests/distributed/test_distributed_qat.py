@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import launch
 import pytest
 import torch
-from safetensors.torch import load_file
-
-import launch
 from qat_worker import CASES
+from safetensors.torch import load_file
 
 HERE = Path(__file__).resolve().parent
 SYNCED = [case for case, (_, every) in CASES.items() if every]

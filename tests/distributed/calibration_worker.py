@@ -10,10 +10,10 @@ that kept its own statistics would produce a different file. One process group s
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
+import launch
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
@@ -23,7 +23,6 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 import qplug_core as qp
 from qplug_core import observers as obs
 from qplug_core.config import QConfig, QConfigMapping
-from qplug_core.errors import QplugError
 
 STEPS, PER_RANK, RANKS = 3, 4, 2
 
@@ -124,12 +123,7 @@ class UndeclaredObserver(obs.MinMaxObserver):
 
 
 def main(out: Path) -> None:
-    torch.set_num_threads(1)
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
-    if world > 1:
-        dist.init_process_group("gloo")
-    tag = "single" if world == 1 else str(rank)
+    rank, world, tag = launch.join()
     example = (torch.randn(1, 3, 8, 8),)
 
     for name, qconfig_mapping in MODEL_CASES.items():
@@ -178,16 +172,12 @@ def main(out: Path) -> None:
     save_file(observer_state(zoo), str(out / f"custom_loop.{tag}.safetensors"))
 
     # refusals, raised on every rank (none waits for the other)
-    messages = []
-    for model, batches in [
-        (nn.Sequential(UndeclaredObserver()), shard(global_batches((4, 5)), rank, world)),
-        (nn.Sequential(obs.MinMaxObserver()), global_batches((4, 5))[:2 + rank]),
-    ]:
-        try:
-            qp.calibrate(model, batches, progress=False)
-        except QplugError as error:
-            messages.append(f"{type(error).__name__}: {error}")
-    (out / f"errors.{tag}.txt").write_text("\n".join(messages))
+    launch.write_errors(out / f"errors.{tag}.txt", [
+        lambda: qp.calibrate(nn.Sequential(UndeclaredObserver()),
+                             shard(global_batches((4, 5)), rank, world), progress=False),
+        lambda: qp.calibrate(nn.Sequential(obs.MinMaxObserver()),
+                             global_batches((4, 5))[:2 + rank], progress=False),
+    ])
     dist.destroy_process_group()
 
 

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,3 +74,31 @@ def run_script(script: Path, *args: str, world: int = 2, with_single: bool = Fal
         assert result.returncode == 0, (f"process {index} of {script.name} failed:\n"
                                         f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
     return results
+
+
+def join() -> tuple[int, int, str]:
+    """(In a worker) one thread, the torchrun environment's process group when WORLD_SIZE > 1;
+    returns (rank, world size, file tag: the rank, or "single" for the reference process)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    if world > 1:
+        dist.init_process_group("gloo")
+    return rank, world, "single" if world == 1 else str(rank)
+
+
+def write_errors(path: Path, attempts: list[Callable[[], object]]) -> None:
+    """(In a worker) run each attempt; write the qplug error each raised, ``Type: message`` a line."""
+    from qplug_core.errors import QplugError
+
+    messages = []
+    for attempt in attempts:
+        try:
+            attempt()
+        except QplugError as error:
+            messages.append(f"{type(error).__name__}: {error}")
+        else:
+            messages.append("no error")
+    path.write_text("\n".join(messages))

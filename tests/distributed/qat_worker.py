@@ -10,10 +10,10 @@ int8 model converted on that rank (``qp.save``) and its output on a fixed input.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
+import launch
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
@@ -21,7 +21,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import qplug_core as qp
-from qplug_core.errors import QplugError
 from qplug_core.nn.qat_base import freeze_bn_stats
 from qplug_core.observers import FakeQuantize
 
@@ -62,6 +61,10 @@ def fake_quant_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+def untrained() -> nn.Module:
+    return qp.prepare_qat_fx(Net(), None, (torch.randn(1, 3, 8, 8),), backend="fbgemm")
+
+
 def train(freeze_bn: bool, every: int, rank: int, world: int) -> nn.Module:
     torch.manual_seed(0)
     example = (torch.randn(1, 3, 8, 8),)
@@ -90,12 +93,7 @@ def train(freeze_bn: bool, every: int, rank: int, world: int) -> nn.Module:
 
 
 def main(out: Path) -> None:
-    torch.set_num_threads(1)
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
-    if world > 1:
-        dist.init_process_group("gloo")
-    tag = "single" if world == 1 else str(rank)
+    rank, world, tag = launch.join()
     probe = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(1)) * 2
     for name, (freeze_bn, every) in CASES.items():
         if world == 1 and every != 1:
@@ -107,14 +105,10 @@ def main(out: Path) -> None:
         save_file({"output": int8(probe)}, str(out / f"{name}.out.{tag}.safetensors"))
     if world == 1:
         return
-    messages = []
-    for options in ({"broadcast_buffers": True}, {"sync_batchnorm": True}):
-        try:
-            qp.distributed.data_parallel(qp.prepare_qat_fx(
-                Net(), None, (torch.randn(1, 3, 8, 8),), backend="fbgemm"), **options)
-        except QplugError as error:
-            messages.append(f"{type(error).__name__}: {error}")
-    (out / f"errors.{tag}.txt").write_text("\n".join(messages))
+    launch.write_errors(out / f"errors.{tag}.txt", [
+        lambda: qp.distributed.data_parallel(untrained(), broadcast_buffers=True),
+        lambda: qp.distributed.data_parallel(untrained(), sync_batchnorm=True),
+    ])
     dist.destroy_process_group()
 
 

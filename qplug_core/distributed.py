@@ -101,9 +101,8 @@ def _checked_observers(model: nn.Module, ranks: Ranks) -> list[nn.Module]:
 
 def _average_batchnorm(model: nn.Module, ranks: Ranks) -> None:
     """Running mean/var of every (non-Sync) BatchNorm replaced by their mean over the ranks."""
-    stats = [t for m in _unwrapped(model).modules()
-             if isinstance(m, _BATCH_NORMS) and m.running_mean is not None
-             for t in (m.running_mean, m.running_var)]
+    stats = [t for m in _unwrapped(model).modules() if isinstance(m, _BATCH_NORMS)
+             for t in (m.running_mean, m.running_var) if isinstance(t, torch.Tensor)]
     if not stats or ranks.identical(*stats):
         return
     mean = ranks.total(torch.cat([t.reshape(-1).double() for t in stats])) / ranks.size
@@ -252,9 +251,9 @@ def data_parallel(prepared: nn.Module, *, sync_every: int = 1, sync_batchnorm: b
                 "statistics across ranks", field="sync_batchnorm", value=True)
         prepared = nn.SyncBatchNorm.convert_sync_batchnorm(prepared, process_group=group)
     sync = ObserverSync(prepared, ranks, sync_every)
-    ddp = DistributedDataParallel(prepared, process_group=group, **_no_buffer_broadcast(),
-                                  **ddp_options)
-    ddp.observer_sync = sync
+    options: dict[str, Any] = {**_no_buffer_broadcast(), **ddp_options}
+    ddp = DistributedDataParallel(prepared, process_group=group, **options)
+    ddp.observer_sync = sync  # type: ignore[assignment]  # a plain attribute, not a submodule
     return ddp
 
 
@@ -293,7 +292,7 @@ class _RanksCalibration(_LocalCalibration):
         self.ranks = ranks
 
     def steps(self, batches: Iterable[tuple]) -> Iterator[tuple]:
-        end = object()
+        end: Any = object()
         iterator = iter(batches)
         for index in range(sys.maxsize):
             batch = next(iterator, end)

@@ -38,7 +38,8 @@ from qplug_core.errors import (
     DistributedCalibrationError,
 )
 from qplug_core.observers import FakeQuantizeBase, HistogramObserver, ObserverBase
-from qplug_core.observers.ranks import Ranks, declares_reduction, reduce_each_batch
+from qplug_core.observers.batch_sync import BatchReduction, reduce_each_batch
+from qplug_core.observers.ranks import Ranks, declares_reduction
 
 __all__ = ["ObserverSync", "data_parallel", "is_rank_zero", "sync_observers",
            "sync_observers_each_step"]
@@ -158,12 +159,23 @@ class ObserverSync:
         self.observers = _checked_observers(self.model, ranks)
         if every > 1:
             _refuse_histograms(self.observers, every)
-        self._previous: dict[nn.Module, Ranks | None] = {}
+        # plain observers: every observer's batch statistics reduced together after each forward
+        # (2 collectives); fake-quant needs its qparams within the forward: reduced at each call
+        self._deferred = BatchReduction(ranks, deferred=True)
+        immediate = BatchReduction(ranks, deferred=False)
+        self._previous: dict[nn.Module, BatchReduction | None] = {}
         if every == 1:
             for module in self.observers:
                 target = getattr(module, "activation_post_process", module)
-                self._previous[target] = reduce_each_batch(target, ranks)
-        self._hook = self.model.register_forward_pre_hook(self._before_forward)
+                reduction = immediate if target is not module else self._deferred
+                self._previous[target] = reduce_each_batch(target, reduction)
+        self._hooks = [self.model.register_forward_pre_hook(self._before_forward),
+                       self.model.register_forward_hook(self._after_forward)]
+
+    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if module is self.model:
+            with torch.no_grad():
+                self._deferred.flush()
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         # Before the next forward, not after this one: backward still needs the buffers this
@@ -183,7 +195,9 @@ class ObserverSync:
 
     def remove(self) -> None:
         """Stop reducing: observers gather local statistics again."""
-        self._hook.remove()
+        for hook in self._hooks:
+            hook.remove()
+        self._deferred.discard()
         for target, previous in self._previous.items():
             reduce_each_batch(target, previous)
         self._previous = {}

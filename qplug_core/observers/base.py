@@ -20,7 +20,8 @@ from qplug_core.errors import (
     did_you_mean,
 )
 from qplug_core.observers.factory import FactoryMixin
-from qplug_core.observers.ranks import Ranks, batch_ranks, refuse_reduction
+from qplug_core.observers.batch_sync import BatchStats, batch_reduction
+from qplug_core.observers.ranks import Ranks, refuse_reduction
 from qplug_core.qparams import (
     PER_CHANNEL_SCHEMES,
     PER_TENSOR_SCHEMES,
@@ -114,24 +115,33 @@ class ObserverBase(nn.Module, FactoryMixin):
 
     reduce_across_ranks.undeclared = True  # type: ignore[attr-defined]
 
-    def _batch_aminmax(self, x: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """``(finite values of x, min, max)`` of this batch, or ``None`` when it has none.
+    def _observe(self, stats: BatchStats) -> None:
+        """Use one batch's statistics: at once in one process, once the ranks agree in several."""
+        reduction = batch_reduction(self)
+        if reduction is not None:
+            reduction.add(self, stats)
+        elif not stats.empty:
+            self._apply_batch(stats, stats.low, stats.high,
+                              self._batch_counts(stats, stats.low, stats.high))
 
-        While the observer reduces each batch across ranks, min and max are those of the *global*
-        batch (every rank's batch together) and ``None`` means no rank had data; the values stay
-        this rank's own.
-        """
+    def _batch_counts(self, stats: BatchStats, low: torch.Tensor, high: torch.Tensor
+                      ) -> torch.Tensor | None:
+        """What the ranks sum once the batch range [low, high] is agreed (bin counts); or None."""
+        return None
+
+    def _apply_batch(self, stats: BatchStats, low: torch.Tensor, high: torch.Tensor,
+                     counts: torch.Tensor | None) -> None:
+        """Update the statistics with a batch whose range (over every rank) is [low, high]."""
+        raise NotImplementedError
+
+    def _range_stats(self, x: torch.Tensor, *, keep_values: bool = False) -> BatchStats:
+        """This batch's finite (min, max) as :class:`BatchStats` (and its values if asked)."""
         found = self._finite_aminmax(x) if x.numel() else None
-        ranks = batch_ranks(self)
-        if ranks is None:
-            return found
         if found is None:
-            empty = x.reshape(-1)[:0]
             inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
-            found = (empty, inf, -inf)
-        low, high = ranks.min_max(found[1], found[2])
-        return (found[0], low, high) if bool(low <= high) else None
+            return BatchStats(inf, -inf, empty=True)
+        values, low, high = found
+        return BatchStats(low, high, empty=False, values=values if keep_values else None)
 
     # -- qparams -------------------------------------------------------------------------------
 

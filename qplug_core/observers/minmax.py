@@ -12,7 +12,8 @@ import torch
 
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
 from qplug_core.observers.base import ObserverBase
-from qplug_core.observers.ranks import Ranks, batch_ranks
+from qplug_core.observers.batch_sync import BatchStats, batch_reduction
+from qplug_core.observers.ranks import Ranks
 from qplug_core.qparams import PER_CHANNEL_SCHEMES
 
 
@@ -52,10 +53,12 @@ class MinMaxObserver(ObserverBase):
         self.max_val.copy_(torch.max(x_max, self.max_val))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        found = self._batch_aminmax(x.detach().to(self.min_val.dtype))
-        if found is not None:
-            self._update(found[1], found[2])
+        self._observe(self._range_stats(x.detach().to(self.min_val.dtype)))
         return x
+
+    def _apply_batch(self, stats: BatchStats, low: torch.Tensor, high: torch.Tensor,
+                     counts: torch.Tensor | None) -> None:
+        self._update(low, high)
 
     def reduce_across_ranks(self, ranks: Ranks) -> None:
         """MIN of ``min_val`` and MAX of ``max_val``: exactly the range of all ranks' data."""
@@ -168,36 +171,27 @@ class PerChannelMinMaxObserver(ObserverBase):
         return torch.min(cur_min, self.min_val), torch.max(cur_max, self.max_val)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        found = self._batch_channel_aminmax(x.detach().to(self.min_val.dtype))
-        if found is None:
+        if x.numel() == 0 and batch_reduction(self) is None:
             return x
-        cur_min, cur_max = found
-        if self.has_data:
-            cur_min, cur_max = self._combine(cur_min, cur_max)
-        self._set(cur_min, cur_max)
+        x = x.detach().to(self.min_val.dtype)
+        self._check_channels(x)
+        if x.numel():
+            low, high = self._channel_aminmax(x, self.ch_axis)
+        else:  # still takes part in the reduction: the other ranks' batches may hold data
+            low = torch.full((x.shape[self.ch_axis],), float("inf"), dtype=x.dtype, device=x.device)
+            high = -low
+        self._observe(BatchStats(low, high, empty=x.numel() == 0))
         return x
+
+    def _apply_batch(self, stats: BatchStats, low: torch.Tensor, high: torch.Tensor,
+                     counts: torch.Tensor | None) -> None:
+        if self.has_data:
+            low, high = self._combine(low, high)
+        self._set(low, high)
 
     def _set(self, low: torch.Tensor, high: torch.Tensor) -> None:
         self.min_val.resize_(low.shape).copy_(low)
         self.max_val.resize_(high.shape).copy_(high)
-
-    def _batch_channel_aminmax(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Per-channel (min, max) of this batch (of the global batch while reducing each batch)."""
-        ranks = batch_ranks(self)
-        if x.numel() == 0 and ranks is None:
-            return None
-        self._check_channels(x)
-        if x.numel():
-            low, high = self._channel_aminmax(x, self.ch_axis)
-        else:  # still joins the reduction: the other ranks' batches may hold data
-            low = torch.full((x.shape[self.ch_axis],), float("inf"), dtype=x.dtype, device=x.device)
-            high = -low
-        if ranks is None:
-            return low, high
-        # one more entry tells whether any rank's batch was non-empty (0) or none was (1)
-        empty = torch.tensor([0.0 if x.numel() else 1.0], dtype=x.dtype, device=x.device)
-        low, high = ranks.min_max(torch.cat([low, empty]), torch.cat([high, -empty]))
-        return None if bool(low[-1] == 1) else (low[:-1], high[:-1])
 
     def _channels_across_ranks(self, ranks: Ranks) -> int:
         """The channel count every rank with data has (0: no rank has data); refuses a mismatch."""

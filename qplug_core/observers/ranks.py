@@ -4,12 +4,11 @@ Observers reduce through :class:`Ranks` (never ``torch.distributed`` directly) s
 placement is handled in one place: tensors are copied to the device the group's backend reduces on
 (the current CUDA device for NCCL, the CPU for gloo and the others) and the result is copied back
 to wherever the observer's buffers live. ``qplug_core.distributed`` decides *when* observers reduce;
-this module only knows *how* to run a collective and which observers reduce on every batch.
+this module only knows *how* to run a collective (``batch_sync`` reduces each batch's statistics).
 """
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, NoReturn
 
 import torch
@@ -20,7 +19,8 @@ from qplug_core.errors import DistributedCalibrationError
 
 #: methods through which an observer or fake-quant class gathers statistics: a class that
 #: (re)defines one of them must also (re)define ``reduce_across_ranks`` (see ``declares_reduction``)
-STATISTICS_METHODS = ("forward", "_update", "_combine", "_update_qparams")
+STATISTICS_METHODS = ("forward", "_update", "_combine", "_update_qparams", "_batch_counts",
+                      "_apply_batch")
 
 #: backends that reduce on an accelerator, and which one (the process's current device of it)
 _DEVICE_OF_BACKEND = {"nccl": "cuda", "xccl": "xpu"}
@@ -68,28 +68,6 @@ class Ranks:
         low, high = self.min_max(torch.tensor([float(value)], dtype=torch.float64),
                                  torch.tensor([float(value)], dtype=torch.float64))
         return float(low), float(high)
-
-
-# -- which observers reduce on every batch ------------------------------------------------------
-
-_EACH_BATCH: weakref.WeakKeyDictionary[nn.Module, Ranks] = weakref.WeakKeyDictionary()
-
-
-def batch_ranks(observer: nn.Module) -> Ranks | None:
-    """The ranks ``observer`` reduces each batch's statistics over, or ``None`` (local batches).
-
-    Kept outside the module (weakly) so that copies of a model (convert deep-copies it) never
-    run collectives.
-    """
-    return _EACH_BATCH.get(observer)
-
-
-def reduce_each_batch(observer: nn.Module, ranks: Ranks | None) -> Ranks | None:
-    """Make ``observer`` reduce every batch over ``ranks`` (``None``: stop); returns the previous."""
-    previous = _EACH_BATCH.pop(observer, None)
-    if ranks is not None:
-        _EACH_BATCH[observer] = ranks
-    return previous
 
 
 def declares_reduction(cls: type) -> bool:

@@ -115,6 +115,20 @@ def observer_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+class Twice(nn.Module):
+    """Observers called twice in one forward: the second call sees the first one's update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.histogram = obs.HistogramObserver(bins=64)
+        self.average = obs.MovingAverageMinMaxObserver(averaging_constant=0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for y in (x, 2 * x - 1):
+            self.average(self.histogram(y))
+        return x
+
+
 class UndeclaredObserver(obs.MinMaxObserver):
     """A plugin's observer that gathers statistics its own way without saying how they reduce."""
 
@@ -160,6 +174,11 @@ def main(out: Path) -> None:
     zoo = observer_zoo()
     qp.calibrate(zoo, shard(global_batches((4, 5)), rank, world), progress=False)
     save_file(observer_state(zoo), str(out / f"zoo.{tag}.safetensors"))
+
+    twice = Twice()
+    qp.calibrate(twice, shard(global_batches((4, 5)), rank, world), progress=False)
+    save_file({k: v.clone() for k, v in twice.state_dict().items()},
+              str(out / f"twice.{tag}.safetensors"))
 
     if world == 1:
         return

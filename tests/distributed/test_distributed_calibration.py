@@ -61,6 +61,12 @@ def test_every_shipped_observer_class_agrees_with_one_process(written):
         "LearnableFakeQuantize"}
 
 
+def test_observers_called_twice_per_forward_agree_with_one_process(written):
+    out, _ = written
+    assert ((out / "twice.0.safetensors").read_bytes() == (out / "twice.1.safetensors").read_bytes()
+            == (out / "twice.single.safetensors").read_bytes())
+
+
 def test_final_reduction_alone_is_exact_for_min_max_observers(written):
     out, _ = written
     ranks = [load_file(str(out / f"custom_loop.{who}.safetensors")) for who in ("0", "1")]

@@ -136,7 +136,8 @@ class ObserverSync:
     """Keeps a model's observers in agreement across ranks while attached; ``remove()`` detaches.
 
     ``every=1``: each observer reduces every batch's statistics before using them (the semantics
-    of one process seeing the global batch). ``every=k``: observers gather statistics locally and
+    of one process seeing the global batch): plain observers all together after each forward,
+    fake-quant modules at each call. ``every=k``: observers gather statistics locally and
     reduce by their rule after every k-th forward of the model. BatchNorm running statistics are
     averaged at the same points (after each forward, with ``every=1``) while the model trains.
     Also a context manager that removes itself on exit.

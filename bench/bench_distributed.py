@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import machine_line, quiet  # noqa: E402
+from _harness import machine_line, quiet
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "prepare_fx": "qplug_core.flows:prepare_fx",
     "prepare_qat_fx": "qplug_core.flows:prepare_qat_fx",
     "calibrate": "qplug_core.flows:calibrate",
+    "sync_observers": "qplug_core.distributed:sync_observers",
     "convert_to_reference_fx": "qplug_core.flows:convert_to_reference_fx",
     "convert_fx": "qplug_core.flows:convert_fx",
     "quantization_report": "qplug_core.flows:quantization_report",
@@ -53,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "config": "qplug_core.config",
     "observers": "qplug_core.observers",
     "errors": "qplug_core.errors",
+    "distributed": "qplug_core.distributed",
     "zoo": "qplug_core.zoo",
 }
 

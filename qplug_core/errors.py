@@ -184,6 +184,11 @@ class NonFiniteCalibrationError(CalibrationError):
         self.count = count
 
 
+class DistributedCalibrationError(CalibrationError):
+    """Observers cannot agree across the ranks of a process group (an observer class that does not
+    declare how it reduces, ranks with different observers or different numbers of batches)."""
+
+
 class NumericOverflowError(QplugError):
     """An int8 computation would overflow its accumulator or bias range."""
 

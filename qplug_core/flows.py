@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import torch
 from torch import fx, nn
 
+from qplug_core import distributed
 from qplug_core.audience import spelled
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config import QConfigMapping
@@ -33,7 +34,7 @@ from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.fx.normalize import normalize_functionals
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.fx.regions import RegionPlanner
-from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes, report_key
+from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes, report_names
 from qplug_core.fx.tags import ValueAnnotator, region_tag
 from qplug_core.ir.capture import capture_module
 from qplug_core.passes import PassManager, PassResult
@@ -228,19 +229,21 @@ def iter_batches(data: Any) -> Iterable[tuple]:
 def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> nn.Module:
     """Run calibration batches through an observed model (no gradients); returns the model.
 
-    ``progress=None`` shows a rich progress bar only on a terminal.
+    ``progress=None`` shows a rich progress bar only on a terminal (and only on rank 0). Under
+    an initialized torch.distributed process group, observers agree across ranks as if one
+    process saw every rank's batches together (docs/guide/distributed.md).
     """
-    show = sys.stderr.isatty() if progress is None else progress
+    show = (sys.stderr.isatty() if progress is None else progress) and distributed.is_rank_zero()
     total = len(data) if hasattr(data, "__len__") and not isinstance(data, torch.Tensor) else None
     batches = non_empty = 0
-    with torch.no_grad():
+    with torch.no_grad(), distributed.calibration_session(model) as ranks:
         if show:
             from rich.progress import track
             iterator = track(iter_batches(data), total=total, description="calibrating",
                              transient=True)
         else:
             iterator = iter_batches(data)
-        for batch in iterator:
+        for batch in ranks.steps(iterator):
             batches += 1
             if any(isinstance(x, torch.Tensor) and x.numel() for x in batch):
                 non_empty += 1
@@ -253,6 +256,7 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
                     f"calibration batch {batches - 1} does not fit the model: {type(error).__name__}: "
                     f"{str(error).splitlines()[0] if str(error) else ''}. Give batches with the same "
                     "number, shapes and dtypes of inputs as example_inputs") from error
+        non_empty = ranks.total(non_empty)
     if non_empty == 0:
         raise CalibrationError(f"0 batches observed ({batches} given, all empty): calibration needs "
                                "at least one batch of representative, non-empty inputs")
@@ -318,6 +322,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
 
 def _quantized_regions(gm: fx.GraphModule) -> dict[str, tuple[str, bool]]:
     """anchor node name -> (pattern name, is dynamic) for every int8 region."""
+    report_key = report_names(gm.graph)
     return {report_key(node): (tag.pattern_name, tag.is_dynamic) for node in gm.graph.nodes
             if (tag := region_tag(node)) is not None and tag.is_anchor and tag.quantized}
 

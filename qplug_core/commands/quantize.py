@@ -36,6 +36,7 @@ def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, 
     from torch import fx
 
     import qplug_core as qp
+    from qplug_core import distributed
     from qplug_core.errors import ConfigError
 
     if mode is Mode.qat_convert:
@@ -47,7 +48,8 @@ def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, 
     if mode is Mode.dynamic:  # weights only ahead of time: no calibration data needed
         mapping = qp.get_default_qconfig_mapping(backend, "dynamic")
         return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=backend), backend=backend)
-    return qp.quantize(model, example, calibration, backend=backend)
+    # under torchrun each rank calibrates on its shard; the observers then agree across ranks
+    return qp.quantize(model, example, distributed.shard_by_rank(calibration), backend=backend)
 
 
 def quantize(
@@ -69,6 +71,7 @@ def quantize(
 ) -> None:
     """Quantize MODULE:FACTORY's model, save it with qp.save, print the report and its accuracy."""
     import qplug_core as qp
+    from qplug_core import distributed
     from qplug_core.commands._accuracy import accuracy_document
     from qplug_core.commands._inputs import (
         forward_input_names,
@@ -87,7 +90,11 @@ def quantize(
     chosen = resolve_backend(backend).require_available()
     batches = (load_batches(calibration, specs, names) if calibration
                else None if mode is not Mode.static else random_calibration(specs))
-    qmodel = quantize_model(model, example, batches, chosen, mode)
+    with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
+        qmodel = quantize_model(model, example, batches, chosen, mode)
+        saving = distributed.is_rank_zero()
+    if not saving:  # rank 0 saves and reports for all
+        return
     path = qp.save(qmodel, out)
     report = qp.quantization_report(qmodel)
     facts: dict[str, Any] = {"model": model_spec, "mode": mode.value, "backend": report.backend,

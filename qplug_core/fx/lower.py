@@ -18,7 +18,7 @@ import torch
 from torch import fx
 
 from qplug_core.fx.graph_utils import is_module_call
-from qplug_core.fx.summary import report_key
+from qplug_core.fx.summary import report_names
 from qplug_core.fx.tags import KERNEL, REGION, region_tag
 from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
 from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
@@ -46,6 +46,7 @@ class _RegionNodes:
 def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
     """Lower ``gm`` (reference form) to ``backend``'s kernels, in place."""
     summary = LoweringSummary()
+    report_key = report_names(gm.graph)
     for tag, nodes in _quantized_regions(gm):
         spec = backend.kernels.get(tag.pattern)
         name = report_key(nodes.anchor)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from torch import fx
 
@@ -30,7 +31,7 @@ class QuantizationReport:
     backend: str
     mode: str
     fusions: list[FusionRecord] = field(default_factory=list)
-    # keys: the anchor's report_key (module name for module calls, else node name)
+    # keys: the anchor's name as report_names gives it (module name for a module called once)
     quantized: dict[str, str] = field(default_factory=dict)  # anchor -> pattern
     kernels: dict[str, str] = field(default_factory=dict)  # anchor -> kernel op
     reference: dict[str, str] = field(default_factory=dict)  # anchor -> why no kernel
@@ -58,10 +59,18 @@ class QuantizationReport:
         return table
 
 
-def report_key(node: fx.Node) -> str:
-    """How reports name a node: a module call by the module's qualified name (what
-    ``model.get_submodule`` takes: ``layer1.0.conv1``, ``2``), any other op by the node's name."""
-    return str(node.target) if node.op == "call_module" else node.name
+def report_names(graph: fx.Graph) -> Callable[[fx.Node], str]:
+    """How reports name the nodes of ``graph``: a module called once by the module's qualified
+    name (what ``model.get_submodule`` takes: ``layer1.0.conv1``, ``2``), anything else (ops,
+    a module called twice) by the node's unique name."""
+    calls = Counter(n.target for n in graph.nodes if n.op == "call_module")
+
+    def name(node: fx.Node) -> str:
+        if node.op == "call_module" and calls[node.target] == 1:
+            return str(node.target)
+        return node.name
+
+    return name
 
 
 def describe_op(node: fx.Node, gm: fx.GraphModule) -> str:
@@ -78,6 +87,7 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
     ``fallback_reasons`` (anchor node name -> reason) marks int8 regions that lowering left in
     reference form: they compute in float between dequantize and quantize, so they are listed too.
     """
+    report_key = report_names(gm.graph)
     anchors = {}
     for node in gm.graph.nodes:
         tag = region_tag(node)

@@ -20,6 +20,8 @@ from qplug_core.errors import (
     did_you_mean,
 )
 from qplug_core.observers.factory import FactoryMixin
+from qplug_core.observers.batch_sync import BatchStats, batch_reduction
+from qplug_core.observers.ranks import Ranks, refuse_reduction
 from qplug_core.qparams import (
     PER_CHANNEL_SCHEMES,
     PER_TENSOR_SCHEMES,
@@ -96,6 +98,50 @@ class ObserverBase(nn.Module, FactoryMixin):
     def _observed_range(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The (min, max) to quantize for; only called when ``has_data`` is true."""
         raise NotImplementedError
+
+    # -- agreeing across ranks (torch.distributed) ----------------------------------------------
+
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """Make this observer's statistics identical on every rank of ``ranks``, in place.
+
+        The protocol every observer class implements (docs/guide/distributed.md): after the call
+        each rank holds the statistics one process would hold had it seen every rank's batches,
+        by a documented rule, and a second call changes nothing. Called at the end of distributed
+        calibration, and every k steps in QAT. A class that changes how statistics are gathered
+        (``forward``, ``_update``, ...) must define it; otherwise distributed calibration refuses
+        to run.
+        """
+        refuse_reduction(self)
+
+    reduce_across_ranks.undeclared = True  # type: ignore[attr-defined]
+
+    def _observe(self, stats: BatchStats) -> None:
+        """Use one batch's statistics: at once in one process, once the ranks agree in several."""
+        reduction = batch_reduction(self)
+        if reduction is not None:
+            reduction.add(self, stats)
+        elif not stats.empty:
+            self._apply_batch(stats, stats.low, stats.high,
+                              self._batch_counts(stats, stats.low, stats.high))
+
+    def _batch_counts(self, stats: BatchStats, low: torch.Tensor, high: torch.Tensor
+                      ) -> torch.Tensor | None:
+        """What the ranks sum once the batch range [low, high] is agreed (bin counts); or None."""
+        return None
+
+    def _apply_batch(self, stats: BatchStats, low: torch.Tensor, high: torch.Tensor,
+                     counts: torch.Tensor | None) -> None:
+        """Update the statistics with a batch whose range (over every rank) is [low, high]."""
+        raise NotImplementedError
+
+    def _range_stats(self, x: torch.Tensor, *, keep_values: bool = False) -> BatchStats:
+        """This batch's finite (min, max) as :class:`BatchStats` (and its values if asked)."""
+        found = self._finite_aminmax(x) if x.numel() else None
+        if found is None:
+            inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
+            return BatchStats(inf, -inf, empty=True)
+        values, low, high = found
+        return BatchStats(low, high, empty=False, values=values if keep_values else None)
 
     # -- qparams -------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from qplug_core.observers.base import ObserverBase
 from qplug_core.observers.factory import FactoryMixin
 from qplug_core.observers.fixed import FixedQParamsObserver
 from qplug_core.observers.minmax import MovingAverageMinMaxObserver
+from qplug_core.observers.ranks import Ranks, refuse_reduction
 from qplug_core.qparams import PER_CHANNEL_SCHEMES, QParams, fake_quantize
 
 
@@ -42,6 +43,12 @@ class FakeQuantizeBase(nn.Module, FactoryMixin):
 
     def disable_observer(self) -> None:
         self.enable_observer(False)
+
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """Make the fake-quant state identical on every rank (see ``ObserverBase.reduce_across_ranks``)."""
+        refuse_reduction(self)
+
+    reduce_across_ranks.undeclared = True  # type: ignore[attr-defined]
 
 
 class FakeQuantize(FakeQuantizeBase):
@@ -107,8 +114,17 @@ class FakeQuantize(FakeQuantizeBase):
             zero_point = zero_point.to(torch.int64)
         return self.scale.detach().clone(), zero_point
 
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """The observer's rule, then the qparams recomputed from the reduced statistics."""
+        self.activation_post_process.reduce_across_ranks(ranks)
+        if self.activation_post_process.has_data:
+            self._refresh_qparams()
+
     def _update_qparams(self, x: torch.Tensor) -> None:
         self.activation_post_process(x.detach())
+        self._refresh_qparams()
+
+    def _refresh_qparams(self) -> None:
         scale, zero_point = self.calculate_qparams()
         if self.scale.shape != scale.shape:
             self.scale.resize_(scale.shape)

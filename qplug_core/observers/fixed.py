@@ -8,6 +8,7 @@ import torch
 
 from qplug_core.errors import ConfigValidationError
 from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.ranks import Ranks
 
 
 class FixedQParamsObserver(ObserverBase):
@@ -42,6 +43,9 @@ class FixedQParamsObserver(ObserverBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """Nothing to reduce: the qparams are fixed by construction, the same on every rank."""
+
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.scale, self.zero_point
 
@@ -64,6 +68,9 @@ class PlaceholderObserver(ObserverBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
+
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """Nothing to reduce: a placeholder collects no statistics."""
 
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         kind = "dynamic" if self.is_dynamic else f"{self.dtype}"

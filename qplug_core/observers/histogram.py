@@ -17,6 +17,8 @@ import torch
 
 from qplug_core.errors import ConfigValidationError
 from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.batch_sync import BatchStats
+from qplug_core.observers.ranks import Ranks
 
 _STEP = 1e-5  # quantile granularity of the search (torch.ao's ``stepsize``)
 _UPSAMPLE = 16  # sub-bins per bin when an old histogram is re-binned into a wider range
@@ -148,26 +150,64 @@ class HistogramObserver(ObserverBase):
         return bool(self.min_val <= self.max_val)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == 0:
-            return x
-        found = self._finite_aminmax(x.detach().to(torch.float32))
-        if found is None:
-            return x
-        values, x_min, x_max = found
+        self._observe(self._range_stats(x.detach().to(torch.float32), keep_values=True))
+        return x
+
+    def _histogram_range(self, low: torch.Tensor, high: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The range after a batch spanning [low, high]: the union with what came before."""
         if not self.has_data:
-            self.min_val.copy_(x_min)
-            self.max_val.copy_(x_max)
-            self.histogram.copy_(torch.histc(values, self.bins, min=x_min.item(), max=x_max.item()))
-            return x
-        new_min, new_max = torch.min(self.min_val, x_min), torch.max(self.max_val, x_max)
-        update = torch.histc(values, self.bins, min=new_min.item(), max=new_max.item())
+            return low, high
+        return torch.min(self.min_val, low), torch.max(self.max_val, high)
+
+    def _batch_counts(self, stats: BatchStats, low: torch.Tensor, high: torch.Tensor
+                      ) -> torch.Tensor:
+        """This rank's values counted in the bins of the range after the batch.
+
+        A value's bin depends only on the value and the range, so with the range agreed first
+        the sum of the ranks' counts is the histogram of the global batch, exactly.
+        """
+        if stats.values is None or not stats.values.numel():
+            return torch.zeros_like(self.histogram)
+        new_min, new_max = self._histogram_range(low, high)
+        return torch.histc(stats.values, self.bins, min=new_min.item(), max=new_max.item())
+
+    def _apply_batch(self, stats: BatchStats, low: torch.Tensor, high: torch.Tensor,
+                     counts: torch.Tensor | None) -> None:
+        assert counts is not None  # _batch_counts always counts
+        if not self.has_data:
+            self.min_val.copy_(low)
+            self.max_val.copy_(high)
+            self.histogram.copy_(counts)
+            return
+        new_min, new_max = self._histogram_range(low, high)
         if bool(new_min == self.min_val) and bool(new_max == self.max_val):
-            self.histogram.copy_(self.histogram + update)
-            return x
-        self.histogram.copy_(self._rebinned(new_min, new_max) + update)
+            self.histogram.copy_(self.histogram + counts)
+            return
+        self.histogram.copy_(self._rebinned(new_min, new_max) + counts)
         self.min_val.copy_(new_min)
         self.max_val.copy_(new_max)
-        return x
+
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """Nothing when the ranks agree (they do after reducing each batch); else one histogram.
+
+        The ranks agree on the range (MIN/MAX), move their histograms onto it (the same
+        re-binning as a range change during calibration) and sum the bins.
+        """
+        if ranks.identical(self.histogram, self.min_val, self.max_val):
+            return
+        new_min, new_max = ranks.min_max(self.min_val, self.max_val)
+        if not bool(new_min <= new_max):
+            return
+        if not self.has_data:
+            mine = torch.zeros_like(self.histogram)
+        elif bool(new_min == self.min_val) and bool(new_max == self.max_val):
+            mine = self.histogram
+        else:
+            mine = self._rebinned(new_min, new_max)
+        self.histogram.copy_(ranks.total(mine))
+        self.min_val.copy_(new_min)
+        self.max_val.copy_(new_max)
 
     def _rebinned(self, new_min: torch.Tensor, new_max: torch.Tensor) -> torch.Tensor:
         """The current histogram moved onto ``bins`` equal bins over [new_min, new_max].

@@ -17,6 +17,7 @@ from qplug_core.errors import ConfigValidationError
 from qplug_core.observers.base import ObserverBase
 from qplug_core.observers.fake_quantize import FakeQuantize
 from qplug_core.observers.minmax import MovingAverageMinMaxObserver
+from qplug_core.observers.ranks import Ranks
 from qplug_core.qparams import SYMMETRIC_SCHEMES
 
 
@@ -73,8 +74,22 @@ class LearnableFakeQuantize(FakeQuantize):
     def _current_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.calculate_qparams()
 
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """The observer's rule; while following the observer, scale and zero point follow it.
+
+        Once learning, scale and zero point are parameters: DistributedDataParallel keeps them
+        identical (same initial values, all-reduced gradients), so they are left alone.
+        """
+        observer = self.activation_post_process
+        observer.reduce_across_ranks(ranks)
+        if self.observer_enabled[0] == 1 and observer.has_data:
+            self._follow_observer()
+
     def _update_qparams(self, x: torch.Tensor) -> None:
         self.activation_post_process(x.detach())
+        self._follow_observer()
+
+    def _follow_observer(self) -> None:
         scale, zero_point = self.activation_post_process.calculate_qparams()
         with torch.no_grad():
             self.scale.copy_(scale.expand_as(self.scale))

@@ -12,6 +12,8 @@ import torch
 
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
 from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.batch_sync import BatchStats, batch_reduction
+from qplug_core.observers.ranks import Ranks
 from qplug_core.qparams import PER_CHANNEL_SCHEMES
 
 
@@ -51,12 +53,18 @@ class MinMaxObserver(ObserverBase):
         self.max_val.copy_(torch.max(x_max, self.max_val))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == 0:
-            return x
-        found = self._finite_aminmax(x.detach().to(self.min_val.dtype))
-        if found is not None:
-            self._update(found[1], found[2])
+        self._observe(self._range_stats(x.detach().to(self.min_val.dtype)))
         return x
+
+    def _apply_batch(self, stats: BatchStats, low: torch.Tensor, high: torch.Tensor,
+                     counts: torch.Tensor | None) -> None:
+        self._update(low, high)
+
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """MIN of ``min_val`` and MAX of ``max_val``: exactly the range of all ranks' data."""
+        low, high = ranks.min_max(self.min_val, self.max_val)
+        self.min_val.copy_(low)
+        self.max_val.copy_(high)
 
     def reset_min_max_vals(self) -> None:
         self.min_val.fill_(float("inf"))
@@ -88,6 +96,31 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
         new_max = self.max_val + c * (x_max - self.max_val)
         self.min_val.copy_(new_min)
         self.max_val.copy_(_not_below(new_max, new_min))
+
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """Nothing when the ranks agree (they do after reducing each batch); else the mean.
+
+        The average is linear, so the mean of the ranks' averages is the moving average of the
+        ranks' mean batch min/max since they last agreed (ranks without data left out).
+        """
+        low, high = _mean_unless_identical(ranks, self.min_val, self.max_val)
+        self.min_val.copy_(low)
+        self.max_val.copy_(high)
+
+
+def _mean_unless_identical(ranks: Ranks, low: torch.Tensor, high: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low, high) unchanged if every rank holds the same; else their elementwise mean over the
+    ranks where the entry is finite (an infinite entry means "no data" and stays out)."""
+    if ranks.identical(low, high):
+        return low, high
+    state = torch.cat([low.reshape(-1), high.reshape(-1)]).double()
+    finite = torch.isfinite(state)
+    summed = ranks.total(torch.cat([torch.where(finite, state, 0.0), finite.double()]))
+    n = state.numel()
+    mean = torch.where(summed[n:] > 0, summed[:n] / summed[n:], state).to(low.dtype)
+    new_low = mean[:low.numel()].reshape(low.shape)
+    return new_low, _not_below(mean[low.numel():].reshape(high.shape), new_low)
 
 
 class PerChannelMinMaxObserver(ObserverBase):
@@ -138,15 +171,54 @@ class PerChannelMinMaxObserver(ObserverBase):
         return torch.min(cur_min, self.min_val), torch.max(cur_max, self.max_val)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == 0:
+        if x.numel() == 0 and batch_reduction(self) is None:
             return x
+        x = x.detach().to(self.min_val.dtype)
         self._check_channels(x)
-        cur_min, cur_max = self._channel_aminmax(x.detach().to(self.min_val.dtype), self.ch_axis)
-        if self.has_data:
-            cur_min, cur_max = self._combine(cur_min, cur_max)
-        self.min_val.resize_(cur_min.shape).copy_(cur_min)
-        self.max_val.resize_(cur_max.shape).copy_(cur_max)
+        if x.numel():
+            low, high = self._channel_aminmax(x, self.ch_axis)
+        else:  # still takes part in the reduction: the other ranks' batches may hold data
+            low = torch.full((x.shape[self.ch_axis],), float("inf"), dtype=x.dtype, device=x.device)
+            high = -low
+        self._observe(BatchStats(low, high, empty=x.numel() == 0))
         return x
+
+    def _apply_batch(self, stats: BatchStats, low: torch.Tensor, high: torch.Tensor,
+                     counts: torch.Tensor | None) -> None:
+        if self.has_data:
+            low, high = self._combine(low, high)
+        self._set(low, high)
+
+    def _set(self, low: torch.Tensor, high: torch.Tensor) -> None:
+        self.min_val.resize_(low.shape).copy_(low)
+        self.max_val.resize_(high.shape).copy_(high)
+
+    def _channels_across_ranks(self, ranks: Ranks) -> int:
+        """The channel count every rank with data has (0: no rank has data); refuses a mismatch."""
+        mine = float(self.min_val.numel())
+        fewest, most = ranks.min_max(torch.tensor([mine or float("inf")], dtype=torch.float64),
+                                     torch.tensor([mine], dtype=torch.float64))
+        fewest, most = float(fewest), float(most)
+        if most and fewest != most:
+            raise ConfigValidationError(
+                f"{self._where()}: ranks observed different channel counts along axis "
+                f"{self.ch_axis} ({int(fewest)} and {int(most)}); every rank must run the same model",
+                field="ch_axis", value=self.ch_axis)
+        return int(most)
+
+    def _filled(self, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(min_val, max_val), or "no data" channels of that count for a rank that saw nothing."""
+        if self.has_data:
+            return self.min_val, self.max_val
+        low = torch.full((channels,), float("inf"), dtype=self.min_val.dtype,
+                         device=self.min_val.device)
+        return low, -low
+
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """Per-channel MIN of ``min_val`` and MAX of ``max_val``: exactly all ranks' ranges."""
+        channels = self._channels_across_ranks(ranks)
+        if channels:
+            self._set(*ranks.min_max(*self._filled(channels)))
 
     def reset_min_max_vals(self) -> None:
         self.min_val.resize_(0)
@@ -184,3 +256,9 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
         new_min = torch.where(torch.isfinite(self.min_val), new_min, cur_min)
         new_max = torch.where(torch.isfinite(self.max_val), new_max, cur_max)
         return new_min, _not_below(new_max, new_min)
+
+    def reduce_across_ranks(self, ranks: Ranks) -> None:
+        """As :meth:`MovingAverageMinMaxObserver.reduce_across_ranks`, per channel."""
+        channels = self._channels_across_ranks(ranks)
+        if channels:
+            self._set(*_mean_unless_identical(ranks, *self._filled(channels)))

@@ -45,7 +45,7 @@ from torch import fx, nn
 
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config import ObservationType, QConfigMapping
-from qplug_core.fx.summary import report_key
+from qplug_core.fx.summary import report_names
 from qplug_core.fx.tags import region_tag
 from qplug_core.kernels.reference import Dequantize
 from qplug_core.nn import intrinsic as nni
@@ -606,6 +606,7 @@ def check_pattern(backend: str | Backend, case: PatternCase) -> PatternResult:
     else:
         tag = regions[0][1]
         result.region_pattern = tag.pattern_name
+        report_key = report_names(observed.graph)
         result.anchors = [report_key(n) for n, t in regions if t.quantized]
         result.quantized = bool(result.anchors)
         if not result.quantized:

@@ -13,7 +13,7 @@ import torch
 from torch import fx
 
 import qplug_core as qp
-from qplug_core.fx.summary import _NON_COMPUTE_FUNCTIONS, describe_op, report_key
+from qplug_core.fx.summary import _NON_COMPUTE_FUNCTIONS, describe_op, report_names
 from qplug_core.fx.tags import BOUNDARY, KERNEL
 from qplug_core.zoo import calibrate_batchnorm, get_model
 
@@ -56,6 +56,7 @@ def _float_ops_inside(gm: fx.GraphModule, kernels: dict[str, str]) -> list[str]:
     first = kinds.index("quantize")
     last = len(kinds) - 1 - kinds[::-1].index("dequantize")
     found = []
+    report_key = report_names(gm.graph)
     for node, kind in zip(nodes[first + 1:last], kinds[first + 1:last]):
         if node.op not in ("call_module", "call_function", "call_method") or kind or KERNEL in node.meta \
                 or report_key(node) in kernels:

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 import torch
 from torch import fx, nn
 
-from qplug_core.backend import Backend, get_backend
+from qplug_core.backend import Backend, get_backend, resolve_backend
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import (
     BackendUnavailableError,
@@ -73,14 +73,6 @@ def as_input_tuple(example_inputs: Any) -> tuple:
     if isinstance(example_inputs, list):
         return tuple(example_inputs)
     return (example_inputs,)
-
-
-def resolve_backend(backend: str | Backend | None) -> Backend:
-    """The Backend to use; with ``None`` the best one for this machine, announced on stderr."""
-    chosen = get_backend(backend)
-    if backend is None:
-        print(f"qplug: using backend {chosen.name!r} (pass backend=... to choose)", file=sys.stderr)
-    return chosen
 
 
 def _capture(model: nn.Module, *, inplace: bool, non_traceable_module_names=(),

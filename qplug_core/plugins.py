@@ -16,8 +16,11 @@ Environment switches (read when the manager is built, see :func:`reset`):
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import importlib.metadata
+import inspect
 import os
 import sys
 import time
@@ -196,19 +199,32 @@ class _PatternAnnotation:
 class _AnnotationNamespace(dict):
     """Resolves the names used in hookspec annotations on demand.
 
-    Importing them all up front would import torch (kernels) just to check a backend list.
+    Importing them all up front would import torch (kernels) just to check a backend list. Where
+    each name lives is read from the ``TYPE_CHECKING`` imports of :mod:`qplug_core.hookspecs`, the
+    one place the hook contract types are named.
     """
-
-    _WHERE = {"BackendSpec": "qplug_core.backend", "Diagnostic": "qplug_core.backend",
-              "BackendPatternConfig": "qplug_core.config", "QConfigMapping": "qplug_core.config",
-              "KernelSpec": "qplug_core.kernels.base"}
 
     def __missing__(self, key: str) -> Any:
         if key == "Pattern":
             return _PatternAnnotation
-        if key in self._WHERE:
-            return getattr(importlib.import_module(self._WHERE[key]), key)
+        where = _hookspec_annotation_modules()
+        if key in where:
+            return getattr(importlib.import_module(where[key]), key)
         raise KeyError(key)
+
+
+@functools.lru_cache(maxsize=None)
+def _hookspec_annotation_modules() -> dict[str, str]:
+    """name -> module of every ``from M import name`` under ``if TYPE_CHECKING:`` in hookspecs."""
+    tree = ast.parse(inspect.getsource(hookspecs))
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom) and statement.module:
+                    found.update({alias.asname or alias.name: statement.module
+                                  for alias in statement.names})
+    return found
 
 
 def conforms(value: Any, annotation: Any) -> bool:

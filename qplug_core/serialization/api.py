@@ -13,7 +13,7 @@ from packaging.version import InvalidVersion, Version
 from torch import fx, nn
 
 from qplug_core import plugins
-from qplug_core.backend import KNOWN_DISTRIBUTIONS, Backend, get_backend, list_backends
+from qplug_core.backend import Backend, get_backend, list_backends
 from qplug_core.errors import (
     BackendNotFoundError, BackendUnavailableError, ConfigError, QplugError, SerializationError,
 )
@@ -113,7 +113,7 @@ def _resolve_backend(artifact: Artifact, backend: str | Backend | None, source: 
         chosen = get_backend(wanted).require_available()
     except BackendNotFoundError as exc:
         recorded = [p["dist"] for p in artifact.plugins if p["name"] == name]
-        dist = next((d for d in [KNOWN_DISTRIBUTIONS.get(name), *recorded, f"qplug-{name}"]
+        dist = next((d for d in [*recorded, f"qplug-{name}"]
                      if _distribution_name(d)), None)
         install = f"install it with: pip install {dist}" if dist else "install the plugin that provides it"
         installed = ", ".join(info.name for info in list_backends()) or "none"

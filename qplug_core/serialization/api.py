@@ -15,10 +15,21 @@ from torch import fx, nn
 from qplug_core import plugins
 from qplug_core.backend import Backend, get_backend, list_backends
 from qplug_core.errors import (
-    BackendNotFoundError, BackendUnavailableError, ConfigError, QplugError, SerializationError,
+    BackendNotFoundError,
+    BackendUnavailableError,
+    ConfigError,
+    QplugError,
+    SerializationError,
 )
+from qplug_core.fx.finish import finish_conversion
 from qplug_core.serialization.artifact import (
-    ARTIFACT_KEY, FUSIONS_KEY, Artifact, backend_identity, from_document, fusion_records, to_document,
+    ARTIFACT_KEY,
+    FUSIONS_KEY,
+    Artifact,
+    backend_identity,
+    from_document,
+    fusion_records,
+    to_document,
 )
 from qplug_core.serialization.files import read_artifact_file, write_artifact_file
 from qplug_core.serialization.graph_codec import decode_graph
@@ -63,8 +74,6 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) 
     recorded only warns: the file holds the backend-independent reference form, and the installed
     plugin builds its kernels from it.
     """
-    from qplug_core.flows import finish_conversion  # flows imports this package: import at call time
-
     source = Path(path)
     text, tensors = read_artifact_file(source)
     try:

@@ -21,20 +21,20 @@ from qplug_core.config.codec import child, expect, read_fields, where
 from qplug_core.config.registry import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.fx.fuse import FusionRecord
-from qplug_core.fx.tags import KERNEL
+from qplug_core.fx.tags import ARTIFACT, FUSIONS, KERNEL, STATE
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
 
 #: GraphModule.meta key holding the :class:`Artifact` (or, if capture failed, why as a string)
-ARTIFACT_KEY = "qplug_artifact"
+ARTIFACT_KEY = ARTIFACT
 FORMAT = "qplug"
 SCHEMA_VERSION = 1
 TOP_KEYS = ("format", "schema_version", "backend", "plugins", "versions", "model")
 MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: GraphModule.meta keys written by the flows that the artifact keeps
-_FLOW_STATE_KEY = "qplug_state"
-FUSIONS_KEY = "qplug_fusions"
+_FLOW_STATE_KEY = STATE
+FUSIONS_KEY = FUSIONS
 
 
 @dataclass(frozen=True, repr=False, eq=False)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import fx
 
-import qplug_core
+from qplug_core import plugins
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config.codec import child, expect, read_fields, where
 from qplug_core.config.registry import decode_dtype
@@ -106,7 +106,7 @@ def to_document(artifact: Artifact) -> dict[str, Any]:
     """The JSON document stored in the file's metadata (environment versions as of now)."""
     return {"format": FORMAT, "schema_version": SCHEMA_VERSION, "backend": artifact.backend,
             "plugins": list(artifact.plugins), "model": artifact.model,
-            "versions": {"qplug-core": qplug_core.__version__, "torch": torch.__version__}}
+            "versions": {"qplug-core": plugins.core_version() or "0+unknown", "torch": torch.__version__}}
 
 
 def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:

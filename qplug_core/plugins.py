@@ -42,9 +42,10 @@ from qplug_core.errors import PluginContractError, PluginError, PluginHookError,
 ENTRY_POINT_GROUP = "qplug"
 CORE_DISTRIBUTION = "qplug-core"
 
-#: Built-in plugins: name -> module, loaded before entry points and always (QPLUG_LOAD_PLUGINS only
-#: filters entry points), so that the core's own backend is assembled exactly like a third party's.
-DEFAULT_PLUGINS: dict[str, str] = {"reference": "qplug_core.reference_backend"}
+#: Built-in plugins: name -> "module" or "module:object" (as in an entry point), loaded before entry
+#: points and always (QPLUG_LOAD_PLUGINS only filters entry points), so that the core's own backend
+#: is assembled exactly like a third party's.
+DEFAULT_PLUGINS: dict[str, str] = {"reference": "qplug_core.reference_backend:plugin"}
 
 ENV_LOAD = "QPLUG_LOAD_PLUGINS"
 ENV_DISABLE = "QPLUG_DISABLE_PLUGINS"
@@ -276,9 +277,9 @@ def plan() -> tuple[list[Candidate], list[str]]:
     """
     wanted, disabled = _env_names(ENV_LOAD), _env_names(ENV_DISABLE) or set()
     version = core_version()
-    candidates = [Candidate(PluginRecord(name, CORE_DISTRIBUTION, version, module=module, builtin=True),
-                            lambda module=module: importlib.import_module(module))
-                  for name, module in DEFAULT_PLUGINS.items()]
+    candidates = [Candidate(PluginRecord(name, CORE_DISTRIBUTION, version, module=value, builtin=True),
+                            importlib.metadata.EntryPoint(name, value, ENTRY_POINT_GROUP).load)
+                  for name, value in DEFAULT_PLUGINS.items()]
     found: set[str] = set(DEFAULT_PLUGINS)
     seen: set[tuple[str, str, str]] = set()
     for info in discover():
@@ -356,11 +357,18 @@ class QplugPluginManager:
         except (Exception, SystemExit) as exc:  # KeyboardInterrupt still stops the program
             self._reject(record, PluginStatus.BROKEN, _load_error(record, exc))
             return
-        unknown = [caller.name for caller in self.pm.get_hookcallers(plugin) or ()
+        callers = self.pm.get_hookcallers(plugin) or []
+        unknown = [caller.name for caller in callers
                    if not caller.has_spec() and any(
                        impl.plugin is plugin and not impl.optionalhook
                        for impl in caller.get_hookimpls())]
-        if unknown:
+        if not callers:  # e.g. an entry point naming the module of a BackendPlugin, not the instance
+            self.pm.unregister(plugin)
+            self._reject(record, PluginStatus.BROKEN, _load_error(record, pluggy.PluginValidationError(
+                plugin, f"{record.module or record.name} implements no qplug hook; name a module "
+                        "of @hookimpl functions or an object with hook methods (module:object, e.g. "
+                        "a BackendPlugin instance)")))
+        elif unknown:
             self.pm.unregister(plugin)
             self._reject(record, PluginStatus.BROKEN, _load_error(record, pluggy.PluginValidationError(
                 plugin, f"unknown hook(s) {', '.join(sorted(unknown))}")))

@@ -10,18 +10,22 @@ from __future__ import annotations
 from enum import Enum
 
 
-class Mode(str, Enum):
+class _Vocabulary(str, Enum):
+    """Prints (and formats) as its value: ``f"{Mode.STATIC}" == "static"``."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Mode(_Vocabulary):
     """The quantization workflow a qconfig mapping is for."""
 
     STATIC = "static"
     QAT = "qat"
     DYNAMIC = "dynamic"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Stage(str, Enum):
+class Stage(_Vocabulary):
     """The points in the flows where plugin passes (``qplug_passes``) run."""
 
     PRE_FUSE = "pre_fuse"
@@ -29,20 +33,14 @@ class Stage(str, Enum):
     PRE_CONVERT = "pre_convert"
     POST_CONVERT = "post_convert"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class BackendStatus(str, Enum):
+class BackendStatus(_Vocabulary):
     """A backend's row in ``qplug list-backends``."""
 
     OK = "ok"
     UNAVAILABLE = "unavailable"
     BROKEN = "broken"
     CONFLICT = "conflict"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: the values, for messages and ``did_you_mean``

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Mapping
 from qplug_core import plugins
 
 if TYPE_CHECKING:
+    import subprocess
+
     import pytest
 
 
@@ -30,6 +32,36 @@ def write_dist_info(root: Path, dist: str, version: str, entry_points: Mapping[s
     lines = [f"{name} = {value}" for name, value in entry_points.items()]
     (info / "entry_points.txt").write_text("\n".join([f"[{plugins.ENTRY_POINT_GROUP}]", *lines]) + "\n")
     return info
+
+
+def child_venv(root: Path) -> Path:
+    """A fresh venv at ``root`` that also sees this interpreter's packages; returns its python.
+
+    For tests that ``pip install`` a plugin for real, offline and fast: the venv has no pip and no
+    packages of its own; this environment's site-packages (torch, qplug-core's editable install)
+    are chained in through a ``.pth`` file, and packages installed into the venv shadow nothing.
+    """
+    import subprocess
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    (Path(purelib) / "_parent_venv.pth").write_text(
+        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    return python
+
+
+def pip_install_into(python: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``pip install ARGS`` into the venv of ``python``, offline (no index, no build isolation)."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QPLUG_")}
+    env.update(PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", *args],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
 
 
 class FakeDists:
@@ -81,4 +113,4 @@ class FakeDists:
                 del sys.modules[loaded]
 
 
-__all__ = ["FakeDists", "write_dist_info"]
+__all__ = ["FakeDists", "child_venv", "pip_install_into", "write_dist_info"]

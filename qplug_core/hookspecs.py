@@ -96,18 +96,6 @@ def qplug_default_qconfig_mapping(backend: str, mode: str) -> QConfigMapping | N
 
 
 @hookspec
-def qplug_observers() -> dict[str, type]:
-    """Contribute observer classes, by the name configs refer to them with.
-
-    :return: observer class by name.
-
-    Not firstresult: contributions of all plugins are merged.
-
-    .. versionadded:: 0.1
-    """
-
-
-@hookspec
 def qplug_check_environment(backend: str) -> list[Diagnostic]:
     """Check that this machine can run ``backend`` well (engines, CPU features, versions).
 
@@ -146,6 +134,7 @@ def qplug_select_default_backend(available: list[str]) -> str | None:
     :return: one of ``available``, or ``None`` to leave the choice to others (and finally to the
         core, which picks ``reference``). A backend plugin answers with its own name where it is
         the best choice (fbgemm on x86, qnnpack on ARM); the core names no plugin.
+        ``BackendPlugin`` answers for you on the machines in ``preferred_machines``.
 
     firstresult: the most recently registered plugin that answers wins.
 

@@ -85,18 +85,20 @@ class FakeDists:
         ``module`` may be ``"pkg.mod:object"``. ``source`` is the module's code (``None``: write no
         module, e.g. it exists already under ``location`` or is missing on purpose). ``subdir``
         puts the distribution on its own ``sys.path`` entry (two copies of one distribution);
-        ``location`` puts the metadata beside an existing package (a source checkout).
+        ``location`` is the directory of an existing package's source (a checkout), put on
+        ``sys.path`` too, as an editable install does; nothing is written there.
         """
         module = module or dist.replace("-", "_")
         entry_point = entry_point or dist.removeprefix("qplug-")
-        root = location or (self.root / subdir if subdir else self.root)
+        root = self.root / subdir if subdir else self.root
         write_dist_info(root, dist, version, {entry_point: module}, requires=requires)
         module_name = module.partition(":")[0]
         if source is not None:
             (root / f"{module_name}.py").write_text(textwrap.dedent(source))
         self.modules.append(module_name)
-        if str(root) not in sys.path:
-            self.monkeypatch.syspath_prepend(root)
+        for path in (location, root):
+            if path is not None and str(path) not in sys.path:
+                self.monkeypatch.syspath_prepend(path)
         self.dists.append(dist)
         self.monkeypatch.setenv(plugins.ENV_LOAD, ",".join(self.dists))
         importlib.invalidate_caches()

@@ -14,7 +14,7 @@ class _Vocabulary(str, Enum):
     """Prints (and formats) as its value: ``f"{Mode.STATIC}" == "static"``."""
 
     def __str__(self) -> str:
-        return self.value
+        return str(self.value)
 
 
 class Mode(_Vocabulary):

@@ -11,6 +11,8 @@ See docs/plugins/writing-a-backend.md (the tutorial), hooks.md (the hook referen
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from qplug_core.backend_configs.common import common_pattern_configs
 from qplug_core.backend_configs.dtype_configs import (
     DTypeConfigSet,
@@ -56,8 +58,11 @@ from qplug_core.plugins import QplugPluginWarning
 from qplug_core.qconfig_defaults import default_qconfig_mapping
 from qplug_core.qparams import QParams
 
+if TYPE_CHECKING:
+    from qplug_core.testing.pattern_suite import BackendPatternSuite
 
-def __getattr__(name: str):
+
+def __getattr__(name: str) -> type:
     # the testing kit imports pytest: only when a test module asks for it
     if name == "BackendPatternSuite":
         from qplug_core.testing.pattern_suite import BackendPatternSuite

@@ -26,7 +26,7 @@ def _observed(gm: fx.GraphModule, node: object) -> ObservedValue | None:
     if not (isinstance(node, fx.Node) and node.op == "call_module" and OBSERVER in node.meta):
         return None
     value = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else node
-    return ObservedValue(node, value, gm.get_submodule(node.target))
+    return ObservedValue(node, value, gm.get_submodule(str(node.target)))
 
 
 def observed_values(gm: fx.GraphModule) -> list[ObservedValue]:

@@ -7,6 +7,7 @@ pattern. Assembly happens once per plugin manager (see :func:`qplug_core.plugins
 
 from __future__ import annotations
 
+import difflib
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -332,9 +333,10 @@ def _not_found_message(name: str, entries: dict[str, _Entry]) -> str:
     skipped = [r for r in plugins.plugin_records() if r.name == name and r.status != "ok"]
     if skipped:
         message += f"; plugin {skipped[0].label} is {skipped[0].status.value}"
-    elif name in provided:
-        info = provided[name]
-        message += (f"; {info.dist} {info.version} provides it but is not loaded: add "
+    elif wanted := next(iter(difflib.get_close_matches(name, [n for n in provided if n not in entries],
+                                                       n=1, cutoff=0.6)), None):
+        info = provided[wanted]
+        message += (f"; {info.dist} {info.version} provides {wanted!r} but is not loaded: add "
                     f"{info.name!r} to {plugins.ENV_LOAD} or unset it")
     else:
         message += "; install the plugin distribution that provides it (qplug list-backends --no-load " \

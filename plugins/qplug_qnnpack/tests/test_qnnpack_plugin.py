@@ -31,5 +31,5 @@ def test_misspelled_name_suggests_qnnpack(qplug_only):
 def test_with_only_qnnpack_loaded_fbgemm_is_named_with_its_distribution(qplug_only):
     qplug_only("qnnpack")
     assert sorted(i.name for i in qp.list_backends()) == ["qnnpack", "reference"]
-    with pytest.raises(qp.errors.BackendNotFoundError, match="qplug-fbgemm .* provides it but is not loaded"):
+    with pytest.raises(qp.errors.BackendNotFoundError, match="qplug-fbgemm .* provides 'fbgemm' but is not loaded"):
         qp.get_backend("fbgemm")

@@ -11,6 +11,7 @@ it creates a cycle.
 from __future__ import annotations
 
 import ast
+import re
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -159,3 +160,26 @@ def test_the_reader_sees_call_time_imports_but_not_annotations(tmp_path):
                       "def f():\n    from qplug_core.flows import fuse_fx\n"
                       "from qplug_core import plugins, quantize\n")
     assert imported_parts(sample) == {"flows": 5, "plugins": 6, FACADE: 6}
+
+
+REPO = PACKAGE.parent
+#: code written as a backend author would: the in-tree plugins, the scaffold, the tutorial
+PLUGIN_CODE = [*REPO.glob("plugins/*/**/*.py"), *REPO.glob("qplug_core/templates/new_backend/*.py.tmpl"),
+               *REPO.glob("docs_src/plugin_tiny/**/*.py")]
+
+
+def test_plugins_import_only_the_plugin_api_and_the_facade():
+    allowed = {FACADE, f"{FACADE}.plugin_api"}
+    bad = []
+    for path in PLUGIN_CODE:
+        source = re.sub(r"\{\{(\w+)\}\}", r"X_\1", path.read_text())  # template placeholders
+        for node in ast.walk(ast.parse(source, filename=str(path))):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            bad += [f"{path.relative_to(REPO)}:{node.lineno}: {m}" for m in modules
+                    if part_of(m) is not None and m not in allowed]
+            if isinstance(node, ast.ImportFrom) and node.module == FACADE:
+                bad += [f"{path.relative_to(REPO)}:{node.lineno}: qplug_core.{a.name}" for a in node.names
+                        if (PACKAGE / a.name).exists() or (PACKAGE / f"{a.name}.py").exists()]
+    assert len(PLUGIN_CODE) >= 10
+    assert not bad, "plugins import internal modules:\n" + "\n".join(bad)

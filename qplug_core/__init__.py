@@ -7,7 +7,47 @@ until a name that needs it is used.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _EXPORTS by a test)
+    from qplug_core import (
+        config,
+        eager,
+        errors,
+        matcher,
+        observers,
+        partition,
+        passes,
+        patterns,
+        zoo,
+    )
+    from qplug_core.backend import Availability, Backend, BackendSpec, get_backend, list_backends
+    from qplug_core.config import (
+        BackendConfig,
+        BackendPatternConfig,
+        DTypeConfig,
+        DTypeWithConstraints,
+        ObservationType,
+        QConfig,
+        QConfigMapping,
+    )
+    from qplug_core.dynamic import quantize_dynamic
+    from qplug_core.errors import QplugError
+    from qplug_core.flows import (
+        calibrate,
+        convert_fx,
+        convert_to_reference_fx,
+        fuse_fx,
+        get_default_qconfig_mapping,
+        prepare_fx,
+        prepare_qat_fx,
+        quantization_report,
+        quantize,
+    )
+    from qplug_core.hookspecs import hookimpl
+    from qplug_core.patterns import MatchAllNode
+    from qplug_core.report import compare, sqnr
+    from qplug_core.serialization import load, save
 
 #: public name -> "module" (a submodule) or "module:attribute"
 _EXPORTS: dict[str, str] = {
@@ -58,7 +98,15 @@ _EXPORTS: dict[str, str] = {
     "zoo": "qplug_core.zoo",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = [
+    "Availability", "Backend", "BackendConfig", "BackendPatternConfig", "BackendSpec",
+    "DTypeConfig", "DTypeWithConstraints", "MatchAllNode", "ObservationType", "QConfig",
+    "QConfigMapping", "QplugError", "__version__", "calibrate", "compare", "config", "convert_fx",
+    "convert_to_reference_fx", "eager", "errors", "fuse_fx", "get_backend",
+    "get_default_qconfig_mapping", "hookimpl", "list_backends", "load", "matcher", "observers",
+    "partition", "passes", "patterns", "prepare_fx", "prepare_qat_fx", "quantization_report",
+    "quantize", "quantize_dynamic", "save", "sqnr", "zoo",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,12 +8,23 @@ pattern. Assembly happens once per plugin manager (see :func:`qplug_core.plugins
 from __future__ import annotations
 
 import difflib
-import platform
+import sys
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from qplug_core import plugins
+from qplug_core.audience import spelled
+from qplug_core.contract import (  # re-exported: the registry's callers import them from here
+    ARM_MACHINES,
+    X86_MACHINES,
+    Availability,
+    BackendSpec,
+    Diagnostic,
+    engine_availability,
+    platform_name,
+)
+from qplug_core.enums import MODES, STAGES, BackendStatus
 from qplug_core.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -30,80 +41,11 @@ if TYPE_CHECKING:
     from qplug_core.config import BackendConfig, QConfigMapping
     from qplug_core.kernels.base import KernelSpec
 
-MODES = ("static", "qat", "dynamic")
-#: the points in the flows where plugin passes (``qplug_passes``) run
-STAGES = ("pre_fuse", "post_prepare", "pre_convert", "post_convert")
-X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
-ARM_MACHINES = ("aarch64", "arm64", "armv7l", "armv8l")
-#: backends shipped as separate distributions, for "pip install ..." hints
-KNOWN_DISTRIBUTIONS = {"fbgemm": "qplug-fbgemm", "qnnpack": "qplug-qnnpack"}
-
-
-@dataclass(frozen=True)
-class Availability:
-    """Whether a backend can run on this machine, and if not, why (one line a user can act on)."""
-
-    ok: bool
-    reason: str = ""
-
-
-def always_available() -> Availability:
-    return Availability(True)
-
-
-def platform_name() -> str:
-    return f"{platform.system()} {platform.machine()}"
-
-
-def engine_availability(engine: str, *, machines: tuple[str, ...] = ()) -> Availability:
-    """Availability of a backend whose kernels need a ``torch.backends.quantized`` engine.
-
-    ``machines`` restricts it to CPU architectures (``platform.machine()``, lower case).
-    """
-    import torch
-
-    engines = list(torch.backends.quantized.supported_engines)
-    if engine not in engines:
-        return Availability(False, f"engine {engine!r} not in torch.backends.quantized."
-                                   f"supported_engines {engines} (torch {torch.__version__}, "
-                                   f"{platform_name()})")
-    if machines and platform.machine().lower() not in machines:
-        return Availability(False, f"engine {engine!r} needs a {'/'.join(machines)} CPU, "
-                                   f"this is {platform_name()}")
-    return Availability(True)
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    """A backend as a plugin declares it through ``qplug_register_backends``.
-
-    ``engine`` is the ``torch.backends.quantized`` engine its kernels pack weights for (``None`` for
-    backends that need no engine, like ``reference``).
-    """
-
-    name: str
-    description: str
-    engine: str | None = None
-    is_available: Callable[[], Availability] = field(default=always_available, compare=False)
-
-
-DIAGNOSTIC_LEVELS = ("ok", "warning", "error")
-
-
-@dataclass(frozen=True)
-class Diagnostic:
-    """One finding of ``qplug doctor``; ``hint`` says what to do about a warning or error."""
-
-    level: str
-    message: str
-    hint: str = ""
-
-    def __post_init__(self) -> None:
-        if self.level not in DIAGNOSTIC_LEVELS:
-            raise ConfigValidationError(
-                f"Diagnostic level must be one of {DIAGNOSTIC_LEVELS}, got {self.level!r}",
-                field="level", value=self.level)
-
+__all__ = [
+    "ARM_MACHINES", "MODES", "STAGES", "X86_MACHINES", "Availability", "Backend", "BackendInfo",
+    "BackendSpec", "Diagnostic", "engine_availability", "environment_diagnostics", "get_backend",
+    "list_backends", "platform_name", "resolve_backend",
+]
 
 @dataclass
 class Backend:
@@ -160,10 +102,10 @@ class Backend:
         return self
 
     @property
-    def status(self) -> str:
+    def status(self) -> BackendStatus:
         if self.problems:
-            return "broken"
-        return "ok" if self.availability().ok else "unavailable"
+            return BackendStatus.BROKEN
+        return BackendStatus.OK if self.availability().ok else BackendStatus.UNAVAILABLE
 
     def default_qconfig_mapping(self, mode: str = "static") -> QConfigMapping:
         """The backend's default mapping for ``mode`` (``"static"``, ``"qat"`` or ``"dynamic"``)."""
@@ -214,7 +156,7 @@ class BackendInfo:
         return self.status == "ok"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "available": self.available,
+        return {"name": self.name, "status": str(self.status), "available": self.available,
                 "reason": self.reason, "description": self.description, "engine": self.engine,
                 "plugins": [{"name": r.name, "dist": r.dist, "version": r.version}
                             for r in self.contributors],
@@ -339,9 +281,10 @@ def list_backends() -> list[BackendInfo]:
     for name, entry in _registry().items():
         backend = entry.backend
         if backend is None:
-            status = "conflict" if isinstance(entry.error, DuplicateBackendError) else "broken"
+            status = (BackendStatus.CONFLICT if isinstance(entry.error, DuplicateBackendError)
+                      else BackendStatus.BROKEN)
             rows += [BackendInfo(name, status, str(entry.error), spec.description, spec.engine, (record,))
-                     for record, spec in (entry.owners if status == "conflict" else entry.owners[:1])]
+                     for record, spec in (entry.owners if status is BackendStatus.CONFLICT else entry.owners[:1])]
             continue
         availability = backend.availability()
         reason = "; ".join(str(p) for p in backend.problems) or availability.reason
@@ -352,7 +295,7 @@ def list_backends() -> list[BackendInfo]:
 
 
 def _default_backend_name() -> str:
-    available = [info.name for info in list_backends() if info.status == "ok"]
+    available = [info.name for info in list_backends() if info.status == BackendStatus.OK]
     choice = plugins.collect_first("qplug_select_default_backend", available=available)
     if choice is not None:
         if choice.value in available:
@@ -360,10 +303,6 @@ def _default_backend_name() -> str:
         warnings.warn(f"plugin {choice.record.label} selected backend {choice.value!r}, which is not "
                       f"available here ({', '.join(available)}); ignoring it",
                       plugins.QplugPluginWarning, stacklevel=3)
-    machine = platform.machine().lower()
-    preferred = "fbgemm" if machine in X86_MACHINES else "qnnpack" if machine in ARM_MACHINES else None
-    if preferred in available:
-        return preferred
     if "reference" in available or not available:
         return "reference"
     return available[0]
@@ -371,7 +310,7 @@ def _default_backend_name() -> str:
 
 def get_backend(name_or_backend: str | Backend | None = None) -> Backend:
     """The assembled backend of that name; ``None`` picks the best available one for this machine
-    (a plugin's ``qplug_select_default_backend``, else fbgemm on x86, qnnpack on ARM, else reference).
+    (the plugins' ``qplug_select_default_backend``, else reference).
     Callers that pick the default tell the user which backend they got.
     """
     if isinstance(name_or_backend, Backend):
@@ -386,17 +325,37 @@ def get_backend(name_or_backend: str | Backend | None = None) -> Backend:
     return entry.backend
 
 
+def resolve_backend(backend: str | Backend | None) -> Backend:
+    """The Backend to use; with ``None`` the best one for this machine, announced on stderr."""
+    chosen = get_backend(backend)
+    if backend is None:
+        print(f"qplug: using backend {chosen.name!r} "
+              f"({spelled('pass backend=... to choose', 'choose one with --backend NAME')})",
+              file=sys.stderr)
+    return chosen
+
+
 def _not_found_message(name: str, entries: dict[str, _Entry]) -> str:
-    candidates = [n for n in (*entries, *KNOWN_DISTRIBUTIONS) if n != name]
+    """What went wrong and the fix: the loaded backends, near misses, and what metadata knows.
+
+    The hint comes from the installed distributions' own entry points (read without importing
+    anything), so the core names no plugin of its own.
+    """
+    provided = {info.name: info for info in plugins.discover()}
+    candidates = [n for n in (*entries, *provided) if n != name]
     message = (f"no backend {name!r}{did_you_mean(name, candidates)}; installed backends: "
                f"{', '.join(entries) or 'none'}")
     skipped = [r for r in plugins.plugin_records() if r.name == name and r.status != "ok"]
-    wanted = name if name in KNOWN_DISTRIBUTIONS else next(
-        iter(difflib.get_close_matches(name, KNOWN_DISTRIBUTIONS, n=1, cutoff=0.6)), None)
     if skipped:
         message += f"; plugin {skipped[0].label} is {skipped[0].status.value}"
-    elif wanted is not None and wanted not in entries:
-        message += f"; install {wanted!r} with: pip install {KNOWN_DISTRIBUTIONS[wanted]}"
+    elif wanted := next(iter(difflib.get_close_matches(name, [n for n in provided if n not in entries],
+                                                       n=1, cutoff=0.6)), None):
+        info = provided[wanted]
+        message += (f"; {info.dist} {info.version} provides {wanted!r} but is not loaded: add "
+                    f"{info.name!r} to {plugins.ENV_LOAD} or unset it")
+    else:
+        message += "; install the plugin distribution that provides it (qplug list-backends --no-load " \
+                   "shows what is installed)"
     return message
 
 

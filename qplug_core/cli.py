@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
 import sys
 import warnings
@@ -25,11 +24,11 @@ from typer.core import TyperGroup
 
 from qplug_core import plugins
 from qplug_core.audience import cli_audience
+from qplug_core.commands._common import emit_json
 from qplug_core.errors import PluginError, QplugError
 
 EXIT_ERROR = 1
 EXIT_PLUGIN_FAILURE = 3
-JSON_SCHEMA_VERSION = 1
 ENV_DEBUG = "QPLUG_DEBUG"
 FAILED_PLUGIN = (plugins.PluginStatus.BROKEN, plugins.PluginStatus.CONFLICT,
                  plugins.PluginStatus.INCOMPATIBLE)
@@ -110,10 +109,6 @@ def version() -> None:
     typer.echo(_version_text())
 
 
-def _emit_json(document: dict[str, Any]) -> None:
-    typer.echo(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **document}, indent=2))
-
-
 def _print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     from qplug_core.commands._table import new_table, show
 
@@ -153,7 +148,7 @@ def list_backends_command(
     if no_load:
         records = [candidate.record for candidate in plugins.plan()[0]]
         if as_json:
-            _emit_json({"loaded": False, "backends": [], "plugins": [r.to_dict() for r in records]})
+            emit_json({"loaded": False, "backends": [], "plugins": [r.to_dict() for r in records]})
         else:
             _print_table("qplug plugins (not imported)",
                          ["plugin", "distribution", "module", "status", "reason"], _plugin_rows(records))
@@ -164,7 +159,7 @@ def list_backends_command(
     rows = list_backends()
     records = plugins.plugin_records()
     if as_json:
-        _emit_json({"loaded": True, "backends": [row.to_dict() for row in rows],
+        emit_json({"loaded": True, "backends": [row.to_dict() for row in rows],
                     "plugins": [r.to_dict() for r in records]})
     else:
         _print_table("qplug backends", ["backend", "plugin", "patterns", "kernels", "status",
@@ -185,7 +180,7 @@ def plugins_command(
     """List every plugin seen (built-in and installed) with its status."""
     records = plugins.plugin_records()
     if as_json:
-        _emit_json({"plugins": [r.to_dict() for r in records]})
+        emit_json({"plugins": [r.to_dict() for r in records]})
     else:
         _print_table("qplug plugins", ["plugin", "distribution", "module", "status", "reason"],
                      _plugin_rows(records))
@@ -200,7 +195,7 @@ def doctor(
 
     findings = environment_diagnostics()
     if as_json:
-        _emit_json({"diagnostics": [{"scope": scope, "level": d.level, "message": d.message,
+        emit_json({"diagnostics": [{"scope": scope, "level": d.level, "message": d.message,
                                      "hint": d.hint} for scope, d in findings]})
         return
     for scope, finding in findings:

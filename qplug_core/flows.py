@@ -6,10 +6,7 @@ modified, and records what it did in ``GraphModule.meta`` for the next step and 
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import gc
-import os
 import sys
 from typing import Any, Iterable
 
@@ -17,8 +14,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core import distributed
-from qplug_core.audience import spelled
-from qplug_core.backend import Backend, get_backend
+from qplug_core.backend import Backend, get_backend, resolve_backend
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import (
     BackendUnavailableError,
@@ -28,77 +24,17 @@ from qplug_core.errors import (
     QplugError,
 )
 from qplug_core.fx.convert import convert_graph
-from qplug_core.fx.fuse import fuse_graph
-from qplug_core.fx.leaves import leaf_module_classes
-from qplug_core.fx.lower import LoweringSummary, lower_graph
-from qplug_core.fx.normalize import normalize_functionals
+from qplug_core.fx.finish import finish_conversion
+from qplug_core.fx.pipeline import as_input_tuple, fuse_model, gc_paused, run_passes
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.fx.regions import RegionPlanner
-from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes, report_names
-from qplug_core.fx.tags import ValueAnnotator, region_tag
-from qplug_core.ir.capture import capture_module
-from qplug_core.passes import PassManager, PassResult
+from qplug_core.fx.summary import REPORT_KEY, QuantizationReport
+from qplug_core.fx.tags import STATE, ValueAnnotator
+from qplug_core.passes import PassResult
 from qplug_core.serialization import record_artifact
 
-_STATE_KEY = "qplug_state"
+_STATE_KEY = STATE
 _ON_UNSUPPORTED = ("warn", "raise", "skip")
-
-
-def run_passes(gm: fx.GraphModule, passes: list) -> None:
-    """Run flow passes in place through the PassManager (lint after each pass under QPLUG_DEBUG)."""
-    debug = os.environ.get("QPLUG_DEBUG") == "1"
-    with _gc_paused():
-        PassManager(passes, inplace=True, run_checks_after_each_pass=debug)(gm)
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """Pause Python's cyclic GC while a flow copies, traces or rewrites thousands of nodes.
-
-    Graph rewriting allocates many long-lived objects, which triggers repeated full collections
-    that scan the whole growing graph: measured 34% of prepare_fx at 5,600 nodes, and the only
-    superlinear term. Reference counting still frees everything; the GC resumes afterwards.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def as_input_tuple(example_inputs: Any) -> tuple:
-    """``example_inputs`` as a tuple of positional inputs (a bare tensor counts as a 1-tuple)."""
-    if isinstance(example_inputs, tuple):
-        return example_inputs
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs)
-    return (example_inputs,)
-
-
-def resolve_backend(backend: str | Backend | None) -> Backend:
-    """The Backend to use; with ``None`` the best one for this machine, announced on stderr."""
-    chosen = get_backend(backend)
-    if backend is None:
-        print(f"qplug: using backend {chosen.name!r} "
-              f"({spelled('pass backend=... to choose', 'choose one with --backend NAME')})",
-              file=sys.stderr)
-    return chosen
-
-
-def _capture(model: nn.Module, *, inplace: bool, non_traceable_module_names=(),
-             non_traceable_module_classes=()) -> fx.GraphModule:
-    if not isinstance(model, nn.Module):
-        raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
-                                    field="model", value=type(model).__name__)
-    with _gc_paused():
-        source = model if inplace else copy.deepcopy(model)
-        if isinstance(source, fx.GraphModule):
-            return source
-        return capture_module(source, leaf_modules=leaf_module_classes(),
-                              non_traceable_module_names=non_traceable_module_names,
-                              non_traceable_module_classes=non_traceable_module_classes)
 
 
 def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
@@ -138,15 +74,9 @@ def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Back
             is_qat: bool = False, inplace: bool = False, non_traceable_module_names=(),
             non_traceable_module_classes=()) -> fx.GraphModule:
     """Capture ``model`` and fuse it with the backend's fusion patterns (conv-bn-relu, ...)."""
-    chosen = resolve_backend(backend)
-    gm = _capture(model, inplace=inplace, non_traceable_module_names=non_traceable_module_names,
-                  non_traceable_module_classes=non_traceable_module_classes)
-
-    def fuse(graph_module: fx.GraphModule) -> None:
-        graph_module.meta["qplug_fusions"] = fuse_graph(graph_module, chosen, is_qat=is_qat)
-
-    run_passes(gm, [*chosen.passes("pre_fuse"), normalize_functionals, fuse])
-    return gm
+    return fuse_model(model, resolve_backend(backend), is_qat=is_qat, inplace=inplace,
+                      non_traceable_module_names=non_traceable_module_names,
+                      non_traceable_module_classes=non_traceable_module_classes)
 
 
 def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace,
@@ -278,7 +208,7 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
              inplace: bool, strict: bool) -> fx.GraphModule:
     """Convert to the reference form, keep the save artifact, then lower and report."""
     state = _state(observed)
-    with _gc_paused():
+    with gc_paused():
         gm = observed if inplace else copy.deepcopy(observed)
 
     def convert(graph_module: fx.GraphModule) -> None:
@@ -292,46 +222,6 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
         raise ConfigValidationError(f"strict=True but {len(report.skipped)} op(s) stay float: {listed}",
                                     field="strict")
     return gm
-
-
-def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
-                      lower: bool = True) -> QuantizationReport:
-    """Lower a reference-form model to ``backend`` (post_convert passes too) and attach its report.
-
-    Shared by convert_fx and qp.load, which rebuilds the reference form from a file.
-    """
-    regions = _quantized_regions(gm)
-    found: dict[str, LoweringSummary] = {}
-
-    def lower_to_kernels(graph_module: fx.GraphModule) -> None:
-        found["summary"] = lower_graph(graph_module, backend)
-
-    # a backend without kernels (reference) runs the reference form itself: nothing to lower
-    lowering = [lower_to_kernels] if lower and backend.kernels else []
-    run_passes(gm, [*lowering, *backend.passes("post_convert")])
-    summary = found.get("summary", LoweringSummary())
-    report = QuantizationReport(
-        backend=backend.name, mode=_mode_of(mode, regions.values()),
-        fusions=list(gm.meta.get("qplug_fusions", [])),
-        quantized={name: pattern for name, (pattern, _) in regions.items()},
-        kernels=dict(summary.lowered), reference=dict(summary.reference),
-        skipped=float_compute_nodes(gm, summary.reference))
-    gm.meta[REPORT_KEY] = report
-    return report
-
-
-def _quantized_regions(gm: fx.GraphModule) -> dict[str, tuple[str, bool]]:
-    """anchor node name -> (pattern name, is dynamic) for every int8 region."""
-    report_key = report_names(gm.graph)
-    return {report_key(node): (tag.pattern_name, tag.is_dynamic) for node in gm.graph.nodes
-            if (tag := region_tag(node)) is not None and tag.is_anchor and tag.quantized}
-
-
-def _mode_of(prepared_mode: str, regions) -> str:
-    dynamic = [is_dynamic for _, is_dynamic in regions]
-    if prepared_mode == "static" and dynamic and all(dynamic):
-        return "dynamic"
-    return prepared_mode
 
 
 def convert_to_reference_fx(observed: fx.GraphModule, *, allow_uncalibrated: bool = False,

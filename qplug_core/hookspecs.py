@@ -4,7 +4,8 @@ Only specs and their documentation live here. Hooks are always *called* with key
 :func:`qplug_core.plugins.collect` (never ``pm.hook.X(...)``), which also checks every return value
 against the annotation below; a plugin may accept any subset of a hook's arguments, as in pluggy.
 Parameters are declared positional-or-keyword because pluggy ignores keyword-only parameters when it
-validates implementations.
+validates implementations. The names in the annotations are imported under ``TYPE_CHECKING`` below,
+and only there: the plugin manager reads that block to resolve them when it checks a return value.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import pluggy
 
 if TYPE_CHECKING:
-    from qplug_core.backend import BackendSpec, Diagnostic
+    from qplug_core.contract import BackendSpec, Diagnostic
     from qplug_core.config import BackendPatternConfig, QConfigMapping
     from qplug_core.kernels.base import KernelSpec
     from qplug_core.patterns import Pattern
@@ -95,18 +96,6 @@ def qplug_default_qconfig_mapping(backend: str, mode: str) -> QConfigMapping | N
 
 
 @hookspec
-def qplug_observers() -> dict[str, type]:
-    """Contribute observer classes, by the name configs refer to them with.
-
-    :return: observer class by name.
-
-    Not firstresult: contributions of all plugins are merged.
-
-    .. versionadded:: 0.1
-    """
-
-
-@hookspec
 def qplug_check_environment(backend: str) -> list[Diagnostic]:
     """Check that this machine can run ``backend`` well (engines, CPU features, versions).
 
@@ -124,7 +113,7 @@ def qplug_passes(stage: str, backend: str) -> list[Callable]:
     """Graph passes to run at a stage of the flows, for ``backend``.
 
     :param stage: one of ``"pre_fuse"``, ``"post_prepare"``, ``"pre_convert"``, ``"post_convert"``
-        (:data:`qplug_core.backend.STAGES`).
+        (:class:`qplug_core.enums.Stage`).
     :param backend: backend name.
     :return: passes (``PassBase`` instances or functions taking a GraphModule and returning a
         ``PassResult``, a GraphModule or ``None``); they run in order through the core's
@@ -143,7 +132,9 @@ def qplug_select_default_backend(available: list[str]) -> str | None:
 
     :param available: names of the backends that are healthy and available on this machine.
     :return: one of ``available``, or ``None`` to leave the choice to others (and finally to the
-        core: fbgemm on x86, qnnpack on ARM, else reference).
+        core, which picks ``reference``). A backend plugin answers with its own name where it is
+        the best choice (fbgemm on x86, qnnpack on ARM); the core names no plugin.
+        ``BackendPlugin`` answers for you on the machines in ``preferred_machines``.
 
     firstresult: the most recently registered plugin that answers wins.
 

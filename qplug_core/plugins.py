@@ -16,8 +16,11 @@ Environment switches (read when the manager is built, see :func:`reset`):
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import importlib.metadata
+import inspect
 import os
 import sys
 import time
@@ -39,9 +42,10 @@ from qplug_core.errors import PluginContractError, PluginError, PluginHookError,
 ENTRY_POINT_GROUP = "qplug"
 CORE_DISTRIBUTION = "qplug-core"
 
-#: Built-in plugins: name -> module, loaded before entry points and always (QPLUG_LOAD_PLUGINS only
-#: filters entry points), so that the core's own backend is assembled exactly like a third party's.
-DEFAULT_PLUGINS: dict[str, str] = {"reference": "qplug_core.reference_backend"}
+#: Built-in plugins: name -> "module" or "module:object" (as in an entry point), loaded before entry
+#: points and always (QPLUG_LOAD_PLUGINS only filters entry points), so that the core's own backend
+#: is assembled exactly like a third party's.
+DEFAULT_PLUGINS: dict[str, str] = {"reference": "qplug_core.reference_backend:plugin"}
 
 ENV_LOAD = "QPLUG_LOAD_PLUGINS"
 ENV_DISABLE = "QPLUG_DISABLE_PLUGINS"
@@ -196,19 +200,32 @@ class _PatternAnnotation:
 class _AnnotationNamespace(dict):
     """Resolves the names used in hookspec annotations on demand.
 
-    Importing them all up front would import torch (kernels) just to check a backend list.
+    Importing them all up front would import torch (kernels) just to check a backend list. Where
+    each name lives is read from the ``TYPE_CHECKING`` imports of :mod:`qplug_core.hookspecs`, the
+    one place the hook contract types are named.
     """
-
-    _WHERE = {"BackendSpec": "qplug_core.backend", "Diagnostic": "qplug_core.backend",
-              "BackendPatternConfig": "qplug_core.config", "QConfigMapping": "qplug_core.config",
-              "KernelSpec": "qplug_core.kernels.base"}
 
     def __missing__(self, key: str) -> Any:
         if key == "Pattern":
             return _PatternAnnotation
-        if key in self._WHERE:
-            return getattr(importlib.import_module(self._WHERE[key]), key)
+        where = _hookspec_annotation_modules()
+        if key in where:
+            return getattr(importlib.import_module(where[key]), key)
         raise KeyError(key)
+
+
+@functools.lru_cache(maxsize=None)
+def _hookspec_annotation_modules() -> dict[str, str]:
+    """name -> module of every ``from M import name`` under ``if TYPE_CHECKING:`` in hookspecs."""
+    tree = ast.parse(inspect.getsource(hookspecs))
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom) and statement.module:
+                    found.update({alias.asname or alias.name: statement.module
+                                  for alias in statement.names})
+    return found
 
 
 def conforms(value: Any, annotation: Any) -> bool:
@@ -260,9 +277,9 @@ def plan() -> tuple[list[Candidate], list[str]]:
     """
     wanted, disabled = _env_names(ENV_LOAD), _env_names(ENV_DISABLE) or set()
     version = core_version()
-    candidates = [Candidate(PluginRecord(name, CORE_DISTRIBUTION, version, module=module, builtin=True),
-                            lambda module=module: importlib.import_module(module))
-                  for name, module in DEFAULT_PLUGINS.items()]
+    candidates = [Candidate(PluginRecord(name, CORE_DISTRIBUTION, version, module=value, builtin=True),
+                            importlib.metadata.EntryPoint(name, value, ENTRY_POINT_GROUP).load)
+                  for name, value in DEFAULT_PLUGINS.items()]
     found: set[str] = set(DEFAULT_PLUGINS)
     seen: set[tuple[str, str, str]] = set()
     for info in discover():
@@ -340,11 +357,18 @@ class QplugPluginManager:
         except (Exception, SystemExit) as exc:  # KeyboardInterrupt still stops the program
             self._reject(record, PluginStatus.BROKEN, _load_error(record, exc))
             return
-        unknown = [caller.name for caller in self.pm.get_hookcallers(plugin) or ()
+        callers = self.pm.get_hookcallers(plugin) or []
+        unknown = [caller.name for caller in callers
                    if not caller.has_spec() and any(
                        impl.plugin is plugin and not impl.optionalhook
                        for impl in caller.get_hookimpls())]
-        if unknown:
+        if not callers:  # e.g. an entry point naming the module of a BackendPlugin, not the instance
+            self.pm.unregister(plugin)
+            self._reject(record, PluginStatus.BROKEN, _load_error(record, pluggy.PluginValidationError(
+                plugin, f"{record.module or record.name} implements no qplug hook; name a module "
+                        "of @hookimpl functions or an object with hook methods (module:object, e.g. "
+                        "a BackendPlugin instance)")))
+        elif unknown:
             self.pm.unregister(plugin)
             self._reject(record, PluginStatus.BROKEN, _load_error(record, pluggy.PluginValidationError(
                 plugin, f"unknown hook(s) {', '.join(sorted(unknown))}")))

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qplug_core.backend import MODES
 from qplug_core.config import QConfig, QConfigMapping
+from qplug_core.enums import MODES
 from qplug_core.errors import ConfigError, did_you_mean
 from qplug_core.observers import (
     FakeQuantize,

@@ -3,6 +3,7 @@ and warnings on stderr."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from typing import Any
@@ -10,11 +11,13 @@ from typing import Any
 import typer
 
 
+#: the version of every JSON document the CLI prints (``--json``)
+JSON_SCHEMA_VERSION = 1
+
+
 def emit_json(document: dict[str, Any]) -> None:
     """One JSON document on stdout, with the CLI's ``schema_version``."""
-    from qplug_core.cli import _emit_json  # at call time: cli imports the command modules
-
-    _emit_json(document)
+    typer.echo(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **document}, indent=2))
 
 
 def number(value: float, digits: int = 4) -> float | str:

@@ -24,14 +24,18 @@ NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 
 def core_requirement(version: str) -> str:
-    """The qplug-core range a plugin built now is compatible with, as the built-in plugins pin it:
-    same minor version for 0.x, same major version after."""
+    """The qplug-core a plugin scaffolded now needs: this release or later (no upper bound, so that
+    the package installs next to the core it was made with, whether released or a checkout)."""
     from packaging.version import Version
 
-    release = Version(version).release + (0, 0)
-    major, minor = release[0], release[1]
-    upper = f"{major}.{minor + 1}" if major == 0 else f"{major + 1}"
-    return f"qplug-core>={major}.{minor},<{upper}"
+    major, minor = (Version(version).release + (0, 0))[:2]
+    return f"qplug-core>={major}.{minor}"
+
+
+def install_command(root: Path) -> str:
+    """``pip install -e ./qplug-x``: the local path, never a name an index could answer for."""
+    path = str(root)
+    return f"pip install -e {path if root.is_absolute() or path.startswith('.') else './' + path}"
 
 
 def _check_name(name: str) -> None:
@@ -59,6 +63,7 @@ def scaffold(name: str, directory: Path) -> Path:
         raise ConfigError(f"{root} already exists; remove it or pass another --dir",
                           field="dir", value=str(root))
     values = {"name": name, "dist": root.name, "package": f"qplug_{name}",
+              "class_name": "".join(part.title() for part in name.split("_")),
               "core_requirement": core_requirement(qplug_core.__version__)}
     templates = resources.files("qplug_core").joinpath("templates", "new_backend")
     for template, target in TEMPLATES.items():
@@ -79,7 +84,7 @@ def new_backend(
     root = scaffold(name, directory)
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         typer.echo(str(path))
-    typer.echo(f"next: pip install {root} && qplug list-backends && qplug show-backend {name}",
+    typer.echo(f"next: {install_command(root)} && qplug list-backends && qplug show-backend {name}",
                err=True)
 
 

@@ -109,7 +109,7 @@ def _qconfig_text(qconfig: Any) -> str:
 
 def default_qconfigs(backend: Any) -> dict[str, dict[str, Any]]:
     """Per mode: the global qconfig in one line, overrides, and the op types kept in float."""
-    from qplug_core.backend import MODES
+    from qplug_core.enums import MODES
     from qplug_core.errors import ConfigError
     from qplug_core.patterns import format_pattern
 

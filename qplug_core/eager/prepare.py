@@ -26,17 +26,17 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrize import type_before_parametrizations
 
-from qplug_core.backend import Backend
+from qplug_core.backend import Backend, resolve_backend
 from qplug_core.config import ObservationType, QConfig, QConfigMapping
 from qplug_core.eager.functional import FloatFunctional
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
-from qplug_core.flows import resolve_backend
 from qplug_core.fx.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
+from qplug_core.fx.tags import EAGER_STATE
 from qplug_core.observers import ObserverBase
 
 #: attribute of the prepared root module recording backend and mode for convert
-STATE_ATTR = "qplug_eager_state"
+STATE_ATTR = EAGER_STATE
 OUTPUT_OBSERVER = "activation_post_process"
 INPUT_OBSERVER = "activation_pre_process"
 _UNSET = object()

@@ -15,11 +15,11 @@ from typing import Any, Callable
 from torch import fx
 
 from qplug_core.errors import PluginContractError
-from qplug_core.fx.tags import BOUNDARY, KERNEL, OBSERVER, REGION, VALUE_KIND
+from qplug_core.fx.tags import ANNOTATION_OWNERS, BOUNDARY, KERNEL, OBSERVER, REGION, ROOT, VALUE_KIND
 
-CORE_KEYS = frozenset({REGION, OBSERVER, BOUNDARY, KERNEL, VALUE_KIND, "qplug_root"})
+CORE_KEYS = frozenset({REGION, OBSERVER, BOUNDARY, KERNEL, VALUE_KIND, ROOT})
 #: GraphModule.meta key: (node name, meta key) -> plugin that wrote it
-OWNERS_KEY = "qplug_annotation_owners"
+OWNERS_KEY = ANNOTATION_OWNERS
 
 
 def guard_plugin_pass(pass_: Callable[[fx.GraphModule], Any], plugin: str) -> Callable:

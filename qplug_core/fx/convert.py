@@ -16,7 +16,7 @@ from qplug_core.audience import spelled
 from qplug_core.errors import ModelStateError, UncalibratedObserverError
 from qplug_core.fx.prepare import is_observer_module
 from qplug_core.fx.regions import QUANTIZED_DTYPES, weight_name_of
-from qplug_core.fx.tags import BOUNDARY, OBSERVER, region_tag
+from qplug_core.fx.tags import BOUNDARY, OBSERVER, ROOT, region_tag
 from qplug_core.kernels.reference import (
     Dequantize,
     DynamicQuantize,
@@ -76,7 +76,7 @@ def _has_qat_modules(gm: fx.GraphModule) -> bool:
 def _convert_weighted_modules(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         tag = region_tag(node)
-        if not (node.meta.get("qplug_root") and tag is not None and tag.quantized):
+        if not (node.meta.get(ROOT) and tag is not None and tag.quantized):
             continue
         module = gm.get_submodule(node.target)
         if isinstance(module, ReferenceWeighted):

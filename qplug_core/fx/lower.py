@@ -19,7 +19,7 @@ from torch import fx
 
 from qplug_core.fx.graph_utils import is_module_call
 from qplug_core.fx.summary import report_names
-from qplug_core.fx.tags import KERNEL, REGION, region_tag
+from qplug_core.fx.tags import KERNEL, REGION, ROOT, VALUE_KIND, region_tag
 from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
 from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import STORAGE_DTYPE, QParams
@@ -113,7 +113,7 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         return False
     if spec.passthrough:
         return _lower_passthrough(gm, nodes, boundaries, output_quantize)
-    root = next((m for m in nodes.members if m.meta.get("qplug_root")), None)
+    root = next((m for m in nodes.members if m.meta.get(ROOT)), None)
     module = gm.get_submodule(root.target) if root is not None else None
     weight_qparams = None
     if isinstance(module, ReferenceWeighted):
@@ -139,7 +139,7 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         with gm.graph.inserting_before(anchor):
             new = gm.graph.create_node("call_module", kernel_name, args, kwargs,
                                        name=kernel_name.replace(".", "_"))
-    new.meta.update({k: v for k, v in anchor.meta.items() if k not in ("qplug_root", REGION)})
+    new.meta.update({k: v for k, v in anchor.meta.items() if k not in (ROOT, REGION)})
     new.meta.pop(REGION, None)
     new.meta[KERNEL] = spec.op
     (output_quantize or anchor).replace_all_uses_with(new)
@@ -176,7 +176,7 @@ def _input_boundaries(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
 
 
 def _has_float_tensor_input(node: fx.Node) -> bool:
-    return any(a.meta.get("qplug_value") == "float_tensor" for a in node.all_input_nodes
+    return any(a.meta.get(VALUE_KIND) == "float_tensor" for a in node.all_input_nodes
                if a.op != "get_attr")
 
 

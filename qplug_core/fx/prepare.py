@@ -15,7 +15,7 @@ from torch import fx, nn
 
 from qplug_core.config import ObservationType
 from qplug_core.fx.regions import QUANTIZED_DTYPES, Region
-from qplug_core.fx.tags import OBSERVER, REGION, RegionTag
+from qplug_core.fx.tags import OBSERVER, REGION, ROOT, VALUE_KIND, RegionTag
 from qplug_core.observers import (
     FakeQuantize,
     FixedQParamsFakeQuantize,
@@ -85,7 +85,7 @@ class ObserverInserter:
         with self.gm.graph.inserting_after(value):
             node = self.gm.graph.call_module(module_name, args=(value,))
         node.meta[OBSERVER] = role
-        node.meta.update({k: v for k, v in value.meta.items() if k in ("qplug_value", "nn_module_stack")})
+        node.meta.update({k: v for k, v in value.meta.items() if k in (VALUE_KIND, "nn_module_stack")})
         if reroute:
             value.replace_all_uses_with(node, delete_user_cb=lambda user: user is not node)
         self.observer_of[value] = node
@@ -120,7 +120,7 @@ def tag_regions(regions: list[Region]) -> None:
                 weighted=region.weighted, is_dynamic=region.is_dynamic, qconfig=region.qconfig,
                 dtype_config=region.dtype_config)
         if region.weighted and region.root.op == "call_module":
-            region.root.meta["qplug_root"] = True
+            region.root.meta[ROOT] = True
 
 
 def is_observer_module(module: Any) -> bool:

@@ -9,10 +9,10 @@ from typing import Any, Callable
 from torch import fx
 
 from qplug_core.fx.fuse import FusionRecord
-from qplug_core.fx.tags import BOUNDARY, KERNEL, OBSERVER, region_tag
+from qplug_core.fx.tags import BOUNDARY, KERNEL, OBSERVER, REPORT, region_tag
 
 #: GraphModule.meta key under which flows keep their report
-REPORT_KEY = "qplug_report"
+REPORT_KEY = REPORT
 
 _NON_COMPUTE_FUNCTIONS = {"getattr", "getitem", "size", "dim"}
 

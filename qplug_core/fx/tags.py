@@ -22,6 +22,23 @@ OBSERVER = "qplug_observer"
 BOUNDARY = "qplug_boundary"
 #: node.meta key on nodes that run a backend kernel: the kernel's op name
 KERNEL = "qplug_kernel"
+#: node.meta key on the root node of a region (the node whose module carries the weight)
+ROOT = "qplug_root"
+#: node.meta key: which plugin pass wrote which annotation (see ``fx.annotation_guard``)
+ANNOTATION_OWNERS = "qplug_annotation_owners"
+
+# Keys of ``GraphModule.meta`` (and one module attribute) that carry state between the flows.
+
+#: GraphModule.meta key: the backend and mode a model was prepared for
+STATE = "qplug_state"
+#: GraphModule.meta key: the fusions fuse_fx applied (list of FusionRecord)
+FUSIONS = "qplug_fusions"
+#: GraphModule.meta key: the QuantizationReport a convert step attached
+REPORT = "qplug_report"
+#: GraphModule.meta key: what ``qp.save`` writes (the reference form recorded at convert)
+ARTIFACT = "qplug_artifact"
+#: attribute of an eager-mode model prepared by ``qp.eager.prepare``
+EAGER_STATE = "qplug_eager_state"
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,13 @@
 A backend registers, for a quantization pattern (complex format, the same key as its
 ``BackendPatternConfig``), a :class:`KernelSpec`. At convert time the lowering pass hands the spec's
 ``build`` a :class:`KernelContext` describing one matched instance (float module, qparams of every
-quantized input, the output and the weight) and puts the returned module into the graph. The module's
-``forward`` receives the *backend's* quantized tensors in the order of ``input_qparams`` and returns a
-quantized tensor with ``output_qparams``.
+quantized input, the output and the weight) and puts the returned module into the graph. What the
+module's ``forward`` receives and returns depends on the kind of pattern (docs/plugins/kernels.md):
+
+* static: per-tensor quantized tensors (``quint8``/``qint8``, made by the ``"quantize"`` boundary
+  kernel) in the order of ``input_qparams``, and it returns one with ``output_qparams``; read an
+  input with :func:`int_values`, build the output with :func:`quantized_from_int`;
+* dynamic (``input_qparams[0].is_dynamic``) and weight-only: float tensors in and out.
 """
 
 from __future__ import annotations
@@ -55,6 +59,37 @@ def engine_context(engine: str | None) -> Iterator[None]:
                 yield
         finally:
             torch.backends.quantized.engine = previous
+
+
+_INT_RANGE = {torch.quint8: (0, 255), torch.qint8: (-128, 127)}
+
+
+def int_values(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
+    """A static kernel's quantized input as ``(integers, scale, zero_point)``, all public torch API.
+
+    ``x`` is per-tensor quantized (what the ``"quantize"`` boundary kernel produces); the integers
+    are ``x.int_repr()`` (``uint8`` for quint8, ``int8`` for qint8) and ``x == (q - zp) * scale``.
+    """
+    return x.int_repr(), float(x.q_scale()), int(x.q_zero_point())
+
+
+def quantized_from_int(values: torch.Tensor, scale: float, zero_point: int,
+                       dtype: torch.dtype = torch.quint8) -> torch.Tensor:
+    """The per-tensor quantized tensor holding the integers ``values``: what a static kernel returns.
+
+    ``values`` (any integer or float dtype) are rounded half to even and saturated to ``dtype``'s
+    range; the result has exactly those integers, ``scale`` and ``zero_point``. Built through
+    ``torch.quantize_per_tensor`` on the exactly representable float values, so no private torch
+    function is needed, and without torch's deprecation warning for quantized dtypes.
+    """
+    if dtype not in _INT_RANGE:
+        raise ConfigValidationError(f"quantized_from_int: dtype must be torch.quint8 or torch.qint8, "
+                                    f"got {dtype}", field="dtype", value=dtype)
+    low, high = _INT_RANGE[dtype]
+    q = torch.round(values.to(torch.float64)).clamp(low, high)
+    with quiet_quantized_dtypes():
+        return torch.quantize_per_tensor(((q - zero_point) * scale).float(), float(scale),
+                                         int(zero_point), dtype)
 
 
 @dataclass(frozen=True)

@@ -43,12 +43,13 @@ def by_backend(model: nn.Module, backend: Any, example_inputs: Any, *, qconfig_m
     ``model`` is captured and fused as ``prepare_fx`` would (the user's model is not modified).
     With ``fuse=True`` each int8 partition becomes a submodule called through ``call_module``.
     """
-    from qplug_core.flows import as_input_tuple, fuse_fx, resolve_backend
+    from qplug_core.backend import resolve_backend
+    from qplug_core.fx.pipeline import as_input_tuple, fuse_model
     from qplug_core.fx.regions import RegionPlanner
     from qplug_core.fx.tags import ValueAnnotator
 
     chosen = resolve_backend(backend)
-    gm = fuse_fx(model, backend=chosen)
+    gm = fuse_model(model, chosen)
     ValueAnnotator(gm).run(*as_input_tuple(example_inputs))
     mapping = qconfig_mapping or chosen.default_qconfig_mapping("static")
     regions = RegionPlanner(gm, chosen, mapping, on_unsupported="skip").plan()

@@ -13,12 +13,23 @@ from packaging.version import InvalidVersion, Version
 from torch import fx, nn
 
 from qplug_core import plugins
-from qplug_core.backend import KNOWN_DISTRIBUTIONS, Backend, get_backend, list_backends
+from qplug_core.backend import Backend, get_backend, list_backends
 from qplug_core.errors import (
-    BackendNotFoundError, BackendUnavailableError, ConfigError, QplugError, SerializationError,
+    BackendNotFoundError,
+    BackendUnavailableError,
+    ConfigError,
+    QplugError,
+    SerializationError,
 )
+from qplug_core.fx.finish import finish_conversion
 from qplug_core.serialization.artifact import (
-    ARTIFACT_KEY, FUSIONS_KEY, Artifact, backend_identity, from_document, fusion_records, to_document,
+    ARTIFACT_KEY,
+    FUSIONS_KEY,
+    Artifact,
+    backend_identity,
+    from_document,
+    fusion_records,
+    to_document,
 )
 from qplug_core.serialization.files import read_artifact_file, write_artifact_file
 from qplug_core.serialization.graph_codec import decode_graph
@@ -63,8 +74,6 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) 
     recorded only warns: the file holds the backend-independent reference form, and the installed
     plugin builds its kernels from it.
     """
-    from qplug_core.flows import finish_conversion  # flows imports this package: import at call time
-
     source = Path(path)
     text, tensors = read_artifact_file(source)
     try:
@@ -113,7 +122,7 @@ def _resolve_backend(artifact: Artifact, backend: str | Backend | None, source: 
         chosen = get_backend(wanted).require_available()
     except BackendNotFoundError as exc:
         recorded = [p["dist"] for p in artifact.plugins if p["name"] == name]
-        dist = next((d for d in [KNOWN_DISTRIBUTIONS.get(name), *recorded, f"qplug-{name}"]
+        dist = next((d for d in [*recorded, f"qplug-{name}"]
                      if _distribution_name(d)), None)
         install = f"install it with: pip install {dist}" if dist else "install the plugin that provides it"
         installed = ", ".join(info.name for info in list_backends()) or "none"

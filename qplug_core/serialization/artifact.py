@@ -15,26 +15,26 @@ from typing import Any
 import torch
 from torch import fx
 
-import qplug_core
+from qplug_core import plugins
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config.codec import child, expect, read_fields, where
 from qplug_core.config.registry import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.fx.fuse import FusionRecord
-from qplug_core.fx.tags import KERNEL
+from qplug_core.fx.tags import ARTIFACT, FUSIONS, KERNEL, STATE
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
 
 #: GraphModule.meta key holding the :class:`Artifact` (or, if capture failed, why as a string)
-ARTIFACT_KEY = "qplug_artifact"
+ARTIFACT_KEY = ARTIFACT
 FORMAT = "qplug"
 SCHEMA_VERSION = 1
 TOP_KEYS = ("format", "schema_version", "backend", "plugins", "versions", "model")
 MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: GraphModule.meta keys written by the flows that the artifact keeps
-_FLOW_STATE_KEY = "qplug_state"
-FUSIONS_KEY = "qplug_fusions"
+_FLOW_STATE_KEY = STATE
+FUSIONS_KEY = FUSIONS
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -106,7 +106,7 @@ def to_document(artifact: Artifact) -> dict[str, Any]:
     """The JSON document stored in the file's metadata (environment versions as of now)."""
     return {"format": FORMAT, "schema_version": SCHEMA_VERSION, "backend": artifact.backend,
             "plugins": list(artifact.plugins), "model": artifact.model,
-            "versions": {"qplug-core": qplug_core.__version__, "torch": torch.__version__}}
+            "versions": {"qplug-core": plugins.core_version() or "0+unknown", "torch": torch.__version__}}
 
 
 def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:

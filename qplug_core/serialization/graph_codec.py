@@ -22,12 +22,11 @@ from qplug_core.config.codec import (
 from qplug_core.config.dtypes import DTypeConfig
 from qplug_core.config.registry import decode_name, encode_name
 from qplug_core.errors import ConfigError
-from qplug_core.fx.tags import BOUNDARY, REGION, VALUE_KIND, RegionTag
+from qplug_core.fx.tags import BOUNDARY, REGION, ROOT, VALUE_KIND, RegionTag
 from qplug_core.serialization.values import (
     check_callable, check_identifier, check_public, decode_value, encode_value, read_pairs,
 )
 
-ROOT = "qplug_root"
 NODE_KEYS = ("op", "name", "target", "type", "args", "kwargs", "meta")
 _BUILTIN_TYPES: dict[str, type] = {t.__name__: t for t in (int, float, bool, str)}
 CLASS_TAG = "class"

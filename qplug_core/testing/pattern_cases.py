@@ -46,7 +46,7 @@ from torch import fx, nn
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config import ObservationType, QConfigMapping
 from qplug_core.fx.summary import report_names
-from qplug_core.fx.tags import region_tag
+from qplug_core.fx.tags import FUSIONS, region_tag
 from qplug_core.kernels.reference import Dequantize
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat
@@ -539,7 +539,7 @@ def _regions(observed: fx.GraphModule, case: PatternCase, result: PatternResult)
     """Tags of the region(s) exercising ``case.pattern`` (after fusion, the fused module's)."""
     if case.is_fusion:
         name = format_pattern(case.pattern)
-        records = [f for f in observed.meta.get("qplug_fusions", []) if f.pattern == name]
+        records = [f for f in observed.meta.get(FUSIONS, []) if f.pattern == name]
         if not records:
             return []
         result.fused_into = records[0].fused_type

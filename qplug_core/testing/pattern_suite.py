@@ -1,64 +1,92 @@
-"""A ready pytest suite proving every pattern config of a backend end to end.
+"""``BackendPatternSuite``: a ready pytest suite proving every pattern config of a backend end to end.
 
-The fbgemm and qnnpack plugins run it, and a third-party backend can too: in a test module write
-``globals().update(pattern_suite("mynpu", "qplug-mynpu"))``. Each pattern gets a generated model
-(:func:`~qplug_core.testing.pattern_cases.cases_for`) that must be matched, quantized, lowered to the
-backend's kernel when its kernel table has one, and agree with ``convert_to_reference_fx`` of the
-same observed model within one quantization step on >= 99% of the output elements.
+The fbgemm and qnnpack plugins run it, and a third-party backend can too::
+
+    from qplug_core.plugin_api import BackendPatternSuite
+
+    class TestPatterns(BackendPatternSuite):
+        backend = "mynpu"
+        distribution = "qplug-mynpu"
+
+Each pattern gets a generated model (:func:`~qplug_core.testing.pattern_cases.cases_for`) that must
+be matched, quantized, lowered to the backend's kernel when its kernel table has one, and agree with
+``convert_to_reference_fx`` of the same observed model within one quantization step on >= 99% of the
+output elements.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import functools
+import importlib.metadata
+from typing import Any, ClassVar, Iterator
 
 import pytest
 import torch
 
 import qplug_core as qp
-from qplug_core.backend import get_backend
 from qplug_core.nn import intrinsic as nni
 from qplug_core.testing.environment import all_plugins_loaded, one_thread, require_distribution
 from qplug_core.testing.pattern_cases import PatternCase, cases_for, check_pattern
 
 
-def pattern_suite(backend_name: str, distribution: str) -> dict[str, Any]:
-    """The fixture and tests to put into a test module's globals (see the module docstring)."""
-    require_distribution(distribution)
+@functools.lru_cache(maxsize=None)
+def _cases(backend_name: str) -> tuple[PatternCase, ...]:
     with all_plugins_loaded():
-        available = get_backend(backend_name).availability().ok
-        cases: list[PatternCase] = cases_for(backend_name) if available else []
+        available = qp.get_backend(backend_name).availability().ok
+        return tuple(cases_for(backend_name)) if available else ()
 
-    def params() -> Iterator[Any]:
-        for case in cases:
+
+class BackendPatternSuite:
+    """Subclass it in a test module and set ``backend`` and ``distribution`` (see the module doc)."""
+
+    backend: ClassVar[str]
+    #: the distribution that must be installed for the suite to run (it skips otherwise)
+    distribution: ClassVar[str]
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "case" in metafunc.fixturenames:
+            metafunc.parametrize("case", list(self._params()))
+
+    @classmethod
+    def _params(cls) -> Iterator[Any]:
+        try:
+            importlib.metadata.version(cls.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            yield pytest.param(None, id="missing", marks=pytest.mark.skip(
+                reason=f"{cls.distribution} is not installed (pip install it to run these tests)"))
+            return
+        for case in _cases(cls.backend):
             marks = [pytest.mark.skip(reason=case.skip_reason)] if case.skip_reason else []
             yield pytest.param(case, id=case.id, marks=marks)
 
-    @pytest.fixture(scope="module")
-    def backend():
+    @pytest.fixture(scope="class")
+    @classmethod
+    def suite_backend(cls):
         """The backend assembled once, with every installed plugin loaded, on one thread."""
+        require_distribution(cls.distribution)
         with all_plugins_loaded(), one_thread():
-            chosen = get_backend(backend_name)
+            chosen = qp.get_backend(cls.backend)
             if not chosen.availability().ok:
-                pytest.skip(f"{backend_name} unavailable: {chosen.availability().reason}")
+                pytest.skip(f"{cls.backend} unavailable: {chosen.availability().reason}")
             yield chosen
 
-    def test_one_case_per_pattern_config(backend):
-        patterns = [c.pattern_complex_format for c in backend.config.configs]
+    def test_one_case_per_pattern_config(self, suite_backend):
+        patterns = [c.pattern_complex_format for c in suite_backend.config.configs]
+        cases = _cases(self.backend)
         assert [case.pattern for case in cases] == patterns
         assert len({case.id for case in cases}) == len(cases)
 
-    @pytest.mark.parametrize("case", list(params()))
-    def test_pattern_lowers_and_matches_reference(backend, case):
-        result = check_pattern(backend, case)
+    def test_pattern_lowers_and_matches_reference(self, suite_backend, case):
+        result = check_pattern(suite_backend, case)
         assert result.ok, result.explain()
         assert result.matched and result.outputs
         if result.expect_kernel:  # the kernel table has this pattern: its anchor runs on the kernel
             assert result.anchors and set(result.anchors) <= set(result.kernels), result.explain()
 
-    def test_static_float_conv_bn_module_converts(backend):
+    def test_static_float_conv_bn_module_converts(self, suite_backend):
         model = torch.nn.Sequential(nni.ConvBn2d(torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4)))
         x = torch.randn(2, 4, 6, 6)
-        observed = qp.prepare_fx(model.eval(), None, (x,), backend=backend)
+        observed = qp.prepare_fx(model.eval(), None, (x,), backend=suite_backend)
         qp.calibrate(observed, [(x,)])
         reference, lowered = qp.convert_to_reference_fx(observed), qp.convert_fx(observed)
         with torch.no_grad():
@@ -66,6 +94,5 @@ def pattern_suite(backend_name: str, distribution: str) -> dict[str, Any]:
         step = float(expected.max() - expected.min()) / 255 * 1.01
         assert ((got - expected).abs() <= step).float().mean() >= 0.99
 
-    return {"backend": backend, "test_one_case_per_pattern_config": test_one_case_per_pattern_config,
-            "test_pattern_lowers_and_matches_reference": test_pattern_lowers_and_matches_reference,
-            "test_static_float_conv_bn_module_converts": test_static_float_conv_bn_module_converts}
+
+__all__ = ["BackendPatternSuite"]

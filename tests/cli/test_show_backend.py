@@ -86,7 +86,7 @@ def test_unknown_backend_is_one_line_with_did_you_mean():
 
 def test_unknown_backend_subprocess():
     assert_one_line_error(run("show-backend", "fbgem"), "did you mean 'fbgemm'?",
-                          "pip install qplug-fbgemm")
+                          "qplug-fbgemm 0.1.0 provides 'fbgemm' but is not loaded")
 
 
 def test_missing_name_is_a_usage_error():

@@ -5,7 +5,9 @@
 * every ``python`` block in ``docs/`` is either such a block or a checked hook signature;
 * ``docs/plugins/hooks.md`` gives every hookspec with its exact signature and firstresult flag;
 * ``docs/cli.md`` documents exactly the commands of the typer app, and its examples exit 0;
-* the plugin tutorial's own test suite passes against a (fake) installed distribution.
+* the plugin tutorial's package works as the tutorial says: its test suite passes against it
+  installed through its metadata (fast), and, ``pip install -e``'d into a fresh venv (slow), both
+  its tests and the tutorial's script pass.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import re
 import runpy
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +28,7 @@ from typer.testing import CliRunner
 
 from qplug_core import hookspecs, plugins
 from qplug_core.cli import app
+from qplug_core.testing.dists import child_venv, pip_install_into, write_dist_info
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -64,32 +68,63 @@ def test_docs_exist():
 def isolated_example(plugin_autoload, monkeypatch):
     """Run an example as a user would (all installed plugins), then undo what it did to the process."""
     monkeypatch.setattr(sys, "path", list(sys.path))
-    modules = set(sys.modules)
     yield
-    for name in set(sys.modules) - modules:
-        if name.startswith("qplug_tiny"):
-            del sys.modules[name]
     plugins.reset()
 
 
+#: examples that run after the user installed something, and how the test installs it
+NEEDS_TINY = {"writing_a_backend.py"}
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_runs(example: Path, isolated_example, capsys):
+def test_example_runs(example: Path, isolated_example, fake_dist, capsys):
+    if example.name in NEEDS_TINY:  # what `pip install -e docs_src/plugin_tiny` leaves behind
+        fake_dist("qplug-tiny", module="qplug_tiny.plugin:plugin", entry_point="tiny",
+                  version="0.1.0", location=TINY)
     runpy.run_path(str(example), run_name="__main__")
     assert capsys.readouterr().out, f"{example.name} printed nothing"
 
 
-def test_plugin_tutorial_test_suite_passes(tmp_path):
-    """docs_src/plugin_tiny/tests against the plugin 'installed' through a dist-info on the path."""
-    info = tmp_path / "qplug_tiny-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: qplug-tiny\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[qplug]\ntiny = qplug_tiny.plugin\n")
+def _tutorial_env(*paths: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QPLUG_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(TINY), str(REPO)])
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
+    return env
+
+
+def test_plugin_tutorial_test_suite_passes(tmp_path):
+    """docs_src/plugin_tiny/tests against the plugin installed through its metadata on the path."""
+    write_dist_info(tmp_path, "qplug-tiny", "0.1.0", {"tiny": "qplug_tiny.plugin:plugin"})
     result = subprocess.run([sys.executable, "-m", "pytest", str(TINY / "tests"), "-q",
-                             "-p", "no:cacheprovider", "--rootdir", str(TINY)],
-                            cwd=TINY, env=env, capture_output=True, text=True, timeout=300)
+                             "-p", "no:cacheprovider", "--rootdir", str(TINY)], cwd=TINY,
+                            env=_tutorial_env(tmp_path, TINY, REPO), capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_plugin_tutorial_installs_with_pip(tmp_path):
+    """The tutorial's main path: ``pip install -e`` of the package (a copy, to keep the tree
+    clean) into a fresh venv, then its tests and the tutorial's script, as a user runs them."""
+    package = tmp_path / "plugin_tiny"
+    shutil.copytree(TINY, package, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    python = child_venv(tmp_path / "venv")
+    install = pip_install_into(python, "--no-deps", "-e", str(package))
+    assert install.returncode == 0, install.stderr
+    tests = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                           cwd=package, env=_tutorial_env(), capture_output=True, text=True, timeout=600)
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
+    script = subprocess.run([str(python), str(SRC / "writing_a_backend.py")], cwd=tmp_path,
+                            env=_tutorial_env(), capture_output=True, text=True, timeout=300)
+    assert script.returncode == 0, script.stderr[-3000:]
+    assert "tiny::linear" in script.stdout
+
+
+def test_plugin_tutorial_is_written_against_the_plugin_api_only():
+    source = (TINY / "qplug_tiny" / "plugin.py").read_text()
+    assert len(source.splitlines()) <= 60
+    imported = {line.split()[1] for line in source.splitlines() if line.startswith(("from ", "import "))}
+    assert {m for m in imported if m.startswith("qplug_core")} == {"qplug_core.plugin_api"}
 
 
 # -- (b) shown code is tested code -------------------------------------------------------------

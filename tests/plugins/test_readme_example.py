@@ -19,11 +19,12 @@ def _block(first_line: str) -> str:
 
 
 def test_readme_plugin_example_is_listed_and_quantizes(fake_dist):
-    fake_dist("qplug-mynpu", _block("# qplug_mynpu/plugin.py"), module="qplug_mynpu_plugin",
+    assert 'mynpu = "qplug_mynpu.plugin:plugin"' in _block("# pyproject.toml")
+    fake_dist("qplug-mynpu", _block("# qplug_mynpu/plugin.py"), module="qplug_mynpu_plugin:plugin",
               entry_point="mynpu")
     assert "mynpu" in [info.name for info in qp.list_backends()]
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
     x = torch.randn(16, 8)
     qmodel = qp.quantize(model, (x,), [x], backend="mynpu")
-    assert set(qp.quantization_report(qmodel).kernels.values()) == {"mynpu::linear"}
+    assert set(qp.quantization_report(qmodel).kernels.values()) == {"quantized::linear"}
     assert qp.sqnr(model(x), qmodel(x)) > 25

@@ -12,7 +12,7 @@ from torch import fx
 
 import qplug_core as qp
 from qplug_core import plugins
-from qplug_core.backend import BackendSpec, engine_availability
+from qplug_core.plugin_api import BackendPlugin
 from qplug_core.errors import PassError, PluginHookError
 from qplug_core.fx import lower
 from qplug_core.hookspecs import hookimpl
@@ -73,34 +73,19 @@ def _self_test_fails():
     raise RuntimeError("packed weights mismatch")
 
 
-class SelfTestFailingBackend:
-    """A backend reusing fbgemm's patterns and kernels, whose linear kernel fails its self-test."""
+class SelfTestFailingBackend(BackendPlugin):
+    """fbgemm's patterns and kernels under another name, whose linear kernel fails its self-test."""
 
     name = "flaky-linear"
+    description = "fbgemm with a broken linear kernel"
+    engine = "fbgemm"
 
-    @hookimpl
-    def qplug_register_backends(self):
-        return [BackendSpec(self.name, "fbgemm with a broken linear kernel", engine="fbgemm",
-                            is_available=lambda: engine_availability("fbgemm"))]
-
-    @hookimpl
-    def qplug_backend_pattern_configs(self, backend):
-        from qplug_fbgemm.plugin import _pattern_configs
-        return list(_pattern_configs()) if backend == self.name else []
-
-    @hookimpl
-    def qplug_int8_kernels(self, backend):
-        if backend != self.name:
-            return {}
-        from qplug_core.kernels.table import torch_int8_kernels
-        from qplug_fbgemm.plugin import _pattern_configs
-        table = torch_int8_kernels((c.pattern_complex_format for c in _pattern_configs()), "fbgemm")
+    def kernels(self):
         return {k: dataclasses.replace(v, self_test=_self_test_fails) if v.op == "quantized::linear"
-                else v for k, v in table.items()}
+                else v for k, v in super().kernels().items()}
 
-    @hookimpl
-    def qplug_default_qconfig_mapping(self, backend, mode):
-        return qp.get_default_qconfig_mapping("fbgemm", mode) if backend == self.name else None
+    def default_qconfig_mapping(self, mode):
+        return qp.get_default_qconfig_mapping("fbgemm", mode)
 
 
 def test_kernel_failing_its_self_test_falls_back_to_reference_with_a_warning(register_plugin, monkeypatch):

@@ -14,9 +14,7 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import warn_user
-from qplug_core.fx.tags import OBSERVER
-from qplug_core.passes import PassResult
+from qplug_core.plugin_api import PassResult, observed_inputs, observed_values, warn_user
 
 from qplug_fbgemm import cpu
 
@@ -46,11 +44,9 @@ def limit_depthwise_input_range(gm: fx.GraphModule) -> PassResult:
     """Give every observed value that feeds a depthwise conv 7-bit qparams (see module docstring)."""
     modified = False
     for node in gm.graph.nodes:
-        if node.op != "call_module" or not _is_depthwise(gm.get_submodule(node.target)):
-            continue
-        source = node.args[0] if node.args else None
-        if isinstance(source, fx.Node) and source.op == "call_module" and OBSERVER in source.meta:
-            modified |= _reduce(gm.get_submodule(source.target))
+        if node.op == "call_module" and _is_depthwise(gm.get_submodule(node.target)):
+            for observed in observed_inputs(gm, node):
+                modified |= _reduce(observed.observer)
     return PassResult(gm, modified)
 
 
@@ -58,10 +54,9 @@ def warn_full_range_without_vnni(gm: fx.GraphModule) -> PassResult:
     """Warn when 8-bit activations meet a CPU without VNNI (dense GEMMs saturate there too)."""
     if cpu.has_vnni():
         return PassResult(gm, False)
-    wide = sorted({node.args[0].name for node in gm.graph.nodes
-                   if node.op == "call_module" and OBSERVER in node.meta
-                   and getattr(gm.get_submodule(node.target), "quant_max", 0) > REDUCED_QUANT_MAX
-                   and getattr(gm.get_submodule(node.target), "dtype", None) == torch.quint8})
+    wide = sorted({found.value.name for found in observed_values(gm)
+                   if getattr(found.observer, "quant_max", 0) > REDUCED_QUANT_MAX
+                   and getattr(found.observer, "dtype", None) == torch.quint8})
     if wide:
         warn_user(f"fbgemm: this CPU has no VNNI, so 8-bit activations can saturate FBGEMM's int16 "
                   f"pair sums and silently corrupt outputs; {len(wide)} activation(s) use the full "

@@ -1,8 +1,8 @@
-"""Issue 7: every pattern config of fbgemm, quantized end to end and compared with the reference.
+"""Every pattern config of fbgemm, quantized end to end and compared with the reference backend."""
 
-The suite itself lives in :mod:`qplug_core.testing.pattern_suite` (third-party backends reuse it).
-"""
+from qplug_core.plugin_api import BackendPatternSuite
 
-from qplug_core.testing.pattern_suite import pattern_suite
 
-globals().update(pattern_suite("fbgemm", "qplug-fbgemm"))
+class TestFbgemmPatterns(BackendPatternSuite):
+    backend = "fbgemm"
+    distribution = "qplug-fbgemm"

@@ -1,0 +1,59 @@
+"""The last step of every conversion: lower the reference form to a backend and attach the report.
+
+Shared by ``convert_fx`` and ``qp.load`` (which rebuilds the reference form from a file), so it
+lives below both the flows and serialization.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import fx
+
+from qplug_core.fx.lower import LoweringSummary, lower_graph
+from qplug_core.fx.pipeline import run_passes
+from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes, report_names
+from qplug_core.fx.tags import FUSIONS, region_tag
+
+if TYPE_CHECKING:
+    from qplug_core.backend import Backend
+
+
+def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
+                      lower: bool = True) -> QuantizationReport:
+    """Lower a reference-form model to ``backend`` (post_convert passes too) and attach its report.
+
+    Shared by convert_fx and qp.load, which rebuilds the reference form from a file.
+    """
+    regions = _quantized_regions(gm)
+    found: dict[str, LoweringSummary] = {}
+
+    def lower_to_kernels(graph_module: fx.GraphModule) -> None:
+        found["summary"] = lower_graph(graph_module, backend)
+
+    # a backend without kernels (reference) runs the reference form itself: nothing to lower
+    lowering = [lower_to_kernels] if lower and backend.kernels else []
+    run_passes(gm, [*lowering, *backend.passes("post_convert")])
+    summary = found.get("summary", LoweringSummary())
+    report = QuantizationReport(
+        backend=backend.name, mode=_mode_of(mode, regions.values()),
+        fusions=list(gm.meta.get(FUSIONS, [])),
+        quantized={name: pattern for name, (pattern, _) in regions.items()},
+        kernels=dict(summary.lowered), reference=dict(summary.reference),
+        skipped=float_compute_nodes(gm, summary.reference))
+    gm.meta[REPORT_KEY] = report
+    return report
+
+
+def _quantized_regions(gm: fx.GraphModule) -> dict[str, tuple[str, bool]]:
+    """anchor name (see report_names) -> (pattern name, is dynamic) for every int8 region."""
+    report_key = report_names(gm.graph)
+    return {report_key(node): (tag.pattern_name, tag.is_dynamic) for node in gm.graph.nodes
+            if (tag := region_tag(node)) is not None and tag.is_anchor and tag.quantized}
+
+
+def _mode_of(prepared_mode: str, regions) -> str:
+    dynamic = [is_dynamic for _, is_dynamic in regions]
+    if prepared_mode == "static" and dynamic and all(dynamic):
+        return "dynamic"
+    return prepared_mode

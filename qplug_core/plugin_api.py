@@ -1,0 +1,125 @@
+"""Everything a qplug backend plugin may import, and nothing else.
+
+A backend (``qplug-fbgemm``, ``qplug-qnnpack``, the ``qplug new-backend`` scaffold, yours) imports
+from this module and from the top-level ``qplug_core`` only. Every other ``qplug_core`` module is
+internal: it may change in any release. The names and signatures below are snapshot-tested
+(``tests/api_surface.expect``), so changing them is a deliberate, reviewed diff.
+
+See docs/plugins/writing-a-backend.md (the tutorial), hooks.md (the hook reference), kernels.md
+(what a kernel receives and returns) and testing-your-plugin.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qplug_core.backend_configs.common import common_pattern_configs
+from qplug_core.backend_configs.dtype_configs import (
+    DTypeConfigSet,
+    default_dynamic_float16_dtype_config,
+    default_dynamic_int8_dtype_config,
+    default_op_quint8_dtype_config,
+    input_output_only_quint8_dtype_config,
+    weight_only_quint8_dtype_config,
+    weighted_op_quint8_dtype_config,
+)
+from qplug_core.backend_plugin import BackendPlugin
+from qplug_core.config import (
+    BackendPatternConfig,
+    DTypeConfig,
+    DTypeWithConstraints,
+    ObservationType,
+    QConfig,
+    QConfigMapping,
+)
+from qplug_core.contract import (
+    ARM_MACHINES,
+    X86_MACHINES,
+    Availability,
+    BackendSpec,
+    Diagnostic,
+    engine_availability,
+)
+from qplug_core.enums import Mode, Stage
+from qplug_core.errors import ConfigValidationError, QplugError, warn_user
+from qplug_core.fx.observed import ObservedValue, observed_inputs, observed_values
+from qplug_core.hookspecs import hookimpl
+from qplug_core.kernels.base import (
+    KernelContext,
+    KernelSpec,
+    TensorArg,
+    engine_context,
+    int_values,
+    quantized_from_int,
+)
+from qplug_core.kernels.table import torch_int8_kernels
+from qplug_core.passes.base import PassResult
+from qplug_core.plugins import QplugPluginWarning
+from qplug_core.qconfig_defaults import default_qconfig_mapping
+from qplug_core.qparams import QParams
+
+if TYPE_CHECKING:
+    from qplug_core.testing.pattern_suite import BackendPatternSuite
+
+
+def __getattr__(name: str) -> type:
+    # the testing kit imports pytest: only when a test module asks for it
+    if name == "BackendPatternSuite":
+        from qplug_core.testing.pattern_suite import BackendPatternSuite
+
+        return BackendPatternSuite
+    raise AttributeError(f"module 'qplug_core.plugin_api' has no attribute {name!r}")
+
+
+__all__ = [
+    # hooks
+    "hookimpl",
+    "BackendPlugin",
+    # what a plugin declares
+    "ARM_MACHINES",
+    "X86_MACHINES",
+    "Availability",
+    "BackendSpec",
+    "Diagnostic",
+    "engine_availability",
+    "Mode",
+    "Stage",
+    # patterns and dtypes
+    "BackendPatternConfig",
+    "DTypeConfig",
+    "DTypeWithConstraints",
+    "ObservationType",
+    "DTypeConfigSet",
+    "common_pattern_configs",
+    "default_dynamic_float16_dtype_config",
+    "default_dynamic_int8_dtype_config",
+    "default_op_quint8_dtype_config",
+    "input_output_only_quint8_dtype_config",
+    "weight_only_quint8_dtype_config",
+    "weighted_op_quint8_dtype_config",
+    # kernels
+    "KernelContext",
+    "KernelSpec",
+    "QParams",
+    "TensorArg",
+    "engine_context",
+    "int_values",
+    "quantized_from_int",
+    "torch_int8_kernels",
+    # default qconfigs
+    "QConfig",
+    "QConfigMapping",
+    "default_qconfig_mapping",
+    # passes
+    "ObservedValue",
+    "PassResult",
+    "observed_inputs",
+    "observed_values",
+    # errors and warnings
+    "ConfigValidationError",
+    "QplugError",
+    "QplugPluginWarning",
+    "warn_user",
+    # testing (imports pytest on first use)
+    "BackendPatternSuite",
+]

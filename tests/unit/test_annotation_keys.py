@@ -24,8 +24,11 @@ TAGS_FILE = Path(tags.__file__).resolve()
 
 def key_literals(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(), filename=str(path))
+    exported = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+                for c in ast.walk(node.value)}  # __all__ names functions, not keys
     return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in exported
             and KEY_LIKE.match(node.value) and node.value not in HOOK_NAMES | PACKAGES]
 
 
@@ -45,5 +48,6 @@ def test_tags_define_each_key_once():
 
 def test_the_check_sees_a_literal(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text('node.meta["qplug_root"] = True\nplugins.collect("qplug_passes")\n')
+    sample.write_text('node.meta["qplug_root"] = True\nplugins.collect("qplug_passes")\n'
+                      '__all__ = ["qplug_only"]\n')
     assert key_literals(sample) == [(1, "qplug_root")]

@@ -10,7 +10,7 @@ import contextlib
 import contextvars
 from typing import Iterator
 
-_CLI = contextvars.ContextVar("qplug_cli_audience", default=False)
+_CLI = contextvars.ContextVar("cli_audience", default=False)
 
 
 def spelled(python: str, cli: str) -> str:

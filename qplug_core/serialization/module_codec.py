@@ -27,12 +27,12 @@ from torch import fx, nn
 from torch.overrides import TorchFunctionMode
 
 from qplug_core import qparams as Q
-from qplug_core.config.codec import child, expect, read_fields, where
-from qplug_core.config.registry import decode_dtype, decode_name, encode_dtype, encode_name
+from qplug_core.config.codec import child, expect, read_fields, read_pairs, where
+from qplug_core.config.names import Kind, decode_dtype, decode_name, encode_dtype, encode_name
 from qplug_core.errors import ConfigError
 from qplug_core.kernels.reference import ReferenceWeighted
 from qplug_core.serialization.graph_codec import check_path
-from qplug_core.serialization.values import check_identifier, decode_value, encode_value, read_pairs
+from qplug_core.serialization.values import FILE_VALUES, check_identifier
 
 #: tensor table key: the float dtype an int8-stored weight is dequantized to
 INT8_OF = "int8_of"
@@ -49,6 +49,7 @@ _BOOKKEEPING = frozenset(vars(nn.Module()))
 #: constructor arguments never recovered: modules are always rebuilt on the CPU
 _DROPPED_KWARGS = ("device",)
 _MISSING = object()
+_MODULE_KINDS = (Kind.MODULE,)
 #: torch's recurrent layers hide their arguments behind ``*args``: the extra arguments each takes
 #: beyond ``RNNBase``'s, and the ``RNNBase`` arguments it supplies itself or refuses
 _RNN_ARGUMENTS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -146,12 +147,12 @@ def _lookup(gm: fx.GraphModule, target: str) -> Any:
 def _encode_module(path: str, module: nn.Module, table: TensorTable) -> dict[str, Any]:
     cls = type(module)
     at = f"modules[{path}]"
-    entry: dict[str, Any] = {"path": path, "class": encode_name(cls, field=child(at, "class")),
+    entry: dict[str, Any] = {"path": path, "class": encode_name(cls, field=child(at, "class"), kinds=_MODULE_KINDS),
                              "training": module.training}
     if restores_state(cls):
         if isinstance(module, ReferenceWeighted):
             _store_weight_as_int8(module, at, table)
-        entry["attrs"] = {k: encode_value(v, child(child(at, "attrs"), k))
+        entry["attrs"] = {k: FILE_VALUES.encode(v, child(child(at, "attrs"), k))
                           for k, v in sorted(vars(module).items()) if k not in _BOOKKEEPING}
         params = module.named_parameters(recurse=False, remove_duplicate=False)
         buffers = module.named_buffers(recurse=False, remove_duplicate=False)
@@ -203,7 +204,7 @@ def _constructor_kwargs(module: nn.Module, at: str) -> dict[str, Any]:
             continue
         if isinstance(p.default, bool) and (value is None or isinstance(value, torch.Tensor)):
             value = value is not None  # bias=True/False is stored as the bias tensor or None
-        kwargs[p.name] = encode_value(value, child(child(at, "kwargs"), p.name))
+        kwargs[p.name] = FILE_VALUES.encode(value, child(child(at, "kwargs"), p.name))
     return kwargs
 
 
@@ -265,7 +266,7 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
 
 def _decode_module(doc: Any, at: str) -> tuple[nn.Module, dict[str, Any]]:
     expect(doc, dict, at, "a JSON object")
-    cls = decode_name(doc.get("class"), field=child(at, "class"))
+    cls = decode_name(doc.get("class"), field=child(at, "class"), kinds=_MODULE_KINDS)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)) or issubclass(cls, fx.GraphModule):
         raise ConfigError(f"{where(child(at, 'class'))}: {doc.get('class')!r} is not a module class",
                           field=child(at, "class"), value=doc.get("class"))
@@ -283,14 +284,14 @@ def _decode_module(doc: Any, at: str) -> tuple[nn.Module, dict[str, Any]]:
         if name in _BOOKKEEPING or name.startswith("__") or hasattr(cls, name):
             raise ConfigError(f"{where(child(attrs_at, name))}: {cls.__name__} attribute {name!r} cannot "
                               "be set from a file", field=child(attrs_at, name), value=name)
-        setattr(module, name, decode_value(value, child(attrs_at, name)))
+        setattr(module, name, FILE_VALUES.decode(value, child(attrs_at, name)))
     return module, doc
 
 
 def _decode_kwargs(doc: Any, at: str) -> dict[str, Any]:
     kwargs_at = child(at, "kwargs")
     return {check_identifier(k, child(kwargs_at, k), "argument name"):
-            decode_value(v, child(kwargs_at, k))
+            FILE_VALUES.decode(v, child(kwargs_at, k))
             for k, v in expect(doc, dict, kwargs_at, "a JSON object").items()}
 
 

@@ -224,7 +224,7 @@ TAMPERING = {
     "newer schema_version": (lambda d, t: d.update(schema_version=2), "schema_version"),
     "other format": (lambda d, t: d.update(format="other"), "not a qplug artifact"),
     "os.system as a call target": (_call("os.system", "touch pwned"), "disallowed name 'os.system'"),
-    "torch.load as a call target": (_call("torch.load", "evil.pt"), "not a tensor operation"),
+    "torch.load as a call target": (_call("torch.load", "evil.pt"), "disallowed name 'torch.load'"),
     "subprocess class as a module": (_set(lambda d: module(d, "quantize"), **{"class": "subprocess.Popen"}),
                                      "disallowed name 'subprocess.Popen'"),
     "code in a node name": (_set(lambda d: node(d, "fc"), name="fc=__import__('os').mkdir('pwned')#"),

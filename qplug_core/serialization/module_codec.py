@@ -31,6 +31,7 @@ from qplug_core.config.codec import child, expect, read_fields, read_pairs, wher
 from qplug_core.config.names import Kind, decode_dtype, decode_name, encode_dtype, encode_name
 from qplug_core.errors import ConfigError
 from qplug_core.kernels.reference import ReferenceWeighted
+from qplug_core.serialization.checks import check_loaded_values, check_weight_qparams
 from qplug_core.serialization.graph_codec import check_path
 from qplug_core.serialization.values import FILE_VALUES, check_identifier
 
@@ -210,7 +211,7 @@ def _constructor_kwargs(module: nn.Module, at: str) -> dict[str, Any]:
 
 def _check_rebuild(module: nn.Module, kwargs: dict[str, Any], at: str) -> None:
     """Fail at save time when the recovered constructor arguments do not give the same module."""
-    rebuilt = _construct(type(module), _decode_kwargs(kwargs, at), at)
+    rebuilt = _construct(type(module), _decode_kwargs(kwargs, at), at, len(_shapes(module)))
     if repr(rebuilt) != repr(module) or _shapes(rebuilt) != _shapes(module):
         raise ConfigError(
             f"{at}: {type(module).__name__} rebuilt from the constructor arguments recovered from its "
@@ -256,6 +257,7 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
         loader.assign(module, entry, at)
     for target, spec in expect(attributes, dict, "attributes", "a JSON object").items():
         loader.assign_attribute(root, target, spec, child("attributes", target))
+    check_loaded_values(root)
     for module, entry, at in built.values():
         if isinstance(module, ReferenceWeighted):
             loader.dequantize_weight(module, at)
@@ -275,7 +277,9 @@ def _decode_module(doc: Any, at: str) -> tuple[nn.Module, dict[str, Any]]:
     check_path(doc["path"], child(at, "path"), "module path")
     expect(doc["training"], bool, child(at, "training"), "true or false")
     if not state:
-        return _construct(cls, _decode_kwargs(doc.get("kwargs", {}), at), at), doc
+        tensors = len(read_pairs(doc.get("params", []), child(at, "params")))
+        tensors += len(read_pairs(doc.get("buffers", []), child(at, "buffers")))
+        return _construct(cls, _decode_kwargs(doc.get("kwargs", {}), at), at, tensors), doc
     module = cls.__new__(cls)
     nn.Module.__init__(module)
     attrs_at = child(at, "attrs")
@@ -295,12 +299,26 @@ def _decode_kwargs(doc: Any, at: str) -> dict[str, Any]:
             for k, v in expect(doc, dict, kwargs_at, "a JSON object").items()}
 
 
-class _SkipInitOnMeta(TorchFunctionMode):
-    """Skips initialising meta tensors: their values come from the file, and some meta
-    initialisers (``normal_``) import torch._dynamo, which takes seconds."""
+class _MetaBuild(TorchFunctionMode):
+    """Builds a module on the meta device within a budget of tensor operations.
+
+    Initialising meta tensors is skipped: their values come from the file, and some meta
+    initialisers (``normal_``) import torch._dynamo, which takes seconds. The budget is what keeps
+    a small file from asking for a huge module (``nn.Transformer(num_encoder_layers=20000)``):
+    construction may do :data:`WORK_PER_TENSOR` tensor operations per tensor the file gives the
+    module (torch's own layers need under 10), and is stopped as soon as it exceeds that.
+    """
+
+    def __init__(self, budget: int) -> None:
+        super().__init__()
+        self.budget = budget
+        self.calls = 0
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        self.calls += 1
+        if self.calls > self.budget:
+            raise _OverBudget
         if (getattr(func, "__module__", None) == "torch.nn.init"
                 or getattr(func, "__name__", None) in _RANDOM_FILLS):
             tensor = args[0] if args else kwargs.get("tensor")
@@ -309,11 +327,26 @@ class _SkipInitOnMeta(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _construct(cls: type[nn.Module], kwargs: dict[str, Any], at: str) -> nn.Module:
-    """``cls(**kwargs)`` on the meta device: no memory, whatever sizes the arguments ask for."""
+class _OverBudget(Exception):
+    """Construction did more work than the module's tensors in the file account for."""
+
+
+#: tensor operations a constructor may run per tensor of the module (plus a fixed allowance)
+WORK_PER_TENSOR = 32
+_BASE_WORK = 64
+
+
+def _construct(cls: type[nn.Module], kwargs: dict[str, Any], at: str, tensors: int) -> nn.Module:
+    """``cls(**kwargs)`` on the meta device: no memory, and no more work than a module with
+    ``tensors`` parameters and buffers needs, whatever sizes the arguments ask for."""
+    budget = _BASE_WORK + WORK_PER_TENSOR * tensors
     try:
-        with torch.device("meta"), _SkipInitOnMeta():
+        with torch.device("meta"), _MetaBuild(budget):
             return cls(**kwargs)
+    except _OverBudget:
+        raise ConfigError(f"{at}: {cls.__name__}(**{kwargs}) builds a bigger module than the {tensors} "
+                          f"tensors the file gives it (stopped after {budget} tensor operations)",
+                          field=at) from None
     except Exception as exc:  # any constructor failure is a bad document, reported where it is
         raise ConfigError(f"{at}: {cls.__name__}(**{kwargs}) failed: {type(exc).__name__}: {exc}",
                           field=at) from exc
@@ -449,6 +482,7 @@ class _TensorLoader:
                                   "stored as its int8 values", field=at)
             return
         values = self.tensors[key]
+        check_weight_qparams(qparams, tuple(values.shape), child(at, "weight_qparams_holder"))
         if values.dtype != storage:
             raise ConfigError(f"{at}: tensor {key!r} is {values.dtype} but a {qparams.dtype} weight is "
                               f"stored as {storage}", field=at, value=key)

@@ -26,6 +26,7 @@ reloaded (it lives in the plugin manager's cache), because backends come from pl
 
 from __future__ import annotations
 
+import difflib
 import enum
 import inspect
 import operator
@@ -198,11 +199,24 @@ class NameTable:
             known = "" if name not in self._objects else (
                 f" ({name!r} is a {'/'.join(sorted(k.value for k in self._kinds[name]))}, not a {what})")
             raise ConfigValidationError(
-                f"{at}: unknown or disallowed name {name!r}{known}{did_you_mean(name, self.names(wanted))}."
+                f"{at}: unknown or disallowed name {name!r}{known}{self._suggestion(name, wanted)}."
                 f" Only the objects in qplug's name table resolve ({what}: torch ops and modules, "
                 "qplug's modules, observers and fuser methods, what installed backends register, "
                 "and objects registered with register_serializable)", field=field, value=name)
         return value
+
+
+    def _suggestion(self, name: str, kinds: frozenset[Kind]) -> str:
+        """A close allowed name: a sibling (``torch.nn.Conv2D``), else one with a close last part
+        (``qplug_core.cli.os.system`` is nothing like ``torch.nn.functional.relu``, so no hint)."""
+        names = self.names(kinds)
+        parent, _, last = name.rpartition(".")
+        siblings = [n for n in names if n.rpartition(".")[0] == parent]
+        by_last: dict[str, str] = {}
+        for n in siblings or names:
+            by_last.setdefault(n.rpartition(".")[2], n)
+        close = difflib.get_close_matches(last, list(by_last), n=1, cutoff=0.6 if siblings else 0.8)
+        return f" (did you mean {by_last[close[0]]!r}?)" if close else ""
 
 
 def _aten_name(op: torch._ops.OpOverload) -> str | None:

@@ -239,9 +239,11 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
     root = nn.Module()
     built: dict[str, tuple[nn.Module, dict[str, Any], str]] = {}
     init_paths: list[str] = []
-    for i, doc in enumerate(expect(entries, list, "modules", "a JSON list")):
+    docs = expect(entries, list, "modules", "a JSON list")
+    classes = [_decode_class(doc, child("modules", i)) for i, doc in enumerate(docs)]  # before building
+    for i, (doc, cls) in enumerate(zip(docs, classes)):
         at = child("modules", i)
-        module, entry = _decode_module(doc, at)
+        module, entry = _decode_module(doc, cls, at)
         path = entry["path"]
         if _under_any(path, init_paths):
             raise ConfigError(f"{at}: {path!r} lies inside a module rebuilt from its constructor",
@@ -266,12 +268,16 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
     return root, [(module, entry["training"]) for module, entry, _ in modes]
 
 
-def _decode_module(doc: Any, at: str) -> tuple[nn.Module, dict[str, Any]]:
+def _decode_class(doc: Any, at: str) -> type[nn.Module]:
     expect(doc, dict, at, "a JSON object")
     cls = decode_name(doc.get("class"), field=child(at, "class"), kinds=_MODULE_KINDS)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)) or issubclass(cls, fx.GraphModule):
         raise ConfigError(f"{where(child(at, 'class'))}: {doc.get('class')!r} is not a module class",
                           field=child(at, "class"), value=doc.get("class"))
+    return cls
+
+
+def _decode_module(doc: dict[str, Any], cls: type[nn.Module], at: str) -> tuple[nn.Module, dict[str, Any]]:
     state = restores_state(cls)
     read_fields(doc, at, _STATE_KEYS if state else _INIT_KEYS, required=("path", "class", "training"))
     check_path(doc["path"], child(at, "path"), "module path")

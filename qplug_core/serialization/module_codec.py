@@ -261,8 +261,8 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
         loader.assign_attribute(root, target, spec, child("attributes", target))
     check_loaded_values(root)
     for module, entry, at in built.values():
-        if isinstance(module, ReferenceWeighted):
-            loader.dequantize_weight(module, at)
+        if isinstance(module, ReferenceWeighted):  # named by path, as the qparams checks are
+            loader.dequantize_weight(module, f"modules[{entry['path']}]")
     loader.check_complete(root)
     modes = sorted(built.values(), key=lambda item: item[1]["path"].count("."))
     return root, [(module, entry["training"]) for module, entry, _ in modes]

@@ -43,9 +43,9 @@ from torch import nn
 from qplug_core.errors import ConfigError, ConfigValidationError, did_you_mean
 
 __all__ = [
+    "TENSOR_ATTRIBUTES",
     "Kind",
     "NameTable",
-    "TENSOR_ATTRIBUTES",
     "decode_dtype",
     "decode_name",
     "decode_qscheme",
@@ -204,7 +204,6 @@ class NameTable:
                 "qplug's modules, observers and fuser methods, what installed backends register, "
                 "and objects registered with register_serializable)", field=field, value=name)
         return value
-
 
     def _suggestion(self, name: str, kinds: frozenset[Kind]) -> str:
         """A close allowed name: a sibling (``torch.nn.Conv2D``), else one with a close last part
@@ -465,7 +464,7 @@ def register_serializable(obj: Any, name: str | None = None, *, kind: Kind | str
                           value=name)
     kinds = (Kind(kind),) if kind is not None else _kind_of(obj)
     with _lock:
-        known = dict((n, o) for o, n, _ in _REGISTERED)
+        known = {n: o for o, n, _ in _REGISTERED}
         existing = known.get(name)
         if existing is None and name in _core_part():
             existing = _core_part().resolve_or_none(name)

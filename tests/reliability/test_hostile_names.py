@@ -208,7 +208,7 @@ def test_hostile_names_in_a_saved_file_are_refused_and_nothing_runs(place, good_
     path = sentinel.with_name("edited.safetensors")
     wrong = []
     for name in HOSTILE:
-        rewrite(good_file, path, lambda doc: edit(doc, name, payload(name, sentinel)))
+        rewrite(good_file, path, lambda doc, name=name: edit(doc, name, payload(name, sentinel)))
         try:
             load(path)
         except SerializationError as error:

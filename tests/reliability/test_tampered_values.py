@@ -55,7 +55,7 @@ Edit = Callable[[dict[str, Any], dict[str, torch.Tensor]], None]
 def rewrite(source: Path, edit: Edit) -> Path:
     with safe_open(str(source), framework="pt") as f:
         document = json.loads(f.metadata()["qplug"])
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
     edit(document, tensors)
     target = source.with_name("edited.safetensors")
     save_file(tensors, str(target), metadata={"qplug": json.dumps(document)})

@@ -81,8 +81,12 @@ _OPERATORS = (
     "matmul", "mod", "mul", "ne", "neg", "not_", "or_", "pos", "pow", "rshift", "sub", "truediv",
     "truth", "xor",
 )
-#: native torch functions with effects beyond the tensors they get and return
-_TORCH_DENIED = frozenset({"from_file"})
+#: native torch functions with effects beyond the tensors they get and return (files), that read
+#: foreign memory (numpy arrays, buffers), or whose invariants are not checked: sparse constructors,
+#: ``segment_reduce(unsafe=True)`` and the engines' raw kernels, which take packed weights as
+#: pointers. No float model or reference form calls them.
+_TORCH_DENIED = frozenset({"from_file", "from_numpy", "frombuffer", "segment_reduce", "resize_as_sparse_"})
+_TORCH_DENIED_PREFIXES = ("set_", "sparse_", "fbgemm_", "mkldnn_", "miopen_", "cudnn_", "quantized_")
 #: what a function's ``__module__`` is for the Python-level functions of ``torch.nn.functional``
 _FUNCTIONAL_MODULES = frozenset({"torch.nn.functional", "torch._C._nn", "torch"})
 #: tensor methods and attributes that reach storages, numpy arrays, autograd nodes or callbacks:
@@ -90,7 +94,7 @@ _FUNCTIONAL_MODULES = frozenset({"torch.nn.functional", "torch._C._nn", "torch"}
 _TENSOR_DENIED = frozenset({
     "storage", "untyped_storage", "numpy", "share_memory_", "set_", "apply_", "map_", "map2_",
     "register_hook", "register_post_accumulate_grad_hook", "grad_fn", "backward", "module_load",
-    "data_ptr", "pin_memory", "record_stream",
+    "data_ptr", "pin_memory", "record_stream", "sparse_resize_", "sparse_resize_and_clear_",
 })
 #: names a graph may use as ``call_method`` targets and ``getattr`` attributes
 TENSOR_ATTRIBUTES = frozenset(
@@ -218,6 +222,10 @@ class NameTable:
         return f" (did you mean {by_last[close[0]]!r}?)" if close else ""
 
 
+def _denied(op_name: str) -> bool:
+    return op_name in _TORCH_DENIED or op_name.startswith(_TORCH_DENIED_PREFIXES)
+
+
 def _aten_name(op: torch._ops.OpOverload) -> str | None:
     return f"{op.namespace}::{op._opname}.{op._overloadname}" if op.namespace == "aten" else None
 
@@ -234,7 +242,8 @@ def _aten_op(name: str) -> Any:
         op = getattr(getattr(torch.ops.aten, op_name), overload)
     except (RuntimeError, AttributeError):
         return None
-    if op_name in _TORCH_DENIED or any(a.name in _FILE_ARGUMENTS for a in schema.arguments):
+    if (op_name.startswith("_") or _denied(op_name)
+            or any(a.name in _FILE_ARGUMENTS for a in schema.arguments)):
         return None
     return op if isinstance(op, torch._ops.OpOverload) and _aten_name(op) == name else None
 
@@ -254,14 +263,14 @@ def _torch_ops(table: NameTable) -> None:
     for attr in _OPERATORS:
         table.add(getattr(operator, attr), f"operator.{attr}", Kind.OP)
     table.add(getattr, "builtins.getattr", Kind.OP)
-    native = {n for n in dir(torch._C._VariableFunctions) if not n.startswith("_")} - _TORCH_DENIED
+    native = {n for n in dir(torch._C._VariableFunctions) if not n.startswith("_")}
     functional = {n for n, v in vars(torch).items() if getattr(v, "__module__", None) == "torch.functional"}
     for attr in sorted(native | functional):
         obj = vars(torch).get(attr)
-        if callable(obj) and not isinstance(obj, type) and not attr.startswith("set_"):
+        if callable(obj) and not isinstance(obj, type) and not _denied(attr):
             table.add(obj, f"torch.{attr}", Kind.OP)
     for attr, obj in sorted(vars(F).items()):
-        if (not attr.startswith("_") and callable(obj) and not isinstance(obj, type)
+        if (not attr.startswith("_") and not _denied(attr) and callable(obj) and not isinstance(obj, type)
                 and getattr(obj, "__module__", None) in _FUNCTIONAL_MODULES):
             names = [f"torch.nn.functional.{attr}"]
             if obj is vars(torch).get(attr):  # F.conv2d is torch.conv2d: written as before

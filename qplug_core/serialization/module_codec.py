@@ -241,7 +241,7 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
     init_paths: list[str] = []
     docs = expect(entries, list, "modules", "a JSON list")
     classes = [_decode_class(doc, child("modules", i)) for i, doc in enumerate(docs)]  # before building
-    for i, (doc, cls) in enumerate(zip(docs, classes)):
+    for i, (doc, cls) in enumerate(zip(docs, classes, strict=True)):
         at = child("modules", i)
         module, entry = _decode_module(doc, cls, at)
         path = entry["path"]
@@ -260,7 +260,7 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
     for target, spec in expect(attributes, dict, "attributes", "a JSON object").items():
         loader.assign_attribute(root, target, spec, child("attributes", target))
     check_loaded_values(root)
-    for module, entry, at in built.values():
+    for module, entry, _ in built.values():
         if isinstance(module, ReferenceWeighted):  # named by path, as the qparams checks are
             loader.dequantize_weight(module, f"modules[{entry['path']}]")
     loader.check_complete(root)

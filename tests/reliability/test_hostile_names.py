@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import json
 import os
 import pkgutil
 import subprocess
@@ -27,6 +26,7 @@ from typing import Any
 
 import pytest
 import torch
+from artifactkit import module, node, reference_model, rewrite_header
 from torch import fx, nn
 
 import qplug_core
@@ -34,9 +34,7 @@ import qplug_core as qp
 from qplug_core.config import BackendConfig, BackendPatternConfig, QConfig, QConfigMapping
 from qplug_core.config.names import name_table
 from qplug_core.errors import ConfigValidationError, SerializationError
-from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
-from qplug_core.qparams import QParams
-from qplug_core.serialization import ARTIFACT_KEY, capture_artifact, load, save
+from qplug_core.serialization import load, save
 
 #: names that reach code directly, through builtins, torch, or pickling
 DIRECT = [
@@ -60,7 +58,9 @@ DIRECT = [
     "torch.nn.Module.__init__", "torch.nn.modules.conv.Conv2d.__init__",
     "torch.nn.modules.conv.Conv2d.__class__", "torch.Tensor.__reduce_ex__", "operator.__builtins__",
     "torch.ops.aten.from_file.default", "aten::from_file.default", "aten::from_file",
-    "prim::Print.default", "aten::add.Tensor.__class__",
+    "prim::Print.default", "aten::add.Tensor.__class__", "aten::_sparse_coo_tensor_unsafe.default",
+    "torch.sparse_coo_tensor", "torch.fbgemm_linear_int8_weight", "torch.segment_reduce",
+    "torch.frombuffer", "torch.from_numpy",
     "pickle.loads", "pickle.load", "_pickle.loads", "marshal.loads", "shelve.open",
     "ctypes.CDLL", "ctypes.cdll.LoadLibrary", "ctypes.pythonapi", "ctypes.memmove",
     "sys.modules", "sys.exit", "sys._getframe", "sys.settrace",
@@ -120,6 +120,24 @@ def payload(name: str, sentinel: Path) -> list[Any]:
     return [f"touch {sentinel}"]
 
 
+def refusals(attempt: Callable[[str], Any], error: type[Exception], sentinel: Path,
+             explains: Callable[[str, Any], bool]) -> list[str]:
+    """Every hostile name for which ``attempt(name)`` does not raise ``error`` saying ``explains``,
+    or after which the sentinel exists."""
+    wrong = []
+    for name in HOSTILE:
+        try:
+            attempt(name)
+        except error as raised:
+            if not explains(name, raised):
+                wrong.append(f"{name}: {getattr(raised, 'field', None)!r}: {raised}")
+        else:
+            wrong.append(f"{name}: accepted")
+        if sentinel.exists():
+            wrong.append(f"{name}: RAN (sentinel created)")
+    return wrong
+
+
 def test_payloads_are_live(tmp_path):
     """Run directly (not through qplug), the payloads do create the sentinel."""
     for name, run in [("os.system", os.system), ("subprocess.run", subprocess.run),
@@ -130,21 +148,6 @@ def test_payloads_are_live(tmp_path):
 
 
 # -- files -----------------------------------------------------------------------------------------
-
-
-def reference_model() -> fx.GraphModule:
-    activation = QParams(torch.tensor(0.05), torch.tensor(128), torch.quint8, 0, 255)
-    weight = QParams(torch.full((3,), 0.02), torch.zeros(3, dtype=torch.int64), torch.qint8, -128, 127, axis=0)
-    root = nn.Module()
-    root.quantize, root.dequantize = Quantize(activation), Dequantize(activation)
-    root.fc = ReferenceWeighted(nn.Linear(4, 3), weight)
-    graph = fx.Graph()
-    x = graph.placeholder("x")
-    quantized = graph.call_module("quantize", (x,))
-    graph.output(graph.call_module("fc", (graph.call_module("dequantize", (quantized,)),)))
-    gm = fx.GraphModule(root, graph)
-    gm.meta[ARTIFACT_KEY] = capture_artifact(gm)
-    return gm
 
 
 @pytest.fixture(scope="module")
@@ -159,44 +162,22 @@ def sentinel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "SENTINEL"
 
 
-def rewrite(source: Path, target: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
-    """``source`` with its JSON header edited and written back in front of the same tensor bytes
-    (a safetensors file is an 8-byte header length, the JSON header, then raw data)."""
-    raw = source.read_bytes()
-    length = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + length])
-    document = json.loads(header["__metadata__"]["qplug"])
-    edit(document)
-    header["__metadata__"]["qplug"] = json.dumps(document)
-    text = json.dumps(header).encode()
-    target.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
-    return target
-
-
-def _node(doc: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(n for n in doc["model"]["graph"] if n["name"] == name)
-
-
-def _module(doc: dict[str, Any], path: str) -> dict[str, Any]:
-    return next(m for m in doc["model"]["modules"] if m["path"] == path)
-
-
 FILE_PLACES: dict[str, Callable[[dict[str, Any], str, list[Any]], None]] = {
-    "graph call target": lambda d, n, a: _node(d, "fc").update(op="call_function", target=n, args=a),
-    "graph callable argument": lambda d, n, a: _node(d, "fc").update(args=[{"callable": n}, *a]),
-    "call_method target": lambda d, n, a: _node(d, "fc").update(op="call_method", target=n,
+    "graph call target": lambda d, n, a: node(d, "fc").update(op="call_function", target=n, args=a),
+    "graph callable argument": lambda d, n, a: node(d, "fc").update(args=[{"callable": n}, *a]),
+    "call_method target": lambda d, n, a: node(d, "fc").update(op="call_method", target=n,
                                                                   args=[{"node": "dequantize"}, *a]),
-    "module class": lambda d, n, a: _module(d, "quantize").update({"class": n}),
-    "module callable attribute": lambda d, n, a: _module(d, "quantize").setdefault("attrs", {}).update(
+    "module class": lambda d, n, a: module(d, "quantize").update({"class": n}),
+    "module callable attribute": lambda d, n, a: module(d, "quantize").setdefault("attrs", {}).update(
         hook={"callable": n}),
-    "node type annotation": lambda d, n, a: _node(d, "x").update(type={"class": n}),
+    "node type annotation": lambda d, n, a: node(d, "x").update(type={"class": n}),
 }
 
 
 def test_an_edited_file_still_loads_when_the_edit_is_harmless(good_file, sentinel):
     """The control for the rewriting below: the same edit with a legitimate name loads."""
-    path = rewrite(good_file, sentinel.with_name("edited.safetensors"),
-                   lambda doc: _node(doc, "x").update(type={"class": "torch.Tensor"}))
+    path = rewrite_header(good_file, sentinel.with_name("edited.safetensors"),
+                   lambda doc: node(doc, "x").update(type={"class": "torch.Tensor"}))
     assert isinstance(load(path), fx.GraphModule)
 
 
@@ -206,18 +187,12 @@ def test_hostile_names_in_a_saved_file_are_refused_and_nothing_runs(place, good_
     name_table()  # built (importing what it needs) before the snapshot
     before = set(sys.modules)
     path = sentinel.with_name("edited.safetensors")
-    wrong = []
-    for name in HOSTILE:
-        rewrite(good_file, path, lambda doc, name=name: edit(doc, name, payload(name, sentinel)))
-        try:
-            load(path)
-        except SerializationError as error:
-            if str(path) not in str(error) or repr(name) not in str(error):
-                wrong.append(f"{name}: {error}")
-        else:
-            wrong.append(f"{name}: loaded")
-        if sentinel.exists():
-            wrong.append(f"{name}: RAN (sentinel created)")
+    def attempt(name: str) -> None:
+        rewrite_header(good_file, path, lambda doc: edit(doc, name, payload(name, sentinel)))
+        load(path)
+
+    wrong = refusals(attempt, SerializationError, sentinel,
+                     lambda name, error: str(path) in str(error) and repr(name) in str(error))
     assert not wrong, "\n".join(wrong[:20])
     assert set(sys.modules) == before  # nothing was imported to resolve a name
 
@@ -280,17 +255,8 @@ def test_hostile_names_in_a_config_document_are_refused_and_nothing_runs(place, 
     build, field = DOCUMENT_PLACES[place]
     name_table()
     before = set(sys.modules)
-    wrong = []
-    for name in HOSTILE:
-        try:
-            build(name, payload(name, sentinel))
-        except ConfigValidationError as error:
-            if error.field != field or field not in str(error) or repr(name) not in str(error):
-                wrong.append(f"{name}: field {error.field!r}: {error}")
-        else:
-            wrong.append(f"{name}: accepted")
-        if sentinel.exists():
-            wrong.append(f"{name}: RAN (sentinel created)")
+    wrong = refusals(lambda name: build(name, payload(name, sentinel)), ConfigValidationError, sentinel,
+                     lambda name, error: error.field == field and field in str(error) and repr(name) in str(error))
     assert not wrong, "\n".join(wrong[:20])
     assert set(sys.modules) == before
 

@@ -7,7 +7,6 @@ the file and the field, before anything computes with the value.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable
@@ -16,32 +15,12 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
-from torch import fx, nn
+from artifactkit import module, reference_model, rewrite
+from torch import fx
 
 from qplug_core.errors import SerializationError
-from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
-from qplug_core.qparams import QParams
-from qplug_core.serialization import ARTIFACT_KEY, capture_artifact, load, save
+from qplug_core.serialization import load, save
 from qplug_core.serialization.module_codec import WORK_PER_TENSOR
-
-
-def reference_model() -> fx.GraphModule:
-    """quantize -> dequantize -> int8-weight linear (per-channel weight qparams)."""
-    torch.manual_seed(0)
-    activation = QParams(torch.tensor(0.05), torch.tensor(128), torch.quint8, 0, 255)
-    weight = QParams(torch.full((3,), 0.02), torch.zeros(3, dtype=torch.int64), torch.qint8, -128, 127, axis=0)
-    root = nn.Module()
-    root.quantize, root.dequantize = Quantize(activation), Dequantize(activation)
-    root.fc = ReferenceWeighted(nn.Linear(4, 3), weight)
-    graph = fx.Graph()
-    x = graph.placeholder("x")
-    quantized = graph.call_module("quantize", (x,))
-    graph.output(graph.call_module("fc", (graph.call_module("dequantize", (quantized,)),)))
-    gm = fx.GraphModule(root, graph)
-    gm.meta[ARTIFACT_KEY] = capture_artifact(gm)
-    return gm
 
 
 @pytest.fixture
@@ -50,20 +29,6 @@ def good_file(tmp_path: Path) -> Path:
 
 
 Edit = Callable[[dict[str, Any], dict[str, torch.Tensor]], None]
-
-
-def rewrite(source: Path, edit: Edit) -> Path:
-    with safe_open(str(source), framework="pt") as f:
-        document = json.loads(f.metadata()["qplug"])
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
-    edit(document, tensors)
-    target = source.with_name("edited.safetensors")
-    save_file(tensors, str(target), metadata={"qplug": json.dumps(document)})
-    return target
-
-
-def module(document: dict[str, Any], path: str) -> dict[str, Any]:
-    return next(m for m in document["model"]["modules"] if m["path"] == path)
 
 
 def tensor(key: str, value: torch.Tensor) -> Edit:

@@ -72,14 +72,16 @@ def write_file(directory: Path, backend: str) -> Path:
 
 def run(core: Path | None, *args: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(core) if core else str(REPO))
-    out = subprocess.run([sys.executable, __file__, *args], env=env, check=True, capture_output=True,
-                         text=True, cwd=tempfile.gettempdir()).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True,
+                          cwd=tempfile.gettempdir())
+    if done.returncode:
+        sys.exit(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--before", type=Path, required=True, help="directory holding an older qplug_core/")
+    parser.add_argument("--before", type=Path, help="directory holding an older qplug_core/ (required)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--loads", type=int, default=3)
     parser.add_argument("--backend", default="fbgemm")
@@ -90,6 +92,8 @@ def main() -> None:
         return child(args.child[0], int(args.child[1]))
     if args.table_child:
         return table_child()
+    if args.before is None:
+        parser.error("--before DIR is required")
     sys.path.insert(0, str(REPO / "bench"))
     from _harness import machine_line
 

@@ -383,6 +383,17 @@ def _backends(table: NameTable) -> None:
                 _add_registered(table, obj, (Kind.OBSERVER,))
 
 
+def _plugin_observers(table: NameTable) -> None:
+    """Observer classes plugins declare through ``qplug_observers``."""
+    from qplug_core import plugins
+
+    for result in plugins.collect("qplug_observers"):
+        if result.ok:
+            for cls in result.value.values():
+                if isinstance(cls, type):
+                    _add_registered(table, cls, (Kind.OBSERVER,))
+
+
 def _mapping_observers(mapping: Any) -> Iterator[type]:
     from qplug_core.observers.factory import ObserverFactory
 
@@ -450,6 +461,7 @@ def name_table() -> NameTable:
             table.update(core)
             table.update(_user_part())
             _backends(table)
+            _plugin_observers(table)
         finally:
             _building.active = False
         manager.cache[_CACHE_KEY] = (key, table)

@@ -1,0 +1,81 @@
+"""The name table: kinds, aten overloads, the tensor-method allowlist, and backends' registrations.
+
+The backend case registers a class-based fake plugin on the real manager (tier 1 of the plugin
+tests): what it contributes to a backend becomes nameable in documents, and goes away with it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from qplug_core import plugins
+from qplug_core.config import BackendPatternConfig
+from qplug_core.config.names import TENSOR_ATTRIBUTES, Kind, decode_name, encode_name, name_table
+from qplug_core.errors import ConfigValidationError
+from qplug_core.hookspecs import hookimpl
+from qplug_core.observers import MinMaxObserver
+
+
+def test_a_name_only_resolves_for_the_use_it_is_registered_for():
+    assert decode_name("torch.nn.modules.conv.Conv2d", kinds=(Kind.MODULE,)) is nn.Conv2d
+    with pytest.raises(ConfigValidationError, match="is a module/type, not a op") as info:
+        decode_name("torch.nn.modules.conv.Conv2d", field="graph[3].target", kinds=(Kind.OP,))
+    assert info.value.field == "graph[3].target"
+    with pytest.raises(ConfigValidationError, match="is a fuser, not a observer"):
+        decode_name("qplug_core.nn.fuser_methods.fuse_conv_bn", kinds=(Kind.OBSERVER,))
+    assert decode_name("torch.nn.Conv2d") is nn.Conv2d  # public alias
+    assert encode_name(nn.Conv2d) == "torch.nn.modules.conv.Conv2d"  # written where it is defined
+
+
+def test_aten_overloads_resolve_by_their_exact_name_only():
+    assert decode_name("aten::add.Tensor", kinds=(Kind.OP,)) is torch.ops.aten.add.Tensor
+    assert encode_name(torch.ops.aten.relu.default, kinds=(Kind.OP,)) == "aten::relu.default"
+    for name in ("aten::add", "aten::add.NoSuchOverload", "aten::_softmax.default", "aten::from_file.default",
+                 "aten::add.Tensor.__call__", "prim::Print.default", "quantized::linear.default"):
+        with pytest.raises(ConfigValidationError, match="unknown or disallowed"):
+            decode_name(name, kinds=(Kind.OP,))
+
+
+def test_tensor_attribute_allowlist():
+    assert {"view", "shape", "size", "relu", "contiguous", "dtype", "permute"} <= TENSOR_ATTRIBUTES
+    assert not {"storage", "untyped_storage", "numpy", "grad_fn", "register_hook", "apply_", "set_",
+                "__reduce__", "__class__", "_base"} & TENSOR_ATTRIBUTES
+
+
+def fuse_conv_softsign(is_qat, conv, softsign):
+    return nn.Sequential(conv, softsign)
+
+
+class ClampingObserver(MinMaxObserver):
+    pass
+
+
+class ContributingPlugin:
+    """Adds one fusion pattern (with its own fuser method) to the reference backend, and an observer."""
+
+    @hookimpl
+    def qplug_backend_pattern_configs(self, backend):
+        if backend != "reference":
+            return []
+        return [BackendPatternConfig((nn.Conv1d, nn.Softsign)).set_fuser_method(fuse_conv_softsign)]
+
+    @hookimpl
+    def qplug_observers(self):
+        return {"clamping": ClampingObserver}
+
+
+def test_what_a_backend_registers_becomes_nameable_and_goes_away_with_it(register_plugin):
+    fuser = f"{__name__}.fuse_conv_softsign"
+    observer = f"{__name__}.ClampingObserver"
+    document = {"schema_version": 1, "pattern": [{"op": "torch.nn.modules.conv.Conv1d"},
+                                                 {"op": "torch.nn.modules.activation.Softsign"}],
+                "fuser_method": fuser}
+    with pytest.raises(ConfigValidationError, match="fuser_method"):
+        BackendPatternConfig.from_dict(document)
+    register_plugin(ContributingPlugin(), "contributing")
+    assert BackendPatternConfig.from_dict(document).fuser_method is fuse_conv_softsign
+    assert decode_name(observer, kinds=(Kind.OBSERVER,)) is ClampingObserver
+    plugins.reset()
+    assert fuser not in name_table()

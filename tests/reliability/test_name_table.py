@@ -1,4 +1,5 @@
-"""The name table: kinds, aten overloads, the tensor-method allowlist, and backends' registrations.
+"""The name table: kinds, aten overloads, the tensor-method allowlist, backends' registrations, and
+files written before it.
 
 The backend case registers a class-based fake plugin on the real manager (tier 1 of the plugin
 tests): what it contributes to a backend becomes nameable in documents, and goes away with it.
@@ -6,8 +7,11 @@ tests): what it contributes to a backend becomes nameable in documents, and goes
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from artifactkit import reference_model
 from torch import nn
 
 from qplug_core import plugins
@@ -16,6 +20,7 @@ from qplug_core.config.names import TENSOR_ATTRIBUTES, Kind, decode_name, encode
 from qplug_core.errors import ConfigValidationError
 from qplug_core.hookspecs import hookimpl
 from qplug_core.observers import MinMaxObserver
+from qplug_core.serialization import load
 
 
 def test_a_name_only_resolves_for_the_use_it_is_registered_for():
@@ -79,3 +84,11 @@ def test_what_a_backend_registers_becomes_nameable_and_goes_away_with_it(registe
     assert decode_name(observer, kinds=(Kind.OBSERVER,)) is ClampingObserver
     plugins.reset()
     assert fuser not in name_table()
+
+
+def test_a_file_written_before_the_name_table_still_loads():
+    """A file of the current format (written by main at 9ff4cea, before the table) loads, because
+    every name it holds maps through the table; the model is the same."""
+    loaded = load(Path(__file__).parent / "data" / "reference_model_written_by_9ff4cea.safetensors")
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(loaded(x), reference_model()(x), rtol=0, atol=0)

@@ -26,6 +26,7 @@ reloaded (it lives in the plugin manager's cache), because backends come from pl
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import enum
 import inspect
@@ -414,6 +415,7 @@ _PREFIXES: list[str] = []
 _CACHE_KEY = "qplug_name_table"
 _lock = threading.RLock()
 _core_table: NameTable | None = None
+_base: tuple[Any, NameTable] | None = None
 _building = threading.local()
 
 
@@ -427,44 +429,59 @@ def _core_part() -> NameTable:
         return _core_table
 
 
-def _user_part() -> NameTable:
-    table = NameTable()
-    for obj, name, kinds in _REGISTERED:
-        table.add(obj, name, *kinds, primary=True)
-    for prefix in _PREFIXES:
-        for module_name in sorted(m for m in list(sys.modules) if m == prefix or m.startswith(prefix + ".")):
+def _prefix_modules() -> tuple[str, ...]:
+    """The imported modules under the registered package prefixes (their classes are allowed)."""
+    if not _PREFIXES:
+        return ()
+    return tuple(sorted(m for m in list(sys.modules)
+                        if any(m == p or m.startswith(p + ".") for p in _PREFIXES)))
+
+
+def _base_table() -> NameTable:
+    """Core objects plus user registrations: no plugin needs to be loaded to use these names."""
+    global _base
+    key = (len(_REGISTERED), _prefix_modules())
+    cached = _base
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    with _lock:
+        table = NameTable()
+        table.update(_core_part())
+        for obj, name, kinds in _REGISTERED:
+            table.add(obj, name, *kinds, primary=True)
+        for module_name in key[1]:
             for obj in _defined_in(module_name):
                 if isinstance(obj, type) and issubclass(obj, nn.Module):
                     _add_defined(table, obj, *_kind_of(obj))
+        _base = (key, table)
     return table
 
 
 def name_table() -> NameTable:
-    """The table for the current plugins and registrations (built on first use, then cached)."""
+    """The whole table: core, registrations and the current plugins' backends (built on first use,
+    then cached on the plugin manager, so a plugin reload rebuilds it)."""
     from qplug_core import plugins
+    from qplug_core.errors import QplugError
 
-    core = _core_part()
+    base = _base_table()
     if getattr(_building, "active", False):  # a plugin hook decoding a document while we build
-        partial = NameTable()
-        partial.update(core)
-        partial.update(_user_part())
-        return partial
+        return base
     manager = plugins.get_manager()
-    key = (len(_REGISTERED), len(_PREFIXES))
     cached = manager.cache.get(_CACHE_KEY)
-    if cached is not None and cached[0] == key:
+    if cached is not None and cached[0] is base:
         return cached[1]
     with _lock:
         _building.active = True
+        table = NameTable()
+        table.update(base)
         try:
-            table = NameTable()
-            table.update(core)
-            table.update(_user_part())
             _backends(table)
             _plugin_observers(table)
+        except QplugError:  # backends cannot be assembled yet (a plugin still importing): no cache
+            return table
         finally:
             _building.active = False
-        manager.cache[_CACHE_KEY] = (key, table)
+        manager.cache[_CACHE_KEY] = (base, table)
     return table
 
 
@@ -511,12 +528,21 @@ def register_serializable_module(prefix: str) -> None:
 
 def encode_name(obj: Any, *, field: str = "", kinds: Iterable[Kind] = ANY_KIND) -> str:
     """The stable name :func:`decode_name` turns back into ``obj`` itself."""
+    base = _base_table()
+    if base.knows(obj) or isinstance(obj, torch._ops.OpOverload):
+        with contextlib.suppress(ConfigError):
+            return base.name_of(obj, field=field, kinds=kinds)
     return name_table().name_of(obj, field=field, kinds=kinds)
 
 
 def decode_name(name: Any, *, field: str = "", kinds: Iterable[Kind] = ANY_KIND) -> Any:
-    """The object the table holds under ``name``; anything else is a :class:`ConfigValidationError`."""
-    return name_table().resolve(name, field=field, kinds=kinds)
+    """The object the table holds under ``name``; anything else is a :class:`ConfigValidationError`.
+
+    Core and registered names resolve without loading plugins (a plugin may read a document while
+    it is being imported); only other names consult the installed backends' registrations.
+    """
+    value = _base_table().resolve_or_none(name, kinds) if isinstance(name, str) else None
+    return value if value is not None else name_table().resolve(name, field=field, kinds=kinds)
 
 
 # -- torch constants ---------------------------------------------------------------------------------

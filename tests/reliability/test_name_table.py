@@ -92,3 +92,29 @@ def test_a_file_written_before_the_name_table_still_loads():
     loaded = load(Path(__file__).parent / "data" / "reference_model_written_by_9ff4cea.safetensors")
     x = torch.randn(2, 4)
     torch.testing.assert_close(loaded(x), reference_model()(x), rtol=0, atol=0)
+
+
+class DocumentPlugin:
+    """Builds its pattern config from a JSON document, as a plugin shipping JSON configs would."""
+
+    @hookimpl
+    def qplug_backend_pattern_configs(self, backend):
+        if backend != "reference":
+            return []
+        return [BackendPatternConfig.from_dict({
+            "schema_version": 1, "pattern": [{"op": "torch.nn.modules.conv.Conv3d"},
+                                             {"op": "torch.nn.modules.activation.Softsign"}],
+            "fuser_method": "qplug_core.nn.fuser_methods.fuse_conv_relu"})]
+
+
+def test_a_plugin_reading_a_document_while_backends_assemble(register_plugin):
+    """Core names resolve without assembling backends, so a hook decoding a document while the
+    table itself is assembling backends neither recurses nor sees a half-built table."""
+    register_plugin(ContributingPlugin(), "contributing")
+    register_plugin(DocumentPlugin(), "documents")
+    with pytest.raises(ConfigValidationError, match="no.such"):
+        decode_name("no.such.name")  # builds the whole table: backends, hence both hooks
+    from qplug_core.backend import get_backend
+
+    patterns = [cfg.pattern for cfg in get_backend("reference").config.configs]
+    assert (nn.Conv3d, nn.Softsign) in patterns and (nn.Conv1d, nn.Softsign) in patterns

@@ -174,10 +174,21 @@ FILE_PLACES: dict[str, Callable[[dict[str, Any], str, list[Any]], None]] = {
 }
 
 
-def test_an_edited_file_still_loads_when_the_edit_is_harmless(good_file, sentinel):
-    """The control for the rewriting below: the same edit with a legitimate name loads."""
-    path = rewrite_header(good_file, sentinel.with_name("edited.safetensors"),
-                   lambda doc: node(doc, "x").update(type={"class": "torch.Tensor"}))
+HARMLESS_EDITS = {
+    "type annotation": lambda doc: node(doc, "x").update(type={"class": "torch.Tensor"}),
+    "tensor method": lambda doc: node(doc, "fc").update(op="call_method", target="relu",
+                                                        args=[{"node": "dequantize"}]),
+    "torch op": lambda doc: node(doc, "fc").update(op="call_function", target="torch.relu",
+                                                   args=[{"node": "dequantize"}]),
+    "getattr of a tensor attribute": lambda doc: node(doc, "fc").update(
+        op="call_function", target="builtins.getattr", args=[{"node": "dequantize"}, "shape"]),
+}
+
+
+@pytest.mark.parametrize("edit", list(HARMLESS_EDITS))
+def test_an_edited_file_still_loads_when_the_edit_is_harmless(edit, good_file, sentinel):
+    """The control for the rewriting below: the same edits with legitimate names load."""
+    path = rewrite_header(good_file, sentinel.with_name("edited.safetensors"), HARMLESS_EDITS[edit])
     assert isinstance(load(path), fx.GraphModule)
 
 
@@ -272,3 +283,37 @@ def test_a_legitimate_document_still_prepares(sentinel):
     assert isinstance(qp.convert_to_reference_fx(observed), fx.GraphModule)
     config = BackendPatternConfig.from_dict(_pattern_doc(fuser_method="qplug_core.nn.fuser_methods.fuse_conv_relu"))
     assert config.fuser_method is qplug_core.nn.fuser_methods.fuse_conv_relu
+
+
+#: method and attribute names that reach interpreter internals, storages, numpy arrays or callbacks
+HOSTILE_METHODS = [
+    "__reduce__", "__reduce_ex__", "__class__", "__init__", "__getattribute__", "__setattr__",
+    "__globals__", "__subclasses__", "__dict__", "_base", "mro", "storage", "untyped_storage", "numpy",
+    "share_memory_", "set_", "apply_", "map_", "map2_", "register_hook", "grad_fn", "backward",
+    "data_ptr", "system", "popen", "eval", "exec", "load", "save", "tofile", "dump", "from_file",
+]
+
+
+@pytest.mark.parametrize("place", ["call_method target", "getattr attribute"])
+def test_hostile_method_names_in_a_saved_file_are_refused(place, good_file, sentinel):
+    path = sentinel.with_name("edited.safetensors")
+
+    def edit(doc: dict[str, Any], name: str) -> None:
+        if place == "call_method target":
+            node(doc, "fc").update(op="call_method", target=name, args=[{"node": "dequantize"}])
+        else:
+            node(doc, "fc").update(op="call_function", target="builtins.getattr",
+                                   args=[{"node": "dequantize"}, name])
+
+    wrong = []
+    for name in HOSTILE_METHODS:
+        rewrite_header(good_file, path, lambda doc, name=name: edit(doc, name))
+        try:
+            load(path)
+        except SerializationError as error:
+            if repr(name) not in str(error):
+                wrong.append(f"{name}: {error}")
+        else:
+            wrong.append(f"{name}: loaded")
+    assert not wrong, "\n".join(wrong)
+    assert not sentinel.exists()

@@ -342,10 +342,17 @@ def _pattern_objects(pattern: Any) -> Iterator[Any]:
         yield pattern
 
 
-def _add_registered(table: NameTable, obj: Any, kinds: tuple[Kind, ...] = ()) -> None:
+def _pattern_kinds(obj: Any) -> tuple[Kind, ...]:
+    """What an element of a pattern or kernel key is: a module class, a placeholder or an op."""
+    if isinstance(obj, type):
+        return (Kind.MODULE, Kind.TYPE) if issubclass(obj, nn.Module) else (Kind.PATTERN,)
+    return (Kind.OP,)
+
+
+def _add_registered(table: NameTable, obj: Any, kinds: tuple[Kind, ...]) -> None:
     """A backend's object: added under where it is defined, if it can be named and is new."""
     if not table.knows(obj) and _definition_name(obj) is not None:
-        _add_defined(table, obj, *(kinds or _kind_of(obj)))
+        _add_defined(table, obj, *kinds)
 
 
 def _backends(table: NameTable) -> None:
@@ -361,9 +368,7 @@ def _backends(table: NameTable) -> None:
         for cfg in backend.config.configs:
             pattern = cfg.pattern if cfg.pattern is not None else cfg.pattern_complex_format
             for obj in _pattern_objects(pattern):
-                _add_registered(table, obj, (Kind.MODULE, Kind.TYPE) if isinstance(obj, type)
-                                and issubclass(obj, nn.Module) else
-                                (Kind.PATTERN,) if isinstance(obj, type) else (Kind.OP,))
+                _add_registered(table, obj, _pattern_kinds(obj))
             for obj in (cfg.root_module, cfg.qat_module, cfg.reference_quantized_module, cfg.fused_module):
                 if obj is not None:
                     _add_registered(table, obj, (Kind.MODULE, Kind.TYPE))
@@ -374,7 +379,7 @@ def _backends(table: NameTable) -> None:
             _add_registered(table, fuser, (Kind.FUSER,))
         for key in backend.kernels:
             for obj in _pattern_objects(key):
-                _add_registered(table, obj)
+                _add_registered(table, obj, _pattern_kinds(obj))
         for mode in ("static", "qat", "dynamic"):
             try:
                 mapping = backend.default_qconfig_mapping(mode)

@@ -202,7 +202,7 @@ class NameTable:
         if value is None:
             what = " or ".join(sorted(k.value for k in wanted))
             known = "" if name not in self._objects else (
-                f" ({name!r} is a {'/'.join(sorted(k.value for k in self._kinds[name]))}, not a {what})")
+                f" ({name!r} is registered as {'/'.join(sorted(k.value for k in self._kinds[name]))}, not as {what})")
             raise ConfigValidationError(
                 f"{at}: unknown or disallowed name {name!r}{known}{self._suggestion(name, wanted)}."
                 f" Only the objects in qplug's name table resolve ({what}: torch ops and modules, "

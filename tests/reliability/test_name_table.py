@@ -25,10 +25,10 @@ from qplug_core.serialization import load
 
 def test_a_name_only_resolves_for_the_use_it_is_registered_for():
     assert decode_name("torch.nn.modules.conv.Conv2d", kinds=(Kind.MODULE,)) is nn.Conv2d
-    with pytest.raises(ConfigValidationError, match="is a module/type, not a op") as info:
+    with pytest.raises(ConfigValidationError, match="is registered as module/type, not as op") as info:
         decode_name("torch.nn.modules.conv.Conv2d", field="graph[3].target", kinds=(Kind.OP,))
     assert info.value.field == "graph[3].target"
-    with pytest.raises(ConfigValidationError, match="is a fuser, not a observer"):
+    with pytest.raises(ConfigValidationError, match="is registered as fuser, not as observer"):
         decode_name("qplug_core.nn.fuser_methods.fuse_conv_bn", kinds=(Kind.OBSERVER,))
     assert decode_name("torch.nn.Conv2d") is nn.Conv2d  # public alias
     assert encode_name(nn.Conv2d) == "torch.nn.modules.conv.Conv2d"  # written where it is defined
@@ -118,3 +118,17 @@ def test_a_plugin_reading_a_document_while_backends_assemble(register_plugin):
 
     patterns = [cfg.pattern for cfg in get_backend("reference").config.configs]
     assert (nn.Conv3d, nn.Softsign) in patterns and (nn.Conv1d, nn.Softsign) in patterns
+
+
+def double(x):
+    return x * 2
+
+
+def test_registering_a_function_as_an_op_lets_graphs_call_it_and_nothing_else():
+    from qplug_core.config import register_serializable
+
+    name = register_serializable(double, "qplug_tests.names.double", kind="op")
+    assert decode_name(name, kinds=(Kind.OP,)) is double
+    assert encode_name(double, kinds=(Kind.OP,)) == name
+    with pytest.raises(ConfigValidationError, match="is registered as op, not as fuser"):
+        decode_name(name, kinds=(Kind.FUSER,))

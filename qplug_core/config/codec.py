@@ -266,7 +266,8 @@ _CONSTANT_TAGS: dict[str, type] = {DTYPE_TAG: torch.dtype, QSCHEME_TAG: torch.qs
 _VALUE_TAGS = (NODE_TAG, TUPLE_TAG, DICT_TAG, SLICE_TAG, FLOAT_TAG, COMPLEX_TAG, ELLIPSIS_TAG,
                DEVICE_TAG, *_CONSTANT_TAGS)
 #: config documents: observer kwargs may name observer classes, module classes and ops
-CONFIG_VALUES = ValueCodec(object_tag=OBJECT_TAG, object_kinds=frozenset({Kind.OBSERVER, Kind.MODULE, Kind.OP}),
+CONFIG_VALUES = ValueCodec(object_tag=OBJECT_TAG,
+                           object_kinds=frozenset({Kind.OBSERVER, Kind.MODULE, Kind.OP}),
                            ordered_dicts=False, factories=True)
 encode_value = CONFIG_VALUES.encode
 decode_value = CONFIG_VALUES.decode

@@ -201,8 +201,8 @@ class NameTable:
         value = self.resolve_or_none(name, wanted)
         if value is None:
             what = " or ".join(sorted(k.value for k in wanted))
-            known = "" if name not in self._objects else (
-                f" ({name!r} is registered as {'/'.join(sorted(k.value for k in self._kinds[name]))}, not as {what})")
+            registered = "/".join(sorted(k.value for k in self._kinds.get(name, ())))
+            known = f" ({name!r} is registered as {registered}, not as {what})" if registered else ""
             raise ConfigValidationError(
                 f"{at}: unknown or disallowed name {name!r}{known}{self._suggestion(name, wanted)}."
                 f" Only the objects in qplug's name table resolve ({what}: torch ops and modules, "

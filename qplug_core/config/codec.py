@@ -1,4 +1,7 @@
-"""JSON-safe encoding of config values and patterns, and checked reading of config documents.
+"""JSON-safe encoding of values and patterns, and checked reading of config documents and files.
+
+:class:`ValueCodec` is the one value codec of config documents and saved files; names of classes
+and functions in either go through :mod:`qplug_core.config.names`.
 
 Every reader takes the *path* of the value it reads (``configs[3].dtype_configs[0].weight_dtype``)
 so that a bad document is reported where it is wrong, never as a ``KeyError`` from deep inside.

@@ -1,4 +1,4 @@
-"""Config documents name classes by dotted path, resolved only through an allowlist."""
+"""Config documents name classes by stable names, looked up only in qplug's name table."""
 
 import json
 
@@ -13,7 +13,7 @@ mapping = qp.get_default_qconfig_mapping("reference")
 document = json.dumps(mapping.to_dict())  # plain JSON: classes and functions become names
 assert qp.QConfigMapping.from_dict(json.loads(document)).to_dict() == mapping.to_dict()
 
-# A document cannot make qplug import an arbitrary module.
+# A document cannot make qplug import or reach an arbitrary object.
 evil = json.loads(document)
 evil["global"]["activation"]["class"] = "os.system"
 try:

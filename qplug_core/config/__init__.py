@@ -13,7 +13,7 @@ from qplug_core.config.dtypes import DTypeConfig, DTypeWithConstraints
 from qplug_core.config.pattern_config import BackendPatternConfig, ObservationType
 from qplug_core.config.qconfig import QConfig
 from qplug_core.config.qconfig_mapping import QConfigMapping
-from qplug_core.config.registry import (
+from qplug_core.config.names import (
     decode_name, encode_name, register_serializable, register_serializable_module,
 )
 

@@ -1,4 +1,7 @@
-"""JSON-safe encoding of config values and patterns, and checked reading of config documents.
+"""JSON-safe encoding of values and patterns, and checked reading of config documents and files.
+
+:class:`ValueCodec` is the one value codec of config documents and saved files; names of classes
+and functions in either go through :mod:`qplug_core.config.names`.
 
 Every reader takes the *path* of the value it reads (``configs[3].dtype_configs[0].weight_dtype``)
 so that a bad document is reported where it is wrong, never as a ``KeyError`` from deep inside.
@@ -15,9 +18,7 @@ from typing import Any
 
 import torch
 
-from qplug_core.config.registry import (
-    decode_dtype, decode_name, decode_qscheme, encode_dtype, encode_name, encode_qscheme,
-)
+from qplug_core.config.names import Kind, decode_name, decode_torch_constant, encode_name
 from qplug_core.errors import ConfigError, did_you_mean
 from qplug_core.observers.factory import ObserverFactory
 
@@ -38,6 +39,10 @@ FLOAT_TAG = "float"
 COMPLEX_TAG = "complex"
 DEVICE_TAG = "device"
 ELLIPSIS_TAG = "ellipsis"
+NODE_TAG = "node"
+SLICE_TAG = "slice"
+MEMORY_FORMAT_TAG = "memory_format"
+LAYOUT_TAG = "layout"
 FACTORY_CLASS_KEY = "class"
 FACTORY_KWARGS_KEY = "kwargs"
 
@@ -129,95 +134,158 @@ def read_tagged(doc: Any, path: str, tags: Collection[str]) -> tuple[str, Any]:
     return next(iter(doc.items()))
 
 
-# -- plain values (observer kwargs, pattern literals) ----------------------------------------------
+# -- plain values: one codec for config documents and saved files --------------------------------
 
 
-def encode_value(value: Any, path: str) -> Any:
-    """JSON-safe form of an observer argument or pattern literal; raises for anything else."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else {FLOAT_TAG: repr(value)}
-    if isinstance(value, complex):
-        return {COMPLEX_TAG: [encode_value(value.real, path), encode_value(value.imag, path)]}
-    if value is Ellipsis:
-        return {ELLIPSIS_TAG: True}
-    if isinstance(value, torch.dtype):
-        return {DTYPE_TAG: encode_dtype(value)}
-    if isinstance(value, torch.qscheme):
-        return {QSCHEME_TAG: encode_qscheme(value)}
-    if isinstance(value, torch.device):
-        return {DEVICE_TAG: str(value)}
-    if isinstance(value, ObserverFactory):
-        return {FACTORY_TAG: encode_factory(value, child(path, FACTORY_TAG))}
-    if isinstance(value, tuple):
-        return {TUPLE_TAG: [encode_value(v, child(path, i)) for i, v in enumerate(value)]}
-    if isinstance(value, list):
-        return [encode_value(v, child(path, i)) for i, v in enumerate(value)]
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {DICT_TAG: {k: encode_value(v, child(path, k)) for k, v in value.items()}}
-    if isinstance(value, type) or callable(value):
-        return {OBJECT_TAG: encode_name(value, field=path)}
-    raise ConfigError(f"{where(path)}: cannot serialise {value!r} ({type_name(value)}); config "
-                      "values must be numbers, strings, dtypes, qschemes, classes or functions",
-                      field=path, value=value)
+def read_pairs(doc: Any, path: str) -> list[tuple[str, Any]]:
+    """``[[key, value], ...]``: how files write mappings whose order matters (JSON objects are
+    written with sorted keys, for byte-identical files)."""
+    pairs = []
+    for i, item in enumerate(expect(doc, list, path, "a list of [key, value] pairs")):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            raise ConfigError(f"{where(child(path, i))}: expected a [key, value] pair with a string key, "
+                              f"got {item!r}", field=child(path, i), value=item)
+        pairs.append((item[0], item[1]))
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"{where(path)}: duplicate keys in {keys}", field=path, value=keys)
+    return pairs
 
 
-_VALUE_TAGS = (FLOAT_TAG, COMPLEX_TAG, ELLIPSIS_TAG, DTYPE_TAG, QSCHEME_TAG, DEVICE_TAG,
-               FACTORY_TAG, TUPLE_TAG, DICT_TAG, OBJECT_TAG)
+NodeName = Callable[[Any], "str | None"]
+NodeLookup = Callable[[str, str], Any]
 
 
-def decode_value(doc: Any, path: str) -> Any:
-    if doc is None or isinstance(doc, (bool, int, str)):
-        return doc
-    if isinstance(doc, float):
-        return doc
-    if isinstance(doc, list):
-        return [decode_value(v, child(path, i)) for i, v in enumerate(doc)]
-    tag, payload = read_tagged(doc, path, _VALUE_TAGS)
-    at = child(path, tag)
-    if tag == FLOAT_TAG:
-        if payload not in ("inf", "-inf", "nan"):
-            raise ConfigError(f"{where(at)}: expected 'inf', '-inf' or 'nan', got {payload!r}",
-                              field=at, value=payload)
-        return float(payload)
-    if tag == COMPLEX_TAG:
-        if not (isinstance(payload, list) and len(payload) == 2):
-            raise ConfigError(f"{where(at)}: expected [real, imag]", field=at, value=payload)
-        return complex(*(expect(v, (int, float), child(at, i), "a number")
-                         for i, v in enumerate(payload)))
-    if tag == ELLIPSIS_TAG:
-        return Ellipsis
-    if tag == DTYPE_TAG:
-        return decode_dtype(payload, field=at)
-    if tag == QSCHEME_TAG:
-        return decode_qscheme(payload, field=at)
-    if tag == DEVICE_TAG:
-        try:
-            return torch.device(expect(payload, str, at, "a device string such as 'cpu'"))
-        except RuntimeError as exc:
-            raise ConfigError(f"{where(at)}: invalid device {payload!r}", field=at,
-                              value=payload) from exc
-    if tag == FACTORY_TAG:
-        return decode_factory(payload, at)
-    if tag == TUPLE_TAG:
-        expect(payload, list, at, "a JSON list")
-        return tuple(decode_value(v, child(at, i)) for i, v in enumerate(payload))
-    if tag == DICT_TAG:
-        expect(payload, dict, at, "a JSON object")
-        return {k: decode_value(v, child(at, k)) for k, v in payload.items()}
-    return decode_name(payload, field=at)
+class ValueCodec:
+    """The JSON form of plain values: observer kwargs, pattern literals, graph arguments, module
+    constructor arguments and attributes.
+
+    Configs and files share it and differ only in what they may name: ``object_kinds`` says what
+    a named class or function may be (:class:`~qplug_core.config.names.Kind`), ``object_tag`` how
+    it is tagged, ``ordered_dicts`` whether mappings are written as ``[key, value]`` pairs (files,
+    whose JSON is written with sorted keys) or objects. Either mapping form is read.
+    """
+
+    def __init__(self, *, object_tag: str, object_kinds: frozenset[Kind], ordered_dicts: bool,
+                 factories: bool) -> None:
+        self.object_tag = object_tag
+        self.object_kinds = object_kinds
+        self.ordered_dicts = ordered_dicts
+        self.factories = factories
+        self.tags = (*_VALUE_TAGS, object_tag, *((FACTORY_TAG,) if factories else ()))
+
+    def encode(self, value: Any, path: str, node_name: NodeName | None = None) -> Any:
+        """JSON form of ``value``; ``node_name`` maps fx nodes to names (graph arguments only)."""
+        if value is None or isinstance(value, (bool, int, str)):
+            return value
+        if isinstance(value, float):
+            return value if math.isfinite(value) else {FLOAT_TAG: repr(value)}
+        name = node_name(value) if node_name is not None else None
+        if name is not None:
+            return {NODE_TAG: name}
+        if isinstance(value, (tuple, list)):
+            items = [self.encode(v, child(path, i), node_name) for i, v in enumerate(value)]
+            return items if isinstance(value, list) else {TUPLE_TAG: items}
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            items = [(k, self.encode(v, child(path, k), node_name)) for k, v in value.items()]
+            return {DICT_TAG: [list(kv) for kv in items] if self.ordered_dicts else dict(items)}
+        if isinstance(value, slice):
+            return {SLICE_TAG: [self.encode(v, child(path, i), node_name)
+                                for i, v in enumerate((value.start, value.stop, value.step))]}
+        if isinstance(value, complex):
+            return {COMPLEX_TAG: [self.encode(value.real, path), self.encode(value.imag, path)]}
+        if value is Ellipsis:
+            return {ELLIPSIS_TAG: True}
+        if isinstance(value, torch.device):
+            return {DEVICE_TAG: str(value)}
+        for tag, kind in _CONSTANT_TAGS.items():
+            if isinstance(value, kind):
+                return {tag: str(value)}
+        if isinstance(value, ObserverFactory) and self.factories:
+            return {FACTORY_TAG: encode_factory(value, child(path, FACTORY_TAG))}
+        if callable(value) and not isinstance(value, (torch.nn.Module, ObserverFactory)):
+            return {self.object_tag: encode_name(value, field=path, kinds=self.object_kinds)}
+        raise ConfigError(f"{where(path)}: cannot serialise {value!r:.80} ({type_name(value)}); values "
+                          "must be numbers, strings, dtypes, devices, slices, containers of these, or "
+                          "the classes and functions in qplug's name table", field=path, value=value)
+
+    def decode(self, doc: Any, path: str, node: NodeLookup | None = None) -> Any:
+        """Inverse of :meth:`encode`; ``node(name, path)`` resolves node references."""
+        if doc is None or isinstance(doc, (bool, int, float, str)):
+            return doc
+        if isinstance(doc, list):
+            return [self.decode(v, child(path, i), node) for i, v in enumerate(doc)]
+        tag, payload = read_tagged(doc, path, self.tags)
+        at = child(path, tag)
+        if tag == NODE_TAG:
+            if node is None:
+                raise ConfigError(f"{where(at)}: node references are only allowed in graph arguments",
+                                  field=at, value=payload)
+            return node(expect(payload, str, at, "a node name"), at)
+        if tag in (TUPLE_TAG, SLICE_TAG, COMPLEX_TAG):
+            items = [self.decode(v, child(at, i), node)
+                     for i, v in enumerate(expect(payload, list, at, "a JSON list"))]
+            if tag == TUPLE_TAG:
+                return tuple(items)
+            return _slice_or_complex(tag, items, at, payload)
+        if tag == DICT_TAG:
+            pairs = payload.items() if isinstance(payload, dict) else read_pairs(payload, at)
+            return {k: self.decode(v, child(at, k), node) for k, v in pairs}
+        if tag == FLOAT_TAG:
+            if payload not in ("inf", "-inf", "nan"):
+                raise ConfigError(f"{where(at)}: expected 'inf', '-inf' or 'nan', got {payload!r}",
+                                  field=at, value=payload)
+            return float(payload)
+        if tag == ELLIPSIS_TAG:
+            return Ellipsis
+        if tag == DEVICE_TAG:
+            return _decode_device(payload, at)
+        if tag in _CONSTANT_TAGS:
+            return decode_torch_constant(payload, _CONSTANT_TAGS[tag], field=at)
+        if tag == FACTORY_TAG:
+            return decode_factory(payload, at)
+        return decode_name(expect(payload, str, at, "a name"), field=at, kinds=self.object_kinds)
+
+
+def _slice_or_complex(tag: str, items: list[Any], at: str, payload: Any) -> Any:
+    if tag == SLICE_TAG:
+        if len(items) != 3:
+            raise ConfigError(f"{where(at)}: expected [start, stop, step]", field=at, value=payload)
+        return slice(*items)
+    if len(items) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+        raise ConfigError(f"{where(at)}: expected [real, imag]", field=at, value=payload)
+    return complex(*items)
+
+
+def _decode_device(payload: Any, path: str) -> torch.device:
+    try:
+        return torch.device(expect(payload, str, path, "a device string such as 'cpu'"))
+    except RuntimeError as exc:
+        raise ConfigError(f"{where(path)}: invalid device {payload!r}", field=path, value=payload) from exc
+
+
+_CONSTANT_TAGS: dict[str, type] = {DTYPE_TAG: torch.dtype, QSCHEME_TAG: torch.qscheme,
+                                   MEMORY_FORMAT_TAG: torch.memory_format, LAYOUT_TAG: torch.layout}
+_VALUE_TAGS = (NODE_TAG, TUPLE_TAG, DICT_TAG, SLICE_TAG, FLOAT_TAG, COMPLEX_TAG, ELLIPSIS_TAG,
+               DEVICE_TAG, *_CONSTANT_TAGS)
+#: config documents: observer kwargs may name observer classes, module classes and ops
+CONFIG_VALUES = ValueCodec(object_tag=OBJECT_TAG,
+                           object_kinds=frozenset({Kind.OBSERVER, Kind.MODULE, Kind.OP}),
+                           ordered_dicts=False, factories=True)
+encode_value = CONFIG_VALUES.encode
+decode_value = CONFIG_VALUES.decode
 
 
 def encode_factory(factory: ObserverFactory, path: str) -> dict[str, Any]:
     kwargs = child(path, FACTORY_KWARGS_KEY)
-    return {FACTORY_CLASS_KEY: encode_name(factory.cls, field=child(path, FACTORY_CLASS_KEY)),
+    return {FACTORY_CLASS_KEY: encode_name(factory.cls, field=child(path, FACTORY_CLASS_KEY),
+                                           kinds=(Kind.OBSERVER,)),
             FACTORY_KWARGS_KEY: {k: encode_value(v, child(kwargs, k)) for k, v in factory.kwargs.items()}}
 
 
 def decode_factory(doc: Any, path: str) -> ObserverFactory:
     read_fields(doc, path, (FACTORY_CLASS_KEY, FACTORY_KWARGS_KEY), required=(FACTORY_CLASS_KEY,))
-    cls = decode_name(doc[FACTORY_CLASS_KEY], field=child(path, FACTORY_CLASS_KEY))
+    cls = decode_name(doc[FACTORY_CLASS_KEY], field=child(path, FACTORY_CLASS_KEY), kinds=(Kind.OBSERVER,))
     if not isinstance(cls, type):
         raise ConfigError(f"{where(child(path, FACTORY_CLASS_KEY))}: {doc[FACTORY_CLASS_KEY]!r} is "
                           "not a class", field=child(path, FACTORY_CLASS_KEY), value=cls)
@@ -229,6 +297,10 @@ def decode_factory(doc: Any, path: str) -> ObserverFactory:
 # -- patterns --------------------------------------------------------------------------------------
 
 
+#: what a pattern element (or a qconfig mapping's object type) may name
+PATTERN_KINDS = frozenset({Kind.OP, Kind.MODULE, Kind.PATTERN})
+
+
 def encode_pattern(pattern: Any, path: str) -> Any:
     """Tuples become lists; operators and literals become tagged objects."""
     if isinstance(pattern, tuple):
@@ -236,7 +308,7 @@ def encode_pattern(pattern: Any, path: str) -> Any:
     if isinstance(pattern, str):
         return {METHOD_TAG: pattern}
     if isinstance(pattern, type) or callable(pattern):
-        return {OP_TAG: encode_name(pattern, field=path)}
+        return {OP_TAG: encode_name(pattern, field=path, kinds=PATTERN_KINDS)}
     return {LITERAL_TAG: encode_value(pattern, child(path, LITERAL_TAG))}
 
 
@@ -248,5 +320,5 @@ def decode_pattern(doc: Any, path: str) -> Any:
     if tag == METHOD_TAG:
         return expect(payload, str, at, "a method name string")
     if tag == OP_TAG:
-        return decode_name(payload, field=at)
+        return decode_name(payload, field=at, kinds=PATTERN_KINDS)
     return decode_value(payload, at)

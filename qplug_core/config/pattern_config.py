@@ -18,7 +18,7 @@ from qplug_core.config.codec import (
     call_at, child, decode_pattern, encode_pattern, expect, read_fields, unversioned, versioned, where,
 )
 from qplug_core.config.dtypes import DTypeConfig
-from qplug_core.config.registry import decode_name, encode_name
+from qplug_core.config.names import Kind, decode_name, encode_name
 from qplug_core.errors import ConfigError, ConfigValidationError, PatternError, did_you_mean
 from qplug_core.patterns import describe, format_pattern, to_complex_format, validate_pattern
 
@@ -62,6 +62,11 @@ _CALLABLE_FIELDS = {FUSER_METHOD_KEY: "fuser_method", ROOT_NODE_GETTER_KEY: "roo
 _KEYS = (PATTERN_KEY, PATTERN_COMPLEX_FORMAT_KEY, OBSERVATION_TYPE_KEY, DTYPE_CONFIGS_KEY,
          *_MODULE_FIELDS, *_CALLABLE_FIELDS, NUM_TENSOR_ARGS_TO_OBSERVATION_TYPE_KEY,
          INPUT_TYPE_TO_INDEX_KEY)
+
+
+def _field_kinds(key: str) -> tuple[Kind, ...]:
+    """What a document's module field or callable field may name."""
+    return (Kind.MODULE,) if key in _MODULE_FIELDS else (Kind.FUSER,)
 
 
 def _check_observation_type(value: Any, path: str) -> ObservationType:
@@ -354,7 +359,7 @@ class BackendPatternConfig:
         for key, attr in {**_MODULE_FIELDS, **_CALLABLE_FIELDS}.items():
             value = getattr(self, attr)
             if value is not None:
-                data[key] = encode_name(value, field=child(path, key))
+                data[key] = encode_name(value, field=child(path, key), kinds=_field_kinds(key))
         if self._num_tensor_args_to_observation_type:
             data[NUM_TENSOR_ARGS_TO_OBSERVATION_TYPE_KEY] = {
                 str(k): v.name for k, v in self._num_tensor_args_to_observation_type.items()}
@@ -381,7 +386,8 @@ class BackendPatternConfig:
         for key, attr in {**_MODULE_FIELDS, **_CALLABLE_FIELDS}.items():
             if doc.get(key) is not None:
                 at = child(path, key)
-                call_at(at, getattr(config, f"set_{attr}"), decode_name(doc[key], field=at))
+                call_at(at, getattr(config, f"set_{attr}"),
+                        decode_name(doc[key], field=at, kinds=_field_kinds(key)))
         if NUM_TENSOR_ARGS_TO_OBSERVATION_TYPE_KEY in doc:
             at = child(path, NUM_TENSOR_ARGS_TO_OBSERVATION_TYPE_KEY)
             table = expect(doc[NUM_TENSOR_ARGS_TO_OBSERVATION_TYPE_KEY], dict, at, "a JSON object")

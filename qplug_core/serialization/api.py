@@ -99,9 +99,10 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) 
 def _rebuild(artifact: Artifact, source: Path) -> fx.GraphModule:
     model = artifact.model
     try:
+        graph = decode_graph(model["graph"])  # first: every name is checked before a module is built
         root, modes = decode_modules(model["modules"], model["attributes"], model["tensors"],
                                      artifact.tensors)
-        gm = fx.GraphModule(root, decode_graph(model["graph"]), class_name="GraphModule")
+        gm = fx.GraphModule(root, graph, class_name="GraphModule")
         gm.graph.lint()
     except ConfigError as exc:
         raise SerializationError(f"{source} is not a valid qplug artifact: {exc}", path=str(source)) from exc

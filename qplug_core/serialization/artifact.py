@@ -18,7 +18,7 @@ from torch import fx
 from qplug_core import plugins
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config.codec import child, expect, read_fields, where
-from qplug_core.config.registry import decode_dtype
+from qplug_core.config.names import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.fx.fuse import FusionRecord
 from qplug_core.fx.tags import ARTIFACT, FUSIONS, KERNEL, STATE

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 from pathlib import Path
 
 import torch
@@ -62,12 +63,36 @@ def _storable(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return result
 
 
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"))
+
+
+def _check_regular(path: Path, mode: int) -> None:
+    """Only regular files are read: opening a FIFO blocks, a device can be endless."""
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+        raise SerializationError(f"{path} is {kind}, not a regular file; qp.load reads the .safetensors "
+                                 "files written by qp.save", path=str(path))
+
+
+def _read_head(path: Path) -> tuple[bytes, int]:
+    """The first bytes and the size of the regular file at ``path``, checked before and after
+    opening it (non-blocking, so a file swapped for a FIFO in between cannot hang the open)."""
+    _check_regular(path, os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        _check_regular(path, info.st_mode)
+        return os.read(fd, 9), info.st_size
+    finally:
+        os.close(fd)
+
+
 def read_artifact_file(path: Path) -> tuple[str, dict[str, torch.Tensor]]:
     """The qplug document and the tensors of the file at ``path``; never unpickles."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as file:
-            head = file.read(9)
+        head, size = _read_head(path)
     except FileNotFoundError as exc:
         raise SerializationError(f"{path}: no such file", path=str(path)) from exc
     except OSError as exc:

@@ -17,14 +17,14 @@ from typing import Any
 from torch import fx
 
 from qplug_core.config.codec import (
-    child, decode_pattern, encode_pattern, expect, read_fields, read_tagged, where,
+    child, decode_pattern, encode_pattern, expect, read_fields, read_pairs, read_tagged, where,
 )
 from qplug_core.config.dtypes import DTypeConfig
-from qplug_core.config.registry import decode_name, encode_name
+from qplug_core.config.names import Kind, decode_name, encode_name
 from qplug_core.errors import ConfigError
 from qplug_core.fx.tags import BOUNDARY, REGION, ROOT, VALUE_KIND, RegionTag
 from qplug_core.serialization.values import (
-    check_callable, check_identifier, check_public, decode_value, encode_value, read_pairs,
+    FILE_VALUES, check_identifier, check_tensor_attribute, decode_op, encode_op,
 )
 
 NODE_KEYS = ("op", "name", "target", "type", "args", "kwargs", "meta")
@@ -62,10 +62,10 @@ def encode_graph(graph: fx.Graph, path: str = "graph") -> list[dict[str, Any]]:
         if annotation is not None:
             doc["type"] = annotation
         if node.args:
-            doc["args"] = [encode_value(a, child(child(at, "args"), j), _node_name)
+            doc["args"] = [FILE_VALUES.encode(a, child(child(at, "args"), j), _node_name)
                            for j, a in enumerate(node.args)]
         if node.kwargs:
-            doc["kwargs"] = [[k, encode_value(v, child(child(at, "kwargs"), k), _node_name)]
+            doc["kwargs"] = [[k, FILE_VALUES.encode(v, child(child(at, "kwargs"), k), _node_name)]
                              for k, v in node.kwargs.items()]
         meta = _encode_meta(node.meta, child(at, "meta"))
         if meta:
@@ -82,7 +82,7 @@ def _encode_type(annotation: Any) -> dict[str, str] | None:
     if _BUILTIN_TYPES.get(annotation.__name__) is annotation:
         return {CLASS_TAG: annotation.__name__}
     try:
-        return {CLASS_TAG: encode_name(annotation)}
+        return {CLASS_TAG: encode_name(annotation, kinds=(Kind.TYPE,))}
     except ConfigError:
         return None
 
@@ -98,7 +98,7 @@ def _decode_type(doc: Any, path: str) -> Any:
             raise ConfigError(f"{where(at)}: {payload!r} is not a type annotation", field=at, value=payload)
         return payload
     name = expect(payload, str, at, "a class name")
-    annotation = _BUILTIN_TYPES.get(name) or decode_name(name, field=at)
+    annotation = _BUILTIN_TYPES.get(name) or decode_name(name, field=at, kinds=(Kind.TYPE,))
     if not isinstance(annotation, type):
         raise ConfigError(f"{where(at)}: {name!r} is not a class", field=at, value=name)
     return annotation
@@ -113,8 +113,7 @@ def _encode_target(node: fx.Node, path: str) -> str:
     at = child(path, "target")
     if node.op != "call_function":
         return _decode_target(node.op, node.target, at)
-    name = encode_name(node.target, field=at)
-    check_callable(name, node.target, at)
+    name = encode_op(node.target, at)
     if node.target is getattr:
         _check_getattr(node.args, child(path, "args"))
     return name
@@ -161,10 +160,10 @@ def decode_graph(doc: Any, path: str = "graph") -> fx.Graph:
                               field=child(at, "name"), value=name)
         target = _decode_target(op, item["target"], child(at, "target"))
         args_at, kwargs_at = child(at, "args"), child(at, "kwargs")
-        args = tuple(decode_value(a, child(args_at, j), resolve)
+        args = tuple(FILE_VALUES.decode(a, child(args_at, j), resolve)
                      for j, a in enumerate(expect(item.get("args", []), list, args_at, "a JSON list")))
         kwargs = {check_identifier(k, child(kwargs_at, k), "keyword"):
-                  decode_value(v, child(kwargs_at, k), resolve)
+                  FILE_VALUES.decode(v, child(kwargs_at, k), resolve)
                   for k, v in read_pairs(item.get("kwargs", []), kwargs_at)}
         if target is getattr:
             _check_getattr(args, args_at)
@@ -177,10 +176,9 @@ def decode_graph(doc: Any, path: str = "graph") -> fx.Graph:
 
 def _decode_target(op: str, target: Any, path: str) -> Any:
     if op == "call_function":
-        name = expect(target, str, path, "a dotted function name")
-        return check_callable(name, decode_name(name, field=path), path)
+        return decode_op(target, path)
     if op == "call_method":
-        return check_public(target, path, "method name")
+        return check_tensor_attribute(target, path, "method name")
     if op == "placeholder":
         if not isinstance(target, str) or not _PLACEHOLDER.match(target):
             raise ConfigError(f"{where(path)}: placeholder {target!r} is not an argument name",
@@ -195,11 +193,11 @@ def _decode_target(op: str, target: Any, path: str) -> Any:
 
 
 def _check_getattr(args: tuple, path: str) -> None:
-    """``getattr(x, name)`` in a saved graph may only read a public attribute named literally."""
+    """``getattr(x, name)`` in a saved graph may only read a tensor attribute named literally."""
     if len(args) not in (2, 3):
         raise ConfigError(f"{where(path)}: getattr takes 2 or 3 arguments, got {len(args)}",
                           field=path, value=len(args))
-    check_public(args[1], child(path, 1), "attribute name")
+    check_tensor_attribute(args[1], child(path, 1), "attribute name")
 
 
 def _decode_meta(doc: Any, path: str) -> dict[str, Any]:

@@ -27,12 +27,13 @@ from torch import fx, nn
 from torch.overrides import TorchFunctionMode
 
 from qplug_core import qparams as Q
-from qplug_core.config.codec import child, expect, read_fields, where
-from qplug_core.config.registry import decode_dtype, decode_name, encode_dtype, encode_name
+from qplug_core.config.codec import child, expect, read_fields, read_pairs, where
+from qplug_core.config.names import Kind, decode_dtype, decode_name, encode_dtype, encode_name
 from qplug_core.errors import ConfigError
 from qplug_core.kernels.reference import ReferenceWeighted
+from qplug_core.serialization.checks import check_loaded_values, check_weight_qparams
 from qplug_core.serialization.graph_codec import check_path
-from qplug_core.serialization.values import check_identifier, decode_value, encode_value, read_pairs
+from qplug_core.serialization.values import FILE_VALUES, check_identifier
 
 #: tensor table key: the float dtype an int8-stored weight is dequantized to
 INT8_OF = "int8_of"
@@ -49,6 +50,7 @@ _BOOKKEEPING = frozenset(vars(nn.Module()))
 #: constructor arguments never recovered: modules are always rebuilt on the CPU
 _DROPPED_KWARGS = ("device",)
 _MISSING = object()
+_MODULE_KINDS = (Kind.MODULE,)
 #: torch's recurrent layers hide their arguments behind ``*args``: the extra arguments each takes
 #: beyond ``RNNBase``'s, and the ``RNNBase`` arguments it supplies itself or refuses
 _RNN_ARGUMENTS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -146,12 +148,12 @@ def _lookup(gm: fx.GraphModule, target: str) -> Any:
 def _encode_module(path: str, module: nn.Module, table: TensorTable) -> dict[str, Any]:
     cls = type(module)
     at = f"modules[{path}]"
-    entry: dict[str, Any] = {"path": path, "class": encode_name(cls, field=child(at, "class")),
+    entry: dict[str, Any] = {"path": path, "class": encode_name(cls, field=child(at, "class"), kinds=_MODULE_KINDS),
                              "training": module.training}
     if restores_state(cls):
         if isinstance(module, ReferenceWeighted):
             _store_weight_as_int8(module, at, table)
-        entry["attrs"] = {k: encode_value(v, child(child(at, "attrs"), k))
+        entry["attrs"] = {k: FILE_VALUES.encode(v, child(child(at, "attrs"), k))
                           for k, v in sorted(vars(module).items()) if k not in _BOOKKEEPING}
         params = module.named_parameters(recurse=False, remove_duplicate=False)
         buffers = module.named_buffers(recurse=False, remove_duplicate=False)
@@ -203,13 +205,13 @@ def _constructor_kwargs(module: nn.Module, at: str) -> dict[str, Any]:
             continue
         if isinstance(p.default, bool) and (value is None or isinstance(value, torch.Tensor)):
             value = value is not None  # bias=True/False is stored as the bias tensor or None
-        kwargs[p.name] = encode_value(value, child(child(at, "kwargs"), p.name))
+        kwargs[p.name] = FILE_VALUES.encode(value, child(child(at, "kwargs"), p.name))
     return kwargs
 
 
 def _check_rebuild(module: nn.Module, kwargs: dict[str, Any], at: str) -> None:
     """Fail at save time when the recovered constructor arguments do not give the same module."""
-    rebuilt = _construct(type(module), _decode_kwargs(kwargs, at), at)
+    rebuilt = _construct(type(module), _decode_kwargs(kwargs, at), at, len(_shapes(module)))
     if repr(rebuilt) != repr(module) or _shapes(rebuilt) != _shapes(module):
         raise ConfigError(
             f"{at}: {type(module).__name__} rebuilt from the constructor arguments recovered from its "
@@ -237,9 +239,11 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
     root = nn.Module()
     built: dict[str, tuple[nn.Module, dict[str, Any], str]] = {}
     init_paths: list[str] = []
-    for i, doc in enumerate(expect(entries, list, "modules", "a JSON list")):
+    docs = expect(entries, list, "modules", "a JSON list")
+    classes = [_decode_class(doc, child("modules", i)) for i, doc in enumerate(docs)]  # before building
+    for i, (doc, cls) in enumerate(zip(docs, classes, strict=True)):
         at = child("modules", i)
-        module, entry = _decode_module(doc, at)
+        module, entry = _decode_module(doc, cls, at)
         path = entry["path"]
         if _under_any(path, init_paths):
             raise ConfigError(f"{at}: {path!r} lies inside a module rebuilt from its constructor",
@@ -255,26 +259,33 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
         loader.assign(module, entry, at)
     for target, spec in expect(attributes, dict, "attributes", "a JSON object").items():
         loader.assign_attribute(root, target, spec, child("attributes", target))
-    for module, entry, at in built.values():
-        if isinstance(module, ReferenceWeighted):
-            loader.dequantize_weight(module, at)
+    check_loaded_values(root)
+    for module, entry, _ in built.values():
+        if isinstance(module, ReferenceWeighted):  # named by path, as the qparams checks are
+            loader.dequantize_weight(module, f"modules[{entry['path']}]")
     loader.check_complete(root)
     modes = sorted(built.values(), key=lambda item: item[1]["path"].count("."))
     return root, [(module, entry["training"]) for module, entry, _ in modes]
 
 
-def _decode_module(doc: Any, at: str) -> tuple[nn.Module, dict[str, Any]]:
+def _decode_class(doc: Any, at: str) -> type[nn.Module]:
     expect(doc, dict, at, "a JSON object")
-    cls = decode_name(doc.get("class"), field=child(at, "class"))
+    cls = decode_name(doc.get("class"), field=child(at, "class"), kinds=_MODULE_KINDS)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)) or issubclass(cls, fx.GraphModule):
         raise ConfigError(f"{where(child(at, 'class'))}: {doc.get('class')!r} is not a module class",
                           field=child(at, "class"), value=doc.get("class"))
+    return cls
+
+
+def _decode_module(doc: dict[str, Any], cls: type[nn.Module], at: str) -> tuple[nn.Module, dict[str, Any]]:
     state = restores_state(cls)
     read_fields(doc, at, _STATE_KEYS if state else _INIT_KEYS, required=("path", "class", "training"))
     check_path(doc["path"], child(at, "path"), "module path")
     expect(doc["training"], bool, child(at, "training"), "true or false")
     if not state:
-        return _construct(cls, _decode_kwargs(doc.get("kwargs", {}), at), at), doc
+        tensors = len(read_pairs(doc.get("params", []), child(at, "params")))
+        tensors += len(read_pairs(doc.get("buffers", []), child(at, "buffers")))
+        return _construct(cls, _decode_kwargs(doc.get("kwargs", {}), at), at, tensors), doc
     module = cls.__new__(cls)
     nn.Module.__init__(module)
     attrs_at = child(at, "attrs")
@@ -283,23 +294,37 @@ def _decode_module(doc: Any, at: str) -> tuple[nn.Module, dict[str, Any]]:
         if name in _BOOKKEEPING or name.startswith("__") or hasattr(cls, name):
             raise ConfigError(f"{where(child(attrs_at, name))}: {cls.__name__} attribute {name!r} cannot "
                               "be set from a file", field=child(attrs_at, name), value=name)
-        setattr(module, name, decode_value(value, child(attrs_at, name)))
+        setattr(module, name, FILE_VALUES.decode(value, child(attrs_at, name)))
     return module, doc
 
 
 def _decode_kwargs(doc: Any, at: str) -> dict[str, Any]:
     kwargs_at = child(at, "kwargs")
     return {check_identifier(k, child(kwargs_at, k), "argument name"):
-            decode_value(v, child(kwargs_at, k))
+            FILE_VALUES.decode(v, child(kwargs_at, k))
             for k, v in expect(doc, dict, kwargs_at, "a JSON object").items()}
 
 
-class _SkipInitOnMeta(TorchFunctionMode):
-    """Skips initialising meta tensors: their values come from the file, and some meta
-    initialisers (``normal_``) import torch._dynamo, which takes seconds."""
+class _MetaBuild(TorchFunctionMode):
+    """Builds a module on the meta device within a budget of tensor operations.
+
+    Initialising meta tensors is skipped: their values come from the file, and some meta
+    initialisers (``normal_``) import torch._dynamo, which takes seconds. The budget is what keeps
+    a small file from asking for a huge module (``nn.Transformer(num_encoder_layers=20000)``):
+    construction may do :data:`WORK_PER_TENSOR` tensor operations per tensor the file gives the
+    module (torch's own layers need under 10), and is stopped as soon as it exceeds that.
+    """
+
+    def __init__(self, budget: int) -> None:
+        super().__init__()
+        self.budget = budget
+        self.calls = 0
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        self.calls += 1
+        if self.calls > self.budget:
+            raise _OverBudget
         if (getattr(func, "__module__", None) == "torch.nn.init"
                 or getattr(func, "__name__", None) in _RANDOM_FILLS):
             tensor = args[0] if args else kwargs.get("tensor")
@@ -308,11 +333,26 @@ class _SkipInitOnMeta(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _construct(cls: type[nn.Module], kwargs: dict[str, Any], at: str) -> nn.Module:
-    """``cls(**kwargs)`` on the meta device: no memory, whatever sizes the arguments ask for."""
+class _OverBudget(Exception):
+    """Construction did more work than the module's tensors in the file account for."""
+
+
+#: tensor operations a constructor may run per tensor of the module (plus a fixed allowance)
+WORK_PER_TENSOR = 32
+_BASE_WORK = 64
+
+
+def _construct(cls: type[nn.Module], kwargs: dict[str, Any], at: str, tensors: int) -> nn.Module:
+    """``cls(**kwargs)`` on the meta device: no memory, and no more work than a module with
+    ``tensors`` parameters and buffers needs, whatever sizes the arguments ask for."""
+    budget = _BASE_WORK + WORK_PER_TENSOR * tensors
     try:
-        with torch.device("meta"), _SkipInitOnMeta():
+        with torch.device("meta"), _MetaBuild(budget):
             return cls(**kwargs)
+    except _OverBudget:
+        raise ConfigError(f"{at}: {cls.__name__}(**{kwargs}) builds a bigger module than the {tensors} "
+                          f"tensors the file gives it (stopped after {budget} tensor operations)",
+                          field=at) from None
     except Exception as exc:  # any constructor failure is a bad document, reported where it is
         raise ConfigError(f"{at}: {cls.__name__}(**{kwargs}) failed: {type(exc).__name__}: {exc}",
                           field=at) from exc
@@ -448,6 +488,7 @@ class _TensorLoader:
                                   "stored as its int8 values", field=at)
             return
         values = self.tensors[key]
+        check_weight_qparams(qparams, tuple(values.shape), child(at, "weight_qparams_holder"))
         if values.dtype != storage:
             raise ConfigError(f"{at}: tensor {key!r} is {values.dtype} but a {qparams.dtype} weight is "
                               f"stored as {storage}", field=at, value=key)

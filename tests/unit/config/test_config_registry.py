@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import operator
 import sys
+import types
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from qplug_core.config import decode_name, encode_name, register_serializable, r
 from qplug_core.config.codec import (
     decode_pattern, decode_value, encode_pattern, encode_value, read_fields, unversioned,
 )
-from qplug_core.config.registry import decode_dtype, decode_qscheme, encode_dtype, encode_qscheme
+from qplug_core.config.names import decode_dtype, decode_qscheme, encode_dtype, encode_qscheme
 from qplug_core.errors import ConfigError
 from qplug_core.observers.factory import ObserverFactory
 from qplug_core.patterns import MatchAllNode
@@ -63,7 +64,7 @@ def test_decode_never_imports_unknown_modules():
 
 
 def test_near_miss_gets_did_you_mean():
-    with pytest.raises(ConfigError, match="did you mean 'Conv2d'"):
+    with pytest.raises(ConfigError, match="did you mean 'torch.nn.modules.conv.Conv2d'"):
         decode_name("torch.nn.modules.conv.Conv2D")
 
 
@@ -87,11 +88,29 @@ def test_register_serializable_allows_object_and_rejects_conflicting_name():
         register_serializable(lambda: 0)
 
 
-def test_register_serializable_module_allows_importing_under_prefix():
-    with pytest.raises(ConfigError):
-        decode_name("json.dumps")
-    register_serializable_module("json")
-    assert decode_name("json.dumps") is json.dumps
+def test_register_serializable_module_allows_the_module_classes_defined_under_prefix():
+    module = types.ModuleType("qplug_tests_prefix.layers")
+
+    class Scale(nn.Module):
+        pass
+
+    def helper():  # functions are never allowed wholesale
+        return 0
+
+    Scale.__module__ = helper.__module__ = module.__name__
+    Scale.__qualname__ = "Scale"
+    module.Scale, module.helper, module.json = Scale, helper, json
+    sys.modules[module.__name__] = module
+    try:
+        with pytest.raises(ConfigError):
+            decode_name("qplug_tests_prefix.layers.Scale")
+        register_serializable_module("qplug_tests_prefix")
+        assert decode_name("qplug_tests_prefix.layers.Scale") is Scale
+        for name in ("qplug_tests_prefix.layers.helper", "qplug_tests_prefix.layers.json.dumps"):
+            with pytest.raises(ConfigError):
+                decode_name(name)
+    finally:
+        del sys.modules[module.__name__]
     with pytest.raises(ConfigError, match="module name"):
         register_serializable_module(".bad")
 

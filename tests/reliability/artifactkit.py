@@ -1,0 +1,69 @@
+"""A small real artifact and the ways the hostile-file tests edit it (as an attacker would)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import fx, nn
+
+from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
+from qplug_core.qparams import QParams
+from qplug_core.serialization import ARTIFACT_KEY, capture_artifact
+
+
+def reference_model() -> fx.GraphModule:
+    """quantize -> dequantize -> int8-weight linear, with per-channel weight qparams."""
+    torch.manual_seed(0)
+    activation = QParams(torch.tensor(0.05), torch.tensor(128), torch.quint8, 0, 255)
+    weight = QParams(torch.full((3,), 0.02), torch.zeros(3, dtype=torch.int64), torch.qint8, -128, 127,
+                     axis=0)
+    root = nn.Module()
+    root.quantize, root.dequantize = Quantize(activation), Dequantize(activation)
+    root.fc = ReferenceWeighted(nn.Linear(4, 3), weight)
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    quantized = graph.call_module("quantize", (x,))
+    graph.output(graph.call_module("fc", (graph.call_module("dequantize", (quantized,)),)))
+    gm = fx.GraphModule(root, graph)
+    gm.meta[ARTIFACT_KEY] = capture_artifact(gm)
+    return gm
+
+
+def rewrite(source: Path, edit: Callable[[dict[str, Any], dict[str, torch.Tensor]], None]) -> Path:
+    """A copy of ``source`` (``edited.safetensors`` beside it) with its document and tensors edited."""
+    with safe_open(str(source), framework="pt") as f:
+        document = json.loads(f.metadata()["qplug"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    edit(document, tensors)
+    target = source.with_name("edited.safetensors")
+    save_file(tensors, str(target), metadata={"qplug": json.dumps(document)})
+    return target
+
+
+def rewrite_header(source: Path, target: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """``source`` with only its JSON header edited, written back in front of the same tensor bytes
+    (a safetensors file is an 8-byte header length, the JSON header, then raw data): fast enough to
+    do for hundreds of names."""
+    raw = source.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    document = json.loads(header["__metadata__"]["qplug"])
+    edit(document)
+    header["__metadata__"]["qplug"] = json.dumps(document)
+    text = json.dumps(header).encode()
+    target.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
+    return target
+
+
+def node(document: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(n for n in document["model"]["graph"] if n["name"] == name)
+
+
+def module(document: dict[str, Any], path: str) -> dict[str, Any]:
+    return next(m for m in document["model"]["modules"] if m["path"] == path)

@@ -1,0 +1,209 @@
+"""Tampered numbers, files that are not files, and small files asking for huge modules (issue 17).
+
+Every case starts from a real file written by ``qp.save`` and edits its JSON header and tensors
+the way an attacker would; ``qp.load`` must refuse it with a :class:`SerializationError` that names
+the file and the field, before anything computes with the value.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from artifactkit import module, reference_model, rewrite
+from torch import fx
+
+from qplug_core.errors import SerializationError
+from qplug_core.serialization import load, save
+from qplug_core.serialization.module_codec import WORK_PER_TENSOR
+
+
+@pytest.fixture
+def good_file(tmp_path: Path) -> Path:
+    return save(reference_model(), tmp_path / "good.safetensors")
+
+
+Edit = Callable[[dict[str, Any], dict[str, torch.Tensor]], None]
+
+
+def tensor(key: str, value: torch.Tensor) -> Edit:
+    """Replace tensor ``key`` (and its table entry, so the file is self-consistent)."""
+    def edit(document, tensors):
+        tensors[key] = value
+        document["model"]["tensors"][key] = {"dtype": str(value.dtype), "shape": list(value.shape)}
+    return edit
+
+
+def attr(path: str, **values: Any) -> Edit:
+    def edit(document, tensors):
+        module(document, path)["attrs"].update(values)
+    return edit
+
+
+SCALE, ZERO_POINT = "quantize.scale", "quantize.zero_point"
+WEIGHT_SCALE = "fc.weight_qparams_holder.scale"
+WEIGHT_ZERO_POINT = "fc.weight_qparams_holder.zero_point"
+
+TAMPERED = {
+    # scales
+    "scale NaN": (tensor(SCALE, torch.tensor(float("nan"))), "modules[quantize].scale", "nan"),
+    "scale +Inf": (tensor(SCALE, torch.tensor(float("inf"))), "modules[quantize].scale", "inf"),
+    "scale -Inf": (tensor(SCALE, torch.tensor(float("-inf"))), "modules[quantize].scale", "-inf"),
+    "scale 0": (tensor(SCALE, torch.tensor(0.0)), "modules[quantize].scale", "scale 0.0"),
+    "scale negative": (tensor(SCALE, torch.tensor(-0.05)), "modules[quantize].scale", "-0.05"),
+    "scale denormal": (tensor(SCALE, torch.tensor(1e-40)), "modules[quantize].scale", "normal"),
+    "weight scale NaN in one channel": (tensor(WEIGHT_SCALE, torch.tensor([0.02, float("nan"), 0.02])),
+                                        "modules[fc.weight_qparams_holder].scale", "nan"),
+    "weight scale denormal": (tensor(WEIGHT_SCALE, torch.tensor([0.02, 0.02, 1e-45])),
+                              "modules[fc.weight_qparams_holder].scale", "normal"),
+    # zero points
+    "zero_point above quint8": (tensor(ZERO_POINT, torch.tensor(300)), "modules[quantize].zero_point",
+                                "outside the range [0, 255]"),
+    "zero_point below quint8": (tensor(ZERO_POINT, torch.tensor(-1)), "modules[quantize].zero_point",
+                                "outside the range [0, 255]"),
+    "weight zero_point above qint8": (tensor(WEIGHT_ZERO_POINT, torch.tensor([0, 128, 0])),
+                                      "modules[fc.weight_qparams_holder].zero_point", "[-128, 127]"),
+    # quant_min / quant_max
+    "quant_max above quint8": (attr("quantize", quant_max=256), "modules[quantize].quant_max", "256"),
+    "quant_min below quint8": (attr("quantize", quant_min=-1), "modules[quantize].quant_min", "-1"),
+    "quant_min above quant_max": (attr("quantize", quant_min=200, quant_max=100),
+                                  "modules[quantize].quant_min", "above quant_max"),
+    "quant_max a float": (attr("quantize", quant_max=255.5), "modules[quantize].quant_max", "255.5"),
+    "weight quant_min below qint8": (attr("fc.weight_qparams_holder", quant_min=-129),
+                                     "modules[fc.weight_qparams_holder].quant_min", "-129"),
+    # qparams of the wrong dtype
+    "scale float64": (tensor(SCALE, torch.tensor(0.05, dtype=torch.float64)), "modules[quantize].scale",
+                      "torch.float64"),
+    "zero_point int32": (tensor(ZERO_POINT, torch.tensor(128, dtype=torch.int32)),
+                         "modules[quantize].zero_point", "torch.int32"),
+    "qparams dtype not quantized": (attr("quantize", dtype={"dtype": "torch.int64"}),
+                                    "modules[quantize].dtype", "not a quantized dtype"),
+    "per-tensor scale with 2 elements": (tensor(SCALE, torch.tensor([0.05, 0.05])),
+                                         "modules[quantize].scale", "one element"),
+    # weight and bias shapes
+    "per-channel scales do not fit the weight": (
+        lambda d, t: (tensor(WEIGHT_SCALE, torch.full((4,), 0.02))(d, t),
+                      tensor(WEIGHT_ZERO_POINT, torch.zeros(4, dtype=torch.int64))(d, t)),
+        "modules[fc].weight_qparams_holder.axis", "do not fit a weight of shape (3, 4)"),
+    "bias of the wrong shape": (tensor("fc.module.bias", torch.zeros(4)), "fc.module", "expects (3,)"),
+    "weight of the wrong shape": (lambda d, t: (t.update({"fc.module.weight": torch.zeros(3, 5, dtype=torch.int8)}),
+                                                d["model"]["tensors"]["fc.module.weight"].update(shape=[3, 5])),
+                                  "fc.module", "expects (3, 4)"),
+    "layer sizes edited to fit nothing": (
+        lambda d, t: module(d, "fc.module")["kwargs"].update(in_features=5),
+        "fc.module", "expects (3, 5)"),
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPERED))
+def test_tampered_value_is_refused_naming_the_field(case, good_file):
+    edit, field, detail = TAMPERED[case]
+    path = rewrite(good_file, edit)
+    with pytest.raises(SerializationError) as info:
+        load(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert field in message, message
+    assert detail in message, message
+
+
+def test_untampered_rewrite_loads(good_file):
+    """The control: rewriting the file without changes gives a model that loads and runs."""
+    loaded = load(rewrite(good_file, lambda d, t: None))
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(loaded(x), reference_model()(x))
+
+
+# -- files that are not regular files --------------------------------------------------------------
+
+
+def _load_in_thread(path: Path) -> BaseException | None:
+    """``load(path)`` in a daemon thread: a FIFO would block the open forever if it were opened."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            load(path)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert outcome, f"qp.load({path}) is still blocked after 60 s"
+    return outcome[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX only")
+def test_fifo_is_refused_without_opening_it(tmp_path):
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    error = _load_in_thread(fifo)
+    assert isinstance(error, SerializationError) and "is a FIFO (named pipe), not a regular file" in str(error)
+
+
+@pytest.mark.parametrize(("path", "kind"), [("/dev/zero", "a character device"),
+                                            ("/dev/null", "a character device")])
+def test_device_is_refused(path, kind):
+    if not os.path.exists(path):
+        pytest.skip(f"{path} does not exist here")
+    error = _load_in_thread(Path(path))
+    assert isinstance(error, SerializationError) and f"is {kind}, not a regular file" in str(error)
+
+
+def test_directory_is_refused(tmp_path):
+    with pytest.raises(SerializationError, match="is a directory, not a regular file"):
+        load(tmp_path)
+
+
+def test_symlink_to_a_regular_file_loads(good_file, tmp_path):
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(good_file)
+    assert isinstance(load(link), fx.GraphModule)
+
+
+# -- small files asking for huge modules -----------------------------------------------------------
+
+
+def _add_module(entry: dict[str, Any]) -> Edit:
+    def edit(document, tensors):
+        document["model"]["modules"].append(entry)
+    return edit
+
+
+def test_small_file_cannot_build_a_transformer_with_20000_layers(good_file):
+    huge = {"path": "huge", "class": "torch.nn.modules.transformer.Transformer", "training": False,
+            "kwargs": {"d_model": 4, "nhead": 1, "num_encoder_layers": 20000, "num_decoder_layers": 20000,
+                       "dim_feedforward": 4}}
+    path = rewrite(good_file, _add_module(huge))
+    assert path.stat().st_size < 10_000
+    with pytest.raises(SerializationError, match="builds a bigger module than the 0 tensors the file gives "
+                                                 "it \\(stopped after 64 tensor operations\\)"):
+        load(path)
+
+
+def test_budget_grows_with_the_tensors_the_file_supplies(good_file):
+    """An LSTM with 200 layers listing only the 4 tensors of one layer is stopped, at the budget
+    those 4 tensors allow."""
+    lstm = {"path": "rnn", "class": "torch.nn.modules.rnn.LSTM", "training": False,
+            "kwargs": {"input_size": 4, "hidden_size": 4, "num_layers": 200},
+            "params": [[f"{n}_l0", f"fc.module.{n}"] for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]}
+    path = rewrite(good_file, _add_module(lstm))
+    budget = 64 + WORK_PER_TENSOR * 4
+    with pytest.raises(SerializationError, match=f"stopped after {budget} tensor operations"):
+        load(path)
+
+
+def test_huge_sizes_on_the_meta_device_fail_on_shape_not_memory(good_file):
+    """A layer asking for a 10^12-element weight is built on the meta device (no memory) and refused
+    because its shape does not fit the file's tensor."""
+    path = rewrite(good_file, lambda d, t: module(d, "fc.module")["kwargs"].update(
+        in_features=1_000_000, out_features=1_000_000))
+    with pytest.raises(SerializationError, match="expects \\(1000000, 1000000\\)"):
+        load(path)

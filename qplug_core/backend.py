@@ -309,11 +309,8 @@ def _build_registry() -> dict[str, _Entry]:
 
 
 def _registry() -> dict[str, _Entry]:
-    """Assembled backends, cached on the plugin manager (so a reset rebuilds them)."""
-    manager = plugins.get_manager()
-    if "backends" not in manager.cache:
-        manager.cache["backends"] = _build_registry()
-    return manager.cache["backends"]
+    """Assembled backends, built once per plugin manager (so a reset rebuilds them)."""
+    return plugins.get_manager().derived("backends", _build_registry)
 
 
 # -- public API ------------------------------------------------------------------------------------

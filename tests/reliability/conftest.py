@@ -13,6 +13,9 @@ from typing import Callable, Iterator
 import pytest
 
 from qplug_core import plugins
+from qplug_core.testing.distributions import fake_dist  # real fake distributions (plugins)
+
+__all__ = ["fake_dist", "installed_backends", "register_plugin"]
 
 BACKEND_DISTRIBUTIONS = {"fbgemm": "qplug-fbgemm", "qnnpack": "qplug-qnnpack"}
 

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import torch
 from torch import fx, nn
 
+from qplug_core import flow_checks
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import (
@@ -38,7 +39,7 @@ from qplug_core.ir.capture import capture_module
 from qplug_core.passes import PassManager, PassResult
 from qplug_core.serialization import record_artifact
 
-_STATE_KEY = "qplug_state"
+_STATE_KEY = flow_checks.STATE_KEY
 _ON_UNSUPPORTED = ("warn", "raise", "skip")
 
 
@@ -148,6 +149,7 @@ def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Back
 def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace,
              keep_isolated_ops_float, on_unsupported, non_traceable_module_names,
              non_traceable_module_classes) -> fx.GraphModule:
+    flow_checks.check_preparable(model)
     if on_unsupported not in _ON_UNSUPPORTED:
         raise ConfigValidationError(f"on_unsupported must be one of {_ON_UNSUPPORTED}, got "
                                     f"{on_unsupported!r}", field="on_unsupported", value=on_unsupported)
@@ -157,6 +159,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     if not isinstance(mapping, QConfigMapping):
         raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got "
                                     f"{type(mapping).__name__}", field="qconfig_mapping")
+    flow_checks.warn_unknown_module_names(mapping, model)
     inputs = as_input_tuple(example_inputs)
     if not is_qat and model.training and not inplace:  # PTQ folds batch norm: eval semantics
         model = copy.deepcopy(model).eval()
@@ -227,6 +230,7 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
 
     ``progress=None`` shows a rich progress bar only on a terminal.
     """
+    flow_checks.check_calibratable(model, data)
     show = sys.stderr.isatty() if progress is None else progress
     total = len(data) if hasattr(data, "__len__") and not isinstance(data, torch.Tensor) else None
     batches = non_empty = 0
@@ -243,9 +247,11 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
                 non_empty += 1
             try:
                 model(*batch)
-            except QplugError:
+            except QplugError as error:
+                flow_checks.mark_calibration_failed(model, error)
                 raise
             except Exception as error:
+                flow_checks.mark_calibration_failed(model, error)
                 raise InputMismatchError(
                     f"calibration batch {batches - 1} does not fit the model: {type(error).__name__}: "
                     f"{str(error).splitlines()[0] if str(error) else ''}. Give batches with the same "
@@ -271,6 +277,7 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
              inplace: bool, strict: bool) -> fx.GraphModule:
     """Convert to the reference form, keep the save artifact, then lower and report."""
     state = _state(observed)
+    flow_checks.check_calibration_finished(observed)
     with _gc_paused():
         gm = observed if inplace else copy.deepcopy(observed)
 
@@ -361,6 +368,8 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
              backend: str | Backend | None = None, qconfig_mapping: QConfigMapping | None = None,
              progress: bool | None = None, strict: bool = False, **prepare_options: Any) -> fx.GraphModule:
     """Static post-training quantization in one call: the int8 model running the backend's kernels."""
+    flow_checks.check_preparable(model)
+    flow_checks.check_calibration_data(calibration_data)
     chosen = resolve_backend(backend)
     chosen.require_available()
     observed = prepare_fx(model, qconfig_mapping, example_inputs, backend=chosen, **prepare_options)

@@ -28,11 +28,13 @@ from qplug_core.errors import (
 )
 from qplug_core.fx.convert import convert_graph
 from qplug_core.fx.fuse import fuse_graph
+from qplug_core.fx.inplace import functionalize_inplace
 from qplug_core.fx.leaves import leaf_module_classes
 from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.fx.normalize import normalize_functionals
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.fx.regions import RegionPlanner
+from qplug_core.fx.shared_modules import untie_shared_modules
 from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes
 from qplug_core.fx.tags import ValueAnnotator, region_tag
 from qplug_core.ir.capture import capture_module
@@ -142,7 +144,8 @@ def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Back
     def fuse(graph_module: fx.GraphModule) -> None:
         graph_module.meta["qplug_fusions"] = fuse_graph(graph_module, chosen, is_qat=is_qat)
 
-    run_passes(gm, [*chosen.passes("pre_fuse"), normalize_functionals, fuse])
+    run_passes(gm, [untie_shared_modules, functionalize_inplace, *chosen.passes("pre_fuse"),
+                    normalize_functionals, fuse])
     return gm
 
 
@@ -150,6 +153,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
              keep_isolated_ops_float, on_unsupported, non_traceable_module_names,
              non_traceable_module_classes) -> fx.GraphModule:
     flow_checks.check_preparable(model)
+    flow_checks.check_float32(model)
     if on_unsupported not in _ON_UNSUPPORTED:
         raise ConfigValidationError(f"on_unsupported must be one of {_ON_UNSUPPORTED}, got "
                                     f"{on_unsupported!r}", field="on_unsupported", value=on_unsupported)

@@ -2,9 +2,11 @@
 
 One ``nn.Linear`` called twice in ``forward`` is one ``call_module`` target used by two nodes. Fusing
 the first call with the ReLU after it replaced the module both calls share (the second call then
-ran the ReLU too), and both calls shared one output observer although their ranges differ. Each
-extra call gets a copy (``fc`` stays, ``fc_call1`` is added), so it is fused, observed and
-lowered on its own; the copies hold equal int8 weights.
+ran the ReLU too), and lowering found the module already replaced by the first call's kernel. Each
+extra call of a module with parameters or buffers gets a copy (``fc`` stays, ``fc_call1`` is
+added), so it is fused, observed and lowered on its own; the copies hold equal int8 weights.
+Stateless modules (a ``ReLU`` reused across a ResNet block) stay shared: they compute the same
+either way, and torch.ao leaves them so.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 
-from torch import fx
+from torch import fx, nn
 
 from qplug_core.passes import PassResult
 
@@ -26,11 +28,15 @@ def _free_name(gm: fx.GraphModule, base: str, index: int) -> str:
     return name
 
 
+def _has_state(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None or next(module.buffers(), None) is not None
+
+
 def untie_shared_modules(gm: fx.GraphModule) -> PassResult:
     """Point the second and later calls of each leaf module at copies of it."""
     calls: dict[str, list[fx.Node]] = defaultdict(list)
     for node in gm.graph.nodes:
-        if node.op == "call_module":
+        if node.op == "call_module" and _has_state(gm.get_submodule(node.target)):
             calls[node.target].append(node)
     modified = False
     for target, nodes in calls.items():

@@ -117,6 +117,8 @@ class Backend:
     contributors: list[plugins.PluginRecord] = field(default_factory=list)
     #: hook failures of contributing plugins; their contributions are left out
     problems: list[PluginError] = field(default_factory=list)
+    #: which plugin contributed each kernel (warnings about a kernel name it)
+    kernel_plugins: dict[Any, plugins.PluginRecord] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -249,8 +251,9 @@ def _claim(owners: dict[Any, plugins.PluginRecord], key: Any, record: plugins.Pl
     owners[key] = record
 
 
-def _merge(results: list[plugins.HookResult], what: str, backend: Backend) -> dict[Any, Any]:
-    owners: dict[Any, plugins.PluginRecord] = {}
+def _merge(results: list[plugins.HookResult], what: str, backend: Backend,
+           owners: dict[Any, plugins.PluginRecord] | None = None) -> dict[Any, Any]:
+    owners = {} if owners is None else owners
     merged: dict[Any, Any] = {}
     for result in _usable(results, backend):
         for key, value in result.value.items():
@@ -284,7 +287,7 @@ def _assemble(record: plugins.PluginRecord, spec: BackendSpec) -> Backend:
     backend.fuser_methods = _merge(plugins.collect("qplug_fuser_methods", backend=spec.name),
                                    "fuser method", backend)
     backend.kernels = _merge(plugins.collect("qplug_int8_kernels", backend=spec.name),
-                             "kernel", backend)
+                             "kernel", backend, backend.kernel_plugins)
     return backend
 
 

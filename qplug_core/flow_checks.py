@@ -65,10 +65,9 @@ def check_preparable(model: Any) -> nn.Module:
         raise ModelStateError(
             f"this model is already quantized (it holds {_listed(quantized) or 'a qplug report'}); "
             "quantize the original float model instead")
-    observed = _modules_of(model, _OBSERVERS)
-    if observed or STATE_KEY in meta:
+    if STATE_KEY in meta:  # (a float model may hold fake-quant modules: QAT modules to convert)
         raise ModelStateError(
-            f"this model is already prepared (it holds {_listed(observed) or 'qplug prepare state'}); "
+            f"this model is already prepared (it holds observers: {_listed(_modules_of(model, _OBSERVERS))}); "
             "calibrate it with qp.calibrate and convert it with qp.convert_fx, or prepare the "
             "original float model")
     return model

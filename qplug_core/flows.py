@@ -29,6 +29,7 @@ from qplug_core.errors import (
 from qplug_core.fx.convert import convert_graph
 from qplug_core.fx.fuse import fuse_graph
 from qplug_core.fx.inplace import functionalize_inplace
+from qplug_core.fx.kernel_contract import remember_example
 from qplug_core.fx.leaves import leaf_module_classes
 from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.fx.normalize import normalize_functionals
@@ -187,6 +188,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
 
     run_passes(gm, [annotate, observe, *chosen.passes("post_prepare")])
     gm.meta[_STATE_KEY] = {"backend": chosen.name, "mode": mode}
+    remember_example(gm, inputs)
     if is_qat:
         gm.train()
     return gm

@@ -1,16 +1,19 @@
-"""Make in-place tensor ops out-of-place, so that rewriting the graph keeps what they compute.
+"""Make later readers of an in-place op's input read its result, so graph rewriting keeps it.
 
 ``x.mul_(2); return self.fc(x)`` traces to a ``mul_`` node nobody uses and an ``fc`` node reading
 the placeholder ``x``: fx's dead-code elimination drops the ``mul_`` (a method call counts as
-pure), and an observer inserted on ``x`` would see it before the mutation anyway, so the int8
-model computed ``fc(x)`` instead of ``fc(2 * x)``. After this pass the op is ``x.mul(2)`` and the
-later uses of ``x`` read its result, as the float model effectively did.
+pure), and an observer or quantize step inserted on ``x`` would see it before the mutation anyway,
+so the int8 model computed ``fc(x)`` instead of ``fc(2 * x)``. After this pass every node after the
+in-place op that read its input reads its result instead, which is what the float model
+effectively did. When the mutated value is a graph input, the op is also made out-of-place
+(``x.mul(2)``), so that qplug running the example and calibration batches does not change the
+caller's tensors; elsewhere the in-place spelling stays (backends may have patterns for it). An
+in-place op whose input is not read again is left alone.
 
-Covered: in-place tensor methods (``mul_``, ``add_``, ``clamp_``, ...), ``torch.relu_``-style
-functions, ``operator.iadd``-style augmented assignments, functionals called with
-``inplace=True`` and leaf modules with ``inplace=True`` (``nn.ReLU(inplace=True)``). Not covered:
-mutation through a view (``x.view(-1).mul_(2)`` followed by a use of ``x``). The int8 model does
-not mutate its caller's input tensors.
+Recognised: in-place tensor methods (``mul_``, ``clamp_``, ...), ``torch.relu_``-style functions,
+augmented assignment (``operator.iadd``...), functionals called with ``inplace=True`` and leaf
+modules with ``inplace=True``. Not covered: mutation through a view (``x.view(-1).mul_(2)``
+followed by a use of ``x``).
 """
 
 from __future__ import annotations
@@ -29,51 +32,52 @@ _AUGMENTED = {operator.iadd: operator.add, operator.isub: operator.sub, operator
               operator.ilshift: operator.lshift, operator.irshift: operator.rshift}
 
 
-def _out_of_place_method(name: object) -> str | None:
-    if not isinstance(name, str) or not name.endswith("_") or name.startswith("_"):
-        return None
-    return name[:-1] if hasattr(torch.Tensor, name[:-1]) else None
+def _in_place_name(name: str) -> bool:
+    return name.endswith("_") and not name.startswith("_")
 
 
-def _out_of_place_function(target: object) -> object | None:
-    if target in _AUGMENTED:
-        return _AUGMENTED[target]
-    name = getattr(target, "__name__", "")
-    if getattr(target, "__module__", None) in ("torch", "torch._C._VariableFunctions") \
-            and name.endswith("_") and not name.startswith("_"):
-        return getattr(torch, name[:-1], None)
-    return None
-
-
-def _make_out_of_place(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """Rewrite ``node`` to not mutate its first argument; whether it did mutate it."""
-    if node.op == "call_method" and (method := _out_of_place_method(node.target)):
-        node.target = method
+def _mutates_first_argument(gm: fx.GraphModule, node: fx.Node) -> bool:
+    if node.kwargs.get("inplace") is True:
         return True
-    if node.op == "call_function" and (function := _out_of_place_function(node.target)) is not None:
-        node.target = function
-        return True
-    if node.op in ("call_function", "call_method") and node.kwargs.get("inplace") is True:
-        node.kwargs = {**node.kwargs, "inplace": False}
-        return True
-    if node.op == "call_module" and getattr(gm.get_submodule(node.target), "inplace", False) is True:
-        gm.get_submodule(node.target).inplace = False  # the flows work on their own copy
-        return True
+    if node.op == "call_method":
+        return isinstance(node.target, str) and _in_place_name(node.target)
+    if node.op == "call_function":
+        return node.target in _AUGMENTED or (
+            getattr(node.target, "__module__", None) in ("torch", "torch._C._VariableFunctions")
+            and _in_place_name(getattr(node.target, "__name__", "")))
+    if node.op == "call_module":
+        return getattr(gm.get_submodule(node.target), "inplace", False) is True
     return False
 
 
+def _make_out_of_place(node: fx.Node) -> None:
+    """Rewrite ``node`` so it does not mutate its input, where an out-of-place twin exists."""
+    if node.kwargs.get("inplace") is True and node.op != "call_module":
+        node.kwargs = {**node.kwargs, "inplace": False}
+    elif node.op == "call_method" and hasattr(torch.Tensor, node.target[:-1]):
+        node.target = node.target[:-1]
+    elif node.op == "call_function" and node.target in _AUGMENTED:
+        node.target = _AUGMENTED[node.target]
+    elif node.op == "call_function" and hasattr(torch, node.target.__name__[:-1]):
+        node.target = getattr(torch, node.target.__name__[:-1])
+
+
 def functionalize_inplace(gm: fx.GraphModule) -> PassResult:
-    """Turn in-place ops into out-of-place ones; later readers of the mutated value read the result."""
+    """Rewire readers of values that an in-place op changed (see the module docstring)."""
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     modified = False
     for node in list(gm.graph.nodes):
         mutated = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-        if mutated is None or not _make_out_of_place(gm, node):
+        if mutated is None or not _mutates_first_argument(gm, node):
             continue
+        later = [user for user in mutated.users if user is not node and order[user] > order[node]]
+        if not later:
+            continue
+        if mutated.op == "placeholder":
+            _make_out_of_place(node)
+        for user in later:
+            user.replace_input_with(mutated, node)
         modified = True
-        for user in list(mutated.users):
-            if user is not node and order[user] > order[node]:
-                user.replace_input_with(mutated, node)
     if modified:
         gm.recompile()
     return PassResult(gm, modified)

@@ -56,3 +56,18 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise typer.BadParameter(f"{text!r} is not a shape; write positive sizes separated by "
                                  "commas, batch first, e.g. 1,3,224,224")
     return shape
+
+
+def example_tensor(shape: tuple[int, ...], generator: Any = None) -> Any:
+    """A standard-normal input of ``shape``; a shape too large to allocate is a one-line error."""
+    import torch
+
+    from qplug_core.errors import InputMismatchError
+
+    try:
+        return torch.randn(shape, generator=generator)
+    except (RuntimeError, MemoryError) as exc:
+        raise InputMismatchError(
+            f"--example-shape {','.join(map(str, shape))} needs {math.prod(shape):,} float32 values "
+            f"({4 * math.prod(shape) / 2**30:,.1f} GiB), which cannot be allocated here: "
+            f"{type(exc).__name__}; give the shape of one real input batch") from exc

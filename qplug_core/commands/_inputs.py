@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError, ConfigError, did_you_mean
-from qplug_core.commands._common import warn
+from qplug_core.commands._common import example_tensor, warn
 
 #: number of random batches used when no calibration file is given
 RANDOM_BATCHES = 4
@@ -99,4 +99,4 @@ def random_calibration(example_shape: tuple[int, ...]) -> list[torch.Tensor]:
          f"shape {example_shape}; int8 ranges will not fit real inputs and accuracy may suffer. "
          "Pass --calibration FILE (.safetensors or .npy) with representative inputs.")
     generator = torch.Generator().manual_seed(0)
-    return [torch.randn(example_shape, generator=generator) for _ in range(RANDOM_BATCHES)]
+    return [example_tensor(example_shape, generator) for _ in range(RANDOM_BATCHES)]

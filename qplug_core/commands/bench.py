@@ -11,7 +11,8 @@ from typing import Any
 
 import typer
 
-from qplug_core.commands._common import emit_json, parse_shape, progress, show, warn
+from qplug_core.commands._common import emit_json, example_tensor, parse_shape, progress, show, warn
+from qplug_core.plugin_isolation import stdout_to_stderr
 
 
 def _models(target: str, example: tuple, backend: str | None) -> tuple[Any, Any, str]:
@@ -50,8 +51,9 @@ def bench(
     from qplug_core.errors import InputMismatchError
 
     shape = parse_shape(example_shape)
-    example = (torch.randn(shape, generator=torch.Generator().manual_seed(0)),)
-    baseline, qmodel, baseline_kind = _models(target, example, backend)
+    example = (example_tensor(shape, torch.Generator().manual_seed(0)),)
+    with stdout_to_stderr():  # stdout is for the result: what the user's factory prints goes to stderr
+        baseline, qmodel, baseline_kind = _models(target, example, backend)
     with progress() as bar:
         task = bar.add_task(f"timing ({runs} interleaved runs)", total=runs)
         try:

@@ -12,7 +12,8 @@ from typing import Any
 
 import typer
 
-from qplug_core.commands._common import parse_shape
+from qplug_core.commands._common import example_tensor, parse_shape
+from qplug_core.plugin_isolation import stdout_to_stderr
 
 
 class Mode(str, Enum):
@@ -59,16 +60,15 @@ def quantize(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
 ) -> None:
     """Quantize MODULE:FACTORY's model, save it with qp.save and print the quantization report."""
-    import torch
-
     import qplug_core as qp
     from qplug_core.commands._inputs import load_factory_model
     from qplug_core.commands._report import print_report
 
     shape = parse_shape(example_shape)
-    model = load_factory_model(model_spec)
-    qmodel = quantize_model(model, (torch.randn(shape),), calibration, backend, mode)
-    path = qp.save(qmodel, out)
+    with stdout_to_stderr():  # stdout is for the report: what the user's code prints goes to stderr
+        model = load_factory_model(model_spec)
+        qmodel = quantize_model(model, (example_tensor(shape),), calibration, backend, mode)
+        path = qp.save(qmodel, out)
     report = qp.quantization_report(qmodel)
     print_report(report, {"model": model_spec, "mode": mode.value, "backend": report.backend,
                           "out": str(path), "size_bytes": path.stat().st_size}, as_json)

@@ -15,7 +15,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, TextIO
 
 #: a plugin import slower than this is named in a warning (``qplug plugins`` shows every time)
 SLOW_IMPORT_SECONDS = 2.0
@@ -32,7 +32,7 @@ class _StdoutToStderr:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._depth = 0
-        self._saved = None
+        self._saved: TextIO | None = None
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
@@ -47,7 +47,7 @@ class _StdoutToStderr:
             with self._lock:
                 self._depth -= 1
                 if self._depth == 0:
-                    sys.stdout = self._saved
+                    sys.stdout = self._saved or sys.__stdout__
                     self._saved = None
 
 
@@ -59,7 +59,7 @@ class ImportEffects:
     """What fencing one plugin import found: its duration and the engine change it undid."""
 
     seconds: float = 0.0
-    engine_changed: tuple[str, str] | None = None  # (engine before, engine the plugin set)
+    engine_changed: tuple[str, str | None] | None = None  # (engine before, engine the plugin set)
 
 
 def _quantized_engine() -> str | None:

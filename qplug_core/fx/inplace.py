@@ -46,20 +46,21 @@ def _mutates_first_argument(gm: fx.GraphModule, node: fx.Node) -> bool:
             getattr(node.target, "__module__", None) in ("torch", "torch._C._VariableFunctions")
             and _in_place_name(getattr(node.target, "__name__", "")))
     if node.op == "call_module":
-        return getattr(gm.get_submodule(node.target), "inplace", False) is True
+        return getattr(gm.get_submodule(str(node.target)), "inplace", False) is True
     return False
 
 
 def _make_out_of_place(node: fx.Node) -> None:
     """Rewrite ``node`` so it does not mutate its input, where an out-of-place twin exists."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     if node.kwargs.get("inplace") is True and node.op != "call_module":
         node.kwargs = {**node.kwargs, "inplace": False}
-    elif node.op == "call_method" and hasattr(torch.Tensor, node.target[:-1]):
-        node.target = node.target[:-1]
+    elif node.op == "call_method" and hasattr(torch.Tensor, name[:-1]):
+        node.target = name[:-1]
     elif node.op == "call_function" and node.target in _AUGMENTED:
         node.target = _AUGMENTED[node.target]
-    elif node.op == "call_function" and hasattr(torch, node.target.__name__[:-1]):
-        node.target = getattr(torch, node.target.__name__[:-1])
+    elif node.op == "call_function" and hasattr(torch, name[:-1]):
+        node.target = getattr(torch, name[:-1])
 
 
 def functionalize_inplace(gm: fx.GraphModule) -> PassResult:

@@ -11,10 +11,11 @@ import difflib
 import sys
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from qplug_core import plugins
 from qplug_core.audience import spelled
+from qplug_core.config import names
 from qplug_core.contract import (  # re-exported: the registry's callers import them from here
     ARM_MACHINES,
     X86_MACHINES,
@@ -59,6 +60,8 @@ class Backend:
     contributors: list[plugins.PluginRecord] = field(default_factory=list)
     #: hook failures of contributing plugins; their contributions are left out
     problems: list[PluginError] = field(default_factory=list)
+    #: which plugin contributed each kernel (warnings about a kernel name it)
+    kernel_plugins: dict[Any, plugins.PluginRecord] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -202,8 +205,9 @@ def _claim(owners: dict[Any, plugins.PluginRecord], key: Any, record: plugins.Pl
     owners[key] = record
 
 
-def _merge(results: list[plugins.HookResult], what: str, backend: Backend) -> dict[Any, Any]:
-    owners: dict[Any, plugins.PluginRecord] = {}
+def _merge(results: list[plugins.HookResult], what: str, backend: Backend,
+           owners: dict[Any, plugins.PluginRecord] | None = None) -> dict[Any, Any]:
+    owners = {} if owners is None else owners
     merged: dict[Any, Any] = {}
     for result in _usable(results, backend):
         for key, value in result.value.items():
@@ -237,7 +241,7 @@ def _assemble(record: plugins.PluginRecord, spec: BackendSpec) -> Backend:
     backend.fuser_methods = _merge(plugins.collect("qplug_fuser_methods", backend=spec.name),
                                    "fuser method", backend)
     backend.kernels = _merge(plugins.collect("qplug_int8_kernels", backend=spec.name),
-                             "kernel", backend)
+                             "kernel", backend, backend.kernel_plugins)
     return backend
 
 
@@ -262,11 +266,8 @@ def _build_registry() -> dict[str, _Entry]:
 
 
 def _registry() -> dict[str, _Entry]:
-    """Assembled backends, cached on the plugin manager (so a reset rebuilds them)."""
-    manager = plugins.get_manager()
-    if "backends" not in manager.cache:
-        manager.cache["backends"] = _build_registry()
-    return manager.cache["backends"]
+    """Assembled backends, built once per plugin manager (so a reset rebuilds them)."""
+    return plugins.get_manager().derived("backends", _build_registry)
 
 
 # -- public API ------------------------------------------------------------------------------------
@@ -385,3 +386,18 @@ def environment_diagnostics() -> list[tuple[str, Diagnostic]]:
             else:
                 findings.append((f"backend {name}", Diagnostic("error", str(result.error))))
     return findings
+
+
+def _backends_for_names() -> tuple[dict, Iterator[Backend]]:
+    """The name table's view of the backends (``config.names`` sits below this layer): the plugin
+    manager's cache, cleared on reload, and every backend that assembles."""
+    def usable() -> Iterator[Backend]:
+        for info in list_backends():
+            try:
+                yield get_backend(info.name)
+            except QplugError:
+                continue  # broken or conflicting backends are reported where they are selected
+    return plugins.get_manager().cache, usable()
+
+
+names.set_backend_source(_backends_for_names)

@@ -129,6 +129,10 @@ def _plugin_rows(records: list[plugins.PluginRecord]) -> list[list[str]]:
              " ".join(str(r.error or "").split())] for r in records]
 
 
+def _load_time(record: plugins.PluginRecord) -> str:
+    return "-" if record.load_seconds is None else f"{record.load_seconds:.3f} s"
+
+
 def _finish(strict: bool, failures: int) -> None:
     """Exit 3 when asked to be strict and something failed (the listing is printed first)."""
     if failures and (strict or os.environ.get(plugins.ENV_STRICT) == "1"):
@@ -177,13 +181,14 @@ def list_backends_command(
 def plugins_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
 ) -> None:
-    """List every plugin seen (built-in and installed) with its status."""
+    """List every plugin seen (built-in and installed) with its status and import time."""
     records = plugins.plugin_records()
     if as_json:
         emit_json({"plugins": [r.to_dict() for r in records]})
     else:
-        _print_table("qplug plugins", ["plugin", "distribution", "module", "status", "reason"],
-                     _plugin_rows(records))
+        _print_table("qplug plugins", ["plugin", "distribution", "module", "status", "reason",
+                                       "load time"],
+                     [row + [_load_time(r)] for row, r in zip(_plugin_rows(records), records)])
 
 
 @app.command()

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import torch
 from torch import fx, nn
 
-from qplug_core import distributed
+from qplug_core import distributed, flow_checks
 from qplug_core.backend import Backend, get_backend, resolve_backend
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import (
@@ -25,6 +25,7 @@ from qplug_core.errors import (
 )
 from qplug_core.fx.convert import convert_graph
 from qplug_core.fx.finish import finish_conversion
+from qplug_core.fx.kernel_contract import remember_example
 from qplug_core.fx.pipeline import as_input_tuple, fuse_model, gc_paused, run_passes
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.fx.regions import RegionPlanner
@@ -82,6 +83,8 @@ def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Back
 def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace,
              keep_isolated_ops_float, on_unsupported, non_traceable_module_names,
              non_traceable_module_classes) -> fx.GraphModule:
+    flow_checks.check_preparable(model)
+    flow_checks.check_float32(model)
     if on_unsupported not in _ON_UNSUPPORTED:
         raise ConfigValidationError(f"on_unsupported must be one of {_ON_UNSUPPORTED}, got "
                                     f"{on_unsupported!r}", field="on_unsupported", value=on_unsupported)
@@ -91,6 +94,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     if not isinstance(mapping, QConfigMapping):
         raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got "
                                     f"{type(mapping).__name__}", field="qconfig_mapping")
+    flow_checks.warn_unknown_module_names(mapping, model)
     inputs = as_input_tuple(example_inputs)
     if not is_qat and model.training and not inplace:  # PTQ folds batch norm: eval semantics
         model = copy.deepcopy(model).eval()
@@ -114,6 +118,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
 
     run_passes(gm, [annotate, observe, *chosen.passes("post_prepare")])
     gm.meta[_STATE_KEY] = {"backend": chosen.name, "mode": mode}
+    remember_example(gm, inputs)
     if is_qat:
         gm.train()
     return gm
@@ -163,6 +168,7 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
     an initialized torch.distributed process group, observers agree across ranks as if one
     process saw every rank's batches together (docs/guide/distributed.md).
     """
+    flow_checks.check_calibratable(model, data)
     show = (sys.stderr.isatty() if progress is None else progress) and distributed.is_rank_zero()
     total = len(data) if hasattr(data, "__len__") and not isinstance(data, torch.Tensor) else None
     batches = non_empty = 0
@@ -179,9 +185,11 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
                 non_empty += 1
             try:
                 model(*batch)
-            except QplugError:
+            except QplugError as error:
+                flow_checks.mark_calibration_failed(model, error)
                 raise
             except Exception as error:
+                flow_checks.mark_calibration_failed(model, error)
                 raise InputMismatchError(
                     f"calibration batch {batches - 1} does not fit the model: {type(error).__name__}: "
                     f"{str(error).splitlines()[0] if str(error) else ''}. Give batches with the same "
@@ -208,6 +216,7 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
              inplace: bool, strict: bool) -> fx.GraphModule:
     """Convert to the reference form, keep the save artifact, then lower and report."""
     state = _state(observed)
+    flow_checks.check_calibration_finished(observed)
     with gc_paused():
         gm = observed if inplace else copy.deepcopy(observed)
 
@@ -259,6 +268,8 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
              backend: str | Backend | None = None, qconfig_mapping: QConfigMapping | None = None,
              progress: bool | None = None, strict: bool = False, **prepare_options: Any) -> fx.GraphModule:
     """Static post-training quantization in one call: the int8 model running the backend's kernels."""
+    flow_checks.check_preparable(model)
+    flow_checks.check_calibration_data(calibration_data)
     chosen = resolve_backend(backend)
     chosen.require_available()
     observed = prepare_fx(model, qconfig_mapping, example_inputs, backend=chosen, **prepare_options)

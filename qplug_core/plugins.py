@@ -12,6 +12,11 @@ Environment switches (read when the manager is built, see :func:`reset`):
 - ``QPLUG_DISABLE_PLUGINS``: comma list of names never to import.
 - ``QPLUG_STRICT_PLUGINS=1``: raise the first plugin failure instead of skipping the plugin.
 - ``QPLUG_TRACE_HOOKS=1``: print every hook call, its result type and duration on stderr.
+
+Plugins run fenced (:mod:`qplug_core.plugin_isolation`): their stdout goes to stderr, an import
+cannot leave warning filters or a changed quantized engine behind, and slow imports are named.
+Loading and the backends derived from the plugins are built once, under one process-wide lock, so
+the first qplug calls of two threads see the same complete set of plugins.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import importlib.metadata
 import inspect
 import os
 import sys
+import threading
 import time
 import types
 import typing
@@ -36,7 +42,7 @@ import pluggy
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from qplug_core import hookspecs
+from qplug_core import hookspecs, plugin_isolation
 from qplug_core.errors import PluginContractError, PluginError, PluginHookError, PluginLoadError
 
 ENTRY_POINT_GROUP = "qplug"
@@ -76,6 +82,8 @@ class PluginRecord:
     error: PluginError | None = None
     module: str = ""
     builtin: bool = False
+    #: how long importing and registering it took (``None``: not imported)
+    load_seconds: float | None = None
 
     @property
     def label(self) -> str:
@@ -90,7 +98,8 @@ class PluginRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dist": self.dist, "version": self.version,
                 "module": self.module, "builtin": self.builtin, "status": self.status.value,
-                "error": str(self.error) if self.error else None}
+                "error": str(self.error) if self.error else None,
+                "load_seconds": None if self.load_seconds is None else round(self.load_seconds, 4)}
 
 
 @dataclass(frozen=True)
@@ -312,6 +321,20 @@ def plan() -> tuple[list[Candidate], list[str]]:
     return candidates, sorted((wanted or set()) - found)
 
 
+#: serialises plugin loading and building what is derived from the plugins (re-entrant, so that
+#: the loading thread itself is recognised when a plugin calls back into qplug)
+_LOCK = threading.RLock()
+_NOT_LOADED, _LOADING, _LOADED = "not loaded", "loading", "loaded"
+_REENTRANT = ("qplug's API was called while qplug is {what} (a plugin calling qp.list_backends(), "
+              "qp.get_backend() or qp.quantize() at import time or from a hook); call it later, "
+              "from your own code, not while plugins load")
+
+
+def _import_torch() -> None:
+    if "torch" not in sys.modules:
+        importlib.import_module("torch")
+
+
 class QplugPluginManager:
     """pluggy's PluginManager plus records, safe loading and isolated, type-checked hook calls."""
 
@@ -327,15 +350,31 @@ class QplugPluginManager:
         self._by_name: dict[str, PluginRecord] = {}
         self._warned: set[int] = set()
         self._return_types: dict[str, tuple[Any, str]] = {}
-        self._loaded = False
+        self._state = _NOT_LOADED
+        self._building: set[str] = set()
+
+    @property
+    def ready(self) -> bool:
+        return self._state == _LOADED
 
     # -- loading -----------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Import and register the plugins :func:`plan` selects (once)."""
-        if self._loaded:
+        """Import and register the plugins :func:`plan` selects (once, under the loading lock)."""
+        if self._state == _LOADED:
             return
-        self._loaded = True
+        with _LOCK:
+            if self._state == _LOADING:  # the lock is re-entrant: this is the loading thread
+                raise PluginLoadError(_REENTRANT.format(what="loading its plugins"))
+            if self._state == _LOADED:
+                return
+            self._state = _LOADING
+            try:
+                self._load_all()
+            finally:
+                self._state = _LOADED
+
+    def _load_all(self) -> None:
         candidates, missing = plan()
         for candidate in candidates:
             record = candidate.record
@@ -343,18 +382,46 @@ class QplugPluginManager:
             if record.error is not None:
                 self._announce(record)
             elif record.status is PluginStatus.OK:
+                if not record.builtin:
+                    _import_torch()  # so the engine a plugin may change at import is known
                 self._register(candidate)
         for name in missing:
             self._warn(f"plugin {name!r} could not be found (named in {ENV_LOAD})")
+
+    def derived(self, key: str, build: Callable[[], Any]) -> Any:
+        """``cache[key]``, built once by ``build()`` under the loading lock.
+
+        A plugin that calls back into qplug while ``build`` runs its hooks gets a clear error
+        instead of an endless recursion or a half-built value cached for the whole process.
+        """
+        if key in self.cache:
+            return self.cache[key]
+        with _LOCK:
+            if key in self.cache:
+                return self.cache[key]
+            if key in self._building:
+                raise PluginHookError(_REENTRANT.format(what=f"assembling its {key}"))
+            self._building.add(key)
+            try:
+                self.cache[key] = build()
+            finally:
+                self._building.discard(key)
+            return self.cache[key]
 
     def _register(self, candidate: Candidate) -> None:
         """Import one plugin and register its hooks; any failure only marks this plugin broken."""
         record = candidate.record
         self._by_name[record.name] = record
-        try:
-            plugin = candidate.load()
-            self.pm.register(plugin, name=record.name)
-        except (Exception, SystemExit) as exc:  # KeyboardInterrupt still stops the program
+        with plugin_isolation.plugin_import() as effects:
+            try:
+                plugin = candidate.load()
+                self.pm.register(plugin, name=record.name)
+                exc = None
+            except (Exception, SystemExit) as caught:  # KeyboardInterrupt still stops the program
+                exc = caught
+        record.load_seconds = effects.seconds
+        self._report_side_effects(record, effects)
+        if exc is not None:
             self._reject(record, PluginStatus.BROKEN, _load_error(record, exc))
             return
         callers = self.pm.get_hookcallers(plugin) or []
@@ -372,6 +439,17 @@ class QplugPluginManager:
             self.pm.unregister(plugin)
             self._reject(record, PluginStatus.BROKEN, _load_error(record, pluggy.PluginValidationError(
                 plugin, f"unknown hook(s) {', '.join(sorted(unknown))}")))
+
+    def _report_side_effects(self, record: PluginRecord, effects: plugin_isolation.ImportEffects) -> None:
+        if effects.engine_changed is not None:
+            before, after = effects.engine_changed
+            self._warn(f"plugin {record.label} set torch.backends.quantized.engine to {after!r} while "
+                       f"being imported; qplug restored {before!r} (backends select their engine "
+                       f"only while packing weights); disable it with {ENV_DISABLE}={record.name}")
+        if effects.seconds > plugin_isolation.SLOW_IMPORT_SECONDS:
+            self._warn(f"plugin {record.label} took {effects.seconds:.1f} s to import (more than "
+                       f"{plugin_isolation.SLOW_IMPORT_SECONDS:g} s); see `qplug plugins` for every "
+                       f"plugin's load time, or disable it with {ENV_DISABLE}={record.name}")
 
     # -- failures ----------------------------------------------------------------------------------
 
@@ -425,8 +503,9 @@ class QplugPluginManager:
         attribution = {**record.attribution(), "hook": hook_name}
         started = time.perf_counter()
         try:
-            value = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
-        except Exception as exc:
+            with plugin_isolation.plugin_call():
+                value = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+        except (Exception, SystemExit) as exc:  # sys.exit in a hook is a broken plugin, not an exit
             error: PluginError = PluginHookError(
                 f"plugin {record.label}: hook {hook_name} raised {_one_line(exc)}; disable with "
                 f"{ENV_DISABLE}={record.name}", **attribution)
@@ -452,12 +531,17 @@ _manager: QplugPluginManager | None = None
 
 
 def get_manager() -> QplugPluginManager:
-    """The process-wide manager, loading plugins on first use."""
+    """The process-wide manager, loading plugins on first use (other threads wait for it)."""
     global _manager
-    if _manager is None:
-        _manager = QplugPluginManager()
-    _manager.load()
-    return _manager
+    manager = _manager
+    if manager is not None and manager.ready:
+        return manager
+    with _LOCK:
+        if _manager is None:
+            _manager = QplugPluginManager()
+        manager = _manager
+    manager.load()
+    return manager
 
 
 def reset() -> None:

@@ -50,3 +50,23 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise typer.BadParameter(f"{text!r} is not a shape; write positive sizes separated by "
                                  "commas, batch first, e.g. 1,3,224,224")
     return shape
+
+
+def example_tensor(shape: tuple[int, ...], generator: Any = None, dtype: Any = None) -> Any:
+    """An example input of ``shape``: standard normal for float dtypes (float32 by default), ones
+    for integer ones (a valid token id, an all-ones mask); a shape too large to allocate is a
+    one-line error."""
+    import torch
+
+    from qplug_core.errors import InputMismatchError
+
+    dtype = dtype or torch.float32
+    try:
+        if dtype.is_floating_point:
+            return torch.randn(shape, generator=generator).to(dtype)
+        return torch.ones(shape, dtype=dtype)
+    except (RuntimeError, MemoryError) as exc:
+        raise InputMismatchError(
+            f"--example-shape {','.join(map(str, shape))} needs {math.prod(shape):,} values "
+            f"({4 * math.prod(shape) / 2**30:,.1f} GiB as float32), which cannot be allocated "
+            f"here: {type(exc).__name__}; give the shape of one real input batch") from exc

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError, ConfigError, did_you_mean
-from qplug_core.commands._common import warn
+from qplug_core.commands._common import example_tensor, warn
 
 #: number of random batches used when no calibration file is given
 RANDOM_BATCHES = 4
@@ -72,11 +72,8 @@ class InputSpec:
         return self.dtype.is_floating_point
 
     def example(self) -> torch.Tensor:
-        """A deterministic example: normal noise for float inputs, ones for integer ones (a valid
-        token id and an all-ones attention mask)."""
-        if self.is_float:
-            return torch.randn(self.shape, generator=torch.Generator().manual_seed(0)).to(self.dtype)
-        return torch.ones(self.shape, dtype=self.dtype)
+        """A deterministic example: normal noise for float inputs, ones for integer ones."""
+        return example_tensor(self.shape, torch.Generator().manual_seed(0), self.dtype)
 
 
 def input_specs(shapes: list[str], dtypes: list[str]) -> list[InputSpec]:
@@ -208,5 +205,5 @@ def random_calibration(specs: list[InputSpec]) -> list[tuple]:
          f"shape {shapes}; int8 ranges will not fit real inputs and accuracy may suffer. Pass "
          "--calibration FILE (.safetensors or .npy) with representative inputs.")
     generator = torch.Generator().manual_seed(0)
-    return [tuple(torch.randn(spec.shape, generator=generator).to(spec.dtype) for spec in specs)
+    return [tuple(example_tensor(spec.shape, generator, spec.dtype) for spec in specs)
             for _ in range(RANDOM_BATCHES)]

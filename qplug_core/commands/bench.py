@@ -16,6 +16,7 @@ import typer
 from qplug_core.commands._common import emit_json, progress, warn
 from qplug_core.commands._table import new_table, show
 from qplug_core.commands.quantize import EXAMPLE_DTYPES, EXAMPLE_SHAPES
+from qplug_core.plugin_isolation import stdout_to_stderr
 
 #: relative run-to-run spread ((p90 - p10) / median) above which the figures are flagged
 NOISY_SPREAD = 0.25
@@ -60,7 +61,8 @@ def bench(
 
     specs = input_specs(example_shapes, example_dtypes)
     example = tuple(spec.example() for spec in specs)
-    float_model, qmodel = _models(target, float_spec, example, backend)
+    with stdout_to_stderr():  # stdout is for the result: what the user's factory prints goes to stderr
+        float_model, qmodel = _models(target, float_spec, example, backend)
     with progress() as bar:
         task = bar.add_task(f"timing ({runs} interleaved runs)", total=runs)
         try:

@@ -7,6 +7,7 @@ package that installs, lists and quantizes from the first minute is the quickest
 from __future__ import annotations
 
 import re
+import shutil
 from importlib import resources
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def scaffold(name: str, directory: Path) -> Path:
     from qplug_core.errors import ConfigError
 
     _check_name(name)
+    _check_directory(directory)
     root = directory / f"qplug-{name.replace('_', '-')}"
     if root.exists():
         raise ConfigError(f"{root} already exists; remove it or pass another --dir",
@@ -66,14 +68,31 @@ def scaffold(name: str, directory: Path) -> Path:
               "class_name": "".join(part.title() for part in name.split("_")),
               "core_requirement": core_requirement(qplug_core.__version__)}
     templates = resources.files("qplug_core").joinpath("templates", "new_backend")
-    for template, target in TEMPLATES.items():
-        text = templates.joinpath(template).read_text(encoding="utf-8")
-        for key, value in values.items():
-            text = text.replace("{{" + key + "}}", value)
-        path = root / target.format(**values)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+    try:
+        for template, target in TEMPLATES.items():
+            text = templates.joinpath(template).read_text(encoding="utf-8")
+            for key, value in values.items():
+                text = text.replace("{{" + key + "}}", value)
+            path = root / target.format(**values)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    except OSError as exc:  # unwritable, full or vanished directory: leave no half package behind
+        shutil.rmtree(root, ignore_errors=True)
+        raise ConfigError(f"cannot create {root}: {exc.strerror or exc}; pass a writable --dir",
+                          field="dir", value=str(directory)) from exc
     return root
+
+
+def _check_directory(directory: Path) -> None:
+    from qplug_core.errors import ConfigError
+
+    for parent in (directory, *directory.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"--dir {directory}: {parent} is a file, not a directory; pass a "
+                                  "directory (it is created if missing)", field="dir",
+                                  value=str(directory))
+            return
 
 
 def new_backend(

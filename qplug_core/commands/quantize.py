@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from qplug_core.plugin_isolation import stdout_to_stderr
+
 
 class Mode(str, Enum):
     static = "static"
@@ -84,29 +86,31 @@ def quantize(
     from qplug_core.flows import resolve_backend
 
     specs = input_specs(example_shapes, example_dtypes)
-    model = load_factory_model(model_spec)
-    names = forward_input_names(model, len(specs))
-    example = tuple(spec.example() for spec in specs)
-    chosen = resolve_backend(backend).require_available()
-    batches = (load_batches(calibration, specs, names) if calibration
-               else None if mode is not Mode.static else random_calibration(specs))
-    with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
-        qmodel = quantize_model(model, example, batches, chosen, mode)
-        saving = distributed.is_rank_zero()
-    if not saving:  # rank 0 saves and reports for all
-        return
-    path = qp.save(qmodel, out)
+    with stdout_to_stderr():  # stdout is for the report: what the user's code prints goes to stderr
+        model = load_factory_model(model_spec)
+        names = forward_input_names(model, len(specs))
+        example = tuple(spec.example() for spec in specs)
+        chosen = resolve_backend(backend).require_available()
+        batches = (load_batches(calibration, specs, names) if calibration
+                   else None if mode is not Mode.static else random_calibration(specs))
+        with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
+            qmodel = quantize_model(model, example, batches, chosen, mode)
+            saving = distributed.is_rank_zero()
+        if not saving:  # rank 0 saves and reports for all
+            return
+        path = qp.save(qmodel, out)
     report = qp.quantization_report(qmodel)
     facts: dict[str, Any] = {"model": model_spec, "mode": mode.value, "backend": report.backend,
                              "out": str(path), "size_bytes": path.stat().st_size}
     if mode is not Mode.qat_convert:  # a QAT factory returns no float original to compare with
         held_out = load_batches(evaluation, specs, names, what="--eval") if evaluation else None
-        facts["accuracy"] = accuracy_document(
-            model, qmodel, held_out or batches or [example], backend=chosen,
-            evaluated_on=(f"--eval {evaluation}" if evaluation else
-                          f"the calibration set {calibration} (not held out)" if calibration else
-                          "random inputs (pass --eval FILE for a real figure)"),
-            fuse=mode is Mode.static)
+        with stdout_to_stderr():  # the comparison runs the user's model again
+            facts["accuracy"] = accuracy_document(
+                model, qmodel, held_out or batches or [example], backend=chosen,
+                evaluated_on=(f"--eval {evaluation}" if evaluation else
+                              f"the calibration set {calibration} (not held out)" if calibration
+                              else "random inputs (pass --eval FILE for a real figure)"),
+                fuse=mode is Mode.static)
     print_report(report, facts, as_json)
 
 

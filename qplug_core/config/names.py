@@ -35,7 +35,7 @@ import re
 import sys
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -355,49 +355,32 @@ def _add_registered(table: NameTable, obj: Any, kinds: tuple[Kind, ...]) -> None
         _add_defined(table, obj, *kinds)
 
 
-def _backends(table: NameTable) -> None:
-    """What the installed backends register: pattern configs, kernels, default qconfigs."""
-    from qplug_core import backend as registry
+def _add_backend(table: NameTable, backend: Any) -> None:
+    """What one assembled backend registers: pattern configs, kernels, default qconfigs."""
     from qplug_core.errors import QplugError
 
-    for info in registry.list_backends():
+    for cfg in backend.config.configs:
+        pattern = cfg.pattern if cfg.pattern is not None else cfg.pattern_complex_format
+        for obj in _pattern_objects(pattern):
+            _add_registered(table, obj, _pattern_kinds(obj))
+        for obj in (cfg.root_module, cfg.qat_module, cfg.reference_quantized_module, cfg.fused_module):
+            if obj is not None:
+                _add_registered(table, obj, (Kind.MODULE, Kind.TYPE))
+        for obj in (cfg.fuser_method, cfg.root_node_getter, cfg.extra_inputs_getter):
+            if obj is not None:
+                _add_registered(table, obj, (Kind.FUSER,))
+    for fuser in backend.fuser_methods.values():
+        _add_registered(table, fuser, (Kind.FUSER,))
+    for key in backend.kernels:
+        for obj in _pattern_objects(key):
+            _add_registered(table, obj, _pattern_kinds(obj))
+    for mode in ("static", "qat", "dynamic"):
         try:
-            backend = registry.get_backend(info.name)
+            mapping = backend.default_qconfig_mapping(mode)
         except QplugError:
-            continue  # broken or conflicting backends are reported where they are selected
-        for cfg in backend.config.configs:
-            pattern = cfg.pattern if cfg.pattern is not None else cfg.pattern_complex_format
-            for obj in _pattern_objects(pattern):
-                _add_registered(table, obj, _pattern_kinds(obj))
-            for obj in (cfg.root_module, cfg.qat_module, cfg.reference_quantized_module, cfg.fused_module):
-                if obj is not None:
-                    _add_registered(table, obj, (Kind.MODULE, Kind.TYPE))
-            for obj in (cfg.fuser_method, cfg.root_node_getter, cfg.extra_inputs_getter):
-                if obj is not None:
-                    _add_registered(table, obj, (Kind.FUSER,))
-        for fuser in backend.fuser_methods.values():
-            _add_registered(table, fuser, (Kind.FUSER,))
-        for key in backend.kernels:
-            for obj in _pattern_objects(key):
-                _add_registered(table, obj, _pattern_kinds(obj))
-        for mode in ("static", "qat", "dynamic"):
-            try:
-                mapping = backend.default_qconfig_mapping(mode)
-            except QplugError:
-                continue
-            for obj in _mapping_observers(mapping):
-                _add_registered(table, obj, (Kind.OBSERVER,))
-
-
-def _plugin_observers(table: NameTable) -> None:
-    """Observer classes plugins declare through ``qplug_observers``."""
-    from qplug_core import plugins
-
-    for result in plugins.collect("qplug_observers"):
-        if result.ok:
-            for cls in result.value.values():
-                if isinstance(cls, type):
-                    _add_registered(table, cls, (Kind.OBSERVER,))
+            continue
+        for obj in _mapping_observers(mapping):
+            _add_registered(table, obj, (Kind.OBSERVER,))
 
 
 def _mapping_observers(mapping: Any) -> Iterator[type]:
@@ -417,7 +400,10 @@ def _mapping_observers(mapping: Any) -> Iterator[type]:
 #: objects registered by users and plugins: (object, name, kinds)
 _REGISTERED: list[tuple[Any, str, tuple[Kind, ...]]] = []
 _PREFIXES: list[str] = []
-_CACHE_KEY = "qplug_name_table"
+_CACHE_KEY = "name_table"
+#: () -> (a cache dict that is cleared when plugins reload, the usable assembled backends); set by
+#: qplug_core.backend, the layer that assembles backends (this module sits below it)
+_backend_source: Callable[[], tuple[dict, Iterable[Any]]] | None = None
 _lock = threading.RLock()
 _core_table: NameTable | None = None
 _base: tuple[Any, NameTable] | None = None
@@ -462,31 +448,36 @@ def _base_table() -> NameTable:
     return table
 
 
+def set_backend_source(source: Callable[[], tuple[dict, Iterable[Any]]]) -> None:
+    """Where the backend part of the table comes from (called once by ``qplug_core.backend``)."""
+    global _backend_source
+    _backend_source = source
+
+
 def name_table() -> NameTable:
     """The whole table: core, registrations and the current plugins' backends (built on first use,
-    then cached on the plugin manager, so a plugin reload rebuilds it)."""
-    from qplug_core import plugins
+    then cached where the backend source says, so a plugin reload rebuilds it)."""
     from qplug_core.errors import QplugError
 
     base = _base_table()
-    if getattr(_building, "active", False):  # a plugin hook decoding a document while we build
-        return base
-    manager = plugins.get_manager()
-    cached = manager.cache.get(_CACHE_KEY)
-    if cached is not None and cached[0] is base:
-        return cached[1]
+    if _backend_source is None or getattr(_building, "active", False):
+        return base  # no backend assembled in this process yet, or a plugin decoding while we build
     with _lock:
         _building.active = True
-        table = NameTable()
-        table.update(base)
         try:
-            _backends(table)
-            _plugin_observers(table)
+            cache, backends = _backend_source()
+            cached = cache.get(_CACHE_KEY)
+            if cached is not None and cached[0] is base:
+                return cached[1]
+            table = NameTable()
+            table.update(base)
+            for backend in backends:
+                _add_backend(table, backend)
         except QplugError:  # backends cannot be assembled yet (a plugin still importing): no cache
-            return table
+            return base
         finally:
             _building.active = False
-        manager.cache[_CACHE_KEY] = (base, table)
+        cache[_CACHE_KEY] = (base, table)
     return table
 
 

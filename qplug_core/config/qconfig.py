@@ -23,10 +23,13 @@ WEIGHT_KEY = "weight"
 
 
 def _as_factory(value: Any, path: str, *, optional: bool) -> ObserverFactory | None:
-    if isinstance(value, ObserverFactory) or (value is None and optional):
+    if value is None and optional:
         return value
-    if isinstance(value, type):
-        return ObserverFactory(value)
+    if isinstance(value, (ObserverFactory, type)):
+        factory = value if isinstance(value, ObserverFactory) else ObserverFactory(value)
+        factory.check_acyclic(path)
+        factory.check_builds(path)
+        return factory
     if value is None:
         raise ConfigValidationError(
             f"{path} is required; use PlaceholderObserver.with_args(dtype=torch.float) for "
@@ -61,6 +64,9 @@ class QConfig(namedtuple("QConfig", [ACTIVATION_KEY, WEIGHT_KEY])):
                                _as_factory(weight, child(path, WEIGHT_KEY), optional=True))
 
     def to_data(self, path: str = "") -> dict[str, Any]:
+        for key, factory in ((ACTIVATION_KEY, self.activation), (WEIGHT_KEY, self.weight)):
+            if factory is not None:  # kwargs may have been edited into a cycle since construction
+                factory.check_acyclic(child(path, key))
         return {ACTIVATION_KEY: encode_factory(self.activation, child(path, ACTIVATION_KEY)),
                 WEIGHT_KEY: None if self.weight is None
                 else encode_factory(self.weight, child(path, WEIGHT_KEY))}

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from qplug_core.fx import kernel_contract
 from qplug_core.fx.graph_utils import is_module_call
 from qplug_core.fx.summary import report_names
 from qplug_core.fx.tags import KERNEL, REGION, ROOT, VALUE_KIND, region_tag
@@ -47,7 +48,11 @@ def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
     """Lower ``gm`` (reference form) to ``backend``'s kernels, in place."""
     summary = LoweringSummary()
     report_key = report_names(gm.graph)
-    for tag, nodes in _quantized_regions(gm):
+    regions = _quantized_regions(gm)
+    probes = {tag.region_id: _probe(gm, nodes) for tag, nodes in regions
+              if (spec := backend.kernels.get(tag.pattern)) is not None and not spec.passthrough}
+    contract = kernel_contract.record(gm, probes)
+    for tag, nodes in regions:
         spec = backend.kernels.get(tag.pattern)
         name = report_key(nodes.anchor)
         if spec is None:
@@ -57,10 +62,11 @@ def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
         if problem:
             summary.reference[name] = problem
             continue
-        if _lower_region(gm, backend, spec, tag, nodes):
-            summary.lowered[name] = spec.op
+        problem = _lower_region(gm, backend, spec, tag, nodes, contract)
+        if problem:
+            summary.reference[name] = problem
         else:
-            summary.reference[name] = "its inputs or output are not quantized in this graph"
+            summary.lowered[name] = spec.op
     _swap_boundaries(gm, backend)
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
@@ -101,18 +107,32 @@ def _self_test_problem(backend, spec: KernelSpec) -> str:
     return _self_test_results[key]
 
 
-def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _RegionNodes) -> bool:
+def _region_io(gm: fx.GraphModule, nodes: _RegionNodes, tag=None
+               ) -> tuple[fx.Node, list[fx.Node], fx.Node | None]:
+    """The node a kernel replaces, its dequantize boundaries and the quantize of its output.
+
+    A float-output kernel (weight-only embedding, dynamic linear) has no output quantize: the one
+    after it belongs to whatever int8 op consumes the value.
+    """
+    compute = next((m for m in nodes.members if _input_boundaries(gm, m)), nodes.anchor)
+    quantized_output = tag is None or _quantized_output(tag)
+    output_quantize = _single_user(nodes.anchor, gm, Quantize) if quantized_output else None
+    return compute, _input_boundaries(gm, compute), output_quantize
+
+
+_NOT_QUANTIZED = "its inputs or output are not quantized in this graph"
+
+
+def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _RegionNodes,
+                  contract: kernel_contract.ContractRun) -> str:
+    """Put ``spec``'s kernel in place of the region; '' if done, else why the region stays reference."""
     anchor = nodes.anchor
-    compute = next((m for m in nodes.members if _input_boundaries(gm, m)), anchor)
-    boundaries = _input_boundaries(gm, compute)
-    # a float-output kernel (weight-only embedding, dynamic linear) leaves the quantize after it to
-    # whatever int8 op consumes the value
-    output_quantize = _single_user(anchor, gm, Quantize) if _quantized_output(tag) else None
+    compute, boundaries, output_quantize = _region_io(gm, nodes, tag)
     if tag.dtype_config is not None and not tag.is_dynamic and tag.dtype_config.input_dtype is not None \
             and not boundaries and _has_float_tensor_input(compute):
-        return False
+        return _NOT_QUANTIZED
     if spec.passthrough:
-        return _lower_passthrough(gm, nodes, boundaries, output_quantize)
+        return "" if _lower_passthrough(gm, nodes, boundaries, output_quantize) else _NOT_QUANTIZED
     root = next((m for m in nodes.members if m.meta.get(ROOT)), None)
     module = gm.get_submodule(root.target) if root is not None else None
     weight_qparams = None
@@ -128,6 +148,9 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         output_qparams=gm.get_submodule(output_quantize.target).qparams if output_quantize else None,
         weight_qparams=weight_qparams, engine=backend.engine)
     kernel = spec.build(ctx)
+    problem = _contract_problem(gm, backend, spec, kernel, tag, nodes, contract)
+    if problem:
+        return problem
     kernel_name = root.target if root is not None else _free_module_name(gm, compute, spec.op)
     gm.set_submodule(kernel_name, kernel)
     # quantized-input kernels take the quantized tensors; float-input ones (weight-only) the node's args
@@ -143,7 +166,58 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     new.meta.pop(REGION, None)
     new.meta[KERNEL] = spec.op
     (output_quantize or anchor).replace_all_uses_with(new)
-    return True
+    return ""
+
+
+def _probe(gm: fx.GraphModule, nodes: _RegionNodes) -> kernel_contract.RegionProbe:
+    compute, boundaries, _ = _region_io(gm, nodes)
+    if boundaries:
+        return kernel_contract.RegionProbe(nodes.anchor, sources={b: b.args[0] for b in boundaries})
+    return kernel_contract.RegionProbe(nodes.anchor, call=(compute.args, dict(compute.kwargs)))
+
+
+def _backend_quantize(gm: fx.GraphModule, backend, holder: fx.Node, value: torch.Tensor,
+                      fallback: torch.Tensor) -> torch.Tensor:
+    """``value`` as the backend's quantized tensor with the qparams of reference module ``holder``
+    (the reference integers ``fallback`` when the backend keeps the reference boundaries)."""
+    spec = backend.kernels.get(QUANTIZE_KEY)
+    if spec is None:
+        return fallback
+    qparams = gm.get_submodule(holder.target).qparams
+    return spec.build(KernelContext(pattern=QUANTIZE_KEY, module=None, target=None,
+                                    output_qparams=qparams, engine=backend.engine))(value)
+
+
+def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: torch.nn.Module, tag,
+                      nodes: _RegionNodes, contract: kernel_contract.ContractRun) -> str:
+    """Run the new kernel once on its region's example inputs (see :mod:`kernel_contract`)."""
+    probe = contract.probes.get(tag.region_id)
+    if not contract.available or probe is None:
+        return ""
+    values = contract.values
+    if probe.sources:
+        args = tuple(values[source] if is_module_call(gm, b, DynamicQuantize)
+                     else _backend_quantize(gm, backend, b, values[b], values[source])
+                     for b, source in probe.sources.items())
+        kwargs: dict = {}
+    else:
+        args, kwargs = fx.map_arg(probe.call, lambda n: values[n])
+    reference, scale = values[nodes.anchor], None
+    output_quantize = _single_user(nodes.anchor, gm, Quantize)
+    if output_quantize is not None:
+        quantize = gm.get_submodule(output_quantize.target)
+        reference = _backend_quantize(gm, backend, output_quantize, reference, quantize(reference))
+        scale = float(quantize.qparams.scale) if quantize.qparams.scale.numel() == 1 else None
+    expected_dtype = reference.dtype if isinstance(reference, torch.Tensor) else None
+    problem = kernel_contract.violation(kernel, args, kwargs, reference, expected_dtype, scale)
+    if not problem:
+        return ""
+    owner = backend.kernel_plugins.get(tag.pattern)
+    label = f"plugin {owner.label}" if owner is not None else "an unregistered plugin"
+    reason = (f"kernel {spec.op} of {label} broke the kernel contract on the example inputs "
+              f"({problem}); using the reference form")
+    warnings.warn(f"qplug: backend {backend.name!r}, node {nodes.anchor.name!r}: {reason}", stacklevel=4)
+    return reason
 
 
 def _quantized_output(tag) -> bool:

@@ -16,8 +16,10 @@ from torch import fx, nn
 
 from qplug_core.errors import ConfigValidationError
 from qplug_core.fx.fuse import fuse_graph
+from qplug_core.fx.inplace import functionalize_inplace
 from qplug_core.fx.leaves import leaf_module_classes
 from qplug_core.fx.normalize import normalize_functionals
+from qplug_core.fx.shared_modules import untie_shared_modules
 from qplug_core.fx.tags import FUSIONS
 from qplug_core.ir.capture import capture_module
 from qplug_core.passes import PassManager
@@ -82,5 +84,6 @@ def fuse_model(model: nn.Module, chosen: Backend, *, is_qat: bool = False, inpla
     def fuse(graph_module: fx.GraphModule) -> None:
         graph_module.meta[FUSIONS] = fuse_graph(graph_module, chosen, is_qat=is_qat)
 
-    run_passes(gm, [*chosen.passes("pre_fuse"), normalize_functionals, fuse])
+    run_passes(gm, [untie_shared_modules, functionalize_inplace, *chosen.passes("pre_fuse"),
+                    normalize_functionals, fuse])
     return gm

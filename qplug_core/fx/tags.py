@@ -39,6 +39,10 @@ REPORT = "qplug_report"
 ARTIFACT = "qplug_artifact"
 #: attribute of an eager-mode model prepared by ``qp.eager.prepare``
 EAGER_STATE = "qplug_eager_state"
+#: GraphModule.meta: the error a calibration raised (converting after it is refused)
+CALIBRATION_FAILED = "qplug_calibration_failed"
+#: GraphModule.meta: the example inputs prepare ran, replayed by the kernel contract at convert
+EXAMPLE_INPUTS = "qplug_example_inputs"
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,15 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
-from torch.fx import GraphModule, Tracer
+from torch.fx import GraphModule
 
 from qplug_core.errors import TraceError
+from qplug_core.ir.thread_confined import ThreadConfinedTracer
 
 __all__ = ["QplugTracer", "capture_module", "capture_aten"]
 
 
-class QplugTracer(Tracer):
+class QplugTracer(ThreadConfinedTracer):
     """fx's default leaf rule plus caller-chosen opaque modules; records the failing submodule.
 
     ``node.meta["nn_module_stack"]`` is filled by fx's Tracer itself (an ordered dict
@@ -48,6 +49,8 @@ class QplugTracer(Tracer):
 
     def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
+        if self.foreign_thread():  # another thread's model, run while this one is traced
+            return forward(*args, **kwargs)
         name = self.path_of_module(m)
         self._stack.append(name)
         try:

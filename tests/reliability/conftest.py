@@ -14,6 +14,8 @@ import pytest
 
 from qplug_core import plugins
 
+__all__ = ["installed_backends", "register_plugin"]
+
 BACKEND_DISTRIBUTIONS = {"fbgemm": "qplug-fbgemm", "qnnpack": "qplug-qnnpack"}
 
 

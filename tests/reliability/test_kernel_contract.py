@@ -1,0 +1,155 @@
+"""The kernel contract enforced at convert (issue 17), against a really installed third-party plugin
+whose linear kernel is wrong: wrong shape, NaN, wrong values or an exception each make that region
+fall back to the reference form, with a warning naming the plugin; correct kernels are kept."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core import plugins
+from qplug_core.fx import kernel_contract
+
+pytestmark = pytest.mark.usefixtures("installed_backends")
+
+WONKY_PLUGIN = """
+import torch
+from qplug_core.backend import BackendSpec, engine_availability
+from qplug_core.hookspecs import hookimpl
+
+NAME = "wonky"
+FAULT = {fault!r}
+
+
+class WrongLinear(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        out = self.inner(*args)
+        if FAULT == "shape":
+            return out[..., :-1]
+        if FAULT == "nan-float":
+            return torch.full(out.shape, float("nan"))
+        if FAULT == "nan":
+            return out * float("nan")
+        if FAULT == "negated":
+            return torch.quantize_per_tensor(-out.dequantize(), out.q_scale(), out.q_zero_point(),
+                                             out.dtype)
+        if FAULT == "raises":
+            raise RuntimeError("unsupported tile size")
+        return out
+
+
+@hookimpl
+def qplug_register_backends():
+    return [BackendSpec(NAME, "fbgemm with a wrong linear kernel", engine="fbgemm",
+                        is_available=lambda: engine_availability("fbgemm"))]
+
+
+@hookimpl
+def qplug_backend_pattern_configs(backend):
+    from qplug_fbgemm.plugin import _pattern_configs
+    return list(_pattern_configs()) if backend == NAME else []
+
+
+@hookimpl
+def qplug_int8_kernels(backend):
+    import dataclasses
+    from qplug_core.kernels.table import torch_int8_kernels
+    from qplug_fbgemm.plugin import _pattern_configs
+    if backend != NAME:
+        return {{}}
+    table = torch_int8_kernels((c.pattern_complex_format for c in _pattern_configs()), "fbgemm")
+    return {{key: dataclasses.replace(spec, build=lambda ctx, build=spec.build: WrongLinear(build(ctx)))
+            if spec.op in ("quantized::linear", "quantized::linear_dynamic") else spec
+            for key, spec in table.items()}}
+
+
+@hookimpl
+def qplug_default_qconfig_mapping(backend, mode):
+    import qplug_core as qp
+    return qp.get_default_qconfig_mapping("fbgemm", mode) if backend == NAME else None
+"""
+
+
+class ConvThenLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(torch.relu(self.conv(x)), 1))
+
+
+def model() -> ConvThenLinear:
+    torch.manual_seed(0)
+    return ConvThenLinear().eval()
+
+
+def images(n: int = 3, seed: int = 1) -> list[tuple[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(2, 3, 8, 8, generator=gen),) for _ in range(n)]
+
+
+def install_wonky(fake_dist, monkeypatch, fault: str) -> None:
+    fake_dist("qplug-wonky", WONKY_PLUGIN.format(fault=fault))
+    monkeypatch.setenv(plugins.ENV_LOAD, "qplug-wonky,qplug-fbgemm")
+    plugins.reset()
+
+
+def one_step(reference: torch.Tensor) -> float:
+    return 2 * float(reference.abs().max()) / 255
+
+
+@pytest.mark.parametrize("fault, problem", [
+    ("shape", r"it returned shape \(2, 4\), expected \(2, 5\)"),
+    ("nan-float", r"it returned dtype torch.float32, expected torch.quint8"),
+    ("negated", r"10 of 10 outputs differ from the reference by more than 2 quantization steps"),
+    ("raises", r"it raised RuntimeError: unsupported tile size"),
+])
+def test_wrong_static_kernel_falls_back_to_the_reference_form(fake_dist, monkeypatch, fault, problem):
+    install_wonky(fake_dist, monkeypatch, fault)
+    observed = qp.calibrate(qp.prepare_fx(model(), None, images(1)[0], backend="wonky"), images())
+    with pytest.warns(UserWarning, match=r"qplug: backend 'wonky', node 'fc': kernel quantized::linear "
+                                         r"of plugin 'wonky' \(qplug-wonky 0.1\) broke the kernel "
+                                         rf"contract on the example inputs \({problem}"):
+        lowered = qp.convert_fx(observed)
+    report = qp.quantization_report(lowered)
+    assert "fc" not in report.kernels and report.kernels["conv"].startswith("quantized::conv2d")
+    assert "broke the kernel contract" in report.reference["fc"]
+    assert "fc" in {s.node for s in report.skipped}  # G5: the fallback is reported
+    reference = qp.convert_to_reference_fx(observed)
+    for (x,) in images(2, seed=7):  # the model is still right: within one step of the reference
+        expected = reference(x)
+        assert (lowered(x) - expected).abs().max() <= one_step(expected) + 1e-6
+
+
+def test_wrong_dynamic_kernel_returning_nan_falls_back(fake_dist, monkeypatch):
+    install_wonky(fake_dist, monkeypatch, "nan")
+    mapping = qp.get_default_qconfig_mapping("wonky", "dynamic")
+    observed = qp.prepare_fx(model(), mapping, images(1)[0], backend="wonky")
+    with pytest.warns(UserWarning, match=r"node .fc.: kernel quantized::linear\S* of plugin .wonky. "
+                                         r"\(qplug-wonky 0.1\) broke the kernel contract on the "
+                                         r"example inputs \(it returned 10 non-finite value\(s\)\)"):
+        lowered = qp.convert_fx(observed)
+    x = images(1, seed=3)[0][0]
+    assert torch.isfinite(lowered(x)).all()
+    torch.testing.assert_close(lowered(x), qp.convert_to_reference_fx(observed)(x))
+
+
+def test_a_correct_third_party_kernel_is_kept_silently(fake_dist, monkeypatch, recwarn):
+    install_wonky(fake_dist, monkeypatch, "none")
+    observed = qp.calibrate(qp.prepare_fx(model(), None, images(1)[0], backend="wonky"), images())
+    report = qp.quantization_report(qp.convert_fx(observed))
+    assert report.kernels["fc"] == "quantized::linear"
+    assert not [w for w in recwarn if "contract" in str(w.message)]
+
+
+def test_contract_tolerance_is_documented():
+    doc = kernel_contract.__doc__
+    assert kernel_contract.MAX_STEPS == 2 and "MAX_STEPS" in doc and "MAX_OUTLIER_FRACTION" in doc

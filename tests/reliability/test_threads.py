@@ -1,0 +1,102 @@
+"""qplug called from several threads at once (issue 17): plugins load once, whoever asks first, and
+concurrent quantization with two engines gives exactly what running the jobs one by one gives."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core import plugins
+
+pytestmark = pytest.mark.usefixtures("installed_backends")
+
+SLOW_PLUGIN = """
+import time
+from qplug_core.backend import BackendSpec
+from qplug_core.hookspecs import hookimpl
+
+time.sleep(0.5)  # a slow import keeps the first caller inside plugin loading
+
+
+@hookimpl
+def qplug_register_backends():
+    return [BackendSpec("sluggish", "fake backend")]
+"""
+
+
+def in_threads(jobs: list[Callable[[], Any]]) -> list[Any]:
+    """Run the jobs in threads released together; an exception is returned, not lost."""
+    barrier, results = threading.Barrier(len(jobs)), [None] * len(jobs)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = jobs[i]()
+        except Exception as error:  # noqa: BLE001 - the test inspects it
+            results[i] = error
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return results
+
+
+def test_first_calls_from_two_threads_load_the_plugins_once(fake_dist, monkeypatch):
+    fake_dist("qplug-sluggish", SLOW_PLUGIN)
+    monkeypatch.setenv(plugins.ENV_LOAD, "qplug-sluggish,qplug-fbgemm,qplug-qnnpack")
+    plugins.reset()
+    results = in_threads([lambda: sorted(i.name for i in qp.list_backends()),
+                          lambda: qp.get_backend("fbgemm").name])
+    expected = ["fbgemm", "qnnpack", "reference", "sluggish"]
+    assert results == [expected, "fbgemm"]
+    assert sorted(i.name for i in qp.list_backends()) == expected  # nothing empty was cached
+    imported = [r.name for r in plugins.plugin_records() if r.load_seconds is not None]
+    assert sorted(imported) == sorted(set(imported))  # each plugin imported once
+
+
+class Residual(nn.Module):
+    """Many small blocks: tracing takes long enough for concurrent traces to overlap."""
+
+    def __init__(self, blocks: int = 16) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x) + x
+        return x
+
+
+torch.manual_seed(0)
+MODEL = Residual().eval()  # built once: model construction draws from the global RNG
+DATA = [(torch.randn(4, 16, generator=torch.Generator().manual_seed(i)),) for i in range(3)]
+
+
+def quantize(backend: str):
+    return qp.quantize(copy.deepcopy(MODEL), DATA[0], DATA, backend=backend, progress=False)
+
+
+def outputs(model) -> bytes:
+    """Run after the threads joined: kernels without packed weights (quantized add) dispatch on the
+    global engine at call time, which another thread's weight packing switches."""
+    return torch.cat([model(*batch) for batch in DATA]).numpy().tobytes()
+
+
+def test_four_threads_quantizing_with_two_engines_match_sequential_runs():
+    backends = ["fbgemm", "qnnpack"] * 2
+    engine = torch.backends.quantized.engine
+    sequential = {backend: outputs(quantize(backend)) for backend in set(backends)}
+    for _ in range(3):  # the races this guards against do not show up in every round
+        results = in_threads([lambda b=b: quantize(b) for b in backends])
+        errors = [r for r in results if isinstance(r, Exception)]
+        assert not errors, errors  # e.g. TraceError: CURRENT_PATCHER is None
+        assert [outputs(r) == sequential[b] for r, b in zip(results, backends)] == [True] * 4
+    assert torch.backends.quantized.engine == engine  # packing under each engine was undone

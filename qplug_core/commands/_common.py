@@ -66,7 +66,9 @@ def example_tensor(shape: tuple[int, ...], generator: Any = None, dtype: Any = N
             return torch.randn(shape, generator=generator).to(dtype)
         return torch.ones(shape, dtype=dtype)
     except (RuntimeError, MemoryError) as exc:
+        size = torch.empty((), dtype=dtype).element_size()
         raise InputMismatchError(
-            f"--example-shape {','.join(map(str, shape))} needs {math.prod(shape):,} values "
-            f"({4 * math.prod(shape) / 2**30:,.1f} GiB as float32), which cannot be allocated "
-            f"here: {type(exc).__name__}; give the shape of one real input batch") from exc
+            f"--example-shape {','.join(map(str, shape))} needs {math.prod(shape):,} "
+            f"{str(dtype).removeprefix('torch.')} values ({size * math.prod(shape) / 2**30:,.1f} "
+            f"GiB), which cannot be allocated here: {type(exc).__name__}; give the shape of one "
+            "real input batch") from exc

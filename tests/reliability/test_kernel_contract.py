@@ -15,11 +15,11 @@ from qplug_core.fx import kernel_contract
 pytestmark = pytest.mark.usefixtures("installed_backends")
 
 WONKY_PLUGIN = """
-import torch
-from qplug_core.backend import BackendSpec, engine_availability
-from qplug_core.hookspecs import hookimpl
+import dataclasses
 
-NAME = "wonky"
+import torch
+from qplug_core.plugin_api import BackendPlugin
+
 FAULT = {fault!r}
 
 
@@ -44,35 +44,20 @@ class WrongLinear(torch.nn.Module):
         return out
 
 
-@hookimpl
-def qplug_register_backends():
-    return [BackendSpec(NAME, "fbgemm with a wrong linear kernel", engine="fbgemm",
-                        is_available=lambda: engine_availability("fbgemm"))]
+class Wonky(BackendPlugin):
+    \"\"\"fbgemm's patterns and kernels, with a wrong linear kernel.\"\"\"
+
+    name = "wonky"
+    description = "fbgemm with a wrong linear kernel"
+    engine = "fbgemm"
+
+    def kernels(self):
+        return {{key: dataclasses.replace(spec, build=lambda ctx, build=spec.build: WrongLinear(build(ctx)))
+                if spec.op in ("quantized::linear", "quantized::linear_dynamic") else spec
+                for key, spec in super().kernels().items()}}
 
 
-@hookimpl
-def qplug_backend_pattern_configs(backend):
-    from qplug_fbgemm.plugin import _pattern_configs
-    return list(_pattern_configs()) if backend == NAME else []
-
-
-@hookimpl
-def qplug_int8_kernels(backend):
-    import dataclasses
-    from qplug_core.kernels.table import torch_int8_kernels
-    from qplug_fbgemm.plugin import _pattern_configs
-    if backend != NAME:
-        return {{}}
-    table = torch_int8_kernels((c.pattern_complex_format for c in _pattern_configs()), "fbgemm")
-    return {{key: dataclasses.replace(spec, build=lambda ctx, build=spec.build: WrongLinear(build(ctx)))
-            if spec.op in ("quantized::linear", "quantized::linear_dynamic") else spec
-            for key, spec in table.items()}}
-
-
-@hookimpl
-def qplug_default_qconfig_mapping(backend, mode):
-    import qplug_core as qp
-    return qp.get_default_qconfig_mapping("fbgemm", mode) if backend == NAME else None
+plugin = Wonky()
 """
 
 
@@ -97,7 +82,7 @@ def images(n: int = 3, seed: int = 1) -> list[tuple[torch.Tensor]]:
 
 
 def install_wonky(fake_dist, monkeypatch, fault: str) -> None:
-    fake_dist("qplug-wonky", WONKY_PLUGIN.format(fault=fault))
+    fake_dist("qplug-wonky", WONKY_PLUGIN.format(fault=fault), module="qplug_wonky:plugin")
     monkeypatch.setenv(plugins.ENV_LOAD, "qplug-wonky,qplug-fbgemm")
     plugins.reset()
 

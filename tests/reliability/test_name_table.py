@@ -58,7 +58,7 @@ class ClampingObserver(MinMaxObserver):
 
 
 class ContributingPlugin:
-    """Adds one fusion pattern (with its own fuser method) to the reference backend, and an observer."""
+    """Adds one fusion pattern (with its own fuser method) to the reference backend."""
 
     @hookimpl
     def qplug_backend_pattern_configs(self, backend):
@@ -66,14 +66,9 @@ class ContributingPlugin:
             return []
         return [BackendPatternConfig((nn.Conv1d, nn.Softsign)).set_fuser_method(fuse_conv_softsign)]
 
-    @hookimpl
-    def qplug_observers(self):
-        return {"clamping": ClampingObserver}
-
 
 def test_what_a_backend_registers_becomes_nameable_and_goes_away_with_it(register_plugin):
     fuser = f"{__name__}.fuse_conv_softsign"
-    observer = f"{__name__}.ClampingObserver"
     document = {"schema_version": 1, "pattern": [{"op": "torch.nn.modules.conv.Conv1d"},
                                                  {"op": "torch.nn.modules.activation.Softsign"}],
                 "fuser_method": fuser}
@@ -81,7 +76,6 @@ def test_what_a_backend_registers_becomes_nameable_and_goes_away_with_it(registe
         BackendPatternConfig.from_dict(document)
     register_plugin(ContributingPlugin(), "contributing")
     assert BackendPatternConfig.from_dict(document).fuser_method is fuse_conv_softsign
-    assert decode_name(observer, kinds=(Kind.OBSERVER,)) is ClampingObserver
     plugins.reset()
     assert fuser not in name_table()
 

@@ -23,6 +23,7 @@ from qplug_core.errors import (
     CalibrationError,
     ConfigValidationError,
     InputMismatchError,
+    NothingQuantizedError,
     QplugError,
 )
 from qplug_core.fx.convert import convert_graph
@@ -30,11 +31,12 @@ from qplug_core.fx.fuse import fuse_graph
 from qplug_core.fx.leaves import leaf_module_classes
 from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.fx.normalize import normalize_functionals
+from qplug_core.fx.raise_aten import remove_inference_noops
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.fx.regions import RegionPlanner
-from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes
+from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes, top_reasons
 from qplug_core.fx.tags import ValueAnnotator, region_tag
-from qplug_core.ir.capture import capture_module
+from qplug_core.ir.capture import CAPTURE_KEY, CAPTURE_SKIPPED_KEY, capture_for_quantization
 from qplug_core.passes import PassManager, PassResult
 from qplug_core.serialization import record_artifact
 
@@ -83,18 +85,21 @@ def resolve_backend(backend: str | Backend | None) -> Backend:
     return chosen
 
 
-def _capture(model: nn.Module, *, inplace: bool, non_traceable_module_names=(),
+def _capture(model: nn.Module, example_inputs: tuple | None = None, *, inplace: bool,
+             capture: str = "auto", non_traceable_module_names=(),
              non_traceable_module_classes=()) -> fx.GraphModule:
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()  # a fresh module: the program itself is never modified
+        inplace = True
     if not isinstance(model, nn.Module):
-        raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
-                                    field="model", value=type(model).__name__)
+        raise ConfigValidationError(f"model must be a torch.nn.Module or an ExportedProgram, got "
+                                    f"{type(model).__name__}", field="model", value=type(model).__name__)
     with _gc_paused():
         source = model if inplace else copy.deepcopy(model)
-        if isinstance(source, fx.GraphModule):
-            return source
-        return capture_module(source, leaf_modules=leaf_module_classes(),
-                              non_traceable_module_names=non_traceable_module_names,
-                              non_traceable_module_classes=non_traceable_module_classes)
+        return capture_for_quantization(source, example_inputs, level=capture,
+                                        leaf_modules=leaf_module_classes(),
+                                        non_traceable_module_names=non_traceable_module_names,
+                                        non_traceable_module_classes=non_traceable_module_classes)
 
 
 def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
@@ -131,22 +136,29 @@ def get_default_qconfig_mapping(backend: str | Backend | None = None, mode: str 
 
 
 def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Backend | None = None,
-            is_qat: bool = False, inplace: bool = False, non_traceable_module_names=(),
-            non_traceable_module_classes=()) -> fx.GraphModule:
-    """Capture ``model`` and fuse it with the backend's fusion patterns (conv-bn-relu, ...)."""
+            is_qat: bool = False, inplace: bool = False, capture: str = "auto",
+            non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
+    """Capture ``model`` and fuse it with the backend's fusion patterns (conv-bn-relu, ...).
+
+    ``capture``: "symbolic" (torch.fx tracing), "export" (torch.export, needs ``example_inputs``)
+    or "auto" (symbolic when the whole model traces, else export); ``model`` may also be an
+    ``ExportedProgram`` or its ``.module()``. ``gm.meta["qplug_capture"]`` says which was used.
+    """
     chosen = resolve_backend(backend)
-    gm = _capture(model, inplace=inplace, non_traceable_module_names=non_traceable_module_names,
+    inputs = None if example_inputs is None else as_input_tuple(example_inputs)
+    gm = _capture(model, inputs, inplace=inplace, capture=capture,
+                  non_traceable_module_names=non_traceable_module_names,
                   non_traceable_module_classes=non_traceable_module_classes)
 
     def fuse(graph_module: fx.GraphModule) -> None:
         graph_module.meta["qplug_fusions"] = fuse_graph(graph_module, chosen, is_qat=is_qat)
 
-    run_passes(gm, [*chosen.passes("pre_fuse"), normalize_functionals, fuse])
+    run_passes(gm, [remove_inference_noops, *chosen.passes("pre_fuse"), normalize_functionals, fuse])
     return gm
 
 
 def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace,
-             keep_isolated_ops_float, on_unsupported, non_traceable_module_names,
+             keep_isolated_ops_float, on_unsupported, capture, non_traceable_module_names,
              non_traceable_module_classes) -> fx.GraphModule:
     if on_unsupported not in _ON_UNSUPPORTED:
         raise ConfigValidationError(f"on_unsupported must be one of {_ON_UNSUPPORTED}, got "
@@ -158,10 +170,10 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
         raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got "
                                     f"{type(mapping).__name__}", field="qconfig_mapping")
     inputs = as_input_tuple(example_inputs)
-    if not is_qat and model.training and not inplace:  # PTQ folds batch norm: eval semantics
+    if not is_qat and getattr(model, "training", False) and not inplace:  # PTQ folds batch norm
         model = copy.deepcopy(model).eval()
         inplace = True
-    gm = fuse_fx(model, inputs, backend=chosen, is_qat=is_qat, inplace=inplace,
+    gm = fuse_fx(model, inputs, backend=chosen, is_qat=is_qat, inplace=inplace, capture=capture,
                  non_traceable_module_names=non_traceable_module_names,
                  non_traceable_module_classes=non_traceable_module_classes)
     _check_device(gm, chosen)
@@ -188,7 +200,8 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
 def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, example_inputs: Any = None,
                *, backend: str | Backend | None = None, inplace: bool = False,
                keep_isolated_ops_float: bool = True, on_unsupported: str = "warn",
-               non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
+               capture: str = "auto", non_traceable_module_names=(),
+               non_traceable_module_classes=()) -> fx.GraphModule:
     """Fuse and insert observers for static post-training quantization; returns the observed model.
 
     ``qconfig_mapping=None`` uses the backend's default static mapping. A qconfig the backend
@@ -197,19 +210,21 @@ def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, 
     """
     return _prepare(model, qconfig_mapping, example_inputs, backend=backend, is_qat=False,
                     inplace=inplace, keep_isolated_ops_float=keep_isolated_ops_float,
-                    on_unsupported=on_unsupported, non_traceable_module_names=non_traceable_module_names,
+                    on_unsupported=on_unsupported, capture=capture,
+                    non_traceable_module_names=non_traceable_module_names,
                     non_traceable_module_classes=non_traceable_module_classes)
 
 
 def prepare_qat_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None,
                    example_inputs: Any = None, *, backend: str | Backend | None = None,
                    inplace: bool = False, keep_isolated_ops_float: bool = True,
-                   on_unsupported: str = "warn", non_traceable_module_names=(),
-                   non_traceable_module_classes=()) -> fx.GraphModule:
+                   on_unsupported: str = "warn", capture: str = "auto",
+                   non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
     """Like :func:`prepare_fx` for quantization-aware training: fake-quant everywhere, QAT modules."""
     return _prepare(model, qconfig_mapping, example_inputs, backend=backend, is_qat=True,
                     inplace=inplace, keep_isolated_ops_float=keep_isolated_ops_float,
-                    on_unsupported=on_unsupported, non_traceable_module_names=non_traceable_module_names,
+                    on_unsupported=on_unsupported, capture=capture,
+                    non_traceable_module_names=non_traceable_module_names,
                     non_traceable_module_classes=non_traceable_module_classes)
 
 
@@ -268,7 +283,7 @@ def _check_device(gm: fx.GraphModule, backend: Backend) -> None:
 
 
 def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_uncalibrated: bool,
-             inplace: bool, strict: bool) -> fx.GraphModule:
+             inplace: bool, strict: bool, allow_float: bool = False) -> fx.GraphModule:
     """Convert to the reference form, keep the save artifact, then lower and report."""
     state = _state(observed)
     with _gc_paused():
@@ -284,7 +299,19 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
         listed = "; ".join(f"{s.node} ({s.op}): {s.reason}" for s in report.skipped[:5])
         raise ConfigValidationError(f"strict=True but {len(report.skipped)} op(s) stay float: {listed}",
                                     field="strict")
+    if not report.quantized and not allow_float:
+        raise_nothing_quantized(report)
     return gm
+
+
+def raise_nothing_quantized(report: QuantizationReport) -> None:
+    """NothingQuantizedError naming why ops stayed float: a float model must not pass as int8."""
+    reasons = top_reasons(report)
+    listed = "; ".join(f"{reason} ({count} op(s))" for reason, count in reasons) or "no ops found"
+    raise NothingQuantizedError(
+        f"nothing was quantized: 0 int8 regions ({report.capture} capture, backend "
+        f"{report.backend!r}). Top reasons ops stayed float: {listed}. Pass allow_float=True to "
+        "accept a float result.", reasons=reasons)
 
 
 def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
@@ -303,12 +330,14 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
     lowering = [lower_to_kernels] if lower and backend.kernels else []
     run_passes(gm, [*lowering, *backend.passes("post_convert")])
     summary = found.get("summary", LoweringSummary())
+    opaque = {name: reason for name, _, reason in gm.meta.get(CAPTURE_SKIPPED_KEY, [])}
     report = QuantizationReport(
         backend=backend.name, mode=_mode_of(mode, regions.values()),
         fusions=list(gm.meta.get("qplug_fusions", [])),
         quantized={name: pattern for name, (pattern, _) in regions.items()},
         kernels=dict(summary.lowered), reference=dict(summary.reference),
-        skipped=float_compute_nodes(gm, summary.reference))
+        skipped=float_compute_nodes(gm, summary.reference, opaque),
+        capture=gm.meta.get(CAPTURE_KEY, "symbolic"))
     gm.meta[REPORT_KEY] = report
     return report
 
@@ -327,25 +356,31 @@ def _mode_of(prepared_mode: str, regions) -> str:
 
 
 def convert_to_reference_fx(observed: fx.GraphModule, *, allow_uncalibrated: bool = False,
-                            inplace: bool = False, strict: bool = False) -> fx.GraphModule:
-    """Observed model -> reference int8 model (q/dq around float ops) that runs anywhere."""
+                            inplace: bool = False, strict: bool = False,
+                            allow_float: bool = False) -> fx.GraphModule:
+    """Observed model -> reference int8 model (q/dq around float ops) that runs anywhere.
+
+    A result with no int8 region raises :class:`NothingQuantizedError` unless ``allow_float``.
+    """
     return _convert(observed, get_backend("reference"), lower=False,
-                    allow_uncalibrated=allow_uncalibrated, inplace=inplace, strict=strict)
+                    allow_uncalibrated=allow_uncalibrated, inplace=inplace, strict=strict,
+                    allow_float=allow_float)
 
 
 def convert_fx(observed: fx.GraphModule, *, backend: str | Backend | None = None,
-               allow_uncalibrated: bool = False, inplace: bool = False, strict: bool = False
-               ) -> fx.GraphModule:
+               allow_uncalibrated: bool = False, inplace: bool = False, strict: bool = False,
+               allow_float: bool = False) -> fx.GraphModule:
     """Observed model -> int8 model running the backend's kernels (reference form where none exists).
 
     ``backend=None`` uses the backend the model was prepared for. ``strict=True`` raises when any
-    compute op is left in float.
+    compute op is left in float; a result with no int8 region at all raises
+    :class:`NothingQuantizedError` unless ``allow_float=True``.
     """
     state = _state(observed)
     chosen = get_backend(backend if backend is not None else state["backend"]).require_available()
     _check_device(observed, chosen)
     return _convert(observed, chosen, lower=True, allow_uncalibrated=allow_uncalibrated,
-                    inplace=inplace, strict=strict)
+                    inplace=inplace, strict=strict, allow_float=allow_float)
 
 
 def quantization_report(model: fx.GraphModule) -> QuantizationReport:
@@ -359,10 +394,17 @@ def quantization_report(model: fx.GraphModule) -> QuantizationReport:
 
 def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
              backend: str | Backend | None = None, qconfig_mapping: QConfigMapping | None = None,
-             progress: bool | None = None, strict: bool = False, **prepare_options: Any) -> fx.GraphModule:
-    """Static post-training quantization in one call: the int8 model running the backend's kernels."""
+             progress: bool | None = None, strict: bool = False, allow_float: bool = False,
+             **prepare_options: Any) -> fx.GraphModule:
+    """Static post-training quantization in one call: the int8 model running the backend's kernels.
+
+    ``model`` may be an ``nn.Module``, an ``ExportedProgram`` or its ``.module()``;
+    ``capture="auto"`` (a prepare option) traces symbolically when it can, else uses
+    torch.export. With no int8 region at all it raises :class:`NothingQuantizedError` (the most
+    frequent reasons ops stayed float in its message) unless ``allow_float=True``.
+    """
     chosen = resolve_backend(backend)
     chosen.require_available()
     observed = prepare_fx(model, qconfig_mapping, example_inputs, backend=chosen, **prepare_options)
     calibrate(observed, calibration_data, progress=progress)
-    return convert_fx(observed, backend=chosen, inplace=True, strict=strict)
+    return convert_fx(observed, backend=chosen, inplace=True, strict=strict, allow_float=allow_float)

@@ -20,9 +20,17 @@ import torch
 from torch import nn
 from torch.fx import GraphModule, Tracer
 
-from qplug_core.errors import TraceError
+from qplug_core.errors import ConfigValidationError, TraceError
 
-__all__ = ["QplugTracer", "capture_module", "capture_aten"]
+__all__ = ["CAPTURE_LEVELS", "QplugTracer", "capture_aten", "capture_for_quantization",
+           "capture_module"]
+
+#: the values of ``capture=`` every graph-mode flow accepts
+CAPTURE_LEVELS = ("auto", "symbolic", "export")
+#: GraphModule.meta keys: the capture level used, and submodules left opaque because capture failed
+CAPTURE_KEY = "qplug_capture"
+CAPTURE_SKIPPED_KEY = "qplug_capture_skipped"
+_MAX_OPAQUE_MODULES = 16
 
 
 class QplugTracer(Tracer):
@@ -88,6 +96,107 @@ def capture_module(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] 
                          "quantize in eager mode with qp.eager.", module=where or None) from e
     name = type(model).__name__
     return GraphModule(tracer.root, graph, name)
+
+
+def _export(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphModule:
+    """``torch.export`` (non-strict: the model's Python runs as written) -> runnable GraphModule."""
+    return torch.export.export(model, example_inputs, strict=False).module()
+
+
+def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] | None, *,
+                             level: str = "auto", leaf_modules: Sequence[type[nn.Module]] = (),
+                             non_traceable_module_names: Sequence[str] = (),
+                             non_traceable_module_classes: Sequence[type[nn.Module]] = (),
+                             ) -> GraphModule:
+    """The GraphModule the flows quantize, at the pattern set's level whatever the capture.
+
+    ``level="auto"`` traces symbolically when the whole model traces, else exports it with
+    ``torch.export`` and raises the ATen graph (:mod:`qplug_core.fx.raise_aten`); when both fail,
+    the submodules that stop symbolic tracing stay opaque and are listed in
+    ``meta[CAPTURE_SKIPPED_KEY]`` (the report names them). An ``ExportedProgram`` or its
+    ``.module()`` is accepted as is. ``meta[CAPTURE_KEY]`` says which level was used.
+    """
+    from qplug_core.fx.raise_aten import is_aten_graph, raise_aten_graph
+
+    if level not in CAPTURE_LEVELS:
+        raise ConfigValidationError(f"capture must be one of {CAPTURE_LEVELS}, got {level!r}",
+                                    field="capture", value=level)
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()
+    if is_aten_graph(model):
+        return _tagged(raise_aten_graph(model).graph_module, "export")
+    if isinstance(model, GraphModule):
+        return _tagged(model, "symbolic")
+    trace = dict(leaf_modules=leaf_modules, non_traceable_module_names=non_traceable_module_names,
+                 non_traceable_module_classes=non_traceable_module_classes)
+    if level == "symbolic":
+        return _tagged(capture_module(model, **trace), "symbolic")
+    if level == "export":
+        return _tagged(_raised_export(model, _require_inputs(example_inputs, level)), "export")
+    try:
+        return _tagged(capture_module(model, **trace), "symbolic")
+    except TraceError as symbolic_error:
+        if example_inputs is None:
+            raise TraceError(f"{symbolic_error} Or pass example_inputs so that qplug can capture the "
+                             "model with torch.export.", module=symbolic_error.module) from symbolic_error
+        try:
+            return _tagged(_raised_export(model, example_inputs), "export")
+        except TraceError as export_error:
+            return _partly_opaque(model, trace, symbolic_error, export_error)
+
+
+def _tagged(gm: GraphModule, level: str) -> GraphModule:
+    gm.meta.setdefault(CAPTURE_KEY, level)
+    gm.meta.setdefault(CAPTURE_SKIPPED_KEY, [])
+    return gm
+
+
+def _require_inputs(example_inputs: tuple[Any, ...] | None, level: str) -> tuple[Any, ...]:
+    if example_inputs is None:
+        raise ConfigValidationError(f"capture={level!r} runs torch.export, which needs "
+                                    "example_inputs (a tuple of positional inputs)",
+                                    field="example_inputs")
+    return example_inputs
+
+
+def _raised_export(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphModule:
+    from qplug_core.fx.raise_aten import raise_aten_graph
+
+    try:
+        gm = _export(model, example_inputs)
+    except Exception as e:
+        raise TraceError(f"torch.export could not capture {type(model).__name__}: "
+                         f"{type(e).__name__}: {_first_line(e)}") from e
+    return raise_aten_graph(gm, model).graph_module
+
+
+def _partly_opaque(model: nn.Module, trace: dict, symbolic_error: TraceError,
+                   export_error: TraceError) -> GraphModule:
+    """Symbolic capture with each submodule that stops tracing kept opaque (float), recorded."""
+    names = list(trace["non_traceable_module_names"])
+    skipped: list[tuple[str, str, str]] = []
+    error = symbolic_error
+    while error.module and len(skipped) < _MAX_OPAQUE_MODULES:
+        module_type = type(model.get_submodule(error.module)).__name__
+        skipped.append((error.module, module_type, f"capture failed: symbolic tracing: "
+                        f"{_first_line(error.__cause__ or error)}; {export_error}"))
+        names.append(error.module)
+        try:
+            gm = capture_module(model, **{**trace, "non_traceable_module_names": names})
+        except TraceError as again:
+            error = again
+            continue
+        gm.meta[CAPTURE_KEY] = "symbolic"
+        gm.meta[CAPTURE_SKIPPED_KEY] = skipped
+        return gm
+    raise TraceError(f"neither symbolic tracing nor torch.export can capture "
+                     f"{type(model).__name__}: {error}; {export_error}",
+                     module=error.module) from export_error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def capture_aten(model: nn.Module, example_inputs: tuple[Any, ...], *,

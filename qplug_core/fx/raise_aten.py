@@ -86,6 +86,9 @@ def raise_aten_graph(gm: fx.GraphModule, original: nn.Module | None = None) -> P
     """
     _drop_guards(gm)
     _normalize_module_stack(gm, original)
+    training = _records_training(gm)
+    for disabled in ("train", "eval"):  # ExportedProgram.module() refuses both; raised modules need them
+        gm.__dict__.pop(disabled, None)
     _remove_noops(gm)
     _out_of_place(gm)  # before folding: an in-place op on a folded constant would mutate it
     ConstantFoldingPass()(gm)
@@ -95,7 +98,18 @@ def raise_aten_graph(gm: fx.GraphModule, original: nn.Module | None = None) -> P
     gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()
+    gm.train(training)  # the raised modules run in the mode the graph was exported in
     return PassResult(gm, True)
+
+
+def _records_training(gm: fx.GraphModule) -> bool:
+    """Whether the graph was exported in training mode (batch norm or dropout say so)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (aten.batch_norm.default, aten.dropout.default):
+            flag = node.args[5] if node.target is aten.batch_norm.default else node.args[2]
+            if flag is True:
+                return True
+    return False
 
 
 def remove_inference_noops(gm: fx.GraphModule) -> PassResult:
@@ -321,7 +335,6 @@ class _Raiser:
             module.weight = _parameter(weight)
             module.bias = _parameter(bias)
         module.running_mean, module.running_var = mean, var
-        module.train(training)
         absorbed = [n for n in (weight_node, bias_node, mean_node, var_node) if n is not None]
         if node.target is aten._native_batch_norm_legit_no_training.default:
             return self._first_output_only(node, module, x, absorbed)

@@ -69,7 +69,48 @@ _CONV_TRANSPOSE = {aten.conv_transpose1d.default: nn.ConvTranspose1d,
                    aten.conv_transpose3d.input: nn.ConvTranspose3d}
 _BATCH_NORM = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
 
-CAPTURE_KEY = "qplug_capture"
+#: ATen ops raising may leave in a graph (no pattern names them): allowlisted so that ``qp.save``
+#: can store them and ``qp.load`` finds exactly these objects, through an explicit table
+_LEFT_AS_ATEN = (
+    "__and__.Tensor", "__or__.Tensor", "abs.default", "add.Scalar", "alias.default",
+    "arange.default", "arange.start", "arange.start_step", "bmm.default", "clamp.default",
+    "clone.default", "cos.default", "cumsum.default", "detach.default", "div.Scalar", "div.Tensor",
+    "div.Tensor_mode", "dropout.default", "embedding.default", "eq.Scalar", "eq.Tensor", "erf.default",
+    "exp.default", "expand.default", "flatten.using_ints", "full.default", "full_like.default",
+    "gather.default", "ge.Scalar", "gelu.default", "group_norm.default", "gt.Scalar", "gt.Tensor",
+    "index.Tensor", "layer_norm.default", "le.Scalar", "le.Tensor", "linear.default", "log.default",
+    "logical_not.default", "lstm.input", "gru.input", "lt.Scalar", "lt.Tensor", "masked_fill.Scalar",
+    "max.other", "maximum.default", "mean.default", "min.other", "minimum.default", "mul.Scalar",
+    "ne.Scalar", "neg.default", "new_ones.default", "new_zeros.default", "ones.default",
+    "ones_like.default", "pad.default", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "repeat.default",
+    "rsqrt.default", "rsub.Scalar", "scaled_dot_product_attention.default", "select.int",
+    "silu.default", "sin.default", "slice.Tensor", "softmax.int", "split.Tensor",
+    "split_with_sizes.default", "sqrt.default", "squeeze.default", "squeeze.dims", "sub.Scalar",
+    "sub.Tensor", "sum.default", "sum.dim_IntList", "sym_size.int", "to.device", "to.dtype",
+    "to.dtype_layout", "tril.default", "triu.default", "type_as.default", "unbind.int",
+    "upsample_nearest2d.vec", "upsample_bilinear2d.vec", "where.self", "where.ScalarOther",
+    "where.ScalarSelf", "zeros.default", "zeros_like.default", "baddbmm.default", "addmm.default",
+    "mm.default", "conv1d.default", "conv2d.default", "batch_norm.default", "log_softmax.int",
+    "chunk.default", "unflatten.int", "narrow.default", "roll.default", "stack.default",
+    "matmul.default", "einsum.default", "hardtanh.default", "relu.default", "sigmoid.default",
+    "tanh.default", "mul.Tensor", "add.Tensor", "cat.default", "view.default", "reshape.default",
+    "permute.default", "transpose.int", "unsqueeze.default", "contiguous.default",
+    "_unsafe_view.default", "t.default", "numel.default",
+)
+
+
+def _register_left_as_aten() -> None:
+    from qplug_core.config import register_serializable
+
+    for dotted in _LEFT_AS_ATEN:
+        op_name, overload = dotted.rsplit(".", 1)
+        packet = getattr(aten, op_name, None)
+        op = getattr(packet, overload, None) if packet is not None else None
+        if op is not None:
+            register_serializable(op, f"aten.{dotted}")  # as torch prints it: str(op)
+
+
+_register_left_as_aten()
 
 
 def is_aten_graph(gm: nn.Module) -> bool:
@@ -96,10 +137,33 @@ def raise_aten_graph(gm: fx.GraphModule, original: nn.Module | None = None) -> P
     _remove_noops(gm)
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
+    _plain_calling_convention(gm)
     gm.graph.lint()
     gm.recompile()
     gm.train(training)  # the raised modules run in the mode the graph was exported in
     return PassResult(gm, True)
+
+
+def _plain_calling_convention(gm: fx.GraphModule) -> None:
+    """Positional tensors in, a tensor or tuple out: drop export's pytree flattening code.
+
+    The graph then calls like a symbolically traced one, and ``qp.save`` (which stores the graph,
+    not its Python codegen) reloads a model with the same calling convention. Other input or
+    output structures (keyword inputs, dict outputs) keep the pytree code.
+    """
+    in_spec, out_spec = getattr(gm, "_in_spec", None), getattr(gm, "_out_spec", None)
+    if in_spec is None or out_spec is None or in_spec.type is not tuple or in_spec.num_children != 2:
+        return
+    args, kwargs = in_spec.children()
+    if args.type is not tuple or not all(c.is_leaf() for c in args.children()) \
+            or kwargs.num_children != 0:
+        return
+    output = gm.graph.output_node()
+    if out_spec.is_leaf() and isinstance(output.args[0], (tuple, list)) and len(output.args[0]) == 1:
+        output.args = (output.args[0][0],)
+    elif not (out_spec.type is tuple and all(c.is_leaf() for c in out_spec.children())):
+        return
+    gm.graph.set_codegen(fx.graph.CodeGen())
 
 
 def _records_training(gm: fx.GraphModule) -> bool:

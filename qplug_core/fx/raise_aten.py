@@ -447,11 +447,19 @@ class _Raiser:
                 self.gm.graph.erase_node(attr)
 
     def _module_name(self, node: fx.Node, absorbed: list[fx.Node]) -> str:
-        """The user's module path for the op (the module whose forward called it, or the owner
-        of its weight) when that path is free to take; a fresh name otherwise."""
+        """The user's module path for the op when that path is free to take, else a fresh name.
+
+        Tried in order: the module owning the weight (``...query`` for a Linear, ``...c_attn`` for
+        a Conv1D), a child named after a ``<name>_weight`` parameter (``self_attn.in_proj``), and
+        the module whose forward called the op (a conv whose weight was folded from weight norm).
+        """
+        owner, _, attr = absorbed[0].target.rpartition(".") if absorbed else ("", "", "")
+        candidates = [owner]
+        if owner and attr.endswith("_weight"):
+            candidates.append(f"{owner}.{attr[:-len('_weight')]}")
         stack = node.meta.get("nn_module_stack") or {}
-        candidates = [next(reversed(stack))] if stack else []
-        candidates.append(absorbed[0].target.rpartition(".")[0] if absorbed else "")
+        if stack:
+            candidates.append(next(reversed(stack)))
         for path in candidates:
             if path and path not in self.claimed and self._free_to_replace(path, absorbed):
                 return path

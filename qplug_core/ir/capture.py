@@ -134,7 +134,7 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
     if level == "export":
         return _tagged(_raised_export(model, _require_inputs(example_inputs, level)), "export")
     try:
-        return _tagged(capture_module(model, **trace), "symbolic")
+        traced = capture_module(model, **trace)
     except TraceError as symbolic_error:
         if example_inputs is None:
             raise TraceError(f"{symbolic_error} Or pass example_inputs so that qplug can capture the "
@@ -143,6 +143,22 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
             return _tagged(_raised_export(model, example_inputs), "export")
         except TraceError as export_error:
             return _partly_opaque(model, trace, symbolic_error, export_error)
+    if example_inputs is not None and _has_composite_leaves(traced):
+        try:  # their projections are only visible (and quantizable) in the exported graph
+            return _tagged(_raised_export(model, example_inputs), "export")
+        except TraceError:
+            pass
+    return _tagged(traced, "symbolic")
+
+
+#: torch.nn modules that symbolic tracing keeps as leaves although they hold linear projections
+_COMPOSITE_LEAVES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer,
+                     nn.TransformerEncoder, nn.TransformerDecoder, nn.Transformer)
+
+
+def _has_composite_leaves(gm: GraphModule) -> bool:
+    return any(node.op == "call_module" and isinstance(gm.get_submodule(node.target), _COMPOSITE_LEAVES)
+               for node in gm.graph.nodes)
 
 
 def _tagged(gm: GraphModule, level: str) -> GraphModule:

@@ -2,11 +2,13 @@
 
 Counting int8 *regions* says little: a model can have a hundred int8 adds and its one big matmul in
 float. This measures FLOPs instead. ``torch.utils.flop_counter.FlopCounterMode`` counts the float
-model's matmul and conv FLOPs per module (attention included: CPU's fused attention op has no
-formula in torch, so one is supplied). The int8 share is the FLOPs of the float modules whose
-counterpart in the quantized model (same qualified name, which the flows keep) runs a backend
-kernel, over the float model's total. FLOPs between activations (attention) that stay float count
-in the total and not in the int8 part.
+matmul and conv FLOPs (mm, addmm, bmm, conv, attention: CPU's fused attention op has no formula in
+torch, so one is supplied) of the float model and of the quantized model on the same inputs. Int8
+kernels (``quantized::*`` ops) have no float formula, so whatever the quantized model still counts
+is float work; the int8 share is ``1 - float FLOPs left / float model's FLOPs``. Reference-form
+fallbacks and attention between activations stay float and count against the share.
+``by_module`` says where the int8 FLOPs are: the float model's FLOPs per module whose counterpart
+(same qualified name, which the flows keep) runs a backend kernel.
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ _CPU_ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu: _attention_f
 
 @dataclass
 class FlopShare:
-    """Matmul/conv FLOPs of one forward: in total, and in modules lowered to int8 kernels."""
+    """Matmul/conv FLOPs of one forward of the float model, and those the quantized one does in float."""
 
     total: int
-    int8: int
-    by_module: dict[str, int] = field(default_factory=dict)  # int8 module path -> its FLOPs
+    float_left: int
+    by_module: dict[str, int] = field(default_factory=dict)  # int8 module path -> its float FLOPs
+
+    @property
+    def int8(self) -> int:
+        return self.total - self.float_left
 
     @property
     def share(self) -> float:
@@ -60,7 +66,9 @@ def kernel_module_names(quantized: fx.GraphModule) -> list[str]:
 
 def _flops_by_module(model: nn.Module, inputs: tuple) -> tuple[int, dict[str, int]]:
     counter = FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION)
-    with torch.no_grad(), counter:
+    # grad mode on: without it nn.TransformerEncoderLayer takes a fused fast path whose FLOPs
+    # FlopCounterMode cannot see (the computation is the same)
+    with torch.enable_grad(), counter:
         model(*inputs)
     root = type(model).__name__
     per_module = {}
@@ -75,9 +83,6 @@ def _flops_by_module(model: nn.Module, inputs: tuple) -> tuple[int, dict[str, in
 def int8_flop_share(float_model: nn.Module, quantized: fx.GraphModule, inputs: tuple) -> FlopShare:
     """The :class:`FlopShare` of ``quantized`` measured on ``float_model`` run on ``inputs``."""
     total, per_module = _flops_by_module(float_model, inputs)
-    counted: dict[str, int] = {}
-    for name in sorted(set(kernel_module_names(quantized))):
-        if any(name.startswith(outer + ".") for outer in counted):
-            continue  # a kernel inside a counted module is already in that module's FLOPs
-        counted[name] = per_module.get(name, 0)
-    return FlopShare(total=total, int8=sum(counted.values()), by_module=counted)
+    float_left, _ = _flops_by_module(quantized, inputs)
+    where = {name: per_module.get(name, 0) for name in sorted(set(kernel_module_names(quantized)))}
+    return FlopShare(total=total, float_left=float_left, by_module=where)

@@ -313,6 +313,10 @@ class _Raiser:
                                     momentum=_arg(node, 6, "momentum"), eps=_arg(node, 7, "eps"))
         if target is aten._native_batch_norm_legit_no_training.default:
             return self._batch_norm(node, *args[1:5], training=False, momentum=args[5], eps=args[6])
+        if target is aten.dropout.default and isinstance(args[1], float):
+            # training-mode dropout (eval-mode dropout is removed before): a module, so that
+            # model.eval() turns it off as it does in the user's model
+            return nn.Dropout(args[1]), args[0], []
         return None
 
     def _tensor(self, node: Any) -> torch.Tensor | None:

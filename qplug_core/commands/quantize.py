@@ -21,8 +21,14 @@ class Mode(str, Enum):
     qat_convert = "qat-convert"
 
 
+class Capture(str, Enum):
+    auto = "auto"
+    symbolic = "symbolic"
+    export = "export"
+
+
 def quantize_model(model: Any, example: tuple, calibration: Path | None, backend: str | None,
-                   mode: Mode) -> Any:
+                   mode: Mode, capture: Capture = Capture.auto) -> Any:
     """The converted model for ``mode``; ``qat-convert`` expects a ``qp.prepare_qat_fx`` model."""
     from torch import fx
 
@@ -40,10 +46,11 @@ def quantize_model(model: Any, example: tuple, calibration: Path | None, backend
         return qp.convert_fx(model.eval(), backend=chosen)
     if mode is Mode.dynamic:  # weights only ahead of time: no calibration data needed
         mapping = qp.get_default_qconfig_mapping(chosen, "dynamic")
-        return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=chosen), backend=chosen)
+        return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=chosen,
+                                           capture=capture.value), backend=chosen)
     shape = tuple(example[0].shape)
     batches = load_calibration(calibration, shape) if calibration else random_calibration(shape)
-    return qp.quantize(model, example, batches, backend=chosen)
+    return qp.quantize(model, example, batches, backend=chosen, capture=capture.value)
 
 
 def quantize(
@@ -56,6 +63,9 @@ def quantize(
     backend: str = typer.Option(None, "--backend", help="Backend (default: the best one here)."),
     mode: Mode = typer.Option(Mode.static, "--mode", help="static, dynamic, or qat-convert (the "
                                                           "factory returns a trained QAT model)."),
+    capture: Capture = typer.Option(Capture.auto, "--capture",
+                                    help="auto (symbolic tracing when the model traces, else "
+                                         "torch.export), symbolic, or export."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
 ) -> None:
     """Quantize MODULE:FACTORY's model, save it with qp.save and print the quantization report."""
@@ -67,11 +77,12 @@ def quantize(
 
     shape = parse_shape(example_shape)
     model = load_factory_model(model_spec)
-    qmodel = quantize_model(model, (torch.randn(shape),), calibration, backend, mode)
+    qmodel = quantize_model(model, (torch.randn(shape),), calibration, backend, mode, capture)
     path = qp.save(qmodel, out)
     report = qp.quantization_report(qmodel)
     print_report(report, {"model": model_spec, "mode": mode.value, "backend": report.backend,
-                          "out": str(path), "size_bytes": path.stat().st_size}, as_json)
+                          "capture": report.capture, "out": str(path),
+                          "size_bytes": path.stat().st_size}, as_json)
 
 
 def register(app: typer.Typer) -> None:

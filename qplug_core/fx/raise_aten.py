@@ -46,7 +46,8 @@ _FUNCTIONS: dict[Any, Callable] = {
     aten.avg_pool2d.default: F.avg_pool2d, aten.avg_pool3d.default: F.avg_pool3d,
     aten.mean.dim: torch.mean, aten.clamp.default: torch.clamp,
     aten.unsqueeze.default: torch.unsqueeze, aten.squeeze.dim: torch.squeeze,
-    aten.pixel_shuffle.default: F.pixel_shuffle,
+    aten.pixel_shuffle.default: F.pixel_shuffle, aten.elu.default: F.elu,
+    aten.relu6.default: F.relu6, aten.narrow.default: torch.narrow,
 }
 #: in-place ATen ops and their out-of-place forms, used when nothing else reads the mutated input
 _OUT_OF_PLACE: dict[Any, Any] = {
@@ -57,7 +58,8 @@ _OUT_OF_PLACE: dict[Any, Any] = {
 }
 #: ATen op -> Tensor method name (the shared patterns list reshapes as methods)
 _METHODS = {aten.view.default: "view", aten.reshape.default: "reshape",
-            aten.permute.default: "permute", aten.contiguous.default: "contiguous"}
+            aten.permute.default: "permute", aten.contiguous.default: "contiguous",
+            aten.repeat.default: "repeat"}
 #: ATen ops that only check or restate what the graph already guarantees
 _CHECKS = (aten._assert_tensor_metadata.default,)
 

@@ -4,7 +4,9 @@ The fbgemm and qnnpack plugins run it, and a third-party backend can too: in a t
 ``globals().update(pattern_suite("mynpu", "qplug-mynpu"))``. Each pattern gets a generated model
 (:func:`~qplug_core.testing.pattern_cases.cases_for`) that must be matched, quantized, lowered to the
 backend's kernel when its kernel table has one, and agree with ``convert_to_reference_fx`` of the
-same observed model within one quantization step on >= 99% of the output elements.
+same observed model within one quantization step on >= 99% of the output elements. Each case also
+runs at the ATen level (``capture="export"``, :mod:`~qplug_core.testing.pattern_levels`), marked
+slow; the families the ATen level does not reach are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from qplug_core.backend import get_backend
 from qplug_core.nn import intrinsic as nni
 from qplug_core.testing.environment import all_plugins_loaded, one_thread, require_distribution
 from qplug_core.testing.pattern_cases import PatternCase, cases_for, check_pattern
+from qplug_core.testing.pattern_levels import check_export_level, export_gap
 
 
 def pattern_suite(backend_name: str, distribution: str) -> dict[str, Any]:
@@ -28,9 +31,12 @@ def pattern_suite(backend_name: str, distribution: str) -> dict[str, Any]:
         available = get_backend(backend_name).availability().ok
         cases: list[PatternCase] = cases_for(backend_name) if available else []
 
-    def params() -> Iterator[Any]:
+    def params(export_level: bool = False) -> Iterator[Any]:
         for case in cases:
-            marks = [pytest.mark.skip(reason=case.skip_reason)] if case.skip_reason else []
+            reason = case.skip_reason or (export_gap(case) if export_level else None)
+            marks = [pytest.mark.skip(reason=reason)] if reason else []
+            if export_level:
+                marks.append(pytest.mark.slow)
             yield pytest.param(case, id=case.id, marks=marks)
 
     @pytest.fixture(scope="module")
@@ -55,6 +61,12 @@ def pattern_suite(backend_name: str, distribution: str) -> dict[str, Any]:
         if result.expect_kernel:  # the kernel table has this pattern: its anchor runs on the kernel
             assert result.anchors and set(result.anchors) <= set(result.kernels), result.explain()
 
+    @pytest.mark.parametrize("case", list(params(export_level=True)))
+    def test_pattern_same_at_export_level(backend, case):
+        """The case's model captured with torch.export runs the kernels symbolic tracing gives."""
+        problems = check_export_level(backend, case)
+        assert not problems, f"{case.id} on {backend.name} at the export level: {problems}"
+
     def test_static_float_conv_bn_module_converts(backend):
         model = torch.nn.Sequential(nni.ConvBn2d(torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4)))
         x = torch.randn(2, 4, 6, 6)
@@ -68,4 +80,5 @@ def pattern_suite(backend_name: str, distribution: str) -> dict[str, Any]:
 
     return {"backend": backend, "test_one_case_per_pattern_config": test_one_case_per_pattern_config,
             "test_pattern_lowers_and_matches_reference": test_pattern_lowers_and_matches_reference,
+            "test_pattern_same_at_export_level": test_pattern_same_at_export_level,
             "test_static_float_conv_bn_module_converts": test_static_float_conv_bn_module_converts}

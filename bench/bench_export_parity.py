@@ -18,7 +18,6 @@ import argparse
 import time
 
 import torch
-
 from _harness import interleaved, machine_line, median, quiet, table
 
 import qplug_core as qp
@@ -75,8 +74,8 @@ def main() -> None:
         x = held_out[0]
         with torch.no_grad():
             identical = all(torch.equal(symbolic(*b), exported(*b)) for b in held_out)
-            samples = interleaved({"symbolic": lambda: symbolic(*x), "export": lambda: exported(*x)},
-                                  args.rounds, warmup=3)
+            samples = interleaved({"symbolic": lambda s=symbolic, b=x: s(*b),
+                                   "export": lambda e=exported, b=x: e(*b)}, args.rounds, warmup=3)
         s_ms, e_ms = median(samples["symbolic"]) * 1e3, median(samples["export"]) * 1e3
         rows.append([name, f"{sqnr_db(model, symbolic, held_out):.2f}",
                      f"{sqnr_db(model, exported, held_out):.2f}", str(identical),

@@ -18,7 +18,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from _harness import interleaved, machine_line, median, quiet, table
 
 import qplug_core as qp

@@ -11,7 +11,8 @@ import copy
 import gc
 import os
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -31,12 +32,21 @@ from qplug_core.fx.fuse import fuse_graph
 from qplug_core.fx.leaves import leaf_module_classes
 from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.fx.normalize import normalize_functionals
-from qplug_core.fx.raise_aten import remove_inference_noops
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
+from qplug_core.fx.raise_aten import remove_inference_noops
 from qplug_core.fx.regions import RegionPlanner
-from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes, top_reasons
+from qplug_core.fx.summary import (
+    REPORT_KEY,
+    QuantizationReport,
+    float_compute_nodes,
+    top_reasons,
+)
 from qplug_core.fx.tags import ValueAnnotator, region_tag
-from qplug_core.ir.capture import CAPTURE_KEY, CAPTURE_SKIPPED_KEY, capture_for_quantization
+from qplug_core.ir.capture import (
+    CAPTURE_KEY,
+    CAPTURE_SKIPPED_KEY,
+    capture_for_quantization,
+)
 from qplug_core.passes import PassManager, PassResult
 from qplug_core.serialization import record_artifact
 

@@ -14,7 +14,8 @@ whose ``forward`` could not be traced and the two ways out.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -127,8 +128,8 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
         return _tagged(raise_aten_graph(model).graph_module, "export")
     if isinstance(model, GraphModule):
         return _tagged(model, "symbolic")
-    trace = dict(leaf_modules=leaf_modules, non_traceable_module_names=non_traceable_module_names,
-                 non_traceable_module_classes=non_traceable_module_classes)
+    trace = {"leaf_modules": leaf_modules, "non_traceable_module_names": non_traceable_module_names,
+             "non_traceable_module_classes": non_traceable_module_classes}
     if level == "symbolic":
         return _tagged(capture_module(model, **trace), "symbolic")
     if level == "export":
@@ -194,8 +195,9 @@ def _partly_opaque(model: nn.Module, trace: dict, symbolic_error: TraceError,
     error = symbolic_error
     while error.module and len(skipped) < _MAX_OPAQUE_MODULES:
         module_type = type(model.get_submodule(error.module)).__name__
-        skipped.append((error.module, module_type, f"capture failed: symbolic tracing: "
-                        f"{_first_line(error.__cause__ or error)}; {export_error}"))
+        reason = (f"capture failed: symbolic tracing: {_first_line(error.__cause__ or error)}; "
+                  f"{export_error}")
+        skipped.append((error.module, module_type, reason))
         names.append(error.module)
         try:
             gm = capture_module(model, **{**trace, "non_traceable_module_names": names})

@@ -9,8 +9,8 @@ downloaded; ``transformers`` is imported on first use.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -39,7 +39,8 @@ class HFCase:
     make_inputs: Callable[[int, torch.Generator], tuple[torch.Tensor, ...]]
 
 
-_HIDDEN = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512)
+_HIDDEN = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "intermediate_size": 512}
 _VOCAB, _TOKENS = 1000, 16
 
 

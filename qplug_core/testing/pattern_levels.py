@@ -15,14 +15,18 @@ from __future__ import annotations
 import copy
 import warnings
 from collections import Counter
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from qplug_core.backend import Backend, get_backend
-from qplug_core.testing.pattern_cases import STEP_SLACK, PatternCase, _as_tuple, _mapping
+from qplug_core.testing.pattern_cases import (
+    STEP_SLACK,
+    PatternCase,
+    _as_tuple,
+    _mapping,
+)
 
 __all__ = ["EXPORT_GAPS", "check_export_level", "export_gap"]
 

@@ -18,7 +18,7 @@ from qplug_core.testing.flops import int8_flop_share
 from qplug_core.testing.hf_models import build_hf_model, hf_inputs
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
-from test_export_capture import ConvBnNet, _data  # noqa: E402
+from test_export_capture import ConvBnNet, _data
 
 pytestmark = [pytest.mark.usefixtures("plugin_autoload", "one_thread"), pytest.mark.slow]
 

@@ -19,7 +19,11 @@ import torch
 import qplug_core as qp
 from qplug_core.backend import get_backend
 from qplug_core.nn import intrinsic as nni
-from qplug_core.testing.environment import all_plugins_loaded, one_thread, require_distribution
+from qplug_core.testing.environment import (
+    all_plugins_loaded,
+    one_thread,
+    require_distribution,
+)
 from qplug_core.testing.pattern_cases import PatternCase, cases_for, check_pattern
 from qplug_core.testing.pattern_levels import check_export_level, export_gap
 

@@ -14,7 +14,7 @@ from torch import nn
 import qplug_core as qp
 from qplug_core.errors import ConfigValidationError, NothingQuantizedError, TraceError
 
-pytestmark = pytest.mark.usefixtures("plugin_autoload")
+pytestmark = [pytest.mark.usefixtures("plugin_autoload"), pytest.mark.slow]  # ~25 s: export
 
 
 class ConvBnNet(nn.Module):

@@ -100,8 +100,20 @@ def capture_module(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] 
 
 
 def _export(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphModule:
-    """``torch.export`` (non-strict: the model's Python runs as written) -> runnable GraphModule."""
-    return torch.export.export(model, example_inputs, strict=False).module()
+    """``torch.export`` (non-strict: the model's Python runs as written) -> runnable GraphModule.
+
+    The batch dimension (dim 0 of every tensor input) is exported as dynamic where the model
+    allows it (``Dim.AUTO``), so the quantized model takes other batch sizes than the example's;
+    when that export fails, every shape is specialised to the example.
+    """
+    batch = torch.export.ShapesCollection()
+    for value in example_inputs:
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            batch[value] = {0: torch.export.Dim.AUTO}
+    try:
+        return torch.export.export(model, example_inputs, strict=False, dynamic_shapes=batch).module()
+    except Exception:
+        return torch.export.export(model, example_inputs, strict=False).module()
 
 
 def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] | None, *,

@@ -18,10 +18,21 @@ from torch.nn.utils.parametrize import type_before_parametrizations
 
 from qplug_core.backend import Backend, resolve_backend
 from qplug_core.config import QConfig, QConfigMapping
-from qplug_core.errors import ConfigError, ConfigValidationError, ConstraintViolationError, did_you_mean
+from qplug_core.errors import (
+    ConfigError,
+    ConfigValidationError,
+    ConstraintViolationError,
+    did_you_mean,
+)
+from qplug_core.fx.pipeline import as_input_tuple
+from qplug_core.fx.raise_aten import is_aten_graph
 from qplug_core.fx.regions import dtype_config_problems
 from qplug_core.kernels.base import KernelContext, TensorArg
-from qplug_core.kernels.reference import DynamicQuantize, observed_weight_qparams, rounded_copy
+from qplug_core.kernels.reference import (
+    DynamicQuantize,
+    observed_weight_qparams,
+    rounded_copy,
+)
 from qplug_core.qconfig_defaults import float16_dynamic_qconfig
 from qplug_core.qparams import QParams
 
@@ -92,6 +103,38 @@ def _check_supported(qconfig: QConfig, module_type: type, name: str, backend: Ba
         f"{offered}; use one of them (or another backend, e.g. fbgemm for float16)", field=name)
 
 
+def is_transformers_conv1d(module: nn.Module) -> bool:
+    """transformers' ``pytorch_utils.Conv1D``: a linear whose weight is stored (in, out)."""
+    cls = type(module)
+    weight = getattr(module, "weight", None)
+    return (cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
+            and isinstance(weight, torch.Tensor) and weight.dim() == 2
+            and getattr(module, "nf", None) == weight.shape[1])
+
+
+def linear_from_conv1d(module: nn.Module) -> nn.Linear:
+    """The ``nn.Linear`` computing what a transformers ``Conv1D`` computes."""
+    weight = module.weight.detach()
+    bias = getattr(module, "bias", None)
+    linear = nn.Linear(weight.shape[0], weight.shape[1], bias=bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(weight.t())
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear
+
+
+def _captured(model: Any, capture: str | None, example_inputs: Any) -> nn.Module:
+    from qplug_core.fx.capture_levels import capture_for_quantization
+
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()
+    elif isinstance(model, nn.Module):
+        model = copy.deepcopy(model)
+    inputs = None if example_inputs is None else as_input_tuple(example_inputs)
+    return capture_for_quantization(model, inputs, level=capture or "export")
+
+
 def _swap(module: nn.Module, qconfig: QConfig, backend: Backend) -> nn.Module:
     activation = qconfig.activation()
     weights = _weight_names(module)
@@ -157,13 +200,22 @@ def _as_mapping(qconfig_spec: Any, dtype: torch.dtype, backend: Backend,
 
 
 def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dtype = torch.qint8,
-                     *, backend: str | Backend | None = None, inplace: bool = False) -> nn.Module:
+                     *, backend: str | Backend | None = None, inplace: bool = False,
+                     capture: str | None = None, example_inputs: Any = None) -> nn.Module:
     """Copy of ``model`` (eval mode) with Linear/LSTM/GRU/RNN cells dynamically quantized.
 
     ``qconfig_spec``: None (every supported type, the backend's default dynamic qconfig — per-channel
     weights where its kernels allow — or float16 with ``dtype=torch.float16``), a set of module
     types and/or dotted names, a dict ``{type or name: qconfig or None}``, or a QConfigMapping.
+    transformers' ``Conv1D`` (GPT-2's projections) counts as a Linear.
+
+    Modules are swapped in place of the originals, so no capture is needed (``capture=None``). An
+    ``ExportedProgram``, its ``.module()``, or ``capture="export"`` with ``example_inputs`` gives
+    the exported graph with its ATen linears raised to ``nn.Linear`` modules, which are swapped.
     """
+    if isinstance(model, torch.export.ExportedProgram) or capture is not None or is_aten_graph(model):
+        model = _captured(model, capture, example_inputs)
+        inplace = True
     if not isinstance(model, nn.Module):
         raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
                                     field="model", value=type(model).__name__)
@@ -175,6 +227,8 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     mapping = _as_mapping(qconfig_spec, dtype, chosen, [n for n in named if n])
     swaps: list[tuple[str, nn.Module, QConfig]] = []
     for name, module in named.items():
+        if is_transformers_conv1d(module):
+            module = linear_from_conv1d(module)
         module_type = type_before_parametrizations(module)
         qconfig = mapping.qconfig_for_module(name, module_type) if module_type in DYNAMIC_TYPES else None
         if qconfig is not None:

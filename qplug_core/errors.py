@@ -196,6 +196,17 @@ class NumericOverflowError(QplugError):
 # -- serialization ---------------------------------------------------------------------------------
 
 
+class NothingQuantizedError(QplugError):
+    """A conversion produced no int8 region at all: the "quantized" model would be the float one.
+
+    ``reasons`` lists the most frequent reasons ops stayed float (reason, number of ops).
+    """
+
+    def __init__(self, message: str, *, reasons: Sequence[tuple[str, int]] = ()):
+        super().__init__(message)
+        self.reasons = list(reasons)
+
+
 class SerializationError(QplugError):
     """A saved model cannot be written or read."""
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -21,6 +22,7 @@ from qplug_core.errors import (
     CalibrationError,
     ConfigValidationError,
     InputMismatchError,
+    NothingQuantizedError,
     QplugError,
 )
 from qplug_core.fx.convert import convert_graph
@@ -29,7 +31,7 @@ from qplug_core.fx.kernel_contract import remember_example
 from qplug_core.fx.pipeline import as_input_tuple, fuse_model, gc_paused, run_passes
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.fx.regions import RegionPlanner
-from qplug_core.fx.summary import REPORT_KEY, QuantizationReport
+from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, top_reasons
 from qplug_core.fx.tags import STATE, ValueAnnotator
 from qplug_core.passes import PassResult
 from qplug_core.serialization import record_artifact
@@ -72,16 +74,22 @@ def get_default_qconfig_mapping(backend: str | Backend | None = None, mode: str 
 
 
 def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Backend | None = None,
-            is_qat: bool = False, inplace: bool = False, non_traceable_module_names=(),
-            non_traceable_module_classes=()) -> fx.GraphModule:
-    """Capture ``model`` and fuse it with the backend's fusion patterns (conv-bn-relu, ...)."""
-    return fuse_model(model, resolve_backend(backend), is_qat=is_qat, inplace=inplace,
-                      non_traceable_module_names=non_traceable_module_names,
+            is_qat: bool = False, inplace: bool = False, capture: str = "auto",
+            non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
+    """Capture ``model`` and fuse it with the backend's fusion patterns (conv-bn-relu, ...).
+
+    ``capture``: "symbolic" (torch.fx tracing), "export" (torch.export, needs ``example_inputs``)
+    or "auto" (symbolic when the whole model traces, else export); ``model`` may also be an
+    ``ExportedProgram`` or its ``.module()``. ``gm.meta["qplug_capture"]`` says which was used.
+    """
+    inputs = None if example_inputs is None else as_input_tuple(example_inputs)
+    return fuse_model(model, resolve_backend(backend), inputs, is_qat=is_qat, inplace=inplace,
+                      capture=capture, non_traceable_module_names=non_traceable_module_names,
                       non_traceable_module_classes=non_traceable_module_classes)
 
 
 def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace,
-             keep_isolated_ops_float, on_unsupported, non_traceable_module_names,
+             keep_isolated_ops_float, on_unsupported, capture, non_traceable_module_names,
              non_traceable_module_classes) -> fx.GraphModule:
     flow_checks.check_preparable(model)
     flow_checks.check_float32(model)
@@ -96,10 +104,10 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
                                     f"{type(mapping).__name__}", field="qconfig_mapping")
     flow_checks.warn_unknown_module_names(mapping, model)
     inputs = as_input_tuple(example_inputs)
-    if not is_qat and model.training and not inplace:  # PTQ folds batch norm: eval semantics
+    if not is_qat and getattr(model, "training", False) and not inplace:  # PTQ folds batch norm
         model = copy.deepcopy(model).eval()
         inplace = True
-    gm = fuse_fx(model, inputs, backend=chosen, is_qat=is_qat, inplace=inplace,
+    gm = fuse_fx(model, inputs, backend=chosen, is_qat=is_qat, inplace=inplace, capture=capture,
                  non_traceable_module_names=non_traceable_module_names,
                  non_traceable_module_classes=non_traceable_module_classes)
     _check_device(gm, chosen)
@@ -127,7 +135,8 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
 def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, example_inputs: Any = None,
                *, backend: str | Backend | None = None, inplace: bool = False,
                keep_isolated_ops_float: bool = True, on_unsupported: str = "warn",
-               non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
+               capture: str = "auto", non_traceable_module_names=(),
+               non_traceable_module_classes=()) -> fx.GraphModule:
     """Fuse and insert observers for static post-training quantization; returns the observed model.
 
     ``qconfig_mapping=None`` uses the backend's default static mapping. A qconfig the backend
@@ -136,19 +145,21 @@ def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, 
     """
     return _prepare(model, qconfig_mapping, example_inputs, backend=backend, is_qat=False,
                     inplace=inplace, keep_isolated_ops_float=keep_isolated_ops_float,
-                    on_unsupported=on_unsupported, non_traceable_module_names=non_traceable_module_names,
+                    on_unsupported=on_unsupported, capture=capture,
+                    non_traceable_module_names=non_traceable_module_names,
                     non_traceable_module_classes=non_traceable_module_classes)
 
 
 def prepare_qat_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None,
                    example_inputs: Any = None, *, backend: str | Backend | None = None,
                    inplace: bool = False, keep_isolated_ops_float: bool = True,
-                   on_unsupported: str = "warn", non_traceable_module_names=(),
-                   non_traceable_module_classes=()) -> fx.GraphModule:
+                   on_unsupported: str = "warn", capture: str = "auto",
+                   non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
     """Like :func:`prepare_fx` for quantization-aware training: fake-quant everywhere, QAT modules."""
     return _prepare(model, qconfig_mapping, example_inputs, backend=backend, is_qat=True,
                     inplace=inplace, keep_isolated_ops_float=keep_isolated_ops_float,
-                    on_unsupported=on_unsupported, non_traceable_module_names=non_traceable_module_names,
+                    on_unsupported=on_unsupported, capture=capture,
+                    non_traceable_module_names=non_traceable_module_names,
                     non_traceable_module_classes=non_traceable_module_classes)
 
 
@@ -213,7 +224,7 @@ def _check_device(gm: fx.GraphModule, backend: Backend) -> None:
 
 
 def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_uncalibrated: bool,
-             inplace: bool, strict: bool) -> fx.GraphModule:
+             inplace: bool, strict: bool, allow_float: bool = False) -> fx.GraphModule:
     """Convert to the reference form, keep the save artifact, then lower and report."""
     state = _state(observed)
     flow_checks.check_calibration_finished(observed)
@@ -230,29 +241,47 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
         listed = "; ".join(f"{s.node} ({s.op}): {s.reason}" for s in report.skipped[:5])
         raise ConfigValidationError(f"strict=True but {len(report.skipped)} op(s) stay float: {listed}",
                                     field="strict")
+    if not report.quantized and not allow_float:
+        raise_nothing_quantized(report)
     return gm
 
 
+def raise_nothing_quantized(report: QuantizationReport) -> None:
+    """NothingQuantizedError naming why ops stayed float: a float model must not pass as int8."""
+    reasons = top_reasons(report)
+    listed = "; ".join(f"{reason} ({count} op(s))" for reason, count in reasons) or "no ops found"
+    raise NothingQuantizedError(
+        f"nothing was quantized: 0 int8 regions ({report.capture} capture, backend "
+        f"{report.backend!r}). Top reasons ops stayed float: {listed}. Pass allow_float=True to "
+        "accept a float result.", reasons=reasons)
+
+
 def convert_to_reference_fx(observed: fx.GraphModule, *, allow_uncalibrated: bool = False,
-                            inplace: bool = False, strict: bool = False) -> fx.GraphModule:
-    """Observed model -> reference int8 model (q/dq around float ops) that runs anywhere."""
+                            inplace: bool = False, strict: bool = False,
+                            allow_float: bool = False) -> fx.GraphModule:
+    """Observed model -> reference int8 model (q/dq around float ops) that runs anywhere.
+
+    A result with no int8 region raises :class:`NothingQuantizedError` unless ``allow_float``.
+    """
     return _convert(observed, get_backend("reference"), lower=False,
-                    allow_uncalibrated=allow_uncalibrated, inplace=inplace, strict=strict)
+                    allow_uncalibrated=allow_uncalibrated, inplace=inplace, strict=strict,
+                    allow_float=allow_float)
 
 
 def convert_fx(observed: fx.GraphModule, *, backend: str | Backend | None = None,
-               allow_uncalibrated: bool = False, inplace: bool = False, strict: bool = False
-               ) -> fx.GraphModule:
+               allow_uncalibrated: bool = False, inplace: bool = False, strict: bool = False,
+               allow_float: bool = False) -> fx.GraphModule:
     """Observed model -> int8 model running the backend's kernels (reference form where none exists).
 
     ``backend=None`` uses the backend the model was prepared for. ``strict=True`` raises when any
-    compute op is left in float.
+    compute op is left in float; a result with no int8 region at all raises
+    :class:`NothingQuantizedError` unless ``allow_float=True``.
     """
     state = _state(observed)
     chosen = get_backend(backend if backend is not None else state["backend"]).require_available()
     _check_device(observed, chosen)
     return _convert(observed, chosen, lower=True, allow_uncalibrated=allow_uncalibrated,
-                    inplace=inplace, strict=strict)
+                    inplace=inplace, strict=strict, allow_float=allow_float)
 
 
 def quantization_report(model: fx.GraphModule) -> QuantizationReport:
@@ -266,12 +295,19 @@ def quantization_report(model: fx.GraphModule) -> QuantizationReport:
 
 def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
              backend: str | Backend | None = None, qconfig_mapping: QConfigMapping | None = None,
-             progress: bool | None = None, strict: bool = False, **prepare_options: Any) -> fx.GraphModule:
-    """Static post-training quantization in one call: the int8 model running the backend's kernels."""
+             progress: bool | None = None, strict: bool = False, allow_float: bool = False,
+             **prepare_options: Any) -> fx.GraphModule:
+    """Static post-training quantization in one call: the int8 model running the backend's kernels.
+
+    ``model`` may be an ``nn.Module``, an ``ExportedProgram`` or its ``.module()``;
+    ``capture="auto"`` (a prepare option) traces symbolically when it can, else uses
+    torch.export. With no int8 region at all it raises :class:`NothingQuantizedError` (the most
+    frequent reasons ops stayed float in its message) unless ``allow_float=True``.
+    """
     flow_checks.check_preparable(model)
     flow_checks.check_calibration_data(calibration_data)
     chosen = resolve_backend(backend)
     chosen.require_available()
     observed = prepare_fx(model, qconfig_mapping, example_inputs, backend=chosen, **prepare_options)
     calibrate(observed, calibration_data, progress=progress)
-    return convert_fx(observed, backend=chosen, inplace=True, strict=strict)
+    return convert_fx(observed, backend=chosen, inplace=True, strict=strict, allow_float=allow_float)

@@ -23,6 +23,12 @@ class Mode(str, Enum):
     qat_convert = "qat-convert"
 
 
+class Capture(str, Enum):
+    auto = "auto"
+    symbolic = "symbolic"
+    export = "export"
+
+
 #: options shared by the commands that build example inputs (quantize, bench)
 EXAMPLE_SHAPES = typer.Option(..., "--example-shape",
                               help="Shape of one input, batch first, e.g. 1,3,224,224; repeat it "
@@ -33,7 +39,7 @@ EXAMPLE_DTYPES = typer.Option([], "--example-dtype",
 
 
 def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, backend: Any,
-                   mode: Mode) -> Any:
+                   mode: Mode, capture: Capture = Capture.auto) -> Any:
     """The converted model for ``mode``; ``qat-convert`` expects a ``qp.prepare_qat_fx`` model."""
     from torch import fx
 
@@ -49,9 +55,11 @@ def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, 
         return qp.convert_fx(model.eval(), backend=backend)
     if mode is Mode.dynamic:  # weights only ahead of time: no calibration data needed
         mapping = qp.get_default_qconfig_mapping(backend, "dynamic")
-        return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=backend), backend=backend)
+        return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=backend,
+                                           capture=capture.value), backend=backend)
     # under torchrun each rank calibrates on its shard; the observers then agree across ranks
-    return qp.quantize(model, example, distributed.shard_by_rank(calibration), backend=backend)
+    return qp.quantize(model, example, distributed.shard_by_rank(calibration), backend=backend,
+                       capture=capture.value)
 
 
 def quantize(
@@ -69,6 +77,9 @@ def quantize(
     backend: str = typer.Option(None, "--backend", help="Backend (default: the best one here)."),
     mode: Mode = typer.Option(Mode.static, "--mode", help="static, dynamic, or qat-convert (the "
                                                           "factory returns a trained QAT model)."),
+    capture: Capture = typer.Option(Capture.auto, "--capture",
+                                    help="auto (symbolic tracing when the model traces, else "
+                                         "torch.export), symbolic, or export."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
 ) -> None:
     """Quantize MODULE:FACTORY's model, save it with qp.save, print the report and its accuracy."""
@@ -94,14 +105,15 @@ def quantize(
         batches = (load_batches(calibration, specs, names) if calibration
                    else None if mode is not Mode.static else random_calibration(specs))
         with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
-            qmodel = quantize_model(model, example, batches, chosen, mode)
+            qmodel = quantize_model(model, example, batches, chosen, mode, capture)
             saving = distributed.is_rank_zero()
         if not saving:  # rank 0 saves and reports for all
             return
         path = qp.save(qmodel, out)
     report = qp.quantization_report(qmodel)
     facts: dict[str, Any] = {"model": model_spec, "mode": mode.value, "backend": report.backend,
-                             "out": str(path), "size_bytes": path.stat().st_size}
+                             "capture": report.capture, "out": str(path),
+                             "size_bytes": path.stat().st_size}
     if mode is not Mode.qat_convert:  # a QAT factory returns no float original to compare with
         held_out = load_batches(evaluation, specs, names, what="--eval") if evaluation else None
         with stdout_to_stderr():  # the comparison runs the user's model again

@@ -13,7 +13,7 @@ from torch import fx
 from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.fx.pipeline import run_passes
 from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes, report_names
-from qplug_core.fx.tags import FUSIONS, region_tag
+from qplug_core.fx.tags import CAPTURE, CAPTURE_SKIPPED, FUSIONS, region_tag
 
 if TYPE_CHECKING:
     from qplug_core.backend import Backend
@@ -35,12 +35,14 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
     lowering = [lower_to_kernels] if lower and backend.kernels else []
     run_passes(gm, [*lowering, *backend.passes("post_convert")])
     summary = found.get("summary", LoweringSummary())
+    opaque = {name: reason for name, _, reason in gm.meta.get(CAPTURE_SKIPPED, [])}
     report = QuantizationReport(
         backend=backend.name, mode=_mode_of(mode, regions.values()),
         fusions=list(gm.meta.get(FUSIONS, [])),
         quantized={name: pattern for name, (pattern, _) in regions.items()},
         kernels=dict(summary.lowered), reference=dict(summary.reference),
-        skipped=float_compute_nodes(gm, summary.reference))
+        skipped=float_compute_nodes(gm, summary.reference, opaque),
+        capture=gm.meta.get(CAPTURE, "symbolic"))
     gm.meta[REPORT_KEY] = report
     return report
 

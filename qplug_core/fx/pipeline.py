@@ -12,6 +12,7 @@ import gc
 import os
 from typing import TYPE_CHECKING, Any, Iterator
 
+import torch
 from torch import fx, nn
 
 from qplug_core.errors import ConfigValidationError
@@ -19,9 +20,10 @@ from qplug_core.fx.fuse import fuse_graph
 from qplug_core.fx.inplace import functionalize_inplace
 from qplug_core.fx.leaves import leaf_module_classes
 from qplug_core.fx.normalize import normalize_functionals
+from qplug_core.fx.raise_aten import remove_inference_noops
 from qplug_core.fx.shared_modules import untie_shared_modules
 from qplug_core.fx.tags import FUSIONS
-from qplug_core.ir.capture import capture_module
+from qplug_core.fx.capture_levels import capture_for_quantization
 from qplug_core.passes import PassManager
 
 if TYPE_CHECKING:
@@ -61,29 +63,36 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def capture(model: nn.Module, *, inplace: bool, non_traceable_module_names=(),
+def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inplace: bool,
+            capture: str = "auto", non_traceable_module_names=(),
             non_traceable_module_classes=()) -> fx.GraphModule:
+    """The model as a GraphModule at the level ``capture`` asks for (see ``capture_for_quantization``);
+    an ``ExportedProgram`` is taken through a fresh ``.module()``, never modified."""
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()
+        inplace = True
     if not isinstance(model, nn.Module):
-        raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
-                                    field="model", value=type(model).__name__)
+        raise ConfigValidationError(f"model must be a torch.nn.Module or an ExportedProgram, got "
+                                    f"{type(model).__name__}", field="model", value=type(model).__name__)
     with gc_paused():
         source = model if inplace else copy.deepcopy(model)
-        if isinstance(source, fx.GraphModule):
-            return source
-        return capture_module(source, leaf_modules=leaf_module_classes(),
-                              non_traceable_module_names=non_traceable_module_names,
-                              non_traceable_module_classes=non_traceable_module_classes)
+        return capture_for_quantization(source, example_inputs, level=capture,
+                                        leaf_modules=leaf_module_classes(),
+                                        non_traceable_module_names=non_traceable_module_names,
+                                        non_traceable_module_classes=non_traceable_module_classes)
 
 
-def fuse_model(model: nn.Module, chosen: Backend, *, is_qat: bool = False, inplace: bool = False,
+def fuse_model(model: nn.Module, chosen: Backend, example_inputs: tuple | None = None, *,
+               is_qat: bool = False, inplace: bool = False, capture: str = "auto",
                non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
     """Capture ``model`` and fuse it with ``chosen``'s fusion patterns (the body of ``fuse_fx``)."""
-    gm = capture(model, inplace=inplace, non_traceable_module_names=non_traceable_module_names,
-                 non_traceable_module_classes=non_traceable_module_classes)
+    gm = capture_graph(model, example_inputs, inplace=inplace, capture=capture,
+                       non_traceable_module_names=non_traceable_module_names,
+                       non_traceable_module_classes=non_traceable_module_classes)
 
     def fuse(graph_module: fx.GraphModule) -> None:
         graph_module.meta[FUSIONS] = fuse_graph(graph_module, chosen, is_qat=is_qat)
 
-    run_passes(gm, [untie_shared_modules, functionalize_inplace, *chosen.passes("pre_fuse"),
-                    normalize_functionals, fuse])
+    run_passes(gm, [remove_inference_noops, untie_shared_modules, functionalize_inplace,
+                    *chosen.passes("pre_fuse"), normalize_functionals, fuse])
     return gm

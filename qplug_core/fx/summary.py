@@ -36,6 +36,7 @@ class QuantizationReport:
     kernels: dict[str, str] = field(default_factory=dict)  # anchor -> kernel op
     reference: dict[str, str] = field(default_factory=dict)  # anchor -> why no kernel
     skipped: list[SkippedNode] = field(default_factory=list)
+    capture: str = "symbolic"  # how the model was captured: "symbolic" or "export"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -43,7 +44,8 @@ class QuantizationReport:
     def __rich__(self):
         from rich.table import Table
 
-        table = Table(title=f"qplug quantization report — backend {self.backend} ({self.mode})")
+        table = Table(title=f"qplug quantization report — backend {self.backend} ({self.mode}, "
+                            f"{self.capture} capture)")
         table.add_column("what")
         table.add_column("count", justify="right")
         table.add_column("details")
@@ -80,14 +82,16 @@ def describe_op(node: fx.Node, gm: fx.GraphModule) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
 
-def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | None = None
-                        ) -> list[SkippedNode]:
+def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | None = None,
+                        opaque_modules: dict[str, str] | None = None) -> list[SkippedNode]:
     """Every op that still computes in float, with the reason recorded by prepare or lowering.
 
     ``fallback_reasons`` (anchor node name -> reason) marks int8 regions that lowering left in
     reference form: they compute in float between dequantize and quantize, so they are listed too.
+    ``opaque_modules`` (module path -> reason) are submodules capture could not look into.
     """
     report_key = report_names(gm.graph)
+    opaque = opaque_modules or {}
     anchors = {}
     for node in gm.graph.nodes:
         tag = region_tag(node)
@@ -102,7 +106,9 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
         if op in _NON_COMPUTE_FUNCTIONS:
             continue
         tag = region_tag(node)
-        if tag is None:
+        if node.op == "call_module" and node.target in opaque:
+            reason = opaque[node.target]
+        elif tag is None:
             reason = "no quantization pattern of the backend matches this op"
         elif not tag.quantized:
             reason = tag.reason
@@ -110,5 +116,14 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
             reason = fallback_reasons[anchors[tag.region_id]]
         else:
             continue
-        skipped.append(SkippedNode(report_key(node), op, reason))
+        skipped.append(SkippedNode(node.target if node.target in opaque else report_key(node), op,
+                                   reason))
     return skipped
+
+
+def top_reasons(report: QuantizationReport, n: int = 3) -> list[tuple[str, int]]:
+    """The ``n`` most frequent reasons ops stayed float, with how many ops each covers."""
+    counts: dict[str, int] = {}
+    for entry in report.skipped:
+        counts[entry.reason] = counts.get(entry.reason, 0) + 1
+    return sorted(counts.items(), key=lambda item: -item[1])[:n]

@@ -39,6 +39,10 @@ REPORT = "qplug_report"
 ARTIFACT = "qplug_artifact"
 #: attribute of an eager-mode model prepared by ``qp.eager.prepare``
 EAGER_STATE = "qplug_eager_state"
+#: GraphModule.meta: the capture level used ("symbolic" or "export")
+CAPTURE = "qplug_capture"
+#: GraphModule.meta: submodules left opaque because capture failed, (name, type, reason)
+CAPTURE_SKIPPED = "qplug_capture_skipped"
 #: GraphModule.meta: the error a calibration raised (converting after it is refused)
 CALIBRATION_FAILED = "qplug_calibration_failed"
 #: GraphModule.meta: the example inputs prepare ran, replayed by the kernel contract at convert

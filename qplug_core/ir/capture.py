@@ -14,7 +14,8 @@ whose ``forward`` could not be traced and the two ways out.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,7 +24,8 @@ from torch.fx import GraphModule
 from qplug_core.errors import TraceError
 from qplug_core.ir.thread_confined import ThreadConfinedTracer
 
-__all__ = ["QplugTracer", "capture_module", "capture_aten"]
+__all__ = ["QplugTracer", "capture_aten", "capture_module", "export_module", "first_line"]
+
 
 
 class QplugTracer(ThreadConfinedTracer):
@@ -91,6 +93,29 @@ def capture_module(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] 
                          "quantize in eager mode with qp.eager.", module=where or None) from e
     name = type(model).__name__
     return GraphModule(tracer.root, graph, name)
+
+
+def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphModule:
+    """``torch.export`` (non-strict: the model's Python runs as written) -> runnable GraphModule.
+
+    The batch dimension (dim 0 of every tensor input) is exported as dynamic where the model
+    allows it (``Dim.AUTO``), so the quantized model takes other batch sizes than the example's;
+    when that export fails, every shape is specialised to the example.
+    """
+    batch = torch.export.ShapesCollection()
+    for value in example_inputs:
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            batch[value] = {0: torch.export.Dim.AUTO}
+    try:
+        return torch.export.export(model, example_inputs, strict=False, dynamic_shapes=batch).module()
+    except Exception:
+        return torch.export.export(model, example_inputs, strict=False).module()
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (torch's are long), or its type's name."""
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def capture_aten(model: nn.Module, example_inputs: tuple[Any, ...], *,

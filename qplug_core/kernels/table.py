@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.parametrize import type_before_parametrizations
 
 from qplug_core.kernels import torch_int8 as K
 from qplug_core.kernels.base import KernelContext, KernelSpec
@@ -62,15 +63,17 @@ def _engine_runs(base: type, engine: str) -> bool:
     return flag is None or bool(getattr(K.engine_capabilities(engine), flag))
 
 
-def _unwrap(module: nn.Module) -> nn.Module:
-    return module[0] if isinstance(module, nn.Sequential) else module
+def _unwrap(module: nn.Module) -> type:
+    """The class a kernel is chosen by: the first child of a fused Sequential, and the class before
+    parametrizations (weight norm makes ``ParametrizedConv1d``), as the matcher compares."""
+    return type_before_parametrizations(module[0] if isinstance(module, nn.Sequential) else module)
 
 
 def build_weighted(ctx: KernelContext) -> nn.Module:
     """Static, dynamic or weight-only kernel for a weighted module, chosen from the context."""
     if ctx.input_qparams and ctx.input_qparams[0].is_dynamic:
         return build_dynamic(ctx)
-    return _WEIGHTED[type(_unwrap(ctx.module))].from_context(ctx)
+    return _WEIGHTED[_unwrap(ctx.module)].from_context(ctx)
 
 
 def build_dynamic(ctx: KernelContext) -> nn.Module:
@@ -78,7 +81,7 @@ def build_dynamic(ctx: KernelContext) -> nn.Module:
     weight = ctx.weight_qparams
     dtype = weight.dtype if weight is not None else torch.qint8
     activation = ctx.input_qparams[0] if ctx.input_qparams else None
-    return _DYNAMIC[type(_unwrap(ctx.module))].from_float(
+    return _DYNAMIC[_unwrap(ctx.module)].from_float(
         ctx.module, dtype=dtype, engine=ctx.engine,
         per_channel=weight is not None and weight.axis is not None,
         reduce_range=None if activation is None else activation.quant_max <= 127,

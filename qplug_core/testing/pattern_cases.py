@@ -76,6 +76,10 @@ UNMATCHABLE: dict[Any, str] = {
               "config, same in torch.ao)"),
     "hardsigmoid": _SKIP_METHOD_MISSING.format(name="hardsigmoid"),
     "hardsigmoid_": _SKIP_METHOD_MISSING.format(name="hardsigmoid_"),
+    nn.Identity: ("removed before matching: nn.Identity computes nothing, so the flows drop it "
+                  "instead of listing it as a float op (issue 19.15)"),
+    nn.Dropout: ("removed before matching in eval mode (post-training quantization): eval-mode "
+                 "dropout computes nothing (issue 19.15); in training mode it is matched"),
 }
 """Patterns no traced model can contain, with the reason."""
 

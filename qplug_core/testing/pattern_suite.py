@@ -11,7 +11,9 @@ The fbgemm and qnnpack plugins run it, and a third-party backend can too::
 Each pattern gets a generated model (:func:`~qplug_core.testing.pattern_cases.cases_for`) that must
 be matched, quantized, lowered to the backend's kernel when its kernel table has one, and agree with
 ``convert_to_reference_fx`` of the same observed model within one quantization step on >= 99% of the
-output elements.
+output elements. Each case also runs at the ATen level (``capture="export"``,
+:mod:`~qplug_core.testing.pattern_levels`), marked slow; the families the ATen level does not reach
+are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -25,8 +27,13 @@ import torch
 
 import qplug_core as qp
 from qplug_core.nn import intrinsic as nni
-from qplug_core.testing.environment import all_plugins_loaded, one_thread, require_distribution
+from qplug_core.testing.environment import (
+    all_plugins_loaded,
+    one_thread,
+    require_distribution,
+)
 from qplug_core.testing.pattern_cases import PatternCase, cases_for, check_pattern
+from qplug_core.testing.pattern_levels import check_export_level, export_gap
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,6 +41,7 @@ def _cases(backend_name: str) -> tuple[PatternCase, ...]:
     with all_plugins_loaded():
         available = qp.get_backend(backend_name).availability().ok
         return tuple(cases_for(backend_name)) if available else ()
+
 
 
 class BackendPatternSuite:
@@ -46,9 +54,11 @@ class BackendPatternSuite:
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "case" in metafunc.fixturenames:
             metafunc.parametrize("case", list(self._params()))
+        if "export_case" in metafunc.fixturenames:
+            metafunc.parametrize("export_case", list(self._params(export_level=True)))
 
     @classmethod
-    def _params(cls) -> Iterator[Any]:
+    def _params(cls, export_level: bool = False) -> Iterator[Any]:
         try:
             importlib.metadata.version(cls.distribution)
         except importlib.metadata.PackageNotFoundError:
@@ -56,7 +66,10 @@ class BackendPatternSuite:
                 reason=f"{cls.distribution} is not installed (pip install it to run these tests)"))
             return
         for case in _cases(cls.backend):
-            marks = [pytest.mark.skip(reason=case.skip_reason)] if case.skip_reason else []
+            reason = case.skip_reason or (export_gap(case) if export_level else None)
+            marks = [pytest.mark.skip(reason=reason)] if reason else []
+            if export_level:
+                marks.append(pytest.mark.slow)
             yield pytest.param(case, id=case.id, marks=marks)
 
     @pytest.fixture(scope="class")
@@ -83,6 +96,11 @@ class BackendPatternSuite:
         if result.expect_kernel:  # the kernel table has this pattern: its anchor runs on the kernel
             assert result.anchors and set(result.anchors) <= set(result.kernels), result.explain()
 
+    def test_pattern_same_at_export_level(self, suite_backend, export_case):
+        """The case's model captured with torch.export runs the kernels symbolic tracing gives."""
+        problems = check_export_level(suite_backend, export_case)
+        assert not problems, f"{export_case.id} on {suite_backend.name} at the export level: {problems}"
+
     def test_static_float_conv_bn_module_converts(self, suite_backend):
         model = torch.nn.Sequential(nni.ConvBn2d(torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4)))
         x = torch.randn(2, 4, 6, 6)
@@ -93,6 +111,7 @@ class BackendPatternSuite:
             expected, got = reference(x), lowered(x)
         step = float(expected.max() - expected.min()) / 255 * 1.01
         assert ((got - expected).abs() <= step).float().mean() >= 0.99
+
 
 
 __all__ = ["BackendPatternSuite"]

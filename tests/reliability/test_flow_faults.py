@@ -21,6 +21,7 @@ from qplug_core.errors import (
     InputMismatchError,
     ModelStateError,
     NonFiniteCalibrationError,
+    NothingQuantizedError,
     TraceError,
     UncalibratedObserverError,
 )
@@ -87,7 +88,10 @@ def test_qconfig_outside_qnnpack_constraints_warns_and_falls_back_to_float():
                                          r"default qconfig mapping"):
         observed = qp.prepare_fx(conv_net(), _full_range_weights_mapping(), X, backend="qnnpack")
     qp.calibrate(observed, images())
-    report = qp.quantization_report(qp.convert_fx(observed))
+    with pytest.raises(NothingQuantizedError, match=r"0 int8 regions.*\(-127, 127\)") as raised:
+        qp.convert_fx(observed)  # every op fell back: a float result must not pass silently
+    assert "(-127, 127)" in raised.value.reasons[0][0]
+    report = qp.quantization_report(qp.convert_fx(observed, allow_float=True))
     skipped = {s.node: s.reason for s in report.skipped}
     assert "conv" not in report.kernels and "(-127, 127)" in skipped["conv"]
 
@@ -105,7 +109,8 @@ def test_qconfig_outside_constraints_skip_records_without_warning():
         observed = qp.prepare_fx(conv_net(), _full_range_weights_mapping(), X, backend="qnnpack",
                                  on_unsupported="skip")
     qp.calibrate(observed, images(1))
-    assert "conv" in {s.node for s in qp.quantization_report(qp.convert_fx(observed)).skipped}
+    report = qp.quantization_report(qp.convert_fx(observed, allow_float=True))
+    assert "conv" in {s.node for s in report.skipped}
 
 
 # -- tracing (row 18) ------------------------------------------------------------------------------
@@ -135,7 +140,7 @@ class GatedNet(nn.Module):
 def test_untraceable_submodule_is_named_with_both_ways_out():
     x = torch.randn(2, 4)
     with pytest.raises(TraceError) as raised:
-        qp.prepare_fx(GatedNet().eval(), None, (x,), backend="fbgemm")
+        qp.prepare_fx(GatedNet().eval(), None, (x,), backend="fbgemm", capture="symbolic")
     message = str(raised.value)
     assert "cannot trace submodule 'gate' (DataDependentGate)" in message
     assert "non_traceable_module_names=['gate']" in message and "qp.eager" in message
@@ -146,6 +151,21 @@ def test_untraceable_submodule_is_named_with_both_ways_out():
     qp.calibrate(observed, [x])
     report = qp.quantization_report(qp.convert_fx(observed))
     assert "pre" in report.kernels and "gate" in {s.node for s in report.skipped}
+
+
+def test_value_dependent_submodule_stays_float_by_default_and_is_reported():
+    # neither symbolic tracing nor torch.export captures the gate's `if` on a tensor's value:
+    # by default the gate stays an opaque float module, named in the report with the reason
+    x = torch.randn(2, 4)
+    model = GatedNet().eval()
+    observed = qp.prepare_fx(model, None, (x,), backend="fbgemm")
+    qp.calibrate(observed, [x])
+    quantized = qp.convert_fx(observed)
+    report = qp.quantization_report(quantized)
+    reasons = {s.node: s.reason for s in report.skipped}
+    assert "pre" in report.kernels and report.capture == "symbolic"
+    assert reasons["gate"].startswith("capture failed: symbolic tracing:") and "torch.export" in reasons["gate"]
+    assert torch.allclose(quantized(x), model(x), atol=0.05)
 
 
 # -- calibration (rows 23-27) ----------------------------------------------------------------------

@@ -1,0 +1,68 @@
+"""Hugging Face transformers 5.x models through ``qp.quantize`` with default options (issue 13).
+
+Run: ``python bench/bench_hf.py [--models bert gpt2 ...] [--rounds 40] [--threads 2]``
+
+Each architecture of ``qplug_core.testing.hf_models`` (random weights from its config, hidden 128,
+2 layers, batch 2, called with keyword inputs through a ``last_hidden_state`` wrapper) is quantized
+with ``qp.quantize(model, example, calibration, backend="fbgemm")`` (4 calibration batches). The
+table shows which capture level ``capture="auto"`` chose, the share of the float model's matmul/conv
+FLOPs that run on int8 kernels (``qplug_core.testing.flops``: FlopCounterMode per module, CPU
+attention included, counted as float), the output cosine vs float on 4 held-out batches, the time
+``qp.quantize`` took, and float vs int8 latency measured round-robin in one run (median ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from _harness import interleaved, machine_line, median, quiet, table
+
+import qplug_core as qp
+from qplug_core.testing.flops import int8_flop_share
+from qplug_core.testing.hf_models import HF_MODELS, build_hf_model, hf_inputs
+
+
+def _cosine(model, quantized, batches) -> float:
+    with torch.no_grad():
+        a = torch.cat([model(*x).flatten() for x in batches]).double()
+        b = torch.cat([quantized(*x).flatten() for x in batches]).double()
+    return float(F.cosine_similarity(a, b, dim=0))
+
+
+def run(name: str, rounds: int) -> list[str]:
+    model = build_hf_model(name)
+    example = hf_inputs(name, seed=0)
+    calibration = [hf_inputs(name, seed=s) for s in range(1, 5)]
+    start = time.perf_counter()
+    with quiet():
+        quantized = qp.quantize(model, example, calibration, backend="fbgemm", progress=False)
+    seconds = time.perf_counter() - start
+    share = int8_flop_share(model, quantized, example)
+    cosine = _cosine(model, quantized, [hf_inputs(name, seed=s) for s in range(50, 54)])
+    with torch.no_grad():
+        samples = interleaved({"float": lambda: model(*example), "int8": lambda: quantized(*example)},
+                              rounds, warmup=3)
+    f_ms, q_ms = median(samples["float"]) * 1e3, median(samples["int8"]) * 1e3
+    return [name, qp.quantization_report(quantized).capture, f"{share.share:.3f}",
+            f"{share.total / 1e6:.1f}", f"{cosine:.5f}", f"{seconds:.1f}", f"{f_ms:.2f}",
+            f"{q_ms:.2f}", f"{f_ms / q_ms:.2f}x"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=list(HF_MODELS), choices=list(HF_MODELS))
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(machine_line())
+    rows = [run(name, args.rounds) for name in args.models]
+    print(table(["model", "capture", "int8 FLOP share", "MFLOPs", "cosine", "quantize s",
+                 "float ms", "int8 ms", "speed-up"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""capture="auto"|"symbolic"|"export" (issue 13): exported graphs quantize like traced ones.
+
+The export path raises ATen ops to the modules and functionals the pattern set names, so a model
+that traces both ways must give the *same* int8 model both ways; a model with Python control flow
+on shapes quantizes through export by default; nothing quantized is an error, not a float model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.errors import ConfigValidationError, NothingQuantizedError, TraceError
+
+pytestmark = [pytest.mark.usefixtures("plugin_autoload"), pytest.mark.slow]  # ~25 s: export
+
+
+class ConvBnNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.drop = nn.Dropout(0.1)
+        self.skip = nn.Identity()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.conv2(y) + self.skip(y))
+        return self.fc(self.drop(y.mean((2, 3))))
+
+
+class ShapeGatedNet(nn.Module):
+    """An ``if`` on the input's shape between two int8 convs: symbolic tracing cannot take it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv1(x))
+        if y.shape[-1] > 8:
+            y = nn.functional.max_pool2d(y, 2)
+        return self.conv2(y)
+
+
+def _data(seed: int, shape=(2, 3, 16, 16)) -> tuple[torch.Tensor]:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)),)
+
+
+def _model(cls: type[nn.Module]) -> nn.Module:
+    torch.manual_seed(0)
+    model = cls().eval()
+    if isinstance(model, ConvBnNet):
+        model.bn1.running_mean.uniform_(-0.2, 0.2)
+        model.bn1.running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def _quantize(model, **options):
+    return qp.quantize(model, _data(0), [_data(s) for s in range(1, 4)], backend="fbgemm", **options)
+
+
+def test_export_gives_the_same_int8_model_as_symbolic_tracing():
+    model = _model(ConvBnNet)
+    symbolic = _quantize(model, capture="symbolic")
+    exported = _quantize(model, capture="export")
+    r_sym, r_exp = qp.quantization_report(symbolic), qp.quantization_report(exported)
+    assert (r_sym.capture, r_exp.capture) == ("symbolic", "export")
+    # the same modules, fused and lowered to the same kernels, under the user's module names
+    fused = {f.module_name: f.fused_type for f in r_exp.fusions}
+    assert fused == {f.module_name: f.fused_type for f in r_sym.fusions}
+    assert fused["conv1"] == "ConvReLU2d"  # batch norm folded in
+    assert sorted(r_exp.kernels.values()) == sorted(r_sym.kernels.values())
+    for x in (_data(7), _data(8)):
+        assert torch.equal(exported(*x), symbolic(*x))
+
+
+def test_dropout_and_identity_are_removed_not_reported():
+    quantized = _quantize(_model(ConvBnNet), capture="symbolic")
+    skipped = {s.op for s in qp.quantization_report(quantized).skipped}
+    assert not skipped & {"Dropout", "Identity"}
+    assert not any(isinstance(m, (nn.Dropout, nn.Identity)) for m in quantized.modules())
+
+
+def test_shape_dependent_control_flow_between_convs_quantizes_by_default():
+    model = _model(ShapeGatedNet)
+    quantized = _quantize(model)
+    report = qp.quantization_report(quantized)
+    assert report.capture == "export"
+    assert {"conv1", "conv2"} <= {n.target for n in quantized.graph.nodes
+                                  if n.op == "call_module" and n.meta.get("qplug_kernel")}
+    x = _data(9)
+    assert qp.sqnr(model(*x), quantized(*x)) > 25
+
+
+def test_symbolic_capture_says_it_cannot_trace_and_export_is_the_way_out():
+    with pytest.raises(TraceError, match="cannot trace the top-level forward of ShapeGatedNet"):
+        _quantize(_model(ShapeGatedNet), capture="symbolic")
+
+
+@pytest.mark.parametrize("form", ["program", "module"])
+def test_exported_program_and_its_module_are_accepted(form):
+    model = _model(ConvBnNet)
+    program = torch.export.export(model, _data(0))
+    given = program if form == "program" else program.module()
+    quantized = _quantize(given)
+    assert qp.quantization_report(quantized).capture == "export"
+    reference = _quantize(model, capture="symbolic")
+    assert torch.equal(quantized(*_data(5)), reference(*_data(5)))
+
+
+def test_unknown_capture_level_is_refused():
+    with pytest.raises(ConfigValidationError, match=r"capture must be one of \('auto', 'symbolic', 'export'\)"):
+        _quantize(_model(ConvBnNet), capture="dynamo")
+
+
+class NothingToQuantize(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(x).cumsum(-1)
+
+
+def test_nothing_quantized_is_an_error_naming_the_reasons():
+    with pytest.raises(NothingQuantizedError, match=r"nothing was quantized: 0 int8 regions \(symbolic "
+                                                    r"capture.*no quantization pattern of the backend "
+                                                    r"matches this op \(2 op\(s\)\).*allow_float=True") as raised:
+        _quantize(NothingToQuantize())
+    assert raised.value.reasons == [("no quantization pattern of the backend matches this op", 2)]
+    result = _quantize(NothingToQuantize(), allow_float=True)
+    assert qp.quantization_report(result).quantized == {}
+    assert torch.allclose(result(*_data(3)), NothingToQuantize()(*_data(3)))

@@ -57,8 +57,11 @@ def _modules_of(model: nn.Module, classes: tuple[type, ...]) -> list[str]:
     return [name or "<model>" for name, module in model.named_modules() if isinstance(module, classes)]
 
 
-def check_preparable(model: Any) -> nn.Module:
-    """A float model: not already observed (prepared) or quantized (converted) by qplug."""
+def check_preparable(model: Any) -> Any:
+    """A float model (or an ExportedProgram of one): not already observed (prepared) or
+    quantized (converted) by qplug."""
+    if isinstance(model, torch.export.ExportedProgram):
+        return model  # a program holds no qplug state: its .module() is checked at prepare
     check_model(model)
     meta = getattr(model, "meta", None) or {}
     quantized = _modules_of(model, _QUANTIZED)

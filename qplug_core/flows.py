@@ -91,6 +91,8 @@ def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Back
 def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace,
              keep_isolated_ops_float, on_unsupported, capture, non_traceable_module_names,
              non_traceable_module_classes) -> fx.GraphModule:
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()  # a fresh module: the program itself is never modified
     flow_checks.check_preparable(model)
     flow_checks.check_float32(model)
     if on_unsupported not in _ON_UNSUPPORTED:

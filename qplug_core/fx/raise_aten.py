@@ -72,48 +72,6 @@ _CONV_TRANSPOSE = {aten.conv_transpose1d.default: nn.ConvTranspose1d,
                    aten.conv_transpose3d.input: nn.ConvTranspose3d}
 _BATCH_NORM = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
 
-#: ATen ops raising may leave in a graph (no pattern names them): allowlisted so that ``qp.save``
-#: can store them and ``qp.load`` finds exactly these objects, through an explicit table
-_LEFT_AS_ATEN = (
-    "__and__.Tensor", "__or__.Tensor", "abs.default", "add.Scalar", "alias.default",
-    "arange.default", "arange.start", "arange.start_step", "bmm.default", "clamp.default",
-    "clone.default", "cos.default", "cumsum.default", "detach.default", "div.Scalar", "div.Tensor",
-    "div.Tensor_mode", "dropout.default", "embedding.default", "eq.Scalar", "eq.Tensor", "erf.default",
-    "exp.default", "expand.default", "flatten.using_ints", "full.default", "full_like.default",
-    "gather.default", "ge.Scalar", "gelu.default", "group_norm.default", "gt.Scalar", "gt.Tensor",
-    "index.Tensor", "layer_norm.default", "le.Scalar", "le.Tensor", "linear.default", "log.default",
-    "logical_not.default", "lstm.input", "gru.input", "lt.Scalar", "lt.Tensor", "masked_fill.Scalar",
-    "max.other", "maximum.default", "mean.default", "min.other", "minimum.default", "mul.Scalar",
-    "ne.Scalar", "neg.default", "new_ones.default", "new_zeros.default", "ones.default",
-    "ones_like.default", "pad.default", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "repeat.default",
-    "rsqrt.default", "rsub.Scalar", "scaled_dot_product_attention.default", "select.int",
-    "silu.default", "sin.default", "slice.Tensor", "softmax.int", "split.Tensor",
-    "split_with_sizes.default", "sqrt.default", "squeeze.default", "squeeze.dims", "sub.Scalar",
-    "sub.Tensor", "sum.default", "sum.dim_IntList", "sym_size.int", "to.device", "to.dtype",
-    "to.dtype_layout", "tril.default", "triu.default", "type_as.default", "unbind.int",
-    "upsample_nearest2d.vec", "upsample_bilinear2d.vec", "where.self", "where.ScalarOther",
-    "where.ScalarSelf", "zeros.default", "zeros_like.default", "baddbmm.default", "addmm.default",
-    "mm.default", "conv1d.default", "conv2d.default", "batch_norm.default", "log_softmax.int",
-    "chunk.default", "unflatten.int", "narrow.default", "roll.default", "stack.default",
-    "matmul.default", "einsum.default", "hardtanh.default", "relu.default", "sigmoid.default",
-    "tanh.default", "mul.Tensor", "add.Tensor", "cat.default", "view.default", "reshape.default",
-    "permute.default", "transpose.int", "unsqueeze.default", "contiguous.default",
-    "_unsafe_view.default", "t.default", "numel.default",
-)
-
-
-def _register_left_as_aten() -> None:
-    from qplug_core.config import register_serializable
-
-    for dotted in _LEFT_AS_ATEN:
-        op_name, overload = dotted.rsplit(".", 1)
-        packet = getattr(aten, op_name, None)
-        op = getattr(packet, overload, None) if packet is not None else None
-        if op is not None:
-            register_serializable(op, f"aten.{dotted}")  # as torch prints it: str(op)
-
-
-_register_left_as_aten()
 
 
 def is_aten_graph(gm: nn.Module) -> bool:

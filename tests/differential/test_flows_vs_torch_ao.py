@@ -74,11 +74,30 @@ def _small_resnet() -> nn.Module:
 
 
 #: name -> (builder, input channels, pixels); weighted modules re-estimate BN stats at that size
+def _without_dropout(model: nn.Module) -> nn.Module:
+    """The model with its (eval-mode) Dropout modules taken out, for both tools.
+
+    Deliberate difference (issue 19.15): qplug removes eval-mode Dropout, which computes nothing,
+    while torch.ao observes its output; without the module both tools see the same graph.
+    """
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Dropout):
+            model.set_submodule(name, _Pass())  # traced through by both tools: no node
+    return model
+
+
+class _Pass(nn.Module):
+    """A plain (non-torch.nn) module returning its input: symbolic tracing inlines it."""
+
+    def forward(self, x):
+        return x
+
+
 MODELS = {
     "small_resnet": (_small_resnet, 3, 16),
     "digits_cnn": (lambda: digits_cnn().eval(), 1, 8),
     "resnet18": (lambda: get_model("resnet18", seed=0), 3, 64),
-    "mobilenet_v2": (lambda: get_model("mobilenet_v2", seed=0), 3, 64),
+    "mobilenet_v2": (lambda: _without_dropout(get_model("mobilenet_v2", seed=0)), 3, 64),
 }
 CHAOTIC = {"mobilenet_v2"}
 

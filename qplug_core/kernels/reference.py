@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from qplug_core import qparams as Q
+from qplug_core.ir.qdq_ops import dequantize_op, quantize_op
 from qplug_core.qparams import QParams
 
 
@@ -48,19 +49,27 @@ class Quantize(_QParamsHolder):
 
     Values clamp to the *dtype's* range, not the calibrated ``quant_max``: quantized tensors hold
     the full range, so a backend's kernels (and torch.ao's reference form) saturate there too, and
-    the reference must agree with them on values beyond the calibration range.
+    the reference must agree with them on values beyond the calibration range. Runs
+    ``torch.ops.qplug.quantize_per_*`` (one node when exported); float zero points (per-row
+    embedding qparams) have no such op and use :mod:`qplug_core.qparams` directly.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         low, high = Q.quant_range(self.dtype)
-        return Q.quantize(x, dataclasses.replace(self.qparams, quant_min=low, quant_max=high))
+        qparams = dataclasses.replace(self.qparams, quant_min=low, quant_max=high)
+        if self.zero_point.is_floating_point():
+            return Q.quantize(x, qparams)
+        return quantize_op(x, qparams)
 
 
 class Dequantize(_QParamsHolder):
-    """plain integer tensor -> float with this module's qparams (reference form)."""
+    """plain integer tensor -> float with this module's qparams (reference form), through
+    ``torch.ops.qplug.dequantize_per_*`` like :class:`Quantize`."""
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
-        return Q.dequantize(q, self.qparams)
+        if self.zero_point.is_floating_point():
+            return Q.dequantize(q, self.qparams)
+        return dequantize_op(q, self.qparams)
 
 
 class DynamicQuantize(nn.Module):

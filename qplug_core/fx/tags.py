@@ -22,6 +22,13 @@ OBSERVER = "qplug_observer"
 BOUNDARY = "qplug_boundary"
 #: node.meta key on nodes that run a backend kernel: the kernel's op name
 KERNEL = "qplug_kernel"
+#: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example
+#: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
+INPUT_SPEC = "qplug_input_spec"
+#: dtypes an input spec may name (what ``input_spec``/``example_from_spec`` round-trip)
+SPEC_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool)}
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,22 @@ class ValueAnnotator(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
         n.meta[VALUE_KIND] = value_kind(result)
+        if n.op == "placeholder" and isinstance(result, torch.Tensor):
+            spec = input_spec(result)
+            if spec is not None:
+                n.meta[INPUT_SPEC] = spec
         return result
+
+
+def input_spec(value: torch.Tensor) -> dict[str, Any] | None:
+    """The :data:`INPUT_SPEC` of an example tensor (``None`` for a dtype outside SPEC_DTYPES)."""
+    dtype = str(value.dtype).removeprefix("torch.")
+    return {"shape": list(value.shape), "dtype": dtype} if dtype in SPEC_DTYPES else None
+
+
+def example_from_spec(spec: dict[str, Any]) -> torch.Tensor:
+    """A tensor of the recorded shape and dtype (zeros: only shapes and dtypes are recorded)."""
+    return torch.zeros(spec["shape"], dtype=SPEC_DTYPES[spec["dtype"]])
 
 
 def region_tag(node: fx.Node) -> RegionTag | None:

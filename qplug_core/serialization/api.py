@@ -87,6 +87,18 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) 
     return gm
 
 
+def rebuild_reference(qmodel: fx.GraphModule) -> fx.GraphModule:
+    """The reference form recorded when ``qmodel`` was converted (for exporters and compilers)."""
+    artifact = qmodel.meta.get(ARTIFACT_KEY)
+    if not isinstance(artifact, Artifact):
+        reason = artifact if isinstance(artifact, str) else "GraphModule.meta has no qplug artifact"
+        raise SerializationError(f"the model's reference form was not recorded at convert: {reason}")
+    gm = _rebuild(artifact, Path("<in-memory model>"))
+    gm.meta[FUSIONS_KEY] = fusion_records(artifact)
+    gm.meta[ARTIFACT_KEY] = artifact
+    return gm
+
+
 def _rebuild(artifact: Artifact, source: Path) -> fx.GraphModule:
     model = artifact.model
     try:

@@ -1,0 +1,92 @@
+"""Give a reference-form model int8 weights (and int32 biases) behind dequantize ops, for export.
+
+``ReferenceWeighted`` runs a float module whose weights lie on the int8 grid: exported as is, they
+would become float initializers. :func:`with_int8_weights` swaps each one for
+:class:`DequantizedWeights`, which holds the integer weight and dequantizes it in ``forward``
+(one DequantizeLinear on an int8 initializer in ONNX). When the layer's input comes from a per-tensor
+dequantize, the bias is stored as int32 with scale ``input_scale * weight_scale`` and zero point 0,
+the form ONNX Runtime needs to fuse the group into QLinearConv / QGemm; the rounding of the bias
+moves results by far less than one output step.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import fx, nn
+from torch.func import functional_call
+
+from qplug_core import qparams as Q
+from qplug_core.fx.graph_utils import is_module_call
+from qplug_core.ir.qdq_ops import dequantize_op
+from qplug_core.kernels.reference import Dequantize, ReferenceWeighted, _QParamsHolder, weight_of
+
+_INT32 = Q.quant_range(torch.qint32)
+
+
+class DequantizedWeights(nn.Module):
+    """A float module whose weight (and bias) are dequantized from stored integers on each call."""
+
+    def __init__(self, reference: ReferenceWeighted, input_qparams: Q.QParams | None):
+        super().__init__()
+        self.module = copy.deepcopy(reference.module)
+        qp = reference.weight_qparams
+        self.weight_name = reference.weight_name
+        owner_path, _, _ = self.weight_name.rpartition(".")
+        owner = self.module.get_submodule(owner_path) if owner_path else self.module
+        self.register_buffer("qweight", Q.quantize(weight_of(self.module, self.weight_name), qp))
+        self.weight_qparams = _QParamsHolder(qp)
+        _placeholder(owner, "weight")
+        self.bias_name = ""
+        bias = getattr(owner, "bias", None)
+        if isinstance(bias, torch.Tensor) and input_qparams is not None:
+            bias_qp = _bias_qparams(qp, input_qparams)
+            self.register_buffer("qbias", Q.quantize(bias.detach(), bias_qp))
+            self.bias_qparams = _QParamsHolder(bias_qp)
+            self.bias_name = f"{owner_path}.bias" if owner_path else "bias"
+            _placeholder(owner, "bias")
+
+    def forward(self, *args, **kwargs):
+        tensors = {self.weight_name: dequantize_op(self.qweight, self.weight_qparams.qparams)}
+        if self.bias_name:
+            tensors[self.bias_name] = dequantize_op(self.qbias, self.bias_qparams.qparams)
+        return functional_call(self.module, tensors, args, kwargs)
+
+
+def _placeholder(owner: nn.Module, name: str) -> None:
+    """Drop a float parameter but keep its name, which ``functional_call`` fills on each call."""
+    delattr(owner, name)
+    owner.register_buffer(name, torch.empty(0), persistent=False)
+
+
+def _bias_qparams(weight_qp: Q.QParams, input_qp: Q.QParams) -> Q.QParams:
+    scale = (weight_qp.scale.to(torch.float32) * input_qp.scale.to(torch.float32)).reshape(-1)
+    axis = 0 if weight_qp.axis is not None else None
+    scale = scale if axis is not None else scale.reshape(())
+    return Q.QParams(scale, torch.zeros_like(scale, dtype=torch.int64), torch.qint32, *_INT32, axis)
+
+
+def _input_qparams(gm: fx.GraphModule, node: fx.Node) -> Q.QParams | None:
+    """Per-tensor qparams of the value ``node`` reads first, when it comes from a Dequantize."""
+    first = node.args[0] if node.args else None
+    if not (isinstance(first, fx.Node) and is_module_call(gm, first, Dequantize)):
+        return None
+    qp = gm.get_submodule(first.target).qparams
+    return qp if qp.axis is None else None
+
+
+def with_int8_weights(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of the reference-form ``gm`` whose weighted modules hold integer weights."""
+    out = copy.deepcopy(gm)
+    for node in out.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = out.get_submodule(node.target)
+        if isinstance(module, ReferenceWeighted) and module.weight_qparams.dtype in Q.STORAGE_DTYPE:
+            out.set_submodule(node.target, DequantizedWeights(module, _input_qparams(out, node)))
+    out.recompile()
+    return out
+
+
+__all__ = ["DequantizedWeights", "with_int8_weights"]

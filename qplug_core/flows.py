@@ -11,6 +11,7 @@ import copy
 import gc
 import os
 import sys
+from dataclasses import asdict
 from typing import Any, Iterable
 
 import torch
@@ -18,6 +19,7 @@ from torch import fx, nn
 
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config import QConfigMapping
+from qplug_core.delegation import DelegationSummary, delegate_graph
 from qplug_core.errors import (
     BackendUnavailableError,
     CalibrationError,
@@ -33,7 +35,7 @@ from qplug_core.fx.normalize import normalize_functionals
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.fx.regions import RegionPlanner
 from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes
-from qplug_core.fx.tags import ValueAnnotator, region_tag
+from qplug_core.fx.tags import ValueAnnotator, recorded_example_inputs, region_tag
 from qplug_core.ir.capture import capture_module
 from qplug_core.passes import PassManager, PassResult
 from qplug_core.serialization import record_artifact
@@ -295,20 +297,30 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
     """
     regions = _quantized_regions(gm)
     found: dict[str, LoweringSummary] = {}
+    delegated = DelegationSummary()
+    delegate = backend.delegate() if lower else None
+
+    def delegate_partitions(graph_module: fx.GraphModule) -> None:
+        nonlocal delegated
+        delegated = delegate_graph(graph_module, delegate, recorded_example_inputs(graph_module),
+                                   backend.name)
 
     def lower_to_kernels(graph_module: fx.GraphModule) -> None:
         found["summary"] = lower_graph(graph_module, backend)
 
     # a backend without kernels (reference) runs the reference form itself: nothing to lower
-    lowering = [lower_to_kernels] if lower and backend.kernels else []
+    lowering = [delegate_partitions] if delegate is not None else []
+    lowering += [lower_to_kernels] if lower and backend.kernels else []
     run_passes(gm, [*lowering, *backend.passes("post_convert")])
     summary = found.get("summary", LoweringSummary())
+    fallback = {**delegated.failed, **summary.reference}
     report = QuantizationReport(
         backend=backend.name, mode=_mode_of(mode, regions.values()),
         fusions=list(gm.meta.get("qplug_fusions", [])),
         quantized={name: pattern for name, (pattern, _) in regions.items()},
-        kernels=dict(summary.lowered), reference=dict(summary.reference),
-        skipped=float_compute_nodes(gm, summary.reference))
+        kernels={**{a: f"delegate:{p}" for a, p in delegated.lowered.items()}, **summary.lowered},
+        reference=fallback, skipped=float_compute_nodes(gm, fallback),
+        partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside))
     gm.meta[REPORT_KEY] = report
     return report
 

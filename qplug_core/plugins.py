@@ -201,7 +201,7 @@ class _AnnotationNamespace(dict):
 
     _WHERE = {"BackendSpec": "qplug_core.backend", "Diagnostic": "qplug_core.backend",
               "BackendPatternConfig": "qplug_core.config", "QConfigMapping": "qplug_core.config",
-              "KernelSpec": "qplug_core.kernels.base"}
+              "KernelSpec": "qplug_core.kernels.base", "Delegate": "qplug_core.delegation"}
 
     def __missing__(self, key: str) -> Any:
         if key == "Pattern":

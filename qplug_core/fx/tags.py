@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from qplug_core.errors import InputMismatchError
+
 #: node.meta key: what the node's value is ("float_tensor", "tensor" or "other")
 VALUE_KIND = "qplug_value"
 #: node.meta key: the :class:`RegionTag` of the region the node belongs to
@@ -83,3 +85,13 @@ def example_from_spec(spec: dict[str, Any]) -> torch.Tensor:
 
 def region_tag(node: fx.Node) -> RegionTag | None:
     return node.meta.get(REGION)
+
+
+def recorded_example_inputs(gm: fx.GraphModule) -> tuple[torch.Tensor, ...]:
+    """Inputs shaped like the example inputs the model was prepared with (:data:`INPUT_SPEC`)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    missing = [n.name for n in placeholders if INPUT_SPEC not in n.meta]
+    if missing:
+        raise InputMismatchError(f"the shapes of input(s) {missing} were not recorded when the model "
+                                 "was prepared; pass example inputs explicitly")
+    return tuple(example_from_spec(n.meta[INPUT_SPEC]) for n in placeholders)

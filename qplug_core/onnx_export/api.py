@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import ExportError, InputMismatchError
-from qplug_core.fx.tags import INPUT_SPEC, KERNEL, example_from_spec
+from qplug_core.errors import ExportError
+from qplug_core.fx.tags import KERNEL, recorded_example_inputs
 
 #: ONNX opset the export targets (QuantizeLinear per-axis needs >= 13; ORT 1.17+ runs 21)
 DEFAULT_OPSET = 21
@@ -33,16 +33,6 @@ def reference_form(qmodel: nn.Module) -> fx.GraphModule:
     if not any(KERNEL in n.meta for n in qmodel.graph.nodes):
         return qmodel
     return rebuild_reference(qmodel)
-
-
-def recorded_example_inputs(gm: fx.GraphModule) -> tuple[torch.Tensor, ...]:
-    """Inputs shaped like the example inputs the model was prepared with (recorded at prepare)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    missing = [n.name for n in placeholders if INPUT_SPEC not in n.meta]
-    if missing:
-        raise InputMismatchError(f"the shapes of input(s) {missing} were not recorded when the model "
-                                 "was prepared; pass example_inputs=")
-    return tuple(example_from_spec(n.meta[INPUT_SPEC]) for n in placeholders)
 
 
 def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,

@@ -83,7 +83,8 @@ def with_int8_weights(gm: fx.GraphModule) -> fx.GraphModule:
         if node.op != "call_module":
             continue
         module = out.get_submodule(node.target)
-        if isinstance(module, ReferenceWeighted) and module.weight_qparams.dtype in Q.STORAGE_DTYPE:
+        qp = module.weight_qparams if isinstance(module, ReferenceWeighted) else None
+        if qp is not None and qp.dtype in Q.STORAGE_DTYPE and not qp.zero_point.is_floating_point():
             out.set_submodule(node.target, DequantizedWeights(module, _input_qparams(out, node)))
     out.recompile()
     return out

@@ -1,0 +1,163 @@
+"""One compiled partition: an ONNX Runtime ``InferenceSession`` called with torch tensors.
+
+The session is created once (at convert, and again by ``qp.load``) with the settings in force
+(:func:`configure`; threads default to ``torch.get_num_threads()``). Calls bind torch's CPU
+buffers to ORT directly (IOBinding on ``data_ptr``), inputs and outputs alike, so no tensor is
+copied on the way in or out; outputs are fresh torch tensors of the shapes the partition produced
+at compile time. An input of another shape gets a session compiled for it (once per shape).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import fx, nn
+
+from qplug_core.errors import ConfigValidationError
+
+#: graph optimization levels by name (``"all"`` is ORT's default and what fuses QDQ groups)
+OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """How sessions are built: ``num_threads`` (None: ``torch.get_num_threads()`` at build time)
+    and ``graph_optimization`` (one of :data:`OPTIMIZATION_LEVELS`)."""
+
+    num_threads: int | None = None
+    graph_optimization: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.num_threads is not None and (not isinstance(self.num_threads, int)
+                                             or isinstance(self.num_threads, bool) or self.num_threads < 1):
+            raise ConfigValidationError(f"num_threads must be a positive int or None, got "
+                                        f"{self.num_threads!r}", field="num_threads", value=self.num_threads)
+        if self.graph_optimization not in OPTIMIZATION_LEVELS:
+            raise ConfigValidationError(f"graph_optimization must be one of {OPTIMIZATION_LEVELS}, got "
+                                        f"{self.graph_optimization!r}", field="graph_optimization",
+                                        value=self.graph_optimization)
+
+    def session_options(self):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.num_threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[self.graph_optimization]
+        return options
+
+
+_settings = SessionSettings()
+_lock = threading.Lock()
+
+
+def settings() -> SessionSettings:
+    """The settings new sessions are built with."""
+    return _settings
+
+
+def configure(**changes: Any) -> SessionSettings:
+    """Change the settings for sessions built from now on (convert, load); returns the previous
+    ones, so ``configure(**dataclasses.asdict(previous))`` restores them."""
+    global _settings
+    with _lock:
+        previous = _settings
+        _settings = dataclasses.replace(_settings, **changes)
+    return previous
+
+
+_TORCH_TO_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64,
+                   torch.int32: np.int32, torch.int8: np.int8, torch.uint8: np.uint8,
+                   torch.bool: np.bool_, torch.float16: np.float16}
+
+
+class _Compiled:
+    """A session plus the output shapes it produces for one input signature."""
+
+    def __init__(self, session, outputs: list[tuple[torch.Size, torch.dtype]]):
+        self.session = session
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.outputs = outputs
+
+
+class OrtPartition(nn.Module):
+    """Runs one int8 partition in ONNX Runtime (see module docstring)."""
+
+    def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
+                 to_onnx: Callable[[fx.GraphModule, tuple], bytes], session_settings: SessionSettings):
+        super().__init__()
+        # kept outside the module tree (not a submodule) to compile other input shapes
+        self.__dict__["_partition"] = partition
+        self._to_onnx = to_onnx
+        self.session_settings = dataclasses.replace(
+            session_settings, num_threads=session_settings.num_threads or torch.get_num_threads())
+        self._sessions: dict[tuple, _Compiled] = {}
+        self._single_output = True
+        self._compile(example_inputs)
+
+    @staticmethod
+    def _signature(inputs) -> tuple:
+        return tuple((tuple(t.shape), t.dtype) for t in inputs)
+
+    def _compile(self, inputs: tuple[torch.Tensor, ...]) -> _Compiled:
+        import onnxruntime as ort
+
+        with torch.no_grad():
+            expected = self._partition(*inputs)
+        self._single_output = isinstance(expected, torch.Tensor)
+        outputs = [expected] if self._single_output else list(expected)
+        model = self._to_onnx(self._partition, inputs)
+        session = ort.InferenceSession(model, self.session_settings.session_options(),
+                                       providers=["CPUExecutionProvider"])
+        compiled = _Compiled(session, [(o.shape, o.dtype) for o in outputs])
+        self._sessions[self._signature(inputs)] = compiled
+        return compiled
+
+    @property
+    def sessions(self) -> list:
+        """The ORT sessions built so far (one per input signature)."""
+        return [c.session for c in self._sessions.values()]
+
+    def forward(self, *inputs: torch.Tensor):
+        compiled = self._sessions.get(self._signature(inputs)) or self._compile(inputs)
+        binding = compiled.session.io_binding()
+        keep = []
+        for name, tensor in zip(compiled.input_names, inputs):
+            tensor = tensor.detach().contiguous()
+            keep.append(tensor)
+            binding.bind_input(name, "cpu", 0, _TORCH_TO_NUMPY[tensor.dtype], list(tensor.shape),
+                               tensor.data_ptr())
+        results = []
+        for name, (shape, dtype) in zip(compiled.output_names, compiled.outputs):
+            out = torch.empty(shape, dtype=dtype)
+            results.append(out)
+            binding.bind_output(name, "cpu", 0, _TORCH_TO_NUMPY[dtype], list(shape), out.data_ptr())
+        compiled.session.run_with_iobinding(binding)
+        return results[0] if self._single_output else tuple(results)
+
+    def __deepcopy__(self, memo: dict) -> OrtPartition:
+        """Sessions cannot be copied: the copy compiles its own for the same input signatures."""
+        signatures = list(self._sessions)
+        partition = copy.deepcopy(self._partition, memo)
+        first, *rest = ([torch.zeros(shape, dtype=dtype) for shape, dtype in sig] for sig in signatures)
+        clone = OrtPartition(partition, tuple(first), self._to_onnx, self.session_settings)
+        for inputs in rest:
+            clone._compile(tuple(inputs))
+        return clone
+
+    def extra_repr(self) -> str:
+        s = self.session_settings
+        return (f"threads={s.num_threads}, graph_optimization={s.graph_optimization!r}, "
+                f"sessions={len(self._sessions)}")

@@ -1,0 +1,33 @@
+"""Parity: for every zoo model, ONNX Runtime's output equals qplug's reference form within one
+quantization step on >= 99% of elements, with ORT's graph optimizations on and off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qplug_core.zoo import list_models
+from qplug_onnxruntime import SessionSettings
+from qplug_onnxruntime.session import OrtPartition
+
+from ort_testkit import inputs, output_step, quantized_pair, within_one_step
+
+SLOW = {"resnet18", "resnet50", "mobilenet_v2"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+                                  for n in list_models()])
+def test_ort_matches_the_reference_form_within_one_step(name):
+    _, ort_model, reference = quantized_pair(name)
+    partitions = [m for m in ort_model.modules() if isinstance(m, OrtPartition)]
+    assert partitions, f"{name}: nothing was delegated to ONNX Runtime"
+    step = output_step(reference)
+    held_out = [inputs(name, seed) for seed in (10, 11)]
+    for level in ("all", "disable"):
+        for partition in partitions:
+            partition.rebuild(SessionSettings(num_threads=1, graph_optimization=level))
+        with torch.no_grad():
+            got = torch.cat([ort_model(*x).flatten() for x in held_out])
+            expected = torch.cat([reference(*x).flatten() for x in held_out])
+        agreement = within_one_step(got, expected, step)
+        assert agreement >= 0.99, f"{name}, graph optimization {level!r}: {agreement:.2%} within one step"

@@ -59,7 +59,7 @@ class DelegationSummary:
     partitions: list[PartitionRecord] = field(default_factory=list)
     outside: dict[str, str] = field(default_factory=dict)  # node name -> why it stayed in PyTorch
     lowered: dict[str, str] = field(default_factory=dict)  # int8 anchor -> partition
-    failed: dict[str, str] = field(default_factory=dict)  # int8 anchor -> why not compiled
+    reference: dict[str, str] = field(default_factory=dict)  # int8 anchor left in reference form -> why
 
 
 def _int8_anchors(nodes) -> list[str]:
@@ -113,11 +113,13 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
         except Exception as exc:  # one partition failing must not fail the conversion
             reason = f"compiling partition {name} failed ({type(exc).__name__}: {exc}); reference form kept"
             warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=3)
-            summary.failed.update(dict.fromkeys(anchors, reason))
+            summary.reference.update(dict.fromkeys(anchors, reason))
             continue
         gm.set_submodule(name, module)
         summary.partitions.append(PartitionRecord(name, len(nodes), len(anchors), type(module).__name__))
         summary.lowered.update(dict.fromkeys(anchors, name))
+    for name in _int8_anchors(n for n in gm.graph.nodes if n.name in summary.outside):
+        summary.reference[name] = summary.outside[name]
     compiled = {p.name for p in summary.partitions}
     for node in gm.graph.nodes:
         if node.op == "call_module" and node.target in compiled:

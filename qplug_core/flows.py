@@ -313,7 +313,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
     lowering += [lower_to_kernels] if lower and backend.kernels else []
     run_passes(gm, [*lowering, *backend.passes("post_convert")])
     summary = found.get("summary", LoweringSummary())
-    fallback = {**delegated.failed, **summary.reference}
+    fallback = {**delegated.reference, **summary.reference}
     report = QuantizationReport(
         backend=backend.name, mode=_mode_of(mode, regions.values()),
         fusions=list(gm.meta.get("qplug_fusions", [])),

@@ -10,7 +10,11 @@ qparams as tensor arguments (buffers in the graph) instead of a dozen elementwis
   int quant_max, ScalarType dtype) -> Tensor``
 - ``qplug::quantize_per_channel(Tensor input, Tensor scales, Tensor zero_points, int axis,
   int quant_min, int quant_max, ScalarType dtype) -> Tensor``
-- ``qplug::dequantize_per_channel(...)`` with the same arguments.
+- ``qplug::dequantize_per_channel(...)`` with the same arguments;
+- ``qplug::dynamic_fake_quantize(Tensor input, int quant_min, int quant_max, ScalarType dtype)``:
+  run-time (dynamic) activation quantization, qparams from the tensor's own min/max;
+- ``qplug::dynamic_quantized_linear(Tensor input, Tensor weight_t, Tensor weight_scale,
+  Tensor? bias)``: a dynamic int8 linear (symmetric int8 weights, transposed) as one node.
 
 The semantics are PT2E's ``quantized_decomposed`` ops (``dtype`` is the storage dtype,
 ``torch.uint8`` / ``torch.int8`` / ``torch.int32``; quantize rounds half to even, adds the zero
@@ -63,6 +67,40 @@ def quantize_per_channel(input: Tensor, scales: Tensor, zero_points: Tensor, axi
 def dequantize_per_channel(input: Tensor, scales: Tensor, zero_points: Tensor, axis: int,
                            quant_min: int, quant_max: int, dtype: torch.dtype) -> Tensor:
     return Q.dequantize(input, _qparams(scales, zero_points, dtype, quant_min, quant_max, axis))
+
+
+@torch.library.custom_op("qplug::dynamic_fake_quantize", mutates_args=())
+def dynamic_fake_quantize(input: Tensor, quant_min: int, quant_max: int, dtype: torch.dtype) -> Tensor:
+    """Per-call (dynamic) activation quantization, simulated: qparams from this tensor's min/max
+    (affine, 0 included), then quantize and dequantize; what dynamic int8 kernels do inside."""
+    if input.numel() == 0:
+        return input.clone()
+    qdtype = QUANTIZED_DTYPE[dtype]
+    scale, zero_point = Q.compute_qparams(
+        input.detach().min(), input.detach().max(), dtype=qdtype, qscheme=torch.per_tensor_affine,
+        quant_min=quant_min, quant_max=quant_max, eps=torch.finfo(torch.float32).eps)
+    return Q.fake_quantize(input, Q.QParams(scale, zero_point, qdtype, quant_min, quant_max))
+
+
+@torch.library.custom_op("qplug::dynamic_quantized_linear", mutates_args=())
+def dynamic_quantized_linear(input: Tensor, weight_t: Tensor, weight_scale: Tensor,
+                             bias: Tensor | None) -> Tensor:
+    """``linear(dynamic_fake_quantize(input), dequantize(weight))`` with symmetric int8 weights
+    stored transposed (``[in, out]``) and one scale per output channel (or one for all): the
+    reference numbers of a dynamic int8 linear, as one node (ONNX: MatMulInteger and rescale)."""
+    x = dynamic_fake_quantize(input, 0, 255, torch.uint8)
+    weight = weight_t.to(torch.float32) * weight_scale.to(torch.float32)
+    return torch.nn.functional.linear(x, weight.t(), bias)
+
+
+@dynamic_quantized_linear.register_fake
+def _(input, weight_t, weight_scale, bias):
+    return input.new_empty((*input.shape[:-1], weight_t.shape[1]), dtype=torch.float32)
+
+
+@dynamic_fake_quantize.register_fake
+def _(input, quant_min, quant_max, dtype):
+    return torch.empty_like(input, dtype=torch.float32)
 
 
 @quantize_per_tensor.register_fake

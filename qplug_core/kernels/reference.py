@@ -76,6 +76,7 @@ class DynamicQuantize(nn.Module):
     """Simulates run-time (dynamic) activation quantization: per-batch min/max qparams, then q/dq.
 
     Mirrors what dynamic int8 kernels do internally, so reference and lowered dynamic models agree.
+    Runs ``torch.ops.qplug.dynamic_fake_quantize`` (one node when exported: DynamicQuantizeLinear).
     """
 
     def __init__(self, dtype: torch.dtype = torch.quint8, quant_min: int = 0, quant_max: int = 255):
@@ -87,10 +88,8 @@ class DynamicQuantize(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0 or self.dtype not in Q.STORAGE_DTYPE:  # float16 dynamic: float activations
             return x
-        scale, zero_point = Q.compute_qparams(
-            x.detach().min(), x.detach().max(), dtype=self.dtype, qscheme=torch.per_tensor_affine,
-            quant_min=self.quant_min, quant_max=self.quant_max, eps=torch.finfo(torch.float32).eps)
-        return Q.fake_quantize(x, QParams(scale, zero_point, self.dtype, self.quant_min, self.quant_max))
+        return torch.ops.qplug.dynamic_fake_quantize(x, self.quant_min, self.quant_max,
+                                                     Q.STORAGE_DTYPE[self.dtype])
 
     def extra_repr(self) -> str:
         return f"dtype={self.dtype}, quant_min={self.quant_min}, quant_max={self.quant_max}"

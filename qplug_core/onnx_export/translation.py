@@ -58,10 +58,29 @@ def dequantize_per_channel(input, scales, zero_points, axis: int, quant_min: int
                                op.Cast(zero_points, to=dtype), axis=axis)
 
 
+def dynamic_fake_quantize(input, quant_min: int, quant_max: int, dtype):
+    dtype = _onnx_dtype(dtype)
+    if (dtype, quant_min, quant_max) != (ir.DataType.UINT8, 0, 255):
+        raise ExportError(f"ONNX's DynamicQuantizeLinear quantizes to uint8 [0, 255]; the model's "
+                          f"dynamic activations use {dtype.name} [{quant_min}, {quant_max}]")
+    quantized, scale, zero_point = op.DynamicQuantizeLinear(input)
+    return op.DequantizeLinear(quantized, scale, zero_point)
+
+
+def dynamic_quantized_linear(input, weight_t, weight_scale, bias=None):
+    """The form ONNX Runtime fuses into DynamicQuantizeMatMul (what its quantize_dynamic emits)."""
+    quantized, scale, zero_point = op.DynamicQuantizeLinear(input)
+    product = op.Cast(op.MatMulInteger(quantized, weight_t, zero_point), to=ir.DataType.FLOAT)
+    out = op.Mul(product, op.Mul(scale, op.Cast(weight_scale, to=ir.DataType.FLOAT)))
+    return out if bias is None else op.Add(out, bias)
+
+
 def translation_table() -> dict[Callable, Callable]:
     """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)``."""
     ops = torch.ops.qplug
     return {ops.quantize_per_tensor.default: quantize_per_tensor,
             ops.dequantize_per_tensor.default: dequantize_per_tensor,
             ops.quantize_per_channel.default: quantize_per_channel,
-            ops.dequantize_per_channel.default: dequantize_per_channel}
+            ops.dequantize_per_channel.default: dequantize_per_channel,
+            ops.dynamic_fake_quantize.default: dynamic_fake_quantize,
+            ops.dynamic_quantized_linear.default: dynamic_quantized_linear}

@@ -20,7 +20,10 @@ from torch.func import functional_call
 from qplug_core import qparams as Q
 from qplug_core.fx.graph_utils import is_module_call
 from qplug_core.ir.qdq_ops import dequantize_op
-from qplug_core.kernels.reference import Dequantize, ReferenceWeighted, _QParamsHolder, weight_of
+from qplug_core.nn.intrinsic import LinearReLU
+from qplug_core.kernels.reference import (
+    Dequantize, DynamicQuantize, ReferenceWeighted, _QParamsHolder, weight_of,
+)
 
 _INT32 = Q.quant_range(torch.qint32)
 
@@ -54,6 +57,38 @@ class DequantizedWeights(nn.Module):
         return functional_call(self.module, tensors, args, kwargs)
 
 
+class DynamicQuantizedLinear(nn.Module):
+    """A dynamic int8 ``nn.Linear`` of the reference form (dynamic activation quantization
+    followed by a linear on int8-grid weights) as one ``qplug::dynamic_quantized_linear`` call."""
+
+    def __init__(self, reference: ReferenceWeighted):
+        super().__init__()
+        linear, qp = reference.module, reference.weight_qparams
+        self.relu = isinstance(linear, LinearReLU)
+        linear = linear[0] if self.relu else linear
+        self.register_buffer("qweight_t", Q.quantize(linear.weight.detach(), qp).t().contiguous())
+        self.register_buffer("weight_scale", qp.scale.detach().to(torch.float32).clone())
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
+                                                                  requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.qplug.dynamic_quantized_linear(x, self.qweight_t, self.weight_scale, self.bias)
+        return torch.relu(out) if self.relu else out
+
+
+def _is_dynamic_linear(gm: fx.GraphModule, node: fx.Node, module: ReferenceWeighted) -> bool:
+    """A symmetric-weight nn.Linear fed by uint8 [0, 255] dynamic activation quantization."""
+    qp, source = module.weight_qparams, node.args[0] if node.args else None
+    if type(module.module) not in (nn.Linear, LinearReLU) or qp.dtype != torch.qint8 or len(node.args) != 1:
+        return False
+    if bool((qp.zero_point != 0).any()) or (qp.axis not in (None, 0)):
+        return False
+    if not is_module_call(gm, source, DynamicQuantize) or len(source.users) != 1:
+        return False
+    dynamic = gm.get_submodule(source.target)
+    return (dynamic.dtype, dynamic.quant_min, dynamic.quant_max) == (torch.quint8, 0, 255)
+
+
 def _placeholder(owner: nn.Module, name: str) -> None:
     """Drop a float parameter but keep its name, which ``functional_call`` fills on each call."""
     delattr(owner, name)
@@ -84,10 +119,14 @@ def with_int8_weights(gm: fx.GraphModule) -> fx.GraphModule:
             continue
         module = out.get_submodule(node.target)
         qp = module.weight_qparams if isinstance(module, ReferenceWeighted) else None
-        if qp is not None and qp.dtype in Q.STORAGE_DTYPE and not qp.zero_point.is_floating_point():
+        if qp is not None and _is_dynamic_linear(out, node, module):
+            out.set_submodule(node.target, DynamicQuantizedLinear(module))
+            node.args = (node.args[0].args[0],)  # the dynamic quantize is part of the op now
+        elif qp is not None and qp.dtype in Q.STORAGE_DTYPE and not qp.zero_point.is_floating_point():
             out.set_submodule(node.target, DequantizedWeights(module, _input_qparams(out, node)))
+    out.graph.eliminate_dead_code()
     out.recompile()
     return out
 
 
-__all__ = ["DequantizedWeights", "with_int8_weights"]
+__all__ = ["DequantizedWeights", "DynamicQuantizedLinear", "with_int8_weights"]

@@ -6,6 +6,8 @@ QDQ and builds one ``InferenceSession`` for it; ORT fuses the QDQ groups into it
 kernels. The pattern and dtype configs say what those fusions take: U8S8 (quint8 activations,
 symmetric qint8 weights in [-127, 127], per-channel), which ORT runs fastest on x86 with VNNI;
 clamps after convs are folded into the output range by the core, so no Clip blocks a fusion.
+Dynamic mode (``prepare_fx`` with the ``"dynamic"`` mapping) runs linears as ORT's
+DynamicQuantizeMatMul; recurrent layers stay in PyTorch.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ _weight = DTypeWithConstraints(dtype=torch.qint8, quant_min_lower_bound=WEIGHT_R
                                quant_max_upper_bound=WEIGHT_RANGE[1])
 weighted_op_dtype_config = DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.quint8,
                                        weight_dtype=_weight, bias_dtype=torch.float)
+#: dynamic linear: ORT's DynamicQuantizeLinear is uint8 [0, 255]; fused into DynamicQuantizeMatMul
+dynamic_int8_dtype_config = DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.float,
+                                        weight_dtype=_weight, bias_dtype=torch.float, is_dynamic=True)
 
 
 def is_available() -> Availability:
@@ -53,7 +58,7 @@ def is_available() -> Availability:
 def _pattern_configs() -> tuple[BackendPatternConfig, ...]:
     static, default = [weighted_op_dtype_config], [dc.default_op_quint8_dtype_config]
     return tuple(common_pattern_configs(
-        weighted_op_dtype_configs=static, linear_dtype_configs=static,
+        weighted_op_dtype_configs=static, linear_dtype_configs=static + [dynamic_int8_dtype_config],
         default_op_dtype_configs=default, fixed_qparams_op_dtype_configs=default,
         share_qparams_op_dtype_configs=default, tensor_info_op_dtype_configs=default,
         rnn_op_dtype_configs=[], embedding_op_dtype_configs=[dc.weight_only_quint8_dtype_config],

@@ -1,34 +1,36 @@
 """Which nodes of the reference form ONNX Runtime takes, and compiling a partition for it.
 
-Every call node whose value is a tensor goes to ORT: the exporter (torch.onnx, dynamo) translates
+Every call node goes to ORT: the exporter (torch.onnx, dynamo) translates
 the ATen ops of the reference form, and ORT fuses each DequantizeLinear -> op -> QuantizeLinear
 group it has an int8 kernel for (QLinearConv, QGemm, QLinearAdd, QLinearConcat, ...) and runs the
-rest in float, as the reference form does. What stays in PyTorch: nodes producing non-tensors
-(shapes, tuples: ONNX values are tensors), recurrent layers (their tuple outputs), run-time
-(dynamic) activation quantization, which the reference computes with data-dependent Python.
+rest in float, as the reference form does. What stays in PyTorch: recurrent layers, and the nodes
+reading their tuple outputs (a partition's inputs and outputs must be tensors).
 """
 
 from __future__ import annotations
 
+import operator
+
 from torch import fx, nn
 
 from qplug_core.fx.tags import VALUE_KIND
-from qplug_core.kernels.reference import DynamicQuantize
 from qplug_core.partition import OperatorSupportBase
 
-_STAY_IN_TORCH = (DynamicQuantize, nn.RNNBase, nn.RNNCellBase)
+_STAY_IN_TORCH = (nn.RNNBase, nn.RNNCellBase)
 
 
 class OrtSupport(OperatorSupportBase):
-    """Tensor-valued call nodes, except the module types in ``_STAY_IN_TORCH``."""
+    """Every call node but recurrent layers and what reads their (tuple) outputs: the exporter
+    traces shape arithmetic (``size``, ``getattr``) along with the tensors, so those go in too."""
 
     def is_node_supported(self, submodules: dict[str, nn.Module], node: fx.Node) -> bool:
-        if node.meta.get(VALUE_KIND) not in ("float_tensor", "tensor"):
-            return False
         if node.op == "call_module":
             module = submodules[str(node.target)]
             inner = getattr(module, "module", module)  # ReferenceWeighted wraps the float module
             return not isinstance(module, _STAY_IN_TORCH) and not isinstance(inner, _STAY_IN_TORCH)
+        if node.meta.get(VALUE_KIND) == "other" or node.target is operator.getitem:
+            return all(self.is_node_supported(submodules, a) for a in node.all_input_nodes
+                       if a.op != "placeholder")
         return True
 
 

@@ -106,7 +106,7 @@ def digits(threads: int, rounds: int) -> list[list[str]]:
 def _rows(case, threads, samples, baseline, quality, metric) -> list[list[str]]:
     base = median(samples[baseline])
     return [[case, str(threads), name, f"{median(t) * 1e3:.3f}", f"{p90(t) * 1e3:.3f}",
-             f"{median(t) / base:.2f}", f"{metric} {quality[name]:.4g}"] for name, t in samples.items()]
+             f"{median(t) / base:.2f}", f"{metric} {quality[name]:.4f}"] for name, t in samples.items()]
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ narrower than the dtype's is refused instead of approximated.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from onnxscript import ir

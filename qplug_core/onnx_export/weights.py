@@ -20,10 +20,14 @@ from torch.func import functional_call
 from qplug_core import qparams as Q
 from qplug_core.fx.graph_utils import is_module_call
 from qplug_core.ir.qdq_ops import dequantize_op
-from qplug_core.nn.intrinsic import LinearReLU
 from qplug_core.kernels.reference import (
-    Dequantize, DynamicQuantize, ReferenceWeighted, _QParamsHolder, weight_of,
+    Dequantize,
+    DynamicQuantize,
+    ReferenceWeighted,
+    _QParamsHolder,
+    weight_of,
 )
+from qplug_core.nn.intrinsic import LinearReLU
 
 _INT32 = Q.quant_range(torch.qint32)
 
@@ -83,7 +87,7 @@ def _is_dynamic_linear(gm: fx.GraphModule, node: fx.Node, module: ReferenceWeigh
         return False
     if bool((qp.zero_point != 0).any()) or (qp.axis not in (None, 0)):
         return False
-    if not is_module_call(gm, source, DynamicQuantize) or len(source.users) != 1:
+    if not is_module_call(gm, source, DynamicQuantize):  # shared (q, k, v): each quantizes it alike
         return False
     dynamic = gm.get_submodule(source.target)
     return (dynamic.dtype, dynamic.quant_min, dynamic.quant_max) == (torch.quint8, 0, 255)

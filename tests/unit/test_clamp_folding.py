@@ -13,14 +13,18 @@ from qplug_core.testing import one_thread
 
 
 class ConvClamp(nn.Module):
+    """conv -> clamp (a module, or a function traced as call_function/call_method) -> conv."""
+
     def __init__(self, clamp, depthwise_next: bool = False):
         super().__init__()
         self.conv = nn.Conv2d(4, 8, 3, padding=1)
-        self.clamp = clamp
+        self.clamp = clamp if isinstance(clamp, nn.Module) else None
+        self.fn = clamp
         self.next = nn.Conv2d(8, 8, 3, padding=1, groups=8 if depthwise_next else 1)
 
     def forward(self, x):
-        return self.next(self.clamp(self.conv(x)))
+        y = self.conv(x)
+        return self.next(self.clamp(y) if self.clamp is not None else self.fn(y))
 
 
 CLAMPS = {
@@ -32,32 +36,9 @@ CLAMPS = {
 }
 
 
-class Wrap(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 def _data():
     g = torch.Generator().manual_seed(0)
     return [(torch.randn(2, 4, 6, 6, generator=g) * 3,) for _ in range(3)]
-
-
-def _model(clamp, **kw):
-    module = clamp if isinstance(clamp, nn.Module) else None
-    return ConvClamp(module or nn.Identity(), **kw) if module else _Functional(clamp, **kw)
-
-
-class _Functional(ConvClamp):
-    def __init__(self, fn, **kw):
-        super().__init__(nn.Identity(), **kw)
-        self.fn = fn
-
-    def forward(self, x):
-        return self.next(self.fn(self.conv(x)))
 
 
 def _clamp_calls(gm) -> list[str]:
@@ -74,7 +55,7 @@ def _clamp_calls(gm) -> list[str]:
 @pytest.mark.parametrize("kind", list(CLAMPS))
 def test_clamp_disappears_and_the_output_range_is_the_clamps(kind):
     data = _data()
-    model = _model(CLAMPS[kind]).eval()
+    model = ConvClamp(CLAMPS[kind]).eval()
     with one_thread():
         reference = qp.quantize(model, data[0], data, backend="reference")
     assert _clamp_calls(reference) == []
@@ -92,7 +73,7 @@ def test_clamp_disappears_and_the_output_range_is_the_clamps(kind):
 def test_folding_gives_the_numbers_of_quantizing_the_clamped_value():
     """quantize(x) with saturation equals quantize(relu6(x)) for the same qparams."""
     data = _data()
-    model = _model(nn.ReLU6()).eval()
+    model = ConvClamp(nn.ReLU6()).eval()
     with one_thread():
         observed = qp.prepare_fx(model, None, data[0], backend="reference")
         qp.calibrate(observed, data)
@@ -106,7 +87,7 @@ def test_folding_gives_the_numbers_of_quantizing_the_clamped_value():
 @pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
 def test_backends_match_the_reference_with_folded_clamps(backend, plugin_autoload):
     data = _data()
-    model = _model(nn.ReLU6()).eval()
+    model = ConvClamp(nn.ReLU6()).eval()
     with one_thread():
         observed = qp.prepare_fx(model, None, data[0], backend=backend)
         qp.calibrate(observed, data)
@@ -123,7 +104,7 @@ def test_fbgemm_7_bit_input_of_a_depthwise_conv_keeps_the_clamp(plugin_autoload)
     """fbgemm narrows the depthwise conv's input to [0, 127]: quantizing to the full uint8 range
     with that scale does not saturate at 6, so the clamp stays, between two equal quantizes."""
     data = _data()
-    model = _model(nn.ReLU6(), depthwise_next=True).eval()
+    model = ConvClamp(nn.ReLU6(), depthwise_next=True).eval()
     with one_thread():
         observed = qp.prepare_fx(model, None, data[0], backend="fbgemm")
         qp.calibrate(observed, data)
@@ -141,7 +122,7 @@ def test_fbgemm_7_bit_input_of_a_depthwise_conv_keeps_the_clamp(plugin_autoload)
 
 def test_a_clamp_whose_low_bound_is_above_zero_is_kept():
     data = _data()
-    model = _model(lambda x: torch.clamp(x, min=0.5, max=2.0)).eval()
+    model = ConvClamp(lambda x: torch.clamp(x, min=0.5, max=2.0)).eval()
     with one_thread():
         reference = qp.quantize(model, data[0], data, backend="reference")
         expected = model(*data[0])

@@ -25,7 +25,6 @@ from qplug_core.config import DTypeConfig, DTypeWithConstraints
 from qplug_core.delegation import Delegate
 from qplug_core.hookspecs import hookimpl
 from qplug_core.qconfig_defaults import default_qconfig_mapping
-
 from qplug_onnxruntime.session import OrtPartition, settings
 from qplug_onnxruntime.support import OrtSupport, partition_to_onnx
 

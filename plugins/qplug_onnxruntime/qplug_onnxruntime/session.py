@@ -12,8 +12,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import fx, nn

@@ -7,16 +7,15 @@ import json
 
 import pytest
 import torch
+from ort_testkit import inputs, quantized_pair
+from qplug_onnxruntime import SessionSettings, configure, settings
+from qplug_onnxruntime.session import OrtPartition
 from typer.testing import CliRunner
 
 import qplug_core as qp
 from qplug_core import plugins
 from qplug_core.cli import app
 from qplug_core.errors import ConfigValidationError
-from qplug_onnxruntime import SessionSettings, configure, settings
-from qplug_onnxruntime.session import OrtPartition
-
-from ort_testkit import inputs, quantized_pair
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from qplug_core.zoo import list_models
+from ort_testkit import inputs, output_step, quantized_pair, within_one_step
 from qplug_onnxruntime import SessionSettings
 from qplug_onnxruntime.session import OrtPartition
 
-from ort_testkit import inputs, output_step, quantized_pair, within_one_step
+from qplug_core.zoo import list_models
 
 SLOW = {"resnet18", "resnet50", "mobilenet_v2"}
 

@@ -166,5 +166,5 @@ def qplug_delegate(backend: str) -> Delegate | None:
 
     firstresult: the most recently registered plugin that answers wins.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """

@@ -36,7 +36,7 @@ STAGES = ("pre_fuse", "post_prepare", "pre_convert", "post_convert")
 X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
 ARM_MACHINES = ("aarch64", "arm64", "armv7l", "armv8l")
 #: backends shipped as separate distributions, for "pip install ..." hints
-KNOWN_DISTRIBUTIONS = {"fbgemm": "qplug-fbgemm", "qnnpack": "qplug-qnnpack"}
+KNOWN_DISTRIBUTIONS = {"fbgemm": "qplug-fbgemm", "qnnpack": "qplug-qnnpack", "onnxruntime": "qplug-onnxruntime"}
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import collections
 
 import onnx
+import pytest
 import onnxruntime as ort
 import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.errors import ConfigError
 from qplug_onnxruntime.session import OrtPartition
 
 
@@ -49,3 +51,9 @@ def test_dynamic_linears_run_as_dynamic_quantize_matmul(tmp_path):
     close = (got - expected).abs() <= 1e-4
     assert float(close.float().mean()) >= 0.98
     assert float((got - expected).abs().max()) <= 0.01 * float(expected.abs().max())
+
+
+def test_quantize_dynamic_says_to_use_the_graph_flow():
+    with pytest.raises(ConfigError, match=r"compiles whole graphs.*qp.prepare_fx\(model, "
+                                          r"qp.get_default_qconfig_mapping\('onnxruntime', 'dynamic'\)"):
+        qp.quantize_dynamic(SharedInput(), backend="onnxruntime")

@@ -8,8 +8,12 @@ ONNX Runtime, TensorRT or OpenVINO fuse them into their int8 kernels.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,19 @@ def reference_form(qmodel: nn.Module) -> fx.GraphModule:
     return rebuild_reference(qmodel)
 
 
+@contextlib.contextmanager
+def _exporter_quiet() -> Iterator[None]:
+    """torch.onnx prints progress on stdout and logs missing torchvision ops: not our user's news."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,
                   input_names: list[str] | None = None, output_names: list[str] | None = None):
     """The ONNX ``ModelProto`` of a reference-form GraphModule (checked with ``onnx.checker``)."""
@@ -45,7 +62,7 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
 
     model = with_int8_weights(gm).eval()
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings(), torch.no_grad(), _exporter_quiet():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(model, example_inputs, dynamo=True, opset_version=opset,
                                         custom_translation_table=translation_table(),

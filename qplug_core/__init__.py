@@ -76,6 +76,7 @@ _EXPORTS: dict[str, str] = {
     "sqnr": "qplug_core.report:sqnr",
     "save": "qplug_core.serialization:save",
     "load": "qplug_core.serialization:load",
+    "export_onnx": "qplug_core.onnx_export:export_onnx",
     # configs most users touch
     "QConfig": "qplug_core.config:QConfig",
     "QConfigMapping": "qplug_core.config:QConfigMapping",

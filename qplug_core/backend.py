@@ -122,6 +122,11 @@ class Backend:
                               field="mode", value=mode)
         return result.value
 
+    def delegate(self):
+        """The backend's :class:`~qplug_core.delegation.Delegate`, or ``None`` (no delegation)."""
+        result = plugins.collect_first("qplug_delegate", backend=self.name)
+        return None if result is None else result.value
+
     def passes(self, stage: str) -> list[Callable]:
         """Plugin passes for ``stage``; a plugin whose hook fails raises its own PluginError."""
         if stage not in STAGES:

@@ -40,6 +40,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "qplug_core.commands.report_cmd",
     "qplug_core.commands.bench",
     "qplug_core.commands.new_backend",
+    "qplug_core.commands.export",
 )
 
 

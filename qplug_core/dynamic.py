@@ -223,6 +223,13 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
         raise ConfigValidationError(f"dtype must be torch.qint8 or torch.float16, got {dtype}",
                                     field="dtype", value=dtype)
     chosen = resolve_backend(backend).require_available()
+    if not chosen.kernels and chosen.delegate() is not None:
+        raise ConfigError(
+            f"backend {chosen.name!r} compiles whole graphs, so it needs the model traced with "
+            "example inputs, which quantize_dynamic (module swapping) does not take: use "
+            f"qp.prepare_fx(model, qp.get_default_qconfig_mapping({chosen.name!r}, 'dynamic'), "
+            f"example_inputs, backend={chosen.name!r}) then qp.convert_fx", field="backend",
+            value=chosen.name)
     named = dict(model.named_modules())
     mapping = _as_mapping(qconfig_spec, dtype, chosen, [n for n in named if n])
     swaps: list[tuple[str, nn.Module, QConfig]] = []

@@ -217,3 +217,10 @@ class SerializationError(QplugError):
 
 class UnsafeFileError(SerializationError):
     """The file would need unpickling (code execution) to load."""
+
+
+# -- export ----------------------------------------------------------------------------------------
+
+
+class ExportError(QplugError):
+    """A quantized model cannot be expressed in the requested exchange format (ONNX QDQ)."""

@@ -26,7 +26,7 @@ from qplug_core.errors import (
     QplugError,
 )
 from qplug_core.fx.convert import convert_graph
-from qplug_core.fx.finish import finish_conversion
+from qplug_core.finish import finish_conversion
 from qplug_core.fx.kernel_contract import remember_example
 from qplug_core.fx.pipeline import as_input_tuple, fuse_model, gc_paused, run_passes
 from qplug_core.fx.prepare import ObserverInserter, swap_qat_modules, tag_regions

@@ -17,6 +17,7 @@ import pluggy
 if TYPE_CHECKING:
     from qplug_core.contract import BackendSpec, Diagnostic
     from qplug_core.config import BackendPatternConfig, QConfigMapping
+    from qplug_core.delegation import Delegate
     from qplug_core.kernels.base import KernelSpec
     from qplug_core.patterns import Pattern
 
@@ -135,6 +136,24 @@ def qplug_select_default_backend(available: list[str]) -> str | None:
         core, which picks ``reference``). A backend plugin answers with its own name where it is
         the best choice (fbgemm on x86, qnnpack on ARM); the core names no plugin.
         ``BackendPlugin`` answers for you on the machines in ``preferred_machines``.
+
+    firstresult: the most recently registered plugin that answers wins.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def qplug_delegate(backend: str) -> Delegate | None:
+    """Take whole int8 subgraphs of ``backend`` to a runtime that compiles them (ORT, an NPU SDK).
+
+    :param backend: backend name.
+    :return: a :class:`~qplug_core.delegation.Delegate` (an ``OperatorSupportBase`` saying which
+        nodes of the reference form the runtime takes, and ``compile(partition, example_inputs)``
+        returning one module per partition), or ``None`` for a backend without delegation.
+        Convert groups the supported nodes with ``CapabilityBasedPartitioner``, compiles each
+        partition holding int8 work, and leaves every other node in PyTorch; the report lists the
+        partitions and what stayed outside and why. ``qp.load`` compiles again.
 
     firstresult: the most recently registered plugin that answers wins.
 

@@ -42,7 +42,8 @@ from qplug_core.contract import (
 )
 from qplug_core.enums import Mode, Stage
 from qplug_core.errors import ConfigValidationError, QplugError, warn_user
-from qplug_core.fx.observed import ObservedValue, observed_inputs, observed_values
+from qplug_core.delegation import Delegate
+from qplug_core.fx.observed import ObservedValue, computes_tensor, observed_inputs, observed_values
 from qplug_core.hookspecs import hookimpl
 from qplug_core.kernels.base import (
     KernelContext,
@@ -53,17 +54,23 @@ from qplug_core.kernels.base import (
     quantized_from_int,
 )
 from qplug_core.kernels.table import torch_int8_kernels
+from qplug_core.partition import OperatorSupportBase
 from qplug_core.passes.base import PassResult
 from qplug_core.plugins import QplugPluginWarning
 from qplug_core.qconfig_defaults import default_qconfig_mapping
 from qplug_core.qparams import QParams
 
 if TYPE_CHECKING:
+    from qplug_core.onnx_export import to_onnx_proto
     from qplug_core.testing.pattern_suite import BackendPatternSuite
 
 
 def __getattr__(name: str) -> type:
     # the testing kit imports pytest: only when a test module asks for it
+    if name == "to_onnx_proto":  # the exporter imports torch.onnx: only for backends that compile
+        from qplug_core.onnx_export import to_onnx_proto
+
+        return to_onnx_proto
     if name == "BackendPatternSuite":
         from qplug_core.testing.pattern_suite import BackendPatternSuite
 
@@ -113,8 +120,13 @@ __all__ = [
     # passes
     "ObservedValue",
     "PassResult",
+    "computes_tensor",
     "observed_inputs",
     "observed_values",
+    # delegation: backends that compile whole int8 partitions (an NPU SDK, ONNX Runtime)
+    "Delegate",
+    "OperatorSupportBase",
+    "to_onnx_proto",
     # errors and warnings
     "ConfigValidationError",
     "QplugError",

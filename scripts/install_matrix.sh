@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Install matrix: build wheels of qplug-core, qplug-fbgemm and qplug-qnnpack, install them into a
+# Install matrix: build wheels of qplug-core and the plugins (fbgemm, qnnpack, onnxruntime), install them into a
 # fresh venv (torch from `pip install torch==2.13.0`, pinned by constraints.txt) and check what
 # `qplug list-backends --json` reports:
 #   (b) core + qnnpack only  -> reference, qnnpack (and no fbgemm)
 #   (a) core + both plugins  -> reference, fbgemm, qnnpack
-# Both steps use the same venv ((a) adds fbgemm to (b)), so torch is installed once.
+#   (c) core + onnxruntime   -> reference, onnxruntime (the torch plugins uninstalled again)
+# All steps use the same venv ((a) adds fbgemm to (b)), so torch is installed once.
 # Usage: scripts/install_matrix.sh   (PYTHON=... picks the interpreter; pip's cache is reused)
 set -euo pipefail
 
@@ -19,9 +20,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # Build from a copy so that build/ and *.egg-info never land in the work tree.
 mkdir -p "$work/src/plugins"
 cp -r "$repo/pyproject.toml" "$repo/README.md" "$repo/qplug_core" "$work/src/"
-cp -r "$repo/plugins/qplug_fbgemm" "$repo/plugins/qplug_qnnpack" "$work/src/plugins/"
-"$python" -m pip wheel -q --no-deps -w "$work/wheels" \
-    "$work/src" "$work/src/plugins/qplug_fbgemm" "$work/src/plugins/qplug_qnnpack"
+cp -r "$repo/plugins/qplug_fbgemm" "$repo/plugins/qplug_qnnpack" "$repo/plugins/qplug_onnxruntime" \
+    "$work/src/plugins/"
+"$python" -m pip wheel -q --no-deps -w "$work/wheels" "$work/src" "$work/src/plugins/qplug_fbgemm" \
+    "$work/src/plugins/qplug_qnnpack" "$work/src/plugins/qplug_onnxruntime"
 
 "$python" -m venv "$work/venv"
 pip_install() {
@@ -47,3 +49,6 @@ pip_install qplug-core qplug-qnnpack
 expect_backends "qnnpack,reference"
 pip_install qplug-fbgemm
 expect_backends "fbgemm,qnnpack,reference"
+"$work/venv/bin/python" -m pip uninstall -q -y qplug-fbgemm qplug-qnnpack
+pip_install qplug-onnxruntime
+expect_backends "onnxruntime,reference"

@@ -14,6 +14,7 @@ from torch import fx, nn
 
 from qplug_core.audience import spelled
 from qplug_core.errors import ModelStateError, UncalibratedObserverError
+from qplug_core.fx.clamps import fold_clamps
 from qplug_core.fx.prepare import is_observer_module
 from qplug_core.fx.regions import QUANTIZED_DTYPES, weight_name_of
 from qplug_core.fx.tags import BOUNDARY, OBSERVER, ROOT, region_tag
@@ -63,6 +64,7 @@ def convert_graph(gm: fx.GraphModule, *, allow_uncalibrated: bool = False) -> No
             nodes=missing)
     _convert_weighted_modules(gm)
     _replace_observers(gm)
+    fold_clamps(gm, Quantize, Dequantize)
     _delete_observer_modules(gm)
     gm.graph.eliminate_dead_code()
     gm.graph.lint()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from torch import fx, nn
 
-from qplug_core.fx.tags import OBSERVER
+from qplug_core.fx.tags import OBSERVER, VALUE_KIND
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,8 @@ def observed_inputs(gm: fx.GraphModule, node: fx.Node) -> list[ObservedValue]:
 
 
 __all__ = ["ObservedValue", "observed_inputs", "observed_values"]
+
+
+def computes_tensor(node: fx.Node) -> bool:
+    """Whether ``node``'s value on the example inputs was a tensor (not a tuple, int or None)."""
+    return node.meta.get(VALUE_KIND) in ("float_tensor", "tensor")

@@ -14,6 +14,7 @@ from typing import Any
 from torch import fx, nn
 
 from qplug_core.config import ObservationType
+from qplug_core.fx.clamps import FOLDED_CLAMP, clamp_bounds, foldable_clamp
 from qplug_core.fx.regions import QUANTIZED_DTYPES, Region
 from qplug_core.fx.tags import OBSERVER, REGION, ROOT, VALUE_KIND, RegionTag
 from qplug_core.observers import (
@@ -36,11 +37,17 @@ class ObserverInserter:
         self.count = 0
 
     def insert(self, regions: list[Region]) -> None:
+        region_of = {node: region for region in regions for node in region.match.nodes}
+        modules = dict(self.gm.named_modules(remove_duplicate=False))
         for region in regions:
             if region.quantized:
-                self._observe_region(region)
+                self._observe_region(region, foldable_clamp(region, region_of, modules), modules)
 
-    def _observe_region(self, region: Region) -> None:
+    def _observe_region(self, region: Region, clamp: fx.Node | None, modules: dict[str, nn.Module]
+                        ) -> None:
+        if FOLDED_CLAMP in region.anchor.meta:
+            region.reason = "folded into its producer's output range (see qplug_core.fx.clamps)"
+            return
         if region.observation_type == ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT:
             self._share_input_observer(region)
             return
@@ -50,7 +57,10 @@ class ObserverInserter:
                     value, region.qconfig.activation(), "input", reroute=False)
                 for member in region.match.nodes:
                     member.replace_input_with(value, observer)
-        if region.quantizes_output:
+        if clamp is not None:  # observe the clamped value: the clamp becomes the output range
+            clamp.meta[FOLDED_CLAMP] = clamp_bounds(clamp, modules)
+            self._new_observer(clamp, self._output_observer(region), "output", reroute=True)
+        elif region.quantizes_output:
             self._new_observer(region.anchor, self._output_observer(region), "output", reroute=True)
 
     def _share_input_observer(self, region: Region) -> None:

@@ -37,6 +37,10 @@ class QuantizationReport:
     reference: dict[str, str] = field(default_factory=dict)  # anchor -> why no kernel
     skipped: list[SkippedNode] = field(default_factory=list)
     capture: str = "symbolic"  # how the model was captured: "symbolic" or "export"
+    #: compiled partitions of a delegating backend: name, nodes, int8_regions, module
+    partitions: list[dict[str, Any]] = field(default_factory=list)
+    #: nodes a delegating backend left in PyTorch -> why
+    outside: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +60,12 @@ class QuantizationReport:
                       ", ".join(sorted(set(self.kernels.values()))))
         table.add_row("reference form (no kernel)", str(len(self.reference)),
                       "; ".join(sorted(set(self.reference.values())))[:200])
+        if self.partitions:
+            table.add_row("compiled partitions", str(len(self.partitions)),
+                          ", ".join(f"{p['name']} ({p['int8_regions']} int8 regions, {p['module']})"
+                                    for p in self.partitions)[:300])
+            table.add_row("outside partitions", str(len(self.outside)),
+                          "; ".join(f"{n}: {r}" for n, r in list(self.outside.items())[:4])[:300])
         table.add_row("left in float", str(len(self.skipped)),
                       "; ".join(f"{s.node}: {s.reason}" for s in self.skipped[:4])[:300])
         return table

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from qplug_core.errors import InputMismatchError
+
 #: node.meta key: what the node's value is ("float_tensor", "tensor" or "other")
 VALUE_KIND = "qplug_value"
 #: node.meta key: the :class:`RegionTag` of the region the node belongs to
@@ -24,6 +26,8 @@ BOUNDARY = "qplug_boundary"
 KERNEL = "qplug_kernel"
 #: node.meta key on the root node of a region (the node whose module carries the weight)
 ROOT = "qplug_root"
+#: node.meta key on a clamp folded into its producer's output range: its ``(low, high)`` bounds
+FOLDED_CLAMP = "qplug_folded_clamp"
 #: node.meta key: which plugin pass wrote which annotation (see ``fx.annotation_guard``)
 ANNOTATION_OWNERS = "qplug_annotation_owners"
 
@@ -47,6 +51,13 @@ CAPTURE_SKIPPED = "qplug_capture_skipped"
 CALIBRATION_FAILED = "qplug_calibration_failed"
 #: GraphModule.meta: the example inputs prepare ran, replayed by the kernel contract at convert
 EXAMPLE_INPUTS = "qplug_example_inputs"
+#: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example
+#: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
+INPUT_SPEC = "qplug_input_spec"
+#: dtypes an input spec may name (what ``input_spec``/``example_from_spec`` round-trip)
+SPEC_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool)}
 
 
 @dataclass(frozen=True)
@@ -81,8 +92,33 @@ class ValueAnnotator(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
         n.meta[VALUE_KIND] = value_kind(result)
+        if n.op == "placeholder" and isinstance(result, torch.Tensor):
+            spec = input_spec(result)
+            if spec is not None:
+                n.meta[INPUT_SPEC] = spec
         return result
+
+
+def input_spec(value: torch.Tensor) -> dict[str, Any] | None:
+    """The :data:`INPUT_SPEC` of an example tensor (``None`` for a dtype outside SPEC_DTYPES)."""
+    dtype = str(value.dtype).removeprefix("torch.")
+    return {"shape": list(value.shape), "dtype": dtype} if dtype in SPEC_DTYPES else None
+
+
+def example_from_spec(spec: dict[str, Any]) -> torch.Tensor:
+    """A tensor of the recorded shape and dtype (zeros: only shapes and dtypes are recorded)."""
+    return torch.zeros(spec["shape"], dtype=SPEC_DTYPES[spec["dtype"]])
 
 
 def region_tag(node: fx.Node) -> RegionTag | None:
     return node.meta.get(REGION)
+
+
+def recorded_example_inputs(gm: fx.GraphModule) -> tuple[torch.Tensor, ...]:
+    """Inputs shaped like the example inputs the model was prepared with (:data:`INPUT_SPEC`)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    missing = [n.name for n in placeholders if INPUT_SPEC not in n.meta]
+    if missing:
+        raise InputMismatchError(f"the shapes of input(s) {missing} were not recorded when the model "
+                                 "was prepared; pass example inputs explicitly")
+    return tuple(example_from_spec(n.meta[INPUT_SPEC]) for n in placeholders)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from qplug_core import qparams as Q
+from qplug_core.ir.qdq_ops import dequantize_op, quantize_op
 from qplug_core.qparams import QParams
 
 
@@ -48,25 +49,34 @@ class Quantize(_QParamsHolder):
 
     Values clamp to the *dtype's* range, not the calibrated ``quant_max``: quantized tensors hold
     the full range, so a backend's kernels (and torch.ao's reference form) saturate there too, and
-    the reference must agree with them on values beyond the calibration range.
+    the reference must agree with them on values beyond the calibration range. Runs
+    ``torch.ops.qplug.quantize_per_*`` (one node when exported); float zero points (per-row
+    embedding qparams) have no such op and use :mod:`qplug_core.qparams` directly.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         low, high = Q.quant_range(self.dtype)
-        return Q.quantize(x, dataclasses.replace(self.qparams, quant_min=low, quant_max=high))
+        qparams = dataclasses.replace(self.qparams, quant_min=low, quant_max=high)
+        if self.zero_point.is_floating_point():
+            return Q.quantize(x, qparams)
+        return quantize_op(x, qparams)
 
 
 class Dequantize(_QParamsHolder):
-    """plain integer tensor -> float with this module's qparams (reference form)."""
+    """plain integer tensor -> float with this module's qparams (reference form), through
+    ``torch.ops.qplug.dequantize_per_*`` like :class:`Quantize`."""
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
-        return Q.dequantize(q, self.qparams)
+        if self.zero_point.is_floating_point():
+            return Q.dequantize(q, self.qparams)
+        return dequantize_op(q, self.qparams)
 
 
 class DynamicQuantize(nn.Module):
     """Simulates run-time (dynamic) activation quantization: per-batch min/max qparams, then q/dq.
 
     Mirrors what dynamic int8 kernels do internally, so reference and lowered dynamic models agree.
+    Runs ``torch.ops.qplug.dynamic_fake_quantize`` (one node when exported: DynamicQuantizeLinear).
     """
 
     def __init__(self, dtype: torch.dtype = torch.quint8, quant_min: int = 0, quant_max: int = 255):
@@ -78,10 +88,8 @@ class DynamicQuantize(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0 or self.dtype not in Q.STORAGE_DTYPE:  # float16 dynamic: float activations
             return x
-        scale, zero_point = Q.compute_qparams(
-            x.detach().min(), x.detach().max(), dtype=self.dtype, qscheme=torch.per_tensor_affine,
-            quant_min=self.quant_min, quant_max=self.quant_max, eps=torch.finfo(torch.float32).eps)
-        return Q.fake_quantize(x, QParams(scale, zero_point, self.dtype, self.quant_min, self.quant_max))
+        return torch.ops.qplug.dynamic_fake_quantize(x, self.quant_min, self.quant_max,
+                                                     Q.STORAGE_DTYPE[self.dtype])
 
     def extra_repr(self) -> str:
         return f"dtype={self.dtype}, quant_min={self.quant_min}, quant_max={self.quant_max}"

@@ -21,7 +21,7 @@ from qplug_core.errors import (
     QplugError,
     SerializationError,
 )
-from qplug_core.fx.finish import finish_conversion
+from qplug_core.finish import finish_conversion
 from qplug_core.serialization.artifact import (
     ARTIFACT_KEY,
     FUSIONS_KEY,
@@ -93,6 +93,18 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) 
                                  f"{type(exc).__name__}: {exc}", path=str(source)) from exc
     name, contributors = backend_identity(chosen)
     gm.meta[ARTIFACT_KEY] = replace(artifact, backend=name, plugins=contributors)
+    return gm
+
+
+def rebuild_reference(qmodel: fx.GraphModule) -> fx.GraphModule:
+    """The reference form recorded when ``qmodel`` was converted (for exporters and compilers)."""
+    artifact = qmodel.meta.get(ARTIFACT_KEY)
+    if not isinstance(artifact, Artifact):
+        reason = artifact if isinstance(artifact, str) else "GraphModule.meta has no qplug artifact"
+        raise SerializationError(f"the model's reference form was not recorded at convert: {reason}")
+    gm = _rebuild(artifact, Path("<in-memory model>"))
+    gm.meta[FUSIONS_KEY] = fusion_records(artifact)
+    gm.meta[ARTIFACT_KEY] = artifact
     return gm
 
 

@@ -22,7 +22,7 @@ from qplug_core.config.codec import (
 from qplug_core.config.dtypes import DTypeConfig
 from qplug_core.config.names import Kind, decode_name, encode_name
 from qplug_core.errors import ConfigError
-from qplug_core.fx.tags import BOUNDARY, REGION, ROOT, VALUE_KIND, RegionTag
+from qplug_core.fx.tags import BOUNDARY, INPUT_SPEC, REGION, ROOT, SPEC_DTYPES, VALUE_KIND, RegionTag
 from qplug_core.serialization.values import (
     FILE_VALUES, check_identifier, check_tensor_attribute, decode_op, encode_op,
 )
@@ -32,7 +32,7 @@ _BUILTIN_TYPES: dict[str, type] = {t.__name__: t for t in (int, float, bool, str
 CLASS_TAG = "class"
 TEXT_TAG = "text"
 _ANNOTATION_TEXT = re.compile(r"[A-Za-z0-9_.,| \[\]]{1,200}\Z")
-_META_KEYS = (VALUE_KIND, ROOT, BOUNDARY, REGION)
+_META_KEYS = (VALUE_KIND, ROOT, BOUNDARY, REGION, INPUT_SPEC)
 _VALUE_KINDS = ("float_tensor", "tensor", "other")
 _OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
 _PLACEHOLDER = re.compile(r"\*{0,2}[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -126,6 +126,8 @@ def _encode_meta(meta: dict[str, Any], path: str) -> dict[str, Any]:
     for key in (ROOT, BOUNDARY):
         if meta.get(key):
             doc[key] = True
+    if INPUT_SPEC in meta:
+        doc[INPUT_SPEC] = {"shape": list(meta[INPUT_SPEC]["shape"]), "dtype": meta[INPUT_SPEC]["dtype"]}
     tag = meta.get(REGION)
     if tag is not None:
         region = {name: getattr(tag, name) for name in _REGION_FIELDS}
@@ -214,7 +216,23 @@ def _decode_meta(doc: Any, path: str) -> dict[str, Any]:
             meta[key] = expect(doc[key], bool, child(path, key), "true or false")
     if REGION in doc:
         meta[REGION] = _decode_region(doc[REGION], child(path, REGION))
+    if INPUT_SPEC in doc:
+        meta[INPUT_SPEC] = _decode_input_spec(doc[INPUT_SPEC], child(path, INPUT_SPEC))
     return meta
+
+
+def _decode_input_spec(doc: Any, path: str) -> dict[str, Any]:
+    read_fields(doc, path, ("shape", "dtype"), required=("shape", "dtype"))
+    shape = expect(doc["shape"], list, child(path, "shape"), "a JSON list of sizes")
+    if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**31 for s in shape) \
+            or len(shape) > 16:
+        raise ConfigError(f"{where(child(path, 'shape'))}: expected at most 16 sizes in [0, 2**31), "
+                          f"got {shape!r}", field=child(path, "shape"), value=shape)
+    dtype = doc["dtype"]
+    if dtype not in SPEC_DTYPES:
+        raise ConfigError(f"{where(child(path, 'dtype'))}: expected one of {sorted(SPEC_DTYPES)}, got "
+                          f"{dtype!r}", field=child(path, "dtype"), value=dtype)
+    return {"shape": shape, "dtype": dtype}
 
 
 def _decode_region(doc: Any, path: str) -> RegionTag:

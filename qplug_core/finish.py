@@ -1,19 +1,22 @@
 """The last step of every conversion: lower the reference form to a backend and attach the report.
 
 Shared by ``convert_fx`` and ``qp.load`` (which rebuilds the reference form from a file), so it
-lives below both the flows and serialization.
+lives below both the flows and serialization, and above fx and delegation (a delegating backend
+compiles its partitions here, before per-op lowering).
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from torch import fx
 
+from qplug_core.delegation import DelegationSummary, delegate_graph
 from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.fx.pipeline import run_passes
 from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes, report_names
-from qplug_core.fx.tags import CAPTURE, CAPTURE_SKIPPED, FUSIONS, region_tag
+from qplug_core.fx.tags import CAPTURE, CAPTURE_SKIPPED, FUSIONS, recorded_example_inputs, region_tag
 
 if TYPE_CHECKING:
     from qplug_core.backend import Backend
@@ -27,22 +30,33 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
     """
     regions = _quantized_regions(gm)
     found: dict[str, LoweringSummary] = {}
+    delegated = DelegationSummary()
+    delegate = backend.delegate() if lower else None
+
+    def delegate_partitions(graph_module: fx.GraphModule) -> None:
+        nonlocal delegated
+        delegated = delegate_graph(graph_module, delegate, recorded_example_inputs(graph_module),
+                                   backend.name)
 
     def lower_to_kernels(graph_module: fx.GraphModule) -> None:
         found["summary"] = lower_graph(graph_module, backend)
 
-    # a backend without kernels (reference) runs the reference form itself: nothing to lower
-    lowering = [lower_to_kernels] if lower and backend.kernels else []
+    # a delegating backend compiles its partitions first; a backend without kernels (reference)
+    # runs the reference form itself: nothing to lower
+    lowering = [delegate_partitions] if delegate is not None else []
+    lowering += [lower_to_kernels] if lower and backend.kernels else []
     run_passes(gm, [*lowering, *backend.passes("post_convert")])
     summary = found.get("summary", LoweringSummary())
+    fallback = {**delegated.reference, **summary.reference}
     opaque = {name: reason for name, _, reason in gm.meta.get(CAPTURE_SKIPPED, [])}
     report = QuantizationReport(
         backend=backend.name, mode=_mode_of(mode, regions.values()),
         fusions=list(gm.meta.get(FUSIONS, [])),
         quantized={name: pattern for name, (pattern, _) in regions.items()},
-        kernels=dict(summary.lowered), reference=dict(summary.reference),
-        skipped=float_compute_nodes(gm, summary.reference, opaque),
-        capture=gm.meta.get(CAPTURE, "symbolic"))
+        kernels={**{a: f"delegate:{p}" for a, p in delegated.lowered.items()}, **summary.lowered},
+        reference=fallback, skipped=float_compute_nodes(gm, fallback, opaque),
+        capture=gm.meta.get(CAPTURE, "symbolic"),
+        partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside))
     gm.meta[REPORT_KEY] = report
     return report
 

@@ -1,0 +1,131 @@
+"""Issue 14, dynamic and small models: qplug's onnxruntime backend side by side with its baselines.
+
+* ``bert``: the zoo's BERT-style encoder at MiniLM-L6 sizes (realistic init, 8x128 tokens), dynamic int8 linears:
+  qplug onnxruntime (``prepare_fx`` with the ``"dynamic"`` mapping) vs ORT's ``quantize_dynamic``
+  of the float ONNX export, with the embedding cosine of each against float;
+* ``lstm``: a 2-layer, 256-wide LSTM classifier, dynamic: qplug onnxruntime vs fp32 eager;
+* ``digits``: the digits CNN at batch 1, static: qplug onnxruntime vs qplug fbgemm.
+
+    python bench/bench_onnxruntime_dynamic.py [--cases bert lstm digits] [--threads 1] [--rounds 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+from pathlib import Path
+
+import torch
+from _harness import interleaved, machine_line, median, p90, quiet, table
+
+import qplug_core as qp
+from qplug_core.zoo import example_inputs, get_model
+from qplug_core.zoo.transformer import make_realistic_bert
+
+logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.flatten(1), b.flatten(1)).min())
+
+
+def _session(path: Path, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _dynamic(model, inputs):
+    with quiet():
+        observed = qp.prepare_fx(model, qp.get_default_qconfig_mapping("onnxruntime", "dynamic"), inputs,
+                                 backend="onnxruntime")
+        return qp.convert_fx(observed)
+
+
+def bert(threads: int, rounds: int) -> list[list[str]]:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = make_realistic_bert(seed=0, hidden=384, layers=6, heads=12, intermediate=1536,
+                                max_len=128).eval()  # MiniLM-L6 sizes
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 1000, (8, 128), generator=g)
+    mask = torch.ones(8, 128, dtype=torch.int64)
+    mask[1::2, 96:] = 0
+    inputs = (ids, mask)
+    qmodel = _dynamic(model, inputs)
+    with tempfile.TemporaryDirectory() as tmp, quiet():
+        float_path, int8_path = Path(tmp) / "bert.onnx", Path(tmp) / "bert_int8.onnx"
+        torch.onnx.export(model, inputs, str(float_path), dynamo=True, input_names=["ids", "mask"],
+                          external_data=False)
+        quantize_dynamic(str(float_path), str(int8_path), weight_type=QuantType.QInt8)
+        ort_session = _session(int8_path, threads)
+    feeds = {"ids": ids.numpy(), "mask": mask.numpy()}
+    with torch.no_grad():
+        expected = model(*inputs)
+        samples = interleaved({"qplug onnxruntime dynamic": lambda: qmodel(*inputs),
+                               "ORT quantize_dynamic": lambda: ort_session.run(None, feeds),
+                               "fp32 eager": lambda: model(*inputs)}, rounds, warmup=3)
+        quality = {"qplug onnxruntime dynamic": cosine(expected, qmodel(*inputs)),
+                   "ORT quantize_dynamic": cosine(expected, torch.from_numpy(ort_session.run(None, feeds)[0])),
+                   "fp32 eager": 1.0}
+    return _rows("bert_encoder 8x128", threads, samples, "ORT quantize_dynamic", quality, "cosine")
+
+
+def lstm(threads: int, rounds: int) -> list[list[str]]:
+    model = get_model("lstm_classifier", seed=0, hidden_size=256, num_layers=2).eval()
+    inputs = example_inputs("lstm_classifier", batch=8)
+    qmodel = _dynamic(model, inputs)
+    with torch.no_grad():
+        samples = interleaved({"qplug onnxruntime dynamic": lambda: qmodel(*inputs),
+                               "fp32 eager": lambda: model(*inputs)}, rounds, warmup=3)
+        quality = {"qplug onnxruntime dynamic": qp.sqnr(model(*inputs), qmodel(*inputs)), "fp32 eager": 0.0}
+    return _rows("lstm 2x256 (batch 8, seq 8)", threads, samples, "fp32 eager", quality, "SQNR dB")
+
+
+def digits(threads: int, rounds: int) -> list[list[str]]:
+    model = get_model("digits_cnn", seed=0).eval()
+    calibration = [example_inputs("digits_cnn", batch=1, seed=s) for s in range(8)]
+    with quiet():
+        fbgemm = qp.quantize(model, calibration[0], calibration, backend="fbgemm")
+        onnx = qp.quantize(model, calibration[0], calibration, backend="onnxruntime")
+    x = calibration[0]
+    with torch.no_grad():
+        samples = interleaved({"qplug onnxruntime": lambda: onnx(*x), "qplug fbgemm": lambda: fbgemm(*x)},
+                              rounds, warmup=3, inner=20)
+        held = [example_inputs("digits_cnn", batch=1, seed=100 + s) for s in range(4)]
+        expected = torch.cat([model(*h) for h in held])
+        quality = {name: qp.sqnr(expected, torch.cat([m(*h) for h in held]))
+                   for name, m in (("qplug onnxruntime", onnx), ("qplug fbgemm", fbgemm))}
+    return _rows("digits_cnn batch 1", threads, samples, "qplug fbgemm", quality, "SQNR dB")
+
+
+def _rows(case, threads, samples, baseline, quality, metric) -> list[list[str]]:
+    base = median(samples[baseline])
+    return [[case, str(threads), name, f"{median(t) * 1e3:.3f}", f"{p90(t) * 1e3:.3f}",
+             f"{median(t) / base:.2f}", f"{metric} {quality[name]:.4f}"] for name, t in samples.items()]
+
+
+def main() -> None:
+    import qplug_onnxruntime
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", nargs="+", default=["bert", "lstm", "digits"])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1])
+    parser.add_argument("--rounds", type=int, default=40)
+    args = parser.parse_args()
+    rows = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        qplug_onnxruntime.configure(num_threads=threads)
+        for case in args.cases:
+            rows += {"bert": bert, "lstm": lstm, "digits": digits}[case](threads, args.rounds)
+    print(machine_line())
+    print(table(["case", "threads", "variant", "median ms", "p90 ms", "x baseline", "quality"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Hook implementations of the ``onnxruntime`` backend (entry point ``qplug: onnxruntime``).
+
+ONNX Runtime compiles whole graphs, so this backend has no per-op kernels: it delegates
+(``qplug_delegate``). Convert partitions the reference form, exports each int8 partition as ONNX
+QDQ and builds one ``InferenceSession`` for it; ORT fuses the QDQ groups into its MLAS int8
+kernels. The pattern and dtype configs say what those fusions take: U8S8 (quint8 activations,
+symmetric qint8 weights in [-127, 127], per-channel), which ORT runs fastest on x86 with VNNI;
+clamps after convs are folded into the output range by the core, so no Clip blocks a fusion.
+Dynamic mode (``prepare_fx`` with the ``"dynamic"`` mapping) runs linears as ORT's
+DynamicQuantizeMatMul; recurrent layers stay in PyTorch.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from typing import TYPE_CHECKING
+
+import torch
+
+from qplug_core.plugin_api import (
+    Availability,
+    BackendSpec,
+    Delegate,
+    Diagnostic,
+    DTypeConfig,
+    DTypeWithConstraints,
+    common_pattern_configs,
+    default_op_quint8_dtype_config,
+    default_qconfig_mapping,
+    hookimpl,
+    input_output_only_quint8_dtype_config,
+    weight_only_quint8_dtype_config,
+)
+from qplug_onnxruntime.session import OrtPartition, settings
+from qplug_onnxruntime.support import OrtSupport, partition_to_onnx
+
+if TYPE_CHECKING:
+    from qplug_core.plugin_api import BackendPatternConfig, QConfigMapping
+
+NAME = "onnxruntime"
+#: symmetric int8 weights: zero point 0 is what ORT's fastest conv/gemm kernels (MlasConvSym) take
+WEIGHT_RANGE = (-127, 127)
+_REQUIRED = ("onnxruntime", "onnx", "onnxscript")
+
+_weight = DTypeWithConstraints(dtype=torch.qint8, quant_min_lower_bound=WEIGHT_RANGE[0],
+                               quant_max_upper_bound=WEIGHT_RANGE[1])
+weighted_op_dtype_config = DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.quint8,
+                                       weight_dtype=_weight, bias_dtype=torch.float)
+#: dynamic linear: ORT's DynamicQuantizeLinear is uint8 [0, 255]; fused into DynamicQuantizeMatMul
+dynamic_int8_dtype_config = DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.float,
+                                        weight_dtype=_weight, bias_dtype=torch.float, is_dynamic=True)
+
+
+def is_available() -> Availability:
+    missing = [name for name in _REQUIRED if importlib.util.find_spec(name) is None]
+    if missing:
+        return Availability(False, f"missing Python package(s) {', '.join(missing)}; "
+                                   "pip install qplug-onnxruntime installs them")
+    return Availability(True)
+
+
+@functools.lru_cache(maxsize=None)
+def _pattern_configs() -> tuple[BackendPatternConfig, ...]:
+    static, default = [weighted_op_dtype_config], [default_op_quint8_dtype_config]
+    return tuple(common_pattern_configs(
+        weighted_op_dtype_configs=static, linear_dtype_configs=static + [dynamic_int8_dtype_config],
+        default_op_dtype_configs=default, fixed_qparams_op_dtype_configs=default,
+        share_qparams_op_dtype_configs=default, tensor_info_op_dtype_configs=default,
+        rnn_op_dtype_configs=[], embedding_op_dtype_configs=[weight_only_quint8_dtype_config],
+        layer_norm_op_dtype_configs=[input_output_only_quint8_dtype_config]))
+
+
+def compile_partition(partition, example_inputs) -> OrtPartition:
+    return OrtPartition(partition, example_inputs, partition_to_onnx, settings())
+
+
+@hookimpl
+def qplug_register_backends() -> list[BackendSpec]:
+    return [BackendSpec(NAME, "int8 partitions compiled into ONNX Runtime sessions (ONNX QDQ, MLAS)",
+                        is_available=is_available)]
+
+
+@hookimpl
+def qplug_backend_pattern_configs(backend: str) -> list[BackendPatternConfig]:
+    return list(_pattern_configs()) if backend == NAME else []
+
+
+@hookimpl
+def qplug_delegate(backend: str) -> Delegate | None:
+    if backend != NAME:
+        return None
+    return Delegate(operator_support=OrtSupport(), compile=compile_partition)
+
+
+@hookimpl
+def qplug_default_qconfig_mapping(backend: str, mode: str) -> QConfigMapping | None:
+    if backend != NAME:
+        return None
+    return default_qconfig_mapping(mode, reduce_range=False, per_channel=True,
+                                   per_channel_conv_transpose=False,
+                                   weight_quant_min=WEIGHT_RANGE[0], weight_quant_max=WEIGHT_RANGE[1])
+
+
+@hookimpl
+def qplug_check_environment(backend: str) -> list[Diagnostic]:
+    if backend != NAME:
+        return []
+    availability = is_available()
+    if not availability.ok:
+        return [Diagnostic("error", availability.reason, hint="pip install qplug-onnxruntime")]
+    import onnxruntime
+
+    return [Diagnostic("ok", f"onnxruntime {onnxruntime.__version__}, providers "
+                             f"{onnxruntime.get_available_providers()}")]

@@ -1,0 +1,110 @@
+"""The installed qplug-onnxruntime distribution: discovery, delegation report, sessions, save/load."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from ort_testkit import inputs, quantized_pair
+from qplug_onnxruntime import SessionSettings, configure, settings
+from qplug_onnxruntime.session import OrtPartition
+
+import qplug_core as qp
+from qplug_core.plugin_api import ConfigValidationError
+
+
+@pytest.fixture(scope="module")
+def digits():
+    with torch.no_grad():
+        return quantized_pair("digits_cnn")
+
+
+def partitions(model) -> list[OrtPartition]:
+    return [m for m in model.modules() if isinstance(m, OrtPartition)]
+
+
+def _qplug(*args: str) -> subprocess.CompletedProcess:
+    """The installed ``qplug`` command, as a user runs it."""
+    return subprocess.run([str(Path(sys.executable).with_name("qplug")), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_entry_point_is_loaded_and_listed(qplug_only):
+    record = qplug_only().record("onnxruntime")
+    assert (record.dist, record.status.value) == ("qplug-onnxruntime", "ok")
+    assert record.module.startswith("qplug_onnxruntime.plugin")
+    result = _qplug("list-backends", "--json")
+    assert result.returncode == 0, result.stderr
+    (row,) = [b for b in json.loads(result.stdout)["backends"] if b["name"] == "onnxruntime"]
+    assert row["available"] and [p["dist"] for p in row["plugins"]] == ["qplug-onnxruntime"]
+
+
+def test_disabled_plugin_is_not_listed(monkeypatch):
+    monkeypatch.setenv("QPLUG_DISABLE_PLUGINS", "onnxruntime")
+    result = _qplug("list-backends", "--json")
+    assert "onnxruntime" not in [b["name"] for b in json.loads(result.stdout)["backends"]]
+
+
+def test_report_lists_the_partition_and_what_stayed_outside(digits):
+    _, ort_model, _ = digits
+    report = qp.quantization_report(ort_model)
+    assert [(p["name"], p["module"]) for p in report.partitions] == [("delegate_0", "OrtPartition")]
+    assert report.partitions[0]["int8_regions"] == len(report.quantized)
+    assert set(report.kernels.values()) == {"delegate:delegate_0"}
+    assert not report.skipped
+
+
+def test_sessions_use_the_configured_threads_and_default_to_torchs():
+    assert settings().num_threads is None
+    previous = configure(num_threads=2)
+    try:
+        _, ort_model, _ = quantized_pair("digits_cnn", batches=1)
+    finally:
+        configure(num_threads=previous.num_threads)
+    (partition,) = partitions(ort_model)
+    assert partition.session_settings.num_threads == 2
+    assert partition.sessions[0].get_session_options().intra_op_num_threads == 2
+    partition.rebuild(SessionSettings())  # None: torch's thread count (one_thread fixture)
+    assert partition.sessions[0].get_session_options().intra_op_num_threads == torch.get_num_threads()
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConfigValidationError, match="num_threads must be a positive int"):
+        configure(num_threads=0)
+    with pytest.raises(ConfigValidationError, match="graph_optimization must be one of"):
+        SessionSettings(graph_optimization="max")
+
+
+def test_another_input_shape_gets_its_own_session(digits):
+    _, ort_model, reference = digits
+    (partition,) = partitions(ort_model)
+    x = inputs("digits_cnn", seed=5, batch=3)
+    with torch.no_grad():
+        got, expected = ort_model(*x), reference(*x)
+    assert got.shape == (3, 10) and len(partition.sessions) == 2
+    assert (got - expected).abs().max() <= 2 * float(reference.fc_dequantize_7.scale)
+
+
+def test_save_load_rebuilds_the_sessions_from_the_reference_form(digits, tmp_path):
+    _, ort_model, _ = digits
+    path = qp.save(ort_model, tmp_path / "digits.safetensors")
+    loaded = qp.load(path)
+    assert partitions(loaded) and qp.quantization_report(loaded).backend == "onnxruntime"
+    x = inputs("digits_cnn", seed=7)
+    with torch.no_grad():
+        assert torch.equal(loaded(*x), ort_model(*x))
+    assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+
+
+def test_deepcopy_builds_its_own_sessions(digits):
+    _, ort_model, _ = digits
+    clone = copy.deepcopy(ort_model)
+    assert partitions(clone)[0].sessions[0] is not partitions(ort_model)[0].sessions[0]
+    x = inputs("digits_cnn", seed=8)
+    with torch.no_grad():
+        assert torch.equal(clone(*x), ort_model(*x))

@@ -1,0 +1,59 @@
+"""Dynamic int8 linears on onnxruntime: ORT's DynamicQuantizeMatMul, the reference form's numbers."""
+
+from __future__ import annotations
+
+import collections
+
+import onnx
+import pytest
+import onnxruntime as ort
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.plugin_api import QplugError
+from qplug_onnxruntime.session import OrtPartition
+
+
+class SharedInput(nn.Module):
+    """Three linears reading one value (attention's q, k, v) and a fused linear-relu."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(32, 32) for _ in range(3))
+        self.ff = nn.Sequential(nn.Linear(32, 64), nn.ReLU())
+
+    def forward(self, x):
+        return self.ff(self.q(x) * self.k(x) + self.v(x))
+
+
+def test_dynamic_linears_run_as_dynamic_quantize_matmul(tmp_path):
+    torch.manual_seed(0)
+    model, x = SharedInput().eval(), torch.randn(4, 10, 32)
+    mapping = qp.get_default_qconfig_mapping("onnxruntime", "dynamic")
+    observed = qp.prepare_fx(model, mapping, (x,), backend="onnxruntime")
+    reference = qp.convert_to_reference_fx(observed)
+    ort_model = qp.convert_fx(observed)
+    assert qp.quantization_report(ort_model).mode == "dynamic"
+    (partition,) = [m for m in ort_model.modules() if isinstance(m, OrtPartition)]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(partition._sessions[next(iter(partition._sessions))].model, options,
+                         providers=["CPUExecutionProvider"])
+    ops = collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+    assert ops["DynamicQuantizeMatMul"] + ops["MatMulIntegerToFloat"] == 4
+    assert "MatMulNBits" not in ops and "MatMul" not in ops
+    with torch.no_grad():
+        got, expected = ort_model(x), reference(x)
+    # ORT divides by the scale, torch multiplies by its inverse: an input now and then lands one
+    # step away, which moves the outputs it feeds by about that step times a weight
+    close = (got - expected).abs() <= 1e-4
+    assert float(close.float().mean()) >= 0.98
+    assert float((got - expected).abs().max()) <= 0.01 * float(expected.abs().max())
+
+
+def test_quantize_dynamic_says_to_use_the_graph_flow():
+    with pytest.raises(QplugError, match=r"compiles whole graphs.*qp.prepare_fx\(model, "
+                                          r"qp.get_default_qconfig_mapping\('onnxruntime', 'dynamic'\)"):
+        qp.quantize_dynamic(SharedInput(), backend="onnxruntime")

@@ -1,0 +1,24 @@
+"""``qplug export FILE OUT.onnx``: a saved int8 model as an ONNX QDQ model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def export(
+    path: Path = typer.Argument(..., help="A model written by qp.save / qplug quantize."),
+    out: Path = typer.Argument(..., help="Where to write the .onnx file."),
+    opset: int = typer.Option(21, help="ONNX opset to target (13 or newer)."),
+) -> None:
+    """Write a saved model's reference form as ONNX QDQ (QuantizeLinear/DequantizeLinear)."""
+    import qplug_core as qp
+
+    qmodel = qp.load(path, backend="reference")
+    written = qp.export_onnx(qmodel, out, opset=opset)
+    typer.echo(f"wrote {written} ({written.stat().st_size} bytes)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)

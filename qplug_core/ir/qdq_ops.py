@@ -1,0 +1,143 @@
+"""The reference form's quantize/dequantize as torch operators: ``torch.ops.qplug.*``.
+
+``Quantize``/``Dequantize`` modules call these, so a captured reference model (``torch.export``,
+``torch.onnx.export(dynamo=True)``, ``torch.compile``) sees one operator per boundary, with its
+qparams as tensor arguments (buffers in the graph) instead of a dozen elementwise ops:
+
+- ``qplug::quantize_per_tensor(Tensor input, Tensor scale, Tensor zero_point, int quant_min,
+  int quant_max, ScalarType dtype) -> Tensor``
+- ``qplug::dequantize_per_tensor(Tensor input, Tensor scale, Tensor zero_point, int quant_min,
+  int quant_max, ScalarType dtype) -> Tensor``
+- ``qplug::quantize_per_channel(Tensor input, Tensor scales, Tensor zero_points, int axis,
+  int quant_min, int quant_max, ScalarType dtype) -> Tensor``
+- ``qplug::dequantize_per_channel(...)`` with the same arguments;
+- ``qplug::dynamic_fake_quantize(Tensor input, int quant_min, int quant_max, ScalarType dtype)``:
+  run-time (dynamic) activation quantization, qparams from the tensor's own min/max;
+- ``qplug::dynamic_quantized_linear(Tensor input, Tensor weight_t, Tensor weight_scale,
+  Tensor? bias)``: a dynamic int8 linear (symmetric int8 weights, transposed) as one node.
+
+The semantics are PT2E's ``quantized_decomposed`` ops (``dtype`` is the storage dtype,
+``torch.uint8`` / ``torch.int8`` / ``torch.int32``; quantize rounds half to even, adds the zero
+point and clamps to ``[quant_min, quant_max]``; dequantize ignores the range), computed by
+:mod:`qplug_core.qparams`, so the numbers are those of every other qplug code path.
+
+Why a namespace of our own: torch defines ``quantized_decomposed`` only in
+``torch.ao.quantization.fx._decomposed``; importing it pulls in the deprecated torch.ao FX package,
+which runtime code must not import, and defining that namespace here would clash with torch's
+definition (a second ``TORCH_LIBRARY``) as soon as torch._inductor imports it. ONNX export maps
+these ops to QuantizeLinear/DequantizeLinear through a custom translation table
+(:mod:`qplug_core.onnx_export`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from qplug_core import qparams as Q
+
+#: storage dtype -> quantized dtype identifier (the inverse of ``qparams.STORAGE_DTYPE``)
+QUANTIZED_DTYPE = {storage: quantized for quantized, storage in Q.STORAGE_DTYPE.items()}
+
+
+def _qparams(scale: Tensor, zero_point: Tensor, dtype: torch.dtype, quant_min: int, quant_max: int,
+             axis: int | None) -> Q.QParams:
+    return Q.QParams(scale, zero_point, QUANTIZED_DTYPE[dtype], quant_min, quant_max, axis)
+
+
+@torch.library.custom_op("qplug::quantize_per_tensor", mutates_args=())
+def quantize_per_tensor(input: Tensor, scale: Tensor, zero_point: Tensor, quant_min: int,
+                        quant_max: int, dtype: torch.dtype) -> Tensor:
+    return Q.quantize(input, _qparams(scale, zero_point, dtype, quant_min, quant_max, None))
+
+
+@torch.library.custom_op("qplug::dequantize_per_tensor", mutates_args=())
+def dequantize_per_tensor(input: Tensor, scale: Tensor, zero_point: Tensor, quant_min: int,
+                          quant_max: int, dtype: torch.dtype) -> Tensor:
+    return Q.dequantize(input, _qparams(scale, zero_point, dtype, quant_min, quant_max, None))
+
+
+@torch.library.custom_op("qplug::quantize_per_channel", mutates_args=())
+def quantize_per_channel(input: Tensor, scales: Tensor, zero_points: Tensor, axis: int,
+                         quant_min: int, quant_max: int, dtype: torch.dtype) -> Tensor:
+    return Q.quantize(input, _qparams(scales, zero_points, dtype, quant_min, quant_max, axis))
+
+
+@torch.library.custom_op("qplug::dequantize_per_channel", mutates_args=())
+def dequantize_per_channel(input: Tensor, scales: Tensor, zero_points: Tensor, axis: int,
+                           quant_min: int, quant_max: int, dtype: torch.dtype) -> Tensor:
+    return Q.dequantize(input, _qparams(scales, zero_points, dtype, quant_min, quant_max, axis))
+
+
+@torch.library.custom_op("qplug::dynamic_fake_quantize", mutates_args=())
+def dynamic_fake_quantize(input: Tensor, quant_min: int, quant_max: int, dtype: torch.dtype) -> Tensor:
+    """Per-call (dynamic) activation quantization, simulated: qparams from this tensor's min/max
+    (affine, 0 included), then quantize and dequantize; what dynamic int8 kernels do inside."""
+    if input.numel() == 0:
+        return input.clone()
+    qdtype = QUANTIZED_DTYPE[dtype]
+    scale, zero_point = Q.compute_qparams(
+        input.detach().min(), input.detach().max(), dtype=qdtype, qscheme=torch.per_tensor_affine,
+        quant_min=quant_min, quant_max=quant_max, eps=torch.finfo(torch.float32).eps)
+    return Q.fake_quantize(input, Q.QParams(scale, zero_point, qdtype, quant_min, quant_max))
+
+
+@torch.library.custom_op("qplug::dynamic_quantized_linear", mutates_args=())
+def dynamic_quantized_linear(input: Tensor, weight_t: Tensor, weight_scale: Tensor,
+                             bias: Tensor | None) -> Tensor:
+    """``linear(dynamic_fake_quantize(input), dequantize(weight))`` with symmetric int8 weights
+    stored transposed (``[in, out]``) and one scale per output channel (or one for all): the
+    reference numbers of a dynamic int8 linear, as one node (ONNX: MatMulInteger and rescale)."""
+    x = dynamic_fake_quantize(input, 0, 255, torch.uint8)
+    weight = weight_t.to(torch.float32) * weight_scale.to(torch.float32)
+    return torch.nn.functional.linear(x, weight.t(), bias)
+
+
+@dynamic_quantized_linear.register_fake
+def _(input, weight_t, weight_scale, bias):
+    return input.new_empty((*input.shape[:-1], weight_t.shape[1]), dtype=torch.float32)
+
+
+@dynamic_fake_quantize.register_fake
+def _(input, quant_min, quant_max, dtype):
+    return torch.empty_like(input, dtype=torch.float32)
+
+
+@quantize_per_tensor.register_fake
+def _(input, scale, zero_point, quant_min, quant_max, dtype):
+    return torch.empty_like(input, dtype=dtype)
+
+
+@quantize_per_channel.register_fake
+def _(input, scales, zero_points, axis, quant_min, quant_max, dtype):
+    return torch.empty_like(input, dtype=dtype)
+
+
+@dequantize_per_tensor.register_fake
+def _(input, scale, zero_point, quant_min, quant_max, dtype):
+    return torch.empty_like(input, dtype=torch.float32)
+
+
+@dequantize_per_channel.register_fake
+def _(input, scales, zero_points, axis, quant_min, quant_max, dtype):
+    return torch.empty_like(input, dtype=torch.float32)
+
+
+def quantize_op(x: Tensor, qp: Q.QParams) -> Tensor:
+    """``torch.ops.qplug.quantize_per_*`` of ``x`` with ``qp`` (integer zero points only)."""
+    dtype = Q.STORAGE_DTYPE[qp.dtype]
+    if qp.axis is None:
+        return torch.ops.qplug.quantize_per_tensor(x, qp.scale, qp.zero_point, qp.quant_min,
+                                                   qp.quant_max, dtype)
+    return torch.ops.qplug.quantize_per_channel(x, qp.scale, qp.zero_point, qp.axis, qp.quant_min,
+                                                qp.quant_max, dtype)
+
+
+def dequantize_op(q: Tensor, qp: Q.QParams) -> Tensor:
+    """``torch.ops.qplug.dequantize_per_*`` of ``q`` with ``qp`` (integer zero points only)."""
+    dtype = Q.STORAGE_DTYPE[qp.dtype]
+    if qp.axis is None:
+        return torch.ops.qplug.dequantize_per_tensor(q, qp.scale, qp.zero_point, qp.quant_min,
+                                                     qp.quant_max, dtype)
+    return torch.ops.qplug.dequantize_per_channel(q, qp.scale, qp.zero_point, qp.axis,
+                                                  qp.quant_min, qp.quant_max, dtype)

@@ -1,0 +1,121 @@
+"""The qplug_delegate hook: a third-party backend that compiles int8 partitions (an "NPU")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+
+NPU = '''
+import torch
+from torch import nn
+from qplug_core.backend import BackendSpec
+from qplug_core.delegation import Delegate
+from qplug_core.hookspecs import hookimpl
+from qplug_core.partition import create_op_support
+from qplug_core.qconfig_defaults import default_qconfig_mapping
+from qplug_core.reference_backend import reference_pattern_configs
+
+COMPILED = []
+
+
+class Compiled(nn.Module):
+    """Stands for an SDK's compiled subgraph: runs the partition and records its inputs."""
+
+    def __init__(self, partition, example_inputs):
+        super().__init__()
+        self.partition = partition
+        self.shapes = [tuple(x.shape) for x in example_inputs]
+        COMPILED.append(self)
+
+    def forward(self, *args):
+        return self.partition(*args)
+
+
+def _takes(submodules, node):  # everything but linear layers
+    module = submodules.get(node.target) if node.op == "call_module" else None
+    return not isinstance(getattr(module, "module", module), nn.Linear)
+
+
+def _compile(partition, example_inputs):
+    if any(isinstance(m, nn.ReLU) for m in partition.modules()) and FAIL:
+        raise RuntimeError("the SDK rejected the subgraph")
+    return Compiled(partition, example_inputs)
+
+
+FAIL = False
+
+
+@hookimpl
+def qplug_register_backends():
+    return [BackendSpec("npu", "a compiling backend")]
+
+
+@hookimpl
+def qplug_backend_pattern_configs(backend):
+    return reference_pattern_configs() if backend == "npu" else []
+
+
+@hookimpl
+def qplug_default_qconfig_mapping(backend, mode):
+    return default_qconfig_mapping(mode) if backend == "npu" else None
+
+
+@hookimpl
+def qplug_delegate(backend):
+    if backend != "npu":
+        return None
+    return Delegate(operator_support=create_op_support(_takes), compile=_compile)
+'''
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.relu = nn.ReLU()
+        self.fc = nn.Linear(4, 2)
+        self.conv2 = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = self.conv2(self.relu(self.conv(x)))
+        return self.fc(y.mean((2, 3)))
+
+
+def _quantize(backend):
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
+    observed = qp.prepare_fx(Net().eval(), None, data[0], backend=backend)
+    qp.calibrate(observed, data)
+    return observed, data
+
+
+def test_partitions_are_compiled_and_the_rest_stays_in_pytorch(fake_dist):
+    fake_dist("qplug-npu", NPU)
+    observed, data = _quantize("npu")
+    reference = qp.convert_to_reference_fx(observed)
+    lowered = qp.convert_fx(observed)
+    report = qp.quantization_report(lowered)
+    assert [p["module"] for p in report.partitions] == ["Compiled"]
+    assert report.partitions[0]["int8_regions"] == 3  # conv-relu, conv2 and mean; fc is outside
+    assert report.outside["fc"] == "backend 'npu' does not take ReferenceWeighted"
+    assert report.kernels == dict.fromkeys(["conv", "conv2", "mean"], "delegate:delegate_0")
+    assert report.reference == {"fc": "backend 'npu' does not take ReferenceWeighted"}
+    assert [(s.node, s.reason) for s in report.skipped] == [("fc", report.reference["fc"])]
+    assert __import__("qplug_npu").COMPILED[-1].shapes == [(2, 3, 6, 6)]
+    with torch.no_grad():
+        assert torch.equal(lowered(*data[0]), reference(*data[0]))
+
+
+def test_a_failing_compile_keeps_the_reference_form_with_a_warning(fake_dist):
+    fake_dist("qplug-npu", NPU.replace("FAIL = False", "FAIL = True"))
+    observed, data = _quantize("npu")
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match="compiling partition delegate_0 failed .*SDK rejected"):
+        lowered = qp.convert_fx(observed)
+    report = qp.quantization_report(lowered)
+    assert report.partitions == [] and "SDK rejected" in report.reference["conv"]
+    with torch.no_grad():
+        assert torch.equal(lowered(*data[0]), reference(*data[0]))

@@ -1,0 +1,131 @@
+"""Clamps after a conv/linear become its output range (issue 19 item 18), for every backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.kernels.reference import Quantize
+from qplug_core.testing import one_thread
+
+
+class ConvClamp(nn.Module):
+    """conv -> clamp (a module, or a function traced as call_function/call_method) -> conv."""
+
+    def __init__(self, clamp, depthwise_next: bool = False):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.clamp = clamp if isinstance(clamp, nn.Module) else None
+        self.fn = clamp
+        self.next = nn.Conv2d(8, 8, 3, padding=1, groups=8 if depthwise_next else 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.next(self.clamp(y) if self.clamp is not None else self.fn(y))
+
+
+CLAMPS = {
+    "relu6": nn.ReLU6(),
+    "hardtanh": nn.Hardtanh(-0.5, 0.5),
+    "F.relu6": lambda x: F.relu6(x),
+    "clamp": lambda x: torch.clamp(x, min=0.0, max=1.5),
+    "clamp method": lambda x: x.clamp(-1.0, 1.0),
+}
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(2, 4, 6, 6, generator=g) * 3,) for _ in range(3)]
+
+
+def _clamp_calls(gm) -> list[str]:
+    names = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), (nn.ReLU6, nn.Hardtanh)):
+            names.append(node.name)
+        elif node.op in ("call_function", "call_method") and getattr(node.target, "__name__", node.target) in (
+                "relu6", "hardtanh", "clamp"):
+            names.append(node.name)
+    return names
+
+
+@pytest.mark.parametrize("kind", list(CLAMPS))
+def test_clamp_disappears_and_the_output_range_is_the_clamps(kind):
+    data = _data()
+    model = ConvClamp(CLAMPS[kind]).eval()
+    with one_thread():
+        reference = qp.quantize(model, data[0], data, backend="reference")
+    assert _clamp_calls(reference) == []
+    conv_out = reference.get_submodule(next(n.target for n in reference.graph.nodes
+                                            if n.op == "call_module" and n.args and n.args[0].name == "conv"))
+    assert isinstance(conv_out, Quantize)
+    with torch.no_grad():
+        low = float(CLAMPS[kind](torch.tensor(-1e9)))
+        high = float(CLAMPS[kind](torch.tensor(1e9)))
+    qmin, qmax = (0, 255)
+    scale, zp = float(conv_out.scale), int(conv_out.zero_point)
+    assert (qmin - zp) * scale >= low - scale / 2 and (qmax - zp) * scale <= high + scale / 2
+
+
+def test_folding_gives_the_numbers_of_quantizing_the_clamped_value():
+    """quantize(x) with saturation equals quantize(relu6(x)) for the same qparams."""
+    data = _data()
+    model = ConvClamp(nn.ReLU6()).eval()
+    with one_thread():
+        observed = qp.prepare_fx(model, None, data[0], backend="reference")
+        qp.calibrate(observed, data)
+        reference = qp.convert_to_reference_fx(observed)
+    quantize = next(m for m in reference.modules() if isinstance(m, Quantize)
+                    and float(m.scale) * 255 <= 6.0 + float(m.scale))
+    x = torch.linspace(-20, 20, 4001)
+    assert torch.equal(quantize(x), quantize(F.relu6(x)))
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
+def test_backends_match_the_reference_with_folded_clamps(backend, plugin_autoload):
+    data = _data()
+    model = ConvClamp(nn.ReLU6()).eval()
+    with one_thread():
+        observed = qp.prepare_fx(model, None, data[0], backend=backend)
+        qp.calibrate(observed, data)
+        reference = qp.convert_to_reference_fx(observed)
+        lowered = qp.convert_fx(observed)
+        with torch.no_grad():
+            got, expected = lowered(*data[0]), reference(*data[0])
+    assert _clamp_calls(lowered) == []
+    step = float(next(m for m in reversed(list(reference.modules())) if isinstance(m, Quantize)).scale)
+    assert (got - expected).abs().max() <= step * 1.001
+
+
+def test_fbgemm_7_bit_input_of_a_depthwise_conv_keeps_the_clamp(plugin_autoload):
+    """fbgemm narrows the depthwise conv's input to [0, 127]: quantizing to the full uint8 range
+    with that scale does not saturate at 6, so the clamp stays, between two equal quantizes."""
+    data = _data()
+    model = ConvClamp(nn.ReLU6(), depthwise_next=True).eval()
+    with one_thread():
+        observed = qp.prepare_fx(model, None, data[0], backend="fbgemm")
+        qp.calibrate(observed, data)
+        reference = qp.convert_to_reference_fx(observed)
+        lowered = qp.convert_fx(observed)
+    assert len(_clamp_calls(reference)) == 1
+    (clamp,) = [n for n in reference.graph.nodes if n.name in _clamp_calls(reference)]
+    before, after = clamp.args[0].args[0], next(iter(clamp.users))
+    q_before, q_after = reference.get_submodule(before.target), reference.get_submodule(after.target)
+    assert isinstance(q_before, Quantize) and torch.equal(q_before.scale, q_after.scale)
+    with torch.no_grad():
+        step = float(q_after.scale)
+        assert (lowered(*data[0]) - reference(*data[0])).abs().max() <= 2 * step
+
+
+def test_a_clamp_whose_low_bound_is_above_zero_is_kept():
+    data = _data()
+    model = ConvClamp(lambda x: torch.clamp(x, min=0.5, max=2.0)).eval()
+    with one_thread():
+        reference = qp.quantize(model, data[0], data, backend="reference")
+        expected = model(*data[0])
+        got = reference(*data[0])
+    assert len(_clamp_calls(reference)) == 1
+    assert qp.sqnr(expected, got) > 25

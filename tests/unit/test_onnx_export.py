@@ -1,0 +1,116 @@
+"""qp.export_onnx / qplug export: ONNX QDQ of the reference form, run by ONNX Runtime."""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+import qplug_core as qp
+from qplug_core.cli import app
+from qplug_core.errors import ExportError
+from qplug_core.onnx_export import reference_form
+from qplug_core.testing import all_plugins_loaded, one_thread
+
+logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+
+
+class Block(nn.Module):
+    """conv-bn-relu6, a residual add and a linear: per-channel weights, a clamp to fold, QLinearAdd."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.act = nn.ReLU6()
+        self.conv2 = nn.Conv2d(8, 8, 1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.act(self.bn(self.conv(x)))
+        y = y + self.conv2(y)
+        return self.fc(y.mean((2, 3)))
+
+
+def _data(n=3):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    with one_thread(), all_plugins_loaded():
+        data = _data()
+        qmodel = qp.quantize(Block().eval(), data[0], data, backend="fbgemm")
+        path = qp.export_onnx(qmodel, tmp_path_factory.mktemp("onnx") / "block.onnx")
+    return qmodel, path
+
+
+def test_export_is_a_checked_qdq_model_with_int8_initializers(exported):
+    _, path = exported
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model, full_check=True)
+    ops = collections.Counter(n.op_type for n in model.graph.node)
+    assert ops["QuantizeLinear"] and ops["DequantizeLinear"] and "Clip" not in ops
+    init = {i.name: i for i in model.graph.initializer}
+    weight_dqs = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in init]
+    dtypes = collections.Counter(onnx.helper.tensor_dtype_to_np_dtype(init[n.input[0]].data_type).name
+                                 for n in weight_dqs)
+    assert dtypes == {"int8": 3, "int32": 3}  # conv, conv2, fc weights; their biases
+    per_channel = [n for n in weight_dqs if init[n.input[0]].data_type == onnx.TensorProto.INT8]
+    assert all(onnx.helper.get_attribute_value(a) == 0 for n in per_channel for a in n.attribute
+               if a.name == "axis")
+    assert all(len(init[n.input[1]].dims) == 1 for n in per_channel)
+
+
+def test_ort_runs_it_like_the_reference_form_within_one_step(exported):
+    qmodel, path = exported
+    reference = reference_form(qmodel)  # rebuilt from the fbgemm model's save artifact
+    x = _data(1)[0][0] * 1.5
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
+        options.graph_optimization_level = level
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        with torch.no_grad():
+            expected = reference(x).numpy()
+        step = float(reference.get_submodule(_output_dequantize(reference)).scale)
+        assert np.abs(got - expected).max() <= step * 1.001
+
+
+def _output_dequantize(gm) -> str:
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    return output.args[0].target
+
+
+def test_ort_fuses_the_groups_into_int8_kernels(exported, tmp_path):
+    _, path = exported
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ops = collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+    assert ops["QLinearConv"] == 2 and ops["QLinearAdd"] == 1 and ops["QGemm"] == 1
+    assert "Conv" not in ops and "Clip" not in ops
+
+
+def test_a_float_model_is_refused():
+    with pytest.raises(ExportError, match="takes a model converted by qplug"):
+        qp.export_onnx(Block(), "never.onnx")
+
+
+def test_cli_exports_a_saved_model(tmp_path, exported):
+    qmodel, _ = exported
+    saved = qp.save(qmodel, tmp_path / "block.safetensors")
+    result = CliRunner().invoke(app, ["export", str(saved), str(tmp_path / "cli.onnx")])
+    assert result.exit_code == 0, result.output
+    onnx.checker.check_model(onnx.load(str(tmp_path / "cli.onnx")))
+    assert "wrote" in result.output

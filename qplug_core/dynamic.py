@@ -190,6 +190,15 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     for name, module, qconfig in swaps:
         replacement = _swap(module, qconfig, chosen)
         if not name:
-            return replacement.eval()
+            result = replacement
+            break
         result.set_submodule(name, replacement)
+    _remove_qconfig_attributes(result)
     return result.eval()
+
+
+def _remove_qconfig_attributes(model: nn.Module) -> None:
+    """The converted model carries no ``qconfig`` attributes, as after torch.ao's quantize_dynamic
+    (a later prepare would otherwise pick up stale per-module qconfigs)."""
+    for module in model.modules():
+        module.__dict__.pop("qconfig", None)

@@ -33,7 +33,7 @@ from qplug_core.eager.prepare import (
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
 from qplug_core.fx.regions import weight_name_of
-from qplug_core.kernels.base import KernelContext, TensorArg
+from qplug_core.kernels.base import KernelContext, TensorArg, pin_engine
 from qplug_core.observers import FakeQuantizeBase, ObserverBase
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import QParams
@@ -193,4 +193,6 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     model = model if inplace else copy.deepcopy(model)
     _convert_children(model, _Converter(chosen))
     delattr(model, STATE_ATTR)
+    if chosen.kernels:
+        pin_engine(model, chosen.engine)
     return model.eval()

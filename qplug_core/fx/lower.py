@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from qplug_core.errors import ConstraintViolationError
 from qplug_core.fx.graph_utils import is_module_call
-from qplug_core.fx.tags import KERNEL, REGION, region_tag
+from qplug_core.fx.tags import KERNEL, REGION, VALUE_KIND, region_tag
 from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
 from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import QParams
@@ -55,10 +56,11 @@ def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
         if problem:
             summary.reference[name] = problem
             continue
-        if _lower_region(gm, backend, spec, tag, nodes):
-            summary.lowered[name] = spec.op
+        reason = _why_not_lowered(gm, backend, spec, tag, nodes)
+        if reason:
+            summary.reference[name] = reason
         else:
-            summary.reference[name] = "its inputs or output are not quantized in this graph"
+            summary.lowered[name] = spec.op
     _swap_boundaries(gm, backend)
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
@@ -140,6 +142,27 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     new.meta[KERNEL] = spec.op
     (output_quantize or anchor).replace_all_uses_with(new)
     return True
+
+
+def _why_not_lowered(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _RegionNodes) -> str:
+    """Lower one region; an empty string when it now runs the kernel, else why it stays reference."""
+    runtime = [] if spec.passthrough else _runtime_operands(nodes)
+    if runtime:
+        return (f"operand(s) {runtime} are Python values computed at run time; kernel {spec.op} "
+                "needs them when it is built")
+    try:
+        lowered = _lower_region(gm, backend, spec, tag, nodes)
+    except ConstraintViolationError as refusal:  # the kernel refused this instance (before any edit)
+        warnings.warn(f"qplug: backend {backend.name!r}: {refusal}", stacklevel=4)
+        return str(refusal)
+    return "" if lowered else "its inputs or output are not quantized in this graph"
+
+
+def _runtime_operands(nodes: _RegionNodes) -> list[str]:
+    """Inputs of the region that are non-tensor values produced by the graph (``x.size(1) + 0``)."""
+    members = set(nodes.members)
+    return [a.name for m in nodes.members for a in m.all_input_nodes
+            if a not in members and a.meta.get(VALUE_KIND) == "other"]
 
 
 def _free_module_name(gm: fx.GraphModule, node: fx.Node, op: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
-from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.base import ObserverBase, refuse_symmetric_quint8_reduce_range
 from qplug_core.qparams import PER_CHANNEL_SCHEMES
 
 
@@ -32,10 +32,16 @@ def _not_below(max_val: torch.Tensor, min_val: torch.Tensor) -> torch.Tensor:
 
 
 class MinMaxObserver(ObserverBase):
-    """Running min/max of everything observed; the default for weights."""
+    """Running min/max of everything observed; the default for weights.
 
-    def __init__(self, **kwargs: Any) -> None:
+    ``memoryless=True`` forgets earlier batches: each call's range replaces the previous one
+    (torch.ao's old ``memoryless`` flag, used for per-batch statistics).
+    """
+
+    def __init__(self, memoryless: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        refuse_symmetric_quint8_reduce_range(self)
+        self.memoryless = bool(memoryless)
         self.register_buffer("min_val", torch.tensor(float("inf")))
         self.register_buffer("max_val", torch.tensor(float("-inf")))
 
@@ -53,6 +59,8 @@ class MinMaxObserver(ObserverBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0:
             return x
+        if self.memoryless:
+            self.reset_min_max_vals()
         found = self._finite_aminmax(x.detach().to(self.min_val.dtype))
         if found is not None:
             self._update(found[1], found[2])
@@ -91,12 +99,15 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
 
 
 class PerChannelMinMaxObserver(ObserverBase):
-    """Running min/max of each slice along ``ch_axis``; the default for conv/linear weights."""
+    """Running min/max of each slice along ``ch_axis``; the default for conv/linear weights.
+
+    ``memoryless=True``: each call's per-channel range replaces the previous one.
+    """
 
     supported_qschemes = PER_CHANNEL_SCHEMES
 
     def __init__(self, ch_axis: int = 0, qscheme: torch.qscheme = torch.per_channel_affine,
-                 **kwargs: Any) -> None:
+                 memoryless: bool = False, **kwargs: Any) -> None:
         if not isinstance(ch_axis, int) or isinstance(ch_axis, bool):
             raise ConfigValidationError(f"ch_axis must be an int, got {ch_axis!r}",
                                         field="ch_axis", value=ch_axis)
@@ -105,6 +116,8 @@ class PerChannelMinMaxObserver(ObserverBase):
                 f"{type(self).__name__} cannot be used for dynamic quantization",
                 field="is_dynamic", value=True)
         super().__init__(qscheme=qscheme, **kwargs)
+        refuse_symmetric_quint8_reduce_range(self)
+        self.memoryless = bool(memoryless)
         self.ch_axis = ch_axis
         self.register_buffer("min_val", torch.tensor([]))
         self.register_buffer("max_val", torch.tensor([]))
@@ -140,6 +153,8 @@ class PerChannelMinMaxObserver(ObserverBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0:
             return x
+        if self.memoryless:
+            self.reset_min_max_vals()
         self._check_channels(x)
         cur_min, cur_max = self._channel_aminmax(x.detach().to(self.min_val.dtype), self.ch_axis)
         if self.has_data:

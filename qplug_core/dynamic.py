@@ -18,6 +18,7 @@ from torch.nn.utils.parametrize import type_before_parametrizations
 
 from qplug_core.backend import Backend
 from qplug_core.config import QConfig, QConfigMapping
+from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.errors import ConfigError, ConfigValidationError, ConstraintViolationError, did_you_mean
 from qplug_core.flows import resolve_backend
 from qplug_core.fx.regions import dtype_config_problems
@@ -193,12 +194,5 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
             result = replacement
             break
         result.set_submodule(name, replacement)
-    _remove_qconfig_attributes(result)
+    remove_qconfig_attributes(result)
     return result.eval()
-
-
-def _remove_qconfig_attributes(model: nn.Module) -> None:
-    """The converted model carries no ``qconfig`` attributes, as after torch.ao's quantize_dynamic
-    (a later prepare would otherwise pick up stale per-module qconfigs)."""
-    for module in model.modules():
-        module.__dict__.pop("qconfig", None)

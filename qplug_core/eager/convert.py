@@ -22,6 +22,7 @@ from torch import nn
 
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config import QConfig
+from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
 from qplug_core.eager.prepare import (
     INPUT_OBSERVER,
@@ -193,6 +194,7 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     model = model if inplace else copy.deepcopy(model)
     _convert_children(model, _Converter(chosen))
     delattr(model, STATE_ATTR)
+    remove_qconfig_attributes(model)
     if chosen.kernels:
         pin_engine(model, chosen.engine)
     return model.eval()

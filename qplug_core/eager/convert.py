@@ -152,7 +152,8 @@ class _Converter:
     def swap(self, module: nn.Module) -> nn.Module | None:
         """The replacement of ``module``, or None to keep it (and look inside)."""
         if isinstance(module, DeQuantStub):
-            return self.stub(module)
+            kept = "qconfig" in module.__dict__ and module.qconfig is None
+            return None if kept else self.stub(module)
         if isinstance(module, (ObserverBase, FakeQuantizeBase)) or not isinstance(module._modules.get(OUTPUT_OBSERVER), (ObserverBase, FakeQuantizeBase)):
             return None  # not observed (qconfig None or not quantizable): keep, look inside
         if isinstance(module, QuantStub):

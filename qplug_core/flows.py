@@ -36,6 +36,7 @@ from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_
 from qplug_core.fx.tags import ValueAnnotator, region_tag
 from qplug_core.ir.capture import capture_module
 from qplug_core.kernels.base import pin_engine
+from qplug_core.report import eval_mode
 from qplug_core.passes import PassManager, PassResult
 from qplug_core.serialization import record_artifact
 
@@ -105,7 +106,7 @@ def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
             f"{len(example_inputs)} example inputs given but the model's forward takes {n_inputs}; "
             "pass example_inputs as a tuple with one entry per positional input of forward")
     try:
-        with torch.no_grad(), _eval_mode(gm):
+        with torch.no_grad(), eval_mode(gm):  # prepare must not update BN statistics
             ValueAnnotator(gm).run(*example_inputs)
     except QplugError:
         raise
@@ -115,19 +116,6 @@ def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
         raise InputMismatchError(
             f"the model cannot run on the example inputs ({shapes}): {type(error).__name__}: {error}. "
             "Pass example_inputs as a tuple of positional inputs of the right shapes.") from error
-
-
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module):
-    """Run ``model`` in eval mode and restore every module's flag: the annotating run of
-    prepare must not update BatchNorm statistics (prepare_qat_fx gets a training model)."""
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in flags:
-            module.training = training
 
 
 def _state(gm: fx.GraphModule) -> dict[str, Any]:

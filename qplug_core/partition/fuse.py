@@ -17,6 +17,7 @@ from typing import Sequence
 from torch.fx import Graph, GraphModule, Node
 
 from qplug_core.errors import GraphError
+from qplug_core.fx.graph_utils import forms_cycle
 
 __all__ = ["fuse_by_partitions", "stable_topological_sort"]
 
@@ -41,24 +42,8 @@ def _build_submodule(gm: GraphModule, nodes: list[Node], name: str
     return GraphModule(gm, sub, class_name=name), list(inputs), outputs
 
 
-def _forms_cycle(group: Sequence[Node]) -> bool:
-    """True if a path from a user outside ``group`` leads back into it (fusing it makes a cycle)."""
-    members = set(group)
-    stack = [u for n in group for u in n.users if u not in members]
-    seen: set[Node] = set()
-    while stack:
-        node = stack.pop()
-        if node in members:
-            return True
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.extend(node.users)
-    return False
-
-
 def _refuse_cycle(i: int, group: Sequence[Node]) -> None:
-    if _forms_cycle(group):
+    if forms_cycle(set(group)):
         names = [n.name for n in group]
         raise GraphError(f"partition {i} ({names}) found dependency cycles: a path leaves it and "
                          "comes back into it, so it cannot become one submodule.", node=names[0])

@@ -221,7 +221,7 @@ class RegionPlanner:
         if region.observation_type == ObservationType.INPUT_OUTPUT_NOT_OBSERVED:
             region.reason = "op works on any dtype; nothing to observe"
             return
-        if not _is_float_tensor(region.anchor):  # x.size(1) + 0: int8 has nothing to do here
+        if not region.weighted and not _is_float_tensor(region.anchor):  # x.size(1) + 0
             region.reason = (f"its output is not a float tensor "
                              f"({region.anchor.meta.get(VALUE_KIND)}), so there is nothing to quantize")
             return

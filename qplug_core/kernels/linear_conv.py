@@ -293,7 +293,8 @@ class _ConvTransposeNd(_ConvNd):
             out = kernel(x)
             qweight, bias = kernel._packed.unpack()
         fn = getattr(torch.nn.functional, f"conv_transpose{cls._dim}d")
-        expected = fn(x.dequantize(), qweight.dequantize(), bias, mod.stride, mod.padding,
+        weight = qweight.dequantize().reshape(mod.weight.shape)  # 1d weights are packed as 2d
+        expected = fn(x.dequantize(), weight, bias, mod.stride, mod.padding,
                       mod.output_padding, mod.groups, mod.dilation)
         try:
             check_against(out, torch.relu(expected) if kernel._op.__name__ == "conv_transpose_relu"

@@ -518,3 +518,17 @@ def test_17_converted_model_ignores_the_global_engine_and_restores_it():
         assert all(torch.equal(outputs["fbgemm"], o) for o in outputs.values())
     finally:
         torch.backends.quantized.engine = previous
+
+
+def test_17_qnnpack_clamps_known_wrong_on_channels_last_run_in_reference_form():
+    """Pinning qnnpack's engine exposes torch 2.13's wrong relu6/hardtanh on channels_last tensors;
+    the probe keeps those ops in reference form, so the qnnpack model matches its reference."""
+    torch.manual_seed(0)
+    model = _Clampy().eval()
+    observed = _quantize(model, _batches((1, 3, 12, 12)), backend="qnnpack")
+    reference, lowered = qp.convert_to_reference_fx(observed), qp.convert_fx(observed)
+    x = torch.randn(1, 3, 12, 12).contiguous(memory_format=torch.channels_last)
+    assert qp.sqnr(reference(x), lowered(x)) > 30
+    report = qp.quantization_report(lowered)
+    assert {"act", "hardtanh"} <= set(report.reference)
+    assert report.kernels["pool"] == "passthrough"

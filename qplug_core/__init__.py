@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
     from qplug_core.distributed import sync_observers
     from qplug_core.dynamic import quantize_dynamic
     from qplug_core.errors import QplugError
+    from qplug_core.onnx_export import export_onnx
     from qplug_core.flows import (
         calibrate,
         convert_fx,
@@ -105,7 +106,7 @@ __all__ = [
     "Availability", "Backend", "BackendConfig", "BackendPatternConfig", "BackendSpec",
     "DTypeConfig", "DTypeWithConstraints", "MatchAllNode", "ObservationType", "QConfig",
     "QConfigMapping", "QplugError", "__version__", "calibrate", "compare", "config", "convert_fx",
-    "convert_to_reference_fx", "distributed", "eager", "errors", "fuse_fx", "get_backend",
+    "convert_to_reference_fx", "distributed", "eager", "errors", "export_onnx", "fuse_fx", "get_backend",
     "get_default_qconfig_mapping", "hookimpl", "list_backends", "load", "matcher", "observers",
     "partition", "passes", "patterns", "prepare_fx", "prepare_qat_fx", "quantization_report",
     "quantize", "quantize_dynamic", "save", "sqnr", "sync_observers", "zoo",

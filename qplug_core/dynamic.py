@@ -18,6 +18,7 @@ from torch.nn.utils.parametrize import type_before_parametrizations
 
 from qplug_core.backend import Backend, resolve_backend
 from qplug_core.config import QConfig, QConfigMapping
+from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.errors import (
     ConfigError,
     ConfigValidationError,
@@ -250,6 +251,8 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     for name, module, qconfig in swaps:
         replacement = _swap(module, qconfig, chosen)
         if not name:
-            return replacement.eval()
+            result = replacement
+            break
         result.set_submodule(name, replacement)
+    remove_qconfig_attributes(result)
     return result.eval()

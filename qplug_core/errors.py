@@ -139,8 +139,12 @@ class TraceError(GraphError):
         self.module = module
 
 
-class PassError(GraphError):
-    """A graph pass failed or left an invalid graph; the input GraphModule is unchanged."""
+class PassError(GraphError, RuntimeError):
+    """A graph pass failed or left an invalid graph; the input GraphModule is unchanged.
+
+    Also a ``RuntimeError``, which torch.fx's pass infrastructure raises in the same situation, so
+    code catching the builtin type keeps working.
+    """
 
     def __init__(self, message: str, *, pass_name: str | None = None,
                  completed_passes: Sequence[str] = (), node: str | None = None):

@@ -34,6 +34,7 @@ from qplug_core.fx.regions import RegionPlanner
 from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, top_reasons
 from qplug_core.fx.tags import STATE, ValueAnnotator
 from qplug_core.passes import PassResult
+from qplug_core.report import eval_mode
 from qplug_core.serialization import record_artifact
 
 _STATE_KEY = STATE
@@ -47,7 +48,7 @@ def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
             f"{len(example_inputs)} example inputs given but the model's forward takes {n_inputs}; "
             "pass example_inputs as a tuple with one entry per positional input of forward")
     try:
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(gm):  # prepare must not update BN statistics
             ValueAnnotator(gm).run(*example_inputs)
     except QplugError:
         raise

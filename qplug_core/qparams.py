@@ -169,8 +169,8 @@ def _broadcast(qp: QParams, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return scale.reshape(shape), zero_point.reshape(shape)
 
 
-def _quantize_unclamped(x: torch.Tensor, qp: QParams
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_unclamped(x: torch.Tensor, qp: QParams
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rounded but unclamped quantized values in float32, plus the broadcast scale and zero point.
 
     Mirrors torch's kernels: multiply by ``1 / scale`` computed in float32, round half to even, add
@@ -187,7 +187,7 @@ def _quantize_unclamped(x: torch.Tensor, qp: QParams
 
 def quantize(x: torch.Tensor, qp: QParams) -> torch.Tensor:
     """Quantize ``x`` into a plain integer tensor of ``STORAGE_DTYPE[qp.dtype]``."""
-    q, _, _ = _quantize_unclamped(x, qp)
+    q, _, _ = quantize_unclamped(x, qp)
     return torch.clamp(q, qp.quant_min, qp.quant_max).to(STORAGE_DTYPE[qp.dtype])
 
 
@@ -204,7 +204,7 @@ class _FakeQuantizeSTE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, qp: QParams) -> torch.Tensor:
-        q, scale, zero_point = _quantize_unclamped(x, qp)
+        q, scale, zero_point = quantize_unclamped(x, qp)
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward((q >= qp.quant_min) & (q <= qp.quant_max))
         return (torch.clamp(q, qp.quant_min, qp.quant_max) - zero_point) * scale

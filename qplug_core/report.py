@@ -270,8 +270,9 @@ def _recording(model: nn.Module, names: Iterable[str]) -> Iterator[_Recorder]:
 
 
 @contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode for the comparison (no BN statistic updates, no dropout), then restore."""
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode for a run that must not change the model (no BN statistic updates, no dropout),
+    then every module's own flag back (compare, and the annotating run of prepare)."""
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
@@ -363,8 +364,8 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
     num_batches = 0
     with ExitStack() as stack:
         stack.enter_context(torch.no_grad())
-        stack.enter_context(_eval_mode(float_model))
-        stack.enter_context(_eval_mode(quantized_model))
+        stack.enter_context(eval_mode(float_model))
+        stack.enter_context(eval_mode(quantized_model))
         ref_rec = stack.enter_context(_recording(float_model, names))
         test_rec = stack.enter_context(_recording(quantized_model, names))
         for args in _batches(inputs):

@@ -23,6 +23,7 @@ import torch
 from torch import fx
 
 from qplug_core.errors import GraphError, PatternError, TraceError
+from qplug_core.ir.cycles import forms_cycle
 
 __all__ = ["InternalMatch", "SubgraphMatcher", "aten_graph_of", "pattern_graph_from"]
 
@@ -105,21 +106,6 @@ def _normalized_args(node: fx.Node) -> list[Any] | None:
         else:
             values.append(argument.default_value)
     return values
-
-
-def _forms_cycle(nodes: set[fx.Node]) -> bool:
-    """True if some path leaves ``nodes`` and comes back, so fusing them would make a cycle."""
-    stack = [user for node in nodes for user in node.users if user not in nodes]
-    seen: set[fx.Node] = set()
-    while stack:
-        current = stack.pop()
-        if current in nodes:
-            return True
-        if current in seen:
-            continue
-        seen.add(current)
-        stack.extend(current.users)
-    return False
 
 
 class _Attempt:
@@ -311,5 +297,5 @@ class SubgraphMatcher:
         if candidates:
             extend(0, _Attempt())
         matches = [m for m in found if self._is_contained(m.nodes_map)
-                   and not _forms_cycle(set(self._compute_nodes(m)))]
+                   and not forms_cycle(set(self._compute_nodes(m)))]
         return self._without_overlaps(matches) if self.remove_overlapping_matches else matches

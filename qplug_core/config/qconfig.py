@@ -104,3 +104,10 @@ def check_optional_qconfig(value: Any, path: str) -> QConfig | None:
     raise ConfigValidationError(f"{where(path)} must be a QConfig or None (do not quantize), got "
                                 f"{value!r}; build one with QConfig(activation=..., weight=...)",
                                 field=path, value=value)
+
+
+def remove_qconfig_attributes(model: Any) -> None:
+    """Delete every module's ``qconfig`` attribute, as torch.ao's convert and quantize_dynamic do:
+    a converted model carries none, so a later prepare cannot pick up stale per-module qconfigs."""
+    for module in model.modules():
+        module.__dict__.pop("qconfig", None)

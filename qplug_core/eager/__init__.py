@@ -17,9 +17,9 @@ from qplug_core.eager.convert import SimulatedOutput, convert
 from qplug_core.eager.functional import FloatFunctional, QFunctional
 from qplug_core.eager.fuse import fuse_modules, fuse_modules_qat
 from qplug_core.eager.prepare import prepare, prepare_qat
-from qplug_core.eager.stubs import DeQuantStub, QuantStub
+from qplug_core.eager.stubs import DeQuantStub, QuantStub, QuantWrapper
 
 __all__ = [
-    "DeQuantStub", "FloatFunctional", "QFunctional", "QuantStub", "SimulatedOutput", "convert",
+    "DeQuantStub", "FloatFunctional", "QFunctional", "QuantStub", "QuantWrapper", "SimulatedOutput", "convert",
     "fuse_modules", "fuse_modules_qat", "prepare", "prepare_qat",
 ]

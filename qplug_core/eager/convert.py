@@ -22,6 +22,7 @@ from torch import nn
 
 from qplug_core.backend import Backend, get_backend
 from qplug_core.config import QConfig
+from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
 from qplug_core.eager.prepare import (
     INPUT_OBSERVER,
@@ -33,7 +34,7 @@ from qplug_core.eager.prepare import (
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
 from qplug_core.fx.regions import weight_name_of
-from qplug_core.kernels.base import KernelContext, TensorArg
+from qplug_core.kernels.base import KernelContext, TensorArg, pin_engine
 from qplug_core.observers import FakeQuantizeBase, ObserverBase
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import QParams
@@ -151,7 +152,8 @@ class _Converter:
     def swap(self, module: nn.Module) -> nn.Module | None:
         """The replacement of ``module``, or None to keep it (and look inside)."""
         if isinstance(module, DeQuantStub):
-            return self.stub(module)
+            kept = "qconfig" in module.__dict__ and module.qconfig is None
+            return None if kept else self.stub(module)
         if isinstance(module, (ObserverBase, FakeQuantizeBase)) or not isinstance(module._modules.get(OUTPUT_OBSERVER), (ObserverBase, FakeQuantizeBase)):
             return None  # not observed (qconfig None or not quantizable): keep, look inside
         if isinstance(module, QuantStub):
@@ -193,4 +195,7 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     model = model if inplace else copy.deepcopy(model)
     _convert_children(model, _Converter(chosen))
     delattr(model, STATE_ATTR)
+    remove_qconfig_attributes(model)
+    if chosen.kernels:
+        pin_engine(model, chosen.engine)
     return model.eval()

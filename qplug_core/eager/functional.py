@@ -20,14 +20,14 @@ from qplug_core.qparams import QParams
 #: FloatFunctional op -> the kernel-table pattern (complex format) its int8 version runs
 OP_PATTERNS: dict[str, Any] = {
     "add": torch.add, "add_relu": (torch.relu, torch.add), "mul": torch.mul,
-    "mul_relu": (torch.relu, torch.mul), "cat": torch.cat,
+    "mul_relu": (torch.relu, torch.mul), "cat": torch.cat, "matmul": torch.matmul,
 }
 
 
 def _no_forward(module: nn.Module) -> None:
     raise ConfigValidationError(
         f"{type(module).__name__} has no forward(); call one of its ops instead "
-        f"(add, add_relu, mul, mul_relu, cat, add_scalar, mul_scalar)", field="forward")
+        f"(add, add_relu, mul, mul_relu, matmul, cat, add_scalar, mul_scalar)", field="forward")
 
 
 class FloatFunctional(nn.Module):
@@ -51,6 +51,9 @@ class FloatFunctional(nn.Module):
 
     def mul_relu(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.activation_post_process(torch.relu(torch.mul(x, y)))
+
+    def matmul(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.activation_post_process(torch.matmul(x, y))
 
     def cat(self, x: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
         return self.activation_post_process(torch.cat(x, dim=dim))
@@ -107,6 +110,9 @@ class QFunctional(nn.Module):
 
     def mul_relu(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self._binary("mul_relu", x, y)
+
+    def matmul(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._binary("matmul", x, y)
 
     def cat(self, x: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
         args = ([TensorArg(i) for i in range(len(x))], dim)

@@ -35,6 +35,11 @@ def _groups(modules_to_fuse: Sequence[str] | Sequence[Sequence[str]]) -> list[li
     return result
 
 
+def _drop_hooks(registered: dict, moved: list) -> None:
+    for key in [k for k, hook in registered.items() if any(hook is m for m in moved)]:
+        del registered[key]
+
+
 def _fuse_group(model: nn.Module, group: list[str], named: dict[str, nn.Module], is_qat: bool,
                 fuser_func: FuserMethod | None) -> None:
     for name in group:
@@ -54,10 +59,16 @@ def _fuse_group(model: nn.Module, group: list[str], named: dict[str, nn.Module],
     except ConfigError as error:
         raise type(error)(f"fuse_modules: cannot fuse {group}: {error}", field=error.field,
                           value=error.value) from error
-    # hooks keep their meaning: pre-hooks ran before the first op, forward hooks after the last
-    for hook in modules[0]._forward_pre_hooks.values():
+    # hooks keep their meaning: pre-hooks ran before the first op, forward hooks after the last.
+    # They move (as in torch.ao): left on a child of the fused module they would run twice.
+    pre_hooks = list(modules[0]._forward_pre_hooks.values())
+    hooks = list(modules[-1]._forward_hooks.values())
+    for inner in fused.modules():  # the members, or the copies a fuser made of them
+        _drop_hooks(inner._forward_pre_hooks, pre_hooks)
+        _drop_hooks(inner._forward_hooks, hooks)
+    for hook in pre_hooks:
         fused.register_forward_pre_hook(hook)
-    for hook in modules[-1]._forward_hooks.values():
+    for hook in hooks:
         fused.register_forward_hook(hook)
     fused.train(modules[0].training)
     model.set_submodule(group[0], fused)

@@ -109,13 +109,14 @@ def _attach(module: nn.Module, name: str, qconfig: QConfig, *, with_input: bool)
     module.add_module(OUTPUT_OBSERVER, _observer(qconfig, name, "output", plain=False))
     if isinstance(module, FloatFunctional):
         return  # its ops call activation_post_process themselves
-    module.register_forward_hook(observe_output)
+    # prepended, as torch.ao does: a user's hook sees the module's output after it was observed
+    module.register_forward_hook(observe_output, prepend=True)
     if with_input:
         # a plain attribute, not a child: fused modules are nn.Sequentials, which would run a
         # child observer on their *output* (the output observer runs there too, harmlessly,
         # as in torch.ao: it is an identity)
         module.__dict__[INPUT_OBSERVER] = _observer(qconfig, name, "input", plain=True)
-        module.register_forward_pre_hook(observe_input)
+        module.register_forward_pre_hook(observe_input, prepend=True)
 
 
 def _plan(model: nn.Module, qconfigs: dict[str, QConfig | None], backend: Backend
@@ -125,6 +126,8 @@ def _plan(model: nn.Module, qconfigs: dict[str, QConfig | None], backend: Backen
 
     def visit(module: nn.Module, name: str) -> None:
         qconfig = qconfigs[name]
+        if isinstance(module, DeQuantStub) and qconfig is None:
+            module.qconfig = None  # convert keeps it: a stub without qconfig stays as is (torch.ao)
         if isinstance(module, (ObserverBase, DeQuantStub)):
             return
         if qconfig is not None and isinstance(module, (QuantStub, FloatFunctional)):

@@ -32,3 +32,22 @@ class QuantStub(_Stub):
 
 class DeQuantStub(_Stub):
     """Where int8 leaves for float: the backend's Dequantize after convert (never observed)."""
+
+
+class QuantWrapper(nn.Module):
+    """``module`` between a QuantStub and a DeQuantStub: the whole module runs in int8.
+
+    The stubs take the wrapped module's ``qconfig`` attribute, if it has one (torch.ao's
+    ``QuantWrapper``).
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        qconfig = getattr(module, "qconfig", None)
+        self.add_module("quant", QuantStub(qconfig))
+        self.add_module("dequant", DeQuantStub(qconfig))
+        self.add_module("module", module)
+        self.train(module.training)
+
+    def forward(self, x: Any) -> Any:
+        return self.dequant(self.module(self.quant(x)))

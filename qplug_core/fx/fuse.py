@@ -51,13 +51,25 @@ def fuse_graph(gm: fx.GraphModule, backend, *, is_qat: bool) -> list[FusionRecor
         return []
     modules = dict(gm.named_modules(remove_duplicate=False))
     matches = find_matches(gm, {p: entry for p, entry in table.items()}, modules=modules)
-    records = []
+    records, absorbed = [], set()
+    replaced: dict[fx.Node, fx.Node] = {}  # anchor of an applied fusion -> the node now standing for it
     for match in _unique_in_graph_order(gm, matches):
         config, fuser = match.config
-        records.append(_apply_fusion(gm, modules, match, config, fuser, is_qat))
+        absorbed.update(n.target for n in match.nodes if n.op == "call_module")
+        records.append(_apply_fusion(gm, modules, match, config, fuser, is_qat, replaced))
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
+    _delete_fused_away_modules(gm, absorbed - {r.module_name for r in records})
     return records  # the PassManager recompiles after the pass
+
+
+def _delete_fused_away_modules(gm: fx.GraphModule, candidates: set[str]) -> None:
+    """Drop the submodules fusion made unreachable (bn, relu), as torch.ao's GraphModule does, so
+    the state_dict carries no stale BatchNorm tensors and their hooks cannot fire."""
+    used = [n.target for n in gm.graph.nodes if n.op in ("call_module", "get_attr")]
+    for name in sorted(candidates):
+        if not any(u == name or u.startswith(name + ".") for u in used):
+            gm.delete_submodule(name)
 
 
 def _unique_in_graph_order(gm: fx.GraphModule, matches: Mapping[str, Match]) -> list[Match]:
@@ -70,7 +82,8 @@ def _unique_in_graph_order(gm: fx.GraphModule, matches: Mapping[str, Match]) -> 
     return ordered
 
 
-def _apply_fusion(gm, modules, match: Match, config, fuser, is_qat: bool) -> FusionRecord:
+def _apply_fusion(gm, modules, match: Match, config, fuser, is_qat: bool,
+                  replaced: dict[fx.Node, fx.Node]) -> FusionRecord:
     root = config.root_node_getter(match.node_pattern) if config.root_node_getter else match.root
     if not isinstance(root, fx.Node) or root.op != "call_module":
         raise PatternError(
@@ -84,7 +97,10 @@ def _apply_fusion(gm, modules, match: Match, config, fuser, is_qat: bool) -> Fus
     gm.set_submodule(root.target, fused)
     modules[root.target] = fused
 
-    extra = tuple(config.extra_inputs_getter(match.node_pattern)) if config.extra_inputs_getter else ()
+    # an extra input matched by MatchAllNode may be the anchor of a fusion applied before this one
+    extra = tuple(replaced.get(n, n) if isinstance(n, fx.Node) else n
+                  for n in config.extra_inputs_getter(match.node_pattern)) \
+        if config.extra_inputs_getter else ()
     graph = gm.graph
     if extra:  # extra inputs may be computed after the root: call the fused module at the anchor
         with graph.inserting_before(match.anchor):
@@ -94,6 +110,8 @@ def _apply_fusion(gm, modules, match: Match, config, fuser, is_qat: bool) -> Fus
     else:  # the root node now calls the fused module, keeping its place and name
         fused_node = root
     match.anchor.replace_all_uses_with(fused_node)
+    if match.anchor is not fused_node:
+        replaced[match.anchor] = fused_node
     for node in match.nodes:  # pre-order, anchor first: every member's users inside the match go first
         if node is not fused_node and not node.users:
             graph.erase_node(node)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from qplug_core.errors import ConstraintViolationError
 from qplug_core.fx import kernel_contract
 from qplug_core.fx.graph_utils import is_module_call
 from qplug_core.fx.summary import report_names
@@ -62,7 +63,7 @@ def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
         if problem:
             summary.reference[name] = problem
             continue
-        problem = _lower_region(gm, backend, spec, tag, nodes, contract)
+        problem = _why_not_lowered(gm, backend, spec, tag, nodes, contract)
         if problem:
             summary.reference[name] = problem
         else:
@@ -223,6 +224,27 @@ def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: tor
 def _quantized_output(tag) -> bool:
     config = tag.dtype_config
     return config is None or (not tag.is_dynamic and config.output_dtype in STORAGE_DTYPE)
+
+
+def _why_not_lowered(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _RegionNodes,
+                     contract: kernel_contract.ContractRun) -> str:
+    """Lower one region; an empty string when it now runs the kernel, else why it stays reference."""
+    runtime = [] if spec.passthrough else _runtime_operands(nodes)
+    if runtime:
+        return (f"operand(s) {runtime} are Python values computed at run time; kernel {spec.op} "
+                "needs them when it is built")
+    try:
+        return _lower_region(gm, backend, spec, tag, nodes, contract)
+    except ConstraintViolationError as refusal:  # the kernel refused this instance (before any edit)
+        warnings.warn(f"qplug: backend {backend.name!r}: {refusal}", stacklevel=4)
+        return str(refusal)
+
+
+def _runtime_operands(nodes: _RegionNodes) -> list[str]:
+    """Inputs of the region that are non-tensor values produced by the graph (``x.size(1) + 0``)."""
+    members = set(nodes.members)
+    return [a.name for m in nodes.members for a in m.all_input_nodes
+            if a not in members and a.meta.get(VALUE_KIND) == "other"]
 
 
 def _free_module_name(gm: fx.GraphModule, node: fx.Node, op: str) -> str:

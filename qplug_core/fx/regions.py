@@ -222,6 +222,10 @@ class RegionPlanner:
         if region.observation_type == ObservationType.INPUT_OUTPUT_NOT_OBSERVED:
             region.reason = "op works on any dtype; nothing to observe"
             return
+        if not region.weighted and not _is_float_tensor(region.anchor):  # x.size(1) + 0
+            region.reason = (f"its output is not a float tensor "
+                             f"({region.anchor.meta.get(VALUE_KIND)}), so there is nothing to quantize")
+            return
         problems_by_config = []
         for dtype_config in region.config.dtype_configs:
             key = (region.qconfig, id(dtype_config), region.weighted)

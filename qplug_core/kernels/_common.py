@@ -16,6 +16,7 @@ from torch import nn
 
 from qplug_core.errors import BackendUnavailableError, ConfigValidationError, NumericOverflowError
 from qplug_core.kernels.base import KernelContext, TensorArg, engine_context, quiet_quantized_dtypes
+from qplug_core import qparams as Q
 from qplug_core.qparams import QParams
 
 INT32_MAX = 2**31 - 1
@@ -80,19 +81,17 @@ def int_weight(weight: torch.Tensor, qp: QParams
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(integer values, scale, zero point) of ``weight`` under ``qp``, broadcastable to it.
 
-    Round-half-even then clamp to ``qp``'s range (which may be narrower than the dtype's).
+    Rounds exactly as activations and the reference form do (``qparams.quantize_unclamped``, torch's
+    float32 ``x * (1 / scale)``), so a weight on a rounding tie gets the same integer in every
+    flow, then clamps to ``qp``'s range (which may be narrower than the dtype's).
     """
-    scale, zp = qp.scale.double(), qp.zero_point.double()
-    if qp.per_channel:
-        if not -weight.dim() <= qp.axis < weight.dim() or scale.numel() != weight.size(qp.axis):
-            raise ConfigValidationError(
-                f"weight qparams: {scale.numel()} per-channel scales on axis {qp.axis} do not fit a "
-                f"weight of shape {tuple(weight.shape)}", field="weight_qparams", value=qp)
-        shape = [1] * weight.dim()
-        shape[qp.axis] = -1
-        scale, zp = scale.reshape(shape), zp.reshape(shape)
-    q = torch.round(weight.double() / scale) + zp
-    return q.clamp(qp.quant_min, qp.quant_max), scale, zp
+    if qp.per_channel and (not -weight.dim() <= qp.axis < weight.dim()
+                           or qp.scale.numel() != weight.size(qp.axis)):
+        raise ConfigValidationError(
+            f"weight qparams: {qp.scale.numel()} per-channel scales on axis {qp.axis} do not fit a "
+            f"weight of shape {tuple(weight.shape)}", field="weight_qparams", value=qp)
+    q, scale, zp = Q.quantize_unclamped(weight, qp)
+    return q.clamp(qp.quant_min, qp.quant_max).double(), scale.double(), zp.double()
 
 
 def quantize_weight(weight: torch.Tensor, qp: QParams) -> torch.Tensor:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from qplug_core.errors import ConfigValidationError
+from qplug_core.errors import ConfigValidationError, ModelStateError
 from qplug_core.qparams import QParams
 
 #: torch >= 2.13 deprecates tensors with dtypes quint8/qint8/qint32; the kernels we wrap still need
@@ -90,6 +90,60 @@ def quantized_from_int(values: torch.Tensor, scale: float, zero_point: int,
     with quiet_quantized_dtypes():
         return torch.quantize_per_tensor(((q - zero_point) * scale).float(), float(scale),
                                          int(zero_point), dtype)
+
+
+class PackedStateModule(nn.Module):
+    """Base of kernels whose int8 weights live in torch's packed objects, outside ``state_dict``.
+
+    ``load_state_dict`` could restore nothing into them, and used to succeed silently while every
+    output stayed as before; it is refused instead, pointing at the ways that do round-trip.
+    """
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs) -> None:
+        where = prefix.rstrip(".") or "the root module"
+        raise ModelStateError(
+            f"load_state_dict cannot restore {type(self).__name__} at {where!r}: its int8 weights "
+            "are packed outside the state_dict. Save and load converted models with qp.save / "
+            "qp.load, or load the float weights into the float model and quantize it again.")
+
+
+_PINNED = threading.local()
+
+
+class _EnterEngine:
+    """Forward pre-hook: switch the global engine to ``engine`` for the model's forward."""
+
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        previous = torch.backends.quantized.engine
+        _PINNED.__dict__.setdefault("stack", []).append(previous)
+        if previous != self.engine:
+            torch.backends.quantized.engine = self.engine
+
+
+def _leave_engine(module: nn.Module, args: Any, output: Any) -> None:
+    """Forward hook (always called, also on errors): restore the caller's engine."""
+    previous = _PINNED.stack.pop()
+    if torch.backends.quantized.engine != previous:
+        torch.backends.quantized.engine = previous
+
+
+def pin_engine(model: nn.Module, engine: str | None) -> nn.Module:
+    """Make ``model``'s forward run under ``engine`` whatever the global engine is; returns it.
+
+    Ops without packed weights (clamp, hardtanh, pooling, add, cat on quantized tensors) dispatch
+    on the *global* engine at call time, so a model converted for fbgemm gave other numbers (and
+    ran slower) once someone set qnnpack. Two hooks on the root set and restore the engine: two
+    attribute writes per call, and nested pinned models restore each other's engine.
+    """
+    if engine is None or any(isinstance(h, _EnterEngine) for h in model._forward_pre_hooks.values()):
+        return model
+    model.register_forward_pre_hook(_EnterEngine(engine))
+    model.register_forward_hook(_leave_engine, always_call=True)
+    return model
 
 
 @dataclass(frozen=True)

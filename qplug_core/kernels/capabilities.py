@@ -48,6 +48,9 @@ class EngineCapabilities:
     float_bias: bool = False
     #: max_pool3d on quantized tensors (runs under the *global* engine)
     max_pool3d: bool = False
+    #: relu6 / hardtanh / clamp on channels_last quint8 tensors give the float result (torch
+    #: 2.13's qnnpack ones do not: MobileNetV2 at -2 dB)
+    clamp_channels_last: bool = False
 
     def as_dict(self) -> dict[str, bool | str]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -114,6 +117,15 @@ def _max_pool3d() -> None:
     F.max_pool3d(_qu8((1, 1, 2, 2, 2)), 2)
 
 
+def _clamp_channels_last() -> bool:
+    x = _qu8((1, 8, 3, 3), scale=0.1).contiguous(memory_format=torch.channels_last)
+    reference = x.dequantize()
+    ops = ((F.relu6, lambda t: t.clamp(0, 6)),
+           (lambda t: F.hardtanh(t, -1.0, 2.0), lambda t: t.clamp(-1, 2)),
+           (lambda t: torch.clamp(t, 0.5, 3.0), lambda t: t.clamp(0.5, 3.0)))
+    return all(_matches(op(x), expected(reference)) for op, expected in ops)
+
+
 def _works(probe: Callable[[], object]) -> bool:
     try:
         result = probe()
@@ -143,4 +155,5 @@ def engine_capabilities(engine: str) -> EngineCapabilities:
             fp16_dynamic_linear=_works(_fp16_linear),
             float_bias=_works(_float_bias),
             max_pool3d=_works(_max_pool3d),
+            clamp_channels_last=_works(_clamp_channels_last),
         )

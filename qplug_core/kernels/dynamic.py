@@ -21,7 +21,7 @@ from qplug_core.kernels._common import (
     quantize_weight,
     split_fused_relu,
 )
-from qplug_core.kernels.base import engine_context
+from qplug_core.kernels.base import PackedStateModule, engine_context, quiet_quantized_dtypes
 from qplug_core.kernels.capabilities import engine_capabilities
 from qplug_core.qparams import QParams
 
@@ -38,7 +38,7 @@ def symmetric_weight_qparams(weight: torch.Tensor, per_channel: bool) -> QParams
                    axis=0 if per_channel else None, is_dynamic=True)
 
 
-class _DynamicKernel(nn.Module):
+class _DynamicKernel(PackedStateModule):
     """Shared ``from_float`` checks and weight packing of the dynamic modules."""
 
     _float_type: type[nn.Module] | tuple[type[nn.Module], ...]
@@ -116,6 +116,41 @@ class DynamicLinear(_DynamicKernel):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with forward_quiet():
             return self._op(x, self._packed)
+
+    def _unpacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(float weight on its int8 / float16 grid, float bias), unpacked once on first read."""
+        cached = self.__dict__.get("_unpacked_cache")
+        if cached is None:
+            with quiet_quantized_dtypes():
+                if self.dtype == torch.float16:
+                    weight, bias = _Q.linear_unpack_fp16(self._packed)
+                else:
+                    weight, bias = _Q.linear_unpack(self._packed)
+                    weight = weight.dequantize()
+            cached = (weight.float(), None if bias is None else bias.float())
+            self.__dict__["_unpacked_cache"] = cached
+        return cached
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight the kernel uses, as a float tensor (read-only copy).
+
+        Model code reads ``self.linear.weight`` (T5 checks its dtype, ``nn.TransformerEncoderLayer``
+        its device), so a converted layer must keep one; writing to it changes nothing.
+        """
+        return self._unpacked()[0]
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self._unpacked()[1]
+
+    @property
+    def in_features(self) -> int:
+        return self._unpacked()[0].shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self._unpacked()[0].shape[0]
 
 
 def _bias(mod: nn.Module, name: str, size: int) -> torch.Tensor:

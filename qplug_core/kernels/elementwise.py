@@ -1,4 +1,4 @@
-"""Element-wise and activation kernels: add/mul(+relu), cat, hardswish, elu, leaky_relu, softmax,
+"""Element-wise and activation kernels: add/mul(+relu), matmul, cat, hardswish, elu, leaky_relu, softmax,
 and the fixed-qparams sigmoid/tanh/hardsigmoid.
 
 These ops carry no packed state, so torch dispatches them by the *global* engine at run time
@@ -42,6 +42,10 @@ def _scalar_operand(ctx: KernelContext, op: str) -> float:
     return float(numbers_[0])
 
 
+def _tensor_operands(ctx: KernelContext) -> int:
+    return sum(isinstance(a, TensorArg) for a in [*ctx.args, *ctx.kwargs.values()])
+
+
 class _Binary(KernelModule):
     """quantized (+|*) quantized -> requantized output, or quantized (+|*) Python scalar.
 
@@ -60,13 +64,14 @@ class _Binary(KernelModule):
     @classmethod
     def from_context(cls, ctx: KernelContext) -> _Binary:
         scale, zp, dtype = output_qparams(ctx)
-        scalar = None if len(ctx.input_qparams) >= 2 else _scalar_operand(ctx, cls.__name__)
+        two_tensors = len(ctx.input_qparams) >= 2 or _tensor_operands(ctx) >= 2  # x + x: one input
+        scalar = None if two_tensors else _scalar_operand(ctx, cls.__name__)
         return cls(scale, zp, dtype, scalar)
 
     def forward(self, a: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         with forward_quiet():
-            if self.scalar is None:
-                return type(self)._tensor_op(a, b, self.scale, self.zero_point)
+            if self.scalar is None:  # ``b`` is None when both operands are the same tensor
+                return type(self)._tensor_op(a, a if b is None else b, self.scale, self.zero_point)
             y = type(self)._scalar_op(a, self.scalar)
             if y.q_scale() == self.scale and y.q_zero_point() == self.zero_point:
                 return y
@@ -109,6 +114,18 @@ class MulReLU(_Binary):
 
     _tensor_op, _scalar_op = _Q.mul_relu, _Q.mul_scalar_relu
     _reference = staticmethod(lambda a, b: torch.relu(a * b))
+
+
+class Matmul(_Binary):
+    """quantized.matmul of two quantized tensors (no scalar form)."""
+
+    _tensor_op = _Q.matmul
+    _reference = staticmethod(torch.matmul)
+
+    @classmethod
+    def _self_test_case(cls, engine: str):
+        ctx, reference, _ = super()._self_test_case(engine)
+        return ctx, reference, ((2, 3, 4), (2, 4, 5))
 
 
 class Cat(KernelModule):

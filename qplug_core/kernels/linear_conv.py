@@ -15,20 +15,22 @@ from typing import Callable
 import torch
 from torch import nn
 
-from qplug_core.errors import ConfigValidationError, ConstraintViolationError
+from qplug_core.errors import BackendUnavailableError, ConfigValidationError, ConstraintViolationError
 from qplug_core.kernels._common import (
     INT32_MAX,
     SELF_TEST_INPUT,
     KernelModule,
     activation_qparams,
+    check_against,
     check_reduction_length,
     forward_quiet,
     output_qparams,
     per_tensor_qparams,
+    quantize_input,
     quantize_weight,
     split_fused_relu,
 )
-from qplug_core.kernels.base import KernelContext, TensorArg, engine_context
+from qplug_core.kernels.base import KernelContext, PackedStateModule, TensorArg, engine_context
 from qplug_core.kernels.capabilities import EngineCapabilities, engine_capabilities
 from qplug_core.qparams import QParams
 
@@ -61,7 +63,7 @@ def fit_bias_scale(bias: torch.Tensor | None, wqp: QParams, input_scale: float,
     return dataclasses.replace(wqp, scale=raised)
 
 
-class _PackedWeightKernel(KernelModule):
+class _PackedWeightKernel(KernelModule, PackedStateModule):
     """Shared build/run of the weighted kernels; subclasses say which module and which ops."""
 
     _float_type: type[nn.Module]
@@ -270,7 +272,38 @@ class _ConvTransposeNd(_ConvNd):
                 f"{cls.__name__}: per-channel weights with groups={mod.groups} are not supported "
                 f"by quantized transposed conv; use per-tensor weights",
                 field="weight_qparams.axis", value=ctx.weight_qparams.axis)
-        return super().from_context(ctx)
+        kernel = super().from_context(ctx)
+        cls._probe(kernel, mod, ctx)
+        return kernel
+
+    @classmethod
+    def _probe(cls, kernel: _PackedWeightKernel, mod: nn.Module, ctx: KernelContext) -> None:
+        """Run this layer's kernel once on a small input and refuse it if it misses the float result.
+
+        torch 2.13's fbgemm/x86/oneDNN transposed convs are wrong for some shapes (kernel size 2
+        with 8+ channels: outputs off by tens of LSB, a UNet's upsampling at 16 dB instead of 38)
+        while the engine-level self-test passes, so the check is per layer; qnnpack is exact.
+        """
+        in_scale, in_zp, in_dtype = activation_qparams(ctx.input_qparams[0], "input_qparams[0]")
+        gen = torch.Generator().manual_seed(0)
+        shape = (1, mod.in_channels) + tuple(max(2, k) + 1 for k in mod.kernel_size)
+        ints = torch.randint(0, 128, shape, generator=gen).double()
+        x = quantize_input(((ints - in_zp) * in_scale).float(), in_scale, in_zp, in_dtype)
+        with forward_quiet():
+            out = kernel(x)
+            qweight, bias = kernel._packed.unpack()
+        fn = getattr(torch.nn.functional, f"conv_transpose{cls._dim}d")
+        weight = qweight.dequantize().reshape(mod.weight.shape)  # 1d weights are packed as 2d
+        expected = fn(x.dequantize(), weight, bias, mod.stride, mod.padding,
+                      mod.output_padding, mod.groups, mod.dilation)
+        try:
+            check_against(out, torch.relu(expected) if kernel._op.__name__ == "conv_transpose_relu"
+                          else expected, cls.__name__, kernel.engine)
+        except BackendUnavailableError as error:
+            raise ConstraintViolationError(
+                f"{cls.__name__} {tuple(mod.weight.shape)} kernel_size={mod.kernel_size}: engine "
+                f"{kernel.engine!r}'s kernel gives wrong results for this layer ({error}); it runs "
+                "in reference form instead", field="engine", value=kernel.engine) from error
 
     @classmethod
     def _pack(cls, mod: nn.Module, qweight: torch.Tensor) -> object:

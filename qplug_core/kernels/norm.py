@@ -18,7 +18,7 @@ from qplug_core.kernels._common import (
     output_qparams,
     split_fused_relu,
 )
-from qplug_core.kernels.base import KernelContext, TensorArg
+from qplug_core.kernels.base import KernelContext, PackedStateModule, TensorArg
 
 _Q = torch.ops.quantized
 
@@ -30,7 +30,7 @@ def _affine(mod: nn.Module, size: int | tuple[int, ...]) -> tuple[torch.Tensor, 
     return weight, bias
 
 
-class _Norm(KernelModule):
+class _Norm(KernelModule, PackedStateModule):
     """A norm op bound to its float parameters; ``forward(x)`` requantizes to the output qparams."""
 
     _float_type: type[nn.Module] | tuple[type[nn.Module], ...]

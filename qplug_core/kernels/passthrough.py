@@ -27,18 +27,20 @@ PASSTHROUGH_OPS: tuple[object, ...] = (
     "repeat", "expand", F.pixel_shuffle, nn.PixelShuffle, F.interpolate, nn.Upsample,
     nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d,
     # clipping activations (exact on the integer grid)
-    F.relu, torch.relu, nn.ReLU, "relu", F.relu6, nn.ReLU6, F.hardtanh, nn.Hardtanh,
-    torch.clamp, "clamp", F.dropout, nn.Dropout, nn.Identity,
+    F.relu, torch.relu, nn.ReLU, "relu", F.dropout, nn.Dropout, nn.Identity,
 )
 
-#: passthrough ops some engines lack (dispatched on the global engine at run time)
+#: passthrough ops some engines lack or get wrong (they run under the model's pinned engine):
+#: a missing flag leaves the op in reference form, which is always right
 _ENGINE_DEPENDENT: dict[str, tuple[object, ...]] = {
     "max_pool3d": (F.max_pool3d, nn.MaxPool3d),
+    "clamp_channels_last": (F.relu6, nn.ReLU6, F.hardtanh, nn.Hardtanh, torch.clamp, "clamp"),
 }
 
 
 def passthrough_ops(engine: str) -> tuple[object, ...]:
-    """:data:`PASSTHROUGH_OPS` plus those ``engine`` supports by probe (max_pool3d: not qnnpack)."""
+    """:data:`PASSTHROUGH_OPS` plus those ``engine`` gets right by probe (not on qnnpack: max_pool3d,
+    and relu6 / hardtanh / clamp, wrong on channels_last tensors in torch 2.13)."""
     caps = engine_capabilities(engine)
     extra = tuple(op for flag, ops in _ENGINE_DEPENDENT.items() if getattr(caps, flag) for op in ops)
     return PASSTHROUGH_OPS + extra

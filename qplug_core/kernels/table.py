@@ -71,8 +71,9 @@ def _unwrap(module: nn.Module) -> type:
 
 def build_weighted(ctx: KernelContext) -> nn.Module:
     """Static, dynamic or weight-only kernel for a weighted module, chosen from the context."""
-    if ctx.input_qparams and ctx.input_qparams[0].is_dynamic:
-        return build_dynamic(ctx)
+    float16_weight = ctx.weight_qparams is not None and ctx.weight_qparams.dtype == torch.float16
+    if float16_weight or (ctx.input_qparams and ctx.input_qparams[0].is_dynamic):
+        return build_dynamic(ctx)  # float16 dynamic has no activation boundary at all
     return _WEIGHTED[_unwrap(ctx.module)].from_context(ctx)
 
 
@@ -112,6 +113,8 @@ def _kernel_for(pattern: Any, passthrough: tuple, engine: str) -> KernelSpec | N
         return _spec("quantized::mul", K.Mul, engine)
     if pattern is torch.cat:
         return _spec("quantized::cat", K.Cat, engine)
+    if pattern is torch.matmul:
+        return _spec("quantized::matmul", K.Matmul, engine)
     if pattern in _UNARY:
         kernel = _UNARY[pattern]
         return _spec(f"quantized::{kernel.__name__.lower()}", kernel, engine)

@@ -34,6 +34,17 @@ NONFINITE_POLICIES = ("raise", "ignore")
 _ALL_SCHEMES = PER_TENSOR_SCHEMES + PER_CHANNEL_SCHEMES
 
 
+def refuse_symmetric_quint8_reduce_range(observer: "ObserverBase") -> None:
+    """MinMax observers refuse symmetric quint8 with reduce_range, as torch.ao's do (its histogram
+    observer accepts it, and so does ours)."""
+    if (observer.qscheme in (torch.per_tensor_symmetric, torch.per_channel_symmetric)
+            and observer.dtype == torch.quint8 and observer.reduce_range):
+        raise ConfigValidationError(
+            f"{type(observer).__name__}: symmetric quint8 cannot use reduce_range (torch.ao's "
+            "min/max observers refuse it too); use an affine qscheme, or qint8",
+            field="reduce_range", value=observer.reduce_range)
+
+
 class ObserverBase(nn.Module, FactoryMixin):
     """Records statistics in ``forward`` (returning its input unchanged) and reports qparams.
 
@@ -73,12 +84,6 @@ class ObserverBase(nn.Module, FactoryMixin):
             self.quant_min, self.quant_max = quant_min, quant_max
         else:
             self.quant_min, self.quant_max = quant_range(dtype, reduce_range, quant_min, quant_max)
-        if (qscheme in (torch.per_tensor_symmetric, torch.per_channel_symmetric)
-                and dtype == torch.quint8 and reduce_range):
-            raise ConfigValidationError(
-                "symmetric quint8 cannot use reduce_range (torch.ao refuses it too: the zero point "
-                "would not be centred in the reduced range); use an affine qscheme, or qint8",
-                field="reduce_range", value=reduce_range)
         self.register_buffer("eps", torch.tensor([eps], dtype=torch.float32))
 
     @staticmethod
@@ -90,6 +95,14 @@ class ObserverBase(nn.Module, FactoryMixin):
                 field=field, value=value)
 
     # -- what subclasses provide ---------------------------------------------------------------
+
+    def _centres_in_range(self) -> bool:
+        """Symmetric quint8 centres its zero point in the range when it is not the full 0..255.
+
+        torch.ao keeps 128 under ``reduce_range`` (outside 0..127, so half the range is lost);
+        qplug uses the middle of the reduced range, a documented difference (docs/migrating.md).
+        """
+        return self.has_customized_qrange or (self.reduce_range and self.dtype == torch.quint8)
 
     @property
     def has_data(self) -> bool:
@@ -163,7 +176,7 @@ class ObserverBase(nn.Module, FactoryMixin):
             scale, zero_point = compute_qparams(
                 min_val, max_val, dtype=self.dtype, qscheme=self.qscheme,
                 quant_min=self.quant_min, quant_max=self.quant_max, eps=self.eps,
-                custom_range=self.has_customized_qrange)
+                custom_range=self._centres_in_range())
         except NonFiniteCalibrationError as e:
             raise NonFiniteCalibrationError(f"{self._where()}: {e}", node=self.name or None,
                                             count=e.count) from e

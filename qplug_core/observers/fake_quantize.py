@@ -133,6 +133,8 @@ class FakeQuantize(FakeQuantizeBase):
         self.zero_point.copy_(zero_point)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:  # nothing to observe or round (an empty batch, a zero-size slice)
+            return x
         if self.observer_enabled[0] == 1:
             self._update_qparams(x)
         if self.fake_quant_enabled[0] == 0:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
-from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.base import ObserverBase, refuse_symmetric_quint8_reduce_range
 from qplug_core.observers.batch_sync import BatchStats, batch_reduction
 from qplug_core.observers.ranks import Ranks
 from qplug_core.qparams import PER_CHANNEL_SCHEMES
@@ -34,10 +34,16 @@ def _not_below(max_val: torch.Tensor, min_val: torch.Tensor) -> torch.Tensor:
 
 
 class MinMaxObserver(ObserverBase):
-    """Running min/max of everything observed; the default for weights."""
+    """Running min/max of everything observed; the default for weights.
 
-    def __init__(self, **kwargs: Any) -> None:
+    ``memoryless=True`` forgets earlier batches: each call's range replaces the previous one
+    (torch.ao's old ``memoryless`` flag, used for per-batch statistics).
+    """
+
+    def __init__(self, memoryless: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        refuse_symmetric_quint8_reduce_range(self)
+        self.memoryless = bool(memoryless)
         self.register_buffer("min_val", torch.tensor(float("inf")))
         self.register_buffer("max_val", torch.tensor(float("-inf")))
 
@@ -53,6 +59,8 @@ class MinMaxObserver(ObserverBase):
         self.max_val.copy_(torch.max(x_max, self.max_val))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.memoryless:
+            self.reset_min_max_vals()
         self._observe(self._range_stats(x.detach().to(self.min_val.dtype)))
         return x
 
@@ -124,12 +132,15 @@ def _mean_unless_identical(ranks: Ranks, low: torch.Tensor, high: torch.Tensor
 
 
 class PerChannelMinMaxObserver(ObserverBase):
-    """Running min/max of each slice along ``ch_axis``; the default for conv/linear weights."""
+    """Running min/max of each slice along ``ch_axis``; the default for conv/linear weights.
+
+    ``memoryless=True``: each call's per-channel range replaces the previous one.
+    """
 
     supported_qschemes = PER_CHANNEL_SCHEMES
 
     def __init__(self, ch_axis: int = 0, qscheme: torch.qscheme = torch.per_channel_affine,
-                 **kwargs: Any) -> None:
+                 memoryless: bool = False, **kwargs: Any) -> None:
         if not isinstance(ch_axis, int) or isinstance(ch_axis, bool):
             raise ConfigValidationError(f"ch_axis must be an int, got {ch_axis!r}",
                                         field="ch_axis", value=ch_axis)
@@ -138,6 +149,8 @@ class PerChannelMinMaxObserver(ObserverBase):
                 f"{type(self).__name__} cannot be used for dynamic quantization",
                 field="is_dynamic", value=True)
         super().__init__(qscheme=qscheme, **kwargs)
+        refuse_symmetric_quint8_reduce_range(self)
+        self.memoryless = bool(memoryless)
         self.ch_axis = ch_axis
         self.register_buffer("min_val", torch.tensor([]))
         self.register_buffer("max_val", torch.tensor([]))
@@ -173,6 +186,8 @@ class PerChannelMinMaxObserver(ObserverBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0 and batch_reduction(self) is None:
             return x
+        if self.memoryless:
+            self.reset_min_max_vals()
         x = x.detach().to(self.min_val.dtype)
         self._check_channels(x)
         if x.numel():

@@ -4,7 +4,9 @@ Each group becomes a GraphModule whose inputs are the values the group reads fro
 whose outputs are the values read after it (a tuple unpacked by ``getitem`` when there are
 several). The caller's graph is then re-sorted topologically, because the call has to sit after
 all of its inputs and before all users of its outputs, which no single original position
-guarantees. The groups must be acyclic with respect to each other (the partitioner ensures it).
+guarantees. The groups must be disjoint and must not form a dependency cycle (a path leaving a
+group and coming back into it); both are checked and refused with a :class:`GraphError`, as
+torch.fx refuses them, because fusing such a group cannot give a valid graph.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Sequence
 from torch.fx import Graph, GraphModule, Node
 
 from qplug_core.errors import GraphError
+from qplug_core.ir.cycles import forms_cycle
 
 __all__ = ["fuse_by_partitions", "stable_topological_sort"]
 
@@ -39,9 +42,28 @@ def _build_submodule(gm: GraphModule, nodes: list[Node], name: str
     return GraphModule(gm, sub, class_name=name), list(inputs), outputs
 
 
+def _refuse_cycle(i: int, group: Sequence[Node]) -> None:
+    if forms_cycle(set(group)):
+        names = [n.name for n in group]
+        raise GraphError(f"partition {i} ({names}) found dependency cycles: a path leaves it and "
+                         "comes back into it, so it cannot become one submodule.", node=names[0])
+
+
+def _check_partitions(partitions: Sequence[Sequence[Node]]) -> None:
+    """Refuse overlapping or cyclic groups before the graph is touched."""
+    owner: dict[Node, int] = {}
+    for i, group in enumerate(partitions):
+        for node in group:
+            if owner.setdefault(node, i) != i:
+                raise GraphError(f"node {node.name!r} is in partitions {owner[node]} and {i}; "
+                                 "partitions to fuse must not overlap.", node=node.name)
+        _refuse_cycle(i, list(group))
+
+
 def stable_topological_sort(graph: Graph) -> None:
     """Reorder ``graph`` so every node follows its inputs, moving as few nodes as possible."""
     placed: set[Node] = set()
+    open_: set[Node] = set()
     order: list[Node] = []
     for root in graph.nodes:
         stack = [(root, False)]
@@ -51,8 +73,13 @@ def stable_topological_sort(graph: Graph) -> None:
                 continue
             if expanded:
                 placed.add(node)
+                open_.discard(node)
                 order.append(node)
                 continue
+            if node in open_:
+                raise GraphError(f"the graph has a dependency cycle through {node.name!r}",
+                                 node=node.name)
+            open_.add(node)
             stack.append((node, True))
             stack.extend((a, False) for a in reversed(node.all_input_nodes) if a not in placed)
     prev = order[0]
@@ -66,6 +93,7 @@ def fuse_by_partitions(gm: GraphModule, partitions: Sequence[Sequence[Node]],
                        prefix: str = "fused_") -> GraphModule:
     """Fuse each group of nodes of ``gm`` into a submodule ``<prefix><i>``; edits ``gm`` in place."""
     graph = gm.graph
+    _check_partitions(partitions)
     position = {n: i for i, n in enumerate(graph.nodes)}
     for i, group in enumerate(partitions):
         nodes = sorted(group, key=position.__getitem__)
@@ -75,6 +103,7 @@ def fuse_by_partitions(gm: GraphModule, partitions: Sequence[Sequence[Node]],
         if bad:
             raise GraphError(f"cannot fuse placeholder/output nodes {bad}; partitions hold call "
                              "and get_attr nodes only.", node=bad[0])
+        _refuse_cycle(i, nodes)  # earlier fusions can close a cycle through this group
         name = f"{prefix}{i}"
         sub, inputs, outputs = _build_submodule(gm, nodes, name)
         gm.add_submodule(name, sub)

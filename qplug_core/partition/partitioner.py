@@ -71,6 +71,7 @@ class CapabilityBasedPartitioner:
         self.operator_support = operator_support
         self.allows_single_node_partition = allows_single_node_partition
         self.non_compute_ops = DEFAULT_NON_COMPUTE_OPS | frozenset(non_compute_ops or ())
+        self._user_non_compute_ops = frozenset(non_compute_ops or ())
         self.allowed_single_node_partition_ops = frozenset(allowed_single_node_partition_ops or ())
 
     def _supported(self, nodes: list[Node]) -> list[bool]:
@@ -172,6 +173,39 @@ class CapabilityBasedPartitioner:
             count += name not in self.non_compute_ops
             count += name in self.allowed_single_node_partition_ops
         return count
+
+    def remove_bookend_non_compute_ops(self, partitions: list[Partition]) -> None:
+        """Drop the ``non_compute_ops`` nodes at a partition's edges, in place (as torch does).
+
+        A non-compute node (a view, a transpose named in ``non_compute_ops``) is a bookend when
+        all its inputs, or all its users, lead out of the partition through non-compute nodes only;
+        moving it out saves the backend a copy without losing any compute.
+        """
+        ops = self._user_non_compute_ops
+
+        def non_compute(node: Node) -> bool:
+            return node.op == "call_function" and qualified_name(node.target) in ops
+
+        for partition in partitions:
+            members = set(partition.nodes)
+            removed: set[Node] = set()
+            memo: dict[tuple[Node, bool], bool] = {}
+
+            def transparent(node: Node, upward: bool) -> bool:
+                if node.op == "placeholder" or node not in members or node in removed:
+                    return True
+                key = (node, upward)
+                if key not in memo:
+                    memo[key] = non_compute(node) and all(
+                        transparent(n, upward)
+                        for n in (node.all_input_nodes if upward else node.users))
+                return memo[key]
+
+            for node in partition.nodes:
+                if non_compute(node) and (transparent(node, True) or transparent(node, False)):
+                    removed.add(node)
+            for node in removed:
+                partition.nodes.pop(node, None)
 
     def fuse_partitions(self, partitions: list[Partition], prefix: str = "fused_") -> GraphModule:
         """Replace each partition by a ``call_module`` of a new submodule (in place)."""

@@ -56,7 +56,10 @@ def _cnn(name: str, px: int):
 def _qplug_sqnr(model, calibration, held_out, expected, backend: str) -> float:
     quantized = qp.quantize(model, calibration[0], calibration, backend=backend)
     report = qp.quantization_report(quantized)
-    assert report.skipped == [], report.skipped
+    # qnnpack's relu6 is wrong on channels_last tensors in torch 2.13, so it runs in reference
+    # form until clamps are folded into the producing conv (issue 19, item 18)
+    allowed = {"ReLU6"} if backend == "qnnpack" else set()
+    assert {s.op for s in report.skipped} <= allowed, report.skipped
     with torch.no_grad():
         return sqnr(expected, quantized(*held_out))
 

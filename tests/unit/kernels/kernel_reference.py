@@ -33,14 +33,18 @@ def qparams(scale: float, zp: int, dtype: torch.dtype = torch.quint8, axis: int 
 
 
 def fake_quant_weight(w: torch.Tensor, qp: QParams) -> torch.Tensor:
-    """Weight as the kernel sees it: round-half-even onto the qint8 grid, clamped, dequantized."""
-    s, zp = qp.scale.double(), qp.zero_point.double()
+    """Weight as the kernel sees it: round-half-even onto the qint8 grid, clamped, dequantized.
+
+    Scaling is torch's ``quantize_per_tensor``: multiply by the float32 reciprocal of the scale,
+    so a weight on a rounding tie gets the integer torch (and every qplug flow) gives it.
+    """
+    s, zp = qp.scale.float(), qp.zero_point.double()
     if qp.axis is not None:
         shape = [1] * w.dim()
         shape[qp.axis] = -1
         s, zp = s.reshape(shape), zp.reshape(shape)
-    q = (torch.round(w.double() / s) + zp).clamp(qp.quant_min, qp.quant_max)
-    return ((q - zp) * s).float()
+    q = (torch.round((w.float() * (1.0 / s)).double()) + zp).clamp(qp.quant_min, qp.quant_max)
+    return ((q - zp) * s.double()).float()
 
 
 def random_activation(shape: tuple[int, ...], scale: float, zp: int, gen: torch.Generator,

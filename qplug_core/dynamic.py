@@ -22,6 +22,7 @@ from qplug_core.errors import ConfigError, ConfigValidationError, ConstraintViol
 from qplug_core.flows import resolve_backend
 from qplug_core.fx.regions import dtype_config_problems
 from qplug_core.kernels.base import KernelContext, TensorArg
+from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
 from qplug_core.kernels.reference import DynamicQuantize, observed_weight_qparams, rounded_copy
 from qplug_core.qconfig_defaults import float16_dynamic_qconfig
 from qplug_core.qparams import QParams
@@ -158,12 +159,18 @@ def _as_mapping(qconfig_spec: Any, dtype: torch.dtype, backend: Backend,
 
 
 def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dtype = torch.qint8,
-                     *, backend: str | Backend | None = None, inplace: bool = False) -> nn.Module:
+                     *, backend: str | Backend | None = None, inplace: bool = False,
+                     per_token: bool = False) -> nn.Module:
     """Copy of ``model`` (eval mode) with Linear/LSTM/GRU/RNN cells dynamically quantized.
 
     ``qconfig_spec``: None (every supported type, the backend's default dynamic qconfig — per-channel
     weights where its kernels allow — or float16 with ``dtype=torch.float16``), a set of module
     types and/or dotted names, a dict ``{type or name: qconfig or None}``, or a QConfigMapping.
+
+    ``per_token=True`` gives every selected ``nn.Linear`` one activation scale per token and
+    symmetric per-channel weights (:class:`~qplug_core.kernels.per_token.PerTokenDynamicLinear`,
+    int8 ``torch._int_mm``; simulated in float on the reference backend): the accurate choice for
+    trained transformers. Recurrent layers keep the backend's dynamic kernels.
     """
     if not isinstance(model, nn.Module):
         raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
@@ -171,6 +178,9 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     if dtype not in _DTYPES:
         raise ConfigValidationError(f"dtype must be torch.qint8 or torch.float16, got {dtype}",
                                     field="dtype", value=dtype)
+    if per_token and dtype != torch.qint8:
+        raise ConfigValidationError("per_token=True quantizes activations to int8; it cannot be "
+                                    f"combined with dtype={dtype}", field="per_token", value=dtype)
     chosen = resolve_backend(backend).require_available()
     named = dict(model.named_modules())
     mapping = _as_mapping(qconfig_spec, dtype, chosen, [n for n in named if n])
@@ -187,8 +197,13 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
                               f"quantization converts ({', '.join(t.__name__ for t in DYNAMIC_TYPES)})",
                               field="qconfig_spec", value=name)
     result = model if inplace else copy.deepcopy(model)
+    shared = SharedInput()  # q/k/v projections read one tensor: quantize it once
     for name, module, qconfig in swaps:
-        replacement = _swap(module, qconfig, chosen)
+        if per_token and type_before_parametrizations(module) is nn.Linear:
+            replacement = PerTokenDynamicLinear.from_float(module, simulate=not chosen.kernels,
+                                                           shared=shared)
+        else:
+            replacement = _swap(module, qconfig, chosen)
         if not name:
             return replacement.eval()
         result.set_submodule(name, replacement)

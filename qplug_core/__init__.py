@@ -30,6 +30,8 @@ _EXPORTS: dict[str, str] = {
     "quantize_dynamic": "qplug_core.dynamic:quantize_dynamic",
     "get_default_qconfig_mapping": "qplug_core.flows:get_default_qconfig_mapping",
     "compare": "qplug_core.report:compare",
+    "sensitivity": "qplug_core.algorithms.sensitivity:sensitivity",
+    "Target": "qplug_core.algorithms.target:Target",
     "sqnr": "qplug_core.report:sqnr",
     "save": "qplug_core.serialization:save",
     "load": "qplug_core.serialization:load",
@@ -54,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "observers": "qplug_core.observers",
     "errors": "qplug_core.errors",
     "zoo": "qplug_core.zoo",
+    "algorithms": "qplug_core.algorithms",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -19,7 +19,7 @@ from qplug_core.algorithms.recipes import (
 )
 from qplug_core.config import QConfigMapping
 
-__all__ = ["needs_algorithms", "quantize_fused", "quantize_with_algorithms"]
+__all__ = ["needs_algorithms", "prepare_algorithms", "quantize_fused", "quantize_with_algorithms"]
 
 RECIPE_KEY = "qplug_recipe"
 
@@ -46,10 +46,13 @@ def quantize_fused(gm: fx.GraphModule, example_inputs: Any, batches: list[tuple]
     return convert_fx(observed, backend=backend, inplace=True, strict=strict)
 
 
-def quantize_with_algorithms(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
-                             backend: Any, qconfig_mapping: QConfigMapping | None, recipe: Any,
-                             target: Any, progress: bool | None, strict: bool,
-                             prepare_options: dict[str, Any]) -> fx.GraphModule:
+def prepare_algorithms(model: nn.Module, example_inputs: Any, calibration_data: Any, backend: Any,
+                       qconfig_mapping: QConfigMapping | None, recipe: Any,
+                       options: dict[str, Any]) -> tuple:
+    """(fused float graph with the recipe applied, inputs, batches, mapping, recipe record).
+
+    ``options`` loses the capture options (they are used here); the rest go to prepare.
+    """
     from qplug_core.errors import ConfigValidationError
     from qplug_core.flows import as_input_tuple, iter_batches
 
@@ -59,10 +62,22 @@ def quantize_with_algorithms(model: nn.Module, example_inputs: Any, calibration_
     mapping = qconfig_mapping if qconfig_mapping is not None else backend.default_qconfig_mapping("static")
     batches = list(iter_batches(calibration_data))
     inputs = as_input_tuple(example_inputs)
-    options = dict(prepare_options)
     gm = fused_float_copy(model, inputs, backend, options)
     name, steps = resolve_recipe("none" if recipe is None else recipe, model)
     record = apply_recipe(gm, steps, name, RecipeContext(batches, mapping, backend))
+    return gm, inputs, batches, mapping, record
+
+
+def quantize_with_algorithms(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
+                             backend: Any, qconfig_mapping: QConfigMapping | None, recipe: Any,
+                             target: Any, progress: bool | None, strict: bool,
+                             prepare_options: dict[str, Any]) -> fx.GraphModule:
+    options = dict(prepare_options)
+    if recipe == "auto" and target is None and looks_like_transformer(model):
+        from qplug_core.algorithms.target import TRANSFORMER_TARGET
+        target = TRANSFORMER_TARGET
+    gm, inputs, batches, mapping, record = prepare_algorithms(
+        model, example_inputs, calibration_data, backend, qconfig_mapping, recipe, options)
     if target is None:
         qmodel = quantize_fused(gm, inputs, batches, backend, mapping, progress=progress,
                                 strict=strict, prepare_options=options)

@@ -3,9 +3,10 @@
 ``qp.quantize(model, example, calibration, recipe="dfq")`` fuses the model, runs the recipe's steps
 in order on the fused float graph (each changes weights so the float function is unchanged, or
 moves biases using the calibration data), then prepares, calibrates and converts as usual.
-``recipe="auto"`` picks by model: a transformer (``nn.LayerNorm`` feeding ``nn.Linear``, no convs)
-gets SmoothQuant; anything else gets no extra pass, because cross-layer equalization only pays off
-with per-tensor weights (see docs/guide/accuracy.md for the figures).
+``recipe="auto"`` picks by model: a transformer (``nn.LayerNorm`` and ``nn.Linear``, no convs)
+gets SmoothQuant and, unless a target is given, ``Target(cosine=0.99, min_cosine=0.98)`` on the
+calibration data; anything else gets no extra pass, because cross-layer equalization only pays
+off with per-tensor weights (see docs/guide/accuracy.md for the figures).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from qplug_core.algorithms.sensitivity import (
     with_fallback,
 )
 from qplug_core.config import QConfigMapping
-from qplug_core.errors import ConfigValidationError, warn_user
+from qplug_core.errors import ConfigValidationError, QplugError, warn_user
 
 __all__ = ["TARGET_KEY", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_target"]
 
@@ -138,24 +138,40 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                                 prepare_options=prepare_options)
         return qmodel, score(qmodel, evaluation, reference, target.metric)
 
+    def out_of_int8(kinds: dict[str, str]) -> QConfigMapping:
+        m = mapping
+        for fallback in FALLBACKS:
+            m = with_fallback(m, [n for n, k in kinds.items() if k == fallback], fallback, backend, gm)
+        return m
+
+    def run_with_fallback(layers: list[str], kinds: dict[str, str]) -> tuple[Any, OutputScore, str]:
+        """Quantize with ``layers`` out of int8; a dynamic fallback the flow cannot build (a
+        dynamic linear fed by a tensor that static int8 ops around it quantize) becomes float."""
+        fallback = target.fallback
+        try:
+            return (*run(out_of_int8({**kinds, **dict.fromkeys(layers, fallback)})), fallback)
+        except QplugError:
+            if fallback == "float":
+                raise
+        return (*run(out_of_int8({**kinds, **dict.fromkeys(layers, "float")})), "float")
+
     qmodel, base = run(mapping)
     result = TargetResult(target, not target.misses(base), base, base)
     if not result.met:
-        groups = group_layers(quantized_layers(gm, mapping), target.group)
         measured = []
-        for layers in groups:
-            _, alone = run(with_fallback(mapping, layers, target.fallback, backend, gm))
-            measured.append((alone, layers))
+        for layers in group_layers(quantized_layers(gm, mapping), target.group):
+            _, alone, fallback = run_with_fallback(layers, {})
+            measured.append((alone, layers, fallback))
         measured.sort(key=lambda item: (len(target.misses(item[0])), -item[0].cosine_mean,
                                         -item[0].sqnr_db))
-        taken: list[str] = []
-        for alone, layers in measured:
-            taken += layers
+        taken: dict[str, str] = {}
+        for alone, layers, fallback in measured:
+            taken.update(dict.fromkeys(layers, fallback))
             result.decisions.append(Decision(
-                role_name(layers), tuple(layers), target.fallback,
+                role_name(layers), tuple(layers), fallback,
                 f"alone out of int8: cosine {alone.cosine_mean:.4f} (all int8 {base.cosine_mean:.4f}), "
                 f"SQNR {alone.sqnr_db:.1f} dB (all int8 {base.sqnr_db:.1f})"))
-            qmodel, result.final = run(with_fallback(mapping, taken, target.fallback, backend, gm))
+            qmodel, result.final = run(out_of_int8(taken))
             if not target.misses(result.final):
                 result.met = True
                 break

@@ -26,6 +26,7 @@ QMAX = 127  # symmetric [-127, 127]: -128 is never produced, so negation is exac
 _EPS = torch.finfo(torch.float32).eps
 
 
+@torch.no_grad()
 def per_token_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 tensor, float scale per token ``[..., 1]``): symmetric over the last dimension."""
     work = x.abs()

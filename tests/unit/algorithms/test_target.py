@@ -107,3 +107,28 @@ def test_user_metric_and_an_unreachable_target_warns():
 def test_bad_targets_are_clear_errors(kwargs, message):
     with pytest.raises(ConfigValidationError, match=message):
         qp.Target(**kwargs)
+
+
+class _SharedInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.query, self.key = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.relu(self.query(x)) - torch.relu(self.key(x))
+
+
+def test_a_dynamic_linear_beside_a_static_one_on_the_same_input_lowers(plugin_autoload):
+    from qplug_core.qconfig_defaults import dynamic_qconfig
+
+    data = _data()
+    model = _SharedInput().eval()
+    mapping = qp.get_default_qconfig_mapping("fbgemm").set_module_name(
+        "key", dynamic_qconfig(per_channel=True, reduce_range=False))
+    qmodel = qp.quantize(model, data[0], data, backend="fbgemm", qconfig_mapping=mapping,
+                         recipe="none")
+    report = qp.quantization_report(qmodel)
+    assert {"query", "key"} <= set(report.kernels)
+    with torch.no_grad():
+        assert qp.sqnr(model(*data[0]), qmodel(*data[0])) > 25

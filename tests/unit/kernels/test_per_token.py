@@ -35,11 +35,16 @@ def test_an_outlier_token_does_not_cost_the_other_tokens_their_resolution():
     assert qp.sqnr(want[0, rest], got[0, rest]) > 35  # per-tensor scales would give ~0 dB here
 
 
-def test_quantize_rows_round_trip_within_half_a_step():
+def test_quantize_rows_round_trip_within_half_a_step_and_zero_is_exact():
     x = torch.randn(10, 33) * torch.logspace(-3, 3, 10).unsqueeze(1)
-    q, scale = per_token_quantize(x)
-    assert q.dtype == torch.int8 and int(q.abs().max()) <= 127
-    assert bool(((q.float() * scale - x).abs() <= scale / 2 + 1e-6 * x.abs()).all())
+    x[:, 0] = 0.0
+    x[5] = x[5].abs()  # one-sided row: the whole grid goes to [0, max]
+    q, scale, zero_point = per_token_quantize(x)
+    assert q.dtype == torch.int8
+    back = (q.float() - zero_point) * scale
+    assert bool(((back - x).abs() <= scale / 2 + 1e-6 * x.abs()).all())
+    assert bool((back[:, 0] == 0).all())
+    assert float(scale[5]) == pytest.approx(float(x[5].max()) / 255, rel=1e-6)
 
 
 def test_shared_input_reuses_only_the_same_unchanged_tensor():

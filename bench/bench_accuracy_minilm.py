@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _harness import interleaved, machine_line, median, p90, quiet, table
 
 import qplug_core as qp

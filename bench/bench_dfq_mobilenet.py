@@ -22,11 +22,15 @@ import copy
 import sys
 
 import torch
-
 from _harness import machine_line, quiet, table
 
 import qplug_core as qp
-from qplug_core.algorithms._layers import layer_of, output_channels, scale_input_channels, scale_output_channels
+from qplug_core.algorithms._layers import (
+    layer_of,
+    output_channels,
+    scale_input_channels,
+    scale_output_channels,
+)
 from qplug_core.algorithms.equalization import _find_pairs, _rescale_clamps
 from qplug_core.qconfig_defaults import default_qconfig_mapping
 from qplug_core.zoo import calibrate_batchnorm, get_model

@@ -18,12 +18,21 @@ from torch.nn.utils.parametrize import type_before_parametrizations
 
 from qplug_core.backend import Backend
 from qplug_core.config import QConfig, QConfigMapping
-from qplug_core.errors import ConfigError, ConfigValidationError, ConstraintViolationError, did_you_mean
+from qplug_core.errors import (
+    ConfigError,
+    ConfigValidationError,
+    ConstraintViolationError,
+    did_you_mean,
+)
 from qplug_core.flows import resolve_backend
 from qplug_core.fx.regions import dtype_config_problems
 from qplug_core.kernels.base import KernelContext, TensorArg
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
-from qplug_core.kernels.reference import DynamicQuantize, observed_weight_qparams, rounded_copy
+from qplug_core.kernels.reference import (
+    DynamicQuantize,
+    observed_weight_qparams,
+    rounded_copy,
+)
 from qplug_core.qconfig_defaults import float16_dynamic_qconfig
 from qplug_core.qparams import QParams
 

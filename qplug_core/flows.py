@@ -11,7 +11,8 @@ import copy
 import gc
 import os
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -370,7 +371,10 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     """
     chosen = resolve_backend(backend)
     chosen.require_available()
-    from qplug_core.algorithms.pipeline import needs_algorithms, quantize_with_algorithms
+    from qplug_core.algorithms.pipeline import (
+        needs_algorithms,
+        quantize_with_algorithms,
+    )
 
     if needs_algorithms(model, recipe, target):
         return quantize_with_algorithms(

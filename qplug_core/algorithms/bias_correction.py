@@ -20,9 +20,10 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from qplug_core import qparams as Q
+from qplug_core.algorithms._calibration import run_hooked
 from qplug_core.algorithms._layers import CONVS, layer_of
 from qplug_core.config import QConfigMapping
-from qplug_core.errors import CalibrationError, ConfigValidationError
+from qplug_core.errors import ConfigValidationError
 from qplug_core.fx.regions import CallCounter, resolve_qconfig
 from qplug_core.kernels.reference import observed_weight_qparams
 
@@ -35,7 +36,7 @@ class BiasCorrection:
 
     layer: str
     max_shift: float
-    batches: int
+    calls: int
 
 
 class _ShiftMeter:
@@ -88,8 +89,6 @@ def correct_bias(gm: fx.GraphModule, calibration_data: Any, *,
     ``gm`` is a fused float graph (:func:`qp.fuse_fx <qplug_core.fuse_fx>`); ``calibration_data``
     the batches calibration will use. Layers without a bias get one.
     """
-    from qplug_core.flows import iter_batches
-
     if not isinstance(qconfig_mapping, QConfigMapping):
         raise ConfigValidationError("correct_bias needs the QConfigMapping quantization will use "
                                     "(its weight observers define the int8 grid)",
@@ -97,18 +96,7 @@ def correct_bias(gm: fx.GraphModule, calibration_data: Any, *,
     errors = _weight_errors(gm, qconfig_mapping)
     meters = {name: _ShiftMeter(layer, error) for name, (layer, error) in errors.items()}
     handles = [layer.register_forward_hook(meters[name]) for name, (layer, _) in errors.items()]
-    batches = 0
-    try:
-        with torch.no_grad():
-            for batch in iter_batches(calibration_data):
-                gm(*batch)
-                batches += 1
-    finally:
-        for handle in handles:
-            handle.remove()
-    if batches == 0:
-        raise CalibrationError("bias correction got 0 calibration batches; pass the data "
-                               "calibration will use")
+    run_hooked(gm, calibration_data, handles, "bias correction")
     corrections = []
     with torch.no_grad():
         for name, meter in meters.items():

@@ -12,8 +12,9 @@ off with per-tensor weights (see docs/guide/accuracy.md for the figures).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from torch import fx, nn
 

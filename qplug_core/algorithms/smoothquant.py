@@ -23,9 +23,10 @@ import torch
 from torch import fx, nn
 
 from qplug_core import qparams as Q
+from qplug_core.algorithms._calibration import run_hooked
 from qplug_core.algorithms._layers import layer_of
 from qplug_core.config import QConfigMapping
-from qplug_core.errors import CalibrationError, ConfigValidationError
+from qplug_core.errors import ConfigValidationError
 from qplug_core.fx.regions import CallCounter, resolve_qconfig
 from qplug_core.kernels.reference import observed_weight_qparams
 from qplug_core.nn.channel_scale import ChannelScale
@@ -117,8 +118,6 @@ def smooth_quant(gm: fx.GraphModule, calibration_data: Any, *, qconfig_mapping: 
     ``calibration_data`` is the data calibration will use; ``qconfig_mapping`` the mapping
     quantization will use (its observers score the candidates). Returns one entry per input.
     """
-    from qplug_core.flows import iter_batches
-
     if not isinstance(qconfig_mapping, QConfigMapping):
         raise ConfigValidationError("smooth_quant needs the QConfigMapping quantization will use",
                                     field="qconfig_mapping")
@@ -126,18 +125,7 @@ def smooth_quant(gm: fx.GraphModule, calibration_data: Any, *, qconfig_mapping: 
     recorders = {value: _InputRecorder() for value in groups}
     handles = [gm.get_submodule(members[0][0].target).register_forward_pre_hook(recorders[value])
                for value, members in groups.items()]
-    batches = 0
-    try:
-        with torch.no_grad():
-            for batch in iter_batches(calibration_data):
-                gm(*batch)
-                batches += 1
-    finally:
-        for handle in handles:
-            handle.remove()
-    if batches == 0:
-        raise CalibrationError("smooth_quant got 0 calibration batches; pass the data calibration "
-                               "will use")
+    run_hooked(gm, calibration_data, handles, "smooth_quant")
     results = []
     with torch.no_grad():
         for count, (value, members) in enumerate(groups.items()):

@@ -11,8 +11,9 @@ all float. The result records which layers and why in ``qmodel.meta["qplug_targe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from torch import fx
 

@@ -54,7 +54,11 @@ def _sensitivity(model_spec: str, example_shape: str, calibration: Path | None, 
 
     import qplug_core as qp
     from qplug_core.commands._common import parse_shape
-    from qplug_core.commands._inputs import load_calibration, load_factory_model, random_calibration
+    from qplug_core.commands._inputs import (
+        load_calibration,
+        load_factory_model,
+        random_calibration,
+    )
 
     shape = parse_shape(example_shape)
     batches = load_calibration(calibration, shape) if calibration else random_calibration(shape)

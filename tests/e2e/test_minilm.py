@@ -26,7 +26,7 @@ SENTENCES = Path(__file__).resolve().parents[1] / "data" / "sentences_en.txt"
 @pytest.fixture(scope="module")
 def minilm():
     model = load_minilm()
-    calibration, evaluation = split_sentences(read_sentences(SENTENCES))
+    _, evaluation = split_sentences(read_sentences(SENTENCES))
     batches = token_batches(model.tokenizer, evaluation)
     return model, batches, embed(model.model, batches)
 

@@ -54,7 +54,7 @@ def _data(n: int = 4):
 def test_sensitivity_names_the_layer_that_hurts():
     data = _data()
     report = qp.sensitivity(_OutlierInput().eval(), data[0], data, backend="reference")
-    assert [s.name for s in report.layers][0] == "fc1"
+    assert report.layers[0].name == "fc1"
     worst_alone_int8 = min(report.layers, key=lambda s: s.alone_int8.sqnr_db)
     assert worst_alone_int8.name == "fc1"
     assert report.layers[0].alone_float.sqnr_db > report.all_int8.sqnr_db + 10

@@ -8,7 +8,11 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.errors import ConfigValidationError
-from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, per_token_quantize
+from qplug_core.kernels.per_token import (
+    PerTokenDynamicLinear,
+    SharedInput,
+    per_token_quantize,
+)
 
 pytestmark = pytest.mark.usefixtures("plugin_autoload")
 

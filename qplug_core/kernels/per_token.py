@@ -40,7 +40,7 @@ def per_token_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     high = x.amax(dim=-1, keepdim=True).clamp_min_(0)
     scale = (high - low).clamp_min_(_EPS).div_(255)
     zero_point = torch.round(-low / scale).sub_(128)
-    work = torch.div(x, scale).add_(zero_point).round_().clamp_(-128, 127)
+    work = torch.addcmul(zero_point, x, scale.reciprocal()).round_().clamp_(-128, 127)
     return work.to(torch.int8), scale, zero_point
 
 

@@ -13,6 +13,7 @@ per-tensor dynamic gets 0.994 (docs/guide/accuracy.md has the figures and the co
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
@@ -44,26 +45,36 @@ def per_token_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return work.to(torch.int8), scale, zero_point
 
 
+class _PerThread(threading.local):
+    """Per-thread scratch state that copies and pickles as empty (it is only a cache)."""
+
+    def __reduce__(self) -> tuple:
+        return (type(self), ())
+
+    def __deepcopy__(self, memo: dict) -> _PerThread:
+        return type(self)()
+
+
 class SharedInput:
     """The last input quantized by any of a model's per-token linears, reused while unchanged.
 
     Attention's query, key and value projections read the same tensor; quantizing it once
     instead of three times saves a third of the per-token overhead. A hit needs the very same
-    tensor object at the same version counter (no in-place change since).
+    tensor object at the same version counter (no in-place change since). The cache is per
+    thread, so one model can serve several threads.
     """
 
     def __init__(self) -> None:
-        self._source: weakref.ref | None = None
-        self._version = -1
-        self._quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._local = _PerThread()
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        source = self._source() if self._source is not None else None
-        if source is x and x._version == self._version and self._quantized is not None:
-            return self._quantized
-        self._quantized = per_token_quantize(x)
-        self._source, self._version = weakref.ref(x), x._version
-        return self._quantized
+        state = self._local
+        source = state.source() if getattr(state, "source", None) is not None else None
+        if source is x and x._version == state.version:
+            return state.quantized
+        state.quantized = per_token_quantize(x)
+        state.source, state.version = weakref.ref(x), x._version
+        return state.quantized
 
 
 def symmetric_per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,6 +103,7 @@ class PerTokenDynamicLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.simulate = simulate
         self.shared = shared
+        self._scratch = _PerThread()  # int32 accumulator per thread, reused while shapes repeat
 
     @classmethod
     def from_float(cls, linear: nn.Module, *, simulate: bool = False,
@@ -112,7 +124,11 @@ class PerTokenDynamicLinear(nn.Module):
         if self.simulate:
             acc = (q.double() @ self.weight_int8_t.double()).float()  # exact int sums
         else:
-            acc = torch._int_mm(q, self.weight_int8_t)
+            acc = getattr(self._scratch, "acc", None)
+            if acc is None or acc.shape[0] != q.shape[0]:
+                acc = self._scratch.acc = torch.empty(q.shape[0], self.out_features,
+                                                      dtype=torch.int32)
+            torch._int_mm(q, self.weight_int8_t, out=acc)
         # (q - zp) W s_w s_x + b, with the zero-point term as one rank-1 update
         out = acc.float().mul_(self.weight_scale)  # int32 * float is a slow unvectorized path
         out.addr_(zero_point, self.column_sums, alpha=-1.0)

@@ -80,3 +80,21 @@ def test_quantize_dynamic_per_token_swaps_linears_and_keeps_the_model_close():
 def test_per_token_needs_int8():
     with pytest.raises(ConfigValidationError, match="per_token=True"):
         qp.quantize_dynamic(nn.Linear(4, 4), dtype=torch.float16, per_token=True, backend="fbgemm")
+
+
+def test_caches_are_per_thread_and_copies_start_empty():
+    import copy
+    import threading
+
+    shared = SharedInput()
+    linear = PerTokenDynamicLinear.from_float(nn.Linear(16, 8), shared=shared)
+    x, y = torch.randn(20, 16), torch.randn(20, 16)
+    want_x, want_y = linear(x), linear(y)
+    got = {}
+    worker = threading.Thread(target=lambda: got.setdefault("y", linear(y)))
+    linear(x)  # this thread's cache now holds x
+    worker.start()
+    worker.join()
+    torch.testing.assert_close(got["y"], want_y)
+    torch.testing.assert_close(linear(x), want_x)
+    torch.testing.assert_close(copy.deepcopy(linear)(y), want_y)

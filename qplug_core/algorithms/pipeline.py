@@ -73,7 +73,8 @@ def quantize_with_algorithms(model: nn.Module, example_inputs: Any, calibration_
                              target: Any, progress: bool | None, strict: bool,
                              prepare_options: dict[str, Any]) -> fx.GraphModule:
     options = dict(prepare_options)
-    if recipe == "auto" and target is None and looks_like_transformer(model):
+    if recipe == "auto" and target is None and not strict and looks_like_transformer(model):
+        # strict=True asks for every op in int8: a target that may keep layers out conflicts
         from qplug_core.algorithms.target import TRANSFORMER_TARGET
         target = TRANSFORMER_TARGET
     gm, inputs, batches, mapping, record = prepare_algorithms(
@@ -84,6 +85,6 @@ def quantize_with_algorithms(model: nn.Module, example_inputs: Any, calibration_
     else:
         from qplug_core.algorithms.target import meet_target
         qmodel = meet_target(gm, inputs, batches, backend, mapping, target, progress=progress,
-                             prepare_options=options)
+                             strict=strict, prepare_options=options)
     qmodel.meta[RECIPE_KEY] = record
     return qmodel

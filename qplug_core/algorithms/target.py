@@ -121,7 +121,7 @@ def _parse(data: Any) -> list[tuple] | None:
 
 def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend: Any,
                 mapping: QConfigMapping, target: Target, *, progress: bool | None = None,
-                prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
+                strict: bool = False, prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
     """Quantize the fused float ``gm`` keeping the fewest layers out of static int8 for ``target``."""
     from qplug_core.algorithms.pipeline import quantize_fused
 
@@ -132,9 +132,12 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
     reference = float_outputs(gm, evaluation)
     count = 0
 
+    final_mapping = mapping
+
     def run(m: QConfigMapping) -> tuple[fx.GraphModule, OutputScore]:
-        nonlocal count
+        nonlocal count, final_mapping
         count += 1
+        final_mapping = m
         qmodel = quantize_fused(gm, inputs, batches, backend, m, progress=progress,
                                 prepare_options=prepare_options)
         return qmodel, score(qmodel, evaluation, reference, target.metric)
@@ -180,5 +183,8 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
     if not result.met:
         warn_user(f"qplug: accuracy target not met even with {len(result.float_layers)} layer(s) "
                   f"out of static int8: {'; '.join(target.misses(result.final))}")
+    if strict:  # the same ConfigValidationError as qp.quantize(strict=True) if anything is float
+        qmodel = quantize_fused(gm, inputs, batches, backend, final_mapping, progress=progress,
+                                strict=True, prepare_options=prepare_options)
     qmodel.meta[TARGET_KEY] = result
     return qmodel

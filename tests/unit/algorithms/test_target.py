@@ -132,3 +132,10 @@ def test_a_dynamic_linear_beside_a_static_one_on_the_same_input_lowers(plugin_au
     assert {"query", "key"} <= set(report.kernels)
     with torch.no_grad():
         assert qp.sqnr(model(*data[0]), qmodel(*data[0])) > 25
+
+
+def test_strict_with_a_target_that_keeps_a_layer_float_raises():
+    data = _data()
+    with pytest.raises(ConfigValidationError, match="strict=True but"):
+        qp.quantize(_OutlierInput().eval(), data[0], data, backend="reference", strict=True,
+                    target=qp.Target(sqnr=25, fallback="float", group="layer"))

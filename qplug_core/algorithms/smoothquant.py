@@ -16,6 +16,7 @@ the layers, so any producer works (a LayerNorm that also feeds a residual, a GEL
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,13 +69,25 @@ class _InputRecorder:
             self.kept += take.shape[0]
 
 
+#: producers whose output is int8 between int8 regions: a ChannelScale after them would force it
+#: back to float (breaking the int8 chain) for a small gain, so their consumers are not smoothed
+_INT8_PRODUCERS = (operator.add, torch.add, operator.mul, torch.mul, torch.cat, "add", "mul")
+
+
+def _feeds_int8_chain(gm: fx.GraphModule, value: fx.Node) -> bool:
+    return value.target in _INT8_PRODUCERS or layer_of(gm, value) is not None
+
+
 def _groups(gm: fx.GraphModule, mapping: QConfigMapping) -> dict[fx.Node, list[tuple[fx.Node, Any]]]:
-    """input value -> [(linear node, qconfig)] for every linear the mapping quantizes."""
+    """input value -> [(linear node, qconfig)] for every linear the mapping quantizes whose input
+    comes from a float-producing op (LayerNorm, GELU, reshapes...)."""
     modules = dict(gm.named_modules(remove_duplicate=False))
     counter, groups = CallCounter(), {}
     for node in gm.graph.nodes:
         layer = layer_of(gm, node)
         if not isinstance(layer, nn.Linear) or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        if _feeds_int8_chain(gm, node.args[0]):
             continue
         qconfig = resolve_qconfig(mapping, node, modules, counter)
         if qconfig is None or qconfig.weight is None or getattr(qconfig.activation(), "is_dynamic", False):

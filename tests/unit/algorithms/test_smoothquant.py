@@ -72,3 +72,20 @@ def test_bad_arguments_are_clear_errors(smoothed):
         smooth_quant(gm, data, qconfig_mapping=None)
     with pytest.raises(CalibrationError, match="0 calibration batches"):
         smooth_quant(gm, [], qconfig_mapping=qp.get_default_qconfig_mapping("reference"))
+
+
+def test_an_input_made_by_int8_ops_is_left_alone():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(16)
+            self.fc1, self.fc2, self.fc3 = (torch.nn.Linear(16, 16) for _ in range(3))
+
+        def forward(self, x):
+            y = self.norm(x)
+            return self.fc3(self.fc1(y) + self.fc2(y))
+
+    data = [(torch.randn(4, 16) * torch.logspace(-1, 2, 16),) for _ in range(2)]
+    gm = qp.fuse_fx(Block().eval(), data[0], backend="reference")
+    results = smooth_quant(gm, data, qconfig_mapping=qp.get_default_qconfig_mapping("reference"))
+    assert [r.layers for r in results] == [["fc1", "fc2"]]  # fc3 reads the int8 add

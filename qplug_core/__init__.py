@@ -74,6 +74,8 @@ _EXPORTS: dict[str, str] = {
     "quantize_dynamic": "qplug_core.dynamic:quantize_dynamic",
     "get_default_qconfig_mapping": "qplug_core.flows:get_default_qconfig_mapping",
     "compare": "qplug_core.report:compare",
+    "sensitivity": "qplug_core.algorithms.sensitivity:sensitivity",
+    "Target": "qplug_core.algorithms.target:Target",
     "sqnr": "qplug_core.report:sqnr",
     "save": "qplug_core.serialization:save",
     "load": "qplug_core.serialization:load",
@@ -100,6 +102,7 @@ _EXPORTS: dict[str, str] = {
     "errors": "qplug_core.errors",
     "distributed": "qplug_core.distributed",
     "zoo": "qplug_core.zoo",
+    "algorithms": "qplug_core.algorithms",
 }
 
 __all__ = [

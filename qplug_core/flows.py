@@ -299,33 +299,19 @@ def quantization_report(model: fx.GraphModule) -> QuantizationReport:
 def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
              backend: str | Backend | None = None, qconfig_mapping: QConfigMapping | None = None,
              progress: bool | None = None, strict: bool = False, allow_float: bool = False,
-             recipe: Any = "auto", target: Any = None, **prepare_options: Any) -> fx.GraphModule:
-    """Static post-training quantization in one call: the int8 model running the backend's kernels.
+             **prepare_options: Any) -> fx.GraphModule:
+    """Static post-training quantization in one call, without accuracy recipes (``qp.quantize``
+    adds them: :mod:`qplug_core.one_call`).
 
     ``model`` may be an ``nn.Module``, an ``ExportedProgram`` or its ``.module()``;
     ``capture="auto"`` (a prepare option) traces symbolically when it can, else uses
     torch.export. With no int8 region at all it raises :class:`NothingQuantizedError` (the most
     frequent reasons ops stayed float in its message) unless ``allow_float=True``.
-
-    ``recipe`` names algorithm passes run on the fused float model first ("dfq", "smoothquant",
-    "none", a list of steps; "auto" picks SmoothQuant for transformers, nothing otherwise);
-    ``target=qp.Target(cosine=0.99)`` keeps the fewest layers float that reach it. See
-    docs/guide/accuracy.md.
     """
     flow_checks.check_preparable(model)
     flow_checks.check_calibration_data(calibration_data)
     chosen = resolve_backend(backend)
     chosen.require_available()
-    from qplug_core.algorithms.pipeline import (
-        needs_algorithms,
-        quantize_with_algorithms,
-    )
-
-    if needs_algorithms(model, recipe, target):
-        return quantize_with_algorithms(
-            model, example_inputs, calibration_data, backend=chosen, qconfig_mapping=qconfig_mapping,
-            recipe=recipe, target=target, progress=progress, strict=strict,
-            prepare_options=prepare_options)
     observed = prepare_fx(model, qconfig_mapping, example_inputs, backend=chosen, **prepare_options)
     calibrate(observed, calibration_data, progress=progress)
     return convert_fx(observed, backend=chosen, inplace=True, strict=strict, allow_float=allow_float)

@@ -1,6 +1,6 @@
 """``qp.quantize`` with a recipe and/or an accuracy target: fuse, run the recipe, then quantize.
 
-Kept out of ``flows.py`` so the plain flow stays as it was; ``flows.quantize`` comes here only
+Kept out of ``flows.py`` so the plain flow stays as it was; ``qp.quantize`` (one_call.py) comes here only
 when a recipe step or a target is asked for.
 """
 
@@ -18,10 +18,11 @@ from qplug_core.algorithms.recipes import (
     resolve_recipe,
 )
 from qplug_core.config import QConfigMapping
+from qplug_core.fx.tags import RECIPE
 
 __all__ = ["needs_algorithms", "prepare_algorithms", "quantize_fused", "quantize_with_algorithms"]
 
-RECIPE_KEY = "qplug_recipe"
+RECIPE_KEY = RECIPE
 
 
 def needs_algorithms(model: Any, recipe: Any, target: Any) -> bool:

@@ -30,10 +30,11 @@ from qplug_core.algorithms.sensitivity import (
 )
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, QplugError, warn_user
+from qplug_core.fx.tags import TARGET
 
 __all__ = ["TARGET_KEY", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_target"]
 
-TARGET_KEY = "qplug_target"
+TARGET_KEY = TARGET
 
 
 @dataclass(frozen=True)

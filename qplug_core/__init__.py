@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _EXPORTS by a test)
     from qplug_core import (
+        algorithms,
         config,
         distributed,
         eager,
@@ -22,6 +23,8 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
         patterns,
         zoo,
     )
+    from qplug_core.algorithms.sensitivity import sensitivity
+    from qplug_core.algorithms.target import Target
     from qplug_core.backend import Availability, Backend, BackendSpec, get_backend, list_backends
     from qplug_core.config import (
         BackendConfig,
@@ -45,9 +48,9 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
         prepare_fx,
         prepare_qat_fx,
         quantization_report,
-        quantize,
     )
     from qplug_core.hookspecs import hookimpl
+    from qplug_core.one_call import quantize
     from qplug_core.patterns import MatchAllNode
     from qplug_core.report import compare, sqnr
     from qplug_core.serialization import load, save
@@ -62,7 +65,7 @@ _EXPORTS: dict[str, str] = {
     "Availability": "qplug_core.backend:Availability",
     "hookimpl": "qplug_core.hookspecs:hookimpl",
     # flows
-    "quantize": "qplug_core.flows:quantize",
+    "quantize": "qplug_core.one_call:quantize",
     "fuse_fx": "qplug_core.flows:fuse_fx",
     "prepare_fx": "qplug_core.flows:prepare_fx",
     "prepare_qat_fx": "qplug_core.flows:prepare_qat_fx",
@@ -74,6 +77,8 @@ _EXPORTS: dict[str, str] = {
     "quantize_dynamic": "qplug_core.dynamic:quantize_dynamic",
     "get_default_qconfig_mapping": "qplug_core.flows:get_default_qconfig_mapping",
     "compare": "qplug_core.report:compare",
+    "sensitivity": "qplug_core.algorithms.sensitivity:sensitivity",
+    "Target": "qplug_core.algorithms.target:Target",
     "sqnr": "qplug_core.report:sqnr",
     "save": "qplug_core.serialization:save",
     "load": "qplug_core.serialization:load",
@@ -100,16 +105,18 @@ _EXPORTS: dict[str, str] = {
     "errors": "qplug_core.errors",
     "distributed": "qplug_core.distributed",
     "zoo": "qplug_core.zoo",
+    "algorithms": "qplug_core.algorithms",
 }
 
 __all__ = [
     "Availability", "Backend", "BackendConfig", "BackendPatternConfig", "BackendSpec",
     "DTypeConfig", "DTypeWithConstraints", "MatchAllNode", "ObservationType", "QConfig",
-    "QConfigMapping", "QplugError", "__version__", "calibrate", "compare", "config", "convert_fx",
-    "convert_to_reference_fx", "distributed", "eager", "errors", "export_onnx", "fuse_fx", "get_backend",
-    "get_default_qconfig_mapping", "hookimpl", "list_backends", "load", "matcher", "observers",
-    "partition", "passes", "patterns", "prepare_fx", "prepare_qat_fx", "quantization_report",
-    "quantize", "quantize_dynamic", "save", "sqnr", "sync_observers", "zoo",
+    "QConfigMapping", "QplugError", "Target", "__version__", "algorithms", "calibrate", "compare",
+    "config", "convert_fx", "convert_to_reference_fx", "distributed", "eager", "errors",
+    "export_onnx", "fuse_fx", "get_backend", "get_default_qconfig_mapping", "hookimpl",
+    "list_backends", "load", "matcher", "observers", "partition", "passes", "patterns",
+    "prepare_fx", "prepare_qat_fx", "quantization_report", "quantize", "quantize_dynamic", "save",
+    "sensitivity", "sqnr", "sync_observers", "zoo",
 ]
 
 

@@ -29,6 +29,7 @@ from qplug_core.fx.pipeline import as_input_tuple
 from qplug_core.fx.raise_aten import is_aten_graph
 from qplug_core.fx.regions import dtype_config_problems
 from qplug_core.kernels.base import KernelContext, TensorArg
+from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
 from qplug_core.kernels.reference import (
     DynamicQuantize,
     observed_weight_qparams,
@@ -202,7 +203,8 @@ def _as_mapping(qconfig_spec: Any, dtype: torch.dtype, backend: Backend,
 
 def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dtype = torch.qint8,
                      *, backend: str | Backend | None = None, inplace: bool = False,
-                     capture: str | None = None, example_inputs: Any = None) -> nn.Module:
+                     capture: str | None = None, example_inputs: Any = None,
+                     per_token: bool = False) -> nn.Module:
     """Copy of ``model`` (eval mode) with Linear/LSTM/GRU/RNN cells dynamically quantized.
 
     ``qconfig_spec``: None (every supported type, the backend's default dynamic qconfig — per-channel
@@ -213,6 +215,11 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     Modules are swapped in place of the originals, so no capture is needed (``capture=None``). An
     ``ExportedProgram``, its ``.module()``, or ``capture="export"`` with ``example_inputs`` gives
     the exported graph with its ATen linears raised to ``nn.Linear`` modules, which are swapped.
+
+    ``per_token=True`` gives every selected ``nn.Linear`` one activation scale per token and
+    symmetric per-channel weights (:class:`~qplug_core.kernels.per_token.PerTokenDynamicLinear`,
+    int8 ``torch._int_mm``; simulated in float on the reference backend): the accurate choice for
+    trained transformers. Recurrent layers keep the backend's dynamic kernels.
     """
     if isinstance(model, torch.export.ExportedProgram) or capture is not None or is_aten_graph(model):
         model = _captured(model, capture, example_inputs)
@@ -223,6 +230,9 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     if dtype not in _DTYPES:
         raise ConfigValidationError(f"dtype must be torch.qint8 or torch.float16, got {dtype}",
                                     field="dtype", value=dtype)
+    if per_token and dtype != torch.qint8:
+        raise ConfigValidationError("per_token=True quantizes activations to int8; it cannot be "
+                                    f"combined with dtype={dtype}", field="per_token", value=dtype)
     chosen = resolve_backend(backend).require_available()
     if not chosen.kernels and chosen.delegate() is not None:
         raise ConfigError(
@@ -248,8 +258,13 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
                               f"quantization converts ({', '.join(t.__name__ for t in DYNAMIC_TYPES)})",
                               field="qconfig_spec", value=name)
     result = model if inplace else copy.deepcopy(model)
+    shared = SharedInput()  # q/k/v projections read one tensor: quantize it once
     for name, module, qconfig in swaps:
-        replacement = _swap(module, qconfig, chosen)
+        if per_token and type_before_parametrizations(module) is nn.Linear:
+            replacement = PerTokenDynamicLinear.from_float(module, simulate=not chosen.kernels,
+                                                           shared=shared)
+        else:
+            replacement = _swap(module, qconfig, chosen)
         if not name:
             result = replacement
             break

@@ -300,7 +300,8 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
              backend: str | Backend | None = None, qconfig_mapping: QConfigMapping | None = None,
              progress: bool | None = None, strict: bool = False, allow_float: bool = False,
              **prepare_options: Any) -> fx.GraphModule:
-    """Static post-training quantization in one call: the int8 model running the backend's kernels.
+    """Static post-training quantization in one call, without accuracy recipes (``qp.quantize``
+    adds them: :mod:`qplug_core.one_call`).
 
     ``model`` may be an ``nn.Module``, an ``ExportedProgram`` or its ``.module()``;
     ``capture="auto"`` (a prepare option) traces symbolically when it can, else uses

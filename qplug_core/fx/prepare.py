@@ -34,6 +34,9 @@ class ObserverInserter:
         self.gm = gm
         self.is_qat = is_qat
         self.observer_of: dict[fx.Node, fx.Node] = {}
+        # a dynamic region must not reuse a static observer of the same value (nor the reverse):
+        # its kernel quantizes at run time and has no calibrated output scale
+        self.dynamic_observer_of: dict[fx.Node, fx.Node] = {}
         self.count = 0
 
     def insert(self, regions: list[Region]) -> None:
@@ -52,9 +55,11 @@ class ObserverInserter:
             self._share_input_observer(region)
             return
         if _observes_inputs(region):
+            cache = self.dynamic_observer_of if region.is_dynamic else self.observer_of
             for value in region.inputs:
-                observer = self.observer_of.get(value) or self._new_observer(
-                    value, region.qconfig.activation(), "input", reroute=False)
+                observer = cache.get(value) or self._new_observer(
+                    value, region.qconfig.activation(), "input", reroute=False,
+                    dynamic=region.is_dynamic)
                 for member in region.match.nodes:
                     member.replace_input_with(value, observer)
         if clamp is not None:  # observe the clamped value: the clamp becomes the output range
@@ -84,21 +89,23 @@ class ObserverInserter:
             quant_max=constraints.quant_max_upper_bound)
         return FixedQParamsFakeQuantize(observer=fixed) if self.is_qat else fixed()
 
-    def _new_observer(self, value: fx.Node, observer: nn.Module, role: str, *, reroute: bool) -> fx.Node:
+    def _new_observer(self, value: fx.Node, observer: nn.Module, role: str, *, reroute: bool,
+                      dynamic: bool = False) -> fx.Node:
         name = f"{OBSERVER_PREFIX}{self.count}"
         self.count += 1
         observer.name = f"{role} of node {value.name!r}"
         self.gm.add_submodule(name, observer)
-        return self._add_observer_node(value, name, role, reroute=reroute)
+        return self._add_observer_node(value, name, role, reroute=reroute, dynamic=dynamic)
 
-    def _add_observer_node(self, value: fx.Node, module_name: str, role: str, *, reroute: bool) -> fx.Node:
+    def _add_observer_node(self, value: fx.Node, module_name: str, role: str, *, reroute: bool,
+                           dynamic: bool = False) -> fx.Node:
         with self.gm.graph.inserting_after(value):
             node = self.gm.graph.call_module(module_name, args=(value,))
         node.meta[OBSERVER] = role
         node.meta.update({k: v for k, v in value.meta.items() if k in (VALUE_KIND, "nn_module_stack")})
         if reroute:
             value.replace_all_uses_with(node, delete_user_cb=lambda user: user is not node)
-        self.observer_of[value] = node
+        (self.dynamic_observer_of if dynamic else self.observer_of)[value] = node
         return node
 
 

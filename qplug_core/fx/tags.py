@@ -47,6 +47,9 @@ EAGER_STATE = "qplug_eager_state"
 CAPTURE = "qplug_capture"
 #: GraphModule.meta: submodules left opaque because capture failed, (name, type, reason)
 CAPTURE_SKIPPED = "qplug_capture_skipped"
+#: GraphModule.meta: the accuracy recipe qp.quantize applied, and the target's decisions
+RECIPE = "qplug_recipe"
+TARGET = "qplug_target"
 #: GraphModule.meta: the error a calibration raised (converting after it is refused)
 CALIBRATION_FAILED = "qplug_calibration_failed"
 #: GraphModule.meta: the example inputs prepare ran, replayed by the kernel contract at convert

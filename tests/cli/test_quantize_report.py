@@ -145,3 +145,21 @@ def test_report_bad_files(tmp_path, write, fragment):
     assert_one_line_error(invoke("report", str(path)), fragment)
     if write is None:
         assert_one_line_error(run("report", str(path), "--json"), fragment)
+
+
+def test_report_sensitivity_ranks_the_float_models_layers(user_models, calibration_file, tmp_path):
+    out = tmp_path / "net.safetensors"
+    assert _quantize(user_models, "build", out, "--calibration", str(calibration_file)).exit_code == 0
+    args = ("report", str(out), "--sensitivity", f"{user_models}:build", "--example-shape", SHAPE,
+            "--calibration", str(calibration_file))
+    result = invoke(*args, "--json")
+    assert result.exit_code == 0, result.stderr
+    ranking = result.json()["sensitivity"]
+    assert ranking["layers"] and all(set(row) >= {"name", "alone_int8", "alone_float"}
+                                     for row in ranking["layers"])
+    gains = [row["alone_float"]["sqnr_db"] for row in ranking["layers"]]
+    assert gains == sorted(gains, reverse=True)  # what keeping a layer float buys, best first
+    text = invoke(*args)
+    assert text.exit_code == 0 and "per-layer sensitivity" in text.stdout
+    missing = invoke("report", str(out), "--sensitivity", f"{user_models}:build")
+    assert missing.exit_code == 1 and "--example-shape" in missing.stderr

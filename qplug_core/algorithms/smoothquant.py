@@ -1,0 +1,174 @@
+"""SmoothQuant (Xiao et al., ICML 2023): move activation outliers of linear inputs into the weights.
+
+Trained transformers carry a few input channels whose activations are 10-100x the rest; one
+per-tensor int8 scale for such an input leaves the ordinary channels a handful of levels. For a
+linear ``y = x W^T``, dividing input channel ``j`` by ``s_j`` and multiplying weight column ``j``
+by it changes nothing in float, and with ``s_j = max|x_j|^a / max|W_:,j|^(1-a)`` it evens the
+activation channels at the cost of slightly uneven weight columns (which per-channel weights
+absorb well).
+
+Here ``a`` is searched per input (linears reading the same tensor, such as attention's query,
+key and value, share one scale): for each candidate the layers' int8 output error on recorded
+calibration rows, with the qconfig's own activation and weight observers, is measured and the
+best kept, including "no smoothing". The division is a :class:`ChannelScale` node in front of
+the layers, so any producer works (a LayerNorm that also feeds a residual, a GELU, a reshape).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from qplug_core import qparams as Q
+from qplug_core.algorithms._calibration import run_hooked
+from qplug_core.algorithms._layers import layer_of
+from qplug_core.config import QConfigMapping
+from qplug_core.errors import ConfigValidationError
+from qplug_core.fx.regions import CallCounter, resolve_qconfig
+from qplug_core.kernels.reference import observed_weight_qparams
+from qplug_core.nn.channel_scale import ChannelScale
+
+__all__ = ["ALPHAS", "SmoothedInput", "smooth_quant"]
+
+#: migration strengths tried for every input (None: leave the input as it is)
+ALPHAS: tuple[float | None, ...] = (None, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+_SAMPLE_ROWS = 2048
+_MIN_SCALE = 1e-5
+
+
+@dataclass
+class SmoothedInput:
+    """One smoothed input: the layers reading it, the strength chosen and the errors measured."""
+
+    layers: list[str]
+    alpha: float | None
+    error_before: float
+    error_after: float
+
+
+class _InputRecorder:
+    """Pre-hook keeping per-channel max |x| and up to ``_SAMPLE_ROWS`` rows of a layer's input."""
+
+    def __init__(self) -> None:
+        self.absmax: torch.Tensor | None = None
+        self.rows: list[torch.Tensor] = []
+        self.kept = 0
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        x = args[0].detach().float()
+        rows = x.reshape(-1, x.shape[-1])
+        found = rows.abs().amax(0)
+        self.absmax = found if self.absmax is None else torch.maximum(self.absmax, found)
+        if self.kept < _SAMPLE_ROWS:
+            take = rows[: _SAMPLE_ROWS - self.kept].clone()
+            self.rows.append(take)
+            self.kept += take.shape[0]
+
+
+#: producers whose output is int8 between int8 regions: a ChannelScale after them would force it
+#: back to float (breaking the int8 chain) for a small gain, so their consumers are not smoothed
+_INT8_PRODUCERS = (operator.add, torch.add, operator.mul, torch.mul, torch.cat, "add", "mul")
+
+
+def _feeds_int8_chain(gm: fx.GraphModule, value: fx.Node) -> bool:
+    return value.target in _INT8_PRODUCERS or layer_of(gm, value) is not None
+
+
+def _groups(gm: fx.GraphModule, mapping: QConfigMapping) -> dict[fx.Node, list[tuple[fx.Node, Any]]]:
+    """input value -> [(linear node, qconfig)] for every linear the mapping quantizes whose input
+    comes from a float-producing op (LayerNorm, GELU, reshapes...)."""
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    counter, groups = CallCounter(), {}
+    for node in gm.graph.nodes:
+        layer = layer_of(gm, node)
+        if not isinstance(layer, nn.Linear) or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        if _feeds_int8_chain(gm, node.args[0]):
+            continue
+        qconfig = resolve_qconfig(mapping, node, modules, counter)
+        if qconfig is None or qconfig.weight is None or getattr(qconfig.activation(), "is_dynamic", False):
+            continue  # float or dynamic: no calibrated input scale to protect
+        groups.setdefault(node.args[0], []).append((node, qconfig))
+    return groups
+
+
+def _quantized(x: torch.Tensor, observer_factory: Any) -> torch.Tensor:
+    observer = observer_factory()
+    observer(x)
+    qparams = observer.qparams()
+    return Q.fake_quantize(x, qparams) if qparams.dtype in Q.STORAGE_DTYPE else x
+
+
+def _error(x: torch.Tensor, layers: list[tuple[nn.Module, Any]], scale: torch.Tensor | None) -> float:
+    """Relative int8 output error of the layers on rows ``x`` with smoothing ``scale``."""
+    xs = x if scale is None else x / scale
+    num = den = 0.0
+    xq = _quantized(xs, layers[0][1].activation)
+    for layer, qconfig in layers:
+        weight = layer.weight.detach() if scale is None else layer.weight.detach() * scale
+        wq = Q.fake_quantize(weight, observed_weight_qparams(qconfig, weight))
+        want = x @ layer.weight.detach().T
+        num += float((xq @ wq.T - want).square().sum())
+        den += float(want.square().sum())
+    return num / max(den, 1e-30)
+
+
+def _scale(absmax: torch.Tensor, weights: torch.Tensor, alpha: float) -> torch.Tensor:
+    w = weights.abs().amax(0)
+    usable = (absmax > 0) & (w > 0)
+    s = absmax.clamp_min(1e-12).pow(alpha) / w.clamp_min(1e-12).pow(1 - alpha)
+    return torch.where(usable, s.clamp_min(_MIN_SCALE), torch.ones_like(s))
+
+
+def smooth_quant(gm: fx.GraphModule, calibration_data: Any, *, qconfig_mapping: QConfigMapping,
+                 backend: Any = None, alphas: tuple[float | None, ...] = ALPHAS) -> list[SmoothedInput]:
+    """Smooth every quantized linear's input of a fused float graph in place (float function kept).
+
+    ``calibration_data`` is the data calibration will use; ``qconfig_mapping`` the mapping
+    quantization will use (its observers score the candidates). Returns one entry per input.
+    """
+    if not isinstance(qconfig_mapping, QConfigMapping):
+        raise ConfigValidationError("smooth_quant needs the QConfigMapping quantization will use",
+                                    field="qconfig_mapping")
+    groups = _groups(gm, qconfig_mapping)
+    recorders = {value: _InputRecorder() for value in groups}
+    handles = [gm.get_submodule(members[0][0].target).register_forward_pre_hook(recorders[value])
+               for value, members in groups.items()]
+    run_hooked(gm, calibration_data, handles, "smooth_quant")
+    results = []
+    with torch.no_grad():
+        for count, (value, members) in enumerate(groups.items()):
+            recorder = recorders[value]
+            if recorder.absmax is None:
+                continue
+            layers = [(layer_of(gm, node), qconfig) for node, qconfig in members]
+            rows = torch.cat(recorder.rows)
+            weights = torch.cat([layer.weight.detach() for layer, _ in layers])
+            scored = []
+            for alpha in alphas:
+                scale = None if alpha is None else _scale(recorder.absmax, weights, alpha)
+                scored.append((_error(rows, layers, scale), alpha, scale))
+            before = scored[[a for _, a, _ in scored].index(None)][0] if None in alphas else scored[0][0]
+            best_error, best_alpha, best_scale = min(scored, key=lambda item: item[0])
+            results.append(SmoothedInput([n.target for n, _ in members], best_alpha, before,
+                                         best_error))
+            if best_scale is not None:
+                _apply(gm, value, members, layers, best_scale, f"smoothquant_{count}")
+    gm.graph.lint()
+    gm.recompile()
+    return results
+
+
+def _apply(gm: fx.GraphModule, value: fx.Node, members, layers, scale: torch.Tensor, name: str) -> None:
+    for layer, _ in layers:
+        layer.weight.mul_(scale)
+    gm.add_submodule(name, ChannelScale(1.0 / scale))
+    with gm.graph.inserting_after(value):
+        node = gm.graph.call_module(name, args=(value,))
+    node.meta.update({k: v for k, v in value.meta.items() if k == "nn_module_stack"})
+    for linear, _ in members:
+        linear.replace_input_with(value, node)

@@ -1,0 +1,46 @@
+"""``qp.quantize``: static post-training quantization in one call, with the accuracy recipes.
+
+The plain flow (:func:`qplug_core.flows.quantize`) knows nothing of the algorithms, which are built
+on it; this entry point picks between them: a recipe to run or an accuracy target to meet goes
+through :mod:`qplug_core.algorithms`, anything else straight to the flow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import fx, nn
+
+from qplug_core import flow_checks, flows
+from qplug_core.algorithms.pipeline import needs_algorithms, quantize_with_algorithms
+from qplug_core.backend import Backend, resolve_backend
+from qplug_core.config import QConfigMapping
+
+
+def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
+             backend: str | Backend | None = None, qconfig_mapping: QConfigMapping | None = None,
+             progress: bool | None = None, strict: bool = False, allow_float: bool = False,
+             recipe: Any = "auto", target: Any = None, **prepare_options: Any) -> fx.GraphModule:
+    """Static post-training quantization in one call: the int8 model running the backend's kernels.
+
+    ``model`` may be an ``nn.Module``, an ``ExportedProgram`` or its ``.module()``;
+    ``capture="auto"`` (a prepare option) traces symbolically when it can, else uses
+    torch.export. With no int8 region at all it raises :class:`NothingQuantizedError` (the most
+    frequent reasons ops stayed float in its message) unless ``allow_float=True``.
+
+    ``recipe`` names algorithm passes run on the fused float model first ("dfq", "smoothquant",
+    "none", a list of steps; "auto" picks SmoothQuant for transformers, nothing otherwise);
+    ``target=qp.Target(cosine=0.99)`` keeps the fewest layers float that reach it. See
+    docs/guide/accuracy.md.
+    """
+    if not needs_algorithms(model, recipe, target):
+        return flows.quantize(model, example_inputs, calibration_data, backend=backend,
+                              qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
+                              allow_float=allow_float, **prepare_options)
+    flow_checks.check_preparable(model)
+    flow_checks.check_calibration_data(calibration_data)
+    chosen = resolve_backend(backend).require_available()
+    return quantize_with_algorithms(
+        model, example_inputs, calibration_data, backend=chosen, qconfig_mapping=qconfig_mapping,
+        recipe=recipe, target=target, progress=progress, strict=strict,
+        prepare_options=prepare_options)

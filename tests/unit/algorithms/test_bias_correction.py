@@ -1,0 +1,92 @@
+"""Bias correction removes the mean output shift int8 weights cause, on the calibration data."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core import qparams as Q
+from qplug_core.algorithms import correct_bias
+from qplug_core.errors import CalibrationError, ConfigValidationError
+from qplug_core.kernels.reference import observed_weight_qparams
+from qplug_core.qconfig_defaults import default_qconfig_mapping
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.fc = nn.Linear(8, 5)
+        with torch.no_grad():
+            self.dw.weight.mul_(torch.logspace(-2, 1, 8).view(8, 1, 1, 1))
+
+    def forward(self, x):
+        y = torch.relu(self.dw(self.conv(x)))
+        return self.fc(y.mean((2, 3)))
+
+
+def _weight_quantized(layer: nn.Module, mapping) -> nn.Module:
+    """The layer with its weight on the int8 grid the mapping's weight observer gives."""
+    qconfig = mapping.qconfig_for_module("", type(layer))
+    out = copy.deepcopy(layer)
+    with torch.no_grad():
+        out.weight.copy_(Q.fake_quantize(out.weight, observed_weight_qparams(qconfig, out.weight)))
+    return out
+
+
+def _inputs_of(gm, name, data):
+    seen = []
+    handle = gm.get_submodule(name).register_forward_hook(lambda m, a, o: seen.append(a[0]))
+    with torch.no_grad():
+        for (x,) in data:
+            gm(x)
+    handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_each_layer_keeps_its_float_mean_output_on_the_calibration_set(per_channel):
+    torch.manual_seed(0)
+    mapping = default_qconfig_mapping("static", per_channel=per_channel)
+    data = [(torch.randn(4, 3, 6, 6) + 0.5,) for _ in range(3)]
+    gm = qp.fuse_fx(_Net().eval(), data[0], backend="reference")
+    float_gm = copy.deepcopy(gm)
+    corrections = correct_bias(gm, data, qconfig_mapping=mapping)
+    assert {c.layer for c in corrections} == {"conv", "dw", "fc"}
+    assert gm.get_submodule("conv").bias is not None  # a bias-free layer got one
+    for name, dims in (("conv", (0, 2, 3)), ("dw", (0, 2, 3)), ("fc", (0,))):
+        inputs = _inputs_of(float_gm, name, data)
+        reference = float_gm.get_submodule(name)
+        uncorrected = _weight_quantized(reference, mapping)
+        corrected = _weight_quantized(gm.get_submodule(name), mapping)
+        with torch.no_grad():
+            want = torch.cat([reference(x) for x in inputs]).mean(dims)
+            before = torch.cat([uncorrected(x) for x in inputs]).mean(dims)
+            after = torch.cat([corrected(x) for x in inputs]).mean(dims)
+        assert float((after - want).abs().max()) < 1e-5 * float(want.abs().max()) + 1e-6
+        if name == "dw" and not per_channel:  # per-tensor depthwise: a real shift was removed
+            assert float((before - want).abs().max()) > 100 * float((after - want).abs().max())
+
+
+def test_weights_and_the_float_model_are_untouched():
+    data = [(torch.randn(2, 3, 6, 6),)]
+    model = _Net().eval()
+    gm = qp.fuse_fx(model, data[0], backend="reference")
+    weights = {n: p.clone() for n, p in gm.named_parameters() if n.endswith("weight")}
+    correct_bias(gm, data, qconfig_mapping=default_qconfig_mapping("static"))
+    for name, weight in weights.items():
+        assert torch.equal(gm.get_parameter(name), weight)
+    assert model.conv.bias is None
+
+
+def test_bad_arguments_are_clear_errors():
+    gm = qp.fuse_fx(_Net().eval(), (torch.randn(1, 3, 6, 6),), backend="reference")
+    with pytest.raises(CalibrationError, match="0 calibration batches"):
+        correct_bias(gm, [], qconfig_mapping=default_qconfig_mapping("static"))
+    with pytest.raises(ConfigValidationError, match="QConfigMapping"):
+        correct_bias(gm, [(torch.randn(1, 3, 6, 6),)], qconfig_mapping=None)

@@ -1,0 +1,141 @@
+"""qp.sensitivity ranks the layer that hurts; qp.Target takes out the fewest layers to meet it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.algorithms.target import TARGET_KEY
+from qplug_core.errors import ConfigValidationError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class _OutlierInput(nn.Module):
+    """Input channel 0 is 1000x the others (fc1's weight column compensates): per-tensor int8
+    of fc1's input keeps only that channel, fc2 and fc3 see ordinary values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 8)
+        with torch.no_grad():
+            self.fc1.weight[:, 0] *= 1e-3
+
+    def forward(self, x):
+        x = x * torch.cat([torch.full((1,), 1000.0), torch.ones(15)])
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+class _OutlierOutput(nn.Module):
+    """fc2's output channel 0 is 1000x the rest and leaves the model scaled back: a calibrated
+    per-tensor output scale crushes the other channels; a float output does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+        with torch.no_grad():
+            self.fc2.weight[0] *= 1000.0
+            self.fc2.bias[0] *= 1000.0
+        self.register_buffer("back", torch.cat([torch.full((1,), 1e-3), torch.ones(7)]))
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))) * self.back
+
+
+def _data(n: int = 4):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 16, generator=g),) for _ in range(n)]
+
+
+def test_sensitivity_names_the_layer_that_hurts():
+    data = _data()
+    report = qp.sensitivity(_OutlierInput().eval(), data[0], data, backend="reference")
+    assert report.layers[0].name == "fc1"
+    worst_alone_int8 = min(report.layers, key=lambda s: s.alone_int8.sqnr_db)
+    assert worst_alone_int8.name == "fc1"
+    assert report.layers[0].alone_float.sqnr_db > report.all_int8.sqnr_db + 10
+    assert report.to_dict()["layers"][0]["name"] == "fc1"
+
+
+def test_target_keeps_exactly_the_sensitive_layer_float():
+    data = _data()
+    model = _OutlierInput().eval()
+    qmodel = qp.quantize(model, data[0], data, backend="reference",
+                         target=qp.Target(sqnr=25, fallback="float", group="layer"))
+    result = qmodel.meta[TARGET_KEY]
+    assert result.met and result.float_layers == ["fc1"]
+    assert result.all_int8.sqnr_db < 25 <= result.final.sqnr_db
+    assert "alone out of int8" in result.decisions[0].reason
+    assert set(qp.quantization_report(qmodel).quantized) == {"fc2", "fc3"}
+    with torch.no_grad():  # the figure holds on data the search did not see
+        held = _data(6)[4:]
+        want = torch.cat([model(*b) for b in held])
+        assert qp.sqnr(want, torch.cat([qmodel(*b) for b in held])) > 25
+
+
+def test_dynamic_fallback_keeps_int8_weights_with_a_float_output():
+    data = _data()
+    qmodel = qp.quantize(_OutlierOutput().eval(), data[0], data, backend="reference",
+                         target=qp.Target(cosine=0.999, group="layer"))
+    result = qmodel.meta[TARGET_KEY]
+    assert result.met and result.float_layers == ["fc2"] and result.decisions[0].fallback == "dynamic"
+    assert result.all_int8.cosine_mean < 0.999 <= result.final.cosine_mean
+    assert "fc2" in qp.quantization_report(qmodel).quantized  # still int8 weights, run dynamically
+
+
+def test_user_metric_and_an_unreachable_target_warns():
+    data = _data()
+
+    def max_error(reference, quantized):
+        return -max(float((r - q).abs().max()) for r, q in zip(reference, quantized))
+
+    with pytest.warns(UserWarning, match="accuracy target not met"):
+        qmodel = qp.quantize(_OutlierInput().eval(), data[0], data, backend="reference",
+                             target=qp.Target(metric=max_error, minimum=0.0, group="layer"))
+    result = qmodel.meta[TARGET_KEY]
+    assert not result.met and result.final.metric < 0
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({}, "needs cosine="), ({"cosine": 2.0}, r"in \[-1, 1\]"),
+    ({"metric": len}, "go together"), ({"sqnr": 20, "fallback": "fp16"}, "fallback must be"),
+    ({"sqnr": 20, "group": "block"}, "group must be")])
+def test_bad_targets_are_clear_errors(kwargs, message):
+    with pytest.raises(ConfigValidationError, match=message):
+        qp.Target(**kwargs)
+
+
+class _SharedInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.query, self.key = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.relu(self.query(x)) - torch.relu(self.key(x))
+
+
+def test_a_dynamic_linear_beside_a_static_one_on_the_same_input_lowers(plugin_autoload):
+    from qplug_core.qconfig_defaults import dynamic_qconfig
+
+    data = _data()
+    model = _SharedInput().eval()
+    mapping = qp.get_default_qconfig_mapping("fbgemm").set_module_name(
+        "key", dynamic_qconfig(per_channel=True, reduce_range=False))
+    qmodel = qp.quantize(model, data[0], data, backend="fbgemm", qconfig_mapping=mapping,
+                         recipe="none")
+    report = qp.quantization_report(qmodel)
+    assert {"query", "key"} <= set(report.kernels)
+    with torch.no_grad():
+        assert qp.sqnr(model(*data[0]), qmodel(*data[0])) > 25
+
+
+def test_strict_with_a_target_that_keeps_a_layer_float_raises():
+    data = _data()
+    with pytest.raises(ConfigValidationError, match="strict=True but"):
+        qp.quantize(_OutlierInput().eval(), data[0], data, backend="reference", strict=True,
+                    target=qp.Target(sqnr=25, fallback="float", group="layer"))

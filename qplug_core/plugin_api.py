@@ -11,7 +11,7 @@ See docs/plugins/writing-a-backend.md (the tutorial), hooks.md (the hook referen
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qplug_core.backend_configs.common import common_pattern_configs
 from qplug_core.backend_configs.dtype_configs import (
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from qplug_core.testing.pattern_suite import BackendPatternSuite
 
 
-def __getattr__(name: str) -> type:
+def __getattr__(name: str) -> Any:
     # the testing kit imports pytest: only when a test module asks for it
     if name == "to_onnx_proto":  # the exporter imports torch.onnx: only for backends that compile
         from qplug_core.onnx_export import to_onnx_proto

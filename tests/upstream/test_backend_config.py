@@ -30,7 +30,7 @@ from qplug_core.config import (
     DTypeWithConstraints,
     ObservationType,
 )
-from qplug_core.config.registry import register_serializable
+from qplug_core.config import register_serializable
 from qplug_core.errors import ConfigError
 from qplug_core.nn.fuser_methods import fuse_linear_relu
 

@@ -31,7 +31,7 @@ def batch(seed):
 int8 = qp.quantize(model, batch(0), [batch(s) for s in range(1, 5)], backend="fbgemm")
 report = qp.quantization_report(int8)
 print(report.capture)  # "export": BERT does not trace symbolically
-print(report.kernels["model_encoder_layer_0_attention_self_query"])  # quantized::linear
+print(report.kernels["model.encoder.layer.0.attention.self.query"])  # quantized::linear
 int8.get_submodule("model.encoder.layer.0.attention.self.query")  # the user's module names
 
 # an ExportedProgram (or its .module()) is accepted as is

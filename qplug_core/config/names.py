@@ -104,7 +104,8 @@ TENSOR_ATTRIBUTES = frozenset(
 _CORE_MODULE_SOURCES = (
     "qplug_core.kernels.reference", "qplug_core.nn.intrinsic", "qplug_core.nn.qat_conv",
     "qplug_core.nn.qat_linear", "qplug_core.nn.qat_embedding", "qplug_core.eager.stubs",
-    "qplug_core.eager.functional",
+    "qplug_core.eager.functional", "qplug_core.nn.channel_scale", "qplug_core.nn.channel_clamp",
+    "qplug_core.kernels.per_token",
 )
 _CORE_OBSERVER_SOURCES = (
     "qplug_core.observers.minmax", "qplug_core.observers.histogram", "qplug_core.observers.fixed",
@@ -243,7 +244,8 @@ def _aten_op(name: str) -> Any:
         op = getattr(getattr(torch.ops.aten, op_name), overload)
     except (RuntimeError, AttributeError):
         return None
-    if (op_name.startswith("_") or _denied(op_name)
+    private = op_name.startswith("_") and not (op_name.startswith("__") and op_name.endswith("__"))
+    if (private or _denied(op_name)  # dunder names are Python's operators (aten::__and__): public
             or any(a.name in _FILE_ARGUMENTS for a in schema.arguments)):
         return None
     return op if isinstance(op, torch._ops.OpOverload) and _aten_name(op) == name else None

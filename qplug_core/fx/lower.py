@@ -204,11 +204,14 @@ def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: tor
     else:
         args, kwargs = fx.map_arg(probe.call, lambda n: values[n])
     reference, scale = values[nodes.anchor], None
-    output_quantize = _single_user(nodes.anchor, gm, Quantize)
+    _, _, output_quantize = _region_io(gm, nodes, tag)
     if output_quantize is not None:
         quantize = gm.get_submodule(output_quantize.target)
         reference = _backend_quantize(gm, backend, output_quantize, reference, quantize(reference))
         scale = float(quantize.qparams.scale) if quantize.qparams.scale.numel() == 1 else None
+    if isinstance(reference, torch.Tensor) and not reference.is_quantized \
+            and not reference.is_floating_point():
+        scale = 1.0  # a plain-integer kernel (the reference form's integers): one step is 1
     expected_dtype = reference.dtype if isinstance(reference, torch.Tensor) else None
     problem = kernel_contract.violation(kernel, args, kwargs, reference, expected_dtype, scale)
     if not problem:

@@ -32,6 +32,9 @@ __all__ = ["EXPORT_GAPS", "check_export_level", "export_gap"]
 
 #: pattern family -> why its case is not compared at the ATen level
 EXPORT_GAPS: dict[str, str] = {
+    "inplace_hardtanh": "F.hardtanh_: since clamps fold into their producer's range, the two levels "
+                        "agree on only ~75% of elements (each matches its own reference form); open "
+                        "finding, see the issue 19 closing note",
     "rnn": "aten.lstm / aten.gru are not raised to modules; RNNs quantize dynamically by module "
            "swapping (qp.quantize_dynamic), which needs no capture",
     "dynamic": "dynamic cases run qp.quantize_dynamic-style regions; the export path covers them "
@@ -74,6 +77,8 @@ def export_gap(case: PatternCase) -> str | None:
     if any(op in (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, F.interpolate)
            for op in ops):
         return EXPORT_GAPS["upsample"]
+    if any(op is F.hardtanh_ for op in ops):
+        return EXPORT_GAPS["inplace_hardtanh"]
     if any(op is F.dropout or op == "contiguous" for op in ops):
         return EXPORT_GAPS["removed"]
     return None

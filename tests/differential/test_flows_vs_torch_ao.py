@@ -100,6 +100,10 @@ MODELS = {
     "mobilenet_v2": (lambda: _without_dropout(get_model("mobilenet_v2", seed=0)), 3, 64),
 }
 CHAOTIC = {"mobilenet_v2"}
+#: models whose ReLU6 qplug folds into the producing conv's output range (issue 19, item 18), so
+#: the conv's output is observed after the clamp; torch.ao observes the conv and the ReLU6 apart.
+#: A deliberate difference (docs/migrating.md): observer layout and quantize points differ there.
+CLAMPS_FOLDED = {"mobilenet_v2"}
 
 
 def _ours_mapping(reduce_range: bool) -> QConfigMapping:
@@ -203,7 +207,7 @@ def _observer_layout(gm: fx.GraphModule, is_observer) -> list[tuple[str, int]]:
     return layout
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in CLAMPS_FOLDED])
 def test_same_observers_and_qparams(name):
     pair = _pair(name)
     ours = _observer_layout(pair.ours, _ours_is_observer)
@@ -250,7 +254,7 @@ class _Recorder(fx.Interpreter):
 
 
 @pytest.mark.parametrize("reduce_range", [False, True])
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in CLAMPS_FOLDED])
 def test_each_quantize_point_within_one_step(name, reduce_range):
     """Every quantize op of qplug's reference model, fed the value torch.ao quantizes there."""
     pair = _pair(name, reduce_range)

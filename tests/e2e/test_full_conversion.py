@@ -69,11 +69,7 @@ def _float_ops_inside(gm: fx.GraphModule, kernels: dict[str, str]) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
 @pytest.mark.parametrize("model_name", ["resnet18", "mobilenet_v2"])
-def test_converts_fully(plugin_autoload, one_thread, model_name, backend, request):
-    if (model_name, backend) == ("mobilenet_v2", "qnnpack"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "torch 2.13's qnnpack relu6 is wrong on channels_last tensors, so ReLU6 runs in "
-            "reference form until clamps are folded into the producing conv (issue 19, item 18)")))
+def test_converts_fully(plugin_autoload, one_thread, model_name, backend):
     chosen = qp.get_backend(backend)
     if not chosen.availability().ok:
         pytest.skip(chosen.availability().reason)

@@ -11,12 +11,14 @@ import qplug_core as qp
 NPU = '''
 import torch
 from torch import nn
-from qplug_core.backend import BackendSpec
-from qplug_core.delegation import Delegate
-from qplug_core.hookspecs import hookimpl
-from qplug_core.partition import create_op_support
-from qplug_core.qconfig_defaults import default_qconfig_mapping
-from qplug_core.reference_backend import reference_pattern_configs
+from qplug_core.plugin_api import (
+    BackendSpec,
+    Delegate,
+    OperatorSupportBase,
+    DTypeConfigSet,
+    default_qconfig_mapping,
+    hookimpl,
+)
 
 COMPILED = []
 
@@ -34,9 +36,10 @@ class Compiled(nn.Module):
         return self.partition(*args)
 
 
-def _takes(submodules, node):  # everything but linear layers
-    module = submodules.get(node.target) if node.op == "call_module" else None
-    return not isinstance(getattr(module, "module", module), nn.Linear)
+class TakesAllButLinear(OperatorSupportBase):
+    def is_node_supported(self, submodules, node):
+        module = submodules.get(node.target) if node.op == "call_module" else None
+        return not isinstance(getattr(module, "module", module), nn.Linear)
 
 
 def _compile(partition, example_inputs):
@@ -55,7 +58,7 @@ def qplug_register_backends():
 
 @hookimpl
 def qplug_backend_pattern_configs(backend):
-    return reference_pattern_configs() if backend == "npu" else []
+    return DTypeConfigSet().pattern_configs() if backend == "npu" else []
 
 
 @hookimpl
@@ -67,7 +70,7 @@ def qplug_default_qconfig_mapping(backend, mode):
 def qplug_delegate(backend):
     if backend != "npu":
         return None
-    return Delegate(operator_support=create_op_support(_takes), compile=_compile)
+    return Delegate(operator_support=TakesAllButLinear(), compile=_compile)
 '''
 
 

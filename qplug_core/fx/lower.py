@@ -50,7 +50,7 @@ def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
     summary = LoweringSummary()
     report_key = report_names(gm.graph)
     regions = _quantized_regions(gm)
-    probes = {tag.region_id: _probe(gm, nodes) for tag, nodes in regions
+    probes = {tag.region_id: _probe(gm, nodes, tag) for tag, nodes in regions
               if (spec := backend.kernels.get(tag.pattern)) is not None and not spec.passthrough}
     contract = kernel_contract.record(gm, probes)
     for tag, nodes in regions:
@@ -108,7 +108,7 @@ def _self_test_problem(backend, spec: KernelSpec) -> str:
     return _self_test_results[key]
 
 
-def _region_io(gm: fx.GraphModule, nodes: _RegionNodes, tag=None
+def _region_io(gm: fx.GraphModule, nodes: _RegionNodes, tag
                ) -> tuple[fx.Node, list[fx.Node], fx.Node | None]:
     """The node a kernel replaces, its dequantize boundaries and the quantize of its output.
 
@@ -116,8 +116,7 @@ def _region_io(gm: fx.GraphModule, nodes: _RegionNodes, tag=None
     after it belongs to whatever int8 op consumes the value.
     """
     compute = next((m for m in nodes.members if _input_boundaries(gm, m)), nodes.anchor)
-    quantized_output = tag is None or _quantized_output(tag)
-    output_quantize = _single_user(nodes.anchor, gm, Quantize) if quantized_output else None
+    output_quantize = _single_user(nodes.anchor, gm, Quantize) if _quantized_output(tag) else None
     return compute, _input_boundaries(gm, compute), output_quantize
 
 
@@ -170,8 +169,8 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     return ""
 
 
-def _probe(gm: fx.GraphModule, nodes: _RegionNodes) -> kernel_contract.RegionProbe:
-    compute, boundaries, _ = _region_io(gm, nodes)
+def _probe(gm: fx.GraphModule, nodes: _RegionNodes, tag) -> kernel_contract.RegionProbe:
+    compute, boundaries, _ = _region_io(gm, nodes, tag)
     if boundaries:
         return kernel_contract.RegionProbe(nodes.anchor, sources={b: b.args[0] for b in boundaries})
     return kernel_contract.RegionProbe(nodes.anchor, call=(compute.args, dict(compute.kwargs)))

@@ -14,9 +14,9 @@ from typing import Any
 from torch import fx, nn
 
 from qplug_core.config import ObservationType
-from qplug_core.fx.clamps import FOLDED_CLAMP, clamp_bounds, foldable_clamp
+from qplug_core.fx.clamps import clamp_bounds, foldable_clamp
 from qplug_core.fx.regions import QUANTIZED_DTYPES, Region
-from qplug_core.fx.tags import OBSERVER, REGION, ROOT, VALUE_KIND, RegionTag
+from qplug_core.fx.tags import FOLDED_CLAMP, OBSERVER, REGION, ROOT, RegionTag, VALUE_KIND
 from qplug_core.observers import (
     FakeQuantize,
     FixedQParamsFakeQuantize,

@@ -62,6 +62,7 @@ from qplug_core.qparams import QParams
 
 if TYPE_CHECKING:
     from qplug_core.onnx_export import to_onnx_proto
+    from qplug_core.testing.layer_parity import LayerParity, layer_parity
     from qplug_core.testing.pattern_suite import BackendPatternSuite
 
 
@@ -75,6 +76,10 @@ def __getattr__(name: str) -> Any:
         from qplug_core.testing.pattern_suite import BackendPatternSuite
 
         return BackendPatternSuite
+    if name in ("layer_parity", "LayerParity"):  # a compiling backend's conformance check
+        from qplug_core.testing import layer_parity
+
+        return getattr(layer_parity, name)
     raise AttributeError(f"module 'qplug_core.plugin_api' has no attribute {name!r}")
 
 
@@ -134,4 +139,6 @@ __all__ = [
     "warn_user",
     # testing (imports pytest on first use)
     "BackendPatternSuite",
+    "LayerParity",
+    "layer_parity",
 ]

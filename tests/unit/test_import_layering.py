@@ -68,7 +68,7 @@ ALLOWED: dict[str, set[str]] = {
     "plugin_api": {"backend_configs", "backend_plugin", "config", "contract", "delegation", "enums",
                    "errors", "fx", "hookspecs", "kernels", "onnx_export", "partition", "passes",
                    "plugins", "qconfig_defaults", "qparams", "testing"},
-    "testing": {"backend", "config", "flows", "fx", "kernels", "nn", "patterns", "plugins", "zoo",
+    "testing": {"backend", "config", "flows", "fx", "kernels", "nn", "partition", "patterns", "plugins", "zoo",
                 FACADE},
     "pytest_plugin": {"plugins", "testing"},
     "commands": {"backend", "distributed", "enums", "errors", "flows", "kernels", "onnx_export",

@@ -1,5 +1,11 @@
-"""Parity: for every zoo model, ONNX Runtime's output equals qplug's reference form within one
-quantization step on >= 99% of elements, with ORT's graph optimizations on and off."""
+"""Parity: ONNX Runtime computes what qplug's reference form says, with ORT's graph optimizations
+(its QDQ fusions into QLinearConv, QGemm, QLinearAdd, ...) on and off.
+
+Two checks. Layer by layer (``plugin_api.layer_parity``): every int8 region runs in ORT on the
+reference form's own integer inputs and its output must equal the reference's within one
+quantization step on >= 99% of elements, for every zoo model. End to end: the whole model's output
+within one step on >= 99% of elements, for every zoo model but the deep residual ones (DIVERGES).
+"""
 
 from __future__ import annotations
 
@@ -8,33 +14,53 @@ import torch
 from ort_testkit import inputs, output_step, quantized_pair, within_one_step
 from qplug_onnxruntime import SessionSettings
 from qplug_onnxruntime.session import OrtPartition
+from qplug_onnxruntime.support import OrtSupport, partition_to_onnx
 
 import qplug_core as qp
+from qplug_core.plugin_api import layer_parity
 
 SLOW = {"resnet18", "resnet50", "mobilenet_v2"}
-#: Known gap (measured): in the deep residual nets a one-step difference in one layer (int32 bias
-#: rounding, ORT's integer requantization) grows through the next ones, so at the output only
-#: 95% (resnet18) / 80% (resnet50) of elements agree within one step, with optimizations on and
-#: off alike; with float biases the export is bit-exact in ORT's float mode. strict: a fix shows.
+LEVELS = ("all", "disable")
+#: Measured, not a backend fault: in these random-weight residual nets one value rounding the other
+#: way (torch's float32 conv against ORT's exact int32 sums) changes the next layer's inputs and
+#: the difference grows, so at the output only ~95% (resnet18) / ~80% (resnet50) of elements agree
+#: within one step (max 3 steps). fbgemm's own kernels agree with the reference form on ResNet-50
+#: no better (77%), and the reference form run in float64 agrees with its float32 run on 90%. Layer
+#: by layer ORT agrees on 100% (test below). strict: a change in either shows.
 DIVERGES = {"resnet18", "resnet50"}
 
 
-def _case(name: str):
+def _case(name: str, *, end_to_end: bool):
     marks = [pytest.mark.slow] if name in SLOW else []
-    if name in DIVERGES:
+    if end_to_end and name in DIVERGES:
         marks.append(pytest.mark.xfail(strict=True, reason="one-step differences grow through deep "
-                                                           "residual stacks (see DIVERGES)"))
+                                                           "random-weight residual stacks (see DIVERGES)"))
     return pytest.param(name, marks=marks)
 
 
-@pytest.mark.parametrize("name", [_case(n) for n in qp.zoo.list_models()])
+def _compiler(level: str):
+    settings = SessionSettings(num_threads=1, graph_optimization=level)
+    return lambda partition, example: OrtPartition(partition, example, partition_to_onnx, settings)
+
+
+@pytest.mark.parametrize("name", [_case(n, end_to_end=False) for n in qp.zoo.list_models()])
+def test_every_int8_region_matches_the_reference_form_within_one_step(name):
+    _, _, reference = quantized_pair(name)
+    for level in LEVELS:
+        parity = layer_parity(reference, _compiler(level), inputs(name, 10), operator_support=OrtSupport())
+        assert parity.regions, f"{name}: no int8 region was checked"
+        assert parity.worst.within >= 0.99, f"{name}, graph optimization {level!r}: {parity.worst}"
+        assert parity.within >= 0.999, f"{name}, graph optimization {level!r}: {parity.within:.4%}"
+
+
+@pytest.mark.parametrize("name", [_case(n, end_to_end=True) for n in qp.zoo.list_models()])
 def test_ort_matches_the_reference_form_within_one_step(name):
     _, ort_model, reference = quantized_pair(name)
     partitions = [m for m in ort_model.modules() if isinstance(m, OrtPartition)]
     assert partitions, f"{name}: nothing was delegated to ONNX Runtime"
     step = output_step(reference)
     held_out = [inputs(name, seed) for seed in (10, 11)]
-    for level in ("all", "disable"):
+    for level in LEVELS:
         for partition in partitions:
             partition.rebuild(SessionSettings(num_threads=1, graph_optimization=level))
         with torch.no_grad():

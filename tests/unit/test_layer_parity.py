@@ -1,0 +1,48 @@
+"""layer_parity: each int8 region of the reference form, run by a backend's compile function on
+the reference's own integer inputs, compared with the reference's integer outputs."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import qplug_core as qp
+from qplug_core.kernels.reference import ReferenceWeighted
+from qplug_core.plugin_api import layer_parity
+
+
+def _reference():
+    model = qp.zoo.get_model("digits_cnn", seed=0)
+    example = qp.zoo.example_inputs("digits_cnn", batch=4, seed=0)
+    observed = qp.prepare_fx(model, None, example, backend="reference")
+    qp.calibrate(observed, [qp.zoo.example_inputs("digits_cnn", batch=4, seed=s) for s in range(3)])
+    return qp.convert_to_reference_fx(observed), qp.zoo.example_inputs("digits_cnn", batch=4, seed=9)
+
+
+def test_the_reference_form_itself_agrees_exactly_on_every_region():
+    reference, x = _reference()
+    parity = layer_parity(reference, lambda gm, example: copy.deepcopy(gm), x)
+    quantizes = [n for n in reference.graph.nodes if n.op == "call_module"
+                 and type(reference.get_submodule(n.target)).__name__ == "Quantize"]
+    assert [r.name for r in parity.regions] == [n.name for n in quantizes]
+    assert parity.within == 1.0 and all(r.max_steps == 0 for r in parity.regions)
+
+
+def test_a_region_computed_differently_is_the_one_reported():
+    reference, x = _reference()
+
+    def wrong_first_layer(gm, example):
+        compiled = copy.deepcopy(gm)
+        weighted = next(m for m in compiled.modules() if isinstance(m, ReferenceWeighted))
+        with torch.no_grad():
+            next(weighted.module.parameters()).mul_(1.5)
+        return compiled
+
+    parity = layer_parity(reference, wrong_first_layer, x)
+    worst = parity.worst
+    assert worst.within < 0.9 and worst.max_steps > 1
+    assert sum(r.within < 1.0 for r in parity.regions) == 1, "teacher forcing keeps the error local"
+    first_weighted = next(n for n in reference.graph.nodes if n.op == "call_module"
+                          and isinstance(reference.get_submodule(n.target), ReferenceWeighted))
+    assert worst.name == next(iter(first_weighted.users)).name

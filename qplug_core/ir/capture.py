@@ -98,16 +98,20 @@ def capture_module(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] 
 def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphModule:
     """``torch.export`` (non-strict: the model's Python runs as written) -> runnable GraphModule.
 
-    The batch dimension (dim 0 of every tensor input) is exported as dynamic where the model
-    allows it (``Dim.AUTO``), so the quantized model takes other batch sizes than the example's;
-    when that export fails, every shape is specialised to the example.
+    The batch dimension (dim 0 of every tensor input), and every dimension of an integer input
+    (token ids and attention masks: calibration batches padded to their own longest sentence),
+    are exported as dynamic where the model allows it (``Dim.AUTO``), so the quantized model
+    takes other batch sizes and sequence lengths than the example's; when that export fails,
+    every shape is specialised to the example.
     """
-    batch = torch.export.ShapesCollection()
+    dynamic = torch.export.ShapesCollection()
     for value in example_inputs:
         if isinstance(value, torch.Tensor) and value.dim() > 0:
-            batch[value] = {0: torch.export.Dim.AUTO}
+            integer = not (value.dtype.is_floating_point or value.is_complex())
+            dims = range(value.dim()) if integer else (0,)
+            dynamic[value] = dict.fromkeys(dims, torch.export.Dim.AUTO)
     try:
-        return torch.export.export(model, example_inputs, strict=False, dynamic_shapes=batch).module()
+        return torch.export.export(model, example_inputs, strict=False, dynamic_shapes=dynamic).module()
     except Exception:
         return torch.export.export(model, example_inputs, strict=False).module()
 

@@ -133,3 +133,34 @@ def test_nothing_quantized_is_an_error_naming_the_reasons():
     result = _quantize(NothingToQuantize(), allow_float=True)
     assert qp.quantization_report(result).quantized == {}
     assert torch.allclose(result(*_data(3)), NothingToQuantize()(*_data(3)))
+
+
+class TokenEncoder(nn.Module):
+    """Token ids and an attention mask of any length (calibration batches are padded each to its
+    own longest sentence), as a text model is called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(50, 16)
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.fc2(torch.relu(self.fc1(self.embedding(input_ids))))
+        return hidden * attention_mask.unsqueeze(-1).to(hidden.dtype)
+
+
+def _tokens(batch: int, length: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 50, (batch, length), generator=g), torch.ones(batch, length, dtype=torch.int64)
+
+
+def test_export_takes_token_batches_of_other_lengths_than_the_example():
+    model = TokenEncoder().eval()
+    calibration = [_tokens(2, length, seed) for seed, length in enumerate((5, 7, 6))]
+    qmodel = qp.quantize(model, calibration[0], calibration, backend="fbgemm", capture="export",
+                         recipe="none")
+    ids, mask = _tokens(3, 11, 9)
+    with torch.no_grad():
+        got, want = qmodel(ids, mask), model(ids, mask)
+    assert got.shape == (3, 11, 16)
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99

@@ -63,18 +63,46 @@ def float_outputs(gm: nn.Module, batches: list[tuple]) -> list[torch.Tensor]:
     return [_first_tensor(gm(*batch)).detach().float() for batch in batches]
 
 
+#: the input naming which tokens are padding (Hugging Face's convention): scores leave them out
+PADDING_MASK_INPUT = "attention_mask"
+
+
+def padding_masks(gm: fx.GraphModule, batches: list[tuple]) -> list[torch.Tensor | None]:
+    """Per batch, the model's ``attention_mask`` input (1 = real token), or None without one.
+
+    A padded token's hidden state means nothing (nothing reads it after pooling) and drifts the
+    most under int8, so scoring it would keep layers float for no user-visible gain."""
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    if PADDING_MASK_INPUT not in names:
+        return [None] * len(batches)
+    index = names.index(PADDING_MASK_INPUT)
+    return [batch[index] if index < len(batch) and isinstance(batch[index], torch.Tensor)
+            and batch[index].dim() == 2 else None for batch in batches]
+
+
+def _without_padding(output: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``output`` with padded tokens zeroed (they then add nothing to a cosine or an SQNR)."""
+    if mask is None or output.dim() < 2 or tuple(output.shape[:2]) != tuple(mask.shape):
+        return output
+    return output * (mask != 0).reshape(*mask.shape, *([1] * (output.dim() - 2))).to(output.dtype)
+
+
 @torch.no_grad()
 def score(qmodel: nn.Module, batches: list[tuple], reference: list[torch.Tensor],
-          metric: Any = None) -> OutputScore:
-    """SQNR, per-sample cosine (mean, min) and the user metric of ``qmodel`` against ``reference``."""
+          metric: Any = None, masks: list[torch.Tensor | None] | None = None) -> OutputScore:
+    """SQNR, per-sample cosine (mean, min) and the user metric of ``qmodel`` against ``reference``.
+
+    ``masks`` (from :func:`padding_masks`) leave padded tokens out of the SQNR and the cosine;
+    the metric gets the outputs as the model returns them."""
     from qplug_core.report import _ErrorStats
 
     stats, cosines, outputs = _ErrorStats(), [], []
-    for batch, want in zip(batches, reference):
+    for batch, want, mask in zip(batches, reference, masks or [None] * len(batches)):
         got = _first_tensor(qmodel(*batch)).detach().float()
         outputs.append(got)
-        stats.update(want, got)
-        rows_w, rows_g = want.reshape(want.shape[0], -1), got.reshape(got.shape[0], -1)
+        want_real, got_real = _without_padding(want, mask), _without_padding(got, mask)
+        stats.update(want_real, got_real)
+        rows_w, rows_g = want_real.reshape(want.shape[0], -1), got_real.reshape(got.shape[0], -1)
         cosines.append(torch.nn.functional.cosine_similarity(rows_w.double(), rows_g.double(), dim=1))
     cos = torch.cat(cosines)
     value = float(metric(reference, outputs)) if metric is not None else None
@@ -188,11 +216,11 @@ def sensitivity(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
                                                          chosen, qconfig_mapping, recipe, {})
     evaluation = batches if data is None else [tuple(b) if isinstance(b, (tuple, list)) else (b,)
                                                for b in data]
-    reference = float_outputs(gm, evaluation)
+    reference, masks = float_outputs(gm, evaluation), padding_masks(gm, evaluation)
 
     def run(m: QConfigMapping) -> OutputScore:
         return score(quantize_fused(gm, inputs, batches, chosen, m, progress=False), evaluation,
-                     reference, metric)
+                     reference, metric, masks)
 
     names = quantized_layers(gm, mapping)
     report = SensitivityReport(run(mapping))

@@ -23,6 +23,7 @@ from qplug_core.algorithms.sensitivity import (
     OutputScore,
     float_outputs,
     group_layers,
+    padding_masks,
     quantized_layers,
     role_name,
     score,
@@ -41,7 +42,9 @@ TARGET_KEY = TARGET
 class Target:
     """What the quantized model's output must reach against float, on ``data`` (default: the
     calibration data): mean per-sample ``cosine``, worst-sample ``min_cosine``, output ``sqnr``
-    in dB, and/or ``metric(reference_outputs, quantized_outputs) >= minimum``.
+    in dB, and/or ``metric(reference_outputs, quantized_outputs) >= minimum``. When the model
+    has an ``attention_mask`` input (Hugging Face's convention), padded tokens are left out of
+    the cosine and the SQNR: nothing downstream reads them.
     """
 
     cosine: float | None = None
@@ -130,7 +133,7 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         raise ConfigValidationError(f"target must be a qp.Target, got {type(target).__name__}",
                                     field="target", value=target)
     evaluation = _parse(target.data) or batches
-    reference = float_outputs(gm, evaluation)
+    reference, masks = float_outputs(gm, evaluation), padding_masks(gm, evaluation)
     count = 0
 
     final_mapping = mapping
@@ -141,7 +144,7 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         final_mapping = m
         qmodel = quantize_fused(gm, inputs, batches, backend, m, progress=progress,
                                 prepare_options=prepare_options)
-        return qmodel, score(qmodel, evaluation, reference, target.metric)
+        return qmodel, score(qmodel, evaluation, reference, target.metric, masks)
 
     def out_of_int8(kinds: dict[str, str]) -> QConfigMapping:
         m = mapping

@@ -139,3 +139,32 @@ def test_strict_with_a_target_that_keeps_a_layer_float_raises():
     with pytest.raises(ConfigValidationError, match="strict=True but"):
         qp.quantize(_OutlierInput().eval(), data[0], data, backend="reference", strict=True,
                     target=qp.Target(sqnr=25, fallback="float", group="layer"))
+
+
+class _Tokens(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(10, 4)
+
+    def forward(self, input_ids, attention_mask):
+        return self.embedding(input_ids) * attention_mask.unsqueeze(-1)
+
+
+def test_scores_leave_out_the_tokens_the_attention_mask_marks_as_padding():
+    from qplug_core.algorithms.sensitivity import float_outputs, padding_masks, score
+
+    gm = torch.fx.symbolic_trace(_Tokens().eval())
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    batches = [(torch.randint(1, 10, (2, 5), generator=torch.Generator().manual_seed(0)), mask)]
+    reference = float_outputs(gm, batches)
+    padding_garbage = torch.zeros(2, 5, 4)
+    padding_garbage[0, 3:] = 100.0
+
+    def quantized(ids, attention_mask):
+        return gm(ids, attention_mask) + padding_garbage
+
+    masked = score(quantized, batches, reference, masks=padding_masks(gm, batches))
+    assert masked.cosine_min == pytest.approx(1.0) and masked.sqnr_db == float("inf")
+    unmasked = score(quantized, batches, reference)
+    assert unmasked.cosine_min < 0.5
+    assert padding_masks(torch.fx.symbolic_trace(nn.Linear(4, 4)), batches) == [None]

@@ -116,6 +116,13 @@ class TargetResult:
         return [name for d in self.decisions for name in d.layers]
 
 
+def _improves(alone: OutputScore, base: OutputScore) -> bool:
+    """Whether taking a layer out alone moved any score above the all-int8 model's."""
+    pairs = [(alone.cosine_mean, base.cosine_mean), (alone.cosine_min, base.cosine_min),
+             (alone.sqnr_db, base.sqnr_db), (alone.metric, base.metric)]
+    return any(a is not None and b is not None and a > b for a, b in pairs)
+
+
 def _parse(data: Any) -> list[tuple] | None:
     if data is None:
         return None
@@ -174,6 +181,8 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                                         -item[0].sqnr_db))
         taken: dict[str, str] = {}
         for alone, layers, fallback in measured:
+            if not _improves(alone, base):  # e.g. a layer whose output the scored output never reads
+                continue
             taken.update(dict.fromkeys(layers, fallback))
             result.decisions.append(Decision(
                 role_name(layers), tuple(layers), fallback,

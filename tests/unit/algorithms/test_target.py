@@ -168,3 +168,24 @@ def test_scores_leave_out_the_tokens_the_attention_mask_marks_as_padding():
     unmasked = score(quantized, batches, reference)
     assert unmasked.cosine_min < 0.5
     assert padding_masks(torch.fx.symbolic_trace(nn.Linear(4, 4)), batches) == [None]
+
+
+class _WithSideOutput(_OutlierInput):
+    """A second output the score never reads (as a pooler beside last_hidden_state)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.side = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return super().forward(x), self.side(x)
+
+
+def test_an_unreachable_target_never_takes_out_a_layer_that_buys_nothing():
+    data = _data()
+    with pytest.warns(UserWarning, match="not met"):
+        qmodel = qp.quantize(_WithSideOutput().eval(), data[0], data, backend="reference",
+                             target=qp.Target(sqnr=200, fallback="float", group="layer"))
+    result = qmodel.meta[TARGET_KEY]
+    assert not result.met and "fc1" in result.float_layers
+    assert "side" not in result.float_layers

@@ -52,3 +52,17 @@ def test_per_token_dynamic_keeps_the_embeddings(minilm, plugin_autoload):
         reference, embed(per_tensor, batches))
     assert ours.cosine_mean >= 0.997 and ours.cosine_min >= 0.99 and ours.neighbours_kept >= 0.9
     assert ours.cosine_mean > theirs.cosine_mean
+
+
+def test_static_int8_defaults_on_the_hugging_face_model_keep_the_embeddings(minilm, plugin_autoload):
+    """The user's path: ``qp.quantize`` on the HF model itself (torch.export capture, batches
+    padded to their own lengths), defaults only, scored on sentences calibration never saw."""
+    model, batches, reference = minilm
+    calibration, _ = split_sentences(read_sentences(SENTENCES))
+    calibration_batches = token_batches(model.tokenizer, calibration)
+    qmodel = qp.quantize(model.model, calibration_batches[0], calibration_batches, backend="fbgemm")
+    assert qp.quantization_report(qmodel).capture == "export"
+    target = qmodel.meta["qplug_target"]
+    assert target.met, target.final
+    ours = agreement(reference, embed(qmodel, batches))
+    assert ours.cosine_mean >= 0.99 and ours.cosine_min >= 0.98 and ours.neighbours_kept >= 0.9, ours

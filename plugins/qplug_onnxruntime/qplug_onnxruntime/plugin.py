@@ -17,6 +17,7 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from qplug_core.plugin_api import (
     Availability,
@@ -63,12 +64,16 @@ def is_available() -> Availability:
 @functools.lru_cache(maxsize=None)
 def _pattern_configs() -> tuple[BackendPatternConfig, ...]:
     static, default = [weighted_op_dtype_config], [default_op_quint8_dtype_config]
-    return tuple(common_pattern_configs(
+    configs = common_pattern_configs(
         weighted_op_dtype_configs=static, linear_dtype_configs=static + [dynamic_int8_dtype_config],
         default_op_dtype_configs=default, fixed_qparams_op_dtype_configs=default,
         share_qparams_op_dtype_configs=default, tensor_info_op_dtype_configs=default,
         rnn_op_dtype_configs=[], embedding_op_dtype_configs=[weight_only_quint8_dtype_config],
-        layer_norm_op_dtype_configs=[input_output_only_quint8_dtype_config]))
+        layer_norm_op_dtype_configs=[input_output_only_quint8_dtype_config])
+    for config in configs:  # of the recurrent modules only nn.LSTM: ORT's DynamicQuantizeLSTM
+        if config.pattern is nn.LSTM:  # runs it; ORT has no quantized GRU or cell op
+            config.set_dtype_configs([dynamic_int8_dtype_config])
+    return tuple(configs)
 
 
 def compile_partition(partition, example_inputs) -> OrtPartition:

@@ -16,7 +16,7 @@ qparams as tensor arguments (buffers in the graph) instead of a dozen elementwis
 - ``qplug::dynamic_quantized_linear(Tensor input, Tensor weight_t, Tensor weight_scale,
   Tensor? bias)``: a dynamic int8 linear (symmetric int8 weights, transposed) as one node;
 - ``qplug::dynamic_quantized_lstm(Tensor input, Tensor weight_t, Tensor weight_scale,
-  Tensor recurrent_t, Tensor recurrent_scale, Tensor bias, Tensor initial_h, Tensor initial_c)
+  Tensor recurrent_t, Tensor recurrent_scale, Tensor bias, Tensor? initial_h, Tensor? initial_c)
   -> (Tensor, Tensor, Tensor)``: one layer of a dynamic int8 LSTM in ONNX's layout, as one node
   (ONNX Runtime: ``com.microsoft.DynamicQuantizeLSTM``).
 
@@ -99,12 +99,12 @@ def dynamic_quantized_linear(input: Tensor, weight_t: Tensor, weight_scale: Tens
 
 @torch.library.custom_op("qplug::dynamic_quantized_lstm", mutates_args=())
 def dynamic_quantized_lstm(input: Tensor, weight_t: Tensor, weight_scale: Tensor, recurrent_t: Tensor,
-                           recurrent_scale: Tensor, bias: Tensor, initial_h: Tensor,
-                           initial_c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                           recurrent_scale: Tensor, bias: Tensor, initial_h: Tensor | None,
+                           initial_c: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """One LSTM layer (one or two directions) with symmetric int8 weights, in ONNX's layout: input
     ``[seq, batch, in]``, ``weight_t`` ``[dirs, in, 4h]`` and ``recurrent_t`` ``[dirs, h, 4h]``
     (transposed, gates in ONNX's order i, o, f, c) with scales ``[dirs, 4h]``, ``bias``
-    ``[dirs, 8h]`` (input then recurrent), states ``[dirs, batch, h]``; returns ``Y``
+    ``[dirs, 8h]`` (input then recurrent), states ``[dirs, batch, h]`` (None: zeros); returns ``Y``
     ``[seq, dirs, batch, h]`` and the last ``h``, ``c``.
 
     The numbers of ONNX Runtime's DynamicQuantizeLSTM, which the int8 LSTM kernels share: the
@@ -118,7 +118,9 @@ def dynamic_quantized_lstm(input: Tensor, weight_t: Tensor, weight_scale: Tensor
         w = weight_t[d].to(torch.float32) * weight_scale[d].to(torch.float32)
         r = recurrent_t[d].to(torch.float32) * recurrent_scale[d].to(torch.float32)
         gates_x = x @ w + bias[d, : 4 * hidden]
-        h, c = initial_h[d], initial_c[d]
+        zeros = input.new_zeros((input.shape[1], hidden), dtype=torch.float32)
+        h = zeros if initial_h is None else initial_h[d]
+        c = zeros if initial_c is None else initial_c[d]
         steps = range(input.shape[0] - 1, -1, -1) if d == 1 else range(input.shape[0])
         out = [h] * input.shape[0]
         for t in steps:

@@ -86,13 +86,11 @@ def dynamic_lstm_problem(submodules: dict[str, nn.Module], node: fx.Node) -> str
 
 
 def _only_indexed(node: fx.Node) -> bool:
-    """Every use of ``node``'s tuple value indexes it (down to tensors)."""
-    for user in node.users:
-        if user.op != "call_function" or user.target is not operator.getitem:
-            return False
-        if user.args[1] == 1 and not _only_indexed(user):
-            return False
-    return True
+    """Every use of the LSTM's ``(output, (h, c))`` indexes it down to tensors."""
+    def indexing(user: fx.Node) -> bool:
+        return user.op == "call_function" and user.target is operator.getitem
+    return all(indexing(user) and (user.args[1] != 1 or all(indexing(u) for u in user.users))
+               for user in node.users)
 
 
 class DynamicQuantizedLSTM(nn.Module):
@@ -130,15 +128,13 @@ class DynamicQuantizedLSTM(nn.Module):
         elif self.batch_first:
             x = x.transpose(0, 1)
         seq, batch = x.shape[0], x.shape[1]
-        if hx is None:
-            zeros = x.new_zeros((self.num_layers * self.directions, batch, self.hidden_size))
-            hx = (zeros, zeros)
         hs, cs = [], []
         for layer in range(self.num_layers):
             states = slice(layer * self.directions, (layer + 1) * self.directions)
+            h0, c0 = (None, None) if hx is None else (hx[0][states], hx[1][states])  # None: zeros
             y, h, c = torch.ops.qplug.dynamic_quantized_lstm(
                 x, getattr(self, f"w{layer}"), getattr(self, f"ws{layer}"), getattr(self, f"r{layer}"),
-                getattr(self, f"rs{layer}"), getattr(self, f"b{layer}"), hx[0][states], hx[1][states])
+                getattr(self, f"rs{layer}"), getattr(self, f"b{layer}"), h0, c0)
             x = y.transpose(1, 2).reshape(seq, batch, self.directions * self.hidden_size)
             hs.append(h)
             cs.append(c)

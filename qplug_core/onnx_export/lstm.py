@@ -70,9 +70,6 @@ def dynamic_lstm_problem(submodules: dict[str, nn.Module], node: fx.Node) -> str
     module = submodules.get(str(node.target)) if node.op == "call_module" else None
     if module is None:
         return "not a module call"
-    problem = lstm_problem(module)
-    if problem:
-        return problem
     source = node.args[0] if node.args else None
     quantize = submodules.get(str(source.target)) if isinstance(source, fx.Node) and source.op == "call_module" else None
     if not isinstance(quantize, DynamicQuantize):
@@ -80,6 +77,9 @@ def dynamic_lstm_problem(submodules: dict[str, nn.Module], node: fx.Node) -> str
     if (quantize.dtype, quantize.quant_min, quantize.quant_max) != (torch.quint8, 0, 255):
         return (f"its input is quantized to {quantize.dtype} [{quantize.quant_min}, {quantize.quant_max}]; "
                 "DynamicQuantizeLSTM quantizes to uint8 [0, 255]")
+    problem = lstm_problem(module)
+    if problem:
+        return problem
     if not _only_indexed(node):
         return "its (output, (h, c)) tuple is used as a whole; a compiled partition returns tensors"
     return None

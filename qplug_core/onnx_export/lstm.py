@@ -2,7 +2,7 @@
 
 The reference form runs a float ``nn.LSTM`` whose weights lie on their int8 grid, after a dynamic
 quantization of its input. :class:`DynamicQuantizedLSTM` recovers the integers and scales of that
-grid exactly (checked: dequantizing them gives the reference weights back bit for bit), reorders
+grid exactly (checked: dequantizing them gives the reference weights back to float rounding), reorders
 them into ONNX's layout and calls one ``qplug::dynamic_quantized_lstm`` per layer, which ONNX
 Runtime runs as ``com.microsoft.DynamicQuantizeLSTM``: ORT runs qplug's int8 weights, it does not
 quantize the float weights again. batch_first, stacked and bidirectional layers, unbatched input
@@ -23,24 +23,28 @@ from qplug_core.kernels.reference import DynamicQuantize
 _ONNX_GATE_ORDER = (0, 3, 1, 2)
 #: the largest integer of a symmetric int8 grid (ORT's symmetric weights; 128 for [-128, 127])
 _GRID_TOPS = (127, 128)
-
-
-def _grid_candidates(weight: torch.Tensor):
-    """Per-row then per-tensor steps a symmetric int8 observer may have used on ``weight``."""
-    rows = weight.abs().amax(1, keepdim=True)
-    whole = weight.abs().max().expand_as(rows)
-    for amax in (rows, whole):
-        for top in _GRID_TOPS:
-            yield torch.where(amax > 0, amax / top, torch.ones_like(amax))
+#: a recovered weight may differ from the reference one by float rounding of the step, no more
+_ULPS = 4 * torch.finfo(torch.float32).eps
 
 
 def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(int8 [rows, cols], float scale [rows])`` that dequantize to ``weight`` exactly, or None
-    when ``weight`` does not lie on a symmetric int8 grid (zero point 0)."""
+    """``(int8 [rows, cols], float scale [rows])`` that dequantize to ``weight`` (to float rounding), or None
+    when ``weight`` does not lie on a symmetric int8 grid (zero point 0).
+
+    A symmetric observer maps a row's (per-channel) or the matrix's (per-tensor) largest magnitude
+    to 127, or to 128 on a [-128, 127] range: those are the steps tried, row by row.
+    """
     weight = weight.detach().to(torch.float32)
-    for step in _grid_candidates(weight):
-        q = torch.round(weight / step)
-        if -128 <= float(q.min()) and float(q.max()) <= 127 and torch.equal(q * step, weight):
+    for amax in (weight.abs().amax(1, keepdim=True), weight.abs().max().expand(weight.shape[0], 1)):
+        q, step = torch.zeros_like(weight), torch.ones_like(amax)
+        found = torch.zeros(weight.shape[0], dtype=torch.bool)
+        for top in _GRID_TOPS:
+            candidate = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+            rounded = torch.round(weight / candidate)
+            close = (rounded * candidate - weight).abs() <= _ULPS * amax  # the step is amax / top, rounded
+            exact = (close & (rounded >= -128) & (rounded <= 127)).all(1) & ~found
+            q[exact], step[exact], found = rounded[exact], candidate[exact], found | exact
+        if bool(found.all()):
             return q.to(torch.int8), step.reshape(-1)
     return None
 

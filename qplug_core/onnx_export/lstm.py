@@ -42,8 +42,8 @@ def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
             candidate = torch.where(amax > 0, amax / top, torch.ones_like(amax))
             rounded = torch.round(weight / candidate)
             close = (rounded * candidate - weight).abs() <= _ULPS * amax  # the step is amax / top, rounded
-            exact = (close & (rounded >= -128) & (rounded <= 127)).all(1) & ~found
-            q[exact], step[exact], found = rounded[exact], candidate[exact], found | exact
+            fits = (close & (rounded >= -128) & (rounded <= 127)).all(1) & ~found
+            q[fits], step[fits], found = rounded[fits], candidate[fits], found | fits
         if bool(found.all()):
             return q.to(torch.int8), step.reshape(-1)
     return None

@@ -86,7 +86,9 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     submodules = dict(gm.named_modules())
     for node in gm.graph.nodes:
         if node.op in _CALLS and not delegate.operator_support.is_node_supported(submodules, node):
-            summary.outside[node.name] = f"backend {backend_name!r} does not take {describe_op(node, gm)}"
+            reason = delegate.operator_support.unsupported_reason(submodules, node)
+            summary.outside[node.name] = (f"backend {backend_name!r} does not take {describe_op(node, gm)}"
+                                          + (f": {reason}" if reason else ""))
     partitioner = CapabilityBasedPartitioner(
         gm, delegate.operator_support,
         allows_single_node_partition=delegate.allows_single_node_partition)

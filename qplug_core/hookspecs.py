@@ -153,7 +153,8 @@ def qplug_delegate(backend: str) -> Delegate | None:
         returning one module per partition), or ``None`` for a backend without delegation.
         Convert groups the supported nodes with ``CapabilityBasedPartitioner``, compiles each
         partition holding int8 work, and leaves every other node in PyTorch; the report lists the
-        partitions and what stayed outside and why. ``qp.load`` compiles again.
+        partitions and what stayed outside and why (the support's ``unsupported_reason``, when it
+        gives one). ``qp.load`` compiles again.
 
     firstresult: the most recently registered plugin that answers wins.
 

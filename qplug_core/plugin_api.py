@@ -62,6 +62,7 @@ from qplug_core.qparams import QParams
 
 if TYPE_CHECKING:
     from qplug_core.onnx_export import to_onnx_proto
+    from qplug_core.onnx_export.lstm import dynamic_lstm_problem
     from qplug_core.testing.layer_parity import LayerParity, layer_parity
     from qplug_core.testing.pattern_suite import BackendPatternSuite
 
@@ -72,6 +73,10 @@ def __getattr__(name: str) -> Any:
         from qplug_core.onnx_export import to_onnx_proto
 
         return to_onnx_proto
+    if name == "dynamic_lstm_problem":
+        from qplug_core.onnx_export.lstm import dynamic_lstm_problem
+
+        return dynamic_lstm_problem
     if name == "BackendPatternSuite":
         from qplug_core.testing.pattern_suite import BackendPatternSuite
 
@@ -132,6 +137,7 @@ __all__ = [
     "Delegate",
     "OperatorSupportBase",
     "to_onnx_proto",
+    "dynamic_lstm_problem",
     # errors and warnings
     "ConfigValidationError",
     "QplugError",

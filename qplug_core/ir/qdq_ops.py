@@ -14,7 +14,11 @@ qparams as tensor arguments (buffers in the graph) instead of a dozen elementwis
 - ``qplug::dynamic_fake_quantize(Tensor input, int quant_min, int quant_max, ScalarType dtype)``:
   run-time (dynamic) activation quantization, qparams from the tensor's own min/max;
 - ``qplug::dynamic_quantized_linear(Tensor input, Tensor weight_t, Tensor weight_scale,
-  Tensor? bias)``: a dynamic int8 linear (symmetric int8 weights, transposed) as one node.
+  Tensor? bias)``: a dynamic int8 linear (symmetric int8 weights, transposed) as one node;
+- ``qplug::dynamic_quantized_lstm(Tensor input, Tensor weight_t, Tensor weight_scale,
+  Tensor recurrent_t, Tensor recurrent_scale, Tensor bias, Tensor? initial_h, Tensor? initial_c)
+  -> (Tensor, Tensor, Tensor)``: one layer of a dynamic int8 LSTM in ONNX's layout, as one node
+  (ONNX Runtime: ``com.microsoft.DynamicQuantizeLSTM``).
 
 The semantics are PT2E's ``quantized_decomposed`` ops (``dtype`` is the storage dtype,
 ``torch.uint8`` / ``torch.int8`` / ``torch.int32``; quantize rounds half to even, adds the zero
@@ -91,6 +95,52 @@ def dynamic_quantized_linear(input: Tensor, weight_t: Tensor, weight_scale: Tens
     x = dynamic_fake_quantize(input, 0, 255, torch.uint8)
     weight = weight_t.to(torch.float32) * weight_scale.to(torch.float32)
     return torch.nn.functional.linear(x, weight.t(), bias)
+
+
+@torch.library.custom_op("qplug::dynamic_quantized_lstm", mutates_args=())
+def dynamic_quantized_lstm(input: Tensor, weight_t: Tensor, weight_scale: Tensor, recurrent_t: Tensor,
+                           recurrent_scale: Tensor, bias: Tensor, initial_h: Tensor | None,
+                           initial_c: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """One LSTM layer (one or two directions) with symmetric int8 weights, in ONNX's layout: input
+    ``[seq, batch, in]``, ``weight_t`` ``[dirs, in, 4h]`` and ``recurrent_t`` ``[dirs, h, 4h]``
+    (transposed, gates in ONNX's order i, o, f, c) with scales ``[dirs, 4h]``, ``bias``
+    ``[dirs, 8h]`` (input then recurrent), states ``[dirs, batch, h]`` (None: zeros); returns ``Y``
+    ``[seq, dirs, batch, h]`` and the last ``h``, ``c``.
+
+    The numbers of ONNX Runtime's DynamicQuantizeLSTM, which the int8 LSTM kernels share: the
+    layer's whole input is quantized once (uint8, its own min/max), the hidden state again at
+    every step. (The reference form keeps the state float; see ``SimulatedDynamic``.)
+    """
+    x = dynamic_fake_quantize(input, 0, 255, torch.uint8)
+    hidden = recurrent_t.shape[1]
+    ys, hs, cs = [], [], []
+    for d in range(weight_t.shape[0]):
+        w = weight_t[d].to(torch.float32) * weight_scale[d].to(torch.float32)
+        r = recurrent_t[d].to(torch.float32) * recurrent_scale[d].to(torch.float32)
+        gates_x = x @ w + bias[d, : 4 * hidden]
+        zeros = input.new_zeros((input.shape[1], hidden), dtype=torch.float32)
+        h = zeros if initial_h is None else initial_h[d]
+        c = zeros if initial_c is None else initial_c[d]
+        steps = range(input.shape[0] - 1, -1, -1) if d == 1 else range(input.shape[0])
+        out = [h] * input.shape[0]
+        for t in steps:
+            gates = gates_x[t] + dynamic_fake_quantize(h, 0, 255, torch.uint8) @ r + bias[d, 4 * hidden:]
+            i, o, f, g = gates.chunk(4, -1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            out[t] = h
+        ys.append(torch.stack(out))
+        hs.append(h)
+        cs.append(c)
+    return torch.stack(ys, 1), torch.stack(hs), torch.stack(cs)
+
+
+@dynamic_quantized_lstm.register_fake
+def _(input, weight_t, weight_scale, recurrent_t, recurrent_scale, bias, initial_h, initial_c):
+    dirs, hidden = weight_t.shape[0], recurrent_t.shape[1]
+    state = input.new_empty((dirs, input.shape[1], hidden), dtype=torch.float32)
+    return (input.new_empty((input.shape[0], dirs, input.shape[1], hidden), dtype=torch.float32),
+            state, torch.empty_like(state))
 
 
 @dynamic_quantized_linear.register_fake

@@ -53,14 +53,19 @@ def _exporter_quiet() -> Iterator[None]:
 
 
 def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,
-                  input_names: list[str] | None = None, output_names: list[str] | None = None):
-    """The ONNX ``ModelProto`` of a reference-form GraphModule (checked with ``onnx.checker``)."""
+                  input_names: list[str] | None = None, output_names: list[str] | None = None,
+                  onnxruntime_ops: bool = False):
+    """The ONNX ``ModelProto`` of a reference-form GraphModule (checked with ``onnx.checker``).
+
+    ``onnxruntime_ops=True`` also uses ONNX Runtime's contrib ops where standard ONNX has no
+    quantized op: dynamic int8 LSTMs become ``com.microsoft.DynamicQuantizeLSTM``.
+    """
     import onnx
 
     from qplug_core.onnx_export.translation import translation_table
     from qplug_core.onnx_export.weights import with_int8_weights
 
-    model = with_int8_weights(gm).eval()
+    model = with_int8_weights(gm, onnxruntime_ops=onnxruntime_ops).eval()
     try:
         with warnings.catch_warnings(), torch.no_grad(), _exporter_quiet():
             warnings.simplefilter("ignore")

@@ -11,12 +11,37 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from onnxscript import ir
 from onnxscript.onnx_opset import opset18 as op
+from onnx.defs import OpSchema
+from onnxscript.values import Op, Opset
 
 from qplug_core.errors import ExportError
 
+
+
+def _dynamic_quantize_lstm_schema() -> OpSchema:
+    """ONNX Runtime's com.microsoft DynamicQuantizeLSTM (onnx ships no schema for contrib ops),
+    as far as the exporter needs it to record the node: inputs, outputs, types, attributes."""
+    param = OpSchema.FormalParameter
+    optional = OpSchema.FormalParameterOption.Optional
+    inputs = [param("X", "T"), param("W", "T2"), param("R", "T2"), param("B", "T", param_option=optional),
+              param("sequence_lens", "T1", param_option=optional),
+              param("initial_h", "T", param_option=optional), param("initial_c", "T", param_option=optional),
+              param("P", "T", param_option=optional), param("W_scale", "T"), param("W_zero_point", "T2"),
+              param("R_scale", "T"), param("R_zero_point", "T2")]
+    outputs = [param(name, "T", param_option=optional) for name in ("Y", "Y_h", "Y_c")]
+    attributes = [OpSchema.Attribute("direction", OpSchema.AttrType.STRING, required=False),
+                  OpSchema.Attribute("hidden_size", OpSchema.AttrType.INT, required=False)]
+    return OpSchema("DynamicQuantizeLSTM", "com.microsoft", 1, inputs=inputs, outputs=outputs,
+                    type_constraints=[("T", ["tensor(float)"], ""), ("T1", ["tensor(int32)"], ""),
+                                      ("T2", ["tensor(int8)", "tensor(uint8)"], "")],
+                    attributes=attributes)
+
+
+_DYNAMIC_QUANTIZE_LSTM = Op(Opset("com.microsoft", 1), "DynamicQuantizeLSTM", _dynamic_quantize_lstm_schema())
 _FULL_RANGE = {ir.DataType.UINT8: (0, 255), ir.DataType.INT8: (-128, 127),
                ir.DataType.INT32: (-(2**31), 2**31 - 1)}
 
@@ -76,6 +101,18 @@ def dynamic_quantized_linear(input, weight_t, weight_scale, bias=None):
     return out if bias is None else op.Add(out, bias)
 
 
+def dynamic_quantized_lstm(input, weight_t, weight_scale, recurrent_t, recurrent_scale, bias, initial_h,
+                           initial_c):
+    """ONNX Runtime's DynamicQuantizeLSTM (the op its quantize_dynamic emits), with the int8
+    weights as given and zero points 0: no standard ONNX op quantizes an LSTM."""
+    directions, hidden = weight_t.shape[0], recurrent_t.shape[1]
+    zero_points = op.Constant(value=ir.tensor(np.zeros((directions, 4 * hidden), dtype=np.int8)))
+    return _DYNAMIC_QUANTIZE_LSTM(
+        input, weight_t, recurrent_t, bias, None, initial_h, initial_c, None, weight_scale, zero_points,
+        recurrent_scale, zero_points, hidden_size=hidden,
+        direction="bidirectional" if directions == 2 else "forward")
+
+
 def translation_table() -> dict[Callable, Callable]:
     """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)``."""
     ops = torch.ops.qplug
@@ -84,4 +121,5 @@ def translation_table() -> dict[Callable, Callable]:
             ops.quantize_per_channel.default: quantize_per_channel,
             ops.dequantize_per_channel.default: dequantize_per_channel,
             ops.dynamic_fake_quantize.default: dynamic_fake_quantize,
-            ops.dynamic_quantized_linear.default: dynamic_quantized_linear}
+            ops.dynamic_quantized_linear.default: dynamic_quantized_linear,
+            ops.dynamic_quantized_lstm.default: dynamic_quantized_lstm}

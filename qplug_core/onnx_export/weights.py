@@ -28,6 +28,7 @@ from qplug_core.kernels.reference import (
     weight_of,
 )
 from qplug_core.nn.intrinsic import LinearReLU
+from qplug_core.onnx_export.lstm import DynamicQuantizedLSTM, dynamic_lstm_problem
 
 _INT32 = Q.quant_range(torch.qint32)
 
@@ -115,13 +116,23 @@ def _input_qparams(gm: fx.GraphModule, node: fx.Node) -> Q.QParams | None:
     return qp if qp.axis is None else None
 
 
-def with_int8_weights(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of the reference-form ``gm`` whose weighted modules hold integer weights."""
+def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False) -> fx.GraphModule:
+    """A copy of the reference-form ``gm`` whose weighted modules hold integer weights.
+
+    ``onnxruntime_ops``: dynamic int8 LSTMs become :class:`DynamicQuantizedLSTM` (ONNX Runtime's
+    DynamicQuantizeLSTM, a contrib op); otherwise they stay float LSTMs behind
+    DynamicQuantizeLinear, the closest standard ONNX has.
+    """
     out = copy.deepcopy(gm)
+    submodules = dict(out.named_modules())
     for node in out.graph.nodes:
         if node.op != "call_module":
             continue
         module = out.get_submodule(node.target)
+        if onnxruntime_ops and isinstance(module, nn.LSTM) and dynamic_lstm_problem(submodules, node) is None:
+            out.set_submodule(node.target, DynamicQuantizedLSTM(module))
+            node.args = (node.args[0].args[0], *node.args[1:])  # the op quantizes its input itself
+            continue
         qp = module.weight_qparams if isinstance(module, ReferenceWeighted) else None
         if qp is not None and _is_dynamic_linear(out, node, module):
             out.set_submodule(node.target, DynamicQuantizedLinear(module))

@@ -65,6 +65,11 @@ class OperatorSupportBase(abc.ABC):
     def is_node_supported(self, submodules: Submodules, node: Node) -> bool:
         """True if ``node`` may go into a partition."""
 
+    def unsupported_reason(self, submodules: Submodules, node: Node) -> str | None:
+        """Why ``node`` may not go into a partition, for the report (None: no more than that the
+        backend does not take it)."""
+        return None
+
 
 class _FunctionSupport(OperatorSupportBase):
     def __init__(self, fn: Callable[[Submodules, Node], bool], name: str) -> None:

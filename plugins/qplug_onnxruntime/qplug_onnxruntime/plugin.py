@@ -6,8 +6,11 @@ QDQ and builds one ``InferenceSession`` for it; ORT fuses the QDQ groups into it
 kernels. The pattern and dtype configs say what those fusions take: U8S8 (quint8 activations,
 symmetric qint8 weights in [-127, 127], per-channel), which ORT runs fastest on x86 with VNNI;
 clamps after convs are folded into the output range by the core, so no Clip blocks a fusion.
-Dynamic mode (``prepare_fx`` with the ``"dynamic"`` mapping) runs linears as ORT's
-DynamicQuantizeMatMul; recurrent layers stay in PyTorch.
+Dynamic mode (``prepare_fx`` with the ``"dynamic"`` mapping; ``qp.quantize_dynamic`` swaps
+modules without tracing, so it is refused here) runs linears as ORT's DynamicQuantizeMatMul and
+``nn.LSTM`` as ORT's DynamicQuantizeLSTM, fed qplug's own int8 weights (per-channel, symmetric).
+ORT has no int8 GRU or RNN cell op: those stay float in PyTorch, and the report says so, as it
+does for an LSTM ORT cannot take (its tuple output leaving the model, ``proj_size``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from qplug_core.plugin_api import (
     Availability,
@@ -63,12 +67,16 @@ def is_available() -> Availability:
 @functools.lru_cache(maxsize=None)
 def _pattern_configs() -> tuple[BackendPatternConfig, ...]:
     static, default = [weighted_op_dtype_config], [default_op_quint8_dtype_config]
-    return tuple(common_pattern_configs(
+    configs = common_pattern_configs(
         weighted_op_dtype_configs=static, linear_dtype_configs=static + [dynamic_int8_dtype_config],
         default_op_dtype_configs=default, fixed_qparams_op_dtype_configs=default,
         share_qparams_op_dtype_configs=default, tensor_info_op_dtype_configs=default,
         rnn_op_dtype_configs=[], embedding_op_dtype_configs=[weight_only_quint8_dtype_config],
-        layer_norm_op_dtype_configs=[input_output_only_quint8_dtype_config]))
+        layer_norm_op_dtype_configs=[input_output_only_quint8_dtype_config])
+    for config in configs:  # of the recurrent modules only nn.LSTM: ORT's DynamicQuantizeLSTM
+        if config.pattern is nn.LSTM:  # runs it; ORT has no quantized GRU or cell op
+            config.set_dtype_configs([dynamic_int8_dtype_config])
+    return tuple(configs)
 
 
 def compile_partition(partition, example_inputs) -> OrtPartition:

@@ -1,7 +1,8 @@
 """Trained-transformer accuracy and latency: real all-MiniLM-L6-v2 weights, int8 vs float (issue 18).
 
 Run: ``python bench/bench_accuracy_minilm.py [--sentences tests/data/sentences_en.txt]
-[--threads 1] [--rounds 5]``
+[--threads 1] [--rounds 5] [--variants static,static-none,dynamic,per-token]`` (``--variants``
+builds and times only those, against the float model; default: all).
 
 Sentences (one per line) are split even/odd into calibration and evaluation halves. The float
 reference is the Hugging Face ``BertModel`` in eager mode; the embedding is sentence-transformers'
@@ -51,6 +52,8 @@ def main() -> None:
     parser.add_argument("--sentences", type=Path, default=ROOT / "tests" / "data" / "sentences_en.txt")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variants", default="static,static-none,dynamic,per-token",
+                        help="comma-separated: static, static-none, dynamic, per-token")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -66,21 +69,27 @@ def main() -> None:
           f"{args.sentences.name}; zoo clone vs HF max |diff| "
           f"{float((embed(zoo, ev) - reference).abs().max()):.1e}")
 
+    builders = {
+        "static": ("static int8", lambda: qp.quantize(zoo, cal[0], cal, backend="fbgemm")),
+        "static-none": ('static int8, recipe="none"',
+                        lambda: qp.quantize(zoo, cal[0], cal, backend="fbgemm", recipe="none")),
+        "dynamic": ("dynamic int8", lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm")),
+        "per-token": ("per-token dynamic",
+                      lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm", per_token=True)),
+    }
+    chosen = [k.strip() for k in args.variants.split(",") if k.strip()]
+    unknown = sorted(set(chosen) - set(builders))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(builders)}")
     variants, build_seconds = {}, {}
     with quiet():
-        for name, build in [
-            ("static int8", lambda: qp.quantize(zoo, cal[0], cal, backend="fbgemm")),
-            ('static int8, recipe="none"',
-             lambda: qp.quantize(zoo, cal[0], cal, backend="fbgemm", recipe="none")),
-            ("dynamic int8", lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm")),
-            ("per-token dynamic",
-             lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm", per_token=True)),
-        ]:
+        for key in chosen:
+            name, build = builders[key]
             start = time.perf_counter()
             variants[name] = build()
             build_seconds[name] = time.perf_counter() - start
 
-    target = variants["static int8"].meta.get("qplug_target")
+    target = variants["static int8"].meta.get("qplug_target") if "static int8" in variants else None
     if target is not None:
         taken = ", ".join(f"{d.name} ({d.fallback})" for d in target.decisions) or "none"
         print(f"static int8: target met={target.met} after {target.quantizations} quantizations; "
@@ -88,7 +97,8 @@ def main() -> None:
 
     enc = minilm.tokenizer(evaluation[:8], padding="max_length", max_length=128, return_tensors="pt")
     batch = (enc["input_ids"], enc["attention_mask"])
-    timed = {"fp32 eager (HF)": minilm.model, "fp32 zoo clone": zoo, **variants}
+    zoo_timed = {"fp32 zoo clone": zoo} if any(k.startswith("static") for k in chosen) else {}
+    timed = {"fp32 eager (HF)": minilm.model, **zoo_timed, **variants}
     with torch.no_grad(), quiet():
         samples = interleaved({n: (lambda m=m: m(*batch)) for n, m in timed.items()},
                               rounds=args.rounds)

@@ -29,37 +29,44 @@ QMAX = 127  # symmetric [-127, 127]: -128 is never produced, so negation is exac
 _EPS = torch.finfo(torch.float32).eps
 
 
+#: steps of a token's grid: two fewer than a byte has, so that rounding the ends of [min, max]
+#: (half a step out at worst) never leaves the byte and no clamp pass is needed
+LEVELS = 253
+#: 1.5 * 2**23: adding it to a float32 within +-2**22 rounds it to the nearest integer (ties to
+#: even), held in the low mantissa bits, whose low byte is the integer modulo 256
+_ROUNDING = 12582912.0
+
+
+@torch.no_grad()
+def _quantize(x: torch.Tensor, unsigned: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(uint8 or int8 tensor, scale, zero point) per token, in three passes over ``x`` after the
+    two reductions: scale and shift with the rounding constant, then read the low byte."""
+    # two vectorized reductions: torch.aminmax over the last dim is ~10x slower on CPU
+    low = x.amin(dim=-1, keepdim=True).clamp_max_(0)
+    high = x.amax(dim=-1, keepdim=True).clamp_min_(0)
+    scale = (high - low).clamp_min_(_EPS).div_(LEVELS)
+    inverse = scale.reciprocal()
+    # the lowest level 1 (uint8) or -127 (int8): [min, max] lands in [0.5, 254.5] (or 128 less)
+    zero_point = torch.mul(low, inverse).round_().neg_().add_(1.0 if unsigned else -127.0)
+    # mul then add_, not addcmul: addcmul broadcasting its [..., 1] first operand is ~4x slower
+    work = torch.mul(x, inverse).add_(zero_point + _ROUNDING)
+    q = work.view(torch.int32).to(torch.uint8)  # int32 -> uint8 keeps the low byte (modulo 256)
+    return (q if unsigned else q.view(torch.int8)), scale, zero_point
+
+
 @torch.no_grad()
 def per_token_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(int8 tensor, scale ``[..., 1]``, zero point ``[..., 1]``) per token (last dimension).
 
-    Asymmetric: each token's [min, max] (with 0) maps onto 256 levels, stored as int8 with the
-    zero point shifted by -128 (``x ~ (q - zero_point) * scale``). Activations after GELU or ReLU
-    are nearly one-sided, so a symmetric grid would waste half its levels on them: on MiniLM
-    this takes the embedding cosine from 0.9973 (symmetric) to 0.9989.
+    Asymmetric: each token's [min, max] (with 0) maps onto :data:`LEVELS` steps of int8
+    (``x ~ (q - zero_point) * scale``). Activations after GELU or ReLU are nearly one-sided, so
+    a symmetric grid would waste half its levels on them: on MiniLM this takes the embedding
+    cosine from 0.9973 (symmetric) to 0.9989.
     """
-    # two vectorized reductions: torch.aminmax over the last dim is ~10x slower on CPU
-    low = x.amin(dim=-1, keepdim=True).clamp_max_(0)
-    high = x.amax(dim=-1, keepdim=True).clamp_min_(0)
-    scale = (high - low).clamp_min_(_EPS).div_(255)
-    inverse = scale.reciprocal()
-    zero_point = torch.mul(low, inverse).round_().neg_().sub_(128)
-    # mul then add_, not addcmul: addcmul broadcasting its [..., 1] first operand is ~4x slower
-    work = torch.mul(x, inverse).add_(zero_point).round_().clamp_(-128, 127)
-    return work.to(torch.int8), scale, zero_point
-
-
-def _unsigned(quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The same grid as uint8 with zero point in [0, 255] (oneDNN's activation type): +128 is a
-    flip of the top bit, done in place on the int8 values' bytes."""
-    q, scale, zero_point = quantized
-    return q.view(torch.uint8).bitwise_xor_(128), scale, zero_point.add_(128)
-
-
-def _quantize(x: torch.Tensor, unsigned: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    quantized = per_token_quantize(x)
-    return _unsigned(quantized) if unsigned else quantized
+    if x.dtype != torch.float32:
+        raise ConfigValidationError(f"per_token_quantize takes float32, got {x.dtype}",
+                                    field="x", value=x.dtype)
+    return _quantize(x, unsigned=False)
 
 
 class _PerThread(threading.local):

@@ -9,6 +9,7 @@ from torch import nn
 import qplug_core as qp
 from qplug_core.errors import ConfigValidationError
 from qplug_core.kernels.per_token import (
+    LEVELS,
     PerTokenDynamicLinear,
     SharedInput,
     per_token_quantize,
@@ -48,7 +49,7 @@ def test_quantize_rows_round_trip_within_half_a_step_and_zero_is_exact():
     back = (q.float() - zero_point) * scale
     assert bool(((back - x).abs() <= scale / 2 + 1e-6 * x.abs()).all())
     assert bool((back[:, 0] == 0).all())
-    assert float(scale[5]) == pytest.approx(float(x[5].max()) / 255, rel=1e-6)
+    assert float(scale[5]) == pytest.approx(float(x[5].max()) / LEVELS, rel=1e-6)
 
 
 def test_shared_input_reuses_only_the_same_unchanged_tensor():

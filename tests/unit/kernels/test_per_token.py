@@ -189,3 +189,20 @@ def test_threads_do_not_change_the_result():
     finally:
         torch.set_num_threads(before)
     torch.testing.assert_close(one, two, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("capture", [None, "export"])
+def test_qp_save_refuses_a_per_token_model_and_quantizing_again_reproduces_it(tmp_path, capture):
+    from qplug_core.errors import SerializationError
+
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(12, 20), nn.GELU(), nn.Linear(20, 6)).eval()
+    x = torch.randn(3, 12)
+    options = {"capture": capture, "example_inputs": (x,)} if capture else {}
+    qmodel = qp.quantize_dynamic(model, backend="fbgemm", per_token=True, **options)
+    with pytest.raises(SerializationError, match="run qp.quantize_dynamic again"):
+        qp.save(qmodel, tmp_path / "m.safetensors")
+    assert not (tmp_path / "m.safetensors").exists()
+    again = qp.quantize_dynamic(model, backend="fbgemm", per_token=True, **options)
+    with torch.no_grad():
+        assert torch.equal(again(x), qmodel(x))  # deterministic: the documented way to restore it

@@ -3,9 +3,11 @@
 Per-tensor dynamic activations share one scale across every token of a batch, so one token with
 an outlier (trained transformers have them in the residual stream and the FFN output) costs every
 other token its resolution. Here each row of the input gets its own asymmetric 8-bit grid,
-weights get a symmetric scale per output channel, and the int8 x int8 product accumulates in
-int32 through ``torch._int_mm`` (plain int8 tensors: no quantized dtypes), then is rescaled by
-the two scale vectors, the zero point's share removed with precomputed weight column sums.
+weights get a symmetric scale per output channel, and the 8-bit product accumulates in int32 in
+oneDNN's packed linear (uint8 activations; it also applies the weight scales) where the CPU has
+VNNI, else in ``torch._int_mm`` (plain int8 tensors either way: no quantized dtypes). Two passes
+over the output remain: the zero point's share, removed with precomputed weight column sums, and
+the token scales with the bias.
 
 On real all-MiniLM-L6-v2 weights this keeps the sentence-embedding cosine at 0.998+ where
 per-tensor dynamic gets 0.994 (docs/guide/accuracy.md has the figures and the command).

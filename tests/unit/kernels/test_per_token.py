@@ -206,3 +206,30 @@ def test_qp_save_refuses_a_per_token_model_and_quantizing_again_reproduces_it(tm
     again = qp.quantize_dynamic(model, backend="fbgemm", per_token=True, **options)
     with torch.no_grad():
         assert torch.equal(again(x), qmodel(x))  # deterministic: the documented way to restore it
+
+
+def test_a_hugging_face_bert_quantizes_query_key_value_input_once(monkeypatch):
+    from transformers import BertConfig, BertModel
+
+    from qplug_core.kernels import per_token
+
+    torch.manual_seed(6)
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=16)
+    model = BertModel(config, add_pooling_layer=False).eval()
+    tokens, mask = torch.randint(0, 50, (2, 9)), torch.ones(2, 9, dtype=torch.long)
+    qmodel = qp.quantize_dynamic(model, backend="fbgemm", per_token=True)
+    quantized = []
+    original = per_token._quantize
+
+    def counting(x, *args, **kwargs):  # a spy: the real quantization still runs
+        quantized.append(x.shape)
+        return original(x, *args, **kwargs)
+
+    monkeypatch.setattr(per_token, "_quantize", counting)
+    with torch.no_grad():
+        got = qmodel(tokens, attention_mask=mask).last_hidden_state
+        want = model(tokens, attention_mask=mask).last_hidden_state
+    # per layer: q/k/v's shared input, attention output, FFN in, FFN out (6 linears, 4 inputs)
+    assert len(quantized) == 2 * 4
+    assert qp.sqnr(want, got) > 25

@@ -47,7 +47,8 @@ def _quantize(x: torch.Tensor, unsigned: bool, scratch: threading.local | None =
 
     With ``scratch`` the float work and the integer result go to buffers kept there (the next
     call overwrites them): in a whole model, fresh buffers of a few MB each cost page faults
-    whenever the allocator has handed memory back to the system (~10% of MiniLM's time here)."""
+    whenever the allocator has handed memory back to the system (MiniLM, 8 x 128 tokens: 22k ->
+    15k faults and ~6% of the time per batch here). They keep the largest input seen, per thread."""
     # two vectorized reductions: torch.aminmax over the last dim is ~10x slower on CPU
     low = x.amin(dim=-1, keepdim=True).clamp_max_(0)
     high = x.amax(dim=-1, keepdim=True).clamp_min_(0)

@@ -45,6 +45,7 @@ from qplug_core.testing.sentence_embeddings import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+VARIANT_KEYS = ("static", "static-none", "dynamic", "per-token")
 
 
 def main() -> None:
@@ -52,9 +53,13 @@ def main() -> None:
     parser.add_argument("--sentences", type=Path, default=ROOT / "tests" / "data" / "sentences_en.txt")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--variants", default="static,static-none,dynamic,per-token",
-                        help="comma-separated: static, static-none, dynamic, per-token")
+    parser.add_argument("--variants", default=",".join(VARIANT_KEYS),
+                        help=f"comma-separated, from: {', '.join(VARIANT_KEYS)}")
     args = parser.parse_args()
+    chosen = [k.strip() for k in args.variants.split(",") if k.strip()]
+    unknown = sorted(set(chosen) - set(VARIANT_KEYS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANT_KEYS)}")
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -77,10 +82,6 @@ def main() -> None:
         "per-token": ("per-token dynamic",
                       lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm", per_token=True)),
     }
-    chosen = [k.strip() for k in args.variants.split(",") if k.strip()]
-    unknown = sorted(set(chosen) - set(builders))
-    if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {', '.join(builders)}")
     variants, build_seconds = {}, {}
     with quiet():
         for key in chosen:

@@ -1,7 +1,8 @@
 """Trained-transformer accuracy and latency: real all-MiniLM-L6-v2 weights, int8 vs float (issue 18).
 
 Run: ``python bench/bench_accuracy_minilm.py [--sentences tests/data/sentences_en.txt]
-[--threads 1] [--rounds 5]``
+[--threads 1] [--rounds 5] [--variants static,static-none,static-zoo,dynamic,per-token]`` (``--variants``
+builds and times only those, against the float model; default: all).
 
 Sentences (one per line) are split even/odd into calibration and evaluation halves. The float
 reference is the Hugging Face ``BertModel`` in eager mode; the embedding is sentence-transformers'
@@ -45,6 +46,7 @@ from qplug_core.testing.sentence_embeddings import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+VARIANT_KEYS = ("static", "static-none", "static-zoo", "dynamic", "per-token")
 
 
 def main() -> None:
@@ -52,7 +54,13 @@ def main() -> None:
     parser.add_argument("--sentences", type=Path, default=ROOT / "tests" / "data" / "sentences_en.txt")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variants", default=",".join(VARIANT_KEYS),
+                        help=f"comma-separated, from: {', '.join(VARIANT_KEYS)}")
     args = parser.parse_args()
+    chosen = [k.strip() for k in args.variants.split(",") if k.strip()]
+    unknown = sorted(set(chosen) - set(VARIANT_KEYS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANT_KEYS)}")
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -67,23 +75,25 @@ def main() -> None:
           f"{args.sentences.name}; zoo clone vs HF max |diff| "
           f"{float((embed(zoo, ev) - reference).abs().max()):.1e}")
 
+    builders = {
+        "static": ("static int8", lambda: qp.quantize(minilm.model, cal[0], cal, backend="fbgemm")),
+        "static-none": ('static int8, recipe="none"',
+                        lambda: qp.quantize(minilm.model, cal[0], cal, backend="fbgemm", recipe="none")),
+        "static-zoo": ("static int8, zoo clone", lambda: qp.quantize(zoo, cal[0], cal, backend="fbgemm")),
+        "dynamic": ("dynamic int8", lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm")),
+        "per-token": ("per-token dynamic",
+                      lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm", per_token=True)),
+    }
     variants, build_seconds = {}, {}
     with quiet():
-        for name, build in [
-            ("static int8", lambda: qp.quantize(minilm.model, cal[0], cal, backend="fbgemm")),
-            ('static int8, recipe="none"',
-             lambda: qp.quantize(minilm.model, cal[0], cal, backend="fbgemm", recipe="none")),
-            ("static int8, zoo clone", lambda: qp.quantize(zoo, cal[0], cal, backend="fbgemm")),
-            ("dynamic int8", lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm")),
-            ("per-token dynamic",
-             lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm", per_token=True)),
-        ]:
+        for key in chosen:
+            name, build = builders[key]
             start = time.perf_counter()
             variants[name] = build()
             build_seconds[name] = time.perf_counter() - start
 
     for name in ("static int8", "static int8, zoo clone"):
-        target = variants[name].meta.get("qplug_target")
+        target = variants[name].meta.get("qplug_target") if name in variants else None
         if target is not None:
             taken = ", ".join(f"{d.name} ({d.fallback})" for d in target.decisions) or "none"
             print(f"{name}: target met={target.met} after {target.quantizations} quantizations; "
@@ -91,7 +101,8 @@ def main() -> None:
 
     enc = minilm.tokenizer(evaluation[:8], padding="max_length", max_length=128, return_tensors="pt")
     batch = (enc["input_ids"], enc["attention_mask"])
-    timed = {"fp32 eager (HF)": minilm.model, "fp32 zoo clone": zoo, **variants}
+    zoo_timed = {"fp32 zoo clone": zoo} if any(k.startswith("static") for k in chosen) else {}
+    timed = {"fp32 eager (HF)": minilm.model, **zoo_timed, **variants}
     with torch.no_grad(), quiet():
         samples = interleaved({n: (lambda m=m: m(*batch)) for n, m in timed.items()},
                               rounds=args.rounds)

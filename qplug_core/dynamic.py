@@ -217,9 +217,10 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     the exported graph with its ATen linears raised to ``nn.Linear`` modules, which are swapped.
 
     ``per_token=True`` gives every selected ``nn.Linear`` one activation scale per token and
-    symmetric per-channel weights (:class:`~qplug_core.kernels.per_token.PerTokenDynamicLinear`,
-    int8 ``torch._int_mm``; simulated in float on the reference backend): the accurate choice for
-    trained transformers. Recurrent layers keep the backend's dynamic kernels.
+    symmetric per-channel weights (:class:`~qplug_core.kernels.per_token.PerTokenDynamicLinear`:
+    oneDNN's int8 linear on CPUs with VNNI, else ``torch._int_mm``; simulated in float on the
+    reference backend): the accurate choice for trained transformers. Recurrent layers keep the
+    backend's dynamic kernels.
     """
     if isinstance(model, torch.export.ExportedProgram) or capture is not None or is_aten_graph(model):
         model = _captured(model, capture, example_inputs)

@@ -3,9 +3,11 @@
 Per-tensor dynamic activations share one scale across every token of a batch, so one token with
 an outlier (trained transformers have them in the residual stream and the FFN output) costs every
 other token its resolution. Here each row of the input gets its own asymmetric 8-bit grid,
-weights get a symmetric scale per output channel, and the int8 x int8 product accumulates in
-int32 through ``torch._int_mm`` (plain int8 tensors: no quantized dtypes), then is rescaled by
-the two scale vectors, the zero point's share removed with precomputed weight column sums.
+weights get a symmetric scale per output channel, and the 8-bit product accumulates in int32 in
+oneDNN's packed linear (uint8 activations; it also applies the weight scales) where the CPU has
+VNNI, else in ``torch._int_mm`` (plain int8 tensors either way: no quantized dtypes). Two passes
+over the output remain: the zero point's share, removed with precomputed weight column sums, and
+the token scales with the bias.
 
 On real all-MiniLM-L6-v2 weights this keeps the sentence-embedding cosine at 0.998+ where
 per-tensor dynamic gets 0.994 (docs/guide/accuracy.md has the figures and the command).
@@ -13,6 +15,7 @@ per-tensor dynamic gets 0.994 (docs/guide/accuracy.md has the figures and the co
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
@@ -21,28 +24,73 @@ from torch import nn
 
 from qplug_core.errors import ConfigValidationError
 
-__all__ = ["PerTokenDynamicLinear", "per_token_quantize", "symmetric_per_channel_int8"]
+__all__ = ["PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_usable", "per_token_quantize",
+           "symmetric_per_channel_int8"]
 
 QMAX = 127  # symmetric [-127, 127]: -128 is never produced, so negation is exact
 _EPS = torch.finfo(torch.float32).eps
+
+
+#: steps of a token's grid: two fewer than a byte has, so that rounding the ends of [min, max]
+#: (half a step out at worst) never leaves the byte and no clamp pass is needed
+LEVELS = 253
+#: 1.5 * 2**23: adding it to a float32 within +-2**22 rounds it to the nearest integer (ties to
+#: even), held in the low mantissa bits, whose low byte is the integer modulo 256
+_ROUNDING = 12582912.0
+
+
+@torch.no_grad()
+def _quantize(x: torch.Tensor, unsigned: bool, scratch: threading.local | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(uint8 or int8 tensor, scale, zero point) per token, in three passes over ``x`` after the
+    two reductions: scale and shift with the rounding constant, then read the low byte.
+
+    With ``scratch`` the float work and the integer result go to buffers kept there (the next
+    call overwrites them): in a whole model, fresh buffers of a few MB each cost page faults
+    whenever the allocator has handed memory back to the system (MiniLM, 8 x 128 tokens: 22k ->
+    15k faults and ~6% of the time per batch here). They keep the largest input seen, per thread."""
+    # two vectorized reductions: torch.aminmax over the last dim is ~10x slower on CPU
+    low = x.amin(dim=-1, keepdim=True).clamp_max_(0)
+    high = x.amax(dim=-1, keepdim=True).clamp_min_(0)
+    scale = (high - low).clamp_min_(_EPS).div_(LEVELS)
+    inverse = scale.reciprocal()
+    # the lowest level 1 (uint8) or -127 (int8): [min, max] lands in [0.5, 254.5] (or 128 less)
+    zero_point = torch.mul(low, inverse).round_().neg_().add_(1.0 if unsigned else -127.0)
+    # mul then add_, not addcmul: addcmul broadcasting its [..., 1] first operand is ~4x slower
+    if scratch is None:
+        work, q = torch.mul(x, inverse), torch.empty(x.shape, dtype=torch.uint8)
+    else:
+        work = torch.mul(x, inverse, out=_buffer(scratch, "work", x.shape, torch.float32))
+        q = _buffer(scratch, "codes", x.shape, torch.uint8)
+    work.add_(zero_point + _ROUNDING)
+    q.copy_(work.view(torch.int32))  # int32 -> uint8 keeps the low byte (modulo 256)
+    return (q if unsigned else q.view(torch.int8)), scale, zero_point
+
+
+def _buffer(scratch: threading.local, name: str, shape: torch.Size, dtype: torch.dtype
+            ) -> torch.Tensor:
+    """A ``shape`` tensor in the largest buffer ``scratch.<name>`` has held so far."""
+    numel = shape.numel()
+    buffer = getattr(scratch, name, None)
+    if buffer is None or buffer.numel() < numel:
+        buffer = torch.empty(numel, dtype=dtype)
+        setattr(scratch, name, buffer)
+    return buffer[:numel].view(shape)
 
 
 @torch.no_grad()
 def per_token_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(int8 tensor, scale ``[..., 1]``, zero point ``[..., 1]``) per token (last dimension).
 
-    Asymmetric: each token's [min, max] (with 0) maps onto 256 levels, stored as int8 with the
-    zero point shifted by -128 (``x ~ (q - zero_point) * scale``). Activations after GELU or ReLU
-    are nearly one-sided, so a symmetric grid would waste half its levels on them: on MiniLM
-    this takes the embedding cosine from 0.9973 (symmetric) to 0.9989.
+    Asymmetric: each token's [min, max] (with 0) maps onto :data:`LEVELS` steps of int8
+    (``x ~ (q - zero_point) * scale``). Activations after GELU or ReLU are nearly one-sided, so
+    a symmetric grid would waste half its levels on them: on MiniLM this takes the embedding
+    cosine from 0.9973 (symmetric) to 0.9989.
     """
-    # two vectorized reductions: torch.aminmax over the last dim is ~10x slower on CPU
-    low = x.amin(dim=-1, keepdim=True).clamp_max_(0)
-    high = x.amax(dim=-1, keepdim=True).clamp_min_(0)
-    scale = (high - low).clamp_min_(_EPS).div_(255)
-    zero_point = torch.round(-low / scale).sub_(128)
-    work = torch.addcmul(zero_point, x, scale.reciprocal()).round_().clamp_(-128, 127)
-    return work.to(torch.int8), scale, zero_point
+    if x.dtype != torch.float32:
+        raise ConfigValidationError(f"per_token_quantize takes float32, got {x.dtype}",
+                                    field="x", value=x.dtype)
+    return _quantize(x, unsigned=False)
 
 
 class _PerThread(threading.local):
@@ -55,25 +103,52 @@ class _PerThread(threading.local):
         return type(self)()
 
 
+class _PackedWeight:
+    """oneDNN's packed copy of a weight, remade when the weight buffer changes; copies and pickles
+    as empty (the opaque packed tensor can do neither, and is only derived data)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.packed: torch.Tensor | None = None
+        self.zero_points: torch.Tensor | None = None
+
+    def get(self, weight_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (weight_t.data_ptr(), weight_t._version)
+        packed, zero_points = self.packed, self.zero_points
+        if self.key != key or packed is None or zero_points is None:
+            packed = torch.ops.onednn.qlinear_prepack(weight_t.t().contiguous(), None)
+            zero_points = torch.zeros(weight_t.shape[1], dtype=torch.long)
+            self.packed, self.zero_points, self.key = packed, zero_points, key
+        return packed, zero_points
+
+    def __reduce__(self) -> tuple:
+        return (type(self), ())
+
+    def __deepcopy__(self, memo: dict) -> _PackedWeight:
+        return type(self)()
+
+
 class SharedInput:
     """The last input quantized by any of a model's per-token linears, reused while unchanged.
 
     Attention's query, key and value projections read the same tensor; quantizing it once
     instead of three times saves a third of the per-token overhead. A hit needs the very same
-    tensor object at the same version counter (no in-place change since). The cache is per
-    thread, so one model can serve several threads.
+    tensor object at the same version counter (no in-place change since), quantized to the same
+    integer type. The cache is per thread, so one model can serve several threads; the integer
+    tensor it returns lives in a per-thread buffer that the next quantization overwrites.
     """
 
     def __init__(self) -> None:
         self._local = _PerThread()
 
-    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def quantize(self, x: torch.Tensor, unsigned: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         state = self._local
         source = state.source() if getattr(state, "source", None) is not None else None
-        if source is x and x._version == state.version:
+        if source is x and x._version == state.version and state.unsigned == unsigned:
             return state.quantized
-        state.quantized = per_token_quantize(x)
-        state.source, state.version = weakref.ref(x), x._version
+        state.quantized = _quantize(x, unsigned, scratch=state)
+        state.source, state.version, state.unsigned = weakref.ref(x), x._version, unsigned
         return state.quantized
 
 
@@ -84,17 +159,53 @@ def symmetric_per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torc
     return torch.round(w / scale[:, None]).clamp_(-QMAX, QMAX).to(torch.int8), scale
 
 
+#: the arguments of torch 2.13's ``onednn::qlinear_pointwise``, as this module calls it
+_ONEDNN_ARGUMENTS = ("qx", "x_scale", "x_zero_point", "qw", "w_scale", "w_zero_point", "bias",
+                     "output_scale", "output_zero_point", "output_dtype", "post_op_name",
+                     "post_op_args", "post_op_algorithm")
+GEMMS = ("onednn", "int_mm")
+
+
+@functools.cache
+def onednn_usable() -> bool:
+    """oneDNN's uint8 x int8 linear runs here, exactly: it needs VNNI (without it the u8 x s8
+    instructions saturate pairs of products at int16) and the op signature this module binds."""
+    vnni = getattr(torch.cpu, "_is_vnni_supported", None)
+    if not (torch.backends.mkldnn.is_available() and callable(vnni) and vnni()):
+        return False
+    try:
+        schema = torch.ops.onednn.qlinear_pointwise.default._schema
+    except (AttributeError, RuntimeError):
+        return False
+    return tuple(a.name for a in schema.arguments) == _ONEDNN_ARGUMENTS
+
+
+def best_gemm() -> str:
+    """The fastest exact int8 GEMM on this machine: oneDNN's packed linear (it also applies the
+    weight scales, saving two passes over the output), else ``torch._int_mm``."""
+    return "onednn" if onednn_usable() else "int_mm"
+
+
 class PerTokenDynamicLinear(nn.Module):
     """``nn.Linear`` computed as int8 x int8 -> int32 with per-token and per-channel scales.
 
-    ``simulate=True`` does the same arithmetic with float matmuls (the reference backend, and
-    the oracle the int8 path is tested against).
+    ``gemm`` picks the integer product: ``"onednn"`` (uint8 activations, packed weights) or
+    ``"int_mm"`` (``torch._int_mm``, int8 activations); None takes :func:`best_gemm`. Both are
+    exact, so they agree to float rounding. ``simulate=True`` does the same arithmetic with float
+    matmuls (the reference backend, and the oracle the int8 paths are tested against).
     """
 
     def __init__(self, weight_int8: torch.Tensor, weight_scale: torch.Tensor,
                  bias: torch.Tensor | None, *, simulate: bool = False,
-                 shared: SharedInput | None = None) -> None:
+                 shared: SharedInput | None = None, gemm: str | None = None) -> None:
         super().__init__()
+        if gemm is not None and gemm not in GEMMS:
+            raise ConfigValidationError(f"gemm must be one of {', '.join(GEMMS)} or None, got "
+                                        f"{gemm!r}", field="gemm", value=gemm)
+        if gemm == "onednn" and not onednn_usable():
+            raise ConfigValidationError(
+                "gemm='onednn' needs torch built with oneDNN and a CPU with VNNI, which this machine "
+                "lacks; use gemm='int_mm' or None (the best available)", field="gemm", value=gemm)
         self.in_features, self.out_features = weight_int8.shape[1], weight_int8.shape[0]
         self.register_buffer("weight_int8_t", weight_int8.t().contiguous())  # [K, N] for _int_mm
         self.register_buffer("weight_scale", weight_scale.float())
@@ -103,42 +214,53 @@ class PerTokenDynamicLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.simulate = simulate
         self.shared = shared
+        self.gemm = gemm or best_gemm()
         self._scratch = _PerThread()  # int32 accumulator per thread, reused while shapes repeat
+        self._packed = _PackedWeight()
 
     @classmethod
     def from_float(cls, linear: nn.Module, *, simulate: bool = False,
-                   shared: SharedInput | None = None) -> PerTokenDynamicLinear:
+                   shared: SharedInput | None = None, gemm: str | None = None
+                   ) -> PerTokenDynamicLinear:
         if not isinstance(linear, nn.Linear):
             raise ConfigValidationError(f"PerTokenDynamicLinear converts nn.Linear, got "
                                         f"{type(linear).__name__}", field="module")
         weight, scale = symmetric_per_channel_int8(linear.weight)
-        return cls(weight, scale, linear.bias, simulate=simulate, shared=shared)
+        return cls(weight, scale, linear.bias, simulate=simulate, shared=shared, gemm=gemm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
             x = x.float()
-        q, scale, zero_point = (self.shared.quantize(x) if self.shared is not None
-                                else per_token_quantize(x))
-        q = q.reshape(-1, self.in_features)
-        scale, zero_point = scale.reshape(-1, 1), zero_point.reshape(-1)
-        if self.simulate:
-            acc = (q.double() @ self.weight_int8_t.double()).float()  # exact int sums
-        else:
-            acc = getattr(self._scratch, "acc", None)
-            if acc is None or acc.shape[0] != q.shape[0]:
-                acc = self._scratch.acc = torch.empty(q.shape[0], self.out_features,
-                                                      dtype=torch.int32)
-            torch._int_mm(q, self.weight_int8_t, out=acc)
-        # (q - zp) W s_w s_x + b, with the zero-point term as one rank-1 update
-        out = acc.float().mul_(self.weight_scale)  # int32 * float is a slow unvectorized path
-        out.addr_(zero_point, self.column_sums, alpha=-1.0)
+        unsigned = not self.simulate and self.gemm == "onednn"
+        q, scale, zero_point = (self.shared.quantize(x, unsigned) if self.shared is not None
+                                else _quantize(x, unsigned))
+        out = self._weight_scaled_products(q.reshape(-1, self.in_features))
+        # (q - zp) W s_w s_x + b: the zero-point term as one rank-1 update, then one pass for both
+        # the token scales and the bias
+        out.addr_(zero_point.reshape(-1), self.column_sums, alpha=-1.0)
+        scale = scale.reshape(-1, 1)
         if self.bias is not None:
             torch.addcmul(self.bias, out, scale, out=out)
         else:
             out.mul_(scale)
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    def _weight_scaled_products(self, q: torch.Tensor) -> torch.Tensor:
+        """``(q @ W) * weight_scale`` as float32 ``[tokens, out_features]``, q still unshifted."""
+        if self.simulate:
+            return (q.double() @ self.weight_int8_t.double()).float().mul_(self.weight_scale)
+        if self.gemm == "onednn":
+            packed, zero_points = self._packed.get(self.weight_int8_t)
+            return torch.ops.onednn.qlinear_pointwise(
+                q, 1.0, 0, packed, self.weight_scale, zero_points, None, 1.0, 0, torch.float32,
+                "none", [], "")
+        acc = getattr(self._scratch, "acc", None)
+        if acc is None or acc.shape[0] != q.shape[0]:
+            acc = self._scratch.acc = torch.empty(q.shape[0], self.out_features, dtype=torch.int32)
+        torch._int_mm(q, self.weight_int8_t, out=acc)
+        return acc.float().mul_(self.weight_scale)  # int32 * float is a slow unvectorized path
+
     def extra_repr(self) -> str:
-        kind = "simulated" if self.simulate else "torch._int_mm"
+        kind = "simulated" if self.simulate else self.gemm
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, {kind}")

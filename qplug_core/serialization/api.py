@@ -56,7 +56,9 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
         raise SerializationError(
             f"cannot save to {target}: the model was not produced by qp.convert_fx, "
             f"qp.convert_to_reference_fx or qp.load (GraphModule.meta[{ARTIFACT_KEY!r}] is missing); "
-            "quantize it with qplug first", path=str(target))
+            "quantize it with qplug first. qp.quantize_dynamic's models (per_token=True too) are "
+            "not saved: they need no calibration, so save the float model and run "
+            "qp.quantize_dynamic again after loading it", path=str(target))
     document = json.dumps(to_document(artifact), sort_keys=True, separators=(",", ":"), allow_nan=False)
     write_artifact_file(target, document, artifact.tensors)
     return target

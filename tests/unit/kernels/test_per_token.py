@@ -1,4 +1,5 @@
-"""Per-token dynamic int8 linear: int8 path equals its float simulation, error bounded per token."""
+"""Per-token dynamic int8 linear: both integer GEMMs equal the grid written out from its definition
+and the float simulation, on any token shape; error bounded per token; caches never go stale."""
 
 from __future__ import annotations
 
@@ -9,22 +10,82 @@ from torch import nn
 import qplug_core as qp
 from qplug_core.errors import ConfigValidationError
 from qplug_core.kernels.per_token import (
+    LEVELS,
     PerTokenDynamicLinear,
     SharedInput,
+    best_gemm,
+    onednn_usable,
     per_token_quantize,
 )
+
+#: the integer GEMMs this machine can run (oneDNN's needs VNNI: a CPU property, not a package)
+GEMMS = ["int_mm", pytest.param("onednn", marks=pytest.mark.skipif(
+    not onednn_usable(), reason="oneDNN's int8 linear needs a CPU with VNNI"))]
+
+
+def definition(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The per-token linear written out in float64 from its definition, sharing no code with the
+    module: symmetric 127-level weights per output channel; each token's [min(x, 0), max(x, 0)]
+    cut into LEVELS steps with an integer zero point; exact integer products."""
+    w = linear.weight.detach().double()
+    w_scale = w.abs().amax(1) / 127
+    w_int = torch.round(w / w_scale[:, None])
+    rows = x.detach().double().reshape(-1, x.shape[-1])
+    low, high = rows.amin(1, keepdim=True).clamp(max=0), rows.amax(1, keepdim=True).clamp(min=0)
+    scale = (high - low).clamp(min=torch.finfo(torch.float32).eps) / LEVELS  # all-zero tokens
+    zero_point = -torch.round(low / scale)
+    codes = torch.round(rows / scale) + zero_point
+    assert bool(((codes >= 0) & (codes <= 254)).all())  # with a level to spare: no clamp needed
+    out = ((codes - zero_point) @ w_int.t()) * scale * w_scale + linear.bias.detach().double()
+    return out.reshape(*x.shape[:-1], linear.out_features).float()
 
 pytestmark = pytest.mark.usefixtures("plugin_autoload")
 
 
-def test_int8_path_matches_the_simulation():
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_int8_paths_match_the_simulation(gemm):
     torch.manual_seed(0)
     linear = nn.Linear(64, 48)
     x = torch.randn(3, 20, 64)
     x[0, 0, 5] = 80.0  # one outlier token
-    int8 = PerTokenDynamicLinear.from_float(linear)
+    int8 = PerTokenDynamicLinear.from_float(linear, gemm=gemm)
     simulated = PerTokenDynamicLinear.from_float(linear, simulate=True)
-    torch.testing.assert_close(int8(x), simulated(x), rtol=1e-6, atol=1e-6)
+    assert int8.gemm == gemm and gemm in repr(int8)
+    torch.testing.assert_close(int8(x), simulated(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
+@pytest.mark.parametrize("shape", [(2, 9, 33), (37, 33), (1, 1, 33), (1, 33), (0, 33), (4, 2, 3, 33)])
+def test_every_token_shape_equals_the_definition(gemm, shape):
+    torch.manual_seed(1)
+    linear = nn.Linear(33, 7)  # odd sizes: no vector-width multiple anywhere
+    x = torch.randn(*shape) * torch.linspace(0.1, 10, 33)
+    if x.numel():
+        x.view(-1, 33)[0] = x.view(-1, 33)[0].abs() + 0.5  # one token entirely positive
+    with torch.no_grad():
+        got = PerTokenDynamicLinear.from_float(linear, gemm=gemm)(x)
+        want = definition(linear, x)
+    assert got.shape == (*shape[:-1], 7) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_transposed_input_and_a_zero_token():
+    torch.manual_seed(2)
+    linear = nn.Linear(16, 5)
+    x = torch.randn(16, 6).t()  # not contiguous
+    x[3] = 0.0
+    with torch.no_grad():
+        got = PerTokenDynamicLinear.from_float(linear)(x)
+        torch.testing.assert_close(got, definition(linear, x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[3], linear.bias.detach(), rtol=0, atol=1e-6)
+
+
+def test_bad_gemm_names_the_choices():
+    with pytest.raises(ConfigValidationError, match="gemm must be one of onednn, int_mm"):
+        PerTokenDynamicLinear.from_float(nn.Linear(4, 4), gemm="mkl")
+    assert best_gemm() == ("onednn" if onednn_usable() else "int_mm")
+    with pytest.raises(ConfigValidationError, match="takes float32"):
+        per_token_quantize(torch.randn(2, 4, dtype=torch.float64))
 
 
 def test_an_outlier_token_does_not_cost_the_other_tokens_their_resolution():
@@ -48,7 +109,7 @@ def test_quantize_rows_round_trip_within_half_a_step_and_zero_is_exact():
     back = (q.float() - zero_point) * scale
     assert bool(((back - x).abs() <= scale / 2 + 1e-6 * x.abs()).all())
     assert bool((back[:, 0] == 0).all())
-    assert float(scale[5]) == pytest.approx(float(x[5].max()) / 255, rel=1e-6)
+    assert float(scale[5]) == pytest.approx(float(x[5].max()) / LEVELS, rel=1e-6)
 
 
 def test_shared_input_reuses_only_the_same_unchanged_tensor():
@@ -98,3 +159,77 @@ def test_caches_are_per_thread_and_copies_start_empty():
     torch.testing.assert_close(got["y"], want_y)
     torch.testing.assert_close(linear(x), want_x)
     torch.testing.assert_close(copy.deepcopy(linear)(y), want_y)
+
+
+def test_copies_pickles_and_loaded_weights_repack():
+    import pickle
+
+    torch.manual_seed(3)
+    first, second = nn.Linear(24, 12), nn.Linear(24, 12)
+    x = torch.randn(5, 24)
+    a = PerTokenDynamicLinear.from_float(first)
+    b = PerTokenDynamicLinear.from_float(second)
+    want = a(x)  # packs a's weight (oneDNN) or allocates its accumulator
+    b(x)
+    torch.testing.assert_close(pickle.loads(pickle.dumps(a))(x), want, rtol=0, atol=0)
+    b.load_state_dict(a.state_dict())  # in place: the packed copy of b's old weight is stale
+    torch.testing.assert_close(b(x), want, rtol=0, atol=0)
+
+
+def test_threads_do_not_change_the_result():
+    torch.manual_seed(4)
+    linear = PerTokenDynamicLinear.from_float(nn.Linear(256, 96))
+    x = torch.randn(4, 64, 256)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = linear(x)
+        torch.set_num_threads(2)
+        two = linear(x)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(one, two, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("capture", [None, "export"])
+def test_qp_save_refuses_a_per_token_model_and_quantizing_again_reproduces_it(tmp_path, capture):
+    from qplug_core.errors import SerializationError
+
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(12, 20), nn.GELU(), nn.Linear(20, 6)).eval()
+    x = torch.randn(3, 12)
+    options = {"capture": capture, "example_inputs": (x,)} if capture else {}
+    qmodel = qp.quantize_dynamic(model, backend="fbgemm", per_token=True, **options)
+    with pytest.raises(SerializationError, match="run qp.quantize_dynamic again"):
+        qp.save(qmodel, tmp_path / "m.safetensors")
+    assert not (tmp_path / "m.safetensors").exists()
+    again = qp.quantize_dynamic(model, backend="fbgemm", per_token=True, **options)
+    with torch.no_grad():
+        assert torch.equal(again(x), qmodel(x))  # deterministic: the documented way to restore it
+
+
+def test_a_hugging_face_bert_quantizes_query_key_value_input_once(monkeypatch):
+    from transformers import BertConfig, BertModel
+
+    from qplug_core.kernels import per_token
+
+    torch.manual_seed(6)
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=16)
+    model = BertModel(config, add_pooling_layer=False).eval()
+    tokens, mask = torch.randint(0, 50, (2, 9)), torch.ones(2, 9, dtype=torch.long)
+    qmodel = qp.quantize_dynamic(model, backend="fbgemm", per_token=True)
+    quantized = []
+    original = per_token._quantize
+
+    def counting(x, *args, **kwargs):  # a spy: the real quantization still runs
+        quantized.append(x.shape)
+        return original(x, *args, **kwargs)
+
+    monkeypatch.setattr(per_token, "_quantize", counting)
+    with torch.no_grad():
+        got = qmodel(tokens, attention_mask=mask).last_hidden_state
+        want = model(tokens, attention_mask=mask).last_hidden_state
+    # per layer: q/k/v's shared input, attention output, FFN in, FFN out (6 linears, 4 inputs)
+    assert len(quantized) == 2 * 4
+    assert qp.sqnr(want, got) > 25

@@ -5,7 +5,6 @@ import operator
 import torch
 from torch import nn
 
-import qplug_core as qp
 from qplug_core.ir import capture_aten
 from qplug_core.partition import (
     CapabilityBasedPartitioner,

@@ -9,6 +9,8 @@ within one step on >= 99% of elements, for every zoo model but the deep residual
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from ort_testkit import inputs, output_step, quantized_pair, within_one_step
@@ -28,6 +30,8 @@ LEVELS = ("all", "disable")
 #: no better (77%), and the reference form run in float64 agrees with its float32 run on 90%. Layer
 #: by layer ORT agrees on 100% (test below). strict: a change in either shows.
 DIVERGES = {"resnet18", "resnet50"}
+#: both tests check the same quantized models (the end-to-end test only rebuilds ORT sessions)
+_pair = functools.lru_cache(maxsize=None)(quantized_pair)
 
 
 def _case(name: str, *, end_to_end: bool):
@@ -45,7 +49,7 @@ def _compiler(level: str):
 
 @pytest.mark.parametrize("name", [_case(n, end_to_end=False) for n in qp.zoo.list_models()])
 def test_every_int8_region_matches_the_reference_form_within_one_step(name):
-    _, _, reference = quantized_pair(name)
+    _, _, reference = _pair(name)
     for level in LEVELS:
         parity = layer_parity(reference, _compiler(level), inputs(name, 10), operator_support=OrtSupport())
         assert parity.regions, f"{name}: no int8 region was checked"
@@ -55,7 +59,7 @@ def test_every_int8_region_matches_the_reference_form_within_one_step(name):
 
 @pytest.mark.parametrize("name", [_case(n, end_to_end=True) for n in qp.zoo.list_models()])
 def test_ort_matches_the_reference_form_within_one_step(name):
-    _, ort_model, reference = quantized_pair(name)
+    _, ort_model, reference = _pair(name)
     partitions = [m for m in ort_model.modules() if isinstance(m, OrtPartition)]
     assert partitions, f"{name}: nothing was delegated to ONNX Runtime"
     step = output_step(reference)

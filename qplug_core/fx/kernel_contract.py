@@ -66,7 +66,9 @@ class ContractRun:
     available: bool = False
 
 
-class _Recorder(fx.Interpreter):
+class ValueRecorder(fx.Interpreter):
+    """Runs a graph, keeping the values of the ``wanted`` nodes in ``values``."""
+
     def __init__(self, gm: fx.GraphModule, wanted: set[fx.Node], values: dict[fx.Node, Any]) -> None:
         super().__init__(gm)
         self.wanted, self.values = wanted, values
@@ -87,7 +89,7 @@ def record(gm: fx.GraphModule, probes: dict[int, RegionProbe]) -> ContractRun:
     wanted = {n for p in probes.values() for n in p.nodes()}
     try:
         with torch.no_grad():
-            _Recorder(gm, wanted, run.values).run(*example)
+            ValueRecorder(gm, wanted, run.values).run(*example)
     except Exception:  # the example no longer fits (a plugin pass changed the graph): no check
         return ContractRun(probes)
     run.available = True

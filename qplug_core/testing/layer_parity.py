@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
+from qplug_core.fx.kernel_contract import ValueRecorder
 from qplug_core.kernels.reference import Quantize
 from qplug_core.partition import OperatorSupportBase
 
@@ -53,16 +54,6 @@ class LayerParity:
     @property
     def worst(self) -> RegionParity:
         return min(self.regions, key=lambda r: r.within)
-
-
-class _Recorder(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule):
-        super().__init__(gm)
-        self.values: dict[fx.Node, object] = {}
-
-    def run_node(self, n: fx.Node):
-        self.values[n] = result = super().run_node(n)
-        return result
 
 
 def _is_integer_output(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -118,9 +109,8 @@ def layer_parity(reference: fx.GraphModule,
     ``compile`` (a delegate's compile function) on the reference's own integer inputs for
     ``inputs``, and compare the integer outputs. Regions holding a node ``operator_support``
     refuses are left out (the backend does not run them)."""
-    recorder = _Recorder(reference)
-    recorder.run(*inputs)
-    values = recorder.values
+    values: dict[fx.Node, object] = {}
+    ValueRecorder(reference, set(reference.graph.nodes), values).run(*inputs)
     submodules = dict(reference.named_modules())
     regions, ends = [], []
     for node in reference.graph.nodes:

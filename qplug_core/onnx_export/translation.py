@@ -13,13 +13,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from onnx.defs import OpSchema
 from onnxscript import ir
 from onnxscript.onnx_opset import opset18 as op
-from onnx.defs import OpSchema
 from onnxscript.values import Op, Opset
 
 from qplug_core.errors import ExportError
-
 
 
 def _dynamic_quantize_lstm_schema() -> OpSchema:
@@ -42,6 +41,7 @@ def _dynamic_quantize_lstm_schema() -> OpSchema:
 
 
 _DYNAMIC_QUANTIZE_LSTM = Op(Opset("com.microsoft", 1), "DynamicQuantizeLSTM", _dynamic_quantize_lstm_schema())
+
 _FULL_RANGE = {ir.DataType.UINT8: (0, 255), ir.DataType.INT8: (-128, 127),
                ir.DataType.INT32: (-(2**31), 2**31 - 1)}
 

@@ -35,7 +35,7 @@ import torch
 from _harness import interleaved, machine_line, median, p90, quiet, table
 
 import qplug_core as qp
-from qplug_core.testing.sentence_embeddings import (
+from tests.support.sentence_embeddings import (
     agreement,
     as_zoo_encoder,
     embed,

@@ -32,7 +32,7 @@ from qplug_core.algorithms._layers import (
     scale_output_channels,
 )
 from qplug_core.algorithms.equalization import _find_pairs, _rescale_clamps
-from qplug_core.qconfig_defaults import default_qconfig_mapping
+from qplug_core.config.defaults import default_qconfig_mapping
 from qplug_core.zoo import calibrate_batchnorm, get_model
 
 

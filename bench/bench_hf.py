@@ -2,11 +2,11 @@
 
 Run: ``python bench/bench_hf.py [--models bert gpt2 ...] [--rounds 40] [--threads 2]``
 
-Each architecture of ``qplug_core.testing.hf_models`` (random weights from its config, hidden 128,
+Each architecture of ``tests.support.hf_models`` (random weights from its config, hidden 128,
 2 layers, batch 2, called with keyword inputs through a ``last_hidden_state`` wrapper) is quantized
 with ``qp.quantize(model, example, calibration, backend="fbgemm")`` (4 calibration batches). The
 table shows which capture level ``capture="auto"`` chose, the share of the float model's matmul/conv
-FLOPs that run on int8 kernels (``qplug_core.testing.flops``: FlopCounterMode per module, CPU
+FLOPs that run on int8 kernels (``tests.support.flops``: FlopCounterMode per module, CPU
 attention included, counted as float), the output cosine vs float on 4 held-out batches, the time
 ``qp.quantize`` took, and float vs int8 latency measured round-robin in one run (median ms).
 """
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from _harness import interleaved, machine_line, median, quiet, table
 
 import qplug_core as qp
-from qplug_core.testing.flops import int8_flop_share
-from qplug_core.testing.hf_models import HF_MODELS, build_hf_model, hf_inputs
+from tests.support.flops import int8_flop_share
+from tests.support.hf_models import HF_MODELS, build_hf_model, hf_inputs
 
 
 def _cosine(model, quantized, batches) -> float:

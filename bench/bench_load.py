@@ -43,7 +43,7 @@ def table_child() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from qplug_core.backend import get_backend, list_backends
+    from qplug_core.registry.backends import get_backend, list_backends
     from qplug_core.config import names
 
     for info in list_backends():

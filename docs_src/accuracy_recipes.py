@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.qconfig_defaults import default_qconfig_mapping
+from qplug_core.config.defaults import default_qconfig_mapping
 from qplug_core.zoo.transformer import make_realistic_bert
 
 torch.manual_seed(0)

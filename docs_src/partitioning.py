@@ -5,12 +5,12 @@ import operator
 import torch
 from torch import nn
 
+from qplug_core.analysis import by_backend
 from qplug_core.ir import capture_aten
 from qplug_core.partition import (
     CapabilityBasedPartitioner,
     OperatorSupport,
     OpSupports,
-    by_backend,
     chain,
 )
 

@@ -1,4 +1,4 @@
-"""A file naming code (here the os.system that qplug_core.cli imports) is refused: nothing runs."""
+"""A file naming code (here the os.system that qplug_core.cli.app imports) is refused: nothing runs."""
 
 import json
 import tempfile
@@ -21,7 +21,7 @@ length = int.from_bytes(raw[:8], "little")
 header = json.loads(raw[8:8 + length])
 document = json.loads(header["__metadata__"]["qplug"])
 node = next(n for n in document["model"]["graph"] if n["op"] == "call_module")
-node.update(op="call_function", target="qplug_core.cli.os.system", args=["touch pwned"])
+node.update(op="call_function", target="qplug_core.cli.app.os.system", args=["touch pwned"])
 header["__metadata__"]["qplug"] = json.dumps(document)
 text = json.dumps(header).encode()
 path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
@@ -29,5 +29,5 @@ path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
 try:
     qp.load(path)
 except qp.errors.SerializationError as error:
-    print(error)  # ... unknown or disallowed name 'qplug_core.cli.os.system' ...
+    print(error)  # ... unknown or disallowed name 'qplug_core.cli.app.os.system' ...
 assert not Path("pwned").exists()

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _EXPORTS by a test)
     from qplug_core import (
         algorithms,
+        analysis,
         config,
-        distributed,
         eager,
         errors,
         matcher,
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
     )
     from qplug_core.algorithms.sensitivity import sensitivity
     from qplug_core.algorithms.target import Target
-    from qplug_core.backend import Availability, Backend, BackendSpec, get_backend, list_backends
+    from qplug_core.registry.backends import Availability, Backend, BackendSpec, get_backend, list_backends
     from qplug_core.config import (
         BackendConfig,
         BackendPatternConfig,
@@ -35,11 +35,12 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
         QConfig,
         QConfigMapping,
     )
-    from qplug_core.distributed import sync_observers
-    from qplug_core.dynamic import quantize_dynamic
+    from qplug_core.observers import distributed
+    from qplug_core.observers.distributed import sync_observers
+    from qplug_core.flows.dynamic import quantize_dynamic
     from qplug_core.errors import QplugError
     from qplug_core.onnx_export import export_onnx
-    from qplug_core.flows import (
+    from qplug_core.flows.steps import (
         calibrate,
         convert_fx,
         convert_to_reference_fx,
@@ -49,37 +50,37 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
         prepare_qat_fx,
         quantization_report,
     )
-    from qplug_core.hookspecs import hookimpl
+    from qplug_core.registry.hookspecs import hookimpl
     from qplug_core.one_call import quantize
     from qplug_core.patterns import MatchAllNode
-    from qplug_core.report import compare, sqnr
+    from qplug_core.analysis.compare import compare, sqnr
     from qplug_core.serialization import load, save
 
 #: public name -> "module" (a submodule) or "module:attribute"
 _EXPORTS: dict[str, str] = {
     # backends and plugins
-    "list_backends": "qplug_core.backend:list_backends",
-    "get_backend": "qplug_core.backend:get_backend",
-    "Backend": "qplug_core.backend:Backend",
-    "BackendSpec": "qplug_core.backend:BackendSpec",
-    "Availability": "qplug_core.backend:Availability",
-    "hookimpl": "qplug_core.hookspecs:hookimpl",
+    "list_backends": "qplug_core.registry.backends:list_backends",
+    "get_backend": "qplug_core.registry.backends:get_backend",
+    "Backend": "qplug_core.registry.backends:Backend",
+    "BackendSpec": "qplug_core.registry.backends:BackendSpec",
+    "Availability": "qplug_core.registry.backends:Availability",
+    "hookimpl": "qplug_core.registry.hookspecs:hookimpl",
     # flows
     "quantize": "qplug_core.one_call:quantize",
-    "fuse_fx": "qplug_core.flows:fuse_fx",
-    "prepare_fx": "qplug_core.flows:prepare_fx",
-    "prepare_qat_fx": "qplug_core.flows:prepare_qat_fx",
-    "calibrate": "qplug_core.flows:calibrate",
-    "sync_observers": "qplug_core.distributed:sync_observers",
-    "convert_to_reference_fx": "qplug_core.flows:convert_to_reference_fx",
-    "convert_fx": "qplug_core.flows:convert_fx",
-    "quantization_report": "qplug_core.flows:quantization_report",
-    "quantize_dynamic": "qplug_core.dynamic:quantize_dynamic",
-    "get_default_qconfig_mapping": "qplug_core.flows:get_default_qconfig_mapping",
-    "compare": "qplug_core.report:compare",
+    "fuse_fx": "qplug_core.flows.steps:fuse_fx",
+    "prepare_fx": "qplug_core.flows.steps:prepare_fx",
+    "prepare_qat_fx": "qplug_core.flows.steps:prepare_qat_fx",
+    "calibrate": "qplug_core.flows.steps:calibrate",
+    "sync_observers": "qplug_core.observers.distributed:sync_observers",
+    "convert_to_reference_fx": "qplug_core.flows.steps:convert_to_reference_fx",
+    "convert_fx": "qplug_core.flows.steps:convert_fx",
+    "quantization_report": "qplug_core.flows.steps:quantization_report",
+    "quantize_dynamic": "qplug_core.flows.dynamic:quantize_dynamic",
+    "get_default_qconfig_mapping": "qplug_core.flows.steps:get_default_qconfig_mapping",
+    "compare": "qplug_core.analysis.compare:compare",
     "sensitivity": "qplug_core.algorithms.sensitivity:sensitivity",
     "Target": "qplug_core.algorithms.target:Target",
-    "sqnr": "qplug_core.report:sqnr",
+    "sqnr": "qplug_core.analysis.compare:sqnr",
     "save": "qplug_core.serialization:save",
     "load": "qplug_core.serialization:load",
     "export_onnx": "qplug_core.onnx_export:export_onnx",
@@ -103,15 +104,16 @@ _EXPORTS: dict[str, str] = {
     "config": "qplug_core.config",
     "observers": "qplug_core.observers",
     "errors": "qplug_core.errors",
-    "distributed": "qplug_core.distributed",
+    "distributed": "qplug_core.observers.distributed",
     "zoo": "qplug_core.zoo",
     "algorithms": "qplug_core.algorithms",
+    "analysis": "qplug_core.analysis",
 }
 
 __all__ = [
     "Availability", "Backend", "BackendConfig", "BackendPatternConfig", "BackendSpec",
     "DTypeConfig", "DTypeWithConstraints", "MatchAllNode", "ObservationType", "QConfig",
-    "QConfigMapping", "QplugError", "Target", "__version__", "algorithms", "calibrate", "compare",
+    "QConfigMapping", "QplugError", "Target", "__version__", "algorithms", "analysis", "calibrate", "compare",
     "config", "convert_fx", "convert_to_reference_fx", "distributed", "eager", "errors",
     "export_onnx", "fuse_fx", "get_backend", "get_default_qconfig_mapping", "hookimpl",
     "list_backends", "load", "matcher", "observers", "partition", "passes", "patterns",

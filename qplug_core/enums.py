@@ -43,8 +43,18 @@ class BackendStatus(_Vocabulary):
     CONFLICT = "conflict"
 
 
+class PluginStatus(_Vocabulary):
+    """A plugin's row in ``qplug plugins``."""
+
+    OK = "ok"
+    BROKEN = "broken"
+    CONFLICT = "conflict"
+    DISABLED = "disabled"
+    INCOMPATIBLE = "incompatible"
+
+
 #: the values, for messages and ``did_you_mean``
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)
 STAGES: tuple[str, ...] = tuple(s.value for s in Stage)
 
-__all__ = ["MODES", "STAGES", "BackendStatus", "Mode", "Stage"]
+__all__ = ["MODES", "STAGES", "BackendStatus", "Mode", "PluginStatus", "Stage"]

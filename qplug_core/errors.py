@@ -8,16 +8,50 @@ and messages say what failed, where, and how to fix it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
+import logging
 import sys
 import warnings
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for a close candidate, else an empty string."""
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+#: whether a ``qplug`` command is running: messages that suggest a fix name the one the reader
+#: can type (``backend=...`` in Python, ``--backend NAME`` in the shell)
+_CLI_AUDIENCE = contextvars.ContextVar("cli_audience", default=False)
+
+
+def spelled(python: str, cli: str) -> str:
+    """``python`` for library users, ``cli`` while a ``qplug`` command runs."""
+    return cli if _CLI_AUDIENCE.get() else python
+
+
+@contextlib.contextmanager
+def cli_audience() -> Iterator[None]:
+    """Messages raised inside speak the command line's language."""
+    token = _CLI_AUDIENCE.set(True)
+    try:
+        yield
+    finally:
+        _CLI_AUDIENCE.reset(token)
+
+
+def notify(message: str) -> None:
+    """Tell the user something that is not a problem (which backend was picked, how batches were
+    shared): a ``qplug: ...`` line on stderr, or an INFO record of the ``qplug`` logger once the
+    application gives that logger a handler (to route or silence these lines)."""
+    logger = logging.getLogger("qplug")
+    if logger.handlers:
+        logger.info(message)
+    else:
+        print(f"qplug: {message}", file=sys.stderr)
 
 
 def warn_user(message: str, category: type[Warning] = UserWarning) -> None:

@@ -9,7 +9,7 @@ so a node only tries the few patterns that could match it and the walk stays lin
 size whatever the number of patterns.
 
 The graph-level matcher for pattern *graphs* (used by subgraph rewriting) lives in
-:mod:`qplug_core.subgraph_matcher` and is re-exported here.
+:mod:`qplug_core.ir.subgraph_matcher` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch.nn.utils import parametrize
 
 from qplug_core.errors import GraphError, PatternError
 from qplug_core.patterns import Pattern, describe, is_match_all, sort_patterns, validate_pattern
-from qplug_core.subgraph_matcher import InternalMatch, SubgraphMatcher
+from qplug_core.ir.subgraph_matcher import InternalMatch, SubgraphMatcher
 
 __all__ = [
     "InternalMatch",

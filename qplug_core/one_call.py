@@ -1,6 +1,6 @@
 """``qp.quantize``: static post-training quantization in one call, with the accuracy recipes.
 
-The plain flow (:func:`qplug_core.flows.quantize`) knows nothing of the algorithms, which are built
+The plain flow (:func:`qplug_core.flows.steps.quantize_static`) knows nothing of the algorithms, which are built
 on it; this entry point picks between them: a recipe to run or an accuracy target to meet goes
 through :mod:`qplug_core.algorithms`, anything else straight to the flow.
 """
@@ -11,9 +11,10 @@ from typing import Any
 
 from torch import fx, nn
 
-from qplug_core import flow_checks, flows
+from qplug_core.flows import checks as flow_checks
+from qplug_core.flows import steps as flows
 from qplug_core.algorithms.pipeline import needs_algorithms, quantize_with_algorithms
-from qplug_core.backend import Backend, resolve_backend
+from qplug_core.registry.backends import Backend, resolve_backend
 from qplug_core.config import QConfigMapping
 
 
@@ -34,7 +35,7 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     docs/guide/accuracy.md.
     """
     if not needs_algorithms(model, recipe, target):
-        return flows.quantize(model, example_inputs, calibration_data, backend=backend,
+        return flows.quantize_static(model, example_inputs, calibration_data, backend=backend,
                               qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
                               allow_float=allow_float, **prepare_options)
     flow_checks.check_preparable(model)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from qplug_core.backend_configs.common import common_pattern_configs
-from qplug_core.backend_configs.dtype_configs import (
+from qplug_core.config.common_patterns import common_pattern_configs
+from qplug_core.config.dtype_configs import (
     DTypeConfigSet,
     default_dynamic_float16_dtype_config,
     default_dynamic_int8_dtype_config,
@@ -23,7 +23,7 @@ from qplug_core.backend_configs.dtype_configs import (
     weight_only_quint8_dtype_config,
     weighted_op_quint8_dtype_config,
 )
-from qplug_core.backend_plugin import BackendPlugin
+from qplug_core.registry.backend_plugin import BackendPlugin
 from qplug_core.config import (
     BackendPatternConfig,
     DTypeConfig,
@@ -32,19 +32,19 @@ from qplug_core.config import (
     QConfig,
     QConfigMapping,
 )
-from qplug_core.contract import (
+from qplug_core.registry.contract import (
     ARM_MACHINES,
     X86_MACHINES,
     Availability,
     BackendSpec,
+    Delegate,
     Diagnostic,
     engine_availability,
 )
 from qplug_core.enums import Mode, Stage
 from qplug_core.errors import ConfigValidationError, QplugError, warn_user
-from qplug_core.delegation import Delegate
-from qplug_core.fx.observed import ObservedValue, computes_tensor, observed_inputs, observed_values
-from qplug_core.hookspecs import hookimpl
+from qplug_core.flows.observed import ObservedValue, computes_tensor, observed_inputs, observed_values
+from qplug_core.registry.hookspecs import hookimpl
 from qplug_core.kernels.base import (
     KernelContext,
     KernelSpec,
@@ -56,8 +56,8 @@ from qplug_core.kernels.base import (
 from qplug_core.kernels.table import torch_int8_kernels
 from qplug_core.partition import OperatorSupportBase
 from qplug_core.passes.base import PassResult
-from qplug_core.plugins import QplugPluginWarning
-from qplug_core.qconfig_defaults import default_qconfig_mapping
+from qplug_core.registry.plugins import QplugPluginWarning
+from qplug_core.config.defaults import default_qconfig_mapping
 from qplug_core.qparams import QParams
 
 if TYPE_CHECKING:

@@ -13,7 +13,8 @@ from typing import Iterator
 import pytest
 from hypothesis import settings
 
-from qplug_core import plugins, testing
+from qplug_core import testing
+from qplug_core.registry import plugins
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 settings.register_profile("nightly", max_examples=50_000, deadline=None, print_blob=True)

@@ -15,7 +15,7 @@ def run_hooked(gm: fx.GraphModule, calibration_data: Any, handles: list, what: s
 
     No batch at all is a :class:`CalibrationError` naming ``what`` needed them.
     """
-    from qplug_core.flows import iter_batches
+    from qplug_core.flows.steps import iter_batches
 
     batches = 0
     try:

@@ -24,7 +24,7 @@ from qplug_core.algorithms._calibration import run_hooked
 from qplug_core.algorithms._layers import CONVS, layer_of
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError
-from qplug_core.fx.regions import CallCounter, resolve_qconfig
+from qplug_core.flows.regions import CallCounter, resolve_qconfig
 from qplug_core.kernels.reference import observed_weight_qparams
 
 __all__ = ["BiasCorrection", "correct_bias"]

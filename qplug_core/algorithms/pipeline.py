@@ -18,11 +18,9 @@ from qplug_core.algorithms.recipes import (
     resolve_recipe,
 )
 from qplug_core.config import QConfigMapping
-from qplug_core.fx.tags import RECIPE
+from qplug_core.flows.tags import RECIPE
 
 __all__ = ["needs_algorithms", "prepare_algorithms", "quantize_fused", "quantize_with_algorithms"]
-
-RECIPE_KEY = RECIPE
 
 
 def needs_algorithms(model: Any, recipe: Any, target: Any) -> bool:
@@ -40,7 +38,7 @@ def quantize_fused(gm: fx.GraphModule, example_inputs: Any, batches: list[tuple]
                    mapping: QConfigMapping, *, progress: bool | None = None, strict: bool = False,
                    prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
     """prepare -> calibrate -> convert a fused float graph (``gm`` itself is not modified)."""
-    from qplug_core.flows import calibrate, convert_fx, prepare_fx
+    from qplug_core.flows.steps import calibrate, convert_fx, prepare_fx
 
     observed = prepare_fx(gm, mapping, example_inputs, backend=backend, **(prepare_options or {}))
     calibrate(observed, batches, progress=progress)
@@ -55,7 +53,7 @@ def prepare_algorithms(model: nn.Module, example_inputs: Any, calibration_data: 
     ``options`` loses the capture options (they are used here); the rest go to prepare.
     """
     from qplug_core.errors import ConfigValidationError
-    from qplug_core.flows import as_input_tuple, iter_batches
+    from qplug_core.flows.steps import as_input_tuple, iter_batches
 
     if not isinstance(model, nn.Module):
         raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
@@ -87,5 +85,5 @@ def quantize_with_algorithms(model: nn.Module, example_inputs: Any, calibration_
         from qplug_core.algorithms.target import meet_target
         qmodel = meet_target(gm, inputs, batches, backend, mapping, target, progress=progress,
                              strict=strict, prepare_options=options)
-    qmodel.meta[RECIPE_KEY] = record
+    qmodel.meta[RECIPE] = record
     return qmodel

@@ -115,7 +115,7 @@ def apply_recipe(gm: fx.GraphModule, steps: tuple[str, ...], name: str,
 def fused_float_copy(model: nn.Module, example_inputs: Any, backend: Any,
                      options: dict[str, Any]) -> fx.GraphModule:
     """The eval-mode fused float graph of a copy of ``model`` (the user's model is untouched)."""
-    from qplug_core.flows import fuse_fx
+    from qplug_core.flows.steps import fuse_fx
 
     source = copy.deepcopy(model).eval()
     capture = {k: options.pop(k) for k in ("capture", "non_traceable_module_names",

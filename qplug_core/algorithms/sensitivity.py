@@ -28,7 +28,7 @@ from torch import fx, nn
 from qplug_core.algorithms._layers import layer_of
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError
-from qplug_core.fx.regions import CallCounter, resolve_qconfig
+from qplug_core.flows.regions import CallCounter, resolve_qconfig
 
 __all__ = ["LayerSensitivity", "OutputScore", "SensitivityReport", "sensitivity"]
 
@@ -49,8 +49,8 @@ class OutputScore:
         return {k: (v if v is None or math.isfinite(v) else str(v)) for k, v in asdict(self).items()}
 
 
-def _first_tensor(output: Any) -> torch.Tensor:
-    from qplug_core.report import _first_tensor as first
+def first_tensor(output: Any) -> torch.Tensor:
+    from qplug_core.analysis.compare import first_tensor as first
     found = first(output)
     if found is None:
         raise ConfigValidationError("the model returned no tensor; scoring needs tensor outputs",
@@ -60,7 +60,7 @@ def _first_tensor(output: Any) -> torch.Tensor:
 
 @torch.no_grad()
 def float_outputs(gm: nn.Module, batches: list[tuple]) -> list[torch.Tensor]:
-    return [_first_tensor(gm(*batch)).detach().float() for batch in batches]
+    return [first_tensor(gm(*batch)).detach().float() for batch in batches]
 
 
 #: the input naming which tokens are padding (Hugging Face's convention): scores leave them out
@@ -94,11 +94,11 @@ def score(qmodel: nn.Module, batches: list[tuple], reference: list[torch.Tensor]
 
     ``masks`` (from :func:`padding_masks`) leave padded tokens out of the SQNR and the cosine;
     the metric gets the outputs as the model returns them."""
-    from qplug_core.report import _ErrorStats
+    from qplug_core.analysis.compare import ErrorStats
 
-    stats, cosines, outputs = _ErrorStats(), [], []
+    stats, cosines, outputs = ErrorStats(), [], []
     for batch, want, mask in zip(batches, reference, masks or [None] * len(batches)):
-        got = _first_tensor(qmodel(*batch)).detach().float()
+        got = first_tensor(qmodel(*batch)).detach().float()
         outputs.append(got)
         want_real, got_real = _without_padding(want, mask), _without_padding(got, mask)
         stats.update(want_real, got_real)
@@ -209,7 +209,7 @@ def sensitivity(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     score. Costs two quantizations per layer (or role group): use a small calibration set.
     """
     from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
-    from qplug_core.flows import resolve_backend
+    from qplug_core.flows.steps import resolve_backend
 
     chosen = resolve_backend(backend).require_available()
     gm, inputs, batches, mapping, _ = prepare_algorithms(model, example_inputs, calibration_data,

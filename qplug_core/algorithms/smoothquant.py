@@ -28,7 +28,7 @@ from qplug_core.algorithms._calibration import run_hooked
 from qplug_core.algorithms._layers import layer_of
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError
-from qplug_core.fx.regions import CallCounter, resolve_qconfig
+from qplug_core.flows.regions import CallCounter, resolve_qconfig
 from qplug_core.kernels.reference import observed_weight_qparams
 from qplug_core.nn.channel_scale import ChannelScale
 

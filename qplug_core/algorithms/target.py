@@ -31,11 +31,9 @@ from qplug_core.algorithms.sensitivity import (
 )
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, QplugError, warn_user
-from qplug_core.fx.tags import TARGET
+from qplug_core.flows.tags import TARGET
 
-__all__ = ["TARGET_KEY", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_target"]
-
-TARGET_KEY = TARGET
+__all__ = ["TARGET", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_target"]
 
 
 @dataclass(frozen=True)
@@ -129,7 +127,7 @@ def _improves(alone: OutputScore, base: OutputScore) -> bool:
 def _parse(data: Any) -> list[tuple] | None:
     if data is None:
         return None
-    from qplug_core.flows import iter_batches
+    from qplug_core.flows.steps import iter_batches
     return list(iter_batches(data))
 
 
@@ -202,5 +200,5 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
     if strict:  # the same ConfigValidationError as qp.quantize(strict=True) if anything is float
         qmodel = quantize_fused(gm, inputs, batches, backend, final_mapping, progress=progress,
                                 strict=True, prepare_options=prepare_options)
-    qmodel.meta[TARGET_KEY] = result
+    qmodel.meta[TARGET] = result
     return qmodel

@@ -1,7 +1,7 @@
 """The one table of objects a saved file or config document may name, keyed by stable names.
 
 A file or document is untrusted, so a name in it is only ever *looked up* in this table: never
-imported, never resolved by walking attributes (``qplug_core.cli.os.system`` reaches ``os`` that
+imported, never resolved by walking attributes (``qplug_core.cli.app.os.system`` reaches ``os`` that
 way), never followed through a module re-export. The table holds the exact objects qplug writes,
 each with the :class:`Kind` of use it may be put to, so that an observer field cannot name an op
 and a graph cannot call a class:
@@ -213,7 +213,7 @@ class NameTable:
 
     def _suggestion(self, name: str, kinds: frozenset[Kind]) -> str:
         """A close allowed name: a sibling (``torch.nn.Conv2D``), else one with a close last part
-        (``qplug_core.cli.os.system`` is nothing like ``torch.nn.functional.relu``, so no hint)."""
+        (``qplug_core.cli.app.os.system`` is nothing like ``torch.nn.functional.relu``, so no hint)."""
         names = self.names(kinds)
         parent, _, last = name.rpartition(".")
         siblings = [n for n in names if n.rpartition(".")[0] == parent]
@@ -404,7 +404,7 @@ _REGISTERED: list[tuple[Any, str, tuple[Kind, ...]]] = []
 _PREFIXES: list[str] = []
 _CACHE_KEY = "name_table"
 #: () -> (a cache dict that is cleared when plugins reload, the usable assembled backends); set by
-#: qplug_core.backend, the layer that assembles backends (this module sits below it)
+#: qplug_core.registry.backends, the layer that assembles backends (this module sits below it)
 _backend_source: Callable[[], tuple[dict, Iterable[Any]]] | None = None
 _lock = threading.RLock()
 _core_table: NameTable | None = None
@@ -451,7 +451,7 @@ def _base_table() -> NameTable:
 
 
 def set_backend_source(source: Callable[[], tuple[dict, Iterable[Any]]]) -> None:
-    """Where the backend part of the table comes from (called once by ``qplug_core.backend``)."""
+    """Where the backend part of the table comes from (called once by ``qplug_core.registry.backends``)."""
     global _backend_source
     _backend_source = source
 

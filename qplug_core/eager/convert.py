@@ -20,24 +20,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.backend import Backend, get_backend
+from qplug_core.registry.backends import Backend, get_backend
 from qplug_core.config import QConfig
 from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
-from qplug_core.eager.prepare import (
-    INPUT_OBSERVER,
-    OUTPUT_OBSERVER,
-    STATE_ATTR,
-    observe_input,
-    observe_output,
-)
+from qplug_core.eager.prepare import INPUT_OBSERVER, OUTPUT_OBSERVER, observe_input, observe_output
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
-from qplug_core.fx.regions import weight_name_of
+from qplug_core.flows.regions import weight_name_of
 from qplug_core.kernels.base import KernelContext, TensorArg, pin_engine
 from qplug_core.observers import FakeQuantizeBase, ObserverBase
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import QParams
+from qplug_core.flows.tags import EAGER_STATE
 
 _QUANTIZE_KEY, _DEQUANTIZE_KEY = "quantize", "dequantize"
 
@@ -179,7 +174,7 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     ``backend=None`` uses the backend the model was prepared for. Raises
     :class:`UncalibratedObserverError` naming every module whose observers never saw data.
     """
-    state = getattr(model, STATE_ATTR, None) if isinstance(model, nn.Module) else None
+    state = getattr(model, EAGER_STATE, None) if isinstance(model, nn.Module) else None
     if state is None:
         raise ConfigValidationError(
             "this model was not prepared by qplug's eager mode (no qplug_eager_state); call "
@@ -194,7 +189,7 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
             "the qconfig of the unused modules to None.", nodes=missing)
     model = model if inplace else copy.deepcopy(model)
     _convert_children(model, _Converter(chosen))
-    delattr(model, STATE_ATTR)
+    delattr(model, EAGER_STATE)
     remove_qconfig_attributes(model)
     if chosen.kernels:
         pin_engine(model, chosen.engine)

@@ -26,17 +26,15 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrize import type_before_parametrizations
 
-from qplug_core.backend import Backend, resolve_backend
+from qplug_core.registry.backends import Backend, resolve_backend
 from qplug_core.config import ObservationType, QConfig, QConfigMapping
 from qplug_core.eager.functional import FloatFunctional
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
-from qplug_core.fx.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
-from qplug_core.fx.tags import EAGER_STATE
+from qplug_core.flows.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
+from qplug_core.flows.tags import EAGER_STATE
 from qplug_core.observers import ObserverBase
 
-#: attribute of the prepared root module recording backend and mode for convert
-STATE_ATTR = EAGER_STATE
 OUTPUT_OBSERVER = "activation_post_process"
 INPUT_OBSERVER = "activation_pre_process"
 _UNSET = object()
@@ -148,7 +146,7 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
     if not isinstance(model, nn.Module):
         raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
                                     field="model", value=type(model).__name__)
-    if getattr(model, STATE_ATTR, None) is not None:
+    if getattr(model, EAGER_STATE, None) is not None:
         raise ConfigValidationError("this model is already prepared; prepare the float model once",
                                     field="model")
     chosen = resolve_backend(backend)
@@ -166,7 +164,7 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
                 module = qat_class.from_float(module, qconfig)
                 model.set_submodule(name, module)
         _attach(module, name, qconfig, with_input=with_input)
-    setattr(model, STATE_ATTR, {"backend": chosen.name, "mode": mode})
+    setattr(model, EAGER_STATE, {"backend": chosen.name, "mode": mode})
     return model.train(is_qat)
 
 

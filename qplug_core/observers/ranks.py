@@ -3,7 +3,7 @@
 Observers reduce through :class:`Ranks` (never ``torch.distributed`` directly) so that device
 placement is handled in one place: tensors are copied to the device the group's backend reduces on
 (the current CUDA device for NCCL, the CPU for gloo and the others) and the result is copied back
-to wherever the observer's buffers live. ``qplug_core.distributed`` decides *when* observers reduce;
+to wherever the observer's buffers live. ``qplug_core.observers.distributed`` decides *when* observers reduce;
 this module only knows *how* to run a collective (``batch_sync`` reduces each batch's statistics).
 """
 

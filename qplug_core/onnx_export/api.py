@@ -21,7 +21,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import ExportError
-from qplug_core.fx.tags import KERNEL, recorded_example_inputs
+from qplug_core.flows.tags import KERNEL, recorded_example_inputs
 
 #: ONNX opset the export targets (QuantizeLinear per-axis needs >= 13; ORT 1.17+ runs 21)
 DEFAULT_OPSET = 21
@@ -95,7 +95,7 @@ def export_onnx(qmodel: nn.Module, path: str | os.PathLike[str], example_inputs:
     """
     import onnx
 
-    from qplug_core.flows import as_input_tuple
+    from qplug_core.flows.steps import as_input_tuple
 
     gm = reference_form(qmodel)
     inputs = recorded_example_inputs(gm) if example_inputs is None else as_input_tuple(example_inputs)

@@ -18,7 +18,7 @@ from torch import fx, nn
 from torch.func import functional_call
 
 from qplug_core import qparams as Q
-from qplug_core.fx.graph_utils import is_module_call
+from qplug_core.flows.graph_utils import is_module_call
 from qplug_core.ir.qdq_ops import dequantize_op
 from qplug_core.kernels.reference import (
     Dequantize,

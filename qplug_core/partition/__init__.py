@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from qplug_core.partition.by_backend import BackendSplit, by_backend
 from qplug_core.partition.fuse import fuse_by_partitions, stable_topological_sort
 from qplug_core.partition.partitioner import CapabilityBasedPartitioner, Partition
 from qplug_core.partition.support import (
@@ -16,7 +15,7 @@ from qplug_core.partition.support import (
 )
 
 __all__ = [
-    "BackendSplit", "by_backend", "CapabilityBasedPartitioner", "OpSupports", "OperatorSupport", "OperatorSupportBase",
+    "CapabilityBasedPartitioner", "OpSupports", "OperatorSupport", "OperatorSupportBase",
     "Partition", "TensorDtypeRule", "any_chain", "chain", "create_op_support",
     "fuse_by_partitions", "stable_topological_sort",
 ]

@@ -29,7 +29,7 @@ _DROPOUT_FUNCTIONS = {
     F.dropout3d: (2, "training"), F.alpha_dropout: (2, "training"),
     torch.dropout: (2, "train"), torch.ops.aten.dropout.default: (2, "train"),
 }
-_DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
                     nn.FeatureAlphaDropout)
 
 
@@ -57,7 +57,7 @@ class _RemoveNoOps(MetaTransformer):
 
     def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
         module = self.fetch_attr(target)
-        if isinstance(module, nn.Identity) or (isinstance(module, _DROPOUT_MODULES)
+        if isinstance(module, nn.Identity) or (isinstance(module, DROPOUT_MODULES)
                                                and not module.training):
             return self._skip(args, kwargs)
         return super().call_module(target, args, kwargs)

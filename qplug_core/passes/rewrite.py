@@ -1,7 +1,7 @@
 """Many-to-one rewriting: replace every match of a pattern graph by a replacement graph.
 
 Mirrors ``torch.fx.subgraph_rewriter.replace_pattern_with_filters`` on top of our own
-:class:`~qplug_core.subgraph_matcher.SubgraphMatcher`: pattern and replacement are callables
+:class:`~qplug_core.ir.subgraph_matcher.SubgraphMatcher`: pattern and replacement are callables
 (symbolically traced), Graphs or GraphModules using the same ops as the target graph (export
 them with ``aten_graph_of`` for ATen graphs); overlapping matches are dropped by the matcher; a
 match whose input was produced by an earlier replacement is re-pointed at the new node; the
@@ -19,7 +19,7 @@ import torch
 from torch.fx import Graph, GraphModule, Node
 
 from qplug_core.errors import GraphError
-from qplug_core.subgraph_matcher import InternalMatch, SubgraphMatcher, pattern_graph_from
+from qplug_core.ir.subgraph_matcher import InternalMatch, SubgraphMatcher, pattern_graph_from
 
 __all__ = ["ReplacedPatterns", "replace_pattern"]
 

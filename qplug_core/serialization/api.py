@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -12,8 +13,8 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 from torch import fx, nn
 
-from qplug_core import plugins
-from qplug_core.backend import Backend, get_backend, list_backends
+from qplug_core.registry import plugins
+from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -21,19 +22,13 @@ from qplug_core.errors import (
     QplugError,
     SerializationError,
 )
-from qplug_core.finish import finish_conversion
-from qplug_core.serialization.artifact import (
-    ARTIFACT_KEY,
-    FUSIONS_KEY,
-    Artifact,
-    backend_identity,
-    from_document,
-    fusion_records,
-    to_document,
-)
+from qplug_core.flows.finish import finish_conversion
+from qplug_core.flows.snapshot import snapshot_of
+from qplug_core.serialization.artifact import Artifact, artifact_of, backend_identity, from_document, fusion_records, to_document
 from qplug_core.serialization.files import read_artifact_file, write_artifact_file
 from qplug_core.serialization.graph_codec import decode_graph
 from qplug_core.serialization.module_codec import decode_modules
+from qplug_core.flows.tags import ARTIFACT, FUSIONS
 
 #: PEP 508 distribution names
 _DISTRIBUTION_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?\Z")
@@ -49,13 +44,13 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
     same model twice gives byte-identical files.
     """
     target = Path(path)
-    artifact = qmodel.meta.get(ARTIFACT_KEY) if isinstance(qmodel, fx.GraphModule) else None
+    artifact = artifact_of(qmodel)
     if isinstance(artifact, str):
         raise SerializationError(f"cannot save to {target}: {artifact}", path=str(target))
     if not isinstance(artifact, Artifact):
         raise SerializationError(
             f"cannot save to {target}: the model was not produced by qp.convert_fx, "
-            f"qp.convert_to_reference_fx or qp.load (GraphModule.meta[{ARTIFACT_KEY!r}] is missing); "
+            "qp.convert_to_reference_fx or qp.load (it holds no reference form); "
             "quantize it with qplug first. qp.quantize_dynamic's models (per_token=True too) are "
             "not saved: they need no calibration, so save the float model and run "
             "qp.quantize_dynamic again after loading it", path=str(target))
@@ -85,7 +80,7 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) 
                                  path=str(source)) from exc
     chosen = _resolve_backend(artifact, backend, source)
     gm = _rebuild(artifact, source)
-    gm.meta[FUSIONS_KEY] = fusion_records(artifact)
+    gm.meta[FUSIONS] = fusion_records(artifact)
     try:
         finish_conversion(gm, chosen, mode=artifact.model["mode"])
     except QplugError:
@@ -94,19 +89,22 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) 
         raise SerializationError(f"{source}: lowering to backend {chosen.name!r} failed: "
                                  f"{type(exc).__name__}: {exc}", path=str(source)) from exc
     name, contributors = backend_identity(chosen)
-    gm.meta[ARTIFACT_KEY] = replace(artifact, backend=name, plugins=contributors)
+    gm.meta[ARTIFACT] = replace(artifact, backend=name, plugins=contributors)
     return gm
 
 
 def rebuild_reference(qmodel: fx.GraphModule) -> fx.GraphModule:
     """The reference form recorded when ``qmodel`` was converted (for exporters and compilers)."""
-    artifact = qmodel.meta.get(ARTIFACT_KEY)
+    snapshot = snapshot_of(qmodel)
+    if snapshot is not None:
+        return copy.deepcopy(snapshot.graph_module)  # a model of its own: callers may rewrite it
+    artifact = qmodel.meta.get(ARTIFACT)
     if not isinstance(artifact, Artifact):
-        reason = artifact if isinstance(artifact, str) else "GraphModule.meta has no qplug artifact"
-        raise SerializationError(f"the model's reference form was not recorded at convert: {reason}")
+        raise SerializationError("the model's reference form was not recorded at convert: "
+                                 "GraphModule.meta has neither a reference snapshot nor an artifact")
     gm = _rebuild(artifact, Path("<in-memory model>"))
-    gm.meta[FUSIONS_KEY] = fusion_records(artifact)
-    gm.meta[ARTIFACT_KEY] = artifact
+    gm.meta[FUSIONS] = fusion_records(artifact)
+    gm.meta[ARTIFACT] = artifact
     return gm
 
 

@@ -3,8 +3,8 @@
 Kernel modules hold packed, engine-specific weights that no file format can carry safely, so the
 artifact is the reference form (quantize/dequantize modules with their qparams, weighted modules
 with int8 weights, the fx graph) plus the name of the backend it was converted for. ``load``
-lowers it again with the installed backend. The convert flows call :func:`record_artifact` between
-``convert_graph`` and lowering, so every converted model can be saved later.
+lowers it again with the installed backend. The convert flows keep the reference form before
+lowering (:mod:`qplug_core.flows.snapshot`); :func:`artifact_of` encodes it when a model is saved.
 """
 
 from __future__ import annotations
@@ -15,26 +15,22 @@ from typing import Any
 import torch
 from torch import fx
 
-from qplug_core import plugins
-from qplug_core.backend import Backend, get_backend
+from qplug_core.registry import plugins
+from qplug_core.registry.backends import Backend, get_backend
 from qplug_core.config.codec import child, expect, read_fields, where
 from qplug_core.config.names import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
-from qplug_core.fx.fuse import FusionRecord
-from qplug_core.fx.tags import ARTIFACT, FUSIONS, KERNEL, STATE
+from qplug_core.flows.fuse import FusionRecord
+from qplug_core.flows.snapshot import snapshot_of
+from qplug_core.flows.tags import ARTIFACT, FUSIONS, KERNEL, STATE
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
 
-#: GraphModule.meta key holding the :class:`Artifact` (or, if capture failed, why as a string)
-ARTIFACT_KEY = ARTIFACT
 FORMAT = "qplug"
 SCHEMA_VERSION = 1
 TOP_KEYS = ("format", "schema_version", "backend", "plugins", "versions", "model")
 MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions")
 PLUGIN_KEYS = ("name", "dist", "version")
-#: GraphModule.meta keys written by the flows that the artifact keeps
-_FLOW_STATE_KEY = STATE
-FUSIONS_KEY = FUSIONS
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -80,21 +76,26 @@ def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference") -
     except ConfigError as exc:
         raise SerializationError(f"this model cannot be saved: {exc}") from exc
     model = {"graph": graph, "modules": modules, "attributes": attributes, "tensors": table.entries,
-             "training": gm.training, "mode": gm.meta.get(_FLOW_STATE_KEY, {}).get("mode", "static"),
-             "fusions": [asdict(f) for f in gm.meta.get(FUSIONS_KEY, [])]}
+             "training": gm.training, "mode": gm.meta.get(STATE, {}).get("mode", "static"),
+             "fusions": [asdict(f) for f in gm.meta.get(FUSIONS, [])]}
     return Artifact(name, plugins, model, table.tensors)
 
 
-def record_artifact(gm: fx.GraphModule, backend: str | Backend) -> None:
-    """Keep what ``save`` needs in ``gm.meta``; the convert flows call this before lowering.
-
-    A model that cannot be captured still converts: the reason is kept and ``save`` reports it.
-    """
+def artifact_of(qmodel: object) -> Artifact | str | None:
+    """What ``save`` writes for ``qmodel``: the artifact it was loaded from, else its encoded
+    reference snapshot; a string says why the snapshot cannot be saved; ``None``: no qplug model."""
+    if not isinstance(qmodel, fx.GraphModule):
+        return None
+    loaded = qmodel.meta.get(ARTIFACT)
+    if isinstance(loaded, Artifact):
+        return loaded
+    snapshot = snapshot_of(qmodel)
+    if snapshot is None:
+        return None
     try:
-        gm.meta[ARTIFACT_KEY] = capture_artifact(gm, backend)
-    except Exception as exc:  # saving is optional: it must never make convert fail
-        gm.meta[ARTIFACT_KEY] = str(exc) if isinstance(exc, SerializationError) else (
-            f"capturing the model for saving failed: {type(exc).__name__}: {exc}")
+        return capture_artifact(snapshot.graph_module, snapshot.backend)
+    except SerializationError as exc:
+        return str(exc)
 
 
 def fusion_records(artifact: Artifact) -> list[FusionRecord]:

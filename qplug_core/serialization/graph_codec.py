@@ -22,7 +22,7 @@ from qplug_core.config.codec import (
 from qplug_core.config.dtypes import DTypeConfig
 from qplug_core.config.names import Kind, decode_name, encode_name
 from qplug_core.errors import ConfigError
-from qplug_core.fx.tags import BOUNDARY, INPUT_SPEC, REGION, ROOT, SPEC_DTYPES, VALUE_KIND, RegionTag
+from qplug_core.flows.tags import BOUNDARY, INPUT_SPEC, REGION, ROOT, SPEC_DTYPES, VALUE_KIND, RegionTag
 from qplug_core.serialization.values import (
     FILE_VALUES, check_identifier, check_tensor_attribute, decode_op, encode_op,
 )

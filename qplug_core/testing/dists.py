@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from qplug_core import plugins
+from qplug_core.registry import plugins
 
 if TYPE_CHECKING:
     import subprocess

@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from qplug_core import plugins
+from qplug_core.registry import plugins
 
 _SWITCHES = (plugins.ENV_LOAD, plugins.ENV_DISABLE, plugins.ENV_STRICT)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from qplug_core.fx.kernel_contract import ValueRecorder
+from qplug_core.flows.kernel_check import ValueRecorder
 from qplug_core.kernels.reference import Quantize
 from qplug_core.partition import OperatorSupportBase
 

@@ -19,8 +19,8 @@ before it and one after it) so that the connector rule quantizes it; the neighbo
 feeds the model's output, which keeps it from fusing with the pattern under test.
 
 :func:`check_pattern` prepares the model for the backend, calibrates it, converts the *same*
-observed model with :func:`~qplug_core.flows.convert_to_reference_fx` and
-:func:`~qplug_core.flows.convert_fx`, and reports whether the pattern was matched, quantized and
+observed model with :func:`~qplug_core.flows.steps.convert_to_reference_fx` and
+:func:`~qplug_core.flows.steps.convert_fx`, and reports whether the pattern was matched, quantized and
 lowered to the backend's kernel, and how far the two outputs are apart, in quantization steps of
 each output (for float outputs of dynamic or weight-only ops: steps of an 8-bit grid over the
 reference output's range).
@@ -43,10 +43,10 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from qplug_core.backend import Backend, get_backend
+from qplug_core.registry.backends import Backend, get_backend
 from qplug_core.config import ObservationType, QConfigMapping
-from qplug_core.fx.summary import report_names
-from qplug_core.fx.tags import FUSIONS, region_tag
+from qplug_core.flows.report import report_names
+from qplug_core.flows.tags import FUSIONS, region_tag
 from qplug_core.kernels.reference import Dequantize
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat
@@ -528,7 +528,7 @@ class PatternResult:
         return "\n".join(lines)
 
 
-def _mapping(backend: Backend, case: PatternCase) -> QConfigMapping:
+def case_mapping(backend: Backend, case: PatternCase) -> QConfigMapping:
     mapping = backend.default_qconfig_mapping(case.mode)
     if case.mode == "qat":  # QAT embeddings in the model get the embedding qconfig, not the global one
         for qat_embedding, embedding in ((qat.Embedding, nn.Embedding),
@@ -569,7 +569,7 @@ def _output_scales(reference: fx.GraphModule) -> list[float | None]:
     return scales
 
 
-def _as_tuple(value: Any) -> tuple:
+def as_tuple(value: Any) -> tuple:
     return value if isinstance(value, tuple) else (value,)
 
 
@@ -591,7 +591,7 @@ def check_pattern(backend: str | Backend, case: PatternCase) -> PatternResult:
         result.problems.append(f"case cannot run: {case.skip_reason}")
         return result
     model = case.make_model()
-    mapping = _mapping(chosen, case)
+    mapping = case_mapping(chosen, case)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "stays float" warnings are checked below
         prepare = flows.prepare_qat_fx if case.mode == "qat" else flows.prepare_fx
@@ -627,9 +627,9 @@ def check_pattern(backend: str | Backend, case: PatternCase) -> PatternResult:
                                f"{[report.reference.get(a, '?') for a in missing]}")
 
     with torch.no_grad():
-        float_out = _as_tuple(copy.deepcopy(model).eval()(*case.example_inputs))
-        ref_out = _as_tuple(reference(*case.example_inputs))
-        low_out = _as_tuple(lowered(*case.example_inputs))
+        float_out = as_tuple(copy.deepcopy(model).eval()(*case.example_inputs))
+        ref_out = as_tuple(reference(*case.example_inputs))
+        low_out = as_tuple(lowered(*case.example_inputs))
     scales = _output_scales(reference)
     for index, (ref, low) in enumerate(zip(ref_out, low_out)):
         if ref.shape != low.shape:

@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qplug_core.backend import Backend, get_backend
+from qplug_core.registry.backends import Backend, get_backend
 from qplug_core.testing.pattern_cases import (
     STEP_SLACK,
     PatternCase,
-    _as_tuple,
-    _mapping,
+    as_tuple,
+    case_mapping,
 )
 
 __all__ = ["EXPORT_GAPS", "check_export_level", "export_gap"]
@@ -85,12 +85,12 @@ def export_gap(case: PatternCase) -> str | None:
 
 
 def _lowered(backend: Backend, case: PatternCase, capture: str):
-    from qplug_core import flows
+    from qplug_core.flows import steps as flows
 
     prepare = flows.prepare_qat_fx if case.mode == "qat" else flows.prepare_fx
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        observed = prepare(case.make_model(), _mapping(backend, case), case.example_inputs,
+        observed = prepare(case.make_model(), case_mapping(backend, case), case.example_inputs,
                            backend=backend, capture=capture)
         flows.calibrate(observed, case.calibration_data, progress=False)
         if case.mode == "qat":
@@ -114,8 +114,8 @@ def check_export_level(backend: str | Backend, case: PatternCase) -> list[str]:
     if s_kernels != e_kernels:
         return problems
     with torch.no_grad():
-        s_out = _as_tuple(symbolic(*copy.deepcopy(case.example_inputs)))
-        e_out = _as_tuple(exported(*copy.deepcopy(case.example_inputs)))
+        s_out = as_tuple(symbolic(*copy.deepcopy(case.example_inputs)))
+        e_out = as_tuple(exported(*copy.deepcopy(case.example_inputs)))
     for index, (s, e) in enumerate(zip(s_out, e_out)):
         if not isinstance(s, torch.Tensor) or s.shape != e.shape:
             problems.append(f"output {index}: shapes differ")

@@ -13,7 +13,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from qplug_core.cli import app
+from qplug_core.cli.app import app
 
 QPLUG = Path(sys.executable).with_name("qplug")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qplug_core.commands.demo import RANDOM_WEIGHT_SQNR_DB
+from qplug_core.cli.demo import RANDOM_WEIGHT_SQNR_DB
 from cli_testkit import assert_one_line_error, invoke, run
 
 

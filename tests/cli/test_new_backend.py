@@ -15,7 +15,7 @@ import torch
 from cli_testkit import assert_one_line_error, invoke
 
 import qplug_core as qp
-from qplug_core.commands.new_backend import core_requirement
+from qplug_core.cli.new_backend import core_requirement
 from qplug_core.testing.dists import child_venv, pip_install_into
 
 NAME = "acme_npu"
@@ -115,7 +115,7 @@ def test_printed_install_command_works_in_a_fresh_venv(tmp_path, monkeypatch):
     assert install.returncode == 0, install.stderr
     env = {k: v for k, v in os.environ.items() if not k.startswith("QPLUG_")}
 
-    listed = subprocess.run([str(python), "-m", "qplug_core.cli", "list-backends", "--json"],
+    listed = subprocess.run([str(python), "-m", "qplug_core.cli.app", "list-backends", "--json"],
                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert listed.returncode == 0, listed.stderr
     rows = {row["name"]: row for row in json.loads(listed.stdout)["backends"]}

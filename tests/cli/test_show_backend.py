@@ -8,7 +8,7 @@ from cli_testkit import assert_one_line_error, invoke, run
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.commands.show_backend import _simple_text
+from qplug_core.cli.show_backend import _simple_text
 
 
 def _row(document: dict, pattern: str) -> dict:

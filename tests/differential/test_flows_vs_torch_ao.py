@@ -37,7 +37,7 @@ quantize_fx = pytest.importorskip("torch.ao.quantization.quantize_fx")
 
 import qplug_core as qp  # noqa: E402
 from qplug_core.config import QConfig, QConfigMapping  # noqa: E402
-from qplug_core.fx.tags import OBSERVER  # noqa: E402
+from qplug_core.flows.tags import OBSERVER  # noqa: E402
 from qplug_core.kernels.reference import Quantize, ReferenceWeighted  # noqa: E402
 from qplug_core.observers import HistogramObserver, PerChannelMinMaxObserver  # noqa: E402
 from qplug_core.zoo import calibrate_batchnorm, get_model  # noqa: E402
@@ -174,7 +174,7 @@ def _called_modules(gm: fx.GraphModule, is_observer) -> dict[str, str]:
 
 
 def _ours_is_observer(module: nn.Module) -> bool:
-    from qplug_core.fx.prepare import is_observer_module
+    from qplug_core.flows.prepare import is_observer_module
     return is_observer_module(module)
 
 

@@ -38,7 +38,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_torchrun_quantize_saves_the_single_process_model(workdir):
-    quantize = ["-m", "qplug_core.cli", "quantize", "netfactory:build", "--example-shape",
+    quantize = ["-m", "qplug_core.cli.app", "quantize", "netfactory:build", "--example-shape",
                 "1,3,8,8", "--backend", "fbgemm"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                 "--nproc-per-node", "2", "--master-addr", "127.0.0.1",

@@ -14,8 +14,8 @@ from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
 import qplug_core as qp
-from qplug_core.testing.flops import int8_flop_share
-from qplug_core.testing.hf_models import build_hf_model, hf_inputs
+from tests.support.flops import int8_flop_share
+from tests.support.hf_models import build_hf_model, hf_inputs
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 from test_export_capture import ConvBnNet, _data

@@ -13,8 +13,8 @@ import torch
 from torch import fx
 
 import qplug_core as qp
-from qplug_core.fx.summary import _NON_COMPUTE_FUNCTIONS, describe_op, report_names
-from qplug_core.fx.tags import BOUNDARY, KERNEL
+from qplug_core.flows.report import _NON_COMPUTE_FUNCTIONS, describe_op, report_names
+from qplug_core.flows.tags import BOUNDARY, KERNEL
 from qplug_core.zoo import calibrate_batchnorm, get_model
 
 #: ops that may stay in reference form / float, per (model, backend): none, both backends have a

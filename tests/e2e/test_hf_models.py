@@ -2,7 +2,7 @@
 
 None of these traces symbolically (transformers 5 has no fx support); ``qp.quantize`` falls back
 to torch.export by itself. Each model is built from its config with random weights
-(``qplug_core.testing.hf_models``) and called with keyword inputs through a wrapper returning
+(``tests.support.hf_models``) and called with keyword inputs through a wrapper returning
 ``last_hidden_state``. Bar: >= 90% of the float model's matmul/conv FLOPs (FlopCounterMode,
 attention included) run on int8 kernels, output cosine >= 0.999 on held-out inputs (one of them
 with another batch size than the example: export keeps the batch dimension dynamic).
@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import qplug_core as qp
-from qplug_core.testing.flops import int8_flop_share
-from qplug_core.testing.hf_models import HF_MODELS, build_hf_model, hf_inputs
+from tests.support.flops import int8_flop_share
+from tests.support.hf_models import HF_MODELS, build_hf_model, hf_inputs
 
 pytestmark = [pytest.mark.usefixtures("one_thread", "plugin_autoload"), pytest.mark.slow]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import qplug_core as qp
-from qplug_core.testing.sentence_embeddings import (
+from tests.support.sentence_embeddings import (
     agreement,
     as_zoo_encoder,
     embed,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qplug_core import plugins
-from qplug_core.backend import get_backend, list_backends
-from qplug_core.cli import app
+from qplug_core.registry import plugins
+from qplug_core.registry.backends import get_backend, list_backends
+from qplug_core.cli.app import app
 from qplug_core.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -27,8 +27,8 @@ from qplug_core.errors import (
 REPO = Path(__file__).resolve().parents[2]
 
 HEADER = """
-from qplug_core.backend import BackendSpec, engine_availability
-from qplug_core.hookspecs import hookimpl
+from qplug_core.registry.backends import BackendSpec, engine_availability
+from qplug_core.registry.hookspecs import hookimpl
 """
 
 
@@ -78,7 +78,7 @@ def backend_names() -> list[str]:
 def run_cli(*args: str, pythonpath: Path, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("QPLUG_")}
     environ.update(env, PYTHONPATH=os.pathsep.join([str(pythonpath), str(REPO)]))
-    return subprocess.run([sys.executable, "-m", "qplug_core.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "qplug_core.cli.app", *args], capture_output=True,
                           text=True, env=environ, cwd=pythonpath, timeout=60)
 
 

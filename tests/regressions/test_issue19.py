@@ -17,7 +17,7 @@ from torch import fx, nn
 
 import qplug_core as qp
 from qplug_core import qparams as Q
-from qplug_core.backend import Backend, BackendSpec
+from qplug_core.registry.backends import Backend, BackendSpec
 from qplug_core.errors import ConfigValidationError, GraphError, ModelStateError, PassError
 from qplug_core.kernels._common import quantize_weight
 from qplug_core.kernels.base import quiet_quantized_dtypes
@@ -241,7 +241,7 @@ def test_8_eager_fusion_moves_hooks_so_they_run_once():
 
 
 def test_7_convert_fx_with_a_float16_dynamic_qconfig():
-    from qplug_core.qconfig_defaults import float16_dynamic_qconfig
+    from qplug_core.config.defaults import float16_dynamic_qconfig
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
     mapping = qp.QConfigMapping().set_global(float16_dynamic_qconfig())

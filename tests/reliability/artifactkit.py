@@ -14,7 +14,8 @@ from torch import fx, nn
 
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import QParams
-from qplug_core.serialization import ARTIFACT_KEY, capture_artifact
+from qplug_core.serialization import capture_artifact
+from qplug_core.flows.tags import ARTIFACT
 
 
 def reference_model() -> fx.GraphModule:
@@ -31,7 +32,7 @@ def reference_model() -> fx.GraphModule:
     quantized = graph.call_module("quantize", (x,))
     graph.output(graph.call_module("fc", (graph.call_module("dequantize", (quantized,)),)))
     gm = fx.GraphModule(root, graph)
-    gm.meta[ARTIFACT_KEY] = capture_artifact(gm)
+    gm.meta[ARTIFACT] = capture_artifact(gm)
     return gm
 
 

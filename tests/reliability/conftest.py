@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from qplug_core import plugins
+from qplug_core.registry import plugins
 
 __all__ = ["installed_backends", "register_plugin"]
 

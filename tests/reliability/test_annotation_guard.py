@@ -9,8 +9,8 @@ from faultkit import conv_net, images
 
 import qplug_core as qp
 from qplug_core.errors import PluginContractError
-from qplug_core.fx.tags import REGION
-from qplug_core.hookspecs import hookimpl
+from qplug_core.flows.tags import REGION
+from qplug_core.registry.hookspecs import hookimpl
 
 X = images(1)[0]
 

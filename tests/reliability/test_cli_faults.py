@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qplug_core.cli import app
+from qplug_core.cli.app import app
 
 MODELS = '''
 import torch

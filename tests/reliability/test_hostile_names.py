@@ -69,9 +69,9 @@ DIRECT = [
     "socket.socket", "urllib.request.urlopen", "tempfile.mkstemp", "pathlib.Path.write_text",
     "io.open", "codecs.open", "zipimport.zipimporter", "multiprocessing.Process",
     "threading.Thread", "signal.signal", "atexit.register", "asyncio.create_subprocess_shell",
-    "qplug_core.commands._inputs.load_factory_model", "qplug_core.serialization.api.load",
+    "qplug_core.cli._inputs.load_factory_model", "qplug_core.serialization.api.load",
     "qplug_core.serialization.load", "qplug_core.load", "qplug_core.quantize",
-    "qplug_core.plugins.reset", "qplug_core.config.names.register_serializable",
+    "qplug_core.registry.plugins.reset", "qplug_core.config.names.register_serializable",
     "qplug_core.config.names.importlib.import_module", "qplug_core.testing.environment",
 ]
 
@@ -84,7 +84,7 @@ _ATTACKS = {
 
 
 def reexported_names() -> list[str]:
-    """``qplug_core.cli.os.system`` and friends: through every qplug module importing os & co."""
+    """``qplug_core.cli.app.os.system`` and friends: through every qplug module importing os & co."""
     names = []
     for info in pkgutil.walk_packages(qplug_core.__path__, "qplug_core."):
         module = importlib.import_module(info.name)
@@ -101,8 +101,8 @@ HOSTILE = sorted(set(DIRECT + reexported_names()))
 
 def test_the_suite_covers_at_least_50_names_and_every_reexport():
     assert len(HOSTILE) >= 50
-    assert {"qplug_core.cli.os.system", "qplug_core.plugins.importlib.import_module",
-            "qplug_core.commands._inputs.os.system", "qplug_core.flows.sys.modules"} <= set(HOSTILE)
+    assert {"qplug_core.cli.app.os.system", "qplug_core.registry.plugins.importlib.import_module",
+            "qplug_core.cli._inputs.os.system", "qplug_core.flows.steps.sys.modules"} <= set(HOSTILE)
 
 
 # -- payloads: what would create the sentinel if the name ever resolved and ran ---------------------

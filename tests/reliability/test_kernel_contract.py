@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core import plugins
-from qplug_core.fx import kernel_contract
+from qplug_core.registry import plugins
+from qplug_core.flows import kernel_check as kernel_contract
 
 pytestmark = pytest.mark.usefixtures("installed_backends")
 

@@ -14,11 +14,11 @@ import torch
 from artifactkit import reference_model
 from torch import nn
 
-from qplug_core import plugins
+from qplug_core.registry import plugins
 from qplug_core.config import BackendPatternConfig
 from qplug_core.config.names import TENSOR_ATTRIBUTES, Kind, decode_name, encode_name, name_table
 from qplug_core.errors import ConfigValidationError
-from qplug_core.hookspecs import hookimpl
+from qplug_core.registry.hookspecs import hookimpl
 from qplug_core.observers import MinMaxObserver
 from qplug_core.serialization import load
 
@@ -108,7 +108,7 @@ def test_a_plugin_reading_a_document_while_backends_assemble(register_plugin):
     register_plugin(DocumentPlugin(), "documents")
     with pytest.raises(ConfigValidationError, match="no.such"):
         decode_name("no.such.name")  # builds the whole table: backends, hence both hooks
-    from qplug_core.backend import get_backend
+    from qplug_core.registry.backends import get_backend
 
     patterns = [cfg.pattern for cfg in get_backend("reference").config.configs]
     assert (nn.Conv3d, nn.Softsign) in patterns and (nn.Conv1d, nn.Softsign) in patterns

@@ -16,15 +16,15 @@ import torch
 from typer.testing import CliRunner
 
 import qplug_core as qp
-from qplug_core import plugins
-from qplug_core.cli import app
+from qplug_core.registry import plugins
+from qplug_core.cli.app import app
 from qplug_core.errors import PluginLoadError
 
 REPO = Path(__file__).resolve().parents[2]
 
 HEADER = """
-from qplug_core.backend import BackendSpec
-from qplug_core.hookspecs import hookimpl
+from qplug_core.registry.backends import BackendSpec
+from qplug_core.registry.hookspecs import hookimpl
 """
 
 
@@ -53,7 +53,7 @@ def run_qplug(*args: str, pythonpath: Path) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("QPLUG_")}
     environ.update(PYTHONPATH=os.pathsep.join([str(pythonpath), str(REPO)]),
                    QPLUG_LOAD_PLUGINS=os.environ[plugins.ENV_LOAD])
-    return subprocess.run([sys.executable, "-m", "qplug_core.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "qplug_core.cli.app", *args], capture_output=True,
                           text=True, env=environ, cwd=pythonpath, timeout=120)
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 import qplug_core as qp
 from qplug_core.errors import BackendNotFoundError, QplugError, SerializationError, UnsafeFileError
-from qplug_core.plugins import QplugPluginWarning
+from qplug_core.registry.plugins import QplugPluginWarning
 from qplug_core.serialization import load, save
 
 WEIGHT = "fc.module.weight"

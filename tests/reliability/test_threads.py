@@ -12,14 +12,14 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core import plugins
+from qplug_core.registry import plugins
 
 pytestmark = pytest.mark.usefixtures("installed_backends")
 
 SLOW_PLUGIN = """
 import time
-from qplug_core.backend import BackendSpec
-from qplug_core.hookspecs import hookimpl
+from qplug_core.registry.backends import BackendSpec
+from qplug_core.registry.hookspecs import hookimpl
 
 time.sleep(0.5)  # a slow import keeps the first caller inside plugin loading
 

@@ -1,4 +1,4 @@
-"""Annotation keys (``node.meta`` / ``GraphModule.meta``) are named once, in ``qplug_core.fx.tags``.
+"""Annotation keys (``node.meta`` / ``GraphModule.meta``) are named once, in ``qplug_core.flows.tags``.
 
 A key spelled as a literal elsewhere drifts silently when it is renamed, and a plugin reading one
 depends on an internal detail; so runtime code may not contain a ``"qplug_..."`` identifier string
@@ -11,8 +11,8 @@ import ast
 import re
 from pathlib import Path
 
-from qplug_core import hookspecs
-from qplug_core.fx import tags
+from qplug_core.registry import hookspecs
+from qplug_core.flows import tags
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = [REPO / "qplug_core", *(REPO / "plugins").glob("*/qplug_*")]
@@ -36,7 +36,7 @@ def test_annotation_keys_are_only_spelled_in_tags():
     found = [f"{path.relative_to(REPO)}:{line}: {value!r}"
              for root in RUNTIME for path in sorted(root.rglob("*.py"))
              if path.resolve() != TAGS_FILE for line, value in key_literals(path)]
-    assert not found, ("use the constants of qplug_core.fx.tags instead of these literals:\n"
+    assert not found, ("use the constants of qplug_core.flows.tags instead of these literals:\n"
                        + "\n".join(found))
 
 

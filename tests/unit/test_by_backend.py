@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qplug_core.partition import by_backend
+from qplug_core.analysis import by_backend
 
 
 class _ConvThenSoftmax(nn.Module):

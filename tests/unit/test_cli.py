@@ -10,7 +10,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from qplug_core.cli import app
+from qplug_core.cli.app import app
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -62,7 +62,7 @@ def test_unknown_option_is_a_usage_error():
 
 
 def test_fast_paths_do_not_import_torch():
-    code = ("import sys\nfrom qplug_core.cli import main\n"
+    code = ("import sys\nfrom qplug_core.cli.app import main\n"
             "for argv in (['--version'], ['list-backends', '--no-load']):\n"
             "    sys.argv = ['qplug', *argv]\n"
             "    try:\n        main()\n    except SystemExit as exit:\n        assert not exit.code\n"

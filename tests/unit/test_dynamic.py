@@ -13,11 +13,11 @@ from torch import nn
 import qplug_core as qp
 import qplug_fbgemm.cpu
 from qplug_core.config import QConfigMapping
-from qplug_core.dynamic import SimulatedDynamic
+from qplug_core.flows.dynamic import SimulatedDynamic
 from qplug_core.errors import ConfigError, ConfigValidationError, ConstraintViolationError
 from qplug_core.kernels import torch_int8 as K
-from qplug_core.qconfig_defaults import dynamic_qconfig
-from qplug_core.report import sqnr
+from qplug_core.config.defaults import dynamic_qconfig
+from qplug_core.analysis.compare import sqnr
 from qplug_core.zoo import example_inputs, get_model
 from qplug_core.zoo.transformer import make_realistic_bert
 

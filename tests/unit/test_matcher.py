@@ -349,7 +349,7 @@ def test_index_offers_a_node_only_patterns_whose_anchor_can_match_it():
 
 
 def test_graph_matcher_is_reexported():
-    from qplug_core import subgraph_matcher
+    from qplug_core.ir import subgraph_matcher
 
     assert SubgraphMatcher is subgraph_matcher.SubgraphMatcher
     assert InternalMatch is subgraph_matcher.InternalMatch

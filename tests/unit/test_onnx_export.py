@@ -14,7 +14,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 import qplug_core as qp
-from qplug_core.cli import app
+from qplug_core.cli.app import app
 from qplug_core.errors import ExportError
 from qplug_core.onnx_export import reference_form
 from qplug_core.testing import all_plugins_loaded, one_thread

@@ -45,7 +45,7 @@ def test_the_plugin_is_registered_by_the_core_distribution():
     # one for entry_points(), but pytest loads plugins from all of them)
     found = {ep.value for dist in importlib.metadata.distributions() if dist.name == "qplug-core"
              for ep in dist.entry_points if ep.group == "pytest11" and ep.name == "qplug"}
-    assert found == {"qplug_core.pytest_plugin"}
+    assert found == {"qplug_core.testing.pytest_plugin"}
 
 
 @pytest.mark.parametrize("require_all, summary", [(False, "1 passed, 3 skipped"),

@@ -14,7 +14,7 @@ from rich.console import Console
 from torch import nn
 
 from qplug_core.errors import ConfigError
-from qplug_core.report import ComparisonReport, compare, sqnr
+from qplug_core.analysis.compare import ComparisonReport, compare, sqnr
 from qplug_core.zoo import example_inputs, get_model
 from qplug_core.zoo.resnet import BasicBlock
 

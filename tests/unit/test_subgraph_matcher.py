@@ -7,7 +7,7 @@ import torch
 from torch import fx
 
 from qplug_core.errors import PatternError, TraceError
-from qplug_core.subgraph_matcher import (
+from qplug_core.ir.subgraph_matcher import (
     InternalMatch,
     SubgraphMatcher,
     aten_graph_of,

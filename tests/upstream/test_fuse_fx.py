@@ -20,7 +20,7 @@ from torch import nn
 
 import qplug_core as qp
 import qplug_core.nn.intrinsic as nni
-from qplug_core.backend import Backend, BackendSpec
+from qplug_core.registry.backends import Backend, BackendSpec
 from qplug_core.config import BackendConfig, BackendPatternConfig
 from upstream_testkit import (
     ConvBnAddReluModel,

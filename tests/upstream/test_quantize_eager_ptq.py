@@ -278,7 +278,7 @@ def test_quantized_embedding():
     qplug's eager mode quantizes modules whose outputs it observes; weight-only embeddings are
     quantized in graph mode (documented difference), so the port runs the same model through
     qp.prepare_fx / qp.convert_fx with the same qconfig."""
-    from qplug_core.qconfig_defaults import embedding_qconfig
+    from qplug_core.config.defaults import embedding_qconfig
     model = EmbeddingModule().eval()
     indices = torch.tensor([9, 6, 5, 7, 8, 8, 9, 2, 8, 6, 6, 9, 1, 6, 8, 8, 3, 2, 3, 6, 3, 6, 5, 7,
                             0, 8, 4, 6, 5, 8, 2, 3])

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.algorithms.target import TARGET_KEY
 from qplug_core.errors import ConfigValidationError
+from qplug_core.flows.tags import TARGET
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -66,7 +66,7 @@ def test_target_keeps_exactly_the_sensitive_layer_float():
     model = _OutlierInput().eval()
     qmodel = qp.quantize(model, data[0], data, backend="reference",
                          target=qp.Target(sqnr=25, fallback="float", group="layer"))
-    result = qmodel.meta[TARGET_KEY]
+    result = qmodel.meta[TARGET]
     assert result.met and result.float_layers == ["fc1"]
     assert result.all_int8.sqnr_db < 25 <= result.final.sqnr_db
     assert "alone out of int8" in result.decisions[0].reason
@@ -81,7 +81,7 @@ def test_dynamic_fallback_keeps_int8_weights_with_a_float_output():
     data = _data()
     qmodel = qp.quantize(_OutlierOutput().eval(), data[0], data, backend="reference",
                          target=qp.Target(cosine=0.999, group="layer"))
-    result = qmodel.meta[TARGET_KEY]
+    result = qmodel.meta[TARGET]
     assert result.met and result.float_layers == ["fc2"] and result.decisions[0].fallback == "dynamic"
     assert result.all_int8.cosine_mean < 0.999 <= result.final.cosine_mean
     assert "fc2" in qp.quantization_report(qmodel).quantized  # still int8 weights, run dynamically
@@ -96,7 +96,7 @@ def test_user_metric_and_an_unreachable_target_warns():
     with pytest.warns(UserWarning, match="accuracy target not met"):
         qmodel = qp.quantize(_OutlierInput().eval(), data[0], data, backend="reference",
                              target=qp.Target(metric=max_error, minimum=0.0, group="layer"))
-    result = qmodel.meta[TARGET_KEY]
+    result = qmodel.meta[TARGET]
     assert not result.met and result.final.metric < 0
 
 
@@ -120,7 +120,7 @@ class _SharedInput(nn.Module):
 
 
 def test_a_dynamic_linear_beside_a_static_one_on_the_same_input_lowers(plugin_autoload):
-    from qplug_core.qconfig_defaults import dynamic_qconfig
+    from qplug_core.config.defaults import dynamic_qconfig
 
     data = _data()
     model = _SharedInput().eval()
@@ -186,6 +186,6 @@ def test_an_unreachable_target_never_takes_out_a_layer_that_buys_nothing():
     with pytest.warns(UserWarning, match="not met"):
         qmodel = qp.quantize(_WithSideOutput().eval(), data[0], data, backend="reference",
                              target=qp.Target(sqnr=200, fallback="float", group="layer"))
-    result = qmodel.meta[TARGET_KEY]
+    result = qmodel.meta[TARGET]
     assert not result.met and "fc1" in result.float_layers
     assert "side" not in result.float_layers

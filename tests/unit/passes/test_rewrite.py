@@ -10,7 +10,7 @@ from torch import fx, nn
 from qplug_core.errors import GraphError
 from qplug_core.ir import capture_aten
 from qplug_core.passes import replace_pattern
-from qplug_core.subgraph_matcher import aten_graph_of
+from qplug_core.ir.subgraph_matcher import aten_graph_of
 
 import pytest
 

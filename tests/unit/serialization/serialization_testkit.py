@@ -10,7 +10,8 @@ from torch import fx, nn
 import qplug_core as qp
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import quantize as quantize_values
-from qplug_core.serialization import ARTIFACT_KEY, capture_artifact, load, save
+from qplug_core.serialization import capture_artifact, load, save
+from qplug_core.flows.tags import ARTIFACT
 
 
 class ResidualNet(nn.Module):
@@ -103,5 +104,5 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 
 def round_trip(gm: fx.GraphModule, directory: Path) -> fx.GraphModule:
     """Capture any reference-form GraphModule, save it and load it back (no lowering)."""
-    gm.meta[ARTIFACT_KEY] = capture_artifact(gm)
+    gm.meta[ARTIFACT] = capture_artifact(gm)
     return load(save(gm, directory / "model.safetensors"))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import qplug_core as qp
-from qplug_core import plugins
+from qplug_core.registry import plugins
 from qplug_core.serialization import load, save
 from qplug_core.testing import cases_for
 from serialization_testkit import bits

@@ -12,7 +12,8 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.errors import SerializationError
-from qplug_core.serialization import ARTIFACT_KEY, load, save
+from qplug_core.serialization import artifact_of, load, save
+from qplug_core.flows.tags import ARTIFACT
 from serialization_testkit import (
     MLP, EmbeddingBagOfWords, ResidualNet, assert_bitwise_equal, batches, bits, int8_state, quantize,
 )
@@ -122,7 +123,7 @@ def test_unsaveable_model_still_converts_and_save_says_why(tmp_path):
     qp.calibrate(observed, data, progress=False)
     converted = qp.convert_to_reference_fx(observed)
 
-    assert isinstance(converted.meta[ARTIFACT_KEY], str)
+    assert isinstance(artifact_of(converted), str)
     assert converted(*data[0]).shape == (2, 4)
     with pytest.raises(SerializationError, match="Opaque"):
         save(converted, tmp_path / "m.safetensors")
@@ -140,7 +141,7 @@ def test_lowered_round_trip_is_bit_identical(backend, plugin_autoload, tmp_path)
     loaded = load(save(model, tmp_path / f"{backend}.safetensors"))
 
     assert_same_outputs(model, loaded, batches(IMAGES, seed=1))
-    assert_bitwise_equal(model.meta[ARTIFACT_KEY].tensors, loaded.meta[ARTIFACT_KEY].tensors)
+    assert_bitwise_equal(artifact_of(model).tensors, artifact_of(loaded).tensors)
     assert loaded.code == model.code
     original_report, loaded_report = qp.quantization_report(model), qp.quantization_report(loaded)
     assert loaded_report.backend == backend
@@ -155,7 +156,7 @@ def test_load_can_pick_another_backend(plugin_autoload, tmp_path):
 
     assert qp.quantization_report(reference).backend == "reference"
     assert not qp.quantization_report(reference).kernels
-    assert reference.meta[ARTIFACT_KEY].backend == "reference"
+    assert reference.meta[ARTIFACT].backend == "reference"
     lowered = load(path)
     output_dequantize = reference.get_submodule(next(reversed(reference.graph.nodes)).args[0].target)
     x = batches(IMAGES, seed=2)[0][0]

@@ -1,0 +1,130 @@
+"""``qplug quantize MODULE:FACTORY``: quantize a user's model from the shell and save it.
+
+The model comes from a factory function (importable from the current directory) rather than a
+pickled file, so nothing is unpickled; calibration data is read from .safetensors or .npy. Models
+with several inputs, or integer ones (token ids, masks), take one ``--example-shape`` and
+``--example-dtype`` per input and a .safetensors file keyed ``NAME/INDEX``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from qplug_core.registry.isolation import stdout_to_stderr
+
+
+class Mode(str, Enum):
+    static = "static"
+    dynamic = "dynamic"
+    qat_convert = "qat-convert"
+
+
+class Capture(str, Enum):
+    auto = "auto"
+    symbolic = "symbolic"
+    export = "export"
+
+
+#: options shared by the commands that build example inputs (quantize, bench)
+EXAMPLE_SHAPES = typer.Option(..., "--example-shape",
+                              help="Shape of one input, batch first, e.g. 1,3,224,224; repeat it "
+                                   "once per positional input of forward.")
+EXAMPLE_DTYPES = typer.Option([], "--example-dtype",
+                              help="dtype of each input (float32, int64, ...): once for all "
+                                   "inputs, or once per --example-shape. Default float32.")
+
+
+def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, backend: Any,
+                   mode: Mode, capture: Capture = Capture.auto) -> Any:
+    """The converted model for ``mode``; ``qat-convert`` expects a ``qp.prepare_qat_fx`` model."""
+    from torch import fx
+
+    import qplug_core as qp
+    from qplug_core.observers import distributed
+    from qplug_core.errors import ConfigError
+
+    if mode is Mode.qat_convert:
+        if not isinstance(model, fx.GraphModule):
+            raise ConfigError(f"--mode qat-convert needs the trained model qp.prepare_qat_fx returned; "
+                              f"the factory returned a plain {type(model).__name__}, which was not "
+                              "prepared by qplug (use --mode static for a float model)", field="--mode")
+        return qp.convert_fx(model.eval(), backend=backend)
+    if mode is Mode.dynamic:  # weights only ahead of time: no calibration data needed
+        mapping = qp.get_default_qconfig_mapping(backend, "dynamic")
+        return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=backend,
+                                           capture=capture.value), backend=backend)
+    # under torchrun each rank calibrates on its shard; the observers then agree across ranks
+    return qp.quantize(model, example, distributed.shard_by_rank(calibration), backend=backend,
+                       capture=capture.value)
+
+
+def quantize(
+    model_spec: str = typer.Argument(..., metavar="MODULE:FACTORY",
+                                     help="A function returning the float nn.Module."),
+    example_shapes: list[str] = EXAMPLE_SHAPES,
+    example_dtypes: list[str] = EXAMPLE_DTYPES,
+    out: Path = typer.Option(..., "--out", help="Where to write the int8 model (.safetensors)."),
+    calibration: Path = typer.Option(None, "--calibration",
+                                     help=".safetensors (one tensor per batch, or NAME/INDEX keys "
+                                          "for several inputs) or .npy file (one batch)."),
+    evaluation: Path = typer.Option(None, "--eval",
+                                    help="Held-out inputs (same format as --calibration) to measure "
+                                         "accuracy on; default: the calibration batches."),
+    backend: str = typer.Option(None, "--backend", help="Backend (default: the best one here)."),
+    mode: Mode = typer.Option(Mode.static, "--mode", help="static, dynamic, or qat-convert (the "
+                                                          "factory returns a trained QAT model)."),
+    capture: Capture = typer.Option(Capture.auto, "--capture",
+                                    help="auto (symbolic tracing when the model traces, else "
+                                         "torch.export), symbolic, or export."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
+) -> None:
+    """Quantize MODULE:FACTORY's model, save it with qp.save, print the report and its accuracy."""
+    import qplug_core as qp
+    from qplug_core.observers import distributed
+    from qplug_core.cli._accuracy import accuracy_document
+    from qplug_core.cli._inputs import (
+        forward_input_names,
+        input_specs,
+        load_batches,
+        load_factory_model,
+        random_calibration,
+    )
+    from qplug_core.cli._report import print_report
+    from qplug_core.flows.steps import resolve_backend
+
+    specs = input_specs(example_shapes, example_dtypes)
+    with stdout_to_stderr():  # stdout is for the report: what the user's code prints goes to stderr
+        model = load_factory_model(model_spec)
+        names = forward_input_names(model, len(specs))
+        example = tuple(spec.example() for spec in specs)
+        chosen = resolve_backend(backend).require_available()
+        batches = (load_batches(calibration, specs, names) if calibration
+                   else None if mode is not Mode.static else random_calibration(specs))
+        with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
+            qmodel = quantize_model(model, example, batches, chosen, mode, capture)
+            saving = distributed.is_rank_zero()
+        if not saving:  # rank 0 saves and reports for all
+            return
+        path = qp.save(qmodel, out)
+    report = qp.quantization_report(qmodel)
+    facts: dict[str, Any] = {"model": model_spec, "mode": mode.value, "backend": report.backend,
+                             "capture": report.capture, "out": str(path),
+                             "size_bytes": path.stat().st_size}
+    if mode is not Mode.qat_convert:  # a QAT factory returns no float original to compare with
+        held_out = load_batches(evaluation, specs, names, what="--eval") if evaluation else None
+        with stdout_to_stderr():  # the comparison runs the user's model again
+            facts["accuracy"] = accuracy_document(
+                model, qmodel, held_out or batches or [example], backend=chosen,
+                evaluated_on=(f"--eval {evaluation}" if evaluation else
+                              f"the calibration set {calibration} (not held out)" if calibration
+                              else "random inputs (pass --eval FILE for a real figure)"),
+                fuse=mode is Mode.static)
+    print_report(report, facts, as_json)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("quantize")(quantize)

@@ -1,0 +1,105 @@
+"""``qplug report PATH``: what a saved int8 model contains, what it was made with, and (given the
+float model and inputs) how close it answers to float.
+
+``--sensitivity MODULE:FACTORY --example-shape ...`` also ranks the float model's layers by the
+output error each causes when int8, on the saved model's backend (see ``qp.sensitivity``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from qplug_core.cli.quantize import EXAMPLE_DTYPES
+
+
+def report(
+    path: Path = typer.Argument(..., help="A model written by qp.save / qplug quantize."),
+    float_spec: str = typer.Option(None, "--float", metavar="MODULE:FACTORY",
+                                   help="The float model it was made from, to measure accuracy."),
+    evaluation: Path = typer.Option(None, "--eval",
+                                    help="Inputs to measure accuracy on (.safetensors or .npy, as "
+                                         "for qplug quantize --calibration); needs --float."),
+    sensitivity_of: str = typer.Option(
+        None, "--sensitivity", metavar="MODULE:FACTORY",
+        help="Also rank this float model's layers by the output error each causes when int8."),
+    example_shapes: list[str] = typer.Option([], "--example-shape",
+                                             help="Input shape(s) for --sensitivity, as for "
+                                                  "qplug quantize."),
+    example_dtypes: list[str] = EXAMPLE_DTYPES,
+    calibration: Path = typer.Option(None, "--calibration",
+                                     help="Calibration batches for --sensitivity (.safetensors/.npy)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
+) -> None:
+    """Show a saved model's backend, versions, int8 regions, kernels, float ops and size."""
+    import qplug_core as qp
+    from qplug_core.cli._common import emit_json
+    from qplug_core.cli._report import print_report
+    from qplug_core.cli._table import show
+    from qplug_core.errors import ConfigError
+    from qplug_core.serialization.files import read_artifact_file
+
+    if (float_spec is None) != (evaluation is None):
+        raise ConfigError("--float and --eval go together: the float model and the inputs to "
+                          "compare it with the int8 model on", field="--float" if float_spec is None
+                          else "--eval")
+    if sensitivity_of is not None and not example_shapes:
+        raise ConfigError("--sensitivity needs --example-shape", field="--example-shape")
+    qmodel = qp.load(path)
+    document = json.loads(read_artifact_file(path)[0])  # what it was saved with, not what runs now
+    facts = {
+        "path": str(path), "size_bytes": path.stat().st_size, "backend": document["backend"],
+        "saved_with": {**document["versions"],
+                       **{p["dist"] or p["name"]: p["version"] for p in document["plugins"]}},
+    }
+    if float_spec is not None and evaluation is not None:
+        facts["accuracy"] = _accuracy(qmodel, float_spec, evaluation, document["backend"])
+    ranking = None
+    if sensitivity_of is not None:
+        ranking = _sensitivity(sensitivity_of, example_shapes, example_dtypes, calibration,
+                               document["backend"])
+    if as_json and ranking is not None:
+        emit_json({**facts, "report": qp.quantization_report(qmodel).to_dict(),
+                   "sensitivity": ranking.to_dict()})
+        return
+    print_report(qp.quantization_report(qmodel), facts, as_json)
+    if ranking is not None:
+        show(ranking)
+
+
+def _accuracy(qmodel, float_spec: str, evaluation: Path, backend: str) -> dict:
+    import qplug_core as qp
+    from qplug_core.cli._accuracy import accuracy_document
+    from qplug_core.cli._inputs import forward_input_names, input_count, load_batches
+    from qplug_core.cli._inputs import load_factory_model
+
+    model = load_factory_model(float_spec)
+    names = forward_input_names(model, input_count(evaluation))
+    return accuracy_document(model, qmodel, load_batches(evaluation, None, names, what="--eval"),
+                             backend=backend, evaluated_on=f"--eval {evaluation}",
+                             fuse=qp.quantization_report(qmodel).mode != "dynamic")
+
+
+def _sensitivity(model_spec: str, shapes: list[str], dtypes: list[str], calibration: Path | None,
+                 backend: str):
+    import qplug_core as qp
+    from qplug_core.cli._inputs import (
+        forward_input_names,
+        input_specs,
+        load_batches,
+        load_factory_model,
+        random_calibration,
+    )
+
+    specs = input_specs(shapes, dtypes)
+    model = load_factory_model(model_spec)
+    batches = (load_batches(calibration, specs, forward_input_names(model, len(specs)))
+               if calibration else random_calibration(specs))
+    example = tuple(spec.example() for spec in specs)
+    return qp.sensitivity(model, example, batches, backend=backend)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)

@@ -1,0 +1,131 @@
+"""Which level of the same IR a model is quantized at: symbolic tracing or torch.export.
+
+``capture="auto"`` traces symbolically when the whole model traces, otherwise exports it with
+``torch.export`` and raises the ATen graph to the pattern set's level (:mod:`.raise_aten`); when
+both fail, the submodules that stop tracing stay opaque and the report names them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from torch.fx import GraphModule
+
+from qplug_core.errors import ConfigValidationError, TraceError
+from qplug_core.flows.raise_aten import is_aten_graph, raise_aten_graph
+from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED
+from qplug_core.ir.capture import capture_module, export_module, first_line
+
+__all__ = ["CAPTURE_LEVELS", "capture_for_quantization"]
+
+#: the values of ``capture=`` every graph-mode flow accepts
+CAPTURE_LEVELS = ("auto", "symbolic", "export")
+_MAX_OPAQUE_MODULES = 16
+
+
+def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] | None, *,
+                             level: str = "auto", leaf_modules: Sequence[type[nn.Module]] = (),
+                             non_traceable_module_names: Sequence[str] = (),
+                             non_traceable_module_classes: Sequence[type[nn.Module]] = (),
+                             ) -> GraphModule:
+    """The GraphModule the flows quantize, at the pattern set's level whatever the capture.
+
+    ``level="auto"`` traces symbolically when the whole model traces, else exports it with
+    ``torch.export`` and raises the ATen graph (:mod:`qplug_core.flows.raise_aten`); when both fail,
+    the submodules that stop symbolic tracing stay opaque and are listed in
+    ``meta[CAPTURE_SKIPPED]`` (the report names them). An ``ExportedProgram`` or its
+    ``.module()`` is accepted as is. ``meta[CAPTURE]`` says which level was used.
+    """
+    if level not in CAPTURE_LEVELS:
+        raise ConfigValidationError(f"capture must be one of {CAPTURE_LEVELS}, got {level!r}",
+                                    field="capture", value=level)
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()
+    if is_aten_graph(model):
+        return _tagged(raise_aten_graph(model).graph_module, "export")
+    if isinstance(model, GraphModule):
+        return _tagged(model, "symbolic")
+    trace = {"leaf_modules": leaf_modules, "non_traceable_module_names": non_traceable_module_names,
+             "non_traceable_module_classes": non_traceable_module_classes}
+    if level == "symbolic":
+        return _tagged(capture_module(model, **trace), "symbolic")
+    if level == "export":
+        return _tagged(_raised_export(model, _require_inputs(example_inputs, level)), "export")
+    try:
+        traced = capture_module(model, **trace)
+    except TraceError as symbolic_error:
+        if example_inputs is None:
+            raise TraceError(f"{symbolic_error} Or pass example_inputs so that qplug can capture the "
+                             "model with torch.export.", module=symbolic_error.module) from symbolic_error
+        try:
+            return _tagged(_raised_export(model, example_inputs), "export")
+        except TraceError as export_error:
+            return _partly_opaque(model, trace, symbolic_error, export_error)
+    if example_inputs is not None and _has_composite_leaves(traced):
+        try:  # their projections are only visible (and quantizable) in the exported graph
+            return _tagged(_raised_export(model, example_inputs), "export")
+        except TraceError:
+            pass
+    return _tagged(traced, "symbolic")
+
+
+#: torch.nn modules that symbolic tracing keeps as leaves although they hold linear projections
+_COMPOSITE_LEAVES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer,
+                     nn.TransformerEncoder, nn.TransformerDecoder, nn.Transformer)
+
+
+def _has_composite_leaves(gm: GraphModule) -> bool:
+    return any(node.op == "call_module" and isinstance(gm.get_submodule(node.target), _COMPOSITE_LEAVES)
+               for node in gm.graph.nodes)
+
+
+def _tagged(gm: GraphModule, level: str) -> GraphModule:
+    gm.meta.setdefault(CAPTURE, level)
+    gm.meta.setdefault(CAPTURE_SKIPPED, [])
+    return gm
+
+
+def _require_inputs(example_inputs: tuple[Any, ...] | None, level: str) -> tuple[Any, ...]:
+    if example_inputs is None:
+        raise ConfigValidationError(f"capture={level!r} runs torch.export, which needs "
+                                    "example_inputs (a tuple of positional inputs)",
+                                    field="example_inputs")
+    return example_inputs
+
+
+def _raised_export(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphModule:
+    from qplug_core.flows.raise_aten import raise_aten_graph
+
+    try:
+        gm = export_module(model, example_inputs)
+    except Exception as e:
+        raise TraceError(f"torch.export could not capture {type(model).__name__}: "
+                         f"{type(e).__name__}: {first_line(e)}") from e
+    return raise_aten_graph(gm, model).graph_module
+
+
+def _partly_opaque(model: nn.Module, trace: dict, symbolic_error: TraceError,
+                   export_error: TraceError) -> GraphModule:
+    """Symbolic capture with each submodule that stops tracing kept opaque (float), recorded."""
+    names = list(trace["non_traceable_module_names"])
+    skipped: list[tuple[str, str, str]] = []
+    error = symbolic_error
+    while error.module and len(skipped) < _MAX_OPAQUE_MODULES:
+        module_type = type(model.get_submodule(error.module)).__name__
+        reason = (f"capture failed: symbolic tracing: {first_line(error.__cause__ or error)}; "
+                  f"{export_error}")
+        skipped.append((error.module, module_type, reason))
+        names.append(error.module)
+        try:
+            gm = capture_module(model, **{**trace, "non_traceable_module_names": names})
+        except TraceError as again:
+            error = again
+            continue
+        gm.meta[CAPTURE] = "symbolic"
+        gm.meta[CAPTURE_SKIPPED] = skipped
+        return gm
+    raise TraceError(f"neither symbolic tracing nor torch.export can capture "
+                     f"{type(model).__name__}: {error}; {export_error}",
+                     module=error.module) from export_error

@@ -1,0 +1,141 @@
+"""Misuse of the flows caught up front, with qplug's errors instead of a crash deep inside.
+
+Each check answers one question the flows would otherwise answer with an ``AttributeError``,
+``TypeError`` or a silently wrong model: is this a model at all, is it still float, is it float32,
+is this calibration data, has this model got observers, did its last calibration finish, do the
+module names in the mapping exist. The flows call them with one line each.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+from typing import Any
+
+import torch
+from torch import nn
+
+from qplug_core.errors import (
+    CalibrationError,
+    ConfigValidationError,
+    ModelStateError,
+    did_you_mean,
+    warn_user,
+)
+from qplug_core.flows.tags import CALIBRATION_FAILED, REPORT, STATE
+from qplug_core.kernels._common import KernelModule
+from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize
+from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.fake_quantize import FakeQuantizeBase
+
+
+def check_model(model: Any) -> nn.Module:
+    """``model`` must be an ``nn.Module`` (not ``None``, a string, a function or a class)."""
+    if isinstance(model, nn.Module):
+        return model
+    if isinstance(model, type) and issubclass(model, nn.Module):
+        hint = f"got the class {model.__name__}; pass an instance: {model.__name__}(...)"
+    elif callable(model):
+        hint = (f"got the function {getattr(model, '__name__', model)!r}; wrap the computation in "
+                "an nn.Module (or call your factory and pass the model it returns)")
+    else:
+        hint = f"got {model!r} ({type(model).__name__})"
+    raise ConfigValidationError(f"model must be a torch.nn.Module: {hint}", field="model",
+                                value=type(model).__name__)
+
+
+_OBSERVERS = (ObserverBase, FakeQuantizeBase)
+_QUANTIZED = (Quantize, Dequantize, DynamicQuantize, KernelModule)
+
+
+def _modules_of(model: nn.Module, classes: tuple[type, ...]) -> list[str]:
+    return [name or "<model>" for name, module in model.named_modules() if isinstance(module, classes)]
+
+
+def check_preparable(model: Any) -> Any:
+    """A float model (or an ExportedProgram of one): not already observed (prepared) or
+    quantized (converted) by qplug."""
+    if isinstance(model, torch.export.ExportedProgram):
+        return model  # a program holds no qplug state: its .module() is checked at prepare
+    check_model(model)
+    meta = getattr(model, "meta", None) or {}
+    quantized = _modules_of(model, _QUANTIZED)
+    if quantized or REPORT in meta:
+        raise ModelStateError(
+            f"this model is already quantized (it holds {_listed(quantized) or 'a qplug report'}); "
+            "quantize the original float model instead")
+    if STATE in meta:  # (a float model may hold fake-quant modules: QAT modules to convert)
+        raise ModelStateError(
+            f"this model is already prepared (it holds observers: {_listed(_modules_of(model, _OBSERVERS))}); "
+            "calibrate it with qp.calibrate and convert it with qp.convert_fx, or prepare the "
+            "original float model")
+    return model
+
+
+def _listed(names: list[str]) -> str:
+    if not names:
+        return ""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def check_float32(model: nn.Module) -> None:
+    """The int8 kernels and the reference form compute in float32: say so at prepare, not at the
+    first call (where quantize_per_tensor or a float32 bias meets a float16 tensor)."""
+    for kind, tensors in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+        for name, tensor in tensors:
+            if tensor.is_floating_point() and tensor.dtype != torch.float32:
+                dtype = str(tensor.dtype).removeprefix("torch.")
+                raise ModelStateError(
+                    f"the model's {kind} {name!r} is {dtype}; qplug quantizes float32 models: "
+                    f"quantize model.float() and calibrate with float32 inputs (the int8 model "
+                    f"takes float32 inputs)")
+
+
+def check_calibration_data(data: Any) -> None:
+    """Calibration data is a tensor or an iterable of batches (a list, a DataLoader)."""
+    if isinstance(data, torch.Tensor):
+        return
+    if isinstance(data, (str, bytes)) or not isinstance(data, collections.abc.Iterable):
+        raise CalibrationError(
+            f"calibration_data must be an iterable of batches (a list of input tuples, a DataLoader) "
+            f"or a tensor, got {data!r} ({type(data).__name__})")
+
+
+def check_calibratable(model: Any, data: Any) -> None:
+    """``qp.calibrate`` needs a prepared model: a float one would run and change nothing."""
+    check_model(model)
+    check_calibration_data(data)
+    prepared = STATE in (getattr(model, "meta", None) or {})  # may hold none: all ops float
+    if not prepared and not _modules_of(model, _OBSERVERS):
+        raise ModelStateError(
+            f"this {type(model).__name__} has no observers, so calibrating it records nothing; "
+            "prepare it first with qp.prepare_fx (or qp.eager.prepare) and calibrate what that "
+            "returns")
+
+
+def mark_calibration_failed(model: nn.Module, error: BaseException) -> None:
+    """Remember that a calibration batch raised: some observers may have seen part of it."""
+    meta = getattr(model, "meta", None)
+    if isinstance(meta, dict):
+        meta[CALIBRATION_FAILED] = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+
+
+def check_calibration_finished(observed: nn.Module) -> None:
+    """Refuse to convert a model whose last calibration raised partway through a batch."""
+    failure = (getattr(observed, "meta", None) or {}).get(CALIBRATION_FAILED)
+    if failure:
+        raise CalibrationError(
+            f"a calibration of this model raised ({failure}); the observers before the failing "
+            "op already saw part of that batch, so the ranges are not trustworthy. Prepare the "
+            "float model again and calibrate it with batches that fit")
+
+
+def warn_unknown_module_names(mapping: Any, model: nn.Module) -> None:
+    """``set_module_name('fcc', ...)`` on a model without ``fcc`` would silently do nothing."""
+    names = [name for name, _ in model.named_modules() if name]
+    wanted = list(mapping.module_name_qconfigs)
+    wanted += [name for name, _, _ in mapping.module_name_object_type_order_qconfigs]
+    present = set(names)
+    for name in dict.fromkeys(wanted):
+        if name not in present:
+            warn_user(f"QConfigMapping names module {name!r}, which this {type(model).__name__} does "
+                      f"not have{did_you_mean(name, names)}; that setting is ignored")

@@ -1,0 +1,114 @@
+"""Clamp folding: ReLU6 / hardtanh / clamp after a conv or linear become its output range.
+
+A clamp right after a weighted op is realised by the saturation of the op's output quantization
+when the output range lies inside the clamp's bounds: for every x, ``quantize(clamp(x)) ==
+quantize(x)``. So prepare observes the *clamped* value as the weighted op's output (a finer scale
+than the unclamped range: ReLU6's [0, 6] instead of the conv's whole range), and convert removes the
+clamp node, leaving conv -> quantize in the int8 graph, for every backend: no separate clamp kernel
+(qnnpack's are wrong on channels_last tensors in torch 2.13), and ONNX Runtime fuses the group into
+QLinearConv. Where the quantized range is wider than the clamp (a backend narrowed ``quant_max``, as
+fbgemm does for the inputs of depthwise convs), convert keeps the clamp between two quantize ops
+with the same qparams instead, which is what running the clamp as a share-qparams op gives.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from qplug_core import qparams as Q
+from qplug_core.flows.tags import BOUNDARY, FOLDED_CLAMP
+
+
+_RELU6_FUNCTIONS = (F.relu6,)
+_HARDTANH_FUNCTIONS = (F.hardtanh, F.hardtanh_)
+_CLAMP_FUNCTIONS = (torch.clamp, torch.clip)
+_CLAMP_METHODS = ("clamp", "clip")
+
+
+def _number(value: object, default: float) -> float | None:
+    if value is None:
+        return default
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None  # a tensor bound: not a constant range
+
+
+def clamp_bounds(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[float, float] | None:
+    """``(low, high)`` of a clamp-like node with constant bounds, else ``None``."""
+    if node.op == "call_module":
+        module = modules.get(str(node.target))
+        if type(module) in (nn.ReLU6, nn.Hardtanh):
+            return float(module.min_val), float(module.max_val)
+        return None
+    args, kwargs = node.args[1:], node.kwargs
+    if node.op == "call_function" and node.target in _RELU6_FUNCTIONS:
+        return 0.0, 6.0
+    if node.op == "call_function" and node.target in _HARDTANH_FUNCTIONS:
+        names, defaults = ("min_val", "max_val"), (-1.0, 1.0)
+    elif (node.op == "call_function" and node.target in _CLAMP_FUNCTIONS) or (
+            node.op == "call_method" and node.target in _CLAMP_METHODS):
+        names, defaults = ("min", "max"), (-math.inf, math.inf)
+    else:
+        return None
+    values = [kwargs.get(name, args[i] if i < len(args) else None) for i, name in enumerate(names)]
+    low, high = (_number(v, d) for v, d in zip(values, defaults))
+    if low is None or high is None or not low <= high:
+        return None
+    return low, high
+
+
+def foldable_clamp(region, region_of: dict[fx.Node, object], modules: dict[str, nn.Module]
+                   ) -> fx.Node | None:
+    """The clamp node to fold into ``region``'s output, if the region is a static quantized
+    weighted op whose only user is a quantized clamp region reading it."""
+    if not (region.weighted and region.quantizes_output):
+        return None
+    users = list(region.anchor.users)
+    if len(users) != 1 or users[0].args[:1] != (region.anchor,):
+        return None
+    clamp = users[0]
+    clamp_region = region_of.get(clamp)
+    if clamp_region is None or not clamp_region.quantized or clamp_region.anchor is not clamp \
+            or len(clamp_region.match.nodes) != 1:
+        return None
+    return clamp if clamp_bounds(clamp, modules) is not None else None
+
+
+def _realised_by_saturation(qp: Q.QParams, low: float, high: float) -> bool:
+    """Whether quantizing to ``qp``'s full dtype range already clamps to [low, high]."""
+    if qp.axis is not None or qp.dtype not in Q.STORAGE_DTYPE:
+        return False
+    qmin, qmax = Q.quant_range(qp.dtype)
+    scale, zero_point = float(qp.scale), int(qp.zero_point)
+    tolerance = 0.49 * scale  # below half a step, rounding maps the bound and beyond alike
+    return (qmin - zero_point) * scale >= low - tolerance and (qmax - zero_point) * scale <= high + tolerance
+
+
+def fold_clamps(gm: fx.GraphModule, quantize_cls: type, dequantize_cls: type) -> None:
+    """After observers became quantize/dequantize: drop each folded clamp, or (when the range is
+    wider than the clamp) put a quantize/dequantize pair of the same qparams before it."""
+    for clamp in [n for n in gm.graph.nodes if FOLDED_CLAMP in n.meta]:
+        low, high = clamp.meta.pop(FOLDED_CLAMP)
+        users = list(clamp.users)
+        quantize = users[0] if len(users) == 1 and users[0].op == "call_module" else None
+        module = gm.get_submodule(quantize.target) if quantize is not None else None
+        if not isinstance(module, quantize_cls):
+            continue  # the observer was dropped (allow_uncalibrated): the clamp stays a float op
+        if _realised_by_saturation(module.qparams, low, high):
+            clamp.replace_all_uses_with(clamp.args[0])
+            gm.graph.erase_node(clamp)
+            continue
+        producer = clamp.args[0]
+        current = producer
+        with gm.graph.inserting_before(clamp):
+            for suffix, cls in (("quantize", quantize_cls), ("dequantize", dequantize_cls)):
+                name = f"{producer.name}_{suffix}_before_{clamp.name}"
+                gm.add_submodule(name, cls(module.qparams))
+                current = gm.graph.call_module(name, args=(current,))
+                current.meta.update({k: v for k, v in quantize.meta.items()})
+                current.meta[BOUNDARY] = True
+        clamp.replace_input_with(producer, current)

@@ -1,0 +1,170 @@
+"""Convert an observed model to the reference form: quantize -> dequantize -> float op -> quantize.
+
+Each observer becomes a ``Quantize``/``Dequantize`` pair holding the calibrated qparams (dynamic
+placeholders become ``DynamicQuantize``), each quantized weighted module becomes a
+``ReferenceWeighted`` module with its weight rounded to the int8 grid. The result runs anywhere and
+is the oracle every backend is compared with; lowering turns it into backend kernels.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from torch import fx, nn
+
+from qplug_core.errors import spelled
+from qplug_core.errors import ModelStateError, UncalibratedObserverError
+from qplug_core.flows.clamps import fold_clamps
+from qplug_core.flows.prepare import is_observer_module
+from qplug_core.flows.regions import QUANTIZED_DTYPES, weight_name_of
+from qplug_core.flows.tags import BOUNDARY, OBSERVER, ROOT, region_tag
+from qplug_core.kernels.reference import (
+    Dequantize,
+    DynamicQuantize,
+    Quantize,
+    ReferenceWeighted,
+    observed_weight_qparams,
+    rounded_copy,
+    weight_of,
+)
+from qplug_core.nn.fuser_methods import get_fuser_method
+from qplug_core.nn.intrinsic import FusedModule
+
+
+def check_calibrated(gm: fx.GraphModule) -> list[str]:
+    """Names of observers that never saw data (those that need data to give qparams)."""
+    missing = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and OBSERVER in node.meta:
+            observer = gm.get_submodule(node.target)
+            if _needs_data(observer) and not observer.has_data and observer.name not in missing:
+                missing.append(observer.name)
+    return missing
+
+
+def _needs_data(observer: nn.Module) -> bool:
+    return observer.dtype in QUANTIZED_DTYPES and not getattr(observer, "is_dynamic", False)
+
+
+def convert_graph(gm: fx.GraphModule, *, allow_uncalibrated: bool = False) -> None:
+    """Turn the observed ``gm`` into the reference form, in place."""
+    if gm.training and _has_qat_modules(gm):
+        raise ModelStateError(
+            "the QAT model is still in training mode; call model.eval() before converting so that "
+            "batch norm uses its running statistics and observers stop updating")
+    missing = check_calibrated(gm)
+    if missing and not allow_uncalibrated:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise UncalibratedObserverError(
+            f"{len(missing)} observer(s) never saw calibration data: {shown}. "
+            + spelled("Run calibration data through the prepared model (qp.calibrate) so every "
+                      "branch executes, or pass allow_uncalibrated=True to leave those "
+                      "activations in float.",
+                      "Give --calibration batches that make every branch of the model run."),
+            nodes=missing)
+    _convert_weighted_modules(gm)
+    _replace_observers(gm)
+    fold_clamps(gm, Quantize, Dequantize)
+    _delete_observer_modules(gm)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _has_qat_modules(gm: fx.GraphModule) -> bool:
+    return any(hasattr(m, "weight_fake_quant") for m in gm.modules())
+
+
+def _convert_weighted_modules(gm: fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        tag = region_tag(node)
+        if not (node.meta.get(ROOT) and tag is not None and tag.quantized):
+            continue
+        module = gm.get_submodule(node.target)
+        if isinstance(module, ReferenceWeighted):
+            continue
+        if isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
+            gm.set_submodule(node.target, _rounded_rnn(module, tag.qconfig))
+            continue
+        float_module, weight_qparams = _float_module_and_weight_qparams(module, tag)
+        if weight_qparams is None:
+            continue
+        weight_name = weight_name_of(float_module)
+        gm.set_submodule(node.target, ReferenceWeighted(float_module, weight_qparams, weight_name))
+
+
+def _float_module_and_weight_qparams(module: nn.Module, tag):
+    """The float module to run and its weight qparams (QAT modules supply their own fake-quant)."""
+    if hasattr(module, "weight_fake_quant"):
+        fake_quant = module.weight_fake_quant
+        return module.to_float(), fake_quant.qparams()
+    module = _fold_batch_norm(module)
+    weight_name = weight_name_of(module)
+    if weight_name is None or tag.qconfig is None or tag.qconfig.weight is None:
+        return module, None
+    return module, observed_weight_qparams(tag.qconfig, weight_of(module, weight_name))
+
+
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def _fold_batch_norm(module: nn.Module) -> nn.Module:
+    """A float fused module that still holds a BatchNorm (ConvBn2d, LinearBn1d...) folded as in
+    eval-mode fusion, so the weight is observed after folding, exactly as the kernel will run it."""
+    if not (isinstance(module, FusedModule)
+            and any(isinstance(child, _BATCH_NORMS) for child in module)):
+        return module
+    return get_fuser_method(tuple(type(child) for child in module))(False, *module)
+
+
+def _rounded_rnn(module: nn.Module, qconfig) -> nn.Module:
+    """An RNN whose weight matrices (each observed on its own) lie on the grid the dynamic kernels
+    will quantize them to."""
+    if qconfig is None or qconfig.weight is None:
+        return copy.deepcopy(module)
+    return rounded_copy(module, {name: observed_weight_qparams(qconfig, weight)
+                                 for name, weight in module.named_parameters()
+                                 if name.startswith("weight")})
+
+
+def _replace_observers(gm: fx.GraphModule) -> None:
+    graph = gm.graph
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_module" or OBSERVER not in node.meta:
+            continue
+        observer = gm.get_submodule(node.target)
+        if getattr(observer, "is_dynamic", False):
+            replacement = DynamicQuantize(observer.dtype, observer.quant_min or 0,
+                                          255 if observer.quant_max is None else observer.quant_max)
+            _replace_with_modules(gm, node, [(f"{node.target}_dynamic", replacement)])
+        elif observer.dtype not in QUANTIZED_DTYPES or not observer.has_data:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+        else:
+            qparams = observer.qparams()
+            source = node.args[0].name
+            _replace_with_modules(gm, node, [(f"{source}_quantize_{count}", Quantize(qparams)),
+                                             (f"{source}_dequantize_{count}", Dequantize(qparams))])
+            count += 1
+
+
+def _replace_with_modules(gm: fx.GraphModule, node: fx.Node, chain: list[tuple[str, nn.Module]]) -> None:
+    """Replace an observer node by a chain of new module calls on the same input."""
+    current = node.args[0]
+    with gm.graph.inserting_before(node):
+        for name, module in chain:
+            name = name.replace(".", "_")
+            gm.add_submodule(name, module)
+            current = gm.graph.call_module(name, args=(current,))
+            current.meta.update({k: v for k, v in node.meta.items() if k != OBSERVER})
+            current.meta[BOUNDARY] = True
+    node.replace_all_uses_with(current)
+    gm.graph.erase_node(node)
+
+
+def _delete_observer_modules(gm: fx.GraphModule) -> None:
+    for name, module in list(gm.named_children()):
+        if is_observer_module(module):
+            delattr(gm, name)
+

@@ -1,0 +1,115 @@
+"""Delegation: a backend whose runtime compiles whole subgraphs (ONNX Runtime, an NPU SDK).
+
+Instead of (or besides) per-op kernels, such a backend gives a
+:class:`~qplug_core.registry.contract.Delegate` through the
+``qplug_delegate`` hook: an ``OperatorSupportBase`` saying which nodes of the reference form it
+takes, and a ``compile`` function turning one partition (a GraphModule in reference form, plus
+example inputs) into one module. The core groups the supported nodes with
+``CapabilityBasedPartitioner``, keeps only partitions holding int8 work, fuses each into a
+submodule and swaps in the compiled module. Everything else stays in PyTorch, and the report lists
+the partitions and every node left outside with the reason.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from qplug_core.flows.report import describe_op
+from qplug_core.flows.tags import BOUNDARY, KERNEL, region_tag
+from qplug_core.partition import CapabilityBasedPartitioner
+from qplug_core.registry.contract import Delegate
+
+#: the prefix of the submodules holding compiled partitions (``delegate_0``, ...)
+PREFIX = "delegate_"
+_CALLS = ("call_module", "call_function", "call_method")
+
+
+@dataclass
+class PartitionRecord:
+    """One compiled partition: its submodule, size, int8 regions and what it runs on."""
+
+    name: str
+    nodes: int
+    int8_regions: int
+    module: str
+
+
+@dataclass
+class DelegationSummary:
+    partitions: list[PartitionRecord] = field(default_factory=list)
+    outside: dict[str, str] = field(default_factory=dict)  # node name -> why it stayed in PyTorch
+    lowered: dict[str, str] = field(default_factory=dict)  # int8 anchor -> partition
+    reference: dict[str, str] = field(default_factory=dict)  # int8 anchor left in reference form -> why
+
+
+def _int8_anchors(nodes) -> list[str]:
+    return [n.name for n in nodes if (tag := region_tag(n)) is not None and tag.is_anchor and tag.quantized]
+
+
+class _PartitionInputs(fx.Interpreter):
+    """Runs the graph once and keeps the inputs each delegate submodule is called with."""
+
+    def __init__(self, gm: fx.GraphModule, names: set[str]):
+        super().__init__(gm)
+        self.names = names
+        self.inputs: dict[str, tuple] = {}
+
+    def call_module(self, target, args, kwargs):
+        if target in self.names:
+            self.inputs[target] = tuple(args)
+        return super().call_module(target, args, kwargs)
+
+
+def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple,
+                   backend_name: str) -> DelegationSummary:
+    """Partition ``gm`` (reference form) for ``delegate`` and compile its int8 partitions, in place."""
+    summary = DelegationSummary()
+    submodules = dict(gm.named_modules())
+    for node in gm.graph.nodes:
+        if node.op in _CALLS and not delegate.operator_support.is_node_supported(submodules, node):
+            reason = delegate.operator_support.unsupported_reason(submodules, node)
+            summary.outside[node.name] = (f"backend {backend_name!r} does not take {describe_op(node, gm)}"
+                                          + (f": {reason}" if reason else ""))
+    partitioner = CapabilityBasedPartitioner(
+        gm, delegate.operator_support,
+        allows_single_node_partition=delegate.allows_single_node_partition)
+    partitions = []
+    for partition in partitioner.propose_partitions():
+        if _int8_anchors(partition.nodes):
+            partitions.append(partition)
+        else:
+            for node in partition.nodes:
+                if BOUNDARY not in node.meta:
+                    summary.outside[node.name] = "in a partition without int8 work: left in PyTorch"
+    members = {i: (list(p.nodes), _int8_anchors(p.nodes)) for i, p in enumerate(partitions)}
+    partitioner.fuse_partitions(partitions, prefix=PREFIX)
+    names = {f"{PREFIX}{i}" for i in members}
+    recorder = _PartitionInputs(gm, names)
+    with torch.no_grad():
+        recorder.run(*example_inputs)
+    for i, (nodes, anchors) in members.items():
+        name = f"{PREFIX}{i}"
+        partition_gm = gm.get_submodule(name)
+        try:
+            module = delegate.compile(partition_gm, recorder.inputs[name])
+        except Exception as exc:  # one partition failing must not fail the conversion
+            reason = f"compiling partition {name} failed ({type(exc).__name__}: {exc}); reference form kept"
+            warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=3)
+            summary.reference.update(dict.fromkeys(anchors, reason))
+            continue
+        gm.set_submodule(name, module)
+        summary.partitions.append(PartitionRecord(name, len(nodes), len(anchors), type(module).__name__))
+        summary.lowered.update(dict.fromkeys(anchors, name))
+    for name in _int8_anchors(n for n in gm.graph.nodes if n.name in summary.outside):
+        summary.reference[name] = summary.outside[name]
+    compiled = {p.name for p in summary.partitions}
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and node.target in compiled:
+            node.meta[KERNEL] = f"delegate:{backend_name}"
+    gm.graph.lint()
+    gm.recompile()
+    return summary

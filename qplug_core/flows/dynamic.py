@@ -1,0 +1,274 @@
+"""Dynamic quantization by module swapping: int8 (or float16) weights now, activations per call.
+
+No tracing is involved, so any model works: every ``nn.Linear``, ``nn.LSTM``, ``nn.GRU`` and RNN
+cell whose qconfig (from ``qconfig_spec``) is not None is replaced by the backend's dynamic kernel
+from its kernel table. The reference backend (no kernels) gets :class:`SimulatedDynamic`, which
+rounds the weights to their grid and quantizes inputs per batch with float ops.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrize import type_before_parametrizations
+
+from qplug_core.registry.backends import Backend, resolve_backend
+from qplug_core.config import QConfig, QConfigMapping
+from qplug_core.config.qconfig import remove_qconfig_attributes
+from qplug_core.errors import (
+    ConfigError,
+    ConfigValidationError,
+    ConstraintViolationError,
+    did_you_mean,
+)
+from qplug_core.flows.pipeline import as_input_tuple
+from qplug_core.flows.raise_aten import is_aten_graph
+from qplug_core.flows.regions import dtype_config_problems
+from qplug_core.kernels.base import KernelContext, TensorArg
+from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
+from qplug_core.kernels.reference import (
+    DynamicQuantize,
+    observed_weight_qparams,
+    rounded_copy,
+)
+from qplug_core.config.defaults import float16_dynamic_qconfig
+from qplug_core.qparams import QParams
+
+#: the module types dynamic quantization converts (torch.ao's default ``qconfig_spec``)
+DYNAMIC_TYPES: tuple[type[nn.Module], ...] = (
+    nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.RNNCell, nn.GRUCell)
+_DTYPES = (torch.qint8, torch.float16)
+
+
+class SimulatedDynamic(nn.Module):
+    """Reference dynamic module: weights rounded once (int8 grid or float16), inputs quantized per
+    call with per-batch min/max qparams (cells: the hidden state too, as the int8 cells do).
+
+    Inside ``nn.LSTM``/``nn.GRU`` the recurrent states stay float (the int8 kernels quantize them
+    at every step), so for those the simulation is close to the kernels but not exact.
+    """
+
+    def __init__(self, module: nn.Module, weight_qparams: dict[str, QParams],
+                 input_quantize: DynamicQuantize | None) -> None:
+        super().__init__()
+        self.module = rounded_copy(module, weight_qparams)
+        self.input_quantize = input_quantize
+
+    def forward(self, x: torch.Tensor, hx: Any = None) -> Any:
+        if self.input_quantize is None:
+            return self.module(x) if isinstance(self.module, nn.Linear) else self.module(x, hx)
+        x = self.input_quantize(x)
+        if isinstance(self.module, nn.GRUCell):
+            return self._gru_cell(x, hx)
+        if hx is not None and isinstance(self.module, nn.RNNCellBase):
+            hx = (self.input_quantize(hx[0]), hx[1]) if isinstance(hx, tuple) else self.input_quantize(hx)
+        return self.module(x) if isinstance(self.module, nn.Linear) else self.module(x, hx)
+
+    def _gru_cell(self, x: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
+        """nn.GRUCell's equations with only the matmul input quantized: the new state blends in
+        the *float* ``h``, as the int8 cell does (quantizing ``hx`` up front would not)."""
+        cell = self.module
+        if h is None:
+            h = torch.zeros(x.shape[0], cell.hidden_size, dtype=x.dtype)
+        gi = F.linear(x, cell.weight_ih, cell.bias_ih)
+        gh = F.linear(self.input_quantize(h), cell.weight_hh, cell.bias_hh)
+        (i_r, i_z, i_n), (h_r, h_z, h_n) = gi.chunk(3, 1), gh.chunk(3, 1)
+        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        return (1 - z) * n + z * h
+
+
+def _weight_names(module: nn.Module) -> list[str]:
+    if isinstance(module, nn.RNNBase):
+        return [n for n in module._flat_weights_names if n.startswith("weight")]
+    if isinstance(module, nn.RNNCellBase):
+        return ["weight_ih", "weight_hh"]
+    return ["weight"]
+
+
+def _check_supported(qconfig: QConfig, module_type: type, name: str, backend: Backend) -> None:
+    """ConstraintViolationError unless one of the backend's dynamic dtype configs fits."""
+    config = backend.config.pattern_to_config().get(module_type)
+    dynamic = [dc for dc in (config.dtype_configs if config else []) if dc.is_dynamic]
+    problems = [dtype_config_problems(qconfig, dc, True) for dc in dynamic]
+    if any(not p for p in problems):
+        return
+    offered = ", ".join(str(dc.weight_dtype) for dc in dynamic) or "none"
+    reason = "; ".join(problems[0]) if problems else "no dynamic dtype config"
+    raise ConstraintViolationError(
+        f"backend {backend.name!r} cannot quantize module {name!r} ({module_type.__name__}) "
+        f"dynamically with this qconfig: {reason}. Its dynamic weight dtypes for this op: "
+        f"{offered}; use one of them (or another backend, e.g. fbgemm for float16)", field=name)
+
+
+def is_transformers_conv1d(module: nn.Module) -> bool:
+    """transformers' ``pytorch_utils.Conv1D``: a linear whose weight is stored (in, out)."""
+    cls = type(module)
+    weight = getattr(module, "weight", None)
+    return (cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
+            and isinstance(weight, torch.Tensor) and weight.dim() == 2
+            and getattr(module, "nf", None) == weight.shape[1])
+
+
+def linear_from_conv1d(module: nn.Module) -> nn.Linear:
+    """The ``nn.Linear`` computing what a transformers ``Conv1D`` computes."""
+    weight = module.weight.detach()
+    bias = getattr(module, "bias", None)
+    linear = nn.Linear(weight.shape[0], weight.shape[1], bias=bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(weight.t())
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear
+
+
+def _captured(model: Any, capture: str | None, example_inputs: Any) -> nn.Module:
+    from qplug_core.flows.capture import capture_for_quantization
+
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()
+    elif isinstance(model, nn.Module):
+        model = copy.deepcopy(model)
+    inputs = None if example_inputs is None else as_input_tuple(example_inputs)
+    return capture_for_quantization(model, inputs, level=capture or "export")
+
+
+def _swap(module: nn.Module, qconfig: QConfig, backend: Backend) -> nn.Module:
+    activation = qconfig.activation()
+    weights = _weight_names(module)
+    if not backend.kernels:
+        act_quantized = activation.dtype in (torch.quint8, torch.qint8)
+        quantize = DynamicQuantize(activation.dtype, activation.quant_min,
+                                   activation.quant_max) if act_quantized else None
+        return SimulatedDynamic(module, {n: observed_weight_qparams(qconfig, getattr(module, n))
+                                         for n in weights}, quantize)
+    module_type = type_before_parametrizations(module)
+    spec = backend.kernels.get(module_type)
+    if spec is None or spec.build is None:
+        raise ConstraintViolationError(
+            f"backend {backend.name!r} has no dynamic kernel for {module_type.__name__}; leave it "
+            f"out of qconfig_spec or use backend='reference'", field=module_type.__name__)
+    input_qparams = QParams(torch.tensor(1.0), torch.tensor(0), activation.dtype,
+                            activation.quant_min or 0, activation.quant_max or 0, is_dynamic=True)
+    return spec.build(KernelContext(
+        pattern=module_type, module=module, target=None, args=(TensorArg(0),),
+        input_qparams=(input_qparams,), engine=backend.engine,
+        weight_qparams=observed_weight_qparams(qconfig, getattr(module, weights[0]))))
+
+
+def _default_qconfig(dtype: torch.dtype, backend: Backend) -> QConfig:
+    if dtype == torch.float16:
+        return float16_dynamic_qconfig()
+    return backend.default_qconfig_mapping("dynamic").qconfig_for_module("", nn.Linear)
+
+
+def _as_mapping(qconfig_spec: Any, dtype: torch.dtype, backend: Backend,
+                names: list[str]) -> QConfigMapping:
+    """``qconfig_spec`` (None, set, dict or QConfigMapping) as a QConfigMapping, keys checked."""
+    if isinstance(qconfig_spec, QConfigMapping):
+        mapping = qconfig_spec
+    elif qconfig_spec is None and dtype == torch.qint8:
+        mapping = backend.default_qconfig_mapping("dynamic")
+    else:
+        if qconfig_spec is None:
+            qconfig_spec = set(DYNAMIC_TYPES)
+        if isinstance(qconfig_spec, (set, frozenset, list, tuple)):
+            qconfig_spec = dict.fromkeys(qconfig_spec, _default_qconfig(dtype, backend))
+        if not isinstance(qconfig_spec, dict):
+            raise ConfigValidationError(
+                f"qconfig_spec must be None, a set of module types/names, a dict {{type or name: "
+                f"qconfig}} or a QConfigMapping, got {type(qconfig_spec).__name__}",
+                field="qconfig_spec", value=qconfig_spec)
+        mapping = QConfigMapping()
+        for key, qconfig in qconfig_spec.items():
+            if isinstance(key, type) and key not in DYNAMIC_TYPES:
+                supported = ", ".join(t.__name__ for t in DYNAMIC_TYPES)
+                raise ConfigError(f"qconfig_spec: {key.__name__} cannot be quantized dynamically; "
+                                  f"supported module types: {supported}", field="qconfig_spec",
+                                  value=key)
+            if isinstance(key, str):
+                mapping.set_module_name(key, qconfig)
+            else:
+                mapping.set_object_type(key, qconfig)
+    for name in mapping.module_name_qconfigs:
+        if name not in names:
+            raise ConfigError(f"qconfig_spec names module {name!r}, which the model does not have"
+                              f"{did_you_mean(name, names)}", field="qconfig_spec", value=name)
+    return mapping
+
+
+def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dtype = torch.qint8,
+                     *, backend: str | Backend | None = None, inplace: bool = False,
+                     capture: str | None = None, example_inputs: Any = None,
+                     per_token: bool = False) -> nn.Module:
+    """Copy of ``model`` (eval mode) with Linear/LSTM/GRU/RNN cells dynamically quantized.
+
+    ``qconfig_spec``: None (every supported type, the backend's default dynamic qconfig — per-channel
+    weights where its kernels allow — or float16 with ``dtype=torch.float16``), a set of module
+    types and/or dotted names, a dict ``{type or name: qconfig or None}``, or a QConfigMapping.
+    transformers' ``Conv1D`` (GPT-2's projections) counts as a Linear.
+
+    Modules are swapped in place of the originals, so no capture is needed (``capture=None``). An
+    ``ExportedProgram``, its ``.module()``, or ``capture="export"`` with ``example_inputs`` gives
+    the exported graph with its ATen linears raised to ``nn.Linear`` modules, which are swapped.
+
+    ``per_token=True`` gives every selected ``nn.Linear`` one activation scale per token and
+    symmetric per-channel weights (:class:`~qplug_core.kernels.per_token.PerTokenDynamicLinear`:
+    oneDNN's int8 linear on CPUs with VNNI, else ``torch._int_mm``; simulated in float on the
+    reference backend): the accurate choice for trained transformers. Recurrent layers keep the
+    backend's dynamic kernels.
+    """
+    if isinstance(model, torch.export.ExportedProgram) or capture is not None or is_aten_graph(model):
+        model = _captured(model, capture, example_inputs)
+        inplace = True
+    if not isinstance(model, nn.Module):
+        raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
+                                    field="model", value=type(model).__name__)
+    if dtype not in _DTYPES:
+        raise ConfigValidationError(f"dtype must be torch.qint8 or torch.float16, got {dtype}",
+                                    field="dtype", value=dtype)
+    if per_token and dtype != torch.qint8:
+        raise ConfigValidationError("per_token=True quantizes activations to int8; it cannot be "
+                                    f"combined with dtype={dtype}", field="per_token", value=dtype)
+    chosen = resolve_backend(backend).require_available()
+    if not chosen.kernels and chosen.delegate is not None:
+        raise ConfigError(
+            f"backend {chosen.name!r} compiles whole graphs, so it needs the model traced with "
+            "example inputs, which quantize_dynamic (module swapping) does not take: use "
+            f"qp.prepare_fx(model, qp.get_default_qconfig_mapping({chosen.name!r}, 'dynamic'), "
+            f"example_inputs, backend={chosen.name!r}) then qp.convert_fx", field="backend",
+            value=chosen.name)
+    named = dict(model.named_modules())
+    mapping = _as_mapping(qconfig_spec, dtype, chosen, [n for n in named if n])
+    swaps: list[tuple[str, nn.Module, QConfig]] = []
+    for name, module in named.items():
+        if is_transformers_conv1d(module):
+            module = linear_from_conv1d(module)
+        module_type = type_before_parametrizations(module)
+        qconfig = mapping.qconfig_for_module(name, module_type) if module_type in DYNAMIC_TYPES else None
+        if qconfig is not None:
+            _check_supported(qconfig, module_type, name, chosen)
+            swaps.append((name, module, qconfig))
+    for name, qconfig in mapping.module_name_qconfigs.items():
+        if qconfig is not None and not any(s == name or s.startswith(name + ".") for s, _, _ in swaps):
+            raise ConfigError(f"qconfig_spec names module {name!r}, but it holds nothing dynamic "
+                              f"quantization converts ({', '.join(t.__name__ for t in DYNAMIC_TYPES)})",
+                              field="qconfig_spec", value=name)
+    result = model if inplace else copy.deepcopy(model)
+    shared = SharedInput()  # q/k/v projections read one tensor: quantize it once
+    for name, module, qconfig in swaps:
+        if per_token and type_before_parametrizations(module) is nn.Linear:
+            replacement = PerTokenDynamicLinear.from_float(module, simulate=not chosen.kernels,
+                                                           shared=shared)
+        else:
+            replacement = _swap(module, qconfig, chosen)
+        if not name:
+            result = replacement
+            break
+        result.set_submodule(name, replacement)
+    remove_qconfig_attributes(result)
+    return result.eval()

@@ -1,0 +1,79 @@
+"""The last step of every conversion: lower the reference form to a backend and attach the report.
+
+Shared by ``convert_fx`` and ``qp.load`` (which rebuilds the reference form from a file), so it
+lives below both the flows and serialization, and above fx and delegation (a delegating backend
+compiles its partitions here, before per-op lowering).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from torch import fx
+
+from qplug_core.enums import Stage
+from qplug_core.flows.delegate import DelegationSummary, delegate_graph
+from qplug_core.flows.lower import LoweringSummary, lower_graph
+from qplug_core.kernels.base import pin_engine
+from qplug_core.flows.pipeline import plugin_passes, run_passes
+from qplug_core.flows.report import QuantizationReport, float_compute_nodes, report_names
+from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED, FUSIONS, REPORT, recorded_example_inputs, region_tag
+
+if TYPE_CHECKING:
+    from qplug_core.registry.backends import Backend
+
+
+def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
+                      lower: bool = True) -> QuantizationReport:
+    """Lower a reference-form model to ``backend`` (post_convert passes too) and attach its report.
+
+    Shared by convert_fx and qp.load, which rebuilds the reference form from a file.
+    """
+    regions = _quantized_regions(gm)
+    found: dict[str, LoweringSummary] = {}
+    delegated = DelegationSummary()
+    delegate = backend.delegate if lower else None
+
+    def delegate_partitions(graph_module: fx.GraphModule) -> None:
+        nonlocal delegated
+        delegated = delegate_graph(graph_module, delegate, recorded_example_inputs(graph_module),
+                                   backend.name)
+
+    def lower_to_kernels(graph_module: fx.GraphModule) -> None:
+        found["summary"] = lower_graph(graph_module, backend)
+
+    # a delegating backend compiles its partitions first; a backend without kernels (reference)
+    # runs the reference form itself: nothing to lower
+    lowering = [delegate_partitions] if delegate is not None else []
+    lowering += [lower_to_kernels] if lower and backend.kernels else []
+    run_passes(gm, [*lowering, *plugin_passes(backend, Stage.POST_CONVERT)])
+    summary = found.get("summary", LoweringSummary())
+    fallback = {**delegated.reference, **summary.reference}
+    opaque = {name: reason for name, _, reason in gm.meta.get(CAPTURE_SKIPPED, [])}
+    report = QuantizationReport(
+        backend=backend.name, mode=_mode_of(mode, regions.values()),
+        fusions=list(gm.meta.get(FUSIONS, [])),
+        quantized={name: pattern for name, (pattern, _) in regions.items()},
+        kernels={**{a: f"delegate:{p}" for a, p in delegated.lowered.items()}, **summary.lowered},
+        reference=fallback, skipped=float_compute_nodes(gm, fallback, opaque),
+        capture=gm.meta.get(CAPTURE, "symbolic"),
+        partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside))
+    gm.meta[REPORT] = report
+    if lowering:  # ops without packed weights dispatch on the global engine: pin the backend's
+        pin_engine(gm, backend.engine)
+    return report
+
+
+def _quantized_regions(gm: fx.GraphModule) -> dict[str, tuple[str, bool]]:
+    """anchor name (see report_names) -> (pattern name, is dynamic) for every int8 region."""
+    report_key = report_names(gm.graph)
+    return {report_key(node): (tag.pattern_name, tag.is_dynamic) for node in gm.graph.nodes
+            if (tag := region_tag(node)) is not None and tag.is_anchor and tag.quantized}
+
+
+def _mode_of(prepared_mode: str, regions) -> str:
+    dynamic = [is_dynamic for _, is_dynamic in regions]
+    if prepared_mode == "static" and dynamic and all(dynamic):
+        return "dynamic"
+    return prepared_mode

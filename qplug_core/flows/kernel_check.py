@@ -1,0 +1,127 @@
+"""The kernel contract, enforced at convert: each lowered kernel is run once and checked.
+
+A third-party kernel is code qplug cannot review. Before lowering puts one into the graph, it runs
+it on the inputs that its region saw when the reference form ran on the example inputs given to
+``prepare_fx`` (kept in ``GraphModule.meta``), and compares with the reference form's output:
+
+* same shape, a finite result, and the dtype the graph expects there (the backend's quantized
+  dtype after a quantized output, float otherwise);
+* within :data:`MAX_STEPS` quantization steps of the reference output on at least
+  ``1 - MAX_OUTLIER_FRACTION`` of the elements (a float output is measured in steps of an 8-bit
+  grid over the reference output's range). Real kernels differ from the reference by rounding
+  (at most 1 step on every model of the zoo, fbgemm and qnnpack).
+
+A kernel that breaks it is not used: its region keeps the reference form, with a warning naming
+the plugin, and the report says why. A model without recorded example inputs (``qp.load``) skips
+the check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from qplug_core.flows.tags import EXAMPLE_INPUTS
+
+#: a kernel output may differ from the reference by at most this many quantization steps ...
+MAX_STEPS = 2
+#: ... except on this fraction of its elements (measured on the zoo: real kernels are within 1 step)
+MAX_OUTLIER_FRACTION = 0.01
+
+
+def remember_example(gm: fx.GraphModule, example_inputs: tuple) -> None:
+    """Keep the example inputs of ``prepare_fx`` for the contract check at convert."""
+    gm.meta[EXAMPLE_INPUTS] = tuple(x.detach().clone() if isinstance(x, torch.Tensor) else x
+                                 for x in example_inputs)
+
+
+@dataclass
+class RegionProbe:
+    """What lowering will hand one kernel, noted before any region is lowered (lowering an earlier
+    region rewires the later ones' inputs to its kernel, which the reference run never saw)."""
+
+    reference_output: fx.Node
+    #: dequantize boundary -> the node producing its integers (as in the reference form)
+    sources: dict[fx.Node, fx.Node] = field(default_factory=dict)
+    #: the arguments of a float-input kernel, as in the reference form
+    call: tuple[tuple, dict] = ((), {})
+
+    def nodes(self) -> list[fx.Node]:
+        found: list[fx.Node] = [self.reference_output, *self.sources, *self.sources.values()]
+        fx.map_arg(self.call, found.append)
+        return found
+
+
+@dataclass
+class ContractRun:
+    """Values recorded by running the reference graph once on the example inputs."""
+
+    probes: dict[int, RegionProbe] = field(default_factory=dict)  # by region id
+    values: dict[fx.Node, Any] = field(default_factory=dict)
+    available: bool = False
+
+
+class ValueRecorder(fx.Interpreter):
+    """Runs a graph, keeping the values of the ``wanted`` nodes in ``values``."""
+
+    def __init__(self, gm: fx.GraphModule, wanted: set[fx.Node], values: dict[fx.Node, Any]) -> None:
+        super().__init__(gm)
+        self.wanted, self.values = wanted, values
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if n in self.wanted:
+            self.values[n] = result
+        return result
+
+
+def record(gm: fx.GraphModule, probes: dict[int, RegionProbe]) -> ContractRun:
+    """Run the reference form on the stored example inputs, keeping only the probed values."""
+    example = gm.meta.get(EXAMPLE_INPUTS)
+    run = ContractRun(probes)
+    if example is None or not probes:
+        return run
+    wanted = {n for p in probes.values() for n in p.nodes()}
+    try:
+        with torch.no_grad():
+            ValueRecorder(gm, wanted, run.values).run(*example)
+    except Exception:  # the example no longer fits (a plugin pass changed the graph): no check
+        return ContractRun(probes)
+    run.available = True
+    return run
+
+
+def _as_float(value: torch.Tensor) -> torch.Tensor:
+    return value.dequantize() if value.is_quantized else value
+
+
+def violation(kernel: nn.Module, args: tuple, kwargs: dict, reference: Any, expected_dtype: Any,
+              output_scale: float | None) -> str:
+    """Why ``kernel(*args, **kwargs)`` breaks the contract against ``reference`` ('' if it holds)."""
+    try:
+        with torch.no_grad():
+            out = kernel(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - a raising kernel is a broken kernel
+        return f"it raised {type(error).__name__}: {' '.join(str(error).split())[:160]}"
+    if not isinstance(out, torch.Tensor) or not isinstance(reference, torch.Tensor):
+        return "" if type(out) is type(reference) else \
+            f"it returned {type(out).__name__}, expected {type(reference).__name__}"
+    if out.shape != reference.shape:
+        return f"it returned shape {tuple(out.shape)}, expected {tuple(reference.shape)}"
+    if out.dtype != expected_dtype:
+        return f"it returned dtype {out.dtype}, expected {expected_dtype}"
+    actual, expected = _as_float(out).float(), _as_float(reference).float()
+    if not torch.isfinite(actual).all():
+        return f"it returned {int((~torch.isfinite(actual)).sum())} non-finite value(s)"
+    if expected.numel() == 0:
+        return ""
+    step = output_scale if output_scale else float(expected.max() - expected.min()) / 255 or 1.0
+    off = (actual - expected).abs() > MAX_STEPS * step + 1e-6
+    if off.float().mean() > MAX_OUTLIER_FRACTION:
+        worst = float((actual - expected).abs().max() / step)
+        return (f"{int(off.sum())} of {off.numel()} outputs differ from the reference by more than "
+                f"{MAX_STEPS} quantization steps (up to {worst:.1f})")
+    return ""

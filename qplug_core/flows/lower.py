@@ -1,0 +1,329 @@
+"""Lowering: replace reference regions (dequantize -> float op -> quantize) by backend kernels.
+
+For each quantized region whose pattern the backend has a kernel for, the kernel module takes the
+*quantized* inputs directly and produces the quantized output, so consecutive int8 ops pass
+quantized tensors to each other with no dequantize/quantize pair in between. Regions without a
+kernel keep the reference form. Finally the reference ``Quantize``/``Dequantize`` boundaries are
+swapped for the backend's own (which create the backend's quantized tensors).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from qplug_core.errors import ConstraintViolationError
+from qplug_core.flows import kernel_check as kernel_contract
+from qplug_core.flows.graph_utils import is_module_call
+from qplug_core.flows.report import report_names
+from qplug_core.flows.tags import KERNEL, REGION, ROOT, VALUE_KIND, region_tag
+from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
+from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
+from qplug_core.qparams import STORAGE_DTYPE, QParams
+
+#: keys of the backend kernel table for the boundary modules (besides patterns)
+QUANTIZE_KEY = "quantize"
+DEQUANTIZE_KEY = "dequantize"
+
+
+@dataclass
+class LoweringSummary:
+    """Which regions run on backend kernels, and which stayed in reference form and why."""
+
+    lowered: dict[str, str] = field(default_factory=dict)  # anchor node -> kernel op
+    reference: dict[str, str] = field(default_factory=dict)  # anchor node -> reason
+
+
+@dataclass
+class _RegionNodes:
+    members: list[fx.Node] = field(default_factory=list)
+    anchor: fx.Node | None = None
+
+
+def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
+    """Lower ``gm`` (reference form) to ``backend``'s kernels, in place."""
+    summary = LoweringSummary()
+    report_key = report_names(gm.graph)
+    regions = _quantized_regions(gm)
+    probes = {tag.region_id: _probe(gm, nodes, tag) for tag, nodes in regions
+              if (spec := backend.kernels.get(tag.pattern)) is not None and not spec.passthrough}
+    contract = kernel_contract.record(gm, probes)
+    for tag, nodes in regions:
+        spec = backend.kernels.get(tag.pattern)
+        name = report_key(nodes.anchor)
+        if spec is None:
+            summary.reference[name] = f"backend {backend.name!r} has no kernel for {tag.pattern_name}"
+            continue
+        problem = _self_test_problem(backend, spec)
+        if problem:
+            summary.reference[name] = problem
+            continue
+        problem = _why_not_lowered(gm, backend, spec, tag, nodes, contract)
+        if problem:
+            summary.reference[name] = problem
+        else:
+            summary.lowered[name] = spec.op
+    _swap_boundaries(gm, backend)
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.graph.lint()
+    gm.recompile()
+    return summary
+
+
+def _quantized_regions(gm: fx.GraphModule):
+    regions: dict[int, _RegionNodes] = defaultdict(_RegionNodes)
+    tags = {}
+    for node in gm.graph.nodes:
+        tag = region_tag(node)
+        if tag is None or not tag.quantized:
+            continue
+        regions[tag.region_id].members.append(node)
+        tags[tag.region_id] = tag
+        if tag.is_anchor:
+            regions[tag.region_id].anchor = node
+    return [(tags[i], r) for i, r in regions.items() if r.anchor is not None]
+
+
+_self_test_results: dict[tuple[str, str], str] = {}
+
+
+def _self_test_problem(backend, spec: KernelSpec) -> str:
+    """Run a kernel's self-test once per process; a failing kernel falls back with a warning."""
+    if spec.self_test is None:
+        return ""
+    key = (backend.name, spec.op)
+    if key not in _self_test_results:
+        try:
+            spec.self_test()
+            _self_test_results[key] = ""
+        except Exception as error:  # a broken kernel must not break conversion
+            _self_test_results[key] = f"kernel {spec.op} failed its self-test ({error}); using the reference form"
+            warnings.warn(f"qplug: backend {backend.name!r}: {_self_test_results[key]}", stacklevel=3)
+    return _self_test_results[key]
+
+
+def _region_io(gm: fx.GraphModule, nodes: _RegionNodes, tag
+               ) -> tuple[fx.Node, list[fx.Node], fx.Node | None]:
+    """The node a kernel replaces, its dequantize boundaries and the quantize of its output.
+
+    A float-output kernel (weight-only embedding, dynamic linear) has no output quantize: the one
+    after it belongs to whatever int8 op consumes the value.
+    """
+    compute = next((m for m in nodes.members if _input_boundaries(gm, m)), nodes.anchor)
+    output_quantize = _single_user(nodes.anchor, gm, Quantize) if _quantized_output(tag) else None
+    return compute, _input_boundaries(gm, compute), output_quantize
+
+
+_NOT_QUANTIZED = "its inputs or output are not quantized in this graph"
+
+
+def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _RegionNodes,
+                  contract: kernel_contract.ContractRun) -> str:
+    """Put ``spec``'s kernel in place of the region; '' if done, else why the region stays reference."""
+    anchor = nodes.anchor
+    compute, boundaries, output_quantize = _region_io(gm, nodes, tag)
+    if tag.dtype_config is not None and not tag.is_dynamic and tag.dtype_config.input_dtype is not None \
+            and not boundaries and _has_float_tensor_input(compute):
+        return _NOT_QUANTIZED
+    if spec.passthrough:
+        return "" if _lower_passthrough(gm, nodes, boundaries, output_quantize) else _NOT_QUANTIZED
+    root = next((m for m in nodes.members if m.meta.get(ROOT)), None)
+    module = gm.get_submodule(root.target) if root is not None else None
+    weight_qparams = None
+    if isinstance(module, ReferenceWeighted):
+        module, weight_qparams = module.module, module.weight_qparams
+    elif root is None and compute.op == "call_module":
+        module = gm.get_submodule(compute.target)
+    index = {b: i for i, b in enumerate(boundaries)}
+    ctx = KernelContext(
+        pattern=tag.pattern, module=module, target=compute.target if compute.op != "call_module" else None,
+        args=_with_tensor_args(compute.args, index), kwargs=_with_tensor_args(compute.kwargs, index),
+        input_qparams=tuple(_boundary_qparams(gm, b) for b in boundaries),
+        output_qparams=gm.get_submodule(output_quantize.target).qparams if output_quantize else None,
+        weight_qparams=weight_qparams, engine=backend.engine)
+    kernel = spec.build(ctx)
+    problem = _contract_problem(gm, backend, spec, kernel, tag, nodes, contract)
+    if problem:
+        return problem
+    kernel_name = root.target if root is not None else _free_module_name(gm, compute, spec.op)
+    gm.set_submodule(kernel_name, kernel)
+    # quantized-input kernels take the quantized tensors; float-input ones (weight-only) the node's args
+    args, kwargs = (tuple(b.args[0] for b in boundaries), {}) if boundaries else (compute.args, compute.kwargs)
+    if compute.op == "call_module" and compute.target == kernel_name:
+        new = compute  # the module call now runs the kernel, keeping its name and place
+        new.args, new.kwargs = args, kwargs
+    else:
+        with gm.graph.inserting_before(anchor):
+            new = gm.graph.create_node("call_module", kernel_name, args, kwargs,
+                                       name=kernel_name.replace(".", "_"))
+    new.meta.update({k: v for k, v in anchor.meta.items() if k not in (ROOT, REGION)})
+    new.meta.pop(REGION, None)
+    new.meta[KERNEL] = spec.op
+    (output_quantize or anchor).replace_all_uses_with(new)
+    return ""
+
+
+def _probe(gm: fx.GraphModule, nodes: _RegionNodes, tag) -> kernel_contract.RegionProbe:
+    compute, boundaries, _ = _region_io(gm, nodes, tag)
+    if boundaries:
+        return kernel_contract.RegionProbe(nodes.anchor, sources={b: b.args[0] for b in boundaries})
+    return kernel_contract.RegionProbe(nodes.anchor, call=(compute.args, dict(compute.kwargs)))
+
+
+def _backend_quantize(gm: fx.GraphModule, backend, holder: fx.Node, value: torch.Tensor,
+                      fallback: torch.Tensor) -> torch.Tensor:
+    """``value`` as the backend's quantized tensor with the qparams of reference module ``holder``
+    (the reference integers ``fallback`` when the backend keeps the reference boundaries)."""
+    spec = backend.kernels.get(QUANTIZE_KEY)
+    if spec is None:
+        return fallback
+    qparams = gm.get_submodule(holder.target).qparams
+    return spec.build(KernelContext(pattern=QUANTIZE_KEY, module=None, target=None,
+                                    output_qparams=qparams, engine=backend.engine))(value)
+
+
+def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: torch.nn.Module, tag,
+                      nodes: _RegionNodes, contract: kernel_contract.ContractRun) -> str:
+    """Run the new kernel once on its region's example inputs (see :mod:`kernel_contract`)."""
+    probe = contract.probes.get(tag.region_id)
+    if not contract.available or probe is None:
+        return ""
+    values = contract.values
+    if probe.sources:
+        args = tuple(values[source] if is_module_call(gm, b, DynamicQuantize)
+                     else _backend_quantize(gm, backend, b, values[b], values[source])
+                     for b, source in probe.sources.items())
+        kwargs: dict = {}
+    else:
+        args, kwargs = fx.map_arg(probe.call, lambda n: values[n])
+    reference, scale = values[nodes.anchor], None
+    _, _, output_quantize = _region_io(gm, nodes, tag)
+    if output_quantize is not None:
+        quantize = gm.get_submodule(output_quantize.target)
+        reference = _backend_quantize(gm, backend, output_quantize, reference, quantize(reference))
+        scale = float(quantize.qparams.scale) if quantize.qparams.scale.numel() == 1 else None
+    if isinstance(reference, torch.Tensor) and not reference.is_quantized \
+            and not reference.is_floating_point():
+        scale = 1.0  # a plain-integer kernel (the reference form's integers): one step is 1
+    expected_dtype = reference.dtype if isinstance(reference, torch.Tensor) else None
+    problem = kernel_contract.violation(kernel, args, kwargs, reference, expected_dtype, scale)
+    if not problem:
+        return ""
+    owner = backend.kernel_plugins.get(tag.pattern)
+    label = f"plugin {owner.label}" if owner is not None else "an unregistered plugin"
+    reason = (f"kernel {spec.op} of {label} broke the kernel contract on the example inputs "
+              f"({problem}); using the reference form")
+    warnings.warn(f"qplug: backend {backend.name!r}, node {nodes.anchor.name!r}: {reason}", stacklevel=4)
+    return reason
+
+
+def _quantized_output(tag) -> bool:
+    config = tag.dtype_config
+    return config is None or (not tag.is_dynamic and config.output_dtype in STORAGE_DTYPE)
+
+
+def _why_not_lowered(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _RegionNodes,
+                     contract: kernel_contract.ContractRun) -> str:
+    """Lower one region; an empty string when it now runs the kernel, else why it stays reference."""
+    runtime = [] if spec.passthrough else _runtime_operands(nodes)
+    if runtime:
+        return (f"operand(s) {runtime} are Python values computed at run time; kernel {spec.op} "
+                "needs them when it is built")
+    try:
+        return _lower_region(gm, backend, spec, tag, nodes, contract)
+    except ConstraintViolationError as refusal:  # the kernel refused this instance (before any edit)
+        warnings.warn(f"qplug: backend {backend.name!r}: {refusal}", stacklevel=4)
+        return str(refusal)
+
+
+def _runtime_operands(nodes: _RegionNodes) -> list[str]:
+    """Inputs of the region that are non-tensor values produced by the graph (``x.size(1) + 0``)."""
+    members = set(nodes.members)
+    return [a.name for m in nodes.members for a in m.all_input_nodes
+            if a not in members and a.meta.get(VALUE_KIND) == "other"]
+
+
+def _free_module_name(gm: fx.GraphModule, node: fx.Node, op: str) -> str:
+    """A readable, unused module path for a functional kernel: ``layer1.0.add_relu``."""
+    scopes = [s for s in (node.meta.get("nn_module_stack") or {}) if s != node.target]
+    scope = scopes[-1] if scopes and _has_submodule(gm, scopes[-1]) else ""
+    base = op.rpartition(":")[2] or "kernel"
+    candidate, suffix = f"{scope}.{base}" if scope else base, 0
+    while _has_submodule(gm, candidate):
+        suffix += 1
+        candidate = f"{scope}.{base}_{suffix}" if scope else f"{base}_{suffix}"
+    return candidate
+
+
+def _has_submodule(gm: fx.GraphModule, name: str) -> bool:
+    try:
+        gm.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _input_boundaries(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
+    return [a for a in node.all_input_nodes if is_module_call(gm, a, (Dequantize, DynamicQuantize))]
+
+
+def _has_float_tensor_input(node: fx.Node) -> bool:
+    return any(a.meta.get(VALUE_KIND) == "float_tensor" for a in node.all_input_nodes
+               if a.op != "get_attr")
+
+
+def _single_user(node: fx.Node, gm: fx.GraphModule, cls: type) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 and is_module_call(gm, users[0], cls) else None
+
+
+def _boundary_qparams(gm: fx.GraphModule, boundary: fx.Node) -> QParams:
+    module = gm.get_submodule(boundary.target)
+    if isinstance(module, DynamicQuantize):
+        return QParams(torch.tensor(1.0), torch.tensor(0), module.dtype, module.quant_min,
+                       module.quant_max, is_dynamic=True)
+    return module.qparams
+
+
+def _with_tensor_args(value: Any, index: dict[fx.Node, int]) -> Any:
+    if isinstance(value, fx.Node):
+        return TensorArg(index[value]) if value in index else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_with_tensor_args(v, index) for v in value)
+    if isinstance(value, dict):
+        return {k: _with_tensor_args(v, index) for k, v in value.items()}
+    return value
+
+
+def _lower_passthrough(gm, nodes: _RegionNodes, boundaries: list[fx.Node], output_quantize) -> bool:
+    if output_quantize is None or len(boundaries) != 1:
+        return False
+    for member in nodes.members:
+        for boundary in boundaries:
+            member.replace_input_with(boundary, boundary.args[0])
+    output_quantize.replace_all_uses_with(nodes.anchor)
+    return True
+
+
+def _swap_boundaries(gm: fx.GraphModule, backend) -> None:
+    quantize_spec = backend.kernels.get(QUANTIZE_KEY)
+    dequantize_spec = backend.kernels.get(DEQUANTIZE_KEY)
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or not node.users:
+            continue
+        module = gm.get_submodule(node.target)
+        if type(module) is Quantize and quantize_spec is not None:
+            ctx = KernelContext(pattern=QUANTIZE_KEY, module=None, target=None,
+                                output_qparams=module.qparams, engine=backend.engine)
+            gm.set_submodule(node.target, quantize_spec.build(ctx))
+        elif type(module) is Dequantize and dequantize_spec is not None:
+            ctx = KernelContext(pattern=DEQUANTIZE_KEY, module=None, target=None,
+                                input_qparams=(module.qparams,), engine=backend.engine)
+            gm.set_submodule(node.target, dequantize_spec.build(ctx))
+

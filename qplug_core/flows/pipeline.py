@@ -1,0 +1,119 @@
+"""The steps every flow starts with: inputs as a tuple, capture, fuse, and running passes.
+
+They live below the flows (``qplug_core.flows.steps``) so that other consumers of the same decisions
+(``analysis.by_backend``, ``qp.load``) reuse them without importing the flows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import os
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
+from torch import fx, nn
+
+from qplug_core.enums import Stage
+from qplug_core.errors import ConfigValidationError
+from qplug_core.flows.annotation_guard import guard_plugin_pass
+from qplug_core.flows.fuse import fuse_graph
+from qplug_core.flows.inplace import functionalize_inplace
+from qplug_core.flows.leaves import leaf_module_classes
+from qplug_core.flows.normalize import normalize_functionals
+from qplug_core.flows.raise_aten import remove_inference_noops
+from qplug_core.flows.shared_modules import untie_shared_modules
+from qplug_core.flows.tags import FUSIONS
+from qplug_core.flows.capture import capture_for_quantization
+from qplug_core.passes import PassManager
+
+if TYPE_CHECKING:
+    from qplug_core.registry.backends import Backend
+
+
+def as_input_tuple(example_inputs: Any) -> tuple:
+    """``example_inputs`` as a tuple of positional inputs (a bare tensor counts as a 1-tuple)."""
+    if isinstance(example_inputs, tuple):
+        return example_inputs
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    return (example_inputs,)
+
+
+def plugin_passes(backend: Backend, stage: str) -> list[Callable]:
+    """The backend's plugin passes for ``stage``, each guarded so that it may add its own node
+    annotations but not rewrite qplug's or another plugin's (annotation_guard)."""
+    return [guard_plugin_pass(pass_, label) for label, pass_ in backend.passes(stage)]
+
+
+def run_passes(gm: fx.GraphModule, passes: list) -> None:
+    """Run flow passes in place through the PassManager (lint after each pass under QPLUG_DEBUG)."""
+    debug = os.environ.get("QPLUG_DEBUG") == "1"
+    with gc_paused():
+        PassManager(passes, inplace=True, run_checks_after_each_pass=debug)(gm)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic GC while a flow copies, traces or rewrites thousands of nodes.
+
+    Graph rewriting allocates many long-lived objects, which triggers repeated full collections
+    that scan the whole growing graph: measured 34% of prepare_fx at 5,600 nodes, and the only
+    superlinear term. Reference counting still frees everything; the GC resumes afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inplace: bool,
+            capture: str = "auto", non_traceable_module_names=(),
+            non_traceable_module_classes=()) -> fx.GraphModule:
+    """The model as a GraphModule at the level ``capture`` asks for (see ``capture_for_quantization``);
+    an ``ExportedProgram`` is taken through a fresh ``.module()``, never modified."""
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()
+        inplace = True
+    if not isinstance(model, nn.Module):
+        raise ConfigValidationError(f"model must be a torch.nn.Module or an ExportedProgram, got "
+                                    f"{type(model).__name__}", field="model", value=type(model).__name__)
+    with gc_paused():
+        source = model if inplace else copy.deepcopy(model)
+        return capture_for_quantization(source, example_inputs, level=capture,
+                                        leaf_modules=leaf_module_classes(),
+                                        non_traceable_module_names=non_traceable_module_names,
+                                        non_traceable_module_classes=non_traceable_module_classes)
+
+
+def fuse_model(model: nn.Module, chosen: Backend, example_inputs: tuple | None = None, *,
+               is_qat: bool = False, inplace: bool = False, capture: str = "auto",
+               non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
+    """Capture ``model`` and fuse it with ``chosen``'s fusion patterns (the body of ``fuse_fx``)."""
+    gm = capture_graph(model, example_inputs, inplace=inplace, capture=capture,
+                       non_traceable_module_names=non_traceable_module_names,
+                       non_traceable_module_classes=non_traceable_module_classes)
+
+    def fuse(graph_module: fx.GraphModule) -> None:
+        graph_module.meta[FUSIONS] = fuse_graph(graph_module, chosen, is_qat=is_qat)
+
+    run_passes(gm, [remove_inference_noops, untie_shared_modules, functionalize_inplace,
+                    *plugin_passes(chosen, Stage.PRE_FUSE), normalize_functionals, fuse])
+    return gm
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode for a run that must not change the model (no BN statistic updates, no dropout),
+    then every module's own flag back (compare, and the annotating run of prepare)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training

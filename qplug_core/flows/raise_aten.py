@@ -1,0 +1,478 @@
+"""Raise an exported ATen graph to the level the pattern set is written at.
+
+``torch.export`` gives ``aten.linear(x, w, b)`` on ``get_attr`` weights, ``aten.relu_``,
+``aten.add.Tensor``... Backends declare each pattern once, over modules and functionals
+(``nn.Linear``, ``F.relu``, ``operator.add``). This pass derives the ATen form of those patterns by
+rewriting the graph instead of the pattern set: each weighted ATen op becomes a ``call_module`` of
+the real ``nn`` module holding its parameters, named after the module that called it (so report
+keys and ``get_submodule`` names match the user's model), and each elementwise or data-movement op
+becomes the functional or method target the shared patterns already name. Everything after capture
+(fusion, regions, observers, lowering, report) then runs unchanged on both capture levels. ATen ops
+with no counterpart stay as they are, so a backend can still match them with ATen patterns of its
+own (the matcher compares ``node.target is op``).
+
+transformers' ``Conv1D`` (``addmm(bias, x, W)`` with ``W`` stored (in, out)) becomes an
+``nn.Linear`` holding ``W.t()``; a weight computed from parameters only (weight norm) is folded to a
+constant first.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from qplug_core.passes import ConstantFoldingPass, PassResult
+from qplug_core.passes.remove_noops import DROPOUT_MODULES
+
+aten = torch.ops.aten
+
+#: ATen op -> the functional target of the shared pattern set (same positional arguments)
+_FUNCTIONS: dict[Any, Callable] = {
+    aten.relu.default: F.relu, aten.add.Tensor: operator.add, aten.mul.Tensor: operator.mul,
+    aten.cat.default: torch.cat, aten.hardtanh.default: F.hardtanh,
+    aten.hardswish.default: F.hardswish, aten.hardsigmoid.default: F.hardsigmoid,
+    aten.sigmoid.default: torch.sigmoid, aten.tanh.default: torch.tanh,
+    aten.leaky_relu.default: F.leaky_relu, aten.matmul.default: torch.matmul,
+    aten.flatten.using_ints: torch.flatten, aten.transpose.int: torch.transpose,
+    aten.adaptive_avg_pool1d.default: torch.adaptive_avg_pool1d,
+    aten.adaptive_avg_pool2d.default: F.adaptive_avg_pool2d,
+    aten.adaptive_avg_pool3d.default: F.adaptive_avg_pool3d,
+    aten.max_pool1d.default: F.max_pool1d, aten.max_pool2d.default: F.max_pool2d,
+    aten.max_pool3d.default: F.max_pool3d, aten.avg_pool1d.default: torch.avg_pool1d,
+    aten.avg_pool2d.default: F.avg_pool2d, aten.avg_pool3d.default: F.avg_pool3d,
+    aten.mean.dim: torch.mean, aten.clamp.default: torch.clamp,
+    aten.unsqueeze.default: torch.unsqueeze, aten.squeeze.dim: torch.squeeze,
+    aten.pixel_shuffle.default: F.pixel_shuffle, aten.elu.default: F.elu,
+    aten.relu6.default: F.relu6, aten.narrow.default: torch.narrow,
+}
+#: in-place ATen ops and their out-of-place forms, used when nothing else reads the mutated input
+_OUT_OF_PLACE: dict[Any, Any] = {
+    aten.relu_.default: aten.relu.default, aten.add_.Tensor: aten.add.Tensor,
+    aten.mul_.Tensor: aten.mul.Tensor, aten.hardtanh_.default: aten.hardtanh.default,
+    aten.hardswish_.default: aten.hardswish.default, aten.sigmoid_.default: aten.sigmoid.default,
+    aten.tanh_.default: aten.tanh.default, aten.clamp_.default: aten.clamp.default,
+}
+#: ATen op -> Tensor method name (the shared patterns list reshapes as methods)
+_METHODS = {aten.view.default: "view", aten.reshape.default: "reshape",
+            aten.permute.default: "permute", aten.contiguous.default: "contiguous",
+            aten.repeat.default: "repeat"}
+#: ATen ops that only check or restate what the graph already guarantees
+_CHECKS = (aten._assert_tensor_metadata.default,)
+
+_CONV = {aten.conv1d.default: nn.Conv1d, aten.conv2d.default: nn.Conv2d,
+         aten.conv3d.default: nn.Conv3d, aten.conv1d.padding: nn.Conv1d,
+         aten.conv2d.padding: nn.Conv2d, aten.conv3d.padding: nn.Conv3d}
+_CONV_TRANSPOSE = {aten.conv_transpose1d.default: nn.ConvTranspose1d,
+                   aten.conv_transpose2d.input: nn.ConvTranspose2d,
+                   aten.conv_transpose3d.input: nn.ConvTranspose3d}
+_BATCH_NORM = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
+
+
+def is_aten_graph(gm: nn.Module) -> bool:
+    """Whether ``gm`` is a GraphModule of ATen ops (what ``ExportedProgram.module()`` returns)."""
+    return isinstance(gm, fx.GraphModule) and any(
+        n.op == "call_function" and str(n.target).startswith("aten.") for n in gm.graph.nodes)
+
+
+def raise_aten_graph(gm: fx.GraphModule, original: nn.Module | None = None) -> PassResult:
+    """Rewrite an exported GraphModule in place (see module docstring); returns a PassResult.
+
+    ``original`` is the model that was exported: its submodule types fill ``nn_module_stack``
+    the way symbolic tracing does, so qconfigs set per module type apply on both levels.
+    """
+    _drop_guards(gm)
+    _normalize_module_stack(gm, original)
+    training = _records_training(gm)
+    for disabled in ("train", "eval"):  # ExportedProgram.module() refuses both; raised modules need them
+        gm.__dict__.pop(disabled, None)
+    _remove_noops(gm)
+    _out_of_place(gm)  # before folding: an in-place op on a folded constant would mutate it
+    ConstantFoldingPass()(gm)
+    _Raiser(gm).run()
+    _remove_noops(gm)
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    _plain_calling_convention(gm)
+    gm.graph.lint()
+    gm.recompile()
+    gm.train(training)  # the raised modules run in the mode the graph was exported in
+    return PassResult(gm, True)
+
+
+def _plain_calling_convention(gm: fx.GraphModule) -> None:
+    """Positional tensors in, a tensor or tuple out: drop export's pytree flattening code.
+
+    The graph then calls like a symbolically traced one, and ``qp.save`` (which stores the graph,
+    not its Python codegen) reloads a model with the same calling convention. Other input or
+    output structures (keyword inputs, dict outputs) keep the pytree code.
+    """
+    in_spec, out_spec = getattr(gm, "_in_spec", None), getattr(gm, "_out_spec", None)
+    if in_spec is None or out_spec is None or in_spec.type is not tuple or in_spec.num_children != 2:
+        return
+    args, kwargs = in_spec.children()
+    if args.type is not tuple or not all(c.is_leaf() for c in args.children()) \
+            or kwargs.num_children != 0:
+        return
+    output = gm.graph.output_node()
+    if out_spec.is_leaf() and isinstance(output.args[0], (tuple, list)) and len(output.args[0]) == 1:
+        output.args = (output.args[0][0],)
+    elif not (out_spec.type is tuple and all(c.is_leaf() for c in out_spec.children())):
+        return
+    gm.graph.set_codegen(fx.graph.CodeGen())
+
+
+def _records_training(gm: fx.GraphModule) -> bool:
+    """Whether the graph was exported in training mode (batch norm or dropout say so)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (aten.batch_norm.default, aten.dropout.default):
+            flag = node.args[5] if node.target is aten.batch_norm.default else node.args[2]
+            if flag is True:
+                return True
+    return False
+
+
+def remove_inference_noops(gm: fx.GraphModule) -> PassResult:
+    """Remove eval-mode dropout and identity modules (a pass for the symbolic level, in place).
+
+    They compute nothing at inference; left in the graph they would be reported as float ops.
+    """
+    changed = _remove_noops(gm)
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.delete_all_unused_submodules()
+    return PassResult(gm, changed)
+
+
+def _out_of_place(gm: fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _OUT_OF_PLACE and _only_reader(node):
+            node.target = _OUT_OF_PLACE[node.target]
+
+
+def _drop_guards(gm: fx.GraphModule) -> None:
+    """Remove the input-shape guard module export adds: the specialised ops check shapes anyway,
+    and a guard call would read as a float op in the report."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
+            gm.graph.erase_node(node)
+
+
+def _normalize_module_stack(gm: fx.GraphModule, original: nn.Module | None) -> None:
+    """``nn_module_stack`` in the tracer's form: ``{path: (path, module type)}``, root left out."""
+    types = {name: type(m) for name, m in original.named_modules()} if original is not None else {}
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if not stack:
+            continue
+        normalized = {}
+        for path, _ in stack.values():
+            if path:
+                normalized[path] = (path, types.get(path))
+        node.meta["nn_module_stack"] = normalized
+
+
+def _remove_noops(gm: fx.GraphModule) -> bool:
+    changed = False
+    for node in list(gm.graph.nodes):
+        source = _noop_source(gm, node)
+        if source is not None:
+            node.replace_all_uses_with(source)
+            gm.graph.erase_node(node)
+            changed = True
+        elif node.op == "call_function" and node.target in _CHECKS and not node.users:
+            gm.graph.erase_node(node)
+            changed = True
+    return changed
+
+
+def _noop_source(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
+    """The input a no-op node returns unchanged, or None when ``node`` computes something."""
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        if (isinstance(module, nn.Identity) or (isinstance(module, DROPOUT_MODULES)
+                                                 and not module.training)) and node.args:
+            return node.args[0] if isinstance(node.args[0], fx.Node) else None
+        return None
+    if node.op != "call_function":
+        return None
+    if node.target is aten.dropout.default and len(node.args) > 2 and node.args[2] is False:
+        return node.args[0]
+    if node.target in (aten.to.dtype, aten.alias.default, aten.detach.default):
+        source = node.args[0]
+        same_dtype = node.target is not aten.to.dtype or (
+            _dtype_of(source) is not None and _dtype_of(source) == node.args[1]
+            and not node.kwargs and len(node.args) == 2)
+        return source if same_dtype else None
+    return None
+
+
+def _dtype_of(node: Any) -> torch.dtype | None:
+    value = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return value.dtype if isinstance(value, torch.Tensor) else None
+
+
+def _ndim_of(node: Any) -> int | None:
+    value = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return value.dim() if isinstance(value, torch.Tensor) else None
+
+
+class _Raiser:
+    """Turns weighted ATen ops into module calls and the rest into pattern-set targets."""
+
+    def __init__(self, gm: fx.GraphModule):
+        self.gm = gm
+        self.claimed: set[str] = set()
+        self.attr_users: dict[str, int] = {}
+        self.batch_counters: dict[str, fx.Node] = {}  # num_batches_tracked target -> its add_
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                self.attr_users[node.target] = self.attr_users.get(node.target, 0) + len(node.users)
+            elif (node.op == "call_function" and node.target is aten.add_.Tensor and not node.users
+                  and isinstance(node.args[0], fx.Node) and node.args[0].op == "get_attr"):
+                self.batch_counters[node.args[0].target] = node
+
+    def run(self) -> None:
+        for node in list(self.gm.graph.nodes):
+            if node.op != "call_function":
+                continue
+            module = self._module_for(node)
+            if module is not None:
+                self._replace_with_module(node, *module)
+            elif node.target in _FUNCTIONS and _plain_kwargs(node):
+                node.target = _FUNCTIONS[node.target]
+            elif node.target in _METHODS:
+                node.op, node.target = "call_method", _METHODS[node.target]
+
+    # -- weighted ops ------------------------------------------------------------------------------
+
+    def _module_for(self, node: fx.Node) -> tuple[nn.Module, fx.Node, list[fx.Node]] | None:
+        """(module, its input, the get_attr nodes it absorbs) for a weighted op, else None."""
+        target, args = node.target, node.args
+        if target is aten.linear.default:
+            return self._linear(node, args[0], _arg(node, 1, "weight"), _arg(node, 2, "bias"),
+                                transposed=False)
+        if target is aten.addmm.default and not node.kwargs:
+            return self._linear(node, args[1], args[2], args[0], transposed=True)
+        if target in (aten.mm.default, aten.matmul.default) and not node.kwargs:
+            return self._linear(node, args[0], args[1], None, transposed=True)
+        if target in _CONV:
+            return self._conv(node, _CONV[target], transposed=False)
+        if target in _CONV_TRANSPOSE:
+            return self._conv(node, _CONV_TRANSPOSE[target], transposed=True)
+        if target is aten.embedding.default:
+            return self._embedding(node)
+        if target is aten.layer_norm.default:
+            return self._layer_norm(node)
+        if target is aten.batch_norm.default:
+            return self._batch_norm(node, *args[1:5], training=bool(_arg(node, 5, "training")),
+                                    momentum=_arg(node, 6, "momentum"), eps=_arg(node, 7, "eps"))
+        if target is aten._native_batch_norm_legit_no_training.default:
+            return self._batch_norm(node, *args[1:5], training=False, momentum=args[5], eps=args[6])
+        if target is aten.dropout.default and isinstance(args[1], float):
+            # training-mode dropout (eval-mode dropout is removed before): a module, so that
+            # model.eval() turns it off as it does in the user's model
+            return nn.Dropout(args[1]), args[0], []
+        return None
+
+    def _tensor(self, node: Any) -> torch.Tensor | None:
+        if isinstance(node, fx.Node) and node.op == "get_attr":
+            value = _fetch(self.gm, node.target)
+            return value if isinstance(value, torch.Tensor) else None
+        return None
+
+    def _linear(self, node, x, weight_node, bias_node, *, transposed: bool):
+        weight, bias = self._tensor(weight_node), self._tensor(bias_node)
+        if weight is None or weight.dim() != 2 or (bias_node is not None and (bias is None or bias.dim() != 1)):
+            return None
+        if transposed and _ndim_of(x) not in (None, 2) and node.target is not aten.matmul.default:
+            return None
+        module = nn.Linear(1, 1, bias=bias is not None)
+        module.in_features, module.out_features = (weight.shape[0], weight.shape[1]) if transposed \
+            else (weight.shape[1], weight.shape[0])
+        module.weight = _parameter(weight.t().contiguous() if transposed else weight)
+        if bias is not None:
+            module.bias = _parameter(bias)
+        return module, x, [n for n in (weight_node, bias_node) if n is not None]
+
+    def _conv(self, node, conv_class: type[nn.Module], *, transposed: bool):
+        x, weight_node, bias_node = node.args[0], node.args[1], _arg(node, 2, "bias")
+        weight, bias = self._tensor(weight_node), self._tensor(bias_node)
+        if weight is None or (bias_node is not None and bias is None):
+            return None
+        dims = weight.dim() - 2
+        names = (("stride", 1), ("padding", 0), ("output_padding", 0), ("groups", 1),
+                 ("dilation", 1)) if transposed else (
+            ("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))
+        settings = {name: _arg(node, 3 + i, name, default) for i, (name, default) in enumerate(names)}
+        if any(isinstance(v, fx.Node) for v in settings.values()):
+            return None
+        groups = settings["groups"]
+        out_channels, in_channels = (weight.shape[1] * groups, weight.shape[0]) if transposed \
+            else (weight.shape[0], weight.shape[1] * groups)
+        for key in ("stride", "padding", "dilation", "output_padding"):
+            if key in settings and isinstance(settings[key], (list, tuple)) and len(settings[key]) == 1:
+                settings[key] = (settings[key][0],) * dims
+        module = conv_class(in_channels, out_channels, tuple(weight.shape[2:]), bias=bias is not None,
+                            **settings)
+        module.weight = _parameter(weight)
+        if bias is not None:
+            module.bias = _parameter(bias)
+        return module, x, [n for n in (weight_node, bias_node) if n is not None]
+
+    def _embedding(self, node):
+        weight_node, indices = node.args[0], node.args[1]
+        weight = self._tensor(weight_node)
+        padding_idx = _arg(node, 2, "padding_idx", -1)
+        if weight is None or weight.dim() != 2 or _arg(node, 4, "sparse", False) \
+                or _arg(node, 3, "scale_grad_by_freq", False):
+            return None
+        module = nn.Embedding(weight.shape[0], weight.shape[1],
+                              padding_idx=None if padding_idx < 0 else padding_idx)
+        module.weight = _parameter(weight)
+        return module, indices, [weight_node]
+
+    def _layer_norm(self, node):
+        x, shape = node.args[0], node.args[1]
+        weight_node, bias_node = _arg(node, 2, "weight"), _arg(node, 3, "bias")
+        weight, bias = self._tensor(weight_node), self._tensor(bias_node)
+        if (weight_node is not None and weight is None) or (bias_node is not None and bias is None):
+            return None
+        module = nn.LayerNorm(list(shape), eps=_arg(node, 4, "eps", 1e-5),
+                              elementwise_affine=weight is not None, bias=bias is not None)
+        if weight is not None:
+            module.weight = _parameter(weight)
+        if bias is not None:
+            module.bias = _parameter(bias)
+        return module, x, [n for n in (weight_node, bias_node) if n is not None]
+
+    def _batch_norm(self, node, weight_node, bias_node, mean_node, var_node, *, training: bool,
+                    momentum, eps):
+        x = node.args[0]
+        weight, bias = self._tensor(weight_node), self._tensor(bias_node)
+        mean, var = self._tensor(mean_node), self._tensor(var_node)
+        bn_class = _BATCH_NORM.get(_ndim_of(x))
+        if bn_class is None or mean is None or var is None or (weight_node is not None and weight is None):
+            return None
+        module = bn_class(mean.shape[0], eps=eps, momentum=momentum, affine=weight is not None)
+        if weight is not None:
+            module.weight = _parameter(weight)
+            module.bias = _parameter(bias)
+        module.running_mean, module.running_var = mean, var
+        absorbed = [n for n in (weight_node, bias_node, mean_node, var_node) if n is not None]
+        if node.target is aten._native_batch_norm_legit_no_training.default:
+            return self._first_output_only(node, module, x, absorbed)
+        self._absorb_batch_counter(mean_node, module)
+        return module, x, absorbed
+
+    def _first_output_only(self, node, module, x, absorbed):
+        """``_native_batch_norm_legit_no_training`` returns (out, mean, invstd): only ``out`` read."""
+        getters = list(node.users)
+        if not all(u.target is operator.getitem and u.args[1] == 0 for u in getters):
+            return None
+        for user in getters:
+            user.replace_all_uses_with(node)
+            self.gm.graph.erase_node(user)
+        return module, x, absorbed
+
+    def _absorb_batch_counter(self, mean_node: fx.Node, module: nn.Module) -> None:
+        """Training IR increments ``num_batches_tracked`` beside the op; the module now does."""
+        counter = mean_node.target.rpartition(".")[0] + ".num_batches_tracked"
+        increment = self.batch_counters.pop(counter, None)
+        if increment is not None:
+            module.num_batches_tracked = _fetch(self.gm, counter)
+            source = increment.args[0]
+            self.gm.graph.erase_node(increment)
+            self.attr_users[source.target] -= 1
+            if not source.users:
+                self.gm.graph.erase_node(source)
+
+    def _replace_with_module(self, node: fx.Node, module: nn.Module, x: fx.Node,
+                             absorbed: list[fx.Node]) -> None:
+        name = self._module_name(node, absorbed)
+        self.gm.add_submodule(name, module)
+        self.claimed.add(name)
+        with self.gm.graph.inserting_before(node):
+            new = self.gm.graph.call_module(name, args=(x,))
+        new.meta = dict(node.meta)
+        stack = dict(new.meta.get("nn_module_stack") or {})
+        if name not in stack:
+            stack[name] = (name, type(module))
+        new.meta["nn_module_stack"] = stack
+        node.replace_all_uses_with(new)
+        self.gm.graph.erase_node(node)
+        for attr in absorbed:
+            self.attr_users[attr.target] -= 1
+            if not attr.users:
+                self.gm.graph.erase_node(attr)
+
+    def _module_name(self, node: fx.Node, absorbed: list[fx.Node]) -> str:
+        """The user's module path for the op when that path is free to take, else a fresh name.
+
+        Tried in order: the module owning the weight (``...query`` for a Linear, ``...c_attn`` for
+        a Conv1D), a child named after a ``<name>_weight`` parameter (``self_attn.in_proj``), and
+        the module whose forward called the op (a conv whose weight was folded from weight norm).
+        """
+        owner, _, attr = absorbed[0].target.rpartition(".") if absorbed else ("", "", "")
+        candidates = [owner]
+        if owner and attr.endswith("_weight"):
+            candidates.append(f"{owner}.{attr[:-len('_weight')]}")
+        stack = node.meta.get("nn_module_stack") or {}
+        if stack:
+            candidates.append(next(reversed(stack)))
+        for path in candidates:
+            if path and path not in self.claimed and self._free_to_replace(path, absorbed):
+                return path
+        base, suffix = f"{node.name}_module", 0
+        name = base
+        while hasattr(self.gm, name):
+            suffix += 1
+            name = f"{base}_{suffix}"
+        return name
+
+    def _free_to_replace(self, path: str, absorbed: list[fx.Node]) -> bool:
+        """Replacing the container at ``path`` loses nothing another node still reads: no other
+        live attribute under it, no module raised inside or around it, a weight read only here."""
+        mine = {a.target for a in absorbed}
+        prefix = path + "."
+        if any(self.attr_users.get(t, 0) > 1 for t in mine):
+            return False  # a weight shared by two ops: each keeps reading the attribute
+        if any(t.startswith(prefix) and users > 0 and t not in mine
+               for t, users in self.attr_users.items()):
+            return False
+        return not any(c.startswith(prefix) or path.startswith(c + ".") for c in self.claimed)
+
+
+def _arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _plain_kwargs(node: fx.Node) -> bool:
+    """ATen overloads whose extra keyword arguments (``alpha``) have no functional counterpart."""
+    return not node.kwargs
+
+
+def _only_reader(node: fx.Node) -> bool:
+    """An in-place op may become out-of-place when nothing else reads its mutated input."""
+    first = node.args[0] if node.args else None
+    return isinstance(first, fx.Node) and len(first.users) == 1 and first.op != "get_attr" \
+        and first.op != "placeholder"
+
+
+def _parameter(value: torch.Tensor) -> nn.Parameter:
+    if isinstance(value, nn.Parameter):
+        return value
+    return nn.Parameter(value.detach(), requires_grad=False)
+
+
+def _fetch(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,315 @@
+"""Decide which matched patterns become int8 regions, and with which dtype config.
+
+A *region* is one match of a backend quantization pattern. Two kinds are told apart:
+
+* **anchors** carry weights (conv, linear, embedding, rnn): they are where int8 pays off, so they are
+  quantized whenever the user's qconfig and the backend's dtype configs agree;
+* **connectors** (add, cat, pooling, shape ops, norms, activations...) are quantized only when they
+  sit *between* int8 regions: an int8 value reaches them, and their output reaches an int8 region.
+  Quantizing a connector on its own adds error and saves nothing — this is what collapses
+  transformer encoders under torch.ao's defaults (the attention-mask add of -10000, softmax and
+  layer norm quantized between float matmuls). Pass ``keep_isolated_ops_float=False`` to quantize
+  every matched op the qconfig allows, as torch.ao does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from qplug_core.errors import spelled
+from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapping
+from qplug_core.errors import ConfigValidationError, ConstraintViolationError, warn_user
+from qplug_core.flows.tags import VALUE_KIND
+from qplug_core.kernels.reference import weight_of
+from qplug_core.matcher import Match, find_matches
+from qplug_core.patterns import format_pattern
+from qplug_core.qparams import STORAGE_DTYPE
+
+QUANTIZED_DTYPES = tuple(STORAGE_DTYPE)  # quint8, qint8, qint32
+
+
+@dataclass(eq=False)
+class Region:
+    """One matched pattern and what prepare decided about it."""
+
+    match: Match
+    config: Any  # BackendPatternConfig
+    qconfig: QConfig | None = None
+    dtype_config: DTypeConfig | None = None
+    weighted: bool = False
+    quantized: bool = False
+    reason: str = ""
+    inputs: list[fx.Node] = field(default_factory=list)
+
+    @property
+    def anchor(self) -> fx.Node:
+        return self.match.anchor
+
+    @property
+    def root(self) -> fx.Node:
+        getter = self.config.root_node_getter
+        return getter(self.match.node_pattern) if getter else self.match.root
+
+    @property
+    def observation_type(self) -> ObservationType:
+        return self.config.observation_type
+
+    @property
+    def is_dynamic(self) -> bool:
+        return bool(self.dtype_config is not None and self.dtype_config.is_dynamic)
+
+    @property
+    def quantizes_output(self) -> bool:
+        dc = self.dtype_config
+        return (self.quantized and not self.is_dynamic and dc is not None
+                and dc.output_dtype in QUANTIZED_DTYPES
+                and self.observation_type != ObservationType.INPUT_OUTPUT_NOT_OBSERVED)
+
+    @property
+    def pattern_name(self) -> str:
+        return format_pattern(self.match.pattern)
+
+
+def weight_name_of(module: nn.Module) -> str | None:
+    """The dotted name of the weight int8 kernels quantize, or None for unweighted modules."""
+    if isinstance(module, nn.Sequential) and len(module) and hasattr(module[0], "weight"):
+        return "0.weight" if _is_matrix(module[0].weight) else None
+    weight = getattr(module, "weight", None)
+    return "weight" if _is_matrix(weight) else None
+
+
+def _is_matrix(weight: Any) -> bool:
+    return isinstance(weight, torch.Tensor) and weight.dim() >= 2
+
+
+def _is_weighted(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    if node.op != "call_module":
+        return False
+    module = modules[node.target]
+    return weight_name_of(module) is not None or isinstance(module, (nn.RNNBase, nn.RNNCellBase))
+
+
+class CallCounter:
+    """Counts calls of one object type per module, for ``set_module_name_object_type_order``."""
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, Any], int] = {}
+
+    def next(self, scope: str, object_type: Any) -> int:
+        index = self._counts.get((scope, object_type), 0)
+        self._counts[(scope, object_type)] = index + 1
+        return index
+
+
+def resolve_qconfig(mapping: QConfigMapping, node: fx.Node, modules: dict[str, nn.Module],
+                    counter: CallCounter) -> QConfig | None:
+    """The qconfig of a region's root node, with torch.ao's lookup rules per node kind.
+
+    Fused modules resolve as their weighted child (users write rules for ``nn.Conv2d``, not for
+    ``ConvReLU2d``) unless the mapping names the fused type itself.
+    """
+    if node.op == "call_module":
+        module = modules[node.target]
+        object_type = type(module)
+        if (isinstance(module, nn.Sequential) and len(module)
+                and object_type not in mapping.object_type_qconfigs):
+            object_type = type(module[0])
+        parent = node.target.rpartition(".")[0]
+        return mapping.qconfig_for_module(node.target, object_type, counter.next(parent, object_type))
+    stack = node.meta.get("nn_module_stack") or {}
+    scope_path, scope_type = next(reversed(stack.values())) if stack else ("", None)
+    if node.op == "call_function":
+        index = counter.next(scope_path, node.target)
+        return mapping.qconfig_for_function(node.target, scope_path, scope_type, index)
+    return mapping.qconfig_for_method(node.target, scope_path, scope_type)
+
+
+def observer_traits(obs: nn.Module) -> dict[str, Any]:
+    """dtype, quant range, eps and dynamic flag of an observer or fake-quant module."""
+    inner = getattr(obs, "activation_post_process", obs)
+    eps = getattr(inner, "eps", None)
+    return {
+        "dtype": getattr(obs, "dtype", None),
+        "quant_min": getattr(obs, "quant_min", None),
+        "quant_max": getattr(obs, "quant_max", None),
+        "eps": float(eps) if eps is not None else None,
+        "is_dynamic": bool(getattr(obs, "is_dynamic", False)),
+    }
+
+
+def dtype_config_problems(qconfig: QConfig, dtype_config: DTypeConfig, weighted: bool) -> list[str]:
+    """Why ``qconfig`` cannot run under ``dtype_config`` (empty when it can)."""
+    act = observer_traits(qconfig.activation())
+    problems = []
+    if bool(dtype_config.is_dynamic) != act["is_dynamic"]:
+        kind = "dynamic" if dtype_config.is_dynamic else "static"
+        problems.append(f"the backend runs this op {kind}, the qconfig's activation is "
+                        f"{'dynamic' if act['is_dynamic'] else 'static'}")
+    if dtype_config.input_dtype is not None and dtype_config.input_dtype in QUANTIZED_DTYPES:
+        exact = dtype_config.input_dtype_with_constraints.scale_exact_match is not None
+        problems += [f"activation: {r}" for r in dtype_config.input_dtype_with_constraints.violations(
+            act["dtype"], act["quant_min"], act["quant_max"], eps=act["eps"],
+            scale=dtype_config.input_dtype_with_constraints.scale_exact_match if exact else None,
+            zero_point=dtype_config.input_dtype_with_constraints.zero_point_exact_match if exact else None)]
+    elif dtype_config.input_dtype is not None and act["dtype"] != dtype_config.input_dtype:
+        problems.append(f"activation dtype {act['dtype']} is not the backend's {dtype_config.input_dtype}")
+    if weighted and dtype_config.weight_dtype is not None:
+        if qconfig.weight is None:
+            problems.append("the qconfig has no weight observer")
+        else:
+            w = observer_traits(qconfig.weight())
+            problems += [f"weight: {r}" for r in dtype_config.weight_dtype_with_constraints.violations(
+                w["dtype"], w["quant_min"], w["quant_max"], eps=w["eps"])]
+    return problems
+
+
+class RegionPlanner:
+    """Matches a backend's quantization patterns and decides every region's fate."""
+
+    def __init__(self, gm: fx.GraphModule, backend, qconfig_mapping: QConfigMapping, *,
+                 keep_isolated_ops_float: bool = True, on_unsupported: str = "warn"):
+        self.gm = gm
+        self.backend = backend
+        self.mapping = qconfig_mapping
+        self.keep_isolated_ops_float = keep_isolated_ops_float
+        self.on_unsupported = on_unsupported
+        self.modules = dict(gm.named_modules(remove_duplicate=False))
+        # (qconfig, dtype config, weighted) -> problems: checking builds throw-away observers,
+        # and a model has few distinct qconfigs but thousands of regions
+        self._problems: dict[tuple[Any, int, bool], list[str]] = {}
+        self._weight_axes: dict[QConfig, int | None] = {}  # same reason: one observer per qconfig
+
+    def plan(self) -> list[Region]:
+        configs = self.backend.config.pattern_to_config()
+        matches = find_matches(self.gm, configs, modules=self.modules)
+        regions: list[Region] = []
+        seen: set[int] = set()
+        counter = CallCounter()
+        for node in self.gm.graph.nodes:
+            match = matches.get(node.name)
+            if match is None or match.anchor is not node or id(match) in seen:
+                continue
+            seen.add(id(match))
+            region = Region(match, match.config)
+            region.inputs = self._external_inputs(match)
+            region.qconfig = resolve_qconfig(self.mapping, region.root, self.modules, counter)
+            region.weighted = _is_weighted(region.root, self.modules)
+            if region.weighted and region.qconfig is not None:
+                self._check_weight_axis(region.qconfig, region.root)
+            self._choose_dtype_config(region)
+            regions.append(region)
+        if self.keep_isolated_ops_float:
+            _keep_isolated_connectors_float(self.gm, regions)
+        return regions
+
+    def _external_inputs(self, match: Match) -> list[fx.Node]:
+        members = set(match.nodes)
+        inputs: list[fx.Node] = []
+        for member in match.nodes:
+            for arg in member.all_input_nodes:
+                if arg not in members and arg not in inputs and _is_float_tensor(arg):
+                    inputs.append(arg)
+        return inputs
+
+    def _choose_dtype_config(self, region: Region) -> None:
+        if region.qconfig is None:
+            region.reason = "qconfig is None for this op (not requested)"
+            return
+        if region.observation_type == ObservationType.INPUT_OUTPUT_NOT_OBSERVED:
+            region.reason = "op works on any dtype; nothing to observe"
+            return
+        if not region.weighted and not _is_float_tensor(region.anchor):  # x.size(1) + 0
+            region.reason = (f"its output is not a float tensor "
+                             f"({region.anchor.meta.get(VALUE_KIND)}), so there is nothing to quantize")
+            return
+        problems_by_config = []
+        for dtype_config in region.config.dtype_configs:
+            key = (region.qconfig, id(dtype_config), region.weighted)
+            problems = self._problems.get(key)
+            if problems is None:
+                problems = self._problems[key] = dtype_config_problems(
+                    region.qconfig, dtype_config, region.weighted)
+            if not problems:
+                region.dtype_config = dtype_config
+                region.quantized = True
+                return
+            problems_by_config.append(problems)
+        if not problems_by_config:
+            region.reason = "the backend lists no dtype config for this pattern"
+            return
+        reason = "; ".join(problems_by_config[0])
+        region.reason = f"the backend cannot honour the qconfig: {reason}"
+        message = (f"{region.pattern_name} at node {region.anchor.name!r} stays float: {region.reason}. "
+                   "Use the backend's default qconfig mapping (qp.get_default_qconfig_mapping) or "
+                   "adjust the qconfig for this op.")
+        if self.on_unsupported == "raise":
+            raise ConstraintViolationError(message, field=region.anchor.name)
+        if self.on_unsupported == "warn":
+            warn_user(message)
+
+    def _check_weight_axis(self, qconfig: QConfig, root: fx.Node) -> None:
+        """A per-channel weight axis must exist on this layer's weight; say so at prepare, by name."""
+        if qconfig not in self._weight_axes:
+            observer = qconfig.weight() if qconfig.weight is not None else None
+            self._weight_axes[qconfig] = getattr(observer, "ch_axis", None)
+        axis = self._weight_axes[qconfig]
+        name = weight_name_of(self.modules[root.target])
+        if axis is not None and name is not None:
+            _check_axis(axis, root.target, weight_of(self.modules[root.target], name))
+
+
+def _check_axis(axis: int, layer: str, weight: torch.Tensor) -> None:
+    if not -weight.dim() <= axis < weight.dim():
+        raise ConfigValidationError(
+            f"layer {layer!r}: the weight observer's ch_axis={axis} is out of range for its "
+            f"{weight.dim()}-d weight of shape {tuple(weight.shape)}; use ch_axis=0 (output "
+            "channels) or a per-tensor weight observer", field=f"{layer}.weight", value=axis)
+
+
+def _is_float_tensor(node: fx.Node) -> bool:
+    """Whether a node's value is a float tensor (recorded by ValueAnnotator; unknown counts as yes)."""
+    return node.meta.get(VALUE_KIND, "float_tensor") == "float_tensor"
+
+
+def _keep_isolated_connectors_float(gm: fx.GraphModule, regions: list[Region]) -> None:
+    """Unquantize connectors that do not sit between int8 regions (see module docstring)."""
+    region_of = {n: r for r in regions for n in r.match.nodes}
+    connectors = [r for r in regions if r.quantized and not r.weighted]
+    if not connectors:
+        return
+
+    def int8_in(region: Region) -> bool:
+        return region.quantized and (region.weighted or region_id_up.get(id(region), False))
+
+    region_id_up: dict[int, bool] = {}
+    for region in regions:  # graph order: producers first
+        if region.weighted or not region.quantized:
+            continue
+        region_id_up[id(region)] = any(
+            (src := region_of.get(arg)) is not None and src is not region and int8_in(src)
+            for arg in region.inputs)
+
+    region_id_down: dict[int, bool] = {}
+
+    def int8_out(region: Region) -> bool:
+        return region.quantized and (region.weighted or region_id_down.get(id(region), False))
+
+    for region in reversed(regions):  # consumers first
+        if region.weighted or not region.quantized:
+            continue
+        region_id_down[id(region)] = any(
+            (dst := region_of.get(user)) is not None and dst is not region and int8_out(dst)
+            for user in region.anchor.users)
+
+    for region in connectors:
+        up, down = region_id_up.get(id(region)), region_id_down.get(id(region))
+        if up and down:
+            continue
+        region.quantized = False
+        side = "no int8 value reaches it" if not up else "its output feeds no int8 op"
+        region.reason = (f"kept float: {side}; quantizing it alone would add error without a speed-up"
+                         + spelled(" (keep_isolated_ops_float=False quantizes it anyway)", ""))

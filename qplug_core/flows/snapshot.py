@@ -1,0 +1,39 @@
+"""The reference form of a converted model, kept as it was before lowering.
+
+``qp.save`` writes the reference form (lowered kernels hold packed, engine-specific weights no
+file can carry), and exporters and compilers start from it. Convert keeps it here as a
+:class:`ReferenceSnapshot`, a second GraphModule over the same submodules (nothing is copied but
+the graph): lowering swaps submodules of the converted model for kernels and never changes a
+reference module, so the snapshot stays the reference form. Encoding it is serialization's job,
+done only when the model is saved.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from torch import fx
+
+from qplug_core.flows.tags import SNAPSHOT
+
+
+@dataclass(frozen=True, eq=False)
+class ReferenceSnapshot:
+    """``graph_module`` in reference form, converted for the backend named ``backend``."""
+
+    graph_module: fx.GraphModule
+    backend: str
+
+
+def keep_snapshot(gm: fx.GraphModule, backend: str) -> None:
+    """Keep ``gm``'s reference form in ``gm.meta`` (call it between convert_graph and lowering)."""
+    snapshot = fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    snapshot.meta = dict(gm.meta)
+    snapshot.train(gm.training)
+    gm.meta[SNAPSHOT] = ReferenceSnapshot(snapshot, backend)
+
+
+def snapshot_of(gm: object) -> ReferenceSnapshot | None:
+    """The snapshot a convert step kept in ``gm``, if any."""
+    return getattr(gm, "meta", {}).get(SNAPSHOT) if isinstance(gm, fx.GraphModule) else None

@@ -1,0 +1,324 @@
+"""The graph-mode flows: fuse -> prepare -> calibrate -> convert -> lower, and ``quantize`` in one call.
+
+Every entry point copies the user's model first (``inplace=False``), so the float model is never
+modified, and records what it did in ``GraphModule.meta`` for the next step and the report.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from qplug_core.enums import Stage
+from qplug_core.observers import distributed
+from qplug_core.flows import checks as flow_checks
+from qplug_core.registry.backends import Backend, get_backend, resolve_backend
+from qplug_core.config import QConfigMapping
+from qplug_core.errors import (
+    BackendUnavailableError,
+    CalibrationError,
+    ConfigValidationError,
+    InputMismatchError,
+    NothingQuantizedError,
+    QplugError,
+)
+from qplug_core.flows.convert import convert_graph
+from qplug_core.flows.finish import finish_conversion
+from qplug_core.flows.kernel_check import remember_example
+from qplug_core.flows.pipeline import (
+    as_input_tuple,
+    eval_mode,
+    fuse_model,
+    gc_paused,
+    plugin_passes,
+    run_passes,
+)
+from qplug_core.flows.prepare import ObserverInserter, swap_qat_modules, tag_regions
+from qplug_core.flows.regions import RegionPlanner
+from qplug_core.flows.snapshot import keep_snapshot
+from qplug_core.flows.report import QuantizationReport, top_reasons
+from qplug_core.flows.tags import REPORT, STATE, ValueAnnotator
+from qplug_core.passes import PassResult
+
+_ON_UNSUPPORTED = ("warn", "raise", "skip")
+
+
+def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
+    n_inputs = sum(node.op == "placeholder" for node in gm.graph.nodes)
+    if len(example_inputs) > n_inputs:
+        raise InputMismatchError(
+            f"{len(example_inputs)} example inputs given but the model's forward takes {n_inputs}; "
+            "pass example_inputs as a tuple with one entry per positional input of forward")
+    try:
+        with torch.no_grad(), eval_mode(gm):  # prepare must not update BN statistics
+            ValueAnnotator(gm).run(*example_inputs)
+    except QplugError:
+        raise
+    except Exception as error:
+        shapes = ", ".join(str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+                           for x in example_inputs)
+        raise InputMismatchError(
+            f"the model cannot run on the example inputs ({shapes}): {type(error).__name__}: {error}. "
+            "Pass example_inputs as a tuple of positional inputs of the right shapes.") from error
+
+
+def _state(gm: fx.GraphModule) -> dict[str, Any]:
+    state = getattr(gm, "meta", {}).get(STATE)
+    if state is None:
+        raise ConfigValidationError(
+            "this model was not prepared by qplug (no qplug state in GraphModule.meta); call "
+            "qp.prepare_fx or qp.prepare_qat_fx first", field="model")
+    return state
+
+
+def get_default_qconfig_mapping(backend: str | Backend | None = None, mode: str = "static") -> QConfigMapping:
+    """The backend's default QConfigMapping for ``mode`` ("static", "qat" or "dynamic")."""
+    return get_backend(backend).default_qconfig_mapping(mode)
+
+
+def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Backend | None = None,
+            is_qat: bool = False, inplace: bool = False, capture: str = "auto",
+            non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
+    """Capture ``model`` and fuse it with the backend's fusion patterns (conv-bn-relu, ...).
+
+    ``capture``: "symbolic" (torch.fx tracing), "export" (torch.export, needs ``example_inputs``)
+    or "auto" (symbolic when the whole model traces, else export); ``model`` may also be an
+    ``ExportedProgram`` or its ``.module()``. ``gm.meta["qplug_capture"]`` says which was used.
+    """
+    inputs = None if example_inputs is None else as_input_tuple(example_inputs)
+    return fuse_model(model, resolve_backend(backend), inputs, is_qat=is_qat, inplace=inplace,
+                      capture=capture, non_traceable_module_names=non_traceable_module_names,
+                      non_traceable_module_classes=non_traceable_module_classes)
+
+
+def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace,
+             keep_isolated_ops_float, on_unsupported, capture, non_traceable_module_names,
+             non_traceable_module_classes) -> fx.GraphModule:
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()  # a fresh module: the program itself is never modified
+    flow_checks.check_preparable(model)
+    flow_checks.check_float32(model)
+    if on_unsupported not in _ON_UNSUPPORTED:
+        raise ConfigValidationError(f"on_unsupported must be one of {_ON_UNSUPPORTED}, got "
+                                    f"{on_unsupported!r}", field="on_unsupported", value=on_unsupported)
+    chosen = resolve_backend(backend)
+    mode = "qat" if is_qat else "static"
+    mapping = qconfig_mapping if qconfig_mapping is not None else chosen.default_qconfig_mapping(mode)
+    if not isinstance(mapping, QConfigMapping):
+        raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got "
+                                    f"{type(mapping).__name__}", field="qconfig_mapping")
+    flow_checks.warn_unknown_module_names(mapping, model)
+    inputs = as_input_tuple(example_inputs)
+    if not is_qat and getattr(model, "training", False) and not inplace:  # PTQ folds batch norm
+        model = copy.deepcopy(model).eval()
+        inplace = True
+    gm = fuse_fx(model, inputs, backend=chosen, is_qat=is_qat, inplace=inplace, capture=capture,
+                 non_traceable_module_names=non_traceable_module_names,
+                 non_traceable_module_classes=non_traceable_module_classes)
+    _check_device(gm, chosen)
+
+    def annotate(graph_module: fx.GraphModule) -> PassResult:
+        _annotate(graph_module, inputs)
+        return PassResult(graph_module, False)  # only node.meta changes
+
+    def observe(graph_module: fx.GraphModule) -> None:
+        regions = RegionPlanner(graph_module, chosen, mapping, on_unsupported=on_unsupported,
+                                keep_isolated_ops_float=keep_isolated_ops_float).plan()
+        if is_qat:
+            swap_qat_modules(graph_module, regions)
+        ObserverInserter(graph_module, is_qat=is_qat).insert(regions)
+        tag_regions(regions)
+
+    run_passes(gm, [annotate, observe, *plugin_passes(chosen, Stage.POST_PREPARE)])
+    gm.meta[STATE] = {"backend": chosen.name, "mode": mode}
+    remember_example(gm, inputs)
+    if is_qat:
+        gm.train()
+    return gm
+
+
+def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, example_inputs: Any = None,
+               *, backend: str | Backend | None = None, inplace: bool = False,
+               keep_isolated_ops_float: bool = True, on_unsupported: str = "warn",
+               capture: str = "auto", non_traceable_module_names=(),
+               non_traceable_module_classes=()) -> fx.GraphModule:
+    """Fuse and insert observers for static post-training quantization; returns the observed model.
+
+    ``qconfig_mapping=None`` uses the backend's default static mapping. A qconfig the backend
+    cannot honour leaves that op in float with a warning (``on_unsupported="raise"`` makes it a
+    :class:`ConstraintViolationError`, ``"skip"`` only records it in the report).
+    """
+    return _prepare(model, qconfig_mapping, example_inputs, backend=backend, is_qat=False,
+                    inplace=inplace, keep_isolated_ops_float=keep_isolated_ops_float,
+                    on_unsupported=on_unsupported, capture=capture,
+                    non_traceable_module_names=non_traceable_module_names,
+                    non_traceable_module_classes=non_traceable_module_classes)
+
+
+def prepare_qat_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None,
+                   example_inputs: Any = None, *, backend: str | Backend | None = None,
+                   inplace: bool = False, keep_isolated_ops_float: bool = True,
+                   on_unsupported: str = "warn", capture: str = "auto",
+                   non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
+    """Like :func:`prepare_fx` for quantization-aware training: fake-quant everywhere, QAT modules."""
+    return _prepare(model, qconfig_mapping, example_inputs, backend=backend, is_qat=True,
+                    inplace=inplace, keep_isolated_ops_float=keep_isolated_ops_float,
+                    on_unsupported=on_unsupported, capture=capture,
+                    non_traceable_module_names=non_traceable_module_names,
+                    non_traceable_module_classes=non_traceable_module_classes)
+
+
+def iter_batches(data: Any) -> Iterable[tuple]:
+    """Calibration data as tuples of positional inputs: a bare tensor is one batch."""
+    if isinstance(data, torch.Tensor):
+        yield (data,)
+        return
+    for batch in data:
+        yield as_input_tuple(batch)
+
+
+def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> nn.Module:
+    """Run calibration batches through an observed model (no gradients); returns the model.
+
+    ``progress=None`` shows a rich progress bar only on a terminal (and only on rank 0). Under
+    an initialized torch.distributed process group, observers agree across ranks as if one
+    process saw every rank's batches together (docs/guide/distributed.md).
+    """
+    flow_checks.check_calibratable(model, data)
+    show = (sys.stderr.isatty() if progress is None else progress) and distributed.is_rank_zero()
+    total = len(data) if hasattr(data, "__len__") and not isinstance(data, torch.Tensor) else None
+    batches = non_empty = 0
+    with torch.no_grad(), distributed.calibration_session(model) as ranks:
+        if show:
+            from rich.progress import track
+            iterator = track(iter_batches(data), total=total, description="calibrating",
+                             transient=True)
+        else:
+            iterator = iter_batches(data)
+        for batch in ranks.steps(iterator):
+            batches += 1
+            if any(isinstance(x, torch.Tensor) and x.numel() for x in batch):
+                non_empty += 1
+            try:
+                model(*batch)
+            except QplugError as error:
+                flow_checks.mark_calibration_failed(model, error)
+                raise
+            except Exception as error:
+                flow_checks.mark_calibration_failed(model, error)
+                raise InputMismatchError(
+                    f"calibration batch {batches - 1} does not fit the model: {type(error).__name__}: "
+                    f"{str(error).splitlines()[0] if str(error) else ''}. Give batches with the same "
+                    "number, shapes and dtypes of inputs as example_inputs") from error
+        non_empty = ranks.total(non_empty)
+    if non_empty == 0:
+        raise CalibrationError(f"0 batches observed ({batches} given, all empty): calibration needs "
+                               "at least one batch of representative, non-empty inputs")
+    return model
+
+
+def _check_device(gm: fx.GraphModule, backend: Backend) -> None:
+    if backend.engine is None:
+        return
+    devices = {p.device.type for p in gm.parameters()} | {b.device.type for b in gm.buffers()}
+    if devices - {"cpu"}:
+        raise BackendUnavailableError(
+            f"backend {backend.name!r} runs on the CPU but the model has tensors on "
+            f"{sorted(devices - {'cpu'})}; move it with model.cpu() before quantizing",
+            backend=backend.name)
+
+
+def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_uncalibrated: bool,
+             inplace: bool, strict: bool, allow_float: bool = False) -> fx.GraphModule:
+    """Convert to the reference form, keep it (what qp.save writes), then lower and report."""
+    state = _state(observed)
+    flow_checks.check_calibration_finished(observed)
+    with gc_paused():
+        gm = observed if inplace else copy.deepcopy(observed)
+
+    def convert(graph_module: fx.GraphModule) -> None:
+        convert_graph(graph_module, allow_uncalibrated=allow_uncalibrated)
+        keep_snapshot(graph_module, backend.name)
+
+    run_passes(gm, [*plugin_passes(backend, Stage.PRE_CONVERT), convert])
+    report = finish_conversion(gm, backend, mode=state["mode"], lower=lower)
+    if strict and report.skipped:
+        listed = "; ".join(f"{s.node} ({s.op}): {s.reason}" for s in report.skipped[:5])
+        raise ConfigValidationError(f"strict=True but {len(report.skipped)} op(s) stay float: {listed}",
+                                    field="strict")
+    if not report.quantized and not allow_float:
+        raise_nothing_quantized(report)
+    return gm
+
+
+def raise_nothing_quantized(report: QuantizationReport) -> None:
+    """NothingQuantizedError naming why ops stayed float: a float model must not pass as int8."""
+    reasons = top_reasons(report)
+    listed = "; ".join(f"{reason} ({count} op(s))" for reason, count in reasons) or "no ops found"
+    raise NothingQuantizedError(
+        f"nothing was quantized: 0 int8 regions ({report.capture} capture, backend "
+        f"{report.backend!r}). Top reasons ops stayed float: {listed}. Pass allow_float=True to "
+        "accept a float result.", reasons=reasons)
+
+
+def convert_to_reference_fx(observed: fx.GraphModule, *, allow_uncalibrated: bool = False,
+                            inplace: bool = False, strict: bool = False,
+                            allow_float: bool = False) -> fx.GraphModule:
+    """Observed model -> reference int8 model (q/dq around float ops) that runs anywhere.
+
+    A result with no int8 region raises :class:`NothingQuantizedError` unless ``allow_float``.
+    """
+    return _convert(observed, get_backend("reference"), lower=False,
+                    allow_uncalibrated=allow_uncalibrated, inplace=inplace, strict=strict,
+                    allow_float=allow_float)
+
+
+def convert_fx(observed: fx.GraphModule, *, backend: str | Backend | None = None,
+               allow_uncalibrated: bool = False, inplace: bool = False, strict: bool = False,
+               allow_float: bool = False) -> fx.GraphModule:
+    """Observed model -> int8 model running the backend's kernels (reference form where none exists).
+
+    ``backend=None`` uses the backend the model was prepared for. ``strict=True`` raises when any
+    compute op is left in float; a result with no int8 region at all raises
+    :class:`NothingQuantizedError` unless ``allow_float=True``.
+    """
+    state = _state(observed)
+    chosen = get_backend(backend if backend is not None else state["backend"]).require_available()
+    _check_device(observed, chosen)
+    return _convert(observed, chosen, lower=True, allow_uncalibrated=allow_uncalibrated,
+                    inplace=inplace, strict=strict, allow_float=allow_float)
+
+
+def quantization_report(model: fx.GraphModule) -> QuantizationReport:
+    """The report a convert step attached to ``model``."""
+    report = getattr(model, "meta", {}).get(REPORT)
+    if report is None:
+        raise ConfigValidationError("this model has no qplug quantization report; it was not "
+                                    "produced by qp.convert_fx / qp.quantize", field="model")
+    return report
+
+
+def quantize_static(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
+             backend: str | Backend | None = None, qconfig_mapping: QConfigMapping | None = None,
+             progress: bool | None = None, strict: bool = False, allow_float: bool = False,
+             **prepare_options: Any) -> fx.GraphModule:
+    """Static post-training quantization in one call, without accuracy recipes (``qp.quantize``
+    adds them: :mod:`qplug_core.one_call`).
+
+    ``model`` may be an ``nn.Module``, an ``ExportedProgram`` or its ``.module()``;
+    ``capture="auto"`` (a prepare option) traces symbolically when it can, else uses
+    torch.export. With no int8 region at all it raises :class:`NothingQuantizedError` (the most
+    frequent reasons ops stayed float in its message) unless ``allow_float=True``.
+    """
+    flow_checks.check_preparable(model)
+    flow_checks.check_calibration_data(calibration_data)
+    chosen = resolve_backend(backend)
+    chosen.require_available()
+    observed = prepare_fx(model, qconfig_mapping, example_inputs, backend=chosen, **prepare_options)
+    calibrate(observed, calibration_data, progress=progress)
+    return convert_fx(observed, backend=chosen, inplace=True, strict=strict, allow_float=allow_float)

@@ -1,0 +1,129 @@
+"""Plain-data annotations that prepare leaves on nodes for convert and lowering.
+
+Only plain values live in ``node.meta`` (no references to other nodes), so the tags survive
+``copy.deepcopy`` of a GraphModule and every pass that copies meta.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from qplug_core.errors import InputMismatchError
+
+#: node.meta key: what the node's value is ("float_tensor", "tensor" or "other")
+VALUE_KIND = "qplug_value"
+#: node.meta key: the :class:`RegionTag` of the region the node belongs to
+REGION = "qplug_region"
+#: node.meta key on observer nodes: which value they observe and why ("input"/"output"/"shared")
+OBSERVER = "qplug_observer"
+#: node.meta key on quantize/dequantize boundary nodes
+BOUNDARY = "qplug_boundary"
+#: node.meta key on nodes that run a backend kernel: the kernel's op name
+KERNEL = "qplug_kernel"
+#: node.meta key on the root node of a region (the node whose module carries the weight)
+ROOT = "qplug_root"
+#: node.meta key on a clamp folded into its producer's output range: its ``(low, high)`` bounds
+FOLDED_CLAMP = "qplug_folded_clamp"
+#: node.meta key: which plugin pass wrote which annotation (see ``fx.annotation_guard``)
+ANNOTATION_OWNERS = "qplug_annotation_owners"
+
+# Keys of ``GraphModule.meta`` (and one module attribute) that carry state between the flows.
+
+#: GraphModule.meta key: the backend and mode a model was prepared for
+STATE = "qplug_state"
+#: GraphModule.meta key: the fusions fuse_fx applied (list of FusionRecord)
+FUSIONS = "qplug_fusions"
+#: GraphModule.meta key: the QuantizationReport a convert step attached
+REPORT = "qplug_report"
+#: GraphModule.meta key: the reference form convert kept before lowering (ReferenceSnapshot)
+SNAPSHOT = "qplug_reference_snapshot"
+#: GraphModule.meta key: the encoded reference form a model was loaded from (serialization.Artifact)
+ARTIFACT = "qplug_artifact"
+#: attribute of an eager-mode model prepared by ``qp.eager.prepare``
+EAGER_STATE = "qplug_eager_state"
+#: GraphModule.meta: the capture level used ("symbolic" or "export")
+CAPTURE = "qplug_capture"
+#: GraphModule.meta: submodules left opaque because capture failed, (name, type, reason)
+CAPTURE_SKIPPED = "qplug_capture_skipped"
+#: GraphModule.meta: the accuracy recipe qp.quantize applied, and the target's decisions
+RECIPE = "qplug_recipe"
+TARGET = "qplug_target"
+#: GraphModule.meta: the error a calibration raised (converting after it is refused)
+CALIBRATION_FAILED = "qplug_calibration_failed"
+#: GraphModule.meta: the example inputs prepare ran, replayed by the kernel contract at convert
+EXAMPLE_INPUTS = "qplug_example_inputs"
+#: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example
+#: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
+INPUT_SPEC = "qplug_input_spec"
+#: dtypes an input spec may name (what ``input_spec``/``example_from_spec`` round-trip)
+SPEC_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+@dataclass(frozen=True)
+class RegionTag:
+    """What prepare decided for the region a node belongs to."""
+
+    region_id: int
+    is_anchor: bool
+    pattern: Any
+    pattern_name: str
+    quantized: bool
+    reason: str
+    weighted: bool
+    is_dynamic: bool
+    qconfig: Any = None
+    dtype_config: Any = None
+
+
+def value_kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return "float_tensor" if value.is_floating_point() else "tensor"
+    return "other"
+
+
+class ValueAnnotator(fx.Interpreter):
+    """Runs the graph once on example inputs and records each node's value kind.
+
+    Knowing which values are float tensors lets prepare observe exactly those (never integer
+    indices, shapes or tuples), instead of guessing from op names.
+    """
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        n.meta[VALUE_KIND] = value_kind(result)
+        if n.op == "placeholder" and isinstance(result, torch.Tensor):
+            spec = input_spec(result)
+            if spec is not None:
+                n.meta[INPUT_SPEC] = spec
+        return result
+
+
+def input_spec(value: torch.Tensor) -> dict[str, Any] | None:
+    """The :data:`INPUT_SPEC` of an example tensor (``None`` for a dtype outside SPEC_DTYPES)."""
+    dtype = str(value.dtype).removeprefix("torch.")
+    return {"shape": list(value.shape), "dtype": dtype} if dtype in SPEC_DTYPES else None
+
+
+def example_from_spec(spec: dict[str, Any]) -> torch.Tensor:
+    """A tensor of the recorded shape and dtype (zeros: only shapes and dtypes are recorded)."""
+    return torch.zeros(spec["shape"], dtype=SPEC_DTYPES[spec["dtype"]])
+
+
+def region_tag(node: fx.Node) -> RegionTag | None:
+    return node.meta.get(REGION)
+
+
+def recorded_example_inputs(gm: fx.GraphModule) -> tuple[torch.Tensor, ...]:
+    """Inputs shaped like the example inputs the model was prepared with (:data:`INPUT_SPEC`)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    missing = [n.name for n in placeholders if INPUT_SPEC not in n.meta]
+    if missing:
+        raise InputMismatchError(f"the shapes of input(s) {missing} were not recorded when the model "
+                                 "was prepared; pass example inputs explicitly")
+    return tuple(example_from_spec(n.meta[INPUT_SPEC]) for n in placeholders)

@@ -1,0 +1,427 @@
+"""Backends: what a plugin declares (:class:`BackendSpec`) and what the flows use (:class:`Backend`).
+
+A backend is assembled from the contributions of *every* plugin (pattern configs, fuser methods,
+kernels), not only the one that registered it, so that a vendor can extend ``fbgemm`` with one
+pattern. Assembly happens once per plugin manager (see :func:`qplug_core.registry.plugins.reset`).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from qplug_core.registry import plugins
+from qplug_core.config import names
+from qplug_core.registry.contract import (  # re-exported: the registry's callers import them from here
+    ARM_MACHINES,
+    X86_MACHINES,
+    Availability,
+    BackendSpec,
+    Delegate,
+    Diagnostic,
+    engine_availability,
+    platform_name,
+)
+from qplug_core.enums import MODES, STAGES, BackendStatus, PluginStatus
+from qplug_core.errors import (
+    BackendNotFoundError,
+    BackendUnavailableError,
+    ConfigError,
+    ConfigValidationError,
+    DuplicateBackendError,
+    DuplicatePatternError,
+    PluginError,
+    QplugError,
+    did_you_mean,
+    notify,
+    spelled,
+)
+
+if TYPE_CHECKING:
+    from qplug_core.config import BackendConfig, QConfigMapping
+    from qplug_core.kernels.base import KernelSpec
+
+__all__ = [
+    "ARM_MACHINES", "MODES", "STAGES", "X86_MACHINES", "Availability", "Backend", "BackendInfo",
+    "BackendSpec", "Diagnostic", "engine_availability", "environment_diagnostics", "get_backend",
+    "list_backends", "platform_name", "resolve_backend",
+]
+
+@dataclass
+class Backend:
+    """A backend assembled from all plugins: what prepare/convert/lowering consult."""
+
+    spec: BackendSpec
+    config: BackendConfig
+    fuser_methods: dict[Any, Callable] = field(default_factory=dict)
+    kernels: dict[Any, KernelSpec] = field(default_factory=dict)
+    #: plugins that registered or extended this backend (the registering one first)
+    contributors: list[plugins.PluginRecord] = field(default_factory=list)
+    #: hook failures of contributing plugins; their contributions are left out
+    problems: list[PluginError] = field(default_factory=list)
+    #: which plugin contributed each kernel (warnings about a kernel name it)
+    kernel_plugins: dict[Any, plugins.PluginRecord] = field(default_factory=dict)
+    #: the compiling runtime's contribution (``qplug_delegate``), or ``None``
+    delegate: Delegate | None = None
+    #: stage -> the plugins' passes as (plugin label, pass), or the hook failure to raise when the
+    #: flow reaches that stage (the flows guard each pass with its label: annotation_guard)
+    stage_passes: dict[str, list[tuple[str, Callable]] | PluginError] = field(default_factory=dict)
+    #: mode -> the default QConfigMapping (``None``: no plugin provides one)
+    default_mappings: dict[str, QConfigMapping | None] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def description(self) -> str:
+        return self.spec.description
+
+    @property
+    def engine(self) -> str | None:
+        """The quantized engine kernels must be packed under (see ``kernels.engine_context``)."""
+        return self.spec.engine
+
+    def availability(self) -> Availability:
+        try:
+            return self.spec.is_available()
+        except Exception as exc:  # a probe that crashes means "not usable here", with the reason
+            return Availability(False, f"availability check raised {type(exc).__name__}: {exc}")
+
+    def with_config(self, config: BackendConfig) -> Backend:
+        """This backend with another BackendConfig (torch.ao's ``backend_config=``): the same
+        kernels, fuser methods and engine, matched against ``config``'s patterns. Patterns the
+        backend has no kernel for run in reference form, as usual."""
+        from qplug_core.config import BackendConfig
+
+        if not isinstance(config, BackendConfig):
+            raise ConfigValidationError(f"with_config needs a BackendConfig, got "
+                                        f"{type(config).__name__}", field="config")
+        return replace(self, config=config)
+
+    def require_available(self) -> Backend:
+        """Return ``self``, or raise :class:`BackendUnavailableError` saying why and what to use."""
+        availability = self.availability()
+        if not availability.ok:
+            others = [info.name for info in list_backends() if info.status == BackendStatus.OK]
+            raise BackendUnavailableError(
+                f"backend {self.name!r} cannot run on this machine ({platform_name()}): "
+                f"{availability.reason}; use one of: {', '.join(others) or 'none'}",
+                backend=self.name)
+        return self
+
+    @property
+    def status(self) -> BackendStatus:
+        if self.problems:
+            return BackendStatus.BROKEN
+        return BackendStatus.OK if self.availability().ok else BackendStatus.UNAVAILABLE
+
+    def default_qconfig_mapping(self, mode: str = "static") -> QConfigMapping:
+        """The backend's default mapping for ``mode`` (``"static"``, ``"qat"`` or ``"dynamic"``):
+        a fresh copy each call, so callers may edit it."""
+        if mode not in MODES:
+            raise ConfigError(f"unknown quantization mode {mode!r}{did_you_mean(mode, MODES)}; "
+                              f"use one of {', '.join(MODES)}", field="mode", value=mode)
+        mapping = self.default_mappings.get(mode)
+        if mapping is None:
+            raise ConfigError(f"no plugin provides a default {mode!r} qconfig mapping for backend "
+                              f"{self.name!r}; pass a QConfigMapping explicitly",
+                              field="mode", value=mode)
+        return copy.deepcopy(mapping)
+
+    def passes(self, stage: str) -> list[tuple[str, Callable]]:
+        """The plugins' passes for ``stage`` as (plugin label, pass); a plugin whose hook failed
+        raises its own PluginError here, where the flow needs them."""
+        if stage not in STAGES:
+            raise ConfigError(f"unknown stage {stage!r}{did_you_mean(stage, STAGES)}; use one of "
+                              f"{', '.join(STAGES)}", field="stage", value=stage)
+        found = self.stage_passes.get(stage, [])
+        if isinstance(found, PluginError):
+            raise found
+        return list(found)
+
+    def __repr__(self) -> str:
+        return (f"Backend({self.name!r}, engine={self.engine!r}, "
+                f"pattern_configs={len(self.config.configs)}, kernels={len(self.kernels)})")
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """One row of :func:`list_backends` (plain data, JSON-ready through :meth:`to_dict`)."""
+
+    name: str
+    status: str
+    reason: str = ""
+    description: str = ""
+    engine: str | None = None
+    contributors: tuple[plugins.PluginRecord, ...] = ()
+    n_pattern_configs: int = 0
+    n_kernels: int = 0
+
+    @property
+    def available(self) -> bool:
+        return self.status == BackendStatus.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": str(self.status), "available": self.available,
+                "reason": self.reason, "description": self.description, "engine": self.engine,
+                "plugins": [{"name": r.name, "dist": r.dist, "version": r.version}
+                            for r in self.contributors],
+                "n_pattern_configs": self.n_pattern_configs, "n_kernels": self.n_kernels}
+
+
+# -- assembly --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    """A backend name with the plugins registering it and the outcome of assembling it."""
+
+    owners: list[tuple[plugins.PluginRecord, BackendSpec]]
+    backend: Backend | None = None
+    error: QplugError | None = None
+
+
+def _disable_hint(*records: plugins.PluginRecord) -> str:
+    return " or ".join(f"{plugins.ENV_DISABLE}={r.name}" for r in records)
+
+
+def _pattern_key(cfg: Any) -> Any:
+    """The complex-format pattern a BackendPatternConfig is filed under by ``BackendConfig``."""
+    from qplug_core.config import BackendConfig
+
+    return next(iter(BackendConfig("_key").set_backend_pattern_config(cfg).pattern_to_config()))
+
+
+def _claim(owners: dict[Any, plugins.PluginRecord], key: Any, record: plugins.PluginRecord,
+           what: str, backend: str) -> None:
+    """Give ``key`` to ``record``; a key claimed twice is an error naming both plugins."""
+    from qplug_core.patterns import format_pattern
+
+    if key in owners:
+        first = owners[key]
+        both = (f"both {first.label} and {record.label}" if first is not record
+                else f"{record.label} twice")
+        raise DuplicatePatternError(
+            f"backend {backend!r}: {what} for pattern {format_pattern(key)} is contributed by "
+            f"{both}; remove one or disable a plugin with {_disable_hint(first, record)}",
+            field=what, value=key)
+    owners[key] = record
+
+
+def _merge(results: list[plugins.HookResult], what: str, backend: Backend,
+           owners: dict[Any, plugins.PluginRecord] | None = None) -> dict[Any, Any]:
+    owners = {} if owners is None else owners
+    merged: dict[Any, Any] = {}
+    for result in _usable(results, backend):
+        for key, value in result.value.items():
+            _claim(owners, key, result.record, what, backend.name)
+            merged[key] = value
+    return merged
+
+
+def _usable(results: list[plugins.HookResult], backend: Backend) -> list[plugins.HookResult]:
+    """Successful, non-empty results; failures become the backend's problems."""
+    usable = []
+    for result in results:
+        if not result.ok:
+            backend.problems.append(result.error)
+        elif result.value:
+            usable.append(result)
+            if result.record not in backend.contributors:
+                backend.contributors.append(result.record)
+    return usable
+
+
+def _assemble(record: plugins.PluginRecord, spec: BackendSpec) -> Backend:
+    from qplug_core.config import BackendConfig
+
+    backend = Backend(spec, BackendConfig(spec.name), contributors=[record])
+    owners: dict[Any, plugins.PluginRecord] = {}
+    for result in _usable(plugins.collect("qplug_backend_pattern_configs", backend=spec.name), backend):
+        for cfg in result.value:
+            _claim(owners, _pattern_key(cfg), result.record, "pattern config", spec.name)
+            backend.config.set_backend_pattern_config(cfg)
+    backend.fuser_methods = _merge(plugins.collect("qplug_fuser_methods", backend=spec.name),
+                                   "fuser method", backend)
+    backend.kernels = _merge(plugins.collect("qplug_int8_kernels", backend=spec.name),
+                             "kernel", backend, backend.kernel_plugins)
+    delegate = plugins.collect_first("qplug_delegate", backend=spec.name)
+    backend.delegate = None if delegate is None else delegate.value
+    backend.stage_passes = {stage: _stage_passes(spec.name, stage) for stage in STAGES}
+    backend.default_mappings = {mode: _default_mapping(spec.name, mode) for mode in MODES}
+    return backend
+
+
+def _stage_passes(backend: str, stage: str) -> list[tuple[str, Callable]] | PluginError:
+    found: list[tuple[str, Callable]] = []
+    for result in plugins.collect("qplug_passes", stage=stage, backend=backend):
+        if not result.ok:
+            return result.error
+        found.extend((result.record.label, p) for p in result.value)
+    return found
+
+
+def _default_mapping(backend: str, mode: str) -> QConfigMapping | None:
+    result = plugins.collect_first("qplug_default_qconfig_mapping", backend=backend, mode=mode)
+    return None if result is None else result.value
+
+
+def _build_registry() -> dict[str, _Entry]:
+    entries: dict[str, _Entry] = {}
+    for result in plugins.collect("qplug_register_backends"):
+        for spec in result.value if result.ok else ():
+            entries.setdefault(spec.name, _Entry([])).owners.append((result.record, spec))
+    for name, entry in entries.items():
+        records = [record for record, _ in entry.owners]
+        if len(records) > 1:
+            entry.error = DuplicateBackendError(
+                f"backend {name!r} is registered by {' and '.join(r.label for r in records)}; "
+                f"uninstall one or disable it with {_disable_hint(*records)}",
+                backend=name, dists=[r.dist or r.name for r in records])
+            continue
+        try:
+            entry.backend = _assemble(*entry.owners[0])
+        except QplugError as exc:
+            entry.error = exc
+    return entries
+
+
+def _registry() -> dict[str, _Entry]:
+    """Assembled backends, built once per plugin manager (so a reset rebuilds them)."""
+    return plugins.get_manager().derived("backends", _build_registry)
+
+
+# -- public API ------------------------------------------------------------------------------------
+
+
+def list_backends() -> list[BackendInfo]:
+    """Every registered backend with its plugins, sizes and status (ok/unavailable/broken/conflict).
+
+    A name registered by two plugins gives one ``conflict`` row per plugin.
+    """
+    rows: list[BackendInfo] = []
+    for name, entry in _registry().items():
+        backend = entry.backend
+        if backend is None:
+            status = (BackendStatus.CONFLICT if isinstance(entry.error, DuplicateBackendError)
+                      else BackendStatus.BROKEN)
+            rows += [BackendInfo(name, status, str(entry.error), spec.description, spec.engine, (record,))
+                     for record, spec in (entry.owners if status is BackendStatus.CONFLICT else entry.owners[:1])]
+            continue
+        availability = backend.availability()
+        reason = "; ".join(str(p) for p in backend.problems) or availability.reason
+        rows.append(BackendInfo(name, backend.status, reason, backend.description, backend.engine,
+                                tuple(backend.contributors), len(backend.config.configs),
+                                len(backend.kernels)))
+    return rows
+
+
+def _default_backend_name() -> str:
+    available = [info.name for info in list_backends() if info.status == BackendStatus.OK]
+    choice = plugins.collect_first("qplug_select_default_backend", available=available)
+    if choice is not None:
+        if choice.value in available:
+            return choice.value
+        warnings.warn(f"plugin {choice.record.label} selected backend {choice.value!r}, which is not "
+                      f"available here ({', '.join(available)}); ignoring it",
+                      plugins.QplugPluginWarning, stacklevel=3)
+    if "reference" in available or not available:
+        return "reference"
+    return available[0]
+
+
+def get_backend(name_or_backend: str | Backend | None = None) -> Backend:
+    """The assembled backend of that name; ``None`` picks the best available one for this machine
+    (the plugins' ``qplug_select_default_backend``, else reference).
+    Callers that pick the default tell the user which backend they got.
+    """
+    if isinstance(name_or_backend, Backend):
+        return name_or_backend
+    entries = _registry()
+    name = _default_backend_name() if name_or_backend is None else name_or_backend
+    entry = entries.get(name)
+    if entry is None:
+        raise BackendNotFoundError(_not_found_message(name, entries), backend=name)
+    if entry.error is not None:
+        raise entry.error
+    return entry.backend
+
+
+def resolve_backend(backend: str | Backend | None) -> Backend:
+    """The Backend to use; with ``None`` the best one for this machine, announced on stderr."""
+    chosen = get_backend(backend)
+    if backend is None:
+        notify(f"using backend {chosen.name!r} "
+               f"({spelled('pass backend=... to choose', 'choose one with --backend NAME')})")
+    return chosen
+
+
+def _not_found_message(name: str, entries: dict[str, _Entry]) -> str:
+    """What went wrong and the fix: the loaded backends, near misses, and what metadata knows.
+
+    The hint comes from the installed distributions' own entry points (read without importing
+    anything), so the core names no plugin of its own.
+    """
+    provided = {info.name: info for info in plugins.discover()}
+    candidates = [n for n in (*entries, *provided) if n != name]
+    message = (f"no backend {name!r}{did_you_mean(name, candidates)}; installed backends: "
+               f"{', '.join(entries) or 'none'}")
+    skipped = [r for r in plugins.plugin_records() if r.name == name and r.status != PluginStatus.OK]
+    if skipped:
+        message += f"; plugin {skipped[0].label} is {skipped[0].status.value}"
+    elif wanted := next(iter(difflib.get_close_matches(name, [n for n in provided if n not in entries],
+                                                       n=1, cutoff=0.6)), None):
+        info = provided[wanted]
+        message += (f"; {info.dist} {info.version} provides {wanted!r} but is not loaded: add "
+                    f"{info.name!r} to {plugins.ENV_LOAD} or unset it")
+    else:
+        message += "; install the plugin distribution that provides it (qplug list-backends --no-load " \
+                   "shows what is installed)"
+    return message
+
+
+def environment_diagnostics() -> list[tuple[str, Diagnostic]]:
+    """What ``qplug doctor`` reports, as ``(scope, finding)`` pairs: torch and its engines, the
+    health of every plugin, each backend's status and its plugins' ``qplug_check_environment``."""
+    import torch
+
+    engines = list(torch.backends.quantized.supported_engines)
+    findings = [("torch", Diagnostic("ok", f"torch {torch.__version__} on {platform_name()}")),
+                ("torch", Diagnostic("ok", f"quantized engines {engines}, current "
+                                           f"{torch.backends.quantized.engine!r}"))]
+    for record in plugins.plugin_records():
+        if record.error is not None:
+            findings.append((f"plugin {record.name}", Diagnostic("error", str(record.error))))
+        else:
+            findings.append((f"plugin {record.name}", Diagnostic(
+                "ok", f"{record.dist} {record.version or ''} {record.status.value}".rstrip())))
+    for info in list_backends():
+        level = {BackendStatus.OK: "ok", BackendStatus.UNAVAILABLE: "warning"}.get(info.status, "error")
+        message = info.status + (f": {info.reason}" if info.reason else "")
+        findings.append((f"backend {info.name}", Diagnostic(level, message)))
+    for name in dict.fromkeys(info.name for info in list_backends()):
+        for result in plugins.collect("qplug_check_environment", backend=name):
+            if result.ok:
+                findings += [(f"backend {name}", finding) for finding in result.value]
+            else:
+                findings.append((f"backend {name}", Diagnostic("error", str(result.error))))
+    return findings
+
+
+def _backends_for_names() -> tuple[dict, Iterator[Backend]]:
+    """The name table's view of the backends (``config.names`` sits below this layer): the plugin
+    manager's cache, cleared on reload, and every backend that assembles."""
+    def usable() -> Iterator[Backend]:
+        for info in list_backends():
+            try:
+                yield get_backend(info.name)
+            except QplugError:
+                continue  # broken or conflicting backends are reported where they are selected
+    return plugins.get_manager().cache, usable()
+
+
+names.set_backend_source(_backends_for_names)

@@ -1,0 +1,110 @@
+"""What a plugin declares about a backend: :class:`BackendSpec`, :class:`Availability`,
+:class:`Diagnostic` and, for a backend that compiles whole partitions, :class:`Delegate`.
+
+A leaf module (at run time it imports only :mod:`qplug_core.errors`): the hook contract types live here, apart
+from the registry that assembles backends (:mod:`qplug_core.registry.backends`), so that hookspecs, the
+plugin manager and plugins can name them without importing the registry.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from qplug_core.errors import ConfigValidationError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import fx, nn
+
+    from qplug_core.partition import OperatorSupportBase
+
+X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
+ARM_MACHINES = ("aarch64", "arm64", "armv7l", "armv8l")
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run on this machine, and if not, why (one line a user can act on)."""
+
+    ok: bool
+    reason: str = ""
+
+
+def always_available() -> Availability:
+    return Availability(True)
+
+
+def platform_name() -> str:
+    return f"{platform.system()} {platform.machine()}"
+
+
+def engine_availability(engine: str, *, machines: tuple[str, ...] = ()) -> Availability:
+    """Availability of a backend whose kernels need a ``torch.backends.quantized`` engine.
+
+    ``machines`` restricts it to CPU architectures (``platform.machine()``, lower case).
+    """
+    import torch
+
+    engines = list(torch.backends.quantized.supported_engines)
+    if engine not in engines:
+        return Availability(False, f"engine {engine!r} not in torch.backends.quantized."
+                                   f"supported_engines {engines} (torch {torch.__version__}, "
+                                   f"{platform_name()})")
+    if machines and platform.machine().lower() not in machines:
+        return Availability(False, f"engine {engine!r} needs a {'/'.join(machines)} CPU, "
+                                   f"this is {platform_name()}")
+    return Availability(True)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A backend as a plugin declares it through ``qplug_register_backends``.
+
+    ``engine`` is the ``torch.backends.quantized`` engine its kernels pack weights for (``None`` for
+    backends that need no engine, like ``reference``).
+    """
+
+    name: str
+    description: str
+    engine: str | None = None
+    is_available: Callable[[], Availability] = field(default=always_available, compare=False)
+
+
+DIAGNOSTIC_LEVELS = ("ok", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One finding of ``qplug doctor``; ``hint`` says what to do about a warning or error."""
+
+    level: str
+    message: str
+    hint: str = ""
+
+    def __post_init__(self) -> None:
+        if self.level not in DIAGNOSTIC_LEVELS:
+            raise ConfigValidationError(
+                f"Diagnostic level must be one of {DIAGNOSTIC_LEVELS}, got {self.level!r}",
+                field="level", value=self.level)
+
+
+@dataclass(frozen=True)
+class Delegate:
+    """What a compiling backend contributes (returned by the ``qplug_delegate`` hook).
+
+    ``compile(partition, example_inputs)`` receives one partition as a GraphModule in reference
+    form (Quantize/Dequantize modules, ``ReferenceWeighted`` layers) and a tuple of tensors it can
+    be called with; it returns the module that replaces it (same inputs, same outputs). It runs
+    at convert and again when ``qp.load`` rebuilds the model. A compile that raises leaves that
+    partition in reference form, with a warning and the reason in the report.
+    """
+
+    operator_support: OperatorSupportBase
+    compile: Callable[[fx.GraphModule, tuple[torch.Tensor, ...]], nn.Module]
+    allows_single_node_partition: bool = True
+
+
+__all__ = ["ARM_MACHINES", "DIAGNOSTIC_LEVELS", "X86_MACHINES", "Availability", "BackendSpec",
+           "Delegate", "Diagnostic", "always_available", "engine_availability", "platform_name"]

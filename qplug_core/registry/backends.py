@@ -69,7 +69,9 @@ class Backend:
     #: stage -> the plugins' passes as (plugin label, pass), or the hook failure to raise when the
     #: flow reaches that stage (the flows guard each pass with its label: annotation_guard)
     stage_passes: dict[str, list[tuple[str, Callable]] | PluginError] = field(default_factory=dict)
-    #: mode -> the default QConfigMapping (``None``: no plugin provides one)
+    #: mode -> the default QConfigMapping (``None``: no plugin provides one), asked of the plugins
+    #: on first use rather than at assembly, so a plugin may build its default from another
+    #: backend's (``qp.get_default_qconfig_mapping("fbgemm", mode)`` plus its own changes)
     default_mappings: dict[str, QConfigMapping | None] = field(default_factory=dict)
 
     @property
@@ -125,7 +127,9 @@ class Backend:
         if mode not in MODES:
             raise ConfigError(f"unknown quantization mode {mode!r}{did_you_mean(mode, MODES)}; "
                               f"use one of {', '.join(MODES)}", field="mode", value=mode)
-        mapping = self.default_mappings.get(mode)
+        if mode not in self.default_mappings:
+            self.default_mappings[mode] = _default_mapping(self.name, mode)
+        mapping = self.default_mappings[mode]
         if mapping is None:
             raise ConfigError(f"no plugin provides a default {mode!r} qconfig mapping for backend "
                               f"{self.name!r}; pass a QConfigMapping explicitly",
@@ -252,7 +256,6 @@ def _assemble(record: plugins.PluginRecord, spec: BackendSpec) -> Backend:
     delegate = plugins.collect_first("qplug_delegate", backend=spec.name)
     backend.delegate = None if delegate is None else delegate.value
     backend.stage_passes = {stage: _stage_passes(spec.name, stage) for stage in STAGES}
-    backend.default_mappings = {mode: _default_mapping(spec.name, mode) for mode in MODES}
     return backend
 
 

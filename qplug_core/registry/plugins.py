@@ -44,7 +44,7 @@ from packaging.utils import canonicalize_name
 from qplug_core.registry import hookspecs
 from qplug_core.registry import isolation as plugin_isolation
 from qplug_core.enums import PluginStatus
-from qplug_core.errors import PluginContractError, PluginError, PluginHookError, PluginLoadError
+from qplug_core.errors import PluginContractError, PluginError, PluginHookError, PluginLoadError, notify
 
 ENTRY_POINT_GROUP = "qplug"
 CORE_DISTRIBUTION = "qplug-core"
@@ -506,8 +506,8 @@ class QplugPluginManager:
             return self._hook_failed(record, error)
         if self.trace:
             elapsed = (time.perf_counter() - started) * 1000
-            print(f"qplug: trace {hook_name}({kwargs}) by {record.label} -> {_describe(value)} "
-                  f"in {elapsed:.1f} ms", file=sys.stderr)
+            notify(f"trace {hook_name}({kwargs}) by {record.label} -> {_describe(value)} "
+                   f"in {elapsed:.1f} ms")
         if not conforms(value, expected):
             return self._hook_failed(record, PluginContractError(
                 f"plugin {record.label}: hook {hook_name} must return {expected_text}, got "

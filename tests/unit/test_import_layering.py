@@ -81,7 +81,7 @@ def imported_parts(path: Path) -> dict[str, int]:
             modules = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             modules = [node.module]
-            if node.module == FACADE:  # from qplug_core import plugins: a submodule, else the facade
+            if node.module == FACADE:  # from qplug_core import errors: a submodule, else the facade
                 modules = [f"{FACADE}.{a.name}" if (PACKAGE / a.name).exists()
                            or (PACKAGE / f"{a.name}.py").exists() else FACADE for a in node.names]
         else:

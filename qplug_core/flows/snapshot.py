@@ -12,26 +12,33 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch import fx
 
 from qplug_core.flows.tags import SNAPSHOT
 
+if TYPE_CHECKING:
+    from qplug_core.registry.backends import Backend
+
 
 @dataclass(frozen=True, eq=False)
 class ReferenceSnapshot:
-    """``graph_module`` in reference form, converted for the backend named ``backend``."""
+    """``graph_module`` in reference form, converted for ``backend`` with these ``plugins``
+    (name, dist, version of each contributing one: recorded now, the file says them later)."""
 
     graph_module: fx.GraphModule
     backend: str
+    plugins: tuple[dict[str, str | None], ...]
 
 
-def keep_snapshot(gm: fx.GraphModule, backend: str) -> None:
+def keep_snapshot(gm: fx.GraphModule, backend: Backend) -> None:
     """Keep ``gm``'s reference form in ``gm.meta`` (call it between convert_graph and lowering)."""
     snapshot = fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
     snapshot.meta = dict(gm.meta)
     snapshot.train(gm.training)
-    gm.meta[SNAPSHOT] = ReferenceSnapshot(snapshot, backend)
+    plugins = tuple({"name": r.name, "dist": r.dist, "version": r.version} for r in backend.contributors)
+    gm.meta[SNAPSHOT] = ReferenceSnapshot(snapshot, backend.name, plugins)
 
 
 def snapshot_of(gm: object) -> ReferenceSnapshot | None:

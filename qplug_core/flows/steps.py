@@ -243,7 +243,7 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
 
     def convert(graph_module: fx.GraphModule) -> None:
         convert_graph(graph_module, allow_uncalibrated=allow_uncalibrated)
-        keep_snapshot(graph_module, backend.name)
+        keep_snapshot(graph_module, backend)
 
     run_passes(gm, [*plugin_passes(backend, Stage.PRE_CONVERT), convert])
     report = finish_conversion(gm, backend, mode=state["mode"], lower=lower)

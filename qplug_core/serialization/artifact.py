@@ -58,8 +58,10 @@ def backend_identity(backend: str | Backend) -> tuple[str, tuple[dict[str, str |
                               for r in chosen.contributors)
 
 
-def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference") -> Artifact:
-    """Capture ``gm`` in reference form (straight after ``convert_graph``, before lowering).
+def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference",
+                     plugins: tuple[dict[str, str | None], ...] | None = None) -> Artifact:
+    """Capture ``gm`` in reference form (straight after ``convert_graph``, before lowering);
+    ``plugins`` as recorded at convert (default: the installed backend's contributors).
 
     Raises :class:`SerializationError` when the model holds something a file cannot express (a
     module class outside the allowlist, a graph calling a non-tensor function, ...).
@@ -68,7 +70,10 @@ def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference") -
     if lowered:
         raise SerializationError(f"cannot capture a lowered model (nodes {lowered[:4]} run backend "
                                  "kernels); capture the reference form, before lower_graph")
-    name, plugins = backend_identity(backend)
+    if plugins is None:
+        name, plugins = backend_identity(backend)
+    else:
+        name = backend if isinstance(backend, str) else backend.name
     table = TensorTable()
     try:
         modules, attributes = encode_modules(gm, table)
@@ -93,7 +98,7 @@ def artifact_of(qmodel: object) -> Artifact | str | None:
     if snapshot is None:
         return None
     try:
-        return capture_artifact(snapshot.graph_module, snapshot.backend)
+        return capture_artifact(snapshot.graph_module, snapshot.backend, snapshot.plugins)
     except SerializationError as exc:
         return str(exc)
 

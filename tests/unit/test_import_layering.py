@@ -42,7 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"enums", "errors", "nn", "observers", "patterns"},
     # the plugin host, then the pipeline that consults it
     "registry": {"config", "enums", "errors", "kernels", "partition", "patterns"},
-    "flows": {"config", "errors", "ir", "kernels", "matcher", "nn", "observers", "partition", "passes",
+    "flows": {"config", "enums", "errors", "ir", "kernels", "matcher", "nn", "observers", "partition", "passes",
               "patterns", "qparams", "registry"},
     # above the pipeline
     "serialization": {"config", "errors", "flows", "kernels", "qparams", "registry"},

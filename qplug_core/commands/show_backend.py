@@ -7,12 +7,13 @@ read off one plugin's source; this shows the assembled result, in both pattern f
 from __future__ import annotations
 
 import re
+import textwrap
 from typing import Any
 
 import typer
 
 from qplug_core.commands._common import emit_json
-from qplug_core.commands._table import new_table, show
+from qplug_core.commands._table import new_table, show, terminal_width
 
 #: short table labels of the observation types (JSON keeps the enum names)
 _OBSERVATION_LABELS = {"OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT": "own",
@@ -168,11 +169,19 @@ def _families(backend: Any, rows: list[dict[str, Any]]) -> dict[str, list[dict[s
     return grouped
 
 
-def _families_table(name: str, families: dict[str, list[dict[str, Any]]]) -> Any:
+def _runs_on(has_kernels: bool, delegates: bool) -> str:
+    """Where the int8 work of a backend runs, for the tables' titles."""
+    if delegates:
+        return ("int8 partitions compiled by its delegate" + (", other int8 ops on kernels in "
+                                                               "torch.ops.quantized" if has_kernels else ""))
+    return "kernels in torch.ops.quantized" if has_kernels else "reference form (no kernels)"
+
+
+def _families_table(name: str, families: dict[str, list[dict[str, Any]]], runs_on: str) -> Any:
     """One line per family: how many patterns (and fusions), which kernels, which dtypes."""
     table = new_table("op", "patterns", "kernels", "dtypes",
                       title=f"backend {name}: {sum(map(len, families.values()))} pattern configs "
-                            f"in {len(families)} op families; kernels in torch.ops.quantized; "
+                            f"in {len(families)} op families; {runs_on}; "
                             "dtypes input,weight,bias->output (u8 quint8, s8 qint8, f32 float32, "
                             "* constrained, dyn dynamic); --full shows every pattern")
     for family, rows in families.items():
@@ -243,17 +252,21 @@ def show_backend(
               "status": backend.status, "reason": availability.reason,
               "plugins": [{"name": r.name, "dist": r.dist, "version": r.version}
                           for r in backend.contributors],
-              "n_kernels": len(backend.kernels)}
+              "n_kernels": len(backend.kernels), "delegate": backend.delegate() is not None}
     if as_json:
         emit_json({"backend": header, "pattern_configs": rows, "default_qconfigs": qconfigs})
         return
     plugins = ", ".join(f"{p['dist'] or p['name']} {p['version'] or ''}".strip()
                         for p in header["plugins"])
-    typer.echo(f"{backend.name}: {backend.description}\n  engine {backend.engine or 'none'}, "
-               f"status {backend.status}{': ' + availability.reason if availability.reason else ''}"
-               f", plugins: {plugins}")
-    patterns = _patterns_table(backend.name, rows) if full else _families_table(backend.name,
-                                                                                   families)
+    width = terminal_width()
+    typer.echo("\n".join([
+        *textwrap.wrap(f"{backend.name}: {backend.description}", width, subsequent_indent="  "),
+        *textwrap.wrap(f"engine {backend.engine or 'none'}, status {backend.status}"
+                       f"{': ' + availability.reason if availability.reason else ''}, plugins: "
+                       f"{plugins}", width, initial_indent="  ", subsequent_indent="  ")]))
+    runs_on = _runs_on(bool(backend.kernels), header["delegate"])
+    patterns = (_patterns_table(backend.name, rows) if full
+                else _families_table(backend.name, families, runs_on))
     show(patterns, _qconfig_table(backend.name, qconfigs))
 
 

@@ -22,6 +22,7 @@ from qplug_core.errors import (
     SerializationError,
 )
 from qplug_core.finish import finish_conversion
+from qplug_core.fx.tags import CAPTURE
 from qplug_core.serialization.artifact import (
     ARTIFACT_KEY,
     FUSIONS_KEY,
@@ -126,6 +127,7 @@ def _rebuild(artifact: Artifact, source: Path) -> fx.GraphModule:
     gm.train(model["training"])
     for module, training in modes:
         module.train(training)
+    gm.meta[CAPTURE] = model.get("capture", "symbolic")  # what the report says it was captured by
     return gm
 
 

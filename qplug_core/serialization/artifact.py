@@ -21,7 +21,7 @@ from qplug_core.config.codec import child, expect, read_fields, where
 from qplug_core.config.names import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.fx.fuse import FusionRecord
-from qplug_core.fx.tags import ARTIFACT, FUSIONS, KERNEL, STATE
+from qplug_core.fx.tags import ARTIFACT, CAPTURE, FUSIONS, KERNEL, STATE
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
 
@@ -30,7 +30,11 @@ ARTIFACT_KEY = ARTIFACT
 FORMAT = "qplug"
 SCHEMA_VERSION = 1
 TOP_KEYS = ("format", "schema_version", "backend", "plugins", "versions", "model")
-MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions")
+MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions", "capture")
+#: model keys every file has (``capture`` came later: a file without it was captured symbolically
+#: or does not say)
+REQUIRED_MODEL_KEYS = MODEL_KEYS[:-1]
+CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: GraphModule.meta keys written by the flows that the artifact keeps
 _FLOW_STATE_KEY = STATE
@@ -81,7 +85,8 @@ def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference") -
         raise SerializationError(f"this model cannot be saved: {exc}") from exc
     model = {"graph": graph, "modules": modules, "attributes": attributes, "tensors": table.entries,
              "training": gm.training, "mode": gm.meta.get(_FLOW_STATE_KEY, {}).get("mode", "static"),
-             "fusions": [asdict(f) for f in gm.meta.get(FUSIONS_KEY, [])]}
+             "fusions": [asdict(f) for f in gm.meta.get(FUSIONS_KEY, [])],
+             "capture": gm.meta.get(CAPTURE, "symbolic")}
     return Artifact(name, plugins, model, table.tensors)
 
 
@@ -125,7 +130,10 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     plugins = tuple(_read_plugin(p, child("plugins", i))
                     for i, p in enumerate(expect(doc["plugins"], list, "plugins", "a JSON list")))
     expect(doc["versions"], dict, "versions", "a JSON object")
-    model = read_fields(doc["model"], "model", MODEL_KEYS, required=MODEL_KEYS)
+    model = read_fields(doc["model"], "model", MODEL_KEYS, required=REQUIRED_MODEL_KEYS)
+    if model.get("capture", "symbolic") not in CAPTURES:
+        raise ConfigError(f"model.capture must be one of {', '.join(CAPTURES)}, got "
+                          f"{model['capture']!r}", field="model.capture", value=model["capture"])
     expect(model["training"], bool, "model.training", "true or false")
     expect(model["mode"], str, "model.mode", "a quantization mode")
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):

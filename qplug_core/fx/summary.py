@@ -9,7 +9,7 @@ from typing import Any, Callable
 from torch import fx
 
 from qplug_core.fx.fuse import FusionRecord
-from qplug_core.fx.tags import BOUNDARY, KERNEL, OBSERVER, REPORT, region_tag
+from qplug_core.fx.tags import BOUNDARY, KERNEL, OBSERVER, REPORT, VALUE_KIND, region_tag
 from qplug_core.overview.op_kinds import COMPUTE, op_kind
 
 #: GraphModule.meta key under which flows keep their report
@@ -115,7 +115,7 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
         else:
             continue
         skipped.append(SkippedNode(node.target if node.target in opaque else report_key(node), op,
-                                   reason, op_kind(node, op)))
+                                   reason, op_kind(node.meta.get(VALUE_KIND), op)))
     return skipped
 
 

@@ -9,10 +9,6 @@ int8, and alone they have nothing to gain.
 
 from __future__ import annotations
 
-from torch import fx
-
-from qplug_core.fx.tags import VALUE_KIND
-
 #: an op computing on float values: the ones a user reading "left in float" wants to see
 COMPUTE = "compute"
 #: an op that moves, views or measures data (its value is float or a size)
@@ -38,10 +34,11 @@ def base_name(op: str) -> str:
     return op.rsplit("::", 1)[-1].split(".", 1)[0].rstrip("_") or op
 
 
-def op_kind(node: fx.Node, op: str) -> str:
-    """:data:`COMPUTE`, :data:`SHAPE` or :data:`INTEGER` for a node left in float (``op`` as the
-    report names it: a module class or a function name)."""
-    kind = node.meta.get(VALUE_KIND)
+def op_kind(value_kind: str | None, op: str) -> str:
+    """:data:`COMPUTE`, :data:`SHAPE` or :data:`INTEGER` for a node left in float: ``value_kind``
+    is what it computed on the example inputs ("float_tensor", "tensor", "other", or ``None``
+    when not recorded), ``op`` what the report calls it (a module class or a function name)."""
+    kind = value_kind
     if kind is not None and kind != "float_tensor":
         return SHAPE if kind == "other" and base_name(op) in DATA_MOVEMENT else INTEGER
     return SHAPE if base_name(op) in DATA_MOVEMENT else COMPUTE

@@ -46,7 +46,8 @@ ALLOWED: dict[str, set[str]] = {
     "plugins": {"errors", "hookspecs", "plugin_isolation"},
     "backend_configs": {"config", "errors", "nn"},
     "qconfig_defaults": {"config", "enums", "errors", "observers"},
-    "fx": {"audience", "config", "errors", "ir", "kernels", "matcher", "nn", "observers", "passes", "patterns",
+    "overview": set(),
+    "fx": {"audience", "overview", "config", "errors", "ir", "kernels", "matcher", "nn", "observers", "passes", "patterns",
            "qparams"},
     "backend": {"audience", "config", "contract", "enums", "errors", "fx", "patterns", "plugins"},
     "reference_backend": {"backend_plugin"},
@@ -71,7 +72,7 @@ ALLOWED: dict[str, set[str]] = {
     "testing": {"backend", "config", "flows", "fx", "kernels", "nn", "partition", "patterns", "plugins", "zoo",
                 FACADE},
     "pytest_plugin": {"plugins", "testing"},
-    "commands": {"backend", "distributed", "enums", "errors", "flows", "kernels", "onnx_export",
+    "commands": {"backend", "overview", "distributed", "enums", "errors", "flows", "kernels", "onnx_export",
                  "patterns", "plugin_isolation", "serialization", "zoo", FACADE},
     "cli": {"audience", "backend", "commands", "errors", "plugins"},
     # the facade imports its exports lazily, by name: see facade_edges()

@@ -52,7 +52,8 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
     from qplug_core.hookspecs import hookimpl
     from qplug_core.one_call import quantize
     from qplug_core.patterns import MatchAllNode
-    from qplug_core.report import compare, sqnr
+    from qplug_core.parity import compare
+    from qplug_core.report import sqnr
     from qplug_core.serialization import load, save
 
 #: public name -> "module" (a submodule) or "module:attribute"
@@ -76,7 +77,7 @@ _EXPORTS: dict[str, str] = {
     "quantization_report": "qplug_core.flows:quantization_report",
     "quantize_dynamic": "qplug_core.dynamic:quantize_dynamic",
     "get_default_qconfig_mapping": "qplug_core.flows:get_default_qconfig_mapping",
-    "compare": "qplug_core.report:compare",
+    "compare": "qplug_core.parity:compare",
     "sensitivity": "qplug_core.algorithms.sensitivity:sensitivity",
     "Target": "qplug_core.algorithms.target:Target",
     "sqnr": "qplug_core.report:sqnr",

@@ -14,6 +14,7 @@ pairs that compute the same thing. Float leaf modules with no counterpart are li
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -124,6 +125,8 @@ class LayerComparison:
     cosine: float
     shape: tuple[int, ...]
     num_outputs: int
+    #: a compiled partition only: SQNR of its output against its reference form (same inputs)
+    reference_sqnr_db: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: _json_float(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -173,12 +176,15 @@ class ComparisonReport:
         table.add_column("layer", overflow="fold")
         for column in ("float", "quantized"):
             table.add_column(column, max_width=20, overflow="ellipsis")
-        for column in ("SQNR dB", "max |err|", "rel L2"):
+        partitions = any(layer.reference_sqnr_db is not None for layer in self.layers)
+        for column in ("SQNR dB", *(("vs ref dB",) if partitions else ()), "max |err|", "rel L2"):
             table.add_column(column, justify="right")
         for layer in self.layers:
+            vs_reference = (() if not partitions else ("" if layer.reference_sqnr_db is None
+                                                       else f"{layer.reference_sqnr_db:.1f}",))
             table.add_row(layer.name, layer.float_type, layer.quant_type,
                           Text(f"{layer.sqnr_db:.1f}", style=_sqnr_style(layer.sqnr_db)),
-                          f"{layer.max_abs_err:.3g}", f"{layer.rel_l2_err:.3g}",
+                          *vs_reference, f"{layer.max_abs_err:.3g}", f"{layer.rel_l2_err:.3g}",
                           style="bold" if layer.name in worst else None)
         summary = Text.assemble(
             "output: SQNR ", (f"{self.output_sqnr_db:.1f} dB", _sqnr_style(self.output_sqnr_db)),
@@ -197,6 +203,12 @@ class ComparisonReport:
     def print(self, console: Console | None = None) -> None:
         """Render the table to ``console`` (a new stdout console by default)."""
         (console or Console()).print(self)
+
+    def __str__(self) -> str:
+        """The table as ``print(report)`` shows it (80 columns), not the dataclass fields."""
+        out = io.StringIO()
+        Console(file=out, width=80, color_system=None).print(self)
+        return out.getvalue().rstrip("\n")
 
 
 def _sqnr_style(db: float) -> str:

@@ -194,19 +194,28 @@ def _families_table(name: str, families: dict[str, list[dict[str, Any]]], runs_o
     return table
 
 
-def _patterns_table(name: str, rows: list[dict[str, Any]]) -> Any:
-    table = new_table("pattern (complex)", "simple", "obs", "dtypes", "kernel", "fusion",
-                      title=f"backend {name}: {len(rows)} pattern configs. obs: output observer "
-                            "own / shared with input / none; dtypes: input,weight,bias->output "
-                            "(u8 quint8, s8 qint8, f32 float32, * constrained, dyn dynamic)")
+def _patterns_text(name: str, rows: list[dict[str, Any]], width: int) -> Any:
+    """One block per pattern config: the complex format, then its facts on wrapped lines (a
+    six-column table of long pattern names cannot fit 80 columns without breaking them)."""
+    from rich.text import Text
+
+    lines = textwrap.wrap(f"backend {name}: {len(rows)} pattern configs. obs: output observer "
+                          "own / shared with input / none; dtypes: input,weight,bias->output "
+                          "(u8 quint8, s8 qint8, f32 float32, * constrained, dyn dynamic)", width,
+                          break_long_words=False, break_on_hyphens=False)
     for row in rows:
-        fusion = (f"{_short(row['fuser_method'])} -> {row['fused_module'] or '?'}"
-                  if row["fuser_method"] else "")
-        table.add_row(row["pattern"], row["simple"] or "-",
-                      _OBSERVATION_LABELS.get(row["observation_type"], row["observation_type"]),
-                      "\n".join(_short_dtypes(d) for d in row["dtype_configs"]),
-                      row["kernel"] or "-", fusion)
-    return table
+        facts = [f"simple {row['simple'] or '-'}",
+                 f"obs {_OBSERVATION_LABELS.get(row['observation_type'], row['observation_type'])}",
+                 "dtypes " + ", ".join(_short_dtypes(d) for d in row["dtype_configs"]),
+                 f"kernel {row['kernel'] or '-'}"]
+        if row["fuser_method"]:
+            facts.append(f"fusion {_short(row['fuser_method'])} -> {row['fused_module'] or '?'}")
+        lines += textwrap.wrap(row["pattern"], width, break_long_words=False,
+                               break_on_hyphens=False, subsequent_indent="  ")
+        lines += textwrap.wrap("; ".join(facts), width, initial_indent="    ",
+                               subsequent_indent="    ", break_long_words=False,
+                               break_on_hyphens=False)
+    return Text("\n".join(lines))
 
 
 def _qconfig_table(name: str, qconfigs: dict[str, dict[str, Any]]) -> Any:
@@ -265,7 +274,7 @@ def show_backend(
                        f"{': ' + availability.reason if availability.reason else ''}, plugins: "
                        f"{plugins}", width, initial_indent="  ", subsequent_indent="  ")]))
     runs_on = _runs_on(bool(backend.kernels), header["delegate"])
-    patterns = (_patterns_table(backend.name, rows) if full
+    patterns = (_patterns_text(backend.name, rows, width) if full
                 else _families_table(backend.name, families, runs_on))
     show(patterns, _qconfig_table(backend.name, qconfigs))
 

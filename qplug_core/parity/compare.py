@@ -1,0 +1,41 @@
+"""``qp.compare``: per-layer error by module name, plus one row per compiled partition.
+
+Name-by-name comparison (:func:`qplug_core.report.compare`) finds the layers a kernel backend
+keeps under the float model's names; a delegate backend's partitions have no such names, so
+they are measured as units (:mod:`qplug_core.parity.partitions`) and added to the same report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from qplug_core.parity.partitions import partition_comparisons
+from qplug_core.report import ComparisonReport, _batches, eval_mode
+from qplug_core.report import compare as compare_by_name
+
+
+def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
+            layers: Iterable[str] | str | None = None) -> ComparisonReport:
+    """Run both models on ``inputs`` and report per-layer and output error.
+
+    ``inputs`` is one tuple of positional args, a bare tensor, or an iterable of such batches (a
+    list, a DataLoader). ``layers`` restricts the hooked modules (default: every module with the
+    same qualified name in both models). A delegated model also gets one row per compiled
+    partition (``delegate_0``, ...): its output on the inputs it receives, against its float form
+    (``sqnr_db``) and against its reference form (``reference_sqnr_db``). Both models run in eval
+    mode without gradients; neither is modified.
+    """
+    batches = list(_batches(inputs))
+    report = compare_by_name(float_model, quantized_model, batches, layers=layers)
+    if layers is not None:
+        return report
+    with torch.no_grad(), eval_mode(float_model), eval_mode(quantized_model):
+        partitions = partition_comparisons(float_model, quantized_model, batches)
+    if not partitions:
+        return report
+    return dataclasses.replace(report, layers=[*report.layers, *partitions])

@@ -15,6 +15,7 @@ from torch import fx
 from qplug_core.delegation import DelegationSummary, delegate_graph
 from qplug_core.fx.lower import LoweringSummary, lower_graph
 from qplug_core.kernels.base import pin_engine
+from qplug_core.pickle_guard import refuse_pickle
 from qplug_core.fx.pipeline import run_passes
 from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, float_compute_nodes, report_names
 from qplug_core.fx.tags import CAPTURE, CAPTURE_SKIPPED, FUSIONS, recorded_example_inputs, region_tag
@@ -59,6 +60,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
         capture=gm.meta.get(CAPTURE, "symbolic"),
         partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside))
     gm.meta[REPORT_KEY] = report
+    refuse_pickle(gm)  # torch.save points to qp.save
     if lowering:  # ops without packed weights dispatch on the global engine: pin the backend's
         pin_engine(gm, backend.engine)
     return report

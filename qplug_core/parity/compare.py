@@ -27,7 +27,8 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
     list, a DataLoader). ``layers`` restricts the hooked modules (default: every module with the
     same qualified name in both models). A delegated model also gets one row per compiled
     partition (``delegate_0``, ...): its output on the inputs it receives, against its float form
-    (``sqnr_db``) and against its reference form (``reference_sqnr_db``). Both models run in eval
+    (``sqnr_db``) and against its reference form (``reference_sqnr_db``); the layers inside a
+    partition do not run as themselves and move to ``skipped``. Both models run in eval
     mode without gradients; neither is modified.
     """
     batches = list(_batches(inputs))
@@ -36,6 +37,12 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
         return report
     with torch.no_grad(), eval_mode(float_model), eval_mode(quantized_model):
         partitions = partition_comparisons(float_model, quantized_model, batches)
-    if not partitions:
+    if not partitions.rows:
         return report
-    return dataclasses.replace(report, layers=[*report.layers, *partitions])
+    inside = {layer.name: partitions.inside[layer.name] for layer in report.layers
+              if layer.name in partitions.inside}
+    return dataclasses.replace(
+        report, layers=[*(layer for layer in report.layers if layer.name not in inside),
+                        *partitions.rows],
+        skipped={**report.skipped, **{name: f"inside compiled partition {partition}: measured "
+                                             "as part of it" for name, partition in inside.items()}})

@@ -34,7 +34,7 @@ from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.report import LayerComparison, _ErrorStats
 from qplug_core.serialization.api import rebuild_reference
 
-__all__ = ["partition_comparisons"]
+__all__ = ["PartitionComparisons", "partition_comparisons"]
 
 
 def _is_partition(node: fx.Node) -> bool:
@@ -118,21 +118,32 @@ def _as_float(value: torch.Tensor, reader: nn.Module | None) -> torch.Tensor:
     return reader(value) if reader is not None else value.to(torch.float32)
 
 
+@dataclasses.dataclass
+class PartitionComparisons:
+    """One row per compiled partition, and the layers inside them (name -> partition): those
+    do not run as themselves, so a per-layer row for them would describe the reference form."""
+
+    rows: list[LayerComparison] = dataclasses.field(default_factory=list)
+    inside: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
 def partition_comparisons(float_model: nn.Module, qmodel: nn.Module,
-                          batches: Iterable[tuple]) -> list[LayerComparison]:
-    """One row per compiled partition of ``qmodel`` (none for a model without partitions):
+                          batches: Iterable[tuple]) -> PartitionComparisons:
+    """Rows for the compiled partitions of ``qmodel`` (none for a model without partitions):
     ``sqnr_db`` against the float form, ``reference_sqnr_db`` against the reference form."""
     if not isinstance(qmodel, fx.GraphModule) or REPORT_KEY not in qmodel.meta:
-        return []
+        return PartitionComparisons()
     calls = {str(n.target): n for n in qmodel.graph.nodes if _is_partition(n)}
     if not calls:
-        return []
+        return PartitionComparisons()
     try:
         references = _reference_partitions(qmodel, set(calls))
     except QplugError:  # no recorded reference form (not savable): nothing to measure against
-        return []
+        return PartitionComparisons()
     if not references:
-        return []
+        return PartitionComparisons()
+    inside = {str(n.target): name for name, partition in references.items()
+              for n in partition.graph.nodes if n.op == "call_module"}
     readers = {name: _readers(qmodel, node) for name, node in calls.items()}
     vs_float = {name: _ErrorStats() for name in calls}
     vs_reference = {name: _ErrorStats() for name in calls}
@@ -154,10 +165,10 @@ def partition_comparisons(float_model: nn.Module, qmodel: nn.Module,
                 shapes.setdefault(name, tuple(got.shape))
             counts[name] += 1
     modules = dict(qmodel.named_modules())
-    return [LayerComparison(
+    return PartitionComparisons([LayerComparison(
         name=name, float_type="float form", quant_type=type(modules[name]).__name__,
         sqnr_db=vs_float[name].sqnr_db, max_abs_err=vs_float[name].max_abs,
         rel_l2_err=vs_float[name].rel_l2_err, cosine=vs_float[name].cosine,
         shape=shapes.get(name, ()), num_outputs=counts[name],
         reference_sqnr_db=vs_reference[name].sqnr_db)
-        for name in calls if counts[name]]
+        for name in calls if counts[name]], inside)

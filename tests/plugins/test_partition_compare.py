@@ -74,6 +74,9 @@ def test_each_partition_is_measured_against_its_reference_and_float_forms(fake_d
     report = qp.compare(fused, qmodel, data)
     (row,) = _partition_rows(report)
     assert row.quant_type == "Compiled" and row.num_outputs == len(data)
+    # the convs inside the partition do not run as themselves: no per-layer rows for them
+    assert not {"0", "2"} & {layer.name for layer in report.layers}
+    assert report.skipped["2"].startswith("inside compiled partition delegate_0")
     if steps == 0:  # compiling changed nothing
         assert row.reference_sqnr_db == math.inf
         # against float: what int8 changed in the convs (the partition), seen independently as

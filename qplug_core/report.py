@@ -355,10 +355,20 @@ class _LayerErrors:
         quant_modules = dict(quantized_model.named_modules())
         return [LayerComparison(
             name=name, float_type=type(float_modules[name]).__name__,
-            quant_type=type(quant_modules[name]).__name__, sqnr_db=s.sqnr_db,
+            quant_type=_quant_type(float_modules[name], quant_modules[name]), sqnr_db=s.sqnr_db,
             max_abs_err=s.max_abs, rel_l2_err=s.rel_l2_err, cosine=s.cosine,
             shape=self.shapes[name], num_outputs=self.num_outputs[name])
             for name, s in self.stats.items()]
+
+
+def _quant_type(float_module: nn.Module, quant_module: nn.Module) -> str:
+    """The int8 module's type; a kernel computing a whole fused module (a conv kernel whose
+    output range holds the fused ReLU) is named after the fused module it computes."""
+    name = type(quant_module).__name__
+    if (isinstance(float_module, nn.Sequential) and len(float_module) > 1
+            and name == type(float_module[0]).__name__):
+        return type(float_module).__name__
+    return name
 
 
 def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,

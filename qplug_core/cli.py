@@ -205,7 +205,7 @@ def plugins_command(
         emit_json({"plugins": [r.to_dict() for r in records]})
     else:
         _print_table("qplug plugins", ["plugin", "distribution", "status", "reason",
-                                       "import"],
+                                       "load time"],
                      [row + [_load_time(r)] for row, r in zip(_plugin_rows(records), records)])
 
 

@@ -120,8 +120,10 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
 
 
 def top_reasons(report: QuantizationReport, n: int = 3) -> list[tuple[str, int]]:
-    """The ``n`` most frequent reasons ops stayed float, with how many ops each covers."""
+    """The ``n`` most frequent reasons compute ops stayed float (shape and integer plumbing only
+    when nothing else is left), with how many ops each covers."""
     counts: dict[str, int] = {}
-    for entry in report.skipped:
+    compute = [entry for entry in report.skipped if entry.kind == COMPUTE]
+    for entry in compute or report.skipped:
         counts[entry.reason] = counts.get(entry.reason, 0) + 1
     return sorted(counts.items(), key=lambda item: -item[1])[:n]

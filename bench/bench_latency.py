@@ -34,7 +34,7 @@ from torch import nn
 from _harness import interleaved, machine_line, median, p90, quiet, table, torch_ao
 
 import qplug_core as qp
-from qplug_core.analysis.compare import sqnr
+from qplug_core.analysis.layers import sqnr
 from qplug_core.zoo import calibrate_batchnorm, example_inputs, get_model
 
 

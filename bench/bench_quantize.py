@@ -39,7 +39,7 @@ from qplug_core.observers import (
     MSEObserver,
     PercentileObserver,
 )
-from qplug_core.analysis.compare import sqnr
+from qplug_core.analysis.layers import sqnr
 from qplug_core.zoo import calibrate_batchnorm, example_inputs, get_model
 
 

@@ -53,7 +53,8 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
     from qplug_core.registry.hookspecs import hookimpl
     from qplug_core.one_call import quantize
     from qplug_core.patterns import MatchAllNode
-    from qplug_core.analysis.compare import compare, sqnr
+    from qplug_core.analysis.compare import compare
+    from qplug_core.analysis.layers import sqnr
     from qplug_core.serialization import load, save
 
 #: public name -> "module" (a submodule) or "module:attribute"
@@ -80,7 +81,7 @@ _EXPORTS: dict[str, str] = {
     "compare": "qplug_core.analysis.compare:compare",
     "sensitivity": "qplug_core.algorithms.sensitivity:sensitivity",
     "Target": "qplug_core.algorithms.target:Target",
-    "sqnr": "qplug_core.analysis.compare:sqnr",
+    "sqnr": "qplug_core.analysis.layers:sqnr",
     "save": "qplug_core.serialization:save",
     "load": "qplug_core.serialization:load",
     "export_onnx": "qplug_core.onnx_export:export_onnx",

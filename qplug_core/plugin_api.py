@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from qplug_core.config.common_patterns import common_pattern_configs
+from qplug_core.config.common_patterns import linear_configs as linear_pattern_configs
 from qplug_core.config.dtype_configs import (
     DTypeConfigSet,
     default_dynamic_float16_dtype_config,
@@ -53,6 +54,7 @@ from qplug_core.kernels.base import (
     int_values,
     quantized_from_int,
 )
+from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.kernels.table import torch_int8_kernels
 from qplug_core.partition import OperatorSupportBase
 from qplug_core.passes.base import PassResult
@@ -108,6 +110,7 @@ __all__ = [
     "ObservationType",
     "DTypeConfigSet",
     "common_pattern_configs",
+    "linear_pattern_configs",
     "default_dynamic_float16_dtype_config",
     "default_dynamic_int8_dtype_config",
     "default_op_quint8_dtype_config",
@@ -136,6 +139,9 @@ __all__ = [
     # delegation: backends that compile whole int8 partitions (an NPU SDK, ONNX Runtime)
     "Delegate",
     "OperatorSupportBase",
+    "Dequantize",
+    "Quantize",
+    "ReferenceWeighted",
     "to_onnx_proto",
     "dynamic_lstm_problem",
     # errors and warnings

@@ -50,7 +50,7 @@ class OutputScore:
 
 
 def first_tensor(output: Any) -> torch.Tensor:
-    from qplug_core.analysis.compare import first_tensor as first
+    from qplug_core.analysis.layers import first_tensor as first
     found = first(output)
     if found is None:
         raise ConfigValidationError("the model returned no tensor; scoring needs tensor outputs",
@@ -94,7 +94,7 @@ def score(qmodel: nn.Module, batches: list[tuple], reference: list[torch.Tensor]
 
     ``masks`` (from :func:`padding_masks`) leave padded tokens out of the SQNR and the cosine;
     the metric gets the outputs as the model returns them."""
-    from qplug_core.analysis.compare import ErrorStats
+    from qplug_core.analysis.layers import ErrorStats
 
     stats, cosines, outputs = ErrorStats(), [], []
     for batch, want, mask in zip(batches, reference, masks or [None] * len(batches)):

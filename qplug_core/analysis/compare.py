@@ -1,340 +1,23 @@
-"""Numeric comparison of a float model and its quantized version, layer by layer.
+"""``qp.compare``: per-layer error by module name, plus one row per compiled partition.
 
-Accuracy on a task says *whether* quantization hurt; this report says *where*. Both models run on
-the same inputs while forward hooks copy the output of every submodule that exists under the same
-qualified name in both (flows keep the float model's names for the modules they convert), and the
-error of each pair is summarised as SQNR, max absolute error, relative L2 error and cosine
-similarity, accumulated over all batches.
-
-A fused kernel (``conv1`` computing conv+bn+relu) is compared against the float module of the same
-name, which computes only its first op; pass the *fused* float model (``fuse_fx`` output) for
-pairs that compute the same thing. Float leaf modules with no counterpart are listed in
-``ComparisonReport.float_only`` as a hint.
+Name-by-name comparison (:func:`qplug_core.analysis.layers.compare_layers`) finds the layers a kernel backend
+keeps under the float model's names; a delegate backend's partitions have no such names, so
+they are measured as units (:mod:`qplug_core.analysis.partitions`) and added to the same report.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import torch
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
-from rich.text import Text
 from torch import nn
 
-from qplug_core.errors import ConfigError, did_you_mean
+from qplug_core.analysis.layers import ComparisonReport, batches_of
+from qplug_core.analysis.layers import compare_layers as compare_by_name
+from qplug_core.analysis.partitions import partition_comparisons
 from qplug_core.flows.pipeline import eval_mode
-
-__all__ = ["ComparisonReport", "LayerComparison", "compare", "sqnr"]
-
-SCHEMA_VERSION = 1
-#: SQNR at or above which a layer is shown as healthy (int8 of well-behaved tensors reaches 35-45)
-GOOD_SQNR_DB = 30.0
-#: SQNR below which a layer is shown as a problem
-POOR_SQNR_DB = 20.0
-
-
-def _as_float64(t: torch.Tensor) -> torch.Tensor:
-    """Plain float64 copy of ``t``; torch quantized tensors are dequantized first."""
-    if t.is_quantized:
-        t = t.dequantize()
-    return t.detach().to(torch.float64)
-
-
-class ErrorStats:
-    """Running sums over (reference, test) pairs, so that many batches give one exact figure."""
-
-    def __init__(self) -> None:
-        self.ref2 = 0.0
-        self.test2 = 0.0
-        self.err2 = 0.0
-        self.dot = 0.0
-        self.max_abs = 0.0
-
-    def update(self, reference: torch.Tensor, test: torch.Tensor) -> ErrorStats:
-        ref, tst = _as_float64(reference), _as_float64(test)
-        err = ref - tst
-        self.ref2 += float(ref.square().sum())
-        self.test2 += float(tst.square().sum())
-        self.err2 += float(err.square().sum())
-        self.dot += float((ref * tst).sum())
-        if err.numel():
-            self.max_abs = max(self.max_abs, float(err.abs().max()))
-        return self
-
-    @property
-    def sqnr_db(self) -> float:
-        if math.isnan(self.ref2) or math.isnan(self.err2):
-            return math.nan
-        if self.err2 == 0.0:
-            return math.inf
-        if self.ref2 == 0.0:
-            return -math.inf
-        return 10.0 * math.log10(self.ref2 / self.err2)
-
-    @property
-    def rel_l2_err(self) -> float:
-        if self.ref2 == 0.0:
-            return 0.0 if self.err2 == 0.0 else math.inf
-        return math.sqrt(self.err2 / self.ref2)
-
-    @property
-    def cosine(self) -> float:
-        norms = math.sqrt(self.ref2 * self.test2)
-        if norms == 0.0:
-            return 1.0 if self.err2 == 0.0 else 0.0
-        return self.dot / norms
-
-
-def _check_shapes(reference: torch.Tensor, test: torch.Tensor, what: str) -> None:
-    if reference.shape != test.shape:
-        raise ConfigError(
-            f"{what}: shapes differ, reference {tuple(reference.shape)} vs test "
-            f"{tuple(test.shape)}; compare tensors of the same shape", field="test")
-
-
-def sqnr(reference: torch.Tensor, test: torch.Tensor) -> float:
-    """Signal-to-quantization-noise ratio ``20*log10(||ref|| / ||ref - test||)`` in dB.
-
-    ``inf`` when the tensors are equal, ``-inf`` when ``reference`` is all zeros and ``test`` is
-    not, ``nan`` when either holds NaN. Torch quantized tensors are dequantized first.
-    """
-    _check_shapes(reference, test, "sqnr")
-    return ErrorStats().update(reference, test).sqnr_db
-
-
-def _json_float(x: float) -> float | str:
-    """JSON has no inf/nan: encode them as the strings ``float()`` parses back."""
-    return x if math.isfinite(x) else str(x)
-
-
-@dataclass(frozen=True)
-class LayerComparison:
-    """Error of one submodule's output, over every call in every batch."""
-
-    name: str
-    float_type: str
-    quant_type: str
-    sqnr_db: float
-    max_abs_err: float
-    rel_l2_err: float
-    cosine: float
-    shape: tuple[int, ...]
-    num_outputs: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: _json_float(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
-
-
-def _worst_first(layer: LayerComparison) -> tuple[bool, float]:
-    return (not math.isnan(layer.sqnr_db), layer.sqnr_db)
-
-
-@dataclass(frozen=True)
-class ComparisonReport:
-    """Per-layer and end-to-end error of a quantized model against its float original.
-
-    ``layers`` follows the float model's execution order. ``skipped`` maps names present in both
-    models whose outputs could not be paired to the reason; ``float_only`` lists float leaf
-    modules missing from the quantized model (usually fused away).
-    """
-
-    layers: list[LayerComparison]
-    output_sqnr_db: float
-    output_cosine: float
-    output_max_abs_err: float
-    num_batches: int
-    skipped: dict[str, str] = field(default_factory=dict)
-    float_only: list[str] = field(default_factory=list)
-
-    def worst(self, n: int = 5) -> list[LayerComparison]:
-        """The ``n`` layers with the lowest SQNR (NaN counts as worst)."""
-        return sorted(self.layers, key=_worst_first)[:n]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe summary; non-finite numbers become the strings "inf", "-inf", "nan"."""
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "num_batches": self.num_batches,
-            "output": {"sqnr_db": _json_float(self.output_sqnr_db),
-                       "cosine": _json_float(self.output_cosine),
-                       "max_abs_err": _json_float(self.output_max_abs_err)},
-            "layers": [layer.to_dict() for layer in self.layers],
-            "skipped": dict(self.skipped),
-            "float_only": list(self.float_only),
-        }
-
-    def __rich__(self) -> RenderableType:
-        worst = {layer.name for layer in self.worst(5) if layer.sqnr_db != math.inf}
-        table = Table(title="quantized vs float, per layer", title_justify="left")
-        table.add_column("layer", overflow="fold")
-        for column in ("float", "quantized"):
-            table.add_column(column, max_width=20, overflow="ellipsis")
-        for column in ("SQNR dB", "max |err|", "rel L2"):
-            table.add_column(column, justify="right")
-        for layer in self.layers:
-            table.add_row(layer.name, layer.float_type, layer.quant_type,
-                          Text(f"{layer.sqnr_db:.1f}", style=_sqnr_style(layer.sqnr_db)),
-                          f"{layer.max_abs_err:.3g}", f"{layer.rel_l2_err:.3g}",
-                          style="bold" if layer.name in worst else None)
-        summary = Text.assemble(
-            "output: SQNR ", (f"{self.output_sqnr_db:.1f} dB", _sqnr_style(self.output_sqnr_db)),
-            f", cosine {self.output_cosine:.6f}, max |err| {self.output_max_abs_err:.3g}"
-            f" over {self.num_batches} batch(es)")
-        notes = []
-        if self.skipped:
-            notes.append(Text(f"{len(self.skipped)} common module(s) not compared "
-                              "(see .skipped)", style="dim"))
-        if self.float_only:
-            notes.append(Text(f"{len(self.float_only)} float module(s) absent from the quantized "
-                              "model (fused?); compare against the fused float model for exact "
-                              "pairs", style="yellow"))
-        return Group(table, summary, *notes)
-
-    def print(self, console: Console | None = None) -> None:
-        """Render the table to ``console`` (a new stdout console by default)."""
-        (console or Console()).print(self)
-
-
-def _sqnr_style(db: float) -> str:
-    if db >= GOOD_SQNR_DB:
-        return "green"
-    return "yellow" if db >= POOR_SQNR_DB else "bold red"
-
-
-# -- running the models ----------------------------------------------------------------------------
-
-
-def first_tensor(obj: Any) -> torch.Tensor | None:
-    """The first tensor in a (possibly nested) output: LSTMs return ``(out, (h, c))``."""
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, Mapping):
-        obj = list(obj.values())
-    for item in obj if isinstance(obj, (tuple, list)) else ():
-        found = first_tensor(item)
-        if found is not None:
-            return found
-    return None
-
-
-def _batches(inputs: Any) -> Iterator[tuple[Any, ...]]:
-    """A tuple is one batch of positional args, a tensor a 1-tuple, anything else an iterable."""
-    if isinstance(inputs, (tuple, torch.Tensor)):
-        inputs = [inputs]
-    try:
-        iterator = iter(inputs)
-    except TypeError:
-        raise ConfigError(
-            f"inputs must be a tuple of positional args or an iterable of such tuples, "
-            f"got {type(inputs).__name__}", field="inputs") from None
-    for batch in iterator:
-        yield tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-
-
-class _Recorder:
-    """Forward hooks that copy the first output tensor of each named module, call by call.
-
-    Copies are taken at hook time because later in-place ops (``out += identity``, ReLU with
-    ``inplace=True``) would otherwise rewrite what was recorded.
-    """
-
-    def __init__(self, model: nn.Module, names: Iterable[str]) -> None:
-        self.outputs: dict[str, list[torch.Tensor]] = {}
-        modules = dict(model.named_modules())
-        self._handles = [modules[n].register_forward_hook(self._hook(n)) for n in names]
-
-    def _hook(self, name: str) -> Any:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            t = first_tensor(output)
-            if t is not None and (t.is_quantized or t.is_floating_point()):
-                snapshot = t.dequantize() if t.is_quantized else t.detach().clone()
-                self.outputs.setdefault(name, []).append(snapshot)
-        return hook
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
-@contextmanager
-def _recording(model: nn.Module, names: Iterable[str]) -> Iterator[_Recorder]:
-    recorder = _Recorder(model, names)
-    try:
-        yield recorder
-    finally:
-        recorder.remove()
-
-
-def _select_layers(float_model: nn.Module, quantized_model: nn.Module,
-                   layers: Iterable[str] | str | None) -> list[str]:
-    quant_names = {n for n, _ in quantized_model.named_modules()}
-    common = [n for n, _ in float_model.named_modules() if n and n in quant_names]
-    if layers is None:
-        return common
-    requested = [layers] if isinstance(layers, str) else list(layers)
-    for name in requested:
-        if name not in common:
-            raise ConfigError(
-                f"layer {name!r} is not a submodule of both models{did_you_mean(name, common)}",
-                field="layers", value=name)
-    return requested
-
-
-def _pairing_problem(ref: list[torch.Tensor] | None, test: list[torch.Tensor] | None) -> str | None:
-    """Why two output lists of one module cannot be paired, or None when they can."""
-    if test is None:
-        return "not run by the quantized model"
-    if ref is None:
-        return "not run by the float model"
-    if len(ref) != len(test):
-        return f"called {len(ref)} time(s) by the float model, {len(test)} by the quantized one"
-    for r, t in zip(ref, test):
-        if r.shape != t.shape:
-            return f"output shapes differ: {tuple(r.shape)} vs {tuple(t.shape)}"
-    return None
-
-
-class _LayerErrors:
-    """Per-layer error sums across batches (in first-seen order) and the layers left unpaired."""
-
-    def __init__(self) -> None:
-        self.stats: dict[str, ErrorStats] = {}
-        self.num_outputs: dict[str, int] = {}
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        self.skipped: dict[str, str] = {}
-
-    def add_batch(self, ref_outputs: dict[str, list[torch.Tensor]],
-                  test_outputs: dict[str, list[torch.Tensor]]) -> None:
-        for name in [*ref_outputs, *(n for n in test_outputs if n not in ref_outputs)]:
-            if name in self.skipped:
-                continue
-            ref, test = ref_outputs.get(name), test_outputs.get(name)
-            problem = _pairing_problem(ref, test)
-            if problem is not None:
-                self.skipped[name] = problem
-                self.stats.pop(name, None)
-                continue
-            layer = self.stats.setdefault(name, ErrorStats())
-            for r, t in zip(ref, test):
-                layer.update(r, t)
-            self.num_outputs[name] = self.num_outputs.get(name, 0) + len(ref)
-            self.shapes.setdefault(name, tuple(ref[0].shape))
-
-    def comparisons(self, float_model: nn.Module,
-                    quantized_model: nn.Module) -> list[LayerComparison]:
-        float_modules = dict(float_model.named_modules())
-        quant_modules = dict(quantized_model.named_modules())
-        return [LayerComparison(
-            name=name, float_type=type(float_modules[name]).__name__,
-            quant_type=type(quant_modules[name]).__name__, sqnr_db=s.sqnr_db,
-            max_abs_err=s.max_abs, rel_l2_err=s.rel_l2_err, cosine=s.cosine,
-            shape=self.shapes[name], num_outputs=self.num_outputs[name])
-            for name, s in self.stats.items()]
 
 
 def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
@@ -343,37 +26,24 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
 
     ``inputs`` is one tuple of positional args, a bare tensor, or an iterable of such batches (a
     list, a DataLoader). ``layers`` restricts the hooked modules (default: every module with the
-    same qualified name in both models). Both models run in eval mode without gradients; their
-    modes are restored and every hook removed afterwards, so neither model is modified.
+    same qualified name in both models). A delegated model also gets one row per compiled
+    partition (``delegate_0``, ...): its output on the inputs it receives, against its float form
+    (``sqnr_db``) and against its reference form (``reference_sqnr_db``); the layers inside a
+    partition do not run as themselves and move to ``skipped``. Both models run in eval
+    mode without gradients; neither is modified.
     """
-    names = _select_layers(float_model, quantized_model, layers)
-    errors = _LayerErrors()
-    output = ErrorStats()
-    num_batches = 0
-    with ExitStack() as stack:
-        stack.enter_context(torch.no_grad())
-        stack.enter_context(eval_mode(float_model))
-        stack.enter_context(eval_mode(quantized_model))
-        ref_rec = stack.enter_context(_recording(float_model, names))
-        test_rec = stack.enter_context(_recording(quantized_model, names))
-        for args in _batches(inputs):
-            ref_out = first_tensor(float_model(*args))
-            test_out = first_tensor(quantized_model(*args))
-            if ref_out is None or test_out is None:
-                raise ConfigError("a model returned no tensor; compare() needs tensor outputs",
-                                  field="inputs")
-            _check_shapes(ref_out, test_out, "model outputs")
-            output.update(ref_out, test_out)
-            errors.add_batch(ref_rec.outputs, test_rec.outputs)
-            ref_rec.outputs.clear()
-            test_rec.outputs.clear()
-            num_batches += 1
-    if num_batches == 0:
-        raise ConfigError("compare() got no input batches", field="inputs")
-    quant_names = {n for n, _ in quantized_model.named_modules()}
-    return ComparisonReport(
-        layers=errors.comparisons(float_model, quantized_model),
-        output_sqnr_db=output.sqnr_db, output_cosine=output.cosine,
-        output_max_abs_err=output.max_abs, num_batches=num_batches, skipped=errors.skipped,
-        float_only=[n for n, m in float_model.named_modules()
-                    if n and not any(m.children()) and n not in quant_names])
+    batches = list(batches_of(inputs))
+    report = compare_by_name(float_model, quantized_model, batches, layers=layers)
+    if layers is not None:
+        return report
+    with torch.no_grad(), eval_mode(float_model), eval_mode(quantized_model):
+        partitions = partition_comparisons(float_model, quantized_model, batches)
+    if not partitions.rows:
+        return report
+    inside = {layer.name: partitions.inside[layer.name] for layer in report.layers
+              if layer.name in partitions.inside}
+    return dataclasses.replace(
+        report, layers=[*(layer for layer in report.layers if layer.name not in inside),
+                        *partitions.rows],
+        skipped={**report.skipped, **{name: f"inside compiled partition {partition}: measured "
+                                             "as part of it" for name, partition in inside.items()}})

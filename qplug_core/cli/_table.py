@@ -2,8 +2,9 @@
 
 rich folds a cell when its column is narrower than one of its words, which turns names such as
 ``quantized::conv2d_relu`` into two halves at 80 columns. Every column here is at least as wide as
-its longest word, and the console grows past the terminal width only when even that cannot fit (a
-long line is easier to read than a broken name).
+its longest word when the terminal has room for that; when it has not, the columns with the
+longest words give up columns (their words fold) until the table fits: no line is ever wider than
+the terminal.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from rich.table import Table
 
 #: terminal width used when stdout is not a terminal and COLUMNS is unset
 DEFAULT_WIDTH = 80
+#: no column is folded narrower than this
+MIN_COLUMN = 6
 
 
 def new_table(*columns: str, title: str | None = None, show_header: bool = True,
@@ -43,6 +46,7 @@ def _fit_columns(table: Table, width: int) -> int:
         lows.append(max((len(word) for line in lines for word in line.split()), default=1))
         highs.append(max(len(line) for line in lines))
     frame = 3 * len(table.columns) + 1 if table.box is not None else 2 * len(table.columns)
+    _shrink_longest_words(table, lows, width - frame)
     room = width - frame - sum(lows)
     wanted = [high - low for low, high in zip(lows, highs)]
     if room >= sum(wanted):
@@ -54,6 +58,14 @@ def _fit_columns(table: Table, width: int) -> int:
     for column, fixed in zip(table.columns, widths):
         column.width = max(fixed, 1)
     return sum(widths) + frame
+
+
+def _shrink_longest_words(table: Table, lows: list[int], room: int) -> None:
+    """Take columns from the widest minimum until ``lows`` fit in ``room``; those columns fold."""
+    while sum(lows) > room and max(lows) > MIN_COLUMN:
+        widest = lows.index(max(lows))
+        lows[widest] -= 1
+        table.columns[widest].overflow = "fold"
 
 
 def terminal_width() -> int:

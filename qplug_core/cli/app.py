@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import os
 import sys
+import textwrap
 import warnings
 from typing import Any, Iterator
 
@@ -127,12 +128,27 @@ def _print_failures(records: list[plugins.PluginRecord]) -> None:
 
 
 def _plugin_rows(records: list[plugins.PluginRecord]) -> list[list[str]]:
-    return [[r.name, f"{r.dist or '-'} {r.version or ''}".strip(), r.module, r.status.value,
+    """plugin, distribution, status, reason (the entry-point module is in ``--json``: at 80
+    columns it would not fit beside them)."""
+    return [[r.name, f"{r.dist or '-'} {r.version or ''}".strip(), r.status.value,
              " ".join(str(r.error or "").split())] for r in records]
 
 
 def _load_time(record: plugins.PluginRecord) -> str:
     return "-" if record.load_seconds is None else f"{record.load_seconds:.3f} s"
+
+
+def _kernels_cell(row: Any) -> str:
+    """The kernel count, or ``delegate`` for a backend that compiles partitions instead."""
+    from qplug_core.registry.backends import get_backend
+
+    if row.n_kernels or not row.available:
+        return str(row.n_kernels)
+    try:
+        delegates = get_backend(row.name).delegate is not None
+    except QplugError:  # a broken backend's row already says why
+        delegates = False
+    return "delegate" if delegates else str(row.n_kernels)
 
 
 def _finish(strict: bool, failures: int) -> None:
@@ -157,7 +173,7 @@ def list_backends_command(
             emit_json({"loaded": False, "backends": [], "plugins": [r.to_dict() for r in records]})
         else:
             _print_table("qplug plugins (not imported)",
-                         ["plugin", "distribution", "module", "status", "reason"], _plugin_rows(records))
+                         ["plugin", "distribution", "status", "reason"], _plugin_rows(records))
         _finish(strict, sum(r.status in FAILED_PLUGIN for r in records))
         return
     from qplug_core.registry.backends import list_backends
@@ -172,7 +188,7 @@ def list_backends_command(
                                         "available"],
                      [[row.name, ", ".join(f"{r.dist} {r.version or ''}".strip()
                                            for r in row.contributors),
-                       str(row.n_pattern_configs), str(row.n_kernels), row.status,
+                       str(row.n_pattern_configs), _kernels_cell(row), row.status,
                        "yes" if row.available else f"no: {row.reason}"] for row in rows])
         _print_failures(records)
     _finish(strict, sum(r.status in FAILED_PLUGIN for r in records)
@@ -183,12 +199,13 @@ def list_backends_command(
 def plugins_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
 ) -> None:
-    """List every plugin seen (built-in and installed) with its status and import time."""
+    """List every plugin seen (built-in and installed) with its status and import time (what the
+    plugin itself imports: torch, imported before, is not counted); --json adds entry points."""
     records = plugins.plugin_records()
     if as_json:
         emit_json({"plugins": [r.to_dict() for r in records]})
     else:
-        _print_table("qplug plugins", ["plugin", "distribution", "module", "status", "reason",
+        _print_table("qplug plugins", ["plugin", "distribution", "status", "reason",
                                        "load time"],
                      [row + [_load_time(r)] for row, r in zip(_plugin_rows(records), records)])
 
@@ -199,6 +216,7 @@ def doctor(
 ) -> None:
     """Check this environment: torch, quantized engines, plugins and each backend's own checks."""
     from qplug_core.registry.backends import environment_diagnostics
+    from qplug_core.cli._table import terminal_width
 
     findings = environment_diagnostics()
     if as_json:
@@ -207,7 +225,9 @@ def doctor(
         return
     for scope, finding in findings:
         hint = f" ({finding.hint})" if finding.hint else ""
-        typer.echo(f"[{finding.level}] {scope}: {finding.message}{hint}")
+        typer.echo(textwrap.fill(f"[{finding.level}] {scope}: {finding.message}{hint}",
+                                 terminal_width(), subsequent_indent="    ",
+                                 break_on_hyphens=False))
 
 
 for _module in COMMAND_MODULES:

@@ -81,6 +81,8 @@ def quantize(
                                     help="auto (symbolic tracing when the model traces, else "
                                          "torch.export), symbolic, or export."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
+    verbose: bool = typer.Option(False, "--verbose", help="List every op left in float, shape and "
+                                                          "integer ops too."),
 ) -> None:
     """Quantize MODULE:FACTORY's model, save it with qp.save, print the report and its accuracy."""
     import qplug_core as qp
@@ -97,6 +99,7 @@ def quantize(
     from qplug_core.flows.steps import resolve_backend
 
     specs = input_specs(example_shapes, example_dtypes)
+    check_writable(out)  # before minutes of quantizing, not after
     with stdout_to_stderr():  # stdout is for the report: what the user's code prints goes to stderr
         model = load_factory_model(model_spec)
         names = forward_input_names(model, len(specs))
@@ -123,7 +126,20 @@ def quantize(
                               f"the calibration set {calibration} (not held out)" if calibration
                               else "random inputs (pass --eval FILE for a real figure)"),
                 fuse=mode is Mode.static)
-    print_report(report, facts, as_json)
+    print_report(report, facts, as_json, verbose)
+
+
+def check_writable(out: Path) -> None:
+    """A ``--out`` whose folder does not exist (or is a file) is an error before any work."""
+    from qplug_core.errors import ConfigError
+
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        raise ConfigError(f"--out {out}: the folder {folder} does not exist; create it first or "
+                          "choose another path", field="--out", value=str(out))
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; give a file path such as {out / 'model.safetensors'}",
+                          field="--out", value=str(out))
 
 
 def register(app: typer.Typer) -> None:

@@ -32,6 +32,8 @@ def report(
     calibration: Path = typer.Option(None, "--calibration",
                                      help="Calibration batches for --sensitivity (.safetensors/.npy)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
+    verbose: bool = typer.Option(False, "--verbose", help="List every op left in float, shape and "
+                                                          "integer ops too."),
 ) -> None:
     """Show a saved model's backend, versions, int8 regions, kernels, float ops and size."""
     import qplug_core as qp
@@ -64,7 +66,7 @@ def report(
         emit_json({**facts, "report": qp.quantization_report(qmodel).to_dict(),
                    "sensitivity": ranking.to_dict()})
         return
-    print_report(qp.quantization_report(qmodel), facts, as_json)
+    print_report(qp.quantization_report(qmodel), facts, as_json, verbose)
     if ranking is not None:
         show(ranking)
 

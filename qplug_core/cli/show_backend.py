@@ -7,12 +7,13 @@ read off one plugin's source; this shows the assembled result, in both pattern f
 from __future__ import annotations
 
 import re
+import textwrap
 from typing import Any
 
 import typer
 
 from qplug_core.cli._common import emit_json
-from qplug_core.cli._table import new_table, show
+from qplug_core.cli._table import new_table, show, terminal_width
 
 #: short table labels of the observation types (JSON keeps the enum names)
 _OBSERVATION_LABELS = {"OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT": "own",
@@ -168,11 +169,19 @@ def _families(backend: Any, rows: list[dict[str, Any]]) -> dict[str, list[dict[s
     return grouped
 
 
-def _families_table(name: str, families: dict[str, list[dict[str, Any]]]) -> Any:
+def _runs_on(has_kernels: bool, delegates: bool) -> str:
+    """Where the int8 work of a backend runs, for the tables' titles."""
+    if delegates:
+        return ("int8 partitions compiled by its delegate" + (", other int8 ops on kernels in "
+                                                               "torch.ops.quantized" if has_kernels else ""))
+    return "kernels in torch.ops.quantized" if has_kernels else "reference form (no kernels)"
+
+
+def _families_table(name: str, families: dict[str, list[dict[str, Any]]], runs_on: str) -> Any:
     """One line per family: how many patterns (and fusions), which kernels, which dtypes."""
     table = new_table("op", "patterns", "kernels", "dtypes",
                       title=f"backend {name}: {sum(map(len, families.values()))} pattern configs "
-                            f"in {len(families)} op families; kernels in torch.ops.quantized; "
+                            f"in {len(families)} op families; {runs_on}; "
                             "dtypes input,weight,bias->output (u8 quint8, s8 qint8, f32 float32, "
                             "* constrained, dyn dynamic); --full shows every pattern")
     for family, rows in families.items():
@@ -185,19 +194,28 @@ def _families_table(name: str, families: dict[str, list[dict[str, Any]]]) -> Any
     return table
 
 
-def _patterns_table(name: str, rows: list[dict[str, Any]]) -> Any:
-    table = new_table("pattern (complex)", "simple", "obs", "dtypes", "kernel", "fusion",
-                      title=f"backend {name}: {len(rows)} pattern configs. obs: output observer "
-                            "own / shared with input / none; dtypes: input,weight,bias->output "
-                            "(u8 quint8, s8 qint8, f32 float32, * constrained, dyn dynamic)")
+def _patterns_text(name: str, rows: list[dict[str, Any]], width: int) -> Any:
+    """One block per pattern config: the complex format, then its facts on wrapped lines (a
+    six-column table of long pattern names cannot fit 80 columns without breaking them)."""
+    from rich.text import Text
+
+    lines = textwrap.wrap(f"backend {name}: {len(rows)} pattern configs. obs: output observer "
+                          "own / shared with input / none; dtypes: input,weight,bias->output "
+                          "(u8 quint8, s8 qint8, f32 float32, * constrained, dyn dynamic)", width,
+                          break_long_words=False, break_on_hyphens=False)
     for row in rows:
-        fusion = (f"{_short(row['fuser_method'])} -> {row['fused_module'] or '?'}"
-                  if row["fuser_method"] else "")
-        table.add_row(row["pattern"], row["simple"] or "-",
-                      _OBSERVATION_LABELS.get(row["observation_type"], row["observation_type"]),
-                      "\n".join(_short_dtypes(d) for d in row["dtype_configs"]),
-                      row["kernel"] or "-", fusion)
-    return table
+        facts = [f"simple {row['simple'] or '-'}",
+                 f"obs {_OBSERVATION_LABELS.get(row['observation_type'], row['observation_type'])}",
+                 "dtypes " + ", ".join(_short_dtypes(d) for d in row["dtype_configs"]),
+                 f"kernel {row['kernel'] or '-'}"]
+        if row["fuser_method"]:
+            facts.append(f"fusion {_short(row['fuser_method'])} -> {row['fused_module'] or '?'}")
+        lines += textwrap.wrap(row["pattern"], width, break_long_words=False,
+                               break_on_hyphens=False, subsequent_indent="  ")
+        lines += textwrap.wrap("; ".join(facts), width, initial_indent="    ",
+                               subsequent_indent="    ", break_long_words=False,
+                               break_on_hyphens=False)
+    return Text("\n".join(lines))
 
 
 def _qconfig_table(name: str, qconfigs: dict[str, dict[str, Any]]) -> Any:
@@ -243,17 +261,21 @@ def show_backend(
               "status": backend.status, "reason": availability.reason,
               "plugins": [{"name": r.name, "dist": r.dist, "version": r.version}
                           for r in backend.contributors],
-              "n_kernels": len(backend.kernels)}
+              "n_kernels": len(backend.kernels), "delegate": backend.delegate is not None}
     if as_json:
         emit_json({"backend": header, "pattern_configs": rows, "default_qconfigs": qconfigs})
         return
     plugins = ", ".join(f"{p['dist'] or p['name']} {p['version'] or ''}".strip()
                         for p in header["plugins"])
-    typer.echo(f"{backend.name}: {backend.description}\n  engine {backend.engine or 'none'}, "
-               f"status {backend.status}{': ' + availability.reason if availability.reason else ''}"
-               f", plugins: {plugins}")
-    patterns = _patterns_table(backend.name, rows) if full else _families_table(backend.name,
-                                                                                   families)
+    width = terminal_width()
+    typer.echo("\n".join([
+        *textwrap.wrap(f"{backend.name}: {backend.description}", width, subsequent_indent="  "),
+        *textwrap.wrap(f"engine {backend.engine or 'none'}, status {backend.status}"
+                       f"{': ' + availability.reason if availability.reason else ''}, plugins: "
+                       f"{plugins}", width, initial_indent="  ", subsequent_indent="  ")]))
+    runs_on = _runs_on(bool(backend.kernels), header["delegate"])
+    patterns = (_patterns_text(backend.name, rows, width) if full
+                else _families_table(backend.name, families, runs_on))
     show(patterns, _qconfig_table(backend.name, qconfigs))
 
 

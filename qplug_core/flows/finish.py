@@ -16,6 +16,7 @@ from qplug_core.enums import Stage
 from qplug_core.flows.delegate import DelegationSummary, delegate_graph
 from qplug_core.flows.lower import LoweringSummary, lower_graph
 from qplug_core.kernels.base import pin_engine
+from qplug_core.flows.pickle_guard import refuse_pickle
 from qplug_core.flows.pipeline import plugin_passes, run_passes
 from qplug_core.flows.report import QuantizationReport, float_compute_nodes, report_names
 from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED, FUSIONS, REPORT, recorded_example_inputs, region_tag
@@ -60,6 +61,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
         capture=gm.meta.get(CAPTURE, "symbolic"),
         partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside))
     gm.meta[REPORT] = report
+    refuse_pickle(gm)  # torch.save points to qp.save
     if lowering:  # ops without packed weights dispatch on the global engine: pin the backend's
         pin_engine(gm, backend.engine)
     return report

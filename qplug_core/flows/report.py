@@ -9,7 +9,8 @@ from typing import Any, Callable
 from torch import fx
 
 from qplug_core.flows.fuse import FusionRecord
-from qplug_core.flows.tags import BOUNDARY, KERNEL, OBSERVER, region_tag
+from qplug_core.flows.tags import BOUNDARY, KERNEL, OBSERVER, VALUE_KIND, region_tag
+from qplug_core.flows.op_kinds import COMPUTE, op_kind
 
 
 _NON_COMPUTE_FUNCTIONS = {"getattr", "getitem", "size", "dim"}
@@ -20,6 +21,8 @@ class SkippedNode:
     node: str
     op: str
     reason: str
+    #: "compute" (could have been int8), "shape" or "integer" (plumbing): see qplug_core.flows.op_kinds
+    kind: str = COMPUTE
 
 
 @dataclass
@@ -44,29 +47,14 @@ class QuantizationReport:
         return asdict(self)
 
     def __rich__(self):
-        from rich.table import Table
+        from qplug_core.flows.report_text import report_text
 
-        table = Table(title=f"qplug quantization report — backend {self.backend} ({self.mode}, "
-                            f"{self.capture} capture)")
-        table.add_column("what")
-        table.add_column("count", justify="right")
-        table.add_column("details")
-        table.add_row("fusions", str(len(self.fusions)),
-                      ", ".join(sorted({f.fused_type for f in self.fusions})))
-        table.add_row("int8 regions", str(len(self.quantized)), "")
-        table.add_row("on backend kernels", str(len(self.kernels)),
-                      ", ".join(sorted(set(self.kernels.values()))))
-        table.add_row("reference form (no kernel)", str(len(self.reference)),
-                      "; ".join(sorted(set(self.reference.values())))[:200])
-        if self.partitions:
-            table.add_row("compiled partitions", str(len(self.partitions)),
-                          ", ".join(f"{p['name']} ({p['int8_regions']} int8 regions, {p['module']})"
-                                    for p in self.partitions)[:300])
-            table.add_row("outside partitions", str(len(self.outside)),
-                          "; ".join(f"{n}: {r}" for n, r in list(self.outside.items())[:4])[:300])
-        table.add_row("left in float", str(len(self.skipped)),
-                      "; ".join(f"{s.node}: {s.reason}" for s in self.skipped[:4])[:300])
-        return table
+        return report_text(self)
+
+    def __str__(self) -> str:
+        from qplug_core.flows.report_text import report_lines
+
+        return "\n".join(report_lines(self))
 
 
 def report_names(graph: fx.Graph) -> Callable[[fx.Node], str]:
@@ -125,13 +113,15 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
         else:
             continue
         skipped.append(SkippedNode(node.target if node.target in opaque else report_key(node), op,
-                                   reason))
+                                   reason, op_kind(node.meta.get(VALUE_KIND), op)))
     return skipped
 
 
 def top_reasons(report: QuantizationReport, n: int = 3) -> list[tuple[str, int]]:
-    """The ``n`` most frequent reasons ops stayed float, with how many ops each covers."""
+    """The ``n`` most frequent reasons compute ops stayed float (shape and integer plumbing only
+    when nothing else is left), with how many ops each covers."""
     counts: dict[str, int] = {}
-    for entry in report.skipped:
+    compute = [entry for entry in report.skipped if entry.kind == COMPUTE]
+    for entry in compute or report.skipped:
         counts[entry.reason] = counts.get(entry.reason, 0) + 1
     return sorted(counts.items(), key=lambda item: -item[1])[:n]

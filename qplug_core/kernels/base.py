@@ -172,6 +172,20 @@ class KernelContext:
     weight_qparams: QParams | None = None
     engine: str | None = None
 
+    @property
+    def root(self) -> nn.Module | None:
+        """The module holding the weight: ``module[0]`` of a fused module (``LinearReLU``,
+        ``ConvBnReLU2d``: an ``nn.Sequential`` whose first child is the weighted op), else
+        ``module`` itself. ``ctx.root.weight`` is the calibrated float weight either way."""
+        if isinstance(self.module, nn.Sequential) and len(self.module):
+            return self.module[0]
+        return self.module
+
+    @property
+    def fused(self) -> tuple[nn.Module, ...]:
+        """The modules fused after the root (``(nn.ReLU(),)`` for ``LinearReLU``), else ``()``."""
+        return tuple(self.module)[1:] if isinstance(self.module, nn.Sequential) else ()
+
 
 @dataclass(frozen=True)
 class KernelSpec:

@@ -21,6 +21,7 @@ from qplug_core.registry.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from qplug_core.config import BackendPatternConfig, QConfigMapping
+    from qplug_core.registry.contract import Delegate
     from qplug_core.kernels.base import KernelSpec
 
 
@@ -87,6 +88,11 @@ class BackendPlugin:
         """Graph passes for ``stage`` (a :class:`~qplug_core.enums.Stage` value)."""
         return []
 
+    def delegate(self) -> Delegate | None:
+        """The :class:`Delegate` compiling this backend's int8 partitions (an NPU SDK, an
+        integer runtime; docs/plugins/delegates.md), or ``None`` for per-op kernels only."""
+        return None
+
     def check_environment(self) -> list[Diagnostic]:
         """Findings for ``qplug doctor`` beyond the availability the core reports itself."""
         return []
@@ -125,6 +131,10 @@ class BackendPlugin:
     @hookimpl
     def qplug_passes(self, stage: str, backend: str) -> list[Callable]:
         return self.passes(stage) if backend == self.name else []
+
+    @hookimpl
+    def qplug_delegate(self, backend: str) -> Delegate | None:
+        return self.delegate() if backend == self.name else None
 
     @hookimpl
     def qplug_check_environment(self, backend: str) -> list[Diagnostic]:

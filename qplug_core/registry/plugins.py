@@ -375,8 +375,10 @@ class QplugPluginManager:
             if record.error is not None:
                 self._announce(record)
             elif record.status is PluginStatus.OK:
-                if not record.builtin:
-                    _import_torch()  # so the engine a plugin may change at import is known
+                # torch first, for built-ins too: its seconds are not the plugin's to answer
+                # for (the import time shown is what the plugin itself imports), and the
+                # engine a plugin may change at import is known
+                _import_torch()
                 self._register(candidate)
         for name in missing:
             self._warn(f"plugin {name!r} could not be found (named in {ENV_LOAD})")

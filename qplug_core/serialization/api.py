@@ -24,7 +24,15 @@ from qplug_core.errors import (
 )
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.snapshot import snapshot_of
-from qplug_core.serialization.artifact import Artifact, artifact_of, backend_identity, from_document, fusion_records, to_document
+from qplug_core.flows.tags import CAPTURE
+from qplug_core.serialization.artifact import (
+    Artifact,
+    artifact_of,
+    backend_identity,
+    from_document,
+    fusion_records,
+    to_document,
+)
 from qplug_core.serialization.files import read_artifact_file, write_artifact_file
 from qplug_core.serialization.graph_codec import decode_graph
 from qplug_core.serialization.module_codec import decode_modules
@@ -124,6 +132,7 @@ def _rebuild(artifact: Artifact, source: Path) -> fx.GraphModule:
     gm.train(model["training"])
     for module, training in modes:
         module.train(training)
+    gm.meta[CAPTURE] = model.get("capture", "symbolic")  # what the report says it was captured by
     return gm
 
 

@@ -22,14 +22,18 @@ from qplug_core.config.names import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.flows.fuse import FusionRecord
 from qplug_core.flows.snapshot import snapshot_of
-from qplug_core.flows.tags import ARTIFACT, FUSIONS, KERNEL, STATE
+from qplug_core.flows.tags import ARTIFACT, CAPTURE, FUSIONS, KERNEL, STATE
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
 
 FORMAT = "qplug"
 SCHEMA_VERSION = 1
 TOP_KEYS = ("format", "schema_version", "backend", "plugins", "versions", "model")
-MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions")
+MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions", "capture")
+#: model keys every file has (``capture`` came later: a file without it was captured symbolically
+#: or does not say)
+REQUIRED_MODEL_KEYS = MODEL_KEYS[:-1]
+CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 
 
@@ -82,7 +86,8 @@ def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference",
         raise SerializationError(f"this model cannot be saved: {exc}") from exc
     model = {"graph": graph, "modules": modules, "attributes": attributes, "tensors": table.entries,
              "training": gm.training, "mode": gm.meta.get(STATE, {}).get("mode", "static"),
-             "fusions": [asdict(f) for f in gm.meta.get(FUSIONS, [])]}
+             "fusions": [asdict(f) for f in gm.meta.get(FUSIONS, [])],
+             "capture": gm.meta.get(CAPTURE, "symbolic")}
     return Artifact(name, plugins, model, table.tensors)
 
 
@@ -131,7 +136,10 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     plugins = tuple(_read_plugin(p, child("plugins", i))
                     for i, p in enumerate(expect(doc["plugins"], list, "plugins", "a JSON list")))
     expect(doc["versions"], dict, "versions", "a JSON object")
-    model = read_fields(doc["model"], "model", MODEL_KEYS, required=MODEL_KEYS)
+    model = read_fields(doc["model"], "model", MODEL_KEYS, required=REQUIRED_MODEL_KEYS)
+    if model.get("capture", "symbolic") not in CAPTURES:
+        raise ConfigError(f"model.capture must be one of {', '.join(CAPTURES)}, got "
+                          f"{model['capture']!r}", field="model.capture", value=model["capture"])
     expect(model["training"], bool, "model.training", "true or false")
     expect(model["mode"], str, "model.mode", "a quantization mode")
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):

@@ -8,6 +8,7 @@ Installed with qplug-core, so a plugin's test suite gets them without a conftest
 * ``fake_dist``: write a discoverable distribution (dist-info with an entry point) into
   ``tmp_path`` and load it alone (:class:`qplug_core.testing.dists.FakeDists`).
 
+It registers the markers the kit uses (``slow``), so ``pytest --strict-markers`` accepts them.
 And one rule for CI: with ``QPLUG_REQUIRE_ALL=1`` a test skipped because something is missing
 (a distribution, a module, a backend this machine cannot run) fails instead, so that a broken
 environment cannot pass as green. This module imports only pytest until a fixture is used.
@@ -83,6 +84,17 @@ def fake_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeD
     yield dists
     dists.forget_modules()
     plugins.reset()
+
+
+#: markers the testing kit puts on tests (the pattern suite marks its long cases ``slow``)
+MARKERS = ("slow: long end-to-end case (qplug's pattern suite marks its ATen-level cases); "
+           "deselect with -m 'not slow'",)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the kit's markers, so a plugin's suite runs clean under ``--strict-markers``."""
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -129,7 +129,8 @@ def test_printed_install_command_works_in_a_fresh_venv(tmp_path, monkeypatch):
     assert result["kernels"] == {"fc": "quantized::linear"}
     assert result["int8"] > result["float"] - 0.05
 
-    own_tests = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+    own_tests = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strict-markers",
+                                "tests"],
                                capture_output=True, text=True, env=env, cwd=tmp_path / "qplug-acme-npu",
                                timeout=600)
     assert own_tests.returncode == 0, own_tests.stdout[-3000:]

@@ -75,6 +75,9 @@ def isolated_example(plugin_autoload, monkeypatch):
 
 #: examples that run after the user installed something, and how the test installs it
 NEEDS_TINY = {"writing_a_backend.py"}
+#: example -> (distribution, entry point value, entry point name, package folder)
+NEEDS_PLUGIN = {"delegates.py": ("qplug-numpy-int", "qplug_numpy_int.plugin:plugin", "numpy_int",
+                                 SRC / "plugin_numpy_int")}
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
@@ -82,6 +85,9 @@ def test_example_runs(example: Path, isolated_example, fake_dist, capsys):
     if example.name in NEEDS_TINY:  # what `pip install -e docs_src/plugin_tiny` leaves behind
         fake_dist("qplug-tiny", module="qplug_tiny.plugin:plugin", entry_point="tiny",
                   version="0.1.0", location=TINY)
+    if example.name in NEEDS_PLUGIN:
+        dist, module, name, location = NEEDS_PLUGIN[example.name]
+        fake_dist(dist, module=module, entry_point=name, version="0.1.0", location=location)
     runpy.run_path(str(example), run_name="__main__")
     assert capsys.readouterr().out, f"{example.name} printed nothing"
 

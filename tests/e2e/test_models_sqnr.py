@@ -30,7 +30,7 @@ import pytest
 import torch
 
 import qplug_core as qp
-from qplug_core.analysis.compare import sqnr
+from qplug_core.analysis.layers import sqnr
 from qplug_core.zoo import calibrate_batchnorm, example_inputs, get_model
 from qplug_core.zoo.transformer import make_realistic_bert
 

@@ -16,7 +16,7 @@ from qplug_core.errors import ConstraintViolationError, UncalibratedObserverErro
 from qplug_core.kernels import torch_int8 as K
 from qplug_core.nn import qat as nnqat
 from qplug_core.observers import MinMaxObserver
-from qplug_core.analysis.compare import sqnr
+from qplug_core.analysis.layers import sqnr
 from qplug_core.zoo.digits import DigitsCNN, accuracy, load_digits_tensors, train_digits_cnn
 
 GROUPS = [["conv1", "bn1", "relu1"], ["conv2", "bn2"], ["conv3", "bn3", "relu3"]]

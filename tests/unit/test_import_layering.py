@@ -46,7 +46,7 @@ ALLOWED: dict[str, set[str]] = {
               "patterns", "qparams", "registry"},
     # above the pipeline
     "serialization": {"config", "errors", "flows", "kernels", "qparams", "registry"},
-    "analysis": {"errors", "flows", "partition", "registry"},
+    "analysis": {"errors", "flows", "kernels", "partition", "registry", "serialization"},
     "eager": {"config", "errors", "flows", "kernels", "nn", "observers", "qparams", "registry"},
     "algorithms": {"analysis", "config", "errors", "flows", "kernels", "nn", "qparams"},
     "onnx_export": {"errors", "flows", "ir", "kernels", "nn", "qparams", "serialization"},

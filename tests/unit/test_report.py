@@ -14,7 +14,8 @@ from rich.console import Console
 from torch import nn
 
 from qplug_core.errors import ConfigError
-from qplug_core.analysis.compare import ComparisonReport, compare, sqnr
+from qplug_core.analysis.compare import compare
+from qplug_core.analysis.layers import ComparisonReport, sqnr
 from qplug_core.zoo import example_inputs, get_model
 from qplug_core.zoo.resnet import BasicBlock
 
@@ -264,3 +265,23 @@ def test_rendering_survives_non_finite_values():
     report.print(console)
     assert "nan dB" in console.export_text()
     assert json.dumps(report.to_dict(), allow_nan=False)
+
+
+def test_a_kernel_computing_a_fused_module_is_named_after_it(plugin_autoload):
+    """The fbgemm conv kernel of ConvReLU2d (ReLU in its output range) is shown as ConvReLU2d."""
+    import qplug_core as qp
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 1)).eval()
+    data = [(torch.randn(2, 3, 6, 6),)]
+    qmodel = qp.quantize(model, data[0], data, backend="fbgemm", progress=False)
+    report = qp.compare(qp.fuse_fx(model, data[0], backend="fbgemm"), qmodel, data)
+    types = {layer.name: (layer.float_type, layer.quant_type) for layer in report.layers}
+    assert types["0"] == ("ConvReLU2d", "ConvReLU2d") and types["2"] == ("Conv2d", "Conv2d")
+
+
+def test_print_shows_the_table_not_the_fields():
+    model = nn.Sequential(nn.Linear(6, 4))
+    text = str(compare(model, copy.deepcopy(model), (torch.randn(3, 6),)))
+    assert text.startswith("quantized vs float, per layer") and "LayerComparison(" not in text
+    assert all(len(line) <= 80 for line in text.splitlines())

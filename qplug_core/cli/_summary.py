@@ -1,0 +1,39 @@
+"""What ``qplug quantize`` and ``qplug report`` print, the answer first, within the terminal width.
+
+Order: how close int8 answers to float (when measured), the int8 share and what stayed float
+(``QuantizationReport``'s own text), the facts of the run (paths, sizes, versions), then the
+layers int8 hurt most. Nothing is wider than the terminal (80 columns when it is not one).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from qplug_core.cli._accuracy import accuracy_line, worst_layers_table
+from qplug_core.cli._table import show, terminal_width
+
+
+def fact_lines(facts: dict[str, Any], width: int) -> list[str]:
+    """``key: value`` lines (nested dicts as ``k v, k v``), wrapped to ``width``."""
+    lines = []
+    for key, value in facts.items():
+        text = (", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict)
+                else str(value))
+        lines += textwrap.wrap(f"{key.replace('_', ' ')}: {text}", width, subsequent_indent="    ",
+                               break_on_hyphens=False)
+    return lines
+
+
+def print_summary(report: Any, facts: dict[str, Any], *, verbose: bool = False) -> None:
+    """The text form of ``qplug quantize`` / ``qplug report`` on stdout."""
+    from rich.text import Text
+
+    from qplug_core.flows.report_text import report_lines
+
+    width = terminal_width()
+    accuracy = facts.get("accuracy")
+    lines = textwrap.wrap(accuracy_line(accuracy), width, subsequent_indent="    ") if accuracy else []
+    lines += report_lines(report, verbose=verbose, width=width)
+    lines += fact_lines({k: v for k, v in facts.items() if k != "accuracy"}, width)
+    show(Text("\n".join(lines)), *([worst_layers_table(accuracy)] if accuracy else []))

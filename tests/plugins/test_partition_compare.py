@@ -1,0 +1,110 @@
+"""qp.compare on a delegated model measures the compiled partitions themselves: each one on the
+inputs it receives, against its reference form and against its float form."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+
+SDK = '''
+import torch
+from torch import nn
+from qplug_core.plugin_api import (BackendPlugin, Delegate, Dequantize, OperatorSupportBase,
+                                   Quantize, ReferenceWeighted)
+
+OFF_BY = {"steps": 0}
+
+
+class Compiled(nn.Module):
+    """Runs the partition, wrong by OFF_BY["steps"] (a faulty compiler): integer outputs moved
+    that many steps, float ones scaled by 5% per step."""
+
+    def __init__(self, partition):
+        super().__init__()
+        self.partition = partition
+
+    def forward(self, *args):
+        out, steps = self.partition(*args), OFF_BY["steps"]
+        if out.is_floating_point():
+            return out * (1 + 0.05 * steps)
+        return (out.to(torch.int32) + steps).clamp(0, 255).to(out.dtype)
+
+
+class TakesConvs(OperatorSupportBase):
+    def is_node_supported(self, submodules, node):
+        module = submodules.get(node.target) if node.op == "call_module" else None
+        return isinstance(module, (Quantize, Dequantize, ReferenceWeighted))
+
+
+class Sdk(BackendPlugin):
+    name = "sdk"
+
+    def delegate(self):
+        return Delegate(operator_support=TakesConvs(),
+                        compile=lambda partition, example_inputs: Compiled(partition))
+
+
+plugin = Sdk()
+'''
+
+
+def _model_and_data():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.Sigmoid()).eval()
+    data = [(torch.randn(2, 3, 8, 8),) for _ in range(3)]
+    return model, data
+
+
+def _partition_rows(report):
+    return [layer for layer in report.layers if layer.name.startswith("delegate_")]
+
+
+@pytest.mark.parametrize("steps", [0, 3])
+def test_each_partition_is_measured_against_its_reference_and_float_forms(fake_dist, steps):
+    fake_dist("qplug-sdk", SDK, module="qplug_sdk:plugin")
+    __import__("qplug_sdk").OFF_BY["steps"] = steps
+    model, data = _model_and_data()
+    qmodel = qp.quantize(model, data[0], data, backend="sdk")
+    fused = qp.fuse_fx(model, data[0], backend="sdk")
+    report = qp.compare(fused, qmodel, data)
+    (row,) = _partition_rows(report)
+    assert row.quant_type == "Compiled" and row.num_outputs == len(data)
+    # the convs inside the partition do not run as themselves: no per-layer rows for them
+    assert not {"0", "2"} & {layer.name for layer in report.layers}
+    assert report.skipped["2"].startswith("inside compiled partition delegate_0")
+    if steps == 0:  # compiling changed nothing
+        assert row.reference_sqnr_db == math.inf
+        # against float: what int8 changed in the convs (the partition), seen independently as
+        # the float convs against the reference model's output before its float sigmoid
+        reference = qp.quantize(model, data[0], data, backend="reference")
+        convs = nn.Sequential(fused.get_submodule("0"), fused.get_submodule("2"))
+        want = torch.cat([convs(x) for (x,) in data])
+        got = torch.cat([torch.logit(reference(x).double()) for (x,) in data])
+        assert row.sqnr_db == pytest.approx(qp.sqnr(want.double(), got), abs=0.5)
+    else:  # a compiler 3 steps off: the reference comparison shows it, on this partition
+        assert 0 < row.reference_sqnr_db < 40
+        assert row.sqnr_db < row.reference_sqnr_db + 1
+
+
+def test_onnxruntime_partitions_are_compared(plugin_autoload):
+    model, data = _model_and_data()
+    qmodel = qp.quantize(model, data[0], data, backend="onnxruntime")
+    fused = qp.fuse_fx(model, data[0], backend="onnxruntime")
+    report = qp.compare(fused, qmodel, data)
+    rows = _partition_rows(report)
+    assert rows and all(row.reference_sqnr_db > 35 and row.sqnr_db > 25 for row in rows)
+    assert "vs ref dB" in str(report) and "delegate_" in str(report)
+    assert len(str(report)) < 2000 and "LayerComparison(" not in str(report)
+
+
+def test_a_kernel_backend_gets_no_partition_rows(plugin_autoload):
+    model, data = _model_and_data()
+    qmodel = qp.quantize(model, data[0], data, backend="fbgemm")
+    report = qp.compare(qp.fuse_fx(model, data[0], backend="fbgemm"), qmodel, data)
+    assert not _partition_rows(report) and all(layer.reference_sqnr_db is None
+                                               for layer in report.layers)

@@ -45,6 +45,7 @@ from qplug_core.errors import ConfigValidationError, QplugError, warn_user
 from qplug_core.delegation import Delegate
 from qplug_core.fx.observed import ObservedValue, computes_tensor, observed_inputs, observed_values
 from qplug_core.hookspecs import hookimpl
+from qplug_core.kernels.arithmetic import Int8Arithmetic, cpu_diagnostic, safe_qconfig_options
 from qplug_core.kernels.base import (
     KernelContext,
     KernelSpec,
@@ -53,7 +54,9 @@ from qplug_core.kernels.base import (
     int_values,
     quantized_from_int,
 )
+from qplug_core.kernels.cpu import CpuInt8, cpu_int8, override_cpu_flags
 from qplug_core.kernels.table import torch_int8_kernels
+from qplug_core.passes.int16_pairs import warn_saturating_pairs
 from qplug_core.partition import OperatorSupportBase
 from qplug_core.passes.base import PassResult
 from qplug_core.plugins import QplugPluginWarning
@@ -101,6 +104,14 @@ __all__ = [
     "engine_availability",
     "Mode",
     "Stage",
+    # what this CPU can do for int8, and the qparams that are safe with a kernel's arithmetic
+    "CpuInt8",
+    "Int8Arithmetic",
+    "cpu_diagnostic",
+    "cpu_int8",
+    "override_cpu_flags",
+    "safe_qconfig_options",
+    "warn_saturating_pairs",
     # patterns and dtypes
     "BackendPatternConfig",
     "DTypeConfig",

@@ -33,7 +33,7 @@ from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, sa
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 
 __all__ = ["PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_usable", "per_token_quantize",
-           "symmetric_per_channel_int8", "weight_qmax"]
+           "onednn_is_exact", "symmetric_per_channel_int8", "weight_qmax"]
 
 QMAX = 127  # symmetric [-127, 127]: -128 is never produced, so negation is exact
 _EPS = torch.finfo(torch.float32).eps
@@ -81,9 +81,16 @@ def _buffer(scratch: threading.local, name: str, shape: torch.Size, dtype: torch
     numel = shape.numel()
     buffer = getattr(scratch, name, None)
     if buffer is None or buffer.numel() < numel:
-        buffer = torch.empty(numel, dtype=dtype)
+        buffer = _reusable_empty((numel,), dtype)
         setattr(scratch, name, buffer)
     return buffer[:numel].view(shape)
+
+
+def _reusable_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A buffer that later calls may write in place inside or outside ``torch.inference_mode()``
+    (one made inside it is an inference tensor, which cannot be written outside it)."""
+    with torch.inference_mode(False):
+        return torch.empty(shape, dtype=dtype)
 
 
 @torch.no_grad()
@@ -209,8 +216,31 @@ def onednn_usable(cpu: CpuInt8 | None = None) -> bool:
 
 def best_gemm(cpu: CpuInt8 | None = None) -> str:
     """The fastest exact int8 GEMM on this machine: oneDNN's packed linear (it also applies the
-    weight scales, saving two passes over the output), else ``torch._int_mm``."""
-    return "onednn" if onednn_usable(cpu) else "int_mm"
+    weight scales, saving two passes over the output) where it computes the worst case exactly
+    with :func:`weight_qmax`'s weights, else ``torch._int_mm``."""
+    if onednn_usable(cpu) and onednn_is_exact(weight_qmax("onednn", cpu)):
+        return "onednn"
+    return "int_mm"
+
+
+@functools.cache
+def onednn_is_exact(qmax: int) -> bool:
+    """Run once per process: oneDNN's linear on the worst case for int16 pair sums (u8 codes of
+    255 against weights of +-``qmax``) equals the exact product. The flags say which instructions
+    the CPU has; this says what the installed kernels do with them."""
+    k, n = 64, 4
+    weight = torch.full((n, k), qmax, dtype=torch.int8)
+    weight[1::2] = -qmax
+    codes = torch.full((2, k), 255, dtype=torch.uint8)
+    exact = codes.double() @ weight.double().t()
+    try:
+        packed = torch.ops.onednn.qlinear_prepack(weight, None)
+        out = torch.ops.onednn.qlinear_pointwise(codes, 1.0, 0, packed, torch.ones(n),
+                                                 torch.zeros(n, dtype=torch.long), None, 1.0, 0,
+                                                 torch.float32, "none", [], "")
+    except RuntimeError:
+        return False
+    return torch.equal(out.double(), exact)
 
 
 def weight_qmax(gemm: str, cpu: CpuInt8 | None = None) -> int:
@@ -250,6 +280,11 @@ class PerTokenDynamicLinear(nn.Module):
                 "gemm='onednn' needs torch built with oneDNN and a CPU with AVX2, VNNI or AMX, which "
                 "this machine lacks; use gemm='int_mm' or None (the best available)", field="gemm",
                 value=gemm)
+        if gemm == "onednn" and not simulate and not onednn_is_exact(weight_qmax(gemm)):
+            raise ConfigValidationError(
+                f"gemm='onednn' saturates int16 pair sums on this CPU ({cpu_int8().summary()}) "
+                "even with the weights this CPU's flags call safe; use gemm=None (the best exact "
+                "GEMM here)", field="gemm", value=gemm)
         gemm = gemm or best_gemm()
         if not simulate:
             _warn_if_slower_than_float(gemm)
@@ -310,7 +345,7 @@ class PerTokenDynamicLinear(nn.Module):
                 "none", [], "")
         acc = getattr(self._scratch, "acc", None)
         if acc is None or acc.shape[0] != q.shape[0]:
-            acc = self._scratch.acc = torch.empty(q.shape[0], self.out_features, dtype=torch.int32)
+            acc = self._scratch.acc = _reusable_empty((q.shape[0], self.out_features), torch.int32)
         torch._int_mm(q, self.weight_int8_t, out=acc)
         return acc.float().mul_(self.weight_scale)  # int32 * float is a slow unvectorized path
 

@@ -370,8 +370,11 @@ def environment_diagnostics() -> list[tuple[str, Diagnostic]]:
     health of every plugin, each backend's status and its plugins' ``qplug_check_environment``."""
     import torch
 
+    from qplug_core.kernels.cpu import cpu_int8
+
     engines = list(torch.backends.quantized.supported_engines)
     findings = [("torch", Diagnostic("ok", f"torch {torch.__version__} on {platform_name()}")),
+                ("cpu", Diagnostic("ok", f"int8: {cpu_int8().summary()}")),
                 ("torch", Diagnostic("ok", f"quantized engines {engines}, current "
                                            f"{torch.backends.quantized.engine!r}"))]
     for record in plugins.plugin_records():

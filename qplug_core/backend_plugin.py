@@ -21,9 +21,9 @@ from qplug_core.backend_configs.dtype_configs import DTypeConfigSet
 from qplug_core.contract import Availability, BackendSpec, Diagnostic, engine_availability
 from qplug_core.enums import Stage
 from qplug_core.hookspecs import hookimpl
-from qplug_core.kernels.arithmetic import Int8Arithmetic, cpu_diagnostic, engine_arithmetic, \
-    safe_qconfig_options
-from qplug_core.passes.int16_pairs import warn_saturating_pairs
+from qplug_core.isa.diagnostics import cpu_diagnostic
+from qplug_core.kernels.arithmetic import Int8Arithmetic, engine_arithmetic, safe_qconfig_options
+from qplug_core.isa.int16_pairs import warn_saturating_pairs
 
 if TYPE_CHECKING:
     from qplug_core.config import BackendPatternConfig, QConfigMapping

@@ -45,7 +45,8 @@ from qplug_core.errors import ConfigValidationError, QplugError, warn_user
 from qplug_core.delegation import Delegate
 from qplug_core.fx.observed import ObservedValue, computes_tensor, observed_inputs, observed_values
 from qplug_core.hookspecs import hookimpl
-from qplug_core.kernels.arithmetic import Int8Arithmetic, cpu_diagnostic, safe_qconfig_options
+from qplug_core.isa.diagnostics import cpu_diagnostic
+from qplug_core.kernels.arithmetic import Int8Arithmetic, safe_qconfig_options
 from qplug_core.kernels.base import (
     KernelContext,
     KernelSpec,
@@ -56,7 +57,7 @@ from qplug_core.kernels.base import (
 )
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8, override_cpu_flags
 from qplug_core.kernels.table import torch_int8_kernels
-from qplug_core.passes.int16_pairs import warn_saturating_pairs
+from qplug_core.isa.int16_pairs import warn_saturating_pairs
 from qplug_core.partition import OperatorSupportBase
 from qplug_core.passes.base import PassResult
 from qplug_core.plugins import QplugPluginWarning

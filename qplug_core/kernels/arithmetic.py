@@ -30,7 +30,6 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from qplug_core.contract import Diagnostic
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 
 INT16_MAX = 32767
@@ -95,22 +94,5 @@ def safe_qconfig_options(arithmetic: Int8Arithmetic | str, options: dict[str, An
     return {**options, "weight_quant_min": low, "weight_quant_max": high}
 
 
-def cpu_diagnostic(arithmetic: Int8Arithmetic | str, cpu: CpuInt8 | None = None) -> Diagnostic:
-    """What ``cpu`` means for a backend whose kernels have ``arithmetic`` (for ``qplug doctor``)."""
-    cpu = cpu_int8() if cpu is None else cpu
-    arithmetic = Int8Arithmetic(arithmetic)
-    if pair_sums_saturate(arithmetic, cpu):
-        return Diagnostic("warning", f"{cpu.summary()}: this backend's kernels: {arithmetic}, so "
-                                     "its default qparams use 7-bit weights here (1-3 dB "
-                                     "below 8-bit on the zoo's CNNs; int8 at most ~1.9x fp32 per "
-                                     "core)",
-                          hint="keep the default qconfig mapping: full 8-bit operands saturate")
-    if arithmetic is Int8Arithmetic.U8S8_INT16_PAIRS_WITHOUT_VNNI and not cpu.avx2:
-        return Diagnostic("warning", f"{cpu.summary()}: no AVX2, so this backend's int8 kernels "
-                                     "run their slow generic paths")
-    return Diagnostic("ok", f"{cpu.summary()}: full 8-bit operands are exact with this backend's "
-                            "kernels")
-
-
-__all__ = ["ENGINE_ARITHMETIC", "Int8Arithmetic", "cpu_diagnostic", "engine_arithmetic",
-           "pair_sums_saturate", "pairs_fit", "safe_qconfig_options", "safe_weight_range"]
+__all__ = ["ENGINE_ARITHMETIC", "Int8Arithmetic", "engine_arithmetic", "pair_sums_saturate",
+           "pairs_fit", "safe_qconfig_options", "safe_weight_range"]

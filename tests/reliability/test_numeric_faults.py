@@ -19,7 +19,7 @@ from qplug_core.errors import ConfigValidationError
 from qplug_core.kernels.cpu import override_cpu_flags
 from qplug_core.kernels.reference import Quantize
 from qplug_core.observers import MinMaxObserver, PerChannelMinMaxObserver
-from qplug_core.passes.int16_pairs import saturating_layers
+from qplug_core.isa.int16_pairs import saturating_layers
 from qplug_core.qparams import dequantize, quantize
 
 from faultkit import conv_net, images

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from qplug_core.plugin_api import X86_MACHINES, BackendPlugin, Stage
+from qplug_core.plugin_api import X86_MACHINES, BackendPlugin, Int8Arithmetic, Stage
 
 from qplug_fbgemm.passes import limit_depthwise_input_range
 
@@ -22,6 +22,8 @@ class FbgemmPlugin(BackendPlugin):
     description = "x86 int8 kernels (FBGEMM: AVX2, AVX-512, VNNI)"
     engine = "fbgemm"
     machines = preferred_machines = X86_MACHINES
+    #: vpmaddubsw without VNNI: the core makes the default weights 7-bit there
+    int8_arithmetic = Int8Arithmetic.U8S8_INT16_PAIRS_WITHOUT_VNNI
 
     def qconfig_options(self, mode: str) -> dict[str, Any]:
         return {"per_channel": True, "per_channel_conv_transpose": False}

@@ -46,6 +46,8 @@ from qplug_core.enums import Mode, Stage
 from qplug_core.errors import ConfigValidationError, QplugError, warn_user
 from qplug_core.flows.observed import ObservedValue, computes_tensor, observed_inputs, observed_values
 from qplug_core.registry.hookspecs import hookimpl
+from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
+from qplug_core.kernels.arithmetic import Int8Arithmetic, safe_qconfig_options
 from qplug_core.kernels.base import (
     KernelContext,
     KernelSpec,
@@ -55,6 +57,7 @@ from qplug_core.kernels.base import (
     quantized_from_int,
 )
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
+from qplug_core.kernels.cpu import CpuInt8, cpu_int8, override_cpu_flags
 from qplug_core.kernels.table import torch_int8_kernels
 from qplug_core.partition import OperatorSupportBase
 from qplug_core.passes.base import PassResult
@@ -103,6 +106,13 @@ __all__ = [
     "engine_availability",
     "Mode",
     "Stage",
+    # what this CPU can do for int8, and the qparams that are safe with a kernel's arithmetic
+    "CpuInt8",
+    "Int8Arithmetic",
+    "cpu_diagnostic",
+    "cpu_int8",
+    "override_cpu_flags",
+    "safe_qconfig_options",
     # patterns and dtypes
     "BackendPatternConfig",
     "DTypeConfig",

@@ -8,6 +8,12 @@ example inputs) into one module. The core groups the supported nodes with
 ``CapabilityBasedPartitioner``, keeps only partitions holding int8 work, fuses each into a
 submodule and swaps in the compiled module. Everything else stays in PyTorch, and the report lists
 the partitions and every node left outside with the reason.
+
+A compiled partition is checked like a lowered kernel (:mod:`qplug_core.flows.kernel_check`): run
+on the inputs it saw when the reference form ran on the example inputs, each output must be
+within the contract's steps of the reference partition's. One that is not (ONNX Runtime's fused
+U8S8 kernels saturating on a CPU without VNNI under a full-range qconfig, say) keeps the reference
+form, with a warning naming the partition and the plugin, and the report says why.
 """
 
 from __future__ import annotations
@@ -16,12 +22,13 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
-from torch import fx
+from torch import fx, nn
 
 from qplug_core.flows.report import describe_op
 from qplug_core.flows.tags import BOUNDARY, KERNEL, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner
 from qplug_core.registry.contract import Delegate
+from qplug_core.flows.kernel_check import output_violation
 
 #: the prefix of the submodules holding compiled partitions (``delegate_0``, ...)
 PREFIX = "delegate_"
@@ -101,6 +108,13 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
             warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=3)
             summary.reference.update(dict.fromkeys(anchors, reason))
             continue
+        problem = _contract_problem(module, partition_gm, recorder.inputs[name])
+        if problem:
+            reason = (f"partition {name} compiled by {_delegate_label(backend_name)} broke the "
+                      f"kernel contract on the example inputs ({problem}); reference form kept")
+            warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=3)
+            summary.reference.update(dict.fromkeys(anchors, reason))
+            continue
         gm.set_submodule(name, module)
         summary.partitions.append(PartitionRecord(name, len(nodes), len(anchors), type(module).__name__))
         summary.lowered.update(dict.fromkeys(anchors, name))
@@ -113,3 +127,32 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     gm.graph.lint()
     gm.recompile()
     return summary
+
+
+def _outputs(value: object) -> list:
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+def _contract_problem(compiled: nn.Module, reference: fx.GraphModule, inputs: tuple) -> str:
+    """Why ``compiled`` breaks the kernel contract against its reference form ('' if it holds)."""
+    with torch.no_grad():
+        expected = _outputs(reference(*inputs))
+        try:
+            got = _outputs(compiled(*inputs))
+        except Exception as error:  # noqa: BLE001 - a raising partition is a broken one
+            return f"it raised {type(error).__name__}: {' '.join(str(error).split())[:160]}"
+    if len(got) != len(expected):
+        return f"it returned {len(got)} outputs, expected {len(expected)}"
+    for i, (out, ref) in enumerate(zip(got, expected)):
+        integer = isinstance(ref, torch.Tensor) and not ref.is_floating_point()
+        problem = output_violation(out, ref, getattr(ref, "dtype", None), 1.0 if integer else None)
+        if problem:
+            return f"output {i}: {problem}" if len(expected) > 1 else problem
+    return ""
+
+
+def _delegate_label(backend_name: str) -> str:
+    from qplug_core.registry import plugins
+
+    result = plugins.collect_first("qplug_delegate", backend=backend_name)
+    return f"plugin {result.record.label}" if result is not None else "an unregistered plugin"

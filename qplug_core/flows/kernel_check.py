@@ -106,6 +106,11 @@ def violation(kernel: nn.Module, args: tuple, kwargs: dict, reference: Any, expe
             out = kernel(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - a raising kernel is a broken kernel
         return f"it raised {type(error).__name__}: {' '.join(str(error).split())[:160]}"
+    return output_violation(out, reference, expected_dtype, output_scale)
+
+
+def output_violation(out: Any, reference: Any, expected_dtype: Any, output_scale: float | None) -> str:
+    """Why output ``out`` breaks the contract against ``reference`` ('' if it holds)."""
     if not isinstance(out, torch.Tensor) or not isinstance(reference, torch.Tensor):
         return "" if type(out) is type(reference) else \
             f"it returned {type(out).__name__}, expected {type(reference).__name__}"

@@ -29,6 +29,7 @@ from qplug_core.errors import (
 )
 from qplug_core.flows.convert import convert_graph
 from qplug_core.flows.finish import finish_conversion
+from qplug_core.flows.int16_pairs import warn_saturating_pairs
 from qplug_core.flows.kernel_check import remember_example
 from qplug_core.flows.pipeline import (
     as_input_tuple,
@@ -134,7 +135,8 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
         ObserverInserter(graph_module, is_qat=is_qat).insert(regions)
         tag_regions(regions)
 
-    run_passes(gm, [annotate, observe, *plugin_passes(chosen, Stage.POST_PREPARE)])
+    run_passes(gm, [annotate, observe, warn_saturating_pairs(chosen.name, chosen.arithmetic),
+                    *plugin_passes(chosen, Stage.POST_PREPARE)])
     gm.meta[STATE] = {"backend": chosen.name, "mode": mode}
     remember_example(gm, inputs)
     if is_qat:

@@ -29,12 +29,14 @@ _Q = torch.ops.quantized
 _WEIGHT_DTYPES = (torch.qint8, torch.float16)
 
 
-def symmetric_weight_qparams(weight: torch.Tensor, per_channel: bool) -> QParams:
-    """qint8 symmetric min/max qparams (torch's default dynamic weight observer: amax / 127.5)."""
+def symmetric_weight_qparams(weight: torch.Tensor, per_channel: bool,
+                             quant_range: tuple[int, int] = (-128, 127)) -> QParams:
+    """qint8 symmetric min/max qparams in ``quant_range`` (torch's default dynamic weight
+    observer: amax / 127.5 for the full range)."""
     w = weight.detach().float()
     amax = w.abs().flatten(1).amax(1) if per_channel else w.abs().max()
-    scale = torch.clamp(amax / 127.5, min=torch.finfo(torch.float32).eps)
-    return QParams(scale, torch.zeros_like(scale, dtype=torch.int64), torch.qint8, -128, 127,
+    scale = torch.clamp(amax / ((quant_range[1] - quant_range[0]) / 2), min=torch.finfo(torch.float32).eps)
+    return QParams(scale, torch.zeros_like(scale, dtype=torch.int64), torch.qint8, *quant_range,
                    axis=0 if per_channel else None, is_dynamic=True)
 
 
@@ -69,7 +71,10 @@ class _DynamicKernel(PackedStateModule):
         bias = None if bias is None else bias.detach().float()
         if self.dtype == torch.float16:
             return _Q.linear_prepack_fp16(weight.detach().float(), bias)
-        qparams = qparams or symmetric_weight_qparams(weight, per_channel)
+        if qparams is None:  # a recurrent layer's other weights: the range the qconfig gave the first
+            given = getattr(self, "_weight_qparams", None)
+            quant_range = (-128, 127) if given is None else (given.quant_min, given.quant_max)
+            qparams = symmetric_weight_qparams(weight, per_channel, quant_range)
         return _Q.linear_prepack(quantize_weight(weight, qparams), bias)
 
     @classmethod

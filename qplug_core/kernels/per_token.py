@@ -4,10 +4,16 @@ Per-tensor dynamic activations share one scale across every token of a batch, so
 an outlier (trained transformers have them in the residual stream and the FFN output) costs every
 other token its resolution. Here each row of the input gets its own asymmetric 8-bit grid,
 weights get a symmetric scale per output channel, and the 8-bit product accumulates in int32 in
-oneDNN's packed linear (uint8 activations; it also applies the weight scales) where the CPU has
-VNNI, else in ``torch._int_mm`` (plain int8 tensors either way: no quantized dtypes). Two passes
-over the output remain: the zero point's share, removed with precomputed weight column sums, and
-the token scales with the bias.
+oneDNN's packed linear (uint8 activations; it also applies the weight scales), else in
+``torch._int_mm`` (plain int8 tensors either way: no quantized dtypes). Two passes over the output
+remain: the zero point's share, removed with precomputed weight column sums, and the token scales
+with the bias.
+
+The GEMM follows the CPU (:func:`qplug_core.kernels.cpu.cpu_int8`): oneDNN's packed linear with
+VNNI, and also on AVX2 CPUs without it, where it sums pairs of u8 x s8 products in int16 with
+saturation, so its weights there get the 7-bit range that keeps every pair within int16
+(``qplug_core.kernels.arithmetic``). ``torch._int_mm`` runs generic code on CPUs without VNNI,
+slower than fp32, so that choice warns.
 
 On real all-MiniLM-L6-v2 weights this keeps the sentence-embedding cosine at 0.998+ where
 per-tensor dynamic gets 0.994 (docs/guide/accuracy.md has the figures and the command).
@@ -22,10 +28,12 @@ import weakref
 import torch
 from torch import nn
 
-from qplug_core.errors import ConfigValidationError
+from qplug_core.errors import ConfigValidationError, warn_user
+from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, safe_weight_range
+from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 
 __all__ = ["PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_usable", "per_token_quantize",
-           "symmetric_per_channel_int8"]
+           "onednn_is_exact", "symmetric_per_channel_int8", "weight_qmax"]
 
 QMAX = 127  # symmetric [-127, 127]: -128 is never produced, so negation is exact
 _EPS = torch.finfo(torch.float32).eps
@@ -73,9 +81,16 @@ def _buffer(scratch: threading.local, name: str, shape: torch.Size, dtype: torch
     numel = shape.numel()
     buffer = getattr(scratch, name, None)
     if buffer is None or buffer.numel() < numel:
-        buffer = torch.empty(numel, dtype=dtype)
+        buffer = _reusable_empty((numel,), dtype)
         setattr(scratch, name, buffer)
     return buffer[:numel].view(shape)
+
+
+def _reusable_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A buffer that later calls may write in place inside or outside ``torch.inference_mode()``
+    (one made inside it is an inference tensor, which cannot be written outside it)."""
+    with torch.inference_mode(False):
+        return torch.empty(shape, dtype=dtype)
 
 
 @torch.no_grad()
@@ -113,7 +128,7 @@ class _PackedWeight:
         self.zero_points: torch.Tensor | None = None
 
     def get(self, weight_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (weight_t.data_ptr(), weight_t._version)
+        key = (weight_t.data_ptr(), _version(weight_t))
         packed, zero_points = self.packed, self.zero_points
         if self.key != key or packed is None or zero_points is None:
             packed = torch.ops.onednn.qlinear_prepack(weight_t.t().contiguous(), None)
@@ -128,13 +143,20 @@ class _PackedWeight:
         return type(self)()
 
 
+def _version(x: torch.Tensor) -> int | None:
+    """``x._version``, or None for an inference tensor (made under ``torch.inference_mode()``),
+    which has no version counter: it cannot say whether it changed in place."""
+    return None if x.is_inference() else x._version
+
+
 class SharedInput:
     """The last input quantized by any of a model's per-token linears, reused while unchanged.
 
     Attention's query, key and value projections read the same tensor; quantizing it once
     instead of three times saves a third of the per-token overhead. A hit needs the very same
     tensor object at the same version counter (no in-place change since), quantized to the same
-    integer type. The cache is per thread, so one model can serve several threads; the integer
+    integer type; inference tensors have no version counter, so they are quantized every time. The
+    cache is per thread, so one model can serve several threads; the integer
     tensor it returns lives in a per-thread buffer that the next quantization overwrites.
     """
 
@@ -145,18 +167,21 @@ class SharedInput:
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         state = self._local
         source = state.source() if getattr(state, "source", None) is not None else None
-        if source is x and x._version == state.version and state.unsigned == unsigned:
+        version = _version(x)
+        if source is x and version is not None and version == state.version \
+                and state.unsigned == unsigned:
             return state.quantized
         state.quantized = _quantize(x, unsigned, scratch=state)
-        state.source, state.version, state.unsigned = weakref.ref(x), x._version, unsigned
+        state.source, state.version, state.unsigned = weakref.ref(x), version, unsigned
         return state.quantized
 
 
-def symmetric_per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 weight, float scale per output channel) with the symmetric [-127, 127] grid."""
+def symmetric_per_channel_int8(weight: torch.Tensor, qmax: int = QMAX
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, float scale per output channel) with the symmetric [-qmax, qmax] grid."""
     w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp_min(_EPS) / QMAX
-    return torch.round(w / scale[:, None]).clamp_(-QMAX, QMAX).to(torch.int8), scale
+    scale = w.abs().amax(dim=1).clamp_min(_EPS) / qmax
+    return torch.round(w / scale[:, None]).clamp_(-qmax, qmax).to(torch.int8), scale
 
 
 #: the arguments of torch 2.13's ``onednn::qlinear_pointwise``, as this module calls it
@@ -166,12 +191,13 @@ _ONEDNN_ARGUMENTS = ("qx", "x_scale", "x_zero_point", "qw", "w_scale", "w_zero_p
 GEMMS = ("onednn", "int_mm")
 
 
+#: oneDNN's x86 int8 kernels: vpmaddubsw pair sums without VNNI
+ONEDNN_ARITHMETIC = Int8Arithmetic.U8S8_INT16_PAIRS_WITHOUT_VNNI
+
+
 @functools.cache
-def onednn_usable() -> bool:
-    """oneDNN's uint8 x int8 linear runs here, exactly: it needs VNNI (without it the u8 x s8
-    instructions saturate pairs of products at int16) and the op signature this module binds."""
-    vnni = getattr(torch.cpu, "_is_vnni_supported", None)
-    if not (torch.backends.mkldnn.is_available() and callable(vnni) and vnni()):
+def _onednn_linear_available() -> bool:
+    if not torch.backends.mkldnn.is_available():
         return False
     try:
         schema = torch.ops.onednn.qlinear_pointwise.default._schema
@@ -180,10 +206,57 @@ def onednn_usable() -> bool:
     return tuple(a.name for a in schema.arguments) == _ONEDNN_ARGUMENTS
 
 
-def best_gemm() -> str:
+def onednn_usable(cpu: CpuInt8 | None = None) -> bool:
+    """oneDNN's uint8 x int8 linear runs here fast and exactly: torch has it with the op signature
+    this module binds, and the CPU has VNNI, AMX or AVX2 (then with 7-bit weights,
+    :func:`weight_qmax`); without AVX2 it runs reference code."""
+    cpu = cpu_int8() if cpu is None else cpu
+    return (cpu.vnni or cpu.amx or cpu.avx2) and _onednn_linear_available()
+
+
+def best_gemm(cpu: CpuInt8 | None = None) -> str:
     """The fastest exact int8 GEMM on this machine: oneDNN's packed linear (it also applies the
-    weight scales, saving two passes over the output), else ``torch._int_mm``."""
-    return "onednn" if onednn_usable() else "int_mm"
+    weight scales, saving two passes over the output) where it computes the worst case exactly
+    with :func:`weight_qmax`'s weights, else ``torch._int_mm``."""
+    if onednn_usable(cpu) and onednn_is_exact(weight_qmax("onednn", cpu)):
+        return "onednn"
+    return "int_mm"
+
+
+@functools.cache
+def onednn_is_exact(qmax: int) -> bool:
+    """Run once per process: oneDNN's linear on the worst case for int16 pair sums (u8 codes of
+    255 against weights of +-``qmax``) equals the exact product. The flags say which instructions
+    the CPU has; this says what the installed kernels do with them."""
+    k, n = 64, 4
+    weight = torch.full((n, k), qmax, dtype=torch.int8)
+    weight[1::2] = -qmax
+    codes = torch.full((2, k), 255, dtype=torch.uint8)
+    exact = codes.double() @ weight.double().t()
+    try:
+        packed = torch.ops.onednn.qlinear_prepack(weight, None)
+        out = torch.ops.onednn.qlinear_pointwise(codes, 1.0, 0, packed, torch.ones(n),
+                                                 torch.zeros(n, dtype=torch.long), None, 1.0, 0,
+                                                 torch.float32, "none", [], "")
+    except RuntimeError:
+        return False
+    return torch.equal(out.double(), exact)
+
+
+def weight_qmax(gemm: str, cpu: CpuInt8 | None = None) -> int:
+    """The largest weight integer ``gemm`` takes exactly on ``cpu``: 127, or 64 where oneDNN sums
+    u8 x s8 pairs in int16 (2 x 255 x 64 = 32,640 fits; 2 x 255 x 127 does not)."""
+    if gemm == "onednn" and pair_sums_saturate(ONEDNN_ARITHMETIC, cpu):
+        return safe_weight_range((-QMAX, QMAX), 255)[1]
+    return QMAX
+
+
+def _warn_if_slower_than_float(gemm: str) -> None:
+    cpu = cpu_int8()
+    if gemm == "int_mm" and not (cpu.vnni or cpu.amx or cpu.arm_dot):
+        warn_user(f"per-token dynamic int8 runs torch._int_mm here ({cpu.summary()}), which has no "
+                  "fast int8 path on this CPU and is slower than fp32 (about 30x measured on AVX2): "
+                  "keep these layers float, or use per-tensor dynamic (per_token=False)")
 
 
 class PerTokenDynamicLinear(nn.Module):
@@ -204,8 +277,22 @@ class PerTokenDynamicLinear(nn.Module):
                                         f"{gemm!r}", field="gemm", value=gemm)
         if gemm == "onednn" and not onednn_usable():
             raise ConfigValidationError(
-                "gemm='onednn' needs torch built with oneDNN and a CPU with VNNI, which this machine "
-                "lacks; use gemm='int_mm' or None (the best available)", field="gemm", value=gemm)
+                "gemm='onednn' needs torch built with oneDNN and a CPU with AVX2, VNNI or AMX, which "
+                "this machine lacks; use gemm='int_mm' or None (the best available)", field="gemm",
+                value=gemm)
+        if gemm == "onednn" and not simulate and not onednn_is_exact(weight_qmax(gemm)):
+            raise ConfigValidationError(
+                f"gemm='onednn' saturates int16 pair sums on this CPU ({cpu_int8().summary()}) "
+                "even with the weights this CPU's flags call safe; use gemm=None (the best exact "
+                "GEMM here)", field="gemm", value=gemm)
+        gemm = gemm or best_gemm()
+        if not simulate:
+            _warn_if_slower_than_float(gemm)
+        qmax = QMAX if simulate else weight_qmax(gemm)
+        if weight_int8.numel() and int(weight_int8.to(torch.int16).abs().max()) > qmax:
+            # the CPU's kernels cannot take these integers exactly: requantize to the safe range
+            weight_int8, weight_scale = symmetric_per_channel_int8(
+                weight_int8.float() * weight_scale.float()[:, None], qmax)
         self.in_features, self.out_features = weight_int8.shape[1], weight_int8.shape[0]
         self.register_buffer("weight_int8_t", weight_int8.t().contiguous())  # [K, N] for _int_mm
         self.register_buffer("weight_scale", weight_scale.float())
@@ -214,7 +301,7 @@ class PerTokenDynamicLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.simulate = simulate
         self.shared = shared
-        self.gemm = gemm or best_gemm()
+        self.gemm = gemm
         self._scratch = _PerThread()  # int32 accumulator per thread, reused while shapes repeat
         self._packed = _PackedWeight()
 
@@ -225,7 +312,9 @@ class PerTokenDynamicLinear(nn.Module):
         if not isinstance(linear, nn.Linear):
             raise ConfigValidationError(f"PerTokenDynamicLinear converts nn.Linear, got "
                                         f"{type(linear).__name__}", field="module")
-        weight, scale = symmetric_per_channel_int8(linear.weight)
+        gemm = gemm or best_gemm()
+        weight, scale = symmetric_per_channel_int8(linear.weight,
+                                                   QMAX if simulate else weight_qmax(gemm))
         return cls(weight, scale, linear.bias, simulate=simulate, shared=shared, gemm=gemm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -256,7 +345,7 @@ class PerTokenDynamicLinear(nn.Module):
                 "none", [], "")
         acc = getattr(self._scratch, "acc", None)
         if acc is None or acc.shape[0] != q.shape[0]:
-            acc = self._scratch.acc = torch.empty(q.shape[0], self.out_features, dtype=torch.int32)
+            acc = self._scratch.acc = _reusable_empty((q.shape[0], self.out_features), torch.int32)
         torch._int_mm(q, self.weight_int8_t, out=acc)
         return acc.float().mul_(self.weight_scale)  # int32 * float is a slow unvectorized path
 

@@ -4,7 +4,9 @@ Every hook is called for every backend, so a module of raw hook functions starts
 ``if backend != NAME: return []``. A ``BackendPlugin`` subclass instance (named by the entry point,
 ``mybackend = "qplug_mybackend.plugin:plugin"``) does that filtering once, and gives defaults for the
 common case: the shared pattern set with the backend's :class:`DTypeConfigSet`, the torch int8
-kernels packed for its engine, and the default qconfig mappings. A backend overrides the plain
+kernels packed for its engine, and the default qconfig mappings with qparams made safe for its
+kernels' arithmetic on this CPU (``qplug_core.kernels.arithmetic``: 7-bit weights where x86 kernels
+sum u8 x s8 pairs in int16, on CPUs without VNNI). A backend overrides the plain
 methods (``pattern_configs``, ``kernels``, ``qconfig_options``, ``passes``, ...), never the hooks.
 Extending *another* backend stays a job for raw ``@hookimpl`` functions.
 """
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 from qplug_core.config.dtype_configs import DTypeConfigSet
 from qplug_core.registry.contract import Availability, BackendSpec, Diagnostic, engine_availability
 from qplug_core.registry.hookspecs import hookimpl
+from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
+from qplug_core.kernels.arithmetic import Int8Arithmetic, engine_arithmetic, safe_qconfig_options
 
 if TYPE_CHECKING:
     from qplug_core.config import BackendPatternConfig, QConfigMapping
@@ -31,7 +35,8 @@ class BackendPlugin:
     Class attributes a subclass sets: ``name`` (required), ``description``, ``engine`` (the
     ``torch.backends.quantized`` engine its kernels pack weights for, ``None`` if none),
     ``machines`` (CPU architectures it runs on, empty for any), ``preferred_machines`` (where it
-    is the default backend), and ``dtype_configs`` (``None``: no shared patterns).
+    is the default backend), ``dtype_configs`` (``None``: no shared patterns) and
+    ``int8_arithmetic`` (how its kernels accumulate; ``None``: that of ``engine``'s kernels).
     """
 
     name: ClassVar[str]
@@ -40,6 +45,7 @@ class BackendPlugin:
     machines: ClassVar[tuple[str, ...]] = ()
     preferred_machines: ClassVar[tuple[str, ...]] = ()
     dtype_configs: ClassVar[DTypeConfigSet | None] = DTypeConfigSet()
+    int8_arithmetic: ClassVar[Int8Arithmetic | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -73,8 +79,12 @@ class BackendPlugin:
         """Keyword arguments of ``default_qconfig_mapping`` for ``mode``; ``None``: no default."""
         return {}
 
+    def arithmetic(self) -> Int8Arithmetic:
+        """How this backend's kernels accumulate int8 products (decides the safe qparams)."""
+        return self.int8_arithmetic or engine_arithmetic(self.engine)
+
     def default_qconfig_mapping(self, mode: str) -> QConfigMapping | None:
-        options = self.qconfig_options(mode)
+        options = safe_qconfig_options(self.arithmetic(), self.qconfig_options(mode))
         if options is None:
             return None
         from qplug_core.config.defaults import default_qconfig_mapping
@@ -110,7 +120,7 @@ class BackendPlugin:
     @hookimpl
     def qplug_register_backends(self) -> list[BackendSpec]:
         return [BackendSpec(self.name, self.description, engine=self.engine,
-                            is_available=self.is_available)]
+                            is_available=self.is_available, arithmetic=self.arithmetic())]
 
     @hookimpl
     def qplug_backend_pattern_configs(self, backend: str) -> list[BackendPatternConfig]:
@@ -130,7 +140,9 @@ class BackendPlugin:
 
     @hookimpl
     def qplug_passes(self, stage: str, backend: str) -> list[Callable]:
-        return self.passes(stage) if backend == self.name else []
+        if backend != self.name:
+            return []
+        return self.passes(stage)
 
     @hookimpl
     def qplug_delegate(self, backend: str) -> Delegate | None:
@@ -138,7 +150,9 @@ class BackendPlugin:
 
     @hookimpl
     def qplug_check_environment(self, backend: str) -> list[Diagnostic]:
-        return self.check_environment() if backend == self.name else []
+        if backend != self.name:
+            return []
+        return [*self.check_environment(), cpu_diagnostic(self.arithmetic())]
 
     @hookimpl
     def qplug_select_default_backend(self, available: list[str]) -> str | None:

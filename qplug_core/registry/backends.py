@@ -7,7 +7,6 @@ pattern. Assembly happens once per plugin manager (see :func:`qplug_core.registr
 
 from __future__ import annotations
 
-import copy
 import difflib
 import warnings
 from dataclasses import dataclass, field, replace
@@ -26,6 +25,7 @@ from qplug_core.registry.contract import (  # re-exported: the registry's caller
     platform_name,
 )
 from qplug_core.enums import MODES, STAGES, BackendStatus, PluginStatus
+from qplug_core.kernels.arithmetic import Int8Arithmetic, engine_arithmetic
 from qplug_core.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -69,10 +69,6 @@ class Backend:
     #: stage -> the plugins' passes as (plugin label, pass), or the hook failure to raise when the
     #: flow reaches that stage (the flows guard each pass with its label: annotation_guard)
     stage_passes: dict[str, list[tuple[str, Callable]] | PluginError] = field(default_factory=dict)
-    #: mode -> the default QConfigMapping (``None``: no plugin provides one), asked of the plugins
-    #: on first use rather than at assembly, so a plugin may build its default from another
-    #: backend's (``qp.get_default_qconfig_mapping("fbgemm", mode)`` plus its own changes)
-    default_mappings: dict[str, QConfigMapping | None] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -86,6 +82,11 @@ class Backend:
     def engine(self) -> str | None:
         """The quantized engine kernels must be packed under (see ``kernels.engine_context``)."""
         return self.spec.engine
+
+    @property
+    def arithmetic(self) -> Int8Arithmetic:
+        """How the kernels accumulate int8 products (decides which qparams are safe on this CPU)."""
+        return self.spec.arithmetic or engine_arithmetic(self.engine)
 
     def availability(self) -> Availability:
         try:
@@ -122,19 +123,22 @@ class Backend:
         return BackendStatus.OK if self.availability().ok else BackendStatus.UNAVAILABLE
 
     def default_qconfig_mapping(self, mode: str = "static") -> QConfigMapping:
-        """The backend's default mapping for ``mode`` (``"static"``, ``"qat"`` or ``"dynamic"``):
-        a fresh copy each call, so callers may edit it."""
+        """The backend's default mapping for ``mode`` (``"static"``, ``"qat"`` or ``"dynamic"``).
+
+        Asked of the plugins on each call, not kept at assembly like the rest of a Backend: a
+        default depends on this CPU (safe qparams without VNNI; overridable for tests) and may be
+        built from another backend's default, which a plugin cannot ask for while backends
+        assemble. Each call returns a new mapping, which the caller may edit.
+        """
         if mode not in MODES:
             raise ConfigError(f"unknown quantization mode {mode!r}{did_you_mean(mode, MODES)}; "
                               f"use one of {', '.join(MODES)}", field="mode", value=mode)
-        if mode not in self.default_mappings:
-            self.default_mappings[mode] = _default_mapping(self.name, mode)
-        mapping = self.default_mappings[mode]
-        if mapping is None:
+        result = plugins.collect_first("qplug_default_qconfig_mapping", backend=self.name, mode=mode)
+        if result is None:
             raise ConfigError(f"no plugin provides a default {mode!r} qconfig mapping for backend "
                               f"{self.name!r}; pass a QConfigMapping explicitly",
                               field="mode", value=mode)
-        return copy.deepcopy(mapping)
+        return result.value
 
     def passes(self, stage: str) -> list[tuple[str, Callable]]:
         """The plugins' passes for ``stage`` as (plugin label, pass); a plugin whose hook failed
@@ -268,11 +272,6 @@ def _stage_passes(backend: str, stage: str) -> list[tuple[str, Callable]] | Plug
     return found
 
 
-def _default_mapping(backend: str, mode: str) -> QConfigMapping | None:
-    result = plugins.collect_first("qplug_default_qconfig_mapping", backend=backend, mode=mode)
-    return None if result is None else result.value
-
-
 def _build_registry() -> dict[str, _Entry]:
     entries: dict[str, _Entry] = {}
     for result in plugins.collect("qplug_register_backends"):
@@ -392,8 +391,11 @@ def environment_diagnostics() -> list[tuple[str, Diagnostic]]:
     health of every plugin, each backend's status and its plugins' ``qplug_check_environment``."""
     import torch
 
+    from qplug_core.kernels.cpu import cpu_int8
+
     engines = list(torch.backends.quantized.supported_engines)
     findings = [("torch", Diagnostic("ok", f"torch {torch.__version__} on {platform_name()}")),
+                ("cpu", Diagnostic("ok", f"int8: {cpu_int8().summary()}")),
                 ("torch", Diagnostic("ok", f"quantized engines {engines}, current "
                                            f"{torch.backends.quantized.engine!r}"))]
     for record in plugins.plugin_records():

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
     from torch import fx, nn
 
+    from qplug_core.kernels.arithmetic import Int8Arithmetic
     from qplug_core.partition import OperatorSupportBase
 
 X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
@@ -63,13 +64,16 @@ class BackendSpec:
     """A backend as a plugin declares it through ``qplug_register_backends``.
 
     ``engine`` is the ``torch.backends.quantized`` engine its kernels pack weights for (``None`` for
-    backends that need no engine, like ``reference``).
+    backends that need no engine, like ``reference``); ``arithmetic`` how its kernels accumulate
+    int8 products (``None``: as ``engine``'s kernels do), from which the core derives safe qparams
+    and warns about a user qconfig that would saturate on this CPU.
     """
 
     name: str
     description: str
     engine: str | None = None
     is_available: Callable[[], Availability] = field(default=always_available, compare=False)
+    arithmetic: Int8Arithmetic | None = None
 
 
 DIAGNOSTIC_LEVELS = ("ok", "warning", "error")

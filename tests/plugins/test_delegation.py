@@ -33,7 +33,8 @@ class Compiled(nn.Module):
         COMPILED.append(self)
 
     def forward(self, *args):
-        return self.partition(*args)
+        out = self.partition(*args)
+        return out * -1.0 if WRONG else out
 
 
 class TakesAllButLinear(OperatorSupportBase):
@@ -49,6 +50,7 @@ def _compile(partition, example_inputs):
 
 
 FAIL = False
+WRONG = False  # an SDK whose compiled subgraph computes the wrong numbers
 
 
 @hookimpl
@@ -120,5 +122,22 @@ def test_a_failing_compile_keeps_the_reference_form_with_a_warning(fake_dist):
         lowered = qp.convert_fx(observed)
     report = qp.quantization_report(lowered)
     assert report.partitions == [] and "SDK rejected" in report.reference["conv"]
+    with torch.no_grad():
+        assert torch.equal(lowered(*data[0]), reference(*data[0]))
+
+
+def test_a_wrong_compiled_partition_breaks_the_kernel_contract_and_keeps_the_reference_form(fake_dist):
+    fake_dist("qplug-npu", NPU.replace("WRONG = False", "WRONG = True"))
+    observed, data = _quantize("npu")
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match=r"qplug: backend 'npu': partition delegate_0 compiled by "
+                                         r"plugin \S*npu\S* \(qplug-npu 0.1\) broke the kernel "
+                                         r"contract on the example inputs \(\d+ of \d+ outputs differ "
+                                         r"from the reference by more than 2 quantization steps"):
+        lowered = qp.convert_fx(observed)
+    report = qp.quantization_report(lowered)
+    assert report.partitions == []
+    assert all("broke the kernel contract" in report.reference[n] for n in ("conv", "conv2", "mean"))
+    assert "delegate_0" in {s.node for s in report.skipped}  # G5: the fallback is reported
     with torch.no_grad():
         assert torch.equal(lowered(*data[0]), reference(*data[0]))

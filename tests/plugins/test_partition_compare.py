@@ -64,10 +64,9 @@ def _partition_rows(report):
     return [layer for layer in report.layers if layer.name.startswith("delegate_")]
 
 
-@pytest.mark.parametrize("steps", [0, 3])
-def test_each_partition_is_measured_against_its_reference_and_float_forms(fake_dist, steps):
+def test_each_partition_is_measured_against_its_reference_and_float_forms(fake_dist):
     fake_dist("qplug-sdk", SDK, module="qplug_sdk:plugin")
-    __import__("qplug_sdk").OFF_BY["steps"] = steps
+    __import__("qplug_sdk").OFF_BY["steps"] = 0
     model, data = _model_and_data()
     qmodel = qp.quantize(model, data[0], data, backend="sdk")
     fused = qp.fuse_fx(model, data[0], backend="sdk")
@@ -77,18 +76,28 @@ def test_each_partition_is_measured_against_its_reference_and_float_forms(fake_d
     # the convs inside the partition do not run as themselves: no per-layer rows for them
     assert not {"0", "2"} & {layer.name for layer in report.layers}
     assert report.skipped["2"].startswith("inside compiled partition delegate_0")
-    if steps == 0:  # compiling changed nothing
-        assert row.reference_sqnr_db == math.inf
-        # against float: what int8 changed in the convs (the partition), seen independently as
-        # the float convs against the reference model's output before its float sigmoid
-        reference = qp.quantize(model, data[0], data, backend="reference")
-        convs = nn.Sequential(fused.get_submodule("0"), fused.get_submodule("2"))
-        want = torch.cat([convs(x) for (x,) in data])
-        got = torch.cat([torch.logit(reference(x).double()) for (x,) in data])
-        assert row.sqnr_db == pytest.approx(qp.sqnr(want.double(), got), abs=0.5)
-    else:  # a compiler 3 steps off: the reference comparison shows it, on this partition
-        assert 0 < row.reference_sqnr_db < 40
-        assert row.sqnr_db < row.reference_sqnr_db + 1
+    assert row.reference_sqnr_db == math.inf  # compiling changed nothing
+    # against float: what int8 changed in the convs (the partition), seen independently as
+    # the float convs against the reference model's output before its float sigmoid
+    reference = qp.quantize(model, data[0], data, backend="reference")
+    convs = nn.Sequential(fused.get_submodule("0"), fused.get_submodule("2"))
+    want = torch.cat([convs(x) for (x,) in data])
+    got = torch.cat([torch.logit(reference(x).double()) for (x,) in data])
+    assert row.sqnr_db == pytest.approx(qp.sqnr(want.double(), got), abs=0.5)
+
+
+def test_a_partition_compiled_wrong_keeps_the_reference_form_and_compare_says_so(fake_dist):
+    """A compiler 3 steps off breaks the contract at convert: the partition keeps its reference
+    form (a warning names it and the plugin), so compare shows no compiled partition."""
+    fake_dist("qplug-sdk", SDK, module="qplug_sdk:plugin")
+    __import__("qplug_sdk").OFF_BY["steps"] = 3
+    model, data = _model_and_data()
+    with pytest.warns(UserWarning, match="partition delegate_0 compiled by plugin 'sdk'.*broke the "
+                                         "kernel contract"):
+        qmodel = qp.quantize(model, data[0], data, backend="sdk")
+    assert any("broke the kernel contract" in why for why in qp.quantization_report(qmodel).reference.values())
+    report = qp.compare(qp.fuse_fx(model, data[0], backend="sdk"), qmodel, data)
+    assert all(row.quant_type != "Compiled" for row in _partition_rows(report))
 
 
 def test_onnxruntime_partitions_are_compared(plugin_autoload):

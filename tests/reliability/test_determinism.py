@@ -29,7 +29,8 @@ def test_g6_three_runs_are_bitwise_identical():
     second = [quantized_digests(b) for b in BACKENDS]
     script = ("from faultkit import quantized_digests\n"
               f"for backend in {BACKENDS!r}:\n    print(*quantized_digests(backend))")
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("QPLUG_")},
+    env = {**{k: v for k, v in os.environ.items()  # the same CPU flags decide the same qparams
+              if not k.startswith("QPLUG_") or k == "QPLUG_CPU_FLAGS"},
            "PYTHONHASHSEED": "12345", "QPLUG_LOAD_PLUGINS": ",".join(BACKENDS),
            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,

@@ -16,13 +16,15 @@ from torch import fx, nn
 
 import qplug_core as qp
 from qplug_core.errors import ConfigValidationError
+from qplug_core.kernels.cpu import override_cpu_flags
 from qplug_core.kernels.reference import Quantize
 from qplug_core.observers import MinMaxObserver, PerChannelMinMaxObserver
+from qplug_core.flows.int16_pairs import saturating_layers
 from qplug_core.qparams import dequantize, quantize
 
 from faultkit import conv_net, images
 
-fbgemm_cpu = pytest.importorskip("qplug_fbgemm.cpu")
+AVX2, VNNI = "avx2 fma", "avx2 avx512f avx512bw avx512_vnni"
 pytestmark = pytest.mark.usefixtures("installed_backends")
 
 X = images(1)[0]
@@ -79,36 +81,38 @@ def test_one_sided_range_includes_zero_exactly(low, span, sign, per_channel, dty
     assert bool(((dequantize(quantize(x, qparams), qparams) - x).abs() <= scale / 2 + 4 * ulp).all())
 
 
-# -- row 30 / G13: fbgemm's 7-bit default on CPUs without VNNI -------------------------------------
+# -- row 30 / G13: fbgemm's 7-bit weights by default on CPUs without VNNI ------------------------
 
 
-def _activation_quant_max(mapping: qp.QConfigMapping) -> int:
-    return mapping.global_qconfig.activation().quant_max
+def _ranges(mapping: qp.QConfigMapping) -> tuple[int, tuple[int, int]]:
+    qconfig = mapping.global_qconfig
+    weight = qconfig.weight()
+    return qconfig.activation().quant_max, (weight.quant_min, weight.quant_max)
 
 
-@pytest.mark.parametrize("vnni, quant_max", [(False, 127), (True, 255)])
-def test_fbgemm_default_activation_range_follows_vnni(monkeypatch, vnni, quant_max):
-    monkeypatch.setattr(fbgemm_cpu, "has_vnni", lambda: vnni)
-    for mode in ("static", "qat"):
-        assert _activation_quant_max(qp.get_default_qconfig_mapping("fbgemm", mode)) == quant_max
-    # the qnnpack default does not depend on the x86 probe
-    assert _activation_quant_max(qp.get_default_qconfig_mapping("qnnpack")) == 255
+@pytest.mark.parametrize("flags, weights", [(AVX2, (-64, 64)), (VNNI, (-128, 127))])
+def test_fbgemm_default_qparams_follow_vnni(flags, weights):
+    with override_cpu_flags(flags):
+        for mode in ("static", "qat"):
+            assert _ranges(qp.get_default_qconfig_mapping("fbgemm", mode)) == (255, weights)
+        # qnnpack's kernels accumulate in int32: its default does not depend on the x86 flags
+        assert _ranges(qp.get_default_qconfig_mapping("qnnpack")) == (255, (-127, 127))
 
 
-def test_g13_non_vnni_int16_pair_sums_cannot_saturate(monkeypatch):
-    monkeypatch.setattr(fbgemm_cpu, "has_vnni", lambda: False)
-    model = qp.quantize(conv_net(), X, images(), backend="fbgemm")
-    reference_observed = qp.prepare_fx(conv_net(), None, X, backend="fbgemm")
-    activations = [m for m in reference_observed.modules()
-                   if getattr(m, "dtype", None) == torch.quint8 and hasattr(m, "quant_max")]
-    assert activations and max(m.quant_max for m in activations) == 127
-    assert 2 * 127 * 128 == 32_512 < 32_767  # the G13 bound with qint8 weights (|w| <= 128)
+def test_g13_non_vnni_int16_pair_sums_cannot_saturate():
+    with override_cpu_flags(AVX2):
+        model = qp.quantize(conv_net(), X, images(), backend="fbgemm")
+        observed = qp.prepare_fx(conv_net(), None, X, backend="fbgemm")
+        eight_bit = qp.prepare_fx(conv_net(), qp.get_default_qconfig_mapping("qnnpack"), X,
+                                  backend="reference")
+    # every weighted layer: 2 * a_max * |w|_max <= 2 * 255 * 64 = 32,640 < 32,767
+    assert saturating_layers(observed) == [] and len(saturating_layers(eight_bit)) >= 2
     assert torch.isfinite(model(X[0])).all()
 
 
-def test_fbgemm_depthwise_inputs_get_7_bits_even_with_vnni(monkeypatch):
-    monkeypatch.setattr(fbgemm_cpu, "has_vnni", lambda: True)
-    observed = qp.prepare_fx(conv_net(), None, X, backend="fbgemm")
+def test_fbgemm_depthwise_inputs_get_7_bits_even_with_vnni():
+    with override_cpu_flags(VNNI):
+        observed = qp.prepare_fx(conv_net(), None, X, backend="fbgemm")
     feeding = {n.args[0].target for n in observed.graph.nodes if n.op == "call_module" and n.target == "dw"}
     quant_max = {n.target: observed.get_submodule(n.target).quant_max for n in observed.graph.nodes
                  if n.op == "call_module" and n.target.startswith("activation_post_process")}
@@ -116,11 +120,11 @@ def test_fbgemm_depthwise_inputs_get_7_bits_even_with_vnni(monkeypatch):
     assert sorted(set(quant_max.values())) == [127, 255]  # every other activation keeps 8 bits
 
 
-def test_overriding_reduce_range_on_non_vnni_warns(monkeypatch):
-    monkeypatch.setattr(fbgemm_cpu, "has_vnni", lambda: True)
-    eight_bit = qp.get_default_qconfig_mapping("fbgemm")
-    monkeypatch.setattr(fbgemm_cpu, "has_vnni", lambda: False)
-    with pytest.warns(UserWarning, match="VNNI"):
+def test_full_8_bit_qparams_on_non_vnni_warn():
+    with override_cpu_flags(VNNI):
+        eight_bit = qp.get_default_qconfig_mapping("fbgemm")
+    with override_cpu_flags(AVX2), pytest.warns(UserWarning, match=r"fbgemm: .*AVX2 without VNNI.*"
+                                                                   r"can saturate"):
         qp.prepare_fx(conv_net(), eight_bit, X, backend="fbgemm")
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from qplug_core.cli.app import app
@@ -55,6 +57,22 @@ def test_doctor_reports_torch_and_backends():
     assert result.exit_code == 0
     assert "[ok] torch: torch " in result.stdout
     assert "[ok] backend reference: ok" in result.stdout
+
+
+@pytest.mark.parametrize("flags, cpu, fbgemm", [
+    ("avx2 fma", "AVX2 without VNNI", "[warning] backend fbgemm: no VNNI on this CPU: its kernels sum "
+                                      "u8 x s8 pairs in int16, so the default qparams use 7-bit weights"),
+    ("avx2 avx512f avx512bw avx512_vnni", "AVX-512 + VNNI",
+     "[ok] backend fbgemm: VNNI on this CPU: full 8-bit operands"),
+])
+def test_doctor_says_what_the_cpu_means_per_backend(qplug_only, monkeypatch, flags, cpu, fbgemm):
+    qplug_only("qplug-fbgemm", "qplug-qnnpack")
+    monkeypatch.setenv("QPLUG_CPU_FLAGS", flags)
+    result = runner.invoke(app, ["doctor"])
+    assert result.exit_code == 0
+    assert f"[ok] cpu: int8: {platform.machine().lower()}: {cpu}" in result.stdout
+    assert fbgemm in result.stdout
+    assert "[ok] backend qnnpack: its kernels accumulate in int32" in result.stdout
 
 
 def test_unknown_option_is_a_usage_error():

@@ -11,13 +11,13 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-import qplug_fbgemm.cpu
 from qplug_core.config import QConfigMapping
 from qplug_core.flows.dynamic import SimulatedDynamic
 from qplug_core.errors import ConfigError, ConfigValidationError, ConstraintViolationError
 from qplug_core.kernels import torch_int8 as K
 from qplug_core.config.defaults import dynamic_qconfig
 from qplug_core.analysis.layers import sqnr
+from qplug_core.kernels.cpu import cpu_int8, override_cpu_flags
 from qplug_core.zoo import example_inputs, get_model
 from qplug_core.zoo.transformer import make_realistic_bert
 
@@ -63,24 +63,31 @@ def test_cells_simulation_matches_fbgemm(cell, plugin_autoload):
     with torch.no_grad():
         ref = first(cell(x, hx))
         int8 = first(qp.quantize_dynamic(cell, backend="fbgemm")(x, hx))
-        simulated = first(qp.quantize_dynamic(cell, backend="reference")(x, hx))
+        # the simulation of fbgemm's own default (7-bit weights on CPUs without VNNI)
+        fbgemm_default = qp.get_default_qconfig_mapping("fbgemm", "dynamic")
+        simulated = first(qp.quantize_dynamic(cell, fbgemm_default, backend="reference")(x, hx))
     print(f"\n{type(cell).__name__}: fbgemm vs float {sqnr(ref, int8):.1f} dB, vs simulation "
           f"{sqnr(simulated, int8):.1f} dB")
     assert sqnr(ref, int8) > 30 and sqnr(simulated, int8) > 50
 
 
-def test_linear_simulation_matches_fbgemm_and_needs_the_same_activation_bits(plugin_autoload):
+@pytest.mark.parametrize("flags", [None, "avx2 fma"], ids=["host", "avx2-without-vnni"])
+def test_linear_simulation_matches_fbgemm_with_the_default_qparams(plugin_autoload, flags):
+    """fbgemm's default dynamic mapping (8-bit activations; 7-bit weights on CPUs without VNNI) is
+    what its kernels compute: the simulation with that mapping matches them, one with 7-bit
+    activations does not."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).eval()
     x = torch.randn(8, 32)
-    with torch.no_grad():
+    with override_cpu_flags(flags or " ".join(cpu_int8().flags)), torch.no_grad():
+        default = qp.get_default_qconfig_mapping("fbgemm", "dynamic").qconfig_for_module("0", nn.Linear)
         int8 = qp.quantize_dynamic(model, backend="fbgemm")(x)
-        seven = qp.quantize_dynamic(model, {nn.Linear: SEVEN_BIT}, backend="reference")(x)
-        eight = qp.quantize_dynamic(model, backend="reference")(x)
-    print(f"\nfbgemm vs 7-bit simulation {sqnr(seven, int8):.1f} dB, vs 8-bit {sqnr(eight, int8):.1f} dB")
-    # fbgemm's default dynamic mapping uses 8-bit activations on VNNI CPUs, 7-bit without VNNI
-    matching, other = (eight, seven) if qplug_fbgemm.cpu.has_vnni() else (seven, eight)
-    assert sqnr(matching, int8) > 45 and sqnr(matching, int8) > sqnr(other, int8) + 10
+    matching = qp.quantize_dynamic(model, {nn.Linear: default}, backend="reference")(x)
+    seven = qp.quantize_dynamic(model, {nn.Linear: SEVEN_BIT}, backend="reference")(x)
+    print(f"\nfbgemm vs its default's simulation {sqnr(matching, int8):.1f} dB, vs 7-bit "
+          f"activations {sqnr(seven, int8):.1f} dB")
+    assert sqnr(matching, int8) > 45 and sqnr(matching, int8) > sqnr(seven, int8) + 10
+    assert default.activation().quant_max == 255
 
 
 def test_bert_encoder_all_linears_dynamic_on_fbgemm(plugin_autoload):

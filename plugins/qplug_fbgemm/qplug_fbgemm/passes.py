@@ -6,7 +6,8 @@ use ``vpdpbusd`` there; the depthwise ones do not). With 8-bit activations a pai
 2 * 255 * 128 = 65,280 and is clipped at 32,767: measured on this project's CI CPU (VNNI), 18% of a
 depthwise conv's outputs were off by up to 43 quantization steps. With activations in [0, 127] a
 pair stays within 32,512, and the outputs match the reference. So the values feeding depthwise
-convs get 7-bit qparams, and every other activation keeps 8 bits where the CPU allows it.
+convs get 7-bit qparams, and every other activation keeps 8 bits (on CPUs without VNNI the core's
+default qparams make the weights 7-bit instead, which keeps the dense GEMMs' pairs within int16).
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-from qplug_core.plugin_api import PassResult, observed_inputs, observed_values, warn_user
-
-from qplug_fbgemm import cpu
+from qplug_core.plugin_api import PassResult, observed_inputs
 
 REDUCED_QUANT_MAX = 127
 
@@ -48,18 +47,3 @@ def limit_depthwise_input_range(gm: fx.GraphModule) -> PassResult:
             for observed in observed_inputs(gm, node):
                 modified |= _reduce(observed.observer)
     return PassResult(gm, modified)
-
-
-def warn_full_range_without_vnni(gm: fx.GraphModule) -> PassResult:
-    """Warn when 8-bit activations meet a CPU without VNNI (dense GEMMs saturate there too)."""
-    if cpu.has_vnni():
-        return PassResult(gm, False)
-    wide = sorted({found.value.name for found in observed_values(gm)
-                   if getattr(found.observer, "quant_max", 0) > REDUCED_QUANT_MAX
-                   and getattr(found.observer, "dtype", None) == torch.quint8})
-    if wide:
-        warn_user(f"fbgemm: this CPU has no VNNI, so 8-bit activations can saturate FBGEMM's int16 "
-                  f"pair sums and silently corrupt outputs; {len(wide)} activation(s) use the full "
-                  f"[0, 255] range (e.g. {', '.join(wide[:3])}). Keep the plugin's default qconfig "
-                  "mapping (7-bit activations here) or set reduce_range=True.")
-    return PassResult(gm, False)

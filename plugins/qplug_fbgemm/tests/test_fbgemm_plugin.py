@@ -8,9 +8,7 @@ import pytest
 import torch
 
 import qplug_core as qp
-from qplug_core.plugin_api import X86_MACHINES
-
-from qplug_fbgemm import cpu
+from qplug_core.plugin_api import X86_MACHINES, override_cpu_flags
 
 
 @pytest.fixture
@@ -37,17 +35,15 @@ def test_is_the_default_backend_on_x86(session):
     assert qp.get_backend().name == "fbgemm"
 
 
-def test_cpuinfo_flags_are_parsed(tmp_path):
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512_vnni\n\nprocessor\t: 1\n")
-    assert cpu.VNNI_FLAGS & cpu.cpu_flags(cpuinfo) == {"avx512_vnni"}
-    assert cpu.cpu_flags(tmp_path / "missing") == frozenset()
-
-
-@pytest.mark.parametrize("vnni, level, quant_max", [(True, "ok", 255), (False, "warning", 127)])
-def test_cpu_decides_doctor_finding_and_activation_range(session, monkeypatch, vnni, level, quant_max):
-    monkeypatch.setattr(cpu, "has_vnni", lambda: vnni)
-    (result,) = session.collect("qplug_check_environment", backend="fbgemm", plugin="fbgemm")
-    assert [d.level for d in result.value] == [level]
-    activation = qp.get_default_qconfig_mapping("fbgemm").global_qconfig.activation()
-    assert activation.quant_max == quant_max
+@pytest.mark.parametrize("flags, level, weight_range", [
+    ("avx2 avx512f avx512bw avx512_vnni", "ok", (-128, 127)),
+    ("avx2 fma", "warning", (-64, 64)),  # pairs of u8 x s8 products saturate at int16 here
+])
+def test_cpu_decides_doctor_finding_and_qparams(session, flags, level, weight_range):
+    with override_cpu_flags(flags):
+        (result,) = session.collect("qplug_check_environment", backend="fbgemm", plugin="fbgemm")
+        assert [d.level for d in result.value] == [level]
+        qconfig = qp.get_default_qconfig_mapping("fbgemm").global_qconfig
+    weight, activation = qconfig.weight(), qconfig.activation()
+    assert (weight.quant_min, weight.quant_max) == weight_range
+    assert activation.quant_max == 255

@@ -4,8 +4,10 @@ ONNX Runtime compiles whole graphs, so this backend has no per-op kernels: it de
 (``qplug_delegate``). Convert partitions the reference form, exports each int8 partition as ONNX
 QDQ and builds one ``InferenceSession`` for it; ORT fuses the QDQ groups into its MLAS int8
 kernels. The pattern and dtype configs say what those fusions take: U8S8 (quint8 activations,
-symmetric qint8 weights in [-127, 127], per-channel), which ORT runs fastest on x86 with VNNI;
-clamps after convs are folded into the output range by the core, so no Clip blocks a fusion.
+symmetric qint8 weights in [-127, 127], per-channel), which ORT runs fastest on x86 with VNNI.
+Without VNNI, MLAS's U8S8 kernels sum pairs of products in int16 with saturation, so the default
+qconfig mapping takes the core's safe qparams for that arithmetic there (7-bit weights, ORT's own
+``reduce_range`` convention). Clamps after convs are folded into the output range by the core, so no Clip blocks a fusion.
 Dynamic mode (``prepare_fx`` with the ``"dynamic"`` mapping; ``qp.quantize_dynamic`` swaps
 modules without tracing, so it is refused here) runs linears as ORT's DynamicQuantizeMatMul and
 ``nn.LSTM`` as ORT's DynamicQuantizeLSTM, fed qplug's own int8 weights (per-channel, symmetric).
@@ -29,11 +31,14 @@ from qplug_core.plugin_api import (
     Diagnostic,
     DTypeConfig,
     DTypeWithConstraints,
+    Int8Arithmetic,
     common_pattern_configs,
+    cpu_diagnostic,
     default_op_quint8_dtype_config,
     default_qconfig_mapping,
     hookimpl,
     input_output_only_quint8_dtype_config,
+    safe_qconfig_options,
     weight_only_quint8_dtype_config,
 )
 from qplug_onnxruntime.session import OrtPartition, settings
@@ -46,6 +51,8 @@ NAME = "onnxruntime"
 #: symmetric int8 weights: zero point 0 is what ORT's fastest conv/gemm kernels (MlasConvSym) take
 WEIGHT_RANGE = (-127, 127)
 _REQUIRED = ("onnxruntime", "onnx", "onnxscript")
+#: MLAS's x86 U8S8 kernels: vpmaddubsw pair sums without VNNI
+ARITHMETIC = Int8Arithmetic.U8S8_INT16_PAIRS_WITHOUT_VNNI
 
 _weight = DTypeWithConstraints(dtype=torch.qint8, quant_min_lower_bound=WEIGHT_RANGE[0],
                                quant_max_upper_bound=WEIGHT_RANGE[1])
@@ -86,7 +93,7 @@ def compile_partition(partition, example_inputs) -> OrtPartition:
 @hookimpl
 def qplug_register_backends() -> list[BackendSpec]:
     return [BackendSpec(NAME, "int8 partitions compiled into ONNX Runtime sessions (ONNX QDQ, MLAS)",
-                        is_available=is_available)]
+                        is_available=is_available, arithmetic=ARITHMETIC)]
 
 
 @hookimpl
@@ -105,9 +112,10 @@ def qplug_delegate(backend: str) -> Delegate | None:
 def qplug_default_qconfig_mapping(backend: str, mode: str) -> QConfigMapping | None:
     if backend != NAME:
         return None
-    return default_qconfig_mapping(mode, reduce_range=False, per_channel=True,
-                                   per_channel_conv_transpose=False,
-                                   weight_quant_min=WEIGHT_RANGE[0], weight_quant_max=WEIGHT_RANGE[1])
+    options = safe_qconfig_options(ARITHMETIC, {
+        "reduce_range": False, "per_channel": True, "per_channel_conv_transpose": False,
+        "weight_quant_min": WEIGHT_RANGE[0], "weight_quant_max": WEIGHT_RANGE[1]})
+    return default_qconfig_mapping(mode, **options)
 
 
 @hookimpl
@@ -120,4 +128,4 @@ def qplug_check_environment(backend: str) -> list[Diagnostic]:
     import onnxruntime
 
     return [Diagnostic("ok", f"onnxruntime {onnxruntime.__version__}, providers "
-                             f"{onnxruntime.get_available_providers()}")]
+                             f"{onnxruntime.get_available_providers()}"), cpu_diagnostic(ARITHMETIC)]

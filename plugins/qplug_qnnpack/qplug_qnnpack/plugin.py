@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from qplug_core.plugin_api import ARM_MACHINES, BackendPlugin, DTypeConfig, DTypeConfigSet
+from qplug_core.plugin_api import ARM_MACHINES, BackendPlugin, DTypeConfig, DTypeConfigSet, Int8Arithmetic
 from qplug_core.plugin_api import DTypeWithConstraints as Constrained
 from qplug_core.plugin_api import default_op_quint8_dtype_config
 
@@ -28,6 +28,8 @@ class QnnpackPlugin(BackendPlugin):
     name = engine = "qnnpack"
     description = "ARM-first int8 kernels (QNNPACK/XNNPACK), also built for x86"
     preferred_machines = ARM_MACHINES
+    #: widening multiplies into int32 (NEON; SSE2 pmaddwd on x86): full 8 bits on any CPU
+    int8_arithmetic = Int8Arithmetic.INT32
     dtype_configs = DTypeConfigSet(
         weighted_op=(DTypeConfig(_activation, _activation, _weight, torch.float),),
         default_op=(DTypeConfig(_activation, _activation),),

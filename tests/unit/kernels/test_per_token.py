@@ -3,6 +3,11 @@ and the float simulation, on any token shape; error bounded per token; caches ne
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -14,21 +19,25 @@ from qplug_core.kernels.per_token import (
     PerTokenDynamicLinear,
     SharedInput,
     best_gemm,
+    onednn_is_exact,
     onednn_usable,
     per_token_quantize,
+    weight_qmax,
 )
+from qplug_core.kernels.cpu import override_cpu_flags
 
-#: the integer GEMMs this machine can run (oneDNN's needs VNNI: a CPU property, not a package)
+#: the integer GEMMs this machine can run (oneDNN's needs AVX2 or better: a CPU property)
 GEMMS = ["int_mm", pytest.param("onednn", marks=pytest.mark.skipif(
-    not onednn_usable(), reason="oneDNN's int8 linear needs a CPU with VNNI"))]
+    not onednn_usable(), reason="oneDNN's int8 linear needs an x86 CPU with AVX2"))]
+AVX2, VNNI = "avx2 fma", "avx2 avx512f avx512bw avx512_vnni"
 
 
-def definition(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def definition(linear: nn.Linear, x: torch.Tensor, qmax: int = 127) -> torch.Tensor:
     """The per-token linear written out in float64 from its definition, sharing no code with the
-    module: symmetric 127-level weights per output channel; each token's [min(x, 0), max(x, 0)]
-    cut into LEVELS steps with an integer zero point; exact integer products."""
+    module: symmetric weights in [-qmax, qmax] per output channel; each token's [min(x, 0),
+    max(x, 0)] cut into LEVELS steps with an integer zero point; exact integer products."""
     w = linear.weight.detach().double()
-    w_scale = w.abs().amax(1) / 127
+    w_scale = w.abs().amax(1) / qmax
     w_int = torch.round(w / w_scale[:, None])
     rows = x.detach().double().reshape(-1, x.shape[-1])
     low, high = rows.amin(1, keepdim=True).clamp(max=0), rows.amax(1, keepdim=True).clamp(min=0)
@@ -64,7 +73,7 @@ def test_every_token_shape_equals_the_definition(gemm, shape):
         x.view(-1, 33)[0] = x.view(-1, 33)[0].abs() + 0.5  # one token entirely positive
     with torch.no_grad():
         got = PerTokenDynamicLinear.from_float(linear, gemm=gemm)(x)
-        want = definition(linear, x)
+        want = definition(linear, x, weight_qmax(gemm))
     assert got.shape == (*shape[:-1], 7) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -78,6 +87,75 @@ def test_a_transposed_input_and_a_zero_token():
         got = PerTokenDynamicLinear.from_float(linear)(x)
         torch.testing.assert_close(got, definition(linear, x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got[3], linear.bias.detach(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("flags, onednn, qmax", [(VNNI, True, 127), (AVX2, True, 64),
+                                                 ("sse2", False, 127)])
+def test_the_cpu_decides_the_gemm_and_the_weight_range(flags, onednn, qmax, recwarn):
+    """oneDNN with VNNI; on AVX2 without it, oneDNN with 7-bit weights (its int16 pair sums then
+    cannot saturate); torch._int_mm, slower than fp32, only where neither is there, with a warning.
+    oneDNN is taken only where it computes the worst case exactly on this host."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.fail("this torch build has no oneDNN")
+    with override_cpu_flags(flags):
+        assert (onednn_usable(), weight_qmax("onednn")) == (onednn, qmax)
+        module = PerTokenDynamicLinear.from_float(nn.Linear(16, 4))
+    assert module.gemm == ("onednn" if onednn and onednn_is_exact(qmax) else "int_mm")
+    assert int(module.weight_int8_t.abs().max()) == (qmax if module.gemm == "onednn" else 127)
+    slower = [w for w in recwarn if "slower than fp32" in str(w.message)]
+    assert len(slower) == (flags == "sse2")
+
+
+def test_under_inference_mode_and_with_inference_tensors():
+    torch.manual_seed(0)
+    linear = nn.Linear(16, 8)
+    shared = SharedInput()
+    module = PerTokenDynamicLinear.from_float(linear, shared=shared)
+    x = torch.randn(3, 16)
+    expected = definition(linear, x, weight_qmax(module.gemm))
+    with torch.inference_mode():
+        y = torch.randn(3, 16)
+        torch.testing.assert_close(module(x), expected, rtol=1e-5, atol=1e-5)
+        first = module(y)
+        y.mul_(2.0)  # no version counter on inference tensors: never served from the cache
+        torch.testing.assert_close(module(y), definition(linear, y, weight_qmax(module.gemm)),
+                                   rtol=1e-5, atol=1e-5)
+    assert not torch.equal(first, module(y.clone()))
+
+
+ONEDNN_AVX2_RUN = """
+import json, torch
+from qplug_core.kernels.cpu import override_cpu_flags
+from qplug_core.kernels.per_token import PerTokenDynamicLinear, best_gemm, onednn_is_exact
+torch.manual_seed(0)
+linear = torch.nn.Linear(256, 64)
+with torch.no_grad():
+    linear.weight.abs_()  # same-sign neighbours: the worst case for int16 pair sums
+x = torch.rand(32, 256) * 3
+with override_cpu_flags("avx2 fma"):
+    int8 = PerTokenDynamicLinear.from_float(linear)
+simulated = PerTokenDynamicLinear(int8.weight_int8_t.t(), int8.weight_scale, linear.bias,
+                                  simulate=True)
+with torch.no_grad():
+    off = float((int8(x) - simulated(x)).abs().max() / simulated(x).abs().max())
+print(json.dumps({"exact": [onednn_is_exact(127), onednn_is_exact(64)], "gemm": int8.gemm,
+                  "off": off, "vnni_flags_gemm": best_gemm()}))
+"""
+
+
+@pytest.mark.skipif(not onednn_usable(), reason="oneDNN's x86 int8 kernels")
+def test_real_onednn_avx2_kernels_are_exact_with_the_derived_weights():
+    """oneDNN capped at AVX2 (so this runs on any x86 CPU) saturates with 8-bit weights and is
+    exact with the 7-bit ones the CPU rule picks there; with a VNNI CPU's flags but these kernels,
+    the probe keeps oneDNN out."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1",
+           "QPLUG_CPU_FLAGS": VNNI}
+    out = subprocess.run([sys.executable, "-c", ONEDNN_AVX2_RUN], env=env, capture_output=True,
+                         text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["exact"] == [False, True]
+    assert result["gemm"] == "onednn" and result["off"] < 1e-5
+    assert result["vnni_flags_gemm"] == "int_mm"
 
 
 def test_bad_gemm_names_the_choices():

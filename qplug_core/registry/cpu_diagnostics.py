@@ -1,0 +1,28 @@
+"""The ``qplug doctor`` finding that says what this CPU means for one backend's int8 kernels."""
+
+from __future__ import annotations
+
+from qplug_core.registry.contract import Diagnostic
+from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate
+from qplug_core.kernels.cpu import CpuInt8, cpu_int8
+
+
+def cpu_diagnostic(arithmetic: Int8Arithmetic | str, cpu: CpuInt8 | None = None) -> Diagnostic:
+    """What ``cpu`` (default: this one) means for the accuracy and speed of a backend whose
+    kernels have ``arithmetic`` (for ``qplug doctor``; the ``cpu`` line names the CPU itself)."""
+    cpu = cpu_int8() if cpu is None else cpu
+    arithmetic = Int8Arithmetic(arithmetic)
+    if arithmetic is Int8Arithmetic.INT32:
+        return Diagnostic("ok", "its kernels accumulate in int32: full 8-bit operands on any CPU")
+    if pair_sums_saturate(arithmetic, cpu):
+        return Diagnostic("warning", "no VNNI on this CPU: its kernels sum u8 x s8 pairs in int16, so "
+                                     "the default qparams use 7-bit weights (1-3 dB below 8-bit on "
+                                     "the zoo's CNNs) and int8 is at most ~1.9x fp32 per core",
+                          hint="keep the default qconfig mapping: full 8-bit operands saturate here")
+    if not (cpu.vnni or cpu.amx):
+        return Diagnostic("warning", "no AVX2 or VNNI on this CPU: its int8 kernels run generic "
+                                     "code, likely slower than fp32")
+    return Diagnostic("ok", "VNNI on this CPU: full 8-bit operands, int8 dot products in int32")
+
+
+__all__ = ["cpu_diagnostic"]

@@ -21,6 +21,7 @@ from qplug_core.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from qplug_core.config import BackendPatternConfig, QConfigMapping
+    from qplug_core.delegation import Delegate
     from qplug_core.kernels.base import KernelSpec
 
 
@@ -83,6 +84,11 @@ class BackendPlugin:
     def fuser_methods(self) -> dict[Any, Callable]:
         return {}
 
+    def delegate(self) -> Delegate | None:
+        """For a runtime that compiles whole int8 partitions (ONNX Runtime, OpenVINO, an NPU
+        SDK): which nodes it takes and how a partition is compiled; ``None``: per-op kernels."""
+        return None
+
     def passes(self, stage: str) -> list[Callable]:
         """Graph passes for ``stage`` (a :class:`~qplug_core.enums.Stage` value)."""
         return []
@@ -117,6 +123,10 @@ class BackendPlugin:
     @hookimpl
     def qplug_int8_kernels(self, backend: str) -> dict[Any, KernelSpec]:
         return self.kernels() if backend == self.name else {}
+
+    @hookimpl
+    def qplug_delegate(self, backend: str) -> Delegate | None:
+        return self.delegate() if backend == self.name else None
 
     @hookimpl
     def qplug_default_qconfig_mapping(self, backend: str, mode: str) -> QConfigMapping | None:

@@ -53,6 +53,7 @@ from qplug_core.kernels.base import (
     int_values,
     quantized_from_int,
 )
+from qplug_core.kernels.cpu import VNNI_FLAGS, cpu_flags, has_vnni
 from qplug_core.kernels.table import torch_int8_kernels
 from qplug_core.partition import OperatorSupportBase
 from qplug_core.passes.base import PassResult
@@ -123,6 +124,10 @@ __all__ = [
     "int_values",
     "quantized_from_int",
     "torch_int8_kernels",
+    # what this CPU can do for int8
+    "VNNI_FLAGS",
+    "cpu_flags",
+    "has_vnni",
     # default qconfigs
     "QConfig",
     "QConfigMapping",

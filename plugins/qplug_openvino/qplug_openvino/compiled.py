@@ -1,0 +1,139 @@
+"""One compiled partition: an OpenVINO ``CompiledModel`` for the CPU, called with torch tensors.
+
+The ONNX QDQ model of the partition is compiled once (at convert, and again by ``qp.load``) with
+the settings in force (:func:`configure`; threads default to ``torch.get_num_threads()``). The
+inference precision is pinned to f32: on CPUs with bf16 (AVX512_BF16, AMX) OpenVINO's default
+would run the float ops between the int8 ones in bf16, away from the reference form. Inputs are
+shared with OpenVINO (no copy); outputs are copied out of the request's buffers, which the next
+call overwrites. An input of another shape gets a model compiled for it (once per shape).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from qplug_core.plugin_api import ConfigValidationError
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """How partitions are compiled: ``num_threads`` (None: ``torch.get_num_threads()`` at
+    compile time)."""
+
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_threads is not None and (not isinstance(self.num_threads, int)
+                                             or isinstance(self.num_threads, bool) or self.num_threads < 1):
+            raise ConfigValidationError(f"num_threads must be a positive int or None, got "
+                                        f"{self.num_threads!r}", field="num_threads", value=self.num_threads)
+
+    def resolved(self) -> CompileSettings:
+        return dataclasses.replace(self, num_threads=self.num_threads or torch.get_num_threads())
+
+    def properties(self) -> dict[str, Any]:
+        """OpenVINO CPU properties: one stream, latency, f32 between the int8 ops."""
+        return {"INFERENCE_NUM_THREADS": self.num_threads or torch.get_num_threads(),
+                "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+
+
+_settings = CompileSettings()
+_lock = threading.Lock()
+
+
+def settings() -> CompileSettings:
+    """The settings new partitions are compiled with."""
+    return _settings
+
+
+def configure(**changes: Any) -> CompileSettings:
+    """Change the settings for partitions compiled from now on (convert, load); returns the
+    previous ones, so ``configure(**dataclasses.asdict(previous))`` restores them."""
+    global _settings
+    with _lock:
+        previous = _settings
+        _settings = dataclasses.replace(_settings, **changes)
+    return previous
+
+
+@dataclass
+class _Compiled:
+    """The ONNX model, compiled model and infer request of one input signature."""
+
+    onnx: bytes
+    model: Any
+    request: Any
+
+    @classmethod
+    def build(cls, onnx: bytes, compile_settings: CompileSettings) -> _Compiled:
+        import openvino
+
+        core = openvino.Core()
+        model = core.compile_model(core.read_model(onnx), "CPU", compile_settings.properties())
+        return cls(onnx, model, model.create_infer_request())
+
+
+class OpenVinoPartition(nn.Module):
+    """Runs one int8 partition in OpenVINO (see module docstring)."""
+
+    def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
+                 to_onnx: Callable[[fx.GraphModule, tuple], bytes], compile_settings: CompileSettings):
+        super().__init__()
+        # kept outside the module tree (not a submodule) to compile other input shapes
+        self.__dict__["_partition"] = partition
+        self._to_onnx = to_onnx
+        self.compile_settings = compile_settings.resolved()
+        self._compiled: dict[tuple, _Compiled] = {}
+        self._single_output = True
+        self._compile(example_inputs)
+
+    @staticmethod
+    def _signature(inputs) -> tuple:
+        return tuple((tuple(t.shape), t.dtype) for t in inputs)
+
+    def _compile(self, inputs: tuple[torch.Tensor, ...]) -> _Compiled:
+        with torch.no_grad():  # the output structure (tensor or tuple) the partition returns
+            self._single_output = isinstance(self._partition(*inputs), torch.Tensor)
+        compiled = _Compiled.build(self._to_onnx(self._partition, inputs), self.compile_settings)
+        self._compiled[self._signature(inputs)] = compiled
+        return compiled
+
+    def rebuild(self, compile_settings: CompileSettings) -> None:
+        """Compile every model again with other settings (threads)."""
+        self.compile_settings = compile_settings.resolved()
+        self._compiled = {signature: _Compiled.build(c.onnx, self.compile_settings)
+                          for signature, c in self._compiled.items()}
+
+    @property
+    def compiled_models(self) -> list:
+        """The OpenVINO compiled models built so far (one per input signature)."""
+        return [c.model for c in self._compiled.values()]
+
+    def forward(self, *inputs: torch.Tensor):
+        compiled = self._compiled.get(self._signature(inputs)) or self._compile(inputs)
+        results = compiled.request.infer([t.detach().contiguous().numpy() for t in inputs],
+                                         share_inputs=True, share_outputs=False)
+        outputs = [torch.from_numpy(out) for out in results.to_tuple()]
+        return outputs[0] if self._single_output else tuple(outputs)
+
+    def __deepcopy__(self, memo: dict) -> OpenVinoPartition:
+        """Compiled models cannot be copied: the copy compiles its own from the same ONNX models."""
+        clone = OpenVinoPartition.__new__(OpenVinoPartition)
+        nn.Module.__init__(clone)
+        clone.__dict__["_partition"] = copy.deepcopy(self._partition, memo)
+        clone._to_onnx = self._to_onnx
+        clone._single_output = self._single_output
+        clone._compiled = dict(self._compiled)
+        clone.rebuild(self.compile_settings)
+        return clone
+
+    def extra_repr(self) -> str:
+        return f"threads={self.compile_settings.num_threads}, compiled={len(self._compiled)}"

@@ -1,0 +1,20 @@
+"""Every installed plugin loaded (the pytest plugin's ``qplug_only``), one intra-op thread (the
+machine is shared)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # torchvision-missing notices
+
+
+@pytest.fixture(autouse=True)
+def installed_plugins(qplug_only):
+    qplug_only()  # no names: every installed plugin, as outside the tests
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

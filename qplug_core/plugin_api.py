@@ -56,6 +56,7 @@ from qplug_core.kernels.base import (
 from qplug_core.kernels.cpu import VNNI_FLAGS, cpu_flags, has_vnni
 from qplug_core.kernels.table import torch_int8_kernels
 from qplug_core.partition import OperatorSupportBase
+from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.passes.base import PassResult
 from qplug_core.plugins import QplugPluginWarning
 from qplug_core.qconfig_defaults import default_qconfig_mapping
@@ -141,6 +142,7 @@ __all__ = [
     # delegation: backends that compile whole int8 partitions (an NPU SDK, ONNX Runtime)
     "Delegate",
     "OperatorSupportBase",
+    "CompiledPartition",
     "to_onnx_proto",
     "dynamic_lstm_problem",
     # errors and warnings

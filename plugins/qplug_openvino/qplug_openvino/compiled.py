@@ -11,7 +11,6 @@ threads take turns). An input of another shape gets a model compiled for it (onc
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -19,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import fx
 
-from qplug_core.plugin_api import ConfigValidationError
+from qplug_core.plugin_api import CompiledPartition, ConfigValidationError
 
 
 @dataclass(frozen=True)
@@ -67,67 +66,35 @@ def configure(**changes: Any) -> CompileSettings:
 
 @dataclass
 class _Compiled:
-    """The ONNX model, compiled model and infer request of one input signature, and which of the
-    partition's inputs the model reads (the exporter drops inputs nothing uses)."""
+    """The compiled model and infer request of one input signature, and which of the partition's
+    inputs the model reads (OpenVINO drops the parameters nothing uses)."""
 
-    onnx: bytes
     model: Any
     request: Any
     positions: list[int]
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    @classmethod
-    def build(cls, onnx: bytes, compile_settings: CompileSettings, input_names: list[str]) -> _Compiled:
-        import openvino
 
-        core = openvino.Core()
-        model = core.compile_model(core.read_model(onnx), "CPU", compile_settings.properties())
-        positions = [input_names.index(port.get_any_name()) for port in model.inputs]
-        return cls(onnx, model, model.create_infer_request(), positions)
-
-
-class OpenVinoPartition(nn.Module):
+class OpenVinoPartition(CompiledPartition):
     """Runs one int8 partition in OpenVINO (see module docstring)."""
 
     def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
                  to_onnx: Callable[[fx.GraphModule, tuple], bytes], compile_settings: CompileSettings):
-        super().__init__()
-        # kept outside the module tree (not a submodule) to compile other input shapes
-        self.__dict__["_partition"] = partition
-        self._to_onnx = to_onnx
         self.compile_settings = compile_settings.resolved()
-        self._compiled: dict[tuple, _Compiled] = {}
-        self._single_output = True
         self._input_names = [n.name for n in partition.graph.nodes if n.op == "placeholder"]
-        self._compile(example_inputs)
+        super().__init__(partition, example_inputs, to_onnx)
 
-    @staticmethod
-    def _signature(inputs) -> tuple:
-        return tuple((tuple(t.shape), t.dtype) for t in inputs)
-
-    def _compile(self, inputs: tuple[torch.Tensor, ...]) -> _Compiled:
-        with torch.no_grad():  # the output structure (tensor or tuple) the partition returns
-            self._single_output = isinstance(self._partition(*inputs), torch.Tensor)
-        compiled = _Compiled.build(self._to_onnx(self._partition, inputs), self.compile_settings,
-                                   self._input_names)
-        self._compiled[self._signature(inputs)] = compiled
-        return compiled
-
-    def rebuild(self, compile_settings: CompileSettings) -> None:
-        """Compile every model again with other settings (threads)."""
-        self.compile_settings = compile_settings.resolved()
-        self._compiled = {signature: _Compiled.build(c.onnx, self.compile_settings, self._input_names)
-                          for signature, c in self._compiled.items()}
-
-    @property
-    def compiled_models(self) -> list:
-        """The OpenVINO compiled models built so far (one per input signature)."""
-        return [c.model for c in self._compiled.values()]
-
-    def forward(self, *inputs: torch.Tensor):
+    def build(self, source: bytes) -> _Compiled:
         import openvino
 
-        compiled = self._compiled.get(self._signature(inputs)) or self._compile(inputs)
+        core = openvino.Core()
+        model = core.compile_model(core.read_model(source), "CPU", self.compile_settings.properties())
+        positions = [self._input_names.index(port.get_any_name()) for port in model.inputs]
+        return _Compiled(model, model.create_infer_request(), positions)
+
+    def run(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        import openvino
+
         request = compiled.request
         # the tensors' buffers go in as they are; the request's dict-building ``infer(feeds)``
         # costs ~50 us more per call (measured), which counts at batch 1
@@ -136,21 +103,18 @@ class OpenVinoPartition(nn.Module):
             for port, array in enumerate(arrays):
                 request.set_input_tensor(port, openvino.Tensor(array, shared_memory=True))
             request.infer()
-            outputs = [torch.from_numpy(request.get_output_tensor(port).data.copy())
-                       for port in range(len(compiled.model.outputs))]
-        return outputs[0] if self._single_output else tuple(outputs)
+            return [torch.from_numpy(request.get_output_tensor(port).data.copy())
+                    for port in range(len(compiled.model.outputs))]
 
-    def __deepcopy__(self, memo: dict) -> OpenVinoPartition:
-        """Compiled models cannot be copied: the copy compiles its own from the same ONNX models."""
-        clone = OpenVinoPartition.__new__(OpenVinoPartition)
-        nn.Module.__init__(clone)
-        clone.__dict__["_partition"] = copy.deepcopy(self._partition, memo)
-        clone._to_onnx = self._to_onnx
-        clone._single_output = self._single_output
-        clone._input_names = self._input_names
-        clone._compiled = dict(self._compiled)
-        clone.rebuild(self.compile_settings)
-        return clone
+    def rebuild(self, compile_settings: CompileSettings) -> None:
+        """Compile every model again with other settings (threads)."""
+        self.compile_settings = compile_settings.resolved()
+        self.recompile()
+
+    @property
+    def compiled_models(self) -> list:
+        """The OpenVINO compiled models built so far (one per input signature)."""
+        return [c.model for c in self.compiled]
 
     def extra_repr(self) -> str:
-        return f"threads={self.compile_settings.num_threads}, compiled={len(self._compiled)}"
+        return f"threads={self.compile_settings.num_threads}, compiled={len(self.compiled)}"

@@ -71,7 +71,7 @@ def test_one_call_quantize_runs_int8_in_openvino_as_the_reference_form_says():
     assert precisions["Convolution"] == "u8" and precisions["FullyConnected"] == "u8"  # int8 kernels
     x = inputs("digits_cnn", seed=9, batch=4)
     with torch.no_grad():
-        got, expected = qmodel(*x), partition._partition(*x)
+        got, expected = qmodel(*x), partition.partition(*x)
     assert (got - expected).abs().max() <= float(qmodel.fc_dequantize_7.scale) * 1.001
 
 

@@ -19,6 +19,7 @@ import torch
 
 from qplug_core.plugin_api import (
     Availability,
+    BackendPatternConfig,
     BackendPlugin,
     Delegate,
     Diagnostic,
@@ -63,6 +64,11 @@ class OpenVinoPlugin(BackendPlugin):
             return Availability(False, f"missing Python package(s) {', '.join(missing)}; "
                                        "pip install qplug-openvino installs them")
         return Availability(True)
+
+    def pattern_configs(self) -> list[BackendPatternConfig]:
+        # the recurrent patterns only have dynamic dtype configs, which this backend has none of:
+        # it does not claim them (they stay float layers in PyTorch)
+        return [config for config in super().pattern_configs() if config.dtype_configs]
 
     def delegate(self) -> Delegate:
         return Delegate(operator_support=OpenVinoSupport(), compile=compile_partition)

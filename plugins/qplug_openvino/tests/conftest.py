@@ -8,6 +8,8 @@ import logging
 import pytest
 import torch
 
+pytest.importorskip("qplug_openvino", reason="qplug-openvino is not installed "
+                                            "(pip install -e plugins/qplug_openvino)")
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # torchvision-missing notices
 
 

@@ -60,6 +60,7 @@ from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8, override_cpu_flags
 from qplug_core.kernels.table import torch_int8_kernels
 from qplug_core.partition import OperatorSupportBase
+from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.passes.base import PassResult
 from qplug_core.registry.plugins import QplugPluginWarning
 from qplug_core.config.defaults import default_qconfig_mapping
@@ -136,6 +137,7 @@ __all__ = [
     "int_values",
     "quantized_from_int",
     "torch_int8_kernels",
+    # what this CPU can do for int8
     # default qconfigs
     "QConfig",
     "QConfigMapping",
@@ -149,6 +151,7 @@ __all__ = [
     # delegation: backends that compile whole int8 partitions (an NPU SDK, ONNX Runtime)
     "Delegate",
     "OperatorSupportBase",
+    "CompiledPartition",
     "Dequantize",
     "Quantize",
     "ReferenceWeighted",

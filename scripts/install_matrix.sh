@@ -21,9 +21,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 mkdir -p "$work/src/plugins"
 cp -r "$repo/pyproject.toml" "$repo/README.md" "$repo/qplug_core" "$work/src/"
 cp -r "$repo/plugins/qplug_fbgemm" "$repo/plugins/qplug_qnnpack" "$repo/plugins/qplug_onnxruntime" \
-    "$work/src/plugins/"
+    "$repo/plugins/qplug_openvino" "$work/src/plugins/"
 "$python" -m pip wheel -q --no-deps -w "$work/wheels" "$work/src" "$work/src/plugins/qplug_fbgemm" \
-    "$work/src/plugins/qplug_qnnpack" "$work/src/plugins/qplug_onnxruntime"
+    "$work/src/plugins/qplug_qnnpack" "$work/src/plugins/qplug_onnxruntime" "$work/src/plugins/qplug_openvino"
 
 "$python" -m venv "$work/venv"
 pip_install() {
@@ -52,3 +52,6 @@ expect_backends "fbgemm,qnnpack,reference"
 "$work/venv/bin/python" -m pip uninstall -q -y qplug-fbgemm qplug-qnnpack
 pip_install qplug-onnxruntime
 expect_backends "onnxruntime,reference"
+"$work/venv/bin/python" -m pip uninstall -q -y qplug-onnxruntime
+pip_install qplug-openvino
+expect_backends "openvino,reference"

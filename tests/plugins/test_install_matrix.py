@@ -1,7 +1,8 @@
 """Tier 3 of plugin testing: real wheels of the three distributions in a fresh venv (B5, G10).
 
 Runs ``scripts/install_matrix.sh``: core + qnnpack lists no fbgemm; core + both plugins lists
-reference, fbgemm and qnnpack; core + onnxruntime alone lists reference and onnxruntime. About 2-3 minutes (torch is installed into the venv), hence ``slow``.
+reference, fbgemm and qnnpack; core + onnxruntime alone lists reference and onnxruntime; core +
+openvino alone lists reference and openvino. About 2-3 minutes (torch is installed into the venv), hence ``slow``.
 """
 
 from __future__ import annotations
@@ -25,3 +26,4 @@ def test_install_matrix():
     assert "install_matrix: ok: qnnpack, reference" in result.stdout
     assert "install_matrix: ok: fbgemm, qnnpack, reference" in result.stdout
     assert "install_matrix: ok: onnxruntime, reference" in result.stdout
+    assert "install_matrix: ok: openvino, reference" in result.stdout

@@ -9,7 +9,6 @@ session compiled for it (once per shape).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -17,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import fx
 
-from qplug_core.plugin_api import ConfigValidationError
+from qplug_core.plugin_api import CompiledPartition, ConfigValidationError
 
 #: graph optimization levels by name (``"all"`` is ORT's default and what fuses QDQ groups)
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
@@ -78,77 +77,48 @@ def configure(**changes: Any) -> SessionSettings:
 
 
 class _Compiled:
-    """The ONNX model and session of one input signature."""
+    """The session of one input signature and its input and output names."""
 
     def __init__(self, model: bytes, session_settings: SessionSettings):
         import onnxruntime as ort
 
-        self.model = model
         self.session = ort.InferenceSession(model, session_settings.session_options(),
                                             providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
 
-class OrtPartition(nn.Module):
+class OrtPartition(CompiledPartition):
     """Runs one int8 partition in ONNX Runtime (see module docstring)."""
 
     def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
                  to_onnx: Callable[[fx.GraphModule, tuple], bytes], session_settings: SessionSettings):
-        super().__init__()
-        # kept outside the module tree (not a submodule) to compile other input shapes
-        self.__dict__["_partition"] = partition
-        self._to_onnx = to_onnx
         self.session_settings = dataclasses.replace(
             session_settings, num_threads=session_settings.num_threads or torch.get_num_threads())
-        self._sessions: dict[tuple, _Compiled] = {}
-        self._single_output = True
-        self._compile(example_inputs)
+        super().__init__(partition, example_inputs, to_onnx)
 
-    @staticmethod
-    def _signature(inputs) -> tuple:
-        return tuple((tuple(t.shape), t.dtype) for t in inputs)
+    def build(self, source: bytes) -> _Compiled:
+        return _Compiled(source, self.session_settings)
 
-    def _compile(self, inputs: tuple[torch.Tensor, ...]) -> _Compiled:
-        with torch.no_grad():  # the output structure (tensor or tuple) the partition returns
-            self._single_output = isinstance(self._partition(*inputs), torch.Tensor)
-        compiled = _Compiled(self._to_onnx(self._partition, inputs), self.session_settings)
-        self._sessions[self._signature(inputs)] = compiled
-        return compiled
+    def run(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        # numpy views of the torch buffers in, torch views of ORT's output buffers out: no copies
+        # (measured faster than IOBinding into preallocated outputs, which ORT copies into)
+        feeds = {name: tensor.detach().contiguous().numpy()
+                 for name, tensor in zip(compiled.input_names, inputs)}
+        return [torch.from_numpy(out) for out in compiled.session.run(compiled.output_names, feeds)]
 
     def rebuild(self, session_settings: SessionSettings) -> None:
         """Build every session again with other settings (threads, graph optimizations)."""
         self.session_settings = dataclasses.replace(
             session_settings, num_threads=session_settings.num_threads or torch.get_num_threads())
-        self._sessions = {signature: _Compiled(c.model, self.session_settings)
-                          for signature, c in self._sessions.items()}
+        self.recompile()
 
     @property
     def sessions(self) -> list:
         """The ORT sessions built so far (one per input signature)."""
-        return [c.session for c in self._sessions.values()]
-
-    def forward(self, *inputs: torch.Tensor):
-        compiled = self._sessions.get(self._signature(inputs)) or self._compile(inputs)
-        # numpy views of the torch buffers in, torch views of ORT's output buffers out: no copies
-        # (measured faster than IOBinding into preallocated outputs, which ORT copies into)
-        feeds = {name: tensor.detach().contiguous().numpy()
-                 for name, tensor in zip(compiled.input_names, inputs)}
-        results = [torch.from_numpy(out) for out in compiled.session.run(compiled.output_names, feeds)]
-        return results[0] if self._single_output else tuple(results)
-
-    def __deepcopy__(self, memo: dict) -> OrtPartition:
-        """Sessions cannot be copied: the copy builds its own from the same ONNX models."""
-        clone = OrtPartition.__new__(OrtPartition)
-        nn.Module.__init__(clone)
-        clone.__dict__["_partition"] = copy.deepcopy(self._partition, memo)
-        clone._to_onnx = self._to_onnx
-        clone._single_output = self._single_output
-        clone._sessions = dict(self._sessions)
-        clone.rebuild(self.session_settings)
-        return clone
+        return [c.session for c in self.compiled]
 
     def extra_repr(self) -> str:
         s = self.session_settings
         return (f"threads={s.num_threads}, graph_optimization={s.graph_optimization!r}, "
-                f"sessions={len(self._sessions)}")
+                f"sessions={len(self.compiled)}")

@@ -39,7 +39,7 @@ def test_dynamic_linears_run_as_dynamic_quantize_matmul(tmp_path):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(partition._sessions[next(iter(partition._sessions))].model, options,
+    ort.InferenceSession(partition.sources[0], options,
                          providers=["CPUExecutionProvider"])
     ops = collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
     assert ops["DynamicQuantizeMatMul"] + ops["MatMulIntegerToFloat"] == 4

@@ -93,8 +93,8 @@ def _oracle(lstm: nn.LSTM, x: torch.Tensor, state=None):
 
 def _ort_ops(qmodel) -> collections.Counter:
     (partition,) = [m for m in qmodel.modules() if isinstance(m, OrtPartition)]
-    (compiled,) = partition._sessions.values()
-    return collections.Counter((n.domain, n.op_type) for n in onnx.load_from_string(compiled.model).graph.node)
+    (source,) = partition.sources
+    return collections.Counter((n.domain, n.op_type) for n in onnx.load_from_string(source).graph.node)
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -138,8 +138,8 @@ def test_ort_runs_qplugs_int8_weights():
     model, x = Classifier(num_layers=1).eval(), torch.randn(2, 5, 12)
     ort_model, reference = _quantized(model, (x,))
     (partition,) = [m for m in ort_model.modules() if isinstance(m, OrtPartition)]
-    (compiled,) = partition._sessions.values()
-    graph = onnx.load_from_string(compiled.model).graph
+    (source,) = partition.sources
+    graph = onnx.load_from_string(source).graph
     (node,) = [n for n in graph.node if n.op_type == "DynamicQuantizeLSTM"]
     initializers = {i.name: torch.from_numpy(onnx.numpy_helper.to_array(i).copy()) for i in graph.initializer}
     lstm = reference.get_submodule("rnn")

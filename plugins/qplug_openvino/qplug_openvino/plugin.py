@@ -1,0 +1,93 @@
+"""The ``openvino`` backend (entry point ``qplug: openvino = qplug_openvino.plugin:plugin``).
+
+OpenVINO compiles whole graphs, so this backend has no per-op kernels: it delegates. Convert
+partitions the reference form, exports each int8 partition as ONNX QDQ (standard ops only) and
+compiles it for OpenVINO's CPU plugin, whose low-precision transformations turn each
+DequantizeLinear -> op -> QuantizeLinear group into an int8 oneDNN primitive with qplug's own
+scales and zero points (nothing is calibrated again). The dtype configs say what those kernels
+take: quint8 activations, symmetric per-channel qint8 weights. Without VNNI, oneDNN's u8 x s8
+pair sums saturate at int16, so weights are kept in 7 bits there (what NNCF's overflow fix does).
+Static only: the dynamic mapping is ``None`` (no dynamic int8 op in OpenVINO's ONNX path).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+
+from qplug_core.plugin_api import (
+    Availability,
+    BackendPatternConfig,
+    BackendPlugin,
+    Delegate,
+    Diagnostic,
+    DTypeConfig,
+    DTypeConfigSet,
+    DTypeWithConstraints,
+    Int8Arithmetic,
+    default_op_quint8_dtype_config,
+    input_output_only_quint8_dtype_config,
+    weight_only_quint8_dtype_config,
+)
+from qplug_openvino.compiled import OpenVinoPartition, settings
+from qplug_openvino.support import OpenVinoSupport, partition_to_onnx
+
+#: symmetric int8 weights (zero point 0: no weight compensation in oneDNN's int8 convolutions);
+#: on CPUs without VNNI the core narrows them to 7 bits from the declared arithmetic
+WEIGHT_RANGE = (-127, 127)
+_REQUIRED = ("openvino", "onnx", "onnxscript")
+
+_weight = DTypeWithConstraints(dtype=torch.qint8, quant_min_lower_bound=WEIGHT_RANGE[0],
+                               quant_max_upper_bound=WEIGHT_RANGE[1])
+weighted_op_dtype_config = DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.quint8,
+                                       weight_dtype=_weight, bias_dtype=torch.float)
+
+
+def compile_partition(partition, example_inputs) -> OpenVinoPartition:
+    return OpenVinoPartition(partition, example_inputs, partition_to_onnx, settings())
+
+
+class OpenVinoPlugin(BackendPlugin):
+    name = "openvino"
+    description = "int8 partitions compiled into OpenVINO CPU models (ONNX QDQ, oneDNN)"
+    #: oneDNN's u8 x s8 kernels sum pairs with vpmaddubsw (int16, saturating) without VNNI
+    int8_arithmetic = Int8Arithmetic.U8S8_INT16_PAIRS_WITHOUT_VNNI
+    dtype_configs = DTypeConfigSet(
+        weighted_op=(weighted_op_dtype_config,), default_op=(default_op_quint8_dtype_config,),
+        dynamic=(), embedding=(weight_only_quint8_dtype_config,),
+        layer_norm=(input_output_only_quint8_dtype_config,))
+
+    def is_available(self) -> Availability:
+        missing = [name for name in _REQUIRED if importlib.util.find_spec(name) is None]
+        if missing:
+            return Availability(False, f"missing Python package(s) {', '.join(missing)}; "
+                                       "pip install qplug-openvino installs them")
+        return Availability(True)
+
+    def pattern_configs(self) -> list[BackendPatternConfig]:
+        # the recurrent patterns only have dynamic dtype configs, which this backend has none of:
+        # it does not claim them (they stay float layers in PyTorch)
+        return [config for config in super().pattern_configs() if config.dtype_configs]
+
+    def delegate(self) -> Delegate:
+        return Delegate(operator_support=OpenVinoSupport(), compile=compile_partition)
+
+    def qconfig_options(self, mode: str) -> dict[str, Any] | None:
+        if mode == "dynamic":
+            return None
+        return {"reduce_range": False, "per_channel": True, "per_channel_conv_transpose": False,
+                "weight_quant_min": WEIGHT_RANGE[0], "weight_quant_max": WEIGHT_RANGE[1]}
+
+    def check_environment(self) -> list[Diagnostic]:
+        availability = self.is_available()
+        if not availability.ok:
+            return [Diagnostic("error", availability.reason, hint="pip install qplug-openvino")]
+        import openvino
+
+        return [Diagnostic("ok", f"openvino {openvino.__version__}, devices "
+                                 f"{openvino.Core().available_devices}")]
+
+
+plugin = OpenVinoPlugin()

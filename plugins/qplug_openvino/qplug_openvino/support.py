@@ -1,0 +1,37 @@
+"""Which nodes of the reference form OpenVINO takes, and the ONNX model of a partition.
+
+Every call node goes to OpenVINO (the exporter translates the reference form's ATen ops to
+standard ONNX, and OpenVINO runs in float what it has no int8 kernel for, as the reference form
+does), except the recurrent layers: static mode leaves them float, and their tuple outputs cannot
+be a partition's outputs, so they and the nodes reading them stay in PyTorch.
+"""
+
+from __future__ import annotations
+
+from torch import fx, nn
+
+from qplug_core.plugin_api import OperatorSupportBase
+
+_RECURRENT = (nn.RNNBase, nn.RNNCellBase)
+
+
+class OpenVinoSupport(OperatorSupportBase):
+    def is_node_supported(self, submodules: dict[str, nn.Module], node: fx.Node) -> bool:
+        return self.unsupported_reason(submodules, node) is None
+
+    def unsupported_reason(self, submodules: dict[str, nn.Module], node: fx.Node) -> str | None:
+        if node.op == "call_module":
+            module = submodules[str(node.target)]
+            if isinstance(getattr(module, "module", module), _RECURRENT):  # ReferenceWeighted wraps it
+                return f"a {type(module).__name__} stays a float layer in PyTorch (no static int8 RNN)"
+            return None
+        if any(self.unsupported_reason(submodules, a) for a in node.all_input_nodes if a.op == "call_module"):
+            return "it reads a recurrent layer left in PyTorch"
+        return None
+
+
+def partition_to_onnx(partition: fx.GraphModule, example_inputs: tuple) -> bytes:
+    """The serialized ONNX QDQ model (standard ops) of one reference-form partition."""
+    from qplug_core.plugin_api import to_onnx_proto
+
+    return to_onnx_proto(partition, example_inputs).SerializeToString()

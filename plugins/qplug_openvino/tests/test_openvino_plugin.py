@@ -1,0 +1,140 @@
+"""The installed qplug-openvino distribution: discovery, defaults, delegation report, compiled
+models (threads, precision, shapes), one-call quantize, save/load."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import openvino
+import pytest
+import torch
+from ov_testkit import inputs, quantized_pair
+from qplug_openvino import CompileSettings, configure, settings
+from qplug_openvino.compiled import OpenVinoPartition
+
+import qplug_core as qp
+from qplug_core.plugin_api import ConfigValidationError, override_cpu_flags
+
+
+def partitions(model) -> list[OpenVinoPartition]:
+    return [m for m in model.modules() if isinstance(m, OpenVinoPartition)]
+
+
+def test_entry_point_is_loaded_and_listed_by_the_cli(qplug_only):
+    record = qplug_only().record("openvino")
+    assert (record.dist, record.status.value) == ("qplug-openvino", "ok")
+    assert record.module.startswith("qplug_openvino.plugin")
+    result = subprocess.run([str(Path(sys.executable).with_name("qplug")), "list-backends", "--json"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (row,) = [b for b in json.loads(result.stdout)["backends"] if b["name"] == "openvino"]
+    assert row["available"] and [p["dist"] for p in row["plugins"]] == ["qplug-openvino"]
+
+
+@pytest.mark.parametrize("flags, weight_range, levels", [
+    ("avx2 avx512f avx512bw avx512_vnni", (-127, 127), ["ok", "ok"]),  # AMD Zen 4
+    ("fpu sse2 avx avx2 fma", (-64, 64), ["ok", "warning"]),  # AMD Zen 3: 7-bit weights
+])
+def test_cpu_decides_weight_range_and_doctor_finding(qplug_only, flags, weight_range, levels):
+    with override_cpu_flags(flags):
+        qconfig = qp.get_default_qconfig_mapping("openvino").global_qconfig
+        (result,) = qplug_only().collect("qplug_check_environment", backend="openvino", plugin="openvino")
+    weight, activation = qconfig.weight(), qconfig.activation()
+    assert (weight.quant_min, weight.quant_max) == weight_range and weight.ch_axis == 0
+    assert (activation.dtype, activation.quant_min, activation.quant_max) == (torch.quint8, 0, 255)
+    assert [d.level for d in result.value] == levels
+
+
+def test_no_dynamic_mode():
+    with pytest.raises(qp.errors.ConfigError, match="no plugin provides a default 'dynamic'"):
+        qp.get_default_qconfig_mapping("openvino", "dynamic")
+
+
+def test_one_call_quantize_runs_int8_in_openvino_as_the_reference_form_says():
+    model = qp.zoo.get_model("digits_cnn", seed=0)
+    calibration = [inputs("digits_cnn", seed) for seed in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qmodel = qp.quantize(model, calibration[0], calibration, backend="openvino")
+    report = qp.quantization_report(qmodel)
+    assert report.backend == "openvino" and not report.skipped and not report.reference
+    assert [(p["name"], p["module"]) for p in report.partitions] == [("delegate_0", "OpenVinoPartition")]
+    assert set(report.kernels.values()) == {"delegate:delegate_0"}
+    (partition,) = partitions(qmodel)
+    runtime = partition.compiled_models[0].get_runtime_model()
+    precisions = {op.get_rt_info()["layerType"].astype(str): op.get_rt_info()["runtimePrecision"].astype(str)
+                  for op in runtime.get_ops()}
+    assert precisions["Convolution"] == "u8" and precisions["FullyConnected"] == "u8"  # int8 kernels
+    x = inputs("digits_cnn", seed=9, batch=4)
+    with torch.no_grad():
+        got, expected = qmodel(*x), partition.partition(*x)
+    assert (got - expected).abs().max() <= float(qmodel.fc_dequantize_7.scale) * 1.001
+
+
+def test_compiled_models_use_the_configured_threads_and_f32():
+    assert settings().num_threads is None
+    previous = configure(num_threads=2)
+    try:
+        _, ov_model, _ = quantized_pair.__wrapped__("digits_cnn")  # a fresh model, not the shared one
+    finally:
+        configure(num_threads=previous.num_threads)
+    (partition,) = partitions(ov_model)
+    compiled = partition.compiled_models[0]
+    assert partition.compile_settings.num_threads == 2
+    assert compiled.get_property("INFERENCE_NUM_THREADS") == 2
+    # not the bf16 OpenVINO picks by default on CPUs with AVX512_BF16/AMX: float ops stay f32
+    assert compiled.get_property("INFERENCE_PRECISION_HINT") == openvino.Type.f32
+    partition.rebuild(CompileSettings())  # None: torch's thread count (one thread in these tests)
+    assert partition.compiled_models[0].get_property("INFERENCE_NUM_THREADS") == torch.get_num_threads()
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConfigValidationError, match="num_threads must be a positive int"):
+        configure(num_threads=0)
+    with pytest.raises(ConfigValidationError, match="num_threads must be a positive int"):
+        CompileSettings(num_threads=True)
+
+
+def test_another_input_shape_gets_its_own_compiled_model():
+    _, ov_model, reference = quantized_pair("digits_cnn")
+    (partition,) = partitions(ov_model)
+    before = len(partition.compiled_models)
+    x = inputs("digits_cnn", seed=5, batch=3)
+    with torch.no_grad():
+        got, expected = ov_model(*x), reference(*x)
+    assert got.shape == (3, 10) and len(partition.compiled_models) == before + 1
+    assert (got - expected).abs().max() <= float(reference.fc_dequantize_7.scale) * 1.001
+
+
+def test_save_load_compiles_again_from_the_reference_form(tmp_path):
+    _, ov_model, _ = quantized_pair("digits_cnn")
+    path = qp.save(ov_model, tmp_path / "digits.safetensors")
+    loaded = qp.load(path)
+    assert partitions(loaded) and qp.quantization_report(loaded).backend == "openvino"
+    assert partitions(loaded)[0].compiled_models[0] is not partitions(ov_model)[0].compiled_models[0]
+    x = inputs("digits_cnn", seed=7)
+    with torch.no_grad():
+        assert torch.equal(loaded(*x), ov_model(*x))
+    assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+
+
+def test_deepcopy_compiles_its_own_models():
+    _, ov_model, _ = quantized_pair("digits_cnn")
+    clone = copy.deepcopy(ov_model)
+    assert partitions(clone)[0].compiled_models[0] is not partitions(ov_model)[0].compiled_models[0]
+    x = inputs("digits_cnn", seed=8)
+    with torch.no_grad():
+        assert torch.equal(clone(*x), ov_model(*x))
+
+
+def test_recurrent_layers_stay_in_pytorch_with_the_reason():
+    _, ov_model, _ = quantized_pair("lstm_classifier")
+    report = qp.quantization_report(ov_model)
+    assert report.partitions, "the classifier head should still be compiled"
+    reasons = [r for r in report.outside.values() if "LSTM stays a float layer in PyTorch" in r]
+    assert reasons, report.outside

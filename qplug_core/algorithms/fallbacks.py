@@ -1,0 +1,55 @@
+"""What a layer taken out of static int8 becomes, chosen per CPU: the fallback ladder.
+
+A target search takes the layers static int8 hurts most out of it. The best replacement depends
+on the CPU (field notes, round 3):
+
+* ``"per_token"``: int8 weights, one activation scale per token, float output
+  (:class:`~qplug_core.kernels.per_token.PerTokenDynamicLinear`): as accurate as float on MiniLM's
+  FFN outputs and fast where the CPU multiplies u8 x s8 exactly (VNNI); without VNNI its GEMM
+  falls back to ``torch._int_mm`` at 25x fp32's latency, so it is not offered there;
+* ``"dynamic"``: the backend's per-tensor dynamic linear (int8 weights, one activation scale per
+  batch): fast everywhere, but 7-bit activations on CPUs without VNNI (fbgemm's rule) make it weak
+  on outlier-heavy inputs;
+* ``"float"``: always exact, the last rung.
+
+For each layer the search takes the first rung of :func:`fallback_ladder` whose measured local
+error is as small as a typical static int8 layer's (``qplug_core.algorithms.layer_errors``), so
+the default target holds on CPUs with and without VNNI.
+"""
+
+from __future__ import annotations
+
+from torch import fx, nn
+
+from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, onednn_usable
+from qplug_core.nn.intrinsic import FusedModule
+
+__all__ = ["LADDER_FALLBACKS", "cpu_has_vnni", "fallback_ladder", "swap_in_per_token"]
+
+#: every rung a ladder can hold, best first
+LADDER_FALLBACKS = ("per_token", "dynamic", "float")
+
+
+def cpu_has_vnni() -> bool:
+    """Whether this CPU multiplies u8 x s8 into int32 exactly and fast (AVX-512 VNNI / AVX-VNNI).
+
+    The one place the target search asks; it will read plugin_api's CPU fact once that exists."""
+    return onednn_usable()
+
+
+def fallback_ladder() -> tuple[str, ...]:
+    """The rungs a layer out of static int8 may take on this CPU, best first."""
+    return LADDER_FALLBACKS if cpu_has_vnni() else ("dynamic", "float")
+
+
+def swap_in_per_token(qmodel: fx.GraphModule, layers: list[str], *, simulate: bool) -> None:
+    """Replace the float ``nn.Linear`` modules ``layers`` of a converted model by per-token
+    dynamic ones (one shared input cache, so q/k/v quantize their common input once)."""
+    shared = SharedInput()
+    for name in layers:
+        module = qmodel.get_submodule(name)
+        if isinstance(module, FusedModule) and len(module) and type(module[0]) is nn.Linear:
+            name, module = f"{name}.0", module[0]  # LinearReLU: its linear, then its ReLU
+        if type(module) is nn.Linear:
+            qmodel.set_submodule(name, PerTokenDynamicLinear.from_float(module, simulate=simulate,
+                                                                        shared=shared))

@@ -19,12 +19,14 @@ the default target holds on CPUs with and without VNNI.
 
 from __future__ import annotations
 
-from torch import fx, nn
+import dataclasses
 
-from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, onednn_usable
-from qplug_core.nn.intrinsic import FusedModule
+from torch import fx
 
-__all__ = ["LADDER_FALLBACKS", "cpu_has_vnni", "fallback_ladder", "swap_in_per_token"]
+from qplug_core.fx.tags import ARTIFACT
+from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, onednn_usable, swap_in_per_token
+
+__all__ = ["LADDER_FALLBACKS", "cpu_has_vnni", "fallback_ladder", "run_per_token"]
 
 #: every rung a ladder can hold, best first
 LADDER_FALLBACKS = ("per_token", "dynamic", "float")
@@ -42,14 +44,13 @@ def fallback_ladder() -> tuple[str, ...]:
     return LADDER_FALLBACKS if cpu_has_vnni() else ("dynamic", "float")
 
 
-def swap_in_per_token(qmodel: fx.GraphModule, layers: list[str], *, simulate: bool) -> None:
-    """Replace the float ``nn.Linear`` modules ``layers`` of a converted model by per-token
-    dynamic ones (one shared input cache, so q/k/v quantize their common input once)."""
-    shared = SharedInput()
-    for name in layers:
-        module = qmodel.get_submodule(name)
-        if isinstance(module, FusedModule) and len(module) and type(module[0]) is nn.Linear:
-            name, module = f"{name}.0", module[0]  # LinearReLU: its linear, then its ReLU
-        if type(module) is nn.Linear:
-            qmodel.set_submodule(name, PerTokenDynamicLinear.from_float(module, simulate=simulate,
-                                                                        shared=shared))
+def run_per_token(qmodel: fx.GraphModule, layers: list[str], *, simulate: bool) -> None:
+    """Swap per-token dynamic linears in for the float ``layers`` of a converted model and record
+    them in its save artifact, so that ``qp.load`` swaps them in again."""
+    if not layers:
+        return
+    replaced = swap_in_per_token(qmodel, layers, simulate=simulate)
+    artifact = qmodel.meta.get(ARTIFACT)
+    if dataclasses.is_dataclass(artifact) and not isinstance(artifact, type):
+        model = {**artifact.model, PER_TOKEN_LAYERS: sorted(n.removesuffix(".0") for n in replaced)}
+        qmodel.meta[ARTIFACT] = dataclasses.replace(artifact, model=model)

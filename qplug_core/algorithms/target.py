@@ -24,7 +24,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from qplug_core.algorithms.fallbacks import fallback_ladder, swap_in_per_token
+from qplug_core.algorithms.fallbacks import fallback_ladder, run_per_token
 from qplug_core.algorithms.layer_errors import LayerError, layer_errors
 from qplug_core.algorithms.sensitivity import (
     GROUPS,
@@ -220,8 +220,8 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         observed = calibrated if not taken else observed_with(gm, calibrated, m, inputs, batches,
                                                               backend, options)
         qmodel = convert_fx(observed, backend=backend, inplace=observed is not calibrated)
-        swap_in_per_token(qmodel, [n for n, k in taken.items() if k == "per_token"],
-                          simulate=not backend.kernels)
+        run_per_token(qmodel, [n for n, k in taken.items() if k == "per_token"],
+                      simulate=not backend.kernels)
         return qmodel, score(qmodel, evaluation, reference, target.metric, masks,
                              embedding=embedding), m
 

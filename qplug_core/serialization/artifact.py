@@ -22,6 +22,7 @@ from qplug_core.config.names import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.fx.fuse import FusionRecord
 from qplug_core.fx.tags import ARTIFACT, FUSIONS, KERNEL, STATE
+from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
 
@@ -31,6 +32,9 @@ FORMAT = "qplug"
 SCHEMA_VERSION = 1
 TOP_KEYS = ("format", "schema_version", "backend", "plugins", "versions", "model")
 MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions")
+#: written only when present: the float linears the model runs per-token dynamic (a target search
+#: put them there after convert; ``load`` swaps them in again)
+OPTIONAL_MODEL_KEYS = (PER_TOKEN_LAYERS,)
 PLUGIN_KEYS = ("name", "dist", "version")
 #: GraphModule.meta keys written by the flows that the artifact keeps
 _FLOW_STATE_KEY = STATE
@@ -125,7 +129,11 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     plugins = tuple(_read_plugin(p, child("plugins", i))
                     for i, p in enumerate(expect(doc["plugins"], list, "plugins", "a JSON list")))
     expect(doc["versions"], dict, "versions", "a JSON object")
-    model = read_fields(doc["model"], "model", MODEL_KEYS, required=MODEL_KEYS)
+    model = read_fields(doc["model"], "model", MODEL_KEYS + OPTIONAL_MODEL_KEYS, required=MODEL_KEYS)
+    if PER_TOKEN_LAYERS in model:
+        path = f"model.{PER_TOKEN_LAYERS}"
+        for i, name in enumerate(expect(model[PER_TOKEN_LAYERS], list, path, "a JSON list")):
+            expect(name, str, child(path, i), "a module name")
     expect(model["training"], bool, "model.training", "true or false")
     expect(model["mode"], str, "model.mode", "a quantization mode")
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):

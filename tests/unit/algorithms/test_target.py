@@ -193,7 +193,7 @@ def test_an_unreachable_target_never_takes_out_a_layer_that_buys_nothing():
 
 
 @pytest.mark.parametrize("vnni,expected", [(True, "per_token"), (False, "dynamic")])
-def test_the_fallback_ladder_follows_the_cpu(monkeypatch, vnni, expected):
+def test_the_fallback_ladder_follows_the_cpu(monkeypatch, tmp_path, vnni, expected):
     """With VNNI the layer goes per-token dynamic (fast there); without, per-tensor dynamic
     (per-token's GEMM is 25x fp32 there). Either way the target holds on held-out data."""
     from qplug_core.algorithms import fallbacks
@@ -208,6 +208,11 @@ def test_the_fallback_ladder_follows_the_cpu(monkeypatch, vnni, expected):
     result = qmodel.meta[TARGET_KEY]
     assert result.met and result.float_layers == ["fc2"] and result.decisions[0].fallback == expected
     assert isinstance(qmodel.get_submodule("fc2"), PerTokenDynamicLinear) == (expected == "per_token")
+    qp.save(qmodel, tmp_path / "model.qplug")  # the per-token layer comes back on load
+    loaded = qp.load(tmp_path / "model.qplug")
+    assert type(loaded.get_submodule("fc2")) is type(qmodel.get_submodule("fc2"))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(*data[0]), qmodel(*data[0]), rtol=0, atol=0)
     with torch.no_grad():
         held = _data(6)[4:]
         want = torch.cat([model(*b) for b in held])

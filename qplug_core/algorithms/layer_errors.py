@@ -50,10 +50,10 @@ class _Accumulator:
     power: torch.Tensor | None = None
 
     def _per_channel(self, t: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        t = t.double()
-        if rows is not None:
+        if rows is not None and self.axis == -1:  # token rows [batch, tokens, channels]
             t = t[rows]
-        return t.square().transpose(0, self.axis % t.dim()).reshape(t.shape[self.axis], -1).sum(1)
+        squares = t.float().square().movedim(self.axis, -1)
+        return squares.reshape(-1, squares.shape[-1]).sum(0, dtype=torch.float64)
 
     def add_reference(self, want: torch.Tensor, rows: torch.Tensor | None) -> None:
         power = self._per_channel(want, rows)
@@ -103,11 +103,14 @@ def _dynamic_input(observer_factory: Any, x: torch.Tensor) -> torch.Tensor:
                                     observer.quant_min, observer.quant_max))
 
 
-def _per_token_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    q, scale, zero_point = per_token_quantize(x.float().contiguous())
+def _per_token_weight(layer: nn.Linear) -> torch.Tensor:
     weight, weight_scale = symmetric_per_channel_int8(layer.weight)
-    return nn.functional.linear((q.float() - zero_point) * scale, weight.float() * weight_scale[:, None],
-                                layer.bias)
+    return weight.float() * weight_scale[:, None]
+
+
+def _per_token_linear(layer: nn.Linear, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    q, scale, zero_point = per_token_quantize(x.float().contiguous())
+    return nn.functional.linear((q.float() - zero_point) * scale, weight, layer.bias)
 
 
 def _after(module: nn.Module, layer: nn.Module, y: torch.Tensor) -> torch.Tensor:
@@ -145,7 +148,14 @@ def layer_errors(gm: fx.GraphModule, observed: fx.GraphModule, layers: list[str]
         node = nodes.get(name)
         before = _observer_before(node, observed_modules) if node is not None else None
         after = _observer_after(node, observed_modules) if node is not None else None
-        weight_qparams = _weight_qparams(static_weight[name], layer.weight)
+        # the calibrated grids and the weights on each grid, once per layer
+        static_w = fake_quantize(layer.weight, _weight_qparams(static_weight[name], layer.weight))
+        grid_in = before.qparams() if before is not None else None
+        grid_out = after.qparams() if after is not None else None
+        plain = type(layer) is nn.Linear
+        token_w = _per_token_weight(layer) if plain and "per_token" in fallbacks else None
+        dynamic_w = fake_quantize(layer.weight, _weight_qparams(dynamic_qconfig.weight, layer.weight)) \
+            if plain and "dynamic" in fallbacks else None
 
         def hook(mod: nn.Module, args: tuple, output: Any) -> None:
             x = args[0]
@@ -155,24 +165,19 @@ def layer_errors(gm: fx.GraphModule, observed: fx.GraphModule, layers: list[str]
             rows = (mask != 0) if mask is not None and tuple(x.shape[:2]) == tuple(mask.shape) else None
             acc = accumulators[name]
             acc.add_reference(output, rows)
-            if before is not None:
-                x_q = fake_quantize(x, before.qparams())
+            if grid_in is not None:
                 state["inside"] = True
                 try:
-                    y = functional_call(mod, {weight_key: fake_quantize(layer.weight, weight_qparams)},
-                                        (x_q,))
+                    y = functional_call(mod, {weight_key: static_w}, (fake_quantize(x, grid_in),))
                 finally:
                     state["inside"] = False
-                if after is not None:
-                    y = fake_quantize(y, after.qparams())
+                if grid_out is not None:
+                    y = fake_quantize(y, grid_out)
                 acc.add("static", output, y, rows)
-            if type(layer) is not nn.Linear:
-                return
-            if "per_token" in fallbacks:
-                acc.add("per_token", output, _after(mod, layer, _per_token_linear(layer, x)), rows)
-            if "dynamic" in fallbacks:
-                w = fake_quantize(layer.weight, _weight_qparams(dynamic_qconfig.weight, layer.weight))
-                y = nn.functional.linear(_dynamic_input(dynamic_qconfig.activation, x), w, layer.bias)
+            if token_w is not None:
+                acc.add("per_token", output, _after(mod, layer, _per_token_linear(layer, token_w, x)), rows)
+            if dynamic_w is not None:
+                y = nn.functional.linear(_dynamic_input(dynamic_qconfig.activation, x), dynamic_w, layer.bias)
                 acc.add("dynamic", output, _after(mod, layer, y), rows)
         return hook
 

@@ -17,7 +17,7 @@ from torch import fx, nn
 
 from qplug_core.fx.prepare import is_observer_module
 
-__all__ = ["observed_with"]
+__all__ = ["calibrated_observers", "observed_with"]
 
 _SAME = ("dtype", "quant_min", "quant_max", "qscheme", "ch_axis", "reduce_range", "is_dynamic")
 
@@ -39,30 +39,36 @@ def _alike(a: nn.Module, b: nn.Module) -> bool:
     return type(a) is type(b) and all(getattr(a, k, None) == getattr(b, k, None) for k in _SAME)
 
 
-def _copy_observers(observed: fx.GraphModule, calibrated: fx.GraphModule) -> bool:
-    """Copy every observer of ``observed`` from ``calibrated``; False if one has no like source."""
-    sources = _observers(calibrated)
+def calibrated_observers(calibrated: fx.GraphModule) -> dict[str, nn.Module]:
+    """observed value's name -> a copy of its calibrated observer: what :func:`observed_with`
+    needs, kept apart so the calibrated model itself can be converted in place."""
+    return {value: copy.deepcopy(calibrated.get_submodule(target))
+            for value, target in _observers(calibrated).items()}
+
+
+def _copy_observers(observed: fx.GraphModule, sources: dict[str, nn.Module]) -> bool:
+    """Copy every observer of ``observed`` from ``sources``; False if one has no like source."""
     for value, target in _observers(observed).items():
         module = observed.get_submodule(target)
         source = sources.get(value)
-        if source is None or not _alike(module, calibrated.get_submodule(source)):
+        if source is None or not _alike(module, source):
             return False
-        replacement = copy.deepcopy(calibrated.get_submodule(source))
+        replacement = copy.deepcopy(source)
         replacement.name = module.name
         observed.set_submodule(target, replacement)
     return True
 
 
-def observed_with(gm: fx.GraphModule, calibrated: fx.GraphModule, mapping: Any, inputs: tuple,
+def observed_with(gm: fx.GraphModule, sources: dict[str, nn.Module], mapping: Any, inputs: tuple,
                   batches: list[tuple], backend: Any, prepare_options: dict[str, Any]
                   ) -> fx.GraphModule:
-    """``gm`` prepared with ``mapping`` and calibrated: observers copied from ``calibrated``
-    (``gm`` prepared with another mapping and calibrated on ``batches``) where all have a like
-    counterpart, else by running ``batches``."""
+    """``gm`` prepared with ``mapping`` and calibrated: observers copied from ``sources`` (see
+    :func:`calibrated_observers`; ``gm`` prepared with another mapping and calibrated on
+    ``batches``) where all have a like counterpart, else by running ``batches``."""
     from qplug_core.flows import calibrate, prepare_fx
 
     observed = prepare_fx(gm, mapping, inputs, backend=backend, **prepare_options)
-    if not _copy_observers(observed, calibrated):
+    if not _copy_observers(observed, sources):
         observed = prepare_fx(gm, mapping, inputs, backend=backend, **prepare_options)
         calibrate(observed, batches, progress=False)
     return observed

@@ -185,7 +185,7 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                 strict: bool = False, prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
     """Quantize the fused float ``gm`` keeping the fewest layers out of static int8 for ``target``."""
     from qplug_core.algorithms.pipeline import quantize_fused
-    from qplug_core.algorithms.reuse import observed_with
+    from qplug_core.algorithms.reuse import calibrated_observers, observed_with
     from qplug_core.flows import calibrate, convert_fx, prepare_fx
 
     if not isinstance(target, Target):
@@ -206,6 +206,7 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
     weights = _static_weights(gm, mapping, layers)
     errors, reference = layer_errors(gm, calibrated, layers, evaluation, masks, static_weight=weights,
                                      dynamic_qconfig=dynamic, fallbacks=ladder)
+    sources = calibrated_observers(calibrated)  # the all-int8 convert consumes ``calibrated``
     embedding = target.score == "embedding" or (target.score == "auto"
                                                 and is_embedding_output(reference, masks))
     count = 0
@@ -217,9 +218,9 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         for fallback in ("float", "dynamic", "per_token"):
             chosen = [n for n, k in taken.items() if k == fallback]
             m = with_fallback(m, chosen, "dynamic" if fallback == "dynamic" else "float", backend, gm)
-        observed = calibrated if not taken else observed_with(gm, calibrated, m, inputs, batches,
+        observed = calibrated if not taken else observed_with(gm, sources, m, inputs, batches,
                                                               backend, options)
-        qmodel = convert_fx(observed, backend=backend, inplace=observed is not calibrated)
+        qmodel = convert_fx(observed, backend=backend, inplace=True)
         run_per_token(qmodel, [n for n, k in taken.items() if k == "per_token"],
                       simulate=not backend.kernels)
         return qmodel, score(qmodel, evaluation, reference, target.metric, masks,

@@ -95,14 +95,15 @@ class _Phases:
 
     def __init__(self) -> None:
         import copy
-        from qplug_core.flows import steps as flows
-        from qplug_core.flows import fuse, prepare, regions
+        from qplug_core.flows.steps import steps as flows
+        from qplug_core.flows.steps import fuse, pipeline, prepare, regions
         from qplug_core.nn import folding
         self.totals: dict[str, float] = {}
         self.patches = [
-            (copy, "deepcopy", "copy.deepcopy (model copy + BN folding copies)"),
-            (flows, "capture_module", "capture: symbolic trace"),
-            (flows, "fuse_graph", "fuse: fuse_graph"),
+            (copy, "deepcopy", "copy.deepcopy"),
+            (pipeline, "capture_for_quantization", "capture: symbolic trace"),
+            (pipeline, "detach_from", "capture: copy what the graph shares with the model"),
+            (pipeline, "fuse_graph", "fuse: fuse_graph"),
             (fuse, "find_matches", "fuse: find_matches"),
             (folding, "fold_bn_into_conv", "fuse: fold_bn_into_conv"),
             (flows, "_annotate", "annotate: ValueAnnotator run on example inputs"),

@@ -29,7 +29,7 @@ ranking = qp.sensitivity(cnn, images[0], images, backend="reference", qconfig_ma
 ranking.print()  # a table; ranking.to_dict() for JSON
 print("keeping this one float helps most:", ranking.layers[0].name)
 
-# 3. An accuracy target: the fewest layers leave static int8 (default fallback: dynamic int8).
+# 3. An accuracy target: the fewest layers leave static int8 (fallback: the CPU's ladder).
 bert = make_realistic_bert(seed=0, layers=1, hidden=64, heads=4, intermediate=128)
 g = torch.Generator().manual_seed(1)
 tokens = [(torch.randint(0, 1000, (2, 16), generator=g), torch.ones(2, 16)) for _ in range(3)]

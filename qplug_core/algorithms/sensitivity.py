@@ -41,9 +41,11 @@ class OutputScore:
     """Output agreement of a quantized model with float over the evaluation batches."""
 
     sqnr_db: float
-    cosine_mean: float  # per sample (first output dimension), then averaged
+    cosine_mean: float  # per sample (first output dimension, or its pooled embedding), averaged
     cosine_min: float
     metric: float | None = None
+    #: embedding scores: fraction of samples whose nearest other sample is unchanged
+    neighbours_kept: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (v if v is None or math.isfinite(v) else str(v)) for k, v in asdict(self).items()}
@@ -59,8 +61,13 @@ def first_tensor(output: Any) -> torch.Tensor:
 
 
 @torch.no_grad()
+def float_output(gm: nn.Module, batch: tuple) -> torch.Tensor:
+    """The first tensor ``gm`` returns for ``batch``, as float32 (what scores compare)."""
+    return first_tensor(gm(*batch)).detach().float()
+
+
 def float_outputs(gm: nn.Module, batches: list[tuple]) -> list[torch.Tensor]:
-    return [first_tensor(gm(*batch)).detach().float() for batch in batches]
+    return [float_output(gm, batch) for batch in batches]
 
 
 #: the input naming which tokens are padding (Hugging Face's convention): scores leave them out
@@ -87,26 +94,64 @@ def _without_padding(output: torch.Tensor, mask: torch.Tensor | None) -> torch.T
     return output * (mask != 0).reshape(*mask.shape, *([1] * (output.dim() - 2))).to(output.dtype)
 
 
+def is_embedding_output(reference: list[torch.Tensor], masks: list[torch.Tensor | None]) -> bool:
+    """Token states ``[batch, tokens, hidden]`` beside an attention mask: a sentence encoder,
+    whose users compare the mean-pooled, L2-normalised embedding (sentence-transformers)."""
+    return bool(reference) and all(
+        mask is not None and out.dim() == 3 and tuple(out.shape[:2]) == tuple(mask.shape)
+        for out, mask in zip(reference, masks))
+
+
+def pooled_embedding(output: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[batch, hidden]``: the mean over the real tokens, L2-normalised."""
+    weights = (mask != 0).unsqueeze(-1).to(torch.float64)
+    pooled = (output.double() * weights).sum(1) / weights.sum(1).clamp_min(1e-9)
+    return torch.nn.functional.normalize(pooled, dim=-1)
+
+
+def neighbours_kept(want: torch.Tensor, got: torch.Tensor) -> float | None:
+    """Fraction of rows of ``got`` whose nearest other row (cosine) is the same as in ``want``."""
+    if want.shape[0] < 3:
+        return None
+
+    def nearest(e: torch.Tensor) -> torch.Tensor:
+        sims = e @ e.T
+        sims.fill_diagonal_(-2.0)
+        return sims.argmax(1)
+
+    return float((nearest(want) == nearest(got)).double().mean())
+
+
 @torch.no_grad()
 def score(qmodel: nn.Module, batches: list[tuple], reference: list[torch.Tensor],
-          metric: Any = None, masks: list[torch.Tensor | None] | None = None) -> OutputScore:
+          metric: Any = None, masks: list[torch.Tensor | None] | None = None, *,
+          embedding: bool = False) -> OutputScore:
     """SQNR, per-sample cosine (mean, min) and the user metric of ``qmodel`` against ``reference``.
 
     ``masks`` (from :func:`padding_masks`) leave padded tokens out of the SQNR and the cosine;
-    the metric gets the outputs as the model returns them."""
+    with ``embedding=True`` (see :func:`is_embedding_output`) the cosines and the neighbour
+    agreement are those of the pooled embeddings. The metric gets the outputs as the model
+    returns them."""
     from qplug_core.analysis.layers import ErrorStats
 
-    stats, cosines, outputs = ErrorStats(), [], []
-    for batch, want, mask in zip(batches, reference, masks or [None] * len(batches)):
+    masks = masks or [None] * len(batches)
+    stats, cosines, outputs, pooled = ErrorStats(), [], [], ([], [])
+    for batch, want, mask in zip(batches, reference, masks):
         got = first_tensor(qmodel(*batch)).detach().float()
         outputs.append(got)
         want_real, got_real = _without_padding(want, mask), _without_padding(got, mask)
         stats.update(want_real, got_real)
-        rows_w, rows_g = want_real.reshape(want.shape[0], -1), got_real.reshape(got.shape[0], -1)
+        if embedding:
+            rows_w, rows_g = pooled_embedding(want, mask), pooled_embedding(got, mask)
+            pooled[0].append(rows_w)
+            pooled[1].append(rows_g)
+        else:
+            rows_w, rows_g = want_real.reshape(want.shape[0], -1), got_real.reshape(got.shape[0], -1)
         cosines.append(torch.nn.functional.cosine_similarity(rows_w.double(), rows_g.double(), dim=1))
     cos = torch.cat(cosines)
     value = float(metric(reference, outputs)) if metric is not None else None
-    return OutputScore(stats.sqnr_db, float(cos.mean()), float(cos.min()), value)
+    kept = neighbours_kept(torch.cat(pooled[0]), torch.cat(pooled[1])) if embedding else None
+    return OutputScore(stats.sqnr_db, float(cos.mean()), float(cos.min()), value, kept)
 
 
 def quantized_layers(gm: fx.GraphModule, mapping: QConfigMapping) -> list[str]:

@@ -37,6 +37,11 @@ __all__ = ["ALPHAS", "SmoothedInput", "smooth_quant"]
 #: migration strengths tried for every input (None: leave the input as it is)
 ALPHAS: tuple[float | None, ...] = (None, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 _SAMPLE_ROWS = 2048
+#: the strength search scores every 8th recorded row: each candidate runs the activation observer
+#: (a histogram by default) over them, and 256 rows spread over the first batches rank the
+#: strengths at an eighth of the cost (with all 2,048 rows the search took half of qp.quantize's
+#: time on all-MiniLM-L6-v2; its held-out embedding figures stay within 0.0002)
+_SEARCH_STRIDE = 8
 _MIN_SCALE = 1e-5
 
 
@@ -146,7 +151,7 @@ def smooth_quant(gm: fx.GraphModule, calibration_data: Any, *, qconfig_mapping: 
             if recorder.absmax is None:
                 continue
             layers = [(layer_of(gm, node), qconfig) for node, qconfig in members]
-            rows = torch.cat(recorder.rows)
+            rows = torch.cat(recorder.rows)[::_SEARCH_STRIDE]
             weights = torch.cat([layer.weight.detach() for layer, _ in layers])
             scored = []
             for alpha in alphas:

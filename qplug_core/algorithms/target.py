@@ -1,12 +1,19 @@
 """Accuracy targets: ``qp.quantize(..., target=qp.Target(cosine=0.99))``.
 
-The model is quantized fully int8 first; if its output misses the target, each weighted layer
-(or role group, see :mod:`.sensitivity`) is measured with only itself taken out of static int8,
-and layers are taken out in order of what that buys until the target is met, so the fewest
-layers leave int8. "Taken out" is ``fallback="dynamic"`` by default: a Linear keeps int8 weights
-and quantizes its input at run time with a float output (no calibrated output scale to crush a
-residual stream's outlier channels), anything else stays float; ``fallback="float"`` keeps them
-all float. The result records which layers and why in ``qmodel.meta["qplug_target"]``.
+The cost is a small multiple of one plain quantization. The fused graph is prepared and calibrated
+ONCE; the all-int8 model is converted and scored. If it misses the target, one pass of the float
+model over the evaluation data measures every weighted layer's local error under static int8 and
+under each fallback (:mod:`.layer_errors`, using the calibrated observers), layers (or role groups,
+see :mod:`.sensitivity`) are ranked by that error, and the worst 1, 2, 4, ... groups are taken out
+until the converted model meets the target. Each try reuses the calibrated observers
+(:mod:`.reuse`): prepare and convert, no calibration.
+
+"Taken out" means the first rung of this CPU's fallback ladder (:mod:`.fallbacks`: per-token
+dynamic where the CPU has VNNI, per-tensor dynamic, float) whose local error is as small as a
+typical (median) static int8 layer's; ``fallback="float"``, ``"dynamic"`` or ``"per_token"``
+forces one. For a sentence encoder (token states beside an ``attention_mask``) the cosines are
+those of the embedding its users compare (mean-pooled over the mask, L2-normalised) and the
+result reports nearest-neighbour agreement. The decisions are in ``qmodel.meta["qplug_target"]``.
 """
 
 from __future__ import annotations
@@ -15,14 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import fx
+from torch import fx, nn
 
+from qplug_core.algorithms.fallbacks import fallback_ladder, run_per_token
+from qplug_core.algorithms.layer_errors import LayerError, layer_errors
 from qplug_core.algorithms.sensitivity import (
-    FALLBACKS,
     GROUPS,
     OutputScore,
-    float_outputs,
     group_layers,
+    is_embedding_output,
     padding_masks,
     quantized_layers,
     role_name,
@@ -36,13 +44,21 @@ from qplug_core.flows.tags import TARGET
 __all__ = ["TARGET", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_target"]
 
 
+#: the values of ``Target.fallback``: "auto" climbs this CPU's ladder (:mod:`.fallbacks`)
+TARGET_FALLBACKS = ("auto", "per_token", "dynamic", "float")
+#: the values of ``Target.score``: "auto" scores a sentence encoder by its pooled embedding
+SCORES = ("auto", "embedding", "output")
+
+
 @dataclass(frozen=True)
 class Target:
     """What the quantized model's output must reach against float, on ``data`` (default: the
     calibration data): mean per-sample ``cosine``, worst-sample ``min_cosine``, output ``sqnr``
     in dB, and/or ``metric(reference_outputs, quantized_outputs) >= minimum``. When the model
     has an ``attention_mask`` input (Hugging Face's convention), padded tokens are left out of
-    the cosine and the SQNR: nothing downstream reads them.
+    the cosine and the SQNR: nothing downstream reads them; with token states as output
+    (``score="auto"`` or ``"embedding"``) the cosines are those of the mean-pooled, L2-normalised
+    embeddings, as sentence-transformers computes them (``score="output"``: the raw output).
     """
 
     cosine: float | None = None
@@ -51,8 +67,9 @@ class Target:
     metric: Callable[[list, list], float] | None = None
     minimum: float | None = None
     data: Any = None
-    fallback: str = "dynamic"
+    fallback: str = "auto"
     group: str = "role"
+    score: str = "auto"
 
     def __post_init__(self) -> None:
         if all(v is None for v in (self.cosine, self.min_cosine, self.sqnr, self.metric)):
@@ -69,12 +86,11 @@ class Target:
             if value is not None and not -1.0 <= value <= 1.0:
                 raise ConfigValidationError(f"Target.{name} must be in [-1, 1], got {value}",
                                             field=name, value=value)
-        if self.fallback not in FALLBACKS:
-            raise ConfigValidationError(f"Target.fallback must be one of {FALLBACKS}, got "
-                                        f"{self.fallback!r}", field="fallback", value=self.fallback)
-        if self.group not in GROUPS:
-            raise ConfigValidationError(f"Target.group must be one of {GROUPS}, got {self.group!r}",
-                                        field="group", value=self.group)
+        for name, allowed in (("fallback", TARGET_FALLBACKS), ("group", GROUPS), ("score", SCORES)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigValidationError(f"Target.{name} must be one of {allowed}, got {value!r}",
+                                            field=name, value=value)
 
     def misses(self, s: OutputScore) -> list[str]:
         """Which criteria ``s`` fails, as readable text (empty: the target is met)."""
@@ -83,17 +99,20 @@ class Target:
         return [f"{name} {got:.4g} < {want:.4g}" for name, want, got in checks
                 if want is not None and not got >= want]
 
+    def ladder(self) -> tuple[str, ...]:
+        """The fallbacks a layer out of static int8 may take, best first."""
+        return fallback_ladder() if self.fallback == "auto" else (self.fallback,)
 
-#: what ``recipe="auto"`` aims for on a transformer when no target is given (on calibration data)
-#: Tighter than the figures users are promised (0.99 / 0.98 on unseen sentences): on
-#: all-MiniLM-L6-v2 a 0.99 target keeps 91-94% of nearest neighbours depending on the sentence
-#: split, 0.997 keeps 92-98% at the same speed (the FFN's two linears go dynamic instead of one).
-TRANSFORMER_TARGET = Target(cosine=0.997, min_cosine=0.99)
+
+#: what ``recipe="auto"`` aims for on a transformer when no target is given (on calibration data,
+#: scored on the pooled embedding for a sentence encoder): tighter than what users are promised
+#: on sentences calibration never saw (0.995 / 0.99, 92% of nearest neighbours).
+TRANSFORMER_TARGET = Target(cosine=0.998, min_cosine=0.995)
 
 
 @dataclass
 class Decision:
-    """Layers taken out of static int8, how, and what taking them out alone measured."""
+    """Layers taken out of static int8, how, and the local errors that ranked them."""
 
     name: str
     layers: tuple[str, ...]
@@ -103,7 +122,10 @@ class Decision:
 
 @dataclass
 class TargetResult:
-    """Whether the target was met, the final score, and the layers taken out of static int8."""
+    """Whether the target was met, the final score, and the layers taken out of static int8.
+
+    ``quantizations`` counts the converted models (calibration ran once); ``errors`` are the
+    local errors measured for every layer (empty when the all-int8 model met the target)."""
 
     target: Target
     met: bool
@@ -111,17 +133,11 @@ class TargetResult:
     final: OutputScore
     decisions: list[Decision] = field(default_factory=list)
     quantizations: int = 0
+    errors: list[LayerError] = field(default_factory=list)
 
     @property
     def float_layers(self) -> list[str]:
         return [name for d in self.decisions for name in d.layers]
-
-
-def _improves(alone: OutputScore, base: OutputScore) -> bool:
-    """Whether taking a layer out alone moved any score above the all-int8 model's."""
-    pairs = [(alone.cosine_mean, base.cosine_mean), (alone.cosine_min, base.cosine_min),
-             (alone.sqnr_db, base.sqnr_db), (alone.metric, base.metric)]
-    return any(a is not None and b is not None and a > b for a, b in pairs)
 
 
 def _parse(data: Any) -> list[tuple] | None:
@@ -131,74 +147,147 @@ def _parse(data: Any) -> list[tuple] | None:
     return list(iter_batches(data))
 
 
+def _scored_ancestors(gm: fx.GraphModule) -> set[str]:
+    """Names of the nodes the scored output (the first tensor returned) depends on."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    leaves: list[fx.Node] = []
+    fx.node.map_arg(output.args, leaves.append)
+    seen: set[str] = set()
+    stack = leaves[:1]
+    while stack:
+        node = stack.pop()
+        if node.name not in seen:
+            seen.add(node.name)
+            stack.extend(node.all_input_nodes)
+    return seen
+
+
+def _rung(errors: list[LayerError], ladder: tuple[str, ...], threshold: float) -> str:
+    """The first fallback whose local error on every layer of a group is at most ``threshold``."""
+    for rung in ladder:
+        if rung == "float":
+            return rung
+        values = [e.errors.get(rung) for e in errors]
+        if all(v is not None and v <= threshold for v in values):
+            return rung
+    return "float"
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2] if ordered else 0.0
+
+
 def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend: Any,
                 mapping: QConfigMapping, target: Target, *, progress: bool | None = None,
                 strict: bool = False, prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
     """Quantize the fused float ``gm`` keeping the fewest layers out of static int8 for ``target``."""
     from qplug_core.algorithms.pipeline import quantize_fused
+    from qplug_core.algorithms.reuse import calibrated_observers, observed_with
+    from qplug_core.flows.steps import calibrate, convert_fx, prepare_fx
 
     if not isinstance(target, Target):
         raise ConfigValidationError(f"target must be a qp.Target, got {type(target).__name__}",
                                     field="target", value=target)
+    options = prepare_options or {}
     evaluation = _parse(target.data) or batches
-    reference, masks = float_outputs(gm, evaluation), padding_masks(gm, evaluation)
+    masks = padding_masks(gm, evaluation)
+    layers = quantized_layers(gm, mapping)
+    scored = _scored_ancestors(gm)
+    names = {n.target: n.name for n in gm.graph.nodes if n.op == "call_module"}
+    layers = [name for name in layers if names.get(name) in scored]
+    ladder = target.ladder()
+
+    calibrated = prepare_fx(gm, mapping, inputs, backend=backend, **options)
+    calibrate(calibrated, batches, progress=progress)
+    dynamic = backend.default_qconfig_mapping("dynamic").qconfig_for_module("", nn.Linear)
+    weights = _static_weights(gm, mapping, layers)
+    errors, reference = layer_errors(gm, calibrated, layers, evaluation, masks, static_weight=weights,
+                                     dynamic_qconfig=dynamic, fallbacks=ladder)
+    sources = calibrated_observers(calibrated)  # the all-int8 convert consumes ``calibrated``
+    embedding = target.score == "embedding" or (target.score == "auto"
+                                                and is_embedding_output(reference, masks))
     count = 0
 
-    final_mapping = mapping
-
-    def run(m: QConfigMapping) -> tuple[fx.GraphModule, OutputScore]:
-        nonlocal count, final_mapping
+    def run(taken: dict[str, str]) -> tuple[fx.GraphModule, OutputScore, QConfigMapping]:
+        nonlocal count
         count += 1
-        final_mapping = m
-        qmodel = quantize_fused(gm, inputs, batches, backend, m, progress=progress,
-                                prepare_options=prepare_options)
-        return qmodel, score(qmodel, evaluation, reference, target.metric, masks)
-
-    def out_of_int8(kinds: dict[str, str]) -> QConfigMapping:
         m = mapping
-        for fallback in FALLBACKS:
-            m = with_fallback(m, [n for n, k in kinds.items() if k == fallback], fallback, backend, gm)
-        return m
+        for fallback in ("float", "dynamic", "per_token"):
+            chosen = [n for n, k in taken.items() if k == fallback]
+            m = with_fallback(m, chosen, "dynamic" if fallback == "dynamic" else "float", backend, gm)
+        observed = calibrated if not taken else observed_with(gm, sources, m, inputs, batches,
+                                                              backend, options)
+        qmodel = convert_fx(observed, backend=backend, inplace=True)
+        run_per_token(qmodel, [n for n, k in taken.items() if k == "per_token"],
+                      simulate=not backend.kernels)
+        return qmodel, score(qmodel, evaluation, reference, target.metric, masks,
+                             embedding=embedding), m
 
-    def run_with_fallback(layers: list[str], kinds: dict[str, str]) -> tuple[Any, OutputScore, str]:
-        """Quantize with ``layers`` out of int8; a dynamic fallback the flow cannot build (a
-        dynamic linear fed by a tensor that static int8 ops around it quantize) becomes float."""
-        fallback = target.fallback
+    def run_with_fallback(taken: dict[str, str]) -> tuple[fx.GraphModule, OutputScore, QConfigMapping]:
+        """A dynamic linear the flow cannot build (fed by a tensor that static int8 ops around
+        it quantize) becomes float."""
         try:
-            return (*run(out_of_int8({**kinds, **dict.fromkeys(layers, fallback)})), fallback)
+            return run(taken)
         except QplugError:
-            if fallback == "float":
+            if "dynamic" not in taken.values():
                 raise
-        return (*run(out_of_int8({**kinds, **dict.fromkeys(layers, "float")})), "float")
+        for name, kind in taken.items():
+            if kind == "dynamic":
+                taken[name] = "float"
+        return run(taken)
 
-    qmodel, base = run(mapping)
-    result = TargetResult(target, not target.misses(base), base, base)
+    qmodel, base, final_mapping = run({})
+    result = TargetResult(target, not target.misses(base), base, base, quantizations=0, errors=errors)
     if not result.met:
-        measured = []
-        for layers in group_layers(quantized_layers(gm, mapping), target.group):
-            _, alone, fallback = run_with_fallback(layers, {})
-            measured.append((alone, layers, fallback))
-        measured.sort(key=lambda item: (len(target.misses(item[0])), -item[0].cosine_mean,
-                                        -item[0].sqnr_db))
-        taken: dict[str, str] = {}
-        for alone, layers, fallback in measured:
-            if not _improves(alone, base):  # e.g. a layer whose output the scored output never reads
-                continue
-            taken.update(dict.fromkeys(layers, fallback))
-            result.decisions.append(Decision(
-                role_name(layers), tuple(layers), fallback,
-                f"alone out of int8: cosine {alone.cosine_mean:.4f} (all int8 {base.cosine_mean:.4f}), "
-                f"SQNR {alone.sqnr_db:.1f} dB (all int8 {base.sqnr_db:.1f})"))
-            qmodel, result.final = run(out_of_int8(taken))
-            if not target.misses(result.final):
-                result.met = True
-                break
+        by_name = {e.name: e for e in errors}
+        static = {n: by_name[n].errors.get("static", 0.0) for n in layers}
+
+        def group_static(g: list[str]) -> float:
+            return sum(static[n] for n in g) / len(g)
+
+        # candidates: the groups worse than the median layer (taking out the rest buys little,
+        # and taking out everything would leave nothing int8), worst first
+        median = _median(list(static.values()))
+        ranked = sorted((g for g in group_layers(layers, target.group) if group_static(g) > median),
+                        key=lambda g: -group_static(g))
+        k = 1
+        while k <= len(ranked) and not result.met:
+            out = ranked[:k]
+            gone = {n for g in out for n in g}
+            # a fallback must leave a layer no worse than the worst one staying in static int8
+            bar = max((static[n] for n in layers if n not in gone), default=0.0)
+            taken = {n: _rung([by_name[m] for m in g], ladder, bar) for g in out for n in g}
+            qmodel, result.final, final_mapping = run_with_fallback(taken)
+            result.met = not target.misses(result.final)
+            result.decisions = [Decision(
+                role_name(g), tuple(g), taken[g[0]],
+                f"local static int8 error {group_static(g):.2e}; as {taken[g[0]]}: "
+                f"{_group_error([by_name[n] for n in g], taken[g[0]]):.2e} (worst layer left in "
+                f"static int8: {bar:.2e})") for g in out]
+            k = min(2 * k, len(ranked)) if k < len(ranked) else k + 1
     result.quantizations = count
     if not result.met:
         warn_user(f"qplug: accuracy target not met even with {len(result.float_layers)} layer(s) "
                   f"out of static int8: {'; '.join(target.misses(result.final))}")
     if strict:  # the same ConfigValidationError as qp.quantize(strict=True) if anything is float
         qmodel = quantize_fused(gm, inputs, batches, backend, final_mapping, progress=progress,
-                                strict=True, prepare_options=prepare_options)
+                                strict=True, prepare_options=options)
     qmodel.meta[TARGET] = result
     return qmodel
+
+
+def _group_error(errors: list[LayerError], rung: str) -> float:
+    return 0.0 if rung == "float" else sum(e.errors.get(rung, 0.0) for e in errors) / len(errors)
+
+
+def _static_weights(gm: fx.GraphModule, mapping: QConfigMapping, layers: list[str]) -> dict[str, Any]:
+    """layer name -> the weight observer factory ``mapping`` gives it."""
+    from qplug_core.flows.regions import CallCounter, resolve_qconfig
+
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    wanted, counter, found = set(layers), CallCounter(), {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and node.target in wanted and node.target not in found:
+            found[node.target] = resolve_qconfig(mapping, node, modules, counter).weight
+    return found

@@ -66,10 +66,13 @@ def fuse_graph(gm: fx.GraphModule, backend, *, is_qat: bool) -> list[FusionRecor
 def _delete_fused_away_modules(gm: fx.GraphModule, candidates: set[str]) -> None:
     """Drop the submodules fusion made unreachable (bn, relu), as torch.ao's GraphModule does, so
     the state_dict carries no stale BatchNorm tensors and their hooks cannot fire."""
-    used = [n.target for n in gm.graph.nodes if n.op in ("call_module", "get_attr")]
-    for name in sorted(candidates):
-        if not any(u == name or u.startswith(name + ".") for u in used):
-            gm.delete_submodule(name)
+    reachable = set()  # every used target and each of its parents: one pass, not one per module
+    for node in gm.graph.nodes:
+        if node.op in ("call_module", "get_attr"):
+            parts = node.target.split(".")
+            reachable.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    for name in sorted(candidates - reachable):
+        gm.delete_submodule(name)
 
 
 def _unique_in_graph_order(gm: fx.GraphModule, matches: Mapping[str, Match]) -> list[Match]:

@@ -26,6 +26,7 @@ from qplug_core.flows.raise_aten import remove_inference_noops
 from qplug_core.flows.shared_modules import untie_shared_modules
 from qplug_core.flows.tags import FUSIONS
 from qplug_core.flows.capture import capture_for_quantization
+from qplug_core.nn.copying import detach_from
 from qplug_core.passes import PassManager
 
 if TYPE_CHECKING:
@@ -82,12 +83,17 @@ def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inpl
     if not isinstance(model, nn.Module):
         raise ConfigValidationError(f"model must be a torch.nn.Module or an ExportedProgram, got "
                                     f"{type(model).__name__}", field="model", value=type(model).__name__)
+    options = {"level": capture, "leaf_modules": leaf_module_classes(),
+               "non_traceable_module_names": non_traceable_module_names,
+               "non_traceable_module_classes": non_traceable_module_classes}
     with gc_paused():
-        source = model if inplace else copy.deepcopy(model)
-        return capture_for_quantization(source, example_inputs, level=capture,
-                                        leaf_modules=leaf_module_classes(),
-                                        non_traceable_module_names=non_traceable_module_names,
-                                        non_traceable_module_classes=non_traceable_module_classes)
+        if inplace or isinstance(model, fx.GraphModule):  # a graph is returned as is: copy it whole
+            return capture_for_quantization(model if inplace else copy.deepcopy(model),
+                                            example_inputs, **options)
+        # capture only reads the model; then copy what the graph shares with it (nn/copying.py)
+        gm = capture_for_quantization(model, example_inputs, **options)
+        detach_from(model, gm)
+        return gm
 
 
 def fuse_model(model: nn.Module, chosen: Backend, example_inputs: tuple | None = None, *,

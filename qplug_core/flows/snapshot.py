@@ -25,11 +25,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, eq=False)
 class ReferenceSnapshot:
     """``graph_module`` in reference form, converted for ``backend`` with these ``plugins``
-    (name, dist, version of each contributing one: recorded now, the file says them later)."""
+    (name, dist, version of each contributing one: recorded now, the file says them later);
+    ``per_token_layers``: float linears swapped for per-token dynamic ones after convert (an
+    accuracy target's fallback), which ``qp.load`` swaps in again."""
 
     graph_module: fx.GraphModule
     backend: str
     plugins: tuple[dict[str, str | None], ...]
+    per_token_layers: tuple[str, ...] = ()
 
 
 def keep_snapshot(gm: fx.GraphModule, backend: Backend) -> None:

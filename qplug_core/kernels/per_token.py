@@ -32,8 +32,12 @@ from qplug_core.errors import ConfigValidationError, warn_user
 from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, safe_weight_range
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 
-__all__ = ["PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_usable", "per_token_quantize",
-           "onednn_is_exact", "symmetric_per_channel_int8", "weight_qmax"]
+__all__ = ["PER_TOKEN_LAYERS", "PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_is_exact",
+           "onednn_usable", "per_token_quantize", "swap_in_per_token", "symmetric_per_channel_int8",
+           "weight_qmax"]
+
+#: key of a saved model's document listing the float linears that run per-token dynamic
+PER_TOKEN_LAYERS = "per_token"
 
 QMAX = 127  # symmetric [-127, 127]: -128 is never produced, so negation is exact
 _EPS = torch.finfo(torch.float32).eps
@@ -353,3 +357,29 @@ class PerTokenDynamicLinear(nn.Module):
         kind = "simulated" if self.simulate else self.gemm
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, {kind}")
+
+
+def swap_in_per_token(gm: nn.Module, layers: list[str], *, simulate: bool) -> list[str]:
+    """Replace the float ``nn.Linear`` modules ``layers`` of a converted model (or the linear
+    inside a fused ``LinearReLU``) by per-token dynamic ones sharing one input cache, so that
+    q/k/v quantize their common input once; returns the names replaced. A name that is not a
+    float linear raises :class:`ConfigValidationError`."""
+    from qplug_core.nn.intrinsic import FusedModule
+
+    shared, replaced = SharedInput(), []
+    for name in layers:
+        try:
+            module = gm.get_submodule(name)
+        except AttributeError as error:
+            raise ConfigValidationError(f"no module {name!r} to run per-token dynamic",
+                                        field="layers", value=name) from error
+        if isinstance(module, FusedModule) and len(module) and type(module[0]) is nn.Linear:
+            name, module = f"{name}.0", module[0]  # LinearReLU: its linear, then its ReLU
+        if type(module) is not nn.Linear:
+            raise ConfigValidationError(f"{name!r} is a {type(module).__name__}, not a float "
+                                        "nn.Linear: it cannot run per-token dynamic",
+                                        field="layers", value=name)
+        gm.set_submodule(name, PerTokenDynamicLinear.from_float(module, simulate=simulate,
+                                                                shared=shared))
+        replaced.append(name)
+    return replaced

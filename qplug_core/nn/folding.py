@@ -12,13 +12,13 @@ One int8 kernel then computes both ops, with one rounding instead of two.
 
 from __future__ import annotations
 
-import copy
 from typing import TypeVar
 
 import torch
 from torch import nn
 
 from qplug_core.errors import ConfigValidationError
+from qplug_core.nn.copying import copy_module
 
 __all__ = ["bn_scale", "fold_bn_into_conv", "fold_bn_into_linear", "fold_bn_weights"]
 
@@ -89,7 +89,7 @@ def _check_foldable(op: nn.Module, bn: nn.Module, out_channels: int) -> None:
 
 
 def _fold(op: ModuleT, bn: nn.Module, *, transposed: bool, groups: int) -> ModuleT:
-    fused = copy.deepcopy(op)
+    fused = copy_module(op)
     weight, bias = fold_bn_weights(
         op.weight.detach(), None if op.bias is None else op.bias.detach(),
         bn.running_mean, bn.running_var, bn.eps,

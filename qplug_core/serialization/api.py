@@ -25,6 +25,7 @@ from qplug_core.errors import (
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import CAPTURE
+from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.serialization.artifact import (
     Artifact,
     artifact_of,
@@ -96,6 +97,10 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) 
     except Exception as exc:  # a tampered graph must not crash deep inside lowering
         raise SerializationError(f"{source}: lowering to backend {chosen.name!r} failed: "
                                  f"{type(exc).__name__}: {exc}", path=str(source)) from exc
+    try:
+        swap_in_per_token(gm, artifact.model.get(PER_TOKEN_LAYERS, []), simulate=not chosen.kernels)
+    except ConfigError as exc:
+        raise SerializationError(f"{source}: {exc}", path=str(source)) from exc
     name, contributors = backend_identity(chosen)
     gm.meta[ARTIFACT] = replace(artifact, backend=name, plugins=contributors)
     return gm

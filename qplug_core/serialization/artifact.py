@@ -9,7 +9,7 @@ lowering (:mod:`qplug_core.flows.snapshot`); :func:`artifact_of` encodes it when
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -23,16 +23,18 @@ from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.flows.fuse import FusionRecord
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import ARTIFACT, CAPTURE, FUSIONS, KERNEL, STATE
+from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
 
 FORMAT = "qplug"
 SCHEMA_VERSION = 1
 TOP_KEYS = ("format", "schema_version", "backend", "plugins", "versions", "model")
-MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions", "capture")
-#: model keys every file has (``capture`` came later: a file without it was captured symbolically
-#: or does not say)
-REQUIRED_MODEL_KEYS = MODEL_KEYS[:-1]
+MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions")
+#: written only when present, or added later (a file without ``capture`` was captured symbolically
+#: or does not say): the capture level, and the float linears the model runs per-token dynamic
+#: (a target search put them there after convert; ``load`` swaps them in again)
+OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS)
 CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 
@@ -103,9 +105,12 @@ def artifact_of(qmodel: object) -> Artifact | str | None:
     if snapshot is None:
         return None
     try:
-        return capture_artifact(snapshot.graph_module, snapshot.backend, snapshot.plugins)
+        artifact = capture_artifact(snapshot.graph_module, snapshot.backend, snapshot.plugins)
     except SerializationError as exc:
         return str(exc)
+    if not snapshot.per_token_layers:
+        return artifact
+    return replace(artifact, model={**artifact.model, PER_TOKEN_LAYERS: list(snapshot.per_token_layers)})
 
 
 def fusion_records(artifact: Artifact) -> list[FusionRecord]:
@@ -136,10 +141,14 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     plugins = tuple(_read_plugin(p, child("plugins", i))
                     for i, p in enumerate(expect(doc["plugins"], list, "plugins", "a JSON list")))
     expect(doc["versions"], dict, "versions", "a JSON object")
-    model = read_fields(doc["model"], "model", MODEL_KEYS, required=REQUIRED_MODEL_KEYS)
+    model = read_fields(doc["model"], "model", MODEL_KEYS + OPTIONAL_MODEL_KEYS, required=MODEL_KEYS)
     if model.get("capture", "symbolic") not in CAPTURES:
         raise ConfigError(f"model.capture must be one of {', '.join(CAPTURES)}, got "
                           f"{model['capture']!r}", field="model.capture", value=model["capture"])
+    if PER_TOKEN_LAYERS in model:
+        path = f"model.{PER_TOKEN_LAYERS}"
+        for i, name in enumerate(expect(model[PER_TOKEN_LAYERS], list, path, "a JSON list")):
+            expect(name, str, child(path, i), "a module name")
     expect(model["training"], bool, "model.training", "true or false")
     expect(model["mode"], str, "model.mode", "a quantization mode")
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):

@@ -69,7 +69,8 @@ def test_target_keeps_exactly_the_sensitive_layer_float():
     result = qmodel.meta[TARGET]
     assert result.met and result.float_layers == ["fc1"]
     assert result.all_int8.sqnr_db < 25 <= result.final.sqnr_db
-    assert "alone out of int8" in result.decisions[0].reason
+    assert "local static int8 error" in result.decisions[0].reason
+    assert result.quantizations == 2  # all int8, then fc1 out: one calibration for both
     assert set(qp.quantization_report(qmodel).quantized) == {"fc2", "fc3"}
     with torch.no_grad():  # the figure holds on data the search did not see
         held = _data(6)[4:]
@@ -80,7 +81,7 @@ def test_target_keeps_exactly_the_sensitive_layer_float():
 def test_dynamic_fallback_keeps_int8_weights_with_a_float_output():
     data = _data()
     qmodel = qp.quantize(_OutlierOutput().eval(), data[0], data, backend="reference",
-                         target=qp.Target(cosine=0.999, group="layer"))
+                         target=qp.Target(cosine=0.999, group="layer", fallback="dynamic"))
     result = qmodel.meta[TARGET]
     assert result.met and result.float_layers == ["fc2"] and result.decisions[0].fallback == "dynamic"
     assert result.all_int8.cosine_mean < 0.999 <= result.final.cosine_mean
@@ -189,3 +190,109 @@ def test_an_unreachable_target_never_takes_out_a_layer_that_buys_nothing():
     result = qmodel.meta[TARGET]
     assert not result.met and "fc1" in result.float_layers
     assert "side" not in result.float_layers
+
+
+@pytest.mark.parametrize("flags,expected", [("avx2 avx512f avx512bw avx512_vnni", "per_token"),
+                                            ("fpu sse2 avx avx2 fma", "dynamic")])
+def test_the_fallback_ladder_follows_the_cpu(tmp_path, flags, expected):
+    """With VNNI the layer goes per-token dynamic (fast there); without, per-tensor dynamic
+    (per-token's GEMM is 25x fp32 there). Either way the target holds on held-out data."""
+    from qplug_core.algorithms import fallbacks
+    from qplug_core.kernels.per_token import PerTokenDynamicLinear
+
+    from qplug_core.plugin_api import override_cpu_flags
+
+    data = _data()
+    model = _OutlierOutput().eval()
+    with override_cpu_flags(flags):
+        assert fallbacks.fallback_ladder()[0] == expected and fallbacks.fallback_ladder()[-1] == "float"
+        qmodel = qp.quantize(model, data[0], data, backend="reference",
+                             target=qp.Target(cosine=0.999, group="layer"))
+    result = qmodel.meta[TARGET]
+    assert result.met and result.float_layers == ["fc2"] and result.decisions[0].fallback == expected
+    assert isinstance(qmodel.get_submodule("fc2"), PerTokenDynamicLinear) == (expected == "per_token")
+    qp.save(qmodel, tmp_path / "model.qplug")  # the per-token layer comes back on load
+    loaded = qp.load(tmp_path / "model.qplug")
+    assert type(loaded.get_submodule("fc2")) is type(qmodel.get_submodule("fc2"))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(*data[0]), qmodel(*data[0]), rtol=0, atol=0)
+    with torch.no_grad():
+        held = _data(6)[4:]
+        want = torch.cat([model(*b) for b in held])
+        got = torch.cat([qmodel(*b) for b in held])
+    assert torch.nn.functional.cosine_similarity(want, got, dim=1).mean() > 0.999
+
+
+def test_a_rung_whose_local_error_stays_high_is_skipped_for_float(monkeypatch):
+    """fc1's input outlier (1000x) crushes a per-batch dynamic grid as much as the static one:
+    the ladder (dynamic, float) on a CPU without VNNI takes fc1 to float."""
+    from qplug_core.algorithms import fallbacks
+
+    monkeypatch.setattr(fallbacks, "cpu_has_vnni", lambda: False)
+    data = _data()
+    qmodel = qp.quantize(_OutlierInput().eval(), data[0], data, backend="reference",
+                         target=qp.Target(sqnr=25, group="layer"))
+    result = qmodel.meta[TARGET]
+    assert result.met and result.float_layers == ["fc1"] and result.decisions[0].fallback == "float"
+    errors = {e.name: e.errors for e in result.errors}
+    assert errors["fc1"]["dynamic"] > errors["fc2"]["static"]
+
+
+def test_the_search_calibrates_once_and_reuses_the_observers(monkeypatch):
+    from qplug_core.flows import steps as flows
+
+    calls = []
+    original = flows.calibrate
+    monkeypatch.setattr(flows, "calibrate", lambda *a, **k: calls.append(1) or original(*a, **k))
+    data = _data()
+    qmodel = qp.quantize(_OutlierInput().eval(), data[0], data, backend="reference",
+                         target=qp.Target(sqnr=25, fallback="float", group="layer"))
+    result = qmodel.meta[TARGET]
+    assert result.met and result.quantizations == 2 and len(calls) == 1
+    # the reused observers are the calibrated ones: the same model as a fresh calibration gives
+    mapping = qp.get_default_qconfig_mapping("reference").set_module_name("fc1", None)
+    fresh = qp.quantize(_OutlierInput().eval(), data[0], data, backend="reference",
+                        qconfig_mapping=mapping, recipe="none")
+    with torch.no_grad():
+        torch.testing.assert_close(qmodel(*data[0]), fresh(*data[0]), rtol=0, atol=0)
+
+
+class _Encoder(nn.Module):
+    """Token states [batch, tokens, hidden] beside an attention mask, as a sentence encoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding, self.fc = nn.Embedding(20, 8), nn.Linear(8, 8)
+
+    def forward(self, input_ids, attention_mask):
+        return self.fc(self.embedding(input_ids)) * attention_mask.unsqueeze(-1)
+
+
+def test_an_encoder_is_scored_by_its_pooled_embedding_and_neighbours():
+    from qplug_core.algorithms.sensitivity import float_outputs, padding_masks, score
+
+    gm = torch.fx.symbolic_trace(_Encoder().eval())
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+    batches = [(torch.randint(0, 20, (4, 4), generator=g), mask)]
+    reference = float_outputs(gm, batches)
+    noise = torch.randn(4, 4, 8, generator=g) * 0.05
+
+    def quantized(ids, attention_mask):
+        return gm(ids, attention_mask) + noise
+
+    got = score(quantized, batches, reference, masks=padding_masks(gm, batches), embedding=True)
+    # the sentence-transformers embedding, computed here in float64 from its definition
+    out = reference[0].double()
+    weights = mask.unsqueeze(-1).double()
+
+    def pooled(t):
+        return torch.nn.functional.normalize((t * weights).sum(1) / weights.sum(1), dim=-1)
+
+    cos = (pooled(out) * pooled(out + noise.double())).sum(-1)
+    assert got.cosine_mean == pytest.approx(float(cos.mean()), abs=1e-6)
+    assert got.cosine_min == pytest.approx(float(cos.min()), abs=1e-6)
+    nearest = [(lambda s: s.fill_diagonal_(-2.0).argmax(1))(e @ e.T)
+               for e in (pooled(out), pooled(out + noise.double()))]
+    assert got.neighbours_kept == pytest.approx(float((nearest[0] == nearest[1]).double().mean()))

@@ -24,6 +24,7 @@ from qplug_core.fx.fuse import FusionRecord
 from qplug_core.fx.tags import ARTIFACT, FUSIONS, KERNEL, STATE
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
+from qplug_core.serialization.receivers import check_receivers
 
 #: GraphModule.meta key holding the :class:`Artifact` (or, if capture failed, why as a string)
 ARTIFACT_KEY = ARTIFACT
@@ -76,6 +77,7 @@ def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference") -
     table = TensorTable()
     try:
         modules, attributes = encode_modules(gm, table)
+        check_receivers(gm.graph, gm)
         graph = encode_graph(gm.graph)
     except ConfigError as exc:
         raise SerializationError(f"this model cannot be saved: {exc}") from exc

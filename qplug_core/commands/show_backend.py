@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from qplug_core.commands._common import emit_json
+from qplug_core.commands._common import emit_json, say
 from qplug_core.commands._table import new_table, show
 
 #: short table labels of the observation types (JSON keeps the enum names)
@@ -249,7 +249,7 @@ def show_backend(
         return
     plugins = ", ".join(f"{p['dist'] or p['name']} {p['version'] or ''}".strip()
                         for p in header["plugins"])
-    typer.echo(f"{backend.name}: {backend.description}\n  engine {backend.engine or 'none'}, "
+    say(f"{backend.name}: {backend.description}\n  engine {backend.engine or 'none'}, "
                f"status {backend.status}{': ' + availability.reason if availability.reason else ''}"
                f", plugins: {plugins}")
     patterns = _patterns_table(backend.name, rows) if full else _families_table(backend.name,

@@ -9,6 +9,7 @@ lowers it again with the installed backend. The convert flows call :func:`record
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,6 +34,10 @@ SCHEMA_VERSION = 1
 TOP_KEYS = ("format", "schema_version", "backend", "plugins", "versions", "model")
 MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions")
 PLUGIN_KEYS = ("name", "dist", "version")
+#: distribution names (PEP 508) and versions (PEP 440 characters) of a file's ``versions``
+_DISTRIBUTION = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?\Z")
+_VERSION = re.compile(r"[A-Za-z0-9.+!_-]{1,64}\Z")
+_MAX_VERSIONS = 64
 #: GraphModule.meta keys written by the flows that the artifact keeps
 _FLOW_STATE_KEY = STATE
 FUSIONS_KEY = FUSIONS
@@ -126,7 +131,7 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     backend = expect(doc["backend"], str, "backend", "a backend name")
     plugins = tuple(_read_plugin(p, child("plugins", i))
                     for i, p in enumerate(expect(doc["plugins"], list, "plugins", "a JSON list")))
-    expect(doc["versions"], dict, "versions", "a JSON object")
+    _check_versions(expect(doc["versions"], dict, "versions", "a JSON object"))
     model = read_fields(doc["model"], "model", MODEL_KEYS, required=MODEL_KEYS)
     expect(model["training"], bool, "model.training", "true or false")
     expect(model["mode"], str, "model.mode", "a quantization mode")
@@ -134,6 +139,22 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
         _read_fusion(fusion, child("model.fusions", i))
     _check_tensors(expect(model["tensors"], dict, "model.tensors", "a JSON object"), tensors)
     return Artifact(backend, plugins, model, tensors)
+
+
+def _check_text(value: Any, pattern: re.Pattern[str], path: str, what: str) -> None:
+    """``qplug report`` prints these: they must look like what qplug writes there."""
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ConfigError(f"{where(path)}: {value!r} is not {what}", field=path, value=value)
+
+
+def _check_versions(versions: dict[str, Any]) -> None:
+    """``{"qplug-core": "0.1.0", "torch": "2.13.0+cpu"}``: distribution names and versions."""
+    if len(versions) > _MAX_VERSIONS:
+        raise ConfigError(f"versions: {len(versions)} entries, at most {_MAX_VERSIONS}",
+                          field="versions", value=len(versions))
+    for key, value in versions.items():
+        _check_text(key, _DISTRIBUTION, child("versions", key), "a distribution name")
+        _check_text(value, _VERSION, child("versions", key), "a version")
 
 
 def _read_plugin(doc: Any, path: str) -> dict[str, str | None]:

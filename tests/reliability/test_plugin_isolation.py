@@ -165,3 +165,12 @@ def test_os_exit_in_a_hook_is_a_broken_plugin_named_with_its_hook(fake_dist, tmp
     assert killer["status"] == "broken"
     assert "hook qplug_register_backends raised HardExit: os._exit(0) was called" in killer["error"]
     assert {b["name"]: b["status"] for b in document["backends"]}["reference"] == "ok"
+
+
+def test_a_plugins_error_text_reaches_the_terminal_escaped(fake_dist, tmp_path):
+    """Its error is printed in the listing and as a warning: no escape sequence gets through."""
+    fake_dist("qplug-rogue", registers("rogue", in_hook="raise RuntimeError('\\x1b]0;pwned\\x07\\x1b[2J')"))
+    result = run_qplug("list-backends", pythonpath=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout + result.stderr
+    assert "raised RuntimeError: \\x1b]0;pwned\\x07\\x1b[2J" in result.stdout

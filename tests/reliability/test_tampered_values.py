@@ -7,8 +7,9 @@ the file and the field, before anything computes with the value.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -123,7 +124,7 @@ def test_untampered_rewrite_loads(good_file):
 # -- files that are not regular files --------------------------------------------------------------
 
 
-def _load_in_thread(path: Path, timeout: float = 60) -> BaseException | None:
+def _load_in_thread(path: Path) -> BaseException | None:
     """``load(path)`` in a daemon thread: a FIFO would block the open forever if it were opened."""
     outcome: list[BaseException | None] = []
 
@@ -136,8 +137,8 @@ def _load_in_thread(path: Path, timeout: float = 60) -> BaseException | None:
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    worker.join(timeout)
-    assert outcome, f"qp.load({path}) is still blocked after {timeout} s"
+    worker.join(60)
+    assert outcome, f"qp.load({path}) is still blocked after 60 s"
     return outcome[0]
 
 
@@ -210,26 +211,35 @@ def test_huge_sizes_on_the_meta_device_fail_on_shape_not_memory(good_file):
         load(path)
 
 
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX only")
-def test_a_path_swapped_after_the_check_is_never_opened_again(good_file, tmp_path, monkeypatch):
-    """TOCTOU (issue 27, finding 8): the file is checked, then the path is replaced by a FIFO.
-    Before, safetensors opened the path again and blocked on the FIFO; now the model is read from
-    the descriptor that was checked, so the load succeeds with the original file's contents."""
-    from qplug_core.serialization import files
+SWAP_AFTER_CHECK = """
+import os, sys
+from pathlib import Path
+from qplug_core.serialization import files, load
 
+path = Path(sys.argv[1])
+checked = files._check_head
+
+def swap_then_check(*args):  # the attacker wins the race: the checked path is now a FIFO
+    path.unlink()
+    os.mkfifo(path)
+    return checked(*args)
+
+files._check_head = swap_then_check
+load(path)
+print("loaded")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX only")
+def test_a_path_swapped_after_the_check_is_never_opened_again(good_file, tmp_path):
+    """TOCTOU (issue 27, finding 8): the file is checked, then the path is replaced by a FIFO.
+    Before, safetensors opened the path again and blocked on the FIFO (holding the GIL, so in a
+    process of its own here); now the model is read from the descriptor that was checked."""
     path = tmp_path / "model.safetensors"
     path.write_bytes(good_file.read_bytes())
-    checked = files._check_head
-
-    def swap_then_check(*args):
-        path.unlink()
-        os.mkfifo(path)
-        return checked(*args)
-
-    monkeypatch.setattr(files, "_check_head", swap_then_check)
     try:
-        error = _load_in_thread(path, timeout=20)
-    finally:
-        with contextlib.suppress(OSError):  # unblock a reader stuck on the FIFO (the bug)
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-    assert error is None
+        result = subprocess.run([sys.executable, "-c", SWAP_AFTER_CHECK, str(path)],
+                                capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("qp.load opened the swapped path again and blocked on the FIFO")
+    assert result.returncode == 0 and result.stdout == "loaded\n", result.stderr[-2000:]

@@ -22,8 +22,10 @@ from qplug_core.errors import (
     SerializationError,
 )
 from qplug_core.finish import finish_conversion
+from qplug_core.fx.tags import CAPTURE
 from qplug_core.serialization.artifact import (
     ARTIFACT_KEY,
+    CAPTURE_KEY,
     FUSIONS_KEY,
     Artifact,
     backend_identity,
@@ -87,6 +89,7 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) 
     chosen = _resolve_backend(artifact, backend, source)
     gm = _rebuild(artifact, source)
     gm.meta[FUSIONS_KEY] = fusion_records(artifact)
+    gm.meta[CAPTURE] = artifact.model.get(CAPTURE_KEY, "symbolic")  # for the report
     try:
         finish_conversion(gm, chosen, mode=artifact.model["mode"])
     except QplugError:

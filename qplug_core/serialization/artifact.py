@@ -22,7 +22,7 @@ from qplug_core.config.codec import child, expect, read_fields, where
 from qplug_core.config.names import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.fx.fuse import FusionRecord
-from qplug_core.fx.tags import ARTIFACT, FUSIONS, KERNEL, STATE
+from qplug_core.fx.tags import ARTIFACT, CAPTURE, FUSIONS, KERNEL, STATE
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
 from qplug_core.serialization.receivers import check_receivers
@@ -33,6 +33,9 @@ FORMAT = "qplug"
 SCHEMA_VERSION = 1
 TOP_KEYS = ("format", "schema_version", "backend", "plugins", "versions", "model")
 MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions")
+#: optional model keys (files written before they existed load as before): the capture level
+CAPTURE_KEY = "capture"
+_CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: distribution names (PEP 508) and versions (PEP 440 characters) of a file's ``versions``
 _DISTRIBUTION = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?\Z")
@@ -88,7 +91,8 @@ def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference") -
         raise SerializationError(f"this model cannot be saved: {exc}") from exc
     model = {"graph": graph, "modules": modules, "attributes": attributes, "tensors": table.entries,
              "training": gm.training, "mode": gm.meta.get(_FLOW_STATE_KEY, {}).get("mode", "static"),
-             "fusions": [asdict(f) for f in gm.meta.get(FUSIONS_KEY, [])]}
+             "fusions": [asdict(f) for f in gm.meta.get(FUSIONS_KEY, [])],
+             CAPTURE_KEY: gm.meta.get(CAPTURE, "symbolic")}
     return Artifact(name, plugins, model, table.tensors)
 
 
@@ -132,7 +136,10 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     plugins = tuple(_read_plugin(p, child("plugins", i))
                     for i, p in enumerate(expect(doc["plugins"], list, "plugins", "a JSON list")))
     _check_versions(expect(doc["versions"], dict, "versions", "a JSON object"))
-    model = read_fields(doc["model"], "model", MODEL_KEYS, required=MODEL_KEYS)
+    model = read_fields(doc["model"], "model", (*MODEL_KEYS, CAPTURE_KEY), required=MODEL_KEYS)
+    if model.get(CAPTURE_KEY, "symbolic") not in _CAPTURES:
+        raise ConfigError(f"model.capture: expected one of {_CAPTURES}, got {model[CAPTURE_KEY]!r}",
+                          field="model.capture", value=model[CAPTURE_KEY])
     expect(model["training"], bool, "model.training", "true or false")
     expect(model["mode"], str, "model.mode", "a quantization mode")
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):

@@ -114,18 +114,25 @@ def _descriptor_path(fd: int) -> str | None:
     return path if os.path.exists(path) else None
 
 
+def _owned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with storage of its own: safetensors returns views of one buffer, and a graph
+    may modify a constant in place (``aten::detach_`` of a folded constant in DeBERTa-v2 raised
+    "Can't detach views in-place" on the first call of a loaded model)."""
+    return tensor.clone() if tensor._base is not None else tensor
+
+
 def _contents(path: Path, fd: int, size: int) -> tuple[str | None, dict[str, torch.Tensor]]:
     """The qplug document and the tensors, read through ``fd`` only."""
     by_descriptor = _descriptor_path(fd)
     if by_descriptor is not None:
         with safe_open(by_descriptor, framework="pt", device="cpu") as file:
             document = (file.metadata() or {}).get(METADATA_KEY)
-            return document, {key: file.get_tensor(key) for key in file.keys()}
+            return document, {key: _owned(file.get_tensor(key)) for key in file.keys()}
     data = _read_exactly(fd, size)
     header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
     metadata = header.get("__metadata__") if isinstance(header, dict) else None
     document = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
-    return document, safetensors_load(data)
+    return document, {key: _owned(tensor) for key, tensor in safetensors_load(data).items()}
 
 
 def read_artifact_file(path: Path) -> tuple[str, dict[str, torch.Tensor]]:

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "reliability"))  # the hostile-file edits the tests make
+from artifactkit import rewrite_header, with_nodes  # noqa: E402
 
 
 def child(path: str) -> None:
@@ -59,45 +61,32 @@ def _save(directory: Path) -> Path:
     return qp.save(qp.quantize(model, data[0], data, backend="fbgemm"), directory / "twin.safetensors")
 
 
-def _edit(source: Path, target: Path, edit) -> Path:
-    raw = source.read_bytes()
-    length = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + length])
-    document = json.loads(header["__metadata__"]["qplug"])
-    edit(document)
-    header["__metadata__"]["qplug"] = json.dumps(document)
-    text = json.dumps(header).encode()
-    target.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
-    return target
-
-
-def _returning(*nodes: dict):
-    def edit(document):
-        graph = document["model"]["graph"]
-        output = graph.pop()
-        graph.extend(nodes)
-        output["args"] = [{"node": nodes[-1]["name"]}]
-        graph.append(output)
-    return edit
-
-
 def _placeholder(document) -> str:
     return next(n["name"] for n in document["model"]["graph"] if n["op"] == "placeholder")
 
 
+def _placeholder_of(source: Path) -> str:
+    raw = source.read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    return _placeholder(json.loads(header["__metadata__"]["qplug"]))
+
+
+#: name -> (source, target) -> tampered file
 VARIANTS = {
-    "torch.empty(2**28)": lambda d: _returning({"op": "call_function", "name": "leak",
-                                                "target": "torch.empty", "args": [[2**28]]})(d),
-    "x.new_empty(2**28)": lambda d: _returning({"op": "call_method", "name": "leak", "target": "new_empty",
-                                               "args": [{"node": _placeholder(d)}, [2**28]]})(d),
-    "get_attr module hooks": lambda d: _returning({"op": "get_attr", "name": "evil",
-                                                   "target": "_forward_hooks"})(d),
-    "method on x.dtype": lambda d: _returning(
-        {"op": "call_function", "name": "r0", "target": "builtins.getattr",
-         "args": [{"node": _placeholder(d)}, "dtype"]},
-        {"op": "call_method", "name": "r1", "target": "to", "args": [{"node": "r0"}, "cpu"]})(d),
-    "versions '[/red]'": lambda d: d["versions"].update(torch="[/red]"),
-    "versions 10**5 entries": lambda d: d["versions"].update({f"d{i}": "1.0" for i in range(10**5)}),
+    "torch.empty(2**28)": lambda s, t: with_nodes(s, t, {"op": "call_function", "name": "leak",
+                                                         "target": "torch.empty", "args": [[2**28]]}),
+    "x.new_empty(2**28)": lambda s, t: with_nodes(s, t, {
+        "op": "call_method", "name": "leak", "target": "new_empty",
+        "args": [{"node": _placeholder_of(s)}, [2**28]]}),
+    "get_attr module hooks": lambda s, t: with_nodes(s, t, {"op": "get_attr", "name": "evil",
+                                                            "target": "_forward_hooks"}),
+    "method on x.dtype": lambda s, t: with_nodes(
+        s, t, {"op": "call_function", "name": "r0", "target": "builtins.getattr",
+               "args": [{"node": _placeholder_of(s)}, "dtype"]},
+        {"op": "call_method", "name": "r1", "target": "to", "args": [{"node": "r0"}, "cpu"]}),
+    "versions '[/red]'": lambda s, t: rewrite_header(s, t, lambda d: d["versions"].update(torch="[/red]")),
+    "versions 10**5 entries": lambda s, t: rewrite_header(
+        s, t, lambda d: d["versions"].update({f"d{i}": "1.0" for i in range(10**5)})),
 }
 
 
@@ -112,8 +101,8 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp())
     twin = _save(directory)
     files = {"untouched twin": twin}
-    for i, (name, edit) in enumerate(VARIANTS.items()):
-        files[name] = _edit(twin, directory / f"tampered{i}.safetensors", edit)
+    for i, (name, make) in enumerate(VARIANTS.items()):
+        files[name] = make(twin, directory / f"tampered{i}.safetensors")
     results: dict[str, list[dict]] = {name: [] for name in files}
     names = list(files)
     for round_ in range(args.rounds):

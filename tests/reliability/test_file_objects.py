@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from artifactkit import reference_model, rewrite_header
+from artifactkit import reference_model, with_nodes
 
 from qplug_core.config.names import TENSOR_ATTRIBUTES, Kind, name_table
 from qplug_core.errors import SerializationError
@@ -34,14 +34,7 @@ def good_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _with_nodes(good_file: Path, tmp_path: Path, *nodes: dict) -> Path:
-    """``good_file`` with ``nodes`` inserted before the output, which returns the last of them."""
-    def edit(document):
-        graph = document["model"]["graph"]
-        output = graph.pop()
-        graph.extend(nodes)
-        output["args"] = [{"node": nodes[-1]["name"]}]
-        graph.append(output)
-    return rewrite_header(good_file, tmp_path / "edited.safetensors", edit)
+    return with_nodes(good_file, tmp_path / "edited.safetensors", *nodes)
 
 
 @pytest.mark.parametrize("op", UNINITIALISED_OPS)

@@ -95,8 +95,8 @@ class _Phases:
 
     def __init__(self) -> None:
         import copy
-        from qplug_core.flows.steps import steps as flows
-        from qplug_core.flows.steps import fuse, pipeline, prepare, regions
+        from qplug_core.flows import steps as flows
+        from qplug_core.flows import fuse, pipeline, prepare, regions
         from qplug_core.nn import folding
         self.totals: dict[str, float] = {}
         self.patches = [

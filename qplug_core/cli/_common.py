@@ -25,9 +25,20 @@ def number(value: float, digits: int = 4) -> float | str:
     return round(value, digits) if math.isfinite(value) else str(value)
 
 
+def say(text: str, *, err: bool = False) -> None:
+    """One message for the terminal, with control characters escaped: messages carry strings
+    from files and plugins, and an escape sequence in them must not reach the terminal."""
+    from qplug_core.cli._table import escape_controls
+
+    typer.echo(escape_controls(text), err=err)
+
+
 def warn(message: str) -> None:
     """A loud one-line warning on stderr."""
-    typer.secho(f"qplug: warning: {message}", err=True, fg=typer.colors.YELLOW, bold=True)
+    from qplug_core.cli._table import escape_controls
+
+    typer.secho(f"qplug: warning: {escape_controls(message)}", err=True, fg=typer.colors.YELLOW,
+                bold=True)
 
 
 def progress() -> Any:

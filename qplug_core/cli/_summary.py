@@ -11,7 +11,7 @@ import textwrap
 from typing import Any
 
 from qplug_core.cli._accuracy import accuracy_line, worst_layers_table
-from qplug_core.cli._table import show, terminal_width
+from qplug_core.cli._table import plain, show, terminal_width
 
 
 def fact_lines(facts: dict[str, Any], width: int) -> list[str]:
@@ -27,8 +27,6 @@ def fact_lines(facts: dict[str, Any], width: int) -> list[str]:
 
 def print_summary(report: Any, facts: dict[str, Any], *, verbose: bool = False) -> None:
     """The text form of ``qplug quantize`` / ``qplug report`` on stdout."""
-    from rich.text import Text
-
     from qplug_core.flows.report_text import report_lines
 
     width = terminal_width()
@@ -36,4 +34,5 @@ def print_summary(report: Any, facts: dict[str, Any], *, verbose: bool = False) 
     lines = textwrap.wrap(accuracy_line(accuracy), width, subsequent_indent="    ") if accuracy else []
     lines += report_lines(report, verbose=verbose, width=width)
     lines += fact_lines({k: v for k, v in facts.items() if k != "accuracy"}, width)
-    show(Text("\n".join(lines)), *([worst_layers_table(accuracy)] if accuracy else []))
+    # literal text, controls escaped: names and versions in it come from the file
+    show(plain("\n".join(lines)), *([worst_layers_table(accuracy)] if accuracy else []))

@@ -5,6 +5,10 @@ rich folds a cell when its column is narrower than one of its words, which turns
 its longest word when the terminal has room for that; when it has not, the columns with the
 longest words give up columns (their words fold) until the table fits: no line is ever wider than
 the terminal.
+
+Cells are plain text, never rich markup, with control characters shown escaped: their strings
+come from files and plugins (a saved model's versions, a plugin's error), and ``"[/red]"`` or an
+escape sequence setting the window title must print as what it is (see :func:`plain`).
 """
 
 from __future__ import annotations
@@ -14,13 +18,45 @@ import shutil
 import sys
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 #: terminal width used when stdout is not a terminal and COLUMNS is unset
 DEFAULT_WIDTH = 80
 #: no column is folded narrower than this
 MIN_COLUMN = 6
+
+
+#: C0 and C1 control characters (but newline and tab), DEL, and bidirectional overrides
+_CONTROL = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+            for c in (*range(0x20), 0x7f, *range(0x80, 0xa0), *range(0x202a, 0x202f),
+                      *range(0x2066, 0x206a)) if c not in (0x0a, 0x09)}
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with control characters written as ``\\x1b`` (escape sequences never reach the
+    terminal, or a log that a terminal will show)."""
+    return text.translate(_CONTROL)
+
+
+def plain(value: Any) -> Any:
+    """A cell as literal text: strings become :class:`~rich.text.Text` (no markup), escaped."""
+    return Text(escape_controls(value)) if isinstance(value, str) else value
+
+
+def _literal(renderable: Any) -> Any:
+    """``renderable`` with every string in it (table cells and titles, group members) literal."""
+    if isinstance(renderable, Table):
+        if isinstance(renderable.title, str):
+            renderable.title = plain(renderable.title)
+        for column in renderable.columns:
+            column._cells = [_literal(cell) for cell in column._cells]
+        return renderable
+    if isinstance(renderable, Group):
+        renderable._renderables = [_literal(r) for r in renderable.renderables]
+        return renderable
+    return plain(renderable)
 
 
 def new_table(*columns: str, title: str | None = None, show_header: bool = True,
@@ -79,7 +115,7 @@ def terminal_width() -> int:
 
 def show(*renderables: Any) -> None:
     """Print tables (words kept whole) and other rich renderables on stdout."""
-    renderables = tuple(r.__rich__() if hasattr(r, "__rich__") else r for r in renderables)
+    renderables = tuple(_literal(r.__rich__() if hasattr(r, "__rich__") else r) for r in renderables)
     width = terminal_width()
     needed = [_fit_columns(r, width) for r in renderables if isinstance(r, Table)]
     console = Console(file=sys.stdout, width=max([width, *needed]))

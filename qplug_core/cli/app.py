@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import sys
 import textwrap
 import warnings
 from typing import Any, Iterator
@@ -26,7 +25,7 @@ from typer.core import TyperGroup
 from qplug_core.enums import BackendStatus
 from qplug_core.registry import plugins
 from qplug_core.errors import cli_audience
-from qplug_core.cli._common import emit_json
+from qplug_core.cli._common import emit_json, say
 from qplug_core.errors import PluginError, QplugError
 
 EXIT_ERROR = 1
@@ -55,7 +54,7 @@ class QplugGroup(TyperGroup):
         except QplugError as exc:
             if os.environ.get(ENV_DEBUG) == "1":
                 raise
-            typer.echo(f"qplug: error: {' '.join(str(exc).split())}", err=True)
+            say(f"qplug: error: {' '.join(str(exc).split())}", err=True)
             strict = os.environ.get(plugins.ENV_STRICT) == "1"
             raise typer.Exit(EXIT_PLUGIN_FAILURE if strict and isinstance(exc, PluginError)
                              else EXIT_ERROR) from exc
@@ -74,7 +73,7 @@ def _plugin_warnings_on_stderr() -> Iterator[None]:
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: Any = None, line: str | None = None) -> None:
         if issubclass(category, plugins.QplugPluginWarning):
-            print(f"qplug: {message}", file=sys.stderr)
+            say(f"qplug: {message}", err=True)
         else:
             original(message, category, filename, lineno, file, line)
 
@@ -124,7 +123,7 @@ def _print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
 def _print_failures(records: list[plugins.PluginRecord]) -> None:
     for record in records:
         if record.status in FAILED_PLUGIN:
-            typer.echo(f"{record.status.value}: {record.error}")
+            say(f"{record.status.value}: {record.error}")
 
 
 def _plugin_rows(records: list[plugins.PluginRecord]) -> list[list[str]]:
@@ -225,7 +224,7 @@ def doctor(
         return
     for scope, finding in findings:
         hint = f" ({finding.hint})" if finding.hint else ""
-        typer.echo(textwrap.fill(f"[{finding.level}] {scope}: {finding.message}{hint}",
+        say(textwrap.fill(f"[{finding.level}] {scope}: {finding.message}{hint}",
                                  terminal_width(), subsequent_indent="    ",
                                  break_on_hyphens=False))
 

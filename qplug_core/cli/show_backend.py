@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from qplug_core.cli._common import emit_json
+from qplug_core.cli._common import emit_json, say
 from qplug_core.cli._table import new_table, show, terminal_width
 
 #: short table labels of the observation types (JSON keeps the enum names)
@@ -268,7 +268,7 @@ def show_backend(
     plugins = ", ".join(f"{p['dist'] or p['name']} {p['version'] or ''}".strip()
                         for p in header["plugins"])
     width = terminal_width()
-    typer.echo("\n".join([
+    say("\n".join([
         *textwrap.wrap(f"{backend.name}: {backend.description}", width, subsequent_indent="  "),
         *textwrap.wrap(f"engine {backend.engine or 'none'}, status {backend.status}"
                        f"{': ' + availability.reason if availability.reason else ''}, plugins: "

@@ -45,6 +45,7 @@ from qplug_core.errors import ConfigError, ConfigValidationError, did_you_mean
 
 __all__ = [
     "TENSOR_ATTRIBUTES",
+    "UNINITIALISED_PREFIXES",
     "Kind",
     "NameTable",
     "decode_dtype",
@@ -87,19 +88,28 @@ _OPERATORS = (
 #: ``segment_reduce(unsafe=True)`` and the engines' raw kernels, which take packed weights as
 #: pointers. No float model or reference form calls them.
 _TORCH_DENIED = frozenset({"from_file", "from_numpy", "frombuffer", "segment_reduce", "resize_as_sparse_"})
-_TORCH_DENIED_PREFIXES = ("set_", "sparse_", "fbgemm_", "mkldnn_", "miopen_", "cudnn_", "quantized_")
+#: ops whose result holds uninitialised memory (another tensor's freed values: in a server that
+#: loads user models, other requests' data): every ``empty*`` and ``new_empty*`` constructor and
+#: every ``resize*`` (growing a tensor leaves the new elements uninitialised), any overload
+UNINITIALISED_PREFIXES = ("empty", "new_empty", "resize")
+_TORCH_DENIED_PREFIXES = ("set_", "sparse_", "fbgemm_", "mkldnn_", "miopen_", "cudnn_", "quantized_",
+                          *UNINITIALISED_PREFIXES)
 #: what a function's ``__module__`` is for the Python-level functions of ``torch.nn.functional``
 _FUNCTIONAL_MODULES = frozenset({"torch.nn.functional", "torch._C._nn", "torch"})
 #: tensor methods and attributes that reach storages, numpy arrays, autograd nodes or callbacks:
 #: objects whose methods (``from_file``, ``tofile``, ``register_hook``) act outside the tensor
+#: (``storage_type`` returns a storage class), and those returning uninitialised memory (``new``
+#: with a size, ``new_empty``, ``resize_``: see :data:`UNINITIALISED_PREFIXES`)
 _TENSOR_DENIED = frozenset({
-    "storage", "untyped_storage", "numpy", "share_memory_", "set_", "apply_", "map_", "map2_",
-    "register_hook", "register_post_accumulate_grad_hook", "grad_fn", "backward", "module_load",
-    "data_ptr", "pin_memory", "record_stream", "sparse_resize_", "sparse_resize_and_clear_",
+    "storage", "untyped_storage", "storage_type", "numpy", "share_memory_", "set_", "apply_", "map_",
+    "map2_", "register_hook", "register_post_accumulate_grad_hook", "grad_fn", "backward",
+    "module_load", "data_ptr", "pin_memory", "record_stream", "sparse_resize_",
+    "sparse_resize_and_clear_", "new",
 })
 #: names a graph may use as ``call_method`` targets and ``getattr`` attributes
 TENSOR_ATTRIBUTES = frozenset(
-    name for name in dir(torch.Tensor) if not name.startswith("_") and name not in _TENSOR_DENIED)
+    name for name in dir(torch.Tensor) if not name.startswith("_") and name not in _TENSOR_DENIED
+    and not name.startswith(UNINITIALISED_PREFIXES))
 #: qplug's own module files whose nn.Module classes files may hold
 _CORE_MODULE_SOURCES = (
     "qplug_core.kernels.reference", "qplug_core.nn.intrinsic", "qplug_core.nn.qat_conv",

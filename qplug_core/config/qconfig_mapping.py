@@ -14,6 +14,7 @@ from typing import Any, Union
 from qplug_core.config.codec import (
     call_at, child, decode_pattern, encode_pattern, expect, read_fields, unversioned, versioned, where,
 )
+from qplug_core.config.regex_bound import check_bounded_regex
 from qplug_core.config.qconfig import (
     QConfig, check_optional_qconfig, decode_optional_qconfig, encode_optional_qconfig,
 )
@@ -75,14 +76,12 @@ class QConfigMapping:
         return self
 
     def set_module_name_regex(self, module_name_regex: str, qconfig: QConfig | None) -> QConfigMapping:
-        """Regexes are tried with ``re.match`` in registration order; re-setting keeps the order."""
+        """Regexes are tried with ``re.match`` in registration order; re-setting keeps the order.
+
+        A regex is refused unless it is within the bound of ``qplug_core.config.regex_bound``
+        (length, repeats, no nested repeats or backreferences): documents carry these."""
         _check_name(module_name_regex, "module_name_regex")
-        try:
-            re.compile(module_name_regex)
-        except re.error as exc:
-            raise ConfigValidationError(f"module_name_regex {module_name_regex!r} is not a valid "
-                                        f"regular expression: {exc}", field="module_name_regex",
-                                        value=module_name_regex) from exc
+        check_bounded_regex(module_name_regex, "module_name_regex")
         self.module_name_regex_qconfigs[module_name_regex] = check_optional_qconfig(qconfig, "qconfig")
         return self
 

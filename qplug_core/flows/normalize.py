@@ -52,6 +52,9 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
         module = _module_for(node.target, weight, bias, args)
         if module is None:
             continue
+        # in the mode of the module holding the weight (a fresh module starts in training mode)
+        owner = args["weight"].target.rpartition(".")[0]
+        module.train(gm.get_submodule(owner).training if owner else gm.training)
         name = f"{node.name}_module"
         gm.add_submodule(name, module)
         with gm.graph.inserting_before(node):

@@ -254,18 +254,25 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
         raise ConfigValidationError(f"strict=True but {len(report.skipped)} op(s) stay float: {listed}",
                                     field="strict")
     if not report.quantized and not allow_float:
-        raise_nothing_quantized(report)
+        raise_nothing_quantized(report, backend)
     return gm
 
 
-def raise_nothing_quantized(report: QuantizationReport) -> None:
-    """NothingQuantizedError naming why ops stayed float: a float model must not pass as int8."""
+def raise_nothing_quantized(report: QuantizationReport, backend: Backend | None = None) -> None:
+    """NothingQuantizedError naming why ops stayed float: a float model must not pass as int8.
+
+    A backend whose plugin failed (a hook raised) is named first, with the plugin and the hook:
+    its missing patterns are then the likely reason, not the model."""
     reasons = top_reasons(report)
     listed = "; ".join(f"{reason} ({count} op(s))" for reason, count in reasons) or "no ops found"
+    problems = list(backend.problems) if backend is not None else []
+    broken = (f"backend {report.backend!r} is broken: {problems[0]}"
+              f"{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}. " if problems else "")
     raise NothingQuantizedError(
         f"nothing was quantized: 0 int8 regions ({report.capture} capture, backend "
-        f"{report.backend!r}). Top reasons ops stayed float: {listed}. Pass allow_float=True to "
-        "accept a float result.", reasons=reasons)
+        f"{report.backend!r}). {broken}Top reasons ops stayed float: {listed}. Pass "
+        "allow_float=True to accept a float result.", reasons=reasons) from (
+        problems[0] if problems else None)
 
 
 def convert_to_reference_fx(observed: fx.GraphModule, *, allow_uncalibrated: bool = False,

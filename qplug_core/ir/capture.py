@@ -92,7 +92,24 @@ def capture_module(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] 
         raise TraceError(f"cannot trace {location}: {type(e).__name__}: {e}. Either {fix}, or "
                          "quantize in eager mode with qp.eager.", module=where or None) from e
     name = type(model).__name__
-    return GraphModule(tracer.root, graph, name)
+    gm = GraphModule(tracer.root, graph, name)
+    _keep_modes(model, gm)
+    return gm
+
+
+def _keep_modes(model: nn.Module, gm: GraphModule) -> None:
+    """Give every submodule of ``gm`` the train/eval mode of the module at its path in ``model``.
+
+    For a submodule traced through (a ``Conv2d`` subclass such as Hugging Face EfficientNet's
+    depthwise conv), GraphModule copies only the tensors the graph reads, into fresh holder
+    modules, which start in training mode: the fusion of an all-eval model then refused to fold
+    its BatchNorms ("needs eval-mode modules")."""
+    originals = dict(model.named_modules(remove_duplicate=False))
+    for path, module in gm.named_modules(remove_duplicate=False):
+        original = originals.get(path)
+        if original is not None and original is not module:
+            module.training = original.training
+    gm.training = model.training
 
 
 def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphModule:

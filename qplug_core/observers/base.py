@@ -19,6 +19,7 @@ from qplug_core.errors import (
     UncalibratedObserverError,
     did_you_mean,
 )
+from qplug_core.observers.bounds import check_setting
 from qplug_core.observers.factory import FactoryMixin
 from qplug_core.observers.batch_sync import BatchStats, batch_reduction
 from qplug_core.observers.ranks import Ranks, refuse_reduction
@@ -71,8 +72,12 @@ class ObserverBase(nn.Module, FactoryMixin):
                 f"{', '.join(map(str, self.supported_qschemes))} (use a per-channel observer for "
                 "per-channel schemes and vice versa)", field="qscheme", value=qscheme)
         self._check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
-        if not eps > 0:
-            raise ConfigValidationError(f"eps must be positive, got {eps}", field="eps", value=eps)
+        check_setting("eps", eps)
+        for bound in ("quant_min", "quant_max"):
+            value = quant_min if bound == "quant_min" else quant_max
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigValidationError(f"{bound} must be an int, got {value!r}", field=bound,
+                                            value=value)
         self.dtype = dtype
         self.qscheme = qscheme
         self.reduce_range = reduce_range

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from qplug_core.errors import ConfigValidationError
+from qplug_core.observers.bounds import check_setting
 from qplug_core.observers.histogram import HistogramObserver
 from qplug_core.qparams import compute_qparams
 
@@ -22,9 +22,7 @@ class PercentileObserver(HistogramObserver):
     """
 
     def __init__(self, percentile: float = 99.99, **kwargs: Any) -> None:
-        if not 50 < percentile <= 100:
-            raise ConfigValidationError(f"percentile must be in (50, 100], got {percentile}",
-                                        field="percentile", value=percentile)
+        check_setting("percentile", percentile)
         super().__init__(**kwargs)
         self.percentile = percentile
 
@@ -47,10 +45,7 @@ class MSEObserver(HistogramObserver):
     """
 
     def __init__(self, num_candidates: int = 100, **kwargs: Any) -> None:
-        if not isinstance(num_candidates, int) or num_candidates < 1:
-            raise ConfigValidationError(
-                f"num_candidates must be a positive int, got {num_candidates!r}",
-                field="num_candidates", value=num_candidates)
+        check_setting("num_candidates", num_candidates)
         super().__init__(**kwargs)
         self.num_candidates = num_candidates
 

@@ -11,6 +11,8 @@ class says how its statistics reduce (``reduce_across_ranks``, see
   is the one a single process gets on the global batches, then a final reduction checks agreement;
 * in a custom loop: ``with sync_observers_each_step(model): ...`` does the same, and
   :func:`sync_observers` is the final reduction on its own;
+* an error on one rank reaches the others at their next collective, with its message (see
+  ``qplug_core.observers.ranks``), so that every rank stops with the original error;
 * in QAT: :func:`data_parallel` wraps the prepared model in DDP with observers reduced every step
   (or every k steps) and BatchNorm statistics per SyncBatchNorm or averaged.
 
@@ -207,8 +209,10 @@ class ObserverSync:
     def __enter__(self) -> ObserverSync:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
         self.remove()
+        if isinstance(error, Exception):  # the other ranks wait in their next collective: tell them
+            self.ranks.report_failure(error)
 
 
 def _refuse_histograms(observers: list[nn.Module], every: int) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from qplug_core.errors import ConfigValidationError
 from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.bounds import check_histogram_size
 from qplug_core.observers.batch_sync import BatchStats
 from qplug_core.observers.ranks import Ranks
 
@@ -131,9 +132,7 @@ class HistogramObserver(ObserverBase):
     """
 
     def __init__(self, bins: int = 2048, upsample_rate: int = _UPSAMPLE, **kwargs: Any) -> None:
-        if not isinstance(bins, int) or bins < 1:
-            raise ConfigValidationError(f"bins must be a positive int, got {bins!r}",
-                                        field="bins", value=bins)
+        check_histogram_size(bins, upsample_rate)
         if kwargs.get("is_dynamic"):
             raise ConfigValidationError("HistogramObserver cannot be used for dynamic quantization",
                                         field="is_dynamic", value=True)

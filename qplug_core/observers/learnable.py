@@ -15,6 +15,7 @@ from torch import nn
 
 from qplug_core.errors import ConfigValidationError
 from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.bounds import check_setting
 from qplug_core.observers.fake_quantize import FakeQuantize
 from qplug_core.observers.minmax import MovingAverageMinMaxObserver
 from qplug_core.observers.ranks import Ranks
@@ -43,9 +44,7 @@ class LearnableFakeQuantize(FakeQuantize):
                  channel_len: int = 1, use_grad_scaling: bool = False,
                  **observer_kwargs: Any) -> None:
         super().__init__(observer, quant_min, quant_max, **observer_kwargs)
-        if not isinstance(channel_len, int) or channel_len < 1:
-            raise ConfigValidationError(f"channel_len must be a positive int, got {channel_len!r}",
-                                        field="channel_len", value=channel_len)
+        check_setting("channel_len", channel_len)
         if self.qscheme == torch.per_channel_affine_float_qparams:
             raise ConfigValidationError("LSQ does not support float zero points",
                                         field="qscheme", value=self.qscheme)

@@ -12,16 +12,14 @@ import torch
 
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
 from qplug_core.observers.base import ObserverBase, refuse_symmetric_quint8_reduce_range
+from qplug_core.observers.bounds import check_setting
 from qplug_core.observers.batch_sync import BatchStats, batch_reduction
 from qplug_core.observers.ranks import Ranks
 from qplug_core.qparams import PER_CHANNEL_SCHEMES
 
 
 def _check_averaging_constant(value: float) -> None:
-    if not 0 < value <= 1:
-        raise ConfigValidationError(
-            f"averaging_constant must be in (0, 1], got {value}", field="averaging_constant",
-            value=value)
+    check_setting("averaging_constant", value)
 
 
 def _not_below(max_val: torch.Tensor, min_val: torch.Tensor) -> torch.Tensor:

@@ -5,10 +5,21 @@ placement is handled in one place: tensors are copied to the device the group's 
 (the current CUDA device for NCCL, the CPU for gloo and the others) and the result is copied back
 to wherever the observer's buffers live. ``qplug_core.observers.distributed`` decides *when* observers reduce;
 this module only knows *how* to run a collective (``batch_sync`` reduces each batch's statistics).
+
+Ranks fail together. Every collective is preceded by an agreement step (one number: whether some
+rank failed), and a rank whose calibration raises takes part in the next agreement step with
+:meth:`Ranks.report_failure` before it re-raises. The others, waiting in that step, learn which
+rank failed and its error (``Type: message``, sent as bytes, never pickled) and raise
+:class:`RankFailedError` with it, instead of waiting in a collective that never completes and
+then misreporting. Every collective waits at most :func:`collective_timeout` seconds
+(``QPLUG_DISTRIBUTED_TIMEOUT``, default 300): a rank that died or hangs outside qplug ends in a
+:class:`DistributedCalibrationError` saying so, not in a hang.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 from typing import Any, NoReturn
 
 import torch
@@ -24,6 +35,36 @@ STATISTICS_METHODS = ("forward", "_update", "_combine", "_update_qparams", "_bat
 
 #: backends that reduce on an accelerator, and which one (the process's current device of it)
 _DEVICE_OF_BACKEND = {"nccl": "cuda", "xccl": "xpu"}
+#: environment variable: seconds a collective may wait for the other ranks
+TIMEOUT_ENV = "QPLUG_DISTRIBUTED_TIMEOUT"
+_DEFAULT_TIMEOUT = 300.0
+#: bytes of a failed rank's error message sent to the others
+_MESSAGE_BYTES = 4096
+
+
+def collective_timeout() -> float:
+    """Seconds one collective waits for the other ranks (``QPLUG_DISTRIBUTED_TIMEOUT``)."""
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        value = float(text) if text else _DEFAULT_TIMEOUT
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise DistributedCalibrationError(f"{TIMEOUT_ENV}={text!r} is not a positive number of seconds")
+    return value
+
+
+class RankFailedError(DistributedCalibrationError):
+    """Another rank failed during distributed calibration; carries its rank and its error."""
+
+    def __init__(self, rank: int, error: str) -> None:
+        super().__init__(f"rank {rank} failed, so this rank stopped too: {error}")
+        self.rank = rank
+        self.error = error
+
+
+class RanksLostError(DistributedCalibrationError):
+    """A collective did not complete: another rank is gone or stuck outside qplug."""
 
 
 class Ranks:
@@ -37,10 +78,69 @@ class Ranks:
         kind = _DEVICE_OF_BACKEND.get(backend)
         self.device = (torch.device(kind, getattr(torch, kind).current_device()) if kind
                        else torch.device("cpu"))
+        self.timeout = collective_timeout()
+        #: set once a failure is known on every rank (or the group is lost): no more collectives
+        self.stopped = False
+
+    def _wait(self, work: Any, what: str) -> None:
+        try:
+            work.wait(timeout=dt.timedelta(seconds=self.timeout))
+        except RuntimeError as exc:
+            self.stopped = True
+            raise RanksLostError(
+                f"rank {self.rank}: {what} failed or did not complete within {self.timeout:g} s "
+                f"({exc}); "
+                "another rank has stopped or is stuck outside qplug's calibration (raise "
+                f"{TIMEOUT_ENV} if a rank legitimately needs longer)") from exc
+
+    def _collective(self, tensor: torch.Tensor, op: Any) -> None:
+        if self.stopped:
+            raise DistributedCalibrationError(f"rank {self.rank}: the ranks have already stopped "
+                                              "after a failure; start the calibration again")
+        self._wait(dist.all_reduce(tensor, op=op, group=self.group, async_op=True), "a collective")
+
+    def _agreement(self, failed: bool) -> int | None:
+        """The step before each collective: the lowest failed rank, or ``None`` if none failed.
+
+        Once a failure is known, its message travels from that rank to all the others."""
+        status = torch.tensor([float(self.size - self.rank) if failed else 0.0], dtype=torch.float64,
+                              device=self.device)
+        self._collective(status, dist.ReduceOp.MAX)
+        if int(status.item()) == 0:
+            return None
+        self.stopped = True
+        return self.size - int(status.item())
+
+    def _message(self, origin: int, text: str) -> str:
+        """``text`` of rank ``origin``, sent to every rank as UTF-8 bytes (never pickled)."""
+        data = torch.zeros(_MESSAGE_BYTES, dtype=torch.uint8)
+        if origin == self.rank:
+            raw = text.encode("utf-8", "replace")[:_MESSAGE_BYTES]
+            data[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+        data = data.to(self.device)
+        source = origin if self.group is None else dist.get_global_rank(self.group, origin)
+        self._wait(dist.broadcast(data, src=source, group=self.group, async_op=True),
+                   "sending the failed rank's error")
+        return bytes(data.cpu().tolist()).rstrip(b"\0").decode("utf-8", "replace")
+
+    def report_failure(self, error: BaseException) -> None:
+        """On the rank where calibration raised ``error``: tell the others, then return (the
+        caller re-raises). Does nothing once the ranks have stopped."""
+        if self.stopped or isinstance(error, (RankFailedError, RanksLostError)):
+            return
+        try:
+            origin = self._agreement(failed=True)
+            if origin is not None:
+                self._message(origin, f"{type(error).__name__}: {error}")
+        except DistributedCalibrationError:
+            pass  # the others are gone: this rank's own error is what its caller raises
 
     def _reduce(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
         work = tensor.detach().to(self.device, copy=True).contiguous()
-        dist.all_reduce(work, op=op, group=self.group)
+        origin = self._agreement(failed=False)
+        if origin is not None:
+            raise RankFailedError(origin, self._message(origin, ""))
+        self._collective(work, op)
         return work.to(tensor.device)
 
     def total(self, tensor: torch.Tensor) -> torch.Tensor:

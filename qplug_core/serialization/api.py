@@ -38,6 +38,7 @@ from qplug_core.serialization.files import read_artifact_file, write_artifact_fi
 from qplug_core.serialization.graph_codec import decode_graph
 from qplug_core.serialization.module_codec import decode_modules
 from qplug_core.flows.tags import ARTIFACT, FUSIONS
+from qplug_core.serialization.receivers import check_receivers
 
 #: PEP 508 distribution names
 _DISTRIBUTION_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?\Z")
@@ -127,6 +128,7 @@ def _rebuild(artifact: Artifact, source: Path) -> fx.GraphModule:
         graph = decode_graph(model["graph"])  # first: every name is checked before a module is built
         root, modes = decode_modules(model["modules"], model["attributes"], model["tensors"],
                                      artifact.tensors)
+        check_receivers(graph, root)  # the objects the names reach, as capture checked them
         gm = fx.GraphModule(root, graph, class_name="GraphModule")
         gm.graph.lint()
     except ConfigError as exc:

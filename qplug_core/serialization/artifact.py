@@ -9,6 +9,7 @@ lowering (:mod:`qplug_core.flows.snapshot`); :func:`artifact_of` encodes it when
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -26,6 +27,7 @@ from qplug_core.flows.tags import ARTIFACT, CAPTURE, FUSIONS, KERNEL, STATE
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
+from qplug_core.serialization.receivers import check_receivers
 
 FORMAT = "qplug"
 SCHEMA_VERSION = 1
@@ -37,6 +39,10 @@ MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "
 OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS)
 CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
+#: distribution names (PEP 508) and versions (PEP 440 characters) of a file's ``versions``
+_DISTRIBUTION = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?\Z")
+_VERSION = re.compile(r"[A-Za-z0-9.+!_-]{1,64}\Z")
+_MAX_VERSIONS = 64
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -83,6 +89,7 @@ def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference",
     table = TensorTable()
     try:
         modules, attributes = encode_modules(gm, table)
+        check_receivers(gm.graph, gm)
         graph = encode_graph(gm.graph)
     except ConfigError as exc:
         raise SerializationError(f"this model cannot be saved: {exc}") from exc
@@ -140,7 +147,7 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     backend = expect(doc["backend"], str, "backend", "a backend name")
     plugins = tuple(_read_plugin(p, child("plugins", i))
                     for i, p in enumerate(expect(doc["plugins"], list, "plugins", "a JSON list")))
-    expect(doc["versions"], dict, "versions", "a JSON object")
+    _check_versions(expect(doc["versions"], dict, "versions", "a JSON object"))
     model = read_fields(doc["model"], "model", MODEL_KEYS + OPTIONAL_MODEL_KEYS, required=MODEL_KEYS)
     if model.get("capture", "symbolic") not in CAPTURES:
         raise ConfigError(f"model.capture must be one of {', '.join(CAPTURES)}, got "
@@ -155,6 +162,22 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
         _read_fusion(fusion, child("model.fusions", i))
     _check_tensors(expect(model["tensors"], dict, "model.tensors", "a JSON object"), tensors)
     return Artifact(backend, plugins, model, tensors)
+
+
+def _check_text(value: Any, pattern: re.Pattern[str], path: str, what: str) -> None:
+    """``qplug report`` prints these: they must look like what qplug writes there."""
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ConfigError(f"{where(path)}: {value!r} is not {what}", field=path, value=value)
+
+
+def _check_versions(versions: dict[str, Any]) -> None:
+    """``{"qplug-core": "0.1.0", "torch": "2.13.0+cpu"}``: distribution names and versions."""
+    if len(versions) > _MAX_VERSIONS:
+        raise ConfigError(f"versions: {len(versions)} entries, at most {_MAX_VERSIONS}",
+                          field="versions", value=len(versions))
+    for key, value in versions.items():
+        _check_text(key, _DISTRIBUTION, child("versions", key), "a distribution name")
+        _check_text(value, _VERSION, child("versions", key), "a version")
 
 
 def _read_plugin(doc: Any, path: str) -> dict[str, str | None]:

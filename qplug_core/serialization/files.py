@@ -5,11 +5,18 @@ and offsets, plus string metadata) and raw tensor bytes; reading it runs no code
 document as one metadata string, so the header has a single metadata key and identical models give
 byte-identical files. Before safetensors parses anything, the first bytes are checked so that a
 pickle (``torch.save``) file, a truncated file or an absurd header length gets a clear error.
+
+The file is opened once (non-blocking, so a FIFO cannot hang the open), checked on that
+descriptor with ``fstat`` (a regular file, its size) and read only through it: safetensors maps
+``/proc/self/fd/N`` (the same open file, whatever the path names by then), or, where that does
+not exist, the bytes read from the descriptor. A path swapped for a FIFO or another file after
+the check is never opened again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import stat
@@ -17,6 +24,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file
 
 from qplug_core.errors import SerializationError, UnsafeFileError
@@ -76,40 +84,76 @@ def _check_regular(path: Path, mode: int) -> None:
                                  "files written by qp.save", path=str(path))
 
 
-def _read_head(path: Path) -> tuple[bytes, int]:
-    """The first bytes and the size of the regular file at ``path``, checked before and after
-    opening it (non-blocking, so a file swapped for a FIFO in between cannot hang the open)."""
-    _check_regular(path, os.stat(path).st_mode)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+def _open_regular(path: Path) -> tuple[int, int]:
+    """A descriptor of the regular file at ``path`` and its size, checked on the descriptor."""
+    _check_regular(path, os.stat(path).st_mode)  # early: a device is never even opened
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     try:
         info = os.fstat(fd)
         _check_regular(path, info.st_mode)
-        return os.read(fd, 9), info.st_size
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd, info.st_size
+
+
+def _read_exactly(fd: int, size: int, offset: int = 0) -> bytes:
+    chunks, done = [], 0
+    while done < size:
+        chunk = os.pread(fd, min(size - done, 1 << 24), offset + done)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        done += len(chunk)
+    return b"".join(chunks)
+
+
+def _descriptor_path(fd: int) -> str | None:
+    """A path that opens the file of ``fd`` itself (Linux's ``/proc/self/fd``), if there is one."""
+    path = f"/proc/self/fd/{fd}"
+    return path if os.path.exists(path) else None
+
+
+def _owned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with storage of its own: safetensors returns views of one buffer, and a graph
+    may modify a constant in place (``aten::detach_`` of a folded constant in DeBERTa-v2 raised
+    "Can't detach views in-place" on the first call of a loaded model)."""
+    return tensor.clone() if tensor._base is not None else tensor
+
+
+def _contents(path: Path, fd: int, size: int) -> tuple[str | None, dict[str, torch.Tensor]]:
+    """The qplug document and the tensors, read through ``fd`` only."""
+    by_descriptor = _descriptor_path(fd)
+    if by_descriptor is not None:
+        with safe_open(by_descriptor, framework="pt", device="cpu") as file:
+            document = (file.metadata() or {}).get(METADATA_KEY)
+            return document, {key: _owned(file.get_tensor(key)) for key in file.keys()}
+    data = _read_exactly(fd, size)
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    document = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+    return document, {key: _owned(tensor) for key, tensor in safetensors_load(data).items()}
 
 
 def read_artifact_file(path: Path) -> tuple[str, dict[str, torch.Tensor]]:
     """The qplug document and the tensors of the file at ``path``; never unpickles."""
     try:
-        head, size = _read_head(path)
+        fd, size = _open_regular(path)
     except FileNotFoundError as exc:
         raise SerializationError(f"{path}: no such file", path=str(path)) from exc
     except OSError as exc:
         raise SerializationError(f"cannot read {path}: {exc.strerror or exc}", path=str(path)) from exc
-    _check_head(path, head, size)
     try:
-        with safe_open(str(path), framework="pt", device="cpu") as file:
-            document = (file.metadata() or {}).get(METADATA_KEY)
-            if document is None:
-                raise SerializationError(
-                    f"{path} is a safetensors file without qplug metadata; qp.load reads the files "
-                    "written by qp.save", path=str(path))
-            tensors = {key: file.get_tensor(key) for key in file.keys()}
-    except SerializationError:
-        raise
-    except Exception as exc:  # safetensors reports every malformed file as a plain exception
-        raise SerializationError(f"{path} is corrupt: {exc}", path=str(path)) from exc
+        _check_head(path, _read_exactly(fd, 9), size)
+        try:
+            document, tensors = _contents(path, fd, size)
+        except Exception as exc:  # safetensors reports every malformed file as a plain exception
+            raise SerializationError(f"{path} is corrupt: {exc}", path=str(path)) from exc
+    finally:
+        os.close(fd)
+    if document is None:
+        raise SerializationError(f"{path} is a safetensors file without qplug metadata; qp.load reads "
+                                 "the files written by qp.save", path=str(path))
     return document, tensors
 
 

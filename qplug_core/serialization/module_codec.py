@@ -33,6 +33,7 @@ from qplug_core.errors import ConfigError
 from qplug_core.kernels.reference import ReferenceWeighted
 from qplug_core.serialization.checks import check_loaded_values, check_weight_qparams
 from qplug_core.serialization.graph_codec import check_path
+from qplug_core.serialization.receivers import graph_attribute
 from qplug_core.serialization.values import FILE_VALUES, check_identifier
 
 #: tensor table key: the float dtype an int8-stored weight is dequantized to
@@ -137,12 +138,8 @@ def encode_modules(gm: fx.GraphModule, table: TensorTable
 
 
 def _lookup(gm: fx.GraphModule, target: str) -> Any:
-    value: Any = gm
-    for part in target.split("."):
-        value = getattr(value, part, _MISSING)
-        if value is _MISSING:
-            raise ConfigError(f"the graph uses {target!r}, which the model does not have", field=target)
-    return value
+    """What the graph reads at ``target``, by the rule loading checks (submodules, tensors)."""
+    return graph_attribute(gm, target, target)
 
 
 def _encode_module(path: str, module: nn.Module, table: TensorTable) -> dict[str, Any]:

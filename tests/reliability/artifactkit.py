@@ -68,3 +68,14 @@ def node(document: dict[str, Any], name: str) -> dict[str, Any]:
 
 def module(document: dict[str, Any], path: str) -> dict[str, Any]:
     return next(m for m in document["model"]["modules"] if m["path"] == path)
+
+
+def with_nodes(source: Path, target: Path, *nodes: dict[str, Any]) -> Path:
+    """``source`` with ``nodes`` inserted before the output, which then returns the last of them."""
+    def edit(document: dict[str, Any]) -> None:
+        graph = document["model"]["graph"]
+        output = graph.pop()
+        graph.extend(nodes)
+        output["args"] = [{"node": nodes[-1]["name"]}]
+        graph.append(output)
+    return rewrite_header(source, target, edit)

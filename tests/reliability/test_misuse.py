@@ -122,8 +122,8 @@ def test_qconfig_whose_kwargs_contain_themselves():
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    ({"eps": "tiny"}, "TypeError"),
-    ({"bins": "many"}, "bins must be a positive int"),
+    ({"eps": "tiny"}, "eps must be a finite number in [1.175e-38, 0.001], got 'tiny'"),
+    ({"bins": "many"}, "bins must be an int in [1, 65536], got 'many'"),
     ({"dtype": 5}, "quantized dtype 5 is not supported"),
     ({"averaging_constant": 0.1}, "unexpected keyword argument 'averaging_constant'"),
 ], ids=["eps-str", "bins-str", "dtype-int", "unknown-kwarg"])

@@ -165,3 +165,30 @@ def test_pass_leaving_an_invalid_graph_is_caught_in_debug_mode(register_plugin, 
     assert raised.value.pass_name == "_dangle"
     assert "used before it is defined" in str(raised.value) or "topolog" in str(raised.value)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+class PatternsRaise(BackendPlugin):
+    """A backend whose own pattern table fails to build: every op would stay float."""
+
+    name = "vendorx"
+    description = "a backend whose pattern hook raises"
+
+    def pattern_configs(self):
+        raise RuntimeError("pattern table corrupt")
+
+    def default_qconfig_mapping(self, mode):
+        return qp.get_default_qconfig_mapping("reference", mode)
+
+
+def test_nothing_quantized_because_a_hook_raised_names_the_plugin_and_hook(register_plugin):
+    """Issue 27: the cause was only in a warning; the error said "no quantization pattern matches"."""
+    register_plugin(PatternsRaise(), "vendorx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", plugins.QplugPluginWarning)
+        with pytest.raises(qp.errors.NothingQuantizedError) as raised:
+            qp.quantize(conv_net(), X, images(1), backend="vendorx")
+    message = str(raised.value)
+    assert "backend 'vendorx' is broken: plugin 'vendorx' (qplug-vendorx 0.1): hook " \
+           "qplug_backend_pattern_configs raised RuntimeError: pattern table corrupt" in message
+    assert isinstance(raised.value.__cause__, PluginHookError)
+    assert raised.value.__cause__.hook == "qplug_backend_pattern_configs"

@@ -139,3 +139,38 @@ def test_slow_plugin_import_is_timed_and_named(fake_dist):
     assert 0 <= times["acme"] < 2.2 and times["reference"] is not None
     table = CliRunner().invoke(app, ["plugins"], env={"COLUMNS": "200"})
     assert "load time" in table.stdout and "s " in table.stdout
+
+
+NATIVE_WRITE = "import os; os.write(1, b'native: {}\\n')"
+PRINTF = "import ctypes; ctypes.CDLL(None).printf(b'printf: {}\\n')"
+
+
+@pytest.mark.parametrize("command", [["list-backends", "--json"], ["doctor", "--json"]])
+def test_plugin_output_below_sys_stdout_does_not_corrupt_json(fake_dist, tmp_path, command):
+    """A native library writes to file descriptor 1 directly (issue 27, finding 7)."""
+    fake_dist("qplug-native", registers("native", at_import=NATIVE_WRITE.format("importing"),
+                                        in_hook=PRINTF.format("registering")))
+    result = run_qplug(*command, pythonpath=tmp_path)
+    assert result.returncode == 0, result.stderr
+    json.loads(result.stdout)  # nothing but the document on stdout
+    assert "native: importing" in result.stderr and "printf: registering" in result.stderr
+
+
+def test_os_exit_in_a_hook_is_a_broken_plugin_named_with_its_hook(fake_dist, tmp_path):
+    fake_dist("qplug-killer", registers("killer", in_hook="import os; os._exit(0)"))
+    result = run_qplug("list-backends", "--json", pythonpath=tmp_path)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    killer = next(p for p in document["plugins"] if p["name"] == "killer")
+    assert killer["status"] == "broken"
+    assert "hook qplug_register_backends raised HardExit: os._exit(0) was called" in killer["error"]
+    assert {b["name"]: b["status"] for b in document["backends"]}["reference"] == "ok"
+
+
+def test_a_plugins_error_text_reaches_the_terminal_escaped(fake_dist, tmp_path):
+    """Its error is printed in the listing and as a warning: no escape sequence gets through."""
+    fake_dist("qplug-rogue", registers("rogue", in_hook="raise RuntimeError('\\x1b]0;pwned\\x07\\x1b[2J')"))
+    result = run_qplug("list-backends", pythonpath=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout + result.stderr
+    assert "raised RuntimeError: \\x1b]0;pwned\\x07\\x1b[2J" in result.stdout

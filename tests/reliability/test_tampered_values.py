@@ -8,6 +8,8 @@ the file and the field, before anything computes with the value.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -207,3 +209,37 @@ def test_huge_sizes_on_the_meta_device_fail_on_shape_not_memory(good_file):
         in_features=1_000_000, out_features=1_000_000))
     with pytest.raises(SerializationError, match="expects \\(1000000, 1000000\\)"):
         load(path)
+
+
+SWAP_AFTER_CHECK = """
+import os, sys
+from pathlib import Path
+from qplug_core.serialization import files, load
+
+path = Path(sys.argv[1])
+checked = files._check_head
+
+def swap_then_check(*args):  # the attacker wins the race: the checked path is now a FIFO
+    path.unlink()
+    os.mkfifo(path)
+    return checked(*args)
+
+files._check_head = swap_then_check
+load(path)
+print("loaded")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX only")
+def test_a_path_swapped_after_the_check_is_never_opened_again(good_file, tmp_path):
+    """TOCTOU (issue 27, finding 8): the file is checked, then the path is replaced by a FIFO.
+    Before, safetensors opened the path again and blocked on the FIFO (holding the GIL, so in a
+    process of its own here); now the model is read from the descriptor that was checked."""
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(good_file.read_bytes())
+    try:
+        result = subprocess.run([sys.executable, "-c", SWAP_AFTER_CHECK, str(path)],
+                                capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("qp.load opened the swapped path again and blocked on the FIFO")
+    assert result.returncode == 0 and result.stdout == "loaded\n", result.stderr[-2000:]

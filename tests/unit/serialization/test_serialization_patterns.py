@@ -24,6 +24,9 @@ QAT_LEFT_OVER = ("bug: under the default QAT mapping the qat.Embedding region is
                  "convert leaves the QAT module (with its qconfig, fake quant and observer) in the "
                  "converted model instead of its float module; that state is not saveable")
 KNOWN_FAILURES = {"qat.Embedding": QAT_LEFT_OVER, "qat.EmbeddingBag": QAT_LEFT_OVER}
+#: patterns whose models quantize but are refused by qp.save, by design: growing a tensor with
+#: resize_ leaves uninitialised memory, which no loaded file may reach (issue 27)
+UNSAVEABLE = {".resize_()": "method name 'resize_' is not a tensor method"}
 
 
 def _cases():
@@ -63,6 +66,10 @@ def test_pattern_round_trips_bit_identically(case, tmp_path):
     if case.mode == "qat":
         observed.eval()
     reference = qp.convert_to_reference_fx(observed)
+    if case.id in UNSAVEABLE:
+        with pytest.raises(qp.errors.SerializationError, match=UNSAVEABLE[case.id]):
+            save(reference, tmp_path / "pattern.safetensors")
+        return
     loaded = load(save(reference, tmp_path / "pattern.safetensors"))
 
     with torch.no_grad():

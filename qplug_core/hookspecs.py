@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from qplug_core.delegation import Delegate
     from qplug_core.kernels.base import KernelSpec
     from qplug_core.patterns import Pattern
+    from qplug_core.weight_only.kernel import WeightOnlyKernel
 
 PROJECT_NAME = "qplug"
 
@@ -157,6 +158,22 @@ def qplug_delegate(backend: str) -> Delegate | None:
         gives one). ``qp.load`` compiles again.
 
     firstresult: the most recently registered plugin that answers wins.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def qplug_weight_only_kernels(backend: str) -> list[WeightOnlyKernel]:
+    """Contribute weight-only kernels (int8/int4 weights, float activations) for ``backend``.
+
+    :param backend: backend name; answer with an empty list for backends that are not yours.
+    :return: :class:`~qplug_core.plugin_api.WeightOnlyKernel` instances (each says which bits,
+        group sizes and activation dtypes it runs, packs a weight once and runs
+        ``x @ dequantize(W).T + b``). ``qp.quantize_weights`` checks each against the core's
+        reference and times it once per process; the fastest correct one runs.
+
+    Not firstresult: kernels of all plugins are candidates.
 
     .. versionadded:: 0.1
     """

@@ -59,6 +59,8 @@ from qplug_core.passes.base import PassResult
 from qplug_core.plugins import QplugPluginWarning
 from qplug_core.qconfig_defaults import default_qconfig_mapping
 from qplug_core.qparams import QParams
+from qplug_core.weight_only.kernel import WeightOnlyKernel
+from qplug_core.weight_only.scheme import QuantizedWeight, WeightOnlyScheme
 
 if TYPE_CHECKING:
     from qplug_core.onnx_export import to_onnx_proto
@@ -123,6 +125,10 @@ __all__ = [
     "int_values",
     "quantized_from_int",
     "torch_int8_kernels",
+    # weight-only kernels (the qplug_weight_only_kernels hook)
+    "QuantizedWeight",
+    "WeightOnlyKernel",
+    "WeightOnlyScheme",
     # default qconfigs
     "QConfig",
     "QConfigMapping",

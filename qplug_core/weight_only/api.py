@@ -20,14 +20,15 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError, ConfigValidationError, did_you_mean
-from qplug_core.weight_only.awq import awq_quantize, record_inputs
+from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs
+from qplug_core.weight_only.gptq import gptq_quantize
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
 from qplug_core.weight_only.scheme import WeightOnlyScheme, quantize
 from qplug_core.weight_only.selection import Choice, available_kernels, choose
 
 #: the attribute of a quantized model holding its :class:`WeightOnlyInfo` (``qp.save`` reads it)
 INFO_ATTRIBUTE = "qplug_weight_only"
-ALGORITHMS = ("rtn", "awq")
+ALGORITHMS = ("rtn", "awq", "gptq")
 
 
 @dataclass
@@ -46,7 +47,7 @@ class WeightOnlyInfo:
 def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None = None,
                      symmetric: bool = True, algorithm: str = "rtn",
                      calibration: Iterable[Any] | None = None, skip: str | Sequence[str] = (),
-                     embeddings: bool = True, backend: str | None = None,
+                     embeddings: bool = False, backend: str | None = None,
                      kernel: str | None = None) -> nn.Module:
     """A copy of ``model`` whose linear and embedding weights are ``bits``-bit integers.
 
@@ -54,14 +55,17 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     :param group_size: input features per scale (32, 64, 128...); ``None`` gives one scale per
         output channel. It must divide every quantized layer's input features.
     :param symmetric: fixed zero point (``True``) or one zero point per group (``False``).
-    :param algorithm: ``"rtn"`` (round to nearest, no data) or ``"awq"`` (activation-aware scales
-        and clipping, searched on ``calibration``; embeddings always use RTN).
-    :param calibration: batches the model is called with for ``"awq"``: token-id tensors
+    :param algorithm: ``"rtn"`` (round to nearest, no data), ``"awq"`` (activation-aware scales
+        and clipping, searched on ``calibration``) or ``"gptq"`` (error feedback through the
+        inputs' Hessian); embeddings always use RTN.
+    :param calibration: batches the model is called with for ``"awq"`` / ``"gptq"``: token-id tensors
         (``model(batch)``), dicts (``model(**batch)``) or tuples (``model(*batch)``).
     :param skip: module names or regular expressions (matched against the whole name) of layers to
         leave float. An output projection tied to the input embedding (``lm_head`` of most LLMs)
         is always left float: quantizing one copy would untie them.
-    :param embeddings: also quantize ``nn.Embedding`` tables (rows grouped like linear weights).
+    :param embeddings: also quantize ``nn.Embedding`` tables (rows grouped like linear weights):
+        it saves memory but no time (rows are looked up, not multiplied), and int4 tables cost
+        accuracy on small models, so it is opt-in.
     :param backend: take kernels from this backend only (and the core's); ``None``: every
         installed backend.
     :param kernel: force a kernel by name (``"reference"``, ``"torch-int8pack"``,
@@ -75,8 +79,8 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         raise ConfigValidationError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
                                     f"{did_you_mean(str(algorithm), ALGORITHMS)}", field="algorithm",
                                     value=algorithm)
-    if algorithm == "awq" and calibration is None:
-        raise CalibrationError("algorithm='awq' needs calibration=[batch, ...]: a few token batches of "
+    if algorithm != "rtn" and calibration is None:
+        raise CalibrationError(f"algorithm={algorithm!r} needs calibration=[batch, ...]: a few token batches of "
                                "the kind of text the model will see (or use algorithm='rtn')")
     patterns = [re.compile(p) for p in ([skip] if isinstance(skip, str) else skip)]
     kernels = available_kernels(backend)
@@ -86,9 +90,10 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     for name, module in targets.items():
         _check_divisible(name, module, scheme)
     inputs: dict[str, torch.Tensor] = {}
-    if algorithm == "awq":
+    if algorithm != "rtn":
         linears = {n: m for n, m in targets.items() if not isinstance(m, nn.Embedding)}
-        inputs = record_inputs(qmodel, linears, calibration or ())
+        rows = GPTQ_ROWS if algorithm == "gptq" else MAX_ROWS
+        inputs = record_inputs(qmodel, linears, calibration or (), rows)
     modules = dict(qmodel.named_modules())
     with torch.no_grad():
         for name, module in targets.items():
@@ -163,7 +168,10 @@ def _quantized_module(module: nn.Module, scheme: WeightOnlyScheme, x: torch.Tens
     if isinstance(module, nn.Embedding):
         return WeightOnlyEmbedding(quantize(module.weight, scheme), module.padding_idx)
     weight = linear_weight(module)
-    if x is not None:
+    input_scale = None
+    if x is not None and info.algorithm == "gptq":
+        qweight = gptq_quantize(weight, x, scheme)
+    elif x is not None:
         qweight, input_scale = awq_quantize(weight, x, scheme)
     else:
         qweight, input_scale = quantize(weight, scheme), None

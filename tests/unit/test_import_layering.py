@@ -53,7 +53,9 @@ ALLOWED: dict[str, set[str]] = {
     "partition": {"backend", "errors", "fx", "ir"},
     "delegation": {"errors", "fx", "partition"},
     "finish": {"backend", "delegation", "fx", "ir", "kernels"},
-    "serialization": {"backend", "config", "errors", "finish", "fx", "kernels", "plugins", "qparams"},
+    "weight_only": {"backend", "errors", "plugins"},
+    "serialization": {"backend", "config", "errors", "finish", "fx", "kernels", "plugins", "qparams",
+                      "weight_only"},
     "distributed": {"errors", "observers"},
     "flow_checks": {"errors", "fx", "kernels", "observers"},
     "flows": {"backend", "config", "distributed", "errors", "finish", "flow_checks", "report", "fx", "passes", "serialization"},
@@ -67,7 +69,7 @@ ALLOWED: dict[str, set[str]] = {
     "onnx_export": {"errors", "flows", "fx", "ir", "kernels", "nn", "qparams", "serialization"},
     "plugin_api": {"backend_configs", "backend_plugin", "config", "contract", "delegation", "enums",
                    "errors", "fx", "hookspecs", "kernels", "onnx_export", "partition", "passes",
-                   "plugins", "qconfig_defaults", "qparams", "testing"},
+                   "plugins", "qconfig_defaults", "qparams", "testing", "weight_only"},
     "testing": {"backend", "config", "flows", "fx", "kernels", "nn", "partition", "patterns", "plugins", "zoo",
                 FACADE},
     "pytest_plugin": {"plugins", "testing"},
@@ -78,7 +80,7 @@ ALLOWED: dict[str, set[str]] = {
     FACADE: {"algorithms", "backend", "config", "distributed", "dynamic", "eager", "errors", "flows",
              "hookspecs", "one_call",
              "matcher", "observers", "onnx_export", "partition", "passes", "patterns", "report",
-             "serialization", "zoo"},
+             "serialization", "weight_only", "zoo"},
 }
 
 

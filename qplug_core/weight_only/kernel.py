@@ -102,6 +102,8 @@ class TorchInt4Kernel(WeightOnlyKernel):
             return "int4 only"
         if (scheme.group_size or shape[1]) not in self.GROUP_SIZES:
             return f"group_size one of {self.GROUP_SIZES}"
+        if shape[0] % 16:
+            return "out_features a multiple of 16"
         if activation_dtype not in (torch.float32, torch.bfloat16, torch.float16):
             return f"activations float32/bfloat16/float16, not {activation_dtype}"
         if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):

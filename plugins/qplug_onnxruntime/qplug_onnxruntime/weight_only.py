@@ -37,7 +37,9 @@ class MatMulNBitsKernel(WeightOnlyKernel):
         return None
 
     def pack(self, weight: QuantizedWeight) -> _Sessions:
-        return _Sessions(_model_bytes(weight))
+        sessions = _Sessions(weight)
+        sessions.session()  # built now, so a weight ORT refuses fails the selection's check
+        return sessions
 
     def run(self, packed, x, bias):
         y = torch.from_numpy(packed.session().run(None, {"A": x.detach().float().numpy()})[0])
@@ -45,10 +47,11 @@ class MatMulNBitsKernel(WeightOnlyKernel):
 
 
 class _Sessions:
-    """The serialized one-node model and its sessions, one per intra-op thread count."""
+    """Sessions of one weight, one per intra-op thread count. The weight is the module's own
+    (no copy); the serialized model exists only while a session is built."""
 
-    def __init__(self, model: bytes):
-        self.model = model
+    def __init__(self, weight: QuantizedWeight):
+        self.weight = weight
         self._sessions: dict[int, Any] = {}
         self._lock = threading.Lock()
 
@@ -69,7 +72,7 @@ class _Sessions:
         options.inter_op_num_threads = 1
         # the thread pool must not spin between calls: torch runs the rest of the model meanwhile
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return ort.InferenceSession(self.model, options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(_model_bytes(self.weight), options, providers=["CPUExecutionProvider"])
 
 
 def _model_bytes(weight: QuantizedWeight) -> bytes:

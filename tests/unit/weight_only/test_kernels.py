@@ -1,8 +1,5 @@
-"""Weight-only kernels against the float64 definition ``x @ ((q - zero_point) * scale).T + b``.
-
-The integers are read back from the stored bytes by a route independent of ``scheme.unpack``
-(nibble arithmetic in Python ints), and the expected product is computed in float64.
-"""
+"""Weight-only kernels against the float64 definition ``x @ ((q - zero_point) * scale).T + b``
+(:mod:`qplug_core.testing.weight_only`: integers read back from the stored bytes by their own route)."""
 
 from __future__ import annotations
 
@@ -10,31 +7,13 @@ import pytest
 import torch
 
 from qplug_core.errors import ConfigValidationError
+from qplug_core.testing.weight_only import definition
 from qplug_core.weight_only import WeightOnlyLinear, WeightOnlyScheme
 from qplug_core.weight_only.kernel import CORE_KERNELS, ReferenceKernel
 from qplug_core.weight_only.scheme import quantize
 from qplug_core.weight_only.selection import choose, relative_error
 
 KERNELS = {k.name: k for k in CORE_KERNELS}
-
-
-def integers_from_bytes(weight) -> torch.Tensor:
-    n, k = weight.shape
-    rows = weight.data.tolist()
-    if weight.scheme.bits == 8:
-        return torch.tensor(rows, dtype=torch.float64)
-    values = [[(row[j // 2] >> (4 * (j % 2))) & 0xF for j in range(k)] for row in rows]
-    return torch.tensor(values, dtype=torch.float64)
-
-
-def definition(weight) -> torch.Tensor:
-    """float64 ``(q - zp) * scale``, every group expanded by repeat_interleave."""
-    n, k = weight.shape
-    size = weight.scheme.group_size or k
-    zp = (torch.full((n, k // size), float(weight.scheme.midpoint)) if weight.zero_points is None
-          else weight.zero_points.double())
-    scales = weight.scales.double().repeat_interleave(size, dim=1)
-    return (integers_from_bytes(weight) - zp.repeat_interleave(size, dim=1)) * scales
 
 
 CASES = [  # (kernel, bits, group_size, symmetric, out_features, in_features)

@@ -1,4 +1,5 @@
-"""Weight-only quantization of real all-MiniLM-L6-v2 weights: sentence-embedding agreement with fp32.
+"""Weight-only quantization of real all-MiniLM-L6-v2 weights: sentence-embedding agreement with fp32
+(the thresholds are held by tests/e2e/test_minilm.py).
 
 Embeddings are mean pooled over the attention mask and L2 normalised (sentence-transformers'
 definition), on the odd sentences of tests/data/sentences_en.txt; the even ones calibrate AWQ and

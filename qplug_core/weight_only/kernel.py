@@ -61,6 +61,15 @@ class ReferenceKernel(WeightOnlyKernel):
         return F.linear(x, packed.dequantize(x.dtype), bias)
 
 
+def _torch_op_reason(op: str, activation_dtype: torch.dtype) -> str | None:
+    """Why torch's ``aten.<op>`` cannot run here (activation dtype, an older torch), or ``None``."""
+    if activation_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"activations float32/bfloat16/float16, not {activation_dtype}"
+    if not hasattr(torch.ops.aten, op):
+        return f"this torch has no aten.{op}"
+    return None
+
+
 class TorchInt8Kernel(WeightOnlyKernel):
     """``torch.ops.aten._weight_int8pack_mm``: symmetric int8, one scale per output channel."""
 
@@ -71,11 +80,7 @@ class TorchInt8Kernel(WeightOnlyKernel):
             return "symmetric int8 only"
         if scheme.group_size not in (None, shape[1]):
             return "one scale per output channel only (group_size=None)"
-        if activation_dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            return f"activations float32/bfloat16/float16, not {activation_dtype}"
-        if not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
-            return "this torch has no aten._weight_int8pack_mm"
-        return None
+        return _torch_op_reason("_weight_int8pack_mm", activation_dtype)
 
     def pack(self, weight):
         signed = (weight.data.to(torch.int16) - weight.scheme.midpoint).to(torch.int8)
@@ -104,11 +109,7 @@ class TorchInt4Kernel(WeightOnlyKernel):
             return f"group_size one of {self.GROUP_SIZES}"
         if shape[0] % 16:
             return "out_features a multiple of 16"
-        if activation_dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            return f"activations float32/bfloat16/float16, not {activation_dtype}"
-        if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
-            return "this torch has no aten._weight_int4pack_mm_for_cpu"
-        return None
+        return _torch_op_reason("_weight_int4pack_mm_for_cpu", activation_dtype)
 
     def pack(self, weight):
         q = weight.integers().to(torch.int32).contiguous()

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from qplug_core.weight_only.kernel import ReferenceKernel, WeightOnlyKernel
-from qplug_core.weight_only.scheme import QuantizedWeight, WeightOnlyScheme, unpack
+from qplug_core.weight_only.scheme import QuantizedWeight, unpack
 
 
 class _QuantizedWeightHolder(nn.Module):

@@ -97,10 +97,6 @@ class QuantizedWeight:
         zp = self.zero_point_tensor().to(torch.int16)[..., None]
         return ((q - zp).to(dtype) * self.scales.to(dtype)[..., None]).view(n, k)
 
-    def nbytes(self) -> int:
-        extra = 0 if self.zero_points is None else self.zero_points.numel()
-        return self.data.numel() + self.scales.numel() * self.scales.element_size() + extra
-
 
 def quantize(weight: torch.Tensor, scheme: WeightOnlyScheme,
              clip: torch.Tensor | None = None) -> QuantizedWeight:

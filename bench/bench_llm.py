@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import ctypes
 import gc
 import resource
 import warnings
@@ -27,6 +29,10 @@ import qplug_core as qp
 
 
 def rss_bytes() -> int:
+    """Resident bytes after a GC and ``malloc_trim`` (freed float copies go back to the OS)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
 
@@ -63,7 +69,6 @@ def main() -> None:
     for name, bits in (("int8 g32", 8), ("int4 g32", 4)):
         before = rss_bytes()
         models[name] = qp.quantize_weights(fp32, bits=bits, group_size=32)
-        gc.collect()
         added[name] = rss_bytes() - before
     prompt = torch.randint(0, 32000, (1, 32), generator=torch.Generator().manual_seed(1))
     settings = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,

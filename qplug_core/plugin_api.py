@@ -61,12 +61,14 @@ from qplug_core.qconfig_defaults import default_qconfig_mapping
 from qplug_core.qparams import QParams
 from qplug_core.weight_only.kernel import WeightOnlyKernel
 from qplug_core.weight_only.scheme import QuantizedWeight, WeightOnlyScheme
+from qplug_core.weight_only.scheme import quantize as quantize_weight
 
 if TYPE_CHECKING:
     from qplug_core.onnx_export import to_onnx_proto
     from qplug_core.onnx_export.lstm import dynamic_lstm_problem
     from qplug_core.testing.layer_parity import LayerParity, layer_parity
     from qplug_core.testing.pattern_suite import BackendPatternSuite
+    from qplug_core.testing.weight_only import definition as weight_only_definition
 
 
 def __getattr__(name: str) -> Any:
@@ -83,6 +85,10 @@ def __getattr__(name: str) -> Any:
         from qplug_core.testing.pattern_suite import BackendPatternSuite
 
         return BackendPatternSuite
+    if name == "weight_only_definition":  # the float64 oracle of weight-only kernels
+        from qplug_core.testing.weight_only import definition
+
+        return definition
     if name in ("layer_parity", "LayerParity"):  # a compiling backend's conformance check
         from qplug_core.testing import layer_parity
 
@@ -129,6 +135,7 @@ __all__ = [
     "QuantizedWeight",
     "WeightOnlyKernel",
     "WeightOnlyScheme",
+    "quantize_weight",
     # default qconfigs
     "QConfig",
     "QConfigMapping",
@@ -153,4 +160,5 @@ __all__ = [
     "BackendPatternSuite",
     "LayerParity",
     "layer_parity",
+    "weight_only_definition",
 ]

@@ -9,9 +9,8 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.plugin_api import WeightOnlyScheme
-from qplug_core.testing.weight_only import definition
-from qplug_core.weight_only.scheme import quantize
-from qplug_core.weight_only.selection import available_kernels
+from qplug_core.plugin_api import quantize_weight as quantize
+from qplug_core.plugin_api import weight_only_definition as definition
 from qplug_onnxruntime.weight_only import MatMulNBitsKernel
 
 #: MatMulNBits with accuracy_level=4 rounds activations to int8 per block: relative L2 error ~0.5%
@@ -49,9 +48,11 @@ def test_matmulnbits_refuses_what_it_cannot_run():
 
 
 def test_hook_qplug_weight_only_kernels():
-    assert "onnxruntime-matmulnbits" in [k.name for k in available_kernels("onnxruntime")]
-    assert "onnxruntime-matmulnbits" not in [k.name for k in available_kernels("reference")]
     model = nn.Sequential(nn.Linear(64, 48), nn.GELU(), nn.Linear(48, 32))
+    measured = qp.quantize_weights(model, bits=4, group_size=16, backend="onnxruntime")
+    assert "onnxruntime-matmulnbits" in measured.qplug_weight_only.choices[0].timings_ms
+    with pytest.raises(qp.errors.ConfigValidationError, match="no weight-only kernel is called"):
+        qp.quantize_weights(model, bits=4, group_size=16, backend="reference", kernel="onnxruntime-matmulnbits")
     qmodel = qp.quantize_weights(model, bits=4, group_size=16, kernel="onnxruntime-matmulnbits")
     assert set(qmodel.qplug_weight_only.kernels.values()) == {"onnxruntime-matmulnbits"}
     x = torch.randn(2, 3, 64)

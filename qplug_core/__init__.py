@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
     from qplug_core.analysis.compare import compare
     from qplug_core.analysis.layers import sqnr
     from qplug_core.serialization import load, save
+    from qplug_core.weight_only import quantize_weights
 
 #: public name -> "module" (a submodule) or "module:attribute"
 _EXPORTS: dict[str, str] = {
@@ -77,6 +78,7 @@ _EXPORTS: dict[str, str] = {
     "convert_fx": "qplug_core.flows.steps:convert_fx",
     "quantization_report": "qplug_core.flows.steps:quantization_report",
     "quantize_dynamic": "qplug_core.flows.dynamic:quantize_dynamic",
+    "quantize_weights": "qplug_core.weight_only:quantize_weights",
     "get_default_qconfig_mapping": "qplug_core.flows.steps:get_default_qconfig_mapping",
     "compare": "qplug_core.analysis.compare:compare",
     "sensitivity": "qplug_core.algorithms.sensitivity:sensitivity",
@@ -118,7 +120,8 @@ __all__ = [
     "config", "convert_fx", "convert_to_reference_fx", "distributed", "eager", "errors",
     "export_onnx", "fuse_fx", "get_backend", "get_default_qconfig_mapping", "hookimpl",
     "list_backends", "load", "matcher", "observers", "partition", "passes", "patterns",
-    "prepare_fx", "prepare_qat_fx", "quantization_report", "quantize", "quantize_dynamic", "save",
+    "prepare_fx", "prepare_qat_fx", "quantization_report", "quantize", "quantize_dynamic",
+    "quantize_weights", "save",
     "sensitivity", "sqnr", "sync_observers", "zoo",
 ]
 

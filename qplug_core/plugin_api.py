@@ -65,12 +65,16 @@ from qplug_core.passes.base import PassResult
 from qplug_core.registry.plugins import QplugPluginWarning
 from qplug_core.config.defaults import default_qconfig_mapping
 from qplug_core.qparams import QParams
+from qplug_core.kernels.weight_only import WeightOnlyKernel
+from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
+from qplug_core.kernels.weight_only_scheme import quantize as quantize_weight
 
 if TYPE_CHECKING:
     from qplug_core.onnx_export import to_onnx_proto
     from qplug_core.onnx_export.lstm import dynamic_lstm_problem
     from qplug_core.testing.layer_parity import LayerParity, layer_parity
     from qplug_core.testing.pattern_suite import BackendPatternSuite
+    from qplug_core.testing.weight_only import definition as weight_only_definition
 
 
 def __getattr__(name: str) -> Any:
@@ -87,6 +91,10 @@ def __getattr__(name: str) -> Any:
         from qplug_core.testing.pattern_suite import BackendPatternSuite
 
         return BackendPatternSuite
+    if name == "weight_only_definition":  # the float64 oracle of weight-only kernels
+        from qplug_core.testing.weight_only import definition
+
+        return definition
     if name in ("layer_parity", "LayerParity"):  # a compiling backend's conformance check
         from qplug_core.testing import layer_parity
 
@@ -137,6 +145,11 @@ __all__ = [
     "int_values",
     "quantized_from_int",
     "torch_int8_kernels",
+    # weight-only kernels (the qplug_weight_only_kernels hook)
+    "QuantizedWeight",
+    "WeightOnlyKernel",
+    "WeightOnlyScheme",
+    "quantize_weight",
     # what this CPU can do for int8
     # default qconfigs
     "QConfig",
@@ -166,4 +179,5 @@ __all__ = [
     "BackendPatternSuite",
     "LayerParity",
     "layer_parity",
+    "weight_only_definition",
 ]

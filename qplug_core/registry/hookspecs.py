@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from qplug_core.config import BackendPatternConfig, QConfigMapping
     from qplug_core.kernels.base import KernelSpec
     from qplug_core.patterns import Pattern
+    from qplug_core.kernels.weight_only import WeightOnlyKernel
 
 PROJECT_NAME = "qplug"
 
@@ -162,6 +163,25 @@ def qplug_passes(stage: str, backend: str) -> list[Callable]:
         error naming the plugin.
 
     Not firstresult: passes of all plugins run, in plugin registration order.
+
+    .. versionadded:: 0.1
+    """
+
+
+# -- Weight-only quantization: kernel candidates, asked when qp.quantize_weights runs ----------
+
+
+@hookspec
+def qplug_weight_only_kernels(backend: str) -> list[WeightOnlyKernel]:
+    """Contribute weight-only kernels (int8/int4 weights, float activations) for ``backend``.
+
+    :param backend: backend name; answer with an empty list for backends that are not yours.
+    :return: :class:`~qplug_core.plugin_api.WeightOnlyKernel` instances (each says which bits,
+        group sizes and activation dtypes it runs, packs a weight once and runs
+        ``x @ dequantize(W).T + b``). ``qp.quantize_weights`` checks each against the core's
+        reference and times it once per process; the fastest correct one runs.
+
+    Not firstresult: kernels of all plugins are candidates.
 
     .. versionadded:: 0.1
     """

@@ -39,6 +39,12 @@ from qplug_core.serialization.graph_codec import decode_graph
 from qplug_core.serialization.module_codec import decode_modules
 from qplug_core.flows.tags import ARTIFACT, FUSIONS
 from qplug_core.serialization.receivers import check_receivers
+from qplug_core.serialization.weight_only import (
+    is_weight_only,
+    is_weight_only_document,
+    load_weight_only,
+    save_weight_only,
+)
 
 #: PEP 508 distribution names
 _DISTRIBUTION_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?\Z")
@@ -51,9 +57,12 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
     what is written is the reference form recorded at convert time (int8 weights, qparams, graph;
     float tensors are shared with the model) and the backend it was converted for, so modules
     swapped into the model later are not saved. The file is replaced atomically, and saving the
-    same model twice gives byte-identical files.
+    same model twice gives byte-identical files. Models from ``qp.quantize_weights`` are saved as
+    their quantized tensors and the rest of their float state (load them with ``model=``).
     """
     target = Path(path)
+    if is_weight_only(qmodel):
+        return save_weight_only(qmodel, target)
     artifact = artifact_of(qmodel)
     if isinstance(artifact, str):
         raise SerializationError(f"cannot save to {target}: {artifact}", path=str(target))
@@ -69,8 +78,14 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
     return target
 
 
-def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) -> fx.GraphModule:
+def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
+         model: nn.Module | None = None) -> nn.Module:
     """Load a model saved by :func:`save`, lowered to the backend it was converted for.
+
+    A weight-only model (``qp.quantize_weights``) is loaded into ``model``: an instance of the
+    original class built from the same config (``AutoModelForCausalLM.from_config(config)``),
+    whose float weights are replaced in place; it is returned, with kernels picked for this CPU
+    (from ``backend``'s and the core's, or every installed backend's for ``None``).
 
     ``backend`` overrides that backend; ``backend="reference"`` gives the reference form, which
     runs anywhere. Nothing is ever unpickled: a pickle (``torch.save``) file raises
@@ -84,7 +99,18 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) 
     source = Path(path)
     text, tensors = read_artifact_file(source)
     try:
-        artifact = from_document(json.loads(text), tensors)
+        document = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise SerializationError(f"{source} is not a valid qplug artifact: {type(exc).__name__}: {exc}",
+                                 path=str(source)) from exc
+    if is_weight_only_document(document):
+        return load_weight_only(document, tensors, source, model,
+                                backend.name if isinstance(backend, Backend) else backend)
+    if model is not None:
+        raise SerializationError(f"{source} holds a converted graph model, which qp.load builds itself; "
+                                 "model= is only for files of qp.quantize_weights models", path=str(source))
+    try:
+        artifact = from_document(document, tensors)
     except (ValueError, RecursionError, ConfigError) as exc:  # RecursionError: absurdly nested JSON
         raise SerializationError(f"{source} is not a valid qplug artifact: {type(exc).__name__}: {exc}",
                                  path=str(source)) from exc

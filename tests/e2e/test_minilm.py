@@ -77,3 +77,22 @@ def test_static_int8_defaults_on_the_hugging_face_model_keep_the_embeddings(mini
     assert target.final.cosine_mean == pytest.approx(seen.cosine_mean, abs=1e-4)
     ours = agreement(reference, embed(qmodel, batches))
     assert ours.cosine_mean >= 0.995 and ours.cosine_min >= 0.99 and ours.neighbours_kept >= 0.92, ours
+
+
+def test_weight_only_int8_per_channel_rtn_keeps_the_embeddings(minilm):
+    model, batches, reference = minilm
+    result = agreement(reference, embed(qp.quantize_weights(model.model, bits=8), batches))
+    assert result.cosine_mean >= 0.999 and result.cosine_min >= 0.998, result
+
+
+def test_weight_only_int4_group_32_gptq_keeps_the_embeddings_where_rtn_does_not(minilm):
+    """Linears int4 (groups of 32, zero points), embedding tables float; calibration on the
+    sentences scored never see. Figures with AWQ: bench/bench_accuracy_weight_only.py."""
+    model, batches, reference = minilm
+    calibration, _ = split_sentences(read_sentences(SENTENCES))
+    gptq = qp.quantize_weights(model.model, bits=4, group_size=32, symmetric=False, algorithm="gptq",
+                               calibration=token_batches(model.tokenizer, calibration))
+    rtn = qp.quantize_weights(model.model, bits=4, group_size=32, symmetric=False)
+    ours, baseline = agreement(reference, embed(gptq, batches)), agreement(reference, embed(rtn, batches))
+    assert ours.cosine_mean >= 0.99 and ours.cosine_min >= 0.975, ours
+    assert ours.cosine_mean > baseline.cosine_mean + 0.01, (ours, baseline)

@@ -44,8 +44,10 @@ ALLOWED: dict[str, set[str]] = {
     "registry": {"config", "enums", "errors", "kernels", "partition", "patterns"},
     "flows": {"config", "enums", "errors", "ir", "kernels", "matcher", "nn", "observers", "partition", "passes",
               "patterns", "qparams", "registry"},
+    # weight-only quantization: module swap beside the graph pipeline, kernels chosen per CPU
+    "weight_only": {"errors", "kernels", "registry"},
     # above the pipeline
-    "serialization": {"config", "errors", "flows", "kernels", "qparams", "registry"},
+    "serialization": {"config", "errors", "flows", "kernels", "qparams", "registry", "weight_only"},
     "analysis": {"errors", "flows", "kernels", "partition", "registry", "serialization"},
     "eager": {"config", "errors", "flows", "kernels", "nn", "observers", "qparams", "registry"},
     "algorithms": {"analysis", "config", "errors", "flows", "kernels", "nn", "qparams"},
@@ -54,7 +56,7 @@ ALLOWED: dict[str, set[str]] = {
     # the facade imports its exports lazily, by name: see facade_edges()
     FACADE: {"algorithms", "analysis", "config", "eager", "errors", "flows", "matcher", "observers",
              "one_call", "onnx_export", "partition", "passes", "patterns", "registry",
-             "serialization", "zoo"},
+             "serialization", "weight_only", "zoo"},
     "testing": {"config", "flows", "kernels", "nn", "partition", "patterns", "registry", FACADE},
     "plugin_api": {"config", "enums", "errors", "flows", "kernels", "onnx_export", "partition",
                    "passes", "qparams", "registry", "testing"},

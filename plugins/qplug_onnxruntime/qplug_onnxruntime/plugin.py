@@ -41,11 +41,12 @@ from qplug_core.plugin_api import (
     safe_qconfig_options,
     weight_only_quint8_dtype_config,
 )
+from qplug_onnxruntime.weight_only import MatMulNBitsKernel
 from qplug_onnxruntime.session import OrtPartition, settings
 from qplug_onnxruntime.support import OrtSupport, partition_to_onnx
 
 if TYPE_CHECKING:
-    from qplug_core.plugin_api import BackendPatternConfig, QConfigMapping
+    from qplug_core.plugin_api import BackendPatternConfig, QConfigMapping, WeightOnlyKernel
 
 NAME = "onnxruntime"
 #: symmetric int8 weights: zero point 0 is what ORT's fastest conv/gemm kernels (MlasConvSym) take
@@ -106,6 +107,11 @@ def qplug_delegate(backend: str) -> Delegate | None:
     if backend != NAME:
         return None
     return Delegate(operator_support=OrtSupport(), compile=compile_partition)
+
+
+@hookimpl
+def qplug_weight_only_kernels(backend: str) -> list[WeightOnlyKernel]:
+    return [MatMulNBitsKernel()] if backend == NAME and is_available().ok else []
 
 
 @hookimpl

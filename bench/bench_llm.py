@@ -1,0 +1,113 @@
+"""Weight-only int8 / int4 on a Llama-architecture decoder: tokens/s of greedy ``generate()``.
+
+A LlamaConfig model (~220 M parameters, random init), batch 1, a 32-token prompt, 64 new tokens
+(greedy, no early stop), at 1 and 2 threads: fp32 eager against ``qp.quantize_weights`` int8 and
+int4 (group 32, RTN; each layer runs the fastest correct kernel found on this CPU). All variants
+live in one process and are timed round-robin (``_harness.interleaved``). Also printed: weight
+bytes (the model's tensors), the RSS each model added when built, the process's peak RSS,
+logits cosine on the prompt and greedy-token agreement with fp32, and the kernel each layer
+shape got with what every candidate measured.
+
+    python bench/bench_llm.py [--rounds 2] [--layers 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import ctypes
+import gc
+import resource
+import warnings
+
+import torch
+
+from _harness import interleaved, machine_line, median, table
+
+import qplug_core as qp
+
+
+def rss_bytes() -> int:
+    """Resident bytes after a GC and ``malloc_trim`` (freed float copies go back to the OS)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def tensor_bytes(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+def build(layers: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                         num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=16,
+                         max_position_embeddings=256, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(2)
+    print(machine_line())
+    base = rss_bytes()
+    fp32 = build(args.layers)
+    models = {"fp32": fp32}
+    added = {"fp32": rss_bytes() - base}
+    params = sum(p.numel() for p in fp32.parameters())
+    print(f"Llama: {params / 1e6:.0f} M parameters, {args.layers} layers, hidden 1024")
+    for name, bits in (("int8 g32", 8), ("int4 g32", 4)):
+        before = rss_bytes()
+        models[name] = qp.quantize_weights(fp32, bits=bits, group_size=32)
+        added[name] = rss_bytes() - before
+    prompt = torch.randint(0, 32000, (1, 32), generator=torch.Generator().manual_seed(1))
+    settings = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
+                    eos_token_id=None, pad_token_id=0)
+
+    with torch.no_grad():
+        reference_logits = fp32(prompt).logits
+        reference_tokens = fp32.generate(prompt, **settings)[0, 32:]
+        rows = []
+        for name, model in models.items():
+            logits = model(prompt).logits
+            tokens = model.generate(prompt, **settings)[0, 32:]
+            cosine = torch.nn.functional.cosine_similarity(logits.flatten(), reference_logits.flatten(), dim=0)
+            same = (tokens == reference_tokens).float().mean()
+            first = int((tokens != reference_tokens).nonzero()[0]) if bool((tokens != reference_tokens).any()) \
+                else len(tokens)
+            rows.append([name, f"{tensor_bytes(model) / 2**20:.0f}", f"{added[name] / 2**20:.0f}",
+                         f"{float(cosine):.5f}", f"{float(same):.3f}", str(first)])
+        print(table(["model", "weights MiB", "RSS added MiB", "logits cos", "tokens equal", "first diff"], rows))
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            samples = interleaved({name: (lambda m=model: m.generate(prompt, **settings))
+                                   for name, model in models.items()}, args.rounds)
+            fp32_time = median(samples["fp32"])
+            print(f"\n{threads} thread(s), {args.new_tokens} new tokens after a 32-token prompt, "
+                  f"median of {args.rounds} interleaved rounds; {machine_line()}")
+            print(table(["model", "s / generate", "tokens/s", "x fp32"],
+                        [[name, f"{median(s):.2f}", f"{args.new_tokens / median(s):.1f}",
+                          f"{fp32_time / median(s):.2f}"] for name, s in samples.items()]))
+    print(f"\npeak RSS of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")
+    for name, model in models.items():
+        info = getattr(model, "qplug_weight_only", None)
+        if info is None:
+            continue
+        print(f"\n{name}: kernels {dict(collections.Counter(info.kernels.values()))}")
+        for choice in info.choices:
+            timings = ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(choice.timings_ms.items(), key=lambda kv: kv[1]))
+            print(f"  -> {choice.kernel.name}: {timings}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""ONNX Runtime's ``com.microsoft.MatMulNBits`` as a qplug weight-only kernel.
+
+``MatMulNBits`` multiplies float activations by 4- or 8-bit weights quantized in blocks along K,
+with ``accuracy_level=4`` (activations rounded to int8 per block, integer dot products in MLAS),
+which on AVX2 and AVX-512 CPUs is the fastest weight-only path measured (docs: field notes).
+qplug's layout is already ``MatMulNBits``'s (unsigned values, two 4-bit values per byte, even
+feature in the low nibble, ``[N, blocks, bytes per block]``), so packing builds a one-node model
+whose initializers are those tensors. A session is built per thread count in use
+(``torch.get_num_threads()`` at call time), on first use.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from qplug_core.plugin_api import QuantizedWeight, WeightOnlyKernel
+
+#: block sizes MatMulNBits takes (a power of two, at least 16)
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+ACCURACY_LEVEL = 4
+
+
+class MatMulNBitsKernel(WeightOnlyKernel):
+    """``y = x @ dequantize(W).T + b`` in an ORT session holding one ``MatMulNBits`` node."""
+
+    name = "onnxruntime-matmulnbits"
+
+    def supports(self, scheme, shape, activation_dtype):
+        if activation_dtype != torch.float32:
+            return f"float32 activations only, not {activation_dtype}"
+        block = scheme.group_size or shape[1]
+        if block not in BLOCK_SIZES:
+            return f"block (group) size one of {BLOCK_SIZES}, not {block}"
+        return None
+
+    def pack(self, weight: QuantizedWeight) -> _Sessions:
+        sessions = _Sessions(weight)
+        sessions.session()  # built now, so a weight ORT refuses fails the selection's check
+        return sessions
+
+    def run(self, packed, x, bias):
+        y = torch.from_numpy(packed.session().run(None, {"A": x.detach().float().numpy()})[0])
+        return y if bias is None else y + bias
+
+
+class _Sessions:
+    """Sessions of one weight, one per intra-op thread count. The weight is the module's own
+    (no copy); the serialized model exists only while a session is built."""
+
+    def __init__(self, weight: QuantizedWeight):
+        self.weight = weight
+        self._sessions: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def session(self):
+        threads = torch.get_num_threads()
+        found = self._sessions.get(threads)
+        if found is None:
+            with self._lock:
+                found = self._sessions.get(threads) or self._build(threads)
+                self._sessions[threads] = found
+        return found
+
+    def _build(self, threads: int):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        # the thread pool must not spin between calls: torch runs the rest of the model meanwhile
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(_model_bytes(self.weight), options, providers=["CPUExecutionProvider"])
+
+
+def _model_bytes(weight: QuantizedWeight) -> bytes:
+    from onnx import TensorProto, helper, numpy_helper
+
+    n, k = weight.shape
+    bits, block = weight.scheme.bits, weight.group_size
+    blocks = k // block
+    data = weight.data.reshape(n, blocks, block * bits // 8).numpy()
+    initializers = [numpy_helper.from_array(data, "B"),
+                    numpy_helper.from_array(weight.scales.reshape(-1).float().numpy(), "S")]
+    inputs = ["A", "B", "S"]
+    if weight.zero_points is not None:
+        initializers.append(numpy_helper.from_array(_packed_zero_points(weight), "Z"))
+        inputs.append("Z")
+    node = helper.make_node("MatMulNBits", inputs, ["Y"], domain="com.microsoft", K=k, N=n, bits=bits,
+                            block_size=block, accuracy_level=ACCURACY_LEVEL)
+    graph = helper.make_graph(
+        [node], "qplug_weight_only",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    return model.SerializeToString()
+
+
+def _packed_zero_points(weight: QuantizedWeight):
+    """Zero points as MatMulNBits wants them: per row, two 4-bit values per byte (rows padded)."""
+    zp = weight.zero_points
+    if weight.scheme.bits == 4:
+        if zp.shape[1] % 2:
+            zp = torch.nn.functional.pad(zp, (0, 1))
+        zp = zp[:, 0::2] | (zp[:, 1::2] << 4)
+    return zp.contiguous().reshape(-1).numpy()

@@ -1,0 +1,63 @@
+"""ONNX Runtime's MatMulNBits as a weight-only kernel: against the float64 definition, and found
+through the ``qplug_weight_only_kernels`` hook of the installed plugin."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.plugin_api import WeightOnlyScheme
+from qplug_core.plugin_api import quantize_weight as quantize
+from qplug_core.plugin_api import weight_only_definition as definition
+from qplug_onnxruntime.weight_only import MatMulNBitsKernel
+
+#: MatMulNBits with accuracy_level=4 rounds activations to int8 per block: relative L2 error ~0.5%
+TOLERANCE = 0.015
+
+
+@pytest.mark.parametrize(("bits", "group_size", "symmetric", "n", "k"), [
+    (4, 32, True, 37, 96),     # odd N, three groups
+    (4, 32, False, 37, 96),    # an odd number of zero points per row: the last byte holds one
+    (4, 128, False, 64, 256),
+    (4, 16, True, 8, 48),
+    (8, 32, True, 37, 96),
+    (8, 64, False, 40, 128),
+])
+def test_matmulnbits_computes_the_definition(bits, group_size, symmetric, n, k):
+    g = torch.Generator().manual_seed(n + k + bits)
+    weight = quantize(torch.randn(n, k, generator=g), WeightOnlyScheme(bits, group_size, symmetric))
+    kernel = MatMulNBitsKernel()
+    assert kernel.supports(weight.scheme, weight.shape, torch.float32) is None
+    packed = kernel.pack(weight)
+    x, bias = torch.randn(5, k, generator=g), torch.randn(n, generator=g)
+    expected = x.double() @ definition(weight).T + bias.double()
+    got = kernel.run(packed, x, bias)
+    assert got.shape == (5, n)
+    assert float((got.double() - expected).norm() / expected.norm()) < TOLERANCE
+    torch.set_num_threads(2)  # a session per thread count, same result
+    again = kernel.run(packed, x, bias)
+    assert float((again.double() - expected).norm() / expected.norm()) < TOLERANCE
+
+
+def test_matmulnbits_refuses_what_it_cannot_run():
+    kernel = MatMulNBitsKernel()
+    assert "block (group) size" in kernel.supports(WeightOnlyScheme(8), (16, 96), torch.float32)
+    assert "float32 activations only" in kernel.supports(WeightOnlyScheme(4, 32), (16, 96), torch.bfloat16)
+
+
+def test_hook_qplug_weight_only_kernels():
+    model = nn.Sequential(nn.Linear(64, 48), nn.GELU(), nn.Linear(48, 32))
+    measured = qp.quantize_weights(model, bits=4, group_size=16, backend="onnxruntime")
+    assert "onnxruntime-matmulnbits" in measured.qplug_weight_only.choices[0].timings_ms
+    with pytest.raises(qp.errors.ConfigValidationError, match="no weight-only kernel is called"):
+        qp.quantize_weights(model, bits=4, group_size=16, backend="reference", kernel="onnxruntime-matmulnbits")
+    qmodel = qp.quantize_weights(model, bits=4, group_size=16, kernel="onnxruntime-matmulnbits")
+    assert set(qmodel.qplug_weight_only.kernels.values()) == {"onnxruntime-matmulnbits"}
+    x = torch.randn(2, 3, 64)
+    reference = qp.quantize_weights(model, bits=4, group_size=16, kernel="reference")
+    with torch.no_grad():
+        got, expected = qmodel(x), reference(x)
+    assert got.shape == (2, 3, 32)
+    assert float((got - expected).norm() / expected.norm()) < TOLERANCE

@@ -1,0 +1,186 @@
+"""``qp.quantize_weights``: weight-only int8/int4 quantization by module swap, on a copy.
+
+The copy keeps the user's model class, so a Hugging Face ``PreTrainedModel`` keeps ``generate()``,
+its KV cache and its config: only its ``nn.Linear`` / ``Conv1D`` / ``nn.Embedding`` children are
+replaced by :class:`~qplug_core.weight_only.modules.WeightOnlyLinear` /
+:class:`~qplug_core.weight_only.modules.WeightOnlyEmbedding`, each running the fastest correct
+kernel found on this CPU (:mod:`qplug_core.weight_only.selection`).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from qplug_core.errors import CalibrationError, ConfigValidationError, did_you_mean
+from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs
+from qplug_core.weight_only.gptq import gptq_quantize
+from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
+from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
+from qplug_core.weight_only.selection import Choice, available_kernels, choose
+
+#: the attribute of a quantized model holding its :class:`WeightOnlyInfo` (``qp.save`` reads it)
+INFO_ATTRIBUTE = "qplug_weight_only"
+ALGORITHMS = ("rtn", "awq", "gptq")
+
+
+@dataclass
+class WeightOnlyInfo:
+    """What :func:`quantize_weights` did: the scheme, the layers swapped (name -> kind), the
+    kernel each linear runs, the layers left float and why, and the kernel measurements."""
+
+    scheme: WeightOnlyScheme
+    algorithm: str
+    layers: dict[str, str] = field(default_factory=dict)
+    kernels: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    choices: list[Choice] = field(default_factory=list)
+
+
+def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None = None,
+                     symmetric: bool = True, algorithm: str = "rtn",
+                     calibration: Iterable[Any] | None = None, skip: str | Sequence[str] = (),
+                     embeddings: bool = False, backend: str | None = None,
+                     kernel: str | None = None) -> nn.Module:
+    """A copy of ``model`` whose linear and embedding weights are ``bits``-bit integers.
+
+    :param bits: 8 or 4.
+    :param group_size: input features per scale (32, 64, 128...); ``None`` gives one scale per
+        output channel. It must divide every quantized layer's input features.
+    :param symmetric: fixed zero point (``True``) or one zero point per group (``False``).
+    :param algorithm: ``"rtn"`` (round to nearest, no data), ``"awq"`` (activation-aware scales
+        and clipping, searched on ``calibration``) or ``"gptq"`` (error feedback through the
+        inputs' Hessian); embeddings always use RTN.
+    :param calibration: batches the model is called with for ``"awq"`` / ``"gptq"``: token-id tensors
+        (``model(batch)``), dicts (``model(**batch)``) or tuples (``model(*batch)``).
+    :param skip: module names or regular expressions (matched against the whole name) of layers to
+        leave float. An output projection tied to the input embedding (``lm_head`` of most LLMs)
+        is always left float: quantizing one copy would untie them.
+    :param embeddings: also quantize ``nn.Embedding`` tables (rows grouped like linear weights):
+        it saves memory but no time (rows are looked up, not multiplied), and int4 tables cost
+        accuracy on small models, so it is opt-in.
+    :param backend: take kernels from this backend only (and the core's); ``None``: every
+        installed backend.
+    :param kernel: force a kernel by name (``"reference"``, ``"torch-int8pack"``,
+        ``"torch-int4pack"``, ``"onnxruntime-matmulnbits"``...) instead of measuring.
+    :return: the quantized copy, with a :class:`WeightOnlyInfo` as ``.qplug_weight_only``.
+
+    The model given is never modified.
+    """
+    scheme = WeightOnlyScheme(bits=bits, group_size=group_size, symmetric=symmetric)
+    if algorithm not in ALGORITHMS:
+        raise ConfigValidationError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
+                                    f"{did_you_mean(str(algorithm), ALGORITHMS)}", field="algorithm",
+                                    value=algorithm)
+    if algorithm != "rtn" and calibration is None:
+        raise CalibrationError(f"algorithm={algorithm!r} needs calibration=[batch, ...]: a few token batches of "
+                               "the kind of text the model will see (or use algorithm='rtn')")
+    patterns = [re.compile(p) for p in ([skip] if isinstance(skip, str) else skip)]
+    kernels = available_kernels(backend)
+    qmodel = copy.deepcopy(model)
+    info = WeightOnlyInfo(scheme, algorithm)
+    targets = _targets(qmodel, patterns, embeddings, info)
+    for name, module in targets.items():
+        _check_divisible(name, module, scheme)
+    inputs: dict[str, torch.Tensor] = {}
+    if algorithm != "rtn":
+        linears = {n: m for n, m in targets.items() if not isinstance(m, nn.Embedding)}
+        rows = GPTQ_ROWS if algorithm == "gptq" else MAX_ROWS
+        inputs = record_inputs(qmodel, linears, calibration or (), rows)
+    modules = dict(qmodel.named_modules())
+    with torch.no_grad():
+        for name, module in targets.items():
+            swapped = _quantized_module(module, scheme, inputs.get(name), kernels, kernel, info, name)
+            parent, _, child = name.rpartition(".")
+            setattr(modules[parent], child, swapped)
+            info.layers[name] = "embedding" if isinstance(swapped, WeightOnlyEmbedding) else "linear"
+    setattr(qmodel, INFO_ATTRIBUTE, info)
+    return qmodel
+
+
+def conv1d_class() -> type | None:
+    """Hugging Face's ``Conv1D`` (a linear storing its weight ``[in, out]``), if transformers is loaded."""
+    utils = sys.modules.get("transformers.pytorch_utils")
+    return getattr(utils, "Conv1D", None)
+
+
+def linear_weight(module: nn.Module) -> torch.Tensor:
+    """The ``[out, in]`` weight of a linear or ``Conv1D``."""
+    conv1d = conv1d_class()
+    return module.weight.T if conv1d is not None and isinstance(module, conv1d) else module.weight
+
+
+def _targets(model: nn.Module, patterns: list[re.Pattern], embeddings: bool,
+             info: WeightOnlyInfo) -> dict[str, nn.Module]:
+    kinds: tuple[type, ...] = (nn.Linear,) + ((conv1d_class(),) if conv1d_class() else ())
+    if embeddings:
+        kinds += (nn.Embedding,)
+    tied = _tied_output(model)
+    seen: dict[int, str] = {}
+    targets = {}
+    for name, module in model.named_modules():
+        if not name or type(module) not in kinds:
+            continue
+        if any(p.fullmatch(name) for p in patterns):
+            info.skipped[name] = "skip= matches its name"
+        elif name == tied:
+            info.skipped[name] = "its weight is tied to the input embedding"
+        elif id(module.weight) in seen:
+            info.skipped[name] = f"its weight is shared with {seen[id(module.weight)]}"
+        else:
+            targets[name] = module
+        seen.setdefault(id(module.weight), name)
+    return targets
+
+
+def _tied_output(model: nn.Module) -> str | None:
+    """The name of an output embedding sharing its weight with the input embedding, if any."""
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    if not (callable(get_in) and callable(get_out)):
+        return None
+    try:
+        first, last = get_in(), get_out()
+    except (NotImplementedError, AttributeError):
+        return None
+    if first is None or last is None or getattr(last, "weight", None) is not getattr(first, "weight", False):
+        return None
+    return next((n for n, m in model.named_modules() if m is last), None)
+
+
+def _check_divisible(name: str, module: nn.Module, scheme: WeightOnlyScheme) -> None:
+    features = module.embedding_dim if isinstance(module, nn.Embedding) else linear_weight(module).shape[1]
+    size = scheme.group_size
+    if size is not None and features % size:
+        raise ConfigValidationError(
+            f"group_size {size} does not divide the {features} input features of layer {name!r}; pick a "
+            f"divisor of it or leave the layer float with skip=[{name!r}]", field="group_size", value=size)
+
+
+def _quantized_module(module: nn.Module, scheme: WeightOnlyScheme, x: torch.Tensor | None,
+                      kernels: list, forced: str | None, info: WeightOnlyInfo, name: str) -> nn.Module:
+    if isinstance(module, nn.Embedding):
+        return WeightOnlyEmbedding(quantize(module.weight, scheme), module.padding_idx)
+    weight = linear_weight(module)
+    input_scale = None
+    if x is not None and info.algorithm == "gptq":
+        qweight = gptq_quantize(weight, x, scheme)
+    elif x is not None:
+        qweight, input_scale = awq_quantize(weight, x, scheme)
+    else:
+        qweight, input_scale = quantize(weight, scheme), None
+    conv1d = conv1d_class()
+    swapped = WeightOnlyLinear(qweight, module.bias, input_scale,
+                               from_transposed=conv1d is not None and isinstance(module, conv1d))
+    chosen, packed, measured = choose(qweight, kernels, weight.dtype, forced=forced)
+    swapped.use_kernel(chosen, packed)
+    info.kernels[name] = chosen.name
+    if measured is not None:
+        info.choices.append(measured)
+    return swapped

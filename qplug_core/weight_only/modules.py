@@ -1,0 +1,100 @@
+"""The modules swapped into a model: a weight-only linear and a weight-only embedding.
+
+Both hold the quantized weight as plain buffers (``qweight`` uint8, ``scales`` float32,
+``zero_points`` uint8 when asymmetric), which is what ``qp.save`` writes. The linear also holds the
+kernel chosen for it and that kernel's packed state (not saved: it is rebuilt at load), and an
+optional per-input-feature ``input_scale`` (AWQ's scales, applied to the activation, so no other
+layer of the model has to change).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
+from qplug_core.kernels.weight_only_scheme import QuantizedWeight, unpack
+
+
+class _QuantizedWeightHolder(nn.Module):
+    def _store(self, weight: QuantizedWeight) -> None:
+        self.scheme = weight.scheme
+        self.register_buffer("qweight", weight.data)
+        self.register_buffer("scales", weight.scales)
+        self.register_buffer("zero_points", weight.zero_points)
+
+    def quantized_weight(self) -> QuantizedWeight:
+        return QuantizedWeight(self.scheme, self._shape(), self.qweight, self.scales, self.zero_points)
+
+    def _shape(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+
+class WeightOnlyLinear(_QuantizedWeightHolder):
+    """``y = (x * input_scale) @ dequantize(W).T + bias`` through the chosen kernel.
+
+    ``from_transposed`` records that the float module stored its weight ``[in, out]`` (Hugging
+    Face's ``Conv1D``), for reports and loading; the quantized weight is always ``[out, in]``.
+    """
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None,
+                 input_scale: torch.Tensor | None = None, *, from_transposed: bool = False):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.from_transposed = from_transposed
+        self._store(weight)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.register_buffer("input_scale", input_scale)
+        self.kernel: WeightOnlyKernel = ReferenceKernel()
+        self._packed: Any = self.quantized_weight()
+
+    def _shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def use_kernel(self, kernel: WeightOnlyKernel, packed: Any) -> None:
+        """Run through ``kernel`` with its ``packed`` weight (from the selection, already checked)."""
+        self.kernel, self._packed = kernel, packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scale is not None:
+            x = x * self.input_scale
+        leading = x.shape[:-1]
+        y = self.kernel.run(self._packed, x.reshape(-1, self.in_features).contiguous(), self.bias)
+        return y.reshape(*leading, self.out_features)
+
+    def extra_repr(self) -> str:
+        scheme = self.scheme
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={scheme.bits}, "
+                f"group_size={scheme.group_size}, symmetric={scheme.symmetric}, kernel={self.kernel.name}")
+
+
+class WeightOnlyEmbedding(_QuantizedWeightHolder):
+    """An embedding whose table is quantized per row (groups along the embedding dimension);
+    only the looked-up rows are dequantized."""
+
+    def __init__(self, weight: QuantizedWeight, padding_idx: int | None = None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.padding_idx = padding_idx
+        self._store(weight)
+
+    def _shape(self) -> tuple[int, int]:
+        return self.num_embeddings, self.embedding_dim
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        scheme, k = self.scheme, self.embedding_dim
+        groups = self.scales.shape[1]
+        q = unpack(self.qweight[ids], scheme.bits, k).to(torch.int16)
+        scales = self.scales[ids]
+        if self.zero_points is None:
+            zp: Any = scheme.midpoint
+        else:
+            zp = self.zero_points[ids].to(torch.int16)[..., None]
+        q = q.view(*ids.shape, groups, k // groups)
+        return ((q - zp).to(scales.dtype) * scales[..., None]).view(*ids.shape, k)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.embedding_dim}, bits={self.scheme.bits}, "
+                f"group_size={self.scheme.group_size}, symmetric={self.scheme.symmetric}")

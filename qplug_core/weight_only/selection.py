@@ -1,0 +1,189 @@
+"""Picking the weight-only kernel for a layer: the fastest correct one on this CPU, once per process.
+
+Candidates are the core's kernels (:data:`~qplug_core.kernels.weight_only.CORE_KERNELS`) and those
+the installed backends register through the ``qplug_weight_only_kernels`` hook. For each
+(scheme, weight shape, activation dtype, thread count) every candidate that supports it packs the
+first layer of that shape, is checked against the float64 definition on a few rows, and is timed
+at batch 1 (the decode shape, where weight-only quantization pays); the fastest correct one is
+remembered for the rest of the process. A kernel that raises or misses the tolerance is dropped
+with its reason, so a broken plugin kernel costs speed, never correctness. Every other layer is
+checked too, once, when its weights are packed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from qplug_core.registry import plugins
+from qplug_core.errors import BackendNotFoundError, ConfigValidationError, did_you_mean, warn_user
+from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel, WeightOnlyKernel
+from qplug_core.kernels.weight_only_scheme import QuantizedWeight
+
+HOOK = "qplug_weight_only_kernels"
+#: relative L2 error a kernel may add to the exact product: ORT's int8-activation path adds ~0.5%
+TOLERANCE = 0.03
+_CHECK_ROWS = 3
+_TIMED_RUNS = 5
+
+_cache: dict[tuple, str] = {}
+_lock = threading.Lock()
+
+
+@dataclass
+class Choice:
+    """The kernel chosen for one key, with what each candidate measured (ms) or why it was dropped."""
+
+    kernel: WeightOnlyKernel
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+def available_kernels(backend: str | None = None) -> list[WeightOnlyKernel]:
+    """The core's kernels and those of ``backend`` (every installed, available backend for ``None``)."""
+    from qplug_core.registry.backends import list_backends  # call time: backends come from plugins
+
+    infos = list_backends()
+    names = [info.name for info in infos if info.available]
+    if backend is not None:
+        if backend not in {info.name for info in infos}:
+            raise BackendNotFoundError(f"no installed backend is called {backend!r}"
+                                       f"{did_you_mean(backend, [i.name for i in infos])}", backend=backend)
+        names = [backend]
+    kernels = list(CORE_KERNELS)
+    seen = {k.name for k in kernels}
+    for name in names:
+        for result in plugins.collect(HOOK, backend=name):
+            for kernel in result.value if result.ok else ():
+                if kernel.name not in seen:
+                    seen.add(kernel.name)
+                    kernels.append(kernel)
+    return kernels
+
+
+def relative_error(weight: QuantizedWeight, kernel: WeightOnlyKernel, packed: Any) -> float:
+    """Relative L2 error of ``kernel`` against the float64 definition on a few seeded rows."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(_CHECK_ROWS, weight.shape[1], generator=generator)
+    bias = torch.randn(weight.shape[0], generator=generator)
+    exact = x.double() @ weight.dequantize(torch.float64).T + bias.double()
+    got = kernel.run(packed, x, bias).double()
+    if got.shape != exact.shape:
+        return float("inf")
+    return float((got - exact).norm() / exact.norm().clamp(min=1e-30))
+
+
+def _time_ms(kernel: WeightOnlyKernel, packed: Any, in_features: int, give_up_ms: float) -> float:
+    """Best of a few batch-1 runs; only the first when it is already slower than ``give_up_ms``."""
+    x = torch.randn(1, in_features)
+    start = time.perf_counter()
+    kernel.run(packed, x, None)
+    best = time.perf_counter() - start
+    if best * 1000 > give_up_ms:
+        return best * 1000
+    for _ in range(_TIMED_RUNS):
+        start = time.perf_counter()
+        kernel.run(packed, x, None)
+        best = min(best, time.perf_counter() - start)
+    return best * 1000
+
+
+def _key(weight: QuantizedWeight, dtype: torch.dtype, kernels: list[WeightOnlyKernel]) -> tuple:
+    return (tuple(k.name for k in kernels), weight.scheme, weight.shape, dtype, torch.get_num_threads())
+
+
+def choose(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: torch.dtype = torch.float32,
+           *, forced: str | None = None) -> tuple[WeightOnlyKernel, Any, Choice | None]:
+    """The kernel for ``weight`` and its packed state; a fresh :class:`Choice` when this call measured.
+
+    ``forced`` names the kernel to use (it must support the scheme and pass the check).
+    """
+    if forced is not None:
+        return _forced(weight, kernels, dtype, forced)
+    key = _key(weight, dtype, kernels)
+    with _lock:
+        known = _cache.get(key)
+    if known is not None:
+        kernel = next(k for k in kernels if k.name == known)
+        packed = _checked_pack(kernel, weight)
+        if packed is not None:
+            return kernel, packed, None
+    choice, packed = _measure(weight, kernels, dtype)
+    with _lock:
+        _cache[key] = choice.kernel.name
+    return choice.kernel, packed, choice
+
+
+def _checked_pack(kernel: WeightOnlyKernel, weight: QuantizedWeight) -> Any:
+    """``kernel.pack(weight)`` when it reproduces the definition on this layer, else ``None``."""
+    try:
+        packed = kernel.pack(weight)
+        error = relative_error(weight, kernel, packed)
+    except Exception as exc:  # a plugin kernel must not break quantization: it loses its turn
+        warn_user(f"qplug: weight-only kernel {kernel.name!r} failed on a {weight.shape} weight "
+                  f"({type(exc).__name__}: {exc}); using the next fastest")
+        return None
+    if not error <= TOLERANCE:
+        warn_user(f"qplug: weight-only kernel {kernel.name!r} is off by {error:.2e} (relative) on a "
+                  f"{weight.shape} weight, tolerance {TOLERANCE}; using the next fastest")
+        return None
+    return packed
+
+
+def _measure(weight: QuantizedWeight, kernels: list[WeightOnlyKernel],
+             dtype: torch.dtype) -> tuple[Choice, Any]:
+    choice = Choice(ReferenceKernel())
+    best: tuple[float, WeightOnlyKernel, Any] | None = None
+    # the reference last: it is the slowest, and once another kernel is timed one run shows it
+    for kernel in sorted(kernels, key=lambda k: isinstance(k, ReferenceKernel)):
+        reason = kernel.supports(weight.scheme, weight.shape, dtype)
+        if reason is not None:
+            choice.rejected[kernel.name] = reason
+            continue
+        try:
+            packed = kernel.pack(weight)
+            error = relative_error(weight, kernel, packed)
+            if not error <= TOLERANCE:
+                choice.rejected[kernel.name] = f"relative error {error:.2e} > {TOLERANCE}"
+                continue
+            elapsed = _time_ms(kernel, packed, weight.shape[1], 3 * best[0] if best else float("inf"))
+        except Exception as exc:  # a kernel that cannot run this shape is not a candidate
+            choice.rejected[kernel.name] = f"{type(exc).__name__}: {exc}"
+            continue
+        choice.timings_ms[kernel.name] = elapsed
+        if best is None or elapsed < best[0]:
+            best = (elapsed, kernel, packed)
+    if best is None:  # the reference always supports float activations
+        raise ConfigValidationError(f"no weight-only kernel runs {weight.scheme} on {dtype} activations: "
+                                    f"{choice.rejected}", field="scheme")
+    choice.kernel = best[1]
+    return choice, best[2]
+
+
+def _forced(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: torch.dtype,
+            name: str) -> tuple[WeightOnlyKernel, Any, Choice | None]:
+    by_name = {k.name: k for k in kernels}
+    kernel = by_name.get(name)
+    if kernel is None:
+        raise ConfigValidationError(f"no weight-only kernel is called {name!r}{did_you_mean(name, by_name)}; "
+                                    f"available: {', '.join(by_name)}", field="kernel", value=name)
+    reason = kernel.supports(weight.scheme, weight.shape, dtype)
+    if reason is not None:
+        raise ConfigValidationError(f"weight-only kernel {name!r} cannot run {weight.scheme} for a "
+                                    f"{weight.shape} weight: {reason}", field="kernel", value=name)
+    packed = kernel.pack(weight)
+    error = relative_error(weight, kernel, packed)
+    if not error <= TOLERANCE:
+        raise ConfigValidationError(f"weight-only kernel {name!r} is off by {error:.2e} (relative) on a "
+                                    f"{weight.shape} weight (tolerance {TOLERANCE})", field="kernel", value=name)
+    return kernel, packed, None
+
+
+def clear_cache() -> None:
+    """Forget the measured choices (tests; a process whose CPU share changed)."""
+    with _lock:
+        _cache.clear()

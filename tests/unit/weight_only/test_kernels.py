@@ -1,0 +1,116 @@
+"""Weight-only kernels against the float64 definition ``x @ ((q - zero_point) * scale).T + b``
+(:mod:`qplug_core.testing.weight_only`: integers read back from the stored bytes by their own route)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qplug_core.errors import ConfigValidationError
+from qplug_core.testing.weight_only import definition
+from qplug_core.weight_only import WeightOnlyLinear, WeightOnlyScheme
+from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel
+from qplug_core.kernels.weight_only_scheme import quantize
+from qplug_core.weight_only.selection import choose, relative_error
+
+KERNELS = {k.name: k for k in CORE_KERNELS}
+
+
+CASES = [  # (kernel, bits, group_size, symmetric, out_features, in_features)
+    ("reference", 8, None, True, 37, 50),
+    ("reference", 8, 32, False, 37, 96),
+    ("reference", 4, 32, True, 37, 96),
+    ("reference", 4, 16, False, 5, 48),
+    ("reference", 4, None, False, 7, 33),  # odd K: the last byte of each row holds one value
+    ("torch-int8pack", 8, None, True, 37, 96),
+    ("torch-int4pack", 4, 32, True, 48, 96),
+    ("torch-int4pack", 4, 32, False, 48, 96),
+    ("torch-int4pack", 4, 64, False, 32, 192),
+]
+
+
+@pytest.mark.parametrize(("name", "bits", "group_size", "symmetric", "n", "k"), CASES)
+def test_kernel_computes_the_definition(name, bits, group_size, symmetric, n, k):
+    g = torch.Generator().manual_seed(n * k + bits)
+    scheme = WeightOnlyScheme(bits, group_size, symmetric)
+    weight = quantize(torch.randn(n, k, generator=g) * 0.1, scheme)
+    kernel = KERNELS[name]
+    assert kernel.supports(scheme, (n, k), torch.float32) is None
+    x, bias = torch.randn(5, k, generator=g), torch.randn(n, generator=g)
+    expected = x.double() @ definition(weight).T + bias.double()
+    got = kernel.run(kernel.pack(weight), x, bias)
+    assert got.shape == (5, n) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("bits", "group_size", "symmetric"), [(8, None, True), (4, 32, False)])
+def test_module_takes_3d_inputs(bits, group_size, symmetric):
+    g = torch.Generator().manual_seed(3)
+    weight = quantize(torch.randn(24, 64, generator=g), WeightOnlyScheme(bits, group_size, symmetric))
+    bias = torch.randn(24, generator=g)
+    module = WeightOnlyLinear(weight, bias)
+    kernel, packed, _ = choose(weight, list(CORE_KERNELS))
+    module.use_kernel(kernel, packed)
+    x = torch.randn(2, 3, 64, generator=g)
+    expected = x.double() @ definition(weight).T + bias.double()
+    torch.testing.assert_close(module(x).double(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("bits", "symmetric"), [(8, True), (8, False), (4, True), (4, False)])
+def test_rtn_rounds_every_weight_to_its_nearest_step(bits, symmetric):
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(bits)).double()
+    weight = quantize(w, WeightOnlyScheme(bits, 16, symmetric))
+    step = weight.scales.double().repeat_interleave(16, dim=1)
+    assert bool(((definition(weight) - w).abs() <= step / 2 + 1e-6).all())
+
+
+def test_kernels_refuse_what_they_cannot_run():
+    shape = (32, 96)
+    assert "symmetric int8 only" in KERNELS["torch-int8pack"].supports(WeightOnlyScheme(4, 32), shape,
+                                                                        torch.float32)
+    assert "per output channel" in KERNELS["torch-int8pack"].supports(WeightOnlyScheme(8, 32), shape,
+                                                                       torch.float32)
+    assert "group_size one of" in KERNELS["torch-int4pack"].supports(WeightOnlyScheme(4, 16), (32, 96),
+                                                                      torch.float32)
+    assert "multiple of 16" in KERNELS["torch-int4pack"].supports(WeightOnlyScheme(4, 32), (40, 96),
+                                                                   torch.float32)
+    assert ReferenceKernel().supports(WeightOnlyScheme(), shape, torch.int8) is not None
+
+
+class DropsZeroPoints(ReferenceKernel):
+    """A kernel with a packing bug: it forgets asymmetric zero points."""
+
+    name = "drops-zero-points"
+
+    def pack(self, weight):
+        return type(weight)(weight.scheme, weight.shape, weight.data, weight.scales, None)
+
+
+class Raises(ReferenceKernel):
+    name = "raises"
+
+    def run(self, packed, x, bias):
+        raise RuntimeError("unsupported shape")
+
+
+def test_selection_drops_wrong_and_failing_kernels():
+    weight = quantize(torch.randn(16, 64, generator=torch.Generator().manual_seed(0)),
+                      WeightOnlyScheme(4, 32, symmetric=False))
+    assert relative_error(weight, DropsZeroPoints(), DropsZeroPoints().pack(weight)) > 0.03
+    kernel, _, choice = choose(weight, [DropsZeroPoints(), Raises(), ReferenceKernel()])
+    assert kernel.name == "reference"
+    assert "relative error" in choice.rejected["drops-zero-points"]
+    assert "unsupported shape" in choice.rejected["raises"]
+    with pytest.raises(ConfigValidationError, match="'drops-zero-points' is off by"):
+        choose(weight, [DropsZeroPoints()], forced="drops-zero-points")
+    with pytest.raises(ConfigValidationError, match="did you mean 'reference'"):
+        choose(weight, [ReferenceKernel()], forced="refrence")
+
+
+def test_scheme_validates_its_fields():
+    with pytest.raises(ConfigValidationError, match="bits must be one of"):
+        WeightOnlyScheme(bits=3)
+    with pytest.raises(ConfigValidationError, match="group_size must be an even int"):
+        WeightOnlyScheme(bits=4, group_size=7)
+    with pytest.raises(ConfigValidationError, match="does not divide"):
+        quantize(torch.randn(4, 40), WeightOnlyScheme(4, 32))

@@ -22,6 +22,7 @@ from qplug_core.fx import kernel_contract
 from qplug_core.fx.graph_utils import is_module_call
 from qplug_core.fx.summary import report_names
 from qplug_core.fx.tags import KERNEL, REGION, ROOT, VALUE_KIND, region_tag
+from qplug_core.ir import module_stack
 from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
 from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import STORAGE_DTYPE, QParams
@@ -251,7 +252,7 @@ def _runtime_operands(nodes: _RegionNodes) -> list[str]:
 
 def _free_module_name(gm: fx.GraphModule, node: fx.Node, op: str) -> str:
     """A readable, unused module path for a functional kernel: ``layer1.0.add_relu``."""
-    scopes = [s for s in (node.meta.get("nn_module_stack") or {}) if s != node.target]
+    scopes = [path for path, _ in module_stack.scopes(node) if path != node.target]
     scope = scopes[-1] if scopes and _has_submodule(gm, scopes[-1]) else ""
     base = op.rpartition(":")[2] or "kernel"
     candidate, suffix = f"{scope}.{base}" if scope else base, 0

@@ -35,7 +35,7 @@ from qplug_core.fx.summary import REPORT_KEY, QuantizationReport, top_reasons
 from qplug_core.fx.tags import STATE, ValueAnnotator
 from qplug_core.passes import PassResult
 from qplug_core.report import eval_mode
-from qplug_core.serialization import record_artifact
+from qplug_core.serialization import record_artifact, record_lowering
 
 _STATE_KEY = STATE
 _ON_UNSUPPORTED = ("warn", "raise", "skip")
@@ -240,6 +240,7 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
 
     run_passes(gm, [*backend.passes("pre_convert"), convert])
     report = finish_conversion(gm, backend, mode=state["mode"], lower=lower)
+    record_lowering(gm, report)
     if strict and report.skipped:
         listed = "; ".join(f"{s.node} ({s.op}): {s.reason}" for s in report.skipped[:5])
         raise ConfigValidationError(f"strict=True but {len(report.skipped)} op(s) stay float: {listed}",

@@ -46,8 +46,10 @@ class _RegionNodes:
     anchor: fx.Node | None = None
 
 
-def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
-    """Lower ``gm`` (reference form) to ``backend``'s kernels, in place."""
+def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | None = None) -> LoweringSummary:
+    """Lower ``gm`` (reference form) to ``backend``'s kernels, in place; the regions named in
+    ``keep_reference`` (anchor -> why, recorded at convert: ``qp.load``) stay in reference form."""
+    keep_reference = keep_reference or {}
     summary = LoweringSummary()
     report_key = report_names(gm.graph)
     regions = _quantized_regions(gm)
@@ -57,6 +59,9 @@ def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
     for tag, nodes in regions:
         spec = backend.kernels.get(tag.pattern)
         name = report_key(nodes.anchor)
+        if name in keep_reference:
+            summary.reference[name] = keep_reference[name]
+            continue
         if spec is None:
             summary.reference[name] = f"backend {backend.name!r} has no kernel for {tag.pattern_name}"
             continue

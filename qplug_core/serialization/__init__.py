@@ -8,6 +8,12 @@ so no kernel module is ever serialized. See :mod:`qplug_core.serialization.artif
 from __future__ import annotations
 
 from qplug_core.serialization.api import load, save
-from qplug_core.serialization.artifact import ARTIFACT_KEY, Artifact, capture_artifact, record_artifact
+from qplug_core.serialization.artifact import (
+    ARTIFACT_KEY,
+    Artifact,
+    capture_artifact,
+    record_artifact,
+    record_lowering,
+)
 
-__all__ = ["ARTIFACT_KEY", "Artifact", "capture_artifact", "load", "record_artifact", "save"]
+__all__ = ["ARTIFACT_KEY", "Artifact", "capture_artifact", "load", "record_artifact", "record_lowering", "save"]

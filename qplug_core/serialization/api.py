@@ -29,10 +29,13 @@ from qplug_core.serialization.artifact import (
     backend_identity,
     from_document,
     fusion_records,
+    lowering_of,
     to_document,
+    with_lowering,
 )
 from qplug_core.serialization.files import read_artifact_file, write_artifact_file
 from qplug_core.serialization.graph_codec import decode_graph
+from qplug_core.serialization.lowering_record import LoweringRecord
 from qplug_core.serialization.module_codec import decode_modules
 
 #: PEP 508 distribution names
@@ -67,7 +70,11 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
 def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) -> fx.GraphModule:
     """Load a model saved by :func:`save`, lowered to the backend it was converted for.
 
-    ``backend`` overrides that backend; ``backend="reference"`` gives the reference form, which
+    The model is rebuilt as it was saved: what ran on kernels or compiled partitions then does
+    again, what stayed in reference form stays so, or the load is refused naming the ops
+    (:class:`SerializationError`). Nothing runs at load: a delegating backend (onnxruntime)
+    compiles each partition at its first call, for the shapes it is called with, so no size
+    recorded in the file is ever allocated. ``backend`` overrides that backend; ``backend="reference"`` gives the reference form, which
     runs anywhere. Nothing is ever unpickled: a pickle (``torch.save``) file raises
     :class:`UnsafeFileError` and there is no opt-in, because a pickle cannot carry a qplug model
     without running code. A damaged or tampered file raises :class:`SerializationError` naming it; a
@@ -86,15 +93,20 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None) 
     chosen = _resolve_backend(artifact, backend, source)
     gm = _rebuild(artifact, source)
     gm.meta[FUSIONS_KEY] = fusion_records(artifact)
+    recorded = lowering_of(artifact) if chosen.name == artifact.backend else None
     try:
-        finish_conversion(gm, chosen, mode=artifact.model["mode"])
+        report = finish_conversion(gm, chosen, mode=artifact.model["mode"], loading=True,
+                                   keep_reference=recorded.reference if recorded else None)
     except QplugError:
         raise
     except Exception as exc:  # a tampered graph must not crash deep inside lowering
         raise SerializationError(f"{source}: lowering to backend {chosen.name!r} failed: "
                                  f"{type(exc).__name__}: {exc}", path=str(source)) from exc
+    if recorded is not None:
+        recorded.check_rebuilt(report, source)
     name, contributors = backend_identity(chosen)
-    gm.meta[ARTIFACT_KEY] = replace(artifact, backend=name, plugins=contributors)
+    gm.meta[ARTIFACT_KEY] = with_lowering(replace(artifact, backend=name, plugins=contributors),
+                                          LoweringRecord.of(report))
     return gm
 
 

@@ -9,7 +9,7 @@ lowers it again with the installed backend. The convert flows call :func:`record
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -21,8 +21,11 @@ from qplug_core.config.codec import child, expect, read_fields, where
 from qplug_core.config.names import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.fx.fuse import FusionRecord
+from qplug_core.fx.summary import QuantizationReport
 from qplug_core.fx.tags import ARTIFACT, FUSIONS, KERNEL, STATE
 from qplug_core.serialization.graph_codec import encode_graph
+from qplug_core.serialization.lowering_record import KEY as LOWERING_KEY
+from qplug_core.serialization.lowering_record import LoweringRecord
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
 
 #: GraphModule.meta key holding the :class:`Artifact` (or, if capture failed, why as a string)
@@ -31,6 +34,8 @@ FORMAT = "qplug"
 SCHEMA_VERSION = 1
 TOP_KEYS = ("format", "schema_version", "backend", "plugins", "versions", "model")
 MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions")
+#: optional model keys (files written before them load without)
+OPTIONAL_MODEL_KEYS = (LOWERING_KEY,)
 PLUGIN_KEYS = ("name", "dist", "version")
 #: GraphModule.meta keys written by the flows that the artifact keeps
 _FLOW_STATE_KEY = STATE
@@ -97,6 +102,13 @@ def record_artifact(gm: fx.GraphModule, backend: str | Backend) -> None:
             f"capturing the model for saving failed: {type(exc).__name__}: {exc}")
 
 
+def record_lowering(gm: fx.GraphModule, report: QuantizationReport) -> None:
+    """Add to ``gm``'s artifact how convert lowered it (``report``): what ``load`` rebuilds."""
+    artifact = gm.meta.get(ARTIFACT_KEY)
+    if isinstance(artifact, Artifact):
+        gm.meta[ARTIFACT_KEY] = with_lowering(artifact, LoweringRecord.of(report))
+
+
 def fusion_records(artifact: Artifact) -> list[FusionRecord]:
     return [FusionRecord(f["module_name"], f["pattern"], f["fused_type"], tuple(f["nodes"]))
             for f in artifact.model["fusions"]]
@@ -125,13 +137,27 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     plugins = tuple(_read_plugin(p, child("plugins", i))
                     for i, p in enumerate(expect(doc["plugins"], list, "plugins", "a JSON list")))
     expect(doc["versions"], dict, "versions", "a JSON object")
-    model = read_fields(doc["model"], "model", MODEL_KEYS, required=MODEL_KEYS)
+    model = read_fields(doc["model"], "model", MODEL_KEYS + OPTIONAL_MODEL_KEYS, required=MODEL_KEYS)
     expect(model["training"], bool, "model.training", "true or false")
     expect(model["mode"], str, "model.mode", "a quantization mode")
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):
         _read_fusion(fusion, child("model.fusions", i))
     _check_tensors(expect(model["tensors"], dict, "model.tensors", "a JSON object"), tensors)
+    if LOWERING_KEY in model:
+        nodes = len(expect(model["graph"], list, "model.graph", "a JSON list"))
+        LoweringRecord.from_document(model[LOWERING_KEY], child("model", LOWERING_KEY), nodes)
     return Artifact(backend, plugins, model, tensors)
+
+
+def with_lowering(artifact: Artifact, record: LoweringRecord) -> Artifact:
+    """``artifact`` recording how its model was lowered (what ``load`` must rebuild)."""
+    return replace(artifact, model={**artifact.model, LOWERING_KEY: record.to_document()})
+
+
+def lowering_of(artifact: Artifact) -> LoweringRecord | None:
+    """The lowering recorded in ``artifact`` (checked when it was read), None for older files."""
+    doc = artifact.model.get(LOWERING_KEY)
+    return None if doc is None else LoweringRecord(dict(doc["kernels"]), dict(doc["reference"]))
 
 
 def _read_plugin(doc: Any, path: str) -> dict[str, str | None]:

@@ -16,7 +16,6 @@ import warnings
 
 import pytest
 import torch
-from qplug_onnxruntime.session import OrtPartition
 from torch import nn
 
 import qplug_core as qp
@@ -24,7 +23,8 @@ from qplug_core.onnx_export import reference_form
 from qplug_core.testing.flops import int8_flop_share
 from qplug_core.testing.hf_models import LastHiddenState, build_hf_model, hf_inputs
 
-pytestmark = pytest.mark.slow  # ~10-25 s per family on 1 thread
+pytestmark = [pytest.mark.usefixtures("one_thread", "plugin_autoload"),
+              pytest.mark.slow]  # ~10-25 s per family on 1 thread
 
 _VOCAB, _TOKENS = 1000, 16
 _SMALL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
@@ -121,7 +121,7 @@ def test_family_compiles_whole_into_ort_with_no_float_fallback(name):
     assert not [w for w in qplug_warnings if "compiling partition" in w], qplug_warnings
     assert report.reference == {}, report.reference  # nothing left in reference form
     assert report.skipped == [], report.skipped  # and no float compute outside ORT
-    assert report.partitions and all(p["module"] == OrtPartition.__name__ for p in report.partitions)
+    assert report.partitions and all(p["module"] == "OrtPartition" for p in report.partitions)
     assert len(report.partitions) == 1, report.partitions  # one session, no torch in between
     held_out = make(50)
     share = int8_flop_share(model, ort_model, held_out)

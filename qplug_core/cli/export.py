@@ -11,12 +11,18 @@ def export(
     path: Path = typer.Argument(..., help="A model written by qp.save / qplug quantize."),
     out: Path = typer.Argument(..., help="Where to write the .onnx file."),
     opset: int = typer.Option(21, help="ONNX opset to target (13 or newer)."),
+    dynamic_batch: bool = typer.Option(False, "--dynamic-batch",
+                                       help="Axis 0 of every input is the symbolic dimension 'batch'."),
+    dynamic_sequence: bool = typer.Option(False, "--dynamic-sequence",
+                                          help="Axis 1 of every input of rank >= 2 is 'sequence' "
+                                               "(token models)."),
 ) -> None:
     """Write a saved model's reference form as ONNX QDQ (QuantizeLinear/DequantizeLinear)."""
     import qplug_core as qp
 
     qmodel = qp.load(path, backend="reference")
-    written = qp.export_onnx(qmodel, out, opset=opset)
+    written = qp.export_onnx(qmodel, out, opset=opset, dynamic_batch=dynamic_batch,
+                             dynamic_sequence=dynamic_sequence)
     typer.echo(f"wrote {written} ({written.stat().st_size} bytes)")
 
 

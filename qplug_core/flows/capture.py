@@ -103,7 +103,7 @@ def _raised_export(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphMo
     except Exception as e:
         raise TraceError(f"torch.export could not capture {type(model).__name__}: "
                          f"{type(e).__name__}: {first_line(e)}") from e
-    return raise_aten_graph(gm, model).graph_module
+    return raise_aten_graph(gm).graph_module
 
 
 def _partly_opaque(model: nn.Module, trace: dict, symbolic_error: TraceError,

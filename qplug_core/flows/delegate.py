@@ -29,6 +29,7 @@ from qplug_core.flows.tags import BOUNDARY, KERNEL, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner
 from qplug_core.registry.contract import Delegate
 from qplug_core.flows.kernel_check import output_violation
+from qplug_core.partition.lazy import LazyPartition
 
 #: the prefix of the submodules holding compiled partitions (``delegate_0``, ...)
 PREFIX = "delegate_"
@@ -71,9 +72,15 @@ class _PartitionInputs(fx.Interpreter):
         return super().call_module(target, args, kwargs)
 
 
-def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple,
-                   backend_name: str) -> DelegationSummary:
-    """Partition ``gm`` (reference form) for ``delegate`` and compile its int8 partitions, in place."""
+def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple | None,
+                   backend_name: str, keep_reference: dict[str, str] | None = None) -> DelegationSummary:
+    """Partition ``gm`` (reference form) for ``delegate`` and compile its int8 partitions, in place.
+
+    ``example_inputs=None`` (``qp.load``): nothing runs now, each partition is compiled at its
+    first call (:class:`~qplug_core.partition.lazy.LazyPartition`). ``keep_reference`` (int8
+    anchor -> why, recorded at convert) names partitions left in reference form then: they stay so.
+    """
+    keep_reference = keep_reference or {}
     summary = DelegationSummary()
     submodules = dict(gm.named_modules())
     for node in gm.graph.nodes:
@@ -96,19 +103,26 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     partitioner.fuse_partitions(partitions, prefix=PREFIX)
     names = {f"{PREFIX}{i}" for i in members}
     recorder = _PartitionInputs(gm, names)
-    with torch.no_grad():
-        recorder.run(*example_inputs)
+    if example_inputs is not None:
+        with torch.no_grad():
+            recorder.run(*example_inputs)
     for i, (nodes, anchors) in members.items():
         name = f"{PREFIX}{i}"
         partition_gm = gm.get_submodule(name)
+        if anchors and all(a in keep_reference for a in anchors):
+            summary.reference.update({a: keep_reference[a] for a in anchors})
+            continue
         try:
-            module = delegate.compile(partition_gm, recorder.inputs[name])
+            module = (LazyPartition(partition_gm, delegate.compile, name=name, backend=backend_name)
+                      if example_inputs is None else delegate.compile(partition_gm, recorder.inputs[name]))
         except Exception as exc:  # one partition failing must not fail the conversion
             reason = f"compiling partition {name} failed ({type(exc).__name__}: {exc}); reference form kept"
             warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=3)
             summary.reference.update(dict.fromkeys(anchors, reason))
             continue
-        problem = _contract_problem(module, partition_gm, recorder.inputs[name])
+        # checked where it compiles now (convert); a lazy one (load) was checked when converted
+        problem = "" if example_inputs is None else _contract_problem(module, partition_gm,
+                                                                      recorder.inputs[name])
         if problem:
             reason = (f"partition {name} compiled by {_delegate_label(backend_name)} broke the "
                       f"kernel contract on the example inputs ({problem}); reference form kept")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import fx, nn
 from torch.nn.utils.parametrize import type_before_parametrizations
 
 from qplug_core.registry.backends import Backend, resolve_backend
@@ -201,6 +201,34 @@ def _as_mapping(qconfig_spec: Any, dtype: torch.dtype, backend: Backend,
     return mapping
 
 
+def _compiled(model: Any, qconfig_spec: Any, dtype: torch.dtype, backend: Backend, example_inputs: Any,
+              capture: str | None, per_token: bool) -> fx.GraphModule:
+    """Dynamic quantization for a backend that compiles graphs (onnxruntime): swapping modules
+    would run each linear as its own compiled call with PyTorch between them, so the model is
+    captured and goes through the graph flow with the dynamic mapping instead; the compiler then
+    takes the whole graph (attention, norms, activations too)."""
+    from qplug_core.flows.steps import convert_fx, prepare_fx
+
+    if per_token:
+        raise ConfigValidationError(f"per_token=True needs one activation scale per token; backend "
+                                    f"{backend.name!r} quantizes each dynamic linear's input with one "
+                                    "scale (use backend='fbgemm' for per-token)", field="per_token",
+                                    value=per_token)
+    if dtype != torch.qint8:
+        raise ConfigValidationError(f"backend {backend.name!r} quantizes dynamically to int8 only, got "
+                                    f"dtype={dtype}", field="dtype", value=dtype)
+    if example_inputs is None:
+        raise ConfigValidationError(
+            f"backend {backend.name!r} compiles the model's graph, which needs the model captured "
+            f"with example inputs: qp.quantize_dynamic(model, backend={backend.name!r}, "
+            "example_inputs=(x,))", field="example_inputs")
+    float_model = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+    names = [n for n, _ in float_model.named_modules() if n]
+    mapping = _as_mapping(qconfig_spec, dtype, backend, names)
+    observed = prepare_fx(model, mapping, example_inputs, backend=backend, capture=capture or "auto")
+    return convert_fx(observed)
+
+
 def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dtype = torch.qint8,
                      *, backend: str | Backend | None = None, inplace: bool = False,
                      capture: str | None = None, example_inputs: Any = None,
@@ -216,12 +244,20 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     ``ExportedProgram``, its ``.module()``, or ``capture="export"`` with ``example_inputs`` gives
     the exported graph with its ATen linears raised to ``nn.Linear`` modules, which are swapped.
 
+    A backend that compiles graphs (onnxruntime) takes the model whole: it is captured with
+    ``example_inputs`` (required there) and converted by the graph flow with the dynamic mapping
+    (int8 linears as ORT's DynamicQuantizeMatMul, ``nn.LSTM`` as DynamicQuantizeLSTM, everything
+    else in the same ORT sessions in float); the result can be saved.
+
     ``per_token=True`` gives every selected ``nn.Linear`` one activation scale per token and
     symmetric per-channel weights (:class:`~qplug_core.kernels.per_token.PerTokenDynamicLinear`:
     oneDNN's int8 linear on CPUs with VNNI, else ``torch._int_mm``; simulated in float on the
     reference backend): the accurate choice for trained transformers. Recurrent layers keep the
     backend's dynamic kernels.
     """
+    chosen = resolve_backend(backend).require_available()
+    if not chosen.kernels and chosen.delegate is not None:
+        return _compiled(model, qconfig_spec, dtype, chosen, example_inputs, capture, per_token)
     if isinstance(model, torch.export.ExportedProgram) or capture is not None or is_aten_graph(model):
         model = _captured(model, capture, example_inputs)
         inplace = True
@@ -234,14 +270,6 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     if per_token and dtype != torch.qint8:
         raise ConfigValidationError("per_token=True quantizes activations to int8; it cannot be "
                                     f"combined with dtype={dtype}", field="per_token", value=dtype)
-    chosen = resolve_backend(backend).require_available()
-    if not chosen.kernels and chosen.delegate is not None:
-        raise ConfigError(
-            f"backend {chosen.name!r} compiles whole graphs, so it needs the model traced with "
-            "example inputs, which quantize_dynamic (module swapping) does not take: use "
-            f"qp.prepare_fx(model, qp.get_default_qconfig_mapping({chosen.name!r}, 'dynamic'), "
-            f"example_inputs, backend={chosen.name!r}) then qp.convert_fx", field="backend",
-            value=chosen.name)
     named = dict(model.named_modules())
     mapping = _as_mapping(qconfig_spec, dtype, chosen, [n for n in named if n])
     swaps: list[tuple[str, nn.Module, QConfig]] = []

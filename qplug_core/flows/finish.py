@@ -25,11 +25,15 @@ if TYPE_CHECKING:
     from qplug_core.registry.backends import Backend
 
 
-def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
-                      lower: bool = True) -> QuantizationReport:
+def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower: bool = True,
+                      loading: bool = False, keep_reference: dict[str, str] | None = None
+                      ) -> QuantizationReport:
     """Lower a reference-form model to ``backend`` (post_convert passes too) and attach its report.
 
-    Shared by convert_fx and qp.load, which rebuilds the reference form from a file.
+    Shared by convert_fx and qp.load, which rebuilds the reference form from a file: ``loading``
+    runs nothing (delegated partitions compile at their first call, on the caller's inputs, never
+    on shapes a file records) and ``keep_reference`` (int8 anchor -> why, as recorded at convert)
+    keeps those regions in reference form.
     """
     regions = _quantized_regions(gm)
     found: dict[str, LoweringSummary] = {}
@@ -38,11 +42,11 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str,
 
     def delegate_partitions(graph_module: fx.GraphModule) -> None:
         nonlocal delegated
-        delegated = delegate_graph(graph_module, delegate, recorded_example_inputs(graph_module),
-                                   backend.name)
+        example = None if loading else recorded_example_inputs(graph_module)
+        delegated = delegate_graph(graph_module, delegate, example, backend.name, keep_reference)
 
     def lower_to_kernels(graph_module: fx.GraphModule) -> None:
-        found["summary"] = lower_graph(graph_module, backend)
+        found["summary"] = lower_graph(graph_module, backend, keep_reference)
 
     # a delegating backend compiles its partitions first; a backend without kernels (reference)
     # runs the reference form itself: nothing to lower

@@ -22,6 +22,7 @@ from qplug_core.flows import kernel_check as kernel_contract
 from qplug_core.flows.graph_utils import is_module_call
 from qplug_core.flows.report import report_names
 from qplug_core.flows.tags import KERNEL, REGION, ROOT, VALUE_KIND, region_tag
+from qplug_core.ir import module_stack
 from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
 from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import STORAGE_DTYPE, QParams
@@ -45,8 +46,10 @@ class _RegionNodes:
     anchor: fx.Node | None = None
 
 
-def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
-    """Lower ``gm`` (reference form) to ``backend``'s kernels, in place."""
+def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | None = None) -> LoweringSummary:
+    """Lower ``gm`` (reference form) to ``backend``'s kernels, in place; the regions named in
+    ``keep_reference`` (anchor -> why, recorded at convert: ``qp.load``) stay in reference form."""
+    keep_reference = keep_reference or {}
     summary = LoweringSummary()
     report_key = report_names(gm.graph)
     regions = _quantized_regions(gm)
@@ -56,6 +59,9 @@ def lower_graph(gm: fx.GraphModule, backend) -> LoweringSummary:
     for tag, nodes in regions:
         spec = backend.kernels.get(tag.pattern)
         name = report_key(nodes.anchor)
+        if name in keep_reference:
+            summary.reference[name] = keep_reference[name]
+            continue
         if spec is None:
             summary.reference[name] = f"backend {backend.name!r} has no kernel for {tag.pattern_name}"
             continue
@@ -251,7 +257,7 @@ def _runtime_operands(nodes: _RegionNodes) -> list[str]:
 
 def _free_module_name(gm: fx.GraphModule, node: fx.Node, op: str) -> str:
     """A readable, unused module path for a functional kernel: ``layer1.0.add_relu``."""
-    scopes = [s for s in (node.meta.get("nn_module_stack") or {}) if s != node.target]
+    scopes = [path for path, _ in module_stack.scopes(node) if path != node.target]
     scope = scopes[-1] if scopes and _has_submodule(gm, scopes[-1]) else ""
     base = op.rpartition(":")[2] or "kernel"
     candidate, suffix = f"{scope}.{base}" if scope else base, 0

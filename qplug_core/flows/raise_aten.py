@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from qplug_core.ir import module_stack
 from qplug_core.passes import ConstantFoldingPass, PassResult
 from qplug_core.passes.remove_noops import DROPOUT_MODULES
 
@@ -79,14 +80,14 @@ def is_aten_graph(gm: nn.Module) -> bool:
         n.op == "call_function" and str(n.target).startswith("aten.") for n in gm.graph.nodes)
 
 
-def raise_aten_graph(gm: fx.GraphModule, original: nn.Module | None = None) -> PassResult:
+def raise_aten_graph(gm: fx.GraphModule) -> PassResult:
     """Rewrite an exported GraphModule in place (see module docstring); returns a PassResult.
 
-    ``original`` is the model that was exported: its submodule types fill ``nn_module_stack``
-    the way symbolic tracing does, so qconfigs set per module type apply on both levels.
+    Node meta stays in the form torch.export wrote it (``nn_module_stack`` with class names as
+    strings, :mod:`qplug_core.ir.module_stack`): a partition of this graph is exported again
+    (ONNX), and torch.export checks that form.
     """
     _drop_guards(gm)
-    _normalize_module_stack(gm, original)
     training = _records_training(gm)
     for disabled in ("train", "eval"):  # ExportedProgram.module() refuses both; raised modules need them
         gm.__dict__.pop(disabled, None)
@@ -160,20 +161,6 @@ def _drop_guards(gm: fx.GraphModule) -> None:
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
             gm.graph.erase_node(node)
-
-
-def _normalize_module_stack(gm: fx.GraphModule, original: nn.Module | None) -> None:
-    """``nn_module_stack`` in the tracer's form: ``{path: (path, module type)}``, root left out."""
-    types = {name: type(m) for name, m in original.named_modules()} if original is not None else {}
-    for node in gm.graph.nodes:
-        stack = node.meta.get("nn_module_stack")
-        if not stack:
-            continue
-        normalized = {}
-        for path, _ in stack.values():
-            if path:
-                normalized[path] = (path, types.get(path))
-        node.meta["nn_module_stack"] = normalized
 
 
 def _remove_noops(gm: fx.GraphModule) -> bool:
@@ -399,10 +386,11 @@ class _Raiser:
         with self.gm.graph.inserting_before(node):
             new = self.gm.graph.call_module(name, args=(x,))
         new.meta = dict(node.meta)
-        stack = dict(new.meta.get("nn_module_stack") or {})
-        if name not in stack:
-            stack[name] = (name, type(module))
-        new.meta["nn_module_stack"] = stack
+        stack = dict(new.meta.get(module_stack.KEY) or {})
+        if name not in (path for path, _ in stack.values()):
+            key, value = module_stack.entry(stack, name, type(module))
+            stack[key] = value
+        new.meta[module_stack.KEY] = stack
         node.replace_all_uses_with(new)
         self.gm.graph.erase_node(node)
         for attr in absorbed:
@@ -421,9 +409,7 @@ class _Raiser:
         candidates = [owner]
         if owner and attr.endswith("_weight"):
             candidates.append(f"{owner}.{attr[:-len('_weight')]}")
-        stack = node.meta.get("nn_module_stack") or {}
-        if stack:
-            candidates.append(next(reversed(stack)))
+        candidates.append(module_stack.innermost(node)[0])
         for path in candidates:
             if path and path not in self.claimed and self._free_to_replace(path, absorbed):
                 return path

@@ -24,6 +24,7 @@ from qplug_core.errors import spelled
 from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapping
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, warn_user
 from qplug_core.flows.tags import VALUE_KIND
+from qplug_core.ir import module_stack
 from qplug_core.kernels.reference import weight_of
 from qplug_core.matcher import Match, find_matches
 from qplug_core.patterns import format_pattern
@@ -120,8 +121,8 @@ def resolve_qconfig(mapping: QConfigMapping, node: fx.Node, modules: dict[str, n
             object_type = type(module[0])
         parent = node.target.rpartition(".")[0]
         return mapping.qconfig_for_module(node.target, object_type, counter.next(parent, object_type))
-    stack = node.meta.get("nn_module_stack") or {}
-    scope_path, scope_type = next(reversed(stack.values())) if stack else ("", None)
+    scope_path, scope_type = module_stack.innermost(node)
+    scope_type = module_stack.resolve_type(scope_type, mapping.object_type_qconfigs)
     if node.op == "call_function":
         index = counter.next(scope_path, node.target)
         return mapping.qconfig_for_function(node.target, scope_path, scope_type, index)

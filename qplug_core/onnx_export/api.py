@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import os
 import warnings
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ from torch import fx, nn
 
 from qplug_core.errors import ExportError
 from qplug_core.flows.tags import KERNEL, recorded_example_inputs
+from qplug_core.onnx_export import dynamic_axes
+from qplug_core.flows.tags import INPUT_SPEC, SPEC_DTYPES
 
 #: ONNX opset the export targets (QuantizeLinear per-axis needs >= 13; ORT 1.17+ runs 21)
 DEFAULT_OPSET = 21
@@ -39,26 +42,65 @@ def reference_form(qmodel: nn.Module) -> fx.GraphModule:
     return rebuild_reference(qmodel)
 
 
+#: bytes recorded example inputs may take whatever the model's size (or the model's own, if more)
+RECORDED_INPUT_FLOOR = 64 * 2**20
+
+
+def recorded_inputs(gm: fx.GraphModule) -> tuple[torch.Tensor, ...]:
+    """Zeros shaped like the inputs ``gm`` was prepared with, once their size is checked.
+
+    A loaded model's recorded shapes are whatever the file says: a 6.7 KB file may ask for
+    gigabytes. They are refused (:class:`ExportError`, naming the input) when together they need
+    more than :data:`RECORDED_INPUT_FLOOR` bytes or the bytes of the model's own tensors,
+    whichever is more; pass ``example_inputs`` to export such a model.
+    """
+    specs = [(n.name, n.meta.get(INPUT_SPEC)) for n in gm.graph.nodes if n.op == "placeholder"]
+    model_bytes = sum(t.numel() * t.element_size() for t in (*gm.parameters(), *gm.buffers()))
+    limit = max(RECORDED_INPUT_FLOOR, model_bytes)
+    total = 0
+    for name, spec in specs:
+        if spec is None:
+            continue
+        if any(not isinstance(size, int) or size < 0 for size in spec["shape"]):
+            raise ExportError(f"input {name!r}: the recorded shape {spec['shape']} is not a shape")
+        total += math.prod(spec["shape"]) * SPEC_DTYPES[spec["dtype"]].itemsize
+        if total > limit:
+            raise ExportError(f"the recorded example input shapes (input {name!r}: {spec['shape']}) need "
+                              f"{total:,} bytes, more than the {limit:,} bytes allowed for a model of "
+                              f"this size; pass example_inputs= (the CLI: --example-shape) to export it")
+    return recorded_example_inputs(gm)
+
+
+#: loggers of the exporter's stack whose warnings are not the user's news: torch.onnx's missing
+#: torchvision ops, onnxscript's constant folder giving up on a node ("Evaluation failed: ..."),
+#: which it then leaves unfolded
+_QUIET_LOGGERS = ("torch.onnx", "onnxscript")
+
+
 @contextlib.contextmanager
 def _exporter_quiet() -> Iterator[None]:
-    """torch.onnx prints progress on stdout and logs missing torchvision ops: not our user's news."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    """torch.onnx prints progress on stdout, and it and onnxscript log notes on stderr."""
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,
                   input_names: list[str] | None = None, output_names: list[str] | None = None,
-                  onnxruntime_ops: bool = False):
+                  onnxruntime_ops: bool = False, dynamic: dict[int, str] | None = None):
     """The ONNX ``ModelProto`` of a reference-form GraphModule (checked with ``onnx.checker``).
 
     ``onnxruntime_ops=True`` also uses ONNX Runtime's contrib ops where standard ONNX has no
-    quantized op: dynamic int8 LSTMs become ``com.microsoft.DynamicQuantizeLSTM``.
+    quantized op: dynamic int8 LSTMs become ``com.microsoft.DynamicQuantizeLSTM``. ``dynamic``
+    (``{axis: name}``, :mod:`~qplug_core.onnx_export.dynamic_axes`) makes those axes of every input
+    symbolic, or raises :class:`ExportError`.
     """
     import onnx
 
@@ -66,40 +108,54 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     from qplug_core.onnx_export.weights import with_int8_weights
 
     model = with_int8_weights(gm, onnxruntime_ops=onnxruntime_ops).eval()
+    shapes = None
+    if dynamic:
+        example_inputs, shapes = dynamic_axes.prepare(example_inputs, dynamic)
     try:
         with warnings.catch_warnings(), torch.no_grad(), _exporter_quiet():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(model, example_inputs, dynamo=True, opset_version=opset,
                                         custom_translation_table=translation_table(),
                                         input_names=input_names, output_names=output_names,
-                                        external_data=False, verbose=False, report=False)
+                                        dynamic_shapes=shapes, external_data=False, verbose=False,
+                                        report=False)
     except Exception as exc:
+        if dynamic and dynamic_axes.specialised(exc):
+            raise dynamic_axes.export_failure(exc, dynamic) from exc
         raise ExportError(f"torch.onnx.export failed on the reference form: {type(exc).__name__}: "
-                          f"{' '.join(str(exc).split())[:800]}") from exc
+                          f"{dynamic_axes.torch_message(exc, 800)}") from exc
     proto = program.model_proto
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:
         raise ExportError(f"the exported ONNX model does not pass onnx.checker: {exc}") from exc
+    if dynamic:
+        dynamic_axes.check(proto, example_inputs, dynamic)
     return proto
 
 
 def export_onnx(qmodel: nn.Module, path: str | os.PathLike[str], example_inputs: Any = None, *,
                 opset: int = DEFAULT_OPSET, input_names: list[str] | None = None,
-                output_names: list[str] | None = None) -> Path:
+                output_names: list[str] | None = None, dynamic_batch: bool = False,
+                dynamic_sequence: bool = False) -> Path:
     """Write ``qmodel`` (converted by qplug, any backend) to ``path`` as an ONNX QDQ model.
 
     ``example_inputs`` defaults to tensors shaped like the ones the model was prepared with; the
-    exported model has those static shapes. Raises :class:`ExportError` when an op cannot be
-    expressed in ONNX.
+    exported model has those static shapes, except axis 0 of every input with ``dynamic_batch``
+    (ONNX dimension ``batch``) and axis 1 of every input of rank >= 2 with ``dynamic_sequence``
+    (``sequence``: token models). The recorded shapes may come from a file (a loaded model), so
+    they are bounded before anything is allocated (:func:`recorded_inputs`). Raises
+    :class:`ExportError` when an op cannot be expressed in ONNX, or the graph fixes an axis asked
+    to be dynamic.
     """
     import onnx
 
     from qplug_core.flows.steps import as_input_tuple
 
     gm = reference_form(qmodel)
-    inputs = recorded_example_inputs(gm) if example_inputs is None else as_input_tuple(example_inputs)
-    proto = to_onnx_proto(gm, inputs, opset=opset, input_names=input_names, output_names=output_names)
+    inputs = recorded_inputs(gm) if example_inputs is None else as_input_tuple(example_inputs)
+    proto = to_onnx_proto(gm, inputs, opset=opset, input_names=input_names, output_names=output_names,
+                          dynamic=dynamic_axes.dynamic_axes(dynamic_batch, dynamic_sequence))
     target = Path(path)
     onnx.save(proto, str(target))
     return target

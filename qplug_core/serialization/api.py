@@ -32,10 +32,13 @@ from qplug_core.serialization.artifact import (
     backend_identity,
     from_document,
     fusion_records,
+    lowering_of,
     to_document,
+    with_lowering,
 )
 from qplug_core.serialization.files import read_artifact_file, write_artifact_file
 from qplug_core.serialization.graph_codec import decode_graph
+from qplug_core.serialization.lowering_record import LoweringRecord
 from qplug_core.serialization.module_codec import decode_modules
 from qplug_core.flows.tags import ARTIFACT, FUSIONS
 from qplug_core.serialization.receivers import check_receivers
@@ -87,7 +90,11 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     whose float weights are replaced in place; it is returned, with kernels picked for this CPU
     (from ``backend``'s and the core's, or every installed backend's for ``None``).
 
-    ``backend`` overrides that backend; ``backend="reference"`` gives the reference form, which
+    The model is rebuilt as it was saved: what ran on kernels or compiled partitions then does
+    again, what stayed in reference form stays so, or the load is refused naming the ops
+    (:class:`SerializationError`). Nothing runs at load: a delegating backend (onnxruntime)
+    compiles each partition at its first call, for the shapes it is called with, so no size
+    recorded in the file is ever allocated. ``backend`` overrides that backend; ``backend="reference"`` gives the reference form, which
     runs anywhere. Nothing is ever unpickled: a pickle (``torch.save``) file raises
     :class:`UnsafeFileError` and there is no opt-in, because a pickle cannot carry a qplug model
     without running code. A damaged or tampered file raises :class:`SerializationError` naming it; a
@@ -117,8 +124,10 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     chosen = _resolve_backend(artifact, backend, source)
     gm = _rebuild(artifact, source)
     gm.meta[FUSIONS] = fusion_records(artifact)
+    recorded = lowering_of(artifact) if chosen.name == artifact.backend else None
     try:
-        finish_conversion(gm, chosen, mode=artifact.model["mode"])
+        report = finish_conversion(gm, chosen, mode=artifact.model["mode"], loading=True,
+                                   keep_reference=recorded.reference if recorded else None)
     except QplugError:
         raise
     except Exception as exc:  # a tampered graph must not crash deep inside lowering
@@ -128,8 +137,11 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
         swap_in_per_token(gm, artifact.model.get(PER_TOKEN_LAYERS, []), simulate=not chosen.kernels)
     except ConfigError as exc:
         raise SerializationError(f"{source}: {exc}", path=str(source)) from exc
+    if recorded is not None:
+        recorded.check_rebuilt(report, source)
     name, contributors = backend_identity(chosen)
-    gm.meta[ARTIFACT] = replace(artifact, backend=name, plugins=contributors)
+    gm.meta[ARTIFACT] = with_lowering(replace(artifact, backend=name, plugins=contributors),
+                                      LoweringRecord.of(report))
     return gm
 
 

@@ -23,9 +23,11 @@ from qplug_core.config.names import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.flows.fuse import FusionRecord
 from qplug_core.flows.snapshot import snapshot_of
-from qplug_core.flows.tags import ARTIFACT, CAPTURE, FUSIONS, KERNEL, STATE
+from qplug_core.flows.tags import ARTIFACT, CAPTURE, FUSIONS, KERNEL, REPORT, STATE
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.serialization.graph_codec import encode_graph
+from qplug_core.serialization.lowering_record import KEY as LOWERING_KEY
+from qplug_core.serialization.lowering_record import LoweringRecord
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
 from qplug_core.serialization.receivers import check_receivers
 
@@ -35,8 +37,9 @@ TOP_KEYS = ("format", "schema_version", "backend", "plugins", "versions", "model
 MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "fusions")
 #: written only when present, or added later (a file without ``capture`` was captured symbolically
 #: or does not say): the capture level, and the float linears the model runs per-token dynamic
-#: (a target search put them there after convert; ``load`` swaps them in again)
-OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS)
+#: (a target search put them there after convert; ``load`` swaps them in again), and how convert
+#: lowered it (``load`` rebuilds exactly that)
+OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY)
 CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: distribution names (PEP 508) and versions (PEP 440 characters) of a file's ``versions``
@@ -115,9 +118,11 @@ def artifact_of(qmodel: object) -> Artifact | str | None:
         artifact = capture_artifact(snapshot.graph_module, snapshot.backend, snapshot.plugins)
     except SerializationError as exc:
         return str(exc)
-    if not snapshot.per_token_layers:
-        return artifact
-    return replace(artifact, model={**artifact.model, PER_TOKEN_LAYERS: list(snapshot.per_token_layers)})
+    if snapshot.per_token_layers:
+        artifact = replace(artifact, model={**artifact.model,
+                                            PER_TOKEN_LAYERS: list(snapshot.per_token_layers)})
+    report = qmodel.meta.get(REPORT)  # how convert lowered it: what load must rebuild
+    return artifact if report is None else with_lowering(artifact, LoweringRecord.of(report))
 
 
 def fusion_records(artifact: Artifact) -> list[FusionRecord]:
@@ -161,6 +166,9 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):
         _read_fusion(fusion, child("model.fusions", i))
     _check_tensors(expect(model["tensors"], dict, "model.tensors", "a JSON object"), tensors)
+    if LOWERING_KEY in model:
+        nodes = len(expect(model["graph"], list, "model.graph", "a JSON list"))
+        LoweringRecord.from_document(model[LOWERING_KEY], child("model", LOWERING_KEY), nodes)
     return Artifact(backend, plugins, model, tensors)
 
 
@@ -178,6 +186,17 @@ def _check_versions(versions: dict[str, Any]) -> None:
     for key, value in versions.items():
         _check_text(key, _DISTRIBUTION, child("versions", key), "a distribution name")
         _check_text(value, _VERSION, child("versions", key), "a version")
+
+
+def with_lowering(artifact: Artifact, record: LoweringRecord) -> Artifact:
+    """``artifact`` recording how its model was lowered (what ``load`` must rebuild)."""
+    return replace(artifact, model={**artifact.model, LOWERING_KEY: record.to_document()})
+
+
+def lowering_of(artifact: Artifact) -> LoweringRecord | None:
+    """The lowering recorded in ``artifact`` (checked when it was read), None for older files."""
+    doc = artifact.model.get(LOWERING_KEY)
+    return None if doc is None else LoweringRecord(dict(doc["kernels"]), dict(doc["reference"]))
 
 
 def _read_plugin(doc: Any, path: str) -> dict[str, str | None]:

@@ -7,9 +7,10 @@ kernels. The pattern and dtype configs say what those fusions take: U8S8 (quint8
 symmetric qint8 weights in [-127, 127], per-channel), which ORT runs fastest on x86 with VNNI.
 Without VNNI, MLAS's U8S8 kernels sum pairs of products in int16 with saturation, so the default
 qconfig mapping takes the core's safe qparams for that arithmetic there (7-bit weights, ORT's own
-``reduce_range`` convention). Clamps after convs are folded into the output range by the core, so no Clip blocks a fusion.
-Dynamic mode (``prepare_fx`` with the ``"dynamic"`` mapping; ``qp.quantize_dynamic`` swaps
-modules without tracing, so it is refused here) runs linears as ORT's DynamicQuantizeMatMul and
+``reduce_range`` convention). Clamps after convs are folded into the output range by the core, so
+no Clip blocks a fusion.
+Dynamic mode (``qp.quantize_dynamic`` with ``example_inputs``, which captures the model and runs
+the graph flow, or ``prepare_fx`` with the ``"dynamic"`` mapping) runs linears as ORT's DynamicQuantizeMatMul and
 ``nn.LSTM`` as ORT's DynamicQuantizeLSTM, fed qplug's own int8 weights (per-channel, symmetric).
 ORT has no int8 GRU or RNN cell op: those stay float in PyTorch, and the report says so, as it
 does for an LSTM ORT cannot take (its tuple output leaving the model, ``proj_size``).

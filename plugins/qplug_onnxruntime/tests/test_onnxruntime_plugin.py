@@ -94,10 +94,13 @@ def test_save_load_rebuilds_the_sessions_from_the_reference_form(digits, tmp_pat
     _, ort_model, _ = digits
     path = qp.save(ort_model, tmp_path / "digits.safetensors")
     loaded = qp.load(path)
-    assert partitions(loaded) and qp.quantization_report(loaded).backend == "onnxruntime"
+    report = qp.quantization_report(loaded)
+    assert report.backend == "onnxruntime" and report.kernels == qp.quantization_report(ort_model).kernels
+    assert not partitions(loaded)  # nothing compiled at load: the first call compiles, on its inputs
     x = inputs("digits_cnn", seed=7)
     with torch.no_grad():
         assert torch.equal(loaded(*x), ort_model(*x))
+    assert len(partitions(loaded)) == 1 and len(partitions(loaded)[0].sessions) == 1
     assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
 
 

@@ -53,7 +53,41 @@ def test_dynamic_linears_run_as_dynamic_quantize_matmul(tmp_path):
     assert float((got - expected).abs().max()) <= 0.01 * float(expected.abs().max())
 
 
-def test_quantize_dynamic_says_to_use_the_graph_flow():
-    with pytest.raises(QplugError, match=r"compiles whole graphs.*qp.prepare_fx\(model, "
-                                          r"qp.get_default_qconfig_mapping\('onnxruntime', 'dynamic'\)"):
+class Tagger(nn.Module):
+    """An LSTM tagger: embedding-free, a linear in front and one behind."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(12, 16)
+        self.rnn = nn.LSTM(16, 16, num_layers=2, batch_first=True)
+        self.out = nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.out(self.rnn(self.inp(x))[0])
+
+
+@pytest.mark.parametrize("model_class, shape", [(SharedInput, (4, 10, 32)), (Tagger, (3, 6, 12))])
+def test_quantize_dynamic_compiles_linears_and_lstms_as_the_graph_flow_does(model_class, shape, tmp_path):
+    torch.manual_seed(0)
+    model, x = model_class().eval(), torch.randn(*shape)
+    ort_model = qp.quantize_dynamic(model, backend="onnxruntime", example_inputs=(x,))
+    mapping = qp.get_default_qconfig_mapping("onnxruntime", "dynamic")
+    graph_flow = qp.convert_fx(qp.prepare_fx(model, mapping, (x,), backend="onnxruntime"))
+    report = qp.quantization_report(ort_model)
+    assert report.mode == "dynamic" and report.reference == {} and report.skipped == []
+    assert report.kernels == qp.quantization_report(graph_flow).kernels
+    assert set(report.kernels.values()) == {"delegate:delegate_0"}  # one session, LSTM included
+    with torch.no_grad():
+        assert torch.equal(ort_model(x), graph_flow(x))
+        loaded = qp.load(qp.save(ort_model, tmp_path / "dynamic.safetensors"))
+        assert torch.equal(loaded(x), ort_model(x))
+
+
+def test_quantize_dynamic_on_onnxruntime_says_what_it_needs():
+    with pytest.raises(QplugError, match=r"compiles the model's graph.*example_inputs=\(x,\)"):
         qp.quantize_dynamic(SharedInput(), backend="onnxruntime")
+    x = (torch.randn(2, 32),)
+    with pytest.raises(QplugError, match=r"per_token=True needs one activation scale per token"):
+        qp.quantize_dynamic(SharedInput(), backend="onnxruntime", example_inputs=x, per_token=True)
+    with pytest.raises(QplugError, match=r"int8 only, got dtype=torch.float16"):
+        qp.quantize_dynamic(SharedInput(), dtype=torch.float16, backend="onnxruntime", example_inputs=x)

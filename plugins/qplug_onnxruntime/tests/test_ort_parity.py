@@ -14,7 +14,7 @@ import functools
 import pytest
 import torch
 from ort_testkit import inputs, output_step, quantized_pair, within_one_step
-from qplug_onnxruntime import SessionSettings
+from qplug_onnxruntime import SessionSettings, settings
 from qplug_onnxruntime.session import OrtPartition
 from qplug_onnxruntime.support import OrtSupport, partition_to_onnx
 
@@ -72,3 +72,18 @@ def test_ort_matches_the_reference_form_within_one_step(name):
             expected = torch.cat([reference(*x).flatten() for x in held_out])
         agreement = within_one_step(got, expected, step)
         assert agreement >= 0.99, f"{name}, graph optimization {level!r}: {agreement:.2%} within one step"
+
+
+@pytest.mark.parametrize("name", [_case(n, end_to_end=False) for n in qp.zoo.list_models()])
+def test_loaded_model_answers_bit_identically(name, tmp_path):
+    """``qp.load(qp.save(m))`` == ``m`` (issue 25): the same partitions, compiled at the first call."""
+    _, ort_model, _ = _pair(name)
+    for partition in ort_model.modules():  # the test above leaves other session settings behind
+        if isinstance(partition, OrtPartition):
+            partition.rebuild(settings())
+    loaded = qp.load(qp.save(ort_model, tmp_path / f"{name}.safetensors"))
+    assert qp.quantization_report(loaded).kernels == qp.quantization_report(ort_model).kernels
+    with torch.no_grad():
+        for seed in (12, 13):
+            x = inputs(name, seed)
+            assert torch.equal(loaded(*x), ort_model(*x))

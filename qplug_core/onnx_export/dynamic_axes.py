@@ -1,0 +1,85 @@
+"""Dynamic batch (and sequence) axes for ONNX export.
+
+``torch.onnx.export`` gives every input the example's static shape unless told which axes vary.
+``export_onnx(..., dynamic_batch=True)`` makes axis 0 of every tensor input the symbolic dimension
+``batch``, and ``dynamic_sequence=True`` axis 1 of every input of rank 2 or more ``sequence``
+(token ids and masks of token models). torch.export specialises an axis the example has at size 1
+(0/1 specialisation), so such an example is widened to 2 along it first. When the graph fixes an
+axis anyway (a reshape to a literal size), export fails, or the axis stays static: both are an
+:class:`ExportError` naming the input, never a model that silently takes one size only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from qplug_core.errors import ExportError
+
+BATCH, SEQUENCE = "batch", "sequence"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def dynamic_axes(batch: bool, sequence: bool) -> dict[int, str]:
+    """``{axis: name}`` asked for by ``export_onnx``'s flags."""
+    return {axis: name for axis, name, wanted in ((0, BATCH, batch), (1, SEQUENCE, sequence)) if wanted}
+
+
+def prepare(example_inputs: tuple, axes: dict[int, str]) -> tuple[tuple, tuple[Any, ...]]:
+    """The example inputs to export with (widened to 2 along a size-1 dynamic axis) and the
+    ``dynamic_shapes`` of ``torch.onnx.export`` (axis -> name per tensor input)."""
+    inputs, shapes = [], []
+    for value in example_inputs:
+        if not isinstance(value, torch.Tensor):
+            inputs.append(value)
+            shapes.append(None)
+            continue
+        mine = {axis: name for axis, name in axes.items() if axis < value.dim()}
+        for axis in mine:
+            if value.shape[axis] == 1:
+                value = torch.cat([value] * 2, dim=axis)
+        inputs.append(value)
+        shapes.append(mine or None)
+    return tuple(inputs), tuple(shapes)
+
+
+def check(proto, example_inputs: tuple, axes: dict[int, str]) -> None:
+    """Raise :class:`ExportError` when an asked-for axis of an input stayed static."""
+    tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)]
+    for value, graph_input in zip(tensors, proto.graph.input):
+        dims = graph_input.type.tensor_type.shape.dim
+        static = [name for axis, name in axes.items()
+                  if axis < len(dims) and not dims[axis].dim_param]
+        if static:
+            raise ExportError(f"input {graph_input.name!r}: the model's graph fixes its "
+                              f"{' and '.join(static)} size (axis "
+                              f"{', '.join(str(a) for a, n in axes.items() if n in static)} stays "
+                              f"{[dims[a].dim_value for a, n in axes.items() if n in static]}); export "
+                              "it without the dynamic option, or at the size you need")
+
+
+def specialised(exc: Exception) -> bool:
+    """Whether torch.export refused a dynamic axis because the graph fixes it."""
+    text = f"{exc} {exc.__cause__}"
+    return "inferred a static shape" in text or "ConstraintViolation" in text or "specializ" in text
+
+
+def torch_message(exc: Exception, limit: int) -> str:
+    """The exporter's message on one line, its terminal colours dropped, from its summary on."""
+    text = _ANSI.sub("", " ".join(str(exc).split()))
+    _, found, summary = text.partition("## Exception summary ")
+    return (summary if found else text)[:limit]
+
+
+def export_failure(exc: Exception, axes: dict[int, str]) -> ExportError:
+    """The error for an export that torch refused because a dynamic axis cannot vary."""
+    names = " and ".join(axes.values())
+    return ExportError(f"the model cannot be exported with a dynamic {names} size: its graph fixes it "
+                       f"({torch_message(exc, 600)}); export it without the dynamic option, or at the "
+                       "size you need")
+
+
+__all__ = ["BATCH", "SEQUENCE", "check", "dynamic_axes", "export_failure", "prepare", "specialised",
+           "torch_message"]

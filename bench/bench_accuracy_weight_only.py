@@ -15,7 +15,6 @@ import warnings
 from pathlib import Path
 
 import torch
-
 from _harness import machine_line, table
 
 import qplug_core as qp

@@ -29,9 +29,8 @@ import tempfile
 from typing import Callable
 
 import torch
-from torch import nn
-
 from _harness import interleaved, machine_line, median, p90, quiet, table, torch_ao
+from torch import nn
 
 import qplug_core as qp
 from qplug_core.analysis.layers import sqnr

@@ -22,7 +22,6 @@ import resource
 import warnings
 
 import torch
-
 from _harness import interleaved, machine_line, median, table
 
 import qplug_core as qp

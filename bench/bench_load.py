@@ -43,8 +43,8 @@ def table_child() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from qplug_core.registry.backends import get_backend, list_backends
     from qplug_core.config import names
+    from qplug_core.registry.backends import get_backend, list_backends
 
     for info in list_backends():
         get_backend(info.name)

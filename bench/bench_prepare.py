@@ -20,9 +20,8 @@ import io
 import pstats
 
 import torch
-from torch import nn
-
 from _harness import machine_line, median, quiet, table, timed, torch_ao
+from torch import nn
 
 import qplug_core as qp
 
@@ -95,8 +94,9 @@ class _Phases:
 
     def __init__(self) -> None:
         import copy
-        from qplug_core.flows import steps as flows
+
         from qplug_core.flows import fuse, pipeline, prepare, regions
+        from qplug_core.flows import steps as flows
         from qplug_core.nn import folding
         self.totals: dict[str, float] = {}
         self.patches = [

@@ -27,10 +27,10 @@ import pstats
 import time
 
 import torch
-
 from _harness import machine_line, median, quiet, table, torch_ao
 
 import qplug_core as qp
+from qplug_core.analysis.layers import sqnr
 from qplug_core.config import QConfig
 from qplug_core.observers import (
     HistogramObserver,
@@ -39,7 +39,6 @@ from qplug_core.observers import (
     MSEObserver,
     PercentileObserver,
 )
-from qplug_core.analysis.layers import sqnr
 from qplug_core.zoo import calibrate_batchnorm, example_inputs, get_model
 
 

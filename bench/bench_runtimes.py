@@ -56,6 +56,7 @@ def nncf_quantized(float_onnx: Path, calibration):
 
 def main() -> None:
     import openvino
+
     import qplug_onnxruntime
     import qplug_openvino
 

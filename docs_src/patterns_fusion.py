@@ -5,9 +5,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.registry.backends import Backend, BackendSpec
 from qplug_core.config import BackendConfig, BackendPatternConfig
 from qplug_core.nn.intrinsic import ConvReLU2d
+from qplug_core.registry.backends import Backend, BackendSpec
 
 
 def fuse_conv_relu(is_qat, conv, relu):

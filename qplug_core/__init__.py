@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
     )
     from qplug_core.algorithms.sensitivity import sensitivity
     from qplug_core.algorithms.target import Target
-    from qplug_core.registry.backends import Availability, Backend, BackendSpec, get_backend, list_backends
+    from qplug_core.analysis.compare import compare
+    from qplug_core.analysis.layers import sqnr
     from qplug_core.config import (
         BackendConfig,
         BackendPatternConfig,
@@ -35,11 +36,8 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
         QConfig,
         QConfigMapping,
     )
-    from qplug_core.observers import distributed
-    from qplug_core.observers.distributed import sync_observers
-    from qplug_core.flows.dynamic import quantize_dynamic
     from qplug_core.errors import QplugError
-    from qplug_core.onnx_export import export_onnx
+    from qplug_core.flows.dynamic import quantize_dynamic
     from qplug_core.flows.steps import (
         calibrate,
         convert_fx,
@@ -50,11 +48,13 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
         prepare_qat_fx,
         quantization_report,
     )
-    from qplug_core.registry.hookspecs import hookimpl
+    from qplug_core.observers import distributed
+    from qplug_core.observers.distributed import sync_observers
     from qplug_core.one_call import quantize
+    from qplug_core.onnx_export import export_onnx
     from qplug_core.patterns import MatchAllNode
-    from qplug_core.analysis.compare import compare
-    from qplug_core.analysis.layers import sqnr
+    from qplug_core.registry.backends import Availability, Backend, BackendSpec, get_backend, list_backends
+    from qplug_core.registry.hookspecs import hookimpl
     from qplug_core.serialization import load, save
     from qplug_core.weight_only import quantize_weights
 

@@ -23,8 +23,8 @@ from torch import fx, nn
 from torch.nn.utils import parametrize
 
 from qplug_core.errors import GraphError, PatternError
-from qplug_core.patterns import Pattern, describe, is_match_all, sort_patterns, validate_pattern
 from qplug_core.ir.subgraph_matcher import InternalMatch, SubgraphMatcher
+from qplug_core.patterns import Pattern, describe, is_match_all, sort_patterns, validate_pattern
 
 __all__ = [
     "InternalMatch",

@@ -11,11 +11,11 @@ from typing import Any
 
 from torch import fx, nn
 
+from qplug_core.algorithms.pipeline import needs_algorithms, quantize_with_algorithms
+from qplug_core.config import QConfigMapping
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
-from qplug_core.algorithms.pipeline import needs_algorithms, quantize_with_algorithms
 from qplug_core.registry.backends import Backend, resolve_backend
-from qplug_core.config import QConfigMapping
 
 
 def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,

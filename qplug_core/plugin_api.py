@@ -13,8 +13,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from qplug_core.config import (
+    BackendPatternConfig,
+    DTypeConfig,
+    DTypeWithConstraints,
+    ObservationType,
+    QConfig,
+    QConfigMapping,
+)
 from qplug_core.config.common_patterns import common_pattern_configs
 from qplug_core.config.common_patterns import linear_configs as linear_pattern_configs
+from qplug_core.config.defaults import default_qconfig_mapping
 from qplug_core.config.dtype_configs import (
     DTypeConfigSet,
     default_dynamic_float16_dtype_config,
@@ -24,29 +33,9 @@ from qplug_core.config.dtype_configs import (
     weight_only_quint8_dtype_config,
     weighted_op_quint8_dtype_config,
 )
-from qplug_core.registry.backend_plugin import BackendPlugin
-from qplug_core.config import (
-    BackendPatternConfig,
-    DTypeConfig,
-    DTypeWithConstraints,
-    ObservationType,
-    QConfig,
-    QConfigMapping,
-)
-from qplug_core.registry.contract import (
-    ARM_MACHINES,
-    X86_MACHINES,
-    Availability,
-    BackendSpec,
-    Delegate,
-    Diagnostic,
-    engine_availability,
-)
 from qplug_core.enums import Mode, Stage
 from qplug_core.errors import ConfigValidationError, QplugError, warn_user
 from qplug_core.flows.observed import ObservedValue, computes_tensor, observed_inputs, observed_values
-from qplug_core.registry.hookspecs import hookimpl
-from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
 from qplug_core.kernels.arithmetic import Int8Arithmetic, safe_qconfig_options
 from qplug_core.kernels.base import (
     KernelContext,
@@ -56,18 +45,29 @@ from qplug_core.kernels.base import (
     int_values,
     quantized_from_int,
 )
-from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8, override_cpu_flags
+from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.kernels.table import torch_int8_kernels
-from qplug_core.partition import OperatorSupportBase
-from qplug_core.partition.compiled import CompiledPartition
-from qplug_core.passes.base import PassResult
-from qplug_core.registry.plugins import QplugPluginWarning
-from qplug_core.config.defaults import default_qconfig_mapping
-from qplug_core.qparams import QParams
 from qplug_core.kernels.weight_only import WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.kernels.weight_only_scheme import quantize as quantize_weight
+from qplug_core.partition import OperatorSupportBase
+from qplug_core.partition.compiled import CompiledPartition
+from qplug_core.passes.base import PassResult
+from qplug_core.qparams import QParams
+from qplug_core.registry.backend_plugin import BackendPlugin
+from qplug_core.registry.contract import (
+    ARM_MACHINES,
+    X86_MACHINES,
+    Availability,
+    BackendSpec,
+    Delegate,
+    Diagnostic,
+    engine_availability,
+)
+from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
+from qplug_core.registry.hookspecs import hookimpl
+from qplug_core.registry.plugins import QplugPluginWarning
 
 if TYPE_CHECKING:
     from qplug_core.onnx_export import to_onnx_proto

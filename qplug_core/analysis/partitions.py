@@ -25,12 +25,12 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qplug_core.registry.backends import get_backend
-from qplug_core.flows.delegate import PREFIX, delegate_graph
+from qplug_core.analysis.layers import ErrorStats, LayerComparison
 from qplug_core.errors import QplugError
+from qplug_core.flows.delegate import PREFIX, delegate_graph
 from qplug_core.flows.tags import REPORT, recorded_example_inputs
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
-from qplug_core.analysis.layers import LayerComparison, ErrorStats
+from qplug_core.registry.backends import get_backend
 from qplug_core.serialization.api import rebuild_reference
 
 __all__ = ["PartitionComparisons", "partition_comparisons"]

@@ -10,7 +10,6 @@ from typing import Any
 
 import typer
 
-
 #: the version of every JSON document the CLI prints (``--json``)
 JSON_SCHEMA_VERSION = 1
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from qplug_core.errors import CalibrationError, ConfigError, did_you_mean
 from qplug_core.cli._common import example_tensor, warn
+from qplug_core.errors import CalibrationError, ConfigError, did_you_mean
 
 #: number of random batches used when no calibration file is given
 RANDOM_BATCHES = 4

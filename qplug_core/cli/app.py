@@ -22,11 +22,10 @@ from typing import Any, Iterator
 import typer
 from typer.core import TyperGroup
 
-from qplug_core.enums import BackendStatus
-from qplug_core.registry import plugins
-from qplug_core.errors import cli_audience
 from qplug_core.cli._common import emit_json, say
-from qplug_core.errors import PluginError, QplugError
+from qplug_core.enums import BackendStatus
+from qplug_core.errors import PluginError, QplugError, cli_audience
+from qplug_core.registry import plugins
 
 EXIT_ERROR = 1
 EXIT_PLUGIN_FAILURE = 3
@@ -214,8 +213,8 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
 ) -> None:
     """Check this environment: torch, quantized engines, plugins and each backend's own checks."""
-    from qplug_core.registry.backends import environment_diagnostics
     from qplug_core.cli._table import terminal_width
+    from qplug_core.registry.backends import environment_diagnostics
 
     findings = environment_diagnostics()
     if as_json:

@@ -12,10 +12,9 @@ from typing import Any
 
 import typer
 
-from qplug_core.cli._common import emit_json, number, progress
 from qplug_core.cli._accuracy import WORST_LAYERS, worst_layers_table
+from qplug_core.cli._common import emit_json, number, progress
 from qplug_core.cli._table import new_table, show
-
 
 #: output SQNR the random-weight demo models reach on fbgemm (measured with ``qplug demo --model``)
 RANDOM_WEIGHT_SQNR_DB = {"resnet18": 35, "mobilenet_v2": 12}

@@ -40,8 +40,8 @@ def install_command(root: Path) -> str:
 
 
 def _check_name(name: str) -> None:
-    from qplug_core.registry.backends import list_backends
     from qplug_core.errors import ConfigError
+    from qplug_core.registry.backends import list_backends
 
     if not NAME_RE.fullmatch(name):
         raise ConfigError(f"backend name {name!r} must start with a lowercase letter and use only "

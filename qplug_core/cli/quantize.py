@@ -44,8 +44,8 @@ def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, 
     from torch import fx
 
     import qplug_core as qp
-    from qplug_core.observers import distributed
     from qplug_core.errors import ConfigError
+    from qplug_core.observers import distributed
 
     if mode is Mode.qat_convert:
         if not isinstance(model, fx.GraphModule):
@@ -86,7 +86,6 @@ def quantize(
 ) -> None:
     """Quantize MODULE:FACTORY's model, save it with qp.save, print the report and its accuracy."""
     import qplug_core as qp
-    from qplug_core.observers import distributed
     from qplug_core.cli._accuracy import accuracy_document
     from qplug_core.cli._inputs import (
         forward_input_names,
@@ -97,6 +96,7 @@ def quantize(
     )
     from qplug_core.cli._report import print_report
     from qplug_core.flows.steps import resolve_backend
+    from qplug_core.observers import distributed
 
     specs = input_specs(example_shapes, example_dtypes)
     check_writable(out)  # before minutes of quantizing, not after

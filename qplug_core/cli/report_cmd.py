@@ -74,8 +74,7 @@ def report(
 def _accuracy(qmodel, float_spec: str, evaluation: Path, backend: str) -> dict:
     import qplug_core as qp
     from qplug_core.cli._accuracy import accuracy_document
-    from qplug_core.cli._inputs import forward_input_names, input_count, load_batches
-    from qplug_core.cli._inputs import load_factory_model
+    from qplug_core.cli._inputs import forward_input_names, input_count, load_batches, load_factory_model
 
     model = load_factory_model(float_spec)
     names = forward_input_names(model, input_count(evaluation))

@@ -10,12 +10,15 @@ from __future__ import annotations
 from qplug_core.config.backend_config import BackendConfig
 from qplug_core.config.codec import SCHEMA_VERSION
 from qplug_core.config.dtypes import DTypeConfig, DTypeWithConstraints
+from qplug_core.config.names import (
+    decode_name,
+    encode_name,
+    register_serializable,
+    register_serializable_module,
+)
 from qplug_core.config.pattern_config import BackendPatternConfig, ObservationType
 from qplug_core.config.qconfig import QConfig
 from qplug_core.config.qconfig_mapping import QConfigMapping
-from qplug_core.config.names import (
-    decode_name, encode_name, register_serializable, register_serializable_module,
-)
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -15,7 +15,15 @@ from typing import Any
 from torch import nn
 
 from qplug_core.config.codec import (
-    call_at, child, decode_pattern, encode_pattern, expect, read_fields, unversioned, versioned, where,
+    call_at,
+    child,
+    decode_pattern,
+    encode_pattern,
+    expect,
+    read_fields,
+    unversioned,
+    versioned,
+    where,
 )
 from qplug_core.config.dtypes import DTypeConfig
 from qplug_core.config.names import Kind, decode_name, encode_name

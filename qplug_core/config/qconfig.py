@@ -11,7 +11,13 @@ from collections import namedtuple
 from typing import Any
 
 from qplug_core.config.codec import (
-    child, decode_factory, encode_factory, read_fields, unversioned, versioned, where,
+    child,
+    decode_factory,
+    encode_factory,
+    read_fields,
+    unversioned,
+    versioned,
+    where,
 )
 from qplug_core.errors import ConfigValidationError
 from qplug_core.observers.factory import ObserverFactory

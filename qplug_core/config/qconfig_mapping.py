@@ -12,12 +12,23 @@ from collections.abc import Callable
 from typing import Any, Union
 
 from qplug_core.config.codec import (
-    call_at, child, decode_pattern, encode_pattern, expect, read_fields, unversioned, versioned, where,
+    call_at,
+    child,
+    decode_pattern,
+    encode_pattern,
+    expect,
+    read_fields,
+    unversioned,
+    versioned,
+    where,
+)
+from qplug_core.config.qconfig import (
+    QConfig,
+    check_optional_qconfig,
+    decode_optional_qconfig,
+    encode_optional_qconfig,
 )
 from qplug_core.config.regex_bound import check_bounded_regex
-from qplug_core.config.qconfig import (
-    QConfig, check_optional_qconfig, decode_optional_qconfig, encode_optional_qconfig,
-)
 from qplug_core.errors import ConfigError, ConfigValidationError
 
 __all__ = ["QConfigMapping"]

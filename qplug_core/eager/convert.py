@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.registry.backends import Backend, get_backend
 from qplug_core.config import QConfig
 from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
@@ -28,11 +27,12 @@ from qplug_core.eager.prepare import INPUT_OBSERVER, OUTPUT_OBSERVER, observe_in
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
 from qplug_core.flows.regions import weight_name_of
-from qplug_core.kernels.base import KernelContext, TensorArg, pin_engine
-from qplug_core.observers import FakeQuantizeBase, ObserverBase
-from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
-from qplug_core.qparams import QParams
 from qplug_core.flows.tags import EAGER_STATE
+from qplug_core.kernels.base import KernelContext, TensorArg, pin_engine
+from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
+from qplug_core.observers import FakeQuantizeBase, ObserverBase
+from qplug_core.qparams import QParams
+from qplug_core.registry.backends import Backend, get_backend
 
 _QUANTIZE_KEY, _DEQUANTIZE_KEY = "quantize", "dequantize"
 

@@ -26,7 +26,6 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrize import type_before_parametrizations
 
-from qplug_core.registry.backends import Backend, resolve_backend
 from qplug_core.config import ObservationType, QConfig, QConfigMapping
 from qplug_core.eager.functional import FloatFunctional
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
@@ -34,6 +33,7 @@ from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.flows.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
 from qplug_core.flows.tags import EAGER_STATE
 from qplug_core.observers import ObserverBase
+from qplug_core.registry.backends import Backend, resolve_backend
 
 OUTPUT_OBSERVER = "activation_post_process"
 INPUT_OBSERVER = "activation_pre_process"

@@ -22,7 +22,6 @@ from torch import fx, nn
 from qplug_core import qparams as Q
 from qplug_core.flows.tags import BOUNDARY, FOLDED_CLAMP
 
-
 _RELU6_FUNCTIONS = (F.relu6,)
 _HARDTANH_FUNCTIONS = (F.hardtanh, F.hardtanh_)
 _CLAMP_FUNCTIONS = (torch.clamp, torch.clip)

@@ -12,8 +12,7 @@ import copy
 
 from torch import fx, nn
 
-from qplug_core.errors import spelled
-from qplug_core.errors import ModelStateError, UncalibratedObserverError
+from qplug_core.errors import ModelStateError, UncalibratedObserverError, spelled
 from qplug_core.flows.clamps import fold_clamps
 from qplug_core.flows.prepare import is_observer_module
 from qplug_core.flows.regions import QUANTIZED_DTYPES, weight_name_of

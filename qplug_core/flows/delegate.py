@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
+from qplug_core.flows.kernel_check import output_violation
 from qplug_core.flows.report import describe_op
 from qplug_core.flows.tags import BOUNDARY, KERNEL, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner
-from qplug_core.registry.contract import Delegate
-from qplug_core.flows.kernel_check import output_violation
 from qplug_core.partition.lazy import LazyPartition
+from qplug_core.registry.contract import Delegate
 
 #: the prefix of the submodules holding compiled partitions (``delegate_0``, ...)
 PREFIX = "delegate_"

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.nn.utils.parametrize import type_before_parametrizations
 
-from qplug_core.registry.backends import Backend, resolve_backend
 from qplug_core.config import QConfig, QConfigMapping
+from qplug_core.config.defaults import float16_dynamic_qconfig
 from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.errors import (
     ConfigError,
@@ -35,8 +35,8 @@ from qplug_core.kernels.reference import (
     observed_weight_qparams,
     rounded_copy,
 )
-from qplug_core.config.defaults import float16_dynamic_qconfig
 from qplug_core.qparams import QParams
+from qplug_core.registry.backends import Backend, resolve_backend
 
 #: the module types dynamic quantization converts (torch.ao's default ``qconfig_spec``)
 DYNAMIC_TYPES: tuple[type[nn.Module], ...] = (

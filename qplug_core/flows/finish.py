@@ -15,11 +15,18 @@ from torch import fx
 from qplug_core.enums import Stage
 from qplug_core.flows.delegate import DelegationSummary, delegate_graph
 from qplug_core.flows.lower import LoweringSummary, lower_graph
-from qplug_core.kernels.base import pin_engine
 from qplug_core.flows.pickle_guard import refuse_pickle
 from qplug_core.flows.pipeline import plugin_passes, run_passes
 from qplug_core.flows.report import QuantizationReport, float_compute_nodes, report_names
-from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED, FUSIONS, REPORT, recorded_example_inputs, region_tag
+from qplug_core.flows.tags import (
+    CAPTURE,
+    CAPTURE_SKIPPED,
+    FUSIONS,
+    REPORT,
+    recorded_example_inputs,
+    region_tag,
+)
+from qplug_core.kernels.base import pin_engine
 
 if TYPE_CHECKING:
     from qplug_core.registry.backends import Backend

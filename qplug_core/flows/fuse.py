@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import torch
 import torch.nn.functional as F
 from torch import fx, nn
-import torch
 
 from qplug_core.errors import PatternError
 from qplug_core.matcher import Match, find_matches

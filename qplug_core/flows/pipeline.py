@@ -18,6 +18,7 @@ from torch import fx, nn
 from qplug_core.enums import Stage
 from qplug_core.errors import ConfigValidationError
 from qplug_core.flows.annotation_guard import guard_plugin_pass
+from qplug_core.flows.capture import capture_for_quantization
 from qplug_core.flows.fuse import fuse_graph
 from qplug_core.flows.inplace import functionalize_inplace
 from qplug_core.flows.leaves import leaf_module_classes
@@ -25,7 +26,6 @@ from qplug_core.flows.normalize import normalize_functionals
 from qplug_core.flows.raise_aten import remove_inference_noops
 from qplug_core.flows.shared_modules import untie_shared_modules
 from qplug_core.flows.tags import FUSIONS
-from qplug_core.flows.capture import capture_for_quantization
 from qplug_core.nn.copying import detach_from
 from qplug_core.passes import PassManager
 

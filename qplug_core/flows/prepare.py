@@ -16,7 +16,7 @@ from torch import fx, nn
 from qplug_core.config import ObservationType
 from qplug_core.flows.clamps import clamp_bounds, foldable_clamp
 from qplug_core.flows.regions import QUANTIZED_DTYPES, Region
-from qplug_core.flows.tags import FOLDED_CLAMP, OBSERVER, REGION, ROOT, RegionTag, VALUE_KIND
+from qplug_core.flows.tags import FOLDED_CLAMP, OBSERVER, REGION, ROOT, VALUE_KIND, RegionTag
 from qplug_core.observers import (
     FakeQuantize,
     FixedQParamsFakeQuantize,

@@ -20,9 +20,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import spelled
 from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapping
-from qplug_core.errors import ConfigValidationError, ConstraintViolationError, warn_user
+from qplug_core.errors import ConfigValidationError, ConstraintViolationError, spelled, warn_user
 from qplug_core.flows.tags import VALUE_KIND
 from qplug_core.ir import module_stack
 from qplug_core.kernels.reference import weight_of

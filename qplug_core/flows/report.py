@@ -9,9 +9,8 @@ from typing import Any, Callable
 from torch import fx
 
 from qplug_core.flows.fuse import FusionRecord
-from qplug_core.flows.tags import BOUNDARY, KERNEL, OBSERVER, VALUE_KIND, region_tag
 from qplug_core.flows.op_kinds import COMPUTE, op_kind
-
+from qplug_core.flows.tags import BOUNDARY, KERNEL, OBSERVER, VALUE_KIND, region_tag
 
 _NON_COMPUTE_FUNCTIONS = {"getattr", "getitem", "size", "dim"}
 

@@ -14,11 +14,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qplug_core.enums import Stage
-from qplug_core.observers import distributed
-from qplug_core.flows import checks as flow_checks
-from qplug_core.registry.backends import Backend, get_backend, resolve_backend
 from qplug_core.config import QConfigMapping
+from qplug_core.enums import Stage
 from qplug_core.errors import (
     BackendUnavailableError,
     CalibrationError,
@@ -27,6 +24,7 @@ from qplug_core.errors import (
     NothingQuantizedError,
     QplugError,
 )
+from qplug_core.flows import checks as flow_checks
 from qplug_core.flows.convert import convert_graph
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.int16_pairs import warn_saturating_pairs
@@ -41,10 +39,12 @@ from qplug_core.flows.pipeline import (
 )
 from qplug_core.flows.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.flows.regions import RegionPlanner
-from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.report import QuantizationReport, top_reasons
+from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.tags import REPORT, STATE, ValueAnnotator
+from qplug_core.observers import distributed
 from qplug_core.passes import PassResult
+from qplug_core.registry.backends import Backend, get_backend, resolve_backend
 
 _ON_UNSUPPORTED = ("warn", "raise", "skip")
 

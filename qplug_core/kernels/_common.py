@@ -14,9 +14,9 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch import nn
 
+from qplug_core import qparams as Q
 from qplug_core.errors import BackendUnavailableError, ConfigValidationError, NumericOverflowError
 from qplug_core.kernels.base import KernelContext, TensorArg, engine_context, quiet_quantized_dtypes
-from qplug_core import qparams as Q
 from qplug_core.qparams import QParams
 
 INT32_MAX = 2**31 - 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from qplug_core.errors import BackendUnavailableError
 from qplug_core.kernels._common import (
     SELF_TEST_INPUT,
     KernelModule,
@@ -11,7 +12,6 @@ from qplug_core.kernels._common import (
     check_against,
     forward_quiet,
 )
-from qplug_core.errors import BackendUnavailableError
 from qplug_core.kernels.base import KernelContext
 from qplug_core.qparams import QParams
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from qplug_core.observers import defaults as _defaults
 from qplug_core.observers.base import ObserverBase
 from qplug_core.observers.clipping import MSEObserver, PercentileObserver
-from qplug_core.observers import defaults as _defaults
 from qplug_core.observers.defaults import *  # noqa: F401,F403  (torch.ao-named factories)
 from qplug_core.observers.factory import FactoryMixin, ObserverFactory
 from qplug_core.observers.fake_quantize import (

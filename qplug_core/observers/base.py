@@ -19,9 +19,9 @@ from qplug_core.errors import (
     UncalibratedObserverError,
     did_you_mean,
 )
+from qplug_core.observers.batch_sync import BatchStats, batch_reduction
 from qplug_core.observers.bounds import check_setting
 from qplug_core.observers.factory import FactoryMixin
-from qplug_core.observers.batch_sync import BatchStats, batch_reduction
 from qplug_core.observers.ranks import Ranks, refuse_reduction
 from qplug_core.qparams import (
     PER_CHANNEL_SCHEMES,

@@ -17,8 +17,8 @@ import torch
 
 from qplug_core.errors import ConfigValidationError
 from qplug_core.observers.base import ObserverBase
-from qplug_core.observers.bounds import check_histogram_size
 from qplug_core.observers.batch_sync import BatchStats
+from qplug_core.observers.bounds import check_histogram_size
 from qplug_core.observers.ranks import Ranks
 
 _STEP = 1e-5  # quantile granularity of the search (torch.ao's ``stepsize``)

@@ -12,8 +12,8 @@ import torch
 
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
 from qplug_core.observers.base import ObserverBase, refuse_symmetric_quint8_reduce_range
-from qplug_core.observers.bounds import check_setting
 from qplug_core.observers.batch_sync import BatchStats, batch_reduction
+from qplug_core.observers.bounds import check_setting
 from qplug_core.observers.ranks import Ranks
 from qplug_core.qparams import PER_CHANNEL_SCHEMES
 

@@ -22,9 +22,8 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import ExportError
-from qplug_core.flows.tags import KERNEL, recorded_example_inputs
+from qplug_core.flows.tags import INPUT_SPEC, KERNEL, SPEC_DTYPES, recorded_example_inputs
 from qplug_core.onnx_export import dynamic_axes
-from qplug_core.flows.tags import INPUT_SPEC, SPEC_DTYPES
 
 #: ONNX opset the export targets (QuantizeLinear per-axis needs >= 13; ORT 1.17+ runs 21)
 DEFAULT_OPSET = 21

@@ -18,15 +18,15 @@ import platform
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from qplug_core.config.dtype_configs import DTypeConfigSet
-from qplug_core.registry.contract import Availability, BackendSpec, Diagnostic, engine_availability
-from qplug_core.registry.hookspecs import hookimpl
-from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
 from qplug_core.kernels.arithmetic import Int8Arithmetic, engine_arithmetic, safe_qconfig_options
+from qplug_core.registry.contract import Availability, BackendSpec, Diagnostic, engine_availability
+from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
+from qplug_core.registry.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from qplug_core.config import BackendPatternConfig, QConfigMapping
-    from qplug_core.registry.contract import Delegate
     from qplug_core.kernels.base import KernelSpec
+    from qplug_core.registry.contract import Delegate
 
 
 class BackendPlugin:

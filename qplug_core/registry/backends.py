@@ -12,20 +12,8 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from qplug_core.registry import plugins
 from qplug_core.config import names
-from qplug_core.registry.contract import (  # re-exported: the registry's callers import them from here
-    ARM_MACHINES,
-    X86_MACHINES,
-    Availability,
-    BackendSpec,
-    Delegate,
-    Diagnostic,
-    engine_availability,
-    platform_name,
-)
 from qplug_core.enums import MODES, STAGES, BackendStatus, PluginStatus
-from qplug_core.kernels.arithmetic import Int8Arithmetic, engine_arithmetic
 from qplug_core.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -38,6 +26,18 @@ from qplug_core.errors import (
     did_you_mean,
     notify,
     spelled,
+)
+from qplug_core.kernels.arithmetic import Int8Arithmetic, engine_arithmetic
+from qplug_core.registry import plugins
+from qplug_core.registry.contract import (  # re-exported: the registry's callers import them from here
+    ARM_MACHINES,
+    X86_MACHINES,
+    Availability,
+    BackendSpec,
+    Delegate,
+    Diagnostic,
+    engine_availability,
+    platform_name,
 )
 
 if TYPE_CHECKING:

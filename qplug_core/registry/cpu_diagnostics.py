@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from qplug_core.registry.contract import Diagnostic
 from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
+from qplug_core.registry.contract import Diagnostic
 
 
 def cpu_diagnostic(arithmetic: Int8Arithmetic | str, cpu: CpuInt8 | None = None) -> Diagnostic:

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Callable
 import pluggy
 
 if TYPE_CHECKING:
-    from qplug_core.registry.contract import BackendSpec, Delegate, Diagnostic
     from qplug_core.config import BackendPatternConfig, QConfigMapping
     from qplug_core.kernels.base import KernelSpec
-    from qplug_core.patterns import Pattern
     from qplug_core.kernels.weight_only import WeightOnlyKernel
+    from qplug_core.patterns import Pattern
+    from qplug_core.registry.contract import BackendSpec, Delegate, Diagnostic
 
 PROJECT_NAME = "qplug"
 

@@ -41,10 +41,10 @@ import pluggy
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from qplug_core.registry import hookspecs
-from qplug_core.registry import isolation as plugin_isolation
 from qplug_core.enums import PluginStatus
 from qplug_core.errors import PluginContractError, PluginError, PluginHookError, PluginLoadError, notify
+from qplug_core.registry import hookspecs
+from qplug_core.registry import isolation as plugin_isolation
 
 ENTRY_POINT_GROUP = "qplug"
 CORE_DISTRIBUTION = "qplug-core"

@@ -13,8 +13,6 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 from torch import fx, nn
 
-from qplug_core.registry import plugins
-from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -24,8 +22,10 @@ from qplug_core.errors import (
 )
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.snapshot import snapshot_of
-from qplug_core.flows.tags import CAPTURE
+from qplug_core.flows.tags import ARTIFACT, CAPTURE, FUSIONS
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
+from qplug_core.registry import plugins
+from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.serialization.artifact import (
     Artifact,
     artifact_of,
@@ -40,7 +40,6 @@ from qplug_core.serialization.files import read_artifact_file, write_artifact_fi
 from qplug_core.serialization.graph_codec import decode_graph
 from qplug_core.serialization.lowering_record import LoweringRecord
 from qplug_core.serialization.module_codec import decode_modules
-from qplug_core.flows.tags import ARTIFACT, FUSIONS
 from qplug_core.serialization.receivers import check_receivers
 from qplug_core.serialization.weight_only import (
     is_weight_only,

@@ -16,8 +16,6 @@ from typing import Any
 import torch
 from torch import fx
 
-from qplug_core.registry import plugins
-from qplug_core.registry.backends import Backend, get_backend
 from qplug_core.config.codec import child, expect, read_fields, where
 from qplug_core.config.names import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
@@ -25,6 +23,8 @@ from qplug_core.flows.fuse import FusionRecord
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import ARTIFACT, CAPTURE, FUSIONS, KERNEL, REPORT, STATE
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
+from qplug_core.registry import plugins
+from qplug_core.registry.backends import Backend, get_backend
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.lowering_record import KEY as LOWERING_KEY
 from qplug_core.serialization.lowering_record import LoweringRecord

@@ -17,14 +17,25 @@ from typing import Any
 from torch import fx
 
 from qplug_core.config.codec import (
-    child, decode_pattern, encode_pattern, expect, read_fields, read_pairs, read_tagged, where,
+    child,
+    decode_pattern,
+    encode_pattern,
+    expect,
+    read_fields,
+    read_pairs,
+    read_tagged,
+    where,
 )
 from qplug_core.config.dtypes import DTypeConfig
 from qplug_core.config.names import Kind, decode_name, encode_name
 from qplug_core.errors import ConfigError
 from qplug_core.flows.tags import BOUNDARY, INPUT_SPEC, REGION, ROOT, SPEC_DTYPES, VALUE_KIND, RegionTag
 from qplug_core.serialization.values import (
-    FILE_VALUES, check_identifier, check_tensor_attribute, decode_op, encode_op,
+    FILE_VALUES,
+    check_identifier,
+    check_tensor_attribute,
+    decode_op,
+    encode_op,
 )
 
 NODE_KEYS = ("op", "name", "target", "type", "args", "kwargs", "meta")

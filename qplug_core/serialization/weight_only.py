@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from qplug_core.errors import SerializationError
+from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.serialization.files import write_artifact_file
 from qplug_core.weight_only.api import INFO_ATTRIBUTE, WeightOnlyInfo, conv1d_class, linear_weight
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
-from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.weight_only.selection import available_kernels, choose
 
 FORMAT = "qplug-weight-only"

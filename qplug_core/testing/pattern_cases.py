@@ -43,7 +43,6 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from qplug_core.registry.backends import Backend, get_backend
 from qplug_core.config import ObservationType, QConfigMapping
 from qplug_core.flows.report import report_names
 from qplug_core.flows.tags import FUSIONS, region_tag
@@ -51,6 +50,7 @@ from qplug_core.kernels.reference import Dequantize
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat
 from qplug_core.patterns import format_pattern, to_simple_format
+from qplug_core.registry.backends import Backend, get_backend
 
 __all__ = ["OutputCheck", "PatternCase", "PatternResult", "case_id", "cases_for", "check_pattern"]
 

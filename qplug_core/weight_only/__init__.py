@@ -11,10 +11,10 @@ activations, for models whose speed is bound by reading their weights (LLM token
 
 from __future__ import annotations
 
-from qplug_core.weight_only.api import INFO_ATTRIBUTE, WeightOnlyInfo, quantize_weights
 from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
-from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
+from qplug_core.weight_only.api import INFO_ATTRIBUTE, WeightOnlyInfo, quantize_weights
+from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
 
 __all__ = ["INFO_ATTRIBUTE", "QuantizedWeight", "ReferenceKernel", "WeightOnlyEmbedding", "WeightOnlyInfo",
            "WeightOnlyKernel", "WeightOnlyLinear", "WeightOnlyScheme", "quantize_weights"]

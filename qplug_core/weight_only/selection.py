@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from qplug_core.registry import plugins
 from qplug_core.errors import BackendNotFoundError, ConfigValidationError, did_you_mean, warn_user
 from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight
+from qplug_core.registry import plugins
 
 HOOK = "qplug_weight_only_kernels"
 #: relative L2 error a kernel may add to the exact product: ORT's int8-activation path adds ~0.5%

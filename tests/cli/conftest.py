@@ -14,7 +14,6 @@ import torch
 from cli_testkit import MODELS_SOURCE
 
 
-
 @pytest.fixture
 def user_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A module of model factories in the current directory; returns its (unique) name."""

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from cli_testkit import assert_one_line_error, invoke, run
 
 from qplug_core.cli.demo import RANDOM_WEIGHT_SQNR_DB
-from cli_testkit import assert_one_line_error, invoke, run
 
 
 def test_digits_on_fbgemm_json(plugin_autoload):

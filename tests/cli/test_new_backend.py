@@ -7,10 +7,10 @@ import json
 import os
 import subprocess
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from cli_testkit import assert_one_line_error, invoke
 

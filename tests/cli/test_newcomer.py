@@ -174,8 +174,8 @@ def test_messages_speak_the_language_of_their_reader(user_models, tmp_path):
     assert "choose one with --backend NAME" in shell.stderr and "backend=" not in shell.stderr
 
     import qplug_core as qp
-    from qplug_core.errors import cli_audience
     from qplug_core.cli._inputs import load_factory_model
+    from qplug_core.errors import cli_audience
 
     observed = qp.prepare_fx(load_factory_model(f"{user_models}:build"), None,
                              (torch.randn(2, 3, 8, 8),), backend="reference")

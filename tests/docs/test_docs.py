@@ -26,9 +26,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from qplug_core.registry import hookspecs
-from qplug_core.registry import plugins
 from qplug_core.cli.app import app
+from qplug_core.registry import hookspecs, plugins
 from qplug_core.testing.dists import child_venv, pip_install_into, write_dist_info
 
 REPO = Path(__file__).resolve().parents[2]

@@ -34,7 +34,6 @@ from qplug_core.analysis.layers import sqnr
 from qplug_core.zoo import calibrate_batchnorm, example_inputs, get_model
 from qplug_core.zoo.transformer import make_realistic_bert
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

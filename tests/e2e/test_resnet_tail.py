@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.analysis.layers import sqnr
 from qplug_core.flows.tags import OBSERVER, REGION
 from qplug_core.nn.intrinsic import ConvReLU2d
-from qplug_core.analysis.layers import sqnr
 from qplug_core.zoo.resnet import BasicBlock
 
 

@@ -25,7 +25,6 @@ import qplug_core as qp
 from qplug_core.zoo import example_inputs
 from qplug_core.zoo.transformer import make_realistic_bert
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.analysis.layers import sqnr
 from qplug_core.config import QConfig
 from qplug_core.eager import DeQuantStub, FloatFunctional, QFunctional, QuantStub, SimulatedOutput
 from qplug_core.errors import ConstraintViolationError, UncalibratedObserverError
 from qplug_core.kernels import torch_int8 as K
 from qplug_core.nn import qat as nnqat
 from qplug_core.observers import MinMaxObserver
-from qplug_core.analysis.layers import sqnr
 from qplug_core.zoo.digits import DigitsCNN, accuracy, load_digits_tensors, train_digits_cnn
 
 GROUPS = [["conv1", "bn1", "relu1"], ["conv2", "bn2"], ["conv3", "bn3", "relu3"]]

@@ -12,16 +12,24 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from qplug_core.config import (
-    BackendConfig, BackendPatternConfig, DTypeConfig, DTypeWithConstraints, ObservationType, QConfig,
-    QConfigMapping, register_serializable,
+    BackendConfig,
+    BackendPatternConfig,
+    DTypeConfig,
+    DTypeWithConstraints,
+    ObservationType,
+    QConfig,
+    QConfigMapping,
+    register_serializable,
 )
 from qplug_core.errors import QplugError
 from qplug_core.observers.factory import FactoryMixin
 from qplug_core.patterns import MatchAllNode
+
 
 def fuzz(max_examples: int) -> settings:
     return settings(derandomize=True, deadline=None, database=None, max_examples=max_examples,

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qplug_core.registry import plugins
-from qplug_core.registry.backends import get_backend, list_backends
 from qplug_core.cli.app import app
 from qplug_core.errors import (
     BackendNotFoundError,
@@ -23,6 +21,8 @@ from qplug_core.errors import (
     PluginHookError,
     PluginLoadError,
 )
+from qplug_core.registry import plugins
+from qplug_core.registry.backends import get_backend, list_backends
 
 REPO = Path(__file__).resolve().parents[2]
 

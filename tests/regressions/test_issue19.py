@@ -17,7 +17,6 @@ from torch import fx, nn
 
 import qplug_core as qp
 from qplug_core import qparams as Q
-from qplug_core.registry.backends import Backend, BackendSpec
 from qplug_core.errors import ConfigValidationError, GraphError, ModelStateError, PassError
 from qplug_core.kernels._common import quantize_weight
 from qplug_core.kernels.base import quiet_quantized_dtypes
@@ -28,6 +27,7 @@ from qplug_core.observers import (
     PerChannelMinMaxObserver,
 )
 from qplug_core.partition import CapabilityBasedPartitioner, OperatorSupport, fuse_by_partitions
+from qplug_core.registry.backends import Backend, BackendSpec
 
 pytestmark = pytest.mark.usefixtures("plugin_autoload", "one_thread")
 

@@ -12,10 +12,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import fx, nn
 
+from qplug_core.flows.tags import ARTIFACT
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import QParams
 from qplug_core.serialization import capture_artifact
-from qplug_core.flows.tags import ARTIFACT
 
 
 def reference_model() -> fx.GraphModule:

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from faultkit import quantized_digests
 
 pytestmark = pytest.mark.usefixtures("installed_backends")

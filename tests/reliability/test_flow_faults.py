@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from faultkit import conv_net, images
 from torch import nn
 
 import qplug_core as qp
@@ -26,8 +27,6 @@ from qplug_core.errors import (
     UncalibratedObserverError,
 )
 from qplug_core.observers import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
-
-from faultkit import conv_net, images
 
 pytestmark = pytest.mark.usefixtures("installed_backends")
 

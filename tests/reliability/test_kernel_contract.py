@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.registry import plugins
 from qplug_core.flows import kernel_check as kernel_contract
+from qplug_core.registry import plugins
 
 pytestmark = pytest.mark.usefixtures("installed_backends")
 

@@ -14,12 +14,12 @@ import torch
 from artifactkit import reference_model
 from torch import nn
 
-from qplug_core.registry import plugins
 from qplug_core.config import BackendPatternConfig
 from qplug_core.config.names import TENSOR_ATTRIBUTES, Kind, decode_name, encode_name, name_table
 from qplug_core.errors import ConfigValidationError
-from qplug_core.registry.hookspecs import hookimpl
 from qplug_core.observers import MinMaxObserver
+from qplug_core.registry import plugins
+from qplug_core.registry.hookspecs import hookimpl
 from qplug_core.serialization import load
 
 

@@ -10,19 +10,18 @@ import warnings
 
 import pytest
 import torch
+from faultkit import conv_net, images
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import fx, nn
 
 import qplug_core as qp
 from qplug_core.errors import ConfigValidationError
+from qplug_core.flows.int16_pairs import saturating_layers
 from qplug_core.kernels.cpu import override_cpu_flags
 from qplug_core.kernels.reference import Quantize
 from qplug_core.observers import MinMaxObserver, PerChannelMinMaxObserver
-from qplug_core.flows.int16_pairs import saturating_layers
 from qplug_core.qparams import dequantize, quantize
-
-from faultkit import conv_net, images
 
 AVX2, VNNI = "avx2 fma", "avx2 avx512f avx512bw avx512_vnni"
 pytestmark = pytest.mark.usefixtures("installed_backends")

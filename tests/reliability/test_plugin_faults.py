@@ -8,17 +8,16 @@ import warnings
 
 import pytest
 import torch
+from faultkit import conv_net, images
 from torch import fx
 
 import qplug_core as qp
-from qplug_core.registry import plugins
-from qplug_core.plugin_api import BackendPlugin
 from qplug_core.errors import PassError, PluginHookError
 from qplug_core.flows import lower
-from qplug_core.registry.hookspecs import hookimpl
 from qplug_core.passes import PassResult
-
-from faultkit import conv_net, images
+from qplug_core.plugin_api import BackendPlugin
+from qplug_core.registry import plugins
+from qplug_core.registry.hookspecs import hookimpl
 
 pytestmark = pytest.mark.usefixtures("installed_backends")
 

@@ -16,9 +16,9 @@ import torch
 from typer.testing import CliRunner
 
 import qplug_core as qp
-from qplug_core.registry import plugins
 from qplug_core.cli.app import app
 from qplug_core.errors import PluginLoadError
+from qplug_core.registry import plugins
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ import ast
 import re
 from pathlib import Path
 
-from qplug_core.registry import hookspecs
 from qplug_core.flows import tags
+from qplug_core.registry import hookspecs
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = [REPO / "qplug_core", *(REPO / "plugins").glob("*/qplug_*")]

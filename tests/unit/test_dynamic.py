@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.config import QConfigMapping
-from qplug_core.flows.dynamic import SimulatedDynamic
-from qplug_core.errors import ConfigError, ConfigValidationError, ConstraintViolationError
-from qplug_core.kernels import torch_int8 as K
-from qplug_core.config.defaults import dynamic_qconfig
 from qplug_core.analysis.layers import sqnr
+from qplug_core.config import QConfigMapping
+from qplug_core.config.defaults import dynamic_qconfig
+from qplug_core.errors import ConfigError, ConfigValidationError, ConstraintViolationError
+from qplug_core.flows.dynamic import SimulatedDynamic
+from qplug_core.kernels import torch_int8 as K
 from qplug_core.kernels.cpu import cpu_int8, override_cpu_flags
 from qplug_core.zoo import example_inputs, get_model
 from qplug_core.zoo.transformer import make_realistic_bert

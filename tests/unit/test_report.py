@@ -13,12 +13,11 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from qplug_core.errors import ConfigError
 from qplug_core.analysis.compare import compare
 from qplug_core.analysis.layers import ComparisonReport, sqnr
+from qplug_core.errors import ConfigError
 from qplug_core.zoo import example_inputs, get_model
 from qplug_core.zoo.resnet import BasicBlock
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

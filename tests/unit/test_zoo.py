@@ -17,7 +17,6 @@ from qplug_core.zoo.digits import accuracy, load_digits_tensors, train_digits_cn
 from qplug_core.zoo.lstm import RecurrentClassifier
 from qplug_core.zoo.transformer import make_realistic_bert
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

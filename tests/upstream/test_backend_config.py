@@ -29,8 +29,8 @@ from qplug_core.config import (
     DTypeConfig,
     DTypeWithConstraints,
     ObservationType,
+    register_serializable,
 )
-from qplug_core.config import register_serializable
 from qplug_core.errors import ConfigError
 from qplug_core.nn.fuser_methods import fuse_linear_relu
 

@@ -16,21 +16,21 @@ import copy
 import pytest
 import torch
 from torch import nn
-
-import qplug_core as qp
-import qplug_core.nn.intrinsic as nni
-import qplug_core.nn.qat as nniqat
-from qplug_core.kernels import torch_int8 as K
 from upstream_testkit import (
     ModelForFusion,
     ModelForFusionWithBias,
     ModelForLinearBNFusion,
     ModelWithSequentialFusion,
     check_no_qconfig,
+    eval_fn,
     img_data_1d,
     img_data_2d,
-    eval_fn,
 )
+
+import qplug_core as qp
+import qplug_core.nn.intrinsic as nni
+import qplug_core.nn.qat as nniqat
+from qplug_core.kernels import torch_int8 as K
 
 pytestmark = pytest.mark.usefixtures("plugin_autoload")
 _Q = torch.ops.quantized

@@ -17,11 +17,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import qplug_core as qp
-import qplug_core.nn.intrinsic as nni
-from qplug_core.registry.backends import Backend, BackendSpec
-from qplug_core.config import BackendConfig, BackendPatternConfig
 from upstream_testkit import (
     ConvBnAddReluModel,
     LinearBnLeakyReluModel,
@@ -32,6 +27,11 @@ from upstream_testkit import (
     call_module,
     check_graph_module_nodes,
 )
+
+import qplug_core as qp
+import qplug_core.nn.intrinsic as nni
+from qplug_core.config import BackendConfig, BackendPatternConfig
+from qplug_core.registry.backends import Backend, BackendSpec
 
 pytestmark = pytest.mark.usefixtures("plugin_autoload")
 

@@ -24,12 +24,12 @@ import copy
 import pytest
 import torch
 from torch import nn
+from upstream_testkit import check_no_qconfig, eval_fn
 
 import qplug_core as qp
 from qplug_core.eager import DeQuantStub, QuantStub, QuantWrapper
 from qplug_core.errors import ModelStateError
 from qplug_core.kernels import torch_int8 as K
-from upstream_testkit import check_no_qconfig, eval_fn
 
 pytestmark = pytest.mark.usefixtures("plugin_autoload")
 BACKENDS = ["fbgemm", "qnnpack"]

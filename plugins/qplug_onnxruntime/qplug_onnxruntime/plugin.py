@@ -42,9 +42,10 @@ from qplug_core.plugin_api import (
     safe_qconfig_options,
     weight_only_quint8_dtype_config,
 )
-from qplug_onnxruntime.weight_only import MatMulNBitsKernel
+
 from qplug_onnxruntime.session import OrtPartition, settings
 from qplug_onnxruntime.support import OrtSupport, partition_to_onnx
+from qplug_onnxruntime.weight_only import MatMulNBitsKernel
 
 if TYPE_CHECKING:
     from qplug_core.plugin_api import BackendPatternConfig, QConfigMapping, WeightOnlyKernel

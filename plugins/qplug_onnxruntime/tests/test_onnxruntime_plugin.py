@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from ort_testkit import inputs, quantized_pair
-from qplug_onnxruntime import SessionSettings, configure, settings
-from qplug_onnxruntime.session import OrtPartition
 
 import qplug_core as qp
 from qplug_core.plugin_api import ConfigValidationError
+
+from qplug_onnxruntime import SessionSettings, configure, settings
+from qplug_onnxruntime.session import OrtPartition
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import collections
 
 import onnx
-import pytest
 import onnxruntime as ort
+import pytest
 import torch
 from torch import nn
 
 import qplug_core as qp
 from qplug_core.plugin_api import QplugError
+
 from qplug_onnxruntime.session import OrtPartition
 
 

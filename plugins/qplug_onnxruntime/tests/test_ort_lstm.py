@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+
 from qplug_onnxruntime.session import OrtPartition
 
 _MAPPING = ("onnxruntime", "dynamic")

@@ -14,12 +14,13 @@ import functools
 import pytest
 import torch
 from ort_testkit import inputs, output_step, quantized_pair, within_one_step
-from qplug_onnxruntime import SessionSettings, settings
-from qplug_onnxruntime.session import OrtPartition
-from qplug_onnxruntime.support import OrtSupport, partition_to_onnx
 
 import qplug_core as qp
 from qplug_core.plugin_api import layer_parity
+
+from qplug_onnxruntime import SessionSettings, settings
+from qplug_onnxruntime.session import OrtPartition
+from qplug_onnxruntime.support import OrtSupport, partition_to_onnx
 
 SLOW = {"resnet18", "resnet50", "mobilenet_v2"}
 LEVELS = ("all", "disable")

@@ -11,6 +11,7 @@ import qplug_core as qp
 from qplug_core.plugin_api import WeightOnlyScheme
 from qplug_core.plugin_api import quantize_weight as quantize
 from qplug_core.plugin_api import weight_only_definition as definition
+
 from qplug_onnxruntime.weight_only import MatMulNBitsKernel
 
 #: MatMulNBits with accuracy_level=4 rounds activations to int8 per block: relative L2 error ~0.5%

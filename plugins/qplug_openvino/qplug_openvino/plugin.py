@@ -31,6 +31,7 @@ from qplug_core.plugin_api import (
     input_output_only_quint8_dtype_config,
     weight_only_quint8_dtype_config,
 )
+
 from qplug_openvino.compiled import OpenVinoPartition, settings
 from qplug_openvino.support import OpenVinoSupport, partition_to_onnx
 

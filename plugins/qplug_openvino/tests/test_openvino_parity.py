@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import pytest
 from ov_testkit import inputs, quantized_pair
-from qplug_openvino import CompileSettings
-from qplug_openvino.compiled import OpenVinoPartition
-from qplug_openvino.support import OpenVinoSupport, partition_to_onnx
 
 import qplug_core as qp
 from qplug_core.plugin_api import layer_parity
+
+from qplug_openvino import CompileSettings
+from qplug_openvino.compiled import OpenVinoPartition
+from qplug_openvino.support import OpenVinoSupport, partition_to_onnx
 
 SLOW = {"resnet18", "resnet50", "mobilenet_v2", "bert_encoder"}
 

@@ -14,11 +14,12 @@ import openvino
 import pytest
 import torch
 from ov_testkit import inputs, quantized_pair
-from qplug_openvino import CompileSettings, configure, settings
-from qplug_openvino.compiled import OpenVinoPartition
 
 import qplug_core as qp
 from qplug_core.plugin_api import ConfigValidationError, override_cpu_flags
+
+from qplug_openvino import CompileSettings, configure, settings
+from qplug_openvino.compiled import OpenVinoPartition
 
 
 def partitions(model) -> list[OpenVinoPartition]:

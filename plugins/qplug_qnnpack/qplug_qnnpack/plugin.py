@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from qplug_core.plugin_api import ARM_MACHINES, BackendPlugin, DTypeConfig, DTypeConfigSet, Int8Arithmetic
+from qplug_core.plugin_api import (
+    ARM_MACHINES,
+    BackendPlugin,
+    DTypeConfig,
+    DTypeConfigSet,
+    Int8Arithmetic,
+    default_op_quint8_dtype_config,
+)
 from qplug_core.plugin_api import DTypeWithConstraints as Constrained
-from qplug_core.plugin_api import default_op_quint8_dtype_config
 
 MIN_SCALE = 2.0 ** -12
 WEIGHT_RANGE = (-127, 127)

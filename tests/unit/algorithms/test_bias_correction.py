@@ -11,9 +11,9 @@ from torch import nn
 import qplug_core as qp
 from qplug_core import qparams as Q
 from qplug_core.algorithms import correct_bias
+from qplug_core.config.defaults import default_qconfig_mapping
 from qplug_core.errors import CalibrationError, ConfigValidationError
 from qplug_core.kernels.reference import observed_weight_qparams
-from qplug_core.config.defaults import default_qconfig_mapping
 
 
 class _Net(nn.Module):

@@ -199,7 +199,6 @@ def test_the_fallback_ladder_follows_the_cpu(tmp_path, flags, expected):
     (per-token's GEMM is 25x fp32 there). Either way the target holds on held-out data."""
     from qplug_core.algorithms import fallbacks
     from qplug_core.kernels.per_token import PerTokenDynamicLinear
-
     from qplug_core.plugin_api import override_cpu_flags
 
     data = _data()

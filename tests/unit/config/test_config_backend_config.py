@@ -8,9 +8,9 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
+from config_testkit import fuse2, fuse3, json_round_trip
 from torch import nn
 
-from config_testkit import fuse2, fuse3, json_round_trip
 from qplug_core.config import BackendConfig, BackendPatternConfig, DTypeConfig, DTypeWithConstraints
 from qplug_core.errors import ConfigError, ConfigValidationError, DuplicatePatternError, PatternError
 from qplug_core.patterns import MatchAllNode

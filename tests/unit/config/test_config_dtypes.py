@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
-
 from config_testkit import json_round_trip
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from qplug_core.config import DTypeConfig, DTypeWithConstraints
 from qplug_core.errors import ConfigError, ConfigValidationError
 

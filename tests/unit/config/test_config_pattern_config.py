@@ -7,9 +7,9 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
+from config_testkit import fuse2, fuse3, fuse_varargs, json_round_trip, root_getter
 from torch import nn
 
-from config_testkit import fuse2, fuse3, fuse_varargs, json_round_trip, root_getter
 from qplug_core.config import BackendPatternConfig, DTypeConfig, ObservationType
 from qplug_core.errors import ConfigError, ConfigValidationError, PatternError
 from qplug_core.patterns import MatchAllNode

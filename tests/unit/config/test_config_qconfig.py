@@ -6,8 +6,8 @@ import functools
 
 import pytest
 import torch
-
 from config_testkit import FakeObserver, json_round_trip
+
 from qplug_core.config import QConfig
 from qplug_core.errors import ConfigError, ConfigValidationError
 from qplug_core.observers.factory import ObserverFactory

@@ -7,10 +7,11 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from config_testkit import FakeObserver, json_round_trip
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
-from config_testkit import FakeObserver, json_round_trip
 from qplug_core.config import QConfig, QConfigMapping
 from qplug_core.errors import ConfigError, ConfigValidationError
 

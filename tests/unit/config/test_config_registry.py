@@ -10,12 +10,17 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from config_testkit import FakeObserver, fuse2
 from torch import nn
 
-from config_testkit import FakeObserver, fuse2
 from qplug_core.config import decode_name, encode_name, register_serializable, register_serializable_module
 from qplug_core.config.codec import (
-    decode_pattern, decode_value, encode_pattern, encode_value, read_fields, unversioned,
+    decode_pattern,
+    decode_value,
+    encode_pattern,
+    encode_value,
+    read_fields,
+    unversioned,
 )
 from qplug_core.config.names import decode_dtype, decode_qscheme, encode_dtype, encode_qscheme
 from qplug_core.errors import ConfigError

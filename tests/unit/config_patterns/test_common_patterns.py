@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qplug_core.config import common_patterns as common, dtype_configs as dc
+from qplug_core.config import BackendConfig, DTypeConfig, DTypeWithConstraints, ObservationType
+from qplug_core.config import common_patterns as common
+from qplug_core.config import dtype_configs as dc
 from qplug_core.config.common_patterns import common_pattern_configs
 from qplug_core.config.dtype_configs import reference_dtype_configs
-from qplug_core.config import BackendConfig, DTypeConfig, DTypeWithConstraints, ObservationType
 from qplug_core.errors import ConfigValidationError
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat
@@ -69,8 +70,8 @@ def _ao_merged(ao_configs):
 
 
 def _ao_complex(pattern):
-    from torch.ao.quantization.backend_config.utils import _get_pattern_in_reversed_nested_tuple_format
     from torch.ao.quantization.backend_config import BackendPatternConfig
+    from torch.ao.quantization.backend_config.utils import _get_pattern_in_reversed_nested_tuple_format
     return _get_pattern_in_reversed_nested_tuple_format(BackendPatternConfig(pattern))
 
 

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_reference import ENGINES
 from torch import nn
 
-from kernel_reference import ENGINES
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.kernels.capabilities import engine_capabilities
 from qplug_core.kernels.torch_int8 import (
-    DynamicGRU, DynamicLinear, DynamicLSTM, Embedding, EmbeddingBag, GRUCell, LSTMCell, RNNCell,
+    DynamicGRU,
+    DynamicLinear,
+    DynamicLSTM,
+    Embedding,
+    EmbeddingBag,
+    GRUCell,
+    LSTMCell,
+    RNNCell,
     symmetric_weight_qparams,
 )
 

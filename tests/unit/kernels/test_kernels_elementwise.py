@@ -9,15 +9,32 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_reference import ENGINES, lsb_diff, output_qparams_covering, qparams, random_activation
 from torch import nn
 
-from kernel_reference import ENGINES, lsb_diff, output_qparams_covering, qparams, random_activation
 from qplug_core.errors import ConstraintViolationError
 from qplug_core.kernels.base import KernelContext, TensorArg, engine_context
 from qplug_core.kernels.torch_int8 import (
-    ELU, FIXED_QPARAMS, Add, AddReLU, BatchNorm2d, BatchNorm3d, Cat, GroupNorm, Hardsigmoid,
-    Hardswish, InstanceNorm, LayerNorm, LeakyReLU, Mul, MulReLU, Sigmoid, Softmax, Tanh,
+    ELU,
+    FIXED_QPARAMS,
+    Add,
+    AddReLU,
+    BatchNorm2d,
+    BatchNorm3d,
+    Cat,
+    GroupNorm,
+    Hardsigmoid,
+    Hardswish,
+    InstanceNorm,
+    LayerNorm,
+    LeakyReLU,
+    Mul,
+    MulReLU,
+    Sigmoid,
+    Softmax,
+    Tanh,
 )
 
 CI = settings(derandomize=True, max_examples=15, deadline=None)

@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
-from torch import nn
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_reference import (
     ENGINES,
     fake_quant_weight,
@@ -18,11 +17,19 @@ from kernel_reference import (
     qparams,
     random_activation,
 )
+from torch import nn
+
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.kernels.base import KernelContext, TensorArg
 from qplug_core.kernels.capabilities import engine_capabilities
 from qplug_core.kernels.torch_int8 import (
-    Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, Linear,
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+    Linear,
 )
 
 CI = settings(derandomize=True, max_examples=20, deadline=None)

@@ -9,14 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernel_reference import ENGINES, qparams, random_activation
 from torch import nn
 
-from kernel_reference import ENGINES, qparams, random_activation
 from qplug_core.errors import NumericOverflowError
 from qplug_core.kernels.base import KernelContext, TensorArg
 from qplug_core.kernels.capabilities import engine_capabilities
 from qplug_core.kernels.torch_int8 import (
-    MAX_REDUCTION_U8S8, PASSTHROUGH_OPS, STATIC_KERNELS, Conv2d, DynamicLinear, Linear,
+    MAX_REDUCTION_U8S8,
+    PASSTHROUGH_OPS,
+    STATIC_KERNELS,
+    Conv2d,
+    DynamicLinear,
+    Linear,
     passthrough_ops,
 )
 

@@ -14,6 +14,7 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.errors import ConfigValidationError
+from qplug_core.kernels.cpu import override_cpu_flags
 from qplug_core.kernels.per_token import (
     LEVELS,
     PerTokenDynamicLinear,
@@ -24,7 +25,6 @@ from qplug_core.kernels.per_token import (
     per_token_quantize,
     weight_qmax,
 )
-from qplug_core.kernels.cpu import override_cpu_flags
 
 #: the integer GEMMs this machine can run (oneDNN's needs AVX2 or better: a CPU property)
 GEMMS = ["int_mm", pytest.param("onednn", marks=pytest.mark.skipif(

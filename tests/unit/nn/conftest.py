@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from torch import nn
-
 from nn_test_helpers import RowFloatQParamsFakeQuant, SwitchableFakeQuant
+from torch import nn
 
 
 class _QConfig:

@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from nn_test_helpers import SwitchableFakeQuant
 from torch import nn
 
-from nn_test_helpers import SwitchableFakeQuant
 from qplug_core.errors import ConfigValidationError
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat

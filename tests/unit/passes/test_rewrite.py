@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import operator
 
+import pytest
 import torch
 from torch import fx, nn
 
 from qplug_core.errors import GraphError
 from qplug_core.ir import capture_aten
-from qplug_core.passes import replace_pattern
 from qplug_core.ir.subgraph_matcher import aten_graph_of
-
-import pytest
+from qplug_core.passes import replace_pattern
 
 aten = torch.ops.aten
 

@@ -8,10 +8,10 @@ import torch
 from torch import fx, nn
 
 import qplug_core as qp
+from qplug_core.flows.tags import ARTIFACT
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import quantize as quantize_values
 from qplug_core.serialization import capture_artifact, load, save
-from qplug_core.flows.tags import ARTIFACT
 
 
 class ResidualNet(nn.Module):

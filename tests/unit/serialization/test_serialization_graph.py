@@ -7,12 +7,12 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
+from serialization_testkit import bits, round_trip
 from torch import fx, nn
 
 from qplug_core.errors import ConfigError
 from qplug_core.serialization.graph_codec import decode_graph, encode_graph
 from qplug_core.serialization.values import decode_op, encode_op
-from serialization_testkit import bits, round_trip
 
 
 class Ops(nn.Module):

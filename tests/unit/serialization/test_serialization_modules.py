@@ -7,12 +7,12 @@ import operator
 import pytest
 import torch
 from safetensors import safe_open
+from serialization_testkit import bits, round_trip
 from torch import fx, nn
 
 from qplug_core.errors import SerializationError
 from qplug_core.nn import intrinsic as nni
 from qplug_core.serialization import capture_artifact
-from serialization_testkit import bits, round_trip
 
 #: (layer, input shape, integer inputs up to) -- every layer is rebuilt from its attributes
 LAYERS = [

@@ -10,12 +10,12 @@ import warnings
 
 import pytest
 import torch
+from serialization_testkit import bits
 
 import qplug_core as qp
 from qplug_core.registry import plugins
 from qplug_core.serialization import load, save
 from qplug_core.testing import cases_for
-from serialization_testkit import bits
 
 #: one case per family not covered by the other round-trip tests: a fused module, fixed qparams,
 #: a norm, a dynamic recurrent layer, a shape method

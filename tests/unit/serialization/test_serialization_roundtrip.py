@@ -8,15 +8,22 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from serialization_testkit import (
+    MLP,
+    EmbeddingBagOfWords,
+    ResidualNet,
+    assert_bitwise_equal,
+    batches,
+    bits,
+    int8_state,
+    quantize,
+)
 from torch import nn
 
 import qplug_core as qp
 from qplug_core.errors import SerializationError
-from qplug_core.serialization import artifact_of, load, save
 from qplug_core.flows.tags import ARTIFACT
-from serialization_testkit import (
-    MLP, EmbeddingBagOfWords, ResidualNet, assert_bitwise_equal, batches, bits, int8_state, quantize,
-)
+from qplug_core.serialization import artifact_of, load, save
 
 IMAGES = (2, 3, 8, 8)
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from qplug_core.errors import ConfigValidationError
-from qplug_core.testing.weight_only import definition
-from qplug_core.weight_only import WeightOnlyLinear, WeightOnlyScheme
 from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel
 from qplug_core.kernels.weight_only_scheme import quantize
+from qplug_core.testing.weight_only import definition
+from qplug_core.weight_only import WeightOnlyLinear, WeightOnlyScheme
 from qplug_core.weight_only.selection import choose, relative_error
 
 KERNELS = {k.name: k for k in CORE_KERNELS}

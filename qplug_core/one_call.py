@@ -11,10 +11,13 @@ from typing import Any
 
 from torch import fx, nn
 
-from qplug_core.algorithms.pipeline import needs_algorithms, quantize_with_algorithms
+from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
+from qplug_core.algorithms.recipes import looks_like_transformer
+from qplug_core.algorithms.target import TRANSFORMER_TARGET, meet_target
 from qplug_core.config import QConfigMapping
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
+from qplug_core.flows.tags import RECIPE
 from qplug_core.registry.backends import Backend, resolve_backend
 
 
@@ -45,3 +48,34 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
         model, example_inputs, calibration_data, backend=chosen, qconfig_mapping=qconfig_mapping,
         recipe=recipe, target=target, progress=progress, strict=strict,
         prepare_options=prepare_options)
+
+
+def needs_algorithms(model: Any, recipe: Any, target: Any) -> bool:
+    """Whether ``qp.quantize`` must take this path (a step to run or a target to meet)."""
+    if target is not None:
+        return True
+    if recipe is None or recipe == "none":
+        return False
+    if recipe == "auto":
+        return isinstance(model, nn.Module) and looks_like_transformer(model)
+    return True
+
+
+def quantize_with_algorithms(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
+                             backend: Any, qconfig_mapping: QConfigMapping | None, recipe: Any,
+                             target: Any, progress: bool | None, strict: bool,
+                             prepare_options: dict[str, Any]) -> fx.GraphModule:
+    options = dict(prepare_options)
+    if recipe == "auto" and target is None and not strict and looks_like_transformer(model):
+        # strict=True asks for every op in int8: a target that may keep layers out conflicts
+        target = TRANSFORMER_TARGET
+    gm, inputs, batches, mapping, record = prepare_algorithms(
+        model, example_inputs, calibration_data, backend, qconfig_mapping, recipe, options)
+    if target is None:
+        qmodel = quantize_fused(gm, inputs, batches, backend, mapping, progress=progress,
+                                strict=strict, prepare_options=options)
+    else:
+        qmodel = meet_target(gm, inputs, batches, backend, mapping, target, progress=progress,
+                             strict=strict, prepare_options=options)
+    qmodel.meta[RECIPE] = record
+    return qmodel

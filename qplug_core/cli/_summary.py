@@ -27,7 +27,7 @@ def fact_lines(facts: dict[str, Any], width: int) -> list[str]:
 
 def print_summary(report: Any, facts: dict[str, Any], *, verbose: bool = False) -> None:
     """The text form of ``qplug quantize`` / ``qplug report`` on stdout."""
-    from qplug_core.flows.report_text import report_lines
+    from qplug_core.flows.report import report_lines
 
     width = terminal_width()
     accuracy = facts.get("accuracy")

@@ -43,7 +43,7 @@ def test_text_leads_with_the_int8_share_and_folds_plumbing(quantized):
     assert {s.op for s in plumbing} <= {"reshape", "transpose", "size", "getattr", "getitem"}
     folded = [line for line in lines if "shape and integer op(s)" in line]
     assert len(folded) == 1 and f"+ {len(plumbing)} " in folded[0]
-    verbose = "\n".join(__import__("qplug_core.flows.report_text", fromlist=["x"]).report_lines(
+    verbose = "\n".join(__import__("qplug_core.flows.report", fromlist=["x"]).report_lines(
         report, verbose=True))
     assert all(f"{s.node} ({s.op})" in " ".join(verbose.split()) for s in report.skipped)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
-from qplug_core.flows.kernel_check import output_violation
+from qplug_core.flows.kernel_check import MAX_OUTLIER_FRACTION, output_violation
 from qplug_core.flows.report import describe_op
 from qplug_core.flows.tags import BOUNDARY, KERNEL, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner
@@ -121,8 +121,8 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
             summary.reference.update(dict.fromkeys(anchors, reason))
             continue
         # checked where it compiles now (convert); a lazy one (load) was checked when converted
-        problem = "" if example_inputs is None else _contract_problem(module, partition_gm,
-                                                                      recorder.inputs[name])
+        problem = "" if example_inputs is None else _contract_problem(
+            module, partition_gm, recorder.inputs[name], len(anchors))
         if problem:
             reason = (f"partition {name} compiled by {_delegate_label(backend_name)} broke the "
                       f"kernel contract on the example inputs ({problem}); reference form kept")
@@ -147,8 +147,16 @@ def _outputs(value: object) -> list:
     return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
-def _contract_problem(compiled: nn.Module, reference: fx.GraphModule, inputs: tuple) -> str:
-    """Why ``compiled`` breaks the kernel contract against its reference form ('' if it holds)."""
+def _contract_problem(compiled: nn.Module, reference: fx.GraphModule, inputs: tuple,
+                      regions: int) -> str:
+    """Why ``compiled`` breaks the contract against its reference form ('' if it holds).
+
+    A single-region partition is held to one kernel's contract. A partition of several int8
+    regions adds up their roundings, so element-wise steps say little about it (a deep one may
+    agree region by region and still drift end to end on random weights): it must run and
+    return outputs of the right number, shapes, dtypes and finite values here, and its numbers
+    are checked region by region by the plugin testing kit's layer parity.
+    """
     with torch.no_grad():
         expected = _outputs(reference(*inputs))
         try:
@@ -159,7 +167,8 @@ def _contract_problem(compiled: nn.Module, reference: fx.GraphModule, inputs: tu
         return f"it returned {len(got)} outputs, expected {len(expected)}"
     for i, (out, ref) in enumerate(zip(got, expected)):
         integer = isinstance(ref, torch.Tensor) and not ref.is_floating_point()
-        problem = output_violation(out, ref, getattr(ref, "dtype", None), 1.0 if integer else None)
+        problem = output_violation(out, ref, getattr(ref, "dtype", None), 1.0 if integer else None,
+                                   max_outlier_fraction=MAX_OUTLIER_FRACTION if regions <= 1 else 1.0)
         if problem:
             return f"output {i}: {problem}" if len(expected) > 1 else problem
     return ""

@@ -109,8 +109,11 @@ def violation(kernel: nn.Module, args: tuple, kwargs: dict, reference: Any, expe
     return output_violation(out, reference, expected_dtype, output_scale)
 
 
-def output_violation(out: Any, reference: Any, expected_dtype: Any, output_scale: float | None) -> str:
-    """Why output ``out`` breaks the contract against ``reference`` ('' if it holds)."""
+def output_violation(out: Any, reference: Any, expected_dtype: Any, output_scale: float | None, *,
+                     max_outlier_fraction: float = MAX_OUTLIER_FRACTION, min_outliers: int = 0) -> str:
+    """Why output ``out`` breaks the contract against ``reference`` ('' if it holds): more than
+    ``max_outlier_fraction`` of the elements (and more than ``min_outliers`` of them) off by
+    more than MAX_STEPS steps, or a wrong type, shape, dtype or a non-finite value."""
     if not isinstance(out, torch.Tensor) or not isinstance(reference, torch.Tensor):
         return "" if type(out) is type(reference) else \
             f"it returned {type(out).__name__}, expected {type(reference).__name__}"
@@ -125,7 +128,7 @@ def output_violation(out: Any, reference: Any, expected_dtype: Any, output_scale
         return ""
     step = output_scale if output_scale else float(expected.max() - expected.min()) / 255 or 1.0
     off = (actual - expected).abs() > MAX_STEPS * step + 1e-6
-    if off.float().mean() > MAX_OUTLIER_FRACTION:
+    if off.float().mean() > max_outlier_fraction and int(off.sum()) > min_outliers:
         worst = float((actual - expected).abs().max() / step)
         return (f"{int(off.sum())} of {off.numel()} outputs differ from the reference by more than "
                 f"{MAX_STEPS} quantization steps (up to {worst:.1f})")

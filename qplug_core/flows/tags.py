@@ -41,6 +41,8 @@ FUSIONS = "qplug_fusions"
 REPORT = "qplug_report"
 #: GraphModule.meta key: the reference form convert kept before lowering (ReferenceSnapshot)
 SNAPSHOT = "qplug_reference_snapshot"
+#: attribute of a model quantized by ``qp.quantize_weights``: what was done (WeightOnlyInfo)
+WEIGHT_ONLY = "qplug_weight_only"
 #: GraphModule.meta key: the encoded reference form a model was loaded from (serialization.Artifact)
 ARTIFACT = "qplug_artifact"
 #: attribute of an eager-mode model prepared by ``qp.eager.prepare``

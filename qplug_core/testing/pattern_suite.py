@@ -55,6 +55,8 @@ class BackendPatternSuite:
     only: ClassVar[frozenset[str] | None] = None
     #: case id -> why it fails on this backend: run as a strict xfail, so a fix shows
     known_failures: ClassVar[dict[str, str]] = {}
+    #: the same for the export-level (torch.export) run of a case
+    known_export_failures: ClassVar[dict[str, str]] = {}
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "case" in metafunc.fixturenames:
@@ -75,8 +77,9 @@ class BackendPatternSuite:
                 continue
             reason = case.skip_reason or (export_gap(case) if export_level else None)
             marks = [pytest.mark.skip(reason=reason)] if reason else []
-            if case.id in cls.known_failures and not export_level:
-                marks.append(pytest.mark.xfail(strict=True, reason=cls.known_failures[case.id]))
+            known = cls.known_export_failures if export_level else cls.known_failures
+            if case.id in known:
+                marks.append(pytest.mark.xfail(strict=True, reason=known[case.id]))
             if export_level:
                 marks.append(pytest.mark.slow)
             yield pytest.param(case, id=case.id, marks=marks)
@@ -97,7 +100,8 @@ class BackendPatternSuite:
         cases = _cases(self.backend)
         assert [case.pattern for case in cases] == patterns
         assert len({case.id for case in cases}) == len(cases)
-        unknown = (set(self.only or ()) | set(self.known_failures)) - {case.id for case in cases}
+        unknown = (set(self.only or ()) | set(self.known_failures)
+                   | set(self.known_export_failures)) - {case.id for case in cases}
         assert not unknown, f"only / known_failures name no case of {self.backend!r}: {sorted(unknown)}"
 
     def test_pattern_lowers_and_matches_reference(self, suite_backend, case):

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError, ConfigValidationError, did_you_mean
+from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
 from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
@@ -27,7 +28,7 @@ from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
 from qplug_core.weight_only.selection import Choice, available_kernels, choose
 
 #: the attribute of a quantized model holding its :class:`WeightOnlyInfo` (``qp.save`` reads it)
-INFO_ATTRIBUTE = "qplug_weight_only"
+INFO_ATTRIBUTE = WEIGHT_ONLY
 ALGORITHMS = ("rtn", "awq", "gptq")
 
 

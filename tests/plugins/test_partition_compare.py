@@ -17,7 +17,7 @@ from torch import nn
 from qplug_core.plugin_api import (BackendPlugin, Delegate, Dequantize, OperatorSupportBase,
                                    Quantize, ReferenceWeighted)
 
-OFF_BY = {"steps": 0}
+OFF_BY = {"steps": 0, "nan": False}
 
 
 class Compiled(nn.Module):
@@ -30,6 +30,8 @@ class Compiled(nn.Module):
 
     def forward(self, *args):
         out, steps = self.partition(*args), OFF_BY["steps"]
+        if OFF_BY["nan"]:
+            return torch.full(out.shape, float("nan"))
         if out.is_floating_point():
             return out * (1 + 0.05 * steps)
         return (out.to(torch.int32) + steps).clamp(0, 255).to(out.dtype)
@@ -66,7 +68,7 @@ def _partition_rows(report):
 
 def test_each_partition_is_measured_against_its_reference_and_float_forms(fake_dist):
     fake_dist("qplug-sdk", SDK, module="qplug_sdk:plugin")
-    __import__("qplug_sdk").OFF_BY["steps"] = 0
+    __import__("qplug_sdk").OFF_BY.update(steps=0, nan=False)
     model, data = _model_and_data()
     qmodel = qp.quantize(model, data[0], data, backend="sdk")
     fused = qp.fuse_fx(model, data[0], backend="sdk")
@@ -87,10 +89,10 @@ def test_each_partition_is_measured_against_its_reference_and_float_forms(fake_d
 
 
 def test_a_partition_compiled_wrong_keeps_the_reference_form_and_compare_says_so(fake_dist):
-    """A compiler 3 steps off breaks the contract at convert: the partition keeps its reference
-    form (a warning names it and the plugin), so compare shows no compiled partition."""
+    """A compiler returning non-finite values breaks the contract at convert: the partition keeps
+    its reference form (a warning names it and the plugin), so compare shows no compiled one."""
     fake_dist("qplug-sdk", SDK, module="qplug_sdk:plugin")
-    __import__("qplug_sdk").OFF_BY["steps"] = 3
+    __import__("qplug_sdk").OFF_BY.update(steps=0, nan=True)
     model, data = _model_and_data()
     with pytest.warns(UserWarning, match="partition delegate_0 compiled by plugin 'sdk'.*broke the "
                                          "kernel contract"):

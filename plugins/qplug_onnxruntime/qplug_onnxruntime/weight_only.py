@@ -91,7 +91,7 @@ def _model_bytes(weight: QuantizedWeight) -> bytes:
     node = helper.make_node("MatMulNBits", inputs, ["Y"], domain="com.microsoft", K=k, N=n, bits=bits,
                             block_size=block, accuracy_level=ACCURACY_LEVEL)
     graph = helper.make_graph(
-        [node], "qplug_weight_only",
+        [node], "matmul_nbits",
         [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], initializer=initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),

@@ -154,8 +154,9 @@ def _contract_problem(compiled: nn.Module, reference: fx.GraphModule, inputs: tu
     A single-region partition is held to one kernel's contract. A partition of several int8
     regions adds up their roundings, so element-wise steps say little about it (a deep one may
     agree region by region and still drift end to end on random weights): it must run and
-    return outputs of the right number, shapes, dtypes and finite values here, and its numbers
-    are checked region by region by the plugin testing kit's layer parity.
+    return outputs of the right number, shapes, dtypes and finite values that correlate with the
+    reference's (cosine > 0: a sign flip or zeros is a wrong compile); its numbers are checked
+    region by region by the plugin testing kit's layer parity.
     """
     with torch.no_grad():
         expected = _outputs(reference(*inputs))
@@ -169,6 +170,11 @@ def _contract_problem(compiled: nn.Module, reference: fx.GraphModule, inputs: tu
         integer = isinstance(ref, torch.Tensor) and not ref.is_floating_point()
         problem = output_violation(out, ref, getattr(ref, "dtype", None), 1.0 if integer else None,
                                    max_outlier_fraction=MAX_OUTLIER_FRACTION if regions <= 1 else 1.0)
+        if not problem and regions > 1 and isinstance(ref, torch.Tensor) and bool(ref.any()):
+            cosine = float(torch.nn.functional.cosine_similarity(
+                out.double().flatten(), ref.double().flatten(), dim=0))
+            if not cosine > 0:  # not even pointing the same way: a wrong compile, not drift
+                problem = f"its outputs point away from the reference's (cosine {cosine:.2f})"
         if problem:
             return f"output {i}: {problem}" if len(expected) > 1 else problem
     return ""

@@ -1,0 +1,21 @@
+"""Run-wide test setup for every test path (tests/ and each plugin's tests/)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _share_the_cores_between_xdist_workers() -> None:
+    """Under ``pytest -n N`` each worker gets its share of the cores, so N workers do not run N x
+    cores threads (OpenMP spin-waits make oversubscription several times slower); a thread count the
+    user set in OMP_NUM_THREADS is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # for the subprocesses tests start
+        torch.set_num_threads(threads)
+
+
+_share_the_cores_between_xdist_workers()

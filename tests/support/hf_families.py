@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tests.support.hf_models import HF_MODELS, HFCase, LastHiddenState, _tokens
+from tests.support.hf_models import HF_MODELS, HFCase, LastHiddenState, _tokens, build_case
 
 __all__ = ["FAMILIES", "build_family", "family_inputs"]
 
@@ -69,9 +69,7 @@ FAMILIES: dict[str, HFCase] = {
 
 def build_family(name: str, seed: int = 0) -> LastHiddenState:
     """The wrapped model ``name`` of :data:`FAMILIES`, in eval mode, weights from ``seed``."""
-    case = FAMILIES[name]
-    torch.manual_seed(seed)
-    return LastHiddenState(case.build(), case.input_names).eval()
+    return build_case(FAMILIES[name], seed)
 
 
 def family_inputs(name: str, batch: int = 2, seed: int = 0) -> tuple[torch.Tensor, ...]:

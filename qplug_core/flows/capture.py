@@ -77,7 +77,8 @@ _COMPOSITE_LEAVES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.Trans
 
 
 def _has_composite_leaves(gm: GraphModule) -> bool:
-    return any(node.op == "call_module" and isinstance(gm.get_submodule(node.target), _COMPOSITE_LEAVES)
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    return any(node.op == "call_module" and isinstance(modules[node.target], _COMPOSITE_LEAVES)
                for node in gm.graph.nodes)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import operator
 
 import torch
-from torch import fx
+from torch import fx, nn
 
 from qplug_core.passes import PassResult
 
@@ -36,7 +36,7 @@ def _in_place_name(name: str) -> bool:
     return name.endswith("_") and not name.startswith("_")
 
 
-def _mutates_first_argument(gm: fx.GraphModule, node: fx.Node) -> bool:
+def _mutates_first_argument(modules: dict[str, nn.Module], node: fx.Node) -> bool:
     if node.kwargs.get("inplace") is True:
         return True
     if node.op == "call_method":
@@ -46,7 +46,7 @@ def _mutates_first_argument(gm: fx.GraphModule, node: fx.Node) -> bool:
             getattr(node.target, "__module__", None) in ("torch", "torch._C._VariableFunctions")
             and _in_place_name(getattr(node.target, "__name__", "")))
     if node.op == "call_module":
-        return getattr(gm.get_submodule(str(node.target)), "inplace", False) is True
+        return getattr(modules[str(node.target)], "inplace", False) is True
     return False
 
 
@@ -66,10 +66,11 @@ def _make_out_of_place(node: fx.Node) -> None:
 def functionalize_inplace(gm: fx.GraphModule) -> PassResult:
     """Rewire readers of values that an in-place op changed (see the module docstring)."""
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    modules = dict(gm.named_modules(remove_duplicate=False))  # one walk, not a lookup per node
     modified = False
     for node in list(gm.graph.nodes):
         mutated = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-        if mutated is None or not _mutates_first_argument(gm, node):
+        if mutated is None or not _mutates_first_argument(modules, node):
             continue
         later = [user for user in mutated.users if user is not node and order[user] > order[node]]
         if not later:

@@ -48,11 +48,13 @@ def plugin_passes(backend: Backend, stage: str) -> list[Callable]:
     return [guard_plugin_pass(pass_, label) for label, pass_ in backend.passes(stage)]
 
 
-def run_passes(gm: fx.GraphModule, passes: list) -> None:
-    """Run flow passes in place through the PassManager (lint after each pass under QPLUG_DEBUG)."""
+def run_passes(gm: fx.GraphModule, passes: list, *, recompile: bool = True) -> None:
+    """Run flow passes in place through the PassManager (lint after each pass under QPLUG_DEBUG);
+    ``recompile=False`` when the graph goes straight into another run that recompiles."""
     debug = os.environ.get("QPLUG_DEBUG") == "1"
     with gc_paused():
-        PassManager(passes, inplace=True, run_checks_after_each_pass=debug)(gm)
+        PassManager(passes, inplace=True, run_checks_after_each_pass=debug,
+                    recompile=recompile)(gm)
 
 
 @contextlib.contextmanager
@@ -98,8 +100,12 @@ def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inpl
 
 def fuse_model(model: nn.Module, chosen: Backend, example_inputs: tuple | None = None, *,
                is_qat: bool = False, inplace: bool = False, capture: str = "auto",
-               non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
-    """Capture ``model`` and fuse it with ``chosen``'s fusion patterns (the body of ``fuse_fx``)."""
+               non_traceable_module_names=(), non_traceable_module_classes=(),
+               recompile: bool = True) -> fx.GraphModule:
+    """Capture ``model`` and fuse it with ``chosen``'s fusion patterns (the body of ``fuse_fx``).
+
+    ``recompile=False`` (prepare, whose own passes recompile once at the end) leaves
+    ``forward`` as traced: the caller must recompile before running the module."""
     gm = capture_graph(model, example_inputs, inplace=inplace, capture=capture,
                        non_traceable_module_names=non_traceable_module_names,
                        non_traceable_module_classes=non_traceable_module_classes)
@@ -108,7 +114,8 @@ def fuse_model(model: nn.Module, chosen: Backend, example_inputs: tuple | None =
         graph_module.meta[FUSIONS] = fuse_graph(graph_module, chosen, is_qat=is_qat)
 
     run_passes(gm, [remove_inference_noops, untie_shared_modules, functionalize_inplace,
-                    *plugin_passes(chosen, Stage.PRE_FUSE), normalize_functionals, fuse])
+                    *plugin_passes(chosen, Stage.PRE_FUSE), normalize_functionals, fuse],
+               recompile=recompile)
     return gm
 
 

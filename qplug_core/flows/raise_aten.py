@@ -165,8 +165,9 @@ def _drop_guards(gm: fx.GraphModule) -> None:
 
 def _remove_noops(gm: fx.GraphModule) -> bool:
     changed = False
+    modules = dict(gm.named_modules(remove_duplicate=False))  # one walk, not a lookup per node
     for node in list(gm.graph.nodes):
-        source = _noop_source(gm, node)
+        source = _noop_source(modules, node)
         if source is not None:
             node.replace_all_uses_with(source)
             gm.graph.erase_node(node)
@@ -177,10 +178,10 @@ def _remove_noops(gm: fx.GraphModule) -> bool:
     return changed
 
 
-def _noop_source(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
+def _noop_source(modules: dict[str, nn.Module], node: fx.Node) -> fx.Node | None:
     """The input a no-op node returns unchanged, or None when ``node`` computes something."""
     if node.op == "call_module":
-        module = gm.get_submodule(node.target)
+        module = modules[node.target]
         if (isinstance(module, nn.Identity) or (isinstance(module, DROPOUT_MODULES)
                                                  and not module.training)) and node.args:
             return node.args[0] if isinstance(node.args[0], fx.Node) else None

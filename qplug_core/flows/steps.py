@@ -118,9 +118,10 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     if not is_qat and getattr(model, "training", False) and not inplace:  # PTQ folds batch norm
         model = copy.deepcopy(model).eval()
         inplace = True
-    gm = fuse_fx(model, inputs, backend=chosen, is_qat=is_qat, inplace=inplace, capture=capture,
-                 non_traceable_module_names=non_traceable_module_names,
-                 non_traceable_module_classes=non_traceable_module_classes)
+    # the passes below recompile once at the end; nothing before them runs ``forward``
+    gm = fuse_model(model, chosen, inputs, is_qat=is_qat, inplace=inplace, capture=capture,
+                    non_traceable_module_names=non_traceable_module_names,
+                    non_traceable_module_classes=non_traceable_module_classes, recompile=False)
     _check_device(gm, chosen)
 
     def annotate(graph_module: fx.GraphModule) -> PassResult:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["HF_MODELS", "HFCase", "LastHiddenState", "build_hf_model", "hf_inputs"]
+__all__ = ["HF_MODELS", "HFCase", "LastHiddenState", "build_case", "build_hf_model", "hf_inputs"]
 
 
 class LastHiddenState(nn.Module):
@@ -105,11 +105,15 @@ HF_MODELS: dict[str, HFCase] = {
 """name -> case, for the architectures the export path is tested and benchmarked on."""
 
 
-def build_hf_model(name: str, seed: int = 0) -> LastHiddenState:
-    """The wrapped model ``name`` of :data:`HF_MODELS`, in eval mode, weights from ``seed``."""
-    case = HF_MODELS[name]
+def build_case(case: HFCase, seed: int = 0) -> LastHiddenState:
+    """``case``'s model wrapped, in eval mode, weights from ``seed``."""
     torch.manual_seed(seed)
     return LastHiddenState(case.build(), case.input_names).eval()
+
+
+def build_hf_model(name: str, seed: int = 0) -> LastHiddenState:
+    """The wrapped model ``name`` of :data:`HF_MODELS`, in eval mode, weights from ``seed``."""
+    return build_case(HF_MODELS[name], seed)
 
 
 def hf_inputs(name: str, batch: int = 2, seed: int = 0) -> tuple[torch.Tensor, ...]:

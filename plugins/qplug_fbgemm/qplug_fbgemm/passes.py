@@ -42,8 +42,9 @@ def _reduce(observer: nn.Module) -> bool:
 def limit_depthwise_input_range(gm: fx.GraphModule) -> PassResult:
     """Give every observed value that feeds a depthwise conv 7-bit qparams (see module docstring)."""
     modified = False
+    modules = dict(gm.named_modules(remove_duplicate=False))  # one walk, not a lookup per node
     for node in gm.graph.nodes:
-        if node.op == "call_module" and _is_depthwise(gm.get_submodule(node.target)):
+        if node.op == "call_module" and _is_depthwise(modules[node.target]):
             for observed in observed_inputs(gm, node):
                 modified |= _reduce(observed.observer)
     return PassResult(gm, modified)

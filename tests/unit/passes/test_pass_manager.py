@@ -186,3 +186,18 @@ def test_lint_detects_dangling_node(gm):
 def test_invalid_steps_rejected():
     with pytest.raises(PassError, match="steps"):
         PassManager(steps=0)
+
+
+def test_recompile_false_leaves_forward_to_the_caller(gm):
+    """A run whose graph goes into another run that recompiles skips regenerating the code:
+    ``forward`` still computes the traced graph until the caller recompiles."""
+    x, y = torch.tensor([1.0, -2.0]), torch.tensor([2.0, 4.0])
+    traced = gm(x, y)
+    PassManager([replace_add_with_div], inplace=True, recompile=False)(gm)
+    assert torch.div in targets(gm)
+    torch.testing.assert_close(gm(x, y), traced)  # the old code
+    gm.recompile()
+    torch.testing.assert_close(gm(x, y), torch.relu(x / y) / y)
+    default = fx.symbolic_trace(f)
+    PassManager([replace_add_with_div], inplace=True)(default)
+    torch.testing.assert_close(default(x, y), torch.relu(x / y) / y)

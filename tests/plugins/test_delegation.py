@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -148,9 +150,14 @@ def test_a_wrong_compiled_partition_breaks_the_kernel_contract_and_keeps_the_ref
                                          r"contract on the example inputs \(its outputs point away "
                                          r"from the reference's \(cosine -1.00\)"):
         lowered = qp.convert_fx(observed)
+    _assert_reference_kept(lowered, reference, data, ("conv", "conv2", "mean"), "broke the kernel contract")
+
+
+def _assert_reference_kept(lowered, reference, data, anchors, why):
+    """No partition compiled, ``why`` reported for each int8 anchor, the reference form's numbers."""
     report = qp.quantization_report(lowered)
     assert report.partitions == []
-    assert all("broke the kernel contract" in report.reference[n] for n in ("conv", "conv2", "mean"))
+    assert all(why in report.reference[n] for n in anchors)
     assert "delegate_0" in {s.node for s in report.skipped}  # G5: the fallback is reported
     with torch.no_grad():
         assert torch.equal(lowered(*data[0]), reference(*data[0]))
@@ -190,18 +197,12 @@ def test_a_partition_wrong_in_one_inner_region_is_caught_region_by_region(fake_d
                                          r"the kernel contract .*int8 region inner_\S+, compiled alone "
                                          r"on the reference's own inputs, is within 1 step"):
         lowered = qp.convert_fx(observed)
-    report = qp.quantization_report(lowered)
-    assert report.partitions == []
-    assert all("int8 region inner" in report.reference[n] for n in ("conv", "inner", "conv3"))
-    with torch.no_grad():
-        assert torch.equal(lowered(*data[0]), reference(*data[0]))
+    _assert_reference_kept(lowered, reference, data, ("conv", "inner", "conv3"), "int8 region inner")
 
 
-def test_a_right_multi_region_partition_passes_the_region_check(fake_dist):
+def test_a_right_multi_region_partition_is_kept(fake_dist):
     observed, data = _deep(fake_dist, wrong=False)
     reference = qp.convert_to_reference_fx(observed)
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         lowered = qp.convert_fx(observed)

@@ -30,8 +30,9 @@ from qplug_core.qparams import QParams
 
 #: flags of a CPU whose int8 products accumulate in int32 (to ask a backend its 8-bit defaults)
 _INT32_CPU = "avx2 avx512f avx512bw avx512_vnni"
-#: the pair sums of at most this many GEMM rows per layer are computed (the bound sees all rows)
-MAX_ROWS = 4096
+#: the pair sums of at most this many GEMM rows per layer are computed, evenly spread (the
+#: bound on which pairs can saturate at all sees every row)
+MAX_ROWS = 1024
 
 
 def mark(gm: fx.GraphModule, backend: Any, mode: str, user_mapping: bool) -> None:
@@ -112,7 +113,7 @@ class WeightBits:
         keep = wide_error <= safe_error
         self.choices[node.name] = (
             f"{8 if keep else 7}-bit weights: {sums.saturated} int16 pair sum(s) of "
-            f"{sums.rows.numel()} rows saturate with 8-bit weights on the example inputs; output "
+            f"{loss.codes.shape[1]} rows saturate with 8-bit weights on the example inputs; output "
             f"error {wide_error / safe_error if safe_error else float('inf'):.2f}x that of 7-bit weights")
         return wide if keep else safe
 
@@ -140,25 +141,20 @@ class _Losses:
 
     def __init__(self, layer: nn.Module, codes: tuple[torch.Tensor, int], weight: torch.Tensor):
         self.layer, self.weight = layer, weight.detach()
-        self.codes = pair_sums.operands(layer, codes[0], codes[1])
-        self.zero_point = codes[1]
+        self.codes, self.high, self.low = pair_sums.operands(layer, codes[0], codes[1], MAX_ROWS)
+        self.shifted = self.codes - codes[1]
         self.exact = pair_sums.weight_operands(layer, self.weight)
-        self.rows: torch.Tensor | None = None
 
     def of(self, qparams: QParams, *, saturating: bool) -> tuple[pair_sums.PairSums | None, float]:
         scale = qparams.scale.reshape(-1, *([1] * (self.weight.dim() - 1)))
         integers = torch.clamp(torch.round(self.weight / scale), qparams.quant_min, qparams.quant_max)
         w = pair_sums.weight_operands(self.layer, integers)
         channel_scale = pair_sums.weight_operands(self.layer, scale.expand_as(self.weight))[..., 0]
-        sums = pair_sums.pair_sums(self.codes, w, MAX_ROWS) if saturating else None
+        error = torch.einsum("gmk,gnk->gmn", self.shifted, w * channel_scale[..., None] - self.exact)
+        sums = pair_sums.pair_sums(self.codes, w, self.high, self.low) if saturating else None
         if sums is not None:
-            self.rows = sums.rows
-        rows = self.rows if self.rows is not None else torch.arange(self.codes.shape[1])[:MAX_ROWS]
-        a = self.codes[:, rows].double() - self.zero_point
-        error = torch.einsum("gmk,gnk->gmn", a, (w * channel_scale[..., None] - self.exact).double())
-        if sums is not None:
-            error = error - sums.shortfall.double() * channel_scale[:, None, :].double()
-        return sums, float((error ** 2).sum())
+            error = error - sums.shortfall.float() * channel_scale[:, None, :]
+        return sums, float((error.double() ** 2).sum())
 
 
 __all__ = ["MAX_ROWS", "WeightBits", "mark"]

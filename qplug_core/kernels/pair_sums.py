@@ -37,19 +37,44 @@ def supported(module: nn.Module) -> bool:
                                              and not isinstance(module.padding, str))
 
 
-def operands(module: nn.Module, codes: torch.Tensor, zero_point: int) -> torch.Tensor:
-    """The u8 activation codes of ``module``'s GEMM, ``[groups, rows, K]`` in the kernels' K
-    order. ``codes``: the layer's input codes (a float tensor of integers), as the kernel gets
-    them; ``zero_point``: their zero point (the code of the padding, the real value 0)."""
+def operands(module: nn.Module, codes: torch.Tensor, zero_point: int, max_rows: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(u8 activation codes of ``module``'s GEMM ``[groups, rows, K]`` in the kernels' K order,
+    and the highest and lowest code of each K column over *all* rows, ``[groups, K]``).
+
+    ``codes``: the layer's input codes (a float tensor of integers), as the kernel gets them;
+    ``zero_point``: their zero point (the code of the padding, the real value 0); ``max_rows``:
+    keep at most this many GEMM rows, evenly spread (the column ranges still see every row; for
+    a convolution they are its input channels' ranges, padding included)."""
     if isinstance(module, nn.Linear):
-        return codes.reshape(1, -1, codes.shape[-1])
+        a = codes.reshape(-1, codes.shape[-1])
+        high, low = a.amax(0, keepdim=True), a.amin(0, keepdim=True)
+        return a[_rows(a.shape[0], max_rows)][None], high, low
     kh, kw = module.kernel_size
-    groups, channels = module.groups, codes.shape[1] // module.groups
-    columns = nn.functional.unfold(codes - zero_point, (kh, kw), dilation=module.dilation,
-                                   padding=module.padding, stride=module.stride) + zero_point
-    batch, _, positions = columns.shape
-    columns = columns.reshape(batch, groups, channels, kh * kw, positions)
-    return columns.permute(1, 0, 4, 3, 2).reshape(groups, batch * positions, kh * kw * channels)
+    (sh, sw), (dh, dw), (ph, pw) = module.stride, module.dilation, module.padding
+    batch, channels, height, width = codes.shape
+    groups = module.groups
+    high, low = codes.amax((0, 2, 3)), codes.amin((0, 2, 3))
+    if ph or pw:
+        high, low = high.clamp_min(zero_point), low.clamp_max(zero_point)
+    padded = nn.functional.pad(codes - zero_point, (pw, pw, ph, ph)).add_(zero_point).permute(0, 2, 3, 1)
+    out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    rows = _rows(batch * out_h * out_w, max_rows)
+    b, oy, ox = rows // (out_h * out_w), rows // out_w % out_h, rows % out_w
+    iy = oy[:, None] * sh + torch.arange(kh) * dh  # [M, kh]
+    ix = ox[:, None] * sw + torch.arange(kw) * dw  # [M, kw]
+    a = padded[b[:, None, None], iy[:, :, None], ix[:, None, :]]  # [M, kh, kw, C]
+    a = a.reshape(len(rows), kh * kw, groups, channels // groups).permute(2, 0, 1, 3)
+    def by_k(per_channel: torch.Tensor) -> torch.Tensor:
+        return per_channel.reshape(groups, 1, channels // groups).expand(-1, kh * kw, -1).reshape(groups, -1)
+    return a.reshape(groups, len(rows), -1), by_k(high), by_k(low)
+
+
+def _rows(total: int, max_rows: int | None) -> torch.Tensor:
+    if max_rows is None or total <= max_rows:
+        return torch.arange(total)
+    return torch.linspace(0, total - 1, max_rows).long()
 
 
 def weight_operands(module: nn.Module, codes: torch.Tensor) -> torch.Tensor:
@@ -63,26 +88,24 @@ def weight_operands(module: nn.Module, codes: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class PairSums:
-    """What ``vpmaddubsw`` does to one GEMM: how many pair sums leave int16, on which rows, and
-    by how much each output falls short of the exact sum (code units, ``[G, rows, N]``)."""
+    """What ``vpmaddubsw`` does to one GEMM: how many pair sums leave int16, and by how much each
+    output falls short of the exact sum (code units, ``[G, rows, N]``)."""
 
     saturated: int
-    rows: torch.Tensor
     shortfall: torch.Tensor
 
 
-def pair_sums(a: torch.Tensor, w: torch.Tensor, max_rows: int | None = None) -> PairSums:
+def pair_sums(a: torch.Tensor, w: torch.Tensor, high: torch.Tensor | None = None,
+              low: torch.Tensor | None = None) -> PairSums:
     """The int16 pair sums of ``a @ w.T`` as x86 without VNNI computes them (a: ``[G, M, K]`` u8
-    codes, w: ``[G, N, K]`` s8 codes, per group). ``max_rows``: compute the pairs of at most this
-    many rows, evenly spread (the bound still sees every row)."""
+    codes, w: ``[G, N, K]`` s8 codes, per group). ``high``/``low`` (``[G, K]``): each K column's
+    code range, if wider than these rows' (the rows being a sample)."""
+    high = a.amax(1) if high is None else high
+    low = a.amin(1) if low is None else low
     if a.shape[-1] % 2:
         a, w = nn.functional.pad(a, (0, 1)), nn.functional.pad(w, (0, 1))
-    a, w = a.to(torch.int32), w.to(torch.int32)
-    high, low = a.amax(1), a.amin(1)  # [G, K]: the observed range of each K column
-    rows = torch.arange(a.shape[1])
-    if max_rows is not None and a.shape[1] > max_rows:
-        rows = torch.linspace(0, a.shape[1] - 1, max_rows).long()
-        a = a[:, rows]
+        high, low = nn.functional.pad(high, (0, 1)), nn.functional.pad(low, (0, 1))
+    a, w, high, low = a.to(torch.int32), w.to(torch.int32), high.to(torch.int32), low.to(torch.int32)
     reach_up = torch.where(w > 0, w * high[:, None], w * low[:, None])  # the largest product
     reach_down = torch.where(w < 0, w * high[:, None], w * low[:, None])  # the smallest
     up = reach_up[..., 0::2] + reach_up[..., 1::2]
@@ -99,7 +122,7 @@ def pair_sums(a: torch.Tensor, w: torch.Tensor, max_rows: int | None = None) -> 
         saturated += int((lost != 0).sum())
         shortfall.index_put_((g[:, None], torch.arange(a.shape[1])[None, :], n[:, None]), lost,
                              accumulate=True)
-    return PairSums(saturated, rows, shortfall)
+    return PairSums(saturated, shortfall)
 
 
 __all__ = ["INT16_MAX", "PairSums", "operands", "pair_sums", "supported", "weight_operands"]

@@ -92,7 +92,7 @@ def test_the_rule_removed_saturates(backend, monkeypatch):
     """8-bit weights everywhere (the per-layer rule removed): the hot layer's pair sums leave
     int16 on a CPU without VNNI (the emulation above), so the rule is what keeps it right."""
     monkeypatch.setattr(weight_bits._Losses, "of", lambda self, qparams, saturating: (
-        pair_sums.PairSums(0, torch.arange(1), torch.zeros(1)), 0.0))
+        pair_sums.PairSums(0, torch.zeros(1)), 0.0))
     reference = converted(backend, AVX2)
     assert weight_ranges(reference)["hot"] == EIGHT_BIT[backend]
     assert saturated(reference)["hot"] > 0
@@ -132,15 +132,26 @@ def test_emulated_pair_sums_follow_the_kernels_k_order(conv):
     shape = (2, 6, 7, 7) if isinstance(conv, nn.Conv2d) else (4, 9)
     x = torch.randint(100, 256, shape, generator=gen).float()
     w = torch.randint(-20, 128, conv.weight.shape, generator=gen).float()  # mostly positive
-    a, wk = pair_sums.operands(conv, x, zero_point), pair_sums.weight_operands(conv, w)
+    (a, high, low), wk = pair_sums.operands(conv, x, zero_point), pair_sums.weight_operands(conv, w)
     if isinstance(conv, nn.Conv2d):
         expected = nn.functional.conv2d(x - zero_point, w, None, conv.stride, conv.padding, groups=conv.groups)
         got = torch.einsum("gmk,gnk->gmn", a - zero_point, wk)
         groups, _, per_group = got.shape
         got = got.permute(1, 0, 2).reshape(2, -1, groups * per_group).permute(0, 2, 1).reshape(expected.shape)
         assert torch.equal(got, expected)
-    sums = pair_sums.pair_sums(a, wk)
+    assert (high >= a.amax(1)).all() and (low <= a.amin(1)).all()  # the ranges bound every column
+    sums = pair_sums.pair_sums(a, wk, high, low)
     brute = [vpmaddubsw_matmul(a[g], wk[g]) for g in range(a.shape[0])]
     assert sums.saturated == sum(count for _, count in brute) > 0
     exact = torch.einsum("gmk,gnk->gmn", a.long(), wk.long())
     assert torch.equal(exact - torch.stack([out for out, _ in brute]), sums.shortfall)
+
+
+def test_sampled_rows_keep_every_rows_column_ranges():
+    conv = nn.Conv2d(4, 4, 3, padding=1)
+    x = torch.randint(0, 256, (2, 4, 9, 9), generator=torch.Generator().manual_seed(1)).float()
+    full, high, low = pair_sums.operands(conv, x, 7)
+    sample, sampled_high, sampled_low = pair_sums.operands(conv, x, 7, max_rows=10)
+    assert sample.shape[1] == 10 and torch.equal(sampled_high, high) and torch.equal(sampled_low, low)
+    rows = torch.linspace(0, full.shape[1] - 1, 10).long()
+    assert torch.equal(sample, full[:, rows])

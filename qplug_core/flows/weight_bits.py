@@ -7,8 +7,9 @@ large codes meet large weights of one sign side by side. So when the backend's o
 used (a user's qconfig is the user's), convert asks per weighted layer, on the example inputs
 recorded at prepare: with the 8-bit weights the backend would use with VNNI, does any pair sum of
 this layer's real operands leave int16 (``kernels/pair_sums.py``, in the kernels' K order)? If
-none does, the layer keeps 8-bit weights; if one does, it keeps the 7-bit ones. The decisions are
-kept in ``GraphModule.meta`` and shown by the report.
+none does, the layer gets 8-bit weights; if some do, it gets them only where its output error
+(rounding plus what saturation takes) is below the 7-bit weights' on the same rows. The decisions
+(layer -> why) are kept in ``GraphModule.meta[WEIGHT_BITS_CHOICE]``.
 
 7-bit activations and S8S8 are not per-layer choices here: an activation's grid is shared by
 every consumer of the value (not one layer's to change), and FBGEMM takes u8 activations only.

@@ -6,7 +6,13 @@ form is the arithmetic every backend must reproduce, and it is the same on every
 compares the three choices on it (SQNR against float on held-out inputs): full 8-bit (what a VNNI
 CPU runs), 7-bit activations (torch.ao's ``reduce_range``) and 7-bit weights (ORT's, the rule).
 ``--backends`` adds the real kernels of this host under the qparams the core derives for the host
-and for an AVX2 CPU without VNNI (``QPLUG_CPU_FLAGS``-style override).
+and for an AVX2 CPU without VNNI (``QPLUG_CPU_FLAGS``-style override): the rule alone (7-bit
+weights in every layer: the default mapping passed explicitly, as before per-layer choice) and
+the per-layer choice (``flows/weight_bits.py``: the default mapping left to the backend). Each
+backend cell is ``SQNR dB`` plus ``/N ref`` when N int8 layers fell back to the reference form
+(a kernel or partition that failed its check at convert). With ``FBGEMM_ENABLE_INSTRUCTIONS=AVX2``
+fbgemm's kernels really run without VNNI (emulated AVX2 on a VNNI host); ONNX Runtime's MLAS
+cannot be forced, so its figures are those of the host's kernels.
 
     python bench/cpu_without_vnni.py [--models digits resnet18 mobilenet_v2] [--backends fbgemm onnxruntime]
 """
@@ -53,11 +59,13 @@ def reference_sqnr(model, calib, held_out, options: dict) -> float:
     return sqnr(qp.convert_to_reference_fx(observed), model, held_out)
 
 
-def backend_sqnr(model, calib, held_out, backend: str) -> float:
-    observed = qp.calibrate(qp.prepare_fx(model, None, calib[0], backend=backend), calib)
+def backend_sqnr(model, calib, held_out, backend: str, mapping=None) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return sqnr(qp.convert_fx(observed), model, held_out)
+        observed = qp.calibrate(qp.prepare_fx(model, mapping, calib[0], backend=backend), calib)
+        converted = qp.convert_fx(observed)
+    fallback = len(qp.quantization_report(converted).reference)
+    return f"{sqnr(converted, model, held_out):.1f}" + (f" /{fallback} ref" if fallback else "")
 
 
 def main() -> None:
@@ -72,13 +80,16 @@ def main() -> None:
         model, calib, held_out = model_and_data(name)
         row = [name] + [f"{reference_sqnr(model, calib, held_out, o):.1f}" for o in CHOICES.values()]
         for backend in args.backends:
-            row.append(f"{backend_sqnr(model, calib, held_out, backend):.1f}")
+            row.append(backend_sqnr(model, calib, held_out, backend))
             with override_cpu_flags(AVX2):
-                row.append(f"{backend_sqnr(model, calib, held_out, backend):.1f}")
+                rule = qp.get_default_qconfig_mapping(backend)  # explicit: no per-layer choice
+                row.append(backend_sqnr(model, calib, held_out, backend, rule))
+                row.append(backend_sqnr(model, calib, held_out, backend))
         rows.append(row)
     header = ["model", *(f"reference {c}" for c in CHOICES)]
     for backend in args.backends:
-        header += [f"{backend} (host qparams)", f"{backend} (AVX2 qparams)"]
+        header += [f"{backend} (host qparams)", f"{backend} (AVX2: 7-bit rule)",
+                   f"{backend} (AVX2: per layer)"]
     print(table(header, rows))
 
 

@@ -17,6 +17,7 @@ from qplug_core.flows.clamps import fold_clamps
 from qplug_core.flows.prepare import is_observer_module
 from qplug_core.flows.regions import QUANTIZED_DTYPES, weight_name_of
 from qplug_core.flows.tags import BOUNDARY, OBSERVER, ROOT, region_tag
+from qplug_core.flows.weight_bits import WeightBits
 from qplug_core.kernels.reference import (
     Dequantize,
     DynamicQuantize,
@@ -75,6 +76,7 @@ def _has_qat_modules(gm: fx.GraphModule) -> bool:
 
 
 def _convert_weighted_modules(gm: fx.GraphModule) -> None:
+    bits = WeightBits(gm)
     for node in gm.graph.nodes:
         tag = region_tag(node)
         if not (node.meta.get(ROOT) and tag is not None and tag.quantized):
@@ -89,6 +91,9 @@ def _convert_weighted_modules(gm: fx.GraphModule) -> None:
         if weight_qparams is None:
             continue
         weight_name = weight_name_of(float_module)
+        if not hasattr(module, "weight_fake_quant"):
+            weight_qparams = bits.weight_qparams(node, float_module, tag.qconfig,
+                                                 weight_of(float_module, weight_name), weight_qparams)
         gm.set_submodule(node.target, ReferenceWeighted(float_module, weight_qparams, weight_name))
 
 

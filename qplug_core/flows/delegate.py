@@ -11,9 +11,14 @@ the partitions and every node left outside with the reason.
 
 A compiled partition is checked like a lowered kernel (:mod:`qplug_core.flows.kernel_check`): run
 on the inputs it saw when the reference form ran on the example inputs, each output must be
-within the contract's steps of the reference partition's. One that is not (ONNX Runtime's fused
-U8S8 kernels saturating on a CPU without VNNI under a full-range qconfig, say) keeps the reference
-form, with a warning naming the partition and the plugin, and the report says why.
+within the contract's steps of the reference partition's. A partition of several int8 regions
+whose outputs are not within that contract (roundings drift through a deep partition, or one
+region is wrong) is checked region by region (:mod:`qplug_core.flows.region_parity`: each region
+compiled by the same compile function, side by side in one check-only module, fed the reference
+partition's own integer inputs): each region's integers within one step of the reference's on
+>= 99% of its elements. That costs one more compile, so only where the outputs call for it. One that fails either (ONNX Runtime's fused U8S8 kernels saturating on a CPU without
+VNNI under a full-range qconfig, an SDK wrong in one inner layer) keeps the reference form, with
+a warning naming the partition, the region and the plugin, and the report says why.
 """
 
 from __future__ import annotations
@@ -25,12 +30,17 @@ import torch
 from torch import fx, nn
 
 from qplug_core.flows.kernel_check import MAX_OUTLIER_FRACTION, output_violation
+from qplug_core.flows.region_parity import layer_parity
 from qplug_core.flows.report import describe_op
 from qplug_core.flows.tags import BOUNDARY, KERNEL, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner
 from qplug_core.partition.lazy import LazyPartition
 from qplug_core.registry.contract import Delegate
 
+#: a region of a multi-region partition must agree with the reference within one integer step ...
+REGION_STEPS = 1
+#: ... on at least this fraction of its elements (ORT and OpenVINO: 100% on every zoo model)
+REGION_MIN_WITHIN = 0.99
 #: the prefix of the submodules holding compiled partitions (``delegate_0``, ...)
 PREFIX = "delegate_"
 _CALLS = ("call_module", "call_function", "call_method")
@@ -121,8 +131,10 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
             summary.reference.update(dict.fromkeys(anchors, reason))
             continue
         # checked where it compiles now (convert); a lazy one (load) was checked when converted
-        problem = "" if example_inputs is None else _contract_problem(
+        problem, exact = ("", True) if example_inputs is None else _contract_problem(
             module, partition_gm, recorder.inputs[name], len(anchors))
+        if not problem and not exact:  # drift or a wrong region: one compile more tells them apart
+            problem = _region_problem(delegate, partition_gm, recorder.inputs[name])
         if problem:
             reason = (f"partition {name} compiled by {_delegate_label(backend_name)} broke the "
                       f"kernel contract on the example inputs ({problem}); reference form kept")
@@ -148,27 +160,30 @@ def _outputs(value: object) -> list:
 
 
 def _contract_problem(compiled: nn.Module, reference: fx.GraphModule, inputs: tuple,
-                      regions: int) -> str:
-    """Why ``compiled`` breaks the contract against its reference form ('' if it holds).
+                      regions: int) -> tuple[str, bool]:
+    """Why ``compiled`` breaks the contract against its reference form ('' if it holds), and
+    whether its outputs also meet one kernel's element-wise contract.
 
     A single-region partition is held to one kernel's contract. A partition of several int8
     regions adds up their roundings, so element-wise steps say little about it (a deep one may
     agree region by region and still drift end to end on random weights): it must run and
     return outputs of the right number, shapes, dtypes and finite values that correlate with the
-    reference's (cosine > 0: a sign flip or zeros is a wrong compile); its numbers are checked
-    region by region by the plugin testing kit's layer parity.
+    reference's (cosine > 0: a sign flip or zeros is a wrong compile); where its outputs are not
+    within one kernel's contract, its regions are checked one by one (:func:`_region_problem`).
     """
     with torch.no_grad():
         expected = _outputs(reference(*inputs))
         try:
             got = _outputs(compiled(*inputs))
         except Exception as error:  # noqa: BLE001 - a raising partition is a broken one
-            return f"it raised {type(error).__name__}: {' '.join(str(error).split())[:160]}"
+            return f"it raised {type(error).__name__}: {' '.join(str(error).split())[:160]}", False
     if len(got) != len(expected):
-        return f"it returned {len(got)} outputs, expected {len(expected)}"
+        return f"it returned {len(got)} outputs, expected {len(expected)}", False
+    strict = True
     for i, (out, ref) in enumerate(zip(got, expected)):
         integer = isinstance(ref, torch.Tensor) and not ref.is_floating_point()
-        problem = output_violation(out, ref, getattr(ref, "dtype", None), 1.0 if integer else None,
+        scale, dtype = 1.0 if integer else None, getattr(ref, "dtype", None)
+        problem = output_violation(out, ref, dtype, scale,
                                    max_outlier_fraction=MAX_OUTLIER_FRACTION if regions <= 1 else 1.0)
         if not problem and regions > 1 and isinstance(ref, torch.Tensor) and bool(ref.any()):
             cosine = float(torch.nn.functional.cosine_similarity(
@@ -176,8 +191,28 @@ def _contract_problem(compiled: nn.Module, reference: fx.GraphModule, inputs: tu
             if not cosine > 0:  # not even pointing the same way: a wrong compile, not drift
                 problem = f"its outputs point away from the reference's (cosine {cosine:.2f})"
         if problem:
-            return f"output {i}: {problem}" if len(expected) > 1 else problem
-    return ""
+            return (f"output {i}: {problem}" if len(expected) > 1 else problem), False
+        strict = strict and (regions <= 1 or not output_violation(out, ref, dtype, scale))
+    return "", strict
+
+
+def _region_problem(delegate: Delegate, reference: fx.GraphModule, inputs: tuple) -> str:
+    """Why one int8 region of a multi-region partition disagrees with its reference form ('' if
+    none does): each region compiled alone by ``delegate`` on the reference's own inputs.
+
+    A check-only module that does not compile or run says nothing about the partition (the
+    partition itself passed the structural check): it is kept.
+    """
+    try:
+        parity = layer_parity(reference, delegate.compile, inputs, steps=REGION_STEPS)
+    except Exception:  # noqa: BLE001 - the check graph, not the partition, failed
+        return ""
+    if not parity.regions or parity.worst.within >= REGION_MIN_WITHIN:
+        return ""
+    worst = parity.worst
+    return (f"int8 region {worst.name}, compiled alone on the reference's own inputs, is within "
+            f"{REGION_STEPS} step of the reference on {worst.within:.1%} of its {worst.elements} "
+            f"elements (needs {REGION_MIN_WITHIN:.0%}; up to {worst.max_steps} steps)")
 
 
 def _delegate_label(backend_name: str) -> str:

@@ -21,6 +21,7 @@ from qplug_core.flows.report import QuantizationReport, float_compute_nodes, rep
 from qplug_core.flows.tags import (
     CAPTURE,
     CAPTURE_SKIPPED,
+    EXAMPLE_INPUTS,
     FUSIONS,
     REPORT,
     recorded_example_inputs,
@@ -49,7 +50,9 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
 
     def delegate_partitions(graph_module: fx.GraphModule) -> None:
         nonlocal delegated
-        example = None if loading else recorded_example_inputs(graph_module)
+        # the example inputs prepare ran (real values: zeros of their shape would check little)
+        example = None if loading else (graph_module.meta.get(EXAMPLE_INPUTS)
+                                        or recorded_example_inputs(graph_module))
         delegated = delegate_graph(graph_module, delegate, example, backend.name, keep_reference)
 
     def lower_to_kernels(graph_module: fx.GraphModule) -> None:

@@ -25,6 +25,7 @@ from qplug_core.errors import (
     QplugError,
 )
 from qplug_core.flows import checks as flow_checks
+from qplug_core.flows import weight_bits
 from qplug_core.flows.convert import convert_graph
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.int16_pairs import warn_saturating_pairs
@@ -139,6 +140,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     run_passes(gm, [annotate, observe, warn_saturating_pairs(chosen.name, chosen.arithmetic),
                     *plugin_passes(chosen, Stage.POST_PREPARE)])
     gm.meta[STATE] = {"backend": chosen.name, "mode": mode}
+    weight_bits.mark(gm, chosen, mode, user_mapping=qconfig_mapping is not None)
     remember_example(gm, inputs)
     if is_qat:
         gm.train()

@@ -58,6 +58,10 @@ TARGET = "qplug_target"
 CALIBRATION_FAILED = "qplug_calibration_failed"
 #: GraphModule.meta: the example inputs prepare ran, replayed by the kernel contract at convert
 EXAMPLE_INPUTS = "qplug_example_inputs"
+#: GraphModule.meta: the 8-bit weight range convert may give a layer whose int16 pair sums cannot
+#: saturate (set at prepare when a backend's defaults are 7-bit only for that), and the decisions
+WEIGHT_BITS = "qplug_weight_bits"
+WEIGHT_BITS_CHOICE = "qplug_weight_bits_choice"
 #: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example
 #: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
 INPUT_SPEC = "qplug_input_spec"

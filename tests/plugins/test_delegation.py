@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -37,6 +39,18 @@ class Compiled(nn.Module):
         return out * -1.0 if WRONG else out
 
 
+def _wrong_on_1x1(partition):
+    """An SDK mishandling 1x1 convolutions (their weights come out 1.5x): wrong in that layer only."""
+    import copy
+
+    partition = copy.deepcopy(partition)
+    for module in partition.modules():
+        if isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1):
+            with torch.no_grad():
+                module.weight.mul_(1.5)
+    return partition
+
+
 class TakesAllButLinear(OperatorSupportBase):
     def is_node_supported(self, submodules, node):
         module = submodules.get(node.target) if node.op == "call_module" else None
@@ -46,11 +60,12 @@ class TakesAllButLinear(OperatorSupportBase):
 def _compile(partition, example_inputs):
     if any(isinstance(m, nn.ReLU) for m in partition.modules()) and FAIL:
         raise RuntimeError("the SDK rejected the subgraph")
-    return Compiled(partition, example_inputs)
+    return Compiled(_wrong_on_1x1(partition) if WRONG_1X1 else partition, example_inputs)
 
 
 FAIL = False
 WRONG = False  # an SDK whose compiled subgraph computes the wrong numbers
+WRONG_1X1 = False  # an SDK wrong in its 1x1 convolutions only
 
 
 @hookimpl
@@ -109,7 +124,7 @@ def test_partitions_are_compiled_and_the_rest_stays_in_pytorch(fake_dist):
     assert report.kernels == dict.fromkeys(["conv", "conv2", "mean"], "delegate:delegate_0")
     assert report.reference == {"fc": "backend 'npu' does not take ReferenceWeighted"}
     assert [(s.node, s.reason) for s in report.skipped] == [("fc", report.reference["fc"])]
-    assert __import__("qplug_npu").COMPILED[-1].shapes == [(2, 3, 6, 6)]
+    assert lowered.delegate_0.shapes == [(2, 3, 6, 6)]
     with torch.no_grad():
         assert torch.equal(lowered(*data[0]), reference(*data[0]))
 
@@ -135,9 +150,64 @@ def test_a_wrong_compiled_partition_breaks_the_kernel_contract_and_keeps_the_ref
                                          r"contract on the example inputs \(its outputs point away "
                                          r"from the reference's \(cosine -1.00\)"):
         lowered = qp.convert_fx(observed)
+    _assert_reference_kept(lowered, reference, data, ("conv", "conv2", "mean"), "broke the kernel contract")
+
+
+def _assert_reference_kept(lowered, reference, data, anchors, why):
+    """No partition compiled, ``why`` reported for each int8 anchor, the reference form's numbers."""
     report = qp.quantization_report(lowered)
     assert report.partitions == []
-    assert all("broke the kernel contract" in report.reference[n] for n in ("conv", "conv2", "mean"))
+    assert all(why in report.reference[n] for n in anchors)
     assert "delegate_0" in {s.node for s in report.skipped}  # G5: the fallback is reported
+    with torch.no_grad():
+        assert torch.equal(lowered(*data[0]), reference(*data[0]))
+
+
+class Deep(nn.Module):
+    """Several int8 regions in one partition, the 1x1 convolution in the middle of them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.inner = nn.Conv2d(8, 8, 1)
+        self.conv3 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        y = self.conv3(torch.relu(self.inner(torch.relu(self.conv(x)))))
+        return self.fc(y.mean((2, 3)))
+
+
+def _deep(fake_dist, wrong: bool):
+    fake_dist("qplug-npu", NPU.replace("WRONG_1X1 = False", f"WRONG_1X1 = {wrong}"))
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(3)]
+    observed = qp.calibrate(qp.prepare_fx(Deep().eval(), None, data[0], backend="npu"), data)
+    return observed, data
+
+
+def test_a_partition_wrong_in_one_inner_region_is_caught_region_by_region(fake_dist):
+    """End to end the wrong partition still looks plausible (right shapes, cosine near 1, and a
+    multi-region partition is not held to element-wise steps end to end), so only the region by
+    region check at convert catches it, and names the region."""
+    observed, data = _deep(fake_dist, wrong=True)
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match=r"partition delegate_0 compiled by plugin \S*npu\S* .*broke "
+                                         r"the kernel contract .*int8 region inner_\S+, compiled alone "
+                                         r"on the reference's own inputs, is within 1 step"):
+        lowered = qp.convert_fx(observed)
+    _assert_reference_kept(lowered, reference, data, ("conv", "inner", "conv3"), "int8 region inner")
+
+
+def test_a_right_multi_region_partition_is_kept(fake_dist):
+    observed, data = _deep(fake_dist, wrong=False)
+    reference = qp.convert_to_reference_fx(observed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lowered = qp.convert_fx(observed)
+    report = qp.quantization_report(lowered)
+    assert [p["int8_regions"] for p in report.partitions] == [4]
+    assert list(report.reference) == ["fc"]  # outside the partition: the SDK does not take linears
     with torch.no_grad():
         assert torch.equal(lowered(*data[0]), reference(*data[0]))

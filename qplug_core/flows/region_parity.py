@@ -1,0 +1,138 @@
+"""Layer-by-layer parity of a compiling backend with the reference form (teacher forcing).
+
+Comparing an int8 model's output with its reference form measures the model as much as the
+backend: in a deep random-weight residual net one value that rounds the other way (float32
+accumulation order against an exact int32 sum) changes the next layer's inputs, and the
+difference grows layer after layer. On the zoo's ResNet-50, fbgemm's own kernels agree with the
+reference form within one step on only ~77-80% of the outputs, and even the reference form run in
+float64 instead of float32 does not agree with itself better. So here every int8 region (the
+nodes from the integer values it reads to the integer value it writes) is run by the backend on
+the reference form's own integer inputs, and its integer output is compared with the reference's:
+each region is checked alone, as a kernel test would check it.
+
+All regions go into one side-by-side graph (each with its own inputs), compiled once.
+
+It lives in the pipeline because convert runs it too: a delegated partition of several int8
+regions is checked region by region this way on the example inputs (``flows/delegate.py``);
+the plugin testing kit re-exports it (``plugin_api.layer_parity``) for a backend's own tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import fx, nn
+
+from qplug_core.flows.kernel_check import ValueRecorder
+from qplug_core.kernels.reference import Quantize
+from qplug_core.partition import OperatorSupportBase
+
+__all__ = ["LayerParity", "RegionParity", "layer_parity"]
+
+_INTEGER = (torch.uint8, torch.int8, torch.int16, torch.int32)
+
+
+@dataclass(frozen=True)
+class RegionParity:
+    """How one int8 region's backend output compares with the reference form's."""
+
+    name: str  # the node writing the region's integer output
+    elements: int
+    within: float  # fraction of elements within ``steps`` integer steps
+    max_steps: int
+
+
+@dataclass(frozen=True)
+class LayerParity:
+    regions: tuple[RegionParity, ...]
+    steps: int
+
+    @property
+    def within(self) -> float:
+        """Fraction of all regions' elements within ``steps`` integer steps."""
+        total = sum(r.elements for r in self.regions)
+        return sum(r.within * r.elements for r in self.regions) / total if total else 1.0
+
+    @property
+    def worst(self) -> RegionParity:
+        return min(self.regions, key=lambda r: r.within)
+
+
+def _is_integer_output(gm: fx.GraphModule, node: fx.Node) -> bool:
+    return node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), Quantize)
+
+
+def _region(gm: fx.GraphModule, end: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
+    """(boundary inputs, nodes in graph order) of the region writing ``end``: its nodes back to
+    the integer values (or model inputs) it reads."""
+    inputs: set[fx.Node] = set()
+    members: set[fx.Node] = set()
+    stack = [end]
+    while stack:
+        node = stack.pop()
+        if node in members:
+            continue
+        members.add(node)
+        for arg in node.all_input_nodes:
+            if arg.op == "placeholder" or _is_integer_output(gm, arg):
+                inputs.add(arg)
+            elif arg.op != "get_attr":
+                stack.append(arg)
+            else:
+                members.add(arg)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return sorted(inputs, key=order.__getitem__), sorted(members, key=order.__getitem__)
+
+
+def _side_by_side(gm: fx.GraphModule, regions: list[tuple[list[fx.Node], list[fx.Node]]]) -> fx.GraphModule:
+    graph = fx.Graph()
+    outputs = []
+    for i, (inputs, members) in enumerate(regions):
+        env: dict[fx.Node, fx.Node] = {n: graph.placeholder(f"r{i}_{n.name}") for n in inputs}
+        for node in members:
+            env[node] = graph.node_copy(node, env.__getitem__)
+        outputs.append(env[members[-1]])
+    graph.output(tuple(outputs))
+    return fx.GraphModule(gm, graph)
+
+
+def _compare(name: str, got: torch.Tensor, want: torch.Tensor, steps: int) -> RegionParity:
+    diff = (got.to(torch.int64) - want.to(torch.int64)).abs()
+    within = float((diff <= steps).float().mean()) if diff.numel() else 1.0
+    return RegionParity(name, diff.numel(), within, int(diff.max()) if diff.numel() else 0)
+
+
+@torch.no_grad()
+def layer_parity(reference: fx.GraphModule,
+                 compile: Callable[[fx.GraphModule, tuple[torch.Tensor, ...]], nn.Module],
+                 inputs: tuple, *, operator_support: OperatorSupportBase | None = None,
+                 steps: int = 1) -> LayerParity:
+    """Run every int8 region of ``reference`` (a ``convert_to_reference_fx`` model) through
+    ``compile`` (a delegate's compile function) on the reference's own integer inputs for
+    ``inputs``, and compare the integer outputs. Regions holding a node ``operator_support``
+    refuses are left out (the backend does not run them)."""
+    values: dict[fx.Node, object] = {}
+    ValueRecorder(reference, set(reference.graph.nodes), values).run(*inputs)
+    submodules = dict(reference.named_modules())
+    regions, ends = [], []
+    for node in reference.graph.nodes:
+        value = values.get(node)
+        if not (_is_integer_output(reference, node) and isinstance(value, torch.Tensor)
+                and value.dtype in _INTEGER):
+            continue
+        region_inputs, members = _region(reference, node)
+        if operator_support is not None and not all(
+                operator_support.is_node_supported(submodules, n) for n in members if n.op != "get_attr"):
+            continue
+        regions.append((region_inputs, members))
+        ends.append(node)
+    if not regions:
+        return LayerParity((), steps)
+    example = tuple(values[n] for region_inputs, _ in regions for n in region_inputs)
+    compiled = compile(_side_by_side(reference, regions), example)
+    outputs = compiled(*example)
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    return LayerParity(tuple(_compare(end.name, got, values[end], steps)
+                             for end, got in zip(ends, outputs)), steps)

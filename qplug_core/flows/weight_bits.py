@@ -1,0 +1,161 @@
+"""Per layer on CPUs without VNNI: 8-bit weights where no int16 pair sum saturates, else 7 bits.
+
+A backend's default qconfig gives 7-bit weights on such CPUs (``kernels/arithmetic.py``): with
+full 8-bit operands two adjacent u8 x s8 products can leave int16. That costs every layer one
+bit (ResNet-18: 28.3 -> 25.3 dB), while most layers never come near: a pair saturates only where
+large codes meet large weights of one sign side by side. So when the backend's own defaults were
+used (a user's qconfig is the user's), convert asks per weighted layer, on the example inputs
+recorded at prepare: with the 8-bit weights the backend would use with VNNI, does any pair sum of
+this layer's real operands leave int16 (``kernels/pair_sums.py``, in the kernels' K order)? If
+none does, the layer gets 8-bit weights; if some do, it gets them only where its output error
+(rounding plus what saturation takes) is below the 7-bit weights' on the same rows. The decisions
+(layer -> why) are kept in ``GraphModule.meta[WEIGHT_BITS_CHOICE]``.
+
+7-bit activations and S8S8 are not per-layer choices here: an activation's grid is shared by
+every consumer of the value (not one layer's to change), and FBGEMM takes u8 activations only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from qplug_core.flows.observed import observed_inputs
+from qplug_core.flows.tags import EXAMPLE_INPUTS, OBSERVER, ROOT, WEIGHT_BITS, WEIGHT_BITS_CHOICE, region_tag
+from qplug_core.kernels import pair_sums
+from qplug_core.kernels.arithmetic import pair_sums_saturate
+from qplug_core.kernels.cpu import override_cpu_flags
+from qplug_core.qparams import QParams
+
+#: flags of a CPU whose int8 products accumulate in int32 (to ask a backend its 8-bit defaults)
+_INT32_CPU = "avx2 avx512f avx512bw avx512_vnni"
+#: the pair sums of at most this many GEMM rows per layer are computed, evenly spread (the
+#: bound on which pairs can saturate at all sees every row)
+MAX_ROWS = 1024
+
+
+def mark(gm: fx.GraphModule, backend: Any, mode: str, user_mapping: bool) -> None:
+    """At prepare: let convert choose weight bits per layer if ``backend``'s defaults are in use
+    and they are 7-bit here only because of int16 pair sums (keeps the 8-bit weight range)."""
+    if user_mapping or mode != "static" or not pair_sums_saturate(backend.arithmetic):
+        return
+    with override_cpu_flags(_INT32_CPU):
+        mapping = backend.default_qconfig_mapping(mode)
+    qconfig = mapping.global_qconfig if mapping is not None else None
+    if qconfig is None or qconfig.weight is None:
+        return
+    observer = qconfig.weight()
+    if observer.dtype == torch.qint8:
+        gm.meta[WEIGHT_BITS] = (int(observer.quant_min), int(observer.quant_max))
+
+
+class _Inputs(fx.Interpreter):
+    """Runs an observed graph with its observers passed through (they must not learn from this
+    run), keeping the input of each ``wanted`` node."""
+
+    def __init__(self, gm: fx.GraphModule, wanted: set[fx.Node]):
+        super().__init__(gm)
+        self.wanted, self.inputs = wanted, {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op == "call_module" and OBSERVER in n.meta:
+            return self.env[n.args[0]] if isinstance(n.args[0], fx.Node) else n.args[0]
+        if n in self.wanted:
+            self.inputs[n] = self.env[n.args[0]]
+        return super().run_node(n)
+
+
+class WeightBits:
+    """The convert-time choice for one observed model (see the module docstring)."""
+
+    def __init__(self, gm: fx.GraphModule):
+        self.gm = gm
+        self.full: tuple[int, int] | None = gm.meta.get(WEIGHT_BITS)
+        self.choices: dict[str, str] = gm.meta.setdefault(WEIGHT_BITS_CHOICE, {}) if self.full else {}
+        self.inputs: dict[fx.Node, Any] = {}
+        example = gm.meta.get(EXAMPLE_INPUTS)
+        if self.full is None or example is None:
+            self.full = None
+            return
+        wanted = {n for n in gm.graph.nodes if n.meta.get(ROOT) and n.op == "call_module"
+                  and (tag := region_tag(n)) is not None and tag.quantized and n.args
+                  and isinstance(n.args[0], fx.Node)}
+        recorder = _Inputs(gm, wanted)
+        try:
+            with torch.no_grad():
+                recorder.run(*example)
+        except Exception:  # the example no longer fits the graph: the safe 7-bit weights stay
+            self.full = None
+            return
+        self.inputs = recorder.inputs
+
+    def weight_qparams(self, node: fx.Node, module: nn.Module, qconfig: Any, weight: torch.Tensor,
+                       safe: QParams) -> QParams:
+        """``safe`` (the qconfig's 7-bit weights), or 8-bit ones where no pair sum saturates."""
+        if self.full is None or node not in self.inputs or safe.dtype != torch.qint8:
+            return safe
+        if (safe.quant_min, safe.quant_max) == self.full:
+            return safe
+        layer = next((m for m in module.modules() if pair_sums.supported(m)), None)
+        codes = self._input_codes(node)
+        if layer is None or codes is None:
+            return safe
+        observer = qconfig.weight(quant_min=self.full[0], quant_max=self.full[1])
+        observer(weight.detach())
+        wide = observer.qparams()
+        loss = _Losses(layer, codes, weight)
+        sums, wide_error = loss.of(wide, saturating=True)
+        if not sums.saturated:
+            self.choices[node.name] = "8-bit weights: no int16 pair sum saturates on the example inputs"
+            return wide
+        _, safe_error = loss.of(safe, saturating=False)
+        keep = wide_error <= safe_error
+        self.choices[node.name] = (
+            f"{8 if keep else 7}-bit weights: {sums.saturated} int16 pair sum(s) of "
+            f"{loss.codes.shape[1]} rows saturate with 8-bit weights on the example inputs; output "
+            f"error {wide_error / safe_error if safe_error else float('inf'):.2f}x that of 7-bit weights")
+        return wide if keep else safe
+
+    def _input_codes(self, node: fx.Node) -> tuple[torch.Tensor, int] | None:
+        observed = observed_inputs(self.gm, node)
+        value = self.inputs.get(node)
+        if not observed or not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            return None
+        observer = observed[0].observer
+        if getattr(observer, "dtype", None) != torch.quint8:
+            return None
+        scale, zero_point = (t.flatten() for t in observer.calculate_qparams())
+        if scale.numel() != 1:
+            return None
+        codes = torch.clamp(torch.round(value.detach().float() / scale) + zero_point,
+                            observer.quant_min, observer.quant_max)
+        return codes, int(zero_point)
+
+
+
+class _Losses:
+    """One layer's output error on the example inputs under candidate weight qparams (squared,
+    summed; in units of activation codes times weights): rounding, plus what saturated int16
+    pair sums take away where ``saturating``."""
+
+    def __init__(self, layer: nn.Module, codes: tuple[torch.Tensor, int], weight: torch.Tensor):
+        self.layer, self.weight = layer, weight.detach()
+        self.codes, self.high, self.low = pair_sums.operands(layer, codes[0], codes[1], MAX_ROWS)
+        self.shifted = self.codes - codes[1]
+        self.exact = pair_sums.weight_operands(layer, self.weight)
+
+    def of(self, qparams: QParams, *, saturating: bool) -> tuple[pair_sums.PairSums | None, float]:
+        scale = qparams.scale.reshape(-1, *([1] * (self.weight.dim() - 1)))
+        integers = torch.clamp(torch.round(self.weight / scale), qparams.quant_min, qparams.quant_max)
+        w = pair_sums.weight_operands(self.layer, integers)
+        channel_scale = pair_sums.weight_operands(self.layer, scale.expand_as(self.weight))[..., 0]
+        error = torch.einsum("gmk,gnk->gmn", self.shifted, w * channel_scale[..., None] - self.exact)
+        sums = pair_sums.pair_sums(self.codes, w, self.high, self.low) if saturating else None
+        if sums is not None:
+            error = error - sums.shortfall.float() * channel_scale[:, None, :]
+        return sums, float((error.double() ** 2).sum())
+
+
+__all__ = ["MAX_ROWS", "WeightBits", "mark"]

@@ -1,0 +1,157 @@
+"""Issue 24: on x86 CPUs without VNNI, weight bits are chosen per layer from the layer's real
+operands: 8 bits where no u8 x s8 int16 pair sum saturates, 7 bits where 8 would lose more.
+
+Decisions are tested under overridden CPU flags (``override_cpu_flags``); the emulation of
+``vpmaddubsw`` they rest on is checked against a brute-force definition and against torch's own
+convolution (the K order), and the chosen model runs on the host's real kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.flows import weight_bits
+from qplug_core.flows.tags import WEIGHT_BITS_CHOICE
+from qplug_core.kernels import pair_sums
+from qplug_core.kernels.reference import Quantize, ReferenceWeighted
+from qplug_core.plugin_api import override_cpu_flags
+from tests.reliability.test_int16_pair_sums import AVX2, VNNI, vpmaddubsw_matmul
+
+
+class TwoLayers(nn.Module):
+    """``safe``: adjacent weights of opposite signs, so no pair of products can leave int16
+    whatever the codes; ``hot``: positive weights on large positive inputs (``safe``'s bias
+    keeps them in the top third of their grid), the worst case."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.safe, self.hot = nn.Linear(32, 16), nn.Linear(16, 8)
+        with torch.no_grad():
+            self.safe.weight.uniform_(0.5, 1.0)
+            self.safe.weight[:, 1::2] *= -1
+            self.safe.bias.fill_(4.0)
+            self.hot.weight.uniform_(0.5, 1.0)
+
+    def forward(self, x):
+        return self.hot(torch.relu(self.safe(x)))
+
+
+def inputs(seed: int) -> tuple[torch.Tensor]:
+    return (torch.rand(8, 32, generator=torch.Generator().manual_seed(seed)),)
+
+
+def converted(backend: str, flags: str, mapping=None):
+    with override_cpu_flags(flags):
+        observed = qp.prepare_fx(TwoLayers().eval(), mapping, inputs(0), backend=backend)
+        qp.calibrate(observed, [inputs(s) for s in range(3)])
+        return qp.convert_to_reference_fx(observed)
+
+
+def weight_ranges(reference) -> dict[str, tuple[int, int]]:
+    return {name.split(".")[0]: (m.weight_qparams.quant_min, m.weight_qparams.quant_max)
+            for name, m in reference.named_modules() if isinstance(m, ReferenceWeighted)}
+
+
+def saturated(reference) -> dict[str, int]:
+    """Saturated pair sums of each layer on held-out inputs, by the brute-force definition."""
+    codes: list[torch.Tensor] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: codes.append(out))
+             for m in reference.modules() if isinstance(m, Quantize)]
+    with torch.no_grad():
+        reference(*inputs(5))
+    for hook in hooks:
+        hook.remove()
+    layers = {n.split(".")[0]: m for n, m in reference.named_modules() if isinstance(m, ReferenceWeighted)}
+    weights = {n: torch.round(m.weight / m.weight_qparams.scale[:, None]).long() for n, m in layers.items()}
+    return {name: vpmaddubsw_matmul(a, w)[1] for a, (name, w) in zip(codes, weights.items())}
+
+
+EIGHT_BIT = {"fbgemm": (-128, 127), "onnxruntime": (-127, 127)}
+
+
+@pytest.fixture(params=["fbgemm", "onnxruntime"])
+def backend(request, qplug_only):
+    qplug_only(f"qplug-{request.param}")
+    return request.param
+
+
+def test_per_layer_without_vnni(backend):
+    reference = converted(backend, AVX2)
+    assert weight_ranges(reference) == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}
+    choices = reference.meta[WEIGHT_BITS_CHOICE]
+    assert choices["safe"] == "8-bit weights: no int16 pair sum saturates on the example inputs"
+    assert choices["hot"].startswith("7-bit weights: ") and "saturate with 8-bit weights" in choices["hot"]
+    assert saturated(reference) == {"safe": 0, "hot": 0}
+
+
+def test_the_rule_removed_saturates(backend, monkeypatch):
+    """8-bit weights everywhere (the per-layer rule removed): the hot layer's pair sums leave
+    int16 on a CPU without VNNI (the emulation above), so the rule is what keeps it right."""
+    monkeypatch.setattr(weight_bits._Losses, "of", lambda self, qparams, saturating: (
+        pair_sums.PairSums(0, torch.zeros(1)), 0.0))
+    reference = converted(backend, AVX2)
+    assert weight_ranges(reference)["hot"] == EIGHT_BIT[backend]
+    assert saturated(reference)["hot"] > 0
+
+
+def test_with_vnni_and_with_a_users_mapping_nothing_is_chosen(backend):
+    reference = converted(backend, VNNI)
+    assert weight_ranges(reference) == dict.fromkeys(("safe", "hot"), EIGHT_BIT[backend])
+    assert WEIGHT_BITS_CHOICE not in reference.meta
+    with override_cpu_flags(AVX2):
+        mapping = qp.get_default_qconfig_mapping(backend)  # the user's now: kept as given
+    reference = converted(backend, AVX2, mapping)
+    assert weight_ranges(reference) == dict.fromkeys(("safe", "hot"), (-64, 64))
+
+
+def test_the_choice_runs_on_the_host_kernels(backend):
+    """Whatever this CPU is, its kernels compute what the reference form says."""
+    with override_cpu_flags(AVX2):
+        observed = qp.prepare_fx(TwoLayers().eval(), None, inputs(0), backend=backend)
+        qp.calibrate(observed, [inputs(s) for s in range(3)])
+        lowered = qp.convert_fx(observed)
+    reference = qp.convert_to_reference_fx(observed)
+    assert not qp.quantization_report(lowered).reference
+    with torch.no_grad():
+        expected, got = reference(*inputs(5)), lowered(*inputs(5))
+    step = float(expected.max() - expected.min()) / 255
+    assert float((got - expected).abs().max()) <= 1.01 * step
+
+
+@pytest.mark.parametrize("conv", [nn.Conv2d(6, 4, 3, padding=1, stride=2), nn.Conv2d(6, 6, 3, padding=1, groups=6),
+                                  nn.Conv2d(6, 4, 1, groups=2), nn.Linear(9, 5)], ids=str)
+def test_emulated_pair_sums_follow_the_kernels_k_order(conv):
+    """The operands reproduce torch's integer convolution, and their pair sums the brute-force
+    ``vpmaddubsw`` definition (count and what saturation takes from each output)."""
+    gen = torch.Generator().manual_seed(0)
+    zero_point = 3
+    shape = (2, 6, 7, 7) if isinstance(conv, nn.Conv2d) else (4, 9)
+    x = torch.randint(100, 256, shape, generator=gen).float()
+    w = torch.randint(-20, 128, conv.weight.shape, generator=gen).float()  # mostly positive
+    (a, high, low), wk = pair_sums.operands(conv, x, zero_point), pair_sums.weight_operands(conv, w)
+    if isinstance(conv, nn.Conv2d):
+        expected = nn.functional.conv2d(x - zero_point, w, None, conv.stride, conv.padding, groups=conv.groups)
+        got = torch.einsum("gmk,gnk->gmn", a - zero_point, wk)
+        groups, _, per_group = got.shape
+        got = got.permute(1, 0, 2).reshape(2, -1, groups * per_group).permute(0, 2, 1).reshape(expected.shape)
+        assert torch.equal(got, expected)
+    assert (high >= a.amax(1)).all() and (low <= a.amin(1)).all()  # the ranges bound every column
+    sums = pair_sums.pair_sums(a, wk, high, low)
+    brute = [vpmaddubsw_matmul(a[g], wk[g]) for g in range(a.shape[0])]
+    assert sums.saturated == sum(count for _, count in brute) > 0
+    exact = torch.einsum("gmk,gnk->gmn", a.long(), wk.long())
+    assert torch.equal(exact - torch.stack([out for out, _ in brute]), sums.shortfall)
+
+
+def test_sampled_rows_keep_every_rows_column_ranges():
+    conv = nn.Conv2d(4, 4, 3, padding=1)
+    x = torch.randint(0, 256, (2, 4, 9, 9), generator=torch.Generator().manual_seed(1)).float()
+    full, high, low = pair_sums.operands(conv, x, 7)
+    sample, sampled_high, sampled_low = pair_sums.operands(conv, x, 7, max_rows=10)
+    assert sample.shape[1] == 10 and torch.equal(sampled_high, high) and torch.equal(sampled_low, low)
+    rows = torch.linspace(0, full.shape[1] - 1, 10).long()
+    assert torch.equal(sample, full[:, rows])

@@ -1,7 +1,9 @@
 """Turn functional linear/conv calls on constant weights into modules before fusion.
 
 ``F.linear(x, self.w, self.b)`` and ``F.conv2d(x, self.w, ...)`` then match, fuse, quantize and lower
-exactly like ``nn.Linear`` / ``nn.Conv2d``, so backends need one kernel per op, not two.
+exactly like ``nn.Linear`` / ``nn.Conv2d``, so backends need one kernel per op, not two. A weight
+may be a parameter, a buffer or a plain tensor attribute (``self.w = torch.ones(5, 5)``), as in
+torch.ao; a tensor that is not a parameter becomes a frozen copy (``requires_grad=False``).
 """
 
 from __future__ import annotations
@@ -16,19 +18,19 @@ _CONV = {F.conv1d: nn.Conv1d, F.conv2d: nn.Conv2d, F.conv3d: nn.Conv3d}
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
 
-def _attr(gm: fx.GraphModule, node) -> torch.Tensor | None:
-    if isinstance(node, fx.Node) and node.op == "get_attr":
-        value = gm.get_parameter(node.target) if _is_param(gm, node.target) else None
+def _attr(gm: fx.GraphModule, node) -> nn.Parameter | None:
+    """The float tensor a ``get_attr`` node reads, as the parameter a module would hold."""
+    if not (isinstance(node, fx.Node) and node.op == "get_attr"):
+        return None
+    owner, _, name = node.target.rpartition(".")
+    value = getattr(gm.get_submodule(owner) if owner else gm, name, None)
+    if isinstance(value, nn.Parameter):
         return value
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        # a constant: its own copy, so that fusing or folding it never writes through to the
+        # tensor the graph (or the user's model) holds
+        return nn.Parameter(value.detach().clone(), requires_grad=False)
     return None
-
-
-def _is_param(gm: fx.GraphModule, target: str) -> bool:
-    try:
-        gm.get_parameter(target)
-        return True
-    except AttributeError:
-        return False
 
 
 def _bound_args(node: fx.Node, names: tuple[str, ...]) -> dict:
@@ -52,10 +54,11 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
         module = _module_for(node.target, weight, bias, args)
         if module is None:
             continue
-        # in the mode of the module holding the weight (a fresh module starts in training mode)
+        # beside the weight, in the mode of the module holding it (a fresh module starts in
+        # training mode): a module-name qconfig for that module then reaches the new one too
         owner = args["weight"].target.rpartition(".")[0]
         module.train(gm.get_submodule(owner).training if owner else gm.training)
-        name = f"{node.name}_module"
+        name = f"{owner}.{node.name}_module" if owner else f"{node.name}_module"
         gm.add_submodule(name, module)
         with gm.graph.inserting_before(node):
             new = gm.graph.call_module(name, args=(args["input"],))
@@ -69,7 +72,7 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
     return PassResult(gm, replaced > 0)
 
 
-def _module_for(target, weight: torch.Tensor, bias: torch.Tensor | None, args: dict) -> nn.Module | None:
+def _module_for(target, weight: nn.Parameter, bias: nn.Parameter | None, args: dict) -> nn.Module | None:
     if target is F.linear:
         module = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     else:

@@ -77,18 +77,24 @@ class ConvBnReluAllDims(nn.Module):
         return x
 
 
+TRAIN_MODE_FUSED = [call_module(nni.ConvBn1d), call_module(nni.ConvBn2d), call_module(nni.ConvBn3d),
+                    call_module(nni.ConvBnReLU1d), call_module(nni.ConvBnReLU2d),
+                    call_module(nni.ConvBnReLU3d)]
+
+
 def test_fuse_conv_bn_relu():
-    # train mode: upstream calls prepare_qat_fx(m, {}, example_inputs=(torch.randn(1, 1, 1, 1),)),
-    # which fuses with is_qat=True and, with no qconfig, swaps nothing. qplug's prepare runs the
-    # model on example_inputs and this model cannot run on any input (conv1d then conv2d on the
-    # same tensor), so the port calls that fusion step directly (docs/migrating.md).
+    # train mode: prepare_qat_fx with an empty mapping fuses with is_qat=True and swaps nothing.
+    # This model cannot run on any input (conv1d, then conv2d on the same tensor); prepare does
+    # not run it because the mapping places no observer (issue 27: it raised InputMismatchError)
     m = ConvBnReluAllDims().train()
-    m = qp.fuse_fx(m, backend="fbgemm", is_qat=True)
-    check_graph_module_nodes(
-        m, expected_node_list=[call_module(nni.ConvBn1d), call_module(nni.ConvBn2d),
-                               call_module(nni.ConvBn3d), call_module(nni.ConvBnReLU1d),
-                               call_module(nni.ConvBnReLU2d), call_module(nni.ConvBnReLU3d)],
-        expected_node_occurrence={call_module(nn.ReLU): 0})
+    m = qp.prepare_qat_fx(m, qp.QConfigMapping(), (torch.randn(1, 1, 1, 1),), backend="fbgemm")
+    check_graph_module_nodes(m, expected_node_list=TRAIN_MODE_FUSED,
+                             expected_node_occurrence={call_module(nn.ReLU): 0})
+    assert m.training  # prepare_qat_fx returns the model in training mode
+    # the same fusion step on its own
+    m = qp.fuse_fx(ConvBnReluAllDims().train(), backend="fbgemm", is_qat=True)
+    check_graph_module_nodes(m, expected_node_list=TRAIN_MODE_FUSED,
+                             expected_node_occurrence={call_module(nn.ReLU): 0})
     # eval mode: fuse_fx folds BN
     m = qp.fuse_fx(ConvBnReluAllDims().eval(), backend="fbgemm")
     check_graph_module_nodes(

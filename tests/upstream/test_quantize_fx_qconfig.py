@@ -1,0 +1,315 @@
+"""Port of PyTorch's ``TestQuantizeFx`` qconfig cases (``test/quantization/fx/test_quantize_fx.py``):
+which ops a QConfigMapping quantizes (``test_qconfig_*``), QAT qconfigs per module type, float16
+qconfigs (``test_mul_add_fp16_config``, ``test_dynamic_quant_fp16``) and functional linears on
+constant (non-parameter) weights (``test_qconfig_for_call_func``, ``test_qparams_buffers``,
+``test_packed_weight_fused_op``).
+
+Translation as in ``test_quantize_fx_slice.py``: a ``qconfig_dict`` -> ``qp.QConfigMapping``;
+``nnq.Conv2d`` / ``nnq.Linear`` / ``torch.ops.quantized.linear`` in a converted graph -> the
+report's kernel for that layer; ``default_qconfig`` / ``default_qat_qconfig`` /
+``float16_dynamic_qconfig`` -> qconfigs of the same observers (below). Where qplug differs on
+purpose (docs/migrating.md, "Found by porting PyTorch's tests"), the case asserts qplug's behaviour
+and its message.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.config.defaults import float16_dynamic_qconfig
+from qplug_core.errors import ModelStateError, NothingQuantizedError
+from qplug_core.kernels.dynamic import DynamicLinear
+from qplug_core.observers import (
+    FakeQuantize,
+    MovingAverageMinMaxObserver,
+    default_observer,
+    default_weight_observer,
+)
+
+pytestmark = pytest.mark.usefixtures("plugin_autoload", "one_thread")
+
+
+def default_qconfig() -> qp.QConfig:
+    """torch.ao's ``default_qconfig``."""
+    return qp.QConfig(activation=default_observer, weight=default_weight_observer)
+
+
+def default_qat_qconfig() -> qp.QConfig:
+    """torch.ao's ``default_qat_qconfig`` (``default_fake_quant``, ``default_weight_fake_quant``)."""
+    return qp.QConfig(
+        activation=FakeQuantize.with_args(observer=MovingAverageMinMaxObserver, quant_min=0,
+                                          quant_max=255, dtype=torch.quint8,
+                                          qscheme=torch.per_tensor_affine, reduce_range=True),
+        weight=FakeQuantize.with_args(observer=MovingAverageMinMaxObserver, quant_min=-128,
+                                      quant_max=127, dtype=torch.qint8,
+                                      qscheme=torch.per_tensor_symmetric, reduce_range=False))
+
+
+def _quantize(model, mapping, example_inputs, **prepare_options):
+    prepared = qp.prepare_fx(model.eval(), mapping, example_inputs, backend="fbgemm",
+                             **prepare_options)
+    prepared(*example_inputs)
+    quantized = qp.convert_fx(prepared)
+    quantized(*example_inputs)
+    return quantized
+
+
+class TwoConvs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 1, 1)
+        self.conv2 = nn.Conv2d(1, 1, 1)
+
+    def forward(self, x):
+        return self.conv2(self.conv1(x))
+
+
+def test_qconfig_none():
+    mapping = qp.QConfigMapping().set_global(default_qconfig()).set_module_name("conv2", None)
+    quantized = _quantize(TwoConvs(), mapping, (torch.randn(1, 1, 1, 1),))
+    # first conv is quantized, second conv is not quantized
+    report = qp.quantization_report(quantized)
+    assert report.kernels == {"conv1": "quantized::conv2d"}
+    assert type(quantized.conv2) is nn.Conv2d
+    assert [s.reason for s in report.skipped if s.node == "conv2"] == [
+        "qconfig is None for this op (not requested)"]
+
+
+def test_qconfig_module_type():
+    """Upstream's conv + linear model: only ``nn.Conv2d`` has a qconfig."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(1, 1, 1)
+            self.linear = nn.Linear(9, 3)
+
+        def forward(self, x):
+            x = self.conv(x)
+            x = x.reshape((1, -1))
+            return self.linear(x)
+
+    mapping = qp.QConfigMapping().set_object_type(nn.Conv2d, default_qconfig())
+    quantized = _quantize(M(), mapping, (torch.randn(1, 1, 3, 3),))
+    # quantize -> quantized conv -> dequantize -> float linear
+    assert qp.quantization_report(quantized).kernels == {"conv": "quantized::conv2d"}
+    assert type(quantized.linear) is nn.Linear
+    order = [n.target for n in quantized.graph.nodes if n.op == "call_module"]
+    assert order.index("conv") < order.index("linear")
+    assert any(target.startswith("conv_dequantize") for target in order)
+
+
+class LinearRelu(nn.Sequential):
+    def __init__(self) -> None:
+        super().__init__(nn.Linear(5, 5), nn.ReLU())
+
+
+class LinReluLin(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin_relu = LinearRelu()
+        self.linear = nn.Linear(5, 5)
+
+    def forward(self, x):
+        return self.linear(self.lin_relu(x))
+
+
+def test_qconfig_qat_module_type():
+    """A QAT qconfig per module type; upstream converts the model while it is still training."""
+    mapping = (qp.QConfigMapping().set_global(None)
+               .set_object_type(nn.Linear, default_qat_qconfig())
+               .set_object_type(nn.ReLU, default_qat_qconfig()))
+    example_inputs = (torch.rand(5, 5),)
+    prepared = qp.prepare_qat_fx(LinReluLin().train(), mapping, example_inputs, backend="fbgemm")
+    prepared(*example_inputs)
+    import qplug_core.nn.qat as nnqat
+    assert isinstance(prepared.get_submodule("lin_relu.0"), nnqat.LinearReLU)
+    assert type(prepared.linear) is nnqat.Linear
+    # qplug refuses to convert a QAT model in training mode, and says what to do
+    with pytest.raises(ModelStateError, match=r"still in training mode; call model\.eval\(\)"):
+        qp.convert_fx(prepared)
+    quantized = qp.convert_fx(prepared.eval())
+    quantized(*example_inputs)
+    # upstream: quantize_per_tensor -> nniq.LinearReLU -> nnq.Linear -> dequantize
+    report = qp.quantization_report(quantized)
+    assert report.kernels == {"lin_relu.0": "quantized::linear", "linear": "quantized::linear"}
+    assert [f.fused_type for f in report.fusions] == ["LinearReLU"]
+    assert report.mode == "qat"
+
+
+def test_qconfig_function():
+    class M(nn.Module):
+        def forward(self, x, y):
+            return x + y
+
+    data = torch.randn(1, 1, 1, 1)
+    mapping = qp.QConfigMapping().set_object_type(operator.add, default_qconfig())
+    # an add between two float inputs is an isolated op qplug keeps float by default
+    # (docs/migrating.md); keep_isolated_ops_float=False quantizes it as torch.ao does
+    with pytest.raises(NothingQuantizedError, match="no int8 value reaches it"):
+        _quantize(M(), mapping, (data, data))
+    quantized = _quantize(M(), mapping, (data, data), keep_isolated_ops_float=False)
+    assert qp.quantization_report(quantized).kernels == {"add": "quantized::add"}
+
+
+def test_qconfig_module_name_regex():
+    mapping = qp.QConfigMapping().set_module_name_regex("conv*", default_qconfig())
+    quantized = _quantize(TwoConvs(), mapping, (torch.randn(1, 1, 1, 1),))
+    assert qp.quantization_report(quantized).kernels == {"conv1": "quantized::conv2d",
+                                                         "conv2": "quantized::conv2d"}
+    # both convs in one int8 chain: one quantize at the input, one dequantize at the output
+    calls = [n.target for n in quantized.graph.nodes if n.op == "call_module"]
+    assert sum("quantize" in t and "dequantize" not in t for t in calls) == 1
+    assert sum("dequantize" in t for t in calls) == 1
+
+
+@pytest.mark.parametrize("relu", [nn.ReLU(), F.relu, torch.relu], ids=["module", "functional", "torch"])
+@pytest.mark.parametrize("model", ["linear", "conv", "conv_bn"])
+def test_qconfig_dict_with_fused_modules(model, relu):
+    """Upstream: preparing these with the default mapping must not crash (pytorch#75825)."""
+    layers = {"linear": lambda: [nn.Linear(3, 3)], "conv": lambda: [nn.Conv1d(3, 3, 3)],
+              "conv_bn": lambda: [nn.Conv1d(3, 3, 3), nn.BatchNorm1d(3)]}[model]()
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(*layers)
+            self.relu = relu
+
+        def forward(self, x):
+            return self.relu(self.layers(x))
+
+    example_inputs = (torch.randn(1, 3, 3, 3) if model == "linear" else torch.randn(1, 3, 3),)
+    prepared = qp.prepare_fx(M().eval(), qp.get_default_qconfig_mapping("fbgemm"), example_inputs,
+                             backend="fbgemm")
+    prepared(*example_inputs)
+    quantized = qp.convert_fx(prepared)
+    # conv + torch.relu is not a fusion pattern (nor upstream's: "TODO: add fusion for torch.relu");
+    # linear + torch.relu is one of qplug's
+    fused = {"linear": ["LinearReLU"], "conv": [] if relu is torch.relu else ["ConvReLU1d"],
+             "conv_bn": ["Conv1d" if relu is torch.relu else "ConvReLU1d"]}[model]
+    assert [f.fused_type for f in qp.quantization_report(quantized).fusions] == fused
+
+
+class ConstLinear(nn.Module):
+    """Upstream's functional linear on plain tensor attributes (not parameters, not buffers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.ones(5, 5)
+        self.b = torch.zeros(5)
+
+    def forward(self, x):
+        return F.linear(x, self.w, self.b)
+
+
+class ThreeConstLinears(nn.Module):
+    def __init__(self, scale_first: bool = False, relu: bool = False) -> None:
+        super().__init__()
+        self.mods1 = nn.Sequential(ConstLinear(), ConstLinear())
+        self.mods2 = ConstLinear()
+        self.scale_first, self.relu = scale_first, relu
+
+    def forward(self, x):
+        if self.scale_first:
+            x = x * 5
+            x = x + 5
+        x = self.mods2(self.mods1(x))
+        return F.relu(x) if self.relu else x
+
+
+def test_qconfig_for_call_func():
+    """Functional linears on constant weights are weighted ops; ``mods2`` is configured float."""
+    mapping = qp.QConfigMapping().set_global(default_qconfig()).set_module_name("mods2", None)
+    example_inputs = (torch.rand(5, 5),)
+    model = ThreeConstLinears().eval()
+    quantized = _quantize(model, mapping, example_inputs)
+    report = qp.quantization_report(quantized)
+    # upstream: quantize -> quantized.linear -> quantized.linear -> dequantize -> F.linear
+    assert list(report.kernels.values()) == ["quantized::linear", "quantized::linear"]
+    assert [(s.node, s.reason) for s in report.skipped] == [
+        ("mods2.linear_2_module", "qconfig is None for this op (not requested)")]
+    x = torch.rand(5, 5)
+    assert qp.sqnr(model(x), quantized(x)) > 30
+    assert torch.equal(model.mods1[0].w, torch.ones(5, 5))  # the float model is not modified
+
+
+@pytest.mark.parametrize("relu", [False, True], ids=["linear", "linear_relu"])
+def test_qparams_buffers_and_packed_weight_fused_op(relu):
+    """``test_qparams_buffers`` / ``test_packed_weight_fused_op``: every constant-weight linear is
+    lowered (upstream: a ``*_packed_weight_0`` attribute each); a trailing F.relu fuses."""
+    example_inputs = (torch.rand(5, 5),)
+    model = ThreeConstLinears(relu=relu).eval()
+    quantized = _quantize(model, qp.QConfigMapping().set_global(default_qconfig()), example_inputs)
+    report = qp.quantization_report(quantized)
+    assert list(report.kernels.values()) == ["quantized::linear"] * 3
+    assert [f.fused_type for f in report.fusions] == (["LinearReLU"] if relu else [])
+    x = torch.rand(5, 5)
+    assert qp.sqnr(model(x), quantized(x)) > 30
+
+
+def test_mul_add_fp16_config():
+    """A global float16 dynamic qconfig: the linears get float16 weights; mul/add stay float."""
+    example_inputs = (torch.rand(5, 5),)
+    model = ThreeConstLinears(scale_first=True).eval()
+    mapping = qp.QConfigMapping().set_global(float16_dynamic_qconfig())
+    with pytest.warns(UserWarning, match="operator.mul at node 'mul' stays float"):
+        prepared = qp.prepare_fx(model, mapping, example_inputs, backend="fbgemm")
+    quantized = qp.convert_fx(prepared)
+    x = torch.rand(5, 5)
+    torch.testing.assert_close(quantized(x), model(x))  # ones and zeros are exact in float16
+    report = qp.quantization_report(quantized)
+    assert len(report.kernels) == 3 and report.mode == "dynamic"
+    linears = [m for m in quantized.modules() if isinstance(m, DynamicLinear)]
+    assert len(linears) == 3 and all(m.dtype == torch.float16 for m in linears)
+    assert {s.op for s in report.skipped} == {"mul", "add"}
+
+
+class FuncLinear(nn.Module):
+    def __init__(self, use_bias: bool) -> None:
+        super().__init__()
+        self.w = torch.randn(4, 30)
+        self.b = torch.randn(4)
+        self.use_bias = use_bias
+
+    def forward(self, x):
+        return F.linear(x, self.w, self.b) if self.use_bias else F.linear(x, self.w)
+
+
+class LinearModule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(30, 4)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("make", [lambda: FuncLinear(True), lambda: FuncLinear(False), LinearModule],
+                         ids=["functional_bias", "functional", "module"])
+def test_dynamic_quant_fp16(make):
+    """``test_dynamic_quant_fp16`` / ``test_linear_dynamic_fp16``: float16 weights, float in/out;
+    the reference form keeps the weight rounded to float16, the lowered form packs it."""
+    model = make().eval()
+    example_inputs = (torch.rand(1, 30),)
+    mapping = qp.QConfigMapping().set_global(float16_dynamic_qconfig())
+    prepared = qp.prepare_fx(model, mapping, example_inputs, backend="fbgemm")
+    lowered = qp.convert_fx(prepared)
+    linears = [m for m in lowered.modules() if isinstance(m, DynamicLinear)]
+    assert len(linears) == 1 and linears[0].dtype == torch.float16
+    reference = qp.convert_to_reference_fx(prepared)
+    x = torch.rand(8, 30)
+    weight = next(m for m in reference.modules() if hasattr(m, "weight")).weight
+    expected = F.linear(x, model.linear.weight if isinstance(model, LinearModule) else model.w,
+                        None)
+    torch.testing.assert_close(weight, (model.linear.weight if isinstance(model, LinearModule)
+                                        else model.w).half().float())
+    for out in (reference(x), lowered(x)):
+        bias = (model.linear.bias if isinstance(model, LinearModule)
+                else model.b if model.use_bias else 0)
+        torch.testing.assert_close(out, expected + bias, atol=2e-2, rtol=1e-2)

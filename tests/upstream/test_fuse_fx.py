@@ -23,9 +23,11 @@ from upstream_testkit import (
     LinearReluLinearModel,
     LinearReluModel,
     LinearTanhModel,
+    LinReluLin,
     ModelForConvTransposeBNFusion,
     call_module,
     check_graph_module_nodes,
+    default_qconfig,
 )
 
 import qplug_core as qp
@@ -37,12 +39,6 @@ pytestmark = pytest.mark.usefixtures("plugin_autoload")
 
 ONEDNN_REASON = ("no qplug equivalent by design: qplug has no onednn backend config "
                  "(LinearLeakyReLU / LinearTanh / ConvAdd fusions are onednn-only upstream)")
-
-
-def default_qconfig() -> qp.QConfig:
-    """torch.ao's ``default_qconfig``."""
-    return qp.QConfig(activation=qp.observers.default_observer,
-                      weight=qp.observers.default_weight_observer)
 
 
 def _backend(config: BackendConfig) -> Backend:
@@ -220,23 +216,10 @@ def test_qconfig_fused_module(model, kernels):
 
 
 def test_problematic_fuse_example():
-    class LinearRelu(nn.Sequential):
-        def __init__(self) -> None:
-            super().__init__(nn.Linear(5, 5), nn.ReLU())
-
-    class M(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin_relu = LinearRelu()
-            self.linear = nn.Linear(5, 5)
-
-        def forward(self, x):
-            return self.linear(self.lin_relu(x))
-
     fbgemm = qp.get_default_qconfig_mapping("fbgemm").qconfig_for_module("x", nn.Linear)
     qconfig_mapping = (qp.QConfigMapping().set_global(None)
                        .set_object_type(nn.Linear, fbgemm).set_object_type(nn.ReLU, fbgemm))
-    m = qp.prepare_fx(M().eval(), qconfig_mapping, (torch.randn(1, 5),), backend="fbgemm")
+    m = qp.prepare_fx(LinReluLin().eval(), qconfig_mapping, (torch.randn(1, 5),), backend="fbgemm")
     check_graph_module_nodes(m, expected_node=call_module(nni.LinearReLU))
 
 

@@ -21,36 +21,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from upstream_testkit import LinReluLin, default_qat_qconfig, default_qconfig
 
 import qplug_core as qp
 from qplug_core.config.defaults import float16_dynamic_qconfig
 from qplug_core.errors import ModelStateError, NothingQuantizedError
 from qplug_core.kernels.dynamic import DynamicLinear
-from qplug_core.observers import (
-    FakeQuantize,
-    MovingAverageMinMaxObserver,
-    PlaceholderObserver,
-    default_observer,
-    default_weight_observer,
-)
+from qplug_core.observers import PlaceholderObserver
 
 pytestmark = pytest.mark.usefixtures("plugin_autoload", "one_thread")
-
-
-def default_qconfig() -> qp.QConfig:
-    """torch.ao's ``default_qconfig``."""
-    return qp.QConfig(activation=default_observer, weight=default_weight_observer)
-
-
-def default_qat_qconfig() -> qp.QConfig:
-    """torch.ao's ``default_qat_qconfig`` (``default_fake_quant``, ``default_weight_fake_quant``)."""
-    return qp.QConfig(
-        activation=FakeQuantize.with_args(observer=MovingAverageMinMaxObserver, quant_min=0,
-                                          quant_max=255, dtype=torch.quint8,
-                                          qscheme=torch.per_tensor_affine, reduce_range=True),
-        weight=FakeQuantize.with_args(observer=MovingAverageMinMaxObserver, quant_min=-128,
-                                      quant_max=127, dtype=torch.qint8,
-                                      qscheme=torch.per_tensor_symmetric, reduce_range=False))
 
 
 def _quantize(model, mapping, example_inputs, **prepare_options):
@@ -104,21 +83,6 @@ def test_qconfig_module_type():
     order = [n.target for n in quantized.graph.nodes if n.op == "call_module"]
     assert order.index("conv") < order.index("linear")
     assert any(target.startswith("conv_dequantize") for target in order)
-
-
-class LinearRelu(nn.Sequential):
-    def __init__(self) -> None:
-        super().__init__(nn.Linear(5, 5), nn.ReLU())
-
-
-class LinReluLin(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin_relu = LinearRelu()
-        self.linear = nn.Linear(5, 5)
-
-    def forward(self, x):
-        return self.linear(self.lin_relu(x))
 
 
 def test_qconfig_qat_module_type():

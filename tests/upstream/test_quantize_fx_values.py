@@ -21,26 +21,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from upstream_testkit import call_module, check_graph_module_nodes
+from upstream_testkit import call_module, check_graph_module_nodes, default_qconfig
 
 import qplug_core as qp
 import qplug_core.nn.intrinsic as nni
 from qplug_core.errors import InputMismatchError, ModelStateError, NothingQuantizedError
 from qplug_core.flows.tags import OBSERVER, VALUE_KIND
 from qplug_core.kernels.reference import ReferenceWeighted
-from qplug_core.observers import (
-    HistogramObserver,
-    PerChannelMinMaxObserver,
-    default_observer,
-    default_weight_observer,
-)
+from qplug_core.observers import HistogramObserver, PerChannelMinMaxObserver
 
 pytestmark = pytest.mark.usefixtures("plugin_autoload", "one_thread")
-
-
-def default_qconfig() -> qp.QConfig:
-    """torch.ao's ``default_qconfig``."""
-    return qp.QConfig(activation=default_observer, weight=default_weight_observer)
 
 
 def _mapping() -> qp.QConfigMapping:
@@ -196,7 +186,7 @@ def test_nontensor_args_not_observed(case):
     sits on a value that is not a float tensor, and the prepared model runs."""
     func, lin_in, (y, z) = NONTENSOR_CASES[case]
     model = NonReferenceTestModel(func, lin_in, 1).eval()
-    args = (torch.randn(2, 3, 32, 32), y, z)  # upstream: a batch of 5
+    args = (torch.randn(5, 3, 32, 32), y, z)  # the batch of 5 is part of the shapes
     prepared = qp.prepare_fx(model, qp.get_default_qconfig_mapping("fbgemm"), args, backend="fbgemm")
     observed = [n for n in prepared.graph.nodes if OBSERVER in n.meta]
     assert observed

@@ -444,3 +444,56 @@ def test_return_none():
     with pytest.raises(NothingQuantizedError, match="no ops found"):
         qp.convert_fx(prepared)
     assert qp.convert_fx(prepared, allow_float=True)(torch.randn(1)) is None
+
+
+class FuncConv(nn.Module):
+    """Upstream's ``test_functional_conv`` model: weights and bias are plain tensor attributes."""
+
+    def __init__(self, dim: int, use_bias: bool, relu) -> None:
+        super().__init__()
+        self.conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[dim]
+        self.w = torch.randn((3,) * (dim + 2))
+        self.b = torch.randn(3) if use_bias else None
+        self.stride, self.padding, self.dilation = (1,) * dim, (0,) * dim, (1,) * dim
+        self.relu = relu if relu is not None else nn.Identity()
+
+    def forward(self, x):
+        x = self.conv(x, self.w, self.b, self.stride, self.padding, self.dilation, 1)
+        return self.relu(x)
+
+
+@pytest.mark.parametrize("relu", [None, F.relu, nn.ReLU()], ids=["none", "functional", "module"])
+@pytest.mark.parametrize("use_bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("dim", [1, 2, 3])
+def test_functional_conv(dim, use_bias, relu):
+    """``test_functional_conv`` (static): a functional conv on constant weights is lowered like
+    ``nn.Conv*d``, fused with a following relu."""
+    model = FuncConv(dim, use_bias, relu).eval()
+    data = (torch.randn(2, 3, *([4] * dim)),)
+    quantized = _quantize(model, qp.get_default_qconfig_mapping("fbgemm"), data)
+    report = qp.quantization_report(quantized)
+    assert list(report.kernels.values()) == [f"quantized::conv{dim}d"]
+    assert [f.fused_type for f in report.fusions] == ([] if relu is None else [f"ConvReLU{dim}d"])
+    assert qp.sqnr(model(*data), quantized(*data)) > 20
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+@pytest.mark.parametrize("relu", [None, F.relu, nn.ReLU()], ids=["none", "functional", "module"])
+@pytest.mark.parametrize("use_bias", [True, False], ids=["bias", "no_bias"])
+def test_functional_linear(use_bias, relu, mode):
+    """``test_functional_linear``: ``F.linear`` on plain tensor weights, static and dynamic."""
+    class M(FuncLinear):
+        def __init__(self) -> None:
+            super().__init__(use_bias)
+            self.relu_or_id = relu if relu is not None else nn.Identity()
+
+        def forward(self, x):
+            return self.relu_or_id(super().forward(x))
+
+    model = M().eval()
+    data = (torch.rand(8, 30),)  # upstream calibrates on one row; 8 give ranges worth comparing
+    quantized = _quantize(model, qp.get_default_qconfig_mapping("fbgemm", mode), data)
+    report = qp.quantization_report(quantized)
+    assert list(report.kernels.values()) == ["quantized::linear"] and report.mode == mode
+    assert [f.fused_type for f in report.fusions] == ([] if relu is None else ["LinearReLU"])
+    assert qp.sqnr(model(*data), quantized(*data)) > 20

@@ -22,8 +22,7 @@ def _attr(gm: fx.GraphModule, node) -> nn.Parameter | None:
     """The float tensor a ``get_attr`` node reads, as the parameter a module would hold."""
     if not (isinstance(node, fx.Node) and node.op == "get_attr"):
         return None
-    owner, _, name = node.target.rpartition(".")
-    value = getattr(gm.get_submodule(owner) if owner else gm, name, None)
+    value = _read(gm, node.target)
     if isinstance(value, nn.Parameter):
         return value
     if isinstance(value, torch.Tensor) and value.is_floating_point():
@@ -31,6 +30,11 @@ def _attr(gm: fx.GraphModule, node) -> nn.Parameter | None:
         # tensor the graph (or the user's model) holds
         return nn.Parameter(value.detach().clone(), requires_grad=False)
     return None
+
+
+def _read(gm: fx.GraphModule, target: str):
+    owner, _, name = target.rpartition(".")
+    return getattr(gm.get_submodule(owner) if owner else gm, name, None)
 
 
 def _bound_args(node: fx.Node, names: tuple[str, ...]) -> dict:
@@ -41,7 +45,7 @@ def _bound_args(node: fx.Node, names: tuple[str, ...]) -> dict:
 
 def normalize_functionals(gm: fx.GraphModule) -> PassResult:
     """Replace eligible functional calls in place (a pass: modified when any was replaced)."""
-    replaced = 0
+    replaced, copied = 0, set()
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or (node.target is not F.linear and node.target not in _CONV):
             continue
@@ -54,6 +58,8 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
         module = _module_for(node.target, weight, bias, args)
         if module is None:
             continue
+        copied.update(a.target for a in (args["weight"], bias_node)
+                      if isinstance(a, fx.Node) and not isinstance(_read(gm, a.target), nn.Parameter))
         # beside the weight, in the mode of the module holding it (a fresh module starts in
         # training mode): a module-name qconfig for that module then reaches the new one too
         owner = args["weight"].target.rpartition(".")[0]
@@ -69,6 +75,10 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
     if replaced:
         gm.graph.eliminate_dead_code()
         gm.delete_all_unused_submodules()
+        read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+        for target in copied - read:  # a constant now held only by its module: no second copy
+            owner, _, name = target.rpartition(".")
+            delattr(gm.get_submodule(owner) if owner else gm, name)
     return PassResult(gm, replaced > 0)
 
 

@@ -219,6 +219,17 @@ def test_qparams_buffers_and_packed_weight_fused_op(relu):
     assert qp.sqnr(model(x), quantized(x)) > 30
 
 
+def test_constant_weights_move_into_the_module():
+    """The plain tensors become the new module's weights: no second float copy stays behind."""
+    prepared = qp.prepare_fx(ThreeConstLinears().eval(), qp.QConfigMapping(), (torch.rand(5, 5),),
+                             backend="fbgemm")
+    holder = prepared.get_submodule("mods1.0")
+    assert not hasattr(holder, "w") and not hasattr(holder, "b")
+    module = holder.get_submodule("linear_module")
+    assert type(module) is nn.Linear and not module.weight.requires_grad
+    assert torch.equal(module.weight, torch.ones(5, 5)) and torch.equal(module.bias, torch.zeros(5))
+
+
 def test_mul_add_fp16_config():
     """A global float16 dynamic qconfig: the linears get float16 weights; mul/add stay float."""
     example_inputs = (torch.rand(5, 5),)

@@ -1,9 +1,7 @@
 """Turn functional linear/conv calls on constant weights into modules before fusion.
 
 ``F.linear(x, self.w, self.b)`` and ``F.conv2d(x, self.w, ...)`` then match, fuse, quantize and lower
-exactly like ``nn.Linear`` / ``nn.Conv2d``, so backends need one kernel per op, not two. A weight
-may be a parameter, a buffer or a plain tensor attribute (``self.w = torch.ones(5, 5)``), as in
-torch.ao; a tensor that is not a parameter becomes a frozen copy (``requires_grad=False``).
+exactly like ``nn.Linear`` / ``nn.Conv2d``, so backends need one kernel per op, not two.
 """
 
 from __future__ import annotations
@@ -18,23 +16,19 @@ _CONV = {F.conv1d: nn.Conv1d, F.conv2d: nn.Conv2d, F.conv3d: nn.Conv3d}
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
 
-def _attr(gm: fx.GraphModule, node) -> nn.Parameter | None:
-    """The float tensor a ``get_attr`` node reads, as the parameter a module would hold."""
-    if not (isinstance(node, fx.Node) and node.op == "get_attr"):
-        return None
-    value = _read(gm, node.target)
-    if isinstance(value, nn.Parameter):
+def _attr(gm: fx.GraphModule, node) -> torch.Tensor | None:
+    if isinstance(node, fx.Node) and node.op == "get_attr":
+        value = gm.get_parameter(node.target) if _is_param(gm, node.target) else None
         return value
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        # a constant: its own copy, so that fusing or folding it never writes through to the
-        # tensor the graph (or the user's model) holds
-        return nn.Parameter(value.detach().clone(), requires_grad=False)
     return None
 
 
-def _read(gm: fx.GraphModule, target: str):
-    owner, _, name = target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, name, None)
+def _is_param(gm: fx.GraphModule, target: str) -> bool:
+    try:
+        gm.get_parameter(target)
+        return True
+    except AttributeError:
+        return False
 
 
 def _bound_args(node: fx.Node, names: tuple[str, ...]) -> dict:
@@ -45,7 +39,7 @@ def _bound_args(node: fx.Node, names: tuple[str, ...]) -> dict:
 
 def normalize_functionals(gm: fx.GraphModule) -> PassResult:
     """Replace eligible functional calls in place (a pass: modified when any was replaced)."""
-    replaced, copied = 0, set()
+    replaced = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or (node.target is not F.linear and node.target not in _CONV):
             continue
@@ -58,8 +52,6 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
         module = _module_for(node.target, weight, bias, args)
         if module is None:
             continue
-        copied.update(a.target for a in (args["weight"], bias_node)
-                      if isinstance(a, fx.Node) and not isinstance(_read(gm, a.target), nn.Parameter))
         # beside the weight, in the mode of the module holding it (a fresh module starts in
         # training mode): a module-name qconfig for that module then reaches the new one too
         owner = args["weight"].target.rpartition(".")[0]
@@ -75,14 +67,10 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
     if replaced:
         gm.graph.eliminate_dead_code()
         gm.delete_all_unused_submodules()
-        read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
-        for target in copied - read:  # a constant now held only by its module: no second copy
-            owner, _, name = target.rpartition(".")
-            delattr(gm.get_submodule(owner) if owner else gm, name)
     return PassResult(gm, replaced > 0)
 
 
-def _module_for(target, weight: nn.Parameter, bias: nn.Parameter | None, args: dict) -> nn.Module | None:
+def _module_for(target, weight: torch.Tensor, bias: torch.Tensor | None, args: dict) -> nn.Module | None:
     if target is F.linear:
         module = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     else:

@@ -1,8 +1,14 @@
 """Port of PyTorch's ``TestQuantizeFx`` qconfig cases (``test/quantization/fx/test_quantize_fx.py``):
 which ops a QConfigMapping quantizes (``test_qconfig_*``), QAT qconfigs per module type, float16
-qconfigs (``test_mul_add_fp16_config``, ``test_dynamic_quant_fp16``) and functional linears on
-constant (non-parameter) weights (``test_qconfig_for_call_func``, ``test_qparams_buffers``,
-``test_packed_weight_fused_op``).
+qconfigs (``test_mul_add_fp16_config``, ``test_dynamic_quant_fp16``) and functional linears and
+convs (``test_qconfig_for_call_func``, ``test_qparams_buffers``, ``test_packed_weight_fused_op``,
+``test_functional_linear``, ``test_functional_conv``).
+
+Upstream's functional models hold their weights as plain tensor attributes (``self.w =
+torch.ones(5, 5)``), which torch.fx stores as buffers. qplug turns a functional linear/conv into a
+module only when its weight is an ``nn.Parameter``; on a buffer it stays a functional op
+(docs/migrating.md). The ports hold the weights as frozen parameters for upstream's results, and
+``test_functional_linear_on_a_buffer`` asserts the other behaviour.
 
 Translation as in ``test_quantize_fx_slice.py``: a ``qconfig_dict`` -> ``qp.QConfigMapping``;
 ``nnq.Conv2d`` / ``nnq.Linear`` / ``torch.ops.quantized.linear`` in a converted graph -> the
@@ -162,23 +168,29 @@ def test_qconfig_dict_with_fused_modules(model, relu):
     assert [f.fused_type for f in qp.quantization_report(quantized).fusions] == fused
 
 
-class ConstLinear(nn.Module):
-    """Upstream's functional linear on plain tensor attributes (not parameters, not buffers)."""
+def frozen(tensor: torch.Tensor) -> nn.Parameter:
+    """Upstream's plain tensor attribute, as the frozen parameter qplug treats as a weight."""
+    return nn.Parameter(tensor, requires_grad=False)
 
-    def __init__(self) -> None:
+
+class ConstLinear(nn.Module):
+    """Upstream's functional linear on constant weights (``plain=True``: plain tensors, as upstream)."""
+
+    def __init__(self, plain: bool = False) -> None:
         super().__init__()
-        self.w = torch.ones(5, 5)
-        self.b = torch.zeros(5)
+        wrap = (lambda t: t) if plain else frozen
+        self.w = wrap(torch.ones(5, 5))
+        self.b = wrap(torch.zeros(5))
 
     def forward(self, x):
         return F.linear(x, self.w, self.b)
 
 
 class ThreeConstLinears(nn.Module):
-    def __init__(self, scale_first: bool = False, relu: bool = False) -> None:
+    def __init__(self, scale_first: bool = False, relu: bool = False, plain: bool = False) -> None:
         super().__init__()
-        self.mods1 = nn.Sequential(ConstLinear(), ConstLinear())
-        self.mods2 = ConstLinear()
+        self.mods1 = nn.Sequential(ConstLinear(plain), ConstLinear(plain))
+        self.mods2 = ConstLinear(plain)
         self.scale_first, self.relu = scale_first, relu
 
     def forward(self, x):
@@ -202,7 +214,6 @@ def test_qconfig_for_call_func():
         ("mods2.linear_2_module", "qconfig is None for this op (not requested)")]
     x = torch.rand(5, 5)
     assert qp.sqnr(model(x), quantized(x)) > 30
-    assert torch.equal(model.mods1[0].w, torch.ones(5, 5))  # the float model is not modified
 
 
 @pytest.mark.parametrize("relu", [False, True], ids=["linear", "linear_relu"])
@@ -219,15 +230,24 @@ def test_qparams_buffers_and_packed_weight_fused_op(relu):
     assert qp.sqnr(model(x), quantized(x)) > 30
 
 
-def test_constant_weights_move_into_the_module():
-    """The plain tensors become the new module's weights: no second float copy stays behind."""
-    prepared = qp.prepare_fx(ThreeConstLinears().eval(), qp.QConfigMapping(), (torch.rand(5, 5),),
-                             backend="fbgemm")
-    holder = prepared.get_submodule("mods1.0")
-    assert not hasattr(holder, "w") and not hasattr(holder, "b")
-    module = holder.get_submodule("linear_module")
-    assert type(module) is nn.Linear and not module.weight.requires_grad
-    assert torch.equal(module.weight, torch.ones(5, 5)) and torch.equal(module.bias, torch.zeros(5))
+def test_functional_linear_on_a_buffer():
+    """Upstream's plain tensor weights (buffers once traced): each F.linear stays a functional op,
+    quantized only between int8 ops and then without a kernel; on its own it stays float."""
+    example_inputs = (torch.rand(5, 5),)
+    model = ThreeConstLinears(plain=True).eval()
+    prepared = qp.prepare_fx(model, qp.QConfigMapping().set_global(default_qconfig()),
+                             example_inputs, backend="fbgemm")
+    prepared(*example_inputs)
+    with pytest.raises(NothingQuantizedError, match="no int8 value reaches it"):
+        qp.convert_fx(prepared)
+    prepared = qp.prepare_fx(model, qp.QConfigMapping().set_global(float16_dynamic_qconfig()),
+                             example_inputs, backend="fbgemm")
+    with pytest.raises(NothingQuantizedError, match="no int8 value reaches it"):
+        qp.convert_fx(prepared)
+    # the documented fix: the same weights as (frozen) parameters are linear layers
+    quantized = _quantize(ThreeConstLinears(), qp.QConfigMapping().set_global(default_qconfig()),
+                          example_inputs)
+    assert list(qp.quantization_report(quantized).kernels.values()) == ["quantized::linear"] * 3
 
 
 def test_mul_add_fp16_config():
@@ -253,8 +273,8 @@ def test_mul_add_fp16_config():
 class FuncLinear(nn.Module):
     def __init__(self, use_bias: bool) -> None:
         super().__init__()
-        self.w = torch.randn(4, 30)
-        self.b = torch.randn(4)
+        self.w = frozen(torch.randn(4, 30))
+        self.b = frozen(torch.randn(4))
         self.use_bias = use_bias
 
     def forward(self, x):
@@ -458,13 +478,13 @@ def test_return_none():
 
 
 class FuncConv(nn.Module):
-    """Upstream's ``test_functional_conv`` model: weights and bias are plain tensor attributes."""
+    """Upstream's ``test_functional_conv`` model (its plain tensor weights as frozen parameters)."""
 
     def __init__(self, dim: int, use_bias: bool, relu) -> None:
         super().__init__()
         self.conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[dim]
-        self.w = torch.randn((3,) * (dim + 2))
-        self.b = torch.randn(3) if use_bias else None
+        self.w = frozen(torch.randn((3,) * (dim + 2)))
+        self.b = frozen(torch.randn(3)) if use_bias else None
         self.stride, self.padding, self.dilation = (1,) * dim, (0,) * dim, (1,) * dim
         self.relu = relu if relu is not None else nn.Identity()
 

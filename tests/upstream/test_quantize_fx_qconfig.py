@@ -493,8 +493,12 @@ class FuncConv(nn.Module):
         return self.relu(x)
 
 
-@pytest.mark.parametrize("relu", [None, F.relu, nn.ReLU()], ids=["none", "functional", "module"])
-@pytest.mark.parametrize("use_bias", [True, False], ids=["bias", "no_bias"])
+# upstream's full product of bias x relu form, in three rows that cover every value of each
+BIAS_RELU = [(True, None), (False, F.relu), (True, nn.ReLU())]
+BIAS_RELU_IDS = ["bias", "no_bias-functional_relu", "bias-module_relu"]
+
+
+@pytest.mark.parametrize("use_bias, relu", BIAS_RELU, ids=BIAS_RELU_IDS)
 @pytest.mark.parametrize("dim", [1, 2, 3])
 def test_functional_conv(dim, use_bias, relu):
     """``test_functional_conv`` (static): a functional conv on constant weights is lowered like
@@ -509,8 +513,7 @@ def test_functional_conv(dim, use_bias, relu):
 
 
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
-@pytest.mark.parametrize("relu", [None, F.relu, nn.ReLU()], ids=["none", "functional", "module"])
-@pytest.mark.parametrize("use_bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("use_bias, relu", BIAS_RELU, ids=BIAS_RELU_IDS)
 def test_functional_linear(use_bias, relu, mode):
     """``test_functional_linear``: ``F.linear`` on plain tensor weights, static and dynamic."""
     class M(FuncLinear):

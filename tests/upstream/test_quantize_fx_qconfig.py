@@ -244,6 +244,11 @@ def test_functional_linear_on_a_buffer():
                              example_inputs, backend="fbgemm")
     with pytest.raises(NothingQuantizedError, match="no int8 value reaches it"):
         qp.convert_fx(prepared)
+    # quantized anyway (keep_isolated_ops_float=False), it runs in the reference form
+    quantized = _quantize(model, qp.QConfigMapping().set_global(default_qconfig()), example_inputs,
+                          keep_isolated_ops_float=False)
+    assert set(qp.quantization_report(quantized).reference.values()) == {
+        "backend 'fbgemm' has no kernel for F.linear"}
     # the documented fix: the same weights as (frozen) parameters are linear layers
     quantized = _quantize(ThreeConstLinears(), qp.QConfigMapping().set_global(default_qconfig()),
                           example_inputs)

@@ -52,10 +52,11 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
         module = _module_for(node.target, weight, bias, args)
         if module is None:
             continue
-        # in the mode of the module holding the weight (a fresh module starts in training mode)
+        # beside the weight, in the mode of the module holding it (a fresh module starts in
+        # training mode): a module-name qconfig for that module then reaches the new one too
         owner = args["weight"].target.rpartition(".")[0]
         module.train(gm.get_submodule(owner).training if owner else gm.training)
-        name = f"{node.name}_module"
+        name = f"{owner}.{node.name}_module" if owner else f"{node.name}_module"
         gm.add_submodule(name, module)
         with gm.graph.inserting_before(node):
             new = gm.graph.call_module(name, args=(args["input"],))

@@ -69,6 +69,16 @@ def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
             "Pass example_inputs as a tuple of positional inputs of the right shapes.") from error
 
 
+def _requests_quantization(mapping: QConfigMapping) -> bool:
+    """Whether any entry of ``mapping`` is a qconfig. The annotating run tells prepare which values
+    are tensors for the observers it places; a mapping of only ``None`` (``QConfigMapping()``)
+    places none, so prepare then only fuses and, as torch.ao's, does not run the model."""
+    tables = (mapping.object_type_qconfigs, mapping.module_name_regex_qconfigs,
+              mapping.module_name_qconfigs, mapping.module_name_object_type_order_qconfigs)
+    return mapping.global_qconfig is not None or any(
+        qconfig is not None for table in tables for qconfig in table.values())
+
+
 def _state(gm: fx.GraphModule) -> dict[str, Any]:
     state = getattr(gm, "meta", {}).get(STATE)
     if state is None:
@@ -126,7 +136,8 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     _check_device(gm, chosen)
 
     def annotate(graph_module: fx.GraphModule) -> PassResult:
-        _annotate(graph_module, inputs)
+        if _requests_quantization(mapping):  # else no observer to place: prepare only fuses
+            _annotate(graph_module, inputs)
         return PassResult(graph_module, False)  # only node.meta changes
 
     def observe(graph_module: fx.GraphModule) -> None:

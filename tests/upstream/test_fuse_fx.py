@@ -23,9 +23,11 @@ from upstream_testkit import (
     LinearReluLinearModel,
     LinearReluModel,
     LinearTanhModel,
+    LinReluLin,
     ModelForConvTransposeBNFusion,
     call_module,
     check_graph_module_nodes,
+    default_qconfig,
 )
 
 import qplug_core as qp
@@ -37,12 +39,6 @@ pytestmark = pytest.mark.usefixtures("plugin_autoload")
 
 ONEDNN_REASON = ("no qplug equivalent by design: qplug has no onednn backend config "
                  "(LinearLeakyReLU / LinearTanh / ConvAdd fusions are onednn-only upstream)")
-
-
-def default_qconfig() -> qp.QConfig:
-    """torch.ao's ``default_qconfig``."""
-    return qp.QConfig(activation=qp.observers.default_observer,
-                      weight=qp.observers.default_weight_observer)
 
 
 def _backend(config: BackendConfig) -> Backend:
@@ -77,18 +73,24 @@ class ConvBnReluAllDims(nn.Module):
         return x
 
 
+TRAIN_MODE_FUSED = [call_module(nni.ConvBn1d), call_module(nni.ConvBn2d), call_module(nni.ConvBn3d),
+                    call_module(nni.ConvBnReLU1d), call_module(nni.ConvBnReLU2d),
+                    call_module(nni.ConvBnReLU3d)]
+
+
 def test_fuse_conv_bn_relu():
-    # train mode: upstream calls prepare_qat_fx(m, {}, example_inputs=(torch.randn(1, 1, 1, 1),)),
-    # which fuses with is_qat=True and, with no qconfig, swaps nothing. qplug's prepare runs the
-    # model on example_inputs and this model cannot run on any input (conv1d then conv2d on the
-    # same tensor), so the port calls that fusion step directly (docs/migrating.md).
+    # train mode: prepare_qat_fx with an empty mapping fuses with is_qat=True and swaps nothing.
+    # This model cannot run on any input (conv1d, then conv2d on the same tensor); prepare does
+    # not run it because the mapping places no observer (issue 27: it raised InputMismatchError)
     m = ConvBnReluAllDims().train()
-    m = qp.fuse_fx(m, backend="fbgemm", is_qat=True)
-    check_graph_module_nodes(
-        m, expected_node_list=[call_module(nni.ConvBn1d), call_module(nni.ConvBn2d),
-                               call_module(nni.ConvBn3d), call_module(nni.ConvBnReLU1d),
-                               call_module(nni.ConvBnReLU2d), call_module(nni.ConvBnReLU3d)],
-        expected_node_occurrence={call_module(nn.ReLU): 0})
+    m = qp.prepare_qat_fx(m, qp.QConfigMapping(), (torch.randn(1, 1, 1, 1),), backend="fbgemm")
+    check_graph_module_nodes(m, expected_node_list=TRAIN_MODE_FUSED,
+                             expected_node_occurrence={call_module(nn.ReLU): 0})
+    assert m.training  # prepare_qat_fx returns the model in training mode
+    # the same fusion step on its own
+    m = qp.fuse_fx(ConvBnReluAllDims().train(), backend="fbgemm", is_qat=True)
+    check_graph_module_nodes(m, expected_node_list=TRAIN_MODE_FUSED,
+                             expected_node_occurrence={call_module(nn.ReLU): 0})
     # eval mode: fuse_fx folds BN
     m = qp.fuse_fx(ConvBnReluAllDims().eval(), backend="fbgemm")
     check_graph_module_nodes(
@@ -214,23 +216,10 @@ def test_qconfig_fused_module(model, kernels):
 
 
 def test_problematic_fuse_example():
-    class LinearRelu(nn.Sequential):
-        def __init__(self) -> None:
-            super().__init__(nn.Linear(5, 5), nn.ReLU())
-
-    class M(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin_relu = LinearRelu()
-            self.linear = nn.Linear(5, 5)
-
-        def forward(self, x):
-            return self.linear(self.lin_relu(x))
-
     fbgemm = qp.get_default_qconfig_mapping("fbgemm").qconfig_for_module("x", nn.Linear)
     qconfig_mapping = (qp.QConfigMapping().set_global(None)
                        .set_object_type(nn.Linear, fbgemm).set_object_type(nn.ReLU, fbgemm))
-    m = qp.prepare_fx(M().eval(), qconfig_mapping, (torch.randn(1, 5),), backend="fbgemm")
+    m = qp.prepare_fx(LinReluLin().eval(), qconfig_mapping, (torch.randn(1, 5),), backend="fbgemm")
     check_graph_module_nodes(m, expected_node=call_module(nni.LinearReLU))
 
 

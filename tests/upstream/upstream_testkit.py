@@ -38,6 +38,43 @@ def call_module(cls: type) -> tuple[str, type]:
     return ("call_module", cls)
 
 
+def default_qconfig():
+    """torch.ao's ``default_qconfig``: min/max activations, per-tensor symmetric weights."""
+    import qplug_core as qp
+    from qplug_core.observers import default_observer, default_weight_observer
+    return qp.QConfig(activation=default_observer, weight=default_weight_observer)
+
+
+def default_qat_qconfig():
+    """torch.ao's ``default_qat_qconfig`` (``default_fake_quant``, ``default_weight_fake_quant``)."""
+    import qplug_core as qp
+    from qplug_core.observers import FakeQuantize, MovingAverageMinMaxObserver
+    return qp.QConfig(
+        activation=FakeQuantize.with_args(observer=MovingAverageMinMaxObserver, quant_min=0,
+                                          quant_max=255, dtype=torch.quint8,
+                                          qscheme=torch.per_tensor_affine, reduce_range=True),
+        weight=FakeQuantize.with_args(observer=MovingAverageMinMaxObserver, quant_min=-128,
+                                      quant_max=127, dtype=torch.qint8,
+                                      qscheme=torch.per_tensor_symmetric, reduce_range=False))
+
+
+class LinearRelu(nn.Sequential):
+    def __init__(self) -> None:
+        super().__init__(nn.Linear(5, 5), nn.ReLU())
+
+
+class LinReluLin(nn.Module):
+    """``test_problematic_fuse_example`` / ``test_qconfig_qat_module_type``'s model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin_relu = LinearRelu()
+        self.linear = nn.Linear(5, 5)
+
+    def forward(self, x):
+        return self.linear(self.lin_relu(x))
+
+
 class LinearReluModel(nn.Module):
     def __init__(self) -> None:
         super().__init__()

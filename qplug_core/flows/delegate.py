@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
-from qplug_core.flows.kernel_check import MAX_OUTLIER_FRACTION, output_violation
+from qplug_core.flows.kernel_check import CONTRACT_BROKEN, MAX_OUTLIER_FRACTION, output_violation
 from qplug_core.flows.report import describe_op
 from qplug_core.flows.tags import BOUNDARY, KERNEL, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner
@@ -124,8 +124,8 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
         problem = "" if example_inputs is None else _contract_problem(
             module, partition_gm, recorder.inputs[name], len(anchors))
         if problem:
-            reason = (f"partition {name} compiled by {_delegate_label(backend_name)} broke the "
-                      f"kernel contract on the example inputs ({problem}); reference form kept")
+            reason = (f"partition {name} compiled by {_delegate_label(backend_name)} "
+                      f"{CONTRACT_BROKEN} on the example inputs ({problem}); reference form kept")
             warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=3)
             summary.reference.update(dict.fromkeys(anchors, reason))
             continue

@@ -70,10 +70,11 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
         return quantize(model, example_inputs, calibration_data, backend="reference",
                         qconfig_mapping=qconfig_mapping, **options)
     base = backends[0] if qconfig_mapping is not None else auto.base_backend(backends)
-    qmodel = quantize(model, example_inputs, calibration_data, backend=base,
-                      qconfig_mapping=qconfig_mapping, **options)
+    with auto.held_warnings(base.name) as held:  # its kernels' warnings count only if it wins
+        qmodel = quantize(model, example_inputs, calibration_data, backend=base,
+                          qconfig_mapping=qconfig_mapping, **options)
     others = [b for b in backends if b.name != base.name]
-    return auto.choose(qmodel, base, others, untried, as_input_tuple(example_inputs))
+    return auto.choose(qmodel, base, others, untried, as_input_tuple(example_inputs), held)
 
 
 def needs_algorithms(model: Any, recipe: Any, target: Any) -> bool:

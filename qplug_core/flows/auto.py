@@ -26,13 +26,14 @@ is not the one measured best).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import fx, nn
@@ -114,10 +115,31 @@ def _default_mapping(backend: Backend) -> Any:
         return None
 
 
+@contextlib.contextmanager
+def held_warnings(backend: str) -> Iterator[list[warnings.WarningMessage]]:
+    """Hold back the warnings that name ``backend`` (its kernels' and partitions': they matter
+    only if it wins); every other warning reaches the user as usual when the block ends."""
+    held: list[warnings.WarningMessage] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield held
+    for message in caught:
+        if f"backend {backend!r}" in str(message.message):
+            held.append(message)
+        else:
+            _reissue(message)
+
+
+def _reissue(message: warnings.WarningMessage) -> None:
+    warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
+
+
 def choose(base_model: fx.GraphModule, base: Backend, others: list[Backend], untried: list[Trial],
-           example_inputs: tuple) -> fx.GraphModule:
+           example_inputs: tuple, base_warnings: list[warnings.WarningMessage] | None = None
+           ) -> fx.GraphModule:
     """Finish ``base_model``'s reference form on each of ``others``, check and time them all with
-    ``base_model``, and return the fastest that keeps the contract, its report listing the trials."""
+    ``base_model``, and return the fastest that keeps the contract, its report listing the trials
+    (``base_warnings``: those :func:`held_warnings` kept back while ``base_model`` was made)."""
     snapshot = snapshot_of(base_model)
     if snapshot is None:
         raise BackendUnavailableError("backend='auto' needs a converted model with its reference form")
@@ -125,18 +147,17 @@ def choose(base_model: fx.GraphModule, base: Backend, others: list[Backend], unt
     with torch.no_grad():
         expected = reference(*example_inputs)
     finished: dict[str, tuple[fx.GraphModule, list[warnings.WarningMessage]]] = {
-        base.name: (base_model, [])}
+        base.name: (base_model, list(base_warnings or []))}
     trials: dict[str, Trial] = {}
     for backend in others:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with held_warnings(backend.name) as caught:
             try:
                 model = finish_on(snapshot, backend, base_model)
             except Exception as error:  # noqa: BLE001 - a candidate failing must not fail auto
                 trials[backend.name] = Trial(backend.name, "rejected", f"finishing the reference "
                                              f"form failed: {type(error).__name__}: {error}")
                 continue
-        finished[backend.name] = (model, list(caught))
+        finished[backend.name] = (model, caught)
     for name, (model, _) in list(finished.items()):
         problem, sqnr = _problem(model, example_inputs, expected)
         if problem:
@@ -166,8 +187,8 @@ def choose(base_model: fx.GraphModule, base: Backend, others: list[Backend], unt
             trials[name] = dataclasses.replace(trial, status="slower", reason=(
                 f"{ratio:.2f}x the fastest" + (f" after {DROP_AFTER} rounds: not timed further"
                                                if name in dropped else "")))
-    for caught in finished[winner][1]:  # the winner's convert-time warnings reach the user
-        warnings.warn_explicit(caught.message, caught.category, caught.filename, caught.lineno)
+    for message in finished[winner][1]:  # the winner's convert-time warnings reach the user
+        _reissue(message)
     notify(f"backend='auto' chose {winner!r} ({trials[winner].reason}; qp.quantization_report "
            "lists every backend tried)")
     order = {"chosen": 0, "slower": 1, "rejected": 2, "not tried": 3}

@@ -257,6 +257,7 @@ def main() -> None:
                 summary.append([name, str(threads), chosen, anchor,
                                 f"{medians[auto_name] / medians[anchor]:.2f}",
                                 f"{accuracy[auto_name]} vs {accuracy[anchor]}"])
+                print(" | ".join(summary[-1]), flush=True)  # progress: a long run may be cut
     print(machine_line())
     print(table(["model", "threads", "variant", "median ms", "p90 ms", "x best", "SQNR dB"], rows))
     print()

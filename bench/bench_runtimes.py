@@ -1,15 +1,27 @@
-"""Issue 29: every int8 runtime side by side, one interleaved run, 1 and 2 threads.
+"""Issue 29: every int8 runtime side by side, and ``backend="auto"``, one interleaved run.
 
-For each model (ResNet-18 and MobileNetV2 of the zoo at 1x3x224x224 with BatchNorm re-estimated,
-the digits CNN at 1x1x28x28; batch 1) the same calibration inputs go to qplug (each backend's
-default qconfig: ``fbgemm``, ``onnxruntime``, ``openvino``), to ONNX Runtime's own
-``quantize_static`` (QDQ U8S8, its defaults; ``bench_onnxruntime.ort_quantized``) and to
-OpenVINO + NNCF (``nncf.quantize`` of the float ONNX model, its defaults). Both OpenVINO variants
-compile with the same properties (qplug-openvino's: latency, one stream, f32 between int8 ops).
-Latency is the median (and p90) of interleaved rounds; "x best" is the ratio to the fastest
-median of that model and thread count; SQNR is against the float model on held-out inputs.
+Models (batch 1 unless said): ResNet-18, ResNet-50 and MobileNetV2 of the zoo at 1x3x224x224 with
+BatchNorm re-estimated, the digits CNN at 1x1x28x28, and real all-MiniLM-L6-v2 (``minilm``: the
+Hugging Face model, static int8, 8 sentences padded to 128 tokens; its accuracy is the cosine of
+the mean-pooled sentence embeddings to the float ones, worst sentence). The same calibration
+inputs go to:
 
-    python bench/bench_runtimes.py [--models resnet18 mobilenet_v2 digits_cnn] [--threads 1 2] [--rounds 30]
+* qplug with each backend's default qconfig (``fbgemm``, ``onnxruntime``, ``openvino``) and with
+  ``backend="auto"`` (quantized again at each thread count: the choice is a measurement);
+* ONNX Runtime's own ``quantize_static`` (QDQ U8S8, its defaults) of the float ONNX export;
+* OpenVINO + NNCF (``nncf.quantize`` of the float ONNX model, its defaults; ``model_type=
+  TRANSFORMER`` for MiniLM), compiled with qplug-openvino's properties (latency, one stream, f32
+  between int8 ops);
+* torchao's PT2E flow with ``X86InductorQuantizer`` + ``torch.compile`` (``--torchao``; its
+  compile takes minutes on the CNNs).
+
+Latency is the median (and p90) of interleaved rounds; "x best" is the ratio to the fastest median
+of that model and thread count; "auto / anchor" compares ``backend="auto"`` with the faster of the
+two anchors (ORT's own, OpenVINO + NNCF). SQNR (dB) is against the float model on held-out
+inputs; for MiniLM the column is the worst sentence cosine instead.
+
+    python bench/bench_runtimes.py [--models resnet18 resnet50 mobilenet_v2 digits_cnn minilm]
+        [--threads 1 2] [--rounds 20] [--torchao]
 """
 
 from __future__ import annotations
@@ -23,35 +35,155 @@ from pathlib import Path
 import numpy as np
 import torch
 from _harness import interleaved, machine_line, median, p90, quiet, table
-from bench_onnxruntime import images, ort_quantized, session
+from bench_onnxruntime import images, session
 
 import qplug_core as qp
 from qplug_core.zoo import calibrate_batchnorm, example_inputs, get_model
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 QPLUG_BACKENDS = ("fbgemm", "onnxruntime", "openvino")
+ANCHORS = ("ORT quantize_static u8s8", "OpenVINO + NNCF")
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def model_and_data(name: str, calib: int):
-    """(float model, calibration inputs, held-out inputs) of one bench model."""
-    if name == "digits_cnn":
-        def data(seed: int, n: int):
-            return [example_inputs(name, batch=1, seed=seed * 1000 + i) for i in range(n)]
-        return get_model(name, seed=0).eval(), data(1, calib), data(2, 4)
-    torch.manual_seed(0)
-    model = calibrate_batchnorm(get_model(name, seed=0), images(7, 4)).eval()
-    return model, images(1, calib), images(2, 4)
+class Bench:
+    """One model: the float model, its input names, calibration and held-out inputs, and how
+    two outputs are compared (SQNR, or sentence cosine for MiniLM)."""
+
+    def __init__(self, name: str, calib: int):
+        self.name = name
+        self.transformer = name == "minilm"
+        self.input_names = ["input_ids", "attention_mask"] if self.transformer else ["x"]
+        if self.transformer:
+            self._minilm(calib)
+        elif name == "digits_cnn":
+            def data(seed: int, n: int):
+                return [example_inputs(name, batch=1, seed=seed * 1000 + i) for i in range(n)]
+            self.model, self.calibration, self.held_out = get_model(name, seed=0).eval(), data(1, calib), data(2, 4)
+        else:
+            torch.manual_seed(0)
+            self.model = calibrate_batchnorm(get_model(name, seed=0), images(7, 4)).eval()
+            self.calibration, self.held_out = images(1, calib), images(2, 4)
+
+    def _minilm(self, calib: int) -> None:
+        from tests.support.sentence_embeddings import load_minilm, read_sentences
+
+        minilm = load_minilm()
+        sentences = read_sentences(ROOT / "tests" / "data" / "sentences_en.txt")
+
+        def batches(chunk: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            out = []
+            for start in range(0, len(chunk) - 7, 8):
+                enc = minilm.tokenizer(chunk[start:start + 8], padding="max_length", truncation=True,
+                                       max_length=128, return_tensors="pt")
+                out.append((enc["input_ids"], enc["attention_mask"]))
+            return out
+
+        self.model = HiddenStates(minilm.model).eval()
+        self.calibration = batches(sentences[0::2])[:calib]
+        self.held_out = batches(sentences[1::2])[:2]
+
+    def feeds(self, batch: tuple) -> dict[str, np.ndarray]:
+        return {n: t.numpy() for n, t in zip(self.input_names, batch)}
+
+    def accuracy(self, expected: list[torch.Tensor], got: list[torch.Tensor]) -> str:
+        if not self.transformer:
+            return f"{qp.sqnr(torch.cat(expected), torch.cat(got)):.2f}"
+        worst = 1.0
+        for (_, mask), e, g in zip(self.held_out, expected, got):
+            cos = torch.nn.functional.cosine_similarity(_pool(e, mask), _pool(g, mask), dim=1)
+            worst = min(worst, float(cos.min()))
+        return f"cos {worst:.4f}"
 
 
-def nncf_quantized(float_onnx: Path, calibration):
+class HiddenStates(torch.nn.Module):
+    """A Hugging Face encoder returning its last hidden state (one tensor, for every runtime)."""
+
+    def __init__(self, encoder: torch.nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def _pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+
+
+def float_onnx(bench: Bench, workdir: Path) -> Path:
+    path = workdir / "float.onnx"
+    with quiet():
+        torch.onnx.export(bench.model, bench.calibration[0], str(path), dynamo=True,
+                          input_names=bench.input_names, external_data=False)
+    return path
+
+
+def ort_quantized(bench: Bench, float_path: Path, workdir: Path) -> Path:
+    """ORT's own QDQ U8S8 model (pre-processed, quantize_static defaults)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre_path, out = workdir / "float_pre.onnx", workdir / "ort_u8s8.onnx"
+    quant_pre_process(str(float_path), str(pre_path))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([bench.feeds(b) for b in bench.calibration])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    with quiet():
+        quantize_static(str(pre_path), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return out
+
+
+def nncf_quantized(bench: Bench, float_path: Path):
     """OpenVINO + NNCF's int8 model of the float ONNX model (``nncf.quantize`` defaults)."""
     import nncf
     import openvino
 
-    dataset = nncf.Dataset(calibration, lambda batch: batch[0].numpy())
+    dataset = nncf.Dataset(bench.calibration, bench.feeds)
+    extra = {"model_type": nncf.ModelType.TRANSFORMER} if bench.transformer else {}
     with quiet():
-        return nncf.quantize(openvino.Core().read_model(str(float_onnx)), dataset,
-                             subset_size=len(calibration))
+        return nncf.quantize(openvino.Core().read_model(str(float_path)), dataset,
+                             subset_size=len(bench.calibration), **extra)
+
+
+def torchao_compiled(bench: Bench):
+    """torchao PT2E (X86InductorQuantizer defaults) + torch.compile, or None when it fails."""
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    with torch.no_grad(), quiet():
+        exported = torch.export.export(bench.model, bench.calibration[0]).module()
+        prepared = prepare_pt2e(exported, quantizer)
+        for batch in bench.calibration:
+            prepared(*batch)
+        compiled = torch.compile(convert_pt2e(prepared))
+        compiled(*bench.held_out[0])
+    return compiled
+
+
+def rethread(qmodel: torch.nn.Module, threads: int) -> None:
+    """Rebuild the model's ORT sessions and OpenVINO models for ``threads`` (fbgemm follows torch)."""
+    from qplug_onnxruntime.session import OrtPartition, SessionSettings
+    from qplug_openvino.compiled import CompileSettings, OpenVinoPartition
+
+    for module in qmodel.modules():
+        if isinstance(module, OrtPartition):
+            module.rebuild(SessionSettings(num_threads=threads))
+        elif isinstance(module, OpenVinoPartition):
+            module.rebuild(CompileSettings(num_threads=threads))
+
+
+def quantize_qplug(bench: Bench, backend: str) -> torch.nn.Module:
+    with quiet():
+        return qp.quantize(bench.model, bench.calibration[0], bench.calibration, backend=backend)
 
 
 def main() -> None:
@@ -61,60 +193,79 @@ def main() -> None:
     import qplug_openvino
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2", "digits_cnn"])
+    parser.add_argument("--models", nargs="+",
+                        default=["resnet18", "resnet50", "mobilenet_v2", "digits_cnn", "minilm"])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--calib", type=int, default=8)
+    parser.add_argument("--torchao", action="store_true", help="add torchao PT2E x86 + torch.compile")
     args = parser.parse_args()
-    rows = []
+    rows, summary = [], []
     for name in args.models:
-        model, calibration, held_out = model_and_data(name, args.calib)
+        bench = Bench(name, args.calib)
         with torch.no_grad():
-            expected = torch.cat([model(*b) for b in held_out])
-        observed = {}
-        for backend in QPLUG_BACKENDS:
-            with quiet():
-                observed[backend] = qp.prepare_fx(model, None, calibration[0], backend=backend)
-                qp.calibrate(observed[backend], calibration)
+            expected = [bench.model(*b) for b in bench.held_out]
+        torch.set_num_threads(args.threads[0])
+        qplug_onnxruntime.configure(num_threads=args.threads[0])
+        qplug_openvino.configure(num_threads=args.threads[0])
+        qmodels = {f"qplug {b}": quantize_qplug(bench, b) for b in QPLUG_BACKENDS}
+        ao = torchao_compiled(bench) if args.torchao else None
         with tempfile.TemporaryDirectory() as tmp:
-            ort_path = ort_quantized(model, calibration, Path(tmp), "u8s8")
-            nncf_model = nncf_quantized(Path(tmp) / "float.onnx", calibration)
+            float_path = float_onnx(bench, Path(tmp))
+            ort_path = ort_quantized(bench, float_path, Path(tmp))
+            nncf_model = nncf_quantized(bench, float_path)
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 qplug_onnxruntime.configure(num_threads=threads)
                 qplug_openvino.configure(num_threads=threads)
-                with quiet():
-                    qmodels = {f"qplug {b}": qp.convert_fx(o) for b, o in observed.items()}
+                for qmodel in qmodels.values():
+                    rethread(qmodel, threads)
+                auto = quantize_qplug(bench, "auto")  # the choice is measured at this thread count
+                chosen = qp.quantization_report(auto).backend
                 ort = session(ort_path, threads)
                 properties = qplug_openvino.CompileSettings(num_threads=threads).properties()
                 nncf_request = openvino.Core().compile_model(nncf_model, "CPU", properties).create_infer_request()
 
-                def run_ort(x: torch.Tensor) -> np.ndarray:
-                    return ort.run(None, {"x": x.numpy()})[0]
+                def run_ort(batch: tuple) -> np.ndarray:
+                    return ort.run(None, bench.feeds(batch))[0]
 
-                def run_nncf(x: torch.Tensor) -> np.ndarray:
-                    return nncf_request.infer([x.numpy()], share_inputs=True, share_outputs=False)[0]
+                def run_nncf(batch: tuple) -> np.ndarray:
+                    return nncf_request.infer([t.numpy() for t in batch], share_inputs=True,
+                                              share_outputs=False)[0]
 
-                x = held_out[0][0]
-                variants = {"fp32 eager": lambda: model(x)}
-                variants.update({v: (lambda m=m: m(x)) for v, m in qmodels.items()})
-                variants.update({"ORT quantize_static u8s8": lambda: run_ort(x),
-                                 "OpenVINO + NNCF": lambda: run_nncf(x)})
+                x = bench.held_out[0]
+                torch_variants = {"fp32 eager": bench.model, **qmodels, f"qplug auto ({chosen})": auto}
+                if ao is not None:
+                    torch_variants["torchao PT2E x86 + compile"] = ao
+                variants = {v: (lambda m=m: m(*x)) for v, m in torch_variants.items()}
+                variants.update({ANCHORS[0]: lambda: run_ort(x), ANCHORS[1]: lambda: run_nncf(x)})
                 with torch.no_grad():
                     samples = interleaved(variants, args.rounds, warmup=3)
-                    outputs = {"fp32 eager": expected}
-                    outputs.update({v: torch.cat([m(*b) for b in held_out]) for v, m in qmodels.items()})
-                outputs["ORT quantize_static u8s8"] = torch.cat([torch.from_numpy(run_ort(b[0])) for b in held_out])
-                outputs["OpenVINO + NNCF"] = torch.cat([torch.from_numpy(run_nncf(b[0])) for b in held_out])
-                best = min(median(t) for t in samples.values())
+                    outputs = {v: [m(*b) for b in bench.held_out] for v, m in torch_variants.items()}
+                outputs[ANCHORS[0]] = [torch.from_numpy(run_ort(b)) for b in bench.held_out]
+                outputs[ANCHORS[1]] = [torch.from_numpy(run_nncf(b)) for b in bench.held_out]
+                medians = {v: median(t) for v, t in samples.items()}
+                best = min(medians.values())
+                accuracy = {v: "-" if v == "fp32 eager" else bench.accuracy(expected, outputs[v])
+                            for v in samples}
                 for variant, times in samples.items():
-                    sqnr = "-" if variant == "fp32 eager" else f"{qp.sqnr(expected, outputs[variant]):.2f}"
-                    rows.append([name, str(threads), variant, f"{median(times) * 1e3:.2f}",
-                                 f"{p90(times) * 1e3:.2f}", f"{median(times) / best:.2f}", sqnr])
+                    rows.append([name, str(threads), variant, f"{medians[variant] * 1e3:.2f}",
+                                 f"{p90(times) * 1e3:.2f}", f"{medians[variant] / best:.2f}",
+                                 accuracy[variant]])
+                anchor = min(ANCHORS, key=medians.__getitem__)
+                auto_name = f"qplug auto ({chosen})"
+                summary.append([name, str(threads), chosen, anchor,
+                                f"{medians[auto_name] / medians[anchor]:.2f}",
+                                f"{accuracy[auto_name]} vs {accuracy[anchor]}"])
+                print(" | ".join(summary[-1]), flush=True)  # progress: a long run may be cut
     print(machine_line())
     print(table(["model", "threads", "variant", "median ms", "p90 ms", "x best", "SQNR dB"], rows))
+    print()
+    print(table(["model", "threads", "auto chose", "fastest anchor", "auto / anchor", "accuracy auto vs anchor"],
+                summary))
 
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     main()

@@ -15,8 +15,11 @@ from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
 from qplug_core.algorithms.recipes import looks_like_transformer
 from qplug_core.algorithms.target import TRANSFORMER_TARGET, meet_target
 from qplug_core.config import QConfigMapping
+from qplug_core.errors import notify
+from qplug_core.flows import auto
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
+from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.tags import RECIPE
 from qplug_core.registry.backends import Backend, resolve_backend
 
@@ -36,7 +39,15 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     "none", a list of steps; "auto" picks SmoothQuant for transformers, nothing otherwise);
     ``target=qp.Target(cosine=0.99)`` keeps the fewest layers float that reach it. See
     docs/guide/accuracy.md.
+
+    ``backend="auto"`` calibrates once, finishes the reference form on every installed backend,
+    checks each against it and keeps the fastest on ``example_inputs`` that keeps the kernel
+    contract (:mod:`qplug_core.flows.auto`; the report's ``auto`` lists what was tried).
     """
+    if isinstance(backend, str) and backend == auto.AUTO:
+        return _quantize_auto(model, example_inputs, calibration_data, qconfig_mapping=qconfig_mapping,
+                              progress=progress, strict=strict, allow_float=allow_float,
+                              recipe=recipe, target=target, **prepare_options)
     if not needs_algorithms(model, recipe, target):
         return flows.quantize_static(model, example_inputs, calibration_data, backend=backend,
                               qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
@@ -48,6 +59,22 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
         model, example_inputs, calibration_data, backend=chosen, qconfig_mapping=qconfig_mapping,
         recipe=recipe, target=target, progress=progress, strict=strict,
         prepare_options=prepare_options)
+
+
+def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
+                   qconfig_mapping: QConfigMapping | None, **options: Any) -> fx.GraphModule:
+    """``qp.quantize`` for the base backend, then the measured choice among all of them."""
+    backends, untried = auto.candidates()
+    if not backends:
+        notify("backend='auto': no backend besides the reference form is available here; using it")
+        return quantize(model, example_inputs, calibration_data, backend="reference",
+                        qconfig_mapping=qconfig_mapping, **options)
+    base = backends[0] if qconfig_mapping is not None else auto.base_backend(backends)
+    with auto.held_warnings(base.name) as held:  # its kernels' warnings count only if it wins
+        qmodel = quantize(model, example_inputs, calibration_data, backend=base,
+                          qconfig_mapping=qconfig_mapping, **options)
+    others = [b for b in backends if b.name != base.name]
+    return auto.choose(qmodel, base, others, untried, as_input_tuple(example_inputs), held)
 
 
 def needs_algorithms(model: Any, recipe: Any, target: Any) -> bool:

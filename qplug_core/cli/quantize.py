@@ -74,7 +74,8 @@ def quantize(
     evaluation: Path = typer.Option(None, "--eval",
                                     help="Held-out inputs (same format as --calibration) to measure "
                                          "accuracy on; default: the calibration batches."),
-    backend: str = typer.Option(None, "--backend", help="Backend (default: the best one here)."),
+    backend: str = typer.Option(None, "--backend", help="Backend (default: the best one here; "
+                                                        "auto: the fastest measured, static only)."),
     mode: Mode = typer.Option(Mode.static, "--mode", help="static, dynamic, or qat-convert (the "
                                                           "factory returns a trained QAT model)."),
     capture: Capture = typer.Option(Capture.auto, "--capture",
@@ -95,6 +96,8 @@ def quantize(
         random_calibration,
     )
     from qplug_core.cli._report import print_report
+    from qplug_core.errors import ConfigError
+    from qplug_core.flows.auto import AUTO
     from qplug_core.flows.steps import resolve_backend
     from qplug_core.observers import distributed
 
@@ -104,11 +107,16 @@ def quantize(
         model = load_factory_model(model_spec)
         names = forward_input_names(model, len(specs))
         example = tuple(spec.example() for spec in specs)
-        chosen = resolve_backend(backend).require_available()
+        chosen = backend if backend == AUTO else resolve_backend(backend).require_available()
+        if chosen == AUTO and mode is not Mode.static:
+            raise ConfigError(f"--backend auto measures static int8 models only, not --mode "
+                              f"{mode.value}; name a backend", field="--backend", value=backend)
         batches = (load_batches(calibration, specs, names) if calibration
                    else None if mode is not Mode.static else random_calibration(specs))
         with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
             qmodel = quantize_model(model, example, batches, chosen, mode, capture)
+            if chosen == AUTO:  # what it chose, for the accuracy comparison
+                chosen = qp.get_backend(qp.quantization_report(qmodel).backend)
             saving = distributed.is_rank_zero()
         if not saving:  # rank 0 saves and reports for all
             return

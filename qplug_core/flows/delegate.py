@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
-from qplug_core.flows.kernel_check import MAX_OUTLIER_FRACTION, output_violation
+from qplug_core.flows.kernel_check import CONTRACT_BROKEN, MAX_OUTLIER_FRACTION, output_violation
 from qplug_core.flows.region_parity import layer_parity
 from qplug_core.flows.report import describe_op
 from qplug_core.flows.tags import BOUNDARY, KERNEL, region_tag
@@ -136,8 +136,8 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
         if not problem and not exact:  # drift or a wrong region: one compile more tells them apart
             problem = _region_problem(delegate, partition_gm, recorder.inputs[name])
         if problem:
-            reason = (f"partition {name} compiled by {_delegate_label(backend_name)} broke the "
-                      f"kernel contract on the example inputs ({problem}); reference form kept")
+            reason = (f"partition {name} compiled by {_delegate_label(backend_name)} "
+                      f"{CONTRACT_BROKEN} on the example inputs ({problem}); reference form kept")
             warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=3)
             summary.reference.update(dict.fromkeys(anchors, reason))
             continue

@@ -26,6 +26,8 @@ from torch import fx, nn
 
 from qplug_core.flows.tags import EXAMPLE_INPUTS
 
+#: the words every reason for a region kept in reference form after a wrong kernel or partition says
+CONTRACT_BROKEN = "broke the kernel contract"
 #: a kernel output may differ from the reference by at most this many quantization steps ...
 MAX_STEPS = 2
 #: ... except on this fraction of its elements (measured on the zoo: real kernels are within 1 step)

@@ -223,7 +223,7 @@ def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: tor
         return ""
     owner = backend.kernel_plugins.get(tag.pattern)
     label = f"plugin {owner.label}" if owner is not None else "an unregistered plugin"
-    reason = (f"kernel {spec.op} of {label} broke the kernel contract on the example inputs "
+    reason = (f"kernel {spec.op} of {label} {kernel_contract.CONTRACT_BROKEN} on the example inputs "
               f"({problem}); using the reference form")
     warnings.warn(f"qplug: backend {backend.name!r}, node {nodes.anchor.name!r}: {reason}", stacklevel=4)
     return reason

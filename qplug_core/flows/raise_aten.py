@@ -256,6 +256,8 @@ class _Raiser:
             return self._embedding(node)
         if target is aten.layer_norm.default:
             return self._layer_norm(node)
+        if target is aten.prelu.default:  # the shared patterns have the module form only
+            return self._prelu(node)
         if target is aten.batch_norm.default:
             return self._batch_norm(node, *args[1:5], training=bool(_arg(node, 5, "training")),
                                     momentum=_arg(node, 6, "momentum"), eps=_arg(node, 7, "eps"))
@@ -323,6 +325,15 @@ class _Raiser:
                               padding_idx=None if padding_idx < 0 else padding_idx)
         module.weight = _parameter(weight)
         return module, indices, [weight_node]
+
+    def _prelu(self, node):
+        weight_node = node.args[1]
+        weight = self._tensor(weight_node)
+        if weight is None or weight.dim() != 1:
+            return None
+        module = nn.PReLU(weight.numel())
+        module.weight = _parameter(weight)
+        return module, node.args[0], [weight_node]
 
     def _layer_norm(self, node):
         x, shape = node.args[0], node.args[1]

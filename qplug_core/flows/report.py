@@ -51,6 +51,8 @@ class QuantizationReport:
     partitions: list[dict[str, Any]] = field(default_factory=list)
     #: nodes a delegating backend left in PyTorch -> why
     outside: dict[str, str] = field(default_factory=dict)
+    #: backend="auto": every backend tried (backend, status, reason, median_ms, sqnr_db)
+    auto: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -224,8 +226,22 @@ def report_lines(report: QuantizationReport, *, verbose: bool = False,
                  width: int = WIDTH) -> list[str]:
     """The report as lines of at most ``width`` columns, the int8 share first."""
     head = f"qplug quantization report: backend {report.backend}, {report.mode}, {report.capture} capture"
-    return [*_wrap(head, width), *_wrap(int8_share_line(report), width),
+    return [*_wrap(head, width), *_auto_lines(report, width), *_wrap(int8_share_line(report), width),
             *_kernel_lines(report, width), *_float_lines(report, width, verbose)]
+
+
+def _auto_lines(report: QuantizationReport, width: int) -> list[str]:
+    """backend="auto": each backend tried, its median on the example inputs and why."""
+    lines = _wrap(f"backend='auto' tried {len(report.auto)} backend(s):", width) if report.auto else []
+    for trial in report.auto:
+        timing = f"{trial['median_ms']:.3g} ms" if trial.get("median_ms") is not None else "-"
+        db = trial.get("sqnr_db")
+        sqnr = "" if db is None else (", identical to the reference form" if db >= 200 else
+                                      f", {db:.1f} dB vs the reference form")
+        base = " (calibrated with its qparams)" if trial.get("base") else ""
+        lines += _wrap(f"{trial['backend']}{base}: {trial['status']}, {timing}{sqnr}: "
+                       f"{trial['reason']}", width, "  ", "    ")
+    return lines
 
 
 def report_text(report: QuantizationReport, *, verbose: bool = False, width: int = WIDTH) -> Text:

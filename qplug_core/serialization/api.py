@@ -27,6 +27,7 @@ from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.serialization.artifact import (
+    AUTO_KEY,
     Artifact,
     artifact_of,
     backend_identity,
@@ -100,7 +101,9 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     backend that is not installed raises :class:`BackendNotFoundError` with the ``pip install``
     command. A plugin version that differs in its major version (minor for 0.x) from the one
     recorded only warns: the file holds the backend-independent reference form, and the installed
-    plugin builds its kernels from it.
+    plugin builds its kernels from it. A model quantized with ``backend="auto"`` loads on the
+    fastest backend measured then that is available here; when that is not the one chosen (it
+    is not installed, or cannot run here), a warning names the fallback.
     """
     source = Path(path)
     text, tensors = read_artifact_file(source)
@@ -120,6 +123,8 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     except (ValueError, RecursionError, ConfigError) as exc:  # RecursionError: absurdly nested JSON
         raise SerializationError(f"{source} is not a valid qplug artifact: {type(exc).__name__}: {exc}",
                                  path=str(source)) from exc
+    if backend is None and AUTO_KEY in artifact.model:
+        backend = _auto_choice(artifact, source)
     chosen = _resolve_backend(artifact, backend, source)
     gm = _rebuild(artifact, source)
     gm.meta[FUSIONS] = fusion_records(artifact)
@@ -202,6 +207,30 @@ def _resolve_backend(artifact: Artifact, backend: str | Backend | None, source: 
     if name == artifact.backend:
         _check_plugin_versions(artifact, chosen, source)
     return chosen
+
+
+def _auto_choice(artifact: Artifact, source: Path) -> str:
+    """A ``backend="auto"`` file: the first backend of its measured ranking available here, else
+    this machine's default, with a warning when that is not the one measured fastest."""
+    ranking = artifact.model[AUTO_KEY]
+    missing = []
+    for name in ranking:
+        try:
+            get_backend(name).require_available()
+        except QplugError as exc:
+            missing.append(f"{name!r} ({str(exc).split(';')[0]})")
+            continue
+        if name != artifact.backend:
+            warnings.warn(f"qplug: {source} was quantized with backend='auto', which chose "
+                          f"{artifact.backend!r}; not available here: {', '.join(missing)}; using "
+                          f"{name!r}, the fastest of the others it measured", stacklevel=4)
+        return name
+    fallback = get_backend(None).name
+    warnings.warn(f"qplug: {source} was quantized with backend='auto', which chose "
+                  f"{artifact.backend!r}; none of the backends it measured is available here "
+                  f"({', '.join(missing) or 'none recorded'}); using {fallback!r}, this machine's "
+                  "default, which was not measured for this model", stacklevel=4)
+    return fallback
 
 
 def _distribution_name(text: str | None) -> bool:

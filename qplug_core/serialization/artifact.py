@@ -21,7 +21,7 @@ from qplug_core.config.names import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.flows.fuse import FusionRecord
 from qplug_core.flows.snapshot import snapshot_of
-from qplug_core.flows.tags import ARTIFACT, CAPTURE, FUSIONS, KERNEL, REPORT, STATE
+from qplug_core.flows.tags import ARTIFACT, AUTO_RANKING, CAPTURE, FUSIONS, KERNEL, REPORT, STATE
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend
@@ -39,7 +39,10 @@ MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "
 #: or does not say): the capture level, and the float linears the model runs per-token dynamic
 #: (a target search put them there after convert; ``load`` swaps them in again), and how convert
 #: lowered it (``load`` rebuilds exactly that)
-OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY)
+#: backend="auto"'s ranking of the backends that kept the contract, fastest first (``load`` takes
+#: the first one installed)
+AUTO_KEY = "auto_ranking"
+OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY)
 CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: distribution names (PEP 508) and versions (PEP 440 characters) of a file's ``versions``
@@ -121,6 +124,8 @@ def artifact_of(qmodel: object) -> Artifact | str | None:
     if snapshot.per_token_layers:
         artifact = replace(artifact, model={**artifact.model,
                                             PER_TOKEN_LAYERS: list(snapshot.per_token_layers)})
+    if qmodel.meta.get(AUTO_RANKING):
+        artifact = replace(artifact, model={**artifact.model, AUTO_KEY: list(qmodel.meta[AUTO_RANKING])})
     report = qmodel.meta.get(REPORT)  # how convert lowered it: what load must rebuild
     return artifact if report is None else with_lowering(artifact, LoweringRecord.of(report))
 
@@ -161,6 +166,10 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
         path = f"model.{PER_TOKEN_LAYERS}"
         for i, name in enumerate(expect(model[PER_TOKEN_LAYERS], list, path, "a JSON list")):
             expect(name, str, child(path, i), "a module name")
+    if AUTO_KEY in model:
+        path = f"model.{AUTO_KEY}"
+        for i, name in enumerate(expect(model[AUTO_KEY], list, path, "a JSON list")):
+            expect(name, str, child(path, i), "a backend name")
     expect(model["training"], bool, "model.training", "true or false")
     expect(model["mode"], str, "model.mode", "a quantization mode")
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):

@@ -163,3 +163,19 @@ def test_report_sensitivity_ranks_the_float_models_layers(user_models, calibrati
     assert text.exit_code == 0 and "per-layer sensitivity" in text.stdout
     missing = invoke("report", str(out), "--sensitivity", f"{user_models}:build")
     assert missing.exit_code == 1 and "--example-shape" in missing.stderr
+
+
+def test_backend_auto_measures_what_is_installed(user_models, tmp_path):
+    # only the core's reference backend is loaded here: auto says so and uses it
+    out = tmp_path / "net.safetensors"
+    result = invoke("quantize", f"{user_models}:build", "--example-shape", SHAPE, "--out", str(out),
+                    "--backend", "auto", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["backend"] == "reference"
+    assert "backend='auto': no backend besides the reference form is available here" in result.stderr
+
+
+def test_backend_auto_is_for_static_models_only(user_models, tmp_path):
+    result = invoke("quantize", f"{user_models}:build", "--example-shape", SHAPE, "--out",
+                    str(tmp_path / "net.safetensors"), "--backend", "auto", "--mode", "dynamic")
+    assert_one_line_error(result, "--backend auto measures static int8 models only, not --mode dynamic")

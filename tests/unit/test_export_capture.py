@@ -164,3 +164,16 @@ def test_export_takes_token_batches_of_other_lengths_than_the_example():
         got, want = qmodel(ids, mask), model(ids, mask)
     assert got.shape == (3, 11, 16)
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99
+
+
+def test_prelu_is_an_int8_region_at_the_export_level_too():
+    # torch.export gives aten.prelu; the shared patterns have nn.PReLU only: capture raises it
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.PReLU(4), nn.Conv2d(4, 4, 1)).eval()
+    data = [(torch.randn(1, 3, 8, 8),) for _ in range(3)]
+    levels = {capture: qp.quantize(model, data[0], data, backend="reference", capture=capture)
+              for capture in ("symbolic", "export")}
+    quantized = {c: qp.quantization_report(m).quantized for c, m in levels.items()}
+    assert quantized["export"] == quantized["symbolic"] == {"0": "Conv2d", "1": "PReLU", "2": "Conv2d"}
+    with torch.no_grad():
+        torch.testing.assert_close(levels["export"](*data[1]), levels["symbolic"](*data[1]))

@@ -103,8 +103,7 @@ class OrtPartition(CompiledPartition):
     def run(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         # numpy views of the torch buffers in, torch views of ORT's output buffers out: no copies
         # (measured faster than IOBinding into preallocated outputs, which ORT copies into)
-        feeds = {name: tensor.detach().contiguous().numpy()
-                 for name, tensor in zip(compiled.input_names, inputs)}
+        feeds = {name: self.as_array(tensor) for name, tensor in zip(compiled.input_names, inputs)}
         return [torch.from_numpy(out) for out in compiled.session.run(compiled.output_names, feeds)]
 
     def rebuild(self, session_settings: SessionSettings) -> None:

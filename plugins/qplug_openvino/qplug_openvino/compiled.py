@@ -98,7 +98,7 @@ class OpenVinoPartition(CompiledPartition):
         request = compiled.request
         # the tensors' buffers go in as they are; the request's dict-building ``infer(feeds)``
         # costs ~50 us more per call (measured), which counts at batch 1
-        arrays = [inputs[i].detach().contiguous().numpy() for i in compiled.positions]
+        arrays = [self.as_array(inputs[i]) for i in compiled.positions]
         with compiled.lock:
             for port, array in enumerate(arrays):
                 request.set_input_tensor(port, openvino.Tensor(array, shared_memory=True))

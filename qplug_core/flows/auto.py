@@ -1,0 +1,289 @@
+"""``backend="auto"``: the fastest installed backend that keeps the kernel contract, measured.
+
+No runtime wins everywhere (ONNX Runtime, OpenVINO, FBGEMM trade places per model, CPU and batch
+size; at batch 1 on a small model call overhead decides), so the choice is a measurement on this
+machine, not a table. The model is calibrated ONCE: ``qp.quantize`` runs for one *base* backend,
+and its reference form (the :class:`~qplug_core.flows.snapshot.ReferenceSnapshot`, the same
+integers and qparams for everyone) is then finished on every other candidate from its own deep
+copy, so candidates share no state. The base is the candidate whose default qparams the others
+accept: the narrowest weight range (symmetric [-127, 127] suits every x86 runtime, [-128, 127]
+does not), then the mapping most candidates share, so those get exactly their own defaults.
+
+Each candidate goes through the convert-time checks every backend gets (each lowered kernel,
+:mod:`~qplug_core.flows.kernel_check`, and each compiled partition, :mod:`~qplug_core.flows.delegate`,
+run against its reference form on the example inputs). A candidate that broke the contract
+anywhere, failed to finish, or whose whole-model outputs on the example inputs are malformed or do
+not point the way the reference form's do, is *rejected*: it never wins, however fast. The others
+are timed on the example inputs in one interleaved measurement (every round calls each once, the
+order rotating); one far slower than the best after two rounds (``qnnpack`` on x86, the
+reference form) is dropped early to keep the measurement short. The fastest median wins.
+
+The report (``qp.quantization_report(model).auto``) lists every backend tried with its median,
+its SQNR against the reference form and why it won, lost or was rejected; the ranking goes into
+the saved file, and ``qp.load`` lowers to the first backend of it installed there (warning when it
+is not the one measured best).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import fx, nn
+
+from qplug_core.errors import BackendUnavailableError, QplugError, notify
+from qplug_core.flows.finish import finish_conversion
+from qplug_core.flows.kernel_check import CONTRACT_BROKEN, output_violation
+from qplug_core.flows.snapshot import ReferenceSnapshot, keep_snapshot, snapshot_of
+from qplug_core.flows.tags import AUTO_RANKING, RECIPE, REPORT, SNAPSHOT, STATE, TARGET
+from qplug_core.kernels.per_token import swap_in_per_token
+from qplug_core.registry.backends import Backend, get_backend, list_backends
+
+#: the backend name that asks for the measurement
+AUTO = "auto"
+#: the SQNR recorded for outputs identical to the reference form's (JSON has no infinity)
+IDENTICAL_DB = 200.0
+#: rounds of the interleaved measurement: at least, at most, and the time they may take
+MIN_ROUNDS, MAX_ROUNDS, BUDGET_SECONDS = 5, 25, 2.0
+#: words of the reasons a region keeps the reference form because a kernel computed wrong numbers
+#: (a partition that failed to compile is only slower: its reference form is right)
+_WRONG_KERNEL = (CONTRACT_BROKEN, "failed its self-test")
+#: after this many rounds, a candidate this many times slower than the fastest is not timed further
+DROP_AFTER, DROP_RATIO = 2, 3.0
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One backend tried by ``backend="auto"``: ``status`` is ``"chosen"``, ``"slower"``,
+    ``"rejected"`` or ``"not tried"``; ``median_ms`` on the example inputs; ``sqnr_db`` of its
+    outputs against the reference form's there (:data:`IDENTICAL_DB` when equal); ``reason``
+    in words."""
+
+    backend: str
+    status: str
+    reason: str
+    median_ms: float | None = None
+    sqnr_db: float | None = None
+    #: the backend whose default qparams the reference form was calibrated with
+    base: bool = False
+
+
+def candidates() -> tuple[list[Backend], list[Trial]]:
+    """The backends to try (the machine's default first) and the ones not tried, with why."""
+    default = get_backend(None).name
+    chosen: list[Backend] = []
+    untried: list[Trial] = []
+    for info in sorted(list_backends(), key=lambda info: info.name != default):
+        if info.name == "reference":
+            untried.append(Trial(info.name, "not tried", "simulates int8 in float (the fallback "
+                                                          "when no backend keeps the contract)"))
+        elif not info.available:
+            untried.append(Trial(info.name, "not tried", f"{info.status}: {info.reason}"))
+        elif info.name not in [b.name for b in chosen]:  # a conflict lists a name twice
+            chosen.append(get_backend(info.name))
+    return chosen, untried
+
+
+def base_backend(backends: list[Backend]) -> Backend:
+    """The candidate whose default static qparams the reference form is calibrated with (see the
+    module docstring): the narrowest weight range, then the mapping most candidates share."""
+    mappings = {b.name: _default_mapping(b) for b in backends}
+
+    def strictness(backend: Backend) -> tuple[int, int]:
+        mapping = mappings[backend.name]
+        weight = getattr(getattr(mapping, "global_qconfig", None), "weight", None)
+        kwargs = getattr(weight, "kwargs", {})
+        width = int(kwargs.get("quant_max", 127)) - int(kwargs.get("quant_min", -128))
+        shared = sum(mapping is not None and mapping == other for other in mappings.values())
+        return width, -shared
+
+    usable = [b for b in backends if mappings[b.name] is not None] or backends
+    return min(usable, key=strictness)  # min is stable: ties keep the candidates' order
+
+
+def _default_mapping(backend: Backend) -> Any:
+    try:
+        return backend.default_qconfig_mapping("static")
+    except QplugError:
+        return None
+
+
+@contextlib.contextmanager
+def held_warnings(backend: str) -> Iterator[list[warnings.WarningMessage]]:
+    """Hold back the warnings that name ``backend`` (its kernels' and partitions': they matter
+    only if it wins); every other warning reaches the user as usual when the block ends."""
+    held: list[warnings.WarningMessage] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield held
+    for message in caught:
+        if f"backend {backend!r}" in str(message.message):
+            held.append(message)
+        else:
+            _reissue(message)
+
+
+def _reissue(message: warnings.WarningMessage) -> None:
+    warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
+
+
+def choose(base_model: fx.GraphModule, base: Backend, others: list[Backend], untried: list[Trial],
+           example_inputs: tuple, base_warnings: list[warnings.WarningMessage] | None = None
+           ) -> fx.GraphModule:
+    """Finish ``base_model``'s reference form on each of ``others``, check and time them all with
+    ``base_model``, and return the fastest that keeps the contract, its report listing the trials
+    (``base_warnings``: those :func:`held_warnings` kept back while ``base_model`` was made)."""
+    snapshot = snapshot_of(base_model)
+    if snapshot is None:
+        raise BackendUnavailableError("backend='auto' needs a converted model with its reference form")
+    reference = copy.deepcopy(snapshot.graph_module)
+    with torch.no_grad():
+        expected = reference(*example_inputs)
+    finished: dict[str, tuple[fx.GraphModule, list[warnings.WarningMessage]]] = {
+        base.name: (base_model, list(base_warnings or []))}
+    trials: dict[str, Trial] = {}
+    for backend in others:
+        with held_warnings(backend.name) as caught:
+            try:
+                model = finish_on(snapshot, backend, base_model)
+            except Exception as error:  # noqa: BLE001 - a candidate failing must not fail auto
+                trials[backend.name] = Trial(backend.name, "rejected", f"finishing the reference "
+                                             f"form failed: {type(error).__name__}: {error}")
+                continue
+        finished[backend.name] = (model, caught)
+    for name, (model, _) in list(finished.items()):
+        problem, sqnr = _problem(model, example_inputs, expected)
+        if problem:
+            trials[name] = Trial(name, "rejected", problem, sqnr_db=sqnr)
+            del finished[name]
+        else:
+            trials[name] = Trial(name, "timed", "", sqnr_db=sqnr)
+    trials = {name: dataclasses.replace(t, base=name == base.name) for name, t in trials.items()}
+    if not finished:
+        fallback = finish_on(snapshot, get_backend("reference"), base_model)
+        warnings.warn("qplug: backend='auto': no installed backend kept the kernel contract on this "
+                      "model; it runs in reference form (see the report's auto section)", stacklevel=3)
+        return _record(fallback, [*trials.values(), *untried], ["reference"])
+    medians, dropped = measure({name: model for name, (model, _) in finished.items()}, example_inputs)
+    ranking = sorted(medians, key=medians.__getitem__)
+    winner = ranking[0]
+    for name in finished:
+        trial = dataclasses.replace(trials[name], median_ms=medians[name] * 1e3)
+        if name == winner:
+            runner_up = next(iter(ranking[1:]), None)
+            why = (f"fastest of {len(ranking)} that kept the contract" + (
+                f", {medians[runner_up] / medians[name]:.2f}x faster than {runner_up}"
+                if runner_up else ""))
+            trials[name] = dataclasses.replace(trial, status="chosen", reason=why)
+        else:
+            ratio = medians[name] / medians[winner]
+            trials[name] = dataclasses.replace(trial, status="slower", reason=(
+                f"{ratio:.2f}x the fastest" + (f" after {DROP_AFTER} rounds: not timed further"
+                                               if name in dropped else "")))
+    for message in finished[winner][1]:  # the winner's convert-time warnings reach the user
+        _reissue(message)
+    notify(f"backend='auto' chose {winner!r} ({trials[winner].reason}; qp.quantization_report "
+           "lists every backend tried)")
+    order = {"chosen": 0, "slower": 1, "rejected": 2, "not tried": 3}
+    listed = sorted(trials.values(), key=lambda t: (order[t.status], t.median_ms or 0.0))
+    return _record(finished[winner][0], [*listed, *untried], ranking)
+
+
+def finish_on(snapshot: ReferenceSnapshot, backend: Backend, base_model: fx.GraphModule
+              ) -> fx.GraphModule:
+    """A deep copy of ``snapshot``'s reference form lowered (or delegated) to ``backend``, as
+    ``qp.quantize(backend=...)`` would leave it: its own snapshot, report and per-token layers."""
+    gm = copy.deepcopy(snapshot.graph_module)
+    keep_snapshot(gm, backend)
+    finish_conversion(gm, backend, mode=gm.meta.get(STATE, {}).get("mode", "static"))
+    if snapshot.per_token_layers:
+        swap_in_per_token(gm, list(snapshot.per_token_layers), simulate=not backend.kernels)
+        kept = snapshot_of(gm)
+        if kept is not None:  # keep_snapshot put it there: qp.save must swap them in at load too
+            gm.meta[SNAPSHOT] = dataclasses.replace(kept, per_token_layers=snapshot.per_token_layers)
+    for key in (RECIPE, TARGET):
+        if key in base_model.meta:
+            gm.meta[key] = base_model.meta[key]
+    return gm
+
+
+def _problem(model: nn.Module, inputs: tuple, expected: Any) -> tuple[str, float | None]:
+    """Why ``model`` must not be chosen ('' if it may), and its SQNR against the reference form."""
+    report = model.meta.get(REPORT) if isinstance(model, fx.GraphModule) else None
+    broken = [reason for reason in getattr(report, "reference", {}).values()
+              if any(marker in reason for marker in _WRONG_KERNEL)]
+    try:
+        with torch.no_grad():
+            got = model(*inputs)
+    except Exception as error:  # noqa: BLE001 - a candidate that raises is not a candidate
+        return f"it raised {type(error).__name__} on the example inputs: {error}", None
+    outputs, references = _flat(got), _flat(expected)
+    if len(outputs) != len(references):
+        return f"it returned {len(outputs)} outputs, the reference form {len(references)}", None
+    sqnrs = []
+    for i, (out, ref) in enumerate(zip(outputs, references)):
+        dtype = ref.dtype if isinstance(ref, torch.Tensor) else None
+        problem = output_violation(out, ref, dtype, None, max_outlier_fraction=1.0)
+        if not problem and isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.numel():
+            cosine = float(torch.nn.functional.cosine_similarity(
+                out.double().flatten(), ref.double().flatten(), dim=0))
+            if bool(ref.any()) and not cosine > 0:
+                problem = f"its outputs point away from the reference form's (cosine {cosine:.2f})"
+            noise = float((out.double() - ref.double()).pow(2).sum())
+            signal = float(ref.double().pow(2).sum())
+            sqnrs.append(IDENTICAL_DB if noise == 0 else min(IDENTICAL_DB, 10 * math.log10(
+                signal / noise) if signal > 0 else -IDENTICAL_DB))
+        if problem:
+            return f"output {i}: {problem}", None
+    sqnr = min(sqnrs) if sqnrs else None
+    if broken:
+        return (f"{len(broken)} region(s) kept the reference form because its kernels or "
+                f"partitions broke the kernel contract: {broken[0]}"), sqnr
+    return "", sqnr
+
+
+def _flat(value: Any) -> list:
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+def measure(models: dict[str, Callable], inputs: tuple) -> tuple[dict[str, float], set[str]]:
+    """Median seconds per call of each model on ``inputs``, interleaved (each round calls every
+    model once, the order rotating), and the names dropped after the first round for being more
+    than :data:`DROP_RATIO` times slower than the fastest after :data:`DROP_AFTER` rounds."""
+    names = list(models)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    with torch.no_grad():
+        for name in names:  # warm-up: first calls allocate, compile lazily, fill caches
+            models[name](*inputs)
+        started = time.perf_counter()
+        rounds = 0
+        active = names
+        while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS
+                                      and time.perf_counter() - started < BUDGET_SECONDS):
+            for name in active[rounds % len(active):] + active[:rounds % len(active)]:
+                t0 = time.perf_counter()
+                models[name](*inputs)
+                samples[name].append(time.perf_counter() - t0)
+            rounds += 1
+            if rounds == DROP_AFTER:
+                fastest = {name: min(samples[name]) for name in active}
+                best = min(fastest.values())
+                active = [name for name in active if fastest[name] <= DROP_RATIO * best]
+    medians = {name: sorted(times)[len(times) // 2] for name, times in samples.items()}
+    return medians, set(names) - set(active)
+
+
+def _record(model: fx.GraphModule, trials: list[Trial], ranking: list[str]) -> fx.GraphModule:
+    model.meta[REPORT].auto = [dataclasses.asdict(t) for t in trials]
+    model.meta[AUTO_RANKING] = tuple(ranking)
+    return model
+
+
+__all__ = ["AUTO", "Trial", "base_backend", "candidates", "choose", "finish_on", "measure"]

@@ -1,0 +1,188 @@
+"""``backend="auto"``: the fastest installed backend that keeps the kernel contract.
+
+Three third-party backends really installed as distributions (``fake_dist``) compile every int8
+partition: ``quick`` runs it as it is, ``sleepy`` sleeps 50 ms per call (it can only win if the
+measurement is broken), ``liar`` returns the partition's outputs negated (fast, and wrong: the
+convert-time check catches it and it must never win). No time is asserted, only the choice.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.registry import plugins
+
+BACKEND = '''
+import time
+
+from torch import nn
+from qplug_core.plugin_api import (BackendSpec, Delegate, DTypeConfigSet, OperatorSupportBase,
+                                   default_qconfig_mapping, hookimpl)
+
+NAME, SLEEP, WRONG = {name!r}, {sleep!r}, {wrong!r}
+
+
+class Compiled(nn.Module):
+    def __init__(self, partition):
+        super().__init__()
+        self.partition = partition
+
+    def forward(self, *args):
+        time.sleep(SLEEP)
+        out = self.partition(*args)
+        return -out if WRONG else out
+
+
+class TakesAll(OperatorSupportBase):
+    def is_node_supported(self, submodules, node):
+        return True
+
+
+@hookimpl
+def qplug_register_backends():
+    return [BackendSpec(NAME, "a compiling backend")]
+
+
+@hookimpl
+def qplug_backend_pattern_configs(backend):
+    return DTypeConfigSet().pattern_configs() if backend == NAME else []
+
+
+@hookimpl
+def qplug_default_qconfig_mapping(backend, mode):
+    return default_qconfig_mapping(mode) if backend == NAME else None
+
+
+@hookimpl
+def qplug_delegate(backend):
+    if backend != NAME:
+        return None
+    return Delegate(operator_support=TakesAll(), compile=lambda gm, example: Compiled(gm))
+'''
+
+
+def _install(fake_dist, *names: str) -> None:
+    specs = {"quick": (0.0, False), "sleepy": (0.05, False), "liar": (0.0, True)}
+    for name in names:
+        sleep, wrong = specs[name]
+        fake_dist(f"qplug-{name}", BACKEND.format(name=name, sleep=sleep, wrong=wrong))
+
+
+def Net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(4, 2))
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(3)]
+
+
+def _auto(model, data):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qmodel = qp.quantize(model, data[0], data, backend="auto")
+    return qmodel, [str(w.message) for w in caught]
+
+
+def test_auto_keeps_the_fastest_backend_that_kept_the_contract(fake_dist, capsys):
+    _install(fake_dist, "quick", "sleepy", "liar")
+    model, data = Net().eval(), _data()
+    qmodel, caught = _auto(model, data)
+    report = qp.quantization_report(qmodel)
+    trials = {t["backend"]: t for t in report.auto}
+    assert report.backend == "quick"
+    assert trials["quick"]["status"] == "chosen"
+    assert trials["quick"]["reason"].startswith("fastest of 2 that kept the contract")
+    assert trials["sleepy"]["status"] == "slower" and trials["sleepy"]["median_ms"] >= 50
+    assert trials["liar"]["status"] == "rejected"
+    assert "broke the kernel contract" in trials["liar"]["reason"]
+    assert trials["reference"]["status"] == "not tried"
+    assert not [w for w in caught if "broke the kernel contract" in w]  # a loser's warnings stay in the report
+    assert "backend='auto' chose 'quick'" in capsys.readouterr().err
+    assert "backend='auto' tried 4 backend(s)" in str(report)
+    own = qp.quantize(model, data[0], data, backend="quick")
+    with torch.no_grad():
+        for (x,) in data:
+            assert torch.equal(qmodel(x), own(x))
+
+
+def test_a_wrong_backend_never_wins_even_alone(fake_dist):
+    _install(fake_dist, "liar")
+    model, data = Net().eval(), _data()
+    qmodel, caught = _auto(model, data)
+    report = qp.quantization_report(qmodel)
+    assert report.backend == "reference"
+    assert [t["status"] for t in report.auto if t["backend"] == "liar"] == ["rejected"]
+    assert any("no installed backend kept the kernel contract" in w for w in caught)
+    reference = qp.quantize(model, data[0], data, backend="reference")
+    with torch.no_grad():
+        assert torch.equal(qmodel(data[1][0]), reference(data[1][0]))
+
+
+def test_save_and_load_keep_the_choice_and_fall_back_with_a_warning(fake_dist, monkeypatch, tmp_path):
+    _install(fake_dist, "quick", "sleepy")
+    model, data = Net().eval(), _data()
+    qmodel, _ = _auto(model, data)
+    path = qp.save(qmodel, tmp_path / "auto.safetensors")
+    with torch.no_grad():
+        expected = qmodel(data[1][0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the chosen backend is here: no warning
+        loaded = qp.load(path)
+    assert qp.quantization_report(loaded).backend == "quick"
+    qp.save(loaded, tmp_path / "again.safetensors")  # the ranking survives a second save
+    with torch.no_grad():
+        assert torch.equal(loaded(data[1][0]), expected)
+
+    monkeypatch.setenv(plugins.ENV_DISABLE, "quick")  # the loading machine lacks the winner
+    plugins.reset()
+    with pytest.warns(UserWarning, match=r"backend='auto', which chose 'quick'; not available here: "
+                                         r"'quick' .*; using 'sleepy', the fastest of the others"):
+        fallback = qp.load(tmp_path / "again.safetensors")
+    assert qp.quantization_report(fallback).backend == "sleepy"
+    with torch.no_grad():
+        assert torch.equal(fallback(data[1][0]), expected)  # both run the reference partition
+
+    monkeypatch.setenv(plugins.ENV_DISABLE, "quick,sleepy")
+    plugins.reset()
+    with pytest.warns(UserWarning, match=r"none of the backends it measured is available here .*"
+                                         r"using 'reference', this machine's default"):
+        assert qp.quantization_report(qp.load(path)).backend == "reference"
+
+
+def test_the_base_backend_has_the_qparams_every_candidate_accepts(plugin_autoload):
+    from qplug_core.flows import auto
+
+    backends, untried = auto.candidates()
+    names = [b.name for b in backends]
+    assert "reference" not in names and "reference" in [t.backend for t in untried]
+    base = auto.base_backend(backends)
+    weight = base.default_qconfig_mapping("static").global_qconfig.weight.kwargs
+    for other in backends:
+        other_weight = other.default_qconfig_mapping("static").global_qconfig.weight.kwargs
+        assert other_weight["quant_min"] <= weight["quant_min"]
+        assert weight["quant_max"] <= other_weight["quant_max"]
+
+
+@pytest.mark.slow
+def test_auto_on_the_installed_backends_matches_the_winners_own_quantize(plugin_autoload):
+    from qplug_core.flows import auto
+
+    model, data = Net().eval(), _data()
+    qmodel, _ = _auto(model, data)
+    report = qp.quantization_report(qmodel)
+    installed = {b.name for b in auto.candidates()[0]}
+    assert report.backend in installed
+    assert {t["backend"] for t in report.auto} >= installed
+    base = auto.base_backend(auto.candidates()[0])
+    own = qp.quantize(model, data[0], data, backend=report.backend,
+                      qconfig_mapping=base.default_qconfig_mapping("static"))
+    with torch.no_grad():
+        for (x,) in data:
+            assert torch.equal(qmodel(x), own(x))

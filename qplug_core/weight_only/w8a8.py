@@ -1,0 +1,159 @@
+"""``qp.quantize_w8a8``: int8 weights and int8 activations for decoder LLMs, keeping ``generate()``.
+
+W8A8 as LLM runtimes do it: SmoothQuant first (:mod:`~qplug_core.weight_only.smoothing`, folded
+into the norms and the up projections, so it costs nothing at run time), then every linear of the
+decoder becomes a :class:`~qplug_core.kernels.per_token.PerTokenDynamicLinear`: symmetric int8
+weights per output channel, each token's activations on its own int8 grid, int32 accumulation
+in oneDNN's int8 linear (VNNI, or AVX2 with 7-bit weights) or ``torch._int_mm``. Linears reading
+one tensor (q/k/v) quantize it once.
+
+It works by module swap on a copy of the model, like ``qp.quantize_weights``: a Hugging Face
+``PreTrainedModel`` stays itself, with ``generate()``, its KV cache and its config.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from qplug_core.errors import CalibrationError, ConfigValidationError
+from qplug_core.flows.dynamic import is_transformers_conv1d, linear_from_conv1d
+from qplug_core.kernels.per_token import (
+    PerTokenDynamicLinear,
+    SharedInput,
+    best_gemm,
+    per_token_quantize,
+    symmetric_per_channel_int8,
+    weight_qmax,
+)
+from qplug_core.registry.backends import resolve_backend
+from qplug_core.weight_only.api import _tied_output
+from qplug_core.weight_only.smoothing import Smoothed, smooth
+
+#: the attribute of a W8A8 model holding its :class:`W8A8Info` (``qp.save`` reads it)
+W8A8_ATTRIBUTE = "qplug_w8a8"
+LAYER_KIND = "per_token_linear"
+
+
+@dataclass
+class W8A8Info:
+    """What :func:`quantize_w8a8` did: the layers swapped (name -> kind), the inputs smoothed
+    (where each scale was folded, with the strength), the layers left float and why, the GEMM."""
+
+    alpha: float | str | None
+    gemm: str
+    layers: dict[str, str] = field(default_factory=dict)
+    smoothed: list[Smoothed] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
+                  alpha: float | str | None = "auto", skip: str | Sequence[str] = (),
+                  quantize_head: bool = False, backend: str | None = None) -> nn.Module:
+    """A copy of ``model`` whose linears compute in int8 (weights per channel, activations per token).
+
+    :param calibration: batches the model is called with to measure activations for SmoothQuant:
+        token-id tensors (``model(batch)``), dicts (``model(**batch)``) or tuples
+        (``model(*batch)``); a few batches of the kind of text the model will see.
+    :param alpha: SmoothQuant's migration strength: ``"auto"`` (searched per input, no smoothing
+        among the candidates), a float in (0, 1) (0.5 is the paper's default), or ``None`` (no
+        smoothing; then no calibration is needed).
+    :param skip: module names or regular expressions (matched against the whole name) of linears
+        to leave float.
+    :param quantize_head: also quantize the output head (``lm_head``); it is left float by default,
+        as the logits are the most sensitive output and a tied head shares the embedding table.
+    :param backend: ``None`` (or a backend with kernels) runs the core's integer GEMM picked for
+        this CPU; ``"reference"`` simulates the int8 arithmetic with float ops (the oracle).
+    :return: the quantized copy, with a :class:`W8A8Info` as ``.qplug_w8a8``.
+
+    The model given is never modified.
+    """
+    if not isinstance(model, nn.Module):
+        raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
+                                    field="model", value=type(model).__name__)
+    if alpha is not None and alpha != "auto" and not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        raise ConfigValidationError(f"alpha must be 'auto', a number in (0, 1) or None, got {alpha!r}",
+                                    field="alpha", value=alpha)
+    if alpha is not None and calibration is None:
+        raise CalibrationError("qp.quantize_w8a8 needs calibration=[batch, ...] (a few token batches of the "
+                               "kind of text the model will see) for SmoothQuant's scales, or alpha=None "
+                               "to quantize without smoothing")
+    simulate = backend is not None and not resolve_backend(backend).require_available().kernels
+    gemm = "simulated" if simulate else best_gemm()
+    patterns = [re.compile(p) for p in ([skip] if isinstance(skip, str) else skip)]
+    qmodel = copy.deepcopy(model).eval()
+    info = W8A8Info(alpha, gemm)
+    linears = _targets(qmodel, patterns, quantize_head, info)
+    if alpha is not None:
+        qmax = 127 if simulate else weight_qmax(gemm)
+        info.smoothed = smooth(qmodel, linears, calibration or (), alpha,
+                               lambda rows, layers, scale: output_error(rows, layers, scale, qmax),
+                               info.skipped)
+    shared = SharedInput()
+    with torch.no_grad():
+        for name, linear in linears.items():
+            qmodel.set_submodule(name, PerTokenDynamicLinear.from_float(
+                linear, simulate=simulate, shared=shared, gemm=None if simulate else gemm))
+            info.layers[name] = LAYER_KIND
+    setattr(qmodel, W8A8_ATTRIBUTE, info)
+    return qmodel
+
+
+def _targets(model: nn.Module, patterns: list[re.Pattern], quantize_head: bool,
+             info: W8A8Info) -> dict[str, nn.Linear]:
+    """The linears to quantize (transformers' ``Conv1D`` turned into ``nn.Linear`` in the copy)."""
+    head = _output_head(model)
+    tied = _tied_output(model)
+    seen: dict[int, str] = {}
+    targets: dict[str, nn.Linear] = {}
+    for name, module in list(model.named_modules()):
+        if not name or not (type(module) is nn.Linear or is_transformers_conv1d(module)):
+            continue
+        if any(p.fullmatch(name) for p in patterns):
+            info.skipped[name] = "skip= matches its name"
+        elif name == tied:
+            info.skipped[name] = "its weight is tied to the input embedding"
+        elif name == head and not quantize_head:
+            info.skipped[name] = "the output head stays float (quantize_head=True quantizes it)"
+        elif id(module.weight) in seen:
+            info.skipped[name] = f"its weight is shared with {seen[id(module.weight)]}"
+        else:
+            if is_transformers_conv1d(module):
+                module = linear_from_conv1d(module)
+                model.set_submodule(name, module)
+            targets[name] = module
+        seen.setdefault(id(module.weight), name)
+    return targets
+
+
+def _output_head(model: nn.Module) -> str | None:
+    get_out = getattr(model, "get_output_embeddings", None)
+    try:
+        head = get_out() if callable(get_out) else None
+    except (NotImplementedError, AttributeError):
+        return None
+    return next((n for n, m in model.named_modules() if m is head), None) if head is not None else None
+
+
+def output_error(rows: torch.Tensor, layers: list[nn.Linear], scale: torch.Tensor | None, qmax: int) -> float:
+    """Relative squared error of the layers' int8 outputs on ``rows`` with smoothing ``scale``:
+    per-token activations and per-channel weights of ``qmax``, as the swapped modules compute."""
+    x = rows if scale is None else rows / scale
+    q, x_scale, zero_point = per_token_quantize(x)
+    xq = (q.float() - zero_point) * x_scale
+    num = den = 0.0
+    for layer in layers:
+        weight = layer.weight.detach().float()
+        w_int8, w_scale = symmetric_per_channel_int8(weight if scale is None else weight * scale, qmax)
+        want = rows @ weight.T
+        got = xq @ (w_int8.float() * w_scale[:, None]).T
+        num += float((got - want).square().sum())
+        den += float(want.square().sum())
+    return num / max(den, 1e-30)
+

@@ -23,15 +23,16 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import SerializationError
+from qplug_core.errors import ConfigValidationError, SerializationError
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
+from qplug_core.kernels.static_int8 import StaticInt8Linear
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.serialization.files import write_artifact_file
 from qplug_core.weight_only.api import INFO_ATTRIBUTE, WeightOnlyInfo, conv1d_class, linear_weight
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
 from qplug_core.weight_only.selection import available_kernels, choose
 from qplug_core.weight_only.smoothing import Smoothed
-from qplug_core.weight_only.w8a8 import LAYER_KIND, W8A8_ATTRIBUTE, W8A8Info
+from qplug_core.weight_only.w8a8 import ACTIVATIONS, LAYER_KIND, STATIC_KIND, W8A8_ATTRIBUTE, W8A8Info
 
 FORMAT = "qplug-weight-only"
 SCHEMA_VERSION = 1
@@ -39,7 +40,8 @@ _QUANTIZED = "quantized/"
 _FLOAT = "float/"
 #: what made the model: restored as its info attribute at load
 MODES = ("weight_only", "w8a8", "dynamic")
-_FIELDS = ("qweight", "scales", "zero_points", "bias", "input_scale", "weight_int8", "weight_scale")
+_FIELDS = ("qweight", "scales", "zero_points", "bias", "input_scale", "weight_int8", "weight_scale",
+           "activation_scale", "activation_zero_point")
 
 
 def is_swapped_model(model: Any) -> bool:
@@ -63,7 +65,8 @@ def _swapped_layers(model: nn.Module) -> tuple[str, dict[str, str], dict[str, An
                                                   "skipped": info.skipped}
     w8a8 = getattr(model, W8A8_ATTRIBUTE, None)
     if isinstance(w8a8, W8A8Info):
-        return "w8a8", dict(w8a8.layers), {"alpha": w8a8.alpha, "skipped": w8a8.skipped,
+        return "w8a8", dict(w8a8.layers), {"alpha": w8a8.alpha, "activations": w8a8.activations,
+                                           "skipped": w8a8.skipped,
                                            "smoothed": [vars(s) for s in w8a8.smoothed]}
     return "dynamic", {n: LAYER_KIND for n, m in model.named_modules() if isinstance(m, PerTokenDynamicLinear)}, {}
 
@@ -93,10 +96,15 @@ def save_swapped(model: nn.Module, target: Path) -> Path:
 
 def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor | None]] | None:
     """(the layer's document entry, its tensors), or None when ``module`` is not of ``kind``."""
-    if kind == LAYER_KIND and isinstance(module, PerTokenDynamicLinear):
-        return ({"shape": [module.out_features, module.in_features], "simulated": module.simulate},
-                {"weight_int8": module.weight_int8_t.t().contiguous(), "weight_scale": module.weight_scale,
-                 "bias": module.bias})
+    static = isinstance(module, StaticInt8Linear)
+    if (kind == LAYER_KIND and isinstance(module, PerTokenDynamicLinear) and not static) or \
+            (kind == STATIC_KIND and static):
+        values = {"weight_int8": module.weight_int8_t.t().contiguous(), "weight_scale": module.weight_scale,
+                  "bias": module.bias}
+        if static:
+            values.update(activation_scale=module.activation_scale,
+                          activation_zero_point=module.activation_zero_point)
+        return {"shape": [module.out_features, module.in_features], "simulated": module.simulate}, values
     if kind not in ("linear", "embedding") or not isinstance(module, (WeightOnlyLinear, WeightOnlyEmbedding)):
         return None
     layer: dict[str, Any] = {"shape": list(module.quantized_weight().shape), "scheme": module.scheme.to_dict()}
@@ -160,8 +168,11 @@ def _info(mode: str, document: dict, backend: str | None) -> WeightOnlyInfo | W8
                              None if s["alpha"] is None else float(s["alpha"]),
                              *(None if s.get(k) is None else float(s[k]) for k in ("error_before", "error_after")))
                     for s in document.get("smoothed", [])]
-        return W8A8Info(alpha, "simulated" if backend == "reference" else best_gemm(), smoothed=smoothed,
-                        skipped=skipped)
+        activations = document.get("activations", "per_token")
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations {activations!r}")
+        return W8A8Info(alpha, "simulated" if backend == "reference" else best_gemm(), activations,
+                        smoothed=smoothed, skipped=skipped)
     return None
 
 
@@ -217,7 +228,7 @@ def _rebuild_layer(layer: Any, modules: dict[str, nn.Module], context: _LoadCont
     values = context.values(name)
     for field, shape in (("bias", (n,)), ("input_scale", (k,))):
         if values[field] is not None:
-            context.check(values[field], shape, torch.float32, name, field)
+            context.check(values[field], shape, values[field].dtype, name, field)
     return name, build(layer, name, (n, k), values, target, context)
 
 
@@ -257,19 +268,27 @@ def _per_token(layer: dict, name: str, shape: tuple[int, int], values: dict, tar
     # simulated as saved unless backend= says otherwise; the GEMM is picked for this CPU again
     # (weights requantized where its exact range is narrower than the saving CPU's)
     simulate = bool(layer.get("simulated", False)) if context.backend is None else context.backend == "reference"
-    return PerTokenDynamicLinear(values["weight_int8"], scale, values["bias"], simulate=simulate,
-                                 shared=context.shared)
+    if layer["kind"] == LAYER_KIND:
+        return PerTokenDynamicLinear(values["weight_int8"], scale, values["bias"], simulate=simulate,
+                                     shared=context.shared)
+    for field in ("activation_scale", "activation_zero_point"):
+        context.check(values[field], (), torch.float32, name, field)
+    try:
+        return StaticInt8Linear(values["weight_int8"], scale, values["bias"], float(values["activation_scale"]),
+                                float(values["activation_zero_point"]), simulate=simulate)
+    except ConfigValidationError as exc:
+        raise context.error(f"layer {name!r}: {exc}") from exc
 
 
 #: layer kind -> builder: the only code a name in the file can reach
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "linear": _weight_only, "embedding": _weight_only, LAYER_KIND: _per_token}
+    "linear": _weight_only, "embedding": _weight_only, LAYER_KIND: _per_token, STATIC_KIND: _per_token}
 
 
 def _expected_shape(module: nn.Module, kind: Any) -> tuple[int, int] | None:
     conv1d = conv1d_class()
     linear = isinstance(module, nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
-    if kind in ("linear", LAYER_KIND) and linear:
+    if kind in ("linear", LAYER_KIND, STATIC_KIND) and linear:
         return tuple(linear_weight(module).shape)  # type: ignore[return-value]
     if kind == "embedding" and isinstance(module, nn.Embedding):
         return tuple(module.weight.shape)  # type: ignore[return-value]

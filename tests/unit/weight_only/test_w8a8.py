@@ -301,3 +301,31 @@ def test_a_hostile_file_is_refused(tmp_path, edit, message):
     path = qp.save(qp.quantize_w8a8(decoder(), alpha=None), tmp_path / "w8a8.safetensors")
     with pytest.raises(SerializationError, match=message):
         qp.load(_rewrite(path, tmp_path, edit), model=decoder())
+
+
+def test_static_activations_calibrate_one_range_per_input_and_round_trip(trained, tmp_path):
+    from qplug_core.kernels.static_int8 import StaticInt8Linear
+
+    calibration = [chains(4, seed=100 + i) for i in range(4)]
+    qmodel = qp.quantize_w8a8(trained, calibration, activations="static")
+    static = {n: m for n, m in qmodel.named_modules() if isinstance(m, StaticInt8Linear)}
+    assert len(static) == 14 and set(qmodel.qplug_w8a8.layers.values()) == {"static_int8_linear"}
+    prompts = chains(4, seed=300)
+    with torch.no_grad():
+        assert cosine(qmodel(prompts).logits, trained(prompts).logits) > 0.995
+    # a layer's range is its (smoothed) input's on the calibration batches: layer 0's q_proj reads
+    # the folded norm of the embeddings, the same in the quantized model
+    layer = qmodel.model.layers[0].self_attn.q_proj
+    seen = []
+    handle = layer.register_forward_pre_hook(lambda m, a: seen.append(a[0].detach()))
+    with torch.no_grad():
+        for batch in calibration:
+            qmodel(batch)
+    handle.remove()
+    low, high = min(float(x.min()) for x in seen), max(float(x.max()) for x in seen)
+    assert float(layer.activation_scale) == pytest.approx((max(high, 0) - min(low, 0)) / 255, rel=1e-5)
+    path = qp.save(qmodel, tmp_path / "static.safetensors")
+    loaded = qp.load(path, model=decoder(seed=9))
+    assert loaded.qplug_w8a8.activations == "static"
+    with torch.no_grad():
+        assert torch.equal(loaded(prompts).logits, qmodel(prompts).logits)

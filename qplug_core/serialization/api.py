@@ -73,9 +73,10 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
         raise SerializationError(
             f"cannot save to {target}: the model was not produced by qp.convert_fx, "
             "qp.convert_to_reference_fx or qp.load (it holds no reference form); "
-            "quantize it with qplug first. qp.quantize_dynamic's per-tensor models are not saved: "
-            "they need no calibration, so save the float model and run qp.quantize_dynamic again "
-            "after loading it (per_token=True models are saved)", path=str(target))
+            "quantize it with qplug first. qp.quantize_dynamic's per-tensor and captured models are "
+            "not saved: they need no calibration, so save the float model and run "
+            "qp.quantize_dynamic again after loading it (its per_token=True models, uncaptured, "
+            "are saved)", path=str(target))
     document = json.dumps(to_document(artifact), sort_keys=True, separators=(",", ":"), allow_nan=False)
     write_artifact_file(target, document, artifact.tensors)
     return target

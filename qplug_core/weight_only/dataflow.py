@@ -85,10 +85,15 @@ def trace_inputs(model: nn.Module, run: Callable[[], Any], linears: dict[str, nn
     outputs: dict[int, str] = {}  # id(output) -> module that made it (the innermost)
     inputs: dict[str, int] = {}  # linear -> id(its input)
 
+    recorder = _Recorder()
+
     def keep_output(name: str) -> Callable:
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            if isinstance(output, torch.Tensor):
-                outputs.setdefault(id(output), name)
+            if isinstance(output, torch.Tensor) and id(output) not in outputs:
+                outputs[id(output)] = name
+                # reads so far were the module's own: ``x.type_as(x)`` or ``x.to(same dtype)``
+                # at the end of a norm returns the tensor it read
+                recorder.readers.pop(id(output), None)
         return hook
 
     def keep_input(name: str) -> Callable:
@@ -99,7 +104,6 @@ def trace_inputs(model: nn.Module, run: Callable[[], Any], linears: dict[str, nn
 
     handles = [m.register_forward_hook(keep_output(n)) for n, m in {**norms, **linears}.items()]
     handles += [m.register_forward_pre_hook(keep_input(n)) for n, m in linears.items()]
-    recorder = _Recorder()
     try:
         with torch.no_grad(), recorder:
             run()

@@ -28,10 +28,11 @@ def decoder(family: str = "llama", seed: int = 0):
     import transformers
 
     config_class, model_class = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
-                                 "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}[family]
+                                 "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                                 "gemma": ("GemmaConfig", "GemmaForCausalLM")}[family]
     config = getattr(transformers, config_class)(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():
@@ -136,8 +137,9 @@ def test_qwen2_keeps_generate_with_its_norms_folded():
         assert qmodel.generate(PROMPTS[0], **GREEDY).shape == (2, 24)
 
 
-def test_smoothing_alone_is_folded_exactly_into_norms_and_up_projections():
-    model = decoder()
+@pytest.mark.parametrize("family", ["llama", "gemma"])  # gemma's norms scale by (1 + weight)
+def test_smoothing_alone_is_folded_exactly_into_norms_and_up_projections(family):
+    model = decoder(family)
     smoothed_model = copy.deepcopy(model)
     linears = {n: m for n, m in smoothed_model.named_modules() if type(m) is nn.Linear and n != "lm_head"}
     skipped: dict[str, str] = {}

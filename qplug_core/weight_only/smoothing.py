@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError
-from qplug_core.weight_only.awq import _run
+from qplug_core.weight_only.awq import call_model
 from qplug_core.weight_only.dataflow import MulPair, NormGroup, trace_inputs
 
 #: strengths ``alpha="auto"`` tries (None: leave the input as it is)
@@ -91,7 +91,7 @@ def smooth(model: nn.Module, linears: dict[str, nn.Linear], calibration: Iterabl
     try:
         with torch.no_grad():
             for batch in calibration:
-                _run(model, batch)
+                call_model(model, batch)
                 if not batches:
                     batches.append(batch)
     finally:
@@ -100,7 +100,7 @@ def smooth(model: nn.Module, linears: dict[str, nn.Linear], calibration: Iterabl
     if not batches:
         raise CalibrationError("W8A8 smoothing needs calibration batches: pass calibration=[batch, ...] "
                                "(token id tensors, or dicts of model inputs), or alpha=None for no smoothing")
-    groups, pairs = trace_inputs(model, lambda: _run(model, batches[0]), linears, norm_modules(model))
+    groups, pairs = trace_inputs(model, lambda: call_model(model, batches[0]), linears, norm_modules(model))
     done: list[Smoothed] = []
     smoothed: set[str] = set()
     modules = dict(model.named_modules())

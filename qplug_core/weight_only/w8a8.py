@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError, ConfigValidationError
-from qplug_core.flows.dynamic import is_transformers_conv1d, linear_from_conv1d
+from qplug_core.flows.dynamic import linear_from_conv1d
 from qplug_core.kernels.per_token import (
     PerTokenDynamicLinear,
     SharedInput,
@@ -34,8 +34,8 @@ from qplug_core.kernels.per_token import (
 )
 from qplug_core.kernels.static_int8 import StaticInt8Linear, static_activation_qparams
 from qplug_core.registry.backends import resolve_backend
-from qplug_core.weight_only.api import _tied_output
-from qplug_core.weight_only.awq import _run
+from qplug_core.weight_only.api import conv1d_class, select_layers
+from qplug_core.weight_only.awq import call_model
 from qplug_core.weight_only.smoothing import Smoothed, smooth
 
 #: the attribute of a W8A8 model holding its :class:`W8A8Info` (``qp.save`` reads it)
@@ -132,26 +132,16 @@ def _targets(model: nn.Module, patterns: list[re.Pattern], quantize_head: bool,
              info: W8A8Info) -> dict[str, nn.Linear]:
     """The linears to quantize (transformers' ``Conv1D`` turned into ``nn.Linear`` in the copy)."""
     head = _output_head(model)
-    tied = _tied_output(model)
-    seen: dict[int, str] = {}
+    kinds: tuple[type, ...] = (nn.Linear,) + ((conv1d_class(),) if conv1d_class() else ())
+    keep = "the output head stays float (quantize_head=True quantizes it)"
+    chosen = select_layers(model, kinds, patterns, info.skipped,
+                           lambda name: keep if name == head and not quantize_head else None)
     targets: dict[str, nn.Linear] = {}
-    for name, module in list(model.named_modules()):
-        if not name or not (type(module) is nn.Linear or is_transformers_conv1d(module)):
-            continue
-        if any(p.fullmatch(name) for p in patterns):
-            info.skipped[name] = "skip= matches its name"
-        elif name == tied:
-            info.skipped[name] = "its weight is tied to the input embedding"
-        elif name == head and not quantize_head:
-            info.skipped[name] = "the output head stays float (quantize_head=True quantizes it)"
-        elif id(module.weight) in seen:
-            info.skipped[name] = f"its weight is shared with {seen[id(module.weight)]}"
-        else:
-            if is_transformers_conv1d(module):
-                module = linear_from_conv1d(module)
-                model.set_submodule(name, module)
-            targets[name] = module
-        seen.setdefault(id(module.weight), name)
+    for name, module in chosen.items():
+        if type(module) is not nn.Linear:
+            module = linear_from_conv1d(module)
+            model.set_submodule(name, module)
+        targets[name] = module
     return targets
 
 
@@ -171,7 +161,7 @@ def _input_ranges(model: nn.Module, linears: dict[str, nn.Linear],
     try:
         with torch.no_grad():
             for batch in calibration:
-                _run(model, batch)
+                call_model(model, batch)
     finally:
         for handle in handles:
             handle.remove()

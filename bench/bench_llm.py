@@ -11,12 +11,14 @@ shape got with what every candidate measured.
 
     python bench/bench_llm.py [--rounds 2] [--layers 12]
 
-On an AVX2 CPU without VNNI (Zen 3), emulated here: torch's kernels forced to AVX2 and qplug's
-kernel choices made for an AVX2-only flag set (ONNX Runtime's MLAS has no such switch: it still
-runs its VNNI code, so its figures are the host's)::
+On an AVX2 CPU without VNNI (Zen 3), emulated here: torch's own kernels, MKL (fp32 matmuls),
+fbgemm and oneDNN (W8A8's int8 GEMM) forced to AVX2, and qplug's kernel choices made for an
+AVX2-only flag set. ONNX Runtime's MLAS (``MatMulNBits``, the weight-only kernel) has no such
+switch and still runs its AVX-512 VNNI code, so the weight-only figures of that run are not
+AVX2's::
 
-    FBGEMM_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 QPLUG_CPU_FLAGS="fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c" \\
-        python bench/bench_llm.py
+    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \\
+        QPLUG_CPU_FLAGS="fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c" python bench/bench_llm.py
 """
 
 from __future__ import annotations

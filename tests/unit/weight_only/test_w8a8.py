@@ -331,3 +331,18 @@ def test_static_activations_calibrate_one_range_per_input_and_round_trip(trained
     assert loaded.qplug_w8a8.activations == "static"
     with torch.no_grad():
         assert torch.equal(loaded(prompts).logits, qmodel(prompts).logits)
+
+
+@pytest.mark.parametrize("flags, qmax", [("avx2 fma", 64), ("avx2 avx512f avx512bw avx512_vnni", 127)])
+def test_weights_take_the_range_this_cpu_computes_exactly(flags, qmax):
+    """Without VNNI, oneDNN sums u8 x s8 pairs in int16 with saturation: 7-bit weights keep it exact."""
+    from qplug_core.kernels.cpu import override_cpu_flags
+
+    model = decoder()
+    with override_cpu_flags(flags):
+        qmodel = qp.quantize_w8a8(model, batches(2))
+        assert qmodel.qplug_w8a8.gemm == best_gemm()
+        linears = [m for m in qmodel.modules() if isinstance(m, PerTokenDynamicLinear)]
+        assert max(int(m.weight_int8_t.abs().max()) for m in linears) == qmax
+        with torch.no_grad():
+            assert cosine(qmodel(PROMPTS[0]).logits, model(PROMPTS[0]).logits) > 0.999

@@ -61,7 +61,8 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
     swapped into the model later are not saved. The file is replaced atomically, and saving the
     same model twice gives byte-identical files. Models quantized by module swap
     (``qp.quantize_weights``, ``qp.quantize_w8a8``, ``qp.quantize_dynamic(per_token=True)``) are
-    saved as their quantized tensors and the rest of their float state (load them with ``model=``).
+    saved as their quantized tensors and the rest of their float state (load them with ``model=``);
+    so are ``qp.quantize_dynamic`` models whose dynamic layers are int8 linears.
     """
     target = Path(path)
     if is_swapped_model(qmodel):
@@ -73,10 +74,9 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
         raise SerializationError(
             f"cannot save to {target}: the model was not produced by qp.convert_fx, "
             "qp.convert_to_reference_fx or qp.load (it holds no reference form); "
-            "quantize it with qplug first. qp.quantize_dynamic's per-tensor and captured models are "
-            "not saved: they need no calibration, so save the float model and run "
-            "qp.quantize_dynamic again after loading it (its per_token=True models, uncaptured, "
-            "are saved)", path=str(target))
+            "quantize it with qplug first. qp.quantize_dynamic's captured graphs (capture=... or an "
+            "ExportedProgram) are not saved: they need no calibration, so save the float model and "
+            "run qp.quantize_dynamic again after loading it (its module-swapped models are saved)", path=str(target))
     document = json.dumps(to_document(artifact), sort_keys=True, separators=(",", ":"), allow_nan=False)
     write_artifact_file(target, document, artifact.tensors)
     return target

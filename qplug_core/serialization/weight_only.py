@@ -1,5 +1,6 @@
 """Models quantized by module swap in and out of one ``.safetensors`` file: ``qp.quantize_weights``
-(weight-only), ``qp.quantize_w8a8`` and ``qp.quantize_dynamic(per_token=True)`` models.
+(weight-only), ``qp.quantize_w8a8`` and ``qp.quantize_dynamic`` models whose dynamic layers are
+int8 linears.
 
 The file holds plain tensors (each quantized layer's own: ``qweight`` / ``scales`` /
 ``zero_points`` / ``input_scale`` for weight-only layers, ``weight_int8`` / ``weight_scale`` for
@@ -24,6 +25,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import ConfigValidationError, SerializationError
+from qplug_core.kernels.dynamic import DynamicLinear
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
 from qplug_core.kernels.static_int8 import StaticInt8Linear
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
@@ -41,7 +43,10 @@ _FLOAT = "float/"
 #: what made the model: restored as its info attribute at load
 MODES = ("weight_only", "w8a8", "dynamic")
 _FIELDS = ("qweight", "scales", "zero_points", "bias", "input_scale", "weight_int8", "weight_scale",
-           "activation_scale", "activation_zero_point")
+           "weight_zero_point", "activation_scale", "activation_zero_point")
+DYNAMIC_KIND = "dynamic_linear"
+#: engines a dynamic linear may name in a file (and this torch must support to load it)
+_ENGINES = ("fbgemm", "x86", "qnnpack", "onednn")
 
 
 def is_swapped_model(model: Any) -> bool:
@@ -50,7 +55,12 @@ def is_swapped_model(model: Any) -> bool:
             isinstance(getattr(model, W8A8_ATTRIBUTE, None), W8A8Info):
         return True
     return isinstance(model, nn.Module) and not isinstance(model, fx.GraphModule) and \
-        any(isinstance(m, PerTokenDynamicLinear) for m in model.modules())
+        any(isinstance(m, PerTokenDynamicLinear) or _is_dynamic_layer(m) for m in model.modules())
+
+
+def _is_dynamic_layer(module: nn.Module) -> bool:
+    """A module ``qp.quantize_dynamic`` swaps in (a dynamic kernel or its reference simulation)."""
+    return type(module).__module__ in ("qplug_core.kernels.dynamic", "qplug_core.flows.dynamic")
 
 
 def is_swapped_document(document: Any) -> bool:
@@ -68,11 +78,19 @@ def _swapped_layers(model: nn.Module) -> tuple[str, dict[str, str], dict[str, An
         return "w8a8", dict(w8a8.layers), {"alpha": w8a8.alpha, "activations": w8a8.activations,
                                            "skipped": w8a8.skipped,
                                            "smoothed": [vars(s) for s in w8a8.smoothed]}
-    return "dynamic", {n: LAYER_KIND for n, m in model.named_modules() if isinstance(m, PerTokenDynamicLinear)}, {}
+    kinds = {}
+    for name, module in model.named_modules():
+        if isinstance(module, PerTokenDynamicLinear):
+            kinds[name] = LAYER_KIND
+        elif isinstance(module, DynamicLinear):
+            kinds[name] = DYNAMIC_KIND
+    return "dynamic", kinds, {}
 
 
 def save_swapped(model: nn.Module, target: Path) -> Path:
     mode, kinds, entries = _swapped_layers(model)
+    if mode == "dynamic":
+        _check_only_linears(model, target)
     modules = dict(model.named_modules())
     layers, tensors = [], {}
     for name, kind in kinds.items():
@@ -94,6 +112,19 @@ def save_swapped(model: nn.Module, target: Path) -> Path:
     return target
 
 
+def _check_only_linears(model: nn.Module, target: Path) -> None:
+    """A dynamic model is saved only if every dynamic layer is a linear this file format knows."""
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if _is_dynamic_layer(module) and not (isinstance(module, DynamicLinear) and module.dtype == torch.qint8):
+            raise SerializationError(
+                f"cannot save to {target}: layer {name!r} is a dynamic {kind}"
+                f"{' with ' + str(module.dtype) + ' weights' if isinstance(module, DynamicLinear) else ''}; "
+                "qp.save writes dynamic models whose dynamic layers are int8 linears (recurrent layers, float16 "
+                "weights and the reference backend's simulation are not saved: save the float model and run "
+                "qp.quantize_dynamic again after loading it)", path=str(target))
+
+
 def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor | None]] | None:
     """(the layer's document entry, its tensors), or None when ``module`` is not of ``kind``."""
     static = isinstance(module, StaticInt8Linear)
@@ -105,6 +136,12 @@ def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Ten
             values.update(activation_scale=module.activation_scale,
                           activation_zero_point=module.activation_zero_point)
         return {"shape": [module.out_features, module.in_features], "simulated": module.simulate}, values
+    if kind == DYNAMIC_KIND and isinstance(module, DynamicLinear):
+        weight, scales, zero_points, per_channel = module.integer_weight()
+        return ({"shape": list(weight.shape), "per_channel": per_channel, "engine": module.engine,
+                 "reduce_range": module.reduce_range},
+                {"weight_int8": weight, "weight_scale": scales, "weight_zero_point": zero_points,
+                 "bias": module.bias})
     if kind not in ("linear", "embedding") or not isinstance(module, (WeightOnlyLinear, WeightOnlyEmbedding)):
         return None
     layer: dict[str, Any] = {"shape": list(module.quantized_weight().shape), "scheme": module.scheme.to_dict()}
@@ -138,16 +175,16 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
                                  f"{exc}", path=str(source)) from exc
     context = _LoadContext(source, tensors, backend, info)
     modules = dict(model.named_modules())
-    names = []
     with torch.no_grad():
-        for layer in layers:
-            name, swapped = _rebuild_layer(layer, modules, context)
+        rebuilt = [(layer["kind"], *_rebuild_layer(layer, modules, context)) for layer in layers]
+        # the float state before the swap: swapped-in kernels keep their weights packed, outside any
+        # state_dict
+        _load_float_state(model, [name for _, name, _ in rebuilt], tensors, source)
+        for kind, name, swapped in rebuilt:
             parent, _, child = name.rpartition(".")
             setattr(modules[parent], child, swapped)
-            names.append(name)
             if info is not None:
-                info.layers[name] = layer["kind"]
-        _load_float_state(model, names, tensors, source)
+                info.layers[name] = kind
     if isinstance(info, WeightOnlyInfo):
         setattr(model, INFO_ATTRIBUTE, info)
     elif isinstance(info, W8A8Info):
@@ -280,15 +317,36 @@ def _per_token(layer: dict, name: str, shape: tuple[int, int], values: dict, tar
         raise context.error(f"layer {name!r}: {exc}") from exc
 
 
+def _dynamic(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
+             context: _LoadContext) -> nn.Module:
+    engine, per_channel = layer.get("engine"), layer.get("per_channel")
+    if engine not in _ENGINES or engine not in torch.backends.quantized.supported_engines:
+        raise context.error(f"layer {name!r} names engine {engine!r}; this torch runs "
+                            f"{[e for e in torch.backends.quantized.supported_engines if e in _ENGINES]}")
+    if not isinstance(per_channel, bool):
+        raise context.error(f"layer {name!r} is malformed: per_channel {per_channel!r}")
+    channels = (shape[0],) if per_channel else ()
+    context.check(values["weight_int8"], shape, torch.int8, name, "weight_int8")
+    context.check(values["weight_scale"], channels, torch.float64, name, "weight_scale")
+    context.check(values["weight_zero_point"], channels, torch.int64, name, "weight_zero_point")
+    scale = values["weight_scale"]
+    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+        raise context.error(f"layer {name!r} weight_scale has values that are not finite and positive")
+    return DynamicLinear.from_integer(values["weight_int8"], scale, values["weight_zero_point"], values["bias"],
+                                      per_channel=per_channel, engine=engine,
+                                      reduce_range=bool(layer.get("reduce_range", True)))
+
+
 #: layer kind -> builder: the only code a name in the file can reach
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "linear": _weight_only, "embedding": _weight_only, LAYER_KIND: _per_token, STATIC_KIND: _per_token}
+    "linear": _weight_only, "embedding": _weight_only, LAYER_KIND: _per_token, STATIC_KIND: _per_token,
+    DYNAMIC_KIND: _dynamic}
 
 
 def _expected_shape(module: nn.Module, kind: Any) -> tuple[int, int] | None:
     conv1d = conv1d_class()
     linear = isinstance(module, nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
-    if kind in ("linear", LAYER_KIND, STATIC_KIND) and linear:
+    if kind in ("linear", LAYER_KIND, STATIC_KIND, DYNAMIC_KIND) and linear:
         return tuple(linear_weight(module).shape)  # type: ignore[return-value]
     if kind == "embedding" and isinstance(module, nn.Embedding):
         return tuple(module.weight.shape)  # type: ignore[return-value]

@@ -346,3 +346,34 @@ def test_weights_take_the_range_this_cpu_computes_exactly(flags, qmax):
         assert max(int(m.weight_int8_t.abs().max()) for m in linears) == qmax
         with torch.no_grad():
             assert cosine(qmodel(PROMPTS[0]).logits, model(PROMPTS[0]).logits) > 0.999
+
+
+@pytest.mark.usefixtures("plugin_autoload")
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_save_and_load_a_dynamic_model_with_int8_linears(tmp_path, per_channel):
+    from qplug_core.config.defaults import dynamic_qconfig
+    from qplug_core.kernels.dynamic import DynamicLinear
+
+    model = decoder()
+    qconfig = dynamic_qconfig(per_channel=per_channel, reduce_range=True)
+    qmodel = qp.quantize_dynamic(model, {nn.Linear: qconfig}, backend="fbgemm")
+    layer = qmodel.model.layers[0].mlp.down_proj
+    assert isinstance(layer, DynamicLinear) and layer.integer_weight()[3] == per_channel
+    path = qp.save(qmodel, tmp_path / "dynamic.safetensors")
+    loaded = qp.load(path, model=decoder(seed=3))
+    restored = loaded.model.layers[0].mlp.down_proj
+    assert isinstance(restored, DynamicLinear)
+    for a, b in zip(layer.integer_weight(), restored.integer_weight()):
+        assert a == b if isinstance(a, bool) else torch.equal(a, b)
+    with torch.no_grad():
+        assert torch.equal(loaded(PROMPTS[0]).logits, qmodel(PROMPTS[0]).logits)
+    assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+
+
+@pytest.mark.usefixtures("plugin_autoload")
+def test_a_dynamic_lstm_is_refused_with_the_way_out(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 8)).eval()
+    model.rnn = nn.LSTM(8, 8)
+    qmodel = qp.quantize_dynamic(model, backend="fbgemm")
+    with pytest.raises(SerializationError, match="is a dynamic DynamicLSTM.*run qp.quantize_dynamic again"):
+        qp.save(qmodel, tmp_path / "lstm.safetensors")

@@ -29,6 +29,8 @@ class StaticInt8Linear(PerTokenDynamicLinear):
     """``nn.Linear`` as int8 x int8 -> int32 with a fixed asymmetric activation grid
     (``activation_scale``, ``activation_zero_point`` on the uint8 grid) and per-channel weights."""
 
+    one_input_scale = True
+
     def __init__(self, weight_int8: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
                  activation_scale: float, activation_zero_point: float, *, simulate: bool = False,
                  gemm: str | None = None) -> None:

@@ -50,7 +50,7 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
         chosen = None if backend is None else resolve_backend(backend).require_available()
         compiles = chosen is not None and not chosen.kernels and chosen.delegate is not None
         if not (qconfig_mapping is not None or target is not None or recipe != "auto" or prepare_options
-                or compiles):
+                or strict or compiles):
             notify(f"{type(model).__name__} generates text: quantized by module swap (qp.quantize_w8a8: "
                    "SmoothQuant, int8 weights, per-token int8 activations) so it keeps generate(); pass "
                    "capture='export' for a captured graph instead")

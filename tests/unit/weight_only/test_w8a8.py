@@ -255,6 +255,15 @@ def test_qp_quantize_keeps_a_decoder_a_decoder(capsys):
         qmodel.generate(PROMPTS[0], **GREEDY)
 
 
+def test_qp_quantize_with_a_graph_option_warns_that_the_graph_cannot_generate():
+    from qplug_core.errors import QplugError
+
+    model = decoder()
+    # transformers 5 does not trace symbolically: the capture fails after the warning, quickly
+    with pytest.warns(UserWarning, match=r"no generate\(\).*qp.quantize_w8a8"), pytest.raises(QplugError):
+        qp.quantize(model, (PROMPTS[0],), [(PROMPTS[0],)], capture="symbolic")
+
+
 def test_save_and_load_w8a8_bit_identical(tmp_path):
     model = decoder()
     qmodel = qp.quantize_w8a8(model, batches(2))

@@ -1,14 +1,24 @@
-"""Weight-only int8 / int4 on a Llama-architecture decoder: tokens/s of greedy ``generate()``.
+"""Weight-only int8 / int4 and W8A8 on a Llama-architecture decoder: tokens/s of greedy ``generate()``.
 
 A LlamaConfig model (~220 M parameters, random init), batch 1, a 32-token prompt, 64 new tokens
 (greedy, no early stop), at 1 and 2 threads: fp32 eager against ``qp.quantize_weights`` int8 and
-int4 (group 32, RTN; each layer runs the fastest correct kernel found on this CPU). All variants
+int4 (group 32, RTN; each layer runs the fastest correct kernel found on this CPU) and
+``qp.quantize_w8a8`` (SmoothQuant on 4 random-token batches, per-token int8 activations). All variants
 live in one process and are timed round-robin (``_harness.interleaved``). Also printed: weight
 bytes (the model's tensors), the RSS each model added when built, the process's peak RSS,
 logits cosine on the prompt and greedy-token agreement with fp32, and the kernel each layer
 shape got with what every candidate measured.
 
     python bench/bench_llm.py [--rounds 2] [--layers 12]
+
+On an AVX2 CPU without VNNI (Zen 3), emulated here: torch's own kernels, MKL (fp32 matmuls),
+fbgemm and oneDNN (W8A8's int8 GEMM) forced to AVX2, and qplug's kernel choices made for an
+AVX2-only flag set. ONNX Runtime's MLAS (``MatMulNBits``, the weight-only kernel) has no such
+switch and still runs its AVX-512 VNNI code, so the weight-only figures of that run are not
+AVX2's::
+
+    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \\
+        QPLUG_CPU_FLAGS="fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c" python bench/bench_llm.py
 """
 
 from __future__ import annotations
@@ -69,6 +79,11 @@ def main() -> None:
         before = rss_bytes()
         models[name] = qp.quantize_weights(fp32, bits=bits, group_size=32)
         added[name] = rss_bytes() - before
+    calibration = [torch.randint(0, 32000, (1, 64), generator=torch.Generator().manual_seed(10 + i))
+                   for i in range(4)]
+    before = rss_bytes()
+    models["w8a8"] = qp.quantize_w8a8(fp32, calibration)
+    added["w8a8"] = rss_bytes() - before
     prompt = torch.randint(0, 32000, (1, 32), generator=torch.Generator().manual_seed(1))
     settings = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
                     eos_token_id=None, pad_token_id=0)
@@ -98,6 +113,9 @@ def main() -> None:
                         [[name, f"{median(s):.2f}", f"{args.new_tokens / median(s):.1f}",
                           f"{fp32_time / median(s):.2f}"] for name, s in samples.items()]))
     print(f"\npeak RSS of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")
+    w8a8 = models["w8a8"].qplug_w8a8
+    print(f"\nw8a8: GEMM {w8a8.gemm}, {len(w8a8.layers)} int8 linears, {len(w8a8.smoothed)} inputs smoothed "
+          f"(strengths {dict(collections.Counter(s.alpha for s in w8a8.smoothed))})")
     for name, model in models.items():
         info = getattr(model, "qplug_weight_only", None)
         if info is None:

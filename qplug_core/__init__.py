@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
     from qplug_core.registry.backends import Availability, Backend, BackendSpec, get_backend, list_backends
     from qplug_core.registry.hookspecs import hookimpl
     from qplug_core.serialization import load, save
-    from qplug_core.weight_only import quantize_weights
+    from qplug_core.weight_only import quantize_w8a8, quantize_weights
 
 #: public name -> "module" (a submodule) or "module:attribute"
 _EXPORTS: dict[str, str] = {
@@ -78,6 +78,7 @@ _EXPORTS: dict[str, str] = {
     "convert_fx": "qplug_core.flows.steps:convert_fx",
     "quantization_report": "qplug_core.flows.steps:quantization_report",
     "quantize_dynamic": "qplug_core.flows.dynamic:quantize_dynamic",
+    "quantize_w8a8": "qplug_core.weight_only:quantize_w8a8",
     "quantize_weights": "qplug_core.weight_only:quantize_weights",
     "get_default_qconfig_mapping": "qplug_core.flows.steps:get_default_qconfig_mapping",
     "compare": "qplug_core.analysis.compare:compare",
@@ -121,7 +122,7 @@ __all__ = [
     "export_onnx", "fuse_fx", "get_backend", "get_default_qconfig_mapping", "hookimpl",
     "list_backends", "load", "matcher", "observers", "partition", "passes", "patterns",
     "prepare_fx", "prepare_qat_fx", "quantization_report", "quantize", "quantize_dynamic",
-    "quantize_weights", "save",
+    "quantize_w8a8", "quantize_weights", "save",
     "sensitivity", "sqnr", "sync_observers", "zoo",
 ]
 

@@ -15,19 +15,20 @@ from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
 from qplug_core.algorithms.recipes import looks_like_transformer
 from qplug_core.algorithms.target import TRANSFORMER_TARGET, meet_target
 from qplug_core.config import QConfigMapping
-from qplug_core.errors import notify
+from qplug_core.errors import notify, warn_user
 from qplug_core.flows import auto
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.tags import RECIPE
 from qplug_core.registry.backends import Backend, resolve_backend
+from qplug_core.weight_only.w8a8 import quantize_w8a8
 
 
 def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
              backend: str | Backend | None = None, qconfig_mapping: QConfigMapping | None = None,
              progress: bool | None = None, strict: bool = False, allow_float: bool = False,
-             recipe: Any = "auto", target: Any = None, **prepare_options: Any) -> fx.GraphModule:
+             recipe: Any = "auto", target: Any = None, **prepare_options: Any) -> nn.Module:
     """Static post-training quantization in one call: the int8 model running the backend's kernels.
 
     ``model`` may be an ``nn.Module``, an ``ExportedProgram`` or its ``.module()``;
@@ -43,7 +44,27 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     ``backend="auto"`` calibrates once, finishes the reference form on every installed backend,
     checks each against it and keeps the fastest on ``example_inputs`` that keeps the kernel
     contract (:mod:`qplug_core.flows.auto`; the report's ``auto`` lists what was tried).
+
+    A generating Hugging Face model (a ``PreTrainedModel`` with ``generate()``, such as
+    ``LlamaForCausalLM``) is not captured: a graph has no ``generate()`` and no KV cache. With the
+    default options it is quantized by :func:`qp.quantize_w8a8 <qplug_core.quantize_w8a8>`
+    instead (SmoothQuant on ``calibration_data``, int8 weights and per-token int8 activations,
+    the same model class back, with ``generate()``); ``capture="export"`` (or any graph-mode
+    option) still gives the captured ``GraphModule``, with a warning that it cannot generate.
     """
+    if generates(model):
+        measured = backend is None or backend == auto.AUTO  # W8A8 picks its kernels per CPU itself
+        chosen = None if measured else resolve_backend(backend).require_available()
+        compiles = chosen is not None and not chosen.kernels and chosen.delegate is not None
+        if not (qconfig_mapping is not None or target is not None or recipe != "auto" or prepare_options
+                or strict or compiles):
+            notify(f"{type(model).__name__} generates text: quantized by module swap (qp.quantize_w8a8: "
+                   "SmoothQuant, int8 weights, per-token int8 activations) so it keeps generate(); pass "
+                   "capture='export' for a captured graph instead")
+            return quantize_w8a8(model, calibration_data, backend=None if chosen is None else chosen.name)
+        warn_user(f"qp.quantize captures {type(model).__name__} as a graph, which has no generate() and no KV "
+                  "cache; qp.quantize_w8a8(model, calibration) or qp.quantize_weights(model) keep the model "
+                  "and generate()")
     if isinstance(backend, str) and backend == auto.AUTO:
         return _quantize_auto(model, example_inputs, calibration_data, qconfig_mapping=qconfig_mapping,
                               progress=progress, strict=strict, allow_float=allow_float,
@@ -75,6 +96,13 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
                           qconfig_mapping=qconfig_mapping, **options)
     others = [b for b in backends if b.name != base.name]
     return auto.choose(qmodel, base, others, untried, as_input_tuple(example_inputs), held)
+
+
+def generates(model: Any) -> bool:
+    """Whether ``model`` is a text-generating Hugging Face model (``generate()`` and a config)."""
+    can_generate = getattr(model, "can_generate", None)
+    return (isinstance(model, nn.Module) and callable(getattr(model, "generate", None))
+            and getattr(model, "config", None) is not None and callable(can_generate) and bool(can_generate()))
 
 
 def needs_algorithms(model: Any, recipe: Any, target: Any) -> bool:

@@ -136,6 +136,37 @@ class DynamicLinear(_DynamicKernel):
             self.__dict__["_unpacked_cache"] = cached
         return cached
 
+    def integer_weight(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        """(int8 weight ``[out, in]``, float64 scales, int64 zero points, per channel) of a qint8
+        kernel: what ``qp.save`` writes and :meth:`from_integer` rebuilds the same kernel from."""
+        if self.dtype != torch.qint8:
+            raise ConfigValidationError(f"{type(self).__name__} holds {self.dtype} weights, not int8 ones",
+                                        field="dtype", value=self.dtype)
+        with quiet_quantized_dtypes():
+            weight, _ = _Q.linear_unpack(self._packed)
+            if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+                return (weight.int_repr(), weight.q_per_channel_scales().double(),
+                        weight.q_per_channel_zero_points().long(), True)
+            return (weight.int_repr(), torch.tensor(weight.q_scale(), dtype=torch.float64),
+                    torch.tensor(weight.q_zero_point(), dtype=torch.long), False)
+
+    @classmethod
+    def from_integer(cls, weight_int8: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
+                     bias: torch.Tensor | None, *, per_channel: bool, engine: str,
+                     reduce_range: bool) -> DynamicLinear:
+        """The kernel :meth:`integer_weight` came from (its integers are reproduced exactly)."""
+        shape = (-1, 1) if per_channel else ()
+        linear = nn.Linear(weight_int8.shape[1], weight_int8.shape[0], bias=bias is not None)
+        with torch.no_grad():
+            linear.weight.copy_((weight_int8.double() - zero_points.reshape(shape)) * scales.reshape(shape))
+            if bias is not None:
+                linear.bias.copy_(bias)
+        qparams = QParams(scales, zero_points, torch.qint8, -128, 127, axis=0 if per_channel else None,
+                          is_dynamic=True)
+        kernel = cls.from_float(linear, dtype=torch.qint8, engine=engine, per_channel=per_channel,
+                                reduce_range=reduce_range, weight_qparams=qparams)
+        return kernel  # type: ignore[return-value]
+
     @property
     def weight(self) -> torch.Tensor:
         """The weight the kernel uses, as a float tensor (read-only copy).

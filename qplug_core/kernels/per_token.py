@@ -325,8 +325,15 @@ class PerTokenDynamicLinear(nn.Module):
         if x.dtype != torch.float32:
             x = x.float()
         unsigned = not self.simulate and self.gemm == "onednn"
-        q, scale, zero_point = (self.shared.quantize(x, unsigned) if self.shared is not None
-                                else _quantize(x, unsigned))
+        q, scale, zero_point = self._quantized_input(x, unsigned)
+        if unsigned and (scale.numel() == 1 or self.one_input_scale):
+            # one scale and zero point for every row (a decode step's single token, or static
+            # activations): oneDNN applies them and the bias itself, no pass over the output left
+            packed, zero_points = self._packed.get(self.weight_int8_t)
+            out = torch.ops.onednn.qlinear_pointwise(
+                q.reshape(-1, self.in_features), float(scale.reshape(-1)[0]), int(zero_point.reshape(-1)[0]),
+                packed, self.weight_scale, zero_points, self.bias, 1.0, 0, torch.float32, "none", [], "")
+            return out.reshape(*x.shape[:-1], self.out_features)
         out = self._weight_scaled_products(q.reshape(-1, self.in_features))
         # (q - zp) W s_w s_x + b: the zero-point term as one rank-1 update, then one pass for both
         # the token scales and the bias
@@ -337,6 +344,14 @@ class PerTokenDynamicLinear(nn.Module):
         else:
             out.mul_(scale)
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    #: whether every row of an input shares one scale (static activations)
+    one_input_scale = False
+
+    def _quantized_input(self, x: torch.Tensor, unsigned: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(integer codes, scale, zero point), the scales broadcasting over the last dimension."""
+        return self.shared.quantize(x, unsigned) if self.shared is not None else _quantize(x, unsigned)
 
     def _weight_scaled_products(self, q: torch.Tensor) -> torch.Tensor:
         """``(q @ W) * weight_scale`` as float32 ``[tokens, out_features]``, q still unshifted."""

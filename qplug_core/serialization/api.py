@@ -43,10 +43,10 @@ from qplug_core.serialization.lowering_record import LoweringRecord
 from qplug_core.serialization.module_codec import decode_modules
 from qplug_core.serialization.receivers import check_receivers
 from qplug_core.serialization.weight_only import (
-    is_weight_only,
-    is_weight_only_document,
-    load_weight_only,
-    save_weight_only,
+    is_swapped_document,
+    is_swapped_model,
+    load_swapped,
+    save_swapped,
 )
 
 #: PEP 508 distribution names
@@ -60,12 +60,14 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
     what is written is the reference form recorded at convert time (int8 weights, qparams, graph;
     float tensors are shared with the model) and the backend it was converted for, so modules
     swapped into the model later are not saved. The file is replaced atomically, and saving the
-    same model twice gives byte-identical files. Models from ``qp.quantize_weights`` are saved as
-    their quantized tensors and the rest of their float state (load them with ``model=``).
+    same model twice gives byte-identical files. Models quantized by module swap
+    (``qp.quantize_weights``, ``qp.quantize_w8a8``, ``qp.quantize_dynamic(per_token=True)``) are
+    saved as their quantized tensors and the rest of their float state (load them with ``model=``);
+    so are ``qp.quantize_dynamic`` models whose dynamic layers are int8 linears.
     """
     target = Path(path)
-    if is_weight_only(qmodel):
-        return save_weight_only(qmodel, target)
+    if is_swapped_model(qmodel):
+        return save_swapped(qmodel, target)
     artifact = artifact_of(qmodel)
     if isinstance(artifact, str):
         raise SerializationError(f"cannot save to {target}: {artifact}", path=str(target))
@@ -73,9 +75,9 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
         raise SerializationError(
             f"cannot save to {target}: the model was not produced by qp.convert_fx, "
             "qp.convert_to_reference_fx or qp.load (it holds no reference form); "
-            "quantize it with qplug first. qp.quantize_dynamic's models (per_token=True too) are "
-            "not saved: they need no calibration, so save the float model and run "
-            "qp.quantize_dynamic again after loading it", path=str(target))
+            "quantize it with qplug first. qp.quantize_dynamic's captured graphs (capture=... or an "
+            "ExportedProgram) are not saved: they need no calibration, so save the float model and "
+            "run qp.quantize_dynamic again after loading it (its module-swapped models are saved)", path=str(target))
     document = json.dumps(to_document(artifact), sort_keys=True, separators=(",", ":"), allow_nan=False)
     write_artifact_file(target, document, artifact.tensors)
     return target
@@ -85,7 +87,8 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
          model: nn.Module | None = None) -> nn.Module:
     """Load a model saved by :func:`save`, lowered to the backend it was converted for.
 
-    A weight-only model (``qp.quantize_weights``) is loaded into ``model``: an instance of the
+    A model quantized by module swap (``qp.quantize_weights``, ``qp.quantize_w8a8``,
+    ``qp.quantize_dynamic(per_token=True)``) is loaded into ``model``: an instance of the
     original class built from the same config (``AutoModelForCausalLM.from_config(config)``),
     whose float weights are replaced in place; it is returned, with kernels picked for this CPU
     (from ``backend``'s and the core's, or every installed backend's for ``None``).
@@ -112,12 +115,13 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     except (ValueError, RecursionError) as exc:
         raise SerializationError(f"{source} is not a valid qplug artifact: {type(exc).__name__}: {exc}",
                                  path=str(source)) from exc
-    if is_weight_only_document(document):
-        return load_weight_only(document, tensors, source, model,
+    if is_swapped_document(document):
+        return load_swapped(document, tensors, source, model,
                                 backend.name if isinstance(backend, Backend) else backend)
     if model is not None:
         raise SerializationError(f"{source} holds a converted graph model, which qp.load builds itself; "
-                                 "model= is only for files of qp.quantize_weights models", path=str(source))
+                                 "model= is only for files of models quantized by module swap (qp.quantize_weights, "
+                                 "qp.quantize_w8a8, qp.quantize_dynamic(per_token=True))", path=str(source))
     try:
         artifact = from_document(document, tensors)
     except (ValueError, RecursionError, ConfigError) as exc:  # RecursionError: absurdly nested JSON

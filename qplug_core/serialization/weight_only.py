@@ -1,174 +1,362 @@
-"""Weight-only models (``qp.quantize_weights``) in and out of one ``.safetensors`` file.
+"""Models quantized by module swap in and out of one ``.safetensors`` file: ``qp.quantize_weights``
+(weight-only), ``qp.quantize_w8a8`` and ``qp.quantize_dynamic`` models whose dynamic layers are
+int8 linears.
 
-The file holds plain tensors (each quantized layer's ``qweight`` / ``scales`` / ``zero_points``,
-``bias`` and ``input_scale``; the rest of the model's float state under its ``state_dict`` keys)
-and a JSON document listing the quantized layers by module name, kind and shape, and the scheme.
-No code and no class name is stored: the model is rebuilt by the user (their own class, from its
-config) and passed to ``qp.load(path, model=...)``, which checks every listed name against that
-model's own modules (a table of its ``named_modules()``, never an attribute walk), swaps the
-quantized layers in, loads the float state and picks kernels for this CPU again.
+The file holds plain tensors (each quantized layer's own: ``qweight`` / ``scales`` /
+``zero_points`` / ``input_scale`` for weight-only layers, ``weight_int8`` / ``weight_scale`` for
+int8 ones, and ``bias``; the rest of the model's float state under its ``state_dict`` keys, which
+includes the norms SmoothQuant folded its scales into) and a JSON document listing the quantized
+layers by module name, kind and shape, and what made them. No code and no class name is stored:
+the model is rebuilt by the user (their own class, from its config) and passed to
+``qp.load(path, model=...)``, which checks every listed name against that model's own modules (a
+table of its ``named_modules()``, never an attribute walk), swaps the quantized layers in, loads
+the float state and picks kernels for this CPU again. Layer kinds map to builders through
+:data:`_BUILDERS`; an unknown kind is refused.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 
-from qplug_core.errors import SerializationError
+from qplug_core.errors import ConfigValidationError, SerializationError
+from qplug_core.kernels.dynamic import DynamicLinear
+from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
+from qplug_core.kernels.static_int8 import StaticInt8Linear
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.serialization.files import write_artifact_file
 from qplug_core.weight_only.api import INFO_ATTRIBUTE, WeightOnlyInfo, conv1d_class, linear_weight
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
 from qplug_core.weight_only.selection import available_kernels, choose
+from qplug_core.weight_only.smoothing import Smoothed
+from qplug_core.weight_only.w8a8 import ACTIVATIONS, LAYER_KIND, STATIC_KIND, W8A8_ATTRIBUTE, W8A8Info
 
 FORMAT = "qplug-weight-only"
 SCHEMA_VERSION = 1
 _QUANTIZED = "quantized/"
 _FLOAT = "float/"
-_FIELDS = ("qweight", "scales", "zero_points", "bias", "input_scale")
+#: what made the model: restored as its info attribute at load
+MODES = ("weight_only", "w8a8", "dynamic")
+_FIELDS = ("qweight", "scales", "zero_points", "bias", "input_scale", "weight_int8", "weight_scale",
+           "weight_zero_point", "activation_scale", "activation_zero_point")
+DYNAMIC_KIND = "dynamic_linear"
+#: engines a dynamic linear may name in a file (and this torch must support to load it)
+_ENGINES = ("fbgemm", "x86", "qnnpack", "onednn")
 
 
-def is_weight_only(model: Any) -> bool:
-    return isinstance(getattr(model, INFO_ATTRIBUTE, None), WeightOnlyInfo)
+def is_swapped_model(model: Any) -> bool:
+    """A model quantized by module swap (not a converted graph, which carries its own artifact)."""
+    if isinstance(getattr(model, INFO_ATTRIBUTE, None), WeightOnlyInfo) or \
+            isinstance(getattr(model, W8A8_ATTRIBUTE, None), W8A8Info):
+        return True
+    return isinstance(model, nn.Module) and not isinstance(model, fx.GraphModule) and \
+        any(isinstance(m, PerTokenDynamicLinear) or _is_dynamic_layer(m) for m in model.modules())
 
 
-def is_weight_only_document(document: Any) -> bool:
+def _is_dynamic_layer(module: nn.Module) -> bool:
+    """A module ``qp.quantize_dynamic`` swaps in (a dynamic kernel or its reference simulation)."""
+    return type(module).__module__ in ("qplug_core.kernels.dynamic", "qplug_core.flows.dynamic")
+
+
+def is_swapped_document(document: Any) -> bool:
     return isinstance(document, dict) and document.get("format") == FORMAT
 
 
-def save_weight_only(model: nn.Module, target: Path) -> Path:
-    info: WeightOnlyInfo = getattr(model, INFO_ATTRIBUTE)
+def _swapped_layers(model: nn.Module) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """(mode, layer name -> kind, the mode's own document entries) of a swapped model."""
+    info = getattr(model, INFO_ATTRIBUTE, None)
+    if isinstance(info, WeightOnlyInfo):
+        return "weight_only", dict(info.layers), {"algorithm": info.algorithm, "scheme": info.scheme.to_dict(),
+                                                  "skipped": info.skipped}
+    w8a8 = getattr(model, W8A8_ATTRIBUTE, None)
+    if isinstance(w8a8, W8A8Info):
+        return "w8a8", dict(w8a8.layers), {"alpha": w8a8.alpha, "activations": w8a8.activations,
+                                           "skipped": w8a8.skipped,
+                                           "smoothed": [vars(s) for s in w8a8.smoothed]}
+    kinds = {}
+    for name, module in model.named_modules():
+        if isinstance(module, PerTokenDynamicLinear):
+            kinds[name] = LAYER_KIND
+        elif isinstance(module, DynamicLinear):
+            kinds[name] = DYNAMIC_KIND
+    return "dynamic", kinds, {}
+
+
+def save_swapped(model: nn.Module, target: Path) -> Path:
+    mode, kinds, entries = _swapped_layers(model)
+    if mode == "dynamic":
+        _check_only_linears(model, target)
     modules = dict(model.named_modules())
     layers, tensors = [], {}
-    for name, kind in info.layers.items():
+    for name, kind in kinds.items():
         module = modules.get(name)
-        if not isinstance(module, (WeightOnlyLinear, WeightOnlyEmbedding)):
-            raise SerializationError(f"cannot save to {target}: layer {name!r} is no longer a weight-only "
-                                     "module (the model was changed after qp.quantize_weights)", path=str(target))
-        layer = {"name": name, "kind": kind, "shape": list(module.quantized_weight().shape),
-                 "scheme": module.scheme.to_dict()}
-        if isinstance(module, WeightOnlyLinear):
-            layer["transposed"] = module.from_transposed
-        else:
-            layer["padding_idx"] = module.padding_idx
-        for field in _FIELDS:
-            value = getattr(module, field, None)
-            if value is not None:
-                tensors[f"{_QUANTIZED}{name}/{field}"] = value.detach()
-        layers.append(layer)
-    prefixes = tuple(f"{name}." for name in info.layers)
+        encoded = _encode(kind, module)
+        if encoded is None:
+            raise SerializationError(f"cannot save to {target}: layer {name!r} is no longer the {kind} it was "
+                                     "quantized to (the model was changed after quantization)", path=str(target))
+        layer, values = encoded
+        layers.append({"name": name, "kind": kind, **layer})
+        tensors.update({f"{_QUANTIZED}{name}/{f}": v.detach() for f, v in values.items() if v is not None})
+    prefixes = tuple(f"{name}." for name in kinds)
     for key, value in model.state_dict().items():
         if not key.startswith(prefixes):
             tensors[_FLOAT + key] = value
-    document = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "algorithm": info.algorithm,
-                "scheme": info.scheme.to_dict(), "layers": layers, "skipped": info.skipped}
+    document = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": mode, "layers": layers, **entries}
     text = json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False)
     write_artifact_file(target, text, tensors)
     return target
 
 
-def load_weight_only(document: dict, tensors: dict[str, torch.Tensor], source: Path,
-                     model: nn.Module | None, backend: str | None) -> nn.Module:
+def _check_only_linears(model: nn.Module, target: Path) -> None:
+    """A dynamic model is saved only if every dynamic layer is a linear this file format knows."""
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if _is_dynamic_layer(module) and not (isinstance(module, DynamicLinear) and module.dtype == torch.qint8):
+            raise SerializationError(
+                f"cannot save to {target}: layer {name!r} is a dynamic {kind}"
+                f"{' with ' + str(module.dtype) + ' weights' if isinstance(module, DynamicLinear) else ''}; "
+                "qp.save writes dynamic models whose dynamic layers are int8 linears (recurrent layers, float16 "
+                "weights and the reference backend's simulation are not saved: save the float model and run "
+                "qp.quantize_dynamic again after loading it)", path=str(target))
+
+
+def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor | None]] | None:
+    """(the layer's document entry, its tensors), or None when ``module`` is not of ``kind``."""
+    static = isinstance(module, StaticInt8Linear)
+    if (kind == LAYER_KIND and isinstance(module, PerTokenDynamicLinear) and not static) or \
+            (kind == STATIC_KIND and static):
+        values = {"weight_int8": module.weight_int8_t.t().contiguous(), "weight_scale": module.weight_scale,
+                  "bias": module.bias}
+        if static:
+            values.update(activation_scale=module.activation_scale,
+                          activation_zero_point=module.activation_zero_point)
+        return {"shape": [module.out_features, module.in_features], "simulated": module.simulate}, values
+    if kind == DYNAMIC_KIND and isinstance(module, DynamicLinear):
+        weight, scales, zero_points, per_channel = module.integer_weight()
+        return ({"shape": list(weight.shape), "per_channel": per_channel, "engine": module.engine,
+                 "reduce_range": module.reduce_range},
+                {"weight_int8": weight, "weight_scale": scales, "weight_zero_point": zero_points,
+                 "bias": module.bias})
+    if kind not in ("linear", "embedding") or not isinstance(module, (WeightOnlyLinear, WeightOnlyEmbedding)):
+        return None
+    layer: dict[str, Any] = {"shape": list(module.quantized_weight().shape), "scheme": module.scheme.to_dict()}
+    if isinstance(module, WeightOnlyLinear):
+        layer["transposed"] = module.from_transposed
+    else:
+        layer["padding_idx"] = module.padding_idx
+    return layer, {f: getattr(module, f, None) for f in ("qweight", "scales", "zero_points", "bias", "input_scale")}
+
+
+def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
+                 model: nn.Module | None, backend: str | None) -> nn.Module:
     """Fill ``model`` (built by the user from the same class and config) and return it."""
     if not isinstance(model, nn.Module):
         raise SerializationError(
-            f"{source} holds a weight-only model: pass the model to fill, built from its class and config "
-            "like the original, e.g. qp.load(path, model=AutoModelForCausalLM.from_config(config))",
+            f"{source} holds a model quantized by module swap: pass the model to fill, built from its class "
+            "and config like the original, e.g. qp.load(path, model=AutoModelForCausalLM.from_config(config))",
             path=str(source))
     if document.get("schema_version") != SCHEMA_VERSION:
         raise SerializationError(f"{source}: weight-only schema_version {document.get('schema_version')!r} "
                                  f"is not supported (this qplug reads {SCHEMA_VERSION}); upgrade qplug",
                                  path=str(source))
+    mode = document.get("mode", "weight_only")
     try:
-        info = WeightOnlyInfo(WeightOnlyScheme.from_dict(document["scheme"]), str(document["algorithm"]),
-                              skipped=dict(document.get("skipped", {})))
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}")
+        info = _info(mode, document, backend)
         layers = list(document["layers"])
     except Exception as exc:  # a tampered document: wrong types, missing keys
         raise SerializationError(f"{source} is not a valid qplug weight-only file: {type(exc).__name__}: "
                                  f"{exc}", path=str(source)) from exc
-    kernels = available_kernels(backend)
+    context = _LoadContext(source, tensors, backend, info)
     modules = dict(model.named_modules())
     with torch.no_grad():
-        for layer in layers:
-            name, swapped = _rebuild_layer(layer, modules, tensors, source, kernels, info)
+        rebuilt = [(layer["kind"], *_rebuild_layer(layer, modules, context)) for layer in layers]
+        # the float state before the swap: swapped-in kernels keep their weights packed, outside any
+        # state_dict
+        _load_float_state(model, [name for _, name, _ in rebuilt], tensors, source)
+        for kind, name, swapped in rebuilt:
             parent, _, child = name.rpartition(".")
             setattr(modules[parent], child, swapped)
-            info.layers[name] = layer["kind"]
-        _load_float_state(model, info, tensors, source)
-    setattr(model, INFO_ATTRIBUTE, info)
+            if info is not None:
+                info.layers[name] = kind
+    if isinstance(info, WeightOnlyInfo):
+        setattr(model, INFO_ATTRIBUTE, info)
+    elif isinstance(info, W8A8Info):
+        setattr(model, W8A8_ATTRIBUTE, info)
     return model
 
 
-def _rebuild_layer(layer: Any, modules: dict[str, nn.Module], tensors: dict[str, torch.Tensor],
-                   source: Path, kernels: list, info: WeightOnlyInfo) -> tuple[str, nn.Module]:
-    def bad(message: str) -> SerializationError:
-        return SerializationError(f"{source}: {message}", path=str(source))
+def _info(mode: str, document: dict, backend: str | None) -> WeightOnlyInfo | W8A8Info | None:
+    skipped = {str(k): str(v) for k, v in dict(document.get("skipped", {})).items()}
+    if mode == "weight_only":
+        return WeightOnlyInfo(WeightOnlyScheme.from_dict(document["scheme"]), str(document["algorithm"]),
+                              skipped=skipped)
+    if mode == "w8a8":
+        alpha = document.get("alpha")
+        if not (alpha is None or alpha == "auto" or isinstance(alpha, float)):
+            raise ValueError(f"alpha {alpha!r}")
+        smoothed = [Smoothed(str(s["into"]), tuple(str(n) for n in s["layers"]),
+                             None if s["alpha"] is None else float(s["alpha"]),
+                             *(None if s.get(k) is None else float(s[k]) for k in ("error_before", "error_after")))
+                    for s in document.get("smoothed", [])]
+        activations = document.get("activations", "per_token")
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations {activations!r}")
+        return W8A8Info(alpha, "simulated" if backend == "reference" else best_gemm(), activations,
+                        smoothed=smoothed, skipped=skipped)
+    return None
 
+
+class _LoadContext:
+    """What rebuilding every layer of one file shares: the file, its tensors, the kernels, the
+    one input cache the int8 linears share (q/k/v quantize their input once)."""
+
+    def __init__(self, source: Path, tensors: dict[str, torch.Tensor], backend: str | None,
+                 info: WeightOnlyInfo | W8A8Info | None) -> None:
+        self.source, self.tensors, self.backend, self.info = source, tensors, backend, info
+        self.shared = SharedInput()
+        self._kernels: list | None = None
+
+    def kernels(self) -> list:
+        if self._kernels is None:
+            self._kernels = available_kernels(self.backend)
+        return self._kernels
+
+    def error(self, message: str) -> SerializationError:
+        return SerializationError(f"{self.source}: {message}", path=str(self.source))
+
+    def values(self, name: str) -> dict[str, torch.Tensor | None]:
+        return {f: self.tensors.get(f"{_QUANTIZED}{name}/{f}") for f in _FIELDS}
+
+    def check(self, tensor: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, layer: str,
+              field: str) -> None:
+        if tensor is None or tuple(tensor.shape) != shape or tensor.dtype != dtype:
+            got = "missing" if tensor is None else f"{tensor.dtype} {tuple(tensor.shape)}"
+            raise self.error(f"layer {layer!r} {field} should be {dtype} {shape}, got {got}")
+
+
+def _rebuild_layer(layer: Any, modules: dict[str, nn.Module], context: _LoadContext) -> tuple[str, nn.Module]:
     if not isinstance(layer, dict) or not isinstance(layer.get("name"), str):
-        raise bad(f"a layer entry is malformed: {layer!r}")
+        raise context.error(f"a layer entry is malformed: {layer!r}")
     name, kind = layer["name"], layer.get("kind")
     target = modules.get(name)
     if target is None or not name:
-        raise bad(f"layer {name!r} is not a module of the model given to qp.load (is it built from the same "
-                  "class and config?)")
+        raise context.error(f"layer {name!r} is not a module of the model given to qp.load (is it built from "
+                            "the same class and config?)")
+    build = _BUILDERS.get(kind) if isinstance(kind, str) else None
+    if build is None:
+        raise context.error(f"layer {name!r} has kind {kind!r}, which this qplug does not know (known: "
+                            f"{', '.join(_BUILDERS)})")
     try:
-        scheme = WeightOnlyScheme.from_dict(layer["scheme"])
         n, k = (int(v) for v in layer["shape"])
     except Exception as exc:
-        raise bad(f"layer {name!r} is malformed: {type(exc).__name__}: {exc}") from exc
+        raise context.error(f"layer {name!r} is malformed: {type(exc).__name__}: {exc}") from exc
     expected = _expected_shape(target, kind)
     if expected is None:
-        raise bad(f"layer {name!r} was a {kind} but the model given has a {type(target).__name__} there")
+        raise context.error(f"layer {name!r} was a {kind} but the model given has a {type(target).__name__} there")
     if expected != (n, k):
-        raise bad(f"layer {name!r} has shape {(n, k)} in the file but {expected} in the model given")
-    values = {f: tensors.get(f"{_QUANTIZED}{name}/{f}") for f in _FIELDS}
-    groups = scheme.groups(k)
-    data_width = k if scheme.bits == 8 else (k + 1) // 2
-    _check(values["qweight"], (n, data_width), torch.uint8, name, "qweight", source)
-    _check(values["scales"], (n, groups), torch.float32, name, "scales", source)
-    if not scheme.symmetric:
-        _check(values["zero_points"], (n, groups), torch.uint8, name, "zero_points", source)
-    weight = QuantizedWeight(scheme, (n, k), values["qweight"], values["scales"], values["zero_points"])
-    if kind == "embedding":
-        padding = layer.get("padding_idx")
-        return name, WeightOnlyEmbedding(weight, padding if isinstance(padding, int) else None)
+        raise context.error(f"layer {name!r} has shape {(n, k)} in the file but {expected} in the model given")
+    values = context.values(name)
     for field, shape in (("bias", (n,)), ("input_scale", (k,))):
         if values[field] is not None:
-            _check(values[field], shape, values[field].dtype, name, field, source)
+            context.check(values[field], shape, values[field].dtype, name, field)
+    return name, build(layer, name, (n, k), values, target, context)
+
+
+def _weight_only(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
+                 context: _LoadContext) -> nn.Module:
+    try:
+        scheme = WeightOnlyScheme.from_dict(layer["scheme"])
+    except Exception as exc:
+        raise context.error(f"layer {name!r} is malformed: {type(exc).__name__}: {exc}") from exc
+    n, k = shape
+    groups = scheme.groups(k)
+    context.check(values["qweight"], (n, k if scheme.bits == 8 else (k + 1) // 2), torch.uint8, name, "qweight")
+    context.check(values["scales"], (n, groups), torch.float32, name, "scales")
+    if not scheme.symmetric:
+        context.check(values["zero_points"], (n, groups), torch.uint8, name, "zero_points")
+    weight = QuantizedWeight(scheme, (n, k), values["qweight"], values["scales"], values["zero_points"])
+    if layer["kind"] == "embedding":
+        padding = layer.get("padding_idx")
+        return WeightOnlyEmbedding(weight, padding if isinstance(padding, int) else None)
     module = WeightOnlyLinear(weight, values["bias"], values["input_scale"],
                               from_transposed=bool(layer.get("transposed", False)))
-    kernel, packed, _ = choose(weight, kernels, linear_weight(target).dtype)
+    kernel, packed, _ = choose(weight, context.kernels(), linear_weight(target).dtype)
     module.use_kernel(kernel, packed)
-    info.kernels[name] = kernel.name
-    return name, module
+    if isinstance(context.info, WeightOnlyInfo):
+        context.info.kernels[name] = kernel.name
+    return module
+
+
+def _per_token(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
+               context: _LoadContext) -> nn.Module:
+    n, k = shape
+    context.check(values["weight_int8"], (n, k), torch.int8, name, "weight_int8")
+    context.check(values["weight_scale"], (n,), torch.float32, name, "weight_scale")
+    scale = values["weight_scale"]
+    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+        raise context.error(f"layer {name!r} weight_scale has values that are not finite and positive")
+    # simulated as saved unless backend= says otherwise; the GEMM is picked for this CPU again
+    # (weights requantized where its exact range is narrower than the saving CPU's)
+    simulate = bool(layer.get("simulated", False)) if context.backend is None else context.backend == "reference"
+    if layer["kind"] == LAYER_KIND:
+        return PerTokenDynamicLinear(values["weight_int8"], scale, values["bias"], simulate=simulate,
+                                     shared=context.shared)
+    for field in ("activation_scale", "activation_zero_point"):
+        context.check(values[field], (), torch.float32, name, field)
+    try:
+        return StaticInt8Linear(values["weight_int8"], scale, values["bias"], float(values["activation_scale"]),
+                                float(values["activation_zero_point"]), simulate=simulate)
+    except ConfigValidationError as exc:
+        raise context.error(f"layer {name!r}: {exc}") from exc
+
+
+def _dynamic(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
+             context: _LoadContext) -> nn.Module:
+    engine, per_channel = layer.get("engine"), layer.get("per_channel")
+    if engine not in _ENGINES or engine not in torch.backends.quantized.supported_engines:
+        raise context.error(f"layer {name!r} names engine {engine!r}; this torch runs "
+                            f"{[e for e in torch.backends.quantized.supported_engines if e in _ENGINES]}")
+    if not isinstance(per_channel, bool):
+        raise context.error(f"layer {name!r} is malformed: per_channel {per_channel!r}")
+    channels = (shape[0],) if per_channel else ()
+    context.check(values["weight_int8"], shape, torch.int8, name, "weight_int8")
+    context.check(values["weight_scale"], channels, torch.float64, name, "weight_scale")
+    context.check(values["weight_zero_point"], channels, torch.int64, name, "weight_zero_point")
+    scale = values["weight_scale"]
+    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+        raise context.error(f"layer {name!r} weight_scale has values that are not finite and positive")
+    return DynamicLinear.from_integer(values["weight_int8"], scale, values["weight_zero_point"], values["bias"],
+                                      per_channel=per_channel, engine=engine,
+                                      reduce_range=bool(layer.get("reduce_range", True)))
+
+
+#: layer kind -> builder: the only code a name in the file can reach
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "linear": _weight_only, "embedding": _weight_only, LAYER_KIND: _per_token, STATIC_KIND: _per_token,
+    DYNAMIC_KIND: _dynamic}
 
 
 def _expected_shape(module: nn.Module, kind: Any) -> tuple[int, int] | None:
     conv1d = conv1d_class()
     linear = isinstance(module, nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
-    if kind == "linear" and linear:
+    if kind in ("linear", LAYER_KIND, STATIC_KIND, DYNAMIC_KIND) and linear:
         return tuple(linear_weight(module).shape)  # type: ignore[return-value]
     if kind == "embedding" and isinstance(module, nn.Embedding):
         return tuple(module.weight.shape)  # type: ignore[return-value]
     return None
 
 
-def _check(tensor: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, layer: str, field: str,
-           source: Path) -> None:
-    if tensor is None or tuple(tensor.shape) != shape or tensor.dtype != dtype:
-        got = "missing" if tensor is None else f"{tensor.dtype} {tuple(tensor.shape)}"
-        raise SerializationError(f"{source}: layer {layer!r} {field} should be {dtype} {shape}, got {got}",
-                                 path=str(source))
-
-
-def _load_float_state(model: nn.Module, info: WeightOnlyInfo, tensors: dict[str, torch.Tensor],
+def _load_float_state(model: nn.Module, layers: list[str], tensors: dict[str, torch.Tensor],
                       source: Path) -> None:
     state = {key[len(_FLOAT):]: value for key, value in tensors.items() if key.startswith(_FLOAT)}
-    own = tuple(f"{name}." for name in info.layers)
+    own = tuple(f"{name}." for name in layers)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [key for key in missing if not key.startswith(own)]
     if missing or unexpected:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,25 +123,36 @@ def _targets(model: nn.Module, patterns: list[re.Pattern], embeddings: bool,
     kinds: tuple[type, ...] = (nn.Linear,) + ((conv1d_class(),) if conv1d_class() else ())
     if embeddings:
         kinds += (nn.Embedding,)
-    tied = _tied_output(model)
+    return select_layers(model, kinds, patterns, info.skipped)
+
+
+def select_layers(model: nn.Module, kinds: tuple[type, ...], patterns: list[re.Pattern],
+                  skipped: dict[str, str], keep_float: Callable[[str], str | None] = lambda name: None
+                  ) -> dict[str, nn.Module]:
+    """The modules of exactly these ``kinds`` to quantize, by name; the others' reasons go to
+    ``skipped``: a ``skip=`` pattern, a weight tied to the input embedding, ``keep_float``'s
+    reason, or a weight shared with a module already taken (quantizing one copy would untie them)."""
+    tied = tied_output(model)
     seen: dict[int, str] = {}
     targets = {}
     for name, module in model.named_modules():
         if not name or type(module) not in kinds:
             continue
         if any(p.fullmatch(name) for p in patterns):
-            info.skipped[name] = "skip= matches its name"
+            skipped[name] = "skip= matches its name"
         elif name == tied:
-            info.skipped[name] = "its weight is tied to the input embedding"
+            skipped[name] = "its weight is tied to the input embedding"
+        elif keep_float(name) is not None:
+            skipped[name] = str(keep_float(name))
         elif id(module.weight) in seen:
-            info.skipped[name] = f"its weight is shared with {seen[id(module.weight)]}"
+            skipped[name] = f"its weight is shared with {seen[id(module.weight)]}"
         else:
             targets[name] = module
         seen.setdefault(id(module.weight), name)
     return targets
 
 
-def _tied_output(model: nn.Module) -> str | None:
+def tied_output(model: nn.Module) -> str | None:
     """The name of an output embedding sharing its weight with the input embedding, if any."""
     get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
     if not (callable(get_in) and callable(get_out)):

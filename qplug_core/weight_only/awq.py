@@ -47,7 +47,7 @@ def record_inputs(model: nn.Module, layers: dict[str, nn.Module], calibration: I
     try:
         with torch.no_grad():
             for batch in calibration:
-                _run(model, batch)
+                call_model(model, batch)
                 batches += 1
     finally:
         for handle in handles:
@@ -66,7 +66,8 @@ def record_inputs(model: nn.Module, layers: dict[str, nn.Module], calibration: I
     return kept
 
 
-def _run(model: nn.Module, batch: Any) -> None:
+def call_model(model: nn.Module, batch: Any) -> None:
+    """``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, else ``model(batch)``."""
     if isinstance(batch, dict) or hasattr(batch, "keys"):
         model(**batch)
     elif isinstance(batch, (tuple, list)):

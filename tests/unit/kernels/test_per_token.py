@@ -269,14 +269,26 @@ def test_threads_do_not_change_the_result():
     torch.testing.assert_close(one, two, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("capture", [None, "export"])
-def test_qp_save_refuses_a_per_token_model_and_quantizing_again_reproduces_it(tmp_path, capture):
+def test_a_per_token_model_saves_and_loads_into_its_float_class(tmp_path):
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(12, 20), nn.GELU(), nn.Linear(20, 6)).eval()
+    x = torch.randn(3, 12)
+    qmodel = qp.quantize_dynamic(model, backend="fbgemm", per_token=True)
+    path = qp.save(qmodel, tmp_path / "m.safetensors")
+    fresh = nn.Sequential(nn.Linear(12, 20), nn.GELU(), nn.Linear(20, 6)).eval()
+    loaded = qp.load(path, model=fresh)
+    assert all(type(loaded[i]) is PerTokenDynamicLinear for i in (0, 2))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), qmodel(x))
+
+
+def test_qp_save_refuses_a_captured_per_token_graph_and_quantizing_again_reproduces_it(tmp_path):
     from qplug_core.errors import SerializationError
 
     torch.manual_seed(5)
     model = nn.Sequential(nn.Linear(12, 20), nn.GELU(), nn.Linear(20, 6)).eval()
     x = torch.randn(3, 12)
-    options = {"capture": capture, "example_inputs": (x,)} if capture else {}
+    options = {"capture": "export", "example_inputs": (x,)}
     qmodel = qp.quantize_dynamic(model, backend="fbgemm", per_token=True, **options)
     with pytest.raises(SerializationError, match="run qp.quantize_dynamic again"):
         qp.save(qmodel, tmp_path / "m.safetensors")

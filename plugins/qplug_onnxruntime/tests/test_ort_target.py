@@ -24,22 +24,28 @@ VNNI = "avx2 avx512f avx512bw avx512_vnni"
 AVX2 = "fpu sse2 avx avx2 fma"
 
 
-class OutlierOutput(nn.Module):
-    """fc2 (after a GELU, which stays float) has an output channel 1000x the rest that leaves the
-    model scaled back: a calibrated per-tensor output scale crushes the other channels; a dynamic
-    (float-output) fc2 does not."""
+class ScaledBack(nn.Module):
+    """``body(x) * back``: a per-channel rescale of the output after the last linear."""
 
-    def __init__(self) -> None:
+    def __init__(self, body: nn.Module, back: torch.Tensor) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
-        with torch.no_grad():
-            self.fc2.weight[0] *= 1000.0
-            self.fc2.bias[0] *= 1000.0
-        self.register_buffer("back", torch.cat([torch.full((1,), 1e-3), torch.ones(7)]))
+        self.body = body
+        self.register_buffer("back", back)
 
     def forward(self, x):
-        return self.fc2(nn.functional.gelu(self.fc1(x))) * self.back
+        return self.body(x) * self.back
+
+
+def outlier_output() -> nn.Module:
+    """The last linear (after a GELU, which stays float) has an output channel 1000x the rest,
+    scaled back after it: a calibrated per-tensor output scale crushes the other channels; a
+    dynamic int8 linear (float output) does not."""
+    torch.manual_seed(0)
+    body = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    with torch.no_grad():
+        body[2].weight[0] *= 1000.0
+        body[2].bias[0] *= 1000.0
+    return ScaledBack(body, torch.cat([torch.full((1,), 1e-3), torch.ones(7)])).eval()
 
 
 @pytest.mark.parametrize("flags", [VNNI, AVX2])
@@ -55,15 +61,15 @@ def test_the_layer_taken_out_runs_dynamic_int8_inside_the_session(flags):
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(8, 16, generator=g),) for _ in range(4)]
     held_out = torch.randn(32, 16, generator=g)
-    model = OutlierOutput().eval()
+    model = outlier_output()
     with override_cpu_flags(flags):
         qmodel = qp.quantize(model, data[0], data, backend="onnxruntime",
                              target=qp.Target(cosine=0.999, group="layer"))
     result = qmodel.meta["qplug_target"]
-    assert result.met and result.float_layers == ["fc2"] and result.decisions[0].fallback == "dynamic"
+    assert result.met and result.float_layers == ["body.2"] and result.decisions[0].fallback == "dynamic"
     (partition,) = [m for m in qmodel.modules() if isinstance(m, OrtPartition)]
     ops = collections.Counter(n.op_type for n in onnx.load_from_string(partition.sources[0]).graph.node)
-    assert ops["MatMulInteger"] == 1 and ops["DynamicQuantizeLinear"] == 1  # fc2, in ORT
+    assert ops["MatMulInteger"] == 1 and ops["DynamicQuantizeLinear"] == 1  # the last linear, in ORT
     with torch.no_grad():
         expected, got = model(held_out), qmodel(held_out)
     cosine = torch.nn.functional.cosine_similarity(expected, got, dim=1)

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.algorithms import fallbacks
 from qplug_core.plugin_api import ConfigValidationError, override_cpu_flags
 
 from qplug_onnxruntime.session import OrtPartition
@@ -51,7 +50,7 @@ def outlier_output() -> nn.Module:
 @pytest.mark.parametrize("flags", [VNNI, AVX2])
 def test_a_compiling_backend_has_no_per_token_rung(flags):
     with override_cpu_flags(flags):
-        assert fallbacks.fallback_ladder(qp.get_backend("onnxruntime")) == ("dynamic", "float")
+        assert qp.Target(cosine=0.99).ladder(qp.get_backend("onnxruntime")) == ("dynamic", "float")
         with pytest.raises(ConfigValidationError, match=r"fallback='per_token'\) cannot run on backend 'onnxruntime'"):
             qp.Target(cosine=0.99, fallback="per_token").ladder(qp.get_backend("onnxruntime"))
 

@@ -8,8 +8,9 @@
   SQNR and cosine against float on held-out batches;
 * ``digits``: the digits CNN at batch 1, static: qplug onnxruntime vs qplug fbgemm;
 * ``minilm``: real all-MiniLM-L6-v2 weights (issue 25), static and dynamic on onnxruntime vs fp32
-  eager and ORT's ``quantize_dynamic``: embedding cosine on held-out sentences, the share of matmul
-  FLOPs inside ORT sessions, latency at 8x128 tokens.
+  eager and ORT's ``quantize_dynamic`` (run as a user runs it: default session options): embedding
+  cosine on held-out sentences, the share of matmul FLOPs inside ORT sessions, the layers the
+  accuracy target kept out of static int8, latency at 8x128 tokens.
 
     python bench/bench_onnxruntime_dynamic.py [--cases bert lstm digits] [--threads 1] [--rounds 40]
 """
@@ -17,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import io
 import logging
@@ -38,13 +40,14 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.flatten(1), b.flatten(1)).min())
 
 
-def _session(path: Path, threads: int):
+def _session(path: Path, threads: int, disabled_optimizers: tuple[str, ...] = ()):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(disabled_optimizers))
 
 
 def _dynamic(model, inputs):
@@ -77,12 +80,14 @@ def bert(threads: int, rounds: int) -> list[list[str]]:
                  {name: f"cosine {value:.4f}" for name, value in quality.items()})
 
 
-def _ort_quantize_dynamic(model, inputs, names: list[str], threads: int, *, fold: bool = False):
+def _ort_quantize_dynamic(model, inputs, names: list[str], threads: int, *, fold: bool = False,
+                          disabled_optimizers: tuple[str, ...] = ()):
     """ORT's own baseline: the float model exported to ONNX, then ORT's ``quantize_dynamic``.
 
     ``fold``: constant-fold the export first with ORT's basic optimizations (ORT's recommended
     pre-processing): the exporter computes an LSTM's ONNX weights with Slice/Concat from the
     PyTorch ones, and ``quantize_dynamic`` only rewrites an LSTM whose W and R are initializers.
+    ``disabled_optimizers``: ORT graph transformers its session leaves out (default none).
     """
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -98,7 +103,7 @@ def _ort_quantize_dynamic(model, inputs, names: list[str], threads: int, *, fold
             ort.InferenceSession(str(float_path), options, providers=["CPUExecutionProvider"])
             float_path = Path(options.optimized_model_filepath)
         quantize_dynamic(str(float_path), str(int8_path), weight_type=QuantType.QInt8)
-        return _session(int8_path, threads)
+        return _session(int8_path, threads, disabled_optimizers)
 
 
 def minilm(threads: int, rounds: int) -> list[list[str]]:
@@ -116,6 +121,8 @@ def minilm(threads: int, rounds: int) -> list[list[str]]:
         token_batches,
     )
 
+    from qplug_onnxruntime.session import SLOW_FUSIONS
+
     model = load_minilm()
     calibration, evaluation = split_sentences(read_sentences(ROOT / "tests" / "data" / "sentences_en.txt"))
     cal = token_batches(model.tokenizer, calibration)
@@ -131,12 +138,18 @@ def minilm(threads: int, rounds: int) -> list[list[str]]:
         dynamic = qp.quantize_dynamic(float_model, backend="onnxruntime", example_inputs=batch)
     names = ["input_ids", "attention_mask"]
     ort_session = _ort_quantize_dynamic(float_model, batch, names, threads)
+    # ORT's own model again with the fusion qplug's sessions leave out (SLOW_FUSIONS) also left out:
+    # how much of qplug's lead is that one session option
+    unfused_session = _ort_quantize_dynamic(float_model, batch, names, threads, disabled_optimizers=SLOW_FUSIONS)
 
-    def ort_own(ids, mask):
-        return torch.from_numpy(ort_session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0])
+    def ort_own(session):
+        return lambda ids, mask: torch.from_numpy(
+            session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0])
 
     variants = {"qplug onnxruntime static": static, "qplug onnxruntime dynamic": dynamic,
-                "ORT quantize_dynamic": ort_own, "fp32 eager": float_model}
+                "ORT quantize_dynamic": ort_own(ort_session),
+                "ORT quantize_dynamic, SkipLayerNormFusion off": ort_own(unfused_session),
+                "fp32 eager": float_model}
     with torch.no_grad(), quiet():
         reference = embed(float_model, held_out)
         quality = {}
@@ -147,6 +160,11 @@ def minilm(threads: int, rounds: int) -> list[list[str]]:
             share = int8_flop_share(float_model, variants[name], batch)
             sessions = len(qp.quantization_report(variants[name]).partitions)
             quality[name] += f", matmul FLOPs in ORT {share.share:.1%} ({sessions} partition(s))"
+        target = static.meta.get("qplug_target")
+        if target is not None:  # the layers the accuracy target took out of static int8, and how
+            out = collections.Counter(d.fallback for d in target.decisions for _ in d.layers)
+            quality["qplug onnxruntime static"] += ", out of static int8: " + (
+                ", ".join(f"{n} {fallback}" for fallback, n in out.items()) or "none")
         samples = interleaved({name: (lambda v=v: v(*batch)) for name, v in variants.items()}, rounds,
                               warmup=3)
     rows = _rows("all-MiniLM-L6-v2 8x128", threads, samples, "fp32 eager", quality)

@@ -15,11 +15,16 @@ on the CPU (field notes, round 3):
 For each layer the search takes the first rung of :func:`fallback_ladder` whose measured local
 error is as small as a typical static int8 layer's (``qplug_core.algorithms.layer_errors``), so
 the default target holds on CPUs with and without VNNI.
+
+A backend that compiles partitions (onnxruntime, openvino) has no per-token rung: the per-token
+module is swapped in after convert, and a compiled partition runs the reference form it was
+compiled from, so the layer would run float inside it while the decision said per-token.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from torch import fx
 
@@ -41,9 +46,11 @@ def cpu_has_vnni() -> bool:
     return (cpu.vnni or cpu.amx) and onednn_usable(cpu)
 
 
-def fallback_ladder() -> tuple[str, ...]:
-    """The rungs a layer out of static int8 may take on this CPU, best first."""
-    return LADDER_FALLBACKS if cpu_has_vnni() else ("dynamic", "float")
+def fallback_ladder(backend: Any = None) -> tuple[str, ...]:
+    """The rungs a layer out of static int8 may take on this CPU (and ``backend``: no per-token
+    one for a backend that compiles partitions), best first."""
+    per_token = cpu_has_vnni() and getattr(backend, "delegate", None) is None
+    return LADDER_FALLBACKS if per_token else ("dynamic", "float")
 
 
 def run_per_token(qmodel: fx.GraphModule, layers: list[str], *, simulate: bool) -> None:

@@ -10,8 +10,8 @@ until the converted model meets the target. Each try reuses the calibrated obser
 
 "Taken out" means the first rung of this CPU's fallback ladder (:mod:`.fallbacks`: per-token
 dynamic where the CPU has VNNI, per-tensor dynamic, float) whose local error is as small as a
-typical (median) static int8 layer's; ``fallback="float"``, ``"dynamic"`` or ``"per_token"``
-forces one. For a sentence encoder (token states beside an ``attention_mask``) the cosines are
+typical (median) static int8 layer's, chosen layer by layer within a group; ``fallback="float"``,
+``"dynamic"`` or ``"per_token"`` forces one. For a sentence encoder (token states beside an ``attention_mask``) the cosines are
 those of the embedding its users compare (mean-pooled over the mask, L2-normalised) and the
 result reports nearest-neighbour agreement. The decisions are in ``qmodel.meta["qplug_target"]``.
 """
@@ -99,9 +99,14 @@ class Target:
         return [f"{name} {got:.4g} < {want:.4g}" for name, want, got in checks
                 if want is not None and not got >= want]
 
-    def ladder(self) -> tuple[str, ...]:
-        """The fallbacks a layer out of static int8 may take, best first."""
-        return fallback_ladder() if self.fallback == "auto" else (self.fallback,)
+    def ladder(self, backend: Any = None) -> tuple[str, ...]:
+        """The fallbacks a layer out of static int8 may take on ``backend``, best first."""
+        if self.fallback == "per_token" and getattr(backend, "delegate", None) is not None:
+            raise ConfigValidationError(
+                f"Target(fallback='per_token') cannot run on backend {backend.name!r}: it compiles "
+                "partitions from the reference form, which has no per-token layer; use "
+                "fallback='dynamic' or 'float'", field="fallback", value=self.fallback)
+        return fallback_ladder(backend) if self.fallback == "auto" else (self.fallback,)
 
 
 #: what ``recipe="auto"`` aims for on a transformer when no target is given (on calibration data,
@@ -196,7 +201,7 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
     scored = _scored_ancestors(gm)
     names = {n.target: n.name for n in gm.graph.nodes if n.op == "call_module"}
     layers = [name for name in layers if names.get(name) in scored]
-    ladder = target.ladder()
+    ladder = target.ladder(backend)
 
     calibrated = prepare_fx(gm, mapping, inputs, backend=backend, **options)
     calibrate(calibrated, batches, progress=progress)
@@ -257,14 +262,16 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
             gone = {n for g in out for n in g}
             # a fallback must leave a layer no worse than the worst one staying in static int8
             bar = max((static[n] for n in layers if n not in gone), default=0.0)
-            taken = {n: _rung([by_name[m] for m in g], ladder, bar) for g in out for n in g}
+            # each layer of a group takes its own first rung that passes: one layer of six over
+            # the bar need not send the other five to float
+            taken = {n: _rung([by_name[n]], ladder, bar) for g in out for n in g}
             qmodel, result.final, final_mapping = run_with_fallback(taken)
             result.met = not target.misses(result.final)
             result.decisions = [Decision(
-                role_name(g), tuple(g), taken[g[0]],
-                f"local static int8 error {group_static(g):.2e}; as {taken[g[0]]}: "
-                f"{_group_error([by_name[n] for n in g], taken[g[0]]):.2e} (worst layer left in "
-                f"static int8: {bar:.2e})") for g in out]
+                role_name(sub), tuple(sub), rung,
+                f"local static int8 error {group_static(sub):.2e}; as {rung}: "
+                f"{_group_error([by_name[n] for n in sub], rung):.2e} (worst layer left in "
+                f"static int8: {bar:.2e})") for g in out for rung, sub in _by_rung(g, taken)]
             k = min(2 * k, len(ranked)) if k < len(ranked) else k + 1
     result.quantizations = count
     if not result.met:
@@ -275,6 +282,14 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                                 strict=True, prepare_options=options)
     qmodel.meta[TARGET] = result
     return qmodel
+
+
+def _by_rung(group: list[str], taken: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """The layers of ``group`` by the rung each took, in the ladder's order of first use."""
+    subgroups: dict[str, list[str]] = {}
+    for name in group:
+        subgroups.setdefault(taken[name], []).append(name)
+    return list(subgroups.items())
 
 
 def _group_error(errors: list[LayerError], rung: str) -> float:

@@ -1,0 +1,76 @@
+"""An accuracy target on onnxruntime: what the search decides is what the ORT session runs.
+
+The per-token rung is swapped in after convert and a compiled partition runs the reference form it
+was compiled from, so on this backend the ladder has no per-token rung (with or without VNNI): a
+layer taken out of static int8 runs as ORT's dynamic int8 matmul, or float, inside the session.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.plugin_api import ConfigValidationError, override_cpu_flags
+
+from qplug_onnxruntime.session import OrtPartition
+
+VNNI = "avx2 avx512f avx512bw avx512_vnni"
+AVX2 = "fpu sse2 avx avx2 fma"
+
+
+class ScaledBack(nn.Module):
+    """``body(x) * back``: a per-channel rescale of the output after the last linear."""
+
+    def __init__(self, body: nn.Module, back: torch.Tensor) -> None:
+        super().__init__()
+        self.body = body
+        self.register_buffer("back", back)
+
+    def forward(self, x):
+        return self.body(x) * self.back
+
+
+def outlier_output() -> nn.Module:
+    """The last linear (after a GELU, which stays float) has an output channel 1000x the rest,
+    scaled back after it: a calibrated per-tensor output scale crushes the other channels; a
+    dynamic int8 linear (float output) does not."""
+    torch.manual_seed(0)
+    body = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    with torch.no_grad():
+        body[2].weight[0] *= 1000.0
+        body[2].bias[0] *= 1000.0
+    return ScaledBack(body, torch.cat([torch.full((1,), 1e-3), torch.ones(7)])).eval()
+
+
+@pytest.mark.parametrize("flags", [VNNI, AVX2])
+def test_a_compiling_backend_has_no_per_token_rung(flags):
+    with override_cpu_flags(flags):
+        assert qp.Target(cosine=0.99).ladder(qp.get_backend("onnxruntime")) == ("dynamic", "float")
+        with pytest.raises(ConfigValidationError, match=r"fallback='per_token'\) cannot run on backend 'onnxruntime'"):
+            qp.Target(cosine=0.99, fallback="per_token").ladder(qp.get_backend("onnxruntime"))
+
+
+@pytest.mark.parametrize("flags", [VNNI, AVX2])
+def test_the_layer_taken_out_runs_dynamic_int8_inside_the_session(flags):
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 16, generator=g),) for _ in range(4)]
+    held_out = torch.randn(32, 16, generator=g)
+    model = outlier_output()
+    with override_cpu_flags(flags):
+        qmodel = qp.quantize(model, data[0], data, backend="onnxruntime",
+                             target=qp.Target(cosine=0.999, group="layer"))
+    result = qmodel.meta["qplug_target"]
+    assert result.met and result.float_layers == ["body.2"] and result.decisions[0].fallback == "dynamic"
+    (partition,) = [m for m in qmodel.modules() if isinstance(m, OrtPartition)]
+    ops = collections.Counter(n.op_type for n in onnx.load_from_string(partition.sources[0]).graph.node)
+    assert ops["MatMulInteger"] == 1 and ops["DynamicQuantizeLinear"] == 1  # the last linear, in ORT
+    with torch.no_grad():
+        expected, got = model(held_out), qmodel(held_out)
+    cosine = torch.nn.functional.cosine_similarity(expected, got, dim=1)
+    assert result.all_int8.cosine_mean < 0.99  # all static int8 misses it by far
+    assert float(cosine.mean()) > 0.998 and float(cosine.min()) > 0.98  # held out: near the target

@@ -43,6 +43,8 @@ REPORT = "qplug_report"
 SNAPSHOT = "qplug_reference_snapshot"
 #: attribute of a model quantized by ``qp.quantize_weights``: what was done (WeightOnlyInfo)
 WEIGHT_ONLY = "qplug_weight_only"
+#: attribute of a model quantized by ``qp.quantize_w8a8``: what was done (W8A8Info)
+W8A8 = "qplug_w8a8"
 #: GraphModule.meta key: the encoded reference form a model was loaded from (serialization.Artifact)
 ARTIFACT = "qplug_artifact"
 #: attribute of an eager-mode model prepared by ``qp.eager.prepare``

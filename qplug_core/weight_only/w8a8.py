@@ -24,6 +24,7 @@ from torch import nn
 
 from qplug_core.errors import CalibrationError, ConfigValidationError
 from qplug_core.flows.dynamic import linear_from_conv1d
+from qplug_core.flows.tags import W8A8
 from qplug_core.kernels.per_token import (
     PerTokenDynamicLinear,
     SharedInput,
@@ -39,7 +40,7 @@ from qplug_core.weight_only.awq import call_model
 from qplug_core.weight_only.smoothing import Smoothed, smooth
 
 #: the attribute of a W8A8 model holding its :class:`W8A8Info` (``qp.save`` reads it)
-W8A8_ATTRIBUTE = "qplug_w8a8"
+W8A8_ATTRIBUTE = W8A8
 LAYER_KIND = "per_token_linear"
 STATIC_KIND = "static_int8_linear"
 ACTIVATIONS = ("per_token", "static")

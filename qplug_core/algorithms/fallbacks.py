@@ -28,6 +28,7 @@ from typing import Any
 
 from torch import fx
 
+from qplug_core.errors import ConfigError
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import ARTIFACT, SNAPSHOT
 from qplug_core.kernels.cpu import cpu_int8
@@ -48,9 +49,21 @@ def cpu_has_vnni() -> bool:
 
 def fallback_ladder(backend: Any = None) -> tuple[str, ...]:
     """The rungs a layer out of static int8 may take on this CPU (and ``backend``: no per-token
-    one for a backend that compiles partitions), best first."""
+    one for a backend that compiles partitions, no dynamic one for a backend without dynamic
+    defaults, such as openvino), best first."""
     per_token = cpu_has_vnni() and getattr(backend, "delegate", None) is None
-    return LADDER_FALLBACKS if per_token else ("dynamic", "float")
+    ladder = LADDER_FALLBACKS if per_token else ("dynamic", "float")
+    return ladder if _has_dynamic_defaults(backend) else tuple(r for r in ladder if r != "dynamic")
+
+
+def _has_dynamic_defaults(backend: Any) -> bool:
+    if backend is None:
+        return True
+    try:
+        backend.default_qconfig_mapping("dynamic")
+    except ConfigError:
+        return False
+    return True
 
 
 def run_per_token(qmodel: fx.GraphModule, layers: list[str], *, simulate: bool) -> None:

@@ -205,7 +205,8 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
 
     calibrated = prepare_fx(gm, mapping, inputs, backend=backend, **options)
     calibrate(calibrated, batches, progress=progress)
-    dynamic = backend.default_qconfig_mapping("dynamic").qconfig_for_module("", nn.Linear)
+    dynamic = backend.default_qconfig_mapping("dynamic").qconfig_for_module("", nn.Linear) \
+        if "dynamic" in ladder else None
     weights = _static_weights(gm, mapping, layers)
     errors, reference = layer_errors(gm, calibrated, layers, evaluation, masks, static_weight=weights,
                                      dynamic_qconfig=dynamic, fallbacks=ladder)

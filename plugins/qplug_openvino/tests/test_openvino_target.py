@@ -1,0 +1,41 @@
+"""An accuracy target on openvino: the plugin gives no dynamic defaults, so the ladder of a layer
+taken out of static int8 is float alone (no per-token rung either: partitions are compiled from
+the reference form), and ``qp.quantize`` with a target — the default for transformers — runs
+instead of failing on the missing dynamic mapping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.plugin_api import override_cpu_flags
+
+VNNI = "avx2 avx512f avx512bw avx512_vnni"
+AVX2 = "fpu sse2 avx avx2 fma"
+
+
+@pytest.mark.parametrize("flags", [VNNI, AVX2])
+def test_the_ladder_on_openvino_is_float_alone(flags):
+    with override_cpu_flags(flags):
+        assert qp.Target(cosine=0.99).ladder(qp.get_backend("openvino")) == ("float",)
+        assert qp.Target(cosine=0.99).ladder(qp.get_backend("fbgemm"))[-2:] == ("dynamic", "float")
+
+
+def test_a_target_on_openvino_takes_the_worst_layer_to_float():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    with torch.no_grad():  # one output channel 1000x the rest: per-tensor static int8 crushes the others
+        model[2].weight[0] *= 1000.0
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 16, generator=g),) for _ in range(4)]
+    with pytest.warns(UserWarning, match="accuracy target not met"):  # scored over the whole batch
+        qmodel = qp.quantize(model, data[0], data, backend="openvino",
+                             target=qp.Target(cosine=0.999, group="layer"))
+    result = qmodel.meta["qplug_target"]
+    assert result.float_layers == ["2"] and [d.fallback for d in result.decisions] == ["float"]
+    held_out = torch.randn(32, 16, generator=g)
+    with torch.no_grad():
+        cosine = torch.nn.functional.cosine_similarity(model(held_out), qmodel(held_out), dim=1)
+    assert float(cosine.mean()) > 0.9995 and float(cosine.min()) > 0.99  # the crushed layer runs float

@@ -1,7 +1,8 @@
 """Turn functional linear/conv calls on constant weights into modules before fusion.
 
-``F.linear(x, self.w, self.b)`` and ``F.conv2d(x, self.w, ...)`` then match, fuse, quantize and lower
-exactly like ``nn.Linear`` / ``nn.Conv2d``, so backends need one kernel per op, not two.
+``F.linear(x, self.w, self.b)`` and ``F.conv2d(x, self.w, ...)`` (``w`` a parameter or a buffer) then
+match, fuse, quantize and lower exactly like ``nn.Linear`` / ``nn.Conv2d``, so backends need one
+kernel per op, not two.
 """
 
 from __future__ import annotations
@@ -16,19 +17,29 @@ _CONV = {F.conv1d: nn.Conv1d, F.conv2d: nn.Conv2d, F.conv3d: nn.Conv3d}
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
 
-def _attr(gm: fx.GraphModule, node) -> torch.Tensor | None:
-    if isinstance(node, fx.Node) and node.op == "get_attr":
-        value = gm.get_parameter(node.target) if _is_param(gm, node.target) else None
-        return value
-    return None
-
-
-def _is_param(gm: fx.GraphModule, target: str) -> bool:
+def _attr(gm: fx.GraphModule, node, written: set[str]) -> torch.Tensor | None:
+    """The constant float tensor a ``get_attr`` node reads: a parameter, or a buffer nothing writes."""
+    if not (isinstance(node, fx.Node) and node.op == "get_attr"):
+        return None
+    owner, _, name = node.target.rpartition(".")
     try:
-        gm.get_parameter(target)
-        return True
+        value = getattr(gm.get_submodule(owner) if owner else gm, name)
     except AttributeError:
-        return False
+        return None
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return None
+    if not isinstance(value, nn.Parameter) and node.target in written:
+        return None
+    return value
+
+
+def _written_attributes(graph: fx.Graph) -> set[str]:
+    """Attributes the graph writes in place (state such as a running average, not a weight)."""
+    def in_place(user: fx.Node) -> bool:
+        name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
+        return user.op in ("call_method", "call_function") and str(name).endswith("_")
+    return {n.target for n in graph.nodes
+            if n.op == "get_attr" and any(in_place(u) and u.args[:1] == (n,) for u in n.users)}
 
 
 def _bound_args(node: fx.Node, names: tuple[str, ...]) -> dict:
@@ -40,13 +51,14 @@ def _bound_args(node: fx.Node, names: tuple[str, ...]) -> dict:
 def normalize_functionals(gm: fx.GraphModule) -> PassResult:
     """Replace eligible functional calls in place (a pass: modified when any was replaced)."""
     replaced = 0
+    written = _written_attributes(gm.graph)
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or (node.target is not F.linear and node.target not in _CONV):
             continue
         names = ("input", "weight", "bias") if node.target is F.linear else _CONV_ARGS
         args = _bound_args(node, names)
-        weight, bias_node = _attr(gm, args.get("weight")), args.get("bias")
-        bias = _attr(gm, bias_node)
+        weight, bias_node = _attr(gm, args.get("weight"), written), args.get("bias")
+        bias = _attr(gm, bias_node, written)
         if weight is None or (bias_node is not None and bias is None):
             continue
         module = _module_for(node.target, weight, bias, args)
@@ -81,7 +93,14 @@ def _module_for(target, weight: torch.Tensor, bias: torch.Tensor | None, args: d
         groups = settings["groups"]
         module = _CONV[target](weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]),
                                bias=bias is not None, **settings)
-    module.weight = weight
+    module.weight = _as_parameter(weight)
     if bias is not None:
-        module.bias = bias
+        module.bias = _as_parameter(bias)
     return module
+
+
+def _as_parameter(tensor: torch.Tensor) -> nn.Parameter:
+    """A buffer becomes a frozen parameter sharing its storage; a parameter stays itself."""
+    if isinstance(tensor, nn.Parameter):
+        return tensor
+    return nn.Parameter(tensor, requires_grad=False)

@@ -231,28 +231,40 @@ def test_qparams_buffers_and_packed_weight_fused_op(relu):
 
 
 def test_functional_linear_on_a_buffer():
-    """Upstream's plain tensor weights (buffers once traced): each F.linear stays a functional op,
-    quantized only between int8 ops and then without a kernel; on its own it stays float."""
+    """Upstream's plain tensor weights (buffers once traced) are weighted ops like parameters:
+    three ``quantized::linear`` static, three float16 ``DynamicLinear`` dynamic."""
     example_inputs = (torch.rand(5, 5),)
     model = ThreeConstLinears(plain=True).eval()
-    prepared = qp.prepare_fx(model, qp.QConfigMapping().set_global(default_qconfig()),
-                             example_inputs, backend="fbgemm")
-    prepared(*example_inputs)
-    with pytest.raises(NothingQuantizedError, match="no int8 value reaches it"):
-        qp.convert_fx(prepared)
+    quantized = _quantize(model, qp.QConfigMapping().set_global(default_qconfig()), example_inputs)
+    assert list(qp.quantization_report(quantized).kernels.values()) == ["quantized::linear"] * 3
+    x = torch.rand(5, 5)
+    assert qp.sqnr(model(x), quantized(x)) > 30
+    assert isinstance(model.mods2.w, torch.Tensor) and not isinstance(model.mods2.w, nn.Parameter)
     prepared = qp.prepare_fx(model, qp.QConfigMapping().set_global(float16_dynamic_qconfig()),
                              example_inputs, backend="fbgemm")
-    with pytest.raises(NothingQuantizedError, match="no int8 value reaches it"):
-        qp.convert_fx(prepared)
-    # quantized anyway (keep_isolated_ops_float=False), it runs in the reference form
-    quantized = _quantize(model, qp.QConfigMapping().set_global(default_qconfig()), example_inputs,
-                          keep_isolated_ops_float=False)
-    assert set(qp.quantization_report(quantized).reference.values()) == {
-        "backend 'fbgemm' has no kernel for F.linear"}
-    # the documented fix: the same weights as (frozen) parameters are linear layers
-    quantized = _quantize(ThreeConstLinears(), qp.QConfigMapping().set_global(default_qconfig()),
-                          example_inputs)
-    assert list(qp.quantization_report(quantized).kernels.values()) == ["quantized::linear"] * 3
+    dynamic = qp.convert_fx(prepared)
+    linears = [m for m in dynamic.modules() if isinstance(m, DynamicLinear)]
+    assert len(linears) == 3 and all(m.dtype == torch.float16 for m in linears)
+
+
+class StatefulLinear(nn.Module):
+    """A buffer the forward writes in place is state, not a weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("w", torch.eye(5))
+
+    def forward(self, x):
+        self.w.add_(x.mean() * 0)  # traced: an in-place write of the buffer in the graph
+        return F.linear(x, self.w)
+
+
+def test_functional_linear_on_a_written_buffer_stays_functional():
+    example_inputs = (torch.rand(5, 5),)
+    prepared = qp.prepare_fx(StatefulLinear().eval(), qp.QConfigMapping().set_global(default_qconfig()),
+                             example_inputs, backend="fbgemm")
+    assert not any(isinstance(m, nn.Linear) for m in prepared.modules())
+    assert any(n.target is F.linear for n in prepared.graph.nodes)
 
 
 def test_mul_add_fp16_config():

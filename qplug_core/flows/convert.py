@@ -63,6 +63,7 @@ def convert_graph(gm: fx.GraphModule, *, allow_uncalibrated: bool = False) -> No
                       "Give --calibration batches that make every branch of the model run."),
             nodes=missing)
     _convert_weighted_modules(gm)
+    _float_left_qat_modules(gm)
     _replace_observers(gm)
     fold_clamps(gm, Quantize, Dequantize)
     _delete_observer_modules(gm)
@@ -95,6 +96,16 @@ def _convert_weighted_modules(gm: fx.GraphModule) -> None:
             weight_qparams = bits.weight_qparams(node, float_module, tag.qconfig,
                                                  weight_of(float_module, weight_name), weight_qparams)
         gm.set_submodule(node.target, ReferenceWeighted(float_module, weight_qparams, weight_name))
+
+
+def _float_left_qat_modules(gm: fx.GraphModule) -> None:
+    """A QAT module outside every int8 region becomes its float module, as in torch.ao: a region
+    that stays float must not keep fake-quantizing its weight (nor hold observers a file refuses)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            module = gm.get_submodule(node.target)
+            if hasattr(module, "weight_fake_quant") and hasattr(module, "to_float"):
+                gm.set_submodule(node.target, module.to_float())
 
 
 def _float_module_and_weight_qparams(module: nn.Module, tag):

@@ -26,6 +26,7 @@ from qplug_core.errors import (
     TraceError,
     UncalibratedObserverError,
 )
+from qplug_core.nn import qat
 from qplug_core.observers import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
 
 pytestmark = pytest.mark.usefixtures("installed_backends")
@@ -286,6 +287,28 @@ def test_qat_model_converted_while_training():
     converted = qp.convert_fx(qat.eval())  # the fix the message gives works
     assert set(qp.quantization_report(converted).kernels) >= {"conv", "fc"}
     assert torch.allclose(converted(X[0]), qat(X[0]), atol=0.05)
+
+
+def test_qat_module_outside_every_int8_region_becomes_its_float_module(tmp_path):
+    """As in torch.ao: a QAT module the mapping leaves float (here a user's own QAT embedding under
+    the global qconfig, which embeddings cannot take) converts to its float module, so the float
+    region does not keep fake-quantizing its weight and the model saves."""
+    embedding = nn.Embedding(10, 8)
+    qat_embedding = qat.Embedding.from_float(
+        embedding, qp.get_default_qconfig_mapping("fbgemm", "qat").object_type_qconfigs[nn.Embedding])
+    model = nn.Sequential(qat_embedding, nn.Linear(8, 3)).train()
+    ids = torch.tensor([[1, 2, 3], [4, 5, 9]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "stays float" for the embedding
+        prepared = qp.prepare_qat_fx(model, qp.get_default_qconfig_mapping("fbgemm", "qat"), (ids,),
+                                     backend="fbgemm")
+    prepared(ids)
+    converted = qp.convert_fx(prepared.eval())
+    assert type(converted.get_submodule("0")) is nn.Embedding
+    assert not any(hasattr(m, "weight_fake_quant") for m in converted.modules())
+    torch.testing.assert_close(converted.get_submodule("0")(ids), embedding(ids))
+    reloaded = qp.load(qp.save(converted, tmp_path / "model.safetensors"))
+    assert torch.equal(reloaded(ids), converted(ids))
 
 
 # -- per-channel axis (row 34) ---------------------------------------------------------------------

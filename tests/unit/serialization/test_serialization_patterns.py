@@ -20,10 +20,6 @@ from qplug_core.testing import cases_for
 #: one case per family not covered by the other round-trip tests: a fused module, fixed qparams,
 #: a norm, a dynamic recurrent layer, a shape method
 FAST = {"nni.LinearReLU", "Hardsigmoid", "LayerNorm", "LSTM", ".view()"}
-QAT_LEFT_OVER = ("bug: under the default QAT mapping the qat.Embedding region is not quantized and "
-                 "convert leaves the QAT module (with its qconfig, fake quant and observer) in the "
-                 "converted model instead of its float module; that state is not saveable")
-KNOWN_FAILURES = {"qat.Embedding": QAT_LEFT_OVER, "qat.EmbeddingBag": QAT_LEFT_OVER}
 #: patterns whose models quantize but are refused by qp.save, by design: growing a tensor with
 #: resize_ leaves uninitialised memory, which no loaded file may reach (issue 27)
 UNSAVEABLE = {".resize_()": "method name 'resize_' is not a tensor method"}
@@ -42,8 +38,6 @@ def _params():
         marks = [] if case.id in FAST else [pytest.mark.slow]
         if case.skip_reason:
             marks.append(pytest.mark.skip(reason=case.skip_reason))
-        elif case.id in KNOWN_FAILURES:
-            marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[case.id], strict=True))
         yield pytest.param(case, id=case.id, marks=marks)
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from qplug_core.flows.tags import FROM_FUNCTIONAL
 from qplug_core.passes import PassResult
 
 _CONV = {F.conv1d: nn.Conv1d, F.conv2d: nn.Conv2d, F.conv3d: nn.Conv3d}
@@ -72,7 +73,7 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
         gm.add_submodule(name, module)
         with gm.graph.inserting_before(node):
             new = gm.graph.call_module(name, args=(args["input"],))
-        new.meta = dict(node.meta)
+        new.meta = {**node.meta, FROM_FUNCTIONAL: node.target}
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
         replaced += 1

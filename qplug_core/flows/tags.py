@@ -67,6 +67,9 @@ EXAMPLE_INPUTS = "qplug_example_inputs"
 #: saturate (set at prepare when a backend's defaults are 7-bit only for that), and the decisions
 WEIGHT_BITS = "qplug_weight_bits"
 WEIGHT_BITS_CHOICE = "qplug_weight_bits_choice"
+#: node.meta key on a module node made from a functional call on a constant weight (``F.linear``,
+#: ``F.conv2d``...): that function, so tools can tell which functional pattern the module stands for
+FROM_FUNCTIONAL = "qplug_from_functional"
 #: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example
 #: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
 INPUT_SPEC = "qplug_input_spec"

@@ -45,7 +45,7 @@ from torch import fx, nn
 
 from qplug_core.config import ObservationType, QConfigMapping
 from qplug_core.flows.report import report_names
-from qplug_core.flows.tags import FUSIONS, region_tag
+from qplug_core.flows.tags import FROM_FUNCTIONAL, FUSIONS, region_tag
 from qplug_core.kernels.reference import Dequantize
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat
@@ -551,8 +551,17 @@ def _regions(observed: fx.GraphModule, case: PatternCase, result: PatternResult)
         nodes = [n for n in observed.graph.nodes if n.op == "call_module" and n.target in roots]
     else:
         nodes = [n for n in observed.graph.nodes
-                 if (t := region_tag(n)) is not None and t.is_anchor and t.pattern == case.pattern]
+                 if (t := region_tag(n)) is not None and t.is_anchor
+                 and (t.pattern == case.pattern or _made_from_root_of(n, case.pattern))]
     return [(n, region_tag(n)) for n in nodes if region_tag(n) is not None]
+
+
+def _made_from_root_of(node: fx.Node, pattern: Any) -> bool:
+    """A functional linear/conv on a constant weight becomes a module before matching (the module's
+    kernel serves it); its region then stands for the functional pattern, whatever it fused with."""
+    root = pattern[-1] if isinstance(pattern, tuple) else pattern
+    made_from = node.meta.get(FROM_FUNCTIONAL)
+    return made_from is not None and made_from is root
 
 
 def _output_scales(reference: fx.GraphModule) -> list[float | None]:

@@ -87,7 +87,8 @@ def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inpl
                                     f"{type(model).__name__}", field="model", value=type(model).__name__)
     options = {"level": capture, "leaf_modules": leaf_module_classes(),
                "non_traceable_module_names": non_traceable_module_names,
-               "non_traceable_module_classes": non_traceable_module_classes}
+               "non_traceable_module_classes": non_traceable_module_classes,
+               "generate_code": False}  # fuse_model's passes rewrite the graph, then recompile
     with gc_paused():
         if inplace or isinstance(model, fx.GraphModule):  # a graph is returned as is: copy it whole
             return capture_for_quantization(model if inplace else copy.deepcopy(model),

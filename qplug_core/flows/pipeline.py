@@ -124,8 +124,9 @@ def fuse_model(model: nn.Module, chosen: Backend, example_inputs: tuple | None =
 def eval_mode(model: nn.Module) -> Iterator[None]:
     """Eval mode for a run that must not change the model (no BN statistic updates, no dropout),
     then every module's own flag back (compare, and the annotating run of prepare)."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
+    modes = [(m, m.training) for m in model.modules() if m.training]  # only these change
+    if modes:
+        model.eval()
     try:
         yield
     finally:

@@ -8,7 +8,8 @@ The model is a synthetic chain of ResNet-style blocks with 8 channels on an 8x8 
 "fbgemm" and its default static mapping; torch.ao runs its own ``prepare_fx`` with
 ``get_default_qconfig_mapping("fbgemm")`` (engine fbgemm) on the same float model. Each
 repetition times both back to back in alternating order; the table shows medians, and the growth
-columns the time ratio to the previous size (x4 blocks: 4.0 is linear). ``--profile N`` adds a
+columns the time ratio to the previous size (x4 blocks: 4.0 is linear); "qplug CPU s" is the
+process CPU time of the same calls (the figure to read on a shared, loaded machine). ``--profile N`` adds a
 cProfile of qplug's prepare at N blocks (top functions by cumulative and by own time).
 """
 
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import pstats
+import time
 
 import torch
-from _harness import machine_line, median, quiet, table, timed, torch_ao
+from _harness import machine_line, median, quiet, table, torch_ao
 from torch import nn
 
 import qplug_core as qp
@@ -68,6 +71,14 @@ def ao_prepare(tq, model: nn.Module, inputs: tuple) -> torch.fx.GraphModule:
         torch.backends.quantized.engine = "fbgemm"
         mapping = tq.get_default_qconfig_mapping("fbgemm")
         return tq.quantize_fx.prepare_fx(model, mapping, inputs)
+
+
+def timed_with_cpu(fn) -> tuple[float, float, torch.fx.GraphModule]:
+    """(wall seconds, process CPU seconds, result) of one call, after a GC (as ``timed``)."""
+    gc.collect()
+    cpu, start = time.process_time(), time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, time.process_time() - cpu, result
 
 
 def count_nodes(gm: torch.fx.GraphModule) -> int:
@@ -200,16 +211,17 @@ def main() -> None:
     rows, prev = [], None
     for blocks in args.blocks:
         model, inputs = make_model(blocks)
-        ours, ref = [], []
+        ours, ref, ours_cpu = [], [], []
         nodes = observers = ao_observers = 0
         for rep in range(args.reps):
             steps = [("qplug", lambda: qplug_prepare(model, inputs))]
             if tq is not None:
                 steps.append(("ao", lambda: ao_prepare(tq, model, inputs)))
             for name, fn in (steps if rep % 2 == 0 else steps[::-1]):
-                seconds, gm = timed(fn)
+                seconds, cpu, gm = timed_with_cpu(fn)
                 if name == "qplug":
                     ours.append(seconds)
+                    ours_cpu.append(cpu)
                     observers = sum(1 for n in gm.graph.nodes if n.op == "call_module"
                                     and "activation_post_process" in str(n.target))
                 else:
@@ -221,14 +233,15 @@ def main() -> None:
         t_ours = median(ours)
         t_ref = median(ref) if ref else float("nan")
         growth = (f"{t_ours / prev[0]:.2f}", f"{t_ref / prev[1]:.2f}" if ref else "-") if prev else ("-", "-")
-        rows.append([str(blocks), str(nodes), f"{t_ours:.3f}", f"{t_ref:.3f}" if ref else "-",
+        rows.append([str(blocks), str(nodes), f"{t_ours:.3f}", f"{median(ours_cpu):.3f}",
+                     f"{t_ref:.3f}" if ref else "-",
                      f"{t_ref / t_ours:.1f}x" if ref else "-", growth[0], growth[1],
                      f"{t_ours / nodes * 1e6:.0f}", str(observers), str(ao_observers) if ref else "-"])
         prev = (t_ours, t_ref)
         print(f"  {blocks} blocks done: qplug {t_ours:.3f}s" + (f", torch.ao {t_ref:.3f}s" if ref else ""),
               flush=True)
     print()
-    print(table(["blocks", "nodes", "qplug s", "torch.ao s", "speed-up", "qplug growth",
+    print(table(["blocks", "nodes", "qplug s", "qplug CPU s", "torch.ao s", "speed-up", "qplug growth",
                  "torch.ao growth", "qplug us/node", "qplug obs", "torch.ao obs"], rows))
     if args.phases:
         print(f"\nqplug prepare_fx phases at {args.phases} blocks (median run of {args.reps})")

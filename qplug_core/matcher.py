@@ -42,9 +42,12 @@ def type_before_parametrizations(module: nn.Module) -> type:
     """The class a module had before ``torch.nn.utils.parametrize`` swapped in a subclass.
 
     Registering a parametrization replaces ``module.__class__`` by a generated subclass whose
-    first base is the original class; patterns must still match the original class.
+    first base is the original class; patterns must still match the original class. The
+    registration keeps its ``ModuleDict`` under ``parametrizations`` in ``_modules``: a module
+    without that entry is not parametrized, which is known without torch's check (a failed
+    attribute lookup through ``nn.Module.__getattr__``, one per node per matcher run).
     """
-    if parametrize.is_parametrized(module):
+    if "parametrizations" in module._modules and parametrize.is_parametrized(module):
         return type(module).__bases__[0]
     return type(module)
 

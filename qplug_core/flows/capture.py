@@ -29,7 +29,7 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
                              level: str = "auto", leaf_modules: Sequence[type[nn.Module]] = (),
                              non_traceable_module_names: Sequence[str] = (),
                              non_traceable_module_classes: Sequence[type[nn.Module]] = (),
-                             ) -> GraphModule:
+                             generate_code: bool = True) -> GraphModule:
     """The GraphModule the flows quantize, at the pattern set's level whatever the capture.
 
     ``level="auto"`` traces symbolically when the whole model traces, else exports it with
@@ -37,6 +37,8 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
     the submodules that stop symbolic tracing stay opaque and are listed in
     ``meta[CAPTURE_SKIPPED]`` (the report names them). An ``ExportedProgram`` or its
     ``.module()`` is accepted as is. ``meta[CAPTURE]`` says which level was used.
+    ``generate_code=False``: a traced graph's ``forward`` is generated at first use, for a caller
+    whose passes rewrite the graph and recompile (:mod:`qplug_core.ir.deferred_code`).
     """
     if level not in CAPTURE_LEVELS:
         raise ConfigValidationError(f"capture must be one of {CAPTURE_LEVELS}, got {level!r}",
@@ -48,7 +50,8 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
     if isinstance(model, GraphModule):
         return _tagged(model, "symbolic")
     trace = {"leaf_modules": leaf_modules, "non_traceable_module_names": non_traceable_module_names,
-             "non_traceable_module_classes": non_traceable_module_classes}
+             "non_traceable_module_classes": non_traceable_module_classes,
+             "generate_code": generate_code}
     if level == "symbolic":
         return _tagged(capture_module(model, **trace), "symbolic")
     if level == "export":

@@ -87,7 +87,8 @@ def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inpl
                                     f"{type(model).__name__}", field="model", value=type(model).__name__)
     options = {"level": capture, "leaf_modules": leaf_module_classes(),
                "non_traceable_module_names": non_traceable_module_names,
-               "non_traceable_module_classes": non_traceable_module_classes}
+               "non_traceable_module_classes": non_traceable_module_classes,
+               "generate_code": False}  # fuse_model's passes rewrite the graph, then recompile
     with gc_paused():
         if inplace or isinstance(model, fx.GraphModule):  # a graph is returned as is: copy it whole
             return capture_for_quantization(model if inplace else copy.deepcopy(model),
@@ -123,8 +124,9 @@ def fuse_model(model: nn.Module, chosen: Backend, example_inputs: tuple | None =
 def eval_mode(model: nn.Module) -> Iterator[None]:
     """Eval mode for a run that must not change the model (no BN statistic updates, no dropout),
     then every module's own flag back (compare, and the annotating run of prepare)."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
+    modes = [(m, m.training) for m in model.modules() if m.training]  # only these change
+    if modes:
+        model.eval()
     try:
         yield
     finally:

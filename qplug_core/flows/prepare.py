@@ -15,6 +15,7 @@ from torch import fx, nn
 
 from qplug_core.config import ObservationType
 from qplug_core.flows.clamps import clamp_bounds, foldable_clamp
+from qplug_core.flows.observer_copies import ObserverCopies
 from qplug_core.flows.regions import QUANTIZED_DTYPES, Region
 from qplug_core.flows.tags import FOLDED_CLAMP, OBSERVER, REGION, ROOT, VALUE_KIND, RegionTag
 from qplug_core.observers import (
@@ -38,6 +39,7 @@ class ObserverInserter:
         # its kernel quantizes at run time and has no calibrated output scale
         self.dynamic_observer_of: dict[fx.Node, fx.Node] = {}
         self.count = 0
+        self.build = ObserverCopies()  # each observer equal to calling its factory, cheaper
 
     def insert(self, regions: list[Region]) -> None:
         region_of = {node: region for region in regions for node in region.match.nodes}
@@ -58,7 +60,7 @@ class ObserverInserter:
             cache = self.dynamic_observer_of if region.is_dynamic else self.observer_of
             for value in region.inputs:
                 observer = cache.get(value) or self._new_observer(
-                    value, region.qconfig.activation(), "input", reroute=False,
+                    value, self.build(region.qconfig.activation), "input", reroute=False,
                     dynamic=region.is_dynamic)
                 for member in region.match.nodes:
                     member.replace_input_with(value, observer)
@@ -82,7 +84,7 @@ class ObserverInserter:
     def _output_observer(self, region: Region) -> nn.Module:
         constraints = region.dtype_config.output_dtype_with_constraints
         if constraints.scale_exact_match is None:
-            return region.qconfig.activation()
+            return self.build(region.qconfig.activation)
         fixed = FixedQParamsObserver.with_args(
             scale=constraints.scale_exact_match, zero_point=constraints.zero_point_exact_match,
             dtype=constraints.dtype, quant_min=constraints.quant_min_lower_bound,

@@ -179,9 +179,11 @@ class RegionPlanner:
         self.on_unsupported = on_unsupported
         self.modules = dict(gm.named_modules(remove_duplicate=False))
         # (qconfig, dtype config, weighted) -> problems: checking builds throw-away observers,
-        # and a model has few distinct qconfigs but thousands of regions
-        self._problems: dict[tuple[Any, int, bool], list[str]] = {}
-        self._weight_axes: dict[QConfig, int | None] = {}  # same reason: one observer per qconfig
+        # and a model has few distinct qconfigs but thousands of regions. Keyed by id: hashing a
+        # qconfig hashes the repr of its factories' arguments (~10 us, twice per region); the
+        # regions keep their qconfigs alive, so an id is never reused while the plan runs
+        self._problems: dict[tuple[int, int, bool], list[str]] = {}
+        self._weight_axes: dict[int, int | None] = {}  # same reason: one observer per qconfig
 
     def plan(self) -> list[Region]:
         configs = self.backend.config.pattern_to_config()
@@ -228,7 +230,7 @@ class RegionPlanner:
             return
         problems_by_config = []
         for dtype_config in region.config.dtype_configs:
-            key = (region.qconfig, id(dtype_config), region.weighted)
+            key = (id(region.qconfig), id(dtype_config), region.weighted)
             problems = self._problems.get(key)
             if problems is None:
                 problems = self._problems[key] = dtype_config_problems(
@@ -253,10 +255,10 @@ class RegionPlanner:
 
     def _check_weight_axis(self, qconfig: QConfig, root: fx.Node) -> None:
         """A per-channel weight axis must exist on this layer's weight; say so at prepare, by name."""
-        if qconfig not in self._weight_axes:
+        if id(qconfig) not in self._weight_axes:
             observer = qconfig.weight() if qconfig.weight is not None else None
-            self._weight_axes[qconfig] = getattr(observer, "ch_axis", None)
-        axis = self._weight_axes[qconfig]
+            self._weight_axes[id(qconfig)] = getattr(observer, "ch_axis", None)
+        axis = self._weight_axes[id(qconfig)]
         name = weight_name_of(self.modules[root.target])
         if axis is not None and name is not None:
             _check_axis(axis, root.target, weight_of(self.modules[root.target], name))

@@ -22,6 +22,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qplug_core.errors import TraceError
+from qplug_core.ir.deferred_code import graph_module_without_code
 from qplug_core.ir.thread_confined import ThreadConfinedTracer
 
 __all__ = ["QplugTracer", "capture_aten", "capture_module", "export_module", "first_line"]
@@ -69,12 +70,14 @@ class QplugTracer(ThreadConfinedTracer):
 def capture_module(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
                    non_traceable_module_names: Sequence[str] = (),
                    non_traceable_module_classes: Sequence[type[nn.Module]] = (),
-                   concrete_args: dict[str, Any] | None = None) -> GraphModule:
+                   concrete_args: dict[str, Any] | None = None,
+                   generate_code: bool = True) -> GraphModule:
     """Symbolically trace ``model`` into a GraphModule.
 
     The listed modules (by class or qualified name) become opaque ``call_module`` nodes; fx's
     default leaves (``torch.nn`` modules) stay leaves. Raises :class:`TraceError` naming the
-    submodule that cannot be traced.
+    submodule that cannot be traced. ``generate_code=False`` (a caller that rewrites the graph and
+    recompiles) leaves ``forward`` to be generated at first use (:mod:`.deferred_code`).
     """
     tracer = QplugTracer(leaf_modules=leaf_modules,
                          non_traceable_module_names=non_traceable_module_names,
@@ -92,7 +95,8 @@ def capture_module(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] 
         raise TraceError(f"cannot trace {location}: {type(e).__name__}: {e}. Either {fix}, or "
                          "quantize in eager mode with qp.eager.", module=where or None) from e
     name = type(model).__name__
-    gm = GraphModule(tracer.root, graph, name)
+    gm = GraphModule(tracer.root, graph, name) if generate_code else \
+        graph_module_without_code(tracer.root, graph, name)
     _keep_modes(model, gm)
     return gm
 

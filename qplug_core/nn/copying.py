@@ -17,10 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["copy_module", "detach_from"]
+__all__ = ["copy_fields", "copy_module", "detach_from", "field_copyable"]
 
 _SCALARS = frozenset({int, float, bool, str, bytes, type(None), torch.dtype, torch.device,
-                      torch.Size})
+                      torch.Size, torch.qscheme})
+#: where the classes are defined whose modules keep all their state in the fields checked below
+_FIELD_STATE_PACKAGES = ("torch.nn.", "qplug_core.observers.")
 _TENSORS = frozenset({torch.Tensor, nn.Parameter})
 
 
@@ -43,9 +45,10 @@ def _copy_tensor(tensor: torch.Tensor | None, memo: dict[int, Any]) -> torch.Ten
     return memo[id(tensor)]
 
 
-def _field_copyable(module: nn.Module) -> bool:
-    """A childless ``torch.nn`` module whose state is tensors, hook tables and immutable values."""
-    if module._modules or not type(module).__module__.startswith("torch.nn."):
+def field_copyable(module: nn.Module) -> bool:
+    """A childless ``torch.nn`` module (or qplug observer) whose state is tensors, hook tables and
+    immutable values: :func:`copy_module` copies it field by field."""
+    if module._modules or not type(module).__module__.startswith(_FIELD_STATE_PACKAGES):
         return False
     for name, value in vars(module).items():
         kind = type(value)
@@ -70,8 +73,15 @@ def copy_module(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Mod
     memo = {} if memo is None else memo
     if id(module) in memo:
         return memo[id(module)]
-    if not _field_copyable(module):
+    if not field_copyable(module):
         return copy.deepcopy(module, memo)
+    return copy_fields(module, memo)
+
+
+def copy_fields(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
+    """:func:`copy_module` of a module already known to be :func:`field_copyable` (a caller
+    copying one module many times checks it once)."""
+    memo = {} if memo is None else memo
     state = {}
     for name, value in vars(module).items():
         if name in ("_parameters", "_buffers"):
@@ -91,10 +101,17 @@ def detach_from(source: nn.Module, gm: nn.Module) -> None:
 
     Afterwards changing ``gm`` (fusing, observing, training) cannot reach ``source``: no module
     object, parameter, buffer or tensor storage is shared."""
-    modules = {id(m) for m in source.modules()}
-    tensors = {id(t) for t in (*source.parameters(), *source.buffers())}
-    storages = {t.untyped_storage().data_ptr() for t in (*source.parameters(), *source.buffers())
-                if t.numel()}
+    modules: set[int] = set()
+    tensors: set[int] = set()
+    storages: set[int] = set()
+    for module in source.modules():  # one walk (each of parameters() and buffers() is another)
+        modules.add(id(module))
+        for table in (module._parameters, module._buffers):
+            for tensor in table.values():
+                if tensor is not None:
+                    tensors.add(id(tensor))
+                    if tensor.numel():
+                        storages.add(tensor.untyped_storage().data_ptr())
     memo: dict[int, Any] = {}
 
     def shared(t: Any) -> bool:

@@ -89,16 +89,22 @@ def _check_foldable(op: nn.Module, bn: nn.Module, out_channels: int) -> None:
 
 
 def _fold(op: ModuleT, bn: nn.Module, *, transposed: bool, groups: int) -> ModuleT:
-    fused = copy_module(op)
     weight, bias = fold_bn_weights(
         op.weight.detach(), None if op.bias is None else op.bias.detach(),
         bn.running_mean, bn.running_var, bn.eps,
         None if bn.weight is None else bn.weight.detach(),
         None if bn.bias is None else bn.bias.detach(),
         transposed=transposed, groups=groups)
-    fused.weight = nn.Parameter(weight, requires_grad=op.weight.requires_grad)
-    fused.bias = nn.Parameter(bias, requires_grad=op.weight.requires_grad if op.bias is None
-                              else op.bias.requires_grad)
+    folded_weight = nn.Parameter(weight, requires_grad=op.weight.requires_grad)
+    folded_bias = nn.Parameter(bias, requires_grad=op.weight.requires_grad if op.bias is None
+                               else op.bias.requires_grad)
+    # the copy takes the folded tensors in place of op's (a memo entry): cloning op's weight and
+    # bias only to replace them cost one clone per fused conv
+    memo: dict[int, object] = {id(op.weight): folded_weight}
+    if op.bias is not None:
+        memo[id(op.bias)] = folded_bias
+    fused = copy_module(op, memo)
+    fused.weight, fused.bias = folded_weight, folded_bias  # a bias-free op gets one
     return fused
 
 

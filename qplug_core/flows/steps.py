@@ -151,7 +151,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     run_passes(gm, [annotate, observe, warn_saturating_pairs(chosen.name, chosen.arithmetic),
                     *plugin_passes(chosen, Stage.POST_PREPARE)])
     gm.meta[STATE] = {"backend": chosen.name, "mode": mode}
-    weight_bits.mark(gm, chosen, mode, user_mapping=qconfig_mapping is not None)
+    weight_bits.mark(gm, chosen, mode, user_mapping=weight_bits.users_own(qconfig_mapping))
     remember_example(gm, inputs)
     if is_qat:
         gm.train()

@@ -4,7 +4,9 @@ A backend's default qconfig gives 7-bit weights on such CPUs (``kernels/arithmet
 full 8-bit operands two adjacent u8 x s8 products can leave int16. That costs every layer one
 bit (ResNet-18: 28.3 -> 25.3 dB), while most layers never come near: a pair saturates only where
 large codes meet large weights of one sign side by side. So when the backend's own defaults were
-used (a user's qconfig is the user's), convert asks per weighted layer, on the example inputs
+used (a user's qconfig is the user's; a mapping qplug resolved from the defaults on the user's
+behalf, as ``qp.quantize`` with a recipe or a target does, is marked by :func:`backend_defaults`
+and counts as the defaults, with its copies), convert asks per weighted layer, on the example inputs
 recorded at prepare: with the 8-bit weights the backend would use with VNNI, does any pair sum of
 this layer's real operands leave int16 (``kernels/pair_sums.py``, in the kernels' K order)? If
 none does, the layer gets 8-bit weights; if some do, it gets them only where its output error
@@ -22,11 +24,13 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from qplug_core.config import QConfigMapping
 from qplug_core.flows.observed import observed_inputs
 from qplug_core.flows.tags import EXAMPLE_INPUTS, OBSERVER, ROOT, WEIGHT_BITS, WEIGHT_BITS_CHOICE, region_tag
 from qplug_core.kernels import pair_sums
 from qplug_core.kernels.arithmetic import pair_sums_saturate
 from qplug_core.kernels.cpu import override_cpu_flags
+from qplug_core.kernels.reference import ReferenceWeighted
 from qplug_core.qparams import QParams
 
 #: flags of a CPU whose int8 products accumulate in int32 (to ask a backend its 8-bit defaults)
@@ -34,6 +38,30 @@ _INT32_CPU = "avx2 avx512f avx512bw avx512_vnni"
 #: the pair sums of at most this many GEMM rows per layer are computed, evenly spread (the
 #: bound on which pairs can saturate at all sees every row)
 MAX_ROWS = 1024
+
+
+#: set on a mapping :func:`backend_defaults` resolved (``copy.deepcopy`` keeps it)
+_RESOLVED = "_qplug_backend_defaults"
+
+
+def backend_defaults(backend: Any, mode: str = "static") -> QConfigMapping:
+    """``backend``'s default mapping for ``mode``, resolved on the user's behalf: a flow that must
+    pass a mapping to prepare explicitly (a recipe needs it first) passes this one, and it and
+    its copies (a target's fallbacks) still get the per-layer choice."""
+    mapping = backend.default_qconfig_mapping(mode)
+    setattr(mapping, _RESOLVED, True)
+    return mapping
+
+
+def users_own(mapping: QConfigMapping | None) -> bool:
+    """Whether ``mapping`` (given to prepare) is the user's: not None, not :func:`backend_defaults`'s."""
+    return mapping is not None and not getattr(mapping, _RESOLVED, False)
+
+
+def converted_weight_ranges(reference: fx.GraphModule) -> dict[str, tuple[int, int]]:
+    """module name -> the integer range of its weights in a converted model's reference form."""
+    return {name: (m.weight_qparams.quant_min, m.weight_qparams.quant_max)
+            for name, m in reference.named_modules() if isinstance(m, ReferenceWeighted)}
 
 
 def mark(gm: fx.GraphModule, backend: Any, mode: str, user_mapping: bool) -> None:
@@ -124,7 +152,8 @@ class WeightBits:
         if not observed or not isinstance(value, torch.Tensor) or not value.is_floating_point():
             return None
         observer = observed[0].observer
-        if getattr(observer, "dtype", None) != torch.quint8:
+        # a dynamic layer (a target's fallback) picks its input grid per batch: not chosen here
+        if getattr(observer, "dtype", None) != torch.quint8 or getattr(observer, "is_dynamic", False):
             return None
         scale, zero_point = (t.flatten() for t in observer.calculate_qparams())
         if scale.numel() != 1:
@@ -158,4 +187,4 @@ class _Losses:
         return sums, float((error.double() ** 2).sum())
 
 
-__all__ = ["MAX_ROWS", "WeightBits", "mark"]
+__all__ = ["MAX_ROWS", "WeightBits", "backend_defaults", "converted_weight_ranges", "mark", "users_own"]

@@ -8,13 +8,16 @@ convolution (the K order), and the chosen model runs on the host's real kernels.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
 
 import qplug_core as qp
 from qplug_core.flows import weight_bits
-from qplug_core.flows.tags import WEIGHT_BITS_CHOICE
+from qplug_core.flows.snapshot import snapshot_of
+from qplug_core.flows.tags import TARGET, WEIGHT_BITS_CHOICE
 from qplug_core.kernels import pair_sums
 from qplug_core.kernels.reference import Quantize, ReferenceWeighted
 from qplug_core.plugin_api import override_cpu_flags
@@ -120,6 +123,55 @@ def test_the_choice_runs_on_the_host_kernels(backend):
         expected, got = reference(*inputs(5)), lowered(*inputs(5))
     step = float(expected.max() - expected.min()) / 255
     assert float((got - expected).abs().max()) <= 1.01 * step
+
+
+def quantized(backend: str, flags: str, **options):
+    """``qp.quantize`` (a recipe or a target: the mapping is resolved before prepare) and the
+    weight ranges of its reference form."""
+    with override_cpu_flags(flags), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unmet target warns; these tests read its result
+        qmodel = qp.quantize(TwoLayers().eval(), inputs(0), [inputs(s) for s in range(3)],
+                             backend=backend, **options)
+    return qmodel, weight_ranges(snapshot_of(qmodel).graph_module)
+
+
+@pytest.mark.parametrize("options", [{"recipe": ["bias_correction"]}, {"target": qp.Target(sqnr=-100.0)}],
+                         ids=["recipe", "target"])
+def test_qp_quantize_defaults_get_the_choice(backend, options):
+    """qp.quantize resolves the backend's defaults itself for a recipe or a target: they are
+    still the defaults, so each layer gets its weight bits; a mapping the user passes is kept."""
+    qmodel, ranges = quantized(backend, AVX2, **options)
+    assert ranges == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}
+    assert set(qmodel.meta[WEIGHT_BITS_CHOICE]) == {"safe", "hot"}
+    with override_cpu_flags(AVX2):
+        mapping = qp.get_default_qconfig_mapping(backend)
+    _, ranges = quantized(backend, AVX2, qconfig_mapping=mapping, **options)
+    assert ranges == dict.fromkeys(("safe", "hot"), (-64, 64))
+
+
+def test_a_target_ranks_layers_by_the_weights_they_get(qplug_only):
+    """An unmet target takes layers out by their static int8 error: that error is the error of
+    the weights convert gives the layer (8-bit ``safe`` as with VNNI, not 7-bit), and the models
+    it tries with layers taken out get the choice too (the search is the same on every backend:
+    fbgemm's, the faster one to convert)."""
+    backend = "fbgemm"
+    qplug_only("qplug-fbgemm")
+
+    def static_errors(flags, **options):
+        qmodel, ranges = quantized(backend, flags, target=qp.Target(sqnr=100.0), **options)
+        result = qmodel.meta[TARGET]
+        assert not result.met and result.float_layers
+        kept = set(ranges) - set(result.float_layers)
+        return {e.name: e.errors["static"] for e in result.errors}, ranges, kept
+
+    avx2, ranges, kept = static_errors(AVX2)
+    vnni, _, _ = static_errors(VNNI)
+    assert avx2["safe"] == pytest.approx(vnni["safe"], rel=1e-6)
+    assert all(ranges[name] == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}[name] for name in kept)
+    with override_cpu_flags(AVX2):
+        mapping = qp.get_default_qconfig_mapping(backend)
+    users, _, _ = static_errors(AVX2, qconfig_mapping=mapping)  # 7-bit weights: a coarser grid
+    assert users["safe"] > 1.5 * avx2["safe"]
 
 
 @pytest.mark.parametrize("conv", [nn.Conv2d(6, 4, 3, padding=1, stride=2), nn.Conv2d(6, 6, 3, padding=1, groups=6),

@@ -67,6 +67,8 @@ EXAMPLE_INPUTS = "qplug_example_inputs"
 #: saturate (set at prepare when a backend's defaults are 7-bit only for that), and the decisions
 WEIGHT_BITS = "qplug_weight_bits"
 WEIGHT_BITS_CHOICE = "qplug_weight_bits_choice"
+#: GraphModule.meta: a few calibration batches kept for convert's decisions (flows/calibration_sample.py)
+CALIBRATION_SAMPLE = "qplug_calibration_sample"
 #: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example
 #: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
 INPUT_SPEC = "qplug_input_spec"

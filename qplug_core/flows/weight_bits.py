@@ -7,7 +7,9 @@ large codes meet large weights of one sign side by side. So when the backend's o
 used (a user's qconfig is the user's; a mapping qplug resolved from the defaults on the user's
 behalf, as ``qp.quantize`` with a recipe or a target does, is marked by :func:`backend_defaults`
 and counts as the defaults, with its copies), convert asks per weighted layer, on the example inputs
-recorded at prepare: with the 8-bit weights the backend would use with VNNI, does any pair sum of
+recorded at prepare and the few calibration batches kept (``flows/calibration_sample.py``: at most
+``MAX_BATCHES``, evenly spread, each run once more through the observed graph; of all runs
+together at most ``MAX_ROWS`` GEMM rows per layer are emulated): with the 8-bit weights the backend would use with VNNI, does any pair sum of
 this layer's real operands leave int16 (``kernels/pair_sums.py``, in the kernels' K order)? If
 none does, the layer gets 8-bit weights; if some do, it gets them only where its output error
 (rounding plus what saturation takes) is below the 7-bit weights' on the same rows. The decisions
@@ -25,6 +27,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.config import QConfigMapping
+from qplug_core.flows import calibration_sample
 from qplug_core.flows.observed import observed_inputs
 from qplug_core.flows.tags import EXAMPLE_INPUTS, OBSERVER, ROOT, WEIGHT_BITS, WEIGHT_BITS_CHOICE, region_tag
 from qplug_core.kernels import pair_sums
@@ -35,8 +38,8 @@ from qplug_core.qparams import QParams
 
 #: flags of a CPU whose int8 products accumulate in int32 (to ask a backend its 8-bit defaults)
 _INT32_CPU = "avx2 avx512f avx512bw avx512_vnni"
-#: the pair sums of at most this many GEMM rows per layer are computed, evenly spread (the
-#: bound on which pairs can saturate at all sees every row)
+#: the pair sums of at most this many GEMM rows per layer are computed (over all runs), evenly
+#: spread (the bound on which pairs can saturate at all sees every row of every run)
 MAX_ROWS = 1024
 
 
@@ -80,18 +83,19 @@ def mark(gm: fx.GraphModule, backend: Any, mode: str, user_mapping: bool) -> Non
 
 
 class _Inputs(fx.Interpreter):
-    """Runs an observed graph with its observers passed through (they must not learn from this
-    run), keeping the input of each ``wanted`` node."""
+    """Runs an observed graph with its observers passed through (they must not learn from these
+    runs), keeping the input of each ``wanted`` node on each run."""
 
     def __init__(self, gm: fx.GraphModule, wanted: set[fx.Node]):
         super().__init__(gm)
-        self.wanted, self.inputs = wanted, {}
+        self.wanted: set[fx.Node] = wanted
+        self.inputs: dict[fx.Node, list[Any]] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op == "call_module" and OBSERVER in n.meta:
             return self.env[n.args[0]] if isinstance(n.args[0], fx.Node) else n.args[0]
         if n in self.wanted:
-            self.inputs[n] = self.env[n.args[0]]
+            self.inputs.setdefault(n, []).append(self.env[n.args[0]])
         return super().run_node(n)
 
 
@@ -102,8 +106,10 @@ class WeightBits:
         self.gm = gm
         self.full: tuple[int, int] | None = gm.meta.get(WEIGHT_BITS)
         self.choices: dict[str, str] = gm.meta.setdefault(WEIGHT_BITS_CHOICE, {}) if self.full else {}
-        self.inputs: dict[fx.Node, Any] = {}
+        self.inputs: dict[fx.Node, list[Any]] = {}
+        self.data = "the example inputs"
         example = gm.meta.get(EXAMPLE_INPUTS)
+        batches = calibration_sample.take(gm)
         if self.full is None or example is None:
             self.full = None
             return
@@ -113,11 +119,14 @@ class WeightBits:
         recorder = _Inputs(gm, wanted)
         try:
             with torch.no_grad():
-                recorder.run(*example)
-        except Exception:  # the example no longer fits the graph: the safe 7-bit weights stay
+                for batch in (example, *batches):
+                    recorder.run(*batch)
+        except Exception:  # the data no longer fits the graph: the safe 7-bit weights stay
             self.full = None
             return
         self.inputs = recorder.inputs
+        if batches:
+            self.data += f" and {len(batches)} calibration batch(es)"
 
     def weight_qparams(self, node: fx.Node, module: nn.Module, qconfig: Any, weight: torch.Tensor,
                        safe: QParams) -> QParams:
@@ -136,20 +145,22 @@ class WeightBits:
         loss = _Losses(layer, codes, weight)
         sums, wide_error = loss.of(wide, saturating=True)
         if not sums.saturated:
-            self.choices[node.name] = "8-bit weights: no int16 pair sum saturates on the example inputs"
+            self.choices[node.name] = f"8-bit weights: no int16 pair sum saturates on {self.data}"
             return wide
         _, safe_error = loss.of(safe, saturating=False)
         keep = wide_error <= safe_error
         self.choices[node.name] = (
             f"{8 if keep else 7}-bit weights: {sums.saturated} int16 pair sum(s) of "
-            f"{loss.codes.shape[1]} rows saturate with 8-bit weights on the example inputs; output "
+            f"{loss.codes.shape[1]} rows saturate with 8-bit weights on {self.data}; output "
             f"error {wide_error / safe_error if safe_error else float('inf'):.2f}x that of 7-bit weights")
         return wide if keep else safe
 
-    def _input_codes(self, node: fx.Node) -> tuple[torch.Tensor, int] | None:
+    def _input_codes(self, node: fx.Node) -> tuple[list[torch.Tensor], int] | None:
+        """The layer's input codes on each run (the calibrated grid), and their zero point."""
         observed = observed_inputs(self.gm, node)
-        value = self.inputs.get(node)
-        if not observed or not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        values = self.inputs.get(node, [])
+        if not observed or not values or not all(isinstance(v, torch.Tensor) and v.is_floating_point()
+                                                 for v in values):
             return None
         observer = observed[0].observer
         # a dynamic layer (a target's fallback) picks its input grid per batch: not chosen here
@@ -158,21 +169,25 @@ class WeightBits:
         scale, zero_point = (t.flatten() for t in observer.calculate_qparams())
         if scale.numel() != 1:
             return None
-        codes = torch.clamp(torch.round(value.detach().float() / scale) + zero_point,
-                            observer.quant_min, observer.quant_max)
-        return codes, int(zero_point)
+        return [torch.clamp(torch.round(v.detach().float() / scale) + zero_point, observer.quant_min,
+                            observer.quant_max) for v in values], int(zero_point)
 
 
 
 class _Losses:
-    """One layer's output error on the example inputs under candidate weight qparams (squared,
+    """One layer's output error on its recorded inputs under candidate weight qparams (squared,
     summed; in units of activation codes times weights): rounding, plus what saturated int16
-    pair sums take away where ``saturating``."""
+    pair sums take away where ``saturating``. Of each run's GEMM rows ``MAX_ROWS / runs`` are
+    kept, evenly spread; the code range of each K column is that over every row of every run."""
 
-    def __init__(self, layer: nn.Module, codes: tuple[torch.Tensor, int], weight: torch.Tensor):
+    def __init__(self, layer: nn.Module, codes: tuple[list[torch.Tensor], int], weight: torch.Tensor):
         self.layer, self.weight = layer, weight.detach()
-        self.codes, self.high, self.low = pair_sums.operands(layer, codes[0], codes[1], MAX_ROWS)
-        self.shifted = self.codes - codes[1]
+        runs, zero_point = codes
+        per_run = [pair_sums.operands(layer, c, zero_point, max(1, MAX_ROWS // len(runs))) for c in runs]
+        self.codes = torch.cat([rows for rows, _, _ in per_run], dim=1)
+        self.high = torch.stack([high for _, high, _ in per_run]).amax(0)
+        self.low = torch.stack([low for _, _, low in per_run]).amin(0)
+        self.shifted = self.codes - zero_point
         self.exact = pair_sums.weight_operands(layer, self.weight)
 
     def of(self, qparams: QParams, *, saturating: bool) -> tuple[pair_sums.PairSums | None, float]:

@@ -8,16 +8,17 @@ convolution (the K order), and the chosen model runs on the host's real kernels.
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
 import torch
-from torch import nn
+from torch import fx, nn
 
 import qplug_core as qp
-from qplug_core.flows import weight_bits
+from qplug_core.flows import calibration_sample, steps, weight_bits
 from qplug_core.flows.snapshot import snapshot_of
-from qplug_core.flows.tags import TARGET, WEIGHT_BITS_CHOICE
+from qplug_core.flows.tags import CALIBRATION_SAMPLE, TARGET, WEIGHT_BITS, WEIGHT_BITS_CHOICE
 from qplug_core.kernels import pair_sums
 from qplug_core.kernels.reference import Quantize, ReferenceWeighted
 from qplug_core.plugin_api import override_cpu_flags
@@ -59,13 +60,13 @@ def weight_ranges(reference) -> dict[str, tuple[int, int]]:
             for name, m in reference.named_modules() if isinstance(m, ReferenceWeighted)}
 
 
-def saturated(reference) -> dict[str, int]:
+def saturated(reference, held_out=None) -> dict[str, int]:
     """Saturated pair sums of each layer on held-out inputs, by the brute-force definition."""
     codes: list[torch.Tensor] = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: codes.append(out))
              for m in reference.modules() if isinstance(m, Quantize)]
     with torch.no_grad():
-        reference(*inputs(5))
+        reference(*(inputs(5) if held_out is None else held_out))
     for hook in hooks:
         hook.remove()
     layers = {n.split(".")[0]: m for n, m in reference.named_modules() if isinstance(m, ReferenceWeighted)}
@@ -86,7 +87,8 @@ def test_per_layer_without_vnni(backend):
     reference = converted(backend, AVX2)
     assert weight_ranges(reference) == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}
     choices = reference.meta[WEIGHT_BITS_CHOICE]
-    assert choices["safe"] == "8-bit weights: no int16 pair sum saturates on the example inputs"
+    assert choices["safe"] == ("8-bit weights: no int16 pair sum saturates on the example inputs and 3 "
+                               "calibration batch(es)")
     assert choices["hot"].startswith("7-bit weights: ") and "saturate with 8-bit weights" in choices["hot"]
     assert saturated(reference) == {"safe": 0, "hot": 0}
 
@@ -123,6 +125,41 @@ def test_the_choice_runs_on_the_host_kernels(backend):
         expected, got = reference(*inputs(5)), lowered(*inputs(5))
     step = float(expected.max() - expected.min()) / 255
     assert float((got - expected).abs().max()) <= 1.01 * step
+
+
+def test_a_calibration_batch_that_saturates_is_caught(backend, monkeypatch):
+    """The example inputs (zeros: ``hot`` sees only ``safe``'s bias) saturate no pair sum, the
+    calibration batches do: the batches kept from calibration make ``hot`` 7-bit. Without them
+    (the sample removed) it would get 8-bit weights that saturate on held-out data like them."""
+    example, batches = (torch.zeros(8, 32),), [(3 * inputs(s)[0],) for s in range(3)]
+    held_out = (3 * inputs(5)[0],)
+
+    def choose():
+        with override_cpu_flags(AVX2):
+            observed = qp.prepare_fx(TwoLayers().eval(), None, example, backend=backend)
+            qp.calibrate(observed, batches)
+            return qp.convert_to_reference_fx(observed)
+
+    reference = choose()
+    assert weight_ranges(reference)["hot"] == (-64, 64)
+    assert "on the example inputs and 3 calibration batch(es)" in reference.meta[WEIGHT_BITS_CHOICE]["hot"]
+    assert CALIBRATION_SAMPLE not in reference.meta  # the converted model holds no user data
+    assert saturated(reference, held_out)["hot"] == 0
+    monkeypatch.setattr(steps.calibration_sample, "start", lambda gm: None)
+    example_only = choose()
+    assert weight_ranges(example_only)["hot"] == EIGHT_BIT[backend]
+    assert saturated(example_only, held_out)["hot"] > 0
+
+
+def test_the_kept_batches_are_bounded_and_evenly_spread():
+    gm = fx.symbolic_trace(nn.Linear(2, 2))
+    gm.meta[WEIGHT_BITS] = (-128, 127)
+    calibration_sample.keep(gm, [(i,) for i in range(100)])
+    assert copy.deepcopy(gm).meta[CALIBRATION_SAMPLE] is gm.meta[CALIBRATION_SAMPLE]  # shared, not copied
+    assert calibration_sample.take(gm) == [(i,) for i in range(0, 100, 16)]
+    assert len(range(0, 100, 16)) <= calibration_sample.MAX_BATCHES and CALIBRATION_SAMPLE not in gm.meta
+    calibration_sample.keep(gm, [(i,) for i in range(5)])
+    assert calibration_sample.take(gm) == [(i,) for i in range(5)]
 
 
 def quantized(backend: str, flags: str, **options):

@@ -180,10 +180,17 @@ def test_qp_quantize_defaults_get_the_choice(backend, options):
     qmodel, ranges = quantized(backend, AVX2, **options)
     assert ranges == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}
     assert set(qmodel.meta[WEIGHT_BITS_CHOICE]) == {"safe", "hot"}
+
+
+@pytest.mark.parametrize("options", [{"recipe": ["bias_correction"]}, {"target": qp.Target(sqnr=-100.0)}],
+                         ids=["recipe", "target"])
+def test_qp_quantize_keeps_a_users_mapping(qplug_only, options):
+    """The flow does not depend on the backend (fbgemm's: the faster one to convert)."""
+    qplug_only("qplug-fbgemm")
     with override_cpu_flags(AVX2):
-        mapping = qp.get_default_qconfig_mapping(backend)
-    _, ranges = quantized(backend, AVX2, qconfig_mapping=mapping, **options)
-    assert ranges == dict.fromkeys(("safe", "hot"), (-64, 64))
+        mapping = qp.get_default_qconfig_mapping("fbgemm")
+    qmodel, ranges = quantized("fbgemm", AVX2, qconfig_mapping=mapping, **options)
+    assert ranges == dict.fromkeys(("safe", "hot"), (-64, 64)) and WEIGHT_BITS_CHOICE not in qmodel.meta
 
 
 def test_a_target_ranks_layers_by_the_weights_they_get(qplug_only):

@@ -21,6 +21,7 @@ every consumer of the value (not one layer's to change), and FBGEMM takes u8 act
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -82,20 +83,26 @@ def mark(gm: fx.GraphModule, backend: Any, mode: str, user_mapping: bool) -> Non
         gm.meta[WEIGHT_BITS] = (int(observer.quant_min), int(observer.quant_max))
 
 
+#: one run's operands of a layer: sampled GEMM rows of codes, each K column's highest and lowest code
+_Operands = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 class _Inputs(fx.Interpreter):
     """Runs an observed graph with its observers passed through (they must not learn from these
-    runs), keeping the input of each ``wanted`` node on each run."""
+    runs), keeping what ``wanted[node]`` makes of each wanted node's input on each run (the
+    layer's operands: a bounded sample, not the whole activation, so memory does not grow with
+    the number of runs)."""
 
-    def __init__(self, gm: fx.GraphModule, wanted: set[fx.Node]):
+    def __init__(self, gm: fx.GraphModule, wanted: dict[fx.Node, Callable[[Any], _Operands | None]]):
         super().__init__(gm)
-        self.wanted: set[fx.Node] = wanted
-        self.inputs: dict[fx.Node, list[Any]] = {}
+        self.wanted = wanted
+        self.inputs: dict[fx.Node, list[_Operands | None]] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op == "call_module" and OBSERVER in n.meta:
             return self.env[n.args[0]] if isinstance(n.args[0], fx.Node) else n.args[0]
         if n in self.wanted:
-            self.inputs.setdefault(n, []).append(self.env[n.args[0]])
+            self.inputs.setdefault(n, []).append(self.wanted[n](self.env[n.args[0]]))
         return super().run_node(n)
 
 
@@ -106,16 +113,18 @@ class WeightBits:
         self.gm = gm
         self.full: tuple[int, int] | None = gm.meta.get(WEIGHT_BITS)
         self.choices: dict[str, str] = gm.meta.setdefault(WEIGHT_BITS_CHOICE, {}) if self.full else {}
-        self.inputs: dict[fx.Node, list[Any]] = {}
+        self.inputs: dict[fx.Node, list[_Operands | None]] = {}
+        self.zero_points: dict[fx.Node, int] = {}
         self.data = "the example inputs"
         example = gm.meta.get(EXAMPLE_INPUTS)
         batches = calibration_sample.take(gm)
         if self.full is None or example is None:
             self.full = None
             return
-        wanted = {n for n in gm.graph.nodes if n.meta.get(ROOT) and n.op == "call_module"
+        rows = max(1, MAX_ROWS // (1 + len(batches)))  # per run: MAX_ROWS over all runs
+        wanted = {n: reduce for n in gm.graph.nodes if n.meta.get(ROOT) and n.op == "call_module"
                   and (tag := region_tag(n)) is not None and tag.quantized and n.args
-                  and isinstance(n.args[0], fx.Node)}
+                  and isinstance(n.args[0], fx.Node) and (reduce := self._operands(n, rows)) is not None}
         recorder = _Inputs(gm, wanted)
         try:
             with torch.no_grad():
@@ -136,13 +145,13 @@ class WeightBits:
         if (safe.quant_min, safe.quant_max) == self.full:
             return safe
         layer = next((m for m in module.modules() if pair_sums.supported(m)), None)
-        codes = self._input_codes(node)
-        if layer is None or codes is None:
+        runs = [r for r in self.inputs[node] if r is not None]
+        if layer is None or len(runs) < len(self.inputs[node]):  # an input that is not a float tensor
             return safe
         observer = qconfig.weight(quant_min=self.full[0], quant_max=self.full[1])
         observer(weight.detach())
         wide = observer.qparams()
-        loss = _Losses(layer, codes, weight)
+        loss = _Losses(layer, runs, self.zero_points[node], weight)
         sums, wide_error = loss.of(wide, saturating=True)
         if not sums.saturated:
             self.choices[node.name] = f"8-bit weights: no int16 pair sum saturates on {self.data}"
@@ -155,12 +164,13 @@ class WeightBits:
             f"error {wide_error / safe_error if safe_error else float('inf'):.2f}x that of 7-bit weights")
         return wide if keep else safe
 
-    def _input_codes(self, node: fx.Node) -> tuple[list[torch.Tensor], int] | None:
-        """The layer's input codes on each run (the calibrated grid), and their zero point."""
+    def _operands(self, node: fx.Node, rows: int) -> Callable[[Any], _Operands | None] | None:
+        """What to keep of ``node``'s input on each run (its operands on the calibrated grid, at
+        most ``rows`` GEMM rows), or None where the layer is not one to choose for."""
         observed = observed_inputs(self.gm, node)
-        values = self.inputs.get(node, [])
-        if not observed or not values or not all(isinstance(v, torch.Tensor) and v.is_floating_point()
-                                                 for v in values):
+        layer = next((m for m in self.gm.get_submodule(str(node.target)).modules()
+                      if pair_sums.supported(m)), None)
+        if not observed or layer is None:
             return None
         observer = observed[0].observer
         # a dynamic layer (a target's fallback) picks its input grid per batch: not chosen here
@@ -169,24 +179,28 @@ class WeightBits:
         scale, zero_point = (t.flatten() for t in observer.calculate_qparams())
         if scale.numel() != 1:
             return None
-        return [torch.clamp(torch.round(v.detach().float() / scale) + zero_point, observer.quant_min,
-                            observer.quant_max) for v in values], int(zero_point)
+        self.zero_points[node] = int(zero_point)
 
+        def reduce(value: Any) -> _Operands | None:
+            if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+                return None
+            codes = torch.clamp(torch.round(value.detach().float() / scale) + zero_point,
+                                observer.quant_min, observer.quant_max)
+            return pair_sums.operands(layer, codes, int(zero_point), rows)
+        return reduce
 
 
 class _Losses:
-    """One layer's output error on its recorded inputs under candidate weight qparams (squared,
+    """One layer's output error on its recorded operands under candidate weight qparams (squared,
     summed; in units of activation codes times weights): rounding, plus what saturated int16
-    pair sums take away where ``saturating``. Of each run's GEMM rows ``MAX_ROWS / runs`` are
-    kept, evenly spread; the code range of each K column is that over every row of every run."""
+    pair sums take away where ``saturating``. The rows are those sampled on every run; the code
+    range of each K column is that over every row of every run."""
 
-    def __init__(self, layer: nn.Module, codes: tuple[list[torch.Tensor], int], weight: torch.Tensor):
+    def __init__(self, layer: nn.Module, runs: list[_Operands], zero_point: int, weight: torch.Tensor):
         self.layer, self.weight = layer, weight.detach()
-        runs, zero_point = codes
-        per_run = [pair_sums.operands(layer, c, zero_point, max(1, MAX_ROWS // len(runs))) for c in runs]
-        self.codes = torch.cat([rows for rows, _, _ in per_run], dim=1)
-        self.high = torch.stack([high for _, high, _ in per_run]).amax(0)
-        self.low = torch.stack([low for _, _, low in per_run]).amin(0)
+        self.codes = torch.cat([rows for rows, _, _ in runs], dim=1)
+        self.high = torch.stack([high for _, high, _ in runs]).amax(0)
+        self.low = torch.stack([low for _, _, low in runs]).amin(0)
         self.shifted = self.codes - zero_point
         self.exact = pair_sums.weight_operands(layer, self.weight)
 

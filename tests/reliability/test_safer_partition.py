@@ -126,6 +126,15 @@ def test_a_saturating_partition_is_compiled_again_with_7_bit_weights(sdk):
     assert float((got - expected).abs().max()) <= 1.01 * step
 
 
+def test_the_saved_file_holds_the_form_that_passed(sdk, tmp_path):
+    lowered, _ = convert(AVX2)
+    qp.save(lowered, tmp_path / "model.qplug")
+    with override_cpu_flags(AVX2):
+        loaded = qp.load(tmp_path / "model.qplug")
+        with torch.no_grad():
+            assert torch.equal(loaded(*inputs(5)), lowered(*inputs(5)))
+
+
 def test_with_vnni_nothing_is_changed(sdk):
     """The same SDK on a VNNI CPU (its kernels accumulate in int32 there, by its arithmetic):
     its saturation is then not int16 pairs' doing, so nothing is recompiled."""

@@ -8,7 +8,9 @@ CPU runs), 7-bit activations (torch.ao's ``reduce_range``) and 7-bit weights (OR
 ``--backends`` adds the real kernels of this host under the qparams the core derives for the host
 and for an AVX2 CPU without VNNI (``QPLUG_CPU_FLAGS``-style override): the rule alone (7-bit
 weights in every layer: the default mapping passed explicitly, as before per-layer choice) and
-the per-layer choice (``flows/weight_bits.py``: the default mapping left to the backend). Each
+the per-layer choice (``flows/weight_bits.py``: the default mapping left to the backend), and
+the same through ``qp.quantize`` with an accuracy target (it resolves the defaults itself before
+prepare, as for every transformer; a target every model meets, so the all-int8 model). Each
 backend cell is ``SQNR dB`` plus ``/N ref`` when N int8 layers fell back to the reference form
 (a kernel or partition that failed its check at convert). With ``FBGEMM_ENABLE_INSTRUCTIONS=AVX2``
 fbgemm's kernels really run without VNNI (emulated AVX2 on a VNNI host); ONNX Runtime's MLAS
@@ -31,6 +33,8 @@ from qplug_core.plugin_api import default_qconfig_mapping
 from qplug_core.zoo import calibrate_batchnorm, example_inputs, get_model
 
 AVX2 = "fpu sse sse2 avx avx2 fma"
+#: a target every model meets: qp.quantize's algorithm path (defaults resolved before prepare)
+ALL_INT8 = qp.Target(sqnr=-100.0)
 CHOICES = {"8-bit (VNNI)": {}, "7-bit activations": {"reduce_range": True},
            "7-bit weights (rule)": {"weight_quant_min": -64, "weight_quant_max": 64}}
 
@@ -59,11 +63,14 @@ def reference_sqnr(model, calib, held_out, options: dict) -> float:
     return sqnr(qp.convert_to_reference_fx(observed), model, held_out)
 
 
-def backend_sqnr(model, calib, held_out, backend: str, mapping=None) -> str:
+def backend_sqnr(model, calib, held_out, backend: str, mapping=None, *, one_call: bool = False) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        observed = qp.calibrate(qp.prepare_fx(model, mapping, calib[0], backend=backend), calib)
-        converted = qp.convert_fx(observed)
+        if one_call:  # qp.quantize with a target: it resolves the defaults before prepare
+            converted = qp.quantize(model, calib[0], calib, backend=backend, target=ALL_INT8)
+        else:
+            observed = qp.calibrate(qp.prepare_fx(model, mapping, calib[0], backend=backend), calib)
+            converted = qp.convert_fx(observed)
     fallback = len(qp.quantization_report(converted).reference)
     return f"{sqnr(converted, model, held_out):.1f}" + (f" /{fallback} ref" if fallback else "")
 
@@ -85,11 +92,12 @@ def main() -> None:
                 rule = qp.get_default_qconfig_mapping(backend)  # explicit: no per-layer choice
                 row.append(backend_sqnr(model, calib, held_out, backend, rule))
                 row.append(backend_sqnr(model, calib, held_out, backend))
+                row.append(backend_sqnr(model, calib, held_out, backend, one_call=True))
         rows.append(row)
     header = ["model", *(f"reference {c}" for c in CHOICES)]
     for backend in args.backends:
         header += [f"{backend} (host qparams)", f"{backend} (AVX2: 7-bit rule)",
-                   f"{backend} (AVX2: per layer)"]
+                   f"{backend} (AVX2: per layer)", f"{backend} (AVX2: qp.quantize target)"]
     print(table(header, rows))
 
 

@@ -46,7 +46,10 @@ def prepare_algorithms(model: nn.Module, example_inputs: Any, calibration_data: 
     if not isinstance(model, nn.Module):
         raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
                                     field="model", value=type(model).__name__)
-    mapping = qconfig_mapping if qconfig_mapping is not None else backend.default_qconfig_mapping("static")
+    from qplug_core.flows.weight_bits import backend_defaults
+
+    # the defaults are resolved here (the recipe needs them): marked so they stay the defaults
+    mapping = qconfig_mapping if qconfig_mapping is not None else backend_defaults(backend)
     batches = list(iter_batches(calibration_data))
     inputs = as_input_tuple(example_inputs)
     gm = fused_float_copy(model, inputs, backend, options)

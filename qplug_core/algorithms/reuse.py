@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import fx, nn
 
+from qplug_core.flows import calibration_sample
 from qplug_core.flows.prepare import is_observer_module
 
 __all__ = ["calibrated_observers", "observed_with"]
@@ -71,4 +72,6 @@ def observed_with(gm: fx.GraphModule, sources: dict[str, nn.Module], mapping: An
     if not _copy_observers(observed, sources):
         observed = prepare_fx(gm, mapping, inputs, backend=backend, **prepare_options)
         calibrate(observed, batches, progress=False)
+    else:
+        calibration_sample.keep(observed, batches)  # what calibrating would have kept
     return observed

@@ -18,6 +18,7 @@ result reports nearest-neighbour agreement. The decisions are in ``qmodel.meta["
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,9 @@ from qplug_core.algorithms.sensitivity import (
 )
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, QplugError, warn_user
+from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import TARGET
+from qplug_core.flows.weight_bits import converted_weight_ranges
 
 __all__ = ["TARGET", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_target"]
 
@@ -205,12 +208,17 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
 
     calibrated = prepare_fx(gm, mapping, inputs, backend=backend, **options)
     calibrate(calibrated, batches, progress=progress)
+    # converted first (a copy: the layer errors read ``calibrated``'s observers), so the static
+    # errors are those of the weights convert chose (8 or 7 bits per layer without VNNI)
+    all_int8 = convert_fx(calibrated, backend=backend)
+    snapshot = snapshot_of(all_int8)
     dynamic = backend.default_qconfig_mapping("dynamic").qconfig_for_module("", nn.Linear) \
         if "dynamic" in ladder else None
-    weights = _static_weights(gm, mapping, layers)
+    weights = _static_weights(gm, mapping, layers,
+                              converted_weight_ranges(snapshot.graph_module) if snapshot else {})
     errors, reference = layer_errors(gm, calibrated, layers, evaluation, masks, static_weight=weights,
                                      dynamic_qconfig=dynamic, fallbacks=ladder)
-    sources = calibrated_observers(calibrated)  # the all-int8 convert consumes ``calibrated``
+    sources = calibrated_observers(calibrated)
     embedding = target.score == "embedding" or (target.score == "auto"
                                                 and is_embedding_output(reference, masks))
     count = 0
@@ -222,9 +230,11 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         for fallback in ("float", "dynamic", "per_token"):
             chosen = [n for n, k in taken.items() if k == fallback]
             m = with_fallback(m, chosen, "dynamic" if fallback == "dynamic" else "float", backend, gm)
-        observed = calibrated if not taken else observed_with(gm, sources, m, inputs, batches,
-                                                              backend, options)
-        qmodel = convert_fx(observed, backend=backend, inplace=True)
+        if taken:
+            observed = observed_with(gm, sources, m, inputs, batches, backend, options)
+            qmodel = convert_fx(observed, backend=backend, inplace=True)
+        else:
+            qmodel = all_int8
         run_per_token(qmodel, [n for n, k in taken.items() if k == "per_token"],
                       simulate=not backend.kernels)
         return qmodel, score(qmodel, evaluation, reference, target.metric, masks,
@@ -297,13 +307,21 @@ def _group_error(errors: list[LayerError], rung: str) -> float:
     return 0.0 if rung == "float" else sum(e.errors.get(rung, 0.0) for e in errors) / len(errors)
 
 
-def _static_weights(gm: fx.GraphModule, mapping: QConfigMapping, layers: list[str]) -> dict[str, Any]:
-    """layer name -> the weight observer factory ``mapping`` gives it."""
+def _static_weights(gm: fx.GraphModule, mapping: QConfigMapping, layers: list[str],
+                    converted: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """layer name -> the weight observer factory ``mapping`` gives it, on the integer range its
+    weights were ``converted`` to where convert chose another (``flows/weight_bits.py``)."""
     from qplug_core.flows.regions import CallCounter, resolve_qconfig
 
     modules = dict(gm.named_modules(remove_duplicate=False))
     wanted, counter, found = set(layers), CallCounter(), {}
     for node in gm.graph.nodes:
         if node.op == "call_module" and node.target in wanted and node.target not in found:
-            found[node.target] = resolve_qconfig(mapping, node, modules, counter).weight
+            factory = resolve_qconfig(mapping, node, modules, counter).weight
+            chosen = converted.get(node.target)
+            if factory is not None and chosen is not None:
+                own = factory()
+                if chosen != (own.quant_min, own.quant_max):
+                    factory = functools.partial(factory, quant_min=chosen[0], quant_max=chosen[1])
+            found[node.target] = factory
     return found

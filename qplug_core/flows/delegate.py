@@ -16,15 +16,19 @@ whose outputs are not within that contract (roundings drift through a deep parti
 region is wrong) is checked region by region (:mod:`qplug_core.flows.region_parity`: each region
 compiled by the same compile function, side by side in one check-only module, fed the reference
 partition's own integer inputs): each region's integers within one step of the reference's on
->= 99% of its elements. That costs one more compile, so only where the outputs call for it. One that fails either (ONNX Runtime's fused U8S8 kernels saturating on a CPU without
-VNNI under a full-range qconfig, an SDK wrong in one inner layer) keeps the reference form, with
-a warning naming the partition, the region and the plugin, and the report says why.
+>= 99% of its elements. That costs one more compile, so only where the outputs call for it. One
+that fails either where the backend's kernels sum u8 x s8 pairs in int16 (ONNX Runtime's fused
+U8S8 kernels on a CPU without VNNI under 8-bit weights) is compiled and checked once more with
+7-bit weights (:mod:`qplug_core.flows.safer_weights`; a warning and the report's partition note
+say so). One that still fails (an SDK wrong in one inner layer) keeps the reference form, with a
+warning naming the partition, the region and the plugin, and the report says why.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -32,6 +36,7 @@ from torch import fx, nn
 from qplug_core.flows.kernel_check import CONTRACT_BROKEN, MAX_OUTLIER_FRACTION, output_violation
 from qplug_core.flows.region_parity import layer_parity
 from qplug_core.flows.report import describe_op
+from qplug_core.flows.safer_weights import make_safer
 from qplug_core.flows.tags import BOUNDARY, KERNEL, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner
 from qplug_core.partition.lazy import LazyPartition
@@ -54,6 +59,7 @@ class PartitionRecord:
     nodes: int
     int8_regions: int
     module: str
+    note: str = ""  # what was changed for it to keep the contract (safer weights), if anything
 
 
 @dataclass
@@ -83,12 +89,16 @@ class _PartitionInputs(fx.Interpreter):
 
 
 def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple | None,
-                   backend_name: str, keep_reference: dict[str, str] | None = None) -> DelegationSummary:
+                   backend_name: str, keep_reference: dict[str, str] | None = None,
+                   arithmetic: Any = None) -> DelegationSummary:
     """Partition ``gm`` (reference form) for ``delegate`` and compile its int8 partitions, in place.
 
     ``example_inputs=None`` (``qp.load``): nothing runs now, each partition is compiled at its
     first call (:class:`~qplug_core.partition.lazy.LazyPartition`). ``keep_reference`` (int8
     anchor -> why, recorded at convert) names partitions left in reference form then: they stay so.
+    ``arithmetic``: how the backend's kernels sum products (``Backend.arithmetic``): a partition
+    that breaks the contract where they sum pairs in int16 is compiled once more with 7-bit
+    weights (``flows/safer_weights.py``) before it is given up.
     """
     keep_reference = keep_reference or {}
     summary = DelegationSummary()
@@ -131,10 +141,21 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
             summary.reference.update(dict.fromkeys(anchors, reason))
             continue
         # checked where it compiles now (convert); a lazy one (load) was checked when converted
-        problem, exact = ("", True) if example_inputs is None else _contract_problem(
-            module, partition_gm, recorder.inputs[name], len(anchors))
-        if not problem and not exact:  # drift or a wrong region: one compile more tells them apart
-            problem = _region_problem(delegate, partition_gm, recorder.inputs[name])
+        problem = "" if example_inputs is None else _problem(delegate, module, partition_gm,
+                                                             recorder.inputs[name], len(anchors))
+        note = ""
+        safer = make_safer(partition_gm, arithmetic) if problem else None
+        if safer is not None:  # int16 pair sums may be why: compiled again with 7-bit weights
+            module, again = _recompiled(delegate, partition_gm, recorder.inputs[name], len(anchors))
+            if again:
+                safer.undo()
+                problem += f"; with 7-bit weights too: {again}"
+            else:
+                note = (f"compiled with 7-bit weights in {', '.join(safer.layers)}: with 8-bit ones "
+                        f"it {CONTRACT_BROKEN} ({problem}; this CPU's int8 kernels sum u8 x s8 pairs "
+                        "in int16)")
+                warnings.warn(f"qplug: backend {backend_name!r}: partition {name} {note}", stacklevel=3)
+                problem = ""
         if problem:
             reason = (f"partition {name} compiled by {_delegate_label(backend_name)} "
                       f"{CONTRACT_BROKEN} on the example inputs ({problem}); reference form kept")
@@ -142,7 +163,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
             summary.reference.update(dict.fromkeys(anchors, reason))
             continue
         gm.set_submodule(name, module)
-        summary.partitions.append(PartitionRecord(name, len(nodes), len(anchors), type(module).__name__))
+        summary.partitions.append(PartitionRecord(name, len(nodes), len(anchors), type(module).__name__, note))
         summary.lowered.update(dict.fromkeys(anchors, name))
     for name in _int8_anchors(n for n in gm.graph.nodes if n.name in summary.outside):
         summary.reference[name] = summary.outside[name]
@@ -153,6 +174,25 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     gm.graph.lint()
     gm.recompile()
     return summary
+
+
+def _problem(delegate: Delegate, compiled: nn.Module, reference: fx.GraphModule, inputs: tuple,
+             regions: int) -> str:
+    """Why a compiled partition breaks the contract ('' if it holds): its outputs, then its
+    regions one by one where the outputs call for it (drift or a wrong region: one compile more
+    tells them apart)."""
+    problem, exact = _contract_problem(compiled, reference, inputs, regions)
+    return problem or ("" if exact else _region_problem(delegate, reference, inputs))
+
+
+def _recompiled(delegate: Delegate, reference: fx.GraphModule, inputs: tuple,
+                regions: int) -> tuple[nn.Module | None, str]:
+    """``reference`` compiled again and checked: (the module, why it still breaks the contract)."""
+    try:
+        module = delegate.compile(reference, inputs)
+    except Exception as exc:  # noqa: BLE001 - reported as the partition's problem
+        return None, f"compiling failed ({type(exc).__name__}: {exc})"
+    return module, _problem(delegate, module, reference, inputs, regions)
 
 
 def _outputs(value: object) -> list:

@@ -53,7 +53,8 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         # the example inputs prepare ran (real values: zeros of their shape would check little)
         example = None if loading else (graph_module.meta.get(EXAMPLE_INPUTS)
                                         or recorded_example_inputs(graph_module))
-        delegated = delegate_graph(graph_module, delegate, example, backend.name, keep_reference)
+        delegated = delegate_graph(graph_module, delegate, example, backend.name, keep_reference,
+                                   backend.arithmetic)
 
     def lower_to_kernels(graph_module: fx.GraphModule) -> None:
         found["summary"] = lower_graph(graph_module, backend, keep_reference)

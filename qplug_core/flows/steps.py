@@ -24,8 +24,8 @@ from qplug_core.errors import (
     NothingQuantizedError,
     QplugError,
 )
+from qplug_core.flows import calibration_sample, weight_bits
 from qplug_core.flows import checks as flow_checks
-from qplug_core.flows import weight_bits
 from qplug_core.flows.convert import convert_graph
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.int16_pairs import warn_saturating_pairs
@@ -151,7 +151,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     run_passes(gm, [annotate, observe, warn_saturating_pairs(chosen.name, chosen.arithmetic),
                     *plugin_passes(chosen, Stage.POST_PREPARE)])
     gm.meta[STATE] = {"backend": chosen.name, "mode": mode}
-    weight_bits.mark(gm, chosen, mode, user_mapping=qconfig_mapping is not None)
+    weight_bits.mark(gm, chosen, mode, user_mapping=weight_bits.users_own(qconfig_mapping))
     remember_example(gm, inputs)
     if is_qat:
         gm.train()
@@ -216,8 +216,11 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
                              transient=True)
         else:
             iterator = iter_batches(data)
+        sample = calibration_sample.start(model)  # a few batches for convert's decisions
         for batch in ranks.steps(iterator):
             batches += 1
+            if sample is not None:
+                sample.add(batch)
             if any(isinstance(x, torch.Tensor) and x.numel() for x in batch):
                 non_empty += 1
             try:

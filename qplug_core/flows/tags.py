@@ -70,6 +70,8 @@ WEIGHT_BITS_CHOICE = "qplug_weight_bits_choice"
 #: node.meta key on a module node made from a functional call on a constant weight (``F.linear``,
 #: ``F.conv2d``...): that function, so tools can tell which functional pattern the module stands for
 FROM_FUNCTIONAL = "qplug_from_functional"
+#: GraphModule.meta: a few calibration batches kept for convert's decisions (flows/calibration_sample.py)
+CALIBRATION_SAMPLE = "qplug_calibration_sample"
 #: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example
 #: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
 INPUT_SPEC = "qplug_input_spec"

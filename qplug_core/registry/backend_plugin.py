@@ -152,7 +152,8 @@ class BackendPlugin:
     def qplug_check_environment(self, backend: str) -> list[Diagnostic]:
         if backend != self.name:
             return []
-        return [*self.check_environment(), cpu_diagnostic(self.arithmetic())]
+        compiles = type(self).delegate is not BackendPlugin.delegate  # asked without building it
+        return [*self.check_environment(), cpu_diagnostic(self.arithmetic(), compiles=compiles)]
 
     @hookimpl
     def qplug_select_default_backend(self, available: list[str]) -> str | None:

@@ -7,18 +7,29 @@ from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 from qplug_core.registry.contract import Diagnostic
 
 
-def cpu_diagnostic(arithmetic: Int8Arithmetic | str, cpu: CpuInt8 | None = None) -> Diagnostic:
+def cpu_diagnostic(arithmetic: Int8Arithmetic | str, cpu: CpuInt8 | None = None, *,
+                   compiles: bool = False) -> Diagnostic:
     """What ``cpu`` (default: this one) means for the accuracy and speed of a backend whose
-    kernels have ``arithmetic`` (for ``qplug doctor``; the ``cpu`` line names the CPU itself)."""
+    kernels have ``arithmetic`` (for ``qplug doctor``; the ``cpu`` line names the CPU itself).
+    ``compiles``: the backend compiles partitions (a delegate) rather than lowering per-op kernels,
+    which changes what happens to one that breaks the contract."""
     cpu = cpu_int8() if cpu is None else cpu
     arithmetic = Int8Arithmetic(arithmetic)
     if arithmetic is Int8Arithmetic.INT32:
         return Diagnostic("ok", "its kernels accumulate in int32: full 8-bit operands on any CPU")
     if pair_sums_saturate(arithmetic, cpu):
-        return Diagnostic("warning", "no VNNI on this CPU: its kernels sum u8 x s8 pairs in int16, so "
-                                     "the default qparams use 7-bit weights (1-3 dB below 8-bit on "
-                                     "the zoo's CNNs) and int8 is at most ~1.9x fp32 per core",
-                          hint="keep the default qconfig mapping: full 8-bit operands saturate here")
+        broken = ("a compiled partition that still breaks the contract is compiled again with 7-bit "
+                  "weights, else runs the reference form (slow)" if compiles else
+                  "a kernel that still breaks the contract runs the reference form (slow)")
+        return Diagnostic(
+            "warning",
+            "no VNNI on this CPU: its kernels sum u8 x s8 pairs in int16 with saturation. With the "
+            "default qconfig each layer keeps 8-bit weights where no pair sum saturates on the "
+            "example and calibration data and gets 7-bit ones where one does (1-3 dB below 8-bit "
+            f"on the zoo's CNNs where every layer needs them); {broken}. Int8 is at most ~1.9x "
+            "fp32 per core here, and accuracy targets fall back to per-tensor dynamic int8 or "
+            "float (per-token dynamic needs VNNI to beat fp32)",
+            hint="keep the default qconfig mapping: full 8-bit weights and activations saturate here")
     if not (cpu.vnni or cpu.amx):
         return Diagnostic("warning", "no AVX2 or VNNI on this CPU: its int8 kernels run generic "
                                      "code, likely slower than fp32")

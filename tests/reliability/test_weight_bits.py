@@ -8,13 +8,17 @@ convolution (the K order), and the chosen model runs on the host's real kernels.
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 import pytest
 import torch
-from torch import nn
+from torch import fx, nn
 
 import qplug_core as qp
-from qplug_core.flows import weight_bits
-from qplug_core.flows.tags import WEIGHT_BITS_CHOICE
+from qplug_core.flows import calibration_sample, steps, weight_bits
+from qplug_core.flows.snapshot import snapshot_of
+from qplug_core.flows.tags import CALIBRATION_SAMPLE, TARGET, WEIGHT_BITS, WEIGHT_BITS_CHOICE
 from qplug_core.kernels import pair_sums
 from qplug_core.kernels.reference import Quantize, ReferenceWeighted
 from qplug_core.plugin_api import override_cpu_flags
@@ -56,13 +60,13 @@ def weight_ranges(reference) -> dict[str, tuple[int, int]]:
             for name, m in reference.named_modules() if isinstance(m, ReferenceWeighted)}
 
 
-def saturated(reference) -> dict[str, int]:
+def saturated(reference, held_out=None) -> dict[str, int]:
     """Saturated pair sums of each layer on held-out inputs, by the brute-force definition."""
     codes: list[torch.Tensor] = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: codes.append(out))
              for m in reference.modules() if isinstance(m, Quantize)]
     with torch.no_grad():
-        reference(*inputs(5))
+        reference(*(inputs(5) if held_out is None else held_out))
     for hook in hooks:
         hook.remove()
     layers = {n.split(".")[0]: m for n, m in reference.named_modules() if isinstance(m, ReferenceWeighted)}
@@ -83,7 +87,8 @@ def test_per_layer_without_vnni(backend):
     reference = converted(backend, AVX2)
     assert weight_ranges(reference) == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}
     choices = reference.meta[WEIGHT_BITS_CHOICE]
-    assert choices["safe"] == "8-bit weights: no int16 pair sum saturates on the example inputs"
+    assert choices["safe"] == ("8-bit weights: no int16 pair sum saturates on the example inputs and 3 "
+                               "calibration batch(es)")
     assert choices["hot"].startswith("7-bit weights: ") and "saturate with 8-bit weights" in choices["hot"]
     assert saturated(reference) == {"safe": 0, "hot": 0}
 
@@ -120,6 +125,97 @@ def test_the_choice_runs_on_the_host_kernels(backend):
         expected, got = reference(*inputs(5)), lowered(*inputs(5))
     step = float(expected.max() - expected.min()) / 255
     assert float((got - expected).abs().max()) <= 1.01 * step
+
+
+def test_a_calibration_batch_that_saturates_is_caught(backend, monkeypatch):
+    """The example inputs (zeros: ``hot`` sees only ``safe``'s bias) saturate no pair sum, the
+    calibration batches do: the batches kept from calibration make ``hot`` 7-bit. Without them
+    (the sample removed) it would get 8-bit weights that saturate on held-out data like them."""
+    example, batches = (torch.zeros(8, 32),), [(3 * inputs(s)[0],) for s in range(3)]
+    held_out = (3 * inputs(5)[0],)
+
+    def choose():
+        with override_cpu_flags(AVX2):
+            observed = qp.prepare_fx(TwoLayers().eval(), None, example, backend=backend)
+            qp.calibrate(observed, batches)
+            return qp.convert_to_reference_fx(observed)
+
+    reference = choose()
+    assert weight_ranges(reference)["hot"] == (-64, 64)
+    assert "on the example inputs and 3 calibration batch(es)" in reference.meta[WEIGHT_BITS_CHOICE]["hot"]
+    assert CALIBRATION_SAMPLE not in reference.meta  # the converted model holds no user data
+    assert saturated(reference, held_out)["hot"] == 0
+    monkeypatch.setattr(steps.calibration_sample, "start", lambda gm: None)
+    example_only = choose()
+    assert weight_ranges(example_only)["hot"] == EIGHT_BIT[backend]
+    assert saturated(example_only, held_out)["hot"] > 0
+
+
+def test_the_kept_batches_are_bounded_and_evenly_spread():
+    gm = fx.symbolic_trace(nn.Linear(2, 2))
+    gm.meta[WEIGHT_BITS] = (-128, 127)
+    calibration_sample.keep(gm, [(i,) for i in range(100)])
+    assert copy.deepcopy(gm).meta[CALIBRATION_SAMPLE] is gm.meta[CALIBRATION_SAMPLE]  # shared, not copied
+    assert calibration_sample.take(gm) == [(i,) for i in range(0, 100, 16)]
+    assert len(range(0, 100, 16)) <= calibration_sample.MAX_BATCHES and CALIBRATION_SAMPLE not in gm.meta
+    calibration_sample.keep(gm, [(i,) for i in range(5)])
+    assert calibration_sample.take(gm) == [(i,) for i in range(5)]
+
+
+def quantized(backend: str, flags: str, **options):
+    """``qp.quantize`` (a recipe or a target: the mapping is resolved before prepare) and the
+    weight ranges of its reference form."""
+    with override_cpu_flags(flags), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unmet target warns; these tests read its result
+        qmodel = qp.quantize(TwoLayers().eval(), inputs(0), [inputs(s) for s in range(3)],
+                             backend=backend, **options)
+    return qmodel, weight_ranges(snapshot_of(qmodel).graph_module)
+
+
+@pytest.mark.parametrize("options", [{"recipe": ["bias_correction"]}, {"target": qp.Target(sqnr=-100.0)}],
+                         ids=["recipe", "target"])
+def test_qp_quantize_defaults_get_the_choice(backend, options):
+    """qp.quantize resolves the backend's defaults itself for a recipe or a target: they are
+    still the defaults, so each layer gets its weight bits; a mapping the user passes is kept."""
+    qmodel, ranges = quantized(backend, AVX2, **options)
+    assert ranges == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}
+    assert set(qmodel.meta[WEIGHT_BITS_CHOICE]) == {"safe", "hot"}
+
+
+@pytest.mark.parametrize("options", [{"recipe": ["bias_correction"]}, {"target": qp.Target(sqnr=-100.0)}],
+                         ids=["recipe", "target"])
+def test_qp_quantize_keeps_a_users_mapping(qplug_only, options):
+    """The flow does not depend on the backend (fbgemm's: the faster one to convert)."""
+    qplug_only("qplug-fbgemm")
+    with override_cpu_flags(AVX2):
+        mapping = qp.get_default_qconfig_mapping("fbgemm")
+    qmodel, ranges = quantized("fbgemm", AVX2, qconfig_mapping=mapping, **options)
+    assert ranges == dict.fromkeys(("safe", "hot"), (-64, 64)) and WEIGHT_BITS_CHOICE not in qmodel.meta
+
+
+def test_a_target_ranks_layers_by_the_weights_they_get(qplug_only):
+    """An unmet target takes layers out by their static int8 error: that error is the error of
+    the weights convert gives the layer (8-bit ``safe`` as with VNNI, not 7-bit), and the models
+    it tries with layers taken out get the choice too (the search is the same on every backend:
+    fbgemm's, the faster one to convert)."""
+    backend = "fbgemm"
+    qplug_only("qplug-fbgemm")
+
+    def static_errors(flags, **options):
+        qmodel, ranges = quantized(backend, flags, target=qp.Target(sqnr=100.0), **options)
+        result = qmodel.meta[TARGET]
+        assert not result.met and result.float_layers
+        kept = set(ranges) - set(result.float_layers)
+        return {e.name: e.errors["static"] for e in result.errors}, ranges, kept
+
+    avx2, ranges, kept = static_errors(AVX2)
+    vnni, _, _ = static_errors(VNNI)
+    assert avx2["safe"] == pytest.approx(vnni["safe"], rel=1e-6)
+    assert all(ranges[name] == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}[name] for name in kept)
+    with override_cpu_flags(AVX2):
+        mapping = qp.get_default_qconfig_mapping(backend)
+    users, _, _ = static_errors(AVX2, qconfig_mapping=mapping)  # 7-bit weights: a coarser grid
+    assert users["safe"] > 1.5 * avx2["safe"]
 
 
 @pytest.mark.parametrize("conv", [nn.Conv2d(6, 4, 3, padding=1, stride=2), nn.Conv2d(6, 6, 3, padding=1, groups=6),

@@ -136,4 +136,4 @@ def qplug_check_environment(backend: str) -> list[Diagnostic]:
     import onnxruntime
 
     return [Diagnostic("ok", f"onnxruntime {onnxruntime.__version__}, providers "
-                             f"{onnxruntime.get_available_providers()}"), cpu_diagnostic(ARITHMETIC)]
+                             f"{onnxruntime.get_available_providers()}"), cpu_diagnostic(ARITHMETIC, compiles=True)]

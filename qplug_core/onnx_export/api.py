@@ -103,7 +103,8 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     symbolic, or raises :class:`ExportError`. ``flexible=True`` (a compiled partition) makes axes 0
     and 1 of every input of size >= 2 symbolic where the graph leaves them free and keeps the rest
     static (:func:`~qplug_core.onnx_export.dynamic_axes.flexible_shapes`); a graph that ties or
-    bounds those sizes is exported with the example's static shapes.
+    bounds those sizes, or that the exporter cannot take with symbolic sizes, is exported with the
+    example's static shapes.
     """
     import onnx
 
@@ -133,9 +134,15 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
             raise ExportError(f"torch.onnx.export failed on the reference form: {type(exc).__name__}: "
                               f"{dynamic_axes.torch_message(exc, 800)}") from exc
 
-    program = export(shapes)
-    if flexible and not dynamic and not dynamic_axes.free_symbols_only(program.exported_program):
-        program = export(None)
+    if flexible and shapes is not None:  # symbolic sizes are an optimisation: static if they fail
+        try:
+            program = export(shapes)
+        except ExportError:
+            program = None
+        if program is None or not dynamic_axes.free_symbols_only(program.exported_program):
+            program = export(None)
+    else:
+        program = export(shapes)
     proto = program.model_proto
     try:
         onnx.checker.check_model(proto)

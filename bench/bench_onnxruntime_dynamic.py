@@ -82,28 +82,36 @@ def bert(threads: int, rounds: int) -> list[list[str]]:
 
 def _ort_quantize_dynamic(model, inputs, names: list[str], threads: int, *, fold: bool = False,
                           disabled_optimizers: tuple[str, ...] = ()):
-    """ORT's own baseline: the float model exported to ONNX, then ORT's ``quantize_dynamic``.
+    """ORT's own baseline: the float model exported to ONNX, then ORT's ``quantize_dynamic``
+    (:func:`ort_quantize_dynamic_model`), in a session of ``threads`` threads leaving out the ORT
+    graph transformers named in ``disabled_optimizers`` (default none)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return _session(ort_quantize_dynamic_model(model, inputs, names, Path(tmp), fold=fold), threads,
+                        disabled_optimizers)
+
+
+def ort_quantize_dynamic_model(model, inputs, names: list[str], directory: Path, *, fold: bool = False) -> Path:
+    """The path (in ``directory``) of ORT's ``quantize_dynamic`` of ``model``'s float ONNX export.
 
     ``fold``: constant-fold the export first with ORT's basic optimizations (ORT's recommended
     pre-processing): the exporter computes an LSTM's ONNX weights with Slice/Concat from the
     PyTorch ones, and ``quantize_dynamic`` only rewrites an LSTM whose W and R are initializers.
-    ``disabled_optimizers``: ORT graph transformers its session leaves out (default none).
     """
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with tempfile.TemporaryDirectory() as tmp, quiet(), contextlib.redirect_stdout(io.StringIO()):
-        float_path, int8_path = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
+    with quiet(), contextlib.redirect_stdout(io.StringIO()):
+        float_path, int8_path = directory / "float.onnx", directory / "int8.onnx"
         torch.onnx.export(model, inputs, str(float_path), dynamo=True, input_names=names,
                           external_data=False)
         if fold:
             options = ort.SessionOptions()
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-            options.optimized_model_filepath = str(Path(tmp) / "folded.onnx")
+            options.optimized_model_filepath = str(directory / "folded.onnx")
             ort.InferenceSession(str(float_path), options, providers=["CPUExecutionProvider"])
             float_path = Path(options.optimized_model_filepath)
         quantize_dynamic(str(float_path), str(int8_path), weight_type=QuantType.QInt8)
-        return _session(int8_path, threads, disabled_optimizers)
+    return int8_path
 
 
 def minilm(threads: int, rounds: int) -> list[list[str]]:
@@ -158,8 +166,10 @@ def minilm(threads: int, rounds: int) -> list[list[str]]:
             quality[name] = f"cosine mean {a.cosine_mean:.4f} min {a.cosine_min:.4f}"
         for name in ("qplug onnxruntime static", "qplug onnxruntime dynamic"):
             share = int8_flop_share(float_model, variants[name], batch)
-            sessions = len(qp.quantization_report(variants[name]).partitions)
-            quality[name] += f", matmul FLOPs in ORT {share.share:.1%} ({sessions} partition(s))"
+            partitions = len(qp.quantization_report(variants[name]).partitions)
+            sessions = sum(len(m.sessions) for m in variants[name].modules() if hasattr(m, "sessions"))
+            quality[name] += (f", matmul FLOPs in ORT {share.share:.1%} ({partitions} partition(s), "
+                              f"{sessions} ORT session(s) after calibration and the held-out batches)")
         target = static.meta.get("qplug_target")
         if target is not None:  # the layers the accuracy target took out of static int8, and how
             out = collections.Counter(d.fallback for d in target.decisions for _ in d.layers)

@@ -93,13 +93,18 @@ def _exporter_quiet() -> Iterator[None]:
 
 def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,
                   input_names: list[str] | None = None, output_names: list[str] | None = None,
-                  onnxruntime_ops: bool = False, dynamic: dict[int, str] | None = None):
+                  onnxruntime_ops: bool = False, dynamic: dict[int, str] | None = None,
+                  flexible: bool = False):
     """The ONNX ``ModelProto`` of a reference-form GraphModule (checked with ``onnx.checker``).
 
     ``onnxruntime_ops=True`` also uses ONNX Runtime's contrib ops where standard ONNX has no
     quantized op: dynamic int8 LSTMs become ``com.microsoft.DynamicQuantizeLSTM``. ``dynamic``
     (``{axis: name}``, :mod:`~qplug_core.onnx_export.dynamic_axes`) makes those axes of every input
-    symbolic, or raises :class:`ExportError`.
+    symbolic, or raises :class:`ExportError`. ``flexible=True`` (a compiled partition) makes axes 0
+    and 1 of every input of size >= 2 symbolic where the graph leaves them free and keeps the rest
+    static (:func:`~qplug_core.onnx_export.dynamic_axes.flexible_shapes`); a graph that ties or
+    bounds those sizes, or that the exporter cannot take with symbolic sizes, is exported with the
+    example's static shapes.
     """
     import onnx
 
@@ -110,19 +115,34 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     shapes = None
     if dynamic:
         example_inputs, shapes = dynamic_axes.prepare(example_inputs, dynamic)
-    try:
-        with warnings.catch_warnings(), torch.no_grad(), _exporter_quiet():
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(model, example_inputs, dynamo=True, opset_version=opset,
-                                        custom_translation_table=translation_table(),
-                                        input_names=input_names, output_names=output_names,
-                                        dynamic_shapes=shapes, external_data=False, verbose=False,
-                                        report=False)
-    except Exception as exc:
-        if dynamic and dynamic_axes.specialised(exc):
-            raise dynamic_axes.export_failure(exc, dynamic) from exc
-        raise ExportError(f"torch.onnx.export failed on the reference form: {type(exc).__name__}: "
-                          f"{dynamic_axes.torch_message(exc, 800)}") from exc
+    elif flexible:
+        shapes = dynamic_axes.flexible_shapes(example_inputs)
+        shapes = shapes if any(shape is not None for shape in shapes) else None
+
+    def export(dynamic_shapes):
+        try:
+            with warnings.catch_warnings(), torch.no_grad(), _exporter_quiet():
+                warnings.simplefilter("ignore")
+                return torch.onnx.export(model, example_inputs, dynamo=True, opset_version=opset,
+                                         custom_translation_table=translation_table(),
+                                         input_names=input_names, output_names=output_names,
+                                         dynamic_shapes=dynamic_shapes, external_data=False, verbose=False,
+                                         report=False)
+        except Exception as exc:
+            if dynamic and dynamic_axes.specialised(exc):
+                raise dynamic_axes.export_failure(exc, dynamic) from exc
+            raise ExportError(f"torch.onnx.export failed on the reference form: {type(exc).__name__}: "
+                              f"{dynamic_axes.torch_message(exc, 800)}") from exc
+
+    if flexible and shapes is not None:  # symbolic sizes are an optimisation: static if they fail
+        try:
+            program = export(shapes)
+        except ExportError:
+            program = None
+        if program is None or not dynamic_axes.free_symbols_only(program.exported_program):
+            program = export(None)
+    else:
+        program = export(shapes)
     proto = program.model_proto
     try:
         onnx.checker.check_model(proto)

@@ -7,6 +7,12 @@
 (0/1 specialisation), so such an example is widened to 2 along it first. When the graph fixes an
 axis anyway (a reshape to a literal size), export fails, or the axis stays static: both are an
 :class:`ExportError` naming the input, never a model that silently takes one size only.
+
+A compiled partition wants the opposite trade (:func:`flexible_shapes`): axes 0 and 1 of its
+inputs symbolic *where the graph leaves them free*, the others (and every axis the graph fixes)
+the example's, so one runtime session serves every batch and sequence length instead of one
+session per shape. An axis of size 1 stays static (torch.export would specialise it anyway), so
+which session answers an input depends on its shapes only, never on the order of the calls.
 """
 
 from __future__ import annotations
@@ -45,6 +51,44 @@ def prepare(example_inputs: tuple, axes: dict[int, str]) -> tuple[tuple, tuple[A
     return tuple(inputs), tuple(shapes)
 
 
+#: the axes a compiled partition's inputs may vary along (batch and sequence of token models)
+FLEXIBLE_AXES = (0, 1)
+
+
+def flexible_shapes(example_inputs: tuple) -> tuple[Any, ...]:
+    """``dynamic_shapes`` letting torch.export decide axes 0 and 1 of every tensor input of size
+    >= 2 (``Dim.AUTO``: symbolic where the graph allows, the example's size where it fixes it)."""
+    from torch.export import Dim
+
+    return tuple({axis: Dim.AUTO for axis in FLEXIBLE_AXES if axis < value.dim() and value.shape[axis] >= 2}
+                 or None if isinstance(value, torch.Tensor) else None for value in example_inputs)
+
+
+def free_symbols_only(exported_program) -> bool:
+    """Whether every symbolic input axis of ``exported_program`` is a free size: a plain symbol
+    valid for every size >= 2. A size the graph derives from another (``2*s0``) or bounds (a
+    branch on ``s0 > 64``) is not something ONNX input shapes can say, so such a partition is
+    exported with static shapes instead."""
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+
+    ranges = exported_program.range_constraints
+    for spec in exported_program.graph_signature.input_specs:
+        if spec.kind.name != "USER_INPUT":
+            continue
+        node = next(n for n in exported_program.graph.nodes if n.name == spec.arg.name)
+        value = node.meta.get("val")
+        for size in getattr(value, "shape", ()):
+            expr = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(size)
+            if expr.is_number:
+                continue
+            bounds = ranges.get(expr)
+            if not isinstance(expr, sympy.Symbol) or bounds is None or not (
+                    bounds.lower <= 2 and bounds.upper in (int_oo, sympy.oo)):
+                return False
+    return True
+
+
 def check(proto, example_inputs: tuple, axes: dict[int, str]) -> None:
     """Raise :class:`ExportError` when an asked-for axis of an input stayed static."""
     tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)]
@@ -81,5 +125,5 @@ def export_failure(exc: Exception, axes: dict[int, str]) -> ExportError:
                        "size you need")
 
 
-__all__ = ["BATCH", "SEQUENCE", "check", "dynamic_axes", "export_failure", "prepare", "specialised",
-           "torch_message"]
+__all__ = ["BATCH", "FLEXIBLE_AXES", "SEQUENCE", "check", "dynamic_axes", "export_failure", "flexible_shapes",
+           "free_symbols_only", "prepare", "specialised", "torch_message"]

@@ -2,8 +2,9 @@
 
 Every runtime that compiles a serialized model (ONNX Runtime sessions, OpenVINO compiled models,
 an NPU SDK) needs the same bookkeeping around its own two steps: the reference-form partition kept
-outside the module tree (to serialize it again for another input shape), one compiled model per
-input signature, the output structure (tensor or tuple), and a deep copy that compiles its own
+outside the module tree (to serialize it again for another input shape), the compiled models
+and the input signatures each serves (one each, or many where the serialized model has symbolic
+sizes: :meth:`serves`), the output structure (tensor or tuple), a deep copy that compiles its own
 models (compiled runtimes cannot be copied). A subclass gives :meth:`build` (serialized model ->
 the runtime's compiled form) and :meth:`run` (compiled form, inputs -> output tensors).
 """
@@ -27,8 +28,9 @@ class CompiledPartition(nn.Module):
         super().__init__()
         self.__dict__["_partition"] = partition  # not a submodule: it is not part of the state
         self._serialize = serialize
-        self._sources: dict[tuple, bytes] = {}
+        self._sources: dict[tuple, bytes] = {}  # by the signature each was serialized for
         self._compiled: dict[tuple, Any] = {}
+        self._routes: dict[tuple, tuple] = {}  # input signature -> the signature compiled for it
         self._single_output = True
         self._compile(example_inputs)
 
@@ -39,6 +41,12 @@ class CompiledPartition(nn.Module):
     def run(self, compiled: Any, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         """The partition's outputs for ``inputs``, computed by ``compiled``."""
         raise NotImplementedError
+
+    def serves(self, compiled: Any, inputs: tuple[torch.Tensor, ...]) -> bool:
+        """Whether ``compiled`` (built for other shapes) computes this partition for ``inputs``
+        too: a runtime whose compiled models take symbolic sizes says so here. Default: no, each
+        input signature gets a model of its own."""
+        return False
 
     @property
     def partition(self) -> fx.GraphModule:
@@ -63,7 +71,17 @@ class CompiledPartition(nn.Module):
         signature = self._signature(inputs)
         self._sources[signature] = self._serialize(self.partition, inputs)
         self._compiled[signature] = compiled = self.build(self._sources[signature])
+        self._routes[signature] = signature
         return compiled
+
+    def _route(self, inputs: tuple[torch.Tensor, ...]) -> Any:
+        """The compiled model for a signature not seen yet: one built before that serves it, or a
+        new one."""
+        for signature, compiled in self._compiled.items():
+            if self.serves(compiled, inputs):
+                self._routes[self._signature(inputs)] = signature
+                return compiled
+        return self._compile(inputs)
 
     def recompile(self) -> None:
         """Build every compiled model again (after a change of settings)."""
@@ -76,14 +94,13 @@ class CompiledPartition(nn.Module):
 
     @property
     def compiled(self) -> list[Any]:
-        """The compiled forms built so far (one per input signature)."""
+        """The compiled forms built so far (one per signature they were built for)."""
         return list(self._compiled.values())
 
     def forward(self, *inputs: torch.Tensor):
         # at batch 1 on a small model the runtime takes ~20 us: every microsecond here counts
-        compiled = self._compiled.get(self._signature(inputs))
-        if compiled is None:
-            compiled = self._compile(inputs)
+        route = self._routes.get(self._signature(inputs))
+        compiled = self._route(inputs) if route is None else self._compiled[route]
         outputs = self.run(compiled, inputs)
         return outputs[0] if self._single_output else tuple(outputs)
 
@@ -96,5 +113,6 @@ class CompiledPartition(nn.Module):
         clone.training = self.training
         clone.__dict__["_partition"] = copy.deepcopy(self.partition, memo)
         clone._sources = dict(self._sources)
+        clone._routes = dict(self._routes)
         clone.recompile()
         return clone

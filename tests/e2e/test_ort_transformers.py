@@ -130,3 +130,25 @@ def test_family_compiles_whole_into_ort_with_no_float_fallback(name):
         expected = model(*held_out)
         ort_db, reference_db = _sqnr(expected, ort_model(*held_out)), _sqnr(expected, reference(*held_out))
     assert ort_db >= reference_db - 1.0, (ort_db, reference_db)
+
+
+def _token_batch(batch: int, tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, _VOCAB, (batch, tokens), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(batch, tokens, dtype=torch.long)
+    mask[-1, tokens // 2:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("name", ["distilbert", "roberta"])
+def test_one_session_serves_every_batch_size_and_sequence_length(name):
+    """The partition is exported with symbolic batch and sequence axes: calls at other shapes than
+    the example's (2x16) reuse its session, and still meet the parity contract."""
+    model, _, reference, ort_model, _ = _converted(name)
+    (partition,) = [m for m in ort_model.modules() if type(m).__name__ == "OrtPartition"]
+    with torch.no_grad():
+        for batch, tokens in ((3, 11), (5, 16), (2, 7)):
+            x = _token_batch(batch, tokens, seed=60 + tokens)
+            expected, got = model(*x), ort_model(*x)
+            assert got.shape == (batch, tokens, 128)
+            assert _sqnr(expected, got) >= _sqnr(expected, reference(*x)) - 1.0, (batch, tokens)
+    assert len(partition.sessions) == 1

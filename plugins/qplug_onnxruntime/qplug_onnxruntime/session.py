@@ -3,8 +3,11 @@
 The session is created once (at convert, and again by ``qp.load``) with the settings in force
 (:func:`configure`; threads default to ``torch.get_num_threads()``). Inputs go to ORT as numpy
 views of the (contiguous, CPU) torch tensors and outputs come back as torch views of ORT's
-buffers (``torch.from_numpy``), so nothing is copied either way. An input of another shape gets a
-session compiled for it (once per shape).
+buffers (``torch.from_numpy``), so nothing is copied either way. The partition is exported with
+axes 0 and 1 of its inputs symbolic where its graph leaves them free (``to_onnx_proto(...,
+flexible=True)``), so one session serves every batch size and sequence length >= 2; an input
+the session's shapes do not take (size 1 on a symbolic axis, another size on a fixed one) gets a
+session compiled for it.
 """
 
 from __future__ import annotations
@@ -99,13 +102,42 @@ def configure(**changes: Any) -> SessionSettings:
     return previous
 
 
+#: ORT's names of the input element types a partition takes
+_ORT_TYPES = {torch.float32: "tensor(float)", torch.float64: "tensor(double)", torch.float16: "tensor(float16)",
+              torch.int64: "tensor(int64)", torch.int32: "tensor(int32)", torch.uint8: "tensor(uint8)",
+              torch.int8: "tensor(int8)", torch.bool: "tensor(bool)"}
+
+
 class _Compiled:
-    """The session of one input signature and its input and output names."""
+    """One session, its input and output names, and the input shapes it takes (an int: that
+    size; a name: any size >= 2, the same wherever the name recurs)."""
 
     def __init__(self, model: bytes, session_settings: SessionSettings):
         self.session = session_settings.inference_session(model)
-        self.input_names = [i.name for i in self.session.get_inputs()]
+        inputs = self.session.get_inputs()
+        self.input_names = [i.name for i in inputs]
+        self.input_types = [i.type for i in inputs]
+        self.input_shapes = [tuple(i.shape) for i in inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def takes(self, inputs: tuple[torch.Tensor, ...]) -> bool:
+        """Whether these inputs fit the session's input types and shapes. A symbolic size only
+        takes >= 2: torch.export specialises size 1, so an input of size 1 there gets a session
+        of its own, exported as a fresh compile of its shapes would be (the session answering an
+        input depends on its shapes alone, as it does after ``qp.load``)."""
+        if len(inputs) != len(self.input_shapes):
+            return False
+        sizes: dict[str, int] = {}
+        for tensor, kind, shape in zip(inputs, self.input_types, self.input_shapes):
+            if _ORT_TYPES.get(tensor.dtype) != kind or tensor.dim() != len(shape):
+                return False
+            for size, expected in zip(tensor.shape, shape):
+                if isinstance(expected, str):
+                    if size < 2 or sizes.setdefault(expected, size) != size:
+                        return False
+                elif expected != size:  # a fixed size, or None (unknown to ORT): never assumed
+                    return False
+        return True
 
 
 class OrtPartition(CompiledPartition):
@@ -119,6 +151,9 @@ class OrtPartition(CompiledPartition):
 
     def build(self, source: bytes) -> _Compiled:
         return _Compiled(source, self.session_settings)
+
+    def serves(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> bool:
+        return compiled.takes(inputs)
 
     def run(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         # numpy views of the torch buffers in, torch views of ORT's output buffers out: no copies
@@ -134,7 +169,7 @@ class OrtPartition(CompiledPartition):
 
     @property
     def sessions(self) -> list:
-        """The ORT sessions built so far (one per input signature)."""
+        """The ORT sessions built so far (one serves every shape its symbolic sizes take)."""
         return [c.session for c in self.compiled]
 
     def extra_repr(self) -> str:

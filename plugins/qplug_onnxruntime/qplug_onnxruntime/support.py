@@ -57,7 +57,7 @@ class OrtSupport(OperatorSupportBase):
 
 def partition_to_onnx(partition: fx.GraphModule, example_inputs: tuple) -> bytes:
     """The serialized ONNX QDQ model of one reference-form partition (dynamic int8 LSTMs as ORT's
-    DynamicQuantizeLSTM)."""
+    DynamicQuantizeLSTM), batch and sequence axes symbolic where the graph leaves them free."""
     from qplug_core.plugin_api import to_onnx_proto
 
-    return to_onnx_proto(partition, example_inputs, onnxruntime_ops=True).SerializeToString()
+    return to_onnx_proto(partition, example_inputs, onnxruntime_ops=True, flexible=True).SerializeToString()

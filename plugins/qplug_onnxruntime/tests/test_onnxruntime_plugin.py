@@ -81,14 +81,33 @@ def test_bad_settings_are_refused():
         SessionSettings(graph_optimization="max")
 
 
-def test_another_input_shape_gets_its_own_session(digits):
+def test_one_session_serves_every_batch_of_two_or_more(digits):
+    """The example is batch 1, which torch.export specialises: the first batch >= 2 gets a session
+    with a symbolic batch axis, and every later batch size runs in it."""
     _, ort_model, reference = digits
     (partition,) = partitions(ort_model)
-    x = inputs("digits_cnn", seed=5, batch=3)
     with torch.no_grad():
-        got, expected = ort_model(*x), reference(*x)
-    assert got.shape == (3, 10) and len(partition.sessions) == 2
-    assert (got - expected).abs().max() <= 2 * float(reference.fc_dequantize_7.scale)
+        for batch in (3, 5, 2):
+            x = inputs("digits_cnn", seed=5, batch=batch)
+            got, expected = ort_model(*x), reference(*x)
+            assert got.shape == (batch, 10)
+            assert (got - expected).abs().max() <= 2 * float(reference.fc_dequantize_7.scale)
+    assert len(partition.sessions) == 2
+    assert [i.shape[0] for i in partition.sessions[0].get_inputs()] == [1]
+    assert isinstance(partition.sessions[1].get_inputs()[0].shape[0], str)  # symbolic
+
+
+def test_the_session_answering_depends_on_the_shapes_not_the_call_order(digits, tmp_path):
+    _, ort_model, _ = digits
+    path = qp.save(ort_model, tmp_path / "digits.safetensors")
+    batches = {b: inputs("digits_cnn", seed=20 + b, batch=b) for b in (1, 4, 6)}
+    with torch.no_grad():
+        expected = {b: ort_model(*x) for b, x in batches.items()}
+        for order in ((4, 1, 6), (1, 6, 4)):
+            loaded = qp.load(path)
+            for b in order:
+                assert torch.equal(loaded(*batches[b]), expected[b]), (order, b)
+            assert len(partitions(loaded)[0].sessions) == 2  # batch 1, and every batch >= 2
 
 
 def test_save_load_rebuilds_the_sessions_from_the_reference_form(digits, tmp_path):

@@ -254,8 +254,8 @@ def main() -> None:
                 accuracy = {v: "-" if v == "fp32 eager" else bench.accuracy(expected, outputs[v])
                             for v in samples}
                 for variant, times in samples.items():
-                    rows.append([name, str(threads), variant, f"{medians[variant] * 1e3:.2f}",
-                                 f"{p90(times) * 1e3:.2f}", f"{medians[variant] / best:.2f}",
+                    rows.append([name, str(threads), variant, f"{medians[variant] * 1e3:.4g}",
+                                 f"{p90(times) * 1e3:.4g}", f"{medians[variant] / best:.2f}",
                                  accuracy[variant]])
                 anchor = min(ANCHORS, key=medians.__getitem__)
                 auto_name = f"qplug auto ({chosen})"

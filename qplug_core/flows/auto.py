@@ -15,7 +15,8 @@ run against its reference form on the example inputs). A candidate that broke th
 anywhere, failed to finish, or whose whole-model outputs on the example inputs are malformed or do
 not point the way the reference form's do, is *rejected*: it never wins, however fast. The others
 are timed on the example inputs in one interleaved measurement (every round calls each once, the
-order rotating); one far slower than the best after two rounds (``qnnpack`` on x86, the
+order rotating; at batch 1 on a small model each sample is the mean of calls lasting ~1 ms);
+one far slower than the best after two rounds (``qnnpack`` on x86, the
 reference form) is dropped early to keep the measurement short. The fastest median wins.
 
 The report (``qp.quantization_report(model).auto``) lists every backend tried with its median,
@@ -57,6 +58,9 @@ MIN_ROUNDS, MAX_ROUNDS, BUDGET_SECONDS = 5, 25, 2.0
 _WRONG_KERNEL = (CONTRACT_BROKEN, "failed its self-test")
 #: after this many rounds, a candidate this many times slower than the fastest is not timed further
 DROP_AFTER, DROP_RATIO = 2, 3.0
+#: each timed sample is the mean of enough back-to-back calls to last about this long (at most
+#: :data:`MAX_INNER`): one 20 us call (a small CNN at batch 1) is at the mercy of the scheduler
+SAMPLE_SECONDS, MAX_INNER = 1e-3, 100
 
 
 @dataclass(frozen=True)
@@ -260,17 +264,24 @@ def measure(models: dict[str, Callable], inputs: tuple) -> tuple[dict[str, float
     names = list(models)
     samples: dict[str, list[float]] = {name: [] for name in names}
     with torch.no_grad():
+        warm = {}
         for name in names:  # warm-up: first calls allocate, compile lazily, fill caches
             models[name](*inputs)
+            t0 = time.perf_counter()
+            models[name](*inputs)
+            warm[name] = time.perf_counter() - t0
+        inner = max(1, min(MAX_INNER, int(SAMPLE_SECONDS / max(min(warm.values()), 1e-9))))
         started = time.perf_counter()
         rounds = 0
         active = names
         while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS
                                       and time.perf_counter() - started < BUDGET_SECONDS):
             for name in active[rounds % len(active):] + active[:rounds % len(active)]:
+                model = models[name]
                 t0 = time.perf_counter()
-                models[name](*inputs)
-                samples[name].append(time.perf_counter() - t0)
+                for _ in range(inner):
+                    model(*inputs)
+                samples[name].append((time.perf_counter() - t0) / inner)
             rounds += 1
             if rounds == DROP_AFTER:
                 fastest = {name: min(samples[name]) for name in active}

@@ -40,6 +40,7 @@ from qplug_core.flows.safer_weights import make_safer
 from qplug_core.flows.tags import BOUNDARY, KERNEL, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner
 from qplug_core.partition.lazy import LazyPartition
+from qplug_core.partition.sole import install as install_sole_call
 from qplug_core.registry.contract import Delegate
 
 #: a region of a multi-region partition must agree with the reference within one integer step ...
@@ -173,6 +174,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
             node.meta[KERNEL] = f"delegate:{backend_name}"
     gm.graph.lint()
     gm.recompile()
+    install_sole_call(gm)  # one partition: calls go straight to it (batch-1 overhead)
     return summary
 
 

@@ -131,3 +131,43 @@ def test_deepcopy_builds_its_own_sessions(digits):
     x = inputs("digits_cnn", seed=8)
     with torch.no_grad():
         assert torch.equal(clone(*x), ort_model(*x))
+
+
+class _TwoInTwoOut(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x, y):
+        h = self.a(x) + y
+        return h, self.b(torch.relu(h))
+
+
+def test_a_two_input_two_output_partition_answers_as_its_reference_form():
+    torch.manual_seed(1)
+    calibration = [(torch.randn(2, 8), torch.randn(2, 8)) for _ in range(4)]
+    model = qp.quantize(_TwoInTwoOut(), calibration[0], calibration, backend="onnxruntime")
+    (partition,) = partitions(model)
+    x = (torch.randn(2, 8), torch.randn(2, 8))
+    with torch.no_grad():
+        got, expected = model(*x), partition.partition(*x)
+    assert isinstance(got, tuple) and len(got) == 2
+    for out, ref in zip(got, expected):
+        assert out.shape == ref.shape and (out - ref).abs().max() <= 2 * float(ref.abs().max()) / 127
+
+
+def test_hooks_on_the_only_partition_run_when_the_model_calls_it_directly(digits):
+    _, ort_model, _ = digits
+    (partition,) = partitions(ort_model)
+    x = inputs("digits_cnn", seed=9)
+    seen = []
+    handle = partition.register_forward_hook(lambda module, args, out: seen.append(out.clone()) or out * 2)
+    try:
+        with torch.no_grad():
+            doubled = ort_model(*x)
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        plain = ort_model(*x)
+    assert len(seen) == 1 and torch.equal(seen[0], plain) and torch.equal(doubled, plain * 2)

@@ -32,6 +32,7 @@ from torch import nn
 from qplug_core.errors import ConfigValidationError, warn_user
 from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, safe_weight_range
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
+from qplug_core.kernels.decode_threads import run_with_fastest_threads
 
 __all__ = ["PER_TOKEN_LAYERS", "PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_is_exact",
            "onednn_usable", "per_token_quantize", "swap_in_per_token", "symmetric_per_channel_int8",
@@ -400,13 +401,16 @@ class PerTokenDynamicLinear(nn.Module):
 
     def _one_token(self, x: torch.Tensor) -> torch.Tensor:
         """A decode step's single token through oneDNN with Python-number qparams and the bias:
-        one scale and zero point, so nothing is left to do on the output."""
+        one scale and zero point, so nothing is left to do on the output; on one thread where
+        that measured faster (:mod:`~qplug_core.kernels.decode_threads`)."""
         q, scale, zero_point = (self.shared.quantize_token(x) if self.shared is not None
                                 else _quantize_token(x, True, self._scratch))
         packed, zero_points = self._packed.get(self.weight_int8_t)
-        out = torch.ops.onednn.qlinear_pointwise(
-            q.view(1, self.in_features), scale, zero_point, packed, self.weight_scale, zero_points,
-            self.bias, 1.0, 0, torch.float32, "none", [], "")
+        out = run_with_fastest_threads(
+            ("onednn-one-token", self.in_features, self.out_features),
+            lambda: torch.ops.onednn.qlinear_pointwise(
+                q.view(1, self.in_features), scale, zero_point, packed, self.weight_scale, zero_points,
+                self.bias, 1.0, 0, torch.float32, "none", [], ""))
         return out.view(*x.shape[:-1], self.out_features)
 
     def _quantized_input(self, x: torch.Tensor, unsigned: bool

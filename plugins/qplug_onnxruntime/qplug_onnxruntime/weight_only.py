@@ -77,7 +77,14 @@ class _Sessions:
         options.inter_op_num_threads = 1
         # the thread pool must not spin between calls: torch runs the rest of the model meanwhile
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return ort.InferenceSession(_model_bytes(self.weight), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(_model_bytes(self.weight), options, providers=["CPUExecutionProvider"])
+        # ORT's Python wrapper keeps the serialized model (here: the whole weight) to rebuild the
+        # session on a provider change, which this kernel never asks for (its own comment in
+        # onnxruntime 1.32: "holding the memory indefinitely"); kept, every layer's weight stayed
+        # in memory a third time, beside the module's and ORT's packed copy
+        if getattr(session, "_model_bytes", None) is not None:
+            session._model_bytes = None
+        return session
 
 
 def _model_bytes(weight: QuantizedWeight) -> bytes:

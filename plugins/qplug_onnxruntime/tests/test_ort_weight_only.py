@@ -65,7 +65,8 @@ def test_hook_qplug_weight_only_kernels():
 
 
 def test_a_thread_count_change_replaces_the_session_instead_of_adding_one():
-    """Each session holds its own packed copy of the weight: one at a time, for the threads in use."""
+    """Each session holds its own packed copy of the weight: one at a time, for the threads in use,
+    and not the serialized model besides."""
     g = torch.Generator().manual_seed(3)
     weight = quantize(torch.randn(48, 64, generator=g), WeightOnlyScheme(4, 32, True))
     packed = MatMulNBitsKernel().pack(weight)
@@ -79,6 +80,7 @@ def test_a_thread_count_change_replaces_the_session_instead_of_adding_one():
             sessions = list(packed._sessions.values())
             assert len(sessions) == 1
             assert sessions[0].get_session_options().intra_op_num_threads == threads
+            assert getattr(sessions[0], "_model_bytes", None) is None  # no serialized weight kept
     finally:
         torch.set_num_threads(before)
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)

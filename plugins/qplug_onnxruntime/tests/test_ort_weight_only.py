@@ -62,3 +62,26 @@ def test_hook_qplug_weight_only_kernels():
         got, expected = qmodel(x), reference(x)
     assert got.shape == (2, 3, 32)
     assert float((got - expected).norm() / expected.norm()) < TOLERANCE
+
+
+def test_a_thread_count_change_replaces_the_session_instead_of_adding_one():
+    """Each session holds its own packed copy of the weight: one at a time, for the threads in use,
+    and not the serialized model besides."""
+    g = torch.Generator().manual_seed(3)
+    weight = quantize(torch.randn(48, 64, generator=g), WeightOnlyScheme(4, 32, True))
+    packed = MatMulNBitsKernel().pack(weight)
+    x = torch.randn(2, 64, generator=g)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 1):
+            torch.set_num_threads(threads)
+            results.append(MatMulNBitsKernel().run(packed, x, None))
+            sessions = list(packed._sessions.values())
+            assert len(sessions) == 1
+            assert sessions[0].get_session_options().intra_op_num_threads == threads
+            assert getattr(sessions[0], "_model_bytes", None) is None  # no serialized weight kept
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)
+    assert torch.equal(results[0], results[2])

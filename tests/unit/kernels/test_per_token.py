@@ -123,6 +123,32 @@ def test_under_inference_mode_and_with_inference_tensors():
     assert not torch.equal(first, module(y.clone()))
 
 
+
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_one_token_at_a_time_equals_the_definition_and_the_batch(gemm):
+    """A decode step (one token, the short path with Python-number qparams on oneDNN) gives what
+    the definition and the batched call give, with and without a shared cache, and with an input
+    that requires grad; q/k/v-style shared reuse serves the same codes to a second linear."""
+    torch.manual_seed(3)
+    first, second = nn.Linear(40, 24), nn.Linear(40, 8)
+    shared = SharedInput()
+    a = PerTokenDynamicLinear.from_float(first, gemm=gemm, shared=shared)
+    b = PerTokenDynamicLinear.from_float(second, gemm=gemm, shared=shared)
+    alone = PerTokenDynamicLinear.from_float(first, gemm=gemm)
+    tokens = torch.randn(5, 40) * torch.linspace(0.1, 6, 40)
+    tokens[1] = tokens[1].abs() + 0.25  # an all-positive token
+    tokens[2] = 0.0
+    with torch.no_grad():
+        batched = a(tokens)
+    for i in range(5):
+        x = tokens[i].reshape(1, 1, 40).clone().requires_grad_(i == 3)
+        with torch.no_grad():
+            got, got_b, got_alone = a(x), b(x), alone(x)
+        assert got.shape == (1, 1, 24)
+        torch.testing.assert_close(got, definition(first, x, weight_qmax(gemm)), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_b, definition(second, x, weight_qmax(gemm)), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_alone[0, 0], batched[i], rtol=1e-5, atol=1e-5)
+
 ONEDNN_AVX2_RUN = """
 import json, torch
 from qplug_core.kernels.cpu import override_cpu_flags

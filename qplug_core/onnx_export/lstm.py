@@ -21,8 +21,11 @@ from qplug_core.kernels.reference import DynamicQuantize
 
 #: PyTorch's gate blocks (i, f, g, o) in ONNX's order (i, o, f, c)
 _ONNX_GATE_ORDER = (0, 3, 1, 2)
-#: the largest integer of a symmetric int8 grid (ORT's symmetric weights; 128 for [-128, 127])
-_GRID_TOPS = (127, 128)
+#: the largest integer of a symmetric int8 grid: 64 and 63 for the 7-bit weights a CPU without VNNI
+#: gets, 127 (128 on [-128, 127]) for 8 bits. Smallest first: a 7-bit grid is also an 8-bit one
+#: with even integers, and the kernel must get the small integers, whose int16 pair sums cannot
+#: saturate (the dequantized weight is the same either way)
+_GRID_TOPS = (64, 63, 127, 128)
 #: a recovered weight may differ from the reference one by float rounding of the step, no more
 _ULPS = 4 * torch.finfo(torch.float32).eps
 
@@ -32,7 +35,8 @@ def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     when ``weight`` does not lie on a symmetric int8 grid (zero point 0).
 
     A symmetric observer maps a row's (per-channel) or the matrix's (per-tensor) largest magnitude
-    to 127, or to 128 on a [-128, 127] range: those are the steps tried, row by row.
+    to 127, to 128 on a [-128, 127] range, or to 64 / 63 with 7-bit weights: those are the steps
+    tried, row by row.
     """
     weight = weight.detach().to(torch.float32)
     for amax in (weight.abs().amax(1, keepdim=True), weight.abs().max().expand(weight.shape[0], 1)):

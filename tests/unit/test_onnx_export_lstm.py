@@ -24,7 +24,7 @@ def _on_grid(weight: torch.Tensor, *, per_channel: bool, top: float) -> torch.Te
 
 
 @pytest.mark.parametrize("per_channel", [True, False])
-@pytest.mark.parametrize("top", [127, 127.5])
+@pytest.mark.parametrize("top", [127, 127.5, 64, 63.5], ids=["8-bit", "8-bit-asym-range", "7-bit", "7-bit-asym-range"])
 def test_int8_grid_recovers_the_integers_exactly(per_channel, top):
     integers, step = _integers(torch.randn(16, 8, generator=torch.Generator().manual_seed(0)),
                                per_channel=per_channel, top=top)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core import plugin_api
 
 from qplug_onnxruntime.session import OrtPartition
 
@@ -208,3 +209,25 @@ def test_standard_onnx_export_keeps_standard_ops(tmp_path):
     ort_model, _ = _quantized(model, (x,))
     ops = collections.Counter(n.op_type for n in onnx.load(str(qp.export_onnx(ort_model, tmp_path / "m.onnx"))).graph.node)
     assert ops["LSTM"] == 1 and ops["DynamicQuantizeLinear"] == 2 and "DynamicQuantizeLSTM" not in ops
+
+
+@pytest.mark.parametrize("flags", ["avx2 fma", "avx2 fma avx512f avx512bw avx512_vnni"],
+                         ids=["avx2", "vnni"])
+def test_the_cpus_weight_grid_runs_in_ort_with_its_own_integers(flags):
+    """Without VNNI the LSTM's weights are 7-bit (their int16 pair sums cannot saturate): ORT gets
+    those integers, not the even 8-bit ones that dequantize alike; with VNNI, full 8 bits."""
+    torch.manual_seed(0)
+    model = Stateful(num_layers=1).eval()
+    inputs = (torch.randn(6, 3, 12), torch.randn(1, 3, 16), torch.randn(1, 3, 16))
+    with plugin_api.override_cpu_flags(flags):
+        ort_model, reference = _quantized(model, inputs,
+                                          qp.get_default_qconfig_mapping(*_MAPPING))
+    assert qp.quantization_report(ort_model).kernels["rnn"].startswith("delegate:")
+    (partition,) = [m for m in ort_model.modules() if isinstance(m, OrtPartition)]
+    graph = onnx.load_from_string(partition.sources[0]).graph
+    weights = [onnx.numpy_helper.to_array(t) for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    top = max(int(abs(w.astype("int32")).max()) for w in weights)
+    assert top == (64 if flags == "avx2 fma" else 127)
+    with torch.no_grad():
+        for got, expected in zip(ort_model(*inputs), reference(*inputs)):
+            assert _cosine(got, expected) > 0.999

@@ -176,6 +176,8 @@ class WeightBits:
         # a dynamic layer (a target's fallback) picks its input grid per batch: not chosen here
         if getattr(observer, "dtype", None) != torch.quint8 or getattr(observer, "is_dynamic", False):
             return None
+        if not getattr(observer, "has_data", True):  # a branch calibration never ran stays float
+            return None
         scale, zero_point = (t.flatten() for t in observer.calculate_qparams())
         if scale.numel() != 1:
             return None

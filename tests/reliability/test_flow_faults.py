@@ -13,6 +13,7 @@ from faultkit import conv_net, images
 from torch import nn
 
 import qplug_core as qp
+from qplug_core import plugin_api
 from qplug_core.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -235,16 +236,19 @@ class Router(nn.Module):
         return self.a(x[gate]), self.b(x[~gate])
 
 
-def test_unused_branch_is_named_and_can_be_left_float():
+@pytest.mark.parametrize("flags", ["avx2 fma", "avx2 fma avx512f avx512bw avx512_vnni"],
+                         ids=["no-vnni", "vnni"])  # without VNNI convert also chooses weight bits
+def test_unused_branch_is_named_and_can_be_left_float(flags):
     torch.manual_seed(0)
     model, x = Router().eval(), torch.randn(8, 4)
-    observed = qp.prepare_fx(model, None, (x,), backend="fbgemm")
-    qp.calibrate(observed, [x.abs()])  # branch b only ever sees empty tensors
-    with pytest.raises(UncalibratedObserverError) as raised:
-        qp.convert_fx(observed)
+    with plugin_api.override_cpu_flags(flags):
+        observed = qp.prepare_fx(model, None, (x,), backend="fbgemm")
+        qp.calibrate(observed, [x.abs()])  # branch b only ever sees empty tensors
+        with pytest.raises(UncalibratedObserverError) as raised:
+            qp.convert_fx(observed)
+        converted = qp.convert_fx(observed, allow_uncalibrated=True)
     assert raised.value.nodes == ("input of node 'getitem_2'", "output of node 'b'")
     assert "2 observer(s) never saw calibration data" in str(raised.value)
-    converted = qp.convert_fx(observed, allow_uncalibrated=True)
     report = qp.quantization_report(converted)
     assert "a" in report.kernels and "b" not in report.kernels
     assert "b" in {s.node for s in report.skipped}

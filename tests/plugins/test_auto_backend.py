@@ -171,18 +171,28 @@ def test_the_base_backend_has_the_qparams_every_candidate_accepts(plugin_autoloa
 
 
 @pytest.mark.slow
-def test_auto_on_the_installed_backends_matches_the_winners_own_quantize(plugin_autoload):
-    from qplug_core.flows import auto
+@pytest.mark.parametrize("flags", ["avx2 avx512f avx512bw avx512_vnni", "avx2 fma"], ids=["vnni", "avx2"])
+def test_auto_on_the_installed_backends_matches_the_winners_own_quantize(plugin_autoload, flags):
+    """Bit for bit with VNNI; without it the base calibrates under its own CPU rules (fbgemm's), so
+    the winner's own quantize may differ by a step on a few elements."""
+    from qplug_core.flows import auto, weight_bits
+    from qplug_core.plugin_api import override_cpu_flags
 
     model, data = Net().eval(), _data()
-    qmodel, _ = _auto(model, data)
-    report = qp.quantization_report(qmodel)
-    installed = {b.name for b in auto.candidates()[0]}
+    with override_cpu_flags(flags):
+        qmodel, _ = _auto(model, data)
+        report = qp.quantization_report(qmodel)
+        installed = {b.name for b in auto.candidates()[0]}
+        base = auto.base_backend(auto.candidates()[0])
+        # the base's defaults as qp.quantize resolves them (without VNNI convert then chooses
+        # each layer's weight bits, as it did for auto's calibration)
+        own = qp.quantize(model, data[0], data, backend=report.backend,
+                          qconfig_mapping=weight_bits.backend_defaults(base))
     assert report.backend in installed
     assert {t["backend"] for t in report.auto} >= installed
-    base = auto.base_backend(auto.candidates()[0])
-    own = qp.quantize(model, data[0], data, backend=report.backend,
-                      qconfig_mapping=base.default_qconfig_mapping("static"))
     with torch.no_grad():
         for (x,) in data:
-            assert torch.equal(qmodel(x), own(x))
+            if flags.endswith("vnni"):
+                assert torch.equal(qmodel(x), own(x))
+            else:
+                assert qp.sqnr(own(x), qmodel(x)) > 35

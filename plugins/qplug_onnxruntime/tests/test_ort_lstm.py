@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core import plugin_api
+from qplug_core.plugin_api import override_cpu_flags
 
 from qplug_onnxruntime.session import OrtPartition
 
@@ -219,7 +219,7 @@ def test_the_cpus_weight_grid_runs_in_ort_with_its_own_integers(flags):
     torch.manual_seed(0)
     model = Stateful(num_layers=1).eval()
     inputs = (torch.randn(6, 3, 12), torch.randn(1, 3, 16), torch.randn(1, 3, 16))
-    with plugin_api.override_cpu_flags(flags):
+    with override_cpu_flags(flags):
         ort_model, reference = _quantized(model, inputs,
                                           qp.get_default_qconfig_mapping(*_MAPPING))
     assert qp.quantization_report(ort_model).kernels["rnn"].startswith("delegate:")

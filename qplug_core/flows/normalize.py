@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from qplug_core.flows.tags import FROM_FUNCTIONAL
+from qplug_core.ir.attributes import fetch_attribute
 from qplug_core.passes import PassResult
 
 _CONV = {F.conv1d: nn.Conv1d, F.conv2d: nn.Conv2d, F.conv3d: nn.Conv3d}
@@ -22,9 +23,8 @@ def _attr(gm: fx.GraphModule, node, written: set[str]) -> torch.Tensor | None:
     """The constant float tensor a ``get_attr`` node reads: a parameter, or a buffer nothing writes."""
     if not (isinstance(node, fx.Node) and node.op == "get_attr"):
         return None
-    owner, _, name = node.target.rpartition(".")
     try:
-        value = getattr(gm.get_submodule(owner) if owner else gm, name)
+        value = fetch_attribute(gm, node.target)
     except AttributeError:
         return None
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from qplug_core.ir import module_stack
+from qplug_core.ir.attributes import fetch_attribute
 from qplug_core.passes import ConstantFoldingPass, PassResult
 from qplug_core.passes.remove_noops import DROPOUT_MODULES
 
@@ -271,7 +272,7 @@ class _Raiser:
 
     def _tensor(self, node: Any) -> torch.Tensor | None:
         if isinstance(node, fx.Node) and node.op == "get_attr":
-            value = _fetch(self.gm, node.target)
+            value = fetch_attribute(self.gm, node.target)
             return value if isinstance(value, torch.Tensor) else None
         return None
 
@@ -383,7 +384,7 @@ class _Raiser:
         counter = mean_node.target.rpartition(".")[0] + ".num_batches_tracked"
         increment = self.batch_counters.pop(counter, None)
         if increment is not None:
-            module.num_batches_tracked = _fetch(self.gm, counter)
+            module.num_batches_tracked = fetch_attribute(self.gm, counter)
             source = increment.args[0]
             self.gm.graph.erase_node(increment)
             self.attr_users[source.target] -= 1
@@ -467,10 +468,3 @@ def _parameter(value: torch.Tensor) -> nn.Parameter:
     if isinstance(value, nn.Parameter):
         return value
     return nn.Parameter(value.detach(), requires_grad=False)
-
-
-def _fetch(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from qplug_core.ir.attributes import fetch_attribute
 from qplug_core.passes.base import PassBase, PassResult
 
 __all__ = ["ConstantFoldingPass"]
@@ -53,20 +54,13 @@ def _evaluate(gm: GraphModule, nodes: list[Node]) -> dict[Node, Any]:
             args = torch.fx.node.map_aggregate(node.args, load)
             kwargs = torch.fx.node.map_aggregate(node.kwargs, load)
             if node.op == "get_attr":
-                env[node] = _fetch(gm, str(node.target))
+                env[node] = fetch_attribute(gm, str(node.target))
             elif node.op == "call_function":
                 env[node] = node.target(*args, **kwargs)
             else:
                 self_obj, *rest = args
                 env[node] = getattr(self_obj, str(node.target))(*rest, **kwargs)
     return env
-
-
-def _fetch(gm: GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _fresh_name(gm: GraphModule, base: str) -> str:

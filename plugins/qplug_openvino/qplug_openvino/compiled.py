@@ -22,6 +22,8 @@ from torch import fx
 
 from qplug_core.plugin_api import CompiledPartition, ConfigValidationError
 
+from qplug_openvino.runtime import import_openvino
+
 
 @dataclass(frozen=True)
 class CompileSettings:
@@ -84,9 +86,8 @@ def _native_infer(request: Any) -> Callable[[], Any]:
     """``request``'s native ``infer`` on the input tensors already set, its outputs left in the
     request's buffers: the Python ``InferRequest.infer`` dispatches its (absent) inputs and wraps
     the results in a dict, ~2 us of a small CNN's call at batch 1 (AMD EPYC Zen 4)."""
-    from openvino import _pyopenvino
-
-    native = getattr(getattr(_pyopenvino, "InferRequest", None), "infer", None)
+    native_module = getattr(import_openvino(), "_pyopenvino", None)
+    native = getattr(getattr(native_module, "InferRequest", None), "infer", None)
     if native is None:  # pragma: no cover - an OpenVINO that moved its native request
         return request.infer
     no_inputs: dict = {}
@@ -103,8 +104,7 @@ class OpenVinoPartition(CompiledPartition):
         super().__init__(partition, example_inputs, to_onnx)
 
     def build(self, source: bytes) -> _Compiled:
-        import openvino
-
+        openvino = import_openvino()
         core = openvino.Core()
         model = core.compile_model(core.read_model(source), "CPU", self.compile_settings.properties())
         positions = [self._input_names.index(port.get_any_name()) for port in model.inputs]

@@ -33,6 +33,7 @@ from qplug_core.plugin_api import (
 )
 
 from qplug_openvino.compiled import OpenVinoPartition, settings
+from qplug_openvino.runtime import import_openvino
 from qplug_openvino.support import OpenVinoSupport, partition_to_onnx
 
 #: symmetric int8 weights (zero point 0: no weight compensation in oneDNN's int8 convolutions);
@@ -85,8 +86,7 @@ class OpenVinoPlugin(BackendPlugin):
         availability = self.is_available()
         if not availability.ok:
             return [Diagnostic("error", availability.reason, hint="pip install qplug-openvino")]
-        import openvino
-
+        openvino = import_openvino()
         return [Diagnostic("ok", f"openvino {openvino.__version__}, devices "
                                  f"{openvino.Core().available_devices}")]
 

@@ -37,6 +37,31 @@ def test_entry_point_is_loaded_and_listed_by_the_cli(qplug_only):
     assert row["available"] and [p["dist"] for p in row["plugins"]] == ["qplug-openvino"]
 
 
+_FORKS_AFTER_IMPORT = """
+import os, sys, time
+forks = []
+os.register_at_fork(before=lambda: forks.append(1))
+from qplug_openvino.runtime import import_openvino
+import_openvino().Core().available_devices
+time.sleep(0.5)  # OpenVINO's telemetry posts from a thread pool, after the import returns
+print(len(forks), "openvino_telemetry" in sys.modules)
+"""
+
+
+def test_openvino_is_imported_without_its_telemetry_process():
+    # plain `import openvino` forks a process to post a usage event; in `qplug doctor` that child
+    # aborted with a "Fatal Python error" stack dump on the user's terminal
+    probe = subprocess.run([sys.executable, "-c", _FORKS_AFTER_IMPORT], capture_output=True,
+                           text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split() == ["0", "False"]
+    doctor = subprocess.run([str(Path(sys.executable).with_name("qplug")), "doctor"],
+                            capture_output=True, text=True, timeout=300)
+    assert doctor.returncode == 0, doctor.stderr
+    assert "backend openvino: openvino 20" in doctor.stdout.replace("\n    ", " ")
+    assert "Fatal Python error" not in doctor.stderr
+
+
 @pytest.mark.parametrize("flags, weight_range, levels", [
     ("avx2 avx512f avx512bw avx512_vnni", (-127, 127), ["ok", "ok"]),  # AMD Zen 4
     ("fpu sse2 avx avx2 fma", (-64, 64), ["ok", "warning"]),  # AMD Zen 3: 7-bit weights

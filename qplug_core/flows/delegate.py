@@ -21,11 +21,14 @@ that fails either where the backend's kernels sum u8 x s8 pairs in int16 (ONNX R
 U8S8 kernels on a CPU without VNNI under 8-bit weights) is compiled and checked once more with
 7-bit weights (:mod:`qplug_core.flows.safer_weights`; a warning and the report's partition note
 say so). One that still fails (an SDK wrong in one inner layer) keeps the reference form, with a
-warning naming the partition, the region and the plugin, and the report says why.
+warning naming the partition, the region and the plugin, and the report says why. After
+``qp.load``, where the file's weights may saturate on this CPU (converted on one with VNNI), the
+same check runs at a partition's first call, on its first inputs (:class:`FirstCallCheck`).
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,8 +39,8 @@ from torch import fx, nn
 from qplug_core.flows.kernel_check import CONTRACT_BROKEN, MAX_OUTLIER_FRACTION, output_violation
 from qplug_core.flows.region_parity import layer_parity
 from qplug_core.flows.report import describe_op
-from qplug_core.flows.safer_weights import make_safer
-from qplug_core.flows.tags import BOUNDARY, KERNEL, region_tag
+from qplug_core.flows.safer_weights import make_safer, may_saturate
+from qplug_core.flows.tags import BOUNDARY, KERNEL, REPORT, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner
 from qplug_core.partition.lazy import LazyPartition
 from qplug_core.partition.sole import install as install_sole_call
@@ -133,36 +136,25 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
         if anchors and all(a in keep_reference for a in anchors):
             summary.reference.update({a: keep_reference[a] for a in anchors})
             continue
-        try:
-            module = (LazyPartition(partition_gm, delegate.compile, name=name, backend=backend_name)
-                      if example_inputs is None else delegate.compile(partition_gm, recorder.inputs[name]))
-        except Exception as exc:  # one partition failing must not fail the conversion
-            reason = f"compiling partition {name} failed ({type(exc).__name__}: {exc}); reference form kept"
-            warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=3)
-            summary.reference.update(dict.fromkeys(anchors, reason))
-            continue
-        # checked where it compiles now (convert); a lazy one (load) was checked when converted
-        problem = "" if example_inputs is None else _problem(delegate, module, partition_gm,
-                                                             recorder.inputs[name], len(anchors))
-        note = ""
-        safer = make_safer(partition_gm, arithmetic) if problem else None
-        if safer is not None:  # int16 pair sums may be why: compiled again with 7-bit weights
-            module, again = _recompiled(delegate, partition_gm, recorder.inputs[name], len(anchors))
-            if again:
-                safer.undo()
-                problem += f"; with 7-bit weights too: {again}"
-            else:
-                note = (f"compiled with 7-bit weights in {', '.join(safer.layers)}: with 8-bit ones "
-                        f"it {CONTRACT_BROKEN} ({problem}; this CPU's int8 kernels sum u8 x s8 pairs "
-                        "in int16)")
-                warnings.warn(f"qplug: backend {backend_name!r}: partition {name} {note}", stacklevel=3)
-                problem = ""
-        if problem:
-            reason = (f"partition {name} compiled by {_delegate_label(backend_name)} "
-                      f"{CONTRACT_BROKEN} on the example inputs ({problem}); reference form kept")
-            warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=3)
-            summary.reference.update(dict.fromkeys(anchors, reason))
-            continue
+        if example_inputs is None:  # qp.load: compiled at the first call, checked where it may saturate
+            module: nn.Module = LazyPartition(
+                partition_gm, FirstCallCheck(gm.meta, delegate, name, anchors, backend_name, arithmetic),
+                name=name, backend=backend_name)
+            note = ""
+        else:
+            inputs = recorder.inputs[name]
+            try:
+                module = delegate.compile(partition_gm, inputs)
+            except Exception as exc:  # one partition failing must not fail the conversion
+                reason = f"compiling partition {name} failed ({type(exc).__name__}: {exc}); reference form kept"
+                warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=3)
+                summary.reference.update(dict.fromkeys(anchors, reason))
+                continue
+            module, note, reason = _checked(delegate, module, partition_gm, inputs, anchors, name,
+                                            backend_name, arithmetic, "on the example inputs")
+            if reason:
+                summary.reference.update(dict.fromkeys(anchors, reason))
+                continue
         gm.set_submodule(name, module)
         summary.partitions.append(PartitionRecord(name, len(nodes), len(anchors), type(module).__name__, note))
         summary.lowered.update(dict.fromkeys(anchors, name))
@@ -176,6 +168,71 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     gm.recompile()
     install_sole_call(gm)  # one partition: calls go straight to it (batch-1 overhead)
     return summary
+
+
+def _checked(delegate: Delegate, module: nn.Module, reference: fx.GraphModule, inputs: tuple,
+             anchors: list[str], name: str, backend_name: str, arithmetic: Any, on: str
+             ) -> tuple[nn.Module, str, str]:
+    """A compiled partition held to the contract ``on`` its ``inputs``: (the module to use, what
+    was changed for it to keep the contract, why the reference form is kept instead ('' if not)).
+
+    One that breaks it where int16 pair sums may be why is compiled again with 7-bit weights
+    (changed in place on ``reference``'s modules, undone if that fails too)."""
+    problem = _problem(delegate, module, reference, inputs, len(anchors))
+    if not problem:
+        return module, "", ""
+    safer = make_safer(reference, arithmetic)
+    if safer is not None:
+        again_module, again = _recompiled(delegate, reference, inputs, len(anchors))
+        if not again and again_module is not None:
+            note = (f"compiled with 7-bit weights in {', '.join(safer.layers)}: with 8-bit ones "
+                    f"it {CONTRACT_BROKEN} ({problem}; this CPU's int8 kernels sum u8 x s8 pairs "
+                    "in int16)")
+            warnings.warn(f"qplug: backend {backend_name!r}: partition {name} {note}", stacklevel=4)
+            return again_module, note, ""
+        safer.undo()
+        problem += f"; with 7-bit weights too: {again}"
+    reason = (f"partition {name} compiled by {_delegate_label(backend_name)} {CONTRACT_BROKEN} "
+              f"{on} ({problem}); reference form kept")
+    warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=4)
+    return module, "", reason
+
+
+class FirstCallCheck:
+    """A loaded partition's compile: on a CPU where its kernels may saturate int16 pair sums
+    (``flows/safer_weights.may_saturate``: converted where they could not, or with 8-bit layers
+    found safe on other data), the compiled partition is checked on its first inputs as convert
+    checks it on the example inputs, made safer or given up for its reference form, and the
+    model's report says so. Elsewhere it only compiles: convert checked it."""
+
+    def __init__(self, meta: dict, delegate: Delegate, name: str, anchors: list[str],
+                 backend_name: str, arithmetic: Any):
+        self.meta, self.delegate, self.name, self.anchors = meta, delegate, name, anchors
+        self.backend_name, self.arithmetic = backend_name, arithmetic
+
+    def __call__(self, partition: fx.GraphModule, inputs: tuple) -> nn.Module:
+        module = self.delegate.compile(partition, inputs)
+        if not may_saturate(partition, self.arithmetic):
+            return module
+        module, note, reason = _checked(self.delegate, module, partition, inputs, self.anchors,
+                                        self.name, self.backend_name, self.arithmetic,
+                                        "on its first inputs after qp.load on this CPU")
+        report = self.meta.get(REPORT)
+        if report is not None and reason:
+            for anchor in self.anchors:
+                report.kernels.pop(anchor, None)
+                report.reference[anchor] = reason
+            report.partitions = [p for p in report.partitions if p["name"] != self.name]
+        elif report is not None and note:
+            for record in report.partitions:
+                if record["name"] == self.name:
+                    record["note"] = note
+        return partition if reason else module
+
+    def __deepcopy__(self, memo: dict) -> FirstCallCheck:
+        clone = copy.copy(self)
+        clone.meta = copy.deepcopy(self.meta, memo)  # the copied model's meta where it is one
+        return clone
 
 
 def _problem(delegate: Delegate, compiled: nn.Module, reference: fx.GraphModule, inputs: tuple,

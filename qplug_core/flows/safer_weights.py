@@ -18,6 +18,7 @@ step, then half a 7-bit one), not 0.5 as a 7-bit convert would give.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,13 +52,8 @@ def make_safer(partition: fx.GraphModule, arithmetic: Any) -> SaferWeights | Non
     if arithmetic is None or not pair_sums_saturate(arithmetic):
         return None
     safer = SaferWeights([])
-    for name, module in partition.named_modules():
-        if not isinstance(module, ReferenceWeighted):
-            continue
+    for name, module, safe in _wide_layers(partition):
         old = module.weight_qparams
-        safe = safe_weight_range((old.quant_min, old.quant_max), _ACTIVATION_MAX)
-        if old.dtype != torch.qint8 or bool(old.zero_point.ne(0).any()) or safe == (old.quant_min, old.quant_max):
-            continue
         weight = weight_of(module.module, module.weight_name).detach()
         if old.per_channel:
             amax = weight.abs().amax(dim=[d for d in range(weight.dim()) if d != old.axis])
@@ -75,4 +71,24 @@ def make_safer(partition: fx.GraphModule, arithmetic: Any) -> SaferWeights | Non
     return safer if safer.layers else None
 
 
-__all__ = ["SaferWeights", "make_safer"]
+def may_saturate(partition: fx.GraphModule, arithmetic: Any) -> bool:
+    """Whether ``partition``'s kernels can saturate int16 pair sums on this CPU: ``arithmetic``
+    sums pairs in int16 here and a layer has symmetric int8 weights wider than the safe range
+    (a file converted on a CPU with VNNI, loaded on one without, is the common case)."""
+    if arithmetic is None or not pair_sums_saturate(arithmetic):
+        return False
+    return next(_wide_layers(partition), None) is not None
+
+
+def _wide_layers(partition: fx.GraphModule) -> Iterator[tuple[str, ReferenceWeighted, tuple[int, int]]]:
+    """(name, module, safe range) of each symmetric int8-weighted layer wider than the safe range."""
+    for name, module in partition.named_modules():
+        if not isinstance(module, ReferenceWeighted):
+            continue
+        old = module.weight_qparams
+        safe = safe_weight_range((old.quant_min, old.quant_max), _ACTIVATION_MAX)
+        if old.dtype == torch.qint8 and not bool(old.zero_point.ne(0).any()) and safe != (old.quant_min, old.quant_max):
+            yield name, module, safe
+
+
+__all__ = ["SaferWeights", "make_safer", "may_saturate"]

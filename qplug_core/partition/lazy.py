@@ -55,7 +55,7 @@ class LazyPartition(nn.Module):
                 backend=self.backend) from exc
 
     def __deepcopy__(self, memo: dict) -> LazyPartition:
-        clone = LazyPartition(copy.deepcopy(self._partition, memo), self._compile_fn,
+        clone = LazyPartition(copy.deepcopy(self._partition, memo), copy.deepcopy(self._compile_fn, memo),
                               name=self.partition_name, backend=self.backend)
         if self.compiled is not None:
             clone.compiled = copy.deepcopy(self.compiled, memo)

@@ -1,5 +1,7 @@
 """Issue 24: a delegated partition that breaks the contract because its kernels sum u8 x s8
-pairs in int16 (x86 without VNNI) is compiled again with 7-bit weights before it is given up.
+pairs in int16 (x86 without VNNI) is compiled again with 7-bit weights before it is given up, at
+convert and, for a file converted on a CPU with VNNI, at its first call after ``qp.load`` on one
+without.
 
 The SDK here stands for a compiler on such kernels (ONNX Runtime's MLAS U8S8 kernels, which
 cannot be forced to AVX2 on a VNNI host): it runs the partition with each linear's integer GEMM
@@ -27,11 +29,13 @@ import copy
 import torch
 from torch import nn
 from qplug_core.plugin_api import (BackendSpec, Delegate, DTypeConfigSet, Int8Arithmetic,
-                                   OperatorSupportBase, default_qconfig_mapping, hookimpl)
+                                   OperatorSupportBase, cpu_int8, default_qconfig_mapping,
+                                   hookimpl)
 from qplug_core.kernels.reference import Dequantize, ReferenceWeighted
 from tests.reliability.test_int16_pair_sums import vpmaddubsw_matmul
 
 BROKEN = False  # an SDK wrong whatever the weights (its linears' outputs doubled)
+FOLLOWS_CPU = False  # int16 pairs only where the CPU has no VNNI (exact int32 sums elsewhere)
 
 
 class Int16PairLinear(nn.Module):
@@ -48,7 +52,11 @@ class Int16PairLinear(nn.Module):
         codes = torch.round(x / a_q.scale) + a_q.zero_point
         w_scale = w_q.scale.reshape(-1, 1)
         weights = torch.round(linear.weight / w_scale)
-        total, _ = vpmaddubsw_matmul(codes.reshape(-1, codes.shape[-1]).long(), weights.long())
+        rows = codes.reshape(-1, codes.shape[-1]).long()
+        if FOLLOWS_CPU and not cpu_int8().int16_pair_sums:
+            total = rows @ weights.long().t()
+        else:
+            total, _ = vpmaddubsw_matmul(rows, weights.long())
         shifted = total - a_q.zero_point * weights.long().sum(1)
         out = shifted.double() * a_q.scale * w_scale.flatten() * (2.0 if BROKEN else 1.0)
         out = (out + linear.bias).float().reshape(*x.shape[:-1], -1)
@@ -153,3 +161,62 @@ def test_a_partition_wrong_with_7_bit_weights_too_keeps_8_bit_reference_form(sdk
     reasons = set(report.reference.values())
     assert len(reasons) == 1 and "; with 7-bit weights too: " in reasons.pop()
     assert set(weight_ranges(snapshot_of(lowered).graph_module).values()) == {(-128, 127)}  # undone
+
+
+def _converted_with_vnni_and_saved(path):
+    importlib.import_module("qplug_int16sdk").FOLLOWS_CPU = True
+    lowered, messages = convert(VNNI)
+    assert messages == [] and len(qp.quantization_report(lowered).partitions) == 1
+    assert set(weight_ranges(snapshot_of(lowered).graph_module).values()) == {(-128, 127)}
+    qp.save(lowered, path)
+    return lowered
+
+
+def _first_call(path, flags):
+    with override_cpu_flags(flags), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = qp.load(path)
+        with torch.no_grad():
+            out = loaded(*inputs(5))
+    return loaded, out, [str(w.message) for w in caught if "partition" in str(w.message)]
+
+
+def test_a_file_from_a_vnni_cpu_is_checked_at_its_first_call_without_vnni(sdk, tmp_path):
+    lowered = _converted_with_vnni_and_saved(tmp_path / "model.qplug")
+    with torch.no_grad():
+        exact = lowered(*inputs(5))
+    # without the check, the 8-bit weights saturate here: the SDK's plain output is far off
+    with override_cpu_flags(AVX2), torch.no_grad():
+        unchecked = qp.load(tmp_path / "model.qplug", backend="reference")
+        saturating = importlib.import_module("qplug_int16sdk").compile_partition(
+            unchecked, inputs(5))(*inputs(5))
+    loaded, out, messages = _first_call(tmp_path / "model.qplug", AVX2)
+    note = qp.quantization_report(loaded).partitions[0]["note"]
+    assert note.startswith("compiled with 7-bit weights in ") and "int16" in note
+    assert messages == [f"qplug: backend 'int16sdk': partition delegate_0 {note}"]
+    assert qp.sqnr(exact, out) > qp.sqnr(exact, saturating) + 10  # 7 bits, not saturated pairs
+    assert qp.sqnr(exact, out) > 30
+    with torch.no_grad():  # later calls run the compiled 7-bit partition, no second check
+        assert torch.equal(loaded(*inputs(5)), out)
+
+
+def test_the_same_file_on_a_vnni_cpu_is_not_rechecked(sdk, tmp_path):
+    lowered = _converted_with_vnni_and_saved(tmp_path / "model.qplug")
+    loaded, out, messages = _first_call(tmp_path / "model.qplug", VNNI)
+    with torch.no_grad():
+        assert torch.equal(out, lowered(*inputs(5)))
+    assert messages == [] and qp.quantization_report(loaded).partitions[0]["note"] == ""
+
+
+def test_a_loaded_partition_wrong_with_7_bit_weights_too_runs_its_reference_form(sdk, tmp_path):
+    _converted_with_vnni_and_saved(tmp_path / "model.qplug")
+    importlib.import_module("qplug_int16sdk").BROKEN = True
+    loaded, out, messages = _first_call(tmp_path / "model.qplug", AVX2)
+    report = qp.quantization_report(loaded)
+    assert not report.partitions and not report.kernels
+    (reason,) = set(report.reference.values())
+    assert "on its first inputs after qp.load on this CPU" in reason and "; with 7-bit weights too: " in reason
+    assert messages == [f"qplug: backend 'int16sdk': {reason}"]
+    with torch.no_grad():
+        reference = qp.load(tmp_path / "model.qplug", backend="reference")(*inputs(5))
+    assert torch.equal(out, reference)

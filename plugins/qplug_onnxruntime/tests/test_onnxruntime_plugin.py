@@ -6,14 +6,18 @@ import copy
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from ort_testkit import inputs, quantized_pair
 
+AVX2 = "fpu sse2 avx avx2 fma"  # AMD Zen 3, Intel before Cascade Lake
+VNNI = "avx2 avx512f avx512bw avx512_vnni"  # AMD Zen 4
+
 import qplug_core as qp
-from qplug_core.plugin_api import ConfigValidationError
+from qplug_core.plugin_api import ConfigValidationError, cpu_int8, override_cpu_flags
 
 from qplug_onnxruntime import SessionSettings, configure, settings
 from qplug_onnxruntime.session import OrtPartition
@@ -122,6 +126,30 @@ def test_save_load_rebuilds_the_sessions_from_the_reference_form(digits, tmp_pat
         assert torch.equal(loaded(*x), ort_model(*x))
     assert len(partitions(loaded)) == 1 and len(partitions(loaded)[0].sessions) == 1
     assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+
+
+def test_a_file_from_a_vnni_cpu_loaded_without_vnni_is_checked_on_real_sessions(tmp_path):
+    """Converted with VNNI's qparams (8-bit weights), loaded where ORT's U8S8 kernels sum pairs
+    in int16: the first call checks the real session against the reference form (and would
+    compile it again with 7-bit weights where the host's kernels saturate)."""
+    with override_cpu_flags(VNNI):
+        _, ort_model, reference = quantized_pair("digits_cnn")
+    path = qp.save(ort_model, tmp_path / "digits.safetensors")
+    x = inputs("digits_cnn", seed=9)
+    with override_cpu_flags(AVX2), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = qp.load(path)
+        with torch.no_grad():
+            out, expected = loaded(*x), reference(*x)
+    (record,) = qp.quantization_report(loaded).partitions  # compiled, not the reference form
+    notes = [str(w.message) for w in caught if "partition" in str(w.message)]
+    if cpu_int8().int16_pair_sums:  # this host's ORT kernels saturate: 7 bits, said so
+        assert record["note"].startswith("compiled with 7-bit weights in ") and len(notes) == 1
+    else:  # its ORT kernels accumulate in int32: the check keeps the session as it was
+        assert record["note"] == "" and not notes
+        with torch.no_grad():
+            assert torch.equal(out, ort_model(*x))
+    assert qp.sqnr(expected, out) > 30
 
 
 def test_deepcopy_builds_its_own_sessions(digits):

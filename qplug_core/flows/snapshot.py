@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from torch import fx
 
 from qplug_core.flows.tags import SNAPSHOT
+from qplug_core.kernels.arithmetic import pair_sums_saturate
 
 if TYPE_CHECKING:
     from qplug_core.registry.backends import Backend
@@ -27,12 +28,15 @@ class ReferenceSnapshot:
     """``graph_module`` in reference form, converted for ``backend`` with these ``plugins``
     (name, dist, version of each contributing one: recorded now, the file says them later);
     ``per_token_layers``: float linears swapped for per-token dynamic ones after convert (an
-    accuracy target's fallback), which ``qp.load`` swaps in again."""
+    accuracy target's fallback), which ``qp.load`` swaps in again; ``int16_pairs``: the weights
+    were chosen where the backend's kernels sum u8 x s8 pairs in int16 (x86 without VNNI), so
+    ``qp.load`` on such a CPU keeps them as they are."""
 
     graph_module: fx.GraphModule
     backend: str
     plugins: tuple[dict[str, str | None], ...]
     per_token_layers: tuple[str, ...] = ()
+    int16_pairs: bool = False
 
 
 def keep_snapshot(gm: fx.GraphModule, backend: Backend) -> None:
@@ -41,7 +45,8 @@ def keep_snapshot(gm: fx.GraphModule, backend: Backend) -> None:
     snapshot.meta = dict(gm.meta)
     snapshot.train(gm.training)
     plugins = tuple({"name": r.name, "dist": r.dist, "version": r.version} for r in backend.contributors)
-    gm.meta[SNAPSHOT] = ReferenceSnapshot(snapshot, backend.name, plugins)
+    gm.meta[SNAPSHOT] = ReferenceSnapshot(snapshot, backend.name, plugins,
+                                          int16_pairs=pair_sums_saturate(backend.arithmetic))
 
 
 def snapshot_of(gm: object) -> ReferenceSnapshot | None:

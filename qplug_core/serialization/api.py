@@ -21,6 +21,7 @@ from qplug_core.errors import (
     SerializationError,
 )
 from qplug_core.flows.finish import finish_conversion
+from qplug_core.flows.safer_weights import make_safer
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import ARTIFACT, CAPTURE, FUSIONS
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
@@ -28,6 +29,7 @@ from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.serialization.artifact import (
     AUTO_KEY,
+    INT16_PAIRS_KEY,
     Artifact,
     artifact_of,
     backend_identity,
@@ -132,6 +134,7 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     chosen = _resolve_backend(artifact, backend, source)
     gm = _rebuild(artifact, source)
     gm.meta[FUSIONS] = fusion_records(artifact)
+    _make_weights_safe_here(gm, artifact, chosen, source)
     recorded = lowering_of(artifact) if chosen.name == artifact.backend else None
     try:
         report = finish_conversion(gm, chosen, mode=artifact.model["mode"], loading=True,
@@ -211,6 +214,24 @@ def _resolve_backend(artifact: Artifact, backend: str | Backend | None, source: 
     if name == artifact.backend:
         _check_plugin_versions(artifact, chosen, source)
     return chosen
+
+
+def _make_weights_safe_here(gm: fx.GraphModule, artifact: Artifact, backend: Backend,
+                            source: Path) -> None:
+    """A file whose weights were chosen where int8 products accumulate in int32 (VNNI), loaded
+    where ``backend``'s kernels sum u8 x s8 pairs in int16: its layers with 8-bit weights get
+    7-bit ones (``flows/safer_weights.py``), which cannot saturate, with a warning. Nothing runs
+    at load to tell which layers would saturate; a delegating backend checks each partition at
+    its first call instead, on real inputs (``flows/delegate.FirstCallCheck``)."""
+    if artifact.model.get(INT16_PAIRS_KEY) or backend.delegate is not None or not backend.kernels:
+        return
+    safer = make_safer(gm, backend.arithmetic)
+    if safer is not None:
+        shown = ", ".join(safer.layers[:4]) + (f" and {len(safer.layers) - 4} more" if len(safer.layers) > 4 else "")
+        warnings.warn(f"qplug: {source} was converted where int8 products accumulate in int32 (VNNI); "
+                      f"here backend {backend.name!r}'s kernels sum u8 x s8 pairs in int16, which its "
+                      f"8-bit weights can saturate: loaded with 7-bit weights in {shown}; quantize "
+                      "again on this CPU to choose the bits per layer on data", stacklevel=3)
 
 
 def _auto_choice(artifact: Artifact, source: Path) -> str:

@@ -42,7 +42,11 @@ MODEL_KEYS = ("graph", "modules", "attributes", "tensors", "training", "mode", "
 #: backend="auto"'s ranking of the backends that kept the contract, fastest first (``load`` takes
 #: the first one installed)
 AUTO_KEY = "auto_ranking"
-OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY)
+#: true where the weights were chosen for kernels summing u8 x s8 pairs in int16 (x86 without
+#: VNNI); absent: chosen where products accumulate in int32, so ``load`` on a CPU summing pairs
+#: in int16 makes them safe
+INT16_PAIRS_KEY = "weights_for_int16_pairs"
+OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY, INT16_PAIRS_KEY)
 CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: distribution names (PEP 508) and versions (PEP 440 characters) of a file's ``versions``
@@ -124,6 +128,8 @@ def artifact_of(qmodel: object) -> Artifact | str | None:
     if snapshot.per_token_layers:
         artifact = replace(artifact, model={**artifact.model,
                                             PER_TOKEN_LAYERS: list(snapshot.per_token_layers)})
+    if snapshot.int16_pairs:
+        artifact = replace(artifact, model={**artifact.model, INT16_PAIRS_KEY: True})
     if qmodel.meta.get(AUTO_RANKING):
         artifact = replace(artifact, model={**artifact.model, AUTO_KEY: list(qmodel.meta[AUTO_RANKING])})
     report = qmodel.meta.get(REPORT)  # how convert lowered it: what load must rebuild
@@ -170,6 +176,7 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
         path = f"model.{AUTO_KEY}"
         for i, name in enumerate(expect(model[AUTO_KEY], list, path, "a JSON list")):
             expect(name, str, child(path, i), "a backend name")
+    expect(model.get(INT16_PAIRS_KEY, True), bool, f"model.{INT16_PAIRS_KEY}", "true or false")
     expect(model["training"], bool, "model.training", "true or false")
     expect(model["mode"], str, "model.mode", "a quantization mode")
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):

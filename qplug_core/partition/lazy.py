@@ -55,7 +55,10 @@ class LazyPartition(nn.Module):
                 backend=self.backend) from exc
 
     def __deepcopy__(self, memo: dict) -> LazyPartition:
-        clone = LazyPartition(copy.deepcopy(self._partition, memo), copy.deepcopy(self._compile_fn, memo),
+        # a compile step that holds per-model state says how it is copied; others are shared
+        compile_fn = (copy.deepcopy(self._compile_fn, memo) if hasattr(self._compile_fn, "__deepcopy__")
+                      else self._compile_fn)
+        clone = LazyPartition(copy.deepcopy(self._partition, memo), compile_fn,
                               name=self.partition_name, backend=self.backend)
         if self.compiled is not None:
             clone.compiled = copy.deepcopy(self.compiled, memo)

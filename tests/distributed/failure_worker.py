@@ -64,7 +64,13 @@ def main(out: Path, case: str) -> None:
     except Exception as error:  # what each rank raised is the result under test
         message = f"{type(error).__name__}: {error}"
     (out / f"{tag}.txt").write_text(f"{time.monotonic() - start:.1f}\n{message}")
-    if dist.is_initialized() and case != "exit":
+    if case == "exit":
+        # the peer is gone: gloo's teardown at interpreter exit then sometimes aborts
+        # ("terminate called without an active exception", seen once under load); what is under
+        # test is the error written above, so this rank leaves without that teardown
+        sys.stdout.flush()
+        os._exit(0)
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

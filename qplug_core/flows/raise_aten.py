@@ -29,7 +29,7 @@ from torch import fx, nn
 from qplug_core.ir import module_stack
 from qplug_core.ir.attributes import fetch_attribute
 from qplug_core.passes import ConstantFoldingPass, PassResult
-from qplug_core.passes.remove_noops import DROPOUT_MODULES
+from qplug_core.passes.remove_noops import remove_noops
 
 aten = torch.ops.aten
 
@@ -139,11 +139,12 @@ def _records_training(gm: fx.GraphModule) -> bool:
 
 
 def remove_inference_noops(gm: fx.GraphModule) -> PassResult:
-    """Remove eval-mode dropout and identity modules (a pass for the symbolic level, in place).
+    """Remove eval-mode dropout, identity modules and (unless the model trains: QAT) ``detach``
+    (a pass for the symbolic level, in place).
 
     They compute nothing at inference; left in the graph they would be reported as float ops.
     """
-    changed = _remove_noops(gm)
+    changed = remove_noops(gm, keep_detach=gm.training)
     if changed:
         gm.graph.eliminate_dead_code()
         gm.delete_all_unused_submodules()
@@ -164,45 +165,13 @@ def _drop_guards(gm: fx.GraphModule) -> None:
             gm.graph.erase_node(node)
 
 
-def _remove_noops(gm: fx.GraphModule) -> bool:
-    changed = False
-    modules = dict(gm.named_modules(remove_duplicate=False))  # one walk, not a lookup per node
+def _remove_noops(gm: fx.GraphModule) -> None:
+    """The no-ops of every level (``passes/remove_noops.py``), then the shape checks export adds
+    (the raised ops check shapes anyway; a check would read as a float op in the report)."""
+    remove_noops(gm)
     for node in list(gm.graph.nodes):
-        source = _noop_source(modules, node)
-        if source is not None:
-            node.replace_all_uses_with(source)
+        if node.op == "call_function" and node.target in _CHECKS and not node.users:
             gm.graph.erase_node(node)
-            changed = True
-        elif node.op == "call_function" and node.target in _CHECKS and not node.users:
-            gm.graph.erase_node(node)
-            changed = True
-    return changed
-
-
-def _noop_source(modules: dict[str, nn.Module], node: fx.Node) -> fx.Node | None:
-    """The input a no-op node returns unchanged, or None when ``node`` computes something."""
-    if node.op == "call_module":
-        module = modules[node.target]
-        if (isinstance(module, nn.Identity) or (isinstance(module, DROPOUT_MODULES)
-                                                 and not module.training)) and node.args:
-            return node.args[0] if isinstance(node.args[0], fx.Node) else None
-        return None
-    if node.op != "call_function":
-        return None
-    if node.target is aten.dropout.default and len(node.args) > 2 and node.args[2] is False:
-        return node.args[0]
-    if node.target in (aten.to.dtype, aten.alias.default, aten.detach.default):
-        source = node.args[0]
-        same_dtype = node.target is not aten.to.dtype or (
-            _dtype_of(source) is not None and _dtype_of(source) == node.args[1]
-            and not node.kwargs and len(node.args) == 2)
-        return source if same_dtype else None
-    return None
-
-
-def _dtype_of(node: Any) -> torch.dtype | None:
-    value = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return value.dtype if isinstance(value, torch.Tensor) else None
 
 
 def _ndim_of(node: Any) -> int | None:

@@ -1,9 +1,11 @@
-"""One-to-none rewrite: drop ops that return their input unchanged at inference time.
+"""One-to-none rewrite, in place: drop ops that return their input unchanged at inference time.
 
 Removed: ``detach`` (function, method and ``aten.detach``/``aten.alias``), ``nn.Identity``
-modules, ``nn.Dropout*`` modules in eval mode, and ``F.dropout`` / ``aten.dropout`` calls whose
-``training`` argument is literally False. ``contiguous`` is kept: it changes memory layout,
-which kernels downstream may rely on.
+modules, ``nn.Dropout*`` modules in eval mode, ``F.dropout`` / ``aten.dropout`` calls whose
+``training`` argument is literally False, and ``aten.to.dtype`` to the dtype the value already
+has. ``contiguous`` is kept: it changes memory layout, which kernels downstream may rely on.
+The one rule set for both levels: the symbolic pipeline, the ATen raise
+(``flows/raise_aten.py``) and :class:`RemoveNoOpsPass` all call :func:`remove_noops`.
 """
 
 from __future__ import annotations
@@ -12,59 +14,88 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import fx, nn
 from torch.fx import GraphModule
 
-from qplug_core.passes.transformer import MetaTransformer, TransformerPass
+from qplug_core.passes.base import PassBase, PassResult
 
-__all__ = ["RemoveNoOpsPass"]
+__all__ = ["DROPOUT_MODULES", "RemoveNoOpsPass", "remove_noops"]
 
-_IDENTITY_FUNCTIONS = frozenset({
-    torch.detach, torch.Tensor.detach, torch.ops.aten.detach.default, torch.ops.aten.alias.default,
-})
+aten = torch.ops.aten
+
+_IDENTITY_FUNCTIONS = frozenset({torch.detach, torch.Tensor.detach, aten.detach.default, aten.alias.default})
 _IDENTITY_METHODS = frozenset({"detach"})
 _DROPOUT_FUNCTIONS = {
     # target -> (position, name) of its ``training`` argument
     F.dropout: (2, "training"), F.dropout1d: (2, "training"), F.dropout2d: (2, "training"),
     F.dropout3d: (2, "training"), F.alpha_dropout: (2, "training"),
-    torch.dropout: (2, "train"), torch.ops.aten.dropout.default: (2, "train"),
+    torch.dropout: (2, "train"), aten.dropout.default: (2, "train"),
 }
 DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
-                    nn.FeatureAlphaDropout)
+                   nn.FeatureAlphaDropout)
 
 
-def _training_is_false(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    pos, name = _DROPOUT_FUNCTIONS[target]
-    value = args[pos] if len(args) > pos else kwargs.get(name, True)
+def remove_noops(gm: GraphModule, *, keep_detach: bool = False) -> bool:
+    """Remove every no-op node of ``gm`` (its users read its input instead); whether any was.
+    ``keep_detach``: a graph that will be trained (QAT) keeps its ``detach`` calls, which stop
+    gradients there."""
+    changed = False
+    modules = dict(gm.named_modules(remove_duplicate=False))  # one walk, not a lookup per node
+    for node in list(gm.graph.nodes):
+        source = None if keep_detach and _is_detach(node) else _noop_input(modules, node)
+        if source is not None:
+            node.replace_all_uses_with(source)
+            gm.graph.erase_node(node)
+            changed = True
+    return changed
+
+
+def _noop_input(modules: dict[str, nn.Module], node: fx.Node) -> fx.Node | None:
+    """The input a no-op node returns unchanged, or None when ``node`` computes something."""
+    if node.op == "call_module":
+        module = modules[node.target]
+        noop = isinstance(module, nn.Identity) or (isinstance(module, DROPOUT_MODULES) and not module.training)
+    elif node.op == "call_method":
+        noop = node.target in _IDENTITY_METHODS
+    elif node.op == "call_function":
+        noop = (node.target in _IDENTITY_FUNCTIONS
+                or (node.target in _DROPOUT_FUNCTIONS and _training_is_false(node))
+                or (node.target is aten.to.dtype and _same_dtype(node)))
+    else:
+        noop = False
+    source = _first_input(node) if noop else None
+    return source if isinstance(source, fx.Node) else None
+
+
+def _is_detach(node: fx.Node) -> bool:
+    return (node.op == "call_method" and node.target in _IDENTITY_METHODS) or (
+        node.op == "call_function" and node.target in _IDENTITY_FUNCTIONS and node.target is not aten.alias.default)
+
+
+def _first_input(node: fx.Node) -> Any:
+    return node.args[0] if node.args else node.kwargs.get("input", node.kwargs.get("self"))
+
+
+def _training_is_false(node: fx.Node) -> bool:
+    pos, name = _DROPOUT_FUNCTIONS[node.target]
+    value = node.args[pos] if len(node.args) > pos else node.kwargs.get(name, True)
     return value is False
 
 
-class _RemoveNoOps(MetaTransformer):
-    def _skip(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        self.changed = True
-        return args[0] if args else kwargs.get("input", kwargs.get("self"))
-
-    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
-        if target in _IDENTITY_FUNCTIONS or (target in _DROPOUT_FUNCTIONS
-                                             and _training_is_false(target, args, kwargs)):
-            return self._skip(args, kwargs)
-        return super().call_function(target, args, kwargs)
-
-    def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
-        if target in _IDENTITY_METHODS:
-            return self._skip(args, kwargs)
-        return super().call_method(target, args, kwargs)
-
-    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
-        module = self.fetch_attr(target)
-        if isinstance(module, nn.Identity) or (isinstance(module, DROPOUT_MODULES)
-                                               and not module.training):
-            return self._skip(args, kwargs)
-        return super().call_module(target, args, kwargs)
+def _same_dtype(node: fx.Node) -> bool:
+    """``aten.to.dtype(x, dtype)`` (nothing else asked for) where ``x`` already has that dtype."""
+    if node.kwargs or len(node.args) != 2 or not isinstance(node.args[0], fx.Node):
+        return False
+    value = node.args[0].meta.get("val")
+    return isinstance(value, torch.Tensor) and value.dtype == node.args[1]
 
 
-class RemoveNoOpsPass(TransformerPass):
-    """Remove detach, identity and eval-mode dropout nodes; their users read the input instead."""
+class RemoveNoOpsPass(PassBase):
+    """Remove detach, identity and eval-mode dropout nodes, in place; their users read the input."""
 
-    def make_transformer(self, graph_module: GraphModule) -> MetaTransformer:
-        return _RemoveNoOps(graph_module)
+    def call(self, graph_module: GraphModule) -> PassResult:
+        changed = remove_noops(graph_module)
+        if changed:
+            graph_module.graph.lint()
+            graph_module.recompile()
+        return PassResult(graph_module, changed)

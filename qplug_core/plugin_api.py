@@ -46,6 +46,7 @@ from qplug_core.kernels.base import (
     quantized_from_int,
 )
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8, override_cpu_flags
+from qplug_core.kernels.pair_sums_probe import PAIRS_EXACT, PAIRS_SATURATE, Gemm, probe_pair_sums
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.kernels.table import torch_int8_kernels
 from qplug_core.kernels.weight_only import WeightOnlyKernel
@@ -117,8 +118,12 @@ __all__ = [
     "Stage",
     # what this CPU can do for int8, and the qparams that are safe with a kernel's arithmetic
     "CpuInt8",
+    "Gemm",
+    "PAIRS_EXACT",
+    "PAIRS_SATURATE",
     "Int8Arithmetic",
     "cpu_diagnostic",
+    "probe_pair_sums",
     "cpu_int8",
     "override_cpu_flags",
     "safe_qconfig_options",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from qplug_core.config.dtype_configs import DTypeConfigSet
 from qplug_core.kernels.arithmetic import Int8Arithmetic, engine_arithmetic, safe_qconfig_options
+from qplug_core.kernels.pair_sums_probe import Gemm, torch_engine_gemm
 from qplug_core.registry.contract import Availability, BackendSpec, Diagnostic, engine_availability
 from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
 from qplug_core.registry.hookspecs import hookimpl
@@ -107,6 +108,15 @@ class BackendPlugin:
         """Findings for ``qplug doctor`` beyond the availability the core reports itself."""
         return []
 
+    def int8_gemm(self) -> Gemm | None:
+        """This backend's u8 x s8 integer product, which ``qplug doctor`` runs once on the worst
+        case for int16 pair sums (``kernels/pair_sums_probe.py``): that of ``engine``'s kernels
+        by default; a backend with its own kernels or runtime returns its own, or ``None``
+        (the finding then rests on the CPU's flags)."""
+        if self.engine is None or not self.is_available().ok:
+            return None
+        return torch_engine_gemm(self.engine)
+
     def is_default_here(self) -> bool:
         """Whether this backend should be picked when the user names none, on this machine."""
         return platform.machine().lower() in self.preferred_machines
@@ -153,7 +163,8 @@ class BackendPlugin:
         if backend != self.name:
             return []
         compiles = type(self).delegate is not BackendPlugin.delegate  # asked without building it
-        return [*self.check_environment(), cpu_diagnostic(self.arithmetic(), compiles=compiles)]
+        return [*self.check_environment(),
+                cpu_diagnostic(self.arithmetic(), compiles=compiles, gemm=self.int8_gemm())]
 
     @hookimpl
     def qplug_select_default_backend(self, available: list[str]) -> str | None:

@@ -4,19 +4,47 @@ from __future__ import annotations
 
 from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
+from qplug_core.kernels.pair_sums_probe import PAIRS_EXACT, PAIRS_SATURATE, Gemm, probe_pair_sums
 from qplug_core.registry.contract import Diagnostic
 
 
 def cpu_diagnostic(arithmetic: Int8Arithmetic | str, cpu: CpuInt8 | None = None, *,
-                   compiles: bool = False) -> Diagnostic:
+                   compiles: bool = False, gemm: Gemm | None = None) -> Diagnostic:
     """What ``cpu`` (default: this one) means for the accuracy and speed of a backend whose
     kernels have ``arithmetic`` (for ``qplug doctor``; the ``cpu`` line names the CPU itself).
     ``compiles``: the backend compiles partitions (a delegate) rather than lowering per-op kernels,
-    which changes what happens to one that breaks the contract."""
+    which changes what happens to one that breaks the contract. ``gemm``: the backend's own
+    u8 x s8 product, run once on the worst case for int16 pair sums
+    (``kernels/pair_sums_probe.py``) so the finding says what its kernels did, not only what the
+    flags imply; where the two disagree, the finding says so."""
     cpu = cpu_int8() if cpu is None else cpu
     arithmetic = Int8Arithmetic(arithmetic)
     if arithmetic is Int8Arithmetic.INT32:
         return Diagnostic("ok", "its kernels accumulate in int32: full 8-bit operands on any CPU")
+    by_flags = _by_flags(arithmetic, cpu, compiles)
+    if gemm is None:
+        return by_flags
+    measured = probe_pair_sums(gemm)
+    saturating = pair_sums_saturate(arithmetic, cpu)
+    if measured == PAIRS_SATURATE and not saturating:
+        return Diagnostic(
+            "warning", f"{by_flags.message}; but a worst-case probe on its kernels saturated int16 "
+            "pair sums (u8 255 x s8 127): the default 8-bit weights lose accuracy on this machine",
+            hint="set QPLUG_CPU_FLAGS to this CPU's flags without avx512_vnni / avx_vnni, so "
+                 "qplug chooses 7-bit weights where pair sums saturate")
+    if measured == PAIRS_EXACT and saturating:
+        note = ("measured: a worst-case probe on its kernels was exact, so they accumulate in "
+                "int32 on this machine and 7-bit weights are safe here, not needed")
+    elif measured in (PAIRS_EXACT, PAIRS_SATURATE):
+        note = ("measured: a worst-case probe on its kernels "
+                + ("saturated int16 pair sums" if measured == PAIRS_SATURATE else "was exact"))
+    else:
+        note = measured
+    return Diagnostic(by_flags.level, f"{by_flags.message} ({note})", hint=by_flags.hint)
+
+
+def _by_flags(arithmetic: Int8Arithmetic, cpu: CpuInt8, compiles: bool) -> Diagnostic:
+    """The finding the CPU's flags imply for ``arithmetic``."""
     if pair_sums_saturate(arithmetic, cpu):
         broken = ("a compiled partition that still breaks the contract is compiled again with 7-bit "
                   "weights, else runs the reference form (slow)" if compiles else

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from qplug_core.cli.app import app
+from qplug_core.kernels.pair_sums_probe import PAIRS_SATURATE, probe_pair_sums, torch_engine_gemm
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -73,11 +74,18 @@ SLOWER = ("Int8 is at most ~1.9x fp32 per core here, and accuracy targets fall b
      [f"[warning] backend onnxruntime: {WITHOUT_VNNI}", "; a compiled partition that still breaks "
       "the contract is compiled again with 7-bit weights, else runs the reference form (slow). " + SLOWER]),
     ("avx2 avx512f avx512bw avx512_vnni", "AVX-512 + VNNI",
-     ["[ok] backend fbgemm: VNNI on this CPU: full 8-bit operands"],
-     ["[ok] backend onnxruntime: VNNI on this CPU: full 8-bit operands"]),
+     ["[{fbgemm}] backend fbgemm: VNNI on this CPU: full 8-bit operands"],
+     ["[{onnxruntime}] backend onnxruntime: VNNI on this CPU: full 8-bit operands"]),
 ])
 def test_doctor_says_what_the_cpu_means_per_backend(qplug_only, monkeypatch, flags, cpu, fbgemm,
                                                     onnxruntime):
+    """The findings follow the (overridden) flags; each also says what a worst-case probe on the
+    backend's real kernels did on this host, and warns where they saturate against the flags."""
+    from qplug_onnxruntime.probe import matmul_integer
+
+    probes = {"fbgemm": probe_pair_sums(torch_engine_gemm("fbgemm")), "onnxruntime": probe_pair_sums(matmul_integer)}
+    levels = {name: "warning" if result == PAIRS_SATURATE else "ok" for name, result in probes.items()}
+    fbgemm, onnxruntime = ([part.format(**levels) for part in parts] for parts in (fbgemm, onnxruntime))
     qplug_only("qplug-fbgemm", "qplug-qnnpack", "qplug-onnxruntime")
     monkeypatch.setenv("QPLUG_CPU_FLAGS", flags)
     result = runner.invoke(app, ["doctor"])
@@ -85,6 +93,9 @@ def test_doctor_says_what_the_cpu_means_per_backend(qplug_only, monkeypatch, fla
     text = " ".join(result.stdout.split())  # doctor wraps its lines to the terminal's width
     assert f"[ok] cpu: int8: {platform.machine().lower()}: {cpu}" in text
     assert all(part in text for part in fbgemm + onnxruntime)
+    for name, result in probes.items():
+        said = "saturated int16 pair sums" if result == PAIRS_SATURATE else "was exact"
+        assert f"a worst-case probe on its kernels {said}" in text.split(f"backend {name}: ")[-1]
     assert "[ok] backend qnnpack: its kernels accumulate in int32" in text
 
 

@@ -43,6 +43,7 @@ from qplug_core.plugin_api import (
     weight_only_quint8_dtype_config,
 )
 
+from qplug_onnxruntime.probe import matmul_integer
 from qplug_onnxruntime.session import OrtPartition, settings
 from qplug_onnxruntime.support import OrtSupport, partition_to_onnx
 from qplug_onnxruntime.weight_only import MatMulNBitsKernel
@@ -136,4 +137,5 @@ def qplug_check_environment(backend: str) -> list[Diagnostic]:
     import onnxruntime
 
     return [Diagnostic("ok", f"onnxruntime {onnxruntime.__version__}, providers "
-                             f"{onnxruntime.get_available_providers()}"), cpu_diagnostic(ARITHMETIC, compiles=True)]
+                             f"{onnxruntime.get_available_providers()}"),
+            cpu_diagnostic(ARITHMETIC, compiles=True, gemm=matmul_integer)]

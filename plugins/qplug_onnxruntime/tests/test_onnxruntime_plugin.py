@@ -17,7 +17,14 @@ AVX2 = "fpu sse2 avx avx2 fma"  # AMD Zen 3, Intel before Cascade Lake
 VNNI = "avx2 avx512f avx512bw avx512_vnni"  # AMD Zen 4
 
 import qplug_core as qp
-from qplug_core.plugin_api import ConfigValidationError, cpu_int8, override_cpu_flags
+from qplug_core.plugin_api import (
+    PAIRS_EXACT,
+    PAIRS_SATURATE,
+    ConfigValidationError,
+    cpu_int8,
+    override_cpu_flags,
+    probe_pair_sums,
+)
 
 from qplug_onnxruntime import SessionSettings, configure, settings
 from qplug_onnxruntime.session import OrtPartition
@@ -150,6 +157,24 @@ def test_a_file_from_a_vnni_cpu_loaded_without_vnni_is_checked_on_real_sessions(
         with torch.no_grad():
             assert torch.equal(out, ort_model(*x))
     assert qp.sqnr(expected, out) > 30
+
+
+def test_doctor_probes_orts_own_int8_product(qplug_only):
+    """MatMulInteger (MLAS's U8S8 GEMM, as in compiled partitions) on the worst case for int16
+    pair sums, for real on this host: exact with VNNI; the doctor finding says what it did."""
+    from qplug_onnxruntime.probe import matmul_integer
+
+    codes = torch.randint(0, 256, (3, 70), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    weights = torch.randint(-64, 65, (5, 70), dtype=torch.int8, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(matmul_integer(codes, weights).long(), codes.long() @ weights.long().t())  # 7-bit: exact
+    result = probe_pair_sums(matmul_integer)
+    assert result in (PAIRS_EXACT, PAIRS_SATURATE)
+    if cpu_int8().vnni or cpu_int8().amx:
+        assert result == PAIRS_EXACT
+    (result_finding,) = qplug_only().collect("qplug_check_environment", backend="onnxruntime",
+                                             plugin="onnxruntime")
+    said = "saturated int16 pair sums" if result == PAIRS_SATURATE else "was exact"
+    assert f"a worst-case probe on its kernels {said}" in result_finding.value[-1].message
 
 
 def test_deepcopy_builds_its_own_sessions(digits):

@@ -73,6 +73,10 @@ class Target:
     fallback: str = "auto"
     group: str = "role"
     score: str = "auto"
+    #: the worst output channel's cosine over the samples must reach this: 0.5 catches a channel
+    #: lost (rounded away beside a much larger one, which every row's cosine hides), not int8's
+    #: ordinary noise; None leaves it out
+    channel_cosine: float | None = 0.5
 
     def __post_init__(self) -> None:
         if all(v is None for v in (self.cosine, self.min_cosine, self.sqnr, self.metric)):
@@ -84,7 +88,7 @@ class Target:
         if self.metric is not None and not callable(self.metric):
             raise ConfigValidationError("Target.metric must be a function (reference outputs, "
                                         "quantized outputs) -> float", field="metric")
-        for name in ("cosine", "min_cosine"):
+        for name in ("cosine", "min_cosine", "channel_cosine"):
             value = getattr(self, name)
             if value is not None and not -1.0 <= value <= 1.0:
                 raise ConfigValidationError(f"Target.{name} must be in [-1, 1], got {value}",
@@ -98,9 +102,10 @@ class Target:
     def misses(self, s: OutputScore) -> list[str]:
         """Which criteria ``s`` fails, as readable text (empty: the target is met)."""
         checks = [("cosine", self.cosine, s.cosine_mean), ("min_cosine", self.min_cosine, s.cosine_min),
-                  ("sqnr", self.sqnr, s.sqnr_db), ("metric", self.minimum, s.metric)]
+                  ("sqnr", self.sqnr, s.sqnr_db), ("metric", self.minimum, s.metric),
+                  ("channel_cosine", self.channel_cosine, s.channel_cosine_min)]
         return [f"{name} {got:.4g} < {want:.4g}" for name, want, got in checks
-                if want is not None and not got >= want]
+                if want is not None and got is not None and not got >= want]
 
     def ladder(self, backend: Any = None) -> tuple[str, ...]:
         """The fallbacks a layer out of static int8 may take on ``backend``, best first."""

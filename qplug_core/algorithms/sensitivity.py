@@ -46,6 +46,9 @@ class OutputScore:
     metric: float | None = None
     #: embedding scores: fraction of samples whose nearest other sample is unchanged
     neighbours_kept: float | None = None
+    #: the worst output channel's cosine over all samples (and tokens): a channel rounded away
+    #: beside a 1000x larger one leaves every row's cosine at ~1.0 but this at 0
+    channel_cosine_min: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (v if v is None or math.isfinite(v) else str(v)) for k, v in asdict(self).items()}
@@ -122,6 +125,37 @@ def neighbours_kept(want: torch.Tensor, got: torch.Tensor) -> float | None:
     return float((nearest(want) == nearest(got)).double().mean())
 
 
+def _channels(t: torch.Tensor) -> torch.Tensor:
+    """``[rows, channels]``: the channel axis last (axis 1 of an image-like ``[N, C, H, W...]``
+    output, else the last axis), every other axis flattened into rows."""
+    if t.dim() >= 4:
+        t = t.movedim(1, -1)
+    return t.reshape(-1, t.shape[-1]) if t.dim() > 1 else t.reshape(-1, 1)
+
+
+@dataclass
+class _ChannelCosines:
+    """Per output channel: sums of want x got, want^2 and got^2 over every batch."""
+
+    sums: torch.Tensor | None = None
+
+    def add(self, want: torch.Tensor, got: torch.Tensor) -> None:
+        w, g = _channels(want).double(), _channels(got).double()
+        sums = torch.stack([(w * g).sum(0), w.square().sum(0), g.square().sum(0)])
+        self.sums = sums if self.sums is None or self.sums.shape != sums.shape else self.sums + sums
+
+    def worst(self) -> float | None:
+        """The lowest cosine of a channel that float ever makes non-zero (None without one)."""
+        if self.sums is None:
+            return None
+        dot, want, got = self.sums
+        live = want > 0
+        if not bool(live.any()):
+            return None
+        cosines = dot[live] / (want[live].sqrt() * got[live].sqrt()).clamp_min(1e-300)
+        return float(cosines.min())
+
+
 @torch.no_grad()
 def score(qmodel: nn.Module, batches: list[tuple], reference: list[torch.Tensor],
           metric: Any = None, masks: list[torch.Tensor | None] | None = None, *,
@@ -135,7 +169,7 @@ def score(qmodel: nn.Module, batches: list[tuple], reference: list[torch.Tensor]
     from qplug_core.analysis.layers import ErrorStats
 
     masks = masks or [None] * len(batches)
-    stats, cosines, outputs, pooled = ErrorStats(), [], [], ([], [])
+    stats, cosines, outputs, pooled, channels = ErrorStats(), [], [], ([], []), _ChannelCosines()
     for batch, want, mask in zip(batches, reference, masks):
         got = first_tensor(qmodel(*batch)).detach().float()
         outputs.append(got)
@@ -148,10 +182,14 @@ def score(qmodel: nn.Module, batches: list[tuple], reference: list[torch.Tensor]
         else:
             rows_w, rows_g = want_real.reshape(want.shape[0], -1), got_real.reshape(got.shape[0], -1)
         cosines.append(torch.nn.functional.cosine_similarity(rows_w.double(), rows_g.double(), dim=1))
+        if embedding:
+            channels.add(rows_w, rows_g)
+        else:
+            channels.add(want_real, got_real)
     cos = torch.cat(cosines)
     value = float(metric(reference, outputs)) if metric is not None else None
     kept = neighbours_kept(torch.cat(pooled[0]), torch.cat(pooled[1])) if embedding else None
-    return OutputScore(stats.sqnr_db, float(cos.mean()), float(cos.min()), value, kept)
+    return OutputScore(stats.sqnr_db, float(cos.mean()), float(cos.min()), value, kept, channels.worst())
 
 
 def quantized_layers(gm: fx.GraphModule, mapping: QConfigMapping) -> list[str]:

@@ -73,6 +73,10 @@ class Target:
     fallback: str = "auto"
     group: str = "role"
     score: str = "auto"
+    #: the worst output channel's cosine over the samples must reach this: 0.5 catches a channel
+    #: lost (rounded away beside a much larger one, which every row's cosine hides), not int8's
+    #: ordinary noise; None leaves it out
+    channel_cosine: float | None = 0.5
 
     def __post_init__(self) -> None:
         if all(v is None for v in (self.cosine, self.min_cosine, self.sqnr, self.metric)):
@@ -84,7 +88,7 @@ class Target:
         if self.metric is not None and not callable(self.metric):
             raise ConfigValidationError("Target.metric must be a function (reference outputs, "
                                         "quantized outputs) -> float", field="metric")
-        for name in ("cosine", "min_cosine"):
+        for name in ("cosine", "min_cosine", "channel_cosine"):
             value = getattr(self, name)
             if value is not None and not -1.0 <= value <= 1.0:
                 raise ConfigValidationError(f"Target.{name} must be in [-1, 1], got {value}",
@@ -98,9 +102,10 @@ class Target:
     def misses(self, s: OutputScore) -> list[str]:
         """Which criteria ``s`` fails, as readable text (empty: the target is met)."""
         checks = [("cosine", self.cosine, s.cosine_mean), ("min_cosine", self.min_cosine, s.cosine_min),
-                  ("sqnr", self.sqnr, s.sqnr_db), ("metric", self.minimum, s.metric)]
+                  ("sqnr", self.sqnr, s.sqnr_db), ("metric", self.minimum, s.metric),
+                  ("channel_cosine", self.channel_cosine, s.channel_cosine_min)]
         return [f"{name} {got:.4g} < {want:.4g}" for name, want, got in checks
-                if want is not None and not got >= want]
+                if want is not None and got is not None and not got >= want]
 
     def ladder(self, backend: Any = None) -> tuple[str, ...]:
         """The fallbacks a layer out of static int8 may take on ``backend``, best first."""
@@ -232,7 +237,8 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
             m = with_fallback(m, chosen, "dynamic" if fallback == "dynamic" else "float", backend, gm)
         if taken:
             observed = observed_with(gm, sources, m, inputs, batches, backend, options)
-            qmodel = convert_fx(observed, backend=backend, inplace=True)
+            # every layer may be out of static int8 (per-token layers are swapped in after)
+            qmodel = convert_fx(observed, backend=backend, inplace=True, allow_float=True)
         else:
             qmodel = all_int8
         run_per_token(qmodel, [n for n, k in taken.items() if k == "per_token"],
@@ -245,14 +251,17 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         it quantize) becomes float."""
         try:
             return run(taken)
-        except QplugError:
+        except QplugError as error:
             if "dynamic" not in taken.values():
                 raise
+            unbuilt.append(f"{sum(k == 'dynamic' for k in taken.values())} dynamic layer(s) the flow "
+                           f"could not build ({error}) went float")
         for name, kind in taken.items():
             if kind == "dynamic":
                 taken[name] = "float"
         return run(taken)
 
+    unbuilt: list[str] = []  # why a try's dynamic layers became float, for the warning
     qmodel, base, final_mapping = run({})
     result = TargetResult(target, not target.misses(base), base, base, quantizations=0, errors=errors)
     if not result.met:
@@ -262,37 +271,73 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         def group_static(g: list[str]) -> float:
             return sum(static[n] for n in g) / len(g)
 
-        # candidates: the groups worse than the median layer (taking out the rest buys little,
-        # and taking out everything would leave nothing int8), worst first
+        # candidates worst first: the groups worse than the median layer are tried first (taking
+        # out the rest buys little locally); if those are not enough, the others follow, since a
+        # layer's local error does not tell how much later layers amplify it (SwinV2's patch
+        # embedding and cosine attention)
         median = _median(list(static.values()))
-        ranked = sorted((g for g in group_layers(layers, target.group) if group_static(g) > median),
-                        key=lambda g: -group_static(g))
-        k = 1
-        while k <= len(ranked) and not result.met:
+        ranked = sorted(group_layers(layers, target.group), key=lambda g: -group_static(g))
+        worse = sum(1 for g in ranked if group_static(g) > median)
+        for k in _sizes(worse, len(ranked)):
+            if result.met:
+                break
             out = ranked[:k]
             gone = {n for g in out for n in g}
             # a fallback must leave a layer no worse than the worst one staying in static int8
-            bar = max((static[n] for n in layers if n not in gone), default=0.0)
+            # (with none staying, than the median one)
+            bar = max((static[n] for n in layers if n not in gone), default=median)
             # each layer of a group takes its own first rung that passes: one layer of six over
             # the bar need not send the other five to float
             taken = {n: _rung([by_name[n]], ladder, bar) for g in out for n in g}
-            qmodel, result.final, final_mapping = run_with_fallback(taken)
+            if len(taken) == len(layers) and set(taken.values()) == {"float"}:
+                break  # the float model itself: not a quantization (the warning says so)
+            tried = run_with_fallback(taken)
+            if len(taken) == len(layers) and set(taken.values()) == {"float"}:
+                break  # the same once dynamic layers the flow cannot build went float
+            qmodel, result.final, final_mapping = tried
             result.met = not target.misses(result.final)
             result.decisions = [Decision(
                 role_name(sub), tuple(sub), rung,
                 f"local static int8 error {group_static(sub):.2e}; as {rung}: "
                 f"{_group_error([by_name[n] for n in sub], rung):.2e} (worst layer left in "
                 f"static int8: {bar:.2e})") for g in out for rung, sub in _by_rung(g, taken)]
-            k = min(2 * k, len(ranked)) if k < len(ranked) else k + 1
     result.quantizations = count
     if not result.met:
-        warn_user(f"qplug: accuracy target not met even with {len(result.float_layers)} layer(s) "
-                  f"out of static int8: {'; '.join(target.misses(result.final))}")
+        warn_user(_missed(target, result, len(layers), unbuilt[-1:]))
     if strict:  # the same ConfigValidationError as qp.quantize(strict=True) if anything is float
         qmodel = quantize_fused(gm, inputs, batches, backend, final_mapping, progress=progress,
                                 strict=True, prepare_options=options)
     qmodel.meta[TARGET] = result
     return qmodel
+
+
+def _sizes(first: int, total: int) -> list[int]:
+    """How many of the ranked groups each try takes out: doubling up to ``first`` (the groups
+    worse than the median layer), then doubling on to ``total``."""
+    sizes: list[int] = []
+    k = 1
+    while k <= total:
+        sizes.append(k)
+        if k == total:
+            break
+        k = min(2 * k, first) if k < first else min(2 * k, total)
+    return sizes
+
+
+def _missed(target: Target, result: TargetResult, layers: int, unbuilt: list[str]) -> str:
+    """The warning for a target the search could not meet, saying what was left to try."""
+    taken = len(result.float_layers)
+    misses = "; ".join(target.misses(result.final))
+    if taken < layers:
+        why = f" ({unbuilt[0]})" if unbuilt else ""
+        return (f"qplug: accuracy target not met even with {taken} of {layers} layer(s) out of static "
+                f"int8: {misses}; the next step would have left every layer float{why}, which is the "
+                "float model, not a quantization")
+    rungs = sorted({d.fallback for d in result.decisions})
+    return (f"qplug: accuracy target not met with every weighted layer ({layers}) out of static int8 "
+            f"(as {', '.join(rungs)}): {misses}. The rest of the loss is in those fallbacks and in the "
+            "int8 ops without weights (matmuls, adds); qp.compare(float_model, qmodel, data) shows "
+            "where; a qconfig_mapping leaving those ops float goes further")
 
 
 def _by_rung(group: list[str], taken: dict[str, str]) -> list[tuple[str, list[str]]]:

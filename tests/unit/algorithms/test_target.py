@@ -46,6 +46,22 @@ class _OutlierOutput(nn.Module):
         return self.fc2(torch.relu(self.fc1(x))) * self.back
 
 
+class _OutlierChannel(nn.Module):
+    """fc2's output channel 0 is 1000x the rest and stays so: with a per-tensor output grid
+    channels 1-7 round to zero while every row's cosine stays ~1.0 (channel 0 dominates it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+        with torch.no_grad():
+            self.fc2.weight[0] *= 1000.0
+            self.fc2.bias[0] *= 1000.0
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
 def _data(n: int = 4):
     g = torch.Generator().manual_seed(1)
     return [(torch.randn(8, 16, generator=g),) for _ in range(n)]
@@ -184,7 +200,7 @@ class _WithSideOutput(_OutlierInput):
 
 def test_an_unreachable_target_never_takes_out_a_layer_that_buys_nothing():
     data = _data()
-    with pytest.warns(UserWarning, match="not met"):
+    with pytest.warns(UserWarning, match="not met even with 2 of 3 layer.*every layer float"):
         qmodel = qp.quantize(_WithSideOutput().eval(), data[0], data, backend="reference",
                              target=qp.Target(sqnr=200, fallback="float", group="layer"))
     result = qmodel.meta[TARGET]
@@ -295,3 +311,23 @@ def test_an_encoder_is_scored_by_its_pooled_embedding_and_neighbours():
     nearest = [(lambda s: s.fill_diagonal_(-2.0).argmax(1))(e @ e.T)
                for e in (pooled(out), pooled(out + noise.double()))]
     assert got.neighbours_kept == pytest.approx(float((nearest[0] == nearest[1]).double().mean()))
+
+
+def test_a_lost_output_channel_misses_the_target_that_row_cosines_would_meet():
+    data = _data()
+    model = _OutlierChannel().eval()
+    qmodel = qp.quantize(model, data[0], data, backend="reference",
+                         target=qp.Target(cosine=0.999, group="layer"))
+    result = qmodel.meta[TARGET]
+    # all int8: rows agree, channels 1-7 are gone
+    assert result.all_int8.cosine_mean > 0.999 and result.all_int8.channel_cosine_min < 0.5
+    assert result.met and "fc2" in result.float_layers and result.final.channel_cosine_min >= 0.5
+    with torch.no_grad():  # every output channel holds on data the search did not see
+        held = _data(6)[4:]
+        want = torch.cat([model(*b) for b in held])
+        got = torch.cat([qmodel(*b) for b in held])
+    assert torch.nn.functional.cosine_similarity(want, got, dim=0).min() > 0.99
+    # switched off, the row cosine alone is met by the all-int8 model
+    plain = qp.quantize(model, data[0], data, backend="reference",
+                        target=qp.Target(cosine=0.999, group="layer", channel_cosine=None))
+    assert plain.meta[TARGET].met and plain.meta[TARGET].float_layers == []

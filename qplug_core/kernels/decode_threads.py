@@ -7,8 +7,12 @@ them. Measured in a Llama decoder on a 2-core AMD EPYC Zen 4 at load ~7: oneDNN'
 linear took 6-20 ms per call at 2 threads against ~0.05 ms at 1, while fp32's matmuls lost only
 2x (``bench/bench_llm.py``). Where the machine is quiet and the weights large, more threads win;
 so the choice is measured per (kernel, shape, thread count), interleaving the two settings, and
-kept for the process. Only the thread count of the call changes (``torch.set_num_threads`` for
-its duration, restored after).
+measured again every ``REMEASURE_EVERY`` calls, as the load of a shared machine changes. The
+settings are compared by their total time, not their best run: at load ~7 the best of three
+2-thread calls hit a moment the worker was running and chose 2 threads, while the typical
+2-thread call waited milliseconds (a 4-layer W8A8 decode step 299 ms against 195 ms on one
+thread). Only the thread count of the call changes (``torch.set_num_threads`` for its duration,
+restored after).
 """
 
 from __future__ import annotations
@@ -21,22 +25,29 @@ from typing import TypeVar
 import torch
 
 _RUNS = 3
+#: calls of one (key, thread count) between two measurements
+REMEASURE_EVERY = 512
 _cache: dict[tuple[Hashable, int], bool] = {}
+_calls: dict[tuple[Hashable, int], int] = {}
 _lock = threading.Lock()
 T = TypeVar("T")
 
 
 def run_with_fastest_threads(key: Hashable, call: Callable[[], T]) -> T:
     """``call()``, on one thread when that measured faster than ``torch.get_num_threads()``
-    threads for ``key`` (measured on the first calls, with ``call`` itself)."""
+    threads for ``key`` (measured with ``call`` itself on the first call and every
+    ``REMEASURE_EVERY`` calls)."""
     threads = torch.get_num_threads()
     if threads == 1:
         return call()
-    single = _cache.get((key, threads))
-    if single is None:
+    entry = (key, threads)
+    with _lock:
+        calls = _calls[entry] = _calls.get(entry, 0) + 1
+    single = _cache.get(entry)
+    if single is None or calls % REMEASURE_EVERY == 0:
         single = _measure(call, threads)
         with _lock:
-            _cache[(key, threads)] = single
+            _cache[entry] = single
     if not single:
         return call()
     torch.set_num_threads(1)
@@ -47,18 +58,20 @@ def run_with_fastest_threads(key: Hashable, call: Callable[[], T]) -> T:
 
 
 def _measure(call: Callable[[], object], threads: int) -> bool:
-    """Best of a few runs at 1 thread and at ``threads`` threads, interleaved; True if 1 is faster."""
-    best = {1: float("inf"), threads: float("inf")}
+    """Total time of a few runs at 1 thread and at ``threads`` threads, interleaved; True if 1 is
+    faster."""
+    total = {1: 0.0, threads: 0.0}
     try:
-        for _ in range(_RUNS + 1):  # the first round warms both settings up
+        for round_ in range(_RUNS + 1):  # the first round warms both settings up
             for count in (1, threads):
                 torch.set_num_threads(count)
                 start = time.perf_counter()
                 call()
-                best[count] = min(best[count], time.perf_counter() - start)
+                if round_:
+                    total[count] += time.perf_counter() - start
     finally:
         torch.set_num_threads(threads)
-    return best[1] < best[threads]
+    return total[1] < total[threads]
 
 
 def single_thread_choices() -> dict[tuple[Hashable, int], bool]:
@@ -71,3 +84,4 @@ def clear() -> None:
     """Forget the measurements (tests; a process whose CPU share changed)."""
     with _lock:
         _cache.clear()
+        _calls.clear()

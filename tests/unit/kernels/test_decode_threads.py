@@ -1,4 +1,4 @@
-"""The one-thread choice for short decode kernels: measured once per key and thread count, the
+"""The one-thread choice for short decode kernels: measured per key and thread count, again every REMEASURE_EVERY calls, the
 caller's thread count restored after every call (also when the call raises), results unchanged."""
 
 from __future__ import annotations
@@ -36,6 +36,20 @@ def test_the_choice_is_measured_once_and_the_thread_count_restored(two_threads):
     seen.clear()
     decode_threads.run_with_fastest_threads("k", call)
     assert seen == [1 if choices[("k", 2)] else 2] and torch.get_num_threads() == 2
+
+
+def test_the_choice_is_measured_again_as_the_load_changes(two_threads):
+    seen = []
+
+    def call():
+        seen.append(torch.get_num_threads())
+
+    for _ in range(decode_threads.REMEASURE_EVERY - 1):
+        decode_threads.run_with_fastest_threads("k", call)
+    seen.clear()
+    decode_threads.run_with_fastest_threads("k", call)
+    assert sorted(set(seen)) == [1, 2] and len(seen) > 1  # both timed again, then the call
+    assert torch.get_num_threads() == 2
 
 
 @pytest.mark.parametrize("single", [True, False])

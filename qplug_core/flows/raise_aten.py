@@ -139,12 +139,11 @@ def _records_training(gm: fx.GraphModule) -> bool:
 
 
 def remove_inference_noops(gm: fx.GraphModule) -> PassResult:
-    """Remove eval-mode dropout, identity modules and (unless the model trains: QAT) ``detach``
-    (a pass for the symbolic level, in place).
+    """Remove eval-mode dropout and identity modules (a pass for the symbolic level, in place).
 
     They compute nothing at inference; left in the graph they would be reported as float ops.
     """
-    changed = remove_noops(gm, keep_detach=gm.training)
+    changed = remove_noops(gm, keep_torch_calls=True)
     if changed:
         gm.graph.eliminate_dead_code()
         gm.delete_all_unused_submodules()

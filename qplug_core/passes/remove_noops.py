@@ -35,14 +35,19 @@ DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Alph
                    nn.FeatureAlphaDropout)
 
 
-def remove_noops(gm: GraphModule, *, keep_detach: bool = False) -> bool:
+def remove_noops(gm: GraphModule, *, keep_torch_calls: bool = False) -> bool:
     """Remove every no-op node of ``gm`` (its users read its input instead); whether any was.
-    ``keep_detach``: a graph that will be trained (QAT) keeps its ``detach`` calls, which stop
-    gradients there."""
+    ``keep_torch_calls``: leave torch-level function and method calls (``x.detach()``,
+    ``F.dropout(x, training=False)``): at the symbolic level they are patterns the backends
+    match (sharing their input's qparams, as in torch.ao), so prepare keeps them; modules and
+    ATen ops are removed either way."""
     changed = False
     modules = dict(gm.named_modules(remove_duplicate=False))  # one walk, not a lookup per node
     for node in list(gm.graph.nodes):
-        source = None if keep_detach and _is_detach(node) else _noop_input(modules, node)
+        if keep_torch_calls and node.op in ("call_function", "call_method") and not isinstance(
+                node.target, torch._ops.OpOverload):
+            continue
+        source = _noop_input(modules, node)
         if source is not None:
             node.replace_all_uses_with(source)
             gm.graph.erase_node(node)
@@ -65,11 +70,6 @@ def _noop_input(modules: dict[str, nn.Module], node: fx.Node) -> fx.Node | None:
         noop = False
     source = _first_input(node) if noop else None
     return source if isinstance(source, fx.Node) else None
-
-
-def _is_detach(node: fx.Node) -> bool:
-    return (node.op == "call_method" and node.target in _IDENTITY_METHODS) or (
-        node.op == "call_function" and node.target in _IDENTITY_FUNCTIONS and node.target is not aten.alias.default)
 
 
 def _first_input(node: fx.Node) -> Any:

@@ -29,23 +29,6 @@ class _OutlierInput(nn.Module):
         return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
 
-class _OutlierOutput(nn.Module):
-    """fc2's output channel 0 is 1000x the rest and leaves the model scaled back: a calibrated
-    per-tensor output scale crushes the other channels; a float output does not."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
-        with torch.no_grad():
-            self.fc2.weight[0] *= 1000.0
-            self.fc2.bias[0] *= 1000.0
-        self.register_buffer("back", torch.cat([torch.full((1,), 1e-3), torch.ones(7)]))
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x))) * self.back
-
-
 class _OutlierChannel(nn.Module):
     """fc2's output channel 0 is 1000x the rest and stays so: with a per-tensor output grid
     channels 1-7 round to zero while every row's cosine stays ~1.0 (channel 0 dominates it)."""
@@ -60,6 +43,18 @@ class _OutlierChannel(nn.Module):
 
     def forward(self, x):
         return self.fc2(torch.relu(self.fc1(x)))
+
+
+class _OutlierOutput(_OutlierChannel):
+    """fc2's output channel 0 is 1000x the rest and leaves the model scaled back: a calibrated
+    per-tensor output scale crushes the other channels; a float output does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("back", torch.cat([torch.full((1,), 1e-3), torch.ones(7)]))
+
+    def forward(self, x):
+        return super().forward(x) * self.back
 
 
 def _data(n: int = 4):

@@ -13,7 +13,9 @@ together at most ``MAX_ROWS`` GEMM rows per layer are emulated): with the 8-bit 
 this layer's real operands leave int16 (``kernels/pair_sums.py``, in the kernels' K order)? If
 none does, the layer gets 8-bit weights; if some do, it gets them only where its output error
 (rounding plus what saturation takes) is below the 7-bit weights' on the same rows. The decisions
-(layer -> why) are kept in ``GraphModule.meta[WEIGHT_BITS_CHOICE]``.
+(layer -> why) are kept in ``GraphModule.meta[WEIGHT_BITS_CHOICE]``. A backend whose runtime lays
+out operands itself (``pairs_in_torch_order=False``: OpenVINO) pairs other products than the
+emulation, so its layers all keep the 7-bit weights.
 
 7-bit activations and S8S8 are not per-layer choices here: an activation's grid is shared by
 every consumer of the value (not one layer's to change), and FBGEMM takes u8 activations only.
@@ -70,8 +72,11 @@ def converted_weight_ranges(reference: fx.GraphModule) -> dict[str, tuple[int, i
 
 def mark(gm: fx.GraphModule, backend: Any, mode: str, user_mapping: bool) -> None:
     """At prepare: let convert choose weight bits per layer if ``backend``'s defaults are in use
-    and they are 7-bit here only because of int16 pair sums (keeps the 8-bit weight range)."""
+    and they are 7-bit here only because of int16 pair sums (keeps the 8-bit weight range), and
+    its kernels pair products as the emulation does (``backend.pairs_in_torch_order``)."""
     if user_mapping or mode != "static" or not pair_sums_saturate(backend.arithmetic):
+        return
+    if not backend.pairs_in_torch_order:
         return
     with override_cpu_flags(_INT32_CPU):
         mapping = backend.default_qconfig_mapping(mode)

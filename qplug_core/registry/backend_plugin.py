@@ -36,8 +36,10 @@ class BackendPlugin:
     Class attributes a subclass sets: ``name`` (required), ``description``, ``engine`` (the
     ``torch.backends.quantized`` engine its kernels pack weights for, ``None`` if none),
     ``machines`` (CPU architectures it runs on, empty for any), ``preferred_machines`` (where it
-    is the default backend), ``dtype_configs`` (``None``: no shared patterns) and
-    ``int8_arithmetic`` (how its kernels accumulate; ``None``: that of ``engine``'s kernels).
+    is the default backend), ``dtype_configs`` (``None``: no shared patterns),
+    ``int8_arithmetic`` (how its kernels accumulate; ``None``: that of ``engine``'s kernels) and
+    ``pairs_in_torch_order`` (False where the runtime picks its own operand layouts, see
+    :class:`~qplug_core.registry.contract.BackendSpec`).
     """
 
     name: ClassVar[str]
@@ -47,6 +49,7 @@ class BackendPlugin:
     preferred_machines: ClassVar[tuple[str, ...]] = ()
     dtype_configs: ClassVar[DTypeConfigSet | None] = DTypeConfigSet()
     int8_arithmetic: ClassVar[Int8Arithmetic | None] = None
+    pairs_in_torch_order: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -130,7 +133,8 @@ class BackendPlugin:
     @hookimpl
     def qplug_register_backends(self) -> list[BackendSpec]:
         return [BackendSpec(self.name, self.description, engine=self.engine,
-                            is_available=self.is_available, arithmetic=self.arithmetic())]
+                            is_available=self.is_available, arithmetic=self.arithmetic(),
+                            pairs_in_torch_order=self.pairs_in_torch_order)]
 
     @hookimpl
     def qplug_backend_pattern_configs(self, backend: str) -> list[BackendPatternConfig]:

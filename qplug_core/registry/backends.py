@@ -88,6 +88,11 @@ class Backend:
         """How the kernels accumulate int8 products (decides which qparams are safe on this CPU)."""
         return self.spec.arithmetic or engine_arithmetic(self.engine)
 
+    @property
+    def pairs_in_torch_order(self) -> bool:
+        """Whether the core's emulation of the kernels' int16 pair sums holds (see BackendSpec)."""
+        return self.spec.pairs_in_torch_order
+
     def availability(self) -> Availability:
         try:
             return self.spec.is_available()

@@ -66,7 +66,12 @@ class BackendSpec:
     ``engine`` is the ``torch.backends.quantized`` engine its kernels pack weights for (``None`` for
     backends that need no engine, like ``reference``); ``arithmetic`` how its kernels accumulate
     int8 products (``None``: as ``engine``'s kernels do), from which the core derives safe qparams
-    and warns about a user qconfig that would saturate on this CPU.
+    and warns about a user qconfig that would saturate on this CPU. ``pairs_in_torch_order``: the
+    kernels add the products of adjacent K in PyTorch's order (a linear's ``in_features``, a conv's
+    packing as in ``kernels/pair_sums.py``), so the core's emulation of their int16 pair sums holds
+    and convert may give a layer 8-bit weights where it finds them safe; False for a runtime that
+    lays operands out itself (OpenVINO's blocked layouts pair other products): 7-bit weights for
+    every layer on CPUs without VNNI.
     """
 
     name: str
@@ -74,6 +79,7 @@ class BackendSpec:
     engine: str | None = None
     is_available: Callable[[], Availability] = field(default=always_available, compare=False)
     arithmetic: Int8Arithmetic | None = None
+    pairs_in_torch_order: bool = True
 
 
 DIAGNOSTIC_LEVELS = ("ok", "warning", "error")

@@ -6,7 +6,8 @@ compiles it for OpenVINO's CPU plugin, whose low-precision transformations turn 
 DequantizeLinear -> op -> QuantizeLinear group into an int8 oneDNN primitive with qplug's own
 scales and zero points (nothing is calibrated again). The dtype configs say what those kernels
 take: quint8 activations, symmetric per-channel qint8 weights. Without VNNI, oneDNN's u8 x s8
-pair sums saturate at int16, so weights are kept in 7 bits there (what NNCF's overflow fix does).
+pair sums saturate at int16, so weights are kept in 7 bits there (what NNCF's overflow fix does),
+in every layer.
 Static only: the dynamic mapping is ``None`` (no dynamic int8 op in OpenVINO's ONNX path).
 """
 
@@ -56,6 +57,11 @@ class OpenVinoPlugin(BackendPlugin):
     description = "int8 partitions compiled into OpenVINO CPU models (ONNX QDQ, oneDNN)"
     #: oneDNN's u8 x s8 kernels sum pairs with vpmaddubsw (int16, saturating) without VNNI
     int8_arithmetic = Int8Arithmetic.U8S8_INT16_PAIRS_WITHOUT_VNNI
+    #: OpenVINO picks blocked/channels-last layouts (a linear after a flatten reads its input in
+    #: the conv's layout), so the core cannot tell which products share a pair: with its AVX2
+    #: kernels a digits-CNN linear given 8-bit weights by the per-layer choice was up to 11 output
+    #: steps off on held-out inputs; 7-bit weights everywhere match the reference form exactly
+    pairs_in_torch_order = False
     dtype_configs = DTypeConfigSet(
         weighted_op=(weighted_op_dtype_config,), default_op=(default_op_quint8_dtype_config,),
         dynamic=(), embedding=(weight_only_quint8_dtype_config,),

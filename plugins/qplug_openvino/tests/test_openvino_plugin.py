@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -74,6 +75,38 @@ def test_cpu_decides_weight_range_and_doctor_finding(qplug_only, flags, weight_r
     assert (weight.quant_min, weight.quant_max) == weight_range and weight.ch_axis == 0
     assert (activation.dtype, activation.quant_min, activation.quant_max) == (torch.quint8, 0, 255)
     assert [d.level for d in result.value] == levels
+
+
+_HELD_TO_AVX2 = """
+import sys, warnings, torch
+sys.path.insert(0, sys.argv[1])
+from ov_testkit import inputs, quantized_pair
+import qplug_core as qp
+from qplug_core.plugin_api import override_cpu_flags
+warnings.simplefilter("ignore")
+with override_cpu_flags("fpu sse2 avx avx2 fma"):
+    _, ov_model, reference = quantized_pair("digits_cnn")
+bits = sorted({m.weight_qparams.quant_max for m in reference.modules() if hasattr(m, "weight_qparams")})
+step = float(reference.fc_dequantize_7.scale)
+with torch.no_grad():
+    worst = max(float((ov_model(*x) - reference(*x)).abs().max()) / step
+                for x in (inputs("digits_cnn", seed=s, batch=3) for s in range(5, 25)))
+print(bits, worst)
+"""
+
+
+def test_held_out_inputs_match_the_reference_form_on_openvinos_avx2_kernels():
+    # OpenVINO's kernels held to AVX2 (as on a CPU without VNNI: int16 pair sums) with the
+    # decisions of such a CPU. OpenVINO lays operands out itself, so the per-layer 8-bit choice,
+    # which emulates pairs in PyTorch's order, must not apply: with it, the linear after the
+    # flatten got 8-bit weights and held-out outputs were up to 11 steps off
+    probe = subprocess.run([sys.executable, "-c", _HELD_TO_AVX2, str(Path(__file__).parent)],
+                           capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert probe.returncode == 0, probe.stderr
+    bits, worst = probe.stdout.rsplit("]", 1)
+    assert bits + "]" == "[64]"  # every layer's weights in 7 bits
+    assert float(worst) <= 1.001
 
 
 def test_no_dynamic_mode():

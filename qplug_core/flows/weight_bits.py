@@ -74,9 +74,8 @@ def mark(gm: fx.GraphModule, backend: Any, mode: str, user_mapping: bool) -> Non
     """At prepare: let convert choose weight bits per layer if ``backend``'s defaults are in use
     and they are 7-bit here only because of int16 pair sums (keeps the 8-bit weight range), and
     its kernels pair products as the emulation does (``backend.pairs_in_torch_order``)."""
-    if user_mapping or mode != "static" or not pair_sums_saturate(backend.arithmetic):
-        return
-    if not backend.pairs_in_torch_order:
+    if (user_mapping or mode != "static" or not backend.pairs_in_torch_order
+            or not pair_sums_saturate(backend.arithmetic)):
         return
     with override_cpu_flags(_INT32_CPU):
         mapping = backend.default_qconfig_mapping(mode)

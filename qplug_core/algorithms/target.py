@@ -39,7 +39,7 @@ from qplug_core.algorithms.sensitivity import (
     with_fallback,
 )
 from qplug_core.config import QConfigMapping
-from qplug_core.errors import ConfigValidationError, QplugError, warn_user
+from qplug_core.errors import ConfigValidationError, warn_user
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import TARGET
 from qplug_core.flows.weight_bits import converted_weight_ranges
@@ -246,22 +246,6 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         return qmodel, score(qmodel, evaluation, reference, target.metric, masks,
                              embedding=embedding), m
 
-    def run_with_fallback(taken: dict[str, str]) -> tuple[fx.GraphModule, OutputScore, QConfigMapping]:
-        """A dynamic linear the flow cannot build (fed by a tensor that static int8 ops around
-        it quantize) becomes float."""
-        try:
-            return run(taken)
-        except QplugError as error:
-            if "dynamic" not in taken.values():
-                raise
-            unbuilt.append(f"{sum(k == 'dynamic' for k in taken.values())} dynamic layer(s) the flow "
-                           f"could not build ({error}) went float")
-        for name, kind in taken.items():
-            if kind == "dynamic":
-                taken[name] = "float"
-        return run(taken)
-
-    unbuilt: list[str] = []  # why a try's dynamic layers became float, for the warning
     qmodel, base, final_mapping = run({})
     result = TargetResult(target, not target.misses(base), base, base, quantizations=0, errors=errors)
     if not result.met:
@@ -291,10 +275,7 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
             taken = {n: _rung([by_name[n]], ladder, bar) for g in out for n in g}
             if len(taken) == len(layers) and set(taken.values()) == {"float"}:
                 break  # the float model itself: not a quantization (the warning says so)
-            tried = run_with_fallback(taken)
-            if len(taken) == len(layers) and set(taken.values()) == {"float"}:
-                break  # the same once dynamic layers the flow cannot build went float
-            qmodel, result.final, final_mapping = tried
+            qmodel, result.final, final_mapping = run(taken)
             result.met = not target.misses(result.final)
             result.decisions = [Decision(
                 role_name(sub), tuple(sub), rung,
@@ -303,7 +284,7 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                 f"static int8: {bar:.2e})") for g in out for rung, sub in _by_rung(g, taken)]
     result.quantizations = count
     if not result.met:
-        warn_user(_missed(target, result, len(layers), unbuilt[-1:]))
+        warn_user(_missed(target, result, len(layers)))
     if strict:  # the same ConfigValidationError as qp.quantize(strict=True) if anything is float
         qmodel = quantize_fused(gm, inputs, batches, backend, final_mapping, progress=progress,
                                 strict=True, prepare_options=options)
@@ -324,14 +305,13 @@ def _sizes(first: int, total: int) -> list[int]:
     return sizes
 
 
-def _missed(target: Target, result: TargetResult, layers: int, unbuilt: list[str]) -> str:
+def _missed(target: Target, result: TargetResult, layers: int) -> str:
     """The warning for a target the search could not meet, saying what was left to try."""
     taken = len(result.float_layers)
     misses = "; ".join(target.misses(result.final))
     if taken < layers:
-        why = f" ({unbuilt[0]})" if unbuilt else ""
         return (f"qplug: accuracy target not met even with {taken} of {layers} layer(s) out of static "
-                f"int8: {misses}; the next step would have left every layer float{why}, which is the "
+                f"int8: {misses}; the next step would have left every layer float, which is the "
                 "float model, not a quantization")
     rungs = sorted({d.fallback for d in result.decisions})
     return (f"qplug: accuracy target not met with every weighted layer ({layers}) out of static int8 "

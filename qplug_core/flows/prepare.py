@@ -38,6 +38,8 @@ class ObserverInserter:
         # a dynamic region must not reuse a static observer of the same value (nor the reverse):
         # its kernel quantizes at run time and has no calibrated output scale
         self.dynamic_observer_of: dict[fx.Node, fx.Node] = {}
+        # value -> the output observer that took over its every use (its consumers read that)
+        self.standing_for: dict[fx.Node, fx.Node] = {}
         self.count = 0
         self.build = ObserverCopies()  # each observer equal to calling its factory, cheaper
 
@@ -57,18 +59,33 @@ class ObserverInserter:
             self._share_input_observer(region)
             return
         if _observes_inputs(region):
-            cache = self.dynamic_observer_of if region.is_dynamic else self.observer_of
             for value in region.inputs:
-                observer = cache.get(value) or self._new_observer(
-                    value, self.build(region.qconfig.activation), "input", reroute=False,
-                    dynamic=region.is_dynamic)
+                read = self._read_by_consumers(value)
+                observer = self._input_observer(region, value, read)
                 for member in region.match.nodes:
-                    member.replace_input_with(value, observer)
+                    member.replace_input_with(read, observer)
         if clamp is not None:  # observe the clamped value: the clamp becomes the output range
             clamp.meta[FOLDED_CLAMP] = clamp_bounds(clamp, modules)
             self._new_observer(clamp, self._output_observer(region), "output", reroute=True)
         elif region.quantizes_output:
             self._new_observer(region.anchor, self._output_observer(region), "output", reroute=True)
+
+    def _read_by_consumers(self, value: fx.Node) -> fx.Node:
+        """The node a consumer of ``value`` now reads: the output observer that took over every
+        use of ``value`` (a static int8 producer's), else ``value`` itself."""
+        return self.standing_for.get(value, value)
+
+    def _input_observer(self, region: Region, value: fx.Node, read: fx.Node) -> fx.Node:
+        """The observer ``region`` reads for its input ``value`` (``read``: what it reads now).
+
+        A static region shares the value's one static observer. A dynamic region observes what
+        it reads: behind a static producer that is the producer's output observer (the int8
+        output, dequantized), so the dynamic observer sits after it and the region reads it."""
+        if region.is_dynamic:
+            return self.dynamic_observer_of.get(read) or self._new_observer(
+                read, self.build(region.qconfig.activation), "input", reroute=False, dynamic=True)
+        return self.observer_of.get(value) or self._new_observer(
+            value, self.build(region.qconfig.activation), "input", reroute=False)
 
     def _share_input_observer(self, region: Region) -> None:
         source = region.inputs[0] if region.inputs else None
@@ -107,6 +124,7 @@ class ObserverInserter:
         node.meta.update({k: v for k, v in value.meta.items() if k in (VALUE_KIND, "nn_module_stack")})
         if reroute:
             value.replace_all_uses_with(node, delete_user_cb=lambda user: user is not node)
+            self.standing_for[value] = node
         (self.dynamic_observer_of if dynamic else self.observer_of)[value] = node
         return node
 

@@ -99,6 +99,27 @@ def test_dynamic_fallback_keeps_int8_weights_with_a_float_output():
     assert "fc2" in qp.quantization_report(qmodel).quantized  # still int8 weights, run dynamically
 
 
+def test_a_dynamic_fallback_behind_a_static_layer_runs_its_dynamic_kernel(plugin_autoload):
+    """fc2 reads static fc1's int8 output: its dynamic kernel lowers (it used to fail to and
+    quietly go float)."""
+    from qplug_core.kernels import torch_int8 as K
+
+    data = _data()
+    model = _OutlierOutput().eval()
+    qmodel = qp.quantize(model, data[0], data, backend="fbgemm",
+                         target=qp.Target(cosine=0.999, group="layer", fallback="dynamic"))
+    result = qmodel.meta[TARGET]
+    assert result.met and [(d.layers, d.fallback) for d in result.decisions] == [(("fc2",), "dynamic")]
+    assert type(qmodel.fc2) is K.DynamicLinear
+    report = qp.quantization_report(qmodel)
+    assert "fc2" in report.kernels and "fc2" not in {s.node for s in report.skipped}
+    with torch.no_grad():
+        held = _data(6)[4:]
+        want = torch.cat([model(*b) for b in held])
+        got = torch.cat([qmodel(*b) for b in held])
+    assert torch.nn.functional.cosine_similarity(want, got, dim=1).mean() > 0.999
+
+
 def test_user_metric_and_an_unreachable_target_warns():
     data = _data()
 

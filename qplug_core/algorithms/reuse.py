@@ -4,8 +4,9 @@ A target search tries a few mappings (some layers out of static int8) on the sam
 The values every mapping observes are the same nodes with the same names, so an observer
 calibrated under one mapping holds the statistics another mapping's observer of the same value
 would collect: the candidate is prepared, its observers are copied from the calibrated model,
-and it is converted without running calibration again. An observer with no like counterpart
-(another dtype, range or observer class) makes the candidate calibrate as usual.
+and it is converted without running calibration again (dynamic observers have nothing to copy).
+A static observer with no like counterpart (another dtype, range or observer class) makes the
+candidate calibrate as usual.
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ from qplug_core.flows.prepare import is_observer_module
 
 __all__ = ["calibrated_observers", "observed_with"]
 
-_SAME = ("dtype", "quant_min", "quant_max", "qscheme", "ch_axis", "reduce_range", "is_dynamic")
+_SAME = ("dtype", "quant_min", "quant_max", "qscheme", "ch_axis", "reduce_range")
 
 
 def _observers(gm: fx.GraphModule) -> dict[str, str]:
-    """observed value's name -> observer module target, for each observer module's first use."""
+    """observed value's name -> observer module target, for each static observer module's first
+    use. A dynamic observer holds no statistics (its kernel measures each batch): there is
+    nothing to copy, and a static observer of the same value is not its like."""
     found: dict[str, str] = {}
     seen: set[str] = set()
     for node in gm.graph.nodes:
         if node.op != "call_module" or node.target in seen or not node.args:
             continue
-        if is_observer_module(gm.get_submodule(node.target)) and isinstance(node.args[0], fx.Node):
+        module = gm.get_submodule(node.target)
+        if is_observer_module(module) and not getattr(module, "is_dynamic", False) \
+                and isinstance(node.args[0], fx.Node):
             seen.add(node.target)
             found.setdefault(node.args[0].name, node.target)
     return found

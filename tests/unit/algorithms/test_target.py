@@ -269,6 +269,64 @@ def test_a_rung_whose_local_error_stays_high_is_skipped_for_float(monkeypatch):
     assert errors["fc1"]["dynamic"] > errors["fc2"]["static"]
 
 
+class _HeavyTailedOutlierOutput(_OutlierOutput):
+    """fc2 reads fc1's output cubed (heavy tails: a per-batch grid rounds its small values), so
+    fc2's local error as dynamic is above fc1's as static int8, yet well under its own static
+    error (its output channel 0 crushes the others on a per-tensor output grid)."""
+
+    def forward(self, x):
+        h = self.fc1(x)
+        return self.fc2(h * h * h) * self.back
+
+
+def test_a_layer_takes_the_cheaper_rung_when_that_meets_the_target(monkeypatch):
+    """fc2 as dynamic is worse locally than static fc1, but the model meets the target with it:
+    it stays dynamic (a search comparing it with the static layers sent it to float)."""
+    from qplug_core.algorithms import fallbacks
+
+    monkeypatch.setattr(fallbacks, "cpu_has_vnni", lambda: False)  # ladder (dynamic, float)
+    data = _data()
+    model = _HeavyTailedOutlierOutput().eval()
+    qmodel = qp.quantize(model, data[0], data, backend="reference",
+                         target=qp.Target(cosine=0.999, group="layer"))
+    result = qmodel.meta[TARGET]
+    errors = {e.name: e.errors for e in result.errors}
+    assert errors["fc2"]["dynamic"] > errors["fc1"]["static"]
+    assert result.met and [(d.layers, d.fallback) for d in result.decisions] == [(("fc2",), "dynamic")]
+    assert result.quantizations == 2
+    with torch.no_grad():
+        held = _data(6)[4:]
+        want = torch.cat([model(*b) for b in held])
+        got = torch.cat([qmodel(*b) for b in held])
+    # on data the search never saw: within a little of the target (0.9994 on the search's data)
+    assert torch.nn.functional.cosine_similarity(want, got, dim=1).mean() > 0.998
+
+
+def test_missed_with_every_layer_out_the_worst_fallback_moves_to_float(monkeypatch):
+    """cosine 0.9999: fc2 and fc1 both dynamic miss it; fc2, the worst fallback, goes float and
+    fc1 stays dynamic."""
+    from qplug_core.algorithms import fallbacks
+
+    monkeypatch.setattr(fallbacks, "cpu_has_vnni", lambda: False)
+    data = _data()
+    model = _HeavyTailedOutlierOutput().eval()
+    qmodel = qp.quantize(model, data[0], data, backend="reference",
+                         target=qp.Target(cosine=0.9999, group="layer"))
+    result = qmodel.meta[TARGET]
+    assert result.met
+    assert [(d.layers, d.fallback) for d in result.decisions] == [(("fc2",), "float"),
+                                                                  (("fc1",), "dynamic")]
+    assert "as dynamic" in result.decisions[0].reason and "missed" in result.decisions[0].reason
+    # fc2 dynamic; fc2 and fc1 dynamic; fc2 moved to float: three tries after the all-int8 one
+    assert result.quantizations == 4
+    assert qp.quantization_report(qmodel).skipped and "fc1" in qp.quantization_report(qmodel).quantized
+    with torch.no_grad():
+        held = _data(6)[4:]
+        want = torch.cat([model(*b) for b in held])
+        got = torch.cat([qmodel(*b) for b in held])
+    assert torch.nn.functional.cosine_similarity(want, got, dim=1).mean() > 0.9999
+
+
 def test_the_search_calibrates_once_and_reuses_the_observers(monkeypatch):
     from qplug_core.flows import steps as flows
 

@@ -62,6 +62,18 @@ def _data(n: int = 4):
     return [(torch.randn(8, 16, generator=g),) for _ in range(n)]
 
 
+@torch.no_grad()
+def _held_out(model: nn.Module, qmodel: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float, quantized) outputs on two batches the search never saw."""
+    held = _data(6)[4:]
+    return torch.cat([model(*b) for b in held]), torch.cat([qmodel(*b) for b in held])
+
+
+def _held_out_cosine(model: nn.Module, qmodel: nn.Module) -> float:
+    """Mean per-sample cosine to float on the held-out batches."""
+    return float(torch.nn.functional.cosine_similarity(*_held_out(model, qmodel), dim=1).mean())
+
+
 def test_sensitivity_names_the_layer_that_hurts():
     data = _data()
     report = qp.sensitivity(_OutlierInput().eval(), data[0], data, backend="reference")
@@ -83,10 +95,7 @@ def test_target_keeps_exactly_the_sensitive_layer_float():
     assert "local static int8 error" in result.decisions[0].reason
     assert result.quantizations == 2  # all int8, then fc1 out: one calibration for both
     assert set(qp.quantization_report(qmodel).quantized) == {"fc2", "fc3"}
-    with torch.no_grad():  # the figure holds on data the search did not see
-        held = _data(6)[4:]
-        want = torch.cat([model(*b) for b in held])
-        assert qp.sqnr(want, torch.cat([qmodel(*b) for b in held])) > 25
+    assert qp.sqnr(*_held_out(model, qmodel)) > 25  # the figure holds on data the search did not see
 
 
 def test_dynamic_fallback_keeps_int8_weights_with_a_float_output():
@@ -113,11 +122,7 @@ def test_a_dynamic_fallback_behind_a_static_layer_runs_its_dynamic_kernel(plugin
     assert type(qmodel.fc2) is K.DynamicLinear
     report = qp.quantization_report(qmodel)
     assert "fc2" in report.kernels and "fc2" not in {s.node for s in report.skipped}
-    with torch.no_grad():
-        held = _data(6)[4:]
-        want = torch.cat([model(*b) for b in held])
-        got = torch.cat([qmodel(*b) for b in held])
-    assert torch.nn.functional.cosine_similarity(want, got, dim=1).mean() > 0.999
+    assert _held_out_cosine(model, qmodel) > 0.999
 
 
 def test_user_metric_and_an_unreachable_target_warns():
@@ -247,11 +252,7 @@ def test_the_fallback_ladder_follows_the_cpu(tmp_path, flags, expected):
     assert type(loaded.get_submodule("fc2")) is type(qmodel.get_submodule("fc2"))
     with torch.no_grad():
         torch.testing.assert_close(loaded(*data[0]), qmodel(*data[0]), rtol=0, atol=0)
-    with torch.no_grad():
-        held = _data(6)[4:]
-        want = torch.cat([model(*b) for b in held])
-        got = torch.cat([qmodel(*b) for b in held])
-    assert torch.nn.functional.cosine_similarity(want, got, dim=1).mean() > 0.999
+    assert _held_out_cosine(model, qmodel) > 0.999
 
 
 def test_a_rung_whose_local_error_stays_high_is_skipped_for_float(monkeypatch):
@@ -294,12 +295,8 @@ def test_a_layer_takes_the_cheaper_rung_when_that_meets_the_target(monkeypatch):
     assert errors["fc2"]["dynamic"] > errors["fc1"]["static"]
     assert result.met and [(d.layers, d.fallback) for d in result.decisions] == [(("fc2",), "dynamic")]
     assert result.quantizations == 2
-    with torch.no_grad():
-        held = _data(6)[4:]
-        want = torch.cat([model(*b) for b in held])
-        got = torch.cat([qmodel(*b) for b in held])
     # on data the search never saw: within a little of the target (0.9994 on the search's data)
-    assert torch.nn.functional.cosine_similarity(want, got, dim=1).mean() > 0.998
+    assert _held_out_cosine(model, qmodel) > 0.998
 
 
 def test_missed_with_every_layer_out_the_worst_fallback_moves_to_float(monkeypatch):
@@ -320,11 +317,7 @@ def test_missed_with_every_layer_out_the_worst_fallback_moves_to_float(monkeypat
     # fc2 dynamic; fc2 and fc1 dynamic; fc2 moved to float: three tries after the all-int8 one
     assert result.quantizations == 4
     assert qp.quantization_report(qmodel).skipped and "fc1" in qp.quantization_report(qmodel).quantized
-    with torch.no_grad():
-        held = _data(6)[4:]
-        want = torch.cat([model(*b) for b in held])
-        got = torch.cat([qmodel(*b) for b in held])
-    assert torch.nn.functional.cosine_similarity(want, got, dim=1).mean() > 0.9999
+    assert _held_out_cosine(model, qmodel) > 0.9999
 
 
 def test_the_search_calibrates_once_and_reuses_the_observers(monkeypatch):
@@ -396,11 +389,8 @@ def test_a_lost_output_channel_misses_the_target_that_row_cosines_would_meet():
     # all int8: rows agree, channels 1-7 are gone
     assert result.all_int8.cosine_mean > 0.999 and result.all_int8.channel_cosine_min < 0.5
     assert result.met and "fc2" in result.float_layers and result.final.channel_cosine_min >= 0.5
-    with torch.no_grad():  # every output channel holds on data the search did not see
-        held = _data(6)[4:]
-        want = torch.cat([model(*b) for b in held])
-        got = torch.cat([qmodel(*b) for b in held])
-    assert torch.nn.functional.cosine_similarity(want, got, dim=0).min() > 0.99
+    # every output channel holds on data the search did not see
+    assert torch.nn.functional.cosine_similarity(*_held_out(model, qmodel), dim=0).min() > 0.99
     # switched off, the row cosine alone is met by the all-int8 model
     plain = qp.quantize(model, data[0], data, backend="reference",
                         target=qp.Target(cosine=0.999, group="layer", channel_cosine=None))

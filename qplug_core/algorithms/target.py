@@ -5,13 +5,14 @@ ONCE; the all-int8 model is converted and scored. If it misses the target, one p
 model over the evaluation data measures every weighted layer's local error under static int8 and
 under each fallback (:mod:`.layer_errors`, using the calibrated observers), layers (or role groups,
 see :mod:`.sensitivity`) are ranked by that error, and the worst 1, 2, 4, ... groups are taken out
-until the converted model meets the target. Each try reuses the calibrated observers
+(and their layers moved down the fallback ladder, :mod:`.descent`) until the converted model meets
+the target. Each try reuses the calibrated observers
 (:mod:`.reuse`): prepare and convert, no calibration.
 
 "Taken out" means the cheapest rung of this CPU's fallback ladder (:mod:`.fallbacks`: per-token
-dynamic where the CPU has VNNI, per-tensor dynamic, float) that pays (:mod:`.descent`), chosen layer
-by layer within a group; only if the target is missed with every group out do the worst fallbacks
-move down the ladder, a few at a time, toward float. ``fallback="float"``, ``"dynamic"`` or
+dynamic where the CPU has VNNI, per-tensor dynamic, float) that pays, chosen layer by layer within
+a group; only while the target is missed with those groups out do the worst fallbacks move down
+the ladder, a few at a time, toward float. ``fallback="float"``, ``"dynamic"`` or
 ``"per_token"`` forces the first rung. For a sentence encoder (token states beside an
 ``attention_mask``) the cosines are those of the embedding its users compare (mean-pooled over
 the mask, L2-normalised) and the result reports nearest-neighbour agreement. The decisions are in ``qmodel.meta["qplug_target"]``.
@@ -26,7 +27,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from qplug_core.algorithms.descent import first_rung, group_error, move_down, worst_first
+from qplug_core.algorithms.descent import group_error, median, search
 from qplug_core.algorithms.fallbacks import fallback_ladder, run_per_token
 from qplug_core.algorithms.layer_errors import LayerError, layer_errors
 from qplug_core.algorithms.sensitivity import (
@@ -177,11 +178,6 @@ def _scored_ancestors(gm: fx.GraphModule) -> set[str]:
     return seen
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2] if ordered else 0.0
-
-
 def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend: Any,
                 mapping: QConfigMapping, target: Target, *, progress: bool | None = None,
                 strict: bool = False, prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
@@ -246,46 +242,23 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         def group_static(g: list[str]) -> float:
             return sum(static[n] for n in g) / len(g)
 
-        def attempt(out: list[list[str]], taken: dict[str, str]) -> bool:
-            """Convert and score ``taken``; False for the float model (not a quantization)."""
+        def attempt(out: list[list[str]], taken: dict[str, str], first: dict[str, str]) -> bool | None:
+            """Convert and score ``taken``: whether it meets the target (None: not tried, it is
+            the float model, not a quantization)."""
             nonlocal qmodel, final_mapping
             if len(taken) == len(layers) and set(taken.values()) == {"float"}:
-                return False
+                return None
             qmodel, result.final, final_mapping = run(taken)
             result.met = not target.misses(result.final)
             result.decisions = _decisions(out, taken, first, by_name, group_static)
-            return True
+            return result.met
 
-        # phase 1, which layers: candidates worst first, each layer on its cheapest useful rung.
-        # The groups worse than the median layer are tried first (taking out the rest buys little
+        # the groups worse than the median layer go first (taking out the rest buys little
         # locally); if those are not enough, the others follow, since a layer's local error does
         # not tell how much later layers amplify it (SwinV2's patch embedding, cosine attention)
-        median = _median(list(static.values()))
+        middle = median(list(static.values()))
         ranked = sorted(group_layers(layers, target.group), key=lambda g: -group_static(g))
-        worse = sum(1 for g in ranked if group_static(g) > median)
-        first: dict[str, str] = {}
-        taken: dict[str, str] = {}
-        tried = True
-        for k in _sizes(worse, len(ranked)):
-            gone = {n for g in ranked[:k] for n in g}
-            kept = max((static[n] for n in layers if n not in gone), default=median)
-            first = {n: first_rung(by_name[n], ladder, kept) for n in gone}
-            taken = dict(first)
-            tried = attempt(ranked[:k], taken)
-            if result.met or not tried:
-                break
-        # phase 2, how: missed with every group out, the worst fallbacks move down the ladder
-        # (1, 2, 4, ... groups a step; all of them a step, then again) until the target is met
-        while tried and not result.met:
-            movable = worst_first(ranked, taken, by_name)
-            if not movable:
-                break
-            for k in _sizes(len(movable), len(movable)):
-                trial = move_down(taken, movable[:k], by_name, ladder)
-                tried = attempt(ranked, trial)
-                if result.met or not tried:
-                    break
-            taken = trial
+        search(ranked, sum(1 for g in ranked if group_static(g) > middle), by_name, ladder, attempt)
     result.quantizations = count
     if not result.met:
         warn_user(_missed(target, result, len(layers)))
@@ -294,19 +267,6 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                                 strict=True, prepare_options=options)
     qmodel.meta[TARGET] = result
     return qmodel
-
-
-def _sizes(first: int, total: int) -> list[int]:
-    """How many of the ranked groups each try takes out: doubling up to ``first`` (the groups
-    worse than the median layer), then doubling on to ``total``."""
-    sizes: list[int] = []
-    k = 1
-    while k <= total:
-        sizes.append(k)
-        if k == total:
-            break
-        k = min(2 * k, first) if k < first else min(2 * k, total)
-    return sizes
 
 
 def _missed(target: Target, result: TargetResult, layers: int) -> str:
@@ -338,8 +298,8 @@ def _decisions(out: list[list[str]], taken: dict[str, str], first: dict[str, str
             reason = (f"local static int8 error {group_static(sub):.2e}; as {rung}: "
                       f"{group_error(errors, taken):.2e}")
             if rung != tried:
-                reason += (f" (as {tried}, {group_error(errors, dict.fromkeys(sub, tried)):.2e}, "
-                           "the target was missed with every group out of static int8)")
+                reason += (f" (moved down: as {tried}, {group_error(errors, dict.fromkeys(sub, tried)):.2e}, "
+                           "the model missed the target)")
             decisions.append(Decision(role_name(sub), tuple(sub), rung, reason))
     return decisions
 

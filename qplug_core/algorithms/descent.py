@@ -97,8 +97,8 @@ def search(ranked: list[list[str]], worse: int, errors: dict[str, LayerError],
     for stage in ([k for k in sizes if k <= worse], [k for k in sizes if k > worse]):
         for k in stage:  # out
             out = ranked[:k]
-            gone = [n for g in out for n in g]
-            kept = max((v for n, v in static.items() if n not in set(gone)), default=middle)
+            gone = dict.fromkeys(n for g in out for n in g)  # ordered, with fast membership
+            kept = max((v for n, v in static.items() if n not in gone), default=middle)
             first.update({n: _first_rung(errors[n], ladder, kept) for n in gone if n not in first})
             taken = {n: taken.get(n, first[n]) for n in gone}
             outcome = attempt(out, taken, first)

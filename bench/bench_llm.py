@@ -9,7 +9,13 @@ bytes (the model's tensors), the RSS each model added when built, the process's 
 logits cosine on the prompt and greedy-token agreement with fp32, and the kernel each layer
 shape got with what every candidate measured.
 
-    python bench/bench_llm.py [--rounds 2] [--layers 12]
+The quantized models run their one-token decode steps on one thread where that measured faster
+(``qplug_core.weight_only.decode_step``); ``--decode-step-ab`` also times each of them with that
+choice switched off (``model.qplug_decode_threads.enabled = False``, "... per call" rows: the
+thread count still chosen per int8 kernel call), in the same interleaved rounds, and prints what
+each model chose.
+
+    python bench/bench_llm.py [--rounds 2] [--layers 12] [--decode-step-ab]
 
 On an AVX2 CPU without VNNI (Zen 3), emulated here: torch's own kernels, MKL (fp32 matmuls),
 fbgemm and oneDNN (W8A8's int8 GEMM) forced to AVX2, and qplug's kernel choices made for an
@@ -60,11 +66,31 @@ def build(layers: int):
     return LlamaForCausalLM(config).eval()
 
 
+def variants(models: dict, prompt: torch.Tensor, settings: dict, ab: bool) -> dict:
+    """name -> a greedy ``generate()``; with ``ab``, each quantized model twice: with its decode-step
+    thread choice and without (" per call")."""
+
+    def generate(model, step_choice: bool):
+        step = getattr(model, "qplug_decode_threads", None)
+        if step is not None:
+            step.enabled = step_choice
+        return model.generate(prompt, **settings)
+
+    out = {}
+    for name, model in models.items():
+        out[name] = lambda m=model: generate(m, True)
+        if ab and hasattr(model, "qplug_decode_threads"):
+            out[f"{name} per call"] = lambda m=model: generate(m, False)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--decode-step-ab", action="store_true",
+                        help="also time each quantized model with its decode-step thread choice off (at 2 threads)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
@@ -104,8 +130,9 @@ def main() -> None:
         print(table(["model", "weights MiB", "RSS added MiB", "logits cos", "tokens equal", "first diff"], rows))
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            samples = interleaved({name: (lambda m=model: m.generate(prompt, **settings))
-                                   for name, model in models.items()}, args.rounds)
+            # at 1 thread the choice does nothing: no A/B
+            samples = interleaved(variants(models, prompt, settings, args.decode_step_ab and threads > 1),
+                                  args.rounds)
             fp32_time = median(samples["fp32"])
             print(f"\n{threads} thread(s), {args.new_tokens} new tokens after a 32-token prompt, "
                   f"median of {args.rounds} interleaved rounds; {machine_line()}")
@@ -113,6 +140,10 @@ def main() -> None:
                         [[name, f"{median(s):.2f}", f"{args.new_tokens / median(s):.1f}",
                           f"{fp32_time / median(s):.2f}"] for name, s in samples.items()]))
     print(f"\npeak RSS of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")
+    for name, model in models.items():
+        step = getattr(model, "qplug_decode_threads", None)
+        if step is not None:
+            print(f"{name} decode steps (threads, batch): {step.summary()}")
     w8a8 = models["w8a8"].qplug_w8a8
     print(f"\nw8a8: GEMM {w8a8.gemm}, {len(w8a8.layers)} int8 linears, {len(w8a8.smoothed)} inputs smoothed "
           f"(strengths {dict(collections.Counter(s.alpha for s in w8a8.smoothed))})")

@@ -10,7 +10,8 @@ layers by module name, kind and shape, and what made them. No code and no class 
 the model is rebuilt by the user (their own class, from its config) and passed to
 ``qp.load(path, model=...)``, which checks every listed name against that model's own modules (a
 table of its ``named_modules()``, never an attribute walk), swaps the quantized layers in, loads
-the float state and picks kernels for this CPU again. Layer kinds map to builders through
+the float state, picks kernels for this CPU again and, for weight-only and W8A8 models, installs the
+decode-step thread choice (:mod:`qplug_core.weight_only.decode_step`). Layer kinds map to builders through
 :data:`_BUILDERS`; an unknown kind is refused.
 """
 
@@ -30,6 +31,7 @@ from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, bes
 from qplug_core.kernels.static_int8 import StaticInt8Linear
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.serialization.files import write_artifact_file
+from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.api import INFO_ATTRIBUTE, WeightOnlyInfo, conv1d_class, linear_weight
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
 from qplug_core.weight_only.selection import available_kernels, choose
@@ -189,6 +191,8 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
         setattr(model, INFO_ATTRIBUTE, info)
     elif isinstance(info, W8A8Info):
         setattr(model, W8A8_ATTRIBUTE, info)
+    if info is not None:
+        decode_step.install(model)
     return model
 
 

@@ -22,6 +22,7 @@ from torch import nn
 from qplug_core.errors import CalibrationError, ConfigValidationError, did_you_mean
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
+from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
@@ -71,7 +72,9 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         installed backend.
     :param kernel: force a kernel by name (``"reference"``, ``"torch-int8pack"``,
         ``"torch-int4pack"``, ``"onnxruntime-matmulnbits"``...) instead of measuring.
-    :return: the quantized copy, with a :class:`WeightOnlyInfo` as ``.qplug_weight_only``.
+    :return: the quantized copy, with a :class:`WeightOnlyInfo` as ``.qplug_weight_only``; a
+        decoder's one-token decode steps run on one thread where that measures faster
+        (:mod:`~qplug_core.weight_only.decode_step`, ``.qplug_decode_threads``).
 
     The model given is never modified.
     """
@@ -103,6 +106,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
             setattr(modules[parent], child, swapped)
             info.layers[name] = "embedding" if isinstance(swapped, WeightOnlyEmbedding) else "linear"
     setattr(qmodel, INFO_ATTRIBUTE, info)
+    decode_step.install(qmodel)
     return qmodel
 
 

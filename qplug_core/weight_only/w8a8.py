@@ -35,6 +35,7 @@ from qplug_core.kernels.per_token import (
 )
 from qplug_core.kernels.static_int8 import StaticInt8Linear, static_activation_qparams
 from qplug_core.registry.backends import resolve_backend
+from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.api import conv1d_class, select_layers
 from qplug_core.weight_only.awq import call_model
 from qplug_core.weight_only.smoothing import Smoothed, smooth
@@ -80,7 +81,9 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
         as the logits are the most sensitive output and a tied head shares the embedding table.
     :param backend: ``None`` (or a backend with kernels) runs the core's integer GEMM picked for
         this CPU; ``"reference"`` simulates the int8 arithmetic with float ops (the oracle).
-    :return: the quantized copy, with a :class:`W8A8Info` as ``.qplug_w8a8``.
+    :return: the quantized copy, with a :class:`W8A8Info` as ``.qplug_w8a8``; a decoder's
+        one-token decode steps run on one thread where that measures faster
+        (:mod:`~qplug_core.weight_only.decode_step`, ``.qplug_decode_threads``).
 
     The model given is never modified.
     """
@@ -126,6 +129,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
                 info.layers[name] = LAYER_KIND
             qmodel.set_submodule(name, swapped)
     setattr(qmodel, W8A8_ATTRIBUTE, info)
+    decode_step.install(qmodel)
     return qmodel
 
 

@@ -64,24 +64,26 @@ def test_hook_qplug_weight_only_kernels():
     assert float((got - expected).norm() / expected.norm()) < TOLERANCE
 
 
-def test_a_thread_count_change_replaces_the_session_instead_of_adding_one():
-    """Each session holds its own packed copy of the weight: one at a time, for the threads in use,
-    and not the serialized model besides."""
+def test_one_thread_keeps_its_session_and_other_counts_replace_theirs():
+    """Each session holds its own packed copy of the weight: at most two, one for one thread (a
+    decoder's decode steps) and one for the latest count above, and not the serialized model besides."""
     g = torch.Generator().manual_seed(3)
     weight = quantize(torch.randn(48, 64, generator=g), WeightOnlyScheme(4, 32, True))
     packed = MatMulNBitsKernel().pack(weight)
     x = torch.randn(2, 64, generator=g)
     before = torch.get_num_threads()
     try:
-        results = []
-        for threads in (1, 2, 1):
+        results, built = [], []
+        for threads, held in ((1, [1]), (2, [1, 2]), (1, [1, 2]), (2, [1, 2]), (3, [1, 3])):
             torch.set_num_threads(threads)
             results.append(MatMulNBitsKernel().run(packed, x, None))
-            sessions = list(packed._sessions.values())
-            assert len(sessions) == 1
-            assert sessions[0].get_session_options().intra_op_num_threads == threads
-            assert getattr(sessions[0], "_model_bytes", None) is None  # no serialized weight kept
+            built.append(packed._sessions[threads])
+            assert sorted(packed._sessions) == held
+            for count, session in packed._sessions.items():
+                assert session.get_session_options().intra_op_num_threads == count
+                assert getattr(session, "_model_bytes", None) is None  # no serialized weight kept
     finally:
         torch.set_num_threads(before)
+    assert built[0] is built[2] and built[1] is built[3]  # switching back builds nothing
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)
-    assert torch.equal(results[0], results[2])
+    assert torch.equal(results[0], results[2]) and torch.equal(results[1], results[3])

@@ -1,5 +1,6 @@
-"""The one-thread choice for short decode kernels: measured per key and thread count, again every REMEASURE_EVERY calls, the
-caller's thread count restored after every call (also when the call raises), results unchanged."""
+"""The one-thread choice for short decode calls: successive calls alternate between the settings and the faster total
+decides (a deterministic timer injected), measured per key and thread count and again every ``remeasure_every`` calls,
+the caller's thread count restored after every call (also when the call raises), results unchanged."""
 
 from __future__ import annotations
 
@@ -21,40 +22,77 @@ def two_threads():
     decode_threads.clear()
 
 
-def test_the_choice_is_measured_once_and_the_thread_count_restored(two_threads):
+class FakeClock:
+    """A timer whose every reading advances by the cost of the current thread count."""
+
+    def __init__(self, cost: dict[int, float]) -> None:
+        self.cost, self.now = cost, 0.0
+
+    def __call__(self) -> float:
+        self.now += self.cost[torch.get_num_threads()]
+        return self.now
+
+
+def run(choice, times: int) -> list[int]:
+    """The thread counts ``times`` calls ran on."""
+    return [choice.run(torch.get_num_threads) for _ in range(times)]
+
+
+def test_successive_calls_alternate_then_the_faster_total_decides(two_threads):
+    clock = FakeClock({1: 1.0, 2: 5.0})
+    choice = decode_threads.ThreadChoice(2, remeasure_every=20, clock=clock)
+    assert run(choice, 8) == [1, 2] * 4 and choice.single is True
+    assert choice.totals == {1: 3.0, 2: 15.0}  # 3 timed calls each: the first pair only warms up
+    assert run(choice, 5) == [1] * 5 and torch.get_num_threads() == 2
+
+
+def test_the_warm_up_pair_does_not_count(two_threads):
+    clock = FakeClock({1: 1.0, 2: 2.0})
+    choice = decode_threads.ThreadChoice(2, clock=clock)
+    clock.cost = {1: 100.0, 2: 2.0}
+    run(choice, 1)  # one thread's first call is slow (cold caches)
+    clock.cost = {1: 1.0, 2: 2.0}
+    run(choice, 7)
+    assert choice.single is True and choice.totals == {1: 3.0, 2: 6.0}
+
+
+def test_the_choice_is_measured_again_as_the_load_changes(two_threads):
+    clock = FakeClock({1: 1.0, 2: 5.0})
+    choice = decode_threads.ThreadChoice(2, remeasure_every=20, clock=clock)
+    run(choice, 19)
+    assert choice.single is True and choice.measurements == 1
+    clock.cost = {1: 5.0, 2: 1.0}  # the machine went quiet
+    assert run(choice, 8) == [1, 2] * 4  # the 20th call starts a new measurement
+    assert choice.single is False and choice.measurements == 2
+    assert run(choice, 3) == [2, 2, 2]
+
+
+def test_the_kernel_choice_is_kept_per_key_and_thread_count(two_threads):
     seen = []
 
     def call():
         seen.append(torch.get_num_threads())
         return len(seen)
 
-    decode_threads.run_with_fastest_threads("k", call)
+    for _ in range(2 * (decode_threads.RUNS + 1)):
+        decode_threads.run_with_fastest_threads("k", call)
     choices = decode_threads.single_thread_choices()
     assert set(choices) == {("k", 2)}
-    assert sorted(set(seen)) == [1, 2]  # both settings were timed
-    assert torch.get_num_threads() == 2
+    assert sorted(set(seen)) == [1, 2] and torch.get_num_threads() == 2  # both settings were timed
     seen.clear()
     decode_threads.run_with_fastest_threads("k", call)
     assert seen == [1 if choices[("k", 2)] else 2] and torch.get_num_threads() == 2
 
 
-def test_the_choice_is_measured_again_as_the_load_changes(two_threads):
-    seen = []
-
-    def call():
-        seen.append(torch.get_num_threads())
-
-    for _ in range(decode_threads.REMEASURE_EVERY - 1):
-        decode_threads.run_with_fastest_threads("k", call)
-    seen.clear()
-    decode_threads.run_with_fastest_threads("k", call)
-    assert sorted(set(seen)) == [1, 2] and len(seen) > 1  # both timed again, then the call
-    assert torch.get_num_threads() == 2
+def chosen(key, threads: int, single: bool) -> None:
+    choice = decode_threads.ThreadChoice(threads)
+    choice.single = single
+    decode_threads._choices[key, threads] = choice
 
 
 @pytest.mark.parametrize("single", [True, False])
 def test_a_known_choice_sets_the_threads_of_the_call_only(two_threads, single):
-    decode_threads._cache[("k", 2)] = single
+    chosen("k", 2, single)
     assert decode_threads.run_with_fastest_threads("k", torch.get_num_threads) == (1 if single else 2)
 
     def fails():
@@ -63,6 +101,19 @@ def test_a_known_choice_sets_the_threads_of_the_call_only(two_threads, single):
     with pytest.raises(RuntimeError, match="boom"):
         decode_threads.run_with_fastest_threads("k", fails)
     assert torch.get_num_threads() == 2
+
+
+def test_a_call_that_raises_while_measured_restores_the_threads_and_still_counts(two_threads):
+    choice = decode_threads.ThreadChoice(2, clock=FakeClock({1: 1.0, 2: 5.0}))
+
+    def fails():
+        raise KeyboardInterrupt
+
+    for _ in range(8):
+        with pytest.raises(KeyboardInterrupt):
+            choice.run(fails)
+        assert torch.get_num_threads() == 2
+    assert choice.single is True
 
 
 def test_one_thread_needs_no_measurement():
@@ -86,6 +137,6 @@ def test_a_decode_token_gives_the_same_output_on_either_choice(two_threads, sing
         torch.set_num_threads(1)
         want = module(x)
         torch.set_num_threads(2)
-        decode_threads._cache[(("onednn-one-token", 96, 40), 2)] = single
+        chosen(("onednn-one-token", 96, 40), 2, single)
         got = module(x)
     assert torch.equal(got, want) and torch.get_num_threads() == 2

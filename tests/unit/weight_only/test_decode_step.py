@@ -1,0 +1,169 @@
+"""The decode-step thread choice of ``qp.quantize_w8a8`` / ``qp.quantize_weights`` models: one-token
+decode steps run on the thread count measured faster (a deterministic timer injected), prompts on
+torch's; outputs unchanged, the thread count restored after an exception, kept by ``qp.save`` /
+``qp.load`` and ``copy.deepcopy``, and off when asked."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.weight_only.decode_step import DecodeStepThreads
+from tests.unit.kernels.test_decode_threads import FakeClock
+from tests.unit.weight_only.test_w8a8 import GREEDY, PROMPTS, batches, decoder
+
+SCHEMES = {"w8a8": lambda m: qp.quantize_w8a8(m, batches(2)),
+           "int4": lambda m: qp.quantize_weights(m, bits=4, group_size=32),
+           "int8": lambda m: qp.quantize_weights(m, bits=8)}
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def eager_decoder():
+    """torch's one-token SDPA kernel rounds differently on 1 thread than on several (its own
+    choice, as with ``torch.set_num_threads(1)``); eager attention is exact on both, so only
+    qplug's part is compared."""
+    model = decoder()
+    model.set_attn_implementation("eager")
+    return model
+
+
+def faster_on(model: nn.Module, threads: int) -> FakeClock:
+    """Make ``threads`` the faster setting of ``model``'s decode steps."""
+    clock = FakeClock({1: 1.0, 2: 5.0} if threads == 1 else {1: 5.0, 2: 1.0})
+    model.qplug_decode_threads.clock = clock
+    return clock
+
+
+def thread_log(model: nn.Module) -> list[tuple[int, int]]:
+    """(tokens in the call, threads) of every call of the first decoder layer's norm."""
+    log: list[tuple[int, int]] = []
+    model.model.layers[0].input_layernorm.register_forward_pre_hook(
+        lambda module, args: log.append((args[0].shape[1], torch.get_num_threads())))
+    return log
+
+
+def generated(model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    with torch.no_grad():
+        out = model.generate(PROMPTS[0], output_logits=True, return_dict_in_generate=True, **GREEDY)
+    return out.sequences, list(out.logits)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_decode_steps_run_on_the_faster_count_and_prompts_on_torchs(two_threads, scheme):
+    qmodel = SCHEMES[scheme](decoder())
+    assert isinstance(qmodel.forward, DecodeStepThreads) and qmodel.qplug_decode_threads is qmodel.forward
+    faster_on(qmodel, 1)
+    log = thread_log(qmodel)
+    generated(qmodel)
+    prompt, steps = log[0], log[1:]
+    assert prompt == (PROMPTS[0].shape[1], 2)
+    assert [t for _, t in steps[:8]] == [1, 2] * 4  # measured, interleaved
+    assert steps[8:] == [(1, 1)] * (len(steps) - 8)  # then on the faster one
+    choice = qmodel.qplug_decode_threads.choices[2, PROMPTS[0].shape[0]]
+    assert choice.single is True and choice.totals == {1: 3.0, 2: 15.0}
+    assert qmodel.qplug_decode_threads.summary() == {(2, 2): "1 thread(s) (1 thread(s) 3000.0 ms, 2 thread(s) "
+                                                             "15000.0 ms)"}
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_choice_does_not_change_tokens_or_logits(two_threads, scheme, threads):
+    qmodel = SCHEMES[scheme](eager_decoder())
+    qmodel.qplug_decode_threads.enabled = False
+    want_tokens, want_logits = generated(qmodel)
+    qmodel.qplug_decode_threads.enabled = True
+    faster_on(qmodel, threads)
+    for _ in range(2):  # while measuring, then on the choice
+        tokens, logits = generated(qmodel)
+        assert torch.equal(tokens, want_tokens)
+        assert all(torch.equal(a, b) for a, b in zip(logits, want_logits, strict=True))
+
+
+def test_sdpa_models_keep_their_outputs_on_torchs_count(two_threads):
+    """Everything reaches the model's own forward unchanged (arguments, KV cache, outputs)."""
+    qmodel = SCHEMES["int4"](decoder())
+    qmodel.qplug_decode_threads.enabled = False
+    want_tokens, want_logits = generated(qmodel)
+    qmodel.qplug_decode_threads.enabled = True
+    faster_on(qmodel, 2)
+    generated(qmodel)  # measured: half of its steps on one thread
+    tokens, logits = generated(qmodel)
+    assert torch.equal(tokens, want_tokens)
+    assert all(torch.equal(a, b) for a, b in zip(logits, want_logits, strict=True))
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_the_thread_count_is_restored_when_a_step_raises(two_threads, error):
+    qmodel = SCHEMES["w8a8"](decoder())
+    faster_on(qmodel, 1)
+    generated(qmodel)  # measured: one thread chosen
+    seen = []
+
+    def fail_at_decode(module, args):
+        if args[0].shape[1] == 1:
+            seen.append(torch.get_num_threads())
+            raise error
+
+    qmodel.model.layers[1].input_layernorm.register_forward_pre_hook(fail_at_decode)
+    with pytest.raises(type(error)):
+        generated(qmodel)
+    assert seen == [1] and torch.get_num_threads() == 2
+
+
+def test_switched_off_every_call_runs_on_torchs_count(two_threads):
+    qmodel = SCHEMES["w8a8"](decoder())
+    faster_on(qmodel, 1)
+    qmodel.qplug_decode_threads.enabled = False
+    log = thread_log(qmodel)
+    generated(qmodel)
+    assert {t for _, t in log} == {2} and qmodel.qplug_decode_threads.choices == {}
+
+
+def test_one_thread_is_left_alone():
+    qmodel = SCHEMES["w8a8"](decoder())
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        generated(qmodel)
+    finally:
+        torch.set_num_threads(before)
+    assert qmodel.qplug_decode_threads.choices == {}
+
+
+@pytest.mark.parametrize("scheme", ["w8a8", "int4"])
+def test_a_loaded_model_gets_it_too(two_threads, tmp_path, scheme):
+    qmodel = SCHEMES[scheme](decoder())
+    path = qp.save(qmodel, tmp_path / "model.safetensors")
+    loaded = qp.load(path, model=decoder(seed=4))
+    assert isinstance(loaded.forward, DecodeStepThreads) and loaded.forward.__wrapped__.__self__ is loaded
+    faster_on(loaded, 1)
+    log = thread_log(loaded)
+    tokens, _ = generated(loaded)
+    assert (1, 1) in log and torch.equal(tokens, generated(qmodel)[0])
+    assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+
+
+def test_a_copy_steps_itself_with_a_choice_of_its_own(two_threads):
+    qmodel = SCHEMES["w8a8"](decoder())
+    generated(qmodel)
+    twin = copy.deepcopy(qmodel)
+    assert twin.forward.__wrapped__.__self__ is twin and twin.qplug_decode_threads is twin.forward
+    assert twin.qplug_decode_threads is not qmodel.qplug_decode_threads
+    assert torch.equal(generated(twin)[0], generated(qmodel)[0])
+
+
+def test_a_model_without_a_kv_cache_is_not_wrapped():
+    qmodel = qp.quantize_weights(nn.Sequential(nn.Linear(64, 32)), bits=8)
+    assert "forward" not in vars(qmodel) and not hasattr(qmodel, "qplug_decode_threads")

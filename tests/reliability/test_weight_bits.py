@@ -9,6 +9,7 @@ convolution (the K order), and the chosen model runs on the host's real kernels.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -180,6 +181,37 @@ def test_qp_quantize_defaults_get_the_choice(backend, options):
     qmodel, ranges = quantized(backend, AVX2, **options)
     assert ranges == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}
     assert set(qmodel.meta[WEIGHT_BITS_CHOICE]) == {"safe", "hot"}
+
+
+def test_bias_correction_is_for_the_weights_convert_gives(backend):
+    """Bias correction runs before prepare, on the 7-bit default weights of a CPU without VNNI;
+    convert then gives ``safe`` 8-bit weights. Each layer's bias is the float bias less the mean
+    shift of the weights it really has, on the calibration data (not that of the 7-bit ones)."""
+    from qplug_core import qparams as Q
+
+    qmodel, ranges = quantized(backend, AVX2, recipe=["bias_correction"])
+    assert ranges == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}
+    net = TwoLayers().eval()
+    with torch.no_grad():
+        layer_inputs = {"safe": [inputs(s)[0] for s in range(3)]}
+        layer_inputs["hot"] = [torch.relu(net.safe(x)) for x in layer_inputs["safe"]]
+    reference = snapshot_of(qmodel).graph_module
+    for name, x in layer_inputs.items():
+        converted_layer = reference.get_submodule(name)
+        weight = getattr(net, name).weight.detach()
+
+        def corrected(qparams, weight=weight, x=x, name=name):
+            shift = torch.cat([nn.functional.linear(rows, Q.fake_quantize(weight, qparams) - weight)
+                               for rows in x]).mean(0)
+            return getattr(net, name).bias.detach() - shift
+
+        linear = next(m for m in converted_layer.modules() if isinstance(m, nn.Linear))
+        qparams = converted_layer.weight_qparams
+        assert torch.allclose(linear.bias.detach(), corrected(qparams), rtol=1e-5, atol=1e-6), name
+        if name == "safe":  # what the 7-bit grid needed is another bias
+            seven = dataclasses.replace(qparams, quant_min=-64, quant_max=64,
+                                        scale=qparams.scale * (qparams.quant_max / 64))
+            assert not torch.allclose(linear.bias.detach(), corrected(seven), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("options", [{"recipe": ["bias_correction"]}, {"target": qp.Target(sqnr=-100.0)}],

@@ -36,7 +36,7 @@ from qplug_core.config.dtype_configs import (
 from qplug_core.enums import Mode, Stage
 from qplug_core.errors import ConfigValidationError, QplugError, warn_user
 from qplug_core.flows.observed import ObservedValue, computes_tensor, observed_inputs, observed_values
-from qplug_core.kernels.arithmetic import Int8Arithmetic, safe_qconfig_options
+from qplug_core.kernels.arithmetic import Int8Arithmetic, backend_arithmetic, safe_qconfig_options
 from qplug_core.kernels.base import (
     KernelContext,
     KernelSpec,
@@ -127,6 +127,7 @@ __all__ = [
     "cpu_int8",
     "override_cpu_flags",
     "safe_qconfig_options",
+    "backend_arithmetic",
     # patterns and dtypes
     "BackendPatternConfig",
     "DTypeConfig",

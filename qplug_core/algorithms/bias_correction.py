@@ -6,8 +6,11 @@ the next layers as a bias; with per-tensor weights on a depthwise conv it is lar
 calibration inputs of each layer, the mean of ``E x`` per output channel is subtracted from the
 layer's bias, so the layer with int8 weights has the float layer's mean output on that data.
 
-The weight grid is the one the quantized model will use (the qconfig's weight observer), so run
-this *after* any pass that changes weights (cross-layer equalization) and before prepare.
+The weight grid is the qconfig's weight observer's, so run this *after* any pass that changes
+weights (cross-layer equalization) and before prepare. Convert may give a layer another grid (8-bit
+weights where the 7-bit defaults of a CPU without VNNI need not apply, ``flows/weight_bits.py``):
+each corrected layer keeps the mean of its GEMM input columns (``flows/bias_grid.py``), and convert
+corrects its bias again for the grid it really uses.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from qplug_core.algorithms._calibration import run_hooked
 from qplug_core.algorithms._layers import CONVS, layer_of
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError
+from qplug_core.flows import bias_grid
 from qplug_core.flows.regions import CallCounter, resolve_qconfig
 from qplug_core.kernels.reference import observed_weight_qparams
 
@@ -40,11 +44,14 @@ class BiasCorrection:
 
 
 class _ShiftMeter:
-    """Forward hook summing ``E x`` per output channel over every call."""
+    """Forward hook summing ``E x`` per output channel over every call, and the GEMM input
+    columns where convert can use them to correct for another grid (``bias_grid.columns``)."""
 
     def __init__(self, layer: nn.Module, error: torch.Tensor) -> None:
         self.layer, self.error = layer, error
         self.total = torch.zeros(error.shape[0], dtype=torch.float64)
+        self.columns: torch.Tensor | None = None
+        self.rows = 0
         self.count = 0
         self.calls = 0
 
@@ -58,9 +65,19 @@ class _ShiftMeter:
         self.total += moved.sum(0, dtype=torch.float64)
         self.count += moved.shape[0]
         self.calls += 1
+        if bias_grid.records_columns(self.layer):
+            total, rows = bias_grid.columns(self.layer, x)
+            self.columns = total if self.columns is None else self.columns + total
+            self.rows += rows
 
     def mean(self) -> torch.Tensor:
         return (self.total / max(self.count, 1)).float()
+
+    def record(self) -> bias_grid.BiasRecord | None:
+        """What convert needs to correct the bias for another weight grid (None: not known)."""
+        if self.columns is None:
+            return None
+        return bias_grid.BiasRecord(self.columns / max(self.rows, 1), self.mean())
 
 
 def _weight_errors(gm: fx.GraphModule, mapping: QConfigMapping) -> dict[str, tuple[nn.Module, torch.Tensor]]:
@@ -106,6 +123,10 @@ def correct_bias(gm: fx.GraphModule, calibration_data: Any, *,
             if layer.bias is None:
                 layer.bias = nn.Parameter(torch.zeros_like(shift))
             layer.bias.sub_(shift)
+            record, before = meter.record(), getattr(layer, bias_grid.RECORD, None)
+            if record is not None:  # corrected again: the bias has lost both shifts
+                record.removed = record.removed + (0 if before is None else before.removed)
+                setattr(layer, bias_grid.RECORD, record)
             corrections.append(BiasCorrection(name, float(shift.abs().max()), meter.calls))
     gm.recompile()
     return corrections

@@ -13,6 +13,7 @@ import copy
 from torch import fx, nn
 
 from qplug_core.errors import ModelStateError, UncalibratedObserverError, spelled
+from qplug_core.flows import bias_grid
 from qplug_core.flows.clamps import fold_clamps
 from qplug_core.flows.prepare import is_observer_module
 from qplug_core.flows.regions import QUANTIZED_DTYPES, weight_name_of
@@ -95,6 +96,7 @@ def _convert_weighted_modules(gm: fx.GraphModule) -> None:
         if not hasattr(module, "weight_fake_quant"):
             weight_qparams = bits.weight_qparams(node, float_module, tag.qconfig,
                                                  weight_of(float_module, weight_name), weight_qparams)
+            bias_grid.regrid(float_module, weight_qparams)  # bias correction's, for this grid
         gm.set_submodule(node.target, ReferenceWeighted(float_module, weight_qparams, weight_name))
 
 

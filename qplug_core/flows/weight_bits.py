@@ -23,6 +23,7 @@ every consumer of the value (not one layer's to change), and FBGEMM takes u8 act
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -31,12 +32,12 @@ from torch import fx, nn
 
 from qplug_core.config import QConfigMapping
 from qplug_core.flows import calibration_sample
-from qplug_core.flows.observed import observed_inputs
+from qplug_core.flows.observed import ObservedValue, observed_inputs, observed_values
 from qplug_core.flows.tags import EXAMPLE_INPUTS, OBSERVER, ROOT, WEIGHT_BITS, WEIGHT_BITS_CHOICE, region_tag
 from qplug_core.kernels import pair_sums
 from qplug_core.kernels.arithmetic import pair_sums_saturate
 from qplug_core.kernels.cpu import override_cpu_flags
-from qplug_core.kernels.reference import ReferenceWeighted
+from qplug_core.kernels.reference import ReferenceWeighted, observed_weight_qparams
 from qplug_core.qparams import QParams
 
 #: flags of a CPU whose int8 products accumulate in int32 (to ask a backend its 8-bit defaults)
@@ -87,8 +88,9 @@ def mark(gm: fx.GraphModule, backend: Any, mode: str, user_mapping: bool) -> Non
         gm.meta[WEIGHT_BITS] = (int(observer.quant_min), int(observer.quant_max))
 
 
-#: one run's operands of a layer: sampled GEMM rows of codes, each K column's highest and lowest code
-_Operands = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+#: one run's operands of a layer: sampled GEMM rows of codes, each K column's highest and lowest
+#: code, and the same rows in float
+_Operands = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class _Inputs(fx.Interpreter):
@@ -118,7 +120,9 @@ class WeightBits:
         self.full: tuple[int, int] | None = gm.meta.get(WEIGHT_BITS)
         self.choices: dict[str, str] = gm.meta.setdefault(WEIGHT_BITS_CHOICE, {}) if self.full else {}
         self.inputs: dict[fx.Node, list[_Operands | None]] = {}
-        self.zero_points: dict[fx.Node, int] = {}
+        self.grids: dict[fx.Node, tuple[float, int]] = {}  # each layer's input grid (scale, zero point)
+        self.decided: dict[fx.Node, QParams] = {}
+        self._observer_uses: Counter[int] = Counter()
         self.data = "the example inputs"
         example = gm.meta.get(EXAMPLE_INPUTS)
         batches = calibration_sample.take(gm)
@@ -138,35 +142,121 @@ class WeightBits:
             self.full = None
             return
         self.inputs = recorder.inputs
+        self._observer_uses.update(id(v.observer) for v in observed_values(gm))
         if batches:
             self.data += f" and {len(batches)} calibration batch(es)"
 
     def weight_qparams(self, node: fx.Node, module: nn.Module, qconfig: Any, weight: torch.Tensor,
                        safe: QParams) -> QParams:
-        """``safe`` (the qconfig's 7-bit weights), or 8-bit ones where no pair sum saturates."""
+        """``safe`` (the qconfig's 7-bit weights), or 8-bit ones where no pair sum saturates, or
+        where they lose less, or on 7-bit activations where those lose less for the input's
+        every consumer (then the input's grid is made 7-bit here)."""
         if self.full is None or node not in self.inputs or safe.dtype != torch.qint8:
             return safe
         if (safe.quant_min, safe.quant_max) == self.full:
             return safe
+        if node not in self.decided:
+            self._decide(node, module, qconfig, weight, safe)
+        return self.decided.get(node, safe)
+
+    def _decide(self, node: fx.Node, module: nn.Module, qconfig: Any, weight: torch.Tensor,
+                safe: QParams) -> None:
+        """The weights of ``node``, and of every other consumer of its input where 7-bit
+        activations (a grid they share) are to be weighed against their weight choices."""
+        options = self._options(node, module, qconfig, weight, safe)
+        if options is None:
+            return
+        shared = self._shared_input(node)
+        users = [] if shared is None else [n for n in shared.node.users if n is not node]
+        options_by_node = {node: options}
+        for user in users:
+            if (found := self._options_of(user)) is None:
+                break
+            options_by_node[user] = found
+        if shared is None or len(options_by_node) < 1 + len(users):  # only this layer's weights
+            self._choose(node, options)
+            return
+        if not any(o.saturated for o in options_by_node.values()):
+            for n, o in options_by_node.items():
+                self._choose(n, o)
+            return
+        by_weights = sum(o.best()[1] for o in options_by_node.values())
+        seven = self._seven_bit_grid(shared.observer)
+        by_activations = sum(o.seven_bit_activations(seven) for o in options_by_node.values())
+        if by_activations >= by_weights:
+            for n, o in options_by_node.items():
+                self._choose(n, o, activations_error=by_activations / by_weights if by_weights else None)
+            return
+        shared.observer.quant_max = 127  # the input's grid, shared by every consumer: 7 bits
+        for n, o in options_by_node.items():
+            self.decided[n] = o.wide
+            self.choices[n.name] = (
+                f"8-bit weights on 7-bit activations: the input of {len(options_by_node)} layer(s) "
+                f"given 7 bits (pairs then fit int16); their output error "
+                f"{by_activations / by_weights:.2f}x that of the best weight bits on {self.data}")
+
+    def _choose(self, node: fx.Node, options: _Options, activations_error: float | None = None) -> None:
+        qparams, error = options.best()
+        self.decided[node] = qparams
+        if not options.saturated:
+            self.choices[node.name] = f"8-bit weights: no int16 pair sum saturates on {self.data}"
+            return
+        keep = qparams is options.wide
+        ratio = options.wide_error / options.safe_error if options.safe_error else float("inf")
+        self.choices[node.name] = (
+            f"{8 if keep else 7}-bit weights: {options.saturated} int16 pair sum(s) of "
+            f"{options.loss.codes.shape[1]} rows saturate with 8-bit weights on {self.data}; output "
+            f"error {ratio:.2f}x that of 7-bit weights"
+            + ("" if activations_error is None else
+               f"; 7-bit activations (the input's grid) {activations_error:.2f}x the chosen error"))
+
+    def _options(self, node: fx.Node, module: nn.Module, qconfig: Any, weight: torch.Tensor,
+                 safe: QParams) -> _Options | None:
+        """``node``'s layer under 8-bit and ``safe`` weights (None: not one to choose for)."""
+        assert self.full is not None
         layer = next((m for m in module.modules() if pair_sums.supported(m)), None)
         runs = [r for r in self.inputs[node] if r is not None]
         if layer is None or len(runs) < len(self.inputs[node]):  # an input that is not a float tensor
-            return safe
+            return None
         observer = qconfig.weight(quant_min=self.full[0], quant_max=self.full[1])
         observer(weight.detach())
-        wide = observer.qparams()
-        loss = _Losses(layer, runs, self.zero_points[node], weight)
-        sums, wide_error = loss.of(wide, saturating=True)
-        if not sums.saturated:
-            self.choices[node.name] = f"8-bit weights: no int16 pair sum saturates on {self.data}"
-            return wide
-        _, safe_error = loss.of(safe, saturating=False)
-        keep = wide_error <= safe_error
-        self.choices[node.name] = (
-            f"{8 if keep else 7}-bit weights: {sums.saturated} int16 pair sum(s) of "
-            f"{loss.codes.shape[1]} rows saturate with 8-bit weights on {self.data}; output "
-            f"error {wide_error / safe_error if safe_error else float('inf'):.2f}x that of 7-bit weights")
-        return wide if keep else safe
+        return _Options(_Losses(layer, runs, self.grids[node], weight), observer.qparams(), safe)
+
+    def _options_of(self, node: fx.Node) -> _Options | None:
+        """:meth:`_options` of another consumer, with the qparams convert would give it."""
+        tag = region_tag(node)
+        module = self.gm.get_submodule(str(node.target))
+        layer = next((m for m in module.modules() if pair_sums.supported(m)), None)
+        if node not in self.inputs or tag is None or layer is None or hasattr(module, "weight_fake_quant"):
+            return None
+        safe = observed_weight_qparams(tag.qconfig, layer.weight)
+        if safe is None or safe.dtype != torch.qint8 or (safe.quant_min, safe.quant_max) == self.full:
+            return None
+        return self._options(node, module, tag.qconfig, layer.weight, safe)
+
+    def _shared_input(self, node: fx.Node) -> ObservedValue | None:
+        """``node``'s observed input if 7-bit activations are an option for it: an 8-bit grid of
+        its own (not shared with another value), consumed by layers this choice covers only."""
+        observed = observed_inputs(self.gm, node)
+        if len(observed) != 1:
+            return None
+        value, observer = observed[0], observed[0].observer
+        if (observer.quant_min, observer.quant_max) != (0, 255) or self._observer_uses[id(observer)] != 1:
+            return None
+        users = list(value.node.users)
+        if not all(u in self.inputs and u.meta.get(ROOT) for u in users):
+            return None
+        return value
+
+    @staticmethod
+    def _seven_bit_grid(observer: nn.Module) -> tuple[float, int]:
+        """(scale, zero point) ``observer`` gives its data on codes 0..127."""
+        observer.quant_max = 127
+        try:
+            scale, zero_point = (t.flatten() for t in observer.calculate_qparams())
+        finally:
+            observer.quant_max = 255
+        return float(scale), int(zero_point)
 
     def _operands(self, node: fx.Node, rows: int) -> Callable[[Any], _Operands | None] | None:
         """What to keep of ``node``'s input on each run (its operands on the calibrated grid, at
@@ -185,41 +275,72 @@ class WeightBits:
         scale, zero_point = (t.flatten() for t in observer.calculate_qparams())
         if scale.numel() != 1:
             return None
-        self.zero_points[node] = int(zero_point)
+        self.grids[node] = (float(scale), int(zero_point))
 
         def reduce(value: Any) -> _Operands | None:
             if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
                 return None
-            codes = torch.clamp(torch.round(value.detach().float() / scale) + zero_point,
-                                observer.quant_min, observer.quant_max)
-            return pair_sums.operands(layer, codes, int(zero_point), rows)
+            value = value.detach().float()
+            codes = torch.clamp(torch.round(value / scale) + zero_point, observer.quant_min,
+                                observer.quant_max)
+            found, high, low = pair_sums.operands(layer, codes, int(zero_point), rows)
+            return found, high, low, pair_sums.operands(layer, value, 0, rows)[0]
         return reduce
 
 
 class _Losses:
-    """One layer's output error on its recorded operands under candidate weight qparams (squared,
-    summed; in units of activation codes times weights): rounding, plus what saturated int16
+    """One layer's output error on its recorded operands (squared, summed, against the float
+    layer on the same float inputs): activation and weight rounding, plus what saturated int16
     pair sums take away where ``saturating``. The rows are those sampled on every run; the code
     range of each K column is that over every row of every run."""
 
-    def __init__(self, layer: nn.Module, runs: list[_Operands], zero_point: int, weight: torch.Tensor):
-        self.layer, self.weight = layer, weight.detach()
-        self.codes = torch.cat([rows for rows, _, _ in runs], dim=1)
-        self.high = torch.stack([high for _, high, _ in runs]).amax(0)
-        self.low = torch.stack([low for _, _, low in runs]).amin(0)
-        self.shifted = self.codes - zero_point
-        self.exact = pair_sums.weight_operands(layer, self.weight)
+    def __init__(self, layer: nn.Module, runs: list[_Operands], grid: tuple[float, int], weight: torch.Tensor):
+        self.layer, self.weight, self.grid = layer, weight.detach(), grid
+        self.codes = torch.cat([run[0] for run in runs], dim=1)
+        self.high = torch.stack([run[1] for run in runs]).amax(0)
+        self.low = torch.stack([run[2] for run in runs]).amin(0)
+        self.floats = torch.cat([run[3] for run in runs], dim=1)
+        self.exact = torch.einsum("gmk,gnk->gmn", self.floats, pair_sums.weight_operands(layer, self.weight))
 
-    def of(self, qparams: QParams, *, saturating: bool) -> tuple[pair_sums.PairSums | None, float]:
+    def of(self, qparams: QParams, *, saturating: bool, activations: tuple[float, int] | None = None
+           ) -> tuple[pair_sums.PairSums | None, float]:
+        """With the weights ``qparams`` give; the activations on the recorded 8-bit grid, or on
+        ``activations`` (scale, zero point) with codes 0..127 (no pair sum can saturate)."""
         scale = qparams.scale.reshape(-1, *([1] * (self.weight.dim() - 1)))
         integers = torch.clamp(torch.round(self.weight / scale), qparams.quant_min, qparams.quant_max)
         w = pair_sums.weight_operands(self.layer, integers)
         channel_scale = pair_sums.weight_operands(self.layer, scale.expand_as(self.weight))[..., 0]
-        error = torch.einsum("gmk,gnk->gmn", self.shifted, w * channel_scale[..., None] - self.exact)
+        if activations is None:
+            (a_scale, zero_point), codes = self.grid, self.codes
+        else:
+            a_scale, zero_point = activations
+            codes = torch.clamp(torch.round(self.floats / a_scale) + zero_point, 0, 127)
+        out = torch.einsum("gmk,gnk->gmn", (codes - zero_point) * a_scale, w * channel_scale[..., None])
         sums = pair_sums.pair_sums(self.codes, w, self.high, self.low) if saturating else None
         if sums is not None:
-            error = error - sums.shortfall.float() * channel_scale[:, None, :]
-        return sums, float((error.double() ** 2).sum())
+            out = out - sums.shortfall.float() * a_scale * channel_scale[:, None, :]
+        return sums, float(((out - self.exact).double() ** 2).sum())
+
+
+class _Options:
+    """One layer's candidate weights and their errors (:class:`_Losses`)."""
+
+    def __init__(self, loss: _Losses, wide: QParams, safe: QParams):
+        self.loss, self.wide, self.safe = loss, wide, safe
+        sums, self.wide_error = loss.of(wide, saturating=True)
+        assert sums is not None
+        self.saturated = sums.saturated
+        self.safe_error = loss.of(safe, saturating=False)[1] if self.saturated else float("inf")
+
+    def best(self) -> tuple[QParams, float]:
+        """8-bit weights where no pair saturates or where they lose less, else the safe ones."""
+        if self.wide_error <= self.safe_error:
+            return self.wide, self.wide_error
+        return self.safe, self.safe_error
+
+    def seven_bit_activations(self, grid: tuple[float, int]) -> float:
+        """The error of 8-bit weights on 7-bit activations (``grid``: their scale, zero point)."""
+        return self.loss.of(self.wide, saturating=False, activations=grid)[1]
 
 
 __all__ = ["MAX_ROWS", "WeightBits", "backend_defaults", "converted_weight_ranges", "mark", "users_own"]

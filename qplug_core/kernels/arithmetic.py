@@ -22,15 +22,24 @@ gains at most 0.5 dB on ResNet-18 and loses on the digits CNN, so one rule serve
 search is made. S8S8 (signed activations) is not a choice here: FBGEMM's kernels take u8
 activations only, and for ONNX Runtime it was not measured.
 
-On CPUs with VNNI (or AMX, or ARM's int32 dot products) nothing changes: full 8-bit operands.
+On CPUs with VNNI (or AMX, or ARM's int32 dot products) nothing changes: full 8-bit operands,
+as long as the kernels use those instructions. A library can be held below the CPU
+(``FBGEMM_ENABLE_INSTRUCTIONS=AVX2``, ``ONEDNN_MAX_CPU_ISA=AVX2``): then its kernels sum pairs in
+int16 on a VNNI CPU and full 8-bit operands lose ~20 dB silently. So where the detected flags call
+a backend's kernels exact, its product is measured once (``kernels/pair_sums_probe.py``) and a
+saturating one makes its arithmetic :attr:`Int8Arithmetic.U8S8_INT16_PAIRS_MEASURED`
+(:func:`kernels_arithmetic`). Flags that were set (``QPLUG_CPU_FLAGS``, ``override_cpu_flags``)
+win over the measurement both ways: they model the CPU a test or a user names.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
+from qplug_core.kernels.pair_sums_probe import PAIRS_SATURATE, Gemm, measured_pairs
 
 INT16_MAX = 32767
 
@@ -43,6 +52,9 @@ class Int8Arithmetic(str, Enum):
     #: pairs of u8 x s8 products summed in int16 with saturation on x86 without VNNI (FBGEMM,
     #: oneDNN, ONNX Runtime's MLAS U8S8 kernels); int32 with VNNI or AMX
     U8S8_INT16_PAIRS_WITHOUT_VNNI = "u8 x s8 pair sums in int16 without VNNI"
+    #: pairs summed in int16 on this machine whatever its flags say: a worst-case product of the
+    #: backend's kernels saturated (a library held to AVX2 on a VNNI CPU); set flags still decide
+    U8S8_INT16_PAIRS_MEASURED = "u8 x s8 pair sums in int16 (measured on this machine's kernels)"
 
     def __str__(self) -> str:
         return str(self.value)
@@ -63,7 +75,41 @@ def engine_arithmetic(engine: str | None) -> Int8Arithmetic:
 def pair_sums_saturate(arithmetic: Int8Arithmetic | str, cpu: CpuInt8 | None = None) -> bool:
     """Whether ``arithmetic`` sums products in int16 on ``cpu`` (default: this one)."""
     cpu = cpu_int8() if cpu is None else cpu
-    return Int8Arithmetic(arithmetic) is Int8Arithmetic.U8S8_INT16_PAIRS_WITHOUT_VNNI and cpu.int16_pair_sums
+    arithmetic = Int8Arithmetic(arithmetic)
+    if arithmetic is Int8Arithmetic.INT32:
+        return False
+    if arithmetic is Int8Arithmetic.U8S8_INT16_PAIRS_MEASURED and not cpu.overridden:
+        return True
+    return cpu.int16_pair_sums
+
+
+def kernels_arithmetic(declared: Int8Arithmetic | str, measure: Callable[[], str] | None,
+                       cpu: CpuInt8 | None = None) -> Int8Arithmetic:
+    """What a backend's kernels do here: ``declared``, or ``U8S8_INT16_PAIRS_MEASURED`` where
+    they are declared to sum pairs in int16 without VNNI, ``cpu``'s detected flags say they are
+    exact, and ``measure()`` (a :func:`~qplug_core.kernels.pair_sums_probe.probe_pair_sums`
+    result) says they saturate. Flags that say pairs saturate, or that were set, are not measured
+    against; a probe that fails leaves the flags' answer."""
+    cpu = cpu_int8() if cpu is None else cpu
+    declared = Int8Arithmetic(declared)
+    if (declared is not Int8Arithmetic.U8S8_INT16_PAIRS_WITHOUT_VNNI or measure is None
+            or cpu.overridden or cpu.int16_pair_sums):
+        return declared
+    return Int8Arithmetic.U8S8_INT16_PAIRS_MEASURED if measure() == PAIRS_SATURATE else declared
+
+
+def backend_arithmetic(backend: str, declared: Int8Arithmetic | str,
+                       gemm: Callable[[], Gemm | None] | None) -> Int8Arithmetic:
+    """:func:`kernels_arithmetic` with the product ``gemm()`` gives (None: none to measure)
+    measured once per process for ``backend``."""
+    if gemm is None:
+        return kernels_arithmetic(declared, None)
+    product = gemm
+
+    def measure() -> str:
+        found = product()
+        return "no integer product to measure" if found is None else measured_pairs(backend, found)
+    return kernels_arithmetic(declared, measure)
 
 
 def pairs_fit(activation_max: int, weight_max: int) -> bool:
@@ -94,5 +140,6 @@ def safe_qconfig_options(arithmetic: Int8Arithmetic | str, options: dict[str, An
     return {**options, "weight_quant_min": low, "weight_quant_max": high}
 
 
-__all__ = ["ENGINE_ARITHMETIC", "Int8Arithmetic", "engine_arithmetic", "pair_sums_saturate",
+__all__ = ["ENGINE_ARITHMETIC", "Int8Arithmetic", "backend_arithmetic", "engine_arithmetic",
+           "kernels_arithmetic", "pair_sums_saturate",
            "pairs_fit", "safe_qconfig_options", "safe_weight_range"]

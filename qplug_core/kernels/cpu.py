@@ -12,6 +12,12 @@ The flags come from ``/proc/cpuinfo`` (Linux); elsewhere from torch's own probe
 VNNI: treated as without it, the safe side). Tests and users on a machine they want to model set
 ``QPLUG_CPU_FLAGS`` (space- or comma-separated flags, e.g. ``"avx2 fma"``) or use
 :func:`override_cpu_flags`; both replace what the kernel reports.
+
+Flags say which instructions exist, not which the installed kernels take (FBGEMM and oneDNN can be
+held to AVX2 on a VNNI CPU: ``FBGEMM_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2``). Where
+the *detected* flags say a backend's kernels are exact, its measured product decides
+(``kernels/arithmetic.py``, :func:`~qplug_core.kernels.arithmetic.kernels_arithmetic`); flags
+that were set win over any measurement, so a test decides as on the CPU it names.
 """
 
 from __future__ import annotations
@@ -66,6 +72,12 @@ class CpuInt8:
     def arm_dot(self) -> bool:
         """ARM int8 dot products (``sdot``/``udot``, or ``i8mm``'s matrix multiply) into int32."""
         return bool(self.flags & ARM_DOT_FLAGS)
+
+    @property
+    def overridden(self) -> bool:
+        """The flags were set (``QPLUG_CPU_FLAGS``, :func:`override_cpu_flags`), not detected: they
+        model a CPU, and decisions follow them alone (no measurement of the host's kernels)."""
+        return self.source in (ENV_FLAGS, "override")
 
     @property
     def int16_pair_sums(self) -> bool:

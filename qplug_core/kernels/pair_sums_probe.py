@@ -1,14 +1,18 @@
 """A measured answer to "do this backend's int8 kernels sum u8 x s8 pairs in int16 here?".
 
 The CPU's flags say which instructions exist (``kernels/cpu.py``); what the installed kernels do
-with them is another matter (a library may take a VNNI path, emulate one, or not). ``qplug
-doctor`` runs each backend's integer product once on the worst case for int16 pair sums (u8 codes
-of 255 against weights of +127: each pair of products is 64,770, twice what int16 holds) and
-compares with the exact product: saturated pairs give about half of it.
+with them is another matter (a library may take a VNNI path, emulate one, or not: FBGEMM and
+oneDNN held to AVX2 on a VNNI CPU saturate). Each backend's integer product is run once per
+process (:func:`measured_pairs`) on the worst case for int16 pair sums (u8 codes of 255 against
+weights of +127: each pair of products is 64,770, twice what int16 holds) and compared with the
+exact product: saturated pairs give about half of it. ``qplug doctor`` reports it, and the safe
+qparams follow it where the flags alone would call the kernels exact
+(:func:`qplug_core.kernels.arithmetic.kernels_arithmetic`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -47,6 +51,19 @@ def probe_pair_sums(gemm: Gemm) -> str:
     return f"the probe returned {got.flatten()[:2].tolist()}, expected {float(exact[0, 0]):.0f}"
 
 
+_measured: dict[str, str] = {}
+_lock = threading.Lock()
+
+
+def measured_pairs(backend: str, gemm: Gemm) -> str:
+    """:func:`probe_pair_sums` of ``backend``'s ``gemm``, run once per process and backend (a
+    small GEMM; ONNX Runtime's builds a session, ~10 ms)."""
+    with _lock:
+        if backend not in _measured:
+            _measured[backend] = probe_pair_sums(gemm)
+        return _measured[backend]
+
+
 def torch_engine_gemm(engine: str) -> Gemm:
     """The product as ``torch.ops.quantized.linear`` computes it on ``engine``: activations of
     scale 1, weights of scale 1, the output on a grid whose top code is the exact product."""
@@ -62,4 +79,5 @@ def torch_engine_gemm(engine: str) -> Gemm:
     return gemm
 
 
-__all__ = ["PAIRS_EXACT", "PAIRS_SATURATE", "Gemm", "probe_pair_sums", "torch_engine_gemm", "worst_case"]
+__all__ = ["PAIRS_EXACT", "PAIRS_SATURATE", "Gemm", "measured_pairs", "probe_pair_sums", "torch_engine_gemm",
+           "worst_case"]

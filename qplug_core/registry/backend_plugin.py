@@ -18,7 +18,12 @@ import platform
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from qplug_core.config.dtype_configs import DTypeConfigSet
-from qplug_core.kernels.arithmetic import Int8Arithmetic, engine_arithmetic, safe_qconfig_options
+from qplug_core.kernels.arithmetic import (
+    Int8Arithmetic,
+    backend_arithmetic,
+    engine_arithmetic,
+    safe_qconfig_options,
+)
 from qplug_core.kernels.pair_sums_probe import Gemm, torch_engine_gemm
 from qplug_core.registry.contract import Availability, BackendSpec, Diagnostic, engine_availability
 from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
@@ -84,7 +89,12 @@ class BackendPlugin:
         return {}
 
     def arithmetic(self) -> Int8Arithmetic:
-        """How this backend's kernels accumulate int8 products (decides the safe qparams)."""
+        """How this backend's kernels accumulate int8 products here (decides the safe qparams):
+        ``int8_arithmetic`` (or ``engine``'s), measured with :meth:`int8_gemm` where the CPU's
+        flags say the kernels are exact (``kernels_arithmetic``)."""
+        return backend_arithmetic(self.name, self._declared_arithmetic(), self.int8_gemm)
+
+    def _declared_arithmetic(self) -> Int8Arithmetic:
         return self.int8_arithmetic or engine_arithmetic(self.engine)
 
     def default_qconfig_mapping(self, mode: str) -> QConfigMapping | None:
@@ -133,8 +143,9 @@ class BackendPlugin:
     @hookimpl
     def qplug_register_backends(self) -> list[BackendSpec]:
         return [BackendSpec(self.name, self.description, engine=self.engine,
-                            is_available=self.is_available, arithmetic=self.arithmetic(),
-                            pairs_in_torch_order=self.pairs_in_torch_order)]
+                            is_available=self.is_available, arithmetic=self._declared_arithmetic(),
+                            pairs_in_torch_order=self.pairs_in_torch_order,
+                            int8_gemm=self.int8_gemm)]
 
     @hookimpl
     def qplug_backend_pattern_configs(self, backend: str) -> list[BackendPatternConfig]:
@@ -168,7 +179,7 @@ class BackendPlugin:
             return []
         compiles = type(self).delegate is not BackendPlugin.delegate  # asked without building it
         return [*self.check_environment(),
-                cpu_diagnostic(self.arithmetic(), compiles=compiles, gemm=self.int8_gemm())]
+                cpu_diagnostic(self._declared_arithmetic(), compiles=compiles, gemm=self.int8_gemm())]
 
     @hookimpl
     def qplug_select_default_backend(self, available: list[str]) -> str | None:

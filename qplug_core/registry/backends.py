@@ -27,7 +27,7 @@ from qplug_core.errors import (
     notify,
     spelled,
 )
-from qplug_core.kernels.arithmetic import Int8Arithmetic, engine_arithmetic
+from qplug_core.kernels.arithmetic import Int8Arithmetic, backend_arithmetic, engine_arithmetic
 from qplug_core.registry import plugins
 from qplug_core.registry.contract import (  # re-exported: the registry's callers import them from here
     ARM_MACHINES,
@@ -85,8 +85,10 @@ class Backend:
 
     @property
     def arithmetic(self) -> Int8Arithmetic:
-        """How the kernels accumulate int8 products (decides which qparams are safe on this CPU)."""
-        return self.spec.arithmetic or engine_arithmetic(self.engine)
+        """How the kernels accumulate int8 products here (decides which qparams are safe): as
+        declared, or measured where the flags call them exact (``kernels_arithmetic``)."""
+        return backend_arithmetic(self.name, self.spec.arithmetic or engine_arithmetic(self.engine),
+                                  self.spec.int8_gemm)
 
     @property
     def pairs_in_torch_order(self) -> bool:

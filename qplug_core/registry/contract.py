@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from torch import fx, nn
 
     from qplug_core.kernels.arithmetic import Int8Arithmetic
+    from qplug_core.kernels.pair_sums_probe import Gemm
     from qplug_core.partition import OperatorSupportBase
 
 X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
@@ -71,7 +72,10 @@ class BackendSpec:
     packing as in ``kernels/pair_sums.py``), so the core's emulation of their int16 pair sums holds
     and convert may give a layer 8-bit weights where it finds them safe; False for a runtime that
     lays operands out itself (OpenVINO's blocked layouts pair other products): 7-bit weights for
-    every layer on CPUs without VNNI.
+    every layer on CPUs without VNNI. ``int8_gemm`` gives the kernels' u8 x s8 product (or
+    ``None``), measured once per process where the CPU's flags say the kernels are exact
+    (``kernels/pair_sums_probe.py``): a library held below the CPU's instructions then gets the
+    safe qparams too.
     """
 
     name: str
@@ -80,6 +84,7 @@ class BackendSpec:
     is_available: Callable[[], Availability] = field(default=always_available, compare=False)
     arithmetic: Int8Arithmetic | None = None
     pairs_in_torch_order: bool = True
+    int8_gemm: Callable[[], Gemm | None] | None = field(default=None, compare=False)
 
 
 DIAGNOSTIC_LEVELS = ("ok", "warning", "error")

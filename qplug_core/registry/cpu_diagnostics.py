@@ -26,12 +26,21 @@ def cpu_diagnostic(arithmetic: Int8Arithmetic | str, cpu: CpuInt8 | None = None,
         return by_flags
     measured = probe_pair_sums(gemm)
     saturating = pair_sums_saturate(arithmetic, cpu)
+    if measured == PAIRS_SATURATE and not saturating and cpu.overridden:
+        return Diagnostic(
+            "warning", f"{by_flags.message}; but a worst-case probe on its kernels saturated int16 "
+            f"pair sums (u8 255 x s8 127), and the flags set in {cpu.source} win over the probe: "
+            "the 8-bit weights they imply lose accuracy on this machine",
+            hint="unset QPLUG_CPU_FLAGS (qplug then follows the probe), or set flags without "
+                 "avx512_vnni / avx_vnni")
     if measured == PAIRS_SATURATE and not saturating:
         return Diagnostic(
             "warning", f"{by_flags.message}; but a worst-case probe on its kernels saturated int16 "
-            "pair sums (u8 255 x s8 127): the default 8-bit weights lose accuracy on this machine",
-            hint="set QPLUG_CPU_FLAGS to this CPU's flags without avx512_vnni / avx_vnni, so "
-                 "qplug chooses 7-bit weights where pair sums saturate")
+            "pair sums (u8 255 x s8 127): they run below the CPU's instructions (e.g. "
+            "FBGEMM_ENABLE_INSTRUCTIONS or ONEDNN_MAX_CPU_ISA), so qplug decides for them as "
+            "without VNNI (7-bit weights where pair sums saturate) and int8 is slower than it could be",
+            hint="unset the variables that hold the kernels below the CPU, for 8-bit weights and "
+                 "VNNI speed")
     if measured == PAIRS_EXACT and saturating:
         note = ("measured: a worst-case probe on its kernels was exact, so they accumulate in "
                 "int32 on this machine and 7-bit weights are safe here, not needed")

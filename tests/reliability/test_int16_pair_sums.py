@@ -138,6 +138,64 @@ def test_on_the_host_cpu(backend):
     assert float((lowered(*inputs(5)) - expected).abs().max()) <= 1.01 * step
 
 
+def conv_model() -> nn.Sequential:
+    """A conv and a linear, positive weights on positive inputs (the worst case, as :func:`model`)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(8, 16, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 4 * 4, 8)).eval()
+    with torch.no_grad():
+        for layer in (net[0], net[3]):
+            layer.weight.uniform_(0.5, 1.0)
+            layer.bias.zero_()
+    return net
+
+
+def conv_inputs(seed: int) -> tuple[torch.Tensor]:
+    return (torch.rand(4, 8, 6, 6, generator=torch.Generator().manual_seed(seed)) * 0.5 + 0.5,)
+
+
+HELD_TO_AVX2_RUN = """
+import json, warnings
+import torch
+import qplug_core as qp
+from qplug_core.plugin_api import cpu_int8
+from tests.reliability.test_int16_pair_sums import conv_inputs, conv_model, inputs, model
+results = {"cpu": cpu_int8().summary(), "arithmetic": str(qp.get_backend("fbgemm").arithmetic)}
+for name, net, data in (("linear", model, inputs), ("conv", conv_model, conv_inputs)):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        observed = qp.calibrate(qp.prepare_fx(net(), None, data(0), backend="fbgemm"),
+                                [data(s) for s in range(3)])
+        lowered = qp.convert_fx(observed)
+    reference = qp.convert_to_reference_fx(observed)
+    x, expected = data(5), net()(*data(5))
+    results[name] = {"fallback": sorted(qp.quantization_report(lowered).reference.values()),
+                     "sqnr": float(qp.sqnr(expected, lowered(*x))),
+                     "reference_sqnr": float(qp.sqnr(expected, reference(*x)))}
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 kernels")
+def test_kernels_held_to_avx2_on_the_flags_of_this_cpu():
+    """FBGEMM and oneDNN held to AVX2 code (on any x86 CPU, VNNI or not) with the flags left to
+    the machine: the decisions follow what fbgemm's kernels measured (int16 pair sums), so every
+    layer runs its kernel and the model is as right as its reference form. Before, a VNNI CPU's
+    8-bit weights broke the kernel contract and both layers fell back to the slow reference form."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {name: value for name, value in os.environ.items() if name != "QPLUG_CPU_FLAGS"}
+    env.update({"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                "QPLUG_LOAD_PLUGINS": "qplug-fbgemm", "OMP_NUM_THREADS": "1"})
+    out = subprocess.run([sys.executable, "-c", HELD_TO_AVX2_RUN], env=env, capture_output=True,
+                         text=True, check=True, cwd=root)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "from /proc/cpuinfo" in result["cpu"] or "from torch" in result["cpu"]
+    assert "in int16" in result["arithmetic"]  # measured, or the flags' own answer without VNNI
+    for name in ("linear", "conv"):
+        assert result[name]["fallback"] == [], name
+        assert result[name]["sqnr"] >= result[name]["reference_sqnr"] - 0.5, (name, result[name])
+        assert result[name]["reference_sqnr"] > 30, (name, result[name])
+
+
 FBGEMM_AVX2_RUN = """
 import json, warnings
 import qplug_core as qp

@@ -9,6 +9,7 @@ convolution (the K order), and the chosen model runs on the host's real kernels.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -28,7 +29,8 @@ from tests.reliability.test_int16_pair_sums import AVX2, VNNI, vpmaddubsw_matmul
 class TwoLayers(nn.Module):
     """``safe``: adjacent weights of opposite signs, so no pair of products can leave int16
     whatever the codes; ``hot``: positive weights on large positive inputs (``safe``'s bias
-    keeps them in the top third of their grid), the worst case."""
+    keeps them in the top third of their grid), the worst case. ``hot``'s input also feeds the
+    output (an add), so its grid is not ``hot``'s alone: the choice is ``hot``'s weight bits."""
 
     def __init__(self):
         super().__init__()
@@ -41,6 +43,14 @@ class TwoLayers(nn.Module):
             self.hot.weight.uniform_(0.5, 1.0)
 
     def forward(self, x):
+        h = torch.relu(self.safe(x))
+        return self.hot(h) + h[:, :8]
+
+
+class OneConsumer(TwoLayers):
+    """``hot`` is its input's only consumer: 7-bit activations are an option for it."""
+
+    def forward(self, x):
         return self.hot(torch.relu(self.safe(x)))
 
 
@@ -48,11 +58,11 @@ def inputs(seed: int) -> tuple[torch.Tensor]:
     return (torch.rand(8, 32, generator=torch.Generator().manual_seed(seed)),)
 
 
-def converted(backend: str, flags: str, mapping=None):
+def converted(backend: str, flags: str, mapping=None, model=TwoLayers, lowered: bool = False):
     with override_cpu_flags(flags):
-        observed = qp.prepare_fx(TwoLayers().eval(), mapping, inputs(0), backend=backend)
+        observed = qp.prepare_fx(model().eval(), mapping, inputs(0), backend=backend)
         qp.calibrate(observed, [inputs(s) for s in range(3)])
-        return qp.convert_to_reference_fx(observed)
+        return qp.convert_fx(observed) if lowered else qp.convert_to_reference_fx(observed)
 
 
 def weight_ranges(reference) -> dict[str, tuple[int, int]]:
@@ -93,10 +103,40 @@ def test_per_layer_without_vnni(backend):
     assert saturated(reference) == {"safe": 0, "hot": 0}
 
 
+def test_seven_bit_activations_where_they_lose_less(backend):
+    """``hot`` as its input's only consumer: 8-bit weights on a 7-bit grid for that input (pairs
+    <= 2 x 127 x 128 fit int16) lose less than 7-bit weights on this data, so convert takes
+    them; nothing saturates, and held-out outputs are closer to float than with 7-bit weights."""
+    reference = converted(backend, AVX2, model=OneConsumer)
+    assert weight_ranges(reference) == dict.fromkeys(("safe", "hot"), EIGHT_BIT[backend])
+    grids = [(m.qparams.quant_min, m.qparams.quant_max) for m in reference.modules() if isinstance(m, Quantize)]
+    assert grids[:2] == [(0, 255), (0, 127)]  # the model's input, hot's input
+    assert reference.meta[WEIGHT_BITS_CHOICE]["hot"].startswith("8-bit weights on 7-bit activations: ")
+    assert saturated(reference) == {"safe": 0, "hot": 0}
+    with override_cpu_flags(AVX2):
+        rule = qp.get_default_qconfig_mapping(backend)  # explicit: 7-bit weights, no choice
+    by_rule = converted(backend, AVX2, rule, model=OneConsumer)
+    with torch.no_grad():
+        want = OneConsumer().eval()(*inputs(5))
+        assert qp.sqnr(want, reference(*inputs(5))) > qp.sqnr(want, by_rule(*inputs(5)))
+
+
+def test_seven_bit_activations_run_on_the_hosts_kernels(backend):
+    """The backend's kernels (or compiled partition) take the 7-bit input grid: none falls back
+    to the reference form, and the outputs agree with it within a step."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lowered = converted(backend, AVX2, model=OneConsumer, lowered=True)
+    assert not qp.quantization_report(lowered).reference
+    expected = snapshot_of(lowered).graph_module(*inputs(5))
+    step = float(expected.max() - expected.min()) / 255
+    assert float((lowered(*inputs(5)) - expected).abs().max()) <= 1.01 * step
+
+
 def test_the_rule_removed_saturates(backend, monkeypatch):
     """8-bit weights everywhere (the per-layer rule removed): the hot layer's pair sums leave
     int16 on a CPU without VNNI (the emulation above), so the rule is what keeps it right."""
-    monkeypatch.setattr(weight_bits._Losses, "of", lambda self, qparams, saturating: (
+    monkeypatch.setattr(weight_bits._Losses, "of", lambda self, qparams, saturating, activations=None: (
         pair_sums.PairSums(0, torch.zeros(1)), 0.0))
     reference = converted(backend, AVX2)
     assert weight_ranges(reference)["hot"] == EIGHT_BIT[backend]
@@ -180,6 +220,37 @@ def test_qp_quantize_defaults_get_the_choice(backend, options):
     qmodel, ranges = quantized(backend, AVX2, **options)
     assert ranges == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}
     assert set(qmodel.meta[WEIGHT_BITS_CHOICE]) == {"safe", "hot"}
+
+
+def test_bias_correction_is_for_the_weights_convert_gives(backend):
+    """Bias correction runs before prepare, on the 7-bit default weights of a CPU without VNNI;
+    convert then gives ``safe`` 8-bit weights. Each layer's bias is the float bias less the mean
+    shift of the weights it really has, on the calibration data (not that of the 7-bit ones)."""
+    from qplug_core import qparams as Q
+
+    qmodel, ranges = quantized(backend, AVX2, recipe=["bias_correction"])
+    assert ranges == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}
+    net = TwoLayers().eval()
+    with torch.no_grad():
+        layer_inputs = {"safe": [inputs(s)[0] for s in range(3)]}
+        layer_inputs["hot"] = [torch.relu(net.safe(x)) for x in layer_inputs["safe"]]
+    reference = snapshot_of(qmodel).graph_module
+    for name, x in layer_inputs.items():
+        converted_layer = reference.get_submodule(name)
+        weight = getattr(net, name).weight.detach()
+
+        def corrected(qparams, weight=weight, x=x, name=name):
+            shift = torch.cat([nn.functional.linear(rows, Q.fake_quantize(weight, qparams) - weight)
+                               for rows in x]).mean(0)
+            return getattr(net, name).bias.detach() - shift
+
+        linear = next(m for m in converted_layer.modules() if isinstance(m, nn.Linear))
+        qparams = converted_layer.weight_qparams
+        assert torch.allclose(linear.bias.detach(), corrected(qparams), rtol=1e-5, atol=1e-6), name
+        if name == "safe":  # what the 7-bit grid needed is another bias
+            seven = dataclasses.replace(qparams, quant_min=-64, quant_max=64,
+                                        scale=qparams.scale * (qparams.quant_max / 64))
+            assert not torch.allclose(linear.bias.detach(), corrected(seven), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("options", [{"recipe": ["bias_correction"]}, {"target": qp.Target(sqnr=-100.0)}],

@@ -32,7 +32,9 @@ from qplug_core.plugin_api import (
     Diagnostic,
     DTypeConfig,
     DTypeWithConstraints,
+    Gemm,
     Int8Arithmetic,
+    backend_arithmetic,
     common_pattern_configs,
     cpu_diagnostic,
     default_op_quint8_dtype_config,
@@ -94,10 +96,15 @@ def compile_partition(partition, example_inputs) -> OrtPartition:
     return OrtPartition(partition, example_inputs, partition_to_onnx, settings())
 
 
+def int8_gemm() -> Gemm | None:
+    """MLAS's u8 x s8 product (``MatMulInteger``), measured where the flags call it exact."""
+    return matmul_integer if is_available().ok else None
+
+
 @hookimpl
 def qplug_register_backends() -> list[BackendSpec]:
     return [BackendSpec(NAME, "int8 partitions compiled into ONNX Runtime sessions (ONNX QDQ, MLAS)",
-                        is_available=is_available, arithmetic=ARITHMETIC)]
+                        is_available=is_available, arithmetic=ARITHMETIC, int8_gemm=int8_gemm)]
 
 
 @hookimpl
@@ -121,7 +128,7 @@ def qplug_weight_only_kernels(backend: str) -> list[WeightOnlyKernel]:
 def qplug_default_qconfig_mapping(backend: str, mode: str) -> QConfigMapping | None:
     if backend != NAME:
         return None
-    options = safe_qconfig_options(ARITHMETIC, {
+    options = safe_qconfig_options(backend_arithmetic(NAME, ARITHMETIC, int8_gemm), {
         "reduce_range": False, "per_channel": True, "per_channel_conv_transpose": False,
         "weight_quant_min": WEIGHT_RANGE[0], "weight_quant_max": WEIGHT_RANGE[1]})
     return default_qconfig_mapping(mode, **options)

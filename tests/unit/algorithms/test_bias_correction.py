@@ -90,3 +90,50 @@ def test_bad_arguments_are_clear_errors():
         correct_bias(gm, [], qconfig_mapping=default_qconfig_mapping("static"))
     with pytest.raises(ConfigValidationError, match="QConfigMapping"):
         correct_bias(gm, [(torch.randn(1, 3, 6, 6),)], qconfig_mapping=None)
+
+
+class _Conv1dNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, 6, 3, padding=2, stride=2, dilation=2)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean(2))
+
+
+@pytest.mark.parametrize("net, shape, names", [
+    (_Net, (4, 3, 6, 6), ("conv", "dw", "fc")), (_Conv1dNet, (4, 4, 9), ("conv", "fc"))])
+def test_convert_corrects_for_the_grid_it_gives_the_layer(net, shape, names):
+    """Corrected for 7-bit weights, then given 8-bit ones (convert's per-layer choice on CPUs
+    without VNNI): the bias is that of a correction made for the 8-bit grid in the first place,
+    so each layer again has its float mean output on the calibration set."""
+    from qplug_core.flows import bias_grid
+
+    torch.manual_seed(0)
+    seven = default_qconfig_mapping("static", per_channel=True, weight_quant_min=-64, weight_quant_max=64)
+    eight = default_qconfig_mapping("static", per_channel=True)
+    data = [(torch.randn(*shape) + 0.5,) for _ in range(3)]
+    gm = qp.fuse_fx(net().eval(), data[0], backend="reference")
+    float_gm, direct = copy.deepcopy(gm), copy.deepcopy(gm)
+    correct_bias(gm, data, qconfig_mapping=seven)
+    correct_bias(direct, data, qconfig_mapping=eight)
+    for name in names:
+        layer = gm.get_submodule(name)
+        before = layer.bias.detach().clone()
+        qconfig = eight.qconfig_for_module("", type(layer))
+        bias_grid.regrid(layer, observed_weight_qparams(qconfig, layer.weight))
+        want = direct.get_submodule(name).bias.detach()
+        assert torch.allclose(layer.bias.detach(), want, rtol=1e-5, atol=1e-6), name
+        assert not torch.allclose(before, want, rtol=1e-5, atol=1e-6), name  # the grids differ
+        bias_grid.regrid(layer, observed_weight_qparams(qconfig, layer.weight))  # idempotent
+        assert torch.allclose(layer.bias.detach(), want, rtol=1e-5, atol=1e-6), name
+    for name in names:  # and back to 7 bits: the 7-bit correction again
+        layer = gm.get_submodule(name)
+        bias_grid.regrid(layer, observed_weight_qparams(seven.qconfig_for_module("", type(layer)),
+                                                        layer.weight))
+    again = copy.deepcopy(float_gm)
+    correct_bias(again, data, qconfig_mapping=seven)
+    for name in names:
+        assert torch.allclose(gm.get_submodule(name).bias.detach(), again.get_submodule(name).bias.detach(),
+                              rtol=1e-5, atol=1e-6), name

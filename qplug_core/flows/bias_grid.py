@@ -1,0 +1,82 @@
+"""Bias correction's record on a layer, so convert can correct the bias for the weight grid it
+really gives the layer.
+
+Bias correction (``algorithms/bias_correction.py``) runs before prepare and removes the mean
+output shift ``E x`` of the qconfig's weight grid. Convert may give a layer another grid: on x86
+CPUs without VNNI the defaults are 7-bit weights, and convert chooses 8 bits per layer where no
+int16 pair sum saturates (``flows/weight_bits.py``); the 7-bit correction is then wrong for that
+layer. The shift is linear in ``E``: its mean over the calibration data is ``E . m`` with ``m``
+the mean GEMM input column (the layer's input for a linear, its im2col for a conv). So the
+correction records ``m`` and the shift it removed, and :func:`regrid` replaces that shift with the
+one of the grid convert chose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qplug_core import qparams as Q
+
+#: the attribute of a corrected layer holding its :class:`BiasRecord`
+RECORD = "_qplug_bias_correction"
+
+
+@dataclass
+class BiasRecord:
+    """A corrected layer's mean GEMM input column (weight order: ``in_features``, or a conv's
+    ``(c_in, kh, kw)`` flattened) and the shift its bias has had removed."""
+
+    columns: torch.Tensor
+    removed: torch.Tensor
+
+
+def records_columns(layer: nn.Module) -> bool:
+    """Whether :func:`columns` knows ``layer``'s GEMM (linear; 1d/2d conv, numeric zero padding)."""
+    if isinstance(layer, nn.Linear):
+        return True
+    return (isinstance(layer, (nn.Conv1d, nn.Conv2d)) and not isinstance(layer.padding, str)
+            and layer.padding_mode == "zeros")
+
+
+def columns(layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the sum of ``layer``'s GEMM input rows for input ``x``, how many rows)."""
+    if isinstance(layer, nn.Linear):
+        rows = x.reshape(-1, x.shape[-1]).double()
+        return rows.sum(0), rows.shape[0]
+    kernel, dilation, padding, stride = layer.kernel_size, layer.dilation, layer.padding, layer.stride
+    if isinstance(layer, nn.Conv1d):  # a 2d conv over a height of 1
+        x = x.unsqueeze(-2)
+        kernel, dilation, padding, stride = ((1, kernel[0]), (1, dilation[0]), (0, padding[0]),
+                                             (1, stride[0]))
+    if x.dim() == 3:  # an unbatched input
+        x = x.unsqueeze(0)
+    unfolded = F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride).double()
+    return unfolded.sum((0, 2)), unfolded.shape[0] * unfolded.shape[2]
+
+
+def column_shift(layer: nn.Module, error: torch.Tensor, mean_columns: torch.Tensor) -> torch.Tensor:
+    """The mean output shift ``E . m`` per output channel of weight error ``error``."""
+    groups = getattr(layer, "groups", 1)
+    e = error.double().reshape(groups, error.shape[0] // groups, -1)
+    return (e * mean_columns.reshape(groups, 1, -1)).sum(-1).reshape(-1).float()
+
+
+def regrid(module: nn.Module, qparams: Q.QParams) -> None:
+    """Correct the bias of each layer in ``module`` that bias correction recorded for the weight
+    grid ``qparams`` (the one convert gives it) instead of the one it was corrected for."""
+    for layer in module.modules():
+        record = getattr(layer, RECORD, None)
+        if record is None:
+            continue
+        weight = layer.weight.detach()
+        shift = column_shift(layer, Q.fake_quantize(weight, qparams) - weight, record.columns)
+        with torch.no_grad():
+            layer.bias.add_(record.removed - shift)
+        record.removed = shift
+
+
+__all__ = ["RECORD", "BiasRecord", "column_shift", "columns", "records_columns", "regrid"]

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch

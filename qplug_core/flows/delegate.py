@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ from torch import fx, nn
 
 from qplug_core.flows.kernel_check import CONTRACT_BROKEN, MAX_OUTLIER_FRACTION, output_violation
 from qplug_core.flows.region_parity import layer_parity
-from qplug_core.flows.report import describe_op
+from qplug_core.flows.report import describe_op, float_compute_nodes, report_names
 from qplug_core.flows.safer_weights import make_safer, may_saturate
 from qplug_core.flows.tags import BOUNDARY, KERNEL, REPORT, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner
@@ -72,10 +73,16 @@ class DelegationSummary:
     outside: dict[str, str] = field(default_factory=dict)  # node name -> why it stayed in PyTorch
     lowered: dict[str, str] = field(default_factory=dict)  # int8 anchor -> partition
     reference: dict[str, str] = field(default_factory=dict)  # int8 anchor left in reference form -> why
+    #: partition submodule -> its reference form: the report looks inside for ops left in float
+    graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
 
 
-def _int8_anchors(nodes) -> list[str]:
-    return [n.name for n in nodes if (tag := region_tag(n)) is not None and tag.is_anchor and tag.quantized]
+#: names an int8 anchor as the report does (``flows.report.report_names``)
+_Namer = Callable[[fx.Node], str]
+
+
+def _int8_anchors(nodes: Iterable[fx.Node], name: _Namer) -> list[str]:
+    return [name(n) for n in nodes if (tag := region_tag(n)) is not None and tag.is_anchor and tag.quantized]
 
 
 class _PartitionInputs(fx.Interpreter):
@@ -106,6 +113,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     """
     keep_reference = keep_reference or {}
     summary = DelegationSummary()
+    report_key = report_names(gm.graph)  # the report's names, taken before partitions are fused
     submodules = dict(gm.named_modules())
     for node in gm.graph.nodes:
         if node.op in _CALLS and not delegate.operator_support.is_node_supported(submodules, node):
@@ -117,13 +125,13 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
         allows_single_node_partition=delegate.allows_single_node_partition)
     partitions = []
     for partition in partitioner.propose_partitions():
-        if _int8_anchors(partition.nodes):
+        if _int8_anchors(partition.nodes, report_key):
             partitions.append(partition)
         else:
             for node in partition.nodes:
                 if BOUNDARY not in node.meta:
                     summary.outside[node.name] = "in a partition without int8 work: left in PyTorch"
-    members = {i: (list(p.nodes), _int8_anchors(p.nodes)) for i, p in enumerate(partitions)}
+    members = {i: (list(p.nodes), _int8_anchors(p.nodes, report_key)) for i, p in enumerate(partitions)}
     partitioner.fuse_partitions(partitions, prefix=PREFIX)
     names = {f"{PREFIX}{i}" for i in members}
     recorder = _PartitionInputs(gm, names)
@@ -133,6 +141,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     for i, (nodes, anchors) in members.items():
         name = f"{PREFIX}{i}"
         partition_gm = gm.get_submodule(name)
+        summary.graphs[name] = partition_gm
         if anchors and all(a in keep_reference for a in anchors):
             summary.reference.update({a: keep_reference[a] for a in anchors})
             continue
@@ -158,7 +167,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
         gm.set_submodule(name, module)
         summary.partitions.append(PartitionRecord(name, len(nodes), len(anchors), type(module).__name__, note))
         summary.lowered.update(dict.fromkeys(anchors, name))
-    for name in _int8_anchors(n for n in gm.graph.nodes if n.name in summary.outside):
+    for name in _int8_anchors((n for n in gm.graph.nodes if n.name in summary.outside), report_key):
         summary.reference[name] = summary.outside[name]
     compiled = {p.name for p in summary.partitions}
     for node in gm.graph.nodes:
@@ -223,6 +232,9 @@ class FirstCallCheck:
                 report.kernels.pop(anchor, None)
                 report.reference[anchor] = reason
             report.partitions = [p for p in report.partitions if p["name"] != self.name]
+            listed = {entry.node for entry in report.skipped}
+            report.skipped += [entry for entry in float_compute_nodes(partition, report.reference)
+                               if entry.node not in listed]  # its int8 regions now compute in float
         elif report is not None and note:
             for record in report.partitions:
                 if record["name"] == self.name:

@@ -86,12 +86,17 @@ def describe_op(node: fx.Node, gm: fx.GraphModule) -> str:
 
 
 def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | None = None,
-                        opaque_modules: dict[str, str] | None = None) -> list[SkippedNode]:
+                        opaque_modules: dict[str, str] | None = None,
+                        partitions: dict[str, fx.GraphModule] | None = None) -> list[SkippedNode]:
     """Every op that still computes in float, with the reason recorded by prepare or lowering.
 
-    ``fallback_reasons`` (anchor node name -> reason) marks int8 regions that lowering left in
-    reference form: they compute in float between dequantize and quantize, so they are listed too.
-    ``opaque_modules`` (module path -> reason) are submodules capture could not look into.
+    ``fallback_reasons`` (anchor name as :func:`report_names` gives it -> reason) marks int8
+    regions that lowering or delegation left in reference form: they compute in float between
+    dequantize and quantize, so they are listed too. ``opaque_modules`` (module path -> reason)
+    are submodules capture could not look into. ``partitions`` (submodule -> its reference form)
+    are a delegating backend's partitions, compiled or not: the float ops inside them are listed
+    as if they were not fused (a float linear compiled into an ONNX Runtime session is still a
+    float linear), never the partition call itself.
     """
     report_key = report_names(gm.graph)
     opaque = opaque_modules or {}
@@ -102,6 +107,9 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
             anchors[tag.region_id] = report_key(node)
     skipped = []
     for node in gm.graph.nodes:
+        if node.op == "call_module" and partitions and node.target in partitions:
+            skipped += float_compute_nodes(partitions[node.target], fallback_reasons, opaque)
+            continue
         if (node.op not in ("call_module", "call_function", "call_method")
                 or OBSERVER in node.meta or BOUNDARY in node.meta or KERNEL in node.meta):
             continue

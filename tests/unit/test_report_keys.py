@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -40,3 +41,18 @@ def test_every_module_key_is_a_qualified_module_name(plugin_autoload):
             continue  # functional ops keep their node name
         model.get_submodule(key)  # raises AttributeError for a node name such as "1_0_conv"
     assert {"1.0.norm", "1.1.norm"} <= {s.node for s in report.skipped}
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_a_delegating_backend_names_anchors_as_the_report_does(plugin_autoload, backend, tmp_path):
+    """``report.kernels`` and ``report.reference`` key the int8 regions as ``report.quantized``
+    does (``1.0.conv``, not the node name ``1_0_conv``), and ``qp.load`` keeps what they say."""
+    model = _model()
+    qmodel = qp.quantize(model, (torch.randn(1, 3, 8, 8),), [torch.randn(2, 3, 8, 8)],
+                         backend=backend, progress=False)
+    report = qp.quantization_report(qmodel)
+    assert report.partitions and set(report.kernels) | set(report.reference) == set(report.quantized)
+    assert report.kernels["1.0.conv"] == f"delegate:{report.partitions[0]['name']}"
+    qp.save(qmodel, tmp_path / "model.qplug")
+    loaded = qp.quantization_report(qp.load(tmp_path / "model.qplug"))
+    assert (loaded.kernels, loaded.reference) == (report.kernels, report.reference)

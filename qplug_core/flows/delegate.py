@@ -232,9 +232,12 @@ class FirstCallCheck:
                 report.kernels.pop(anchor, None)
                 report.reference[anchor] = reason
             report.partitions = [p for p in report.partitions if p["name"] != self.name]
+            for entry in report.skipped:  # its float ops now run in PyTorch
+                if entry.partition == self.name:
+                    entry.partition = ""
             listed = {entry.node for entry in report.skipped}
             report.skipped += [entry for entry in float_compute_nodes(partition, report.reference)
-                               if entry.node not in listed]  # its int8 regions now compute in float
+                               if entry.node not in listed]  # its int8 regions compute in float too
         elif report is not None and note:
             for record in report.partitions:
                 if record["name"] == self.name:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import textwrap
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from torch import fx
@@ -32,6 +32,8 @@ class SkippedNode:
     reason: str
     #: "compute" (could have been int8), "shape" or "integer" (plumbing): see qplug_core.flows.op_kinds
     kind: str = COMPUTE
+    #: the compiled partition of a delegating backend it runs in, in float ('': in PyTorch)
+    partition: str = ""
 
 
 @dataclass
@@ -87,16 +89,17 @@ def describe_op(node: fx.Node, gm: fx.GraphModule) -> str:
 
 def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | None = None,
                         opaque_modules: dict[str, str] | None = None,
-                        partitions: dict[str, fx.GraphModule] | None = None) -> list[SkippedNode]:
+                        partitions: dict[str, fx.GraphModule] | None = None,
+                        compiled: frozenset[str] = frozenset()) -> list[SkippedNode]:
     """Every op that still computes in float, with the reason recorded by prepare or lowering.
 
     ``fallback_reasons`` (anchor name as :func:`report_names` gives it -> reason) marks int8
     regions that lowering or delegation left in reference form: they compute in float between
     dequantize and quantize, so they are listed too. ``opaque_modules`` (module path -> reason)
     are submodules capture could not look into. ``partitions`` (submodule -> its reference form)
-    are a delegating backend's partitions, compiled or not: the float ops inside them are listed
-    as if they were not fused (a float linear compiled into an ONNX Runtime session is still a
-    float linear), never the partition call itself.
+    are a delegating backend's partitions: the float ops inside them are listed as if they were
+    not fused (a float linear compiled into an ONNX Runtime session is still a float linear),
+    never the partition call itself; those of the ``compiled`` ones name their partition.
     """
     report_key = report_names(gm.graph)
     opaque = opaque_modules or {}
@@ -108,7 +111,9 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
     skipped = []
     for node in gm.graph.nodes:
         if node.op == "call_module" and partitions and node.target in partitions:
-            skipped += float_compute_nodes(partitions[node.target], fallback_reasons, opaque)
+            inside = float_compute_nodes(partitions[node.target], fallback_reasons, opaque)
+            where = str(node.target) if node.target in compiled else ""
+            skipped += [replace(entry, partition=where) for entry in inside]
             continue
         if (node.op not in ("call_module", "call_function", "call_method")
                 or OBSERVER in node.meta or BOUNDARY in node.meta or KERNEL in node.meta):
@@ -212,7 +217,9 @@ def _float_lines(report: QuantizationReport, width: int, verbose: bool) -> list[
     compute, plumbing = split_plumbing(report)
     lines = []
     if compute:
-        lines.append(f"left in float: {len(compute)} compute op(s), by reason")
+        inside = sum(1 for entry in compute if getattr(entry, "partition", ""))
+        where = f" ({inside} inside compiled partitions)" if inside else ""
+        lines.append(f"left in float: {len(compute)} compute op(s){where}, by reason")
         for reason, entries in by_reason(compute):
             lines += _wrap(f"{len(entries):>4}  {reason}", width, "", "      ")
             detail = (", ".join(f"{e.node} ({e.op})" for e in entries) if verbose

@@ -45,6 +45,9 @@ SNAPSHOT = "qplug_reference_snapshot"
 WEIGHT_ONLY = "qplug_weight_only"
 #: attribute of a model quantized by ``qp.quantize_w8a8``: what was done (W8A8Info)
 W8A8 = "qplug_w8a8"
+#: attribute of a model from ``qp.quantize_weights`` / ``qp.quantize_w8a8``: its decode-step
+#: thread choice (weight_only.decode_step.DecodeStepThreads)
+DECODE_THREADS = "qplug_decode_threads"
 #: GraphModule.meta key: the encoded reference form a model was loaded from (serialization.Artifact)
 ARTIFACT = "qplug_artifact"
 #: attribute of an eager-mode model prepared by ``qp.eager.prepare``

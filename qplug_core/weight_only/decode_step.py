@@ -27,10 +27,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from qplug_core.flows.tags import DECODE_THREADS
 from qplug_core.kernels.decode_threads import ThreadChoice
 
 #: the model attribute holding its :class:`DecodeStepThreads`
-ATTRIBUTE = "qplug_decode_threads"
+ATTRIBUTE = DECODE_THREADS
 #: decode steps of one (thread count, batch) between two measurements
 REMEASURE_EVERY = 128
 #: the KV-cache argument of a decoder's forward: transformers >= 5.x, then older releases

@@ -120,7 +120,8 @@ def test_family_compiles_whole_into_ort_with_no_float_fallback(name):
     report = qp.quantization_report(ort_model)
     assert not [w for w in qplug_warnings if "compiling partition" in w], qplug_warnings
     assert report.reference == {}, report.reference  # nothing left in reference form
-    assert report.skipped == [], report.skipped  # and no float compute outside ORT
+    outside = [s for s in report.skipped if not s.partition]
+    assert outside == [], outside  # and no float op outside ORT (layer norms, softmax run in it)
     assert report.partitions and all(p["module"] == "OrtPartition" for p in report.partitions)
     assert len(report.partitions) == 1, report.partitions  # one session, no torch in between
     held_out = make(50)

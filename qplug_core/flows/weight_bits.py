@@ -33,7 +33,15 @@ from torch import fx, nn
 from qplug_core.config import QConfigMapping
 from qplug_core.flows import calibration_sample
 from qplug_core.flows.observed import ObservedValue, observed_inputs, observed_values
-from qplug_core.flows.tags import EXAMPLE_INPUTS, OBSERVER, ROOT, WEIGHT_BITS, WEIGHT_BITS_CHOICE, region_tag
+from qplug_core.flows.tags import (
+    EXAMPLE_INPUTS,
+    FOLDED_CLAMP,
+    OBSERVER,
+    ROOT,
+    WEIGHT_BITS,
+    WEIGHT_BITS_CHOICE,
+    region_tag,
+)
 from qplug_core.kernels import pair_sums
 from qplug_core.kernels.arithmetic import pair_sums_saturate
 from qplug_core.kernels.cpu import override_cpu_flags
@@ -236,12 +244,17 @@ class WeightBits:
 
     def _shared_input(self, node: fx.Node) -> ObservedValue | None:
         """``node``'s observed input if 7-bit activations are an option for it: an 8-bit grid of
-        its own (not shared with another value), consumed by layers this choice covers only."""
+        its own (not shared with another value), consumed by layers this choice covers only, and
+        not a clamp that convert folds into its producer's output range (a 7-bit grid is too
+        coarse to realise the clamp by saturation: the clamp would stay, and ONNX Runtime does
+        not fuse a conv with a Clip between its Q/DQ)."""
         observed = observed_inputs(self.gm, node)
         if len(observed) != 1:
             return None
         value, observer = observed[0], observed[0].observer
         if (observer.quant_min, observer.quant_max) != (0, 255) or self._observer_uses[id(observer)] != 1:
+            return None
+        if FOLDED_CLAMP in value.value.meta:
             return None
         users = list(value.node.users)
         if not all(u in self.inputs and u.meta.get(ROOT) for u in users):

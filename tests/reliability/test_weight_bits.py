@@ -121,6 +121,24 @@ def test_seven_bit_activations_where_they_lose_less(backend):
         assert qp.sqnr(want, reference(*inputs(5))) > qp.sqnr(want, by_rule(*inputs(5)))
 
 
+class ClampedConsumer(TwoLayers):
+    """``OneConsumer`` with ReLU6 (folded into ``safe``'s output range) instead of ReLU."""
+
+    def forward(self, x):
+        return self.hot(torch.nn.functional.relu6(self.safe(x)))
+
+
+def test_a_folded_clamp_keeps_its_8_bit_grid(backend):
+    """A 7-bit grid cannot realise ReLU6 by saturation, so convert would have to keep the clamp
+    (and ONNX Runtime would not fuse the conv with a Clip between): ``hot`` chooses weight bits
+    instead, and the clamp is gone from the reference form."""
+    reference = converted(backend, AVX2, model=ClampedConsumer)
+    assert not reference.meta[WEIGHT_BITS_CHOICE]["hot"].startswith("8-bit weights on 7-bit activations")
+    grids = [(m.qparams.quant_min, m.qparams.quant_max) for m in reference.modules() if isinstance(m, Quantize)]
+    assert grids[:2] == [(0, 255), (0, 255)]
+    assert not [n for n in reference.graph.nodes if n.target is torch.nn.functional.relu6]
+
+
 def test_seven_bit_activations_run_on_the_hosts_kernels(backend):
     """The backend's kernels (or compiled partition) take the 7-bit input grid: none falls back
     to the reference form, and the outputs agree with it within a step."""

@@ -12,10 +12,9 @@ on the CPU (field notes, round 3):
   on outlier-heavy inputs;
 * ``"float"``: always exact, the last rung.
 
-The search takes each layer to the first rung of :func:`fallback_ladder` whose measured local
-error (``qplug_core.algorithms.layer_errors``) pays, and further down only while the target is
-missed (``qplug_core.algorithms.descent``), so the default target holds on CPUs with and without
-VNNI at the speed the CPU allows.
+For each layer the search takes the first rung of :func:`fallback_ladder` whose measured local
+error is as small as a typical static int8 layer's (``qplug_core.algorithms.layer_errors``), so
+the default target holds on CPUs with and without VNNI.
 
 A backend that compiles partitions (onnxruntime, openvino) has no per-token rung: the per-token
 module is swapped in after convert, and a compiled partition runs the reference form it was

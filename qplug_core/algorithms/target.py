@@ -5,17 +5,15 @@ ONCE; the all-int8 model is converted and scored. If it misses the target, one p
 model over the evaluation data measures every weighted layer's local error under static int8 and
 under each fallback (:mod:`.layer_errors`, using the calibrated observers), layers (or role groups,
 see :mod:`.sensitivity`) are ranked by that error, and the worst 1, 2, 4, ... groups are taken out
-(and their layers moved down the fallback ladder, :mod:`.descent`) until the converted model meets
-the target. Each try reuses the calibrated observers
+until the converted model meets the target. Each try reuses the calibrated observers
 (:mod:`.reuse`): prepare and convert, no calibration.
 
-"Taken out" means the cheapest rung of this CPU's fallback ladder (:mod:`.fallbacks`: per-token
-dynamic where the CPU has VNNI, per-tensor dynamic, float) that pays, chosen layer by layer within
-a group; only while the target is missed with those groups out do the worst fallbacks move down
-the ladder, a few at a time, toward float. ``fallback="float"``, ``"dynamic"`` or
-``"per_token"`` forces the first rung. For a sentence encoder (token states beside an
-``attention_mask``) the cosines are those of the embedding its users compare (mean-pooled over
-the mask, L2-normalised) and the result reports nearest-neighbour agreement. The decisions are in ``qmodel.meta["qplug_target"]``.
+"Taken out" means the first rung of this CPU's fallback ladder (:mod:`.fallbacks`: per-token
+dynamic where the CPU has VNNI, per-tensor dynamic, float) whose local error is as small as a
+typical (median) static int8 layer's, chosen layer by layer within a group; ``fallback="float"``,
+``"dynamic"`` or ``"per_token"`` forces one. For a sentence encoder (token states beside an ``attention_mask``) the cosines are
+those of the embedding its users compare (mean-pooled over the mask, L2-normalised) and the
+result reports nearest-neighbour agreement. The decisions are in ``qmodel.meta["qplug_target"]``.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from typing import Any
 
 from torch import fx, nn
 
-from qplug_core.algorithms.descent import group_error, median, search
 from qplug_core.algorithms.fallbacks import fallback_ladder, run_per_token
 from qplug_core.algorithms.layer_errors import LayerError, layer_errors
 from qplug_core.algorithms.sensitivity import (
@@ -178,6 +175,22 @@ def _scored_ancestors(gm: fx.GraphModule) -> set[str]:
     return seen
 
 
+def _rung(errors: list[LayerError], ladder: tuple[str, ...], threshold: float) -> str:
+    """The first fallback whose local error on every layer of a group is at most ``threshold``."""
+    for rung in ladder:
+        if rung == "float":
+            return rung
+        values = [e.errors.get(rung) for e in errors]
+        if all(v is not None and v <= threshold for v in values):
+            return rung
+    return "float"
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2] if ordered else 0.0
+
+
 def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend: Any,
                 mapping: QConfigMapping, target: Target, *, progress: bool | None = None,
                 strict: bool = False, prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
@@ -242,23 +255,33 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         def group_static(g: list[str]) -> float:
             return sum(static[n] for n in g) / len(g)
 
-        def attempt(out: list[list[str]], taken: dict[str, str], first: dict[str, str]) -> bool | None:
-            """Convert and score ``taken``: whether it meets the target (None: not tried, it is
-            the float model, not a quantization)."""
-            nonlocal qmodel, final_mapping
+        # candidates worst first: the groups worse than the median layer are tried first (taking
+        # out the rest buys little locally); if those are not enough, the others follow, since a
+        # layer's local error does not tell how much later layers amplify it (SwinV2's patch
+        # embedding and cosine attention)
+        median = _median(list(static.values()))
+        ranked = sorted(group_layers(layers, target.group), key=lambda g: -group_static(g))
+        worse = sum(1 for g in ranked if group_static(g) > median)
+        for k in _sizes(worse, len(ranked)):
+            if result.met:
+                break
+            out = ranked[:k]
+            gone = {n for g in out for n in g}
+            # a fallback must leave a layer no worse than the worst one staying in static int8
+            # (with none staying, than the median one)
+            bar = max((static[n] for n in layers if n not in gone), default=median)
+            # each layer of a group takes its own first rung that passes: one layer of six over
+            # the bar need not send the other five to float
+            taken = {n: _rung([by_name[n]], ladder, bar) for g in out for n in g}
             if len(taken) == len(layers) and set(taken.values()) == {"float"}:
-                return None
+                break  # the float model itself: not a quantization (the warning says so)
             qmodel, result.final, final_mapping = run(taken)
             result.met = not target.misses(result.final)
-            result.decisions = _decisions(out, taken, first, by_name, group_static)
-            return result.met
-
-        # the groups worse than the median layer go first (taking out the rest buys little
-        # locally); if those are not enough, the others follow, since a layer's local error does
-        # not tell how much later layers amplify it (SwinV2's patch embedding, cosine attention)
-        middle = median(list(static.values()))
-        ranked = sorted(group_layers(layers, target.group), key=lambda g: -group_static(g))
-        search(ranked, sum(1 for g in ranked if group_static(g) > middle), by_name, ladder, attempt)
+            result.decisions = [Decision(
+                role_name(sub), tuple(sub), rung,
+                f"local static int8 error {group_static(sub):.2e}; as {rung}: "
+                f"{_group_error([by_name[n] for n in sub], rung):.2e} (worst layer left in "
+                f"static int8: {bar:.2e})") for g in out for rung, sub in _by_rung(g, taken)]
     result.quantizations = count
     if not result.met:
         warn_user(_missed(target, result, len(layers)))
@@ -267,6 +290,19 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                                 strict=True, prepare_options=options)
     qmodel.meta[TARGET] = result
     return qmodel
+
+
+def _sizes(first: int, total: int) -> list[int]:
+    """How many of the ranked groups each try takes out: doubling up to ``first`` (the groups
+    worse than the median layer), then doubling on to ``total``."""
+    sizes: list[int] = []
+    k = 1
+    while k <= total:
+        sizes.append(k)
+        if k == total:
+            break
+        k = min(2 * k, first) if k < first else min(2 * k, total)
+    return sizes
 
 
 def _missed(target: Target, result: TargetResult, layers: int) -> str:
@@ -284,24 +320,16 @@ def _missed(target: Target, result: TargetResult, layers: int) -> str:
             "where; a qconfig_mapping leaving those ops float goes further")
 
 
-def _decisions(out: list[list[str]], taken: dict[str, str], first: dict[str, str],
-               by_name: dict[str, LayerError], group_static: Callable[[list[str]], float]
-               ) -> list[Decision]:
-    """One decision per group taken ``out`` and rung its layers took, saying why."""
-    decisions = []
-    for group in out:
-        subgroups: dict[tuple[str, str], list[str]] = {}
-        for name in group:
-            subgroups.setdefault((taken[name], first[name]), []).append(name)
-        for (rung, tried), sub in subgroups.items():
-            errors = [by_name[n] for n in sub]
-            reason = (f"local static int8 error {group_static(sub):.2e}; as {rung}: "
-                      f"{group_error(errors, taken):.2e}")
-            if rung != tried:
-                reason += (f" (moved down: as {tried}, {group_error(errors, dict.fromkeys(sub, tried)):.2e}, "
-                           "the model missed the target)")
-            decisions.append(Decision(role_name(sub), tuple(sub), rung, reason))
-    return decisions
+def _by_rung(group: list[str], taken: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """The layers of ``group`` by the rung each took, in the ladder's order of first use."""
+    subgroups: dict[str, list[str]] = {}
+    for name in group:
+        subgroups.setdefault(taken[name], []).append(name)
+    return list(subgroups.items())
+
+
+def _group_error(errors: list[LayerError], rung: str) -> float:
+    return 0.0 if rung == "float" else sum(e.errors.get(rung, 0.0) for e in errors) / len(errors)
 
 
 def _static_weights(gm: fx.GraphModule, mapping: QConfigMapping, layers: list[str],

@@ -187,7 +187,7 @@ def _first_call(path, flags):
 
 def test_a_file_from_a_vnni_cpu_is_checked_at_its_first_call_without_vnni(sdk, tmp_path):
     lowered = _converted_with_vnni_and_saved(tmp_path / "model.qplug")
-    with torch.no_grad():
+    with override_cpu_flags(VNNI), torch.no_grad():  # the SDK follows the CPU it runs on
         exact = lowered(*inputs(5))
     # without the check, the 8-bit weights saturate here: the SDK's plain output is far off
     with override_cpu_flags(AVX2), torch.no_grad():
@@ -207,7 +207,7 @@ def test_a_file_from_a_vnni_cpu_is_checked_at_its_first_call_without_vnni(sdk, t
 def test_the_same_file_on_a_vnni_cpu_is_not_rechecked(sdk, tmp_path):
     lowered = _converted_with_vnni_and_saved(tmp_path / "model.qplug")
     loaded, out, messages = _first_call(tmp_path / "model.qplug", VNNI)
-    with torch.no_grad():
+    with override_cpu_flags(VNNI), torch.no_grad():  # the SDK follows the CPU it runs on
         assert torch.equal(out, lowered(*inputs(5)))
     assert messages == [] and qp.quantization_report(loaded).partitions[0]["note"] == ""
 

@@ -111,8 +111,12 @@ def test_w8a8_keeps_generate_and_agrees_with_fp32(trained):
     with torch.no_grad():
         ours, theirs = qmodel.generate(prompts, **GREEDY)[:, 8:], model.generate(prompts, **GREEDY)[:, 8:]
         assert cosine(qmodel(prompts).logits, model(prompts).logits) > 0.999
-    # measured: 128 of 128 tokens equal (fp32 itself follows the chains on ~97% of them)
-    assert float((ours == theirs).float().mean()) >= 0.95
+    # measured: 128 of 128 tokens equal with VNNI's 8-bit weights (fp32 itself follows the chains
+    # on ~97% of them); 116 of 128 (0.906) with the 7-bit weights of a CPU without VNNI, whose
+    # int8 GEMM sums u8 x s8 pairs in int16 (Intel Xeon with QPLUG_CPU_FLAGS of an AVX2 CPU)
+    from qplug_core.kernels.cpu import cpu_int8
+
+    assert float((ours == theirs).float().mean()) >= (0.85 if cpu_int8().int16_pair_sums else 0.95)
 
 
 def test_smoothquant_recovers_what_outlier_channels_cost(trained):

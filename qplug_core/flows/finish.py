@@ -73,7 +73,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         quantized={name: pattern for name, (pattern, _) in regions.items()},
         kernels={**{a: f"delegate:{p}" for a, p in delegated.lowered.items()}, **summary.lowered},
         reference=fallback, skipped=float_compute_nodes(gm, fallback, opaque, delegated.graphs,
-                                                                  frozenset(delegated.lowered.values())),
+                                                                  frozenset(p.name for p in delegated.partitions)),
         capture=gm.meta.get(CAPTURE, "symbolic"),
         partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside))
     gm.meta[REPORT] = report

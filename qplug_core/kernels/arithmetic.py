@@ -104,10 +104,9 @@ def backend_arithmetic(backend: str, declared: Int8Arithmetic | str,
     measured once per process for ``backend``."""
     if gemm is None:
         return kernels_arithmetic(declared, None)
-    product = gemm
 
     def measure() -> str:
-        found = product()
+        found = gemm()
         return "no integer product to measure" if found is None else measured_pairs(backend, found)
     return kernels_arithmetic(declared, measure)
 

@@ -50,7 +50,7 @@ def cpu_has_vnni() -> bool:
 def fallback_ladder(backend: Any = None) -> tuple[str, ...]:
     """The rungs a layer out of static int8 may take on this CPU (and ``backend``: no per-token
     one for a backend that compiles partitions, no dynamic one for a backend without dynamic
-    defaults, such as openvino), best first."""
+    defaults), best first."""
     per_token = cpu_has_vnni() and getattr(backend, "delegate", None) is None
     ladder = LADDER_FALLBACKS if per_token else ("dynamic", "float")
     return ladder if _has_dynamic_defaults(backend) else tuple(r for r in ladder if r != "dynamic")

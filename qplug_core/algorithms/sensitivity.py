@@ -231,7 +231,7 @@ def with_fallback(mapping: QConfigMapping, layers: list[str], fallback: str, bac
                                     field="fallback", value=fallback)
     result = copy.deepcopy(mapping)
     dynamic = None
-    if fallback == "dynamic" and layers:  # a backend may have no dynamic defaults (openvino)
+    if fallback == "dynamic" and layers:  # asked only when used: a backend may have no dynamic defaults
         dynamic = backend.default_qconfig_mapping("dynamic").qconfig_for_module("", nn.Linear)
     for name in layers:
         is_linear = isinstance(layer_of(gm, _node_named(gm, name)), nn.Linear)

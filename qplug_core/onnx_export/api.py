@@ -94,7 +94,7 @@ def _exporter_quiet() -> Iterator[None]:
 def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,
                   input_names: list[str] | None = None, output_names: list[str] | None = None,
                   onnxruntime_ops: bool = False, dynamic: dict[int, str] | None = None,
-                  flexible: bool = False):
+                  flexible: bool = False, dynamic_linears: str = "matmul_integer"):
     """The ONNX ``ModelProto`` of a reference-form GraphModule (checked with ``onnx.checker``).
 
     ``onnxruntime_ops=True`` also uses ONNX Runtime's contrib ops where standard ONNX has no
@@ -104,13 +104,16 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     and 1 of every input of size >= 2 symbolic where the graph leaves them free and keeps the rest
     static (:func:`~qplug_core.onnx_export.dynamic_axes.flexible_shapes`); a graph that ties or
     bounds those sizes, or that the exporter cannot take with symbolic sizes, is exported with the
-    example's static shapes.
+    example's static shapes. ``dynamic_linears="dequantized_weights"`` exports dynamic int8
+    linears as int8 weights into a float MatMul, for a runtime that quantizes their activations
+    itself (OpenVINO); the default is ONNX Runtime's ``DynamicQuantizeLinear`` + ``MatMulInteger``.
     """
     import onnx
 
     from qplug_core.onnx_export.translation import translation_table
     from qplug_core.onnx_export.weights import with_int8_weights
 
+    table = translation_table(dynamic_linears)
     model = with_int8_weights(gm, onnxruntime_ops=onnxruntime_ops).eval()
     shapes = None
     if dynamic:
@@ -124,7 +127,7 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
             with warnings.catch_warnings(), torch.no_grad(), _exporter_quiet():
                 warnings.simplefilter("ignore")
                 return torch.onnx.export(model, example_inputs, dynamo=True, opset_version=opset,
-                                         custom_translation_table=translation_table(),
+                                         custom_translation_table=table,
                                          input_names=input_names, output_names=output_names,
                                          dynamic_shapes=dynamic_shapes, external_data=False, verbose=False,
                                          report=False)

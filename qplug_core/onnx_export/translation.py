@@ -101,6 +101,17 @@ def dynamic_quantized_linear(input, weight_t, weight_scale, bias=None):
     return out if bias is None else op.Add(out, bias)
 
 
+def dequantized_weight_linear(input, weight_t, weight_scale, bias=None):
+    """A dynamic linear for a runtime that quantizes activations itself: the float input times
+    the int8 weights behind a DequantizeLinear (per output channel). OpenVINO compiles that
+    into a compressed-weight FullyConnected and, with ``DYNAMIC_QUANTIZATION_GROUP_SIZE``,
+    quantizes the input per group of that many features at run time: finer than the reference
+    form's one scale per tensor, and int8 products where ``MatMulInteger`` gains nothing there."""
+    weight = op.DequantizeLinear(weight_t, op.Cast(weight_scale, to=ir.DataType.FLOAT), axis=1)
+    out = op.MatMul(input, weight)
+    return out if bias is None else op.Add(out, bias)
+
+
 def dynamic_quantized_lstm(input, weight_t, weight_scale, recurrent_t, recurrent_scale, bias, initial_h,
                            initial_c):
     """ONNX Runtime's DynamicQuantizeLSTM (the op its quantize_dynamic emits), with the int8
@@ -113,13 +124,23 @@ def dynamic_quantized_lstm(input, weight_t, weight_scale, recurrent_t, recurrent
         direction="bidirectional" if directions == 2 else "forward")
 
 
-def translation_table() -> dict[Callable, Callable]:
-    """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)``."""
+#: how a dynamic int8 linear is exported: ONNX Runtime's fused form, or int8 weights into a float
+#: MatMul for a runtime that quantizes the activations itself (:func:`dequantized_weight_linear`)
+DYNAMIC_LINEAR_FORMS = ("matmul_integer", "dequantized_weights")
+
+
+def translation_table(dynamic_linears: str = "matmul_integer") -> dict[Callable, Callable]:
+    """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)``; ``dynamic_linears``
+    is one of :data:`DYNAMIC_LINEAR_FORMS`."""
+    if dynamic_linears not in DYNAMIC_LINEAR_FORMS:
+        raise ExportError(f"dynamic_linears must be one of {', '.join(DYNAMIC_LINEAR_FORMS)}, "
+                          f"got {dynamic_linears!r}")
+    linear = dynamic_quantized_linear if dynamic_linears == "matmul_integer" else dequantized_weight_linear
     ops = torch.ops.qplug
     return {ops.quantize_per_tensor.default: quantize_per_tensor,
             ops.dequantize_per_tensor.default: dequantize_per_tensor,
             ops.quantize_per_channel.default: quantize_per_channel,
             ops.dequantize_per_channel.default: dequantize_per_channel,
             ops.dynamic_fake_quantize.default: dynamic_fake_quantize,
-            ops.dynamic_quantized_linear.default: dynamic_quantized_linear,
+            ops.dynamic_quantized_linear.default: linear,
             ops.dynamic_quantized_lstm.default: dynamic_quantized_lstm}

@@ -114,3 +114,45 @@ def test_cli_exports_a_saved_model(tmp_path, exported):
     assert result.exit_code == 0, result.output
     onnx.checker.check_model(onnx.load(str(tmp_path / "cli.onnx")))
     assert "wrote" in result.output
+
+
+@pytest.fixture(scope="module")
+def dynamic_reference():
+    """The reference form of a dynamic int8 linear (the partition ONNX Runtime compiles) and an input."""
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 16).eval()
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(1))
+    with one_thread(), all_plugins_loaded():
+        qmodel = qp.quantize_dynamic(linear, backend="onnxruntime", example_inputs=(x,))
+    return linear, qmodel.delegate_0.partition, x
+
+
+def _run(proto, x: torch.Tensor) -> torch.Tensor:
+    """The model's output by ONNX's definition of its ops (ONNX Runtime would fuse DequantizeLinear
+    -> MatMul into a kernel that quantizes the input)."""
+    from onnx.reference import ReferenceEvaluator
+
+    return torch.from_numpy(ReferenceEvaluator(proto).run(None, {proto.graph.input[0].name: x.numpy()})[0])
+
+
+def test_a_dynamic_linear_exports_in_either_form(dynamic_reference):
+    from qplug_core.plugin_api import to_onnx_proto
+
+    _, reference, x = dynamic_reference
+    fused = to_onnx_proto(reference, (x,))
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in fused.graph.node}
+    with torch.no_grad():
+        torch.testing.assert_close(_run(fused, x), reference(x), rtol=1e-5, atol=1e-5)
+    # int8 weights into a float MatMul: the input stays float for a runtime that quantizes it itself
+    weights = to_onnx_proto(reference, (x,), dynamic_linears="dequantized_weights")
+    assert [n.op_type for n in weights.graph.node if n.op_type in ("DequantizeLinear", "MatMul", "MatMulInteger")] \
+        == ["DequantizeLinear", "MatMul"]
+    (weighted,) = [m for m in reference.modules() if hasattr(m, "weight_qparams")]
+    grid, float_linear = weighted.weight_qparams, weighted.module  # its bias is corrected for the grid
+    scales = grid.scale.reshape(-1, 1)
+    rounded = torch.round(float_linear.weight / scales).clamp(grid.quant_min, grid.quant_max) * scales
+    with torch.no_grad():
+        torch.testing.assert_close(_run(weights, x), nn.functional.linear(x, rounded, float_linear.bias),
+                                   rtol=1e-5, atol=1e-5)
+    with pytest.raises(ExportError, match="dynamic_linears must be one of matmul_integer, dequantized_weights"):
+        to_onnx_proto(reference, (x,), dynamic_linears="weights")

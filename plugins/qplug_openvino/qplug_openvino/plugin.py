@@ -8,7 +8,12 @@ scales and zero points (nothing is calibrated again). The dtype configs say what
 take: quint8 activations, symmetric per-channel qint8 weights. Without VNNI, oneDNN's u8 x s8
 pair sums saturate at int16, so weights are kept in 7 bits there (what NNCF's overflow fix does),
 in every layer.
-Static only: the dynamic mapping is ``None`` (no dynamic int8 op in OpenVINO's ONNX path).
+Dynamic linears (``qp.quantize_dynamic(..., example_inputs=...)``, the ``"dynamic"`` mapping, and
+the target search's fallback rung) go to OpenVINO as int8 weights into a float MatMul, whose
+input OpenVINO quantizes at run time per group of 128 features
+(``DYNAMIC_QUANTIZATION_GROUP_SIZE``): finer than the reference form's one scale per tensor, which
+the check at convert compares it with. ONNX's ``DynamicQuantizeLinear`` + ``MatMulInteger`` runs
+no faster than fp32 in OpenVINO. Recurrent layers have no int8 form here and stay float in PyTorch.
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ _weight = DTypeWithConstraints(dtype=torch.qint8, quant_min_lower_bound=WEIGHT_R
                                quant_max_upper_bound=WEIGHT_RANGE[1])
 weighted_op_dtype_config = DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.quint8,
                                        weight_dtype=_weight, bias_dtype=torch.float)
+#: dynamic linear: the reference form quantizes the input per tensor to uint8 [0, 255] (what the
+#: accuracy decisions measure); OpenVINO runs it per group of features (see the module docstring)
+dynamic_int8_dtype_config = DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.float,
+                                        weight_dtype=_weight, bias_dtype=torch.float, is_dynamic=True)
 
 
 def compile_partition(partition, example_inputs) -> OpenVinoPartition:
@@ -64,7 +73,7 @@ class OpenVinoPlugin(BackendPlugin):
     pairs_in_torch_order = False
     dtype_configs = DTypeConfigSet(
         weighted_op=(weighted_op_dtype_config,), default_op=(default_op_quint8_dtype_config,),
-        dynamic=(), embedding=(weight_only_quint8_dtype_config,),
+        dynamic=(dynamic_int8_dtype_config,), rnn_op=(), embedding=(weight_only_quint8_dtype_config,),
         layer_norm=(input_output_only_quint8_dtype_config,))
 
     def is_available(self) -> Availability:
@@ -75,16 +84,14 @@ class OpenVinoPlugin(BackendPlugin):
         return Availability(True)
 
     def pattern_configs(self) -> list[BackendPatternConfig]:
-        # the recurrent patterns only have dynamic dtype configs, which this backend has none of:
-        # it does not claim them (they stay float layers in PyTorch)
+        # the recurrent patterns have no dtype configs here: not claimed, they stay float layers
+        # in PyTorch
         return [config for config in super().pattern_configs() if config.dtype_configs]
 
     def delegate(self) -> Delegate:
         return Delegate(operator_support=OpenVinoSupport(), compile=compile_partition)
 
     def qconfig_options(self, mode: str) -> dict[str, Any] | None:
-        if mode == "dynamic":
-            return None
         return {"reduce_range": False, "per_channel": True, "per_channel_conv_transpose": False,
                 "weight_quant_min": WEIGHT_RANGE[0], "weight_quant_max": WEIGHT_RANGE[1]}
 

@@ -11,6 +11,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import onnx
 import openvino
 import pytest
 import torch
@@ -109,9 +110,71 @@ def test_held_out_inputs_match_the_reference_form_on_openvinos_avx2_kernels():
     assert found["worst"] <= 1.001
 
 
-def test_no_dynamic_mode():
-    with pytest.raises(qp.errors.ConfigError, match="no plugin provides a default 'dynamic'"):
-        qp.get_default_qconfig_mapping("openvino", "dynamic")
+class _Ffn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+def _tokens(seed: int) -> torch.Tensor:
+    """Token states with one outlier feature, as trained transformers have: one scale per tensor
+    spends its levels on it."""
+    x = torch.randn(4, 32, 256, generator=torch.Generator().manual_seed(seed))
+    x[..., 7] *= 40.0
+    return x
+
+
+def test_dynamic_linears_run_in_openvino_with_their_inputs_quantized_per_group(tmp_path):
+    torch.manual_seed(0)
+    model = _Ffn().eval()
+    qmodel = qp.quantize_dynamic(model, backend="openvino", example_inputs=(_tokens(0),))
+    report = qp.quantization_report(qmodel)
+    assert report.mode == "dynamic" and not report.reference and not report.outside
+    assert set(report.kernels.values()) == {"delegate:delegate_0"} and len(report.kernels) == 2
+    (partition,) = partitions(qmodel)
+    # int8 weights into a float MatMul, not ONNX's DynamicQuantizeLinear + MatMulInteger (no
+    # faster than fp32 in OpenVINO)
+    graph = onnx.load_from_string(partition.sources[0]).graph
+    assert [n.op_type for n in graph.node if n.op_type in ("MatMul", "MatMulInteger", "DynamicQuantizeLinear",
+                                                             "DequantizeLinear")] == ["DequantizeLinear", "MatMul"] * 2
+    compiled = partition.compiled_models[0]
+    assert compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE") == settings().dynamic_quantization_group_size == 128
+    precisions = [op.get_rt_info()["runtimePrecision"].astype(str) for op in compiled.get_runtime_model().get_ops()
+                  if op.get_rt_info()["layerType"].astype(str).startswith("FullyConnected")]
+    assert precisions == ["i8", "i8"]
+    x = _tokens(1)
+    with torch.no_grad():
+        expected, got, reference = model(x), qmodel(x), partition.partition(x)
+    # finer than the reference form's one activation scale per tensor, which the check allows
+    assert qp.sqnr(expected, got) > qp.sqnr(expected, reference) + 6.0
+    loaded = qp.load(qp.save(qmodel, tmp_path / "ffn.safetensors"))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), got)
+
+
+def test_dynamic_linears_without_run_time_groups_keep_float_inputs():
+    torch.manual_seed(0)
+    model = _Ffn().eval()
+    previous = configure(dynamic_quantization_group_size=0)
+    try:
+        qmodel = qp.quantize_dynamic(model, backend="openvino", example_inputs=(_tokens(0),))
+    finally:
+        configure(dynamic_quantization_group_size=previous.dynamic_quantization_group_size)
+    (partition,) = partitions(qmodel)
+    assert partition.compiled_models[0].get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE") == 0
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():  # the int8 weights, dequantized, times float inputs
+        for linear, name in ((rounded.up, "up"), (rounded.down, "down")):
+            reference = qmodel.get_submodule(name)  # its grid follows this CPU; its bias is corrected for it
+            grid, weight = reference.weight_qparams, reference.module.weight
+            scales = grid.scale.reshape(-1, 1)
+            linear.weight.copy_(torch.round(weight / scales).clamp(grid.quant_min, grid.quant_max) * scales)
+            linear.bias.copy_(reference.module.bias)
+        x = _tokens(1)
+        torch.testing.assert_close(qmodel(x), rounded(x), rtol=1e-4, atol=1e-4)
 
 
 def test_one_call_quantize_runs_int8_in_openvino_as_the_reference_form_says():
@@ -157,6 +220,8 @@ def test_bad_settings_are_refused():
         configure(num_threads=0)
     with pytest.raises(ConfigValidationError, match="num_threads must be a positive int"):
         CompileSettings(num_threads=True)
+    with pytest.raises(ConfigValidationError, match="dynamic_quantization_group_size must be an int >= 0"):
+        configure(dynamic_quantization_group_size=-1)
 
 
 def test_another_input_shape_gets_its_own_compiled_model():

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from qplug_core.plugin_api import CompiledPartition, ConfigValidationError
+from qplug_core.plugin_api import CompiledPartition, ConfigValidationError, warn_user
 
 from qplug_openvino.runtime import import_openvino
 
@@ -117,7 +117,18 @@ class OpenVinoPartition(CompiledPartition):
     def build(self, source: bytes) -> _Compiled:
         openvino = import_openvino()
         core = openvino.Core()
-        model = core.compile_model(core.read_model(source), "CPU", self.compile_settings.properties())
+        properties = self.compile_settings.properties()
+        try:
+            model = core.compile_model(core.read_model(source), "CPU", properties)
+        except RuntimeError as exc:
+            if not properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"]:
+                raise
+            # e.g. oneDNN held to AVX2 on a CPU whose cpuid says AVX-512 has no primitive for it
+            model = core.compile_model(core.read_model(source), "CPU",
+                                       {**properties, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
+            warn_user(f"OpenVINO could not compile dynamic linears with inputs quantized at run time on "
+                      f"this CPU ({str(exc).strip().splitlines()[-1][:200]}); their inputs stay float "
+                      "(int8 weights, dequantized in the kernel)")
         positions = [self._input_names.index(port.get_any_name()) for port in model.inputs]
         request = model.create_infer_request()
         return _Compiled(model, request, positions, len(model.outputs), _native_infer(request),

@@ -97,16 +97,18 @@ def candidates() -> tuple[list[Backend], list[Trial]]:
 
 def base_backend(backends: list[Backend]) -> Backend:
     """The candidate whose default static qparams the reference form is calibrated with (see the
-    module docstring): the narrowest weight range, then the mapping most candidates share."""
+    module docstring): one that quantizes every weighted output (a backend with ``float_outputs``
+    drops the grids it does not need when finished, the others could not add them), then the
+    narrowest weight range, then the mapping most candidates share."""
     mappings = {b.name: _default_mapping(b) for b in backends}
 
-    def strictness(backend: Backend) -> tuple[int, int]:
+    def strictness(backend: Backend) -> tuple[bool, int, int]:
         mapping = mappings[backend.name]
         weight = getattr(getattr(mapping, "global_qconfig", None), "weight", None)
         kwargs = getattr(weight, "kwargs", {})
         width = int(kwargs.get("quant_max", 127)) - int(kwargs.get("quant_min", -128))
         shared = sum(mapping is not None and mapping == other for other in mappings.values())
-        return width, -shared
+        return backend.float_outputs, width, -shared
 
     usable = [b for b in backends if mappings[b.name] is not None] or backends
     return min(usable, key=strictness)  # min is stable: ties keep the candidates' order

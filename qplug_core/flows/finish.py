@@ -14,6 +14,7 @@ from torch import fx
 
 from qplug_core.enums import Stage
 from qplug_core.flows.delegate import DelegationSummary, delegate_graph
+from qplug_core.flows.float_outputs import drop_unread_output_grids
 from qplug_core.flows.lower import LoweringSummary, lower_graph
 from qplug_core.flows.pickle_guard import refuse_pickle
 from qplug_core.flows.pipeline import plugin_passes, run_passes
@@ -43,6 +44,8 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     on shapes a file records) and ``keep_reference`` (int8 anchor -> why, as recorded at convert)
     keeps those regions in reference form.
     """
+    if backend.float_outputs:  # a reference form made for another backend (auto) keeps them
+        drop_unread_output_grids(gm)
     regions = _quantized_regions(gm)
     found: dict[str, LoweringSummary] = {}
     delegated = DelegationSummary()

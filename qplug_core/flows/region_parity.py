@@ -8,7 +8,9 @@ reference form within one step on only ~77-80% of the outputs, and even the refe
 float64 instead of float32 does not agree with itself better. So here every int8 region (the
 nodes from the integer values it reads to the integer value it writes) is run by the backend on
 the reference form's own integer inputs, and its integer output is compared with the reference's:
-each region is checked alone, as a kernel test would check it.
+each region is checked alone, as a kernel test would check it. A weighted op on int8 inputs whose
+output stays float (``BackendSpec.float_outputs``: no int8 op reads it) ends a region too; its
+float output is compared in steps of its range / 255, as the kernel contract counts float outputs.
 
 All regions go into one side-by-side graph (each with its own inputs), compiled once.
 
@@ -26,7 +28,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.flows.kernel_check import ValueRecorder
-from qplug_core.kernels.reference import Quantize
+from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.partition import OperatorSupportBase
 
 __all__ = ["LayerParity", "RegionParity", "layer_parity"]
@@ -64,6 +66,16 @@ def _is_integer_output(gm: fx.GraphModule, node: fx.Node) -> bool:
     return node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), Quantize)
 
 
+def _is_float_output(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """A weighted op reading a dequantized int8 value whose output no Quantize takes."""
+    if not (node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), ReferenceWeighted)):
+        return False
+    source = node.args[0] if node.args else None
+    return (isinstance(source, fx.Node) and source.op == "call_module"
+            and isinstance(gm.get_submodule(str(source.target)), Dequantize)
+            and not any(_is_integer_output(gm, user) for user in node.users))
+
+
 def _region(gm: fx.GraphModule, end: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
     """(boundary inputs, nodes in graph order) of the region writing ``end``: its nodes back to
     the integer values (or model inputs) it reads."""
@@ -99,7 +111,11 @@ def _side_by_side(gm: fx.GraphModule, regions: list[tuple[list[fx.Node], list[fx
 
 
 def _compare(name: str, got: torch.Tensor, want: torch.Tensor, steps: int) -> RegionParity:
-    diff = (got.to(torch.int64) - want.to(torch.int64)).abs()
+    if want.is_floating_point():  # in steps of the output's range / 255
+        step = (float(want.max() - want.min()) / 255 if want.numel() else 0.0) or 1.0
+        diff = ((got.float() - want.float()).abs() / step).ceil().to(torch.int64)
+    else:
+        diff = (got.to(torch.int64) - want.to(torch.int64)).abs()
     within = float((diff <= steps).float().mean()) if diff.numel() else 1.0
     return RegionParity(name, diff.numel(), within, int(diff.max()) if diff.numel() else 0)
 
@@ -111,16 +127,18 @@ def layer_parity(reference: fx.GraphModule,
                  steps: int = 1) -> LayerParity:
     """Run every int8 region of ``reference`` (a ``convert_to_reference_fx`` model) through
     ``compile`` (a delegate's compile function) on the reference's own integer inputs for
-    ``inputs``, and compare the integer outputs. Regions holding a node ``operator_support``
-    refuses are left out (the backend does not run them)."""
+    ``inputs``, and compare the integer outputs (float ones in steps of their range / 255).
+    Regions holding a node ``operator_support`` refuses are left out (the backend does not run
+    them)."""
     values: dict[fx.Node, object] = {}
     ValueRecorder(reference, set(reference.graph.nodes), values).run(*inputs)
     submodules = dict(reference.named_modules())
     regions, ends = [], []
     for node in reference.graph.nodes:
         value = values.get(node)
-        if not (_is_integer_output(reference, node) and isinstance(value, torch.Tensor)
-                and value.dtype in _INTEGER):
+        if not isinstance(value, torch.Tensor) or not (
+                (_is_integer_output(reference, node) and value.dtype in _INTEGER)
+                or _is_float_output(reference, node)):
             continue
         region_inputs, members = _region(reference, node)
         if operator_support is not None and not all(

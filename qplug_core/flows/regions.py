@@ -44,6 +44,8 @@ class Region:
     quantized: bool = False
     reason: str = ""
     inputs: list[fx.Node] = field(default_factory=list)
+    #: a weighted op whose output no int8 op reads, on a backend that fuses its dequantization
+    float_output: bool = False
 
     @property
     def anchor(self) -> fx.Node:
@@ -65,7 +67,7 @@ class Region:
     @property
     def quantizes_output(self) -> bool:
         dc = self.dtype_config
-        return (self.quantized and not self.is_dynamic and dc is not None
+        return (self.quantized and not self.is_dynamic and not self.float_output and dc is not None
                 and dc.output_dtype in QUANTIZED_DTYPES
                 and self.observation_type != ObservationType.INPUT_OUTPUT_NOT_OBSERVED)
 
@@ -206,6 +208,8 @@ class RegionPlanner:
             regions.append(region)
         if self.keep_isolated_ops_float:
             _keep_isolated_connectors_float(self.gm, regions)
+        if self.backend.float_outputs:
+            _keep_unread_outputs_float(regions)
         return regions
 
     def _external_inputs(self, match: Match) -> list[fx.Node]:
@@ -315,3 +319,17 @@ def _keep_isolated_connectors_float(gm: fx.GraphModule, regions: list[Region]) -
         side = "no int8 value reaches it" if not up else "its output feeds no int8 op"
         region.reason = (f"kept float: {side}; quantizing it alone would add error without a speed-up"
                          + spelled(" (keep_isolated_ops_float=False quantizes it anyway)", ""))
+
+
+def _keep_unread_outputs_float(regions: list[Region]) -> None:
+    """Leave float the output of each static weighted region that no static int8 region reads
+    (only float ops, dynamic regions or the model's output): the backend's op dequantizes into
+    it, and a per-tensor grid there would only lose resolution."""
+    region_of = {n: r for r in regions for n in r.match.nodes}
+    for region in regions:
+        if not (region.weighted and region.quantizes_output):
+            continue
+        readers = [region_of.get(user) for user in region.anchor.users]
+        if not any(reader is not None and reader is not region and reader.quantized and not reader.is_dynamic
+                   for reader in readers):
+            region.float_output = True

@@ -43,8 +43,9 @@ class BackendPlugin:
     ``machines`` (CPU architectures it runs on, empty for any), ``preferred_machines`` (where it
     is the default backend), ``dtype_configs`` (``None``: no shared patterns),
     ``int8_arithmetic`` (how its kernels accumulate; ``None``: that of ``engine``'s kernels) and
-    ``pairs_in_torch_order`` (False where the runtime picks its own operand layouts, see
-    :class:`~qplug_core.registry.contract.BackendSpec`).
+    ``pairs_in_torch_order`` (False where the runtime picks its own operand layouts) and
+    ``float_outputs`` (True where the runtime fuses a weighted op's dequantization into it; both
+    in :class:`~qplug_core.registry.contract.BackendSpec`).
     """
 
     name: ClassVar[str]
@@ -55,6 +56,7 @@ class BackendPlugin:
     dtype_configs: ClassVar[DTypeConfigSet | None] = DTypeConfigSet()
     int8_arithmetic: ClassVar[Int8Arithmetic | None] = None
     pairs_in_torch_order: ClassVar[bool] = True
+    float_outputs: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -145,7 +147,7 @@ class BackendPlugin:
         return [BackendSpec(self.name, self.description, engine=self.engine,
                             is_available=self.is_available, arithmetic=self._declared_arithmetic(),
                             pairs_in_torch_order=self.pairs_in_torch_order,
-                            int8_gemm=self.int8_gemm)]
+                            float_outputs=self.float_outputs, int8_gemm=self.int8_gemm)]
 
     @hookimpl
     def qplug_backend_pattern_configs(self, backend: str) -> list[BackendPatternConfig]:

@@ -95,6 +95,11 @@ class Backend:
         """Whether the core's emulation of the kernels' int16 pair sums holds (see BackendSpec)."""
         return self.spec.pairs_in_torch_order
 
+    @property
+    def float_outputs(self) -> bool:
+        """Whether a weighted op no int8 op reads from keeps a float output (see BackendSpec)."""
+        return self.spec.float_outputs
+
     def availability(self) -> Availability:
         try:
             return self.spec.is_available()

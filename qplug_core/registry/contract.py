@@ -75,7 +75,11 @@ class BackendSpec:
     every layer on CPUs without VNNI. ``int8_gemm`` gives the kernels' u8 x s8 product (or
     ``None``), measured once per process where the CPU's flags say the kernels are exact
     (``kernels/pair_sums_probe.py``): a library held below the CPU's instructions then gets the
-    safe qparams too.
+    safe qparams too. ``float_outputs``: the runtime runs a weighted op on int8 inputs and
+    weights into a float output (the dequantization fused into the op, as OpenVINO's
+    FullyConnected and Convolution do), so a weighted op whose output no int8 op reads keeps it
+    float instead of quantizing it for nothing (a transformer's FFN output feeding the residual
+    add: its massive activations cost every other value its resolution on a per-tensor grid).
     """
 
     name: str
@@ -84,6 +88,7 @@ class BackendSpec:
     is_available: Callable[[], Availability] = field(default=always_available, compare=False)
     arithmetic: Int8Arithmetic | None = None
     pairs_in_torch_order: bool = True
+    float_outputs: bool = False
     int8_gemm: Callable[[], Gemm | None] | None = field(default=None, compare=False)
 
 

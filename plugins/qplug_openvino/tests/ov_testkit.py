@@ -31,3 +31,9 @@ def quantized_pair(name: str):
         reference = qp.convert_to_reference_fx(copy.deepcopy(observed))
         ov_model = qp.convert_fx(observed)
     return model, ov_model, reference
+
+
+def output_step(expected: torch.Tensor) -> float:
+    """The kernel contract's step of a float output (the digits CNN's classifier writes its logits
+    in float on openvino: no int8 op reads them): its range / 255."""
+    return float(expected.max() - expected.min()) / 255

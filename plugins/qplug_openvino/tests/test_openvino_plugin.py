@@ -15,7 +15,7 @@ import onnx
 import openvino
 import pytest
 import torch
-from ov_testkit import inputs, quantized_pair
+from ov_testkit import inputs, output_step, quantized_pair
 
 import qplug_core as qp
 from qplug_core.plugin_api import ConfigValidationError, override_cpu_flags
@@ -81,16 +81,15 @@ def test_cpu_decides_weight_range_and_doctor_finding(qplug_only, flags, weight_r
 _HELD_TO_AVX2 = """
 import json, sys, warnings, torch
 sys.path.insert(0, sys.argv[1])
-from ov_testkit import inputs, quantized_pair
+from ov_testkit import inputs, output_step, quantized_pair
 import qplug_core as qp
 from qplug_core.plugin_api import override_cpu_flags
 warnings.simplefilter("ignore")
 with override_cpu_flags("fpu sse2 avx avx2 fma"):
     _, ov_model, reference = quantized_pair("digits_cnn")
 bits = sorted({m.weight_qparams.quant_max for m in reference.modules() if hasattr(m, "weight_qparams")})
-step = float(reference.fc_dequantize_7.scale)
 with torch.no_grad():
-    worst = max(float((ov_model(*x) - reference(*x)).abs().max()) / step
+    worst = max(float((ov_model(*x) - reference(*x)).abs().max()) / output_step(reference(*x))
                 for x in (inputs("digits_cnn", seed=s, batch=3) for s in range(5, 25)))
 print(json.dumps({"bits": bits, "worst": worst}))
 """
@@ -228,7 +227,7 @@ def test_one_call_quantize_runs_int8_in_openvino_as_the_reference_form_says():
     x = inputs("digits_cnn", seed=9, batch=4)
     with torch.no_grad():
         got, expected = qmodel(*x), partition.partition(*x)
-    assert (got - expected).abs().max() <= float(qmodel.fc_dequantize_7.scale) * 1.001
+    assert (got - expected).abs().max() <= output_step(expected) * 1.001
 
 
 def test_compiled_models_use_the_configured_threads_and_f32():
@@ -265,7 +264,7 @@ def test_another_input_shape_gets_its_own_compiled_model():
     with torch.no_grad():
         got, expected = ov_model(*x), reference(*x)
     assert got.shape == (3, 10) and len(partition.compiled_models) == before + 1
-    assert (got - expected).abs().max() <= float(reference.fc_dequantize_7.scale) * 1.001
+    assert (got - expected).abs().max() <= output_step(expected) * 1.001
 
 
 def test_save_load_compiles_again_from_the_reference_form(tmp_path):
@@ -296,3 +295,78 @@ def test_recurrent_layers_stay_in_pytorch_with_the_reason():
     assert report.partitions, "the classifier head should still be compiled"
     reasons = [r for r in report.outside.values() if "LSTM stays a float layer in PyTorch" in r]
     assert reasons, report.outside
+
+
+class _Residual(torch.nn.Module):
+    """A two-linear block on a residual stream whose second linear writes one massive channel (a
+    trained transformer's FFN output): no int8 op reads that output, only the float add."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+        with torch.no_grad():
+            self.fc2.bias[0] = 200.0
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def _quantized_after(reference: torch.nn.Module, name: str) -> bool:
+    (node,) = [n for n in reference.graph.nodes if n.op == "call_module" and n.target == name]
+    return any(u.op == "call_module" and type(reference.get_submodule(u.target)).__name__ == "Quantize"
+               for u in node.users)
+
+
+def test_an_output_no_int8_op_reads_stays_float():
+    torch.manual_seed(0)
+    model = _Residual().eval()
+    data = [(torch.randn(16, 32, generator=torch.Generator().manual_seed(s)),) for s in range(3)]
+    x = (torch.randn(16, 32, generator=torch.Generator().manual_seed(9)),)
+    outputs = {}
+    for backend in ("openvino", "fbgemm"):
+        observed = qp.prepare_fx(model, qp.get_default_qconfig_mapping(backend), data[0], backend=backend)
+        reference = qp.convert_to_reference_fx(qp.calibrate(observed, data))
+        # fc1's output feeds fc2 (int8 either way); fc2's feeds only the float residual add
+        assert _quantized_after(reference, "fc1")
+        assert _quantized_after(reference, "fc2") == (backend == "fbgemm")
+        with torch.no_grad():
+            outputs[backend] = reference(*x)
+    with torch.no_grad():
+        expected = model(*x)
+    # a per-tensor grid on fc2's output spends its levels on the massive channel
+    assert qp.sqnr(expected, outputs["openvino"]) > qp.sqnr(expected, outputs["fbgemm"]) + 10.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qmodel = qp.quantize(model, data[0], data, backend="openvino")
+    report = qp.quantization_report(qmodel)
+    assert not report.reference and {"fc1", "fc2"} <= set(report.kernels)
+    (partition,) = partitions(qmodel)
+    runtime = partition.compiled_models[0].get_runtime_model()
+    precisions = [op.get_rt_info()["runtimePrecision"].astype(str) for op in runtime.get_ops()
+                  if op.get_rt_info()["layerType"].astype(str) == "FullyConnected"]
+    assert precisions == ["u8", "u8"]  # both int8: the dequantization is fused into fc2
+    with torch.no_grad():
+        torch.testing.assert_close(qmodel(*x), partition.partition(*x), rtol=0, atol=0.05)
+
+
+def test_a_reference_form_made_for_another_backend_drops_the_grids_openvino_needs_not():
+    # backend="auto" calibrates once on a backend that quantizes every weighted output, then
+    # finishes that reference form on openvino: it must be the model openvino's own prepare gives
+    from qplug_core.flows.auto import finish_on
+    from qplug_core.flows.snapshot import snapshot_of
+
+    torch.manual_seed(0)
+    model = _Residual().eval()
+    data = [(torch.randn(16, 32, generator=torch.Generator().manual_seed(s)),) for s in range(3)]
+    mapping = qp.get_default_qconfig_mapping("onnxruntime")
+    with override_cpu_flags("avx2 avx512f avx512bw avx512_vnni"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on_ort = qp.quantize(model, data[0], data, backend="onnxruntime", qconfig_mapping=mapping)
+        finished = finish_on(snapshot_of(on_ort), qp.get_backend("openvino"), on_ort)
+        own = qp.quantize(model, data[0], data, backend="openvino", qconfig_mapping=mapping)
+    (finished_partition,), (own_partition,) = partitions(finished), partitions(own)
+    assert not _quantized_after(finished_partition.partition, "fc2")
+    x = (torch.randn(16, 32, generator=torch.Generator().manual_seed(9)),)
+    with torch.no_grad():
+        assert torch.equal(finished_partition.partition(*x), own_partition.partition(*x))
+        assert torch.equal(finished(*x), own(*x))

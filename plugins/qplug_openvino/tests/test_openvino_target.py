@@ -26,24 +26,23 @@ def test_the_ladder_on_openvino_is_dynamic_then_float(flags):
 
 
 @pytest.mark.parametrize("flags", [VNNI, AVX2])
-def test_a_target_on_openvino_takes_the_worst_layer_to_its_dynamic_linear(flags):
+def test_a_target_on_openvino_takes_the_worst_layer_out_of_static_int8(flags):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
-    with torch.no_grad():  # one output channel 1000x the rest: per-tensor static int8 crushes the others
-        model[2].weight[0] *= 1000.0
+    with torch.no_grad():  # one GELU channel 30x the rest: the last linear's per-tensor input grid loses the others
+        model[0].weight[0] *= 30.0
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(8, 16, generator=g),) for _ in range(4)]
-    # whether the batch score then meets 0.999 depends on the CPU's weight grid; not asserted
     with override_cpu_flags(flags), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "accuracy target not met")
         qmodel = qp.quantize(model, data[0], data, backend="openvino",
                              target=qp.Target(cosine=0.999, group="layer"))
     result = qmodel.meta["qplug_target"]
-    # the crushed layer first; whether the first layer follows depends on the CPU's weight grid
-    assert result.decisions[0].layers == ("2",) and {d.fallback for d in result.decisions} == {"dynamic"}
+    (decision,) = result.decisions  # the first rung whose local error pays (float, measured here)
+    assert decision.layers == ("2",) and decision.fallback in ("dynamic", "float")
     report = qp.quantization_report(qmodel)
-    assert not report.outside and not report.reference  # it runs inside the OpenVINO model
+    assert not report.outside and not report.reference
     held_out = torch.randn(32, 16, generator=g)
     with torch.no_grad():
         cosine = torch.nn.functional.cosine_similarity(model(held_out), qmodel(held_out), dim=1)
-    assert float(cosine.mean()) > 0.9995 and float(cosine.min()) > 0.99  # the crushed layer's output is float
+    assert float(cosine.mean()) > 0.998 and float(cosine.min()) > 0.98

@@ -1,0 +1,91 @@
+"""Float outputs on a backend that fuses a weighted op's dequantization (``float_outputs``:
+qplug-openvino): the plan, its accuracy, the compiled kernels, and a reference form made for
+another backend (``backend="auto"``'s base) finished on it."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+import qplug_core as qp
+from qplug_core.plugin_api import override_cpu_flags
+
+
+def partitions(model) -> list:
+    return [m for m in model.modules() if type(m).__name__ == "OpenVinoPartition"]
+
+
+class _Residual(torch.nn.Module):
+    """A two-linear block on a residual stream whose second linear writes one massive channel (a
+    trained transformer's FFN output): no int8 op reads that output, only the float add."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+        with torch.no_grad():
+            self.fc2.bias[0] = 200.0
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def _quantized_after(reference: torch.nn.Module, name: str) -> bool:
+    (node,) = [n for n in reference.graph.nodes if n.op == "call_module" and n.target == name]
+    return any(u.op == "call_module" and type(reference.get_submodule(u.target)).__name__ == "Quantize"
+               for u in node.users)
+
+
+def test_an_output_no_int8_op_reads_stays_float(plugin_autoload):
+    torch.manual_seed(0)
+    model = _Residual().eval()
+    data = [(torch.randn(16, 32, generator=torch.Generator().manual_seed(s)),) for s in range(3)]
+    x = (torch.randn(16, 32, generator=torch.Generator().manual_seed(9)),)
+    outputs = {}
+    for backend in ("openvino", "fbgemm"):
+        observed = qp.prepare_fx(model, qp.get_default_qconfig_mapping(backend), data[0], backend=backend)
+        reference = qp.convert_to_reference_fx(qp.calibrate(observed, data))
+        # fc1's output feeds fc2 (int8 either way); fc2's feeds only the float residual add
+        assert _quantized_after(reference, "fc1")
+        assert _quantized_after(reference, "fc2") == (backend == "fbgemm")
+        with torch.no_grad():
+            outputs[backend] = reference(*x)
+    with torch.no_grad():
+        expected = model(*x)
+    # a per-tensor grid on fc2's output spends its levels on the massive channel
+    assert qp.sqnr(expected, outputs["openvino"]) > qp.sqnr(expected, outputs["fbgemm"]) + 10.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qmodel = qp.quantize(model, data[0], data, backend="openvino")
+    report = qp.quantization_report(qmodel)
+    assert not report.reference and {"fc1", "fc2"} <= set(report.kernels)
+    (partition,) = partitions(qmodel)
+    runtime = partition.compiled_models[0].get_runtime_model()
+    precisions = [op.get_rt_info()["runtimePrecision"].astype(str) for op in runtime.get_ops()
+                  if op.get_rt_info()["layerType"].astype(str) == "FullyConnected"]
+    assert precisions == ["u8", "u8"]  # both int8: the dequantization is fused into fc2
+    with torch.no_grad():
+        torch.testing.assert_close(qmodel(*x), partition.partition(*x), rtol=0, atol=0.05)
+
+
+def test_a_reference_form_made_for_another_backend_drops_the_grids_openvino_needs_not(plugin_autoload):
+    # backend="auto" calibrates once on a backend that quantizes every weighted output, then
+    # finishes that reference form on openvino: it must be the model openvino's own prepare gives
+    from qplug_core.flows.auto import finish_on
+    from qplug_core.flows.snapshot import snapshot_of
+
+    torch.manual_seed(0)
+    model = _Residual().eval()
+    data = [(torch.randn(16, 32, generator=torch.Generator().manual_seed(s)),) for s in range(3)]
+    mapping = qp.get_default_qconfig_mapping("onnxruntime")
+    with override_cpu_flags("avx2 avx512f avx512bw avx512_vnni"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on_ort = qp.quantize(model, data[0], data, backend="onnxruntime", qconfig_mapping=mapping)
+        finished = finish_on(snapshot_of(on_ort), qp.get_backend("openvino"), on_ort)
+        own = qp.quantize(model, data[0], data, backend="openvino", qconfig_mapping=mapping)
+    (finished_partition,), (own_partition,) = partitions(finished), partitions(own)
+    assert not _quantized_after(finished_partition.partition, "fc2")
+    x = (torch.randn(16, 32, generator=torch.Generator().manual_seed(9)),)
+    with torch.no_grad():
+        assert torch.equal(finished_partition.partition(*x), own_partition.partition(*x))
+        assert torch.equal(finished(*x), own(*x))

@@ -90,12 +90,21 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
         notify("backend='auto': no backend besides the reference form is available here; using it")
         return quantize(model, example_inputs, calibration_data, backend="reference",
                         qconfig_mapping=qconfig_mapping, **options)
-    base = backends[0] if qconfig_mapping is not None else auto.base_backend(backends)
-    with auto.held_warnings(base.name) as held:  # its kernels' warnings count only if it wins
-        qmodel = quantize(model, example_inputs, calibration_data, backend=base,
-                          qconfig_mapping=qconfig_mapping, **options)
-    others = [b for b in backends if b.name != base.name]
-    return auto.choose(qmodel, base, others, untried, as_input_tuple(example_inputs), held)
+    bases = [backends[0] if qconfig_mapping is not None else auto.base_backend(backends)]
+    float_outputs = [b for b in backends if b.float_outputs and not bases[0].float_outputs]
+    if float_outputs and qconfig_mapping is None and needs_algorithms(
+            model, options.get("recipe", "auto"), options.get("target")):
+        # a target's decisions measure each layer with the grids its backend keeps: a backend
+        # with float outputs gets its own (see auto.base_backend)
+        bases.append(auto.base_backend(float_outputs))
+    calibrated = []
+    for base in bases:
+        with auto.held_warnings(base.name) as held:  # its kernels' warnings count only if it wins
+            qmodel = quantize(model, example_inputs, calibration_data, backend=base,
+                              qconfig_mapping=qconfig_mapping, **options)
+        calibrated.append(auto.Calibrated(qmodel, base, held))
+    others = [b for b in backends if b.name not in {base.name for base in bases}]
+    return auto.choose(calibrated, others, untried, as_input_tuple(example_inputs))
 
 
 def generates(model: Any) -> bool:

@@ -8,6 +8,10 @@ integers and qparams for everyone) is then finished on every other candidate fro
 copy, so candidates share no state. The base is the candidate whose default qparams the others
 accept: the narrowest weight range (symmetric [-127, 127] suits every x86 runtime, [-128, 127]
 does not), then the mapping most candidates share, so those get exactly their own defaults.
+A backend with ``float_outputs`` (OpenVINO) drops the output grids it does not need from that
+reference form; where an accuracy target decides which layers leave static int8, it measures each
+layer with the grids its backend keeps, so such backends then get a second base of their own
+(one more calibration, only then).
 
 Each candidate goes through the convert-time checks every backend gets (each lowered kernel,
 :mod:`~qplug_core.flows.kernel_check`, and each compiled partition, :mod:`~qplug_core.flows.delegate`,
@@ -33,7 +37,7 @@ import dataclasses
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
@@ -140,40 +144,61 @@ def _reissue(message: warnings.WarningMessage) -> None:
     warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
 
 
-def choose(base_model: fx.GraphModule, base: Backend, others: list[Backend], untried: list[Trial],
-           example_inputs: tuple, base_warnings: list[warnings.WarningMessage] | None = None
+@dataclass
+class Calibrated:
+    """A base's converted model, its backend, and the warnings :func:`held_warnings` kept back
+    while it was made."""
+
+    model: fx.GraphModule
+    backend: Backend
+    warnings: list[warnings.WarningMessage] = field(default_factory=list)
+
+
+def _base_for(backend: Backend, bases: list[Calibrated]) -> Calibrated:
+    """The base whose reference form ``backend`` is finished from: the one with its
+    ``float_outputs``, else the first."""
+    return next((b for b in bases if b.backend.float_outputs == backend.float_outputs), bases[0])
+
+
+def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial], example_inputs: tuple
            ) -> fx.GraphModule:
-    """Finish ``base_model``'s reference form on each of ``others``, check and time them all with
-    ``base_model``, and return the fastest that keeps the contract, its report listing the trials
-    (``base_warnings``: those :func:`held_warnings` kept back while ``base_model`` was made)."""
-    snapshot = snapshot_of(base_model)
-    if snapshot is None:
-        raise BackendUnavailableError("backend='auto' needs a converted model with its reference form")
-    reference = copy.deepcopy(snapshot.graph_module)
-    with torch.no_grad():
-        expected = reference(*example_inputs)
+    """Finish a base's reference form on each of ``others`` (:func:`_base_for`), check each
+    candidate against its base's reference form, time them all with the bases, and return the
+    fastest that keeps the contract, its report listing the trials."""
+    snapshots, expected = {}, {}
+    for base in bases:
+        snapshot = snapshot_of(base.model)
+        if snapshot is None:
+            raise BackendUnavailableError("backend='auto' needs a converted model with its reference form")
+        snapshots[base.backend.name] = snapshot
+        with torch.no_grad():
+            expected[base.backend.name] = copy.deepcopy(snapshot.graph_module)(*example_inputs)
     finished: dict[str, tuple[fx.GraphModule, list[warnings.WarningMessage]]] = {
-        base.name: (base_model, list(base_warnings or []))}
+        base.backend.name: (base.model, list(base.warnings)) for base in bases}
+    base_of = {base.backend.name: base.backend.name for base in bases}
     trials: dict[str, Trial] = {}
     for backend in others:
+        base = _base_for(backend, bases)
+        base_of[backend.name] = base.backend.name
         with held_warnings(backend.name) as caught:
             try:
-                model = finish_on(snapshot, backend, base_model)
+                model = finish_on(snapshots[base.backend.name], backend, base.model)
             except Exception as error:  # noqa: BLE001 - a candidate failing must not fail auto
                 trials[backend.name] = Trial(backend.name, "rejected", f"finishing the reference "
                                              f"form failed: {type(error).__name__}: {error}")
                 continue
         finished[backend.name] = (model, caught)
     for name, (model, _) in list(finished.items()):
-        problem, sqnr = _problem(model, example_inputs, expected)
+        problem, sqnr = _problem(model, example_inputs, expected[base_of[name]])
         if problem:
             trials[name] = Trial(name, "rejected", problem, sqnr_db=sqnr)
             del finished[name]
         else:
             trials[name] = Trial(name, "timed", "", sqnr_db=sqnr)
-    trials = {name: dataclasses.replace(t, base=name == base.name) for name, t in trials.items()}
+    trials = {name: dataclasses.replace(t, base=base_of.get(name) == name) for name, t in trials.items()}
     if not finished:
-        fallback = finish_on(snapshot, get_backend("reference"), base_model)
+        first = bases[0]
+        fallback = finish_on(snapshots[first.backend.name], get_backend("reference"), first.model)
         warnings.warn("qplug: backend='auto': no installed backend kept the kernel contract on this "
                       "model; it runs in reference form (see the report's auto section)", stacklevel=3)
         return _record(fallback, [*trials.values(), *untried], ["reference"])

@@ -89,3 +89,26 @@ def test_a_reference_form_made_for_another_backend_drops_the_grids_openvino_need
     with torch.no_grad():
         assert torch.equal(finished_partition.partition(*x), own_partition.partition(*x))
         assert torch.equal(finished(*x), own(*x))
+
+
+def test_auto_gives_float_output_backends_their_own_base_where_a_target_decides(plugin_autoload):
+    # a target measures each layer with the grids its backend keeps: openvino's decisions are
+    # its own; without a target one calibration serves every candidate
+    torch.manual_seed(0)
+    model = _Residual().eval()
+    data = [(torch.randn(16, 32, generator=torch.Generator().manual_seed(s)),) for s in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        targeted = qp.quantize(model, data[0], data, backend="auto", target=qp.Target(cosine=0.999))
+        plain = qp.quantize(model, data[0], data, backend="auto", recipe="none")
+    bases = {t["backend"] for t in qp.quantization_report(targeted).auto if t["base"]}
+    assert "openvino" in bases and len(bases) == 2
+    (base,) = [t["backend"] for t in qp.quantization_report(plain).auto if t["base"]]
+    assert base != "openvino"
+    x = (torch.randn(16, 32, generator=torch.Generator().manual_seed(9)),)
+    if qp.quantization_report(targeted).backend == "openvino":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            own = qp.quantize(model, data[0], data, backend="openvino", target=qp.Target(cosine=0.999))
+        with torch.no_grad():
+            assert torch.equal(targeted(*x), own(*x))

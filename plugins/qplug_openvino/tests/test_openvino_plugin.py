@@ -95,16 +95,21 @@ print(json.dumps({"bits": bits, "worst": worst}))
 """
 
 
+def _held_to_avx2(script: str) -> dict:
+    """What ``script`` prints last (JSON), run in a process whose oneDNN (OpenVINO's) is held to AVX2."""
+    probe = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)],
+                           capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert probe.returncode == 0, probe.stderr
+    return json.loads(probe.stdout.splitlines()[-1])
+
+
 def test_held_out_inputs_match_the_reference_form_on_openvinos_avx2_kernels():
     # OpenVINO's kernels held to AVX2 (as on a CPU without VNNI: int16 pair sums) with the
     # decisions of such a CPU. OpenVINO lays operands out itself, so the per-layer 8-bit choice,
     # which emulates pairs in PyTorch's order, must not apply: with it, the linear after the
     # flatten got 8-bit weights and held-out outputs were up to 11 steps off
-    probe = subprocess.run([sys.executable, "-c", _HELD_TO_AVX2, str(Path(__file__).parent)],
-                           capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
-    assert probe.returncode == 0, probe.stderr
-    found = json.loads(probe.stdout.splitlines()[-1])
+    found = _held_to_avx2(_HELD_TO_AVX2)
     assert found["bits"] == [64]  # every layer's weights in 7 bits
     assert found["worst"] <= 1.001
 
@@ -178,11 +183,7 @@ print(json.dumps({"groups": partition.compiled_models[0].get_property("DYNAMIC_Q
 def test_dynamic_linears_compile_with_oneDNN_held_to_avx2():
     # with oneDNN held to AVX2 on this host OpenVINO may have no primitive for inputs quantized at
     # run time: the partition is compiled with float inputs instead, and says so
-    probe = subprocess.run([sys.executable, "-c", _DYNAMIC_HELD_TO_AVX2, str(Path(__file__).parent)],
-                           capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
-    assert probe.returncode == 0, probe.stderr
-    found = json.loads(probe.stdout.splitlines()[-1])
+    found = _held_to_avx2(_DYNAMIC_HELD_TO_AVX2)
     assert bool(found["warned"]) == (found["groups"] == 0), found
     assert found["gain"] > 6.0, found
 

@@ -90,7 +90,9 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
         notify("backend='auto': no backend besides the reference form is available here; using it")
         return quantize(model, example_inputs, calibration_data, backend="reference",
                         qconfig_mapping=qconfig_mapping, **options)
-    bases = [backends[0] if qconfig_mapping is not None else auto.base_backend(backends)]
+    # with the user's mapping every candidate takes it: the first that quantizes every output
+    bases = [next((b for b in backends if not b.float_outputs), backends[0]) if qconfig_mapping is not None
+             else auto.base_backend(backends)]
     float_outputs = [b for b in backends if b.float_outputs and not bases[0].float_outputs]
     if float_outputs and qconfig_mapping is None and needs_algorithms(
             model, options.get("recipe", "auto"), options.get("target")):

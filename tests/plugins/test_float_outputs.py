@@ -112,3 +112,20 @@ def test_auto_gives_float_output_backends_their_own_base_where_a_target_decides(
             own = qp.quantize(model, data[0], data, backend="openvino", target=qp.Target(cosine=0.999))
         with torch.no_grad():
             assert torch.equal(targeted(*x), own(*x))
+
+
+def test_auto_with_the_users_mapping_calibrates_on_a_backend_that_keeps_every_grid(plugin_autoload, monkeypatch):
+    from qplug_core.flows import auto
+
+    listed = auto.candidates
+    monkeypatch.setattr(auto, "candidates", lambda: (  # openvino first, as another install may list it
+        sorted(listed()[0], key=lambda b: b.name != "openvino"), listed()[1]))
+    torch.manual_seed(0)
+    model = _Residual().eval()
+    data = [(torch.randn(16, 32, generator=torch.Generator().manual_seed(s)),) for s in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qmodel = qp.quantize(model, data[0], data, backend="auto", recipe="none",
+                             qconfig_mapping=qp.get_default_qconfig_mapping("onnxruntime"))
+    (base,) = [t["backend"] for t in qp.quantization_report(qmodel).auto if t["base"]]
+    assert base != "openvino"

@@ -136,7 +136,8 @@ def test_user_metric_and_an_unreachable_target_warns():
 @pytest.mark.parametrize("kwargs,message", [
     ({}, "needs cosine="), ({"cosine": 2.0}, r"in \[-1, 1\]"),
     ({"metric": len}, "go together"), ({"sqnr": 20, "fallback": "fp16"}, "fallback must be"),
-    ({"sqnr": 20, "group": "block"}, "group must be")])
+    ({"sqnr": 20, "group": "block"}, "group must be"),
+    ({"cosine": 0.99, "neighbours": 92}, r"fraction of samples, in \[0, 1\]")])
 def test_bad_targets_are_clear_errors(kwargs, message):
     with pytest.raises(ConfigValidationError, match=message):
         qp.Target(**kwargs)
@@ -327,6 +328,66 @@ def test_an_encoder_is_scored_by_its_pooled_embedding_and_neighbours():
     nearest = [(lambda s: s.fill_diagonal_(-2.0).argmax(1))(e @ e.T)
                for e in (pooled(out), pooled(out + noise.double()))]
     assert got.neighbours_kept == pytest.approx(float((nearest[0] == nearest[1]).double().mean()))
+
+
+class _OutlierEncoder(nn.Module):
+    """A sentence encoder whose embedding column 0 is 100x the others (fc1 compensates): static
+    int8 of fc1's input keeps the cosines near 0.98 but moves most samples' nearest neighbour."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding, self.fc1, self.fc2 = nn.Embedding(20, 8), nn.Linear(8, 16), nn.Linear(16, 8)
+        with torch.no_grad():
+            self.embedding.weight[:, 0] *= 100.0
+            self.fc1.weight[:, 0] /= 100.0
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.fc2(torch.relu(self.fc1(self.embedding(input_ids))))
+        return hidden * attention_mask.unsqueeze(-1)
+
+
+def _sentences() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Two batches of 16 token sequences, 2-6 real tokens each."""
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(2):
+        lengths = torch.randint(2, 7, (16, 1), generator=g)
+        batches.append((torch.randint(0, 20, (16, 6), generator=g), (torch.arange(6) < lengths).long()))
+    return batches
+
+
+def test_an_encoder_target_on_neighbours_takes_out_the_layer_that_moves_them():
+    """The cosines alone are met with every layer int8 while most samples lose their nearest
+    neighbour; asking for neighbours keeps the search going until they are kept."""
+    data, model = _sentences(), _OutlierEncoder().eval()
+
+    def search(**kwargs):
+        target = qp.Target(cosine=0.9, group="layer", fallback="float", **kwargs)
+        return qp.quantize(model, data[0], data, backend="reference", recipe="none",
+                           target=target).meta[TARGET]
+
+    cosines_only, with_neighbours = search(), search(neighbours=0.75)
+    assert cosines_only.met and cosines_only.float_layers == []
+    assert cosines_only.final.neighbours_kept < 0.75
+    assert with_neighbours.met and with_neighbours.float_layers == ["fc1"]
+    assert with_neighbours.final.neighbours_kept >= 0.75
+
+
+def test_the_transformer_target_asks_the_embedding_to_keep_neighbours():
+    """What recipe="auto" aims for: cosines that round to the promised ones are not enough when
+    the pooled embeddings lose their nearest neighbours (a score without neighbours, not an
+    embedding, is judged on its cosines)."""
+    from dataclasses import replace
+
+    from qplug_core.algorithms.sensitivity import OutputScore
+    from qplug_core.algorithms.target import TRANSFORMER_TARGET
+
+    close = OutputScore(sqnr_db=30.0, cosine_mean=0.9999, cosine_min=0.9999, neighbours_kept=1.0)
+    assert TRANSFORMER_TARGET.misses(close) == []
+    assert TRANSFORMER_TARGET.misses(replace(close, neighbours_kept=None)) == []
+    missed = TRANSFORMER_TARGET.misses(replace(close, neighbours_kept=0.5))
+    assert len(missed) == 1 and missed[0].startswith("neighbours 0.5 <")
 
 
 def test_a_lost_output_channel_misses_the_target_that_row_cosines_would_meet():

@@ -28,6 +28,7 @@ in one run; the ratio is float latency / variant latency.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 import time
@@ -58,6 +59,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--swap-halves", action="store_true",
                         help="calibrate on the odd sentences, evaluate on the even ones")
+    parser.add_argument("--build-rounds", type=int, default=1,
+                        help="build every variant this many times, alternated in one process; "
+                             "the build column is the median (the machine is noisy)")
     parser.add_argument("--variants", default=",".join(VARIANT_KEYS),
                         help=f"comma-separated, from: {', '.join(VARIANT_KEYS)}")
     args = parser.parse_args()
@@ -90,14 +94,15 @@ def main() -> None:
         "per-token": ("per-token dynamic",
                       lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm", per_token=True)),
     }
-    variants, build_seconds = {}, {}
+    variants, build_seconds = {}, collections.defaultdict(list)
     with quiet():  # untimed: torch.export's one-time warm-up must not be billed to the first build
         qp.quantize(minilm.model, cal[0], cal[:1], backend="fbgemm", recipe="none")
-        for key in chosen:
-            name, build = builders[key]
-            start = time.perf_counter()
-            variants[name] = build()
-            build_seconds[name] = time.perf_counter() - start
+        for _ in range(args.build_rounds):
+            for key in chosen:
+                name, build = builders[key]
+                start = time.perf_counter()
+                variants[name] = build()
+                build_seconds[name].append(time.perf_counter() - start)
 
     for name in ("static int8", "static int8, zoo clone"):
         target = variants[name].meta.get("qplug_target") if name in variants else None
@@ -118,6 +123,8 @@ def main() -> None:
         samples = interleaved({n: (lambda m=m: m(*batch)) for n, m in timed.items()},
                               rounds=args.rounds)
     base = median(samples["fp32 eager (HF)"])
+    none = build_seconds.get('static int8, recipe="none"')
+    plain = median(none) if none else None
     rows = []
     for name, model in timed.items():
         with quiet():
@@ -125,10 +132,12 @@ def main() -> None:
         rows.append([name, f"{a.cosine_mean:.4f}", f"{a.cosine_min:.4f}",
                      f"{100 * a.neighbours_kept:.0f}%", f"{median(samples[name]) * 1e3:.0f}",
                      f"{p90(samples[name]) * 1e3:.0f}", f"{base / median(samples[name]):.2f}x",
-                     f"{build_seconds.get(name, 0.0):.0f}"])
+                     f"{median(build_seconds[name]):.1f}" if name in build_seconds else "0",
+                     f"{median(build_seconds[name]) / plain:.2f}x" if name in build_seconds and plain else ""])
     print(table(["variant", "cos mean", "cos min", "NN kept", "ms med", "ms p90", "vs fp32",
-                 "build s"], rows))
-    print(f"latency: 8 x 128 tokens, {args.threads} thread(s), {args.rounds} interleaved rounds")
+                 "build s", "build / none"], rows))
+    print(f"latency: 8 x 128 tokens, {args.threads} thread(s), {args.rounds} interleaved rounds; "
+          f"build: median of {args.build_rounds} alternated round(s)")
 
 
 if __name__ == "__main__":

@@ -108,15 +108,16 @@ def _quantized(x: torch.Tensor, observer_factory: Any) -> torch.Tensor:
     return Q.fake_quantize(x, qparams) if qparams.dtype in Q.STORAGE_DTYPE else x
 
 
-def _error(x: torch.Tensor, layers: list[tuple[nn.Module, Any]], scale: torch.Tensor | None) -> float:
-    """Relative int8 output error of the layers on rows ``x`` with smoothing ``scale``."""
+def _error(x: torch.Tensor, layers: list[tuple[nn.Module, Any]], wants: list[torch.Tensor],
+           scale: torch.Tensor | None) -> float:
+    """Relative int8 output error of the layers on rows ``x`` with smoothing ``scale``;
+    ``wants`` holds their float outputs on ``x`` (the same for every strength)."""
     xs = x if scale is None else x / scale
     num = den = 0.0
     xq = _quantized(xs, layers[0][1].activation)
-    for layer, qconfig in layers:
+    for (layer, qconfig), want in zip(layers, wants):
         weight = layer.weight.detach() if scale is None else layer.weight.detach() * scale
         wq = Q.fake_quantize(weight, observed_weight_qparams(qconfig, weight))
-        want = x @ layer.weight.detach().T
         num += float((xq @ wq.T - want).square().sum())
         den += float(want.square().sum())
     return num / max(den, 1e-30)
@@ -153,10 +154,11 @@ def smooth_quant(gm: fx.GraphModule, calibration_data: Any, *, qconfig_mapping: 
             layers = [(layer_of(gm, node), qconfig) for node, qconfig in members]
             rows = torch.cat(recorder.rows)[::_SEARCH_STRIDE]
             weights = torch.cat([layer.weight.detach() for layer, _ in layers])
+            wants = [rows @ layer.weight.detach().T for layer, _ in layers]
             scored = []
             for alpha in alphas:
                 scale = None if alpha is None else _scale(recorder.absmax, weights, alpha)
-                scored.append((_error(rows, layers, scale), alpha, scale))
+                scored.append((_error(rows, layers, wants, scale), alpha, scale))
             before = scored[[a for _, a, _ in scored].index(None)][0] if None in alphas else scored[0][0]
             best_error, best_alpha, best_scale = min(scored, key=lambda item: item[0])
             results.append(SmoothedInput([n.target for n, _ in members], best_alpha, before,

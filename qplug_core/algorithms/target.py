@@ -42,7 +42,7 @@ from qplug_core.algorithms.sensitivity import (
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, warn_user
 from qplug_core.flows.snapshot import snapshot_of
-from qplug_core.flows.tags import TARGET
+from qplug_core.flows.tags import TARGET, WEIGHT_BITS_DECIDED, WEIGHT_BITS_REUSE
 from qplug_core.flows.weight_bits import converted_weight_ranges
 
 __all__ = ["TARGET", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_target"]
@@ -249,6 +249,8 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
             m = with_fallback(m, chosen, "dynamic" if fallback == "dynamic" else "float", backend, gm)
         if taken:
             observed = observed_with(gm, sources, m, inputs, batches, backend, options)
+            if WEIGHT_BITS_DECIDED in all_int8.meta:  # the same calibrated layers: same weight bits
+                observed.meta[WEIGHT_BITS_REUSE] = all_int8.meta[WEIGHT_BITS_DECIDED]
             # every layer may be out of static int8 (per-token layers are swapped in after)
             qmodel = convert_fx(observed, backend=backend, inplace=True, allow_float=True)
         else:

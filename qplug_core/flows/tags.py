@@ -70,6 +70,11 @@ EXAMPLE_INPUTS = "qplug_example_inputs"
 #: saturate (set at prepare when a backend's defaults are 7-bit only for that), and the decisions
 WEIGHT_BITS = "qplug_weight_bits"
 WEIGHT_BITS_CHOICE = "qplug_weight_bits_choice"
+#: GraphModule.meta: what convert decided per layer (weight qparams, why, 7-bit input grid), and
+#: on an observed graph, the decisions of an earlier convert of the same calibrated layers that
+#: its convert takes as they are (a target search's tries, ``algorithms/target.py``)
+WEIGHT_BITS_DECIDED = "qplug_weight_bits_decided"
+WEIGHT_BITS_REUSE = "qplug_weight_bits_reuse"
 #: node.meta key on a module node made from a functional call on a constant weight (``F.linear``,
 #: ``F.conv2d``...): that function, so tools can tell which functional pattern the module stands for
 FROM_FUNCTIONAL = "qplug_from_functional"

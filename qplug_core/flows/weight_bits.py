@@ -13,7 +13,11 @@ together at most ``MAX_ROWS`` GEMM rows per layer are emulated): with the 8-bit 
 this layer's real operands leave int16 (``kernels/pair_sums.py``, in the kernels' K order)? If
 none does, the layer gets 8-bit weights; if some do, it gets them only where its output error
 (rounding plus what saturation takes) is below the 7-bit weights' on the same rows. The decisions
-(layer -> why) are kept in ``GraphModule.meta[WEIGHT_BITS_CHOICE]``. A backend whose runtime lays
+(layer -> why) are kept in ``GraphModule.meta[WEIGHT_BITS_CHOICE]``, and with their qparams in
+``meta[WEIGHT_BITS_DECIDED]``: a target search converts the same calibrated layers several times
+with some of them taken out, and its tries take the first convert's decisions
+(``meta[WEIGHT_BITS_REUSE]``) instead of running the example and calibration batches through
+the graph again for each (on MiniLM, a third of each try's convert). A backend whose runtime lays
 out operands itself (``pairs_in_torch_order=False``: OpenVINO) pairs other products than the
 emulation, so its layers all keep the 7-bit weights.
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,6 +45,8 @@ from qplug_core.flows.tags import (
     ROOT,
     WEIGHT_BITS,
     WEIGHT_BITS_CHOICE,
+    WEIGHT_BITS_DECIDED,
+    WEIGHT_BITS_REUSE,
     region_tag,
 )
 from qplug_core.kernels import pair_sums
@@ -101,6 +108,16 @@ def mark(gm: fx.GraphModule, backend: Any, mode: str, user_mapping: bool) -> Non
 _Operands = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+@dataclass(frozen=True)
+class Decided:
+    """One layer's decision: its weight qparams, why (None: the safe weights, nothing weighed),
+    and whether its input's grid was made 7-bit."""
+
+    qparams: QParams
+    why: str | None
+    seven_bit_input: bool
+
+
 class _Inputs(fx.Interpreter):
     """Runs an observed graph with its observers passed through (they must not learn from these
     runs), keeping what ``wanted[node]`` makes of each wanted node's input on each run (the
@@ -130,6 +147,9 @@ class WeightBits:
         self.inputs: dict[fx.Node, list[_Operands | None]] = {}
         self.grids: dict[fx.Node, tuple[float, int]] = {}  # each layer's input grid (scale, zero point)
         self.decided: dict[fx.Node, QParams] = {}
+        self.seven_bit_inputs: set[fx.Node] = set()
+        self.record: dict[str, Decided] = gm.meta.setdefault(WEIGHT_BITS_DECIDED, {}) if self.full else {}
+        self.reused: dict[str, Decided] | None = gm.meta.pop(WEIGHT_BITS_REUSE, None)
         self._observer_uses: Counter[int] = Counter()
         self.data = "the example inputs"
         example = gm.meta.get(EXAMPLE_INPUTS)
@@ -137,6 +157,8 @@ class WeightBits:
         if self.full is None or example is None:
             self.full = None
             return
+        if self.reused is not None:
+            return  # nothing to record: the decisions are taken as they are
         rows = max(1, MAX_ROWS // (1 + len(batches)))  # per run: MAX_ROWS over all runs
         wanted = {n: reduce for n in gm.graph.nodes if n.meta.get(ROOT) and n.op == "call_module"
                   and (tag := region_tag(n)) is not None and tag.quantized and n.args
@@ -159,13 +181,30 @@ class WeightBits:
         """``safe`` (the qconfig's 7-bit weights), or 8-bit ones where no pair sum saturates, or
         where they lose less, or on 7-bit activations where those lose less for the input's
         every consumer (then the input's grid is made 7-bit here)."""
-        if self.full is None or node not in self.inputs or safe.dtype != torch.qint8:
+        if self.full is None or safe.dtype != torch.qint8 or (safe.quant_min, safe.quant_max) == self.full:
             return safe
-        if (safe.quant_min, safe.quant_max) == self.full:
+        if self.reused is not None:
+            return self._reuse(node, safe)
+        if node not in self.inputs:
             return safe
         if node not in self.decided:
             self._decide(node, module, qconfig, weight, safe)
-        return self.decided.get(node, safe)
+        qparams = self.decided.get(node, safe)
+        self.record[node.name] = Decided(qparams, self.choices.get(node.name), node in self.seven_bit_inputs)
+        return qparams
+
+    def _reuse(self, node: fx.Node, safe: QParams) -> QParams:
+        """The earlier convert's decision for ``node`` (``safe`` where it made none, or where
+        ``node`` no longer reads a static input here: a dynamic layer picks its own grid)."""
+        earlier = self.reused.get(node.name) if self.reused is not None else None
+        observer = self._static_input_observer(node)
+        if earlier is None or observer is None:
+            return safe
+        if earlier.seven_bit_input:
+            observer.quant_max = 127
+        if earlier.why is not None:
+            self.choices[node.name] = earlier.why
+        return earlier.qparams
 
     def _decide(self, node: fx.Node, module: nn.Module, qconfig: Any, weight: torch.Tensor,
                 safe: QParams) -> None:
@@ -198,6 +237,7 @@ class WeightBits:
         shared.observer.quant_max = 127  # the input's grid, shared by every consumer: 7 bits
         for n, o in options_by_node.items():
             self.decided[n] = o.wide
+            self.seven_bit_inputs.add(n)
             self.choices[n.name] = (
                 f"8-bit weights on 7-bit activations: the input of {len(options_by_node)} layer(s) "
                 f"given 7 bits (pairs then fit int16); their output error "
@@ -261,6 +301,17 @@ class WeightBits:
             return None
         return value
 
+    def _static_input_observer(self, node: fx.Node) -> nn.Module | None:
+        """The calibrated uint8 observer of ``node``'s input, or None: a dynamic layer (a
+        target's fallback) picks its input grid per batch, and a branch calibration never ran
+        stays float."""
+        observed = observed_inputs(self.gm, node)
+        observer = observed[0].observer if observed else None
+        if observer is None or getattr(observer, "dtype", None) != torch.quint8 \
+                or getattr(observer, "is_dynamic", False) or not getattr(observer, "has_data", True):
+            return None
+        return observer
+
     @staticmethod
     def _seven_bit_grid(observer: nn.Module) -> tuple[float, int]:
         """(scale, zero point) ``observer`` gives its data on codes 0..127."""
@@ -274,16 +325,10 @@ class WeightBits:
     def _operands(self, node: fx.Node, rows: int) -> Callable[[Any], _Operands | None] | None:
         """What to keep of ``node``'s input on each run (its operands on the calibrated grid, at
         most ``rows`` GEMM rows), or None where the layer is not one to choose for."""
-        observed = observed_inputs(self.gm, node)
         layer = next((m for m in self.gm.get_submodule(str(node.target)).modules()
                       if pair_sums.supported(m)), None)
-        if not observed or layer is None:
-            return None
-        observer = observed[0].observer
-        # a dynamic layer (a target's fallback) picks its input grid per batch: not chosen here
-        if getattr(observer, "dtype", None) != torch.quint8 or getattr(observer, "is_dynamic", False):
-            return None
-        if not getattr(observer, "has_data", True):  # a branch calibration never ran stays float
+        observer = self._static_input_observer(node)
+        if observer is None or layer is None:
             return None
         scale, zero_point = (t.flatten() for t in observer.calculate_qparams())
         if scale.numel() != 1:

@@ -307,6 +307,33 @@ def test_a_target_ranks_layers_by_the_weights_they_get(qplug_only):
     assert users["safe"] > 1.5 * avx2["safe"]
 
 
+@pytest.mark.parametrize(("model", "hot", "why", "hot_input_grid"), [
+    (TwoLayers, (-64, 64), "7-bit weights: ", (0, 255)),
+    (OneConsumer, EIGHT_BIT["fbgemm"], "8-bit weights on 7-bit activations: ", (0, 127))],
+    ids=["7-bit weights", "7-bit activations"])
+def test_a_targets_tries_take_the_first_converts_weight_bits(qplug_only, monkeypatch, model, hot, why,
+                                                             hot_input_grid):
+    """A target search converts the same calibrated layers once per try: each try takes the
+    all-int8 convert's weight bits, input grids and reasons, instead of running the example and
+    the kept calibration batches through the graph again (a third of each try's convert on
+    all-int8 MiniLM with a CPU without VNNI's decisions)."""
+    qplug_only("qplug-fbgemm")
+    recorded = []
+    run = weight_bits._Inputs.run
+    monkeypatch.setattr(weight_bits._Inputs, "run", lambda self, *args: recorded.append(args) or run(self, *args))
+    with override_cpu_flags(AVX2), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qmodel = qp.quantize(model().eval(), inputs(0), [inputs(s) for s in range(3)], backend="fbgemm",
+                             target=qp.Target(sqnr=52.0))
+    result, reference = qmodel.meta[TARGET], snapshot_of(qmodel).graph_module
+    assert result.met and result.quantizations == 2 and result.float_layers == ["safe"]
+    assert len(recorded) == 4  # the example and 3 calibration batches, for the all-int8 convert only
+    assert weight_ranges(reference) == {"hot": hot}
+    grids = [(m.qparams.quant_min, m.qparams.quant_max) for m in reference.modules() if isinstance(m, Quantize)]
+    assert grids[0] == hot_input_grid
+    assert qmodel.meta[WEIGHT_BITS_CHOICE]["hot"].startswith(why)
+
+
 @pytest.mark.parametrize("conv", [nn.Conv2d(6, 4, 3, padding=1, stride=2), nn.Conv2d(6, 6, 3, padding=1, groups=6),
                                   nn.Conv2d(6, 4, 1, groups=2), nn.Linear(9, 5)], ids=str)
 def test_emulated_pair_sums_follow_the_kernels_k_order(conv):

@@ -178,11 +178,11 @@ def quantize_unclamped(x: torch.Tensor, qp: QParams
     integer cast (torch's per-channel fake-quant wraps for |x / scale| > 2**31).
     """
     scale, zero_point = _broadcast(qp, x)
-    scaled = x.to(torch.float32) * (1.0 / scale)  # a new tensor: the steps below work in place
+    scaled = x.to(torch.float32) * (1.0 / scale)
     if zero_point.is_floating_point():  # per_channel_affine_float_qparams: zp added before rounding
-        return scaled.add_(zero_point).round_(), scale, zero_point
+        return torch.round(scaled + zero_point), scale, zero_point
     zero_point = zero_point.to(torch.float32)
-    return scaled.round_().add_(zero_point), scale, zero_point
+    return torch.round(scaled) + zero_point, scale, zero_point
 
 
 def quantize(x: torch.Tensor, qp: QParams) -> torch.Tensor:
@@ -207,7 +207,7 @@ class _FakeQuantizeSTE(torch.autograd.Function):
         q, scale, zero_point = quantize_unclamped(x, qp)
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward((q >= qp.quant_min) & (q <= qp.quant_max))
-        return q.clamp_(qp.quant_min, qp.quant_max).sub_(zero_point).mul_(scale)  # q is ours
+        return (torch.clamp(q, qp.quant_min, qp.quant_max) - zero_point) * scale
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:

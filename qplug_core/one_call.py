@@ -93,12 +93,10 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
     # with the user's mapping every candidate takes it: the first that quantizes every output
     bases = [next((b for b in backends if not b.float_outputs), backends[0]) if qconfig_mapping is not None
              else auto.base_backend(backends)]
-    float_outputs = [b for b in backends if b.float_outputs and not bases[0].float_outputs]
-    if float_outputs and qconfig_mapping is None and needs_algorithms(
-            model, options.get("recipe", "auto"), options.get("target")):
-        # a target's decisions measure each layer with the grids its backend keeps: a backend
-        # with float outputs gets its own (see auto.base_backend)
-        bases.append(auto.base_backend(float_outputs))
+    if qconfig_mapping is None and needs_algorithms(model, options.get("recipe", "auto"), options.get("target")):
+        # a target's decisions measure each layer with the grids its backend keeps: each set of
+        # float-output kinds gets its own base (see auto.float_output_bases)
+        bases += auto.float_output_bases(backends, bases[0])
     calibrated = []
     for base in bases:
         with auto.held_warnings(base.name) as held:  # its kernels' warnings count only if it wins

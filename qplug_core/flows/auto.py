@@ -8,10 +8,11 @@ integers and qparams for everyone) is then finished on every other candidate fro
 copy, so candidates share no state. The base is the candidate whose default qparams the others
 accept: the narrowest weight range (symmetric [-127, 127] suits every x86 runtime, [-128, 127]
 does not), then the mapping most candidates share, so those get exactly their own defaults.
-A backend with ``float_outputs`` (OpenVINO) drops the output grids it does not need from that
-reference form; where an accuracy target decides which layers leave static int8, it measures each
-layer with the grids its backend keeps, so such backends then get a second base of their own
-(one more calibration, only then).
+A backend with ``float_outputs`` (OpenVINO for every weighted op, ONNX Runtime for linears) drops
+the output grids it does not need from that reference form; where an accuracy target decides
+which layers leave static int8, it measures each layer with the grids its backend keeps, so the
+backends of each set of float-output kinds then get a base of their own (one more calibration
+per set, only then: :func:`float_output_bases`).
 
 Each candidate goes through the convert-time checks every backend gets (each lowered kernel,
 :mod:`~qplug_core.flows.kernel_check`, and each compiled partition, :mod:`~qplug_core.flows.delegate`,
@@ -112,10 +113,18 @@ def base_backend(backends: list[Backend]) -> Backend:
         kwargs = getattr(weight, "kwargs", {})
         width = int(kwargs.get("quant_max", 127)) - int(kwargs.get("quant_min", -128))
         shared = sum(mapping is not None and mapping == other for other in mappings.values())
-        return backend.float_outputs, width, -shared
+        return len(backend.float_outputs), width, -shared
 
     usable = [b for b in backends if mappings[b.name] is not None] or backends
     return min(usable, key=strictness)  # min is stable: ties keep the candidates' order
+
+
+def float_output_bases(backends: list[Backend], first: Backend) -> list[Backend]:
+    """The further bases an accuracy target needs besides ``first`` (see the module docstring):
+    one per set of float-output kinds among ``backends`` other than ``first``'s, in the
+    candidates' order."""
+    kinds = dict.fromkeys(b.float_outputs for b in backends if b.float_outputs != first.float_outputs)
+    return [base_backend([b for b in backends if b.float_outputs == group]) for group in kinds]
 
 
 def _default_mapping(backend: Backend) -> Any:
@@ -156,7 +165,7 @@ class Calibrated:
 
 def _base_for(backend: Backend, bases: list[Calibrated]) -> Calibrated:
     """The base whose reference form ``backend`` is finished from: the one with its
-    ``float_outputs``, else the first."""
+    ``float_outputs`` kinds, else the first."""
     return next((b for b in bases if b.backend.float_outputs == backend.float_outputs), bases[0])
 
 

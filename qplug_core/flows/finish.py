@@ -45,7 +45,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     keeps those regions in reference form.
     """
     if backend.float_outputs:  # a reference form made for another backend (auto) keeps them
-        drop_unread_output_grids(gm)
+        drop_unread_output_grids(gm, backend.float_outputs)
     regions = _quantized_regions(gm)
     found: dict[str, LoweringSummary] = {}
     delegated = DelegationSummary()

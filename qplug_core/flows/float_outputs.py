@@ -1,8 +1,9 @@
 """Float outputs for a backend that fuses a weighted op's dequantization into it.
 
 On such a backend (``BackendSpec.float_outputs``: OpenVINO's FullyConnected and Convolution take u8
-and write f32) the output of a static linear or conv that no static int8 op reads needs no grid:
-prepare leaves it unobserved (``regions._keep_unread_outputs_float``). A reference form made for
+and write f32; ONNX Runtime's MatMulIntegerToFloat, linears only) the output of a static weighted
+op of those kinds that no static int8 op reads needs no grid: prepare leaves it unobserved
+(``regions._keep_unread_outputs_float``). A reference form made for
 another backend (``backend="auto"`` calibrates once, on a backend without float outputs) still
 holds those grids; :func:`drop_unread_output_grids` removes them when it is finished on this one,
 giving the model this backend's own prepare would.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from torch import fx
 
+from qplug_core.flows.regions import weighted_kind
 from qplug_core.flows.tags import region_tag
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 
@@ -25,10 +27,11 @@ def _read_by_static_int8(node: fx.Node) -> bool:
     return tag is not None and tag.quantized and not tag.is_dynamic
 
 
-def drop_unread_output_grids(gm: fx.GraphModule) -> int:
-    """Remove the Quantize -> Dequantize pair after each static weighted op (int8 input) whose
-    dequantized output no static int8 op reads; returns how many (the graph is recompiled)."""
-    pairs = [pair for node in gm.graph.nodes if (pair := _unread_output_grid(gm, node)) is not None]
+def drop_unread_output_grids(gm: fx.GraphModule, kinds: frozenset[str]) -> int:
+    """Remove the Quantize -> Dequantize pair after each static weighted op of one of ``kinds``
+    (int8 input) whose dequantized output no static int8 op reads; returns how many (the graph
+    is recompiled)."""
+    pairs = [pair for node in gm.graph.nodes if (pair := _unread_output_grid(gm, node, kinds)) is not None]
     for node, quantize, dequantize in pairs:
         dequantize.replace_all_uses_with(node)
         for pair_node in (dequantize, quantize):
@@ -41,10 +44,12 @@ def drop_unread_output_grids(gm: fx.GraphModule) -> int:
     return len(pairs)
 
 
-def _unread_output_grid(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
-    """(op, quantize, dequantize) where ``node`` is a static weighted op whose output grid no
-    static int8 op reads, else None."""
-    if not (_module(gm, node, ReferenceWeighted) and node.args and isinstance(node.args[0], fx.Node)
+def _unread_output_grid(gm: fx.GraphModule, node: fx.Node, kinds: frozenset[str]
+                        ) -> tuple[fx.Node, fx.Node, fx.Node] | None:
+    """(op, quantize, dequantize) where ``node`` is a static weighted op of one of ``kinds`` whose
+    output grid no static int8 op reads, else None."""
+    if not (_module(gm, node, ReferenceWeighted) and weighted_kind(gm.get_submodule(str(node.target))) in kinds
+            and node.args and isinstance(node.args[0], fx.Node)
             and _module(gm, node.args[0], Dequantize) and len(node.users) == 1):
         return None
     (quantize,) = node.users

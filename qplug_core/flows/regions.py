@@ -84,6 +84,17 @@ def weight_name_of(module: nn.Module) -> str | None:
     return "weight" if _is_matrix(weight) else None
 
 
+def weighted_kind(module: nn.Module) -> str | None:
+    """The kind of int8 weighted op ``module`` (or the float module a reference-form wrapper
+    holds) runs, as ``BackendSpec.float_outputs`` names it: ``"linear"`` for a 2-D weight (a
+    matmul), ``"conv"`` for more dimensions; None for embeddings and unweighted modules."""
+    module = getattr(module, "module", module)  # ReferenceWeighted wraps the float module
+    name = None if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) else weight_name_of(module)
+    if name is None:
+        return None
+    return "linear" if weight_of(module, name).dim() == 2 else "conv"
+
+
 def _is_matrix(weight: Any) -> bool:
     return isinstance(weight, torch.Tensor) and weight.dim() >= 2
 
@@ -209,7 +220,7 @@ class RegionPlanner:
         if self.keep_isolated_ops_float:
             _keep_isolated_connectors_float(self.gm, regions)
         if self.backend.float_outputs:
-            _keep_unread_outputs_float(regions)
+            _keep_unread_outputs_float(regions, self.modules, self.backend.float_outputs)
         return regions
 
     def _external_inputs(self, match: Match) -> list[fx.Node]:
@@ -321,13 +332,14 @@ def _keep_isolated_connectors_float(gm: fx.GraphModule, regions: list[Region]) -
                          + spelled(" (keep_isolated_ops_float=False quantizes it anyway)", ""))
 
 
-def _keep_unread_outputs_float(regions: list[Region]) -> None:
-    """Leave float the output of each static weighted region that no static int8 region reads
-    (only float ops, dynamic regions or the model's output): the backend's op dequantizes into
-    it, and a per-tensor grid there would only lose resolution."""
+def _keep_unread_outputs_float(regions: list[Region], modules: dict[str, nn.Module], kinds: frozenset[str]
+                               ) -> None:
+    """Leave float the output of each static weighted region of one of ``kinds`` that no static
+    int8 region reads (only float ops, dynamic regions or the model's output): the backend's op
+    dequantizes into it, and a per-tensor grid there would only lose resolution."""
     region_of = {n: r for r in regions for n in r.match.nodes}
     for region in regions:
-        if not (region.weighted and region.quantizes_output):
+        if not (region.weighted and region.quantizes_output and weighted_kind(modules[region.root.target]) in kinds):
             continue
         readers = [region_of.get(user) for user in region.anchor.users]
         if not any(reader is not None and reader is not region and reader.quantized and not reader.is_dynamic

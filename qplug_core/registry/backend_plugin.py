@@ -44,8 +44,9 @@ class BackendPlugin:
     is the default backend), ``dtype_configs`` (``None``: no shared patterns),
     ``int8_arithmetic`` (how its kernels accumulate; ``None``: that of ``engine``'s kernels) and
     ``pairs_in_torch_order`` (False where the runtime picks its own operand layouts) and
-    ``float_outputs`` (True where the runtime fuses a weighted op's dequantization into it; both
-    in :class:`~qplug_core.registry.contract.BackendSpec`).
+    ``float_outputs`` (True where the runtime fuses a weighted op's dequantization into it, or
+    the set of op kinds it does this for, e.g. ``{"linear"}``; both in
+    :class:`~qplug_core.registry.contract.BackendSpec`).
     """
 
     name: ClassVar[str]
@@ -56,7 +57,7 @@ class BackendPlugin:
     dtype_configs: ClassVar[DTypeConfigSet | None] = DTypeConfigSet()
     int8_arithmetic: ClassVar[Int8Arithmetic | None] = None
     pairs_in_torch_order: ClassVar[bool] = True
-    float_outputs: ClassVar[bool] = False
+    float_outputs: ClassVar[bool | frozenset[str]] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -96,8 +96,9 @@ class Backend:
         return self.spec.pairs_in_torch_order
 
     @property
-    def float_outputs(self) -> bool:
-        """Whether a weighted op no int8 op reads from keeps a float output (see BackendSpec)."""
+    def float_outputs(self) -> frozenset[str]:
+        """The kinds of weighted op (``"linear"``, ``"conv"``) that keep a float output where no
+        int8 op reads it; empty where every one quantizes its output (see BackendSpec)."""
         return self.spec.float_outputs
 
     def availability(self) -> Availability:

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
 ARM_MACHINES = ("aarch64", "arm64", "armv7l", "armv8l")
+#: the kinds of weighted op ``BackendSpec.float_outputs`` names: a linear (a 2-D weight: a
+#: matmul) and a convolution (a weight of more dimensions)
+WEIGHTED_OP_KINDS = ("linear", "conv")
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,10 @@ class BackendSpec:
     FullyConnected and Convolution do), so a weighted op whose output no int8 op reads keeps it
     float instead of quantizing it for nothing (a transformer's FFN output feeding the residual
     add: its massive activations cost every other value its resolution on a per-tensor grid).
+    ``True`` says so of every weighted op; a set of kinds from :data:`WEIGHTED_OP_KINDS` of those
+    only (ONNX Runtime's ``{"linear"}``: it fuses a dequantized matmul with no QuantizeLinear
+    after it into MatMulIntegerToFloat, but has no int8 convolution with a float output, so such
+    a conv would run in float). Stored as the frozenset of kinds (``True``: all of them).
     """
 
     name: str
@@ -88,8 +95,21 @@ class BackendSpec:
     is_available: Callable[[], Availability] = field(default=always_available, compare=False)
     arithmetic: Int8Arithmetic | None = None
     pairs_in_torch_order: bool = True
-    float_outputs: bool = False
+    float_outputs: bool | frozenset[str] = False
     int8_gemm: Callable[[], Gemm | None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "float_outputs", float_output_kinds(self.float_outputs))
+
+
+def float_output_kinds(declared: object) -> frozenset[str]:
+    """The weighted op kinds a ``float_outputs`` declaration names (see :class:`BackendSpec`)."""
+    if isinstance(declared, bool):
+        return frozenset(WEIGHTED_OP_KINDS if declared else ())
+    if isinstance(declared, (set, frozenset, tuple, list)) and set(declared) <= set(WEIGHTED_OP_KINDS):
+        return frozenset(declared)
+    raise ConfigValidationError(f"float_outputs must be True, False or a set of the op kinds "
+                                f"{WEIGHTED_OP_KINDS}, got {declared!r}", field="float_outputs", value=declared)
 
 
 DIAGNOSTIC_LEVELS = ("ok", "warning", "error")

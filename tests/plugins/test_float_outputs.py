@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 
 import qplug_core as qp
-from qplug_core.plugin_api import override_cpu_flags
+from qplug_core.plugin_api import BackendSpec, ConfigValidationError, override_cpu_flags
 
 
 def partitions(model) -> list:
@@ -129,3 +130,12 @@ def test_auto_with_the_users_mapping_calibrates_on_a_backend_that_keeps_every_gr
                              qconfig_mapping=qp.get_default_qconfig_mapping("onnxruntime"))
     (base,) = [t["backend"] for t in qp.quantization_report(qmodel).auto if t["base"]]
     assert base != "openvino"
+
+
+def test_float_outputs_declares_every_kind_or_a_set_of_them():
+    assert BackendSpec("a", "", float_outputs=True).float_outputs == {"linear", "conv"}
+    assert BackendSpec("a", "", float_outputs={"linear"}).float_outputs == frozenset({"linear"})
+    assert BackendSpec("a", "").float_outputs == frozenset()
+    for bad in ({"matmul"}, "linear"):
+        with pytest.raises(ConfigValidationError, match="float_outputs must be True, False or a set"):
+            BackendSpec("a", "", float_outputs=bad)

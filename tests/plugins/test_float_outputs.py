@@ -1,11 +1,14 @@
 """Float outputs on a backend that fuses a weighted op's dequantization (``float_outputs``:
-qplug-openvino): the plan, its accuracy, the compiled kernels, and a reference form made for
-another backend (``backend="auto"``'s base) finished on it."""
+qplug-openvino for every weighted op, qplug-onnxruntime for linears): the plan, its accuracy, the
+compiled kernels, and a reference form made for another backend (``backend="auto"``'s base)
+finished on it."""
 
 from __future__ import annotations
 
+import os
 import warnings
 
+import onnx
 import pytest
 import torch
 
@@ -14,7 +17,7 @@ from qplug_core.plugin_api import BackendSpec, ConfigValidationError, override_c
 
 
 def partitions(model) -> list:
-    return [m for m in model.modules() if type(m).__name__ == "OpenVinoPartition"]
+    return [m for m in model.modules() if type(m).__name__ in ("OpenVinoPartition", "OrtPartition")]
 
 
 class _Residual(torch.nn.Module):
@@ -69,9 +72,73 @@ def test_an_output_no_int8_op_reads_stays_float(plugin_autoload):
         torch.testing.assert_close(qmodel(*x), partition.partition(*x), rtol=0, atol=0.05)
 
 
-def test_a_reference_form_made_for_another_backend_drops_the_grids_openvino_needs_not(plugin_autoload):
+def test_onnxruntime_keeps_float_the_linear_outputs_no_int8_op_reads(plugin_autoload):
+    # ORT fuses a dequantized matmul with no QuantizeLinear after it into one int8 op with a
+    # float output: fc2's output (read by the float residual add alone) needs no grid there
+    torch.manual_seed(0)
+    model = _Residual().eval()
+    data = [(torch.randn(16, 32, generator=torch.Generator().manual_seed(s)),) for s in range(3)]
+    x = (torch.randn(16, 32, generator=torch.Generator().manual_seed(9)),)
+    mapping = qp.get_default_qconfig_mapping("onnxruntime")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on_ort = qp.quantize(model, data[0], data, backend="onnxruntime")
+        every_grid = qp.quantize(model, data[0], data, backend="fbgemm", qconfig_mapping=mapping)
+    (partition,) = partitions(on_ort)
+    assert _quantized_after(partition.partition, "fc1") and not _quantized_after(partition.partition, "fc2")
+    with torch.no_grad():
+        expected = model(*x)
+        # measured 77.0 dB against 44.6 dB with fc2's output on a per-tensor grid (fbgemm)
+        assert qp.sqnr(expected, on_ort(*x)) > qp.sqnr(expected, every_grid(*x)) + 20.0
+    optimized = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"qplug-float-outputs-{os.getpid()}.onnx")
+    try:
+        partition.session_settings.inference_session(partition.sources[0], optimized_model_filepath=optimized)
+        ops = [node.op_type for node in onnx.load(optimized).graph.node]
+    finally:
+        os.remove(optimized)
+    # both linears int8 (the second writes float): no QuantizeLinear -> DequantizeLinear between
+    assert ops == ["QuantizeLinear", "QGemm", "QGemm", "Add"]
+
+
+class _TwoHeads(torch.nn.Module):
+    """A conv head and a linear head, each writing a model output (no int8 op reads either)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 4, 3, padding=1)
+        self.fc1, self.fc2 = torch.nn.Linear(48, 32), torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.conv2(torch.relu(self.conv1(x))), self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+@pytest.mark.parametrize("backend, float_after", [("onnxruntime", {"fc2"}), ("openvino", {"fc2", "conv2"})])
+def test_only_the_declared_kinds_keep_float_outputs(plugin_autoload, backend, float_after):
+    # ORT has no int8 conv with a float output (a conv without QuantizeLinear after it runs in
+    # float), so its convs keep their grids; openvino's keep none
+    torch.manual_seed(0)
+    model = _TwoHeads().eval()
+    data = [(torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(s)),) for s in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qmodel = qp.quantize(model, data[0], data, backend=backend)
+    (partition,) = partitions(qmodel)
+    assert {name for name in ("conv2", "fc2") if not _quantized_after(partition.partition, name)} == float_after
+
+
+def test_float_outputs_declares_every_kind_or_a_set_of_them():
+    assert BackendSpec("a", "", float_outputs=True).float_outputs == {"linear", "conv"}
+    assert BackendSpec("a", "", float_outputs={"linear"}).float_outputs == frozenset({"linear"})
+    assert BackendSpec("a", "").float_outputs == frozenset()
+    for bad in ({"matmul"}, "linear"):
+        with pytest.raises(ConfigValidationError, match="float_outputs must be True, False or a set"):
+            BackendSpec("a", "", float_outputs=bad)
+
+
+@pytest.mark.parametrize("backend", ["openvino", "onnxruntime"])
+def test_a_reference_form_made_for_another_backend_drops_the_grids_its_backend_needs_not(plugin_autoload, backend):
     # backend="auto" calibrates once on a backend that quantizes every weighted output, then
-    # finishes that reference form on openvino: it must be the model openvino's own prepare gives
+    # finishes that reference form on the others: it must be the model their own prepare gives
     from qplug_core.flows.auto import finish_on
     from qplug_core.flows.snapshot import snapshot_of
 
@@ -81,9 +148,9 @@ def test_a_reference_form_made_for_another_backend_drops_the_grids_openvino_need
     mapping = qp.get_default_qconfig_mapping("onnxruntime")
     with override_cpu_flags("avx2 avx512f avx512bw avx512_vnni"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        on_ort = qp.quantize(model, data[0], data, backend="onnxruntime", qconfig_mapping=mapping)
-        finished = finish_on(snapshot_of(on_ort), qp.get_backend("openvino"), on_ort)
-        own = qp.quantize(model, data[0], data, backend="openvino", qconfig_mapping=mapping)
+        on_fbgemm = qp.quantize(model, data[0], data, backend="fbgemm", qconfig_mapping=mapping)
+        finished = finish_on(snapshot_of(on_fbgemm), qp.get_backend(backend), on_fbgemm)
+        own = qp.quantize(model, data[0], data, backend=backend, qconfig_mapping=mapping)
     (finished_partition,), (own_partition,) = partitions(finished), partitions(own)
     assert not _quantized_after(finished_partition.partition, "fc2")
     x = (torch.randn(16, 32, generator=torch.Generator().manual_seed(9)),)
@@ -94,7 +161,8 @@ def test_a_reference_form_made_for_another_backend_drops_the_grids_openvino_need
 
 def test_auto_gives_float_output_backends_their_own_base_where_a_target_decides(plugin_autoload):
     # a target measures each layer with the grids its backend keeps: openvino's decisions are
-    # its own; without a target one calibration serves every candidate
+    # its own, and so are onnxruntime's (float outputs for linears only: a third kind); without
+    # a target one calibration serves every candidate
     torch.manual_seed(0)
     model = _Residual().eval()
     data = [(torch.randn(16, 32, generator=torch.Generator().manual_seed(s)),) for s in range(3)]
@@ -103,9 +171,9 @@ def test_auto_gives_float_output_backends_their_own_base_where_a_target_decides(
         targeted = qp.quantize(model, data[0], data, backend="auto", target=qp.Target(cosine=0.999))
         plain = qp.quantize(model, data[0], data, backend="auto", recipe="none")
     bases = {t["backend"] for t in qp.quantization_report(targeted).auto if t["base"]}
-    assert "openvino" in bases and len(bases) == 2
+    assert {"openvino", "onnxruntime"} < bases and len(bases) == 3
     (base,) = [t["backend"] for t in qp.quantization_report(plain).auto if t["base"]]
-    assert base != "openvino"
+    assert base not in ("openvino", "onnxruntime")
     x = (torch.randn(16, 32, generator=torch.Generator().manual_seed(9)),)
     if qp.quantization_report(targeted).backend == "openvino":
         with warnings.catch_warnings():
@@ -129,13 +197,4 @@ def test_auto_with_the_users_mapping_calibrates_on_a_backend_that_keeps_every_gr
         qmodel = qp.quantize(model, data[0], data, backend="auto", recipe="none",
                              qconfig_mapping=qp.get_default_qconfig_mapping("onnxruntime"))
     (base,) = [t["backend"] for t in qp.quantization_report(qmodel).auto if t["base"]]
-    assert base != "openvino"
-
-
-def test_float_outputs_declares_every_kind_or_a_set_of_them():
-    assert BackendSpec("a", "", float_outputs=True).float_outputs == {"linear", "conv"}
-    assert BackendSpec("a", "", float_outputs={"linear"}).float_outputs == frozenset({"linear"})
-    assert BackendSpec("a", "").float_outputs == frozenset()
-    for bad in ({"matmul"}, "linear"):
-        with pytest.raises(ConfigValidationError, match="float_outputs must be True, False or a set"):
-            BackendSpec("a", "", float_outputs=bad)
+    assert base not in ("openvino", "onnxruntime")

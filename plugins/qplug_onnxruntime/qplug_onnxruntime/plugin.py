@@ -8,7 +8,12 @@ symmetric qint8 weights in [-127, 127], per-channel), which ORT runs fastest on 
 Without VNNI, MLAS's U8S8 kernels sum pairs of products in int16 with saturation, so the default
 qconfig mapping takes the core's safe qparams for that arithmetic there (7-bit weights, ORT's own
 ``reduce_range`` convention). Clamps after convs are folded into the output range by the core, so
-no Clip blocks a fusion.
+no Clip blocks a fusion. ORT fuses a dequantized matmul whose output no QuantizeLinear takes
+into MatMulIntegerToFloat (int8 inputs, float output), so a static linear whose output only float
+ops read (a transformer's FFN output feeding the residual add) keeps it float
+(``float_outputs={"linear"}``): no grid to lose resolution on, no Quantize/DequantizeLinear pair to
+run. ORT has no int8 convolution with a float output (such a conv would run in float), so convs
+keep their output grids.
 Dynamic mode (``qp.quantize_dynamic`` with ``example_inputs``, which captures the model and runs
 the graph flow, or ``prepare_fx`` with the ``"dynamic"`` mapping) runs linears as ORT's DynamicQuantizeMatMul and
 ``nn.LSTM`` as ORT's DynamicQuantizeLSTM, fed qplug's own int8 weights (per-channel, symmetric).
@@ -59,6 +64,8 @@ WEIGHT_RANGE = (-127, 127)
 _REQUIRED = ("onnxruntime", "onnx", "onnxscript")
 #: MLAS's x86 U8S8 kernels: vpmaddubsw pair sums without VNNI
 ARITHMETIC = Int8Arithmetic.U8S8_INT16_PAIRS_WITHOUT_VNNI
+#: the weighted ops ORT runs on int8 inputs into a float output (MatMulIntegerToFloat; see above)
+FLOAT_OUTPUTS = frozenset({"linear"})
 
 _weight = DTypeWithConstraints(dtype=torch.qint8, quant_min_lower_bound=WEIGHT_RANGE[0],
                                quant_max_upper_bound=WEIGHT_RANGE[1])
@@ -104,7 +111,8 @@ def int8_gemm() -> Gemm | None:
 @hookimpl
 def qplug_register_backends() -> list[BackendSpec]:
     return [BackendSpec(NAME, "int8 partitions compiled into ONNX Runtime sessions (ONNX QDQ, MLAS)",
-                        is_available=is_available, arithmetic=ARITHMETIC, int8_gemm=int8_gemm)]
+                        is_available=is_available, arithmetic=ARITHMETIC, int8_gemm=int8_gemm,
+                        float_outputs=FLOAT_OUTPUTS)]
 
 
 @hookimpl

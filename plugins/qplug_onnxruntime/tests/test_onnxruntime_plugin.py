@@ -102,7 +102,8 @@ def test_one_session_serves_every_batch_of_two_or_more(digits):
             x = inputs("digits_cnn", seed=5, batch=batch)
             got, expected = ort_model(*x), reference(*x)
             assert got.shape == (batch, 10)
-            assert (got - expected).abs().max() <= 2 * float(reference.fc_dequantize_7.scale)
+            # the last linear writes float (no int8 op reads it): two steps of its range / 255
+            assert (got - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255
     assert len(partition.sessions) == 2
     assert [i.shape[0] for i in partition.sessions[0].get_inputs()] == [1]
     assert isinstance(partition.sessions[1].get_inputs()[0].shape[0], str)  # symbolic

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.plugin_api import Quantize
 
 from qplug_onnxruntime.session import OrtPartition
 
@@ -53,7 +54,13 @@ def test_the_bias_of_a_linear_on_tokens_is_inside_the_int8_matmul(tmp_path):
     assert not qp.quantization_report(qmodel).reference
     with torch.no_grad():
         got, want = qmodel(x), partition.partition(x)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)  # the reference form's numbers
+    # the reference form's numbers, but for rounding: the session's int8 matmul and GELU differ
+    # from the reference form's float ones in the last bits, so a GELU output on a rounding
+    # boundary can land one code of `down`'s input grid away (with 7-bit weights, as a CPU
+    # without VNNI gets them, one of 512 values' token row did), moving `down`'s outputs by one
+    # step times a weight at most; a misplaced bias would be off by the bias (~0.1)
+    (step,) = [float(m.qparams.scale) for m in partition.partition.modules() if isinstance(m, Quantize)][1:]
+    torch.testing.assert_close(got, want, rtol=0, atol=1.05 * step * float(model.down.weight.abs().max()))
     with torch.no_grad():
         assert qp.sqnr(model(x), got) > 30.0
 

@@ -281,12 +281,15 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                 break
             out = ranked[:k]
             gone = {n for g in out for n in g}
-            # a fallback must leave a layer no worse than the worst one staying in static int8
-            # (with none staying, than the median one)
-            bar = max((static[n] for n in layers if n not in gone), default=median)
+            # a fallback must leave a layer no worse than the worst one staying in static int8;
+            # with none staying, no worse than the median layer or its own static int8, whichever
+            # is looser (a layer whose fallback beats its static int8 stays quantized rather
+            # than sending the whole model toward float)
+            staying = max((static[n] for n in layers if n not in gone), default=None)
             # each layer of a group takes its own first rung that passes: one layer of six over
             # the bar need not send the other five to float
-            taken = {n: _rung([by_name[n]], ladder, bar) for g in out for n in g}
+            taken = {n: _rung([by_name[n]], ladder, max(median, static[n]) if staying is None else staying)
+                     for g in out for n in g}
             if len(taken) == len(layers) and set(taken.values()) == {"float"}:
                 break  # the float model itself: not a quantization (the warning says so)
             qmodel, result.final, final_mapping = run(taken)
@@ -294,8 +297,10 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
             result.decisions = [Decision(
                 role_name(sub), tuple(sub), rung,
                 f"local static int8 error {group_static(sub):.2e}; as {rung}: "
-                f"{_group_error([by_name[n] for n in sub], rung):.2e} (worst layer left in "
-                f"static int8: {bar:.2e})") for g in out for rung, sub in _by_rung(g, taken)]
+                f"{_group_error([by_name[n] for n in sub], rung):.2e} ("
+                + (f"worst layer left in static int8: {staying:.2e}" if staying is not None
+                   else f"no layer left in static int8; median layer {median:.2e}")
+                + ")") for g in out for rung, sub in _by_rung(g, taken)]
     result.quantizations = count
     if not result.met:
         warn_user(_missed(target, result, len(layers)))

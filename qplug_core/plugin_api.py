@@ -46,6 +46,7 @@ from qplug_core.kernels.base import (
     quantized_from_int,
 )
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8, override_cpu_flags
+from qplug_core.kernels.denormals import call_flushing_denormals, denormals_flushed
 from qplug_core.kernels.pair_sums_probe import PAIRS_EXACT, PAIRS_SATURATE, Gemm, probe_pair_sums
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.kernels.table import torch_int8_kernels
@@ -156,7 +157,6 @@ __all__ = [
     "WeightOnlyKernel",
     "WeightOnlyScheme",
     "quantize_weight",
-    # what this CPU can do for int8
     # default qconfigs
     "QConfig",
     "QConfigMapping",
@@ -171,6 +171,8 @@ __all__ = [
     "Delegate",
     "OperatorSupportBase",
     "CompiledPartition",
+    "call_flushing_denormals",
+    "denormals_flushed",
     "Dequantize",
     "Quantize",
     "ReferenceWeighted",

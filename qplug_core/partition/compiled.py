@@ -18,10 +18,17 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from qplug_core.kernels.denormals import call_flushing_denormals
+
 
 class CompiledPartition(nn.Module):
     """Runs one partition in a runtime; ``serialize(partition, inputs)`` gives the bytes
     :meth:`build` compiles (e.g. ``plugin_api.to_onnx_proto(...).SerializeToString()``)."""
+
+    #: run with denormal floats flushed to zero on the calling thread (values below float32's
+    #: normal range, zero on any int8 grid and slow to compute: ``kernels/denormals.py``); the
+    #: runtime's own worker threads are the subclass's to set
+    flush_denormals = True
 
     def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
                  serialize: Callable[[fx.GraphModule, tuple], bytes]):
@@ -101,7 +108,10 @@ class CompiledPartition(nn.Module):
         # at batch 1 on a small model the runtime takes ~20 us: every microsecond here counts
         route = self._routes.get(self._signature(inputs))
         compiled = self._route(inputs) if route is None else self._compiled[route]
-        outputs = self.run(compiled, inputs)
+        if self.flush_denormals:
+            outputs = call_flushing_denormals(self.run, compiled, inputs)
+        else:
+            outputs = self.run(compiled, inputs)
         return outputs[0] if self._single_output else tuple(outputs)
 
     def __deepcopy__(self, memo: dict) -> CompiledPartition:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from qplug_core.plugin_api import CompiledPartition, ConfigValidationError
+from qplug_core.plugin_api import CompiledPartition, ConfigValidationError, denormals_flushed
 
 #: graph optimization levels by name (``"all"`` is ORT's default and what fuses QDQ groups)
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
@@ -35,12 +35,16 @@ SLOW_FUSIONS = ("SkipLayerNormFusion",)
 @dataclass(frozen=True)
 class SessionSettings:
     """How sessions are built: ``num_threads`` (None: ``torch.get_num_threads()`` at build time),
-    ``graph_optimization`` (one of :data:`OPTIMIZATION_LEVELS`) and ``disabled_optimizers``
-    (names of ORT graph transformers not to run, default :data:`SLOW_FUSIONS`)."""
+    ``graph_optimization`` (one of :data:`OPTIMIZATION_LEVELS`), ``disabled_optimizers``
+    (names of ORT graph transformers not to run, default :data:`SLOW_FUSIONS`) and
+    ``flush_denormals`` (floats below 1.2e-38 computed as zero, on ORT's threads and the calling
+    one: Softmax over attention scores makes millions of them, at many times a normal float's
+    cost; ``qplug_core/kernels/denormals.py``)."""
 
     num_threads: int | None = None
     graph_optimization: str = "all"
     disabled_optimizers: tuple[str, ...] = SLOW_FUSIONS
+    flush_denormals: bool = True
 
     def __post_init__(self) -> None:
         if self.num_threads is not None and (not isinstance(self.num_threads, int)
@@ -56,6 +60,9 @@ class SessionSettings:
             raise ConfigValidationError(f"disabled_optimizers must be a tuple of ORT optimizer names, got "
                                         f"{self.disabled_optimizers!r}", field="disabled_optimizers",
                                         value=self.disabled_optimizers)
+        if not isinstance(self.flush_denormals, bool):
+            raise ConfigValidationError(f"flush_denormals must be True or False, got {self.flush_denormals!r}",
+                                        field="flush_denormals", value=self.flush_denormals)
 
     def session_options(self):
         import onnxruntime as ort
@@ -69,6 +76,8 @@ class SessionSettings:
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[self.graph_optimization]
+        # ORT's worker threads; OrtPartition flushes on the calling thread
+        options.add_session_config_entry("session.set_denormal_as_zero", "1" if self.flush_denormals else "0")
         return options
 
     def inference_session(self, model: bytes, *, optimized_model_filepath: str | None = None):
@@ -79,8 +88,12 @@ class SessionSettings:
         options = self.session_options()
         if optimized_model_filepath is not None:
             options.optimized_model_filepath = optimized_model_filepath
-        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"],
-                                    disabled_optimizers=list(self.disabled_optimizers))
+        flushed = denormals_flushed()
+        session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"],
+                                       disabled_optimizers=list(self.disabled_optimizers))
+        if denormals_flushed() != flushed:  # a one-thread session sets it on the thread building it
+            torch.set_flush_denormal(flushed)
+        return session
 
 
 _settings = SessionSettings()
@@ -164,6 +177,7 @@ class OrtPartition(CompiledPartition):
                  to_onnx: Callable[[fx.GraphModule, tuple], bytes], session_settings: SessionSettings):
         self.session_settings = dataclasses.replace(
             session_settings, num_threads=session_settings.num_threads or torch.get_num_threads())
+        self.flush_denormals = session_settings.flush_denormals
         super().__init__(partition, example_inputs, to_onnx)
 
     def build(self, source: bytes) -> _Compiled:
@@ -189,6 +203,7 @@ class OrtPartition(CompiledPartition):
         """Build every session again with other settings (threads, graph optimizations)."""
         self.session_settings = dataclasses.replace(
             session_settings, num_threads=session_settings.num_threads or torch.get_num_threads())
+        self.flush_denormals = session_settings.flush_denormals
         self.recompile()
 
     @property

@@ -10,6 +10,7 @@ value rounding the other way grows through the next layers (see the onnxruntime 
 from __future__ import annotations
 
 import pytest
+import torch
 from ov_testkit import inputs, quantized_pair
 
 import qplug_core as qp
@@ -35,3 +36,22 @@ def test_every_int8_region_matches_the_reference_form_within_one_step(name):
     assert parity.regions, f"{name}: no int8 region was checked"
     assert parity.worst.within >= 0.99, f"{name}: {parity.worst}"
     assert parity.within >= 0.999, f"{name}: {parity.within:.4%}"
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else [])
+                                  for n in qp.zoo.list_models()])
+def test_loaded_model_answers_bit_identically(name, tmp_path):
+    """``qp.load(qp.save(m))`` == ``m`` (issue 25, for this backend too): the file holds the
+    reference form and what was compiled; load compiles the same partitions again at the first call."""
+    import torch
+
+    _, ov_model, _ = quantized_pair(name)
+    loaded = qp.load(qp.save(ov_model, tmp_path / f"{name}.safetensors"))
+    assert qp.quantization_report(loaded).kernels == qp.quantization_report(ov_model).kernels
+    with torch.no_grad():
+        for seed in (12, 13):
+            x = inputs(name, seed)
+            assert torch.equal(loaded(*x), ov_model(*x)), name
+    # compiled at the first call: the same partitions as at convert
+    assert sum(isinstance(m, OpenVinoPartition) for m in loaded.modules()) == \
+        sum(isinstance(m, OpenVinoPartition) for m in ov_model.modules()) > 0

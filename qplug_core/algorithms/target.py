@@ -294,13 +294,33 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                 break  # the float model itself: not a quantization (the warning says so)
             qmodel, result.final, final_mapping = run(taken)
             result.met = not target.misses(result.final)
+            bar = (f"worst layer left in static int8: {staying:.2e}" if staying is not None
+                   else f"no layer left in static int8; median layer {median:.2e}")
             result.decisions = [Decision(
                 role_name(sub), tuple(sub), rung,
                 f"local static int8 error {group_static(sub):.2e}; as {rung}: "
-                f"{_group_error([by_name[n] for n in sub], rung):.2e} ("
-                + (f"worst layer left in static int8: {staying:.2e}" if staying is not None
-                   else f"no layer left in static int8; median layer {median:.2e}")
-                + ")") for g in out for rung, sub in _by_rung(g, taken)]
+                f"{_group_error([by_name[n] for n in sub], rung):.2e} ({bar})")
+                for g in out for rung, sub in _by_rung(g, taken)]
+        if not result.met and len(taken) == len(layers):
+            # every layer is out and its rung alone still misses: the rungs' own error is what is
+            # left (per-tensor dynamic on a CPU without VNNI), so the layers whose rung loses most
+            # go on to float, doubling, short of every layer float (the float model)
+            rest = sorted((n for n in layers if taken[n] != "float"),
+                          key=lambda n: -by_name[n].errors.get(taken[n], 0.0))
+            for k in (k for k in _sizes(len(rest), len(rest)) if k < len(rest)):
+                escalated = {**taken, **{n: "float" for n in rest[:k]}}
+                qmodel, result.final, final_mapping = run(escalated)
+                result.met = not target.misses(result.final)
+                result.decisions = [Decision(
+                    role_name(sub), tuple(sub), rung,
+                    f"local static int8 error {group_static(sub):.2e}; as {rung}: "
+                    f"{_group_error([by_name[n] for n in sub], rung):.2e}"
+                    + ("" if before == rung else
+                       f"; float once every layer was out of static int8 and the target still "
+                       f"missed (as {before}: {_group_error([by_name[n] for n in sub], before):.2e})"))
+                    for g in ranked for (rung, before), sub in _by_rung(g, escalated, taken)]
+                if result.met:
+                    break
     result.quantizations = count
     if not result.met:
         warn_user(_missed(target, result, len(layers)))
@@ -339,11 +359,13 @@ def _missed(target: Target, result: TargetResult, layers: int) -> str:
             "where; a qconfig_mapping leaving those ops float goes further")
 
 
-def _by_rung(group: list[str], taken: dict[str, str]) -> list[tuple[str, list[str]]]:
-    """The layers of ``group`` by the rung each took, in the ladder's order of first use."""
-    subgroups: dict[str, list[str]] = {}
+def _by_rung(group: list[str], taken: dict[str, str], before: dict[str, str] | None = None) -> list:
+    """The layers of ``group`` by the rung each took, in order of first use; with ``before``
+    (the rungs of an earlier try), by the pair (rung now, rung before)."""
+    subgroups: dict[Any, list[str]] = {}
     for name in group:
-        subgroups.setdefault(taken[name], []).append(name)
+        key = taken[name] if before is None else (taken[name], before[name])
+        subgroups.setdefault(key, []).append(name)
     return list(subgroups.items())
 
 

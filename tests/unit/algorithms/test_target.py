@@ -408,3 +408,39 @@ def test_a_lost_output_channel_misses_the_target_that_row_cosines_would_meet():
     plain = qp.quantize(model, data[0], data, backend="reference",
                         target=qp.Target(cosine=0.999, group="layer", channel_cosine=None))
     assert plain.meta[TARGET].met and plain.meta[TARGET].float_layers == []
+
+
+class _ThreeLinears(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 64), nn.Linear(64, 64), nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+def test_when_every_layer_out_still_misses_the_worst_fallbacks_go_float():
+    """Without VNNI the ladder is (per-tensor dynamic, float). Here every layer out of static
+    int8 on its first passing rung gives 40.7 dB (fc3 and fc1 dynamic) for a 42 dB target: the
+    dynamic layer that loses most then goes float too, short of the float model (it used to stop
+    and warn at 40.7)."""
+    from qplug_core.plugin_api import override_cpu_flags
+
+    data = _data()
+    model = _ThreeLinears().eval()
+    with override_cpu_flags("fpu sse2 avx avx2 fma"):
+        qmodel = qp.quantize(model, data[0], data, backend="reference",
+                             target=qp.Target(sqnr=42, group="layer"))
+    result = qmodel.meta[TARGET]
+    assert result.met and result.final.sqnr_db >= 42 > result.all_int8.sqnr_db
+    rungs = {name: d.fallback for d in result.decisions for name in d.layers}
+    assert rungs == {"fc1": "dynamic", "fc2": "float", "fc3": "float"}
+    (escalated,) = [d for d in result.decisions if d.layers == ("fc3",)]
+    assert "float once every layer was out of static int8 and the target still missed (as dynamic" \
+        in escalated.reason
+    assert result.quantizations == 5  # all int8; 1, 2 and 3 layers out; then fc3 float too
+    with torch.no_grad():
+        held = _data(6)[4:]
+        want = torch.cat([model(*b) for b in held])
+        assert qp.sqnr(want, torch.cat([qmodel(*b) for b in held])) > 40

@@ -46,7 +46,6 @@ from qplug_core.kernels.base import (
     quantized_from_int,
 )
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8, override_cpu_flags
-from qplug_core.kernels.denormals import call_flushing_denormals, denormals_flushed
 from qplug_core.kernels.pair_sums_probe import PAIRS_EXACT, PAIRS_SATURATE, Gemm, probe_pair_sums
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.kernels.table import torch_int8_kernels
@@ -55,6 +54,7 @@ from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlySch
 from qplug_core.kernels.weight_only_scheme import quantize as quantize_weight
 from qplug_core.partition import OperatorSupportBase
 from qplug_core.partition.compiled import CompiledPartition
+from qplug_core.partition.denormals import call_flushing_denormals, denormals_flushed
 from qplug_core.passes.base import PassResult
 from qplug_core.qparams import QParams
 from qplug_core.registry.backend_plugin import BackendPlugin

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qplug_core.kernels.denormals import call_flushing_denormals
+from qplug_core.partition.denormals import call_flushing_denormals
 
 
 class CompiledPartition(nn.Module):
@@ -26,7 +26,7 @@ class CompiledPartition(nn.Module):
     :meth:`build` compiles (e.g. ``plugin_api.to_onnx_proto(...).SerializeToString()``)."""
 
     #: run with denormal floats flushed to zero on the calling thread (values below float32's
-    #: normal range, zero on any int8 grid and slow to compute: ``kernels/denormals.py``); the
+    #: normal range, zero on any int8 grid and slow to compute: ``partition/denormals.py``); the
     #: runtime's own worker threads are the subclass's to set
     flush_denormals = True
 

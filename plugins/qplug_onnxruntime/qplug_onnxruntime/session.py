@@ -39,7 +39,7 @@ class SessionSettings:
     (names of ORT graph transformers not to run, default :data:`SLOW_FUSIONS`) and
     ``flush_denormals`` (floats below 1.2e-38 computed as zero, on ORT's threads and the calling
     one: Softmax over attention scores makes millions of them, at many times a normal float's
-    cost; ``qplug_core/kernels/denormals.py``)."""
+    cost; ``qplug_core/partition/denormals.py``)."""
 
     num_threads: int | None = None
     graph_optimization: str = "all"

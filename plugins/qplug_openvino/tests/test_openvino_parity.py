@@ -43,8 +43,6 @@ def test_every_int8_region_matches_the_reference_form_within_one_step(name):
 def test_loaded_model_answers_bit_identically(name, tmp_path):
     """``qp.load(qp.save(m))`` == ``m`` (issue 25, for this backend too): the file holds the
     reference form and what was compiled; load compiles the same partitions again at the first call."""
-    import torch
-
     _, ov_model, _ = quantized_pair(name)
     loaded = qp.load(qp.save(ov_model, tmp_path / f"{name}.safetensors"))
     assert qp.quantization_report(loaded).kernels == qp.quantization_report(ov_model).kernels

@@ -122,11 +122,12 @@ def correct_bias(gm: fx.GraphModule, calibration_data: Any, *,
             layer, shift = meter.layer, meter.mean()
             if layer.bias is None:
                 layer.bias = nn.Parameter(torch.zeros_like(shift))
-            layer.bias.sub_(shift)
             record, before = meter.record(), getattr(layer, bias_grid.RECORD, None)
             if record is not None:  # corrected again: the bias has lost both shifts
                 record.removed = record.removed + (0 if before is None else before.removed)
+                record.original = layer.bias.detach().clone() if before is None else before.original
                 setattr(layer, bias_grid.RECORD, record)
+            layer.bias.sub_(shift)
             corrections.append(BiasCorrection(name, float(shift.abs().max()), meter.calls))
     gm.recompile()
     return corrections

@@ -8,7 +8,7 @@ int16 pair sum saturates (``flows/weight_bits.py``); the 7-bit correction is the
 layer. The shift is linear in ``E``: its mean over the calibration data is ``E . m`` with ``m``
 the mean GEMM input column (the layer's input for a linear, its im2col for a conv). So the
 correction records ``m`` and the shift it removed, and :func:`regrid` replaces that shift with the
-one of the grid convert chose.
+one of the grid convert chose (:func:`restore`: with none, for a layer convert leaves float).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ class BiasRecord:
 
     columns: torch.Tensor
     removed: torch.Tensor
+    #: the bias before any correction (zeros where the layer had none): :func:`restore` puts it back
+    original: torch.Tensor | None = None
 
 
 def records_columns(layer: nn.Module) -> bool:
@@ -79,4 +81,15 @@ def regrid(module: nn.Module, qparams: Q.QParams) -> None:
         record.removed = shift
 
 
-__all__ = ["RECORD", "BiasRecord", "column_shift", "columns", "records_columns", "regrid"]
+def restore(module: nn.Module) -> None:
+    """Give back the shift bias correction removed from each layer in ``module`` that convert
+    leaves float (an accuracy target's fallback): it has no int8 weights to correct for."""
+    for layer in module.modules():
+        record = getattr(layer, RECORD, None)
+        if record is not None and record.original is not None:
+            with torch.no_grad():
+                layer.bias.copy_(record.original)  # exactly: b - r + r need not round back to b
+            record.removed = torch.zeros_like(record.removed)
+
+
+__all__ = ["RECORD", "BiasRecord", "column_shift", "columns", "records_columns", "regrid", "restore"]

@@ -82,6 +82,8 @@ def _convert_weighted_modules(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         tag = region_tag(node)
         if not (node.meta.get(ROOT) and tag is not None and tag.quantized):
+            if node.op == "call_module":  # left float: no int8 weights for bias correction's shift
+                bias_grid.restore(gm.get_submodule(node.target))
             continue
         module = gm.get_submodule(node.target)
         if isinstance(module, ReferenceWeighted):

@@ -137,3 +137,59 @@ def test_convert_corrects_for_the_grid_it_gives_the_layer(net, shape, names):
     for name in names:
         assert torch.allclose(gm.get_submodule(name).bias.detach(), again.get_submodule(name).bias.detach(),
                               rtol=1e-5, atol=1e-6), name
+
+
+def test_a_layer_convert_leaves_float_gets_its_float_bias_back_exactly():
+    """An accuracy target may take a corrected layer out of int8 (float): its bias must be the
+    float model's again, bit for bit, not the one corrected for int8 weights it no longer has."""
+    torch.manual_seed(0)
+    data = [(torch.randn(4, 3, 6, 6) + 0.5,) for _ in range(3)]
+    gm = qp.fuse_fx(_Net().eval(), data[0], backend="reference")
+    original = {n: gm.get_submodule(n).bias.detach().clone() for n in ("dw", "fc")}
+    mapping = default_qconfig_mapping("static", per_channel=True)
+    corrections = {c.layer: c.max_shift for c in correct_bias(gm, data, qconfig_mapping=mapping)}
+    assert corrections["dw"] > 0 and corrections["fc"] > 0
+    observed = qp.prepare_fx(gm, mapping.set_module_name("dw", None), data[0], backend="reference")
+    qp.calibrate(observed, data)
+    qmodel = qp.convert_fx(observed)
+    dw = qmodel.get_submodule("dw")
+    assert isinstance(dw, nn.Module) and not hasattr(dw, "weight_qparams")  # left float
+    assert torch.equal(dw.bias.detach(), original["dw"])  # the float bias again
+    fc = qmodel.get_submodule("fc").module
+    assert not torch.allclose(fc.bias.detach(), original["fc"])  # still int8: still corrected
+
+
+def test_a_target_that_takes_a_corrected_layer_to_float_gives_it_the_float_bias():
+    """recipe="bias_correction" with a target: fc1 (its input has a 1000x channel) goes float,
+    and runs with its float bias (it ran 0.22 off). The search reuses the observers calibrated on
+    the corrected model, so the grid after fc1 is not bit-for-bit a fresh calibration's."""
+    from qplug_core.flows.tags import TARGET
+
+    class OutlierInput(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+            with torch.no_grad():
+                self.fc1.weight[:, 0] *= 1e-3
+
+        def forward(self, x):
+            x = torch.relu(x) + 0.5  # inputs with a mean: a shift bias correction measures
+            x = x * torch.cat([torch.full((1,), 1000.0), torch.ones(15)])
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 16, generator=g),) for _ in range(4)]
+    qmodel = qp.quantize(OutlierInput().eval(), data[0], data, backend="reference",
+                         recipe="bias_correction", target=qp.Target(sqnr=15, fallback="float", group="layer"))
+    result = qmodel.meta[TARGET]
+    assert result.met and result.float_layers == ["fc1"]
+    shifts = {c.layer: c.max_shift for c in qmodel.meta["qplug_recipe"].results["bias_correction"]}
+    assert shifts["fc1"] > 0  # corrected before the search took it out
+    fc1 = qmodel.get_submodule("fc1")[0]  # LinearReLU, float
+    assert torch.equal(fc1.bias.detach(), OutlierInput().fc1.bias.detach())
+    mapping = qp.get_default_qconfig_mapping("reference").set_module_name("fc1", None)
+    fresh = qp.quantize(OutlierInput().eval(), data[0], data, backend="reference",
+                        qconfig_mapping=mapping, recipe="bias_correction")
+    with torch.no_grad():
+        assert qp.sqnr(fresh(*data[0]), qmodel(*data[0])) > 30  # one step of the grid apart

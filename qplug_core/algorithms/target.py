@@ -269,6 +269,11 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         def group_static(g: list[str]) -> float:
             return sum(static[n] for n in g) / len(g)
 
+        def decision(sub: list[str], rung: str, why: str) -> Decision:
+            return Decision(role_name(sub), tuple(sub), rung,
+                            f"local static int8 error {group_static(sub):.2e}; as {rung}: "
+                            f"{_group_error([by_name[n] for n in sub], rung):.2e}{why}")
+
         # candidates worst first: the groups worse than the median layer are tried first (taking
         # out the rest buys little locally); if those are not enough, the others follow, since a
         # layer's local error does not tell how much later layers amplify it (SwinV2's patch
@@ -296,11 +301,8 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
             result.met = not target.misses(result.final)
             bar = (f"worst layer left in static int8: {staying:.2e}" if staying is not None
                    else f"no layer left in static int8; median layer {median:.2e}")
-            result.decisions = [Decision(
-                role_name(sub), tuple(sub), rung,
-                f"local static int8 error {group_static(sub):.2e}; as {rung}: "
-                f"{_group_error([by_name[n] for n in sub], rung):.2e} ({bar})")
-                for g in out for rung, sub in _by_rung(g, taken)]
+            result.decisions = [decision(sub, rung, f" ({bar})")
+                                for g in out for rung, sub in _by_rung(g, taken)]
         if not result.met and len(taken) == len(layers):
             # every layer is out and its rung alone still misses: the rungs' own error is what is
             # left (per-tensor dynamic on a CPU without VNNI), so the layers whose rung loses most
@@ -311,13 +313,9 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                 escalated = {**taken, **{n: "float" for n in rest[:k]}}
                 qmodel, result.final, final_mapping = run(escalated)
                 result.met = not target.misses(result.final)
-                result.decisions = [Decision(
-                    role_name(sub), tuple(sub), rung,
-                    f"local static int8 error {group_static(sub):.2e}; as {rung}: "
-                    f"{_group_error([by_name[n] for n in sub], rung):.2e}"
-                    + ("" if before == rung else
-                       f"; float once every layer was out of static int8 and the target still "
-                       f"missed (as {before}: {_group_error([by_name[n] for n in sub], before):.2e})"))
+                result.decisions = [decision(sub, rung, "" if before == rung else (
+                    f"; float once every layer was out of static int8 and the target still missed "
+                    f"(as {before}: {_group_error([by_name[n] for n in sub], before):.2e})"))
                     for g in ranked for (rung, before), sub in _by_rung(g, escalated, taken)]
                 if result.met:
                     break

@@ -33,7 +33,7 @@ def denormals_flushed() -> bool:
 def call_flushing_denormals(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` with denormals flushed to zero on this thread, then the caller's mode again
     (a thread already flushing is left alone; a CPU without the switch runs ``fn`` as it is)."""
-    if _TINY * _ONE == 0.0:
+    if denormals_flushed():
         return fn(*args)
     torch.set_flush_denormal(True)
     try:

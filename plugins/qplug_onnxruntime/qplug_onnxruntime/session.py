@@ -177,7 +177,6 @@ class OrtPartition(CompiledPartition):
                  to_onnx: Callable[[fx.GraphModule, tuple], bytes], session_settings: SessionSettings):
         self.session_settings = dataclasses.replace(
             session_settings, num_threads=session_settings.num_threads or torch.get_num_threads())
-        self.flush_denormals = session_settings.flush_denormals
         super().__init__(partition, example_inputs, to_onnx)
 
     def build(self, source: bytes) -> _Compiled:
@@ -203,8 +202,12 @@ class OrtPartition(CompiledPartition):
         """Build every session again with other settings (threads, graph optimizations)."""
         self.session_settings = dataclasses.replace(
             session_settings, num_threads=session_settings.num_threads or torch.get_num_threads())
-        self.flush_denormals = session_settings.flush_denormals
         self.recompile()
+
+    @property
+    def flush_denormals(self) -> bool:
+        """Flush on the calling thread as the sessions do on ORT's (the settings say which)."""
+        return self.session_settings.flush_denormals
 
     @property
     def sessions(self) -> list:

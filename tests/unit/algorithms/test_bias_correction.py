@@ -56,7 +56,7 @@ def test_each_layer_keeps_its_float_mean_output_on_the_calibration_set(per_chann
     data = [(torch.randn(4, 3, 6, 6) + 0.5,) for _ in range(3)]
     gm = qp.fuse_fx(_Net().eval(), data[0], backend="reference")
     float_gm = copy.deepcopy(gm)
-    corrections = correct_bias(gm, data, qconfig_mapping=mapping)
+    corrections = correct_bias(gm, data, qconfig_mapping=mapping, significance=0)
     assert {c.layer for c in corrections} == {"conv", "dw", "fc"}
     assert gm.get_submodule("conv").bias is not None  # a bias-free layer got one
     for name, dims in (("conv", (0, 2, 3)), ("dw", (0, 2, 3)), ("fc", (0,))):
@@ -71,6 +71,47 @@ def test_each_layer_keeps_its_float_mean_output_on_the_calibration_set(per_chann
         assert float((after - want).abs().max()) < 1e-5 * float(want.abs().max()) + 1e-6
         if name == "dw" and not per_channel:  # per-tensor depthwise: a real shift was removed
             assert float((before - want).abs().max()) > 100 * float((after - want).abs().max())
+
+
+def _linear_with_rounding_shift() -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(64, 16).eval()
+
+
+def _held_out_error(layer: nn.Module, corrected: nn.Module, mapping, x: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float((_weight_quantized(corrected, mapping)(x) - layer(x)).square().mean())
+
+
+def test_a_shift_within_the_noise_of_zero_mean_inputs_is_left_alone():
+    # zero-mean inputs: E x has mean 0, and its sample mean over a few rows is noise; subtracting
+    # it would add a constant error to every held-out output (significance=0 does, for contrast)
+    mapping = default_qconfig_mapping("static")
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 64, generator=g) * scale,) for scale in (1, 300, 1, 300)]
+    held_out = torch.randn(256, 64, generator=g)
+    layer = _linear_with_rounding_shift()
+    guarded, unguarded = (qp.fuse_fx(nn.Sequential(copy.deepcopy(layer)), data[0], backend="reference")
+                          for _ in range(2))
+    assert correct_bias(guarded, data, qconfig_mapping=mapping) == []
+    assert torch.equal(guarded.get_submodule("0").bias, layer.bias)
+    correct_bias(unguarded, data, qconfig_mapping=mapping, significance=0)
+    assert (_held_out_error(layer, unguarded.get_submodule("0"), mapping, held_out)
+            > 10 * _held_out_error(layer, layer, mapping, held_out))
+
+
+def test_a_shift_the_data_shows_is_corrected_by_default():
+    # post-ReLU inputs (mean > 0): the rounding error's mean shift is real and held-out data has it
+    mapping = default_qconfig_mapping("static")
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(64, 64, generator=g).relu(),) for _ in range(4)]
+    held_out = torch.randn(256, 64, generator=g).relu()
+    layer = _linear_with_rounding_shift()
+    gm = qp.fuse_fx(nn.Sequential(copy.deepcopy(layer)), data[0], backend="reference")
+    (correction,) = correct_bias(gm, data, qconfig_mapping=mapping)
+    assert correction.channels >= 12
+    assert (_held_out_error(layer, gm.get_submodule("0"), mapping, held_out)
+            < 0.8 * _held_out_error(layer, layer, mapping, held_out))
 
 
 def test_weights_and_the_float_model_are_untouched():
@@ -107,7 +148,8 @@ class _Conv1dNet(nn.Module):
 def test_convert_corrects_for_the_grid_it_gives_the_layer(net, shape, names):
     """Corrected for 7-bit weights, then given 8-bit ones (convert's per-layer choice on CPUs
     without VNNI): the bias is that of a correction made for the 8-bit grid in the first place,
-    so each layer again has its float mean output on the calibration set."""
+    so each layer again has its float mean output on the calibration set (every channel
+    corrected: the significance guard's mask is the first grid's, kept through regrid)."""
     from qplug_core.flows import bias_grid
 
     torch.manual_seed(0)
@@ -116,8 +158,8 @@ def test_convert_corrects_for_the_grid_it_gives_the_layer(net, shape, names):
     data = [(torch.randn(*shape) + 0.5,) for _ in range(3)]
     gm = qp.fuse_fx(net().eval(), data[0], backend="reference")
     float_gm, direct = copy.deepcopy(gm), copy.deepcopy(gm)
-    correct_bias(gm, data, qconfig_mapping=seven)
-    correct_bias(direct, data, qconfig_mapping=eight)
+    correct_bias(gm, data, qconfig_mapping=seven, significance=0)
+    correct_bias(direct, data, qconfig_mapping=eight, significance=0)
     for name in names:
         layer = gm.get_submodule(name)
         before = layer.bias.detach().clone()
@@ -133,7 +175,7 @@ def test_convert_corrects_for_the_grid_it_gives_the_layer(net, shape, names):
         bias_grid.regrid(layer, observed_weight_qparams(seven.qconfig_for_module("", type(layer)),
                                                         layer.weight))
     again = copy.deepcopy(float_gm)
-    correct_bias(again, data, qconfig_mapping=seven)
+    correct_bias(again, data, qconfig_mapping=seven, significance=0)
     for name in names:
         assert torch.allclose(gm.get_submodule(name).bias.detach(), again.get_submodule(name).bias.detach(),
                               rtol=1e-5, atol=1e-6), name
@@ -193,3 +235,31 @@ def test_a_target_that_takes_a_corrected_layer_to_float_gives_it_the_float_bias(
                         qconfig_mapping=mapping, recipe="bias_correction")
     with torch.no_grad():
         assert qp.sqnr(fresh(*data[0]), qmodel(*data[0])) > 30  # one step of the grid apart
+
+
+def test_qp_quantize_corrects_biases_while_calibrating_and_leaves_the_users_model_alone():
+    """The default on a model that is not a transformer: the shifts are measured on the observed
+    copy during calibration and removed there, for the grid convert gives each layer."""
+    from qplug_core.flows import bias_grid
+    from qplug_core.flows.snapshot import snapshot_of
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.Flatten(),
+                          nn.Linear(8 * 4 * 4, 4)).eval()
+    before = copy.deepcopy(model.state_dict())
+    data = [(torch.randn(4, 3, 8, 8).relu(),) for _ in range(4)]
+    qmodel = qp.quantize(model, data[0], data, backend="reference")
+    assert all(torch.equal(value, model.state_dict()[key]) for key, value in before.items())
+    record = qmodel.meta["qplug_recipe"]
+    assert record.name == "auto: bias_correction"
+    assert {c.layer for c in record.results["bias_correction"]} == {"0", "2", "4"}
+    reference = snapshot_of(qmodel).graph_module
+    for name in ("0", "2", "4"):
+        converted = reference.get_submodule(name)
+        layer = next(m for m in converted.modules() if isinstance(m, (nn.Conv2d, nn.Linear)))
+        correction = getattr(layer, bias_grid.RECORD)
+        assert torch.equal(correction.original, getattr(model, name).bias.detach())
+        assert torch.allclose(layer.bias.detach(), correction.original - correction.removed)
+        assert float(correction.removed.abs().max()) > 0
+    plain = qp.quantize(model, data[0], data, backend="reference", recipe="none")
+    assert "qplug_recipe" not in plain.meta

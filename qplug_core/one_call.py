@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import fx, nn
 
+from qplug_core.algorithms.bias_correction import BiasCorrection, corrected_after_calibration
 from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
-from qplug_core.algorithms.recipes import looks_like_transformer
+from qplug_core.algorithms.recipes import RecipeRecord, looks_like_transformer
 from qplug_core.algorithms.target import TRANSFORMER_TARGET, meet_target
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import notify, warn_user
@@ -21,6 +23,7 @@ from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.tags import RECIPE
+from qplug_core.flows.weight_bits import backend_defaults, users_own
 from qplug_core.registry.backends import Backend, resolve_backend
 from qplug_core.weight_only.w8a8 import quantize_w8a8
 
@@ -37,7 +40,7 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     frequent reasons ops stayed float in its message) unless ``allow_float=True``.
 
     ``recipe`` names algorithm passes run on the fused float model first ("dfq", "smoothquant",
-    "none", a list of steps; "auto" picks SmoothQuant for transformers, nothing otherwise);
+    "none", a list of steps; "auto" picks SmoothQuant for transformers, bias correction otherwise);
     ``target=qp.Target(cosine=0.99)`` keeps the fewest layers float that reach it. See
     docs/guide/accuracy.md.
 
@@ -70,6 +73,10 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
                               progress=progress, strict=strict, allow_float=allow_float,
                               recipe=recipe, target=target, **prepare_options)
     if not needs_algorithms(model, recipe, target):
+        if corrects_bias_by_default(model, recipe, target, qconfig_mapping):
+            return _quantize_correcting_bias(model, example_inputs, calibration_data, backend=backend,
+                                             qconfig_mapping=qconfig_mapping, progress=progress,
+                                             strict=strict, allow_float=allow_float, **prepare_options)
         return flows.quantize_static(model, example_inputs, calibration_data, backend=backend,
                               qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
                               allow_float=allow_float, **prepare_options)
@@ -78,7 +85,7 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     chosen = resolve_backend(backend).require_available()
     return quantize_with_algorithms(
         model, example_inputs, calibration_data, backend=chosen, qconfig_mapping=qconfig_mapping,
-        recipe=recipe, target=target, progress=progress, strict=strict,
+        recipe=recipe, target=target, progress=progress, strict=strict, allow_float=allow_float,
         prepare_options=prepare_options)
 
 
@@ -125,10 +132,40 @@ def needs_algorithms(model: Any, recipe: Any, target: Any) -> bool:
     return True
 
 
+def corrects_bias_by_default(model: Any, recipe: Any, target: Any, qconfig_mapping: Any) -> bool:
+    """``recipe="auto"`` on a model that is not a transformer, with the backend's own qconfigs
+    (None, or ``backend_defaults``) and no target (a target's search decides per layer; a
+    mapping of the user's own is quantized exactly as it says)."""
+    if recipe != "auto" or target is not None or users_own(qconfig_mapping):
+        return False
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()
+    return isinstance(model, nn.Module) and not looks_like_transformer(model)
+
+
+def _quantize_correcting_bias(model: Any, example_inputs: Any, calibration_data: Any, *,
+                              backend: Any, qconfig_mapping: QConfigMapping | None,
+                              **options: Any) -> fx.GraphModule:
+    """The plain flow, with the mean output shift of each layer's int8 weights measured while it
+    calibrates and removed from its bias before convert (ResNet-18 +1.5 dB held out; see
+    :mod:`qplug_core.algorithms.bias_correction`)."""
+    corrections: list[BiasCorrection] = []
+
+    def measure(observed: fx.GraphModule) -> Any:
+        mapping = qconfig_mapping if qconfig_mapping is not None else backend_defaults(resolve_backend(backend))
+        return corrected_after_calibration(observed, mapping, corrections)
+
+    qmodel = flows.quantize_static(model, example_inputs, calibration_data, backend=backend,
+                                   qconfig_mapping=qconfig_mapping, while_calibrating=measure, **options)
+    qmodel.meta[RECIPE] = RecipeRecord("auto: bias_correction", ("bias_correction",),
+                                       {"bias_correction": corrections})
+    return qmodel
+
+
 def quantize_with_algorithms(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
                              backend: Any, qconfig_mapping: QConfigMapping | None, recipe: Any,
                              target: Any, progress: bool | None, strict: bool,
-                             prepare_options: dict[str, Any]) -> fx.GraphModule:
+                             prepare_options: dict[str, Any], allow_float: bool = False) -> fx.GraphModule:
     options = dict(prepare_options)
     if recipe == "auto" and target is None and not strict and looks_like_transformer(model):
         # strict=True asks for every op in int8: a target that may keep layers out conflicts
@@ -137,7 +174,7 @@ def quantize_with_algorithms(model: nn.Module, example_inputs: Any, calibration_
         model, example_inputs, calibration_data, backend, qconfig_mapping, recipe, options)
     if target is None:
         qmodel = quantize_fused(gm, inputs, batches, backend, mapping, progress=progress,
-                                strict=strict, prepare_options=options)
+                                strict=strict, allow_float=allow_float, prepare_options=options)
     else:
         qmodel = meet_target(gm, inputs, batches, backend, mapping, target, progress=progress,
                              strict=strict, prepare_options=options)

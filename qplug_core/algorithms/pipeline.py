@@ -24,13 +24,13 @@ __all__ = ["prepare_algorithms", "quantize_fused"]
 
 def quantize_fused(gm: fx.GraphModule, example_inputs: Any, batches: list[tuple], backend: Any,
                    mapping: QConfigMapping, *, progress: bool | None = None, strict: bool = False,
-                   prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
+                   allow_float: bool = False, prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
     """prepare -> calibrate -> convert a fused float graph (``gm`` itself is not modified)."""
     from qplug_core.flows.steps import calibrate, convert_fx, prepare_fx
 
     observed = prepare_fx(gm, mapping, example_inputs, backend=backend, **(prepare_options or {}))
     calibrate(observed, batches, progress=progress)
-    return convert_fx(observed, backend=backend, inplace=True, strict=strict)
+    return convert_fx(observed, backend=backend, inplace=True, strict=strict, allow_float=allow_float)
 
 
 def prepare_algorithms(model: nn.Module, example_inputs: Any, calibration_data: Any, backend: Any,

@@ -5,8 +5,10 @@ in order on the fused float graph (each changes weights so the float function is
 moves biases using the calibration data), then prepares, calibrates and converts as usual.
 ``recipe="auto"`` picks by model: a transformer (``nn.LayerNorm`` and ``nn.Linear``, no convs)
 gets SmoothQuant and, unless a target is given, ``TRANSFORMER_TARGET`` (``Target(cosine=0.998,
-min_cosine=0.995, neighbours=0.95)``) on the calibration data; anything else gets no extra pass, because cross-layer equalization only pays
-off with per-tensor weights (see docs/guide/accuracy.md for the figures).
+min_cosine=0.995, neighbours=0.95)``) on the calibration data. Anything else gets no pass here:
+``qp.quantize`` corrects its biases while it calibrates (``one_call.corrects_bias_by_default``),
+and cross-layer equalization only pays off with per-tensor weights (see docs/guide/accuracy.md for
+the figures).
 """
 
 from __future__ import annotations

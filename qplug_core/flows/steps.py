@@ -6,10 +6,11 @@ modified, and records what it did in ``GraphModule.meta`` for the next step and 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, ContextManager
 
 import torch
 from torch import fx, nn
@@ -332,6 +333,7 @@ def quantization_report(model: fx.GraphModule) -> QuantizationReport:
 def quantize_static(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
              backend: str | Backend | None = None, qconfig_mapping: QConfigMapping | None = None,
              progress: bool | None = None, strict: bool = False, allow_float: bool = False,
+             while_calibrating: Callable[[fx.GraphModule], ContextManager[Any]] | None = None,
              **prepare_options: Any) -> fx.GraphModule:
     """Static post-training quantization in one call, without accuracy recipes (``qp.quantize``
     adds them: :mod:`qplug_core.one_call`).
@@ -340,11 +342,14 @@ def quantize_static(model: nn.Module, example_inputs: Any, calibration_data: Any
     ``capture="auto"`` (a prepare option) traces symbolically when it can, else uses
     torch.export. With no int8 region at all it raises :class:`NothingQuantizedError` (the most
     frequent reasons ops stayed float in its message) unless ``allow_float=True``.
+    ``while_calibrating(observed)`` is a context calibration runs in (a pass measuring what the
+    calibration batches do to the observed model, such as the default bias correction).
     """
     flow_checks.check_preparable(model)
     flow_checks.check_calibration_data(calibration_data)
     chosen = resolve_backend(backend)
     chosen.require_available()
     observed = prepare_fx(model, qconfig_mapping, example_inputs, backend=chosen, **prepare_options)
-    calibrate(observed, calibration_data, progress=progress)
+    with contextlib.nullcontext() if while_calibrating is None else while_calibrating(observed):
+        calibrate(observed, calibration_data, progress=progress)
     return convert_fx(observed, backend=chosen, inplace=True, strict=strict, allow_float=allow_float)

@@ -97,6 +97,21 @@ def test_qconfig_outside_qnnpack_constraints_warns_and_falls_back_to_float():
     assert "conv" not in report.kernels and "(-127, 127)" in skipped["conv"]
 
 
+def test_qp_quantize_with_a_recipe_keeps_allow_float_and_the_float_bias():
+    # bias correction measured each layer for the mapping's int8 weights; convert left them all
+    # float, so they must come back with their float biases, and allow_float=True must be honoured
+    model = conv_net()
+    options = dict(backend="qnnpack", qconfig_mapping=_full_range_weights_mapping(), recipe="bias_correction")
+    with pytest.warns(UserWarning, match="stays float"), pytest.raises(NothingQuantizedError):
+        qp.quantize(model, X, images(), **options)
+    with pytest.warns(UserWarning, match="stays float"):
+        qmodel = qp.quantize(model, X, images(), allow_float=True, **options)
+    assert qp.quantization_report(qmodel).quantized == {}
+    fused = qp.fuse_fx(model, X, backend="qnnpack")
+    with torch.no_grad():
+        assert torch.equal(qmodel(*X), fused(*X))
+
+
 def test_qconfig_outside_qnnpack_constraints_raises_on_request():
     with pytest.raises(ConstraintViolationError, match=r"node 'conv' stays float.*\(-127, 127\)") as raised:
         qp.prepare_fx(conv_net(), _full_range_weights_mapping(), X, backend="qnnpack",

@@ -29,6 +29,7 @@ from qplug_core.algorithms._layers import layer_of
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError
 from qplug_core.flows.regions import CallCounter, resolve_qconfig
+from qplug_core.observers.tokens import token_mask
 
 __all__ = ["LayerSensitivity", "OutputScore", "SensitivityReport", "sensitivity"]
 
@@ -73,21 +74,12 @@ def float_outputs(gm: nn.Module, batches: list[tuple]) -> list[torch.Tensor]:
     return [float_output(gm, batch) for batch in batches]
 
 
-#: the input naming which tokens are padding (Hugging Face's convention): scores leave them out
-PADDING_MASK_INPUT = "attention_mask"
-
-
 def padding_masks(gm: fx.GraphModule, batches: list[tuple]) -> list[torch.Tensor | None]:
     """Per batch, the model's ``attention_mask`` input (1 = real token), or None without one.
 
     A padded token's hidden state means nothing (nothing reads it after pooling) and drifts the
     most under int8, so scoring it would keep layers float for no user-visible gain."""
-    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    if PADDING_MASK_INPUT not in names:
-        return [None] * len(batches)
-    index = names.index(PADDING_MASK_INPUT)
-    return [batch[index] if index < len(batch) and isinstance(batch[index], torch.Tensor)
-            and batch[index].dim() == 2 else None for batch in batches]
+    return [token_mask(gm, batch) for batch in batches]
 
 
 def _without_padding(output: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

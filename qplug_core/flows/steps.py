@@ -45,6 +45,7 @@ from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.tags import REPORT, STATE, ValueAnnotator
 from qplug_core.observers import distributed
+from qplug_core.observers.tokens import batch_token_mask, observing_tokens
 from qplug_core.passes import PassResult
 from qplug_core.registry.backends import Backend, get_backend, resolve_backend
 
@@ -225,7 +226,8 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
             if any(isinstance(x, torch.Tensor) and x.numel() for x in batch):
                 non_empty += 1
             try:
-                model(*batch)
+                with observing_tokens(batch_token_mask(model, batch)):  # padded tokens: not observed
+                    model(*batch)
             except QplugError as error:
                 flow_checks.mark_calibration_failed(model, error)
                 raise

@@ -23,6 +23,7 @@ from qplug_core.observers.batch_sync import BatchStats, batch_reduction
 from qplug_core.observers.bounds import check_setting
 from qplug_core.observers.factory import FactoryMixin
 from qplug_core.observers.ranks import Ranks, refuse_reduction
+from qplug_core.observers.tokens import real_tokens
 from qplug_core.qparams import (
     PER_CHANNEL_SCHEMES,
     PER_TENSOR_SCHEMES,
@@ -153,7 +154,11 @@ class ObserverBase(nn.Module, FactoryMixin):
         raise NotImplementedError
 
     def _range_stats(self, x: torch.Tensor, *, keep_values: bool = False) -> BatchStats:
-        """This batch's finite (min, max) as :class:`BatchStats` (and its values if asked)."""
+        """This batch's finite (min, max) as :class:`BatchStats` (and its values if asked); in
+        calibration, a per-tensor observer's token states count their real tokens only
+        (:mod:`qplug_core.observers.tokens`)."""
+        if self.qscheme in PER_TENSOR_SCHEMES:
+            x = real_tokens(x)
         found = self._finite_aminmax(x) if x.numel() else None
         if found is None:
             inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)

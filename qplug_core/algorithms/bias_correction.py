@@ -54,44 +54,63 @@ class BiasCorrection:
 
 
 class _ShiftMeter:
-    """Forward hook summing ``E x`` and its square per output channel over every call, and the
-    GEMM input columns where convert can use them to correct for another grid
-    (``bias_grid.columns``)."""
+    """Forward hook measuring ``E x`` per output channel: its mean over every call, and its
+    spread over the first calls (for the significance bound).
+
+    Where ``bias_grid.columns`` knows the layer's GEMM, the mean is ``E . m`` from the mean input
+    column ``m`` over every call (exact, and what convert needs to correct for another grid), and
+    ``E x`` itself, a second conv as costly as the layer's own, is computed for the first
+    ``SPREAD_CALLS`` calls only: calibration with the meters took 2.0x the plain flow's time on
+    ResNet-18 (32 batches), 1.7x with column sums, 1.4x with both. Elsewhere ``E x`` is summed
+    over every call."""
+
+    #: calls whose ``E x`` gives the spread of the shift (the mean needs no more than the columns)
+    SPREAD_CALLS = 4
 
     def __init__(self, layer: nn.Module, error: torch.Tensor) -> None:
         self.layer, self.error = layer, error
+        self.knows_columns = bias_grid.records_columns(layer)
         self.total = torch.zeros(error.shape[0], dtype=torch.float64)
         self.squares = torch.zeros(error.shape[0], dtype=torch.float64)
         self.columns: torch.Tensor | None = None
-        self.rows = 0
-        self.count = 0
+        self.rows = 0  # GEMM rows of every call (with columns known)
+        self.count = 0  # rows whose ``E x`` was summed
         self.calls = 0
 
     def __call__(self, module: nn.Module, args: tuple, output: Any) -> None:
         x = args[0].detach()
+        self.calls += 1
+        if self.knows_columns:
+            total, rows = bias_grid.columns(self.layer, x)
+            self.columns = total if self.columns is None else self.columns + total
+            self.rows += rows
+            if self.calls > self.SPREAD_CALLS:
+                return
         if isinstance(self.layer, CONVS):
             shift, channel_dim = self.layer._conv_forward(x, self.error, None), 1
         else:
             shift, channel_dim = F.linear(x, self.error), -1
-        moved = shift.movedim(channel_dim, -1).reshape(-1, shift.shape[channel_dim]).double()
-        self.total += moved.sum(0)
-        self.squares += moved.square().sum(0)
+        moved = shift.movedim(channel_dim, -1).reshape(-1, shift.shape[channel_dim])
+        self.total += moved.sum(0, dtype=torch.float64)
+        self.squares += moved.square().sum(0, dtype=torch.float64)
         self.count += moved.shape[0]
-        self.calls += 1
-        if bias_grid.records_columns(self.layer):
-            total, rows = bias_grid.columns(self.layer, x)
-            self.columns = total if self.columns is None else self.columns + total
-            self.rows += rows
+
+    def _mean(self) -> torch.Tensor:
+        if self.columns is not None:
+            return bias_grid.column_shift(self.layer, self.error, self.columns / max(self.rows, 1)).double()
+        return self.total / max(self.count, 1)
 
     def mean(self) -> torch.Tensor:
-        return (self.total / max(self.count, 1)).float()
+        return self._mean().float()
 
     def significant(self, significance: float) -> torch.Tensor:
-        """Per output channel: whether the mean shift is beyond ``significance`` standard errors."""
-        count = max(self.count, 1)
-        mean = self.total / count
-        variance = (self.squares / count - mean.square()).clamp_min(0)
-        return mean.abs() > significance * (variance / count).sqrt()
+        """Per output channel: whether the mean shift is beyond ``significance`` standard errors
+        (the spread from the rows whose ``E x`` was summed, the error of a mean over all rows)."""
+        sampled = max(self.count, 1)
+        sampled_mean = self.total / sampled
+        variance = (self.squares / sampled - sampled_mean.square()).clamp_min(0)
+        rows = max(self.rows if self.columns is not None else self.count, 1)
+        return self._mean().abs() > significance * (variance / rows).sqrt()
 
     def total_across_ranks(self, ranks: Any) -> None:
         sums = torch.cat([self.total, self.squares, torch.tensor([self.count, self.rows], dtype=torch.float64),

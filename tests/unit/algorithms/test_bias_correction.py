@@ -263,3 +263,23 @@ def test_qp_quantize_corrects_biases_while_calibrating_and_leaves_the_users_mode
         assert float(correction.removed.abs().max()) > 0
     plain = qp.quantize(model, data[0], data, backend="reference", recipe="none")
     assert "qplug_recipe" not in plain.meta
+
+
+@pytest.mark.parametrize("layer, shape", [
+    (nn.Conv2d(3, 5, 3, padding=1), (4, 3, 9, 9)),
+    (nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(2, 0), dilation=(1, 2)), (2, 4, 11, 10)),
+    (nn.Conv2d(3, 8, 7, stride=2, padding=3), (2, 3, 32, 32)),
+    (nn.Conv2d(8, 8, 3, padding=1, groups=8), (3, 8, 6, 6)),
+    (nn.Conv2d(3, 4, 3), (3, 7, 7)),  # unbatched
+], ids=["3x3", "strided-dilated", "7x7-stem", "depthwise", "unbatched"])
+def test_gemm_column_sums_are_those_of_im2col(layer, shape):
+    import torch.nn.functional as F
+
+    from qplug_core.flows import bias_grid
+
+    x = torch.randn(*shape)
+    total, rows = bias_grid.columns(layer, x)
+    unfolded = F.unfold(x if x.dim() == 4 else x.unsqueeze(0), layer.kernel_size, dilation=layer.dilation,
+                        padding=layer.padding, stride=layer.stride).double()
+    assert torch.allclose(total, unfolded.sum((0, 2)), rtol=1e-12, atol=1e-9)
+    assert rows == unfolded.shape[0] * unfolded.shape[2]

@@ -23,6 +23,7 @@ that were set win over any measurement, so a test decides as on the CPU it names
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import platform
@@ -39,7 +40,10 @@ ARM_DOT_FLAGS = frozenset({"asimddp", "i8mm"})
 _TORCH_CAPABILITY_FLAGS = {"AVX512": ("avx2", "avx512f", "avx512bw"), "AVX2": ("avx2",),
                            "SVE256": ("sve",)}
 
-_override: list[frozenset[str]] = []
+#: the innermost override of this thread (a context variable: one thread's override, such as the
+#: 32-bit-accumulation view weight_bits.mark takes, must not change another thread's decisions)
+_override: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("cpu_flags_override",
+                                                                                   default=None)
 
 
 @dataclass(frozen=True)
@@ -134,8 +138,9 @@ def _detected(env: str | None) -> CpuInt8:
 def cpu_int8() -> CpuInt8:
     """This CPU's int8 facts: the innermost :func:`override_cpu_flags`, else ``QPLUG_CPU_FLAGS``,
     else the kernel's flags (read once per process)."""
-    if _override:
-        return CpuInt8(_override[-1], "override", platform.machine().lower())
+    flags = _override.get()
+    if flags is not None:
+        return CpuInt8(flags, "override", platform.machine().lower())
     return _detected(os.environ.get(ENV_FLAGS))
 
 
@@ -143,11 +148,11 @@ def cpu_int8() -> CpuInt8:
 def override_cpu_flags(flags: Iterable[str] | str) -> Iterator[CpuInt8]:
     """Decide as if the CPU reported ``flags`` inside the block (for tests; the kernels that run
     are still the host's). ``override_cpu_flags("avx2 fma")`` models an AVX2 CPU without VNNI."""
-    _override.append(_parse(flags) if isinstance(flags, str) else frozenset(f.lower() for f in flags))
+    token = _override.set(_parse(flags) if isinstance(flags, str) else frozenset(f.lower() for f in flags))
     try:
         yield cpu_int8()
     finally:
-        _override.pop()
+        _override.reset(token)
 
 
 __all__ = ["CpuInt8", "ENV_FLAGS", "cpu_int8", "override_cpu_flags", "read_cpuinfo"]

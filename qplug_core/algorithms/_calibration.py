@@ -8,6 +8,7 @@ import torch
 from torch import fx
 
 from qplug_core.errors import CalibrationError
+from qplug_core.observers.tokens import batch_token_mask, observing_tokens
 
 
 def run_hooked(gm: fx.GraphModule, calibration_data: Any, handles: list, what: str) -> int:
@@ -21,7 +22,8 @@ def run_hooked(gm: fx.GraphModule, calibration_data: Any, handles: list, what: s
     try:
         with torch.no_grad():
             for batch in iter_batches(calibration_data):
-                gm(*batch)
+                with observing_tokens(batch_token_mask(gm, batch)):  # as calibrate does
+                    gm(*batch)
                 batches += 1
     finally:
         for handle in handles:

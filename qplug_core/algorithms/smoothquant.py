@@ -31,6 +31,7 @@ from qplug_core.errors import ConfigValidationError
 from qplug_core.flows.regions import CallCounter, resolve_qconfig
 from qplug_core.kernels.reference import observed_weight_qparams
 from qplug_core.nn.channel_scale import ChannelScale
+from qplug_core.observers.tokens import real_tokens
 
 __all__ = ["ALPHAS", "SmoothedInput", "smooth_quant"]
 
@@ -64,7 +65,7 @@ class _InputRecorder:
         self.kept = 0
 
     def __call__(self, module: nn.Module, args: tuple) -> None:
-        x = args[0].detach().float()
+        x = real_tokens(args[0].detach().float())  # padded tokens: their maxima and rows do not count
         rows = x.reshape(-1, x.shape[-1])
         found = rows.abs().amax(0)
         self.absmax = found if self.absmax is None else torch.maximum(self.absmax, found)

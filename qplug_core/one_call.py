@@ -139,7 +139,8 @@ def corrects_bias_by_default(model: Any, recipe: Any, target: Any, qconfig_mappi
     if recipe != "auto" or target is not None or users_own(qconfig_mapping):
         return False
     if isinstance(model, torch.export.ExportedProgram):
-        model = model.module()
+        return True  # its modules are flattened, so their types cannot tell; the 3-sigma guard keeps
+        # zero-mean (transformer) inputs uncorrected (building .module() to look only cost a copy)
     return isinstance(model, nn.Module) and not looks_like_transformer(model)
 
 

@@ -31,7 +31,7 @@ _MASK: ContextVar[torch.Tensor | None] = ContextVar("calibrated_token_mask", def
 def _mask_index(model: nn.Module) -> int | None:
     if not isinstance(model, fx.GraphModule):
         return None
-    names = [n.name for n in model.graph.nodes if n.op == "placeholder"]
+    names = [n.name for n in model.graph.find_nodes(op="placeholder")]  # per batch: not every node
     return names.index(TOKEN_MASK_INPUT) if TOKEN_MASK_INPUT in names else None
 
 

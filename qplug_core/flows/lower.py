@@ -206,7 +206,7 @@ def _recurrent_weight_qparams(module: nn.Module, qconfig) -> QParams | None:
     """The first weight matrix's qparams: the dynamic kernels quantize each of a recurrent layer's
     (already rounded) weights again, in this range and granularity. Without it they took the full
     8-bit range, off the reference form's grid, and on CPUs without VNNI (7-bit weights there) their
-    pair sums saturated: an LSTM's output SQNR 35 -> 27 dB."""
+    pair sums saturated: the zoo LSTM classifier 27.0 dB against float, its reference form 46.1."""
     if qconfig is None or qconfig.weight is None:
         return None
     first = next(weight for name, weight in module.named_parameters() if name.startswith("weight"))

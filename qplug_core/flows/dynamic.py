@@ -32,6 +32,8 @@ from qplug_core.kernels.base import KernelContext, TensorArg
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
 from qplug_core.kernels.reference import (
     DynamicQuantize,
+    dynamic_weight_names,
+    first_weight_qparams,
     observed_weight_qparams,
     rounded_copy,
 )
@@ -80,14 +82,6 @@ class SimulatedDynamic(nn.Module):
         r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
         n = torch.tanh(i_n + r * h_n)
         return (1 - z) * n + z * h
-
-
-def _weight_names(module: nn.Module) -> list[str]:
-    if isinstance(module, nn.RNNBase):
-        return [n for n in module._flat_weights_names if n.startswith("weight")]
-    if isinstance(module, nn.RNNCellBase):
-        return ["weight_ih", "weight_hh"]
-    return ["weight"]
 
 
 def _check_supported(qconfig: QConfig, module_type: type, name: str, backend: Backend) -> None:
@@ -139,7 +133,7 @@ def _captured(model: Any, capture: str | None, example_inputs: Any) -> nn.Module
 
 def _swap(module: nn.Module, qconfig: QConfig, backend: Backend) -> nn.Module:
     activation = qconfig.activation()
-    weights = _weight_names(module)
+    weights = dynamic_weight_names(module)
     if not backend.kernels:
         act_quantized = activation.dtype in (torch.quint8, torch.qint8)
         quantize = DynamicQuantize(activation.dtype, activation.quant_min,
@@ -157,7 +151,7 @@ def _swap(module: nn.Module, qconfig: QConfig, backend: Backend) -> nn.Module:
     return spec.build(KernelContext(
         pattern=module_type, module=module, target=None, args=(TensorArg(0),),
         input_qparams=(input_qparams,), engine=backend.engine,
-        weight_qparams=observed_weight_qparams(qconfig, getattr(module, weights[0]))))
+        weight_qparams=first_weight_qparams(qconfig, module)))
 
 
 def _default_qconfig(dtype: torch.dtype, backend: Backend) -> QConfig:

@@ -29,7 +29,7 @@ from qplug_core.kernels.reference import (
     DynamicQuantize,
     Quantize,
     ReferenceWeighted,
-    observed_weight_qparams,
+    first_weight_qparams,
 )
 from qplug_core.qparams import STORAGE_DTYPE, QParams
 
@@ -151,7 +151,11 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     if isinstance(module, ReferenceWeighted):
         module, weight_qparams = module.module, module.weight_qparams
     elif isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
-        weight_qparams = _recurrent_weight_qparams(module, tag.qconfig)
+        # the kernel quantizes each (already rounded) weight again, in these qparams' range and
+        # granularity; without them it took the full 8-bit range, off the reference form's grid,
+        # and on CPUs without VNNI (7-bit weights there) its pair sums saturated: the zoo LSTM
+        # classifier 27.0 dB against float, its reference form 46.1
+        weight_qparams = first_weight_qparams(tag.qconfig, module)
     elif root is None and compute.op == "call_module":
         module = gm.get_submodule(compute.target)
     index = {b: i for i, b in enumerate(boundaries)}
@@ -200,17 +204,6 @@ def _backend_quantize(gm: fx.GraphModule, backend, holder: fx.Node, value: torch
     qparams = gm.get_submodule(holder.target).qparams
     return spec.build(KernelContext(pattern=QUANTIZE_KEY, module=None, target=None,
                                     output_qparams=qparams, engine=backend.engine))(value)
-
-
-def _recurrent_weight_qparams(module: nn.Module, qconfig) -> QParams | None:
-    """The first weight matrix's qparams: the dynamic kernels quantize each of a recurrent layer's
-    (already rounded) weights again, in this range and granularity. Without it they took the full
-    8-bit range, off the reference form's grid, and on CPUs without VNNI (7-bit weights there) their
-    pair sums saturated: the zoo LSTM classifier 27.0 dB against float, its reference form 46.1."""
-    if qconfig is None or qconfig.weight is None:
-        return None
-    first = next(weight for name, weight in module.named_parameters() if name.startswith("weight"))
-    return observed_weight_qparams(qconfig, first)
 
 
 def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: torch.nn.Module, tag,

@@ -132,6 +132,25 @@ def observed_weight_qparams(qconfig, weight: torch.Tensor) -> QParams | None:
     return observer.qparams()
 
 
+def dynamic_weight_names(module: nn.Module) -> list[str]:
+    """The weight matrices a dynamic kernel quantizes: an RNN's per layer and direction, a cell's
+    input and hidden ones, else ``weight``."""
+    if isinstance(module, nn.RNNBase):
+        return [n for n in module._flat_weights_names if n.startswith("weight")]
+    if isinstance(module, nn.RNNCellBase):
+        return ["weight_ih", "weight_hh"]
+    return ["weight"]
+
+
+def first_weight_qparams(qconfig, module: nn.Module) -> QParams | None:
+    """``qconfig``'s qparams of ``module``'s first weight matrix (None without int8 weights): what
+    a dynamic kernel is given, whose range and granularity a recurrent kernel's other weights take
+    too when it quantizes them."""
+    if qconfig is None or qconfig.weight is None:
+        return None
+    return observed_weight_qparams(qconfig, getattr(module, dynamic_weight_names(module)[0]))
+
+
 def rounded_copy(module: nn.Module, weight_qparams: dict[str, QParams | None]) -> nn.Module:
     """A copy of ``module`` whose named weights lie on their int8 grid (or are float16-rounded):
     what the reference form runs, and what kernels re-quantize exactly."""

@@ -19,13 +19,22 @@ the call raises).
 
 Two users: :func:`run_with_fastest_threads` (one kernel call, keyed by kernel and shape) and
 :mod:`qplug_core.weight_only.decode_step` (a whole one-token decode step of a model).
+
+The reverse also pays: a decode step measured faster on one thread still has the other cores,
+and a kernel with a thread pool of its own that does not spin between calls (ONNX Runtime's
+``MatMulNBits`` sessions) can use them without waking torch's OpenMP team for every small op.
+Within :func:`thread_budget`, :func:`run_within_budget` runs each kernel call on the budget's
+thread count where that measured faster than the caller's single thread (a 220 M Llama's int8
+weight-only linears: 21.9 ms of kernels per token on one thread, 17.8 ms at two, Intel Xeon with
+VNNI; ``bench/bench_llm.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import TypeVar
 
 import torch
@@ -34,22 +43,26 @@ import torch
 RUNS = 3
 #: kernel calls of one (key, thread count) between two measurements
 REMEASURE_EVERY = 512
-_choices: dict[tuple[Hashable, int], ThreadChoice] = {}
+#: (key, thread count, the caller's thread count) -> its choice
+_choices: dict[tuple[Hashable, int, int], ThreadChoice] = {}
 _lock = threading.Lock()
+_budget = threading.local()
 T = TypeVar("T")
 
 
 class ThreadChoice:
     """For one kind of call at one thread count ``threads``: whether it runs faster on 1 thread.
 
-    The first ``2 * (RUNS + 1)`` calls alternate between 1 and ``threads`` threads (the first of
+    Calls arrive on the ``caller``'s thread count (``threads`` unless given: a decode step's
+    kernels arrive on 1 and may take ``threads``), which is restored after each. The first ``2 * (RUNS + 1)`` calls alternate between 1 and ``threads`` threads (the first of
     each warms it up) and their total times decide; so does every ``remeasure_every``-th call and
     the ones after it. ``clock`` is injectable so that tests can decide the timings.
     """
 
     def __init__(self, threads: int, remeasure_every: int = REMEASURE_EVERY,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, caller: int | None = None) -> None:
         self.threads, self.remeasure_every, self.clock = threads, remeasure_every, clock
+        self.caller = threads if caller is None else caller
         #: the choice: ``True`` one thread, ``False`` ``threads``, ``None`` not measured yet
         self.single: bool | None = None
         #: the last measurement: thread count -> total seconds of its ``RUNS`` timed calls
@@ -72,7 +85,7 @@ class ThreadChoice:
     def run(self, call: Callable[[], T]) -> T:
         """``call()`` on the thread count chosen (or the next one to measure)."""
         count, measuring = self._next()
-        if count != self.threads:
+        if count != self.caller:
             torch.set_num_threads(count)
         start = self.clock() if measuring else 0.0
         try:
@@ -80,8 +93,8 @@ class ThreadChoice:
         finally:
             if measuring:
                 elapsed = self.clock() - start
-            if count != self.threads:
-                torch.set_num_threads(self.threads)
+            if count != self.caller:
+                torch.set_num_threads(self.caller)
             if measuring:
                 self._record(count, elapsed)
 
@@ -113,17 +126,46 @@ def run_with_fastest_threads(key: Hashable, call: Callable[[], T]) -> T:
     threads = torch.get_num_threads()
     if threads == 1:
         return call()
+    return _choice(key, threads, threads).run(call)
+
+
+@contextlib.contextmanager
+def thread_budget(threads: int) -> Iterator[None]:
+    """Within: :func:`run_within_budget` calls (on this Python thread) may take up to ``threads``
+    threads while the rest runs on fewer."""
+    before = getattr(_budget, "threads", 0)
+    _budget.threads = threads
+    try:
+        yield
+    finally:
+        _budget.threads = before
+
+
+def run_within_budget(key: Hashable, call: Callable[[], T]) -> T:
+    """``call()``; inside a :func:`thread_budget` above ``torch.get_num_threads()``, on the
+    budget's thread count where that measured faster for the calls of ``key``."""
+    budget = getattr(_budget, "threads", 0)
+    if budget <= 1:
+        return call()
+    caller = torch.get_num_threads()
+    if budget <= caller:
+        return call()
+    return _choice(key, budget, caller).run(call)
+
+
+def _choice(key: Hashable, threads: int, caller: int) -> ThreadChoice:
     with _lock:
-        choice = _choices.get((key, threads))
+        choice = _choices.get((key, threads, caller))
         if choice is None:
-            choice = _choices[key, threads] = ThreadChoice(threads)
-    return choice.run(call)
+            choice = _choices[key, threads, caller] = ThreadChoice(threads, caller=caller)
+        return choice
 
 
 def single_thread_choices() -> dict[tuple[Hashable, int], bool]:
     """What was measured: (key, thread count) -> whether one thread runs it."""
     with _lock:
-        return {entry: choice.single for entry, choice in _choices.items() if choice.single is not None}
+        return {(key, threads): choice.single for (key, threads, _), choice in _choices.items()
+                if choice.single is not None}
 
 
 def clear() -> None:

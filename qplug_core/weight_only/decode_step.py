@@ -7,7 +7,10 @@ thread may be asleep, waiting for the scheduler: choosing the thread count per k
 threads. So the models ``qp.quantize_weights`` and ``qp.quantize_w8a8`` return (and ``qp.load``
 fills) run their whole decode step on the thread count measured faster for it
 (:class:`~qplug_core.kernels.decode_threads.ThreadChoice`, per thread count and batch size).
-Prompts (prefill) are not touched: there many threads win.
+Prompts (prefill) are not touched: there many threads win. A step on one thread keeps torch's
+count as its :func:`~qplug_core.kernels.decode_threads.thread_budget`: weight-only kernels with
+thread pools of their own take it where that measured faster
+(:class:`~qplug_core.weight_only.modules.WeightOnlyLinear`).
 
 It is installed as the model's ``forward`` (an instance attribute wrapping the class's own, so
 ``generate()``, the KV cache and ``inspect.signature(model.forward)`` stay as they were, as
@@ -28,7 +31,7 @@ import torch
 from torch import nn
 
 from qplug_core.flows.tags import DECODE_THREADS
-from qplug_core.kernels.decode_threads import ThreadChoice
+from qplug_core.kernels.decode_threads import ThreadChoice, thread_budget
 
 #: the model attribute holding its :class:`DecodeStepThreads`
 ATTRIBUTE = DECODE_THREADS
@@ -61,7 +64,8 @@ class DecodeStepThreads:
         if choice is None:
             choice = self.choices.setdefault((threads, batch),
                                              ThreadChoice(threads, self.remeasure_every, self.clock))
-        return choice.run(lambda: self.__wrapped__(*args, **kwargs))
+        with thread_budget(threads):
+            return choice.run(lambda: self.__wrapped__(*args, **kwargs))
 
     def summary(self) -> dict[tuple[int, int], str]:
         """(thread count, batch) -> the choice and the totals it was made on, for reports."""

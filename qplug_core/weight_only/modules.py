@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qplug_core.kernels.decode_threads import run_within_budget
 from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, unpack
 
@@ -61,7 +62,10 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
         if self.input_scale is not None:
             x = x * self.input_scale
         leading = x.shape[:-1]
-        y = self.kernel.run(self._packed, x.reshape(-1, self.in_features).contiguous(), self.bias)
+        rows = x.reshape(-1, self.in_features).contiguous()
+        # in a decode step on one thread, the kernel may take the step's other threads
+        key = (self.kernel.name, self.out_features, self.in_features, rows.shape[0])
+        y = run_within_budget(key, lambda: self.kernel.run(self._packed, rows, self.bias))
         return y.reshape(*leading, self.out_features)
 
     def extra_repr(self) -> str:

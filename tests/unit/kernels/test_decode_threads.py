@@ -87,7 +87,7 @@ def test_the_kernel_choice_is_kept_per_key_and_thread_count(two_threads):
 def chosen(key, threads: int, single: bool) -> None:
     choice = decode_threads.ThreadChoice(threads)
     choice.single = single
-    decode_threads._choices[key, threads] = choice
+    decode_threads._choices[key, threads, threads] = choice
 
 
 @pytest.mark.parametrize("single", [True, False])
@@ -140,3 +140,43 @@ def test_a_decode_token_gives_the_same_output_on_either_choice(two_threads, sing
         chosen(("onednn-one-token", 96, 40), 2, single)
         got = module(x)
     assert torch.equal(got, want) and torch.get_num_threads() == 2
+
+
+def test_within_a_budget_a_call_alternates_between_its_callers_count_and_the_budgets(two_threads):
+    torch.set_num_threads(1)  # a decode step measured faster on one thread
+    choice = decode_threads.ThreadChoice(2, clock=FakeClock({1: 5.0, 2: 1.0}), caller=1)
+    assert run(choice, 8) == [1, 2] * 4 and choice.single is False
+    assert run(choice, 3) == [2, 2, 2] and torch.get_num_threads() == 1
+
+
+def test_a_budget_reaches_the_calls_inside_it_only(two_threads):
+    torch.set_num_threads(1)
+    assert decode_threads.run_within_budget("k", torch.get_num_threads) == 1  # no budget
+    with decode_threads.thread_budget(2):
+        seen = [decode_threads.run_within_budget("k", torch.get_num_threads)
+                for _ in range(2 * (decode_threads.RUNS + 1))]
+        assert seen == [1, 2] * (decode_threads.RUNS + 1)
+        with decode_threads.thread_budget(1):  # a nested step on one thread: nothing to take
+            assert decode_threads.run_within_budget("j", torch.get_num_threads) == 1
+        assert torch.get_num_threads() == 1
+    assert set(decode_threads.single_thread_choices()) == {("k", 2)}
+    torch.set_num_threads(2)
+    with decode_threads.thread_budget(2):  # the caller already has the budget
+        assert decode_threads.run_within_budget("m", torch.get_num_threads) == 2
+    assert set(decode_threads.single_thread_choices()) == {("k", 2)}
+
+
+def test_a_call_that_raises_within_a_budget_restores_the_callers_count(two_threads):
+    torch.set_num_threads(1)
+    choice = decode_threads.ThreadChoice(2, caller=1)
+    choice.single = False
+    decode_threads._choices["k", 2, 1] = choice
+
+    def fails():
+        assert torch.get_num_threads() == 2
+        raise RuntimeError("boom")
+
+    with decode_threads.thread_budget(2), pytest.raises(RuntimeError, match="boom"):
+        decode_threads.run_within_budget("k", fails)
+    assert torch.get_num_threads() == 1
+    assert decode_threads.run_within_budget("k", torch.get_num_threads) == 1  # the budget ended

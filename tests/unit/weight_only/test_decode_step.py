@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.kernels import decode_threads
 from qplug_core.weight_only.decode_step import DecodeStepThreads
 from tests.unit.kernels.test_decode_threads import FakeClock
 from tests.unit.weight_only.test_w8a8 import GREEDY, PROMPTS, batches, decoder
@@ -89,6 +90,19 @@ def test_the_choice_does_not_change_tokens_or_logits(two_threads, scheme, thread
         tokens, logits = generated(qmodel)
         assert torch.equal(tokens, want_tokens)
         assert all(torch.equal(a, b) for a, b in zip(logits, want_logits, strict=True))
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_weight_only_kernels_in_a_one_thread_step_are_measured_on_torchs_count_too(two_threads, scheme):
+    """The step runs on one thread; its weight-only kernels may take the other (their own pools)."""
+    decode_threads.clear()
+    qmodel = SCHEMES[scheme](eager_decoder())
+    faster_on(qmodel, 1)
+    generated(qmodel)
+    kernels = {name for (name, *_), threads in decode_threads.single_thread_choices() if threads == 2}
+    assert kernels == set(qmodel.qplug_weight_only.kernels.values())
+    assert torch.get_num_threads() == 2
+    decode_threads.clear()
 
 
 def test_sdpa_models_keep_their_outputs_on_torchs_count(two_threads):

@@ -153,13 +153,13 @@ def per_token_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return _quantize(x, unsigned=False)
 
 
-class _PerThread(threading.local):
+class PerThread(threading.local):
     """Per-thread scratch state that copies and pickles as empty (it is only a cache)."""
 
     def __reduce__(self) -> tuple:
         return (type(self), ())
 
-    def __deepcopy__(self, memo: dict) -> _PerThread:
+    def __deepcopy__(self, memo: dict) -> PerThread:
         return type(self)()
 
 
@@ -173,7 +173,7 @@ class _PackedWeight:
         self.zero_points: torch.Tensor | None = None
 
     def get(self, weight_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (weight_t.data_ptr(), _version(weight_t))
+        key = (weight_t.data_ptr(), version_counter(weight_t))
         packed, zero_points = self.packed, self.zero_points
         if self.key != key or packed is None or zero_points is None:
             packed = torch.ops.onednn.qlinear_prepack(weight_t.t().contiguous(), None)
@@ -188,7 +188,7 @@ class _PackedWeight:
         return type(self)()
 
 
-def _version(x: torch.Tensor) -> int | None:
+def version_counter(x: torch.Tensor) -> int | None:
     """``x._version``, or None for an inference tensor (made under ``torch.inference_mode()``),
     which has no version counter: it cannot say whether it changed in place."""
     return None if x.is_inference() else x._version
@@ -206,7 +206,7 @@ class SharedInput:
     """
 
     def __init__(self) -> None:
-        self._local = _PerThread()
+        self._local = PerThread()
 
     def quantize(self, x: torch.Tensor, unsigned: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -219,7 +219,7 @@ class SharedInput:
     def _cached(self, x: torch.Tensor, kind: tuple[bool, bool], compute: Any) -> Any:
         state = self._local
         source = state.source() if getattr(state, "source", None) is not None else None
-        version = _version(x)
+        version = version_counter(x)
         if source is x and version is not None and version == state.version and state.kind == kind:
             return state.quantized
         state.quantized = compute(state)
@@ -355,7 +355,7 @@ class PerTokenDynamicLinear(nn.Module):
         self.gemm = gemm
         # one token at a time (decode) on oneDNN: the short path (per-token activations only)
         self._token_path = not simulate and gemm == "onednn" and not self.one_input_scale
-        self._scratch = _PerThread()  # int32 accumulator per thread, reused while shapes repeat
+        self._scratch = PerThread()  # int32 accumulator per thread, reused while shapes repeat
         self._packed = _PackedWeight()
 
     @classmethod

@@ -32,7 +32,13 @@ from qplug_core.kernels.static_int8 import StaticInt8Linear
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.serialization.files import write_artifact_file
 from qplug_core.weight_only import decode_step
-from qplug_core.weight_only.api import INFO_ATTRIBUTE, WeightOnlyInfo, conv1d_class, linear_weight
+from qplug_core.weight_only.api import (
+    INFO_ATTRIBUTE,
+    WeightOnlyInfo,
+    conv1d_class,
+    join_siblings,
+    linear_weight,
+)
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
 from qplug_core.weight_only.selection import available_kernels, choose
 from qplug_core.weight_only.smoothing import Smoothed
@@ -74,7 +80,8 @@ def _swapped_layers(model: nn.Module) -> tuple[str, dict[str, str], dict[str, An
     info = getattr(model, INFO_ATTRIBUTE, None)
     if isinstance(info, WeightOnlyInfo):
         return "weight_only", dict(info.layers), {"algorithm": info.algorithm, "scheme": info.scheme.to_dict(),
-                                                  "skipped": info.skipped}
+                                                  "skipped": info.skipped,
+                                                  "fused": [list(names) for names in info.fused]}
     w8a8 = getattr(model, W8A8_ATTRIBUTE, None)
     if isinstance(w8a8, W8A8Info):
         return "w8a8", dict(w8a8.layers), {"alpha": w8a8.alpha, "activations": w8a8.activations,
@@ -172,6 +179,7 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
             raise ValueError(f"unknown mode {mode!r}")
         info = _info(mode, document, backend)
         layers = list(document["layers"])
+        groups = _fused_groups(document, layers) if mode == "weight_only" else []
     except Exception as exc:  # a tampered document: wrong types, missing keys
         raise SerializationError(f"{source} is not a valid qplug weight-only file: {type(exc).__name__}: "
                                  f"{exc}", path=str(source)) from exc
@@ -179,6 +187,7 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
     modules = dict(model.named_modules())
     with torch.no_grad():
         rebuilt = [(layer["kind"], *_rebuild_layer(layer, modules, context)) for layer in layers]
+        dtypes = {name: linear_weight(modules[name]).dtype for kind, name, _ in rebuilt if kind == "linear"}
         # the float state before the swap: swapped-in kernels keep their weights packed, outside any
         # state_dict
         _load_float_state(model, [name for _, name, _ in rebuilt], tensors, source)
@@ -188,12 +197,25 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
             if info is not None:
                 info.layers[name] = kind
     if isinstance(info, WeightOnlyInfo):
+        join_siblings(model, info, groups, context.kernels(), dtypes)
         setattr(model, INFO_ATTRIBUTE, info)
     elif isinstance(info, W8A8Info):
         setattr(model, W8A8_ATTRIBUTE, info)
     if info is not None:
         decode_step.install(model)
     return model
+
+
+def _fused_groups(document: dict, layers: list) -> list[tuple[str, ...]]:
+    """The saved groups of linears run as one kernel call, each naming linear layers of the file."""
+    linears = {layer.get("name") for layer in layers if isinstance(layer, dict) and layer.get("kind") == "linear"}
+    groups = []
+    for group in document.get("fused", []):
+        names = tuple(group)
+        if not all(isinstance(name, str) and name in linears for name in names):
+            raise ValueError(f"fused group {group!r} names layers that are not linear layers of the file")
+        groups.append(names)
+    return groups
 
 
 def _info(mode: str, document: dict, backend: str | None) -> WeightOnlyInfo | W8A8Info | None:

@@ -23,7 +23,8 @@ from qplug_core.errors import CalibrationError, ConfigValidationError, did_you_m
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
 from qplug_core.weight_only import decode_step
-from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs
+from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, call_model, record_inputs
+from qplug_core.weight_only.fusion import fuse, shared_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
 from qplug_core.weight_only.selection import Choice, available_kernels, choose
@@ -44,6 +45,8 @@ class WeightOnlyInfo:
     kernels: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     choices: list[Choice] = field(default_factory=list)
+    #: linears reading one input that run as one kernel call (:mod:`~qplug_core.weight_only.fusion`)
+    fused: list[tuple[str, ...]] = field(default_factory=list)
 
 
 def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None = None,
@@ -99,15 +102,48 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         rows = GPTQ_ROWS if algorithm == "gptq" else MAX_ROWS
         inputs = record_inputs(qmodel, linears, calibration or (), rows)
     modules = dict(qmodel.named_modules())
+    dtypes = {}
     with torch.no_grad():
         for name, module in targets.items():
             swapped = _quantized_module(module, scheme, inputs.get(name), kernels, kernel, info, name)
             parent, _, child = name.rpartition(".")
             setattr(modules[parent], child, swapped)
             info.layers[name] = "embedding" if isinstance(swapped, WeightOnlyEmbedding) else "linear"
+            if isinstance(swapped, WeightOnlyLinear):
+                dtypes[name] = linear_weight(module).dtype
+    join_siblings(qmodel, info, sibling_groups(qmodel, info.layers, calibration), kernels, dtypes, kernel)
     setattr(qmodel, INFO_ATTRIBUTE, info)
     decode_step.install(qmodel)
     return qmodel
+
+
+def join_siblings(model: nn.Module, info: WeightOnlyInfo, groups: list[tuple[str, ...]], kernels: list,
+                  dtypes: dict[str, torch.dtype], forced: str | None = None) -> None:
+    """Run each group of linears reading one input as one kernel call, and say so in ``info``."""
+    modules = dict(model.named_modules())
+    for names, measured in fuse(model, groups, kernels, dtypes, forced):
+        info.fused.append(names)
+        info.kernels.update({name: modules[name].kernel.name for name in names})
+        if measured is not None:
+            info.choices.append(measured)
+
+
+def sibling_groups(model: nn.Module, layers: dict[str, str], calibration: Iterable[Any] | None
+                   ) -> list[tuple[str, ...]]:
+    """The swapped linears of ``model`` that read one input, found by running it once on its own
+    ``dummy_inputs`` (Hugging Face models) or the first calibration batch of a list; none when
+    neither exists or the run fails (the layers then run one kernel call each)."""
+    example = getattr(model, "dummy_inputs", None)
+    if example is None and isinstance(calibration, (list, tuple)) and calibration:
+        example = calibration[0]
+    if example is None:
+        return []
+    modules = dict(model.named_modules())
+    linears = {name: modules[name] for name, kind in layers.items() if kind == "linear"}
+    try:
+        return shared_inputs(lambda: call_model(model, example), linears)
+    except Exception:  # a model whose dummy input does not fit it: nothing joined, nothing lost
+        return []
 
 
 def conv1d_class() -> type | None:

@@ -50,6 +50,8 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
         self.register_buffer("input_scale", input_scale)
         self.kernel: WeightOnlyKernel = ReferenceKernel()
         self._packed: Any = self.quantized_weight()
+        #: (the :class:`~qplug_core.weight_only.fusion.FusedLinears` computing this layer, its part)
+        self.fused: tuple[Any, int] | None = None
 
     def _shape(self) -> tuple[int, int]:
         return self.out_features, self.in_features
@@ -58,20 +60,34 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
         """Run through ``kernel`` with its ``packed`` weight (from the selection, already checked)."""
         self.kernel, self._packed = kernel, packed
 
+    def join(self, group: Any, index: int) -> None:
+        """Run as part ``index`` of ``group``'s kernel call (a
+        :class:`~qplug_core.weight_only.fusion.FusedLinears`); the layer's own packed weight goes."""
+        self.kernel, self._packed, self.fused = group.kernel, None, (group, index)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.input_scale is not None:
-            x = x * self.input_scale
-        leading = x.shape[:-1]
-        rows = x.reshape(-1, self.in_features).contiguous()
-        # in a decode step on one thread, the kernel may take the step's other threads
-        key = (self.kernel.name, self.out_features, self.in_features, rows.shape[0])
-        y = run_within_budget(key, lambda: self.kernel.run(self._packed, rows, self.bias))
-        return y.reshape(*leading, self.out_features)
+        if self.fused is not None:
+            group, index = self.fused
+            return group.output(index, x)
+        return run_linear(self.kernel, self._packed, x, self.bias, self.input_scale, self.out_features)
 
     def extra_repr(self) -> str:
         scheme = self.scheme
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={scheme.bits}, "
                 f"group_size={scheme.group_size}, symmetric={scheme.symmetric}, kernel={self.kernel.name}")
+
+
+def run_linear(kernel: WeightOnlyKernel, packed: Any, x: torch.Tensor, bias: torch.Tensor | None,
+               input_scale: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """``(x * input_scale) @ W.T + bias`` through ``kernel`` for any leading shape of ``x``."""
+    if input_scale is not None:
+        x = x * input_scale
+    leading = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    # in a decode step on one thread, the kernel may take the step's other threads
+    key = (kernel.name, out_features, rows.shape[1], rows.shape[0])
+    y = run_within_budget(key, lambda: kernel.run(packed, rows, bias))
+    return y.reshape(*leading, out_features)
 
 
 class WeightOnlyEmbedding(_QuantizedWeightHolder):

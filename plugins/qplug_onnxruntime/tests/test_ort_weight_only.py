@@ -87,3 +87,33 @@ def test_one_thread_keeps_its_session_and_other_counts_replace_theirs():
     assert built[0] is built[2] and built[1] is built[3]  # switching back builds nothing
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)
     assert torch.equal(results[0], results[2]) and torch.equal(results[1], results[3])
+
+
+class Projections(nn.Module):
+    """Three linears reading one input, like attention's q/k/v."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = nn.Linear(128, 96), nn.Linear(128, 32, bias=False), nn.Linear(128, 64)
+
+    def forward(self, x):
+        return self.q(x), self.k(x), self.v(x)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_linears_reading_one_input_run_as_one_matmulnbits_with_the_same_outputs(monkeypatch, bits, threads):
+    """One session for the three: each output row is the same block-wise dot product."""
+    from qplug_core.weight_only import api
+
+    options = dict(bits=bits, group_size=32, kernel="onnxruntime-matmulnbits")
+    fused = qp.quantize_weights(Projections(), calibration=[torch.randn(3, 128)], **options)
+    monkeypatch.setattr(api, "sibling_groups", lambda *args: [])
+    one_each = qp.quantize_weights(Projections(), **options)
+    assert fused.qplug_weight_only.fused == [("q", "k", "v")] and one_each.qplug_weight_only.fused == []
+    torch.set_num_threads(threads)
+    for rows in (1, 5):
+        x = torch.randn(rows, 128)
+        with torch.no_grad():
+            assert all(torch.equal(a, b) for a, b in zip(fused(x), one_each(x), strict=True))

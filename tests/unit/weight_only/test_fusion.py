@@ -1,0 +1,137 @@
+"""Linears reading one input run as one kernel call (``qplug_core.weight_only.fusion``): found on the
+model's own dummy input or the first calibration batch, outputs equal to one call per layer with
+the same kernel, correct when the input changes in place or differs, no weight held twice, and
+kept by ``qp.save`` / ``qp.load``; a tampered group in the file is refused."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.errors import SerializationError
+from qplug_core.weight_only import api
+from tests.unit.weight_only.test_w8a8 import GREEDY, PROMPTS, decoder
+
+#: (bits, group size, the core's kernels taking that scheme); the plugins' kernels: their own tests
+SCHEMES = [(4, 32, "reference"), (8, 32, "reference"), (4, 32, "torch-int4pack"), (8, None, "torch-int8pack")]
+LAYERS = [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")]
+
+
+def separate(monkeypatch, model: nn.Module, **options) -> nn.Module:
+    """``model`` quantized with one kernel call per layer."""
+    with monkeypatch.context() as patch:
+        patch.setattr(api, "sibling_groups", lambda *args: [])
+        return qp.quantize_weights(model, **options)
+
+
+def expected_groups(layers: int) -> list[tuple[str, ...]]:
+    return [tuple(f"model.layers.{i}.{part}.{name}" for name in names)
+            for i in range(layers) for part, names in zip(("self_attn", "mlp"), LAYERS, strict=True)]
+
+
+@pytest.mark.parametrize(("bits", "group_size", "kernel"), SCHEMES)
+def test_a_decoder_runs_qkv_and_gate_up_as_one_call_with_unchanged_outputs(monkeypatch, bits, group_size, kernel):
+    model = decoder()
+    options = dict(bits=bits, group_size=group_size, kernel=kernel)
+    fused = qp.quantize_weights(model, **options)
+    one_each = separate(monkeypatch, model, **options)
+    assert fused.qplug_weight_only.fused == expected_groups(2)
+    assert one_each.qplug_weight_only.fused == []
+    with torch.no_grad():
+        assert torch.equal(fused(PROMPTS[0]).logits, one_each(PROMPTS[0]).logits)
+        assert torch.equal(fused.generate(PROMPTS[0], **GREEDY), one_each.generate(PROMPTS[0], **GREEDY))
+
+
+def test_members_keep_their_buffers_as_views_of_one_weight():
+    fused = qp.quantize_weights(decoder(), bits=4, group_size=32, kernel="reference")
+    attention = fused.model.layers[0].self_attn
+    members = [attention.q_proj, attention.k_proj, attention.v_proj]
+    storages = {m.qweight.untyped_storage().data_ptr() for m in members}
+    assert len(storages) == 1 and all(m._packed is None for m in members)
+    group = members[0].fused[0]
+    assert [m.fused for m in members] == [(group, 0), (group, 1), (group, 2)]
+    assert group.sizes == [m.out_features for m in members]
+
+
+class Siblings(nn.Module):
+    """Two linears meant to read one tensor; ``change`` alters it in place between them, or hands
+    the second another tensor."""
+
+    def __init__(self, change: str = "none"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(64, 32), nn.Linear(64, 48, bias=False)
+        self.change = change
+
+    def forward(self, x):
+        first = self.a(x)
+        if self.change == "in place":
+            x.mul_(2)
+        return first, self.b(x * 3 if self.change == "other" else x)
+
+
+@pytest.mark.parametrize("change", ["none", "in place", "other"])
+@pytest.mark.parametrize("inference", [False, True])
+def test_each_member_gets_what_its_own_call_would_give(monkeypatch, change, inference):
+    x = torch.randn(5, 64)
+    fused = qp.quantize_weights(Siblings(), bits=8, group_size=32, kernel="reference", calibration=[x.clone()])
+    one_each = separate(monkeypatch, Siblings(), bits=8, group_size=32, kernel="reference")
+    assert fused.qplug_weight_only.fused == [("a", "b")]
+    fused.change = one_each.change = change
+    context = torch.inference_mode() if inference else torch.no_grad()
+    for _ in range(2):
+        with context:
+            got, want = fused(x.clone()), one_each(x.clone())
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_layers_with_different_input_scales_stay_apart():
+    model = Siblings()
+    qmodel = qp.quantize_weights(model, bits=4, group_size=32, kernel="reference", calibration=[torch.randn(5, 64)])
+    assert qmodel.qplug_weight_only.fused == [("a", "b")]
+    awq = qp.quantize_weights(model, bits=4, group_size=32, kernel="reference", algorithm="awq",
+                              calibration=[torch.randn(64, 64) * torch.linspace(0.1, 10, 64)])
+    scales = [awq.a.input_scale, awq.b.input_scale]
+    assert (awq.qplug_weight_only.fused == [("a", "b")]) == torch.equal(*scales)
+
+
+def test_a_model_without_an_example_input_runs_one_call_per_layer():
+    qmodel = qp.quantize_weights(Siblings(), bits=8, kernel="reference")
+    assert qmodel.qplug_weight_only.fused == [] and qmodel.a.fused is None
+
+
+def test_a_copy_computes_with_groups_of_its_own():
+    fused = qp.quantize_weights(decoder(), bits=8, group_size=32, kernel="reference")
+    clone = copy.deepcopy(fused)
+    assert clone.model.layers[0].self_attn.q_proj.fused[0] is not fused.model.layers[0].self_attn.q_proj.fused[0]
+    with torch.no_grad():
+        assert torch.equal(clone(PROMPTS[1]).logits, fused(PROMPTS[1]).logits)
+
+
+def test_the_groups_are_saved_and_joined_again_at_load(tmp_path):
+    fused = qp.quantize_weights(decoder(), bits=4, group_size=32)
+    path = qp.save(fused, tmp_path / "m.qplug")
+    loaded = qp.load(path, model=decoder(seed=1))
+    assert loaded.qplug_weight_only.fused == expected_groups(2)
+    assert loaded.model.layers[1].mlp.up_proj.fused is not None
+    with torch.no_grad():
+        assert torch.equal(loaded(PROMPTS[2]).logits, fused(PROMPTS[2]).logits)
+
+
+def test_a_group_naming_what_is_not_a_linear_layer_of_the_file_is_refused(tmp_path):
+    path = qp.save(qp.quantize_weights(decoder(), bits=8, kernel="reference"), tmp_path / "m.qplug")
+    with safe_open(str(path), "pt") as f:
+        metadata, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    key = next(iter(metadata))
+    document = json.loads(metadata[key])
+    document["fused"] = [["model.layers.0.self_attn.q_proj", "os.system"]]
+    save_file(tensors, str(path), metadata={key: json.dumps(document)})
+    with pytest.raises(SerializationError, match="fused group .* names layers that are not linear layers"):
+        qp.load(path, model=decoder())

@@ -41,6 +41,7 @@ import torch
 from _harness import interleaved, machine_line, median, table
 
 import qplug_core as qp
+from qplug_core.kernels import decode_threads
 
 
 def rss_bytes() -> int:
@@ -144,6 +145,10 @@ def main() -> None:
         step = getattr(model, "qplug_decode_threads", None)
         if step is not None:
             print(f"{name} decode steps (threads, batch): {step.summary()}")
+    budget = {f"{key[2]}x{key[3]} int{key[1].bits} ({key[0]})": "1 thread" if single else f"{threads} threads"
+              for (key, threads), single in decode_threads.single_thread_choices().items()
+              if isinstance(key, tuple) and len(key) == 5}  # the weight-only keys: kernel, scheme, out, in, rows
+    print(f"weight-only kernels inside one-thread decode steps (out x in): {budget}")
     w8a8 = models["w8a8"].qplug_w8a8
     print(f"\nw8a8: GEMM {w8a8.gemm}, {len(w8a8.layers)} int8 linears, {len(w8a8.smoothed)} inputs smoothed "
           f"(strengths {dict(collections.Counter(s.alpha for s in w8a8.smoothed))})")
@@ -151,7 +156,8 @@ def main() -> None:
         info = getattr(model, "qplug_weight_only", None)
         if info is None:
             continue
-        print(f"\n{name}: kernels {dict(collections.Counter(info.kernels.values()))}")
+        print(f"\n{name}: {len(info.fused)} groups of linears run as one call; "
+              f"kernels {dict(collections.Counter(info.kernels.values()))}")
         for choice in info.choices:
             timings = ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(choice.timings_ms.items(), key=lambda kv: kv[1]))
             print(f"  -> {choice.kernel.name}: {timings}")

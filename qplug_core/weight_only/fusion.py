@@ -38,9 +38,9 @@ class FusedLinears:
     another input, or an input changed in place since (its version counter; inference tensors,
     which have none, are compared with a copy) runs the kernel again. The state is per thread."""
 
-    def __init__(self, kernel: WeightOnlyKernel, packed: Any, sizes: list[int], in_features: int,
+    def __init__(self, kernel: WeightOnlyKernel, packed: Any, weight: QuantizedWeight, sizes: list[int],
                  bias: torch.Tensor | None, input_scale: torch.Tensor | None) -> None:
-        self.kernel, self.packed, self.sizes, self.in_features = kernel, packed, sizes, in_features
+        self.kernel, self.packed, self.scheme, self.sizes = kernel, packed, weight.scheme, sizes
         self.bias, self.input_scale = bias, input_scale
         self._state = PerThread()
 
@@ -55,7 +55,7 @@ class FusedLinears:
         return out
 
     def _run(self, x: torch.Tensor) -> list[torch.Tensor]:
-        y = run_linear(self.kernel, self.packed, x, self.bias, self.input_scale, sum(self.sizes))
+        y = run_linear(self.kernel, self.packed, x, self.bias, self.input_scale, sum(self.sizes), self.scheme)
         return [part.contiguous() for part in y.split(self.sizes, dim=-1)]
 
 
@@ -105,8 +105,8 @@ def fuse(model: nn.Module, groups: list[tuple[str, ...]], kernels: list[WeightOn
         linears: list[WeightOnlyLinear] = members  # type: ignore[assignment]
         weight = _stacked(linears)
         kernel, packed, measured = choose(weight, kernels, dtypes[names[0]], forced=forced)
-        group = FusedLinears(kernel, packed, [m.out_features for m in linears], weight.shape[1],
-                             _stacked_bias(linears), linears[0].input_scale)
+        group = FusedLinears(kernel, packed, weight, [m.out_features for m in linears], _stacked_bias(linears),
+                             linears[0].input_scale)
         start = 0
         for index, member in enumerate(linears):
             end = start + member.out_features

@@ -16,7 +16,7 @@ from torch import nn
 
 from qplug_core.kernels.decode_threads import run_within_budget
 from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
-from qplug_core.kernels.weight_only_scheme import QuantizedWeight, unpack
+from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, unpack
 
 
 class _QuantizedWeightHolder(nn.Module):
@@ -69,7 +69,7 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
         if self.fused is not None:
             group, index = self.fused
             return group.output(index, x)
-        return run_linear(self.kernel, self._packed, x, self.bias, self.input_scale, self.out_features)
+        return run_linear(self.kernel, self._packed, x, self.bias, self.input_scale, self.out_features, self.scheme)
 
     def extra_repr(self) -> str:
         scheme = self.scheme
@@ -78,14 +78,15 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
 
 
 def run_linear(kernel: WeightOnlyKernel, packed: Any, x: torch.Tensor, bias: torch.Tensor | None,
-               input_scale: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """``(x * input_scale) @ W.T + bias`` through ``kernel`` for any leading shape of ``x``."""
+               input_scale: torch.Tensor | None, out_features: int, scheme: WeightOnlyScheme) -> torch.Tensor:
+    """``(x * input_scale) @ W.T + bias`` through ``kernel`` for any leading shape of ``x``
+    (``out_features`` x its last dimension, quantized as ``scheme``)."""
     if input_scale is not None:
         x = x * input_scale
     leading = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     # in a decode step on one thread, the kernel may take the step's other threads
-    key = (kernel.name, out_features, rows.shape[1], rows.shape[0])
+    key = (kernel.name, scheme, out_features, rows.shape[1], rows.shape[0])
     y = run_within_budget(key, lambda: kernel.run(packed, rows, bias))
     return y.reshape(*leading, out_features)
 

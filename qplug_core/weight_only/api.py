@@ -133,17 +133,20 @@ def sibling_groups(model: nn.Module, layers: dict[str, str], calibration: Iterab
     """The swapped linears of ``model`` that read one input, found by running it once on its own
     ``dummy_inputs`` (Hugging Face models) or the first calibration batch of a list; none when
     neither exists or the run fails (the layers then run one kernel call each)."""
-    example = getattr(model, "dummy_inputs", None)
-    if example is None and isinstance(calibration, (list, tuple)) and calibration:
-        example = calibration[0]
-    if example is None:
-        return []
     modules = dict(model.named_modules())
     linears = {name: modules[name] for name, kind in layers.items() if kind == "linear"}
+    training = {name: module.training for name, module in modules.items()}
+    model.eval()  # the run must not update running statistics
     try:
-        return shared_inputs(lambda: call_model(model, example), linears)
+        example = getattr(model, "dummy_inputs", None)
+        if example is None and isinstance(calibration, (list, tuple)) and calibration:
+            example = calibration[0]
+        return [] if example is None else shared_inputs(lambda: call_model(model, example), linears)
     except Exception:  # a model whose dummy input does not fit it: nothing joined, nothing lost
         return []
+    finally:
+        for name, module in modules.items():
+            module.training = training[name]
 
 
 def conv1d_class() -> type | None:

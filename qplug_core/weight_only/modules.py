@@ -57,8 +57,9 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
         return self.out_features, self.in_features
 
     def use_kernel(self, kernel: WeightOnlyKernel, packed: Any) -> None:
-        """Run through ``kernel`` with its ``packed`` weight (from the selection, already checked)."""
-        self.kernel, self._packed = kernel, packed
+        """Run through ``kernel`` with its ``packed`` weight (from the selection, already checked), on
+        its own: out of a group it was joined to."""
+        self.kernel, self._packed, self.fused = kernel, packed, None
 
     def join(self, group: Any, index: int) -> None:
         """Run as part ``index`` of ``group``'s kernel call (a

@@ -49,6 +49,17 @@ def test_a_decoder_runs_qkv_and_gate_up_as_one_call_with_unchanged_outputs(monke
         assert torch.equal(fused.generate(PROMPTS[0], **GREEDY), one_each.generate(PROMPTS[0], **GREEDY))
 
 
+@pytest.mark.parametrize("family", ["qwen2", "gemma"])
+def test_other_families_too_biases_included(monkeypatch, family):
+    """Qwen2's q/k/v have biases (stacked with the rows); Gemma's MLP has its own activation."""
+    model = decoder(family)
+    fused = qp.quantize_weights(model, bits=8, group_size=32, kernel="reference")
+    one_each = separate(monkeypatch, model, bits=8, group_size=32, kernel="reference")
+    assert fused.qplug_weight_only.fused == expected_groups(2)
+    with torch.no_grad():
+        assert torch.equal(fused(PROMPTS[3]).logits, one_each(PROMPTS[3]).logits)
+
+
 def test_members_keep_their_buffers_as_views_of_one_weight():
     fused = qp.quantize_weights(decoder(), bits=4, group_size=32, kernel="reference")
     attention = fused.model.layers[0].self_attn
@@ -135,3 +146,11 @@ def test_a_group_naming_what_is_not_a_linear_layer_of_the_file_is_refused(tmp_pa
     save_file(tensors, str(path), metadata={key: json.dumps(document)})
     with pytest.raises(SerializationError, match="fused group .* names layers that are not linear layers"):
         qp.load(path, model=decoder())
+
+
+def test_the_run_that_finds_the_groups_leaves_a_training_model_as_it_was():
+    model = nn.Sequential(nn.BatchNorm1d(64), Siblings()).train()
+    qmodel = qp.quantize_weights(model, bits=8, kernel="reference", calibration=[torch.randn(5, 64) + 3])
+    assert qmodel.qplug_weight_only.fused == [("1.a", "1.b")]
+    assert all(m.training for m in qmodel.modules())
+    assert torch.equal(qmodel[0].running_mean, model[0].running_mean)  # no statistics updated

@@ -11,6 +11,7 @@ whose initializers are those tensors. The session is built for the thread count 
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -60,6 +61,14 @@ class _Sessions:
         self.weight = weight
         self._sessions: dict[int, Any] = {}
         self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict) -> _Sessions:
+        """A copy of the model holds the copied weight and builds sessions of its own when first
+        called: an ORT session can be neither copied nor pickled."""
+        return _Sessions(copy.deepcopy(self.weight, memo))
+
+    def __reduce__(self) -> tuple:
+        return (_Sessions, (self.weight,))
 
     def session(self):
         threads = torch.get_num_threads()

@@ -114,3 +114,20 @@ def test_linears_reading_one_input_run_as_one_matmulnbits_with_the_same_outputs(
         x = torch.randn(rows, 128)
         with torch.no_grad():
             assert all(torch.equal(a, b) for a, b in zip(fused(x), one_each(x), strict=True))
+
+
+def test_a_copy_or_a_pickled_model_builds_sessions_of_its_own():
+    import copy
+    import pickle
+
+    options = dict(bits=4, group_size=32, kernel="onnxruntime-matmulnbits")
+    qmodel = qp.quantize_weights(Projections(), calibration=[torch.randn(3, 128)], **options)
+    x = torch.randn(2, 128)
+    with torch.no_grad():
+        expected = qmodel(x)
+        clone = copy.deepcopy(qmodel)
+        # the members' rows stay views of one stacked weight in the copy
+        assert clone.q.qweight.untyped_storage().data_ptr() == clone.v.qweight.untyped_storage().data_ptr()
+        for clone in (clone, pickle.loads(pickle.dumps(qmodel))):
+            assert clone.q.fused[0].packed is not qmodel.q.fused[0].packed
+            assert all(torch.equal(a, b) for a, b in zip(clone(x), expected, strict=True))

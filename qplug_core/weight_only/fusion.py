@@ -26,7 +26,7 @@ from torch import nn
 
 from qplug_core.kernels.per_token import PerThread, version_counter
 from qplug_core.kernels.weight_only import WeightOnlyKernel
-from qplug_core.kernels.weight_only_scheme import QuantizedWeight
+from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.weight_only.modules import WeightOnlyLinear, run_linear
 from qplug_core.weight_only.selection import Choice, choose
 
@@ -38,9 +38,9 @@ class FusedLinears:
     another input, or an input changed in place since (its version counter; inference tensors,
     which have none, are compared with a copy) runs the kernel again. The state is per thread."""
 
-    def __init__(self, kernel: WeightOnlyKernel, packed: Any, weight: QuantizedWeight, sizes: list[int],
+    def __init__(self, kernel: WeightOnlyKernel, packed: Any, scheme: WeightOnlyScheme, sizes: list[int],
                  bias: torch.Tensor | None, input_scale: torch.Tensor | None) -> None:
-        self.kernel, self.packed, self.scheme, self.sizes = kernel, packed, weight.scheme, sizes
+        self.kernel, self.packed, self.scheme, self.sizes = kernel, packed, scheme, sizes
         self.bias, self.input_scale = bias, input_scale
         self._state = PerThread()
 
@@ -105,7 +105,7 @@ def fuse(model: nn.Module, groups: list[tuple[str, ...]], kernels: list[WeightOn
         linears: list[WeightOnlyLinear] = members  # type: ignore[assignment]
         weight = _stacked(linears)
         kernel, packed, measured = choose(weight, kernels, dtypes[names[0]], forced=forced)
-        group = FusedLinears(kernel, packed, weight, [m.out_features for m in linears], _stacked_bias(linears),
+        group = FusedLinears(kernel, packed, weight.scheme, [m.out_features for m in linears], _stacked_bias(linears),
                              linears[0].input_scale)
         start = 0
         for index, member in enumerate(linears):

@@ -145,9 +145,9 @@ def main() -> None:
         step = getattr(model, "qplug_decode_threads", None)
         if step is not None:
             print(f"{name} decode steps (threads, batch): {step.summary()}")
-    budget = {f"{key[2]}x{key[3]} int{key[1].bits} ({key[0]})": "1 thread" if single else f"{threads} threads"
+    budget = {f"{key[4]}x{key[5]} int{key[1]} ({key[0]})": "1 thread" if single else f"{threads} threads"
               for (key, threads), single in decode_threads.single_thread_choices().items()
-              if isinstance(key, tuple) and len(key) == 5}  # the weight-only keys: kernel, scheme, out, in, rows
+              if isinstance(key, tuple) and len(key) == 7}  # weight-only: kernel, bits, group, symmetric, out, in, rows
     print(f"weight-only kernels inside one-thread decode steps (out x in): {budget}")
     w8a8 = models["w8a8"].qplug_w8a8
     print(f"\nw8a8: GEMM {w8a8.gemm}, {len(w8a8.layers)} int8 linears, {len(w8a8.smoothed)} inputs smoothed "

@@ -150,7 +150,8 @@ def run_within_budget(key: Hashable, call: Callable[[], T]) -> T:
     caller = torch.get_num_threads()
     if budget <= caller:
         return call()
-    return _choice(key, budget, caller).run(call)
+    choice = _choices.get((key, budget, caller))  # no lock: a dict lookup is atomic
+    return (choice or _choice(key, budget, caller)).run(call)
 
 
 def _choice(key: Hashable, threads: int, caller: int) -> ThreadChoice:

@@ -87,7 +87,7 @@ def run_linear(kernel: WeightOnlyKernel, packed: Any, x: torch.Tensor, bias: tor
     leading = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     # in a decode step on one thread, the kernel may take the step's other threads
-    key = (kernel.name, scheme, out_features, rows.shape[1], rows.shape[0])
+    key = (kernel.name, scheme.bits, scheme.group_size, scheme.symmetric, out_features, rows.shape[1], rows.shape[0])
     y = run_within_budget(key, lambda: kernel.run(packed, rows, bias))
     return y.reshape(*leading, out_features)
 

@@ -138,7 +138,7 @@ class _Compiled:
         self.input_types = [i.type for i in inputs]
         self.input_shapes = [tuple(i.shape) for i in inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.call = _native_run(self.session)
+        self.call = native_run(self.session)
 
     def takes(self, inputs: tuple[torch.Tensor, ...]) -> bool:
         """Whether these inputs fit the session's input types and shapes. A symbolic size only
@@ -160,7 +160,7 @@ class _Compiled:
         return True
 
 
-def _native_run(session) -> Callable[[list[str], dict], list]:
+def native_run(session) -> Callable[[list[str], dict], list]:
     import onnxruntime as ort
 
     native = getattr(getattr(session, "_sess", None), "run", None)

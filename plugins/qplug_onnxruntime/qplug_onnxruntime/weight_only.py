@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from qplug_core.plugin_api import QuantizedWeight, WeightOnlyKernel
 
+from qplug_onnxruntime.session import native_run
+
 #: block sizes MatMulNBits takes (a power of two, at least 16)
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 ACCURACY_LEVEL = 4
+_OUTPUTS = ["Y"]
 
 
 class MatMulNBitsKernel(WeightOnlyKernel):
@@ -43,7 +47,12 @@ class MatMulNBitsKernel(WeightOnlyKernel):
         return sessions
 
     def run(self, packed, x, bias):
-        y = torch.from_numpy(packed.session().run(None, {"A": x.detach().float().numpy()})[0])
+        # ~0.03 ms of ORT for a 1024 x 1024 layer at decode: every microsecond around it counts
+        if x.requires_grad:
+            x = x.detach()
+        if x.dtype != torch.float32:
+            x = x.float()
+        y = torch.from_numpy(packed.runner()(_OUTPUTS, {"A": x.contiguous().numpy()})[0])
         return y if bias is None else y + bias
 
 
@@ -60,6 +69,7 @@ class _Sessions:
     def __init__(self, weight: QuantizedWeight):
         self.weight = weight
         self._sessions: dict[int, Any] = {}
+        self._runners: dict[int, Callable[[list[str], dict], list]] = {}  # their native runs
         self._lock = threading.Lock()
 
     def __deepcopy__(self, memo: dict) -> _Sessions:
@@ -71,6 +81,7 @@ class _Sessions:
         return (_Sessions, (self.weight,))
 
     def session(self):
+        """The session for the thread count in use."""
         threads = torch.get_num_threads()
         found = self._sessions.get(threads)
         if found is None:
@@ -78,9 +89,19 @@ class _Sessions:
                 found = self._sessions.get(threads)
                 if found is None:
                     found = self._build(threads)
-                    kept = {count: s for count, s in self._sessions.items() if (count == 1) != (threads == 1)}
-                    self._sessions = {**kept, threads: found}  # a call holding a dropped one finishes with it
+                    kept = [count for count in self._sessions if (count == 1) != (threads == 1)]
+                    # a call holding a dropped one finishes with it
+                    self._runners = {**{c: self._runners[c] for c in kept}, threads: native_run(found)}
+                    self._sessions = {**{c: self._sessions[c] for c in kept}, threads: found}
         return found
+
+    def runner(self) -> Callable[[list[str], dict], list]:
+        """The native ``run`` of :meth:`session` (without the Python wrapper's checks)."""
+        run = self._runners.get(torch.get_num_threads())
+        if run is None:
+            self.session()
+            run = self._runners[torch.get_num_threads()]
+        return run
 
     def _build(self, threads: int):
         import onnxruntime as ort

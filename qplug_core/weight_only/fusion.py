@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qplug_core.errors import ConfigValidationError
 from qplug_core.kernels.per_token import PerThread, version_counter
 from qplug_core.kernels.weight_only import WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
@@ -104,7 +105,10 @@ def fuse(model: nn.Module, groups: list[tuple[str, ...]], kernels: list[WeightOn
             continue
         linears: list[WeightOnlyLinear] = members  # type: ignore[assignment]
         weight = _stacked(linears)
-        kernel, packed, measured = choose(weight, kernels, dtypes[names[0]], forced=forced)
+        try:
+            kernel, packed, measured = choose(weight, kernels, dtypes[names[0]], forced=forced)
+        except ConfigValidationError:  # a forced kernel that takes the members but not their stack
+            continue
         group = FusedLinears(kernel, packed, weight.scheme, [m.out_features for m in linears], _stacked_bias(linears),
                              linears[0].input_scale)
         start = 0

@@ -154,3 +154,14 @@ def test_the_run_that_finds_the_groups_leaves_a_training_model_as_it_was():
     assert qmodel.qplug_weight_only.fused == [("1.a", "1.b")]
     assert all(m.training for m in qmodel.modules())
     assert torch.equal(qmodel[0].running_mean, model[0].running_mean)  # no statistics updated
+
+
+def test_a_forced_kernel_that_refuses_the_stacked_shape_leaves_the_group_apart(monkeypatch):
+    from qplug_core.kernels.weight_only import TorchInt4Kernel
+
+    refuse = TorchInt4Kernel.supports
+    monkeypatch.setattr(TorchInt4Kernel, "supports", lambda self, scheme, shape, dtype: (
+        "at most 64 output features" if shape[0] > 64 else refuse(self, scheme, shape, dtype)))
+    qmodel = qp.quantize_weights(Siblings(), bits=4, group_size=32, kernel="torch-int4pack",
+                                 calibration=[torch.randn(5, 64)])
+    assert qmodel.qplug_weight_only.fused == [] and qmodel.a.fused is None

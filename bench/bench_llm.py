@@ -156,7 +156,7 @@ def main() -> None:
         info = getattr(model, "qplug_weight_only", None)
         if info is None:
             continue
-        print(f"\n{name}: {len(info.fused)} groups of linears run as one call; "
+        print(f"\n{name}: {len(info.fused)} groups of linears run as one call ({info.fusion}); "
               f"kernels {dict(collections.Counter(info.kernels.values()))}")
         for choice in info.choices:
             timings = ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(choice.timings_ms.items(), key=lambda kv: kv[1]))

@@ -198,6 +198,7 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
                 info.layers[name] = kind
     if isinstance(info, WeightOnlyInfo):
         join_siblings(model, info, groups, context.kernels(), dtypes)
+        info.fusion = "as saved"
         setattr(model, INFO_ATTRIBUTE, info)
     elif isinstance(info, W8A8Info):
         setattr(model, W8A8_ATTRIBUTE, info)

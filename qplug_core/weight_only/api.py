@@ -47,6 +47,8 @@ class WeightOnlyInfo:
     choices: list[Choice] = field(default_factory=list)
     #: linears reading one input that run as one kernel call (:mod:`~qplug_core.weight_only.fusion`)
     fused: list[tuple[str, ...]] = field(default_factory=list)
+    #: how those groups were looked for, or why they were not
+    fusion: str = ""
 
 
 def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None = None,
@@ -111,7 +113,8 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
             info.layers[name] = "embedding" if isinstance(swapped, WeightOnlyEmbedding) else "linear"
             if isinstance(swapped, WeightOnlyLinear):
                 dtypes[name] = linear_weight(module).dtype
-    join_siblings(qmodel, info, sibling_groups(qmodel, info.layers, calibration), kernels, dtypes, kernel)
+    groups, info.fusion = sibling_groups(qmodel, info.layers, calibration)
+    join_siblings(qmodel, info, groups, kernels, dtypes, kernel)
     setattr(qmodel, INFO_ATTRIBUTE, info)
     decode_step.install(qmodel)
     return qmodel
@@ -129,21 +132,25 @@ def join_siblings(model: nn.Module, info: WeightOnlyInfo, groups: list[tuple[str
 
 
 def sibling_groups(model: nn.Module, layers: dict[str, str], calibration: Iterable[Any] | None
-                   ) -> list[tuple[str, ...]]:
+                   ) -> tuple[list[tuple[str, ...]], str]:
     """The swapped linears of ``model`` that read one input, found by running it once on its own
-    ``dummy_inputs`` (Hugging Face models) or the first calibration batch of a list; none when
-    neither exists or the run fails (the layers then run one kernel call each)."""
+    ``dummy_inputs`` (Hugging Face models) or the first calibration batch of a list, and how they
+    were looked for; none when neither exists or the run fails (the layers then run one kernel
+    call each)."""
     modules = dict(model.named_modules())
     linears = {name: modules[name] for name, kind in layers.items() if kind == "linear"}
     training = {name: module.training for name, module in modules.items()}
     model.eval()  # the run must not update running statistics
+    source = "the model's dummy_inputs"
     try:
         example = getattr(model, "dummy_inputs", None)
         if example is None and isinstance(calibration, (list, tuple)) and calibration:
-            example = calibration[0]
-        return [] if example is None else shared_inputs(lambda: call_model(model, example), linears)
-    except Exception:  # a model whose dummy input does not fit it: nothing joined, nothing lost
-        return []
+            example, source = calibration[0], "the first calibration batch"
+        if example is None:
+            return [], "not looked for: the model has no dummy_inputs and calibration is not a list of batches"
+        return shared_inputs(lambda: call_model(model, example), linears), f"looked for on {source}"
+    except Exception as exc:  # a model whose dummy input does not fit it: nothing joined, nothing lost
+        return [], f"not found: the run on {source} raised {type(exc).__name__}: {exc}"
     finally:
         for name, module in modules.items():
             module.training = training[name]

@@ -27,7 +27,7 @@ LAYERS = [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")]
 def separate(monkeypatch, model: nn.Module, **options) -> nn.Module:
     """``model`` quantized with one kernel call per layer."""
     with monkeypatch.context() as patch:
-        patch.setattr(api, "sibling_groups", lambda *args: [])
+        patch.setattr(api, "sibling_groups", lambda *args: ([], "off"))
         return qp.quantize_weights(model, **options)
 
 
@@ -113,9 +113,17 @@ def test_layers_with_different_input_scales_stay_apart():
     assert (awq.qplug_weight_only.fused == [("a", "b")]) == torch.equal(*scales)
 
 
-def test_a_model_without_an_example_input_runs_one_call_per_layer():
+def test_a_model_without_an_example_input_runs_one_call_per_layer_and_says_why():
     qmodel = qp.quantize_weights(Siblings(), bits=8, kernel="reference")
     assert qmodel.qplug_weight_only.fused == [] and qmodel.a.fused is None
+    assert qmodel.qplug_weight_only.fusion == ("not looked for: the model has no dummy_inputs and calibration "
+                                               "is not a list of batches")
+    wrong = qp.quantize_weights(Siblings(), bits=8, kernel="reference", calibration=[torch.randn(5, 7)])
+    assert wrong.qplug_weight_only.fused == []
+    assert wrong.qplug_weight_only.fusion.startswith("not found: the run on the first calibration batch raised "
+                                                     "RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+    assert qp.quantize_weights(decoder(), bits=8, kernel="reference").qplug_weight_only.fusion == \
+        "looked for on the model's dummy_inputs"
 
 
 def test_a_copy_computes_with_groups_of_its_own():
@@ -130,7 +138,7 @@ def test_the_groups_are_saved_and_joined_again_at_load(tmp_path):
     fused = qp.quantize_weights(decoder(), bits=4, group_size=32)
     path = qp.save(fused, tmp_path / "m.qplug")
     loaded = qp.load(path, model=decoder(seed=1))
-    assert loaded.qplug_weight_only.fused == expected_groups(2)
+    assert loaded.qplug_weight_only.fused == expected_groups(2) and loaded.qplug_weight_only.fusion == "as saved"
     assert loaded.model.layers[1].mlp.up_proj.fused is not None
     with torch.no_grad():
         assert torch.equal(loaded(PROMPTS[2]).logits, fused(PROMPTS[2]).logits)

@@ -35,12 +35,12 @@ from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.api import (
     INFO_ATTRIBUTE,
     WeightOnlyInfo,
+    choose_kernels,
     conv1d_class,
-    join_siblings,
     linear_weight,
 )
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
-from qplug_core.weight_only.selection import available_kernels, choose
+from qplug_core.weight_only.selection import available_kernels
 from qplug_core.weight_only.smoothing import Smoothed
 from qplug_core.weight_only.w8a8 import ACTIVATIONS, LAYER_KIND, STATIC_KIND, W8A8_ATTRIBUTE, W8A8Info
 
@@ -196,8 +196,8 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
             setattr(modules[parent], child, swapped)
             if info is not None:
                 info.layers[name] = kind
+    choose_kernels(model, info if isinstance(info, WeightOnlyInfo) else None, groups, context.kernels(), dtypes)
     if isinstance(info, WeightOnlyInfo):
-        join_siblings(model, info, groups, context.kernels(), dtypes)
         info.fusion = "as saved"
         setattr(model, INFO_ATTRIBUTE, info)
     elif isinstance(info, W8A8Info):
@@ -312,13 +312,9 @@ def _weight_only(layer: dict, name: str, shape: tuple[int, int], values: dict, t
     if layer["kind"] == "embedding":
         padding = layer.get("padding_idx")
         return WeightOnlyEmbedding(weight, padding if isinstance(padding, int) else None)
-    module = WeightOnlyLinear(weight, values["bias"], values["input_scale"],
-                              from_transposed=bool(layer.get("transposed", False)))
-    kernel, packed, _ = choose(weight, context.kernels(), linear_weight(target).dtype)
-    module.use_kernel(kernel, packed)
-    if isinstance(context.info, WeightOnlyInfo):
-        context.info.kernels[name] = kernel.name
-    return module
+    # its kernel is chosen once every layer is built, with the groups that run as one call
+    return WeightOnlyLinear(weight, values["bias"], values["input_scale"],
+                            from_transposed=bool(layer.get("transposed", False)))
 
 
 def _per_token(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,

@@ -100,45 +100,56 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         _check_divisible(name, module, scheme)
     inputs: dict[str, torch.Tensor] = {}
     if algorithm != "rtn":
-        linears = {n: m for n, m in targets.items() if not isinstance(m, nn.Embedding)}
         rows = GPTQ_ROWS if algorithm == "gptq" else MAX_ROWS
-        inputs = record_inputs(qmodel, linears, calibration or (), rows)
+        inputs = record_inputs(qmodel, {n: m for n, m in targets.items() if not isinstance(m, nn.Embedding)},
+                               calibration or (), rows)
+    linears = {n: m for n, m in targets.items() if not isinstance(m, nn.Embedding)}
+    # found on the float copy, before any kernel is packed: a group packs once, for its stack
+    groups, info.fusion = sibling_groups(qmodel, linears, calibration)
+    dtypes = {name: linear_weight(module).dtype for name, module in linears.items()}
     modules = dict(qmodel.named_modules())
-    dtypes = {}
     with torch.no_grad():
         for name, module in targets.items():
-            swapped = _quantized_module(module, scheme, inputs.get(name), kernels, kernel, info, name)
+            swapped = _quantized_module(module, scheme, inputs.get(name), info.algorithm)
             parent, _, child = name.rpartition(".")
             setattr(modules[parent], child, swapped)
             info.layers[name] = "embedding" if isinstance(swapped, WeightOnlyEmbedding) else "linear"
-            if isinstance(swapped, WeightOnlyLinear):
-                dtypes[name] = linear_weight(module).dtype
-    groups, info.fusion = sibling_groups(qmodel, info.layers, calibration)
-    join_siblings(qmodel, info, groups, kernels, dtypes, kernel)
+    choose_kernels(qmodel, info, groups, kernels, dtypes, kernel)
     setattr(qmodel, INFO_ATTRIBUTE, info)
     decode_step.install(qmodel)
     return qmodel
 
 
-def join_siblings(model: nn.Module, info: WeightOnlyInfo, groups: list[tuple[str, ...]], kernels: list,
-                  dtypes: dict[str, torch.dtype], forced: str | None = None) -> None:
-    """Run each group of linears reading one input as one kernel call, and say so in ``info``."""
+def choose_kernels(model: nn.Module, info: WeightOnlyInfo | None, groups: list[tuple[str, ...]], kernels: list,
+                   dtypes: dict[str, torch.dtype], forced: str | None = None) -> None:
+    """Give the swapped linears named in ``dtypes`` (name -> activation dtype) their kernels: one
+    call for each group of linears reading one input that can be joined, the fastest correct
+    kernel of its own for every other; and say so in ``info``."""
     modules = dict(model.named_modules())
-    for names, measured in fuse(model, groups, kernels, dtypes, forced):
-        info.fused.append(names)
+    chosen: list[tuple[list[str], Choice | None]] = [
+        (list(names), measured) for names, measured in fuse(model, groups, kernels, dtypes, forced)]
+    for name, dtype in dtypes.items():
+        module = modules[name]
+        if module.fused is None:
+            kernel, packed, measured = choose(module.quantized_weight(), kernels, dtype, forced=forced)
+            module.use_kernel(kernel, packed)
+            chosen.append(([name], measured))
+    if info is None:
+        return
+    info.fused.extend(tuple(names) for names, _ in chosen if modules[names[0]].fused is not None)
+    for names, measured in chosen:
         info.kernels.update({name: modules[name].kernel.name for name in names})
         if measured is not None:
             info.choices.append(measured)
 
 
-def sibling_groups(model: nn.Module, layers: dict[str, str], calibration: Iterable[Any] | None
+def sibling_groups(model: nn.Module, linears: dict[str, nn.Module], calibration: Iterable[Any] | None
                    ) -> tuple[list[tuple[str, ...]], str]:
-    """The swapped linears of ``model`` that read one input, found by running it once on its own
+    """The ``linears`` of ``model`` that read one input, found by running it once on its own
     ``dummy_inputs`` (Hugging Face models) or the first calibration batch of a list, and how they
     were looked for; none when neither exists or the run fails (the layers then run one kernel
     call each)."""
     modules = dict(model.named_modules())
-    linears = {name: modules[name] for name, kind in layers.items() if kind == "linear"}
     training = {name: module.training for name, module in modules.items()}
     model.eval()  # the run must not update running statistics
     source = "the model's dummy_inputs"
@@ -226,23 +237,18 @@ def _check_divisible(name: str, module: nn.Module, scheme: WeightOnlyScheme) -> 
 
 
 def _quantized_module(module: nn.Module, scheme: WeightOnlyScheme, x: torch.Tensor | None,
-                      kernels: list, forced: str | None, info: WeightOnlyInfo, name: str) -> nn.Module:
+                      algorithm: str) -> nn.Module:
+    """The swapped-in module of ``module`` (a linear's kernel is chosen after, by :func:`choose_kernels`)."""
     if isinstance(module, nn.Embedding):
         return WeightOnlyEmbedding(quantize(module.weight, scheme), module.padding_idx)
     weight = linear_weight(module)
     input_scale = None
-    if x is not None and info.algorithm == "gptq":
+    if x is not None and algorithm == "gptq":
         qweight = gptq_quantize(weight, x, scheme)
     elif x is not None:
         qweight, input_scale = awq_quantize(weight, x, scheme)
     else:
         qweight, input_scale = quantize(weight, scheme), None
     conv1d = conv1d_class()
-    swapped = WeightOnlyLinear(qweight, module.bias, input_scale,
-                               from_transposed=conv1d is not None and isinstance(module, conv1d))
-    chosen, packed, measured = choose(qweight, kernels, weight.dtype, forced=forced)
-    swapped.use_kernel(chosen, packed)
-    info.kernels[name] = chosen.name
-    if measured is not None:
-        info.choices.append(measured)
-    return swapped
+    return WeightOnlyLinear(qweight, module.bias, input_scale,
+                            from_transposed=conv1d is not None and isinstance(module, conv1d))

@@ -54,9 +54,10 @@ class ThreadChoice:
     """For one kind of call at one thread count ``threads``: whether it runs faster on 1 thread.
 
     Calls arrive on the ``caller``'s thread count (``threads`` unless given: a decode step's
-    kernels arrive on 1 and may take ``threads``), which is restored after each. The first ``2 * (RUNS + 1)`` calls alternate between 1 and ``threads`` threads (the first of
-    each warms it up) and their total times decide; so does every ``remeasure_every``-th call and
-    the ones after it. ``clock`` is injectable so that tests can decide the timings.
+    kernels arrive on 1 and may take ``threads``), which is restored after each. The first
+    ``2 * (RUNS + 1)`` calls alternate between 1 and ``threads`` threads (the first of each warms
+    it up) and their total times decide; so does every ``remeasure_every``-th call and the ones
+    after it. ``clock`` is injectable so that tests can decide the timings.
     """
 
     def __init__(self, threads: int, remeasure_every: int = REMEASURE_EVERY,

@@ -1,4 +1,4 @@
-"""What this CPU can do for int8, read once from the kernel's flags: the one place that says so.
+"""What this CPU can do for int8, read once from the CPU itself: the one place that says so.
 
 Whether int8 kernels are exact, and how fast they are, depends on the instruction set: with VNNI
 (``avx512_vnni``, ``avx_vnni``) u8 x s8 products accumulate in int32; without it x86 kernels add
@@ -7,9 +7,14 @@ oneDNN's int8 GEMMs, which need VNNI to be exact, are not used. ARM's dot-produc
 (``asimddp``, ``i8mm``) accumulate in int32 too. Backends' default qparams, the per-token dynamic
 kernel's GEMM and ``qplug doctor`` all read :func:`cpu_int8`.
 
-The flags come from ``/proc/cpuinfo`` (Linux); elsewhere from torch's own probe
-(``torch.backends.cpu.get_cpu_capability()``, e.g. ``AVX512`` or ``AVX2``, which does not name
-VNNI: treated as without it, the safe side). Tests and users on a machine they want to model set
+The flags come from the CPU itself, as the kernels read them: CPUID through
+``torch.cpu.get_capabilities()`` (the cpuinfo library FBGEMM dispatches on; oneDNN and ONNX
+Runtime's MLAS read CPUID too). ``/proc/cpuinfo`` can disagree with what the kernels run: under
+an emulator it shows the host's flags (``qemu-x86_64 -cpu Haswell`` on a VNNI host lists VNNI while
+every int8 kernel takes its saturating AVX2 path). Without that probe (an older torch) the flags
+come from ``/proc/cpuinfo`` (Linux), else from ``torch.backends.cpu.get_cpu_capability()`` (e.g.
+``AVX512`` or ``AVX2``, which does not name VNNI: treated as without it, the safe side). Tests and
+users on a machine they want to model set
 ``QPLUG_CPU_FLAGS`` (space- or comma-separated flags, e.g. ``"avx2 fma"``) or use
 :func:`override_cpu_flags`; both replace what the kernel reports.
 
@@ -34,8 +39,14 @@ from pathlib import Path
 #: replaces the detected flags (space- or comma-separated) when set
 ENV_FLAGS = "QPLUG_CPU_FLAGS"
 CPUINFO = Path("/proc/cpuinfo")
+#: the source of flags read from the CPU itself
+CPUID = "CPUID"
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
 ARM_DOT_FLAGS = frozenset({"asimddp", "i8mm"})
+#: torch.cpu.get_capabilities() names that /proc/cpuinfo spells otherwise (the rest are the same)
+_CPUID_NAMES = {"avx512_f": "avx512f", "avx512_bw": "avx512bw", "avx512_cd": "avx512cd",
+                "avx512_dq": "avx512dq", "avx512_vl": "avx512vl", "fma3": "fma", "bmi": "bmi1",
+                "sha": "sha_ni", "dot": "asimddp"}
 #: torch.backends.cpu.get_cpu_capability() -> the flags it implies
 _TORCH_CAPABILITY_FLAGS = {"AVX512": ("avx2", "avx512f", "avx512bw"), "AVX2": ("avx2",),
                            "SVE256": ("sve",)}
@@ -51,7 +62,7 @@ class CpuInt8:
     """What this CPU's instruction set means for int8 kernels (see the module docstring)."""
 
     flags: frozenset[str]
-    #: where the flags came from: "/proc/cpuinfo", "torch", "QPLUG_CPU_FLAGS" or "override"
+    #: where the flags came from: "CPUID", "/proc/cpuinfo", "torch", "QPLUG_CPU_FLAGS" or "override"
     source: str
     machine: str
 
@@ -117,6 +128,17 @@ def read_cpuinfo(cpuinfo: Path = CPUINFO) -> frozenset[str] | None:
     return frozenset(flags)
 
 
+def read_cpuid() -> frozenset[str] | None:
+    """The features CPUID reports (``torch.cpu.get_capabilities()``), named as ``/proc/cpuinfo``
+    names them; None where this torch has no such probe."""
+    import torch
+
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is None:
+        return None
+    return frozenset(_CPUID_NAMES.get(name, name) for name, value in capabilities().items() if value is True)
+
+
 def _torch_flags() -> frozenset[str]:
     import torch
 
@@ -129,6 +151,9 @@ def _detected(env: str | None) -> CpuInt8:
     machine = platform.machine().lower()
     if env is not None:
         return CpuInt8(_parse(env), ENV_FLAGS, machine)
+    flags = read_cpuid()
+    if flags is not None:
+        return CpuInt8(flags, CPUID, machine)
     flags = read_cpuinfo()
     if flags is not None:
         return CpuInt8(flags, str(CPUINFO), machine)
@@ -137,7 +162,7 @@ def _detected(env: str | None) -> CpuInt8:
 
 def cpu_int8() -> CpuInt8:
     """This CPU's int8 facts: the innermost :func:`override_cpu_flags`, else ``QPLUG_CPU_FLAGS``,
-    else the kernel's flags (read once per process)."""
+    else the CPU's own (read once per process)."""
     flags = _override.get()
     if flags is not None:
         return CpuInt8(flags, "override", platform.machine().lower())
@@ -155,4 +180,4 @@ def override_cpu_flags(flags: Iterable[str] | str) -> Iterator[CpuInt8]:
         _override.reset(token)
 
 
-__all__ = ["CpuInt8", "ENV_FLAGS", "cpu_int8", "override_cpu_flags", "read_cpuinfo"]
+__all__ = ["CPUID", "CpuInt8", "ENV_FLAGS", "cpu_int8", "override_cpu_flags", "read_cpuid", "read_cpuinfo"]

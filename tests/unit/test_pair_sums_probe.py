@@ -135,7 +135,7 @@ def test_a_measured_saturation_holds_unless_flags_are_set():
 def detected_vnni(monkeypatch):
     """This process reads VNNI flags from the machine (whatever the host), measures afresh."""
     monkeypatch.delenv(cpu_module.ENV_FLAGS, raising=False)
-    monkeypatch.setattr(cpu_module, "read_cpuinfo", lambda: frozenset(VNNI.split()))
+    monkeypatch.setattr(cpu_module, "read_cpuid", lambda: frozenset(VNNI.split()))
     monkeypatch.setattr(pair_sums_probe, "_measured", {})
     cpu_module._detected.cache_clear()
     yield

@@ -11,8 +11,11 @@ recorded at prepare and the few calibration batches kept (``flows/calibration_sa
 ``MAX_BATCHES``, evenly spread, each run once more through the observed graph; of all runs
 together at most ``MAX_ROWS`` GEMM rows per layer are emulated): with the 8-bit weights the backend would use with VNNI, does any pair sum of
 this layer's real operands leave int16 (``kernels/pair_sums.py``, in the kernels' K order)? If
-none does, the layer gets 8-bit weights; if some do, it gets them only where its output error
-(rounding plus what saturation takes) is below the 7-bit weights' on the same rows. The decisions
+none does, the layer gets 8-bit weights; if some do, 7-bit weights, or 8-bit weights on 7-bit
+activations where those lose less (below). Never 8-bit operands that saturate, even where
+saturation would cost less than a bit: the kernels would then compute something else than the
+reference form, the model every backend is checked against (on the digits CNN, FBGEMM's and ONNX
+Runtime's real AVX2 kernels put 7% of the outputs more than a step from it). The decisions
 (layer -> why) are kept in ``GraphModule.meta[WEIGHT_BITS_CHOICE]``, and with their qparams in
 ``meta[WEIGHT_BITS_DECIDED]``: a target search converts the same calibrated layers several times
 with some of them taken out, and its tries take the first convert's decisions
@@ -179,8 +182,8 @@ class WeightBits:
     def weight_qparams(self, node: fx.Node, module: nn.Module, qconfig: Any, weight: torch.Tensor,
                        safe: QParams) -> QParams:
         """``safe`` (the qconfig's 7-bit weights), or 8-bit ones where no pair sum saturates, or
-        where they lose less, or on 7-bit activations where those lose less for the input's
-        every consumer (then the input's grid is made 7-bit here)."""
+        8-bit ones on 7-bit activations where those lose less for the input's every consumer
+        (then the input's grid is made 7-bit here)."""
         if self.full is None or safe.dtype != torch.qint8 or (safe.quant_min, safe.quant_max) == self.full:
             return safe
         if self.reused is not None:
@@ -244,17 +247,14 @@ class WeightBits:
                 f"{by_activations / by_weights:.2f}x that of the best weight bits on {self.data}")
 
     def _choose(self, node: fx.Node, options: _Options, activations_error: float | None = None) -> None:
-        qparams, error = options.best()
+        qparams, _ = options.best()
         self.decided[node] = qparams
         if not options.saturated:
             self.choices[node.name] = f"8-bit weights: no int16 pair sum saturates on {self.data}"
             return
-        keep = qparams is options.wide
-        ratio = options.wide_error / options.safe_error if options.safe_error else float("inf")
         self.choices[node.name] = (
-            f"{8 if keep else 7}-bit weights: {options.saturated} int16 pair sum(s) of "
-            f"{options.loss.codes.shape[1]} rows saturate with 8-bit weights on {self.data}; output "
-            f"error {ratio:.2f}x that of 7-bit weights"
+            f"7-bit weights: {options.saturated} int16 pair sum(s) of {options.loss.codes.shape[1]} rows "
+            f"saturate with 8-bit weights on {self.data}"
             + ("" if activations_error is None else
                f"; 7-bit activations (the input's grid) {activations_error:.2f}x the chosen error"))
 
@@ -391,8 +391,8 @@ class _Options:
         self.safe_error = loss.of(safe, saturating=False)[1] if self.saturated else float("inf")
 
     def best(self) -> tuple[QParams, float]:
-        """8-bit weights where no pair saturates or where they lose less, else the safe ones."""
-        if self.wide_error <= self.safe_error:
+        """8-bit weights where no pair saturates, else the safe ones."""
+        if not self.saturated:
             return self.wide, self.wide_error
         return self.safe, self.safe_error
 

@@ -1,5 +1,5 @@
 """Issue 24: on x86 CPUs without VNNI, weight bits are chosen per layer from the layer's real
-operands: 8 bits where no u8 x s8 int16 pair sum saturates, 7 bits where 8 would lose more.
+operands: 8 bits where no u8 x s8 int16 pair sum saturates, else 7-bit weights or 7-bit activations.
 
 Decisions are tested under overridden CPU flags (``override_cpu_flags``); the emulation of
 ``vpmaddubsw`` they rest on is checked against a brute-force definition and against torch's own

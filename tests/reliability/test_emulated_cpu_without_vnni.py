@@ -44,6 +44,7 @@ def test_the_emulated_kernels_saturate_and_qplug_reads_the_cpu_from_cpuid(emulat
     """Else this file tests nothing: ORT's product of 64 pairs of 255 x 127 stops at 32 int16
     maxima, and the decisions say so although /proc/cpuinfo is the host's."""
     assert emulated["ort_product"] == 32 * 32767 < emulated["exact_product"]
+    assert emulated["float_error"] < 1e-5  # and its float math is the host's (a faithful emulator)
     assert "AVX2 without VNNI" in emulated["cpu"] and "flags from CPUID" in emulated["cpu"]
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.plugin_api import override_cpu_flags
+from qplug_core.plugin_api import PAIRS_SATURATE, override_cpu_flags, probe_pair_sums
 
 from qplug_onnxruntime.session import OrtPartition
 
@@ -215,14 +215,22 @@ def test_standard_onnx_export_keeps_standard_ops(tmp_path):
                          ids=["avx2", "vnni"])
 def test_the_cpus_weight_grid_runs_in_ort_with_its_own_integers(flags):
     """Without VNNI the LSTM's weights are 7-bit (their int16 pair sums cannot saturate): ORT gets
-    those integers, not the even 8-bit ones that dequantize alike; with VNNI, full 8 bits."""
+    those integers, not the even 8-bit ones that dequantize alike; with VNNI, full 8 bits. On a
+    host whose ORT kernels saturate, VNNI's 8-bit weights break the contract at convert, which
+    keeps the reference form (checked on ORT's real AVX2 kernels under QEMU's emulated Haswell)."""
+    from qplug_onnxruntime.probe import matmul_integer
+
     torch.manual_seed(0)
     model = Stateful(num_layers=1).eval()
     inputs = (torch.randn(6, 3, 12), torch.randn(1, 3, 16), torch.randn(1, 3, 16))
     with override_cpu_flags(flags):
         ort_model, reference = _quantized(model, inputs,
                                           qp.get_default_qconfig_mapping(*_MAPPING))
-    assert qp.quantization_report(ort_model).kernels["rnn"].startswith("delegate:")
+    report = qp.quantization_report(ort_model)
+    if flags != "avx2 fma" and probe_pair_sums(matmul_integer) == PAIRS_SATURATE:
+        assert "rnn" not in report.kernels and "broke the kernel contract" in report.reference["rnn"]
+        return
+    assert report.kernels["rnn"].startswith("delegate:")
     (partition,) = [m for m in ort_model.modules() if isinstance(m, OrtPartition)]
     graph = onnx.load_from_string(partition.sources[0]).graph
     weights = [onnx.numpy_helper.to_array(t) for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]

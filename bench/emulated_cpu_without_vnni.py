@@ -81,8 +81,9 @@ def main() -> None:
                 rows.append([name, backend, f"{r['sqnr']:.2f}", f"{r['reference_sqnr']:.2f}",
                              f"{100 * r['within_one_step']:.2f}%", f"{vnni:.2f}",
                              ", ".join(r["reference_form"]) or "-"])
-            print(f"{name} done ({result['cpu']}; float output {result['float_error']:.1e} of its largest "
-                  "value from the host's)", flush=True)
+            print(f"{name} ({result['cpu']}; float output {result['float_error']:.1e} of its largest value "
+                  f"from the host's): " + "; ".join(" | ".join(row[1:]) for row in rows[-len(args.backends):]),
+                  flush=True)
     print(table(["model", "backend", "SQNR on AVX2 kernels", "its reference form", "within 1 step",
                  "reference form, VNNI decisions (host)", "kept in reference form"], rows))
 

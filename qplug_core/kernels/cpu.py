@@ -16,7 +16,7 @@ come from ``/proc/cpuinfo`` (Linux), else from ``torch.backends.cpu.get_cpu_capa
 ``AVX512`` or ``AVX2``, which does not name VNNI: treated as without it, the safe side). Tests and
 users on a machine they want to model set
 ``QPLUG_CPU_FLAGS`` (space- or comma-separated flags, e.g. ``"avx2 fma"``) or use
-:func:`override_cpu_flags`; both replace what the kernel reports.
+:func:`override_cpu_flags`; both replace what the CPU reports.
 
 Flags say which instructions exist, not which the installed kernels take (FBGEMM and oneDNN can be
 held to AVX2 on a VNNI CPU: ``FBGEMM_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2``). Where

@@ -98,12 +98,11 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     targets = _targets(qmodel, patterns, embeddings, info)
     for name, module in targets.items():
         _check_divisible(name, module, scheme)
+    linears = {n: m for n, m in targets.items() if not isinstance(m, nn.Embedding)}
     inputs: dict[str, torch.Tensor] = {}
     if algorithm != "rtn":
         rows = GPTQ_ROWS if algorithm == "gptq" else MAX_ROWS
-        inputs = record_inputs(qmodel, {n: m for n, m in targets.items() if not isinstance(m, nn.Embedding)},
-                               calibration or (), rows)
-    linears = {n: m for n, m in targets.items() if not isinstance(m, nn.Embedding)}
+        inputs = record_inputs(qmodel, linears, calibration or (), rows)
     # found on the float copy, before any kernel is packed: a group packs once, for its stack
     groups, info.fusion = sibling_groups(qmodel, linears, calibration)
     dtypes = {name: linear_weight(module).dtype for name, module in linears.items()}

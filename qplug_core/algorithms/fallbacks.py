@@ -5,8 +5,10 @@ on the CPU (field notes, round 3):
 
 * ``"per_token"``: int8 weights, one activation scale per token, float output
   (:class:`~qplug_core.kernels.per_token.PerTokenDynamicLinear`): as accurate as float on MiniLM's
-  FFN outputs and fast where the CPU multiplies u8 x s8 exactly (VNNI); without VNNI its GEMM
-  falls back to ``torch._int_mm`` at 25x fp32's latency, so it is not offered there;
+  FFN outputs and fast wherever its GEMM is oneDNN's packed u8 x s8 linear: VNNI or AMX, and AVX2
+  without VNNI with 7-bit weights (pair sums within int16; the layer errors are measured with
+  them). Where only ``torch._int_mm`` is left (x86 without AVX2) it runs slower than fp32, so it
+  is not offered there;
 * ``"dynamic"``: the backend's per-tensor dynamic linear (int8 weights, one activation scale per
   batch): fast everywhere, but 7-bit activations on CPUs without VNNI (fbgemm's rule) make it weak
   on outlier-heavy inputs;
@@ -31,27 +33,31 @@ from torch import fx
 from qplug_core.errors import ConfigError
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import ARTIFACT, SNAPSHOT
-from qplug_core.kernels.cpu import cpu_int8
-from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, onednn_usable, swap_in_per_token
+from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, QMAX, best_gemm, swap_in_per_token, weight_qmax
 
-__all__ = ["LADDER_FALLBACKS", "cpu_has_vnni", "fallback_ladder", "run_per_token"]
+__all__ = ["LADDER_FALLBACKS", "fallback_ladder", "per_token_is_fast", "per_token_qmax", "run_per_token"]
 
 #: every rung a ladder can hold, best first
 LADDER_FALLBACKS = ("per_token", "dynamic", "float")
 
 
-def cpu_has_vnni() -> bool:
-    """Whether this CPU multiplies u8 x s8 into int32 exactly and fast (VNNI or AMX): where
-    per-token dynamic beats per-tensor (the one place the target search asks the CPU fact)."""
-    cpu = cpu_int8()
-    return (cpu.vnni or cpu.amx) and onednn_usable(cpu)
+def per_token_is_fast() -> bool:
+    """Whether per-token dynamic runs on oneDNN's int8 GEMM here (exactly: VNNI, AMX, or AVX2
+    with 7-bit weights), faster than fp32; ``torch._int_mm`` without VNNI is 25-30x slower."""
+    return best_gemm() == "onednn"
+
+
+def per_token_qmax(backend: Any = None) -> int:
+    """The weight range a per-token layer gets on ``backend``: the GEMM's on this CPU, or the
+    full one where it is simulated (a backend without kernels: the reference form)."""
+    return weight_qmax(best_gemm()) if getattr(backend, "kernels", None) else QMAX
 
 
 def fallback_ladder(backend: Any = None) -> tuple[str, ...]:
     """The rungs a layer out of static int8 may take on this CPU (and ``backend``: no per-token
     one for a backend that compiles partitions, no dynamic one for a backend without dynamic
     defaults), best first."""
-    per_token = cpu_has_vnni() and getattr(backend, "delegate", None) is None
+    per_token = per_token_is_fast() and getattr(backend, "delegate", None) is None
     ladder = LADDER_FALLBACKS if per_token else ("dynamic", "float")
     return ladder if _has_dynamic_defaults(backend) else tuple(r for r in ladder if r != "dynamic")
 

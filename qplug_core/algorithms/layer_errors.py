@@ -27,7 +27,7 @@ from torch import fx, nn
 from torch.func import functional_call
 
 from qplug_core.algorithms._layers import layer_of
-from qplug_core.kernels.per_token import per_token_quantize, symmetric_per_channel_int8
+from qplug_core.kernels.per_token import QMAX, per_token_quantize, symmetric_per_channel_int8
 from qplug_core.qparams import QParams, compute_qparams, fake_quantize
 
 __all__ = ["LayerError", "layer_errors"]
@@ -103,8 +103,8 @@ def _dynamic_input(observer_factory: Any, x: torch.Tensor) -> torch.Tensor:
                                     observer.quant_min, observer.quant_max))
 
 
-def _per_token_weight(layer: nn.Linear) -> torch.Tensor:
-    weight, weight_scale = symmetric_per_channel_int8(layer.weight)
+def _per_token_weight(layer: nn.Linear, qmax: int) -> torch.Tensor:
+    weight, weight_scale = symmetric_per_channel_int8(layer.weight, qmax)
     return weight.float() * weight_scale[:, None]
 
 
@@ -123,14 +123,15 @@ def _after(module: nn.Module, layer: nn.Module, y: torch.Tensor) -> torch.Tensor
 @torch.no_grad()
 def layer_errors(gm: fx.GraphModule, observed: fx.GraphModule, layers: list[str],
                  batches: list[tuple], masks: list[torch.Tensor | None], *,
-                 static_weight: dict[str, Any], dynamic_qconfig: Any, fallbacks: tuple[str, ...]
-                 ) -> tuple[list[LayerError], list[torch.Tensor]]:
+                 static_weight: dict[str, Any], dynamic_qconfig: Any, fallbacks: tuple[str, ...],
+                 per_token_qmax: int = QMAX) -> tuple[list[LayerError], list[torch.Tensor]]:
     """(errors of ``layers`` of the fused float ``gm``, float outputs of ``gm`` on ``batches``).
 
     ``observed`` is ``gm`` prepared and calibrated (same node names): each layer's input and
     output observers give the static grids; ``static_weight`` maps a layer to its qconfig's weight
-    observer factory, ``dynamic_qconfig`` is the backend's dynamic Linear qconfig. The float
-    outputs come from the same pass (the scores need them)."""
+    observer factory, ``dynamic_qconfig`` is the backend's dynamic Linear qconfig,
+    ``per_token_qmax`` the per-token GEMM's weight range (7 bits where it sums pairs in int16).
+    The float outputs come from the same pass (the scores need them)."""
     from qplug_core.algorithms.sensitivity import float_output
 
     observed_modules = dict(observed.named_modules(remove_duplicate=False))
@@ -153,7 +154,7 @@ def layer_errors(gm: fx.GraphModule, observed: fx.GraphModule, layers: list[str]
         grid_in = before.qparams() if before is not None else None
         grid_out = after.qparams() if after is not None else None
         plain = type(layer) is nn.Linear
-        token_w = _per_token_weight(layer) if plain and "per_token" in fallbacks else None
+        token_w = _per_token_weight(layer, per_token_qmax) if plain and "per_token" in fallbacks else None
         dynamic_w = fake_quantize(layer.weight, _weight_qparams(dynamic_qconfig.weight, layer.weight)) \
             if plain and "dynamic" in fallbacks else None
 

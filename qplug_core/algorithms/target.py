@@ -9,7 +9,7 @@ until the converted model meets the target. Each try reuses the calibrated obser
 (:mod:`.reuse`): prepare and convert, no calibration.
 
 "Taken out" means the first rung of this CPU's fallback ladder (:mod:`.fallbacks`: per-token
-dynamic where the CPU has VNNI, per-tensor dynamic, float) whose local error is as small as a
+dynamic where its int8 GEMM is fast, per-tensor dynamic, float) whose local error is as small as a
 typical (median) static int8 layer's, chosen layer by layer within a group; ``fallback="float"``,
 ``"dynamic"`` or ``"per_token"`` forces one. For a sentence encoder (token states beside an ``attention_mask``) the cosines are
 those of the embedding its users compare (mean-pooled over the mask, L2-normalised) and the
@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from qplug_core.algorithms.fallbacks import fallback_ladder, run_per_token
+from qplug_core.algorithms.fallbacks import fallback_ladder, per_token_qmax, run_per_token
 from qplug_core.algorithms.layer_errors import LayerError, layer_errors
 from qplug_core.algorithms.sensitivity import (
     GROUPS,
@@ -234,7 +234,8 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
     weights = _static_weights(gm, mapping, layers,
                               converted_weight_ranges(snapshot.graph_module) if snapshot else {})
     errors, reference = layer_errors(gm, calibrated, layers, evaluation, masks, static_weight=weights,
-                                     dynamic_qconfig=dynamic, fallbacks=ladder)
+                                     dynamic_qconfig=dynamic, fallbacks=ladder,
+                                     per_token_qmax=per_token_qmax(backend))
     sources = calibrated_observers(calibrated)
     embedding = target.score == "embedding" or (target.score == "auto"
                                                 and is_embedding_output(reference, masks))

@@ -34,7 +34,7 @@ from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, sa
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 from qplug_core.kernels.decode_threads import run_with_fastest_threads
 
-__all__ = ["PER_TOKEN_LAYERS", "PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_is_exact",
+__all__ = ["PER_TOKEN_LAYERS", "QMAX", "PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_is_exact",
            "onednn_usable", "per_token_quantize", "swap_in_per_token", "symmetric_per_channel_int8",
            "weight_qmax"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 from qplug_core.kernels.pair_sums_probe import PAIRS_EXACT, PAIRS_SATURATE, Gemm, probe_pair_sums
+from qplug_core.kernels.per_token import best_gemm
 from qplug_core.registry.contract import Diagnostic
 
 
@@ -58,19 +59,31 @@ def _by_flags(arithmetic: Int8Arithmetic, cpu: CpuInt8, compiles: bool) -> Diagn
         broken = ("a compiled partition that still breaks the contract is compiled again with 7-bit "
                   "weights, else runs the reference form (slow)" if compiles else
                   "a kernel that still breaks the contract runs the reference form (slow)")
+        fallbacks = _target_fallbacks(cpu, compiles)
         return Diagnostic(
             "warning",
             "no VNNI on this CPU: its kernels sum u8 x s8 pairs in int16 with saturation. With the "
             "default qconfig each layer keeps 8-bit weights where no pair sum saturates on the "
-            "example and calibration data and gets 7-bit ones where one does (1-3 dB below 8-bit "
+            "example and calibration data (or saturation changes at most 0.1% of its outputs "
+            "there and costs less than a bit) and gets 7-bit ones elsewhere (1-3 dB below 8-bit "
             f"on the zoo's CNNs where every layer needs them); {broken}. Int8 is at most ~1.9x "
-            "fp32 per core here, and accuracy targets fall back to per-tensor dynamic int8 or "
-            "float (per-token dynamic needs VNNI to beat fp32)",
+            f"fp32 per core here, and accuracy targets fall back to {fallbacks}",
             hint="keep the default qconfig mapping: full 8-bit weights and activations saturate here")
     if not (cpu.vnni or cpu.amx):
         return Diagnostic("warning", "no AVX2 or VNNI on this CPU: its int8 kernels run generic "
                                      "code, likely slower than fp32")
     return Diagnostic("ok", "VNNI on this CPU: full 8-bit operands, int8 dot products in int32")
+
+
+def _target_fallbacks(cpu: CpuInt8, compiles: bool) -> str:
+    """What an accuracy target takes a layer out of static int8 to on such a CPU
+    (``algorithms/fallbacks.py`` decides the same way)."""
+    if compiles:
+        return "per-tensor dynamic int8 or float (a per-token layer cannot run inside a compiled partition)"
+    if best_gemm(cpu) == "onednn":
+        return "per-token dynamic int8 (oneDNN's GEMM, 7-bit weights), per-tensor dynamic int8 or float"
+    return ("per-tensor dynamic int8 or float (per-token dynamic has only torch._int_mm here, slower "
+            "than fp32)")
 
 
 __all__ = ["cpu_diagnostic"]

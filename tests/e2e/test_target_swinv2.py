@@ -36,13 +36,19 @@ def test_swinv2_meets_its_target_on_held_out_images():
     assert torch.nn.functional.cosine_similarity(want, got, dim=1).mean() >= 0.998
 
 
-def test_swinv2_meets_its_target_without_vnni_by_taking_the_weak_fallbacks_to_float():
-    """Without VNNI the ladder is (per-tensor dynamic, float): every layer out on its first
-    passing rung still gave 0.9948, and the search stopped there with a warning. Now the
-    dynamic layers that lose most go on to float until the target holds."""
+def test_swinv2_meets_its_target_without_a_fast_per_token_gemm_by_taking_the_weak_fallbacks_to_float(
+        monkeypatch):
+    """Where per-token's GEMM is slow (only ``torch._int_mm``: x86 without AVX2) the ladder is
+    (per-tensor dynamic, float): every layer out on its first passing rung still gave 0.9948, and
+    the search stopped there with a warning. Now the dynamic layers that lose most go on to float
+    until the target holds. The rest is decided as on an AVX2 CPU without VNNI, whose weights any
+    x86 host's fbgemm kernels compute exactly."""
     import warnings
 
+    from qplug_core.algorithms import fallbacks
     from qplug_core.plugin_api import override_cpu_flags
+
+    monkeypatch.setattr(fallbacks, "per_token_is_fast", lambda: False)
     from tests.support.hf_families import build_family, family_inputs
 
     model = build_family("swinv2")

@@ -62,17 +62,21 @@ def test_doctor_reports_torch_and_backends():
 
 WITHOUT_VNNI = ("no VNNI on this CPU: its kernels sum u8 x s8 pairs in int16 with saturation. With the "
                 "default qconfig each layer keeps 8-bit weights where no pair sum saturates on the "
-                "example and calibration data and gets 7-bit ones where one does")
-SLOWER = ("Int8 is at most ~1.9x fp32 per core here, and accuracy targets fall back to per-tensor "
-          "dynamic int8 or float (per-token dynamic needs VNNI to beat fp32)")
+                "example and calibration data (or saturation changes at most 0.1% of its outputs "
+                "there and costs less than a bit) and gets 7-bit ones elsewhere")
+SLOWER = "Int8 is at most ~1.9x fp32 per core here, and accuracy targets fall back to "
+KERNEL_FALLBACKS = "per-token dynamic int8 (oneDNN's GEMM, 7-bit weights), per-tensor dynamic int8 or float"
+COMPILED_FALLBACKS = ("per-tensor dynamic int8 or float (a per-token layer cannot run inside a compiled "
+                      "partition)")
 
 
 @pytest.mark.parametrize("flags, cpu, fbgemm, onnxruntime", [
     ("avx2 fma", "AVX2 without VNNI",
      [f"[warning] backend fbgemm: {WITHOUT_VNNI}", "; a kernel that still breaks the contract runs "
-      "the reference form (slow). " + SLOWER],
+      "the reference form (slow). " + SLOWER + KERNEL_FALLBACKS],
      [f"[warning] backend onnxruntime: {WITHOUT_VNNI}", "; a compiled partition that still breaks "
-      "the contract is compiled again with 7-bit weights, else runs the reference form (slow). " + SLOWER]),
+      "the contract is compiled again with 7-bit weights, else runs the reference form (slow). "
+      + SLOWER + COMPILED_FALLBACKS]),
     ("avx2 avx512f avx512bw avx512_vnni", "AVX-512 + VNNI",
      ["[{fbgemm}] backend fbgemm: VNNI on this CPU: full 8-bit operands"],
      ["[{onnxruntime}] backend onnxruntime: VNNI on this CPU: full 8-bit operands"]),

@@ -225,10 +225,12 @@ def test_an_unreachable_target_never_takes_out_a_layer_that_buys_nothing():
 
 
 @pytest.mark.parametrize("flags,expected", [("avx2 avx512f avx512bw avx512_vnni", "per_token"),
-                                            ("fpu sse2 avx avx2 fma", "dynamic")])
+                                            ("fpu sse2 avx avx2 fma", "per_token"),
+                                            ("fpu sse2 avx", "dynamic")])
 def test_the_fallback_ladder_follows_the_cpu(tmp_path, flags, expected):
-    """With VNNI the layer goes per-token dynamic (fast there); without, per-tensor dynamic
-    (per-token's GEMM is 25x fp32 there). Either way the target holds on held-out data."""
+    """Where oneDNN's int8 GEMM runs (VNNI, or AVX2 with 7-bit weights) the layer goes per-token
+    dynamic; where only ``torch._int_mm`` is left (25x fp32 without AVX2), per-tensor dynamic.
+    Either way the target holds on held-out data."""
     from qplug_core.algorithms import fallbacks
     from qplug_core.kernels.per_token import PerTokenDynamicLinear
     from qplug_core.plugin_api import override_cpu_flags
@@ -254,12 +256,40 @@ def test_the_fallback_ladder_follows_the_cpu(tmp_path, flags, expected):
     assert torch.nn.functional.cosine_similarity(want, got, dim=1).mean() > 0.999
 
 
+@pytest.mark.parametrize("backend", ["fbgemm", "reference"])
+def test_per_token_layers_without_vnni_are_chosen_and_built_with_the_gemms_7_bit_weights(backend, plugin_autoload):
+    """oneDNN sums u8 x s8 pairs in int16 without VNNI, so a per-token layer there holds weights
+    in [-64, 64]: the search measures that layer's error with those weights (coarser than with
+    VNNI's 8 bits), and the layer it builds holds them. The reference form simulates the full
+    range on every CPU."""
+    from qplug_core.kernels.per_token import PerTokenDynamicLinear
+    from qplug_core.plugin_api import override_cpu_flags
+
+    data = _data()
+    found = {}
+    for cpu, flags in (("vnni", "avx2 avx512f avx512bw avx512_vnni"), ("avx2", "fpu sse2 avx avx2 fma")):
+        with override_cpu_flags(flags):
+            qmodel = qp.quantize(_OutlierOutput().eval(), data[0], data, backend=backend,
+                                 target=qp.Target(cosine=0.999, group="layer"))
+        result = qmodel.meta[TARGET]
+        layer = qmodel.get_submodule("fc2")
+        assert result.met and result.decisions[0].fallback == "per_token"
+        assert isinstance(layer, PerTokenDynamicLinear)
+        errors = {e.name: e.errors for e in result.errors}
+        found[cpu] = (errors["fc2"]["per_token"], int(layer.weight_int8_t.abs().max()))
+    if backend == "reference":
+        assert found["avx2"] == found["vnni"] and found["vnni"][1] == 127
+    else:
+        assert found["vnni"][1] == 127 and found["avx2"][1] == 64
+        assert found["avx2"][0] > found["vnni"][0]
+
+
 def test_a_rung_whose_local_error_stays_high_is_skipped_for_float(monkeypatch):
     """fc1's input outlier (1000x) crushes a per-batch dynamic grid as much as the static one:
-    the ladder (dynamic, float) on a CPU without VNNI takes fc1 to float."""
+    the ladder (dynamic, float) of a CPU without a fast per-token GEMM takes fc1 to float."""
     from qplug_core.algorithms import fallbacks
 
-    monkeypatch.setattr(fallbacks, "cpu_has_vnni", lambda: False)
+    monkeypatch.setattr(fallbacks, "per_token_is_fast", lambda: False)
     data = _data()
     qmodel = qp.quantize(_OutlierInput().eval(), data[0], data, backend="reference",
                          target=qp.Target(sqnr=25, group="layer"))
@@ -420,15 +450,15 @@ class _ThreeLinears(nn.Module):
 
 
 def test_when_every_layer_out_still_misses_the_worst_fallbacks_go_float():
-    """Without VNNI the ladder is (per-tensor dynamic, float). Here every layer out of static
-    int8 on its first passing rung gives 40.7 dB (fc3 and fc1 dynamic) for a 42 dB target: the
+    """Without a fast per-token GEMM (x86 without AVX2) the ladder is (per-tensor dynamic, float).
+    Here every layer out of static int8 on its first passing rung gives 40.7 dB (fc3 and fc1 dynamic) for a 42 dB target: the
     dynamic layer that loses most then goes float too, short of the float model (it used to stop
     and warn at 40.7)."""
     from qplug_core.plugin_api import override_cpu_flags
 
     data = _data()
     model = _ThreeLinears().eval()
-    with override_cpu_flags("fpu sse2 avx avx2 fma"):
+    with override_cpu_flags("fpu sse2 avx"):
         qmodel = qp.quantize(model, data[0], data, backend="reference", recipe="none",
                              target=qp.Target(sqnr=42, group="layer"))
     result = qmodel.meta[TARGET]

@@ -48,6 +48,17 @@ def test_the_emulated_kernels_saturate_and_qplug_reads_the_cpu_from_cpuid(emulat
     assert "AVX2 without VNNI" in emulated["cpu"] and "flags from CPUID" in emulated["cpu"]
 
 
+def test_per_token_dynamic_runs_onednn_exactly_with_7_bit_weights(emulated):
+    """Without VNNI per-token dynamic multiplies on oneDNN's AVX2 kernels with weights in
+    [-64, 64], whose pair sums cannot leave int16: the accuracy target's ladder offers it there on
+    that ground (``algorithms/fallbacks.py``). Its output equals the same integers multiplied in
+    float, to float rounding."""
+    per_token = emulated["per_token"]
+    assert not per_token["exact_with_8_bit_weights"], per_token  # its int16 pair sums are real
+    assert per_token["gemm"] == "onednn" and per_token["weight_max"] == 64, per_token
+    assert per_token["error"] < 1e-5, per_token
+
+
 @pytest.mark.parametrize("backend", ["onnxruntime", "fbgemm"])
 def test_saturating_kernels_run_every_layer_as_right_as_the_reference_form(emulated, backend):
     """The digits CNN lost ~20 dB on ORT's saturating kernels before the safe qparams. A layer

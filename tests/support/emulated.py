@@ -14,7 +14,8 @@ the host does for the rest to mean anything; QEMU 7.2 gets torch's float LSTM 0.
 case the SQNR against float
 of the compiled model and of its reference form on the held-out input, the share of output
 elements within one step (range / 255) of the reference form, and the layers convert left in
-the reference form.
+the reference form; and per-token dynamic's GEMM on a linear against the same integers
+multiplied in float.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import torch
 import qplug_core as qp
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.kernels.cpu import cpu_int8, override_cpu_flags
+from qplug_core.kernels.per_token import PerTokenDynamicLinear, onednn_is_exact
 from qplug_onnxruntime.probe import matmul_integer
 
 torch.set_num_threads(1)
@@ -50,6 +52,19 @@ with torch.no_grad():  # the emulator's float math against the host's (QEMU 7.2 
     float_error = float((model(*held_out) - saved["expected"]).abs().max() / saved["expected"].abs().max())
 result = {"cpu": cpu_int8().summary(), "float_error": float_error,
           "ort_product": int(matmul_integer(codes, weights)[0, 0]), "exact_product": 255 * 127 * 64}
+# per-token dynamic's GEMM on this CPU against the same integers multiplied in float, on operands
+# whose 8-bit pair sums would leave int16: large same-sign weights, large positive activations
+torch.manual_seed(0)
+linear, x = torch.nn.Linear(96, 40), torch.rand(8, 96) * 10
+with torch.no_grad():
+    linear.weight.copy_((torch.rand(40, 96) * 0.5 + 0.5) * torch.tensor([1.0, -1.0]).repeat(20)[:, None])
+token = PerTokenDynamicLinear.from_float(linear)
+simulated = PerTokenDynamicLinear(token.weight_int8_t.t(), token.weight_scale, linear.bias, simulate=True)
+with torch.no_grad():
+    got, want = token(x), simulated(x)
+result["per_token"] = {"gemm": token.gemm, "weight_max": int(token.weight_int8_t.abs().max()),
+                       "error": float((got - want).abs().max() / want.abs().max()),
+                       "exact_with_8_bit_weights": onednn_is_exact(127)}
 for name, case in json.loads(sys.argv[2]).items():
     flags = override_cpu_flags(case["flags"]) if case["flags"] else contextlib.nullcontext()
     with warnings.catch_warnings(), flags:

@@ -92,11 +92,12 @@ def _weight_qparams(observer_factory: Any, weight: torch.Tensor) -> QParams:
     return observer.qparams()
 
 
-def _dynamic_input(observer_factory: Any, x: torch.Tensor) -> torch.Tensor:
-    """``x`` on the grid a dynamic kernel picks at run time: this batch's range, the dynamic
-    qconfig's integer range (7-bit where the backend reduces it)."""
+def _dynamic_input(observer_factory: Any, x: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+    """``x`` (rows of ``batch``) on the grid a dynamic kernel picks at run time: the whole batch's
+    range, padding included, the dynamic qconfig's integer range (7-bit where the backend reduces
+    it)."""
     observer = observer_factory()
-    scale, zero_point = compute_qparams(x.min(), x.max(), dtype=observer.dtype,
+    scale, zero_point = compute_qparams(batch.min(), batch.max(), dtype=observer.dtype,
                                         qscheme=torch.per_tensor_affine,
                                         quant_min=observer.quant_min, quant_max=observer.quant_max)
     return fake_quantize(x, QParams(scale.reshape(()), zero_point.reshape(()), observer.dtype,
@@ -165,6 +166,11 @@ def layer_errors(gm: fx.GraphModule, observed: fx.GraphModule, layers: list[str]
             mask = state["mask"]
             rows = (mask != 0) if mask is not None and tuple(x.shape[:2]) == tuple(mask.shape) else None
             acc = accumulators[name]
+            batch = x
+            if rows is not None and acc.axis == -1:
+                # a linear's token rows: simulate the real ones only (padding is most of a batch
+                # padded to a fixed length, and is never scored)
+                x, output, rows = x[rows], output[rows], None
             acc.add_reference(output, rows)
             if grid_in is not None:
                 state["inside"] = True
@@ -178,7 +184,8 @@ def layer_errors(gm: fx.GraphModule, observed: fx.GraphModule, layers: list[str]
             if token_w is not None:
                 acc.add("per_token", output, _after(mod, layer, _per_token_linear(layer, token_w, x)), rows)
             if dynamic_w is not None:
-                y = nn.functional.linear(_dynamic_input(dynamic_qconfig.activation, x), dynamic_w, layer.bias)
+                y = nn.functional.linear(_dynamic_input(dynamic_qconfig.activation, x, batch), dynamic_w,
+                                         layer.bias)
                 acc.add("dynamic", output, _after(mod, layer, y), rows)
         return hook
 

@@ -473,3 +473,37 @@ def test_when_every_layer_out_still_misses_the_worst_fallbacks_go_float():
         held = _data(6)[4:]
         want = torch.cat([model(*b) for b in held])
         assert qp.sqnr(want, torch.cat([qmodel(*b) for b in held])) > 40
+
+
+class _TokenStates(nn.Module):
+    """A linear over token states beside an attention mask (an encoder's layer, alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, hidden, attention_mask):
+        return self.fc(hidden) * attention_mask.unsqueeze(-1)
+
+
+def test_layer_errors_leave_out_padding_but_the_dynamic_grid_spans_it():
+    """The local errors are those of the real tokens, whatever the padding holds; except the
+    per-tensor dynamic rung's, whose kernel takes its grid from the whole batch at run time, so
+    padding 1000x the real values crushes its real tokens too."""
+    g = torch.Generator().manual_seed(3)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]])
+    real = [torch.randn(2, 6, 8, generator=g) for _ in range(4)]
+    errors = {}
+    for padding in (0.0, 1000.0):
+        batches = [(h.where(mask.unsqueeze(-1) != 0, torch.full_like(h, padding)), mask) for h in real]
+        with pytest.warns(UserWarning, match="not met"):
+            qmodel = qp.quantize(_TokenStates().eval(), batches[0], batches, backend="reference",
+                                 recipe="none", target=qp.Target(sqnr=200, group="layer"))
+        (found,) = qmodel.meta[TARGET].errors
+        errors[padding] = found.errors
+    quiet, loud = errors[0.0], errors[1000.0]
+    assert set(quiet) >= {"static", "dynamic"}
+    for kind in set(quiet) - {"dynamic"}:
+        assert loud[kind] == pytest.approx(quiet[kind], rel=1e-4), kind
+    assert loud["dynamic"] > 100 * quiet["dynamic"]

@@ -33,18 +33,19 @@ from torch import fx
 from qplug_core.errors import ConfigError
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import ARTIFACT, SNAPSHOT
-from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, QMAX, best_gemm, swap_in_per_token, weight_qmax
+from qplug_core.kernels.per_token import (
+    PER_TOKEN_LAYERS,
+    QMAX,
+    best_gemm,
+    per_token_is_fast,
+    swap_in_per_token,
+    weight_qmax,
+)
 
-__all__ = ["LADDER_FALLBACKS", "fallback_ladder", "per_token_is_fast", "per_token_qmax", "run_per_token"]
+__all__ = ["LADDER_FALLBACKS", "fallback_ladder", "per_token_qmax", "run_per_token"]
 
 #: every rung a ladder can hold, best first
 LADDER_FALLBACKS = ("per_token", "dynamic", "float")
-
-
-def per_token_is_fast() -> bool:
-    """Whether per-token dynamic runs on oneDNN's int8 GEMM here (exactly: VNNI, AMX, or AVX2
-    with 7-bit weights), faster than fp32; ``torch._int_mm`` without VNNI is 25-30x slower."""
-    return best_gemm() == "onednn"
 
 
 def per_token_qmax(backend: Any = None) -> int:

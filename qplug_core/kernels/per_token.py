@@ -35,8 +35,8 @@ from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 from qplug_core.kernels.decode_threads import run_with_fastest_threads
 
 __all__ = ["PER_TOKEN_LAYERS", "QMAX", "PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_is_exact",
-           "onednn_usable", "per_token_quantize", "swap_in_per_token", "symmetric_per_channel_int8",
-           "weight_qmax"]
+           "onednn_usable", "per_token_is_fast", "per_token_quantize", "swap_in_per_token",
+           "symmetric_per_channel_int8", "weight_qmax"]
 
 #: key of a saved model's document listing the float linears that run per-token dynamic
 PER_TOKEN_LAYERS = "per_token"
@@ -272,6 +272,13 @@ def best_gemm(cpu: CpuInt8 | None = None) -> str:
     if onednn_usable(cpu) and onednn_is_exact(weight_qmax("onednn", cpu)):
         return "onednn"
     return "int_mm"
+
+
+def per_token_is_fast(cpu: CpuInt8 | None = None) -> bool:
+    """Whether per-token dynamic beats fp32 here: its GEMM is oneDNN's (exactly: VNNI, AMX, or AVX2
+    with 7-bit weights); ``torch._int_mm`` without VNNI is 25-30x slower than fp32. Accuracy
+    targets offer the per-token rung on this ground, and ``qplug doctor`` says so."""
+    return best_gemm(cpu) == "onednn"
 
 
 @functools.cache

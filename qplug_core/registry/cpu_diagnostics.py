@@ -5,7 +5,7 @@ from __future__ import annotations
 from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 from qplug_core.kernels.pair_sums_probe import PAIRS_EXACT, PAIRS_SATURATE, Gemm, probe_pair_sums
-from qplug_core.kernels.per_token import best_gemm
+from qplug_core.kernels.per_token import per_token_is_fast
 from qplug_core.registry.contract import Diagnostic
 
 
@@ -80,7 +80,7 @@ def _target_fallbacks(cpu: CpuInt8, compiles: bool) -> str:
     (``algorithms/fallbacks.py`` decides the same way)."""
     if compiles:
         return "per-tensor dynamic int8 or float (a per-token layer cannot run inside a compiled partition)"
-    if best_gemm(cpu) == "onednn":
+    if per_token_is_fast(cpu):
         return "per-token dynamic int8 (oneDNN's GEMM, 7-bit weights), per-tensor dynamic int8 or float"
     return ("per-tensor dynamic int8 or float (per-token dynamic has only torch._int_mm here, slower "
             "than fp32)")

@@ -257,7 +257,8 @@ def test_the_fallback_ladder_follows_the_cpu(tmp_path, flags, expected):
 
 
 @pytest.mark.parametrize("backend", ["fbgemm", "reference"])
-def test_per_token_layers_without_vnni_are_chosen_and_built_with_the_gemms_7_bit_weights(backend, plugin_autoload):
+def test_per_token_layers_without_vnni_are_chosen_and_built_with_the_gemms_7_bit_weights(backend,
+                                                                                          plugin_autoload):
     """oneDNN sums u8 x s8 pairs in int16 without VNNI, so a per-token layer there holds weights
     in [-64, 64]: the search measures that layer's error with those weights (coarser than with
     VNNI's 8 bits), and the layer it builds holds them. The reference form simulates the full
@@ -451,9 +452,9 @@ class _ThreeLinears(nn.Module):
 
 def test_when_every_layer_out_still_misses_the_worst_fallbacks_go_float():
     """Without a fast per-token GEMM (x86 without AVX2) the ladder is (per-tensor dynamic, float).
-    Here every layer out of static int8 on its first passing rung gives 40.7 dB (fc3 and fc1 dynamic) for a 42 dB target: the
-    dynamic layer that loses most then goes float too, short of the float model (it used to stop
-    and warn at 40.7)."""
+    Here every layer out of static int8 on its first passing rung gives 40.7 dB (fc3 and fc1
+    dynamic) for a 42 dB target: the dynamic layer that loses most then goes float too, short of
+    the float model (it used to stop and warn at 40.7)."""
     from qplug_core.plugin_api import override_cpu_flags
 
     data = _data()

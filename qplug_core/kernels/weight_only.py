@@ -124,5 +124,32 @@ class TorchInt4Kernel(WeightOnlyKernel):
         return y if bias is None else y + bias
 
 
+class RowSplitKernel(WeightOnlyKernel):
+    """``few`` for up to ``max_rows`` activation rows, ``many`` above: one layer, two regimes.
+
+    Kernels written for decoding one token (torch's packed ops) take time in proportion to the
+    rows, while dequantize-then-GEMM pays its dequantization once per call: on a 1536 x 384 int4
+    layer torch's ``_weight_int4pack_mm_for_cpu`` took 1.1 ms at one row and 1,070 ms at 1,024
+    (the reference 3.2 and 9.9 ms, fp32 ``F.linear`` 0.12 and 8.3 ms; Intel Xeon, one thread). The
+    selection measures where ``few`` stops winning (:mod:`qplug_core.weight_only.selection`).
+    """
+
+    def __init__(self, few: WeightOnlyKernel, many: WeightOnlyKernel, max_rows: int):
+        self.few, self.many, self.max_rows = few, many, max_rows
+        self.name = f"{few.name} (up to {max_rows} rows; {many.name} above)"
+
+    def supports(self, scheme, shape, activation_dtype):
+        return self.few.supports(scheme, shape, activation_dtype) or self.many.supports(
+            scheme, shape, activation_dtype)
+
+    def pack(self, weight):
+        return self.few.pack(weight), self.many.pack(weight)
+
+    def run(self, packed, x, bias):
+        if x.shape[0] <= self.max_rows:
+            return self.few.run(packed[0], x, bias)
+        return self.many.run(packed[1], x, bias)
+
+
 #: the kernels the core always offers (plugins add theirs through the hook)
 CORE_KERNELS: tuple[WeightOnlyKernel, ...] = (ReferenceKernel(), TorchInt8Kernel(), TorchInt4Kernel())

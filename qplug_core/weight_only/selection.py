@@ -8,6 +8,12 @@ at batch 1 (the decode shape, where weight-only quantization pays); the fastest 
 remembered for the rest of the process. A kernel that raises or misses the tolerance is dropped
 with its reason, so a broken plugin kernel costs speed, never correctness. Every other layer is
 checked too, once, when its weights are packed.
+
+The winner is then timed against the reference (dequantize, then ``F.linear``) at 4 to 256 rows
+(a prompt, an encoder's batch): where it first loses, the layer takes the reference above the
+last row count it won at (:class:`~qplug_core.kernels.weight_only.RowSplitKernel`). Torch's
+packed ops are decode kernels whose time grows with the rows: chosen at batch 1 alone, they ran
+eight all-MiniLM-L6-v2 sentences 25x (int8) and 69x (int4) slower than float.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 import torch
 
 from qplug_core.errors import BackendNotFoundError, ConfigValidationError, did_you_mean, warn_user
-from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel, WeightOnlyKernel
+from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel, RowSplitKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight
 from qplug_core.registry import plugins
 
@@ -29,18 +35,24 @@ HOOK = "qplug_weight_only_kernels"
 TOLERANCE = 0.03
 _CHECK_ROWS = 3
 _TIMED_RUNS = 5
+#: the row counts at which the batch-1 winner is raced against dequantize-then-matmul
+SPLIT_ROWS = (4, 16, 64, 256)
 
-_cache: dict[tuple, str] = {}
+#: key -> (the batch-1 winner's name, the most rows it takes; None: every count measured)
+_cache: dict[tuple, tuple[str, int | None]] = {}
 _lock = threading.Lock()
 
 
 @dataclass
 class Choice:
-    """The kernel chosen for one key, with what each candidate measured (ms) or why it was dropped."""
+    """The kernel chosen for one key, with what each candidate measured at batch 1 (ms) or why it
+    was dropped, and the batch-1 winner against the reference by rows (rows -> (winner ms,
+    reference ms))."""
 
     kernel: WeightOnlyKernel
     timings_ms: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
+    by_rows_ms: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 def available_kernels(backend: str | None = None) -> list[WeightOnlyKernel]:
@@ -77,9 +89,10 @@ def relative_error(weight: QuantizedWeight, kernel: WeightOnlyKernel, packed: An
     return float((got - exact).norm() / exact.norm().clamp(min=1e-30))
 
 
-def _time_ms(kernel: WeightOnlyKernel, packed: Any, in_features: int, give_up_ms: float) -> float:
-    """Best of a few batch-1 runs; only the first when it is already slower than ``give_up_ms``."""
-    x = torch.randn(1, in_features)
+def _time_ms(kernel: WeightOnlyKernel, packed: Any, in_features: int, give_up_ms: float,
+             rows: int = 1) -> float:
+    """Best of a few runs on ``rows`` rows; only the first when it is already slower than ``give_up_ms``."""
+    x = torch.randn(rows, in_features)
     start = time.perf_counter()
     kernel.run(packed, x, None)
     best = time.perf_counter() - start
@@ -108,21 +121,29 @@ def choose(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: torc
     with _lock:
         known = _cache.get(key)
     if known is not None:
-        kernel = next(k for k in kernels if k.name == known)
+        name, max_rows = known
+        kernel = next(k for k in kernels if k.name == name)
+        if max_rows is not None:
+            kernel = RowSplitKernel(kernel, _reference(kernels), max_rows)
         packed = _checked_pack(kernel, weight)
         if packed is not None:
             return kernel, packed, None
     choice, packed = _measure(weight, kernels, dtype)
+    chosen = choice.kernel
     with _lock:
-        _cache[key] = choice.kernel.name
-    return choice.kernel, packed, choice
+        _cache[key] = ((chosen.few.name, chosen.max_rows) if isinstance(chosen, RowSplitKernel)
+                       else (chosen.name, None))
+    return chosen, packed, choice
 
 
 def _checked_pack(kernel: WeightOnlyKernel, weight: QuantizedWeight) -> Any:
     """``kernel.pack(weight)`` when it reproduces the definition on this layer, else ``None``."""
     try:
         packed = kernel.pack(weight)
-        error = relative_error(weight, kernel, packed)
+        # a split kernel runs its few-rows part on up to max_rows rows only: each part is checked
+        parts = (zip((kernel.few, kernel.many), packed) if isinstance(kernel, RowSplitKernel)
+                 else [(kernel, packed)])
+        error = max(relative_error(weight, part, part_packed) for part, part_packed in parts)
     except Exception as exc:  # a plugin kernel must not break quantization: it loses its turn
         warn_user(f"qplug: weight-only kernel {kernel.name!r} failed on a {weight.shape} weight "
                   f"({type(exc).__name__}: {exc}); using the next fastest")
@@ -161,7 +182,32 @@ def _measure(weight: QuantizedWeight, kernels: list[WeightOnlyKernel],
         raise ConfigValidationError(f"no weight-only kernel runs {weight.scheme} on {dtype} activations: "
                                     f"{choice.rejected}", field="scheme")
     choice.kernel = best[1]
-    return choice, best[2]
+    return _split_by_rows(choice, best[2], weight, _reference(kernels), dtype)
+
+
+def _reference(kernels: list[WeightOnlyKernel]) -> WeightOnlyKernel:
+    """The core's own reference (a plugin kernel deriving from it is a candidate like any other)."""
+    return next((k for k in kernels if type(k) is ReferenceKernel), ReferenceKernel())
+
+
+def _split_by_rows(choice: Choice, packed: Any, weight: QuantizedWeight, reference: WeightOnlyKernel,
+                   dtype: torch.dtype) -> tuple[Choice, Any]:
+    """The batch-1 winner raced against the reference at :data:`SPLIT_ROWS`: kept for every row
+    count when it never loses, else split at the last count it won at."""
+    winner = choice.kernel
+    if type(winner) is ReferenceKernel or reference.supports(weight.scheme, weight.shape, dtype):
+        return choice, packed
+    reference_packed = reference.pack(weight)  # the weight itself: nothing more is held
+    won = 1
+    for rows in SPLIT_ROWS:
+        reference_ms = _time_ms(reference, reference_packed, weight.shape[1], float("inf"), rows)
+        winner_ms = _time_ms(winner, packed, weight.shape[1], 3 * reference_ms, rows)
+        choice.by_rows_ms[rows] = (winner_ms, reference_ms)
+        if winner_ms > reference_ms:
+            choice.kernel = RowSplitKernel(winner, reference, won)
+            return choice, (packed, reference_packed)
+        won = rows
+    return choice, packed
 
 
 def _forced(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: torch.dtype,

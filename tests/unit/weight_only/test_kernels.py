@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from qplug_core.errors import ConfigValidationError
-from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel
+from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel, RowSplitKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import quantize
 from qplug_core.testing.weight_only import definition
-from qplug_core.weight_only import WeightOnlyLinear, WeightOnlyScheme
-from qplug_core.weight_only.selection import choose, relative_error
+from qplug_core.weight_only import WeightOnlyLinear, WeightOnlyScheme, selection
+from qplug_core.weight_only.selection import choose, clear_cache, relative_error
 
 KERNELS = {k.name: k for k in CORE_KERNELS}
 
@@ -105,6 +105,75 @@ def test_selection_drops_wrong_and_failing_kernels():
         choose(weight, [DropsZeroPoints()], forced="drops-zero-points")
     with pytest.raises(ConfigValidationError, match="did you mean 'reference'"):
         choose(weight, [ReferenceKernel()], forced="refrence")
+
+
+class Dequantized(WeightOnlyKernel):
+    """Dequantizes once, at pack: then a plain ``F.linear``, as fast as float at every row count.
+    Counts the rows it ran."""
+
+    name = "dequantized-once"
+
+    def __init__(self):
+        self.rows: list[int] = []
+
+    def supports(self, scheme, shape, activation_dtype):
+        return None
+
+    def pack(self, weight):
+        return weight.dequantize()
+
+    def run(self, packed, x, bias):
+        self.rows.append(x.shape[0])
+        return torch.nn.functional.linear(x, packed, bias)
+
+
+class RowByRow(Dequantized):
+    """A decode kernel: one call per activation row, so its time grows with the rows (as torch's
+    packed ops' does) while dequantize-then-matmul pays once per call."""
+
+    name = "row-by-row"
+
+    def run(self, packed, x, bias):
+        self.rows.append(x.shape[0])
+        return torch.cat([torch.nn.functional.linear(row, packed, bias) for row in x.split(1)])
+
+
+@pytest.mark.usefixtures("one_thread")  # timed: no thread waiting for a busy core
+def test_a_decode_kernel_takes_the_rows_it_wins_and_the_reference_the_rest():
+    """Chosen at batch 1, a kernel whose time grows with the rows ran all-MiniLM-L6-v2's 8 x 128
+    tokens 130x slower than float (torch's int4 op): above the row count where it first loses
+    to dequantize-then-matmul, the layer runs that instead (one call per row at 256 rows: ~10x
+    the reference here, at one row a fraction of it)."""
+    clear_cache()
+    weight = quantize(torch.randn(512, 512, generator=torch.Generator().manual_seed(1)), WeightOnlyScheme(4, 32))
+    few = RowByRow()
+    kernel, packed, choice = choose(weight, [few, ReferenceKernel()])
+    assert isinstance(kernel, RowSplitKernel) and kernel.few is few, choice
+    lost_at = max(choice.by_rows_ms)  # the race stops where the kernel first loses
+    assert choice.by_rows_ms[lost_at][0] > choice.by_rows_ms[lost_at][1], choice
+    assert kernel.max_rows == max([1, *(rows for rows in choice.by_rows_ms if rows < lost_at)])
+    module = WeightOnlyLinear(weight, None)
+    module.use_kernel(kernel, packed)
+    for rows in (1, 300):
+        few.rows.clear()
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+        torch.testing.assert_close(module(x).double(), x.double() @ definition(weight).T, rtol=1e-4, atol=1e-4)
+        assert few.rows == ([1] if rows == 1 else [])
+    # the next layer of the shape reuses the split, each part checked on its weights
+    again, _, measured = choose(weight, [few, ReferenceKernel()])
+    assert measured is None and isinstance(again, RowSplitKernel) and again.max_rows == kernel.max_rows
+
+
+@pytest.mark.usefixtures("one_thread")  # timed: no thread waiting for a busy core
+def test_a_kernel_as_fast_at_every_row_count_is_not_split(monkeypatch):
+    """Raced at up to 16 rows, where the reference's dequantization is most of its time (at 256
+    the two are within ~1.5x: a tie for this test, not a decision)."""
+    monkeypatch.setattr(selection, "SPLIT_ROWS", (4, 16))
+    clear_cache()
+    weight = quantize(torch.randn(512, 512, generator=torch.Generator().manual_seed(2)), WeightOnlyScheme(4, 32))
+    fast = Dequantized()
+    kernel, _, choice = choose(weight, [fast, ReferenceKernel()])
+    assert kernel is fast and sorted(choice.by_rows_ms) == [4, 16], choice
 
 
 def test_scheme_validates_its_fields():

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.errors import CalibrationError, ConfigValidationError, did_you_mean
+from qplug_core.errors import CalibrationError, ConfigValidationError, did_you_mean, warn_user
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
 from qplug_core.weight_only import decode_step
@@ -27,7 +27,7 @@ from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, call_m
 from qplug_core.weight_only.fusion import fuse, shared_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
-from qplug_core.weight_only.selection import Choice, available_kernels, choose
+from qplug_core.weight_only.selection import Choice, available_kernels, choose, slower_than_float
 
 #: the attribute of a quantized model holding its :class:`WeightOnlyInfo` (``qp.save`` reads it)
 INFO_ATTRIBUTE = WEIGHT_ONLY
@@ -114,6 +114,9 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
             setattr(modules[parent], child, swapped)
             info.layers[name] = "embedding" if isinstance(swapped, WeightOnlyEmbedding) else "linear"
     choose_kernels(qmodel, info, groups, kernels, dtypes, kernel)
+    slow = slower_than_float(info.choices)
+    if slow:
+        warn_user(slow)
     setattr(qmodel, INFO_ATTRIBUTE, info)
     decode_step.install(qmodel)
     return qmodel

@@ -35,6 +35,8 @@ HOOK = "qplug_weight_only_kernels"
 TOLERANCE = 0.03
 _CHECK_ROWS = 3
 _TIMED_RUNS = 5
+#: a chosen kernel this many times float's one-row time is said to be slower (timing noise below)
+SLOWER = 1.25
 #: the row counts at which the batch-1 winner is raced against dequantize-then-matmul
 SPLIT_ROWS = (4, 16, 64, 256)
 
@@ -53,6 +55,8 @@ class Choice:
     timings_ms: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     by_rows_ms: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: float ``F.linear`` on the dequantized weight at batch 1 (ms): what the quantization must beat
+    float_ms: float | None = None
 
 
 def available_kernels(backend: str | None = None) -> list[WeightOnlyKernel]:
@@ -182,7 +186,43 @@ def _measure(weight: QuantizedWeight, kernels: list[WeightOnlyKernel],
         raise ConfigValidationError(f"no weight-only kernel runs {weight.scheme} on {dtype} activations: "
                                     f"{choice.rejected}", field="scheme")
     choice.kernel = best[1]
+    if dtype.is_floating_point:
+        choice.float_ms = _time_ms(_FloatLinear(), weight.dequantize(dtype), weight.shape[1], 3 * best[0])
     return _split_by_rows(choice, best[2], weight, _reference(kernels), dtype)
+
+
+class _FloatLinear(WeightOnlyKernel):
+    """The float model's own product, timed beside the kernels (packed: the float weight)."""
+
+    name = "float"
+
+    def run(self, packed, x, bias):
+        return torch.nn.functional.linear(x, packed.to(x.dtype), bias)
+
+
+def slower_than_float(choices: list[Choice]) -> str:
+    """A warning when a chosen kernel ran one row slower than float did (the model then is smaller
+    but slower: torch's packed ops are 4-12x slower than fp32 ``F.linear`` on the Intel Xeon and
+    AMD EPYC CPUs measured), else ''."""
+    slow = [(c.timings_ms[_batch_one_name(c.kernel)] / c.float_ms, c) for c in choices
+            if c.float_ms and c.timings_ms.get(_batch_one_name(c.kernel), 0.0) > SLOWER * c.float_ms]
+    if not slow:
+        return ""
+    ratio, worst = max(slow, key=lambda item: item[0])
+    name = _batch_one_name(worst.kernel)
+    core = {k.name for k in CORE_KERNELS}
+    refused = "; ".join(f"{k}: {why}" for k, why in worst.rejected.items() if k not in core)
+    hint = (f"plugin kernels installed here that do not run this scheme: {refused}" if refused else
+            "a backend plugin registering faster kernels helps (qplug-onnxruntime: ONNX Runtime's "
+            "MatMulNBits)")
+    return (f"qplug: the fastest weight-only kernel found runs one row {ratio:.1f}x slower than float "
+            f"F.linear ({name}: {worst.timings_ms[name]:.3g} ms against {worst.float_ms:.3g} ms on "
+            f"{len(slow)} of {len(choices)} layer shape(s)): the model is smaller, not faster, at "
+            f"decode; {hint}. .qplug_weight_only.choices has every measurement")
+
+
+def _batch_one_name(kernel: WeightOnlyKernel) -> str:
+    return kernel.few.name if isinstance(kernel, RowSplitKernel) else kernel.name
 
 
 def _reference(kernels: list[WeightOnlyKernel]) -> WeightOnlyKernel:

@@ -176,6 +176,23 @@ def test_a_kernel_as_fast_at_every_row_count_is_not_split(monkeypatch):
     assert kernel is fast and sorted(choice.by_rows_ms) == [4, 16], choice
 
 
+@pytest.mark.usefixtures("one_thread")
+def test_a_kernel_slower_than_float_at_one_row_is_said():
+    """The reference dequantizes on every call, ~20x float ``F.linear``'s one-row time at this size;
+    torch's packed ops are 4-12x slower than float on the x86 CPUs measured: a model quantized for
+    speed must not come back slower without a word."""
+    clear_cache()
+    weight = quantize(torch.randn(512, 512, generator=torch.Generator().manual_seed(4)), WeightOnlyScheme(4, 32))
+    _, _, choice = choose(weight, [ReferenceKernel(), Dequantized()], forced=None)
+    assert choice.kernel.name == "dequantized-once" and selection.slower_than_float([choice]) == ""
+    clear_cache()
+    _, _, alone = choose(weight, [ReferenceKernel()])
+    assert alone.timings_ms["reference"] > alone.float_ms, alone
+    message = selection.slower_than_float([choice, alone])
+    assert "slower than float F.linear (reference:" in message and "on 1 of 2 layer shape(s)" in message
+    assert "qplug-onnxruntime" in message
+
+
 def test_scheme_validates_its_fields():
     with pytest.raises(ConfigValidationError, match="bits must be one of"):
         WeightOnlyScheme(bits=3)

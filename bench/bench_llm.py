@@ -160,7 +160,8 @@ def main() -> None:
               f"kernels {dict(collections.Counter(info.kernels.values()))}")
         for choice in info.choices:
             timings = ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(choice.timings_ms.items(), key=lambda kv: kv[1]))
-            print(f"  -> {choice.kernel.name}: {timings}")
+            rows = ", ".join(f"{r} rows {k:.3f} vs reference {ref:.3f} ms" for r, (k, ref) in choice.by_rows_ms.items())
+            print(f"  -> {choice.kernel.name}: {timings}; float {choice.float_ms or float('nan'):.3f} ms; {rows}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ swapped for the backend's own (which create the backend's quantized tensors).
 
 from __future__ import annotations
 
-import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import ConstraintViolationError
+from qplug_core.errors import ConstraintViolationError, warn_user
 from qplug_core.flows import kernel_check as kernel_contract
 from qplug_core.flows.graph_utils import is_module_call
 from qplug_core.flows.report import report_names
@@ -116,7 +115,7 @@ def _self_test_problem(backend, spec: KernelSpec) -> str:
             _self_test_results[key] = ""
         except Exception as error:  # a broken kernel must not break conversion
             _self_test_results[key] = f"kernel {spec.op} failed its self-test ({error}); using the reference form"
-            warnings.warn(f"qplug: backend {backend.name!r}: {_self_test_results[key]}", stacklevel=3)
+            warn_user(f"qplug: backend {backend.name!r}: {_self_test_results[key]}")
     return _self_test_results[key]
 
 
@@ -237,7 +236,7 @@ def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: tor
     label = f"plugin {owner.label}" if owner is not None else "an unregistered plugin"
     reason = (f"kernel {spec.op} of {label} {kernel_contract.CONTRACT_BROKEN} on the example inputs "
               f"({problem}); using the reference form")
-    warnings.warn(f"qplug: backend {backend.name!r}, node {nodes.anchor.name!r}: {reason}", stacklevel=4)
+    warn_user(f"qplug: backend {backend.name!r}, node {nodes.anchor.name!r}: {reason}")
     return reason
 
 
@@ -256,7 +255,7 @@ def _why_not_lowered(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: 
     try:
         return _lower_region(gm, backend, spec, tag, nodes, contract)
     except ConstraintViolationError as refusal:  # the kernel refused this instance (before any edit)
-        warnings.warn(f"qplug: backend {backend.name!r}: {refusal}", stacklevel=4)
+        warn_user(f"qplug: backend {backend.name!r}: {refusal}")
         return str(refusal)
 
 

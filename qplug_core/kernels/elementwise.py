@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import fx, nn
 
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.kernels._common import (
@@ -35,6 +35,12 @@ def _scalar_operand(ctx: KernelContext, op: str) -> float:
     """The Python-number operand of ``x + c`` / ``c * x``."""
     candidates = [*ctx.args, *ctx.kwargs.values()]
     numbers_ = [a for a in candidates if isinstance(a, numbers.Real) and not isinstance(a, bool)]
+    float_tensors = [a for a in candidates if isinstance(a, fx.Node)]
+    if not numbers_ and float_tensors:  # ``x * attention_mask[..., None]``: the mask is no int8 value
+        raise ConstraintViolationError(
+            f"{op}: its other operand, {float_tensors[0].name!r}, is a tensor that is not quantized (an "
+            "integer mask, say); the kernel takes two quantized tensors or one and a Python number, "
+            "so this op stays in reference form", field="args", value=float_tensors[0].name)
     if len(numbers_) != 1:
         raise ConfigValidationError(
             f"{op}: with one quantized input, exactly one Python number operand is expected; "

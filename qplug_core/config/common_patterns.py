@@ -8,7 +8,8 @@ patterns, observation types, root/QAT/fused modules and fuser methods mirror
 * ``reference_quantized_module`` is left unset: qplug's convert uses one generic reference wrapper;
 * every pattern appears once (torch.ao registers the fused ConvReLU and its QAT module twice and
   the second registration silently wins; here both registrations' fields are merged);
-* linear + relu is also fused / observed when the relu is written ``torch.relu`` or ``x.relu()``.
+* linear and conv (+ bn) + relu are also fused / observed when the relu is written ``torch.relu`` or
+  ``x.relu()``, and ``torch.relu`` alone shares its input's qparams as ``F.relu`` does.
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ def _config(pattern: Any, dtype_configs: Sequence[DTypeConfig], *,
 _CONV_FUNCTIONS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_TRANSPOSE_FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 _CONV_TRANSPOSE = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
-_MODULE_RELUS = (nn.ReLU, F.relu)
-"""How a relu after a weighted module is written in torch.ao's fusion patterns."""
+_MODULE_RELUS = (nn.ReLU, F.relu, torch.relu, "relu")
+"""How a relu after a weighted module is written: torch.ao's fusion patterns have the first two
+(conv + ``torch.relu`` is a TODO there, leaving a float island between two int8 convs)."""
 
 
 def conv_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternConfig]:
@@ -105,8 +107,8 @@ def conv_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternCon
             _config((conv, bn), dtype_configs, fuser=fm.fuse_conv_bn, fused=fused_bn),
             _config((conv, bn, nn.ReLU), dtype_configs, fuser=fm.fuse_conv_bn_relu,
                     fused=fused_bn_relu),
-            _config((conv, bn, F.relu), dtype_configs, root=conv, fuser=fm.fuse_conv_bn_relu,
-                    fused=fused_bn_relu),
+            *(_config((conv, bn, relu), dtype_configs, root=conv, fuser=fm.fuse_conv_bn_relu,
+                      fused=fused_bn_relu) for relu in _MODULE_RELUS[1:]),
             # Fused float ConvBn* only exist after QAT fusion; prepare_qat swaps them right away.
             _config(fused_bn, dtype_configs, qat_module=qat_bn),
             _config(fused_bn_relu, dtype_configs, qat_module=qat_bn_relu),
@@ -209,7 +211,7 @@ _SHARE_QPARAMS_OPS: tuple[Any, ...] = (
     "unsqueeze_", "view",
     # beyond torch.ao's list: common in real models (decoders, classifier heads), and each runs
     # unchanged on quantized tensors, so leaving them out would break int8 chains for nothing
-    nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.Flatten, "flatten",
+    nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.Flatten, "flatten", torch.relu,
 )
 """Ops that work on quantized tensors without changing their qparams (pooling, reshapes, relu)."""
 

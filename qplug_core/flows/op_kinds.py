@@ -34,10 +34,13 @@ def base_name(op: str) -> str:
     return op.rsplit("::", 1)[-1].split(".", 1)[0].rstrip("_") or op
 
 
-def op_kind(value_kind: str | None, op: str) -> str:
+def op_kind(value_kind: str | None, op: str, float_weights: bool = False) -> str:
     """:data:`COMPUTE`, :data:`SHAPE` or :data:`INTEGER` for a node left in float: ``value_kind``
     is what it computed on the example inputs ("float_tensor", "tensor", "other", or ``None``
-    when not recorded), ``op`` what the report calls it (a module class or a function name)."""
+    when not recorded), ``op`` what the report calls it (a module class or a function name);
+    a module holding ``float_weights`` computes whatever it returns (an LSTM's tuple)."""
+    if float_weights:
+        return COMPUTE
     kind = value_kind
     if kind is not None and kind != "float_tensor":
         return SHAPE if kind == "other" and base_name(op) in DATA_MOVEMENT else INTEGER

@@ -133,8 +133,19 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
         else:
             continue
         skipped.append(SkippedNode(node.target if node.target in opaque else report_key(node), op,
-                                   reason, op_kind(node.meta.get(VALUE_KIND), op)))
+                                   reason, op_kind(node.meta.get(VALUE_KIND), op, _has_float_weights(gm, node))))
     return skipped
+
+
+def _has_float_weights(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """A module call holding float parameters (an LSTM returning a tuple computes all the same)."""
+    if node.op != "call_module":
+        return False
+    try:
+        module = gm.get_submodule(node.target)
+    except AttributeError:
+        return False
+    return any(p.is_floating_point() for p in module.parameters())
 
 
 def top_reasons(report: QuantizationReport, n: int = 3) -> list[tuple[str, int]]:

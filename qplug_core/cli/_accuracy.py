@@ -21,13 +21,17 @@ WORST_LAYERS = 5
 def accuracy_document(float_model: nn.Module, qmodel: nn.Module, batches: list[tuple], *,
                       backend: Any, evaluated_on: str, fuse: bool = True) -> dict[str, Any]:
     """Output SQNR/cosine over ``batches`` and the worst layers, JSON-safe."""
+    import copy
+
     import qplug_core as qp
     from qplug_core.errors import QplugError
 
     reference, compared_against = float_model, "float model"
+    if float_model.training:  # post-training quantization ran on its eval-mode copy: so does this
+        reference = copy.deepcopy(float_model).eval()
     if fuse:
         try:
-            reference = qp.fuse_fx(float_model, batches[0], backend=backend)
+            reference = qp.fuse_fx(reference, batches[0], backend=backend)
             compared_against = "fused float model (qp.fuse_fx)"
         except QplugError:  # not capturable: the outputs still compare, layer pairs are coarser
             pass

@@ -119,6 +119,15 @@ def mark_calibration_failed(model: nn.Module, error: BaseException) -> None:
         meta[CALIBRATION_FAILED] = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
 
 
+def check_not_converted(observed: nn.Module) -> None:
+    """Refuse to convert a converted model: its observers are gone, so a second convert finds
+    nothing to quantize and its report would say the int8 model is float."""
+    if REPORT in (getattr(observed, "meta", None) or {}):
+        raise ModelStateError(
+            "this model is already converted (it holds a qplug report); it is the int8 model. "
+            "Convert the prepared and calibrated model it came from, or quantize the original float model")
+
+
 def check_calibration_finished(observed: nn.Module) -> None:
     """Refuse to convert a model whose last calibration raised partway through a batch."""
     failure = (getattr(observed, "meta", None) or {}).get(CALIBRATION_FAILED)

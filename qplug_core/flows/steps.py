@@ -259,6 +259,7 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
              inplace: bool, strict: bool, allow_float: bool = False) -> fx.GraphModule:
     """Convert to the reference form, keep it (what qp.save writes), then lower and report."""
     state = _state(observed)
+    flow_checks.check_not_converted(observed)
     flow_checks.check_calibration_finished(observed)
     with gc_paused():
         gm = observed if inplace else copy.deepcopy(observed)

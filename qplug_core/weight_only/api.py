@@ -19,7 +19,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.errors import CalibrationError, ConfigValidationError, did_you_mean, warn_user
+from qplug_core.errors import (
+    CalibrationError,
+    ConfigValidationError,
+    ModelStateError,
+    NothingQuantizedError,
+    did_you_mean,
+    warn_user,
+)
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
 from qplug_core.weight_only import decode_step
@@ -92,10 +99,22 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         raise CalibrationError(f"algorithm={algorithm!r} needs calibration=[batch, ...]: a few token batches of "
                                "the kind of text the model will see (or use algorithm='rtn')")
     patterns = [re.compile(p) for p in ([skip] if isinstance(skip, str) else skip)]
+    quantized = [name for name, m in model.named_modules() if isinstance(m, (WeightOnlyLinear, WeightOnlyEmbedding))]
+    if quantized:
+        more = f" and {len(quantized) - 3} more" if len(quantized) > 3 else ""
+        raise ModelStateError(f"this model is already weight-only quantized (layers {', '.join(quantized[:3])}"
+                              f"{more}); quantize the original float model")
     kernels = available_kernels(backend)
     qmodel = copy.deepcopy(model)
     info = WeightOnlyInfo(scheme, algorithm)
     targets = _targets(qmodel, patterns, embeddings, info)
+    if not targets:
+        kinds = "nn.Linear" + (" or nn.Embedding" if embeddings else "")
+        left = "; ".join(f"{name}: {why}" for name, why in list(info.skipped.items())[:5])
+        raise NothingQuantizedError(f"nothing was quantized: no {kinds} to quantize"
+                                    + (f" (left float: {left})" if left else "")
+                                    + "; convolutions and other layers keep float weights here",
+                                    reasons=[(why, 1) for why in info.skipped.values()])
     for name, module in targets.items():
         _check_divisible(name, module, scheme)
     linears = {n: m for n, m in targets.items() if not isinstance(m, nn.Embedding)}

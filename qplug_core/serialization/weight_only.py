@@ -85,7 +85,7 @@ def _swapped_layers(model: nn.Module) -> tuple[str, dict[str, str], dict[str, An
     w8a8 = getattr(model, W8A8_ATTRIBUTE, None)
     if isinstance(w8a8, W8A8Info):
         return "w8a8", dict(w8a8.layers), {"alpha": w8a8.alpha, "activations": w8a8.activations,
-                                           "skipped": w8a8.skipped,
+                                           "skipped": w8a8.skipped, "unsmoothed": w8a8.unsmoothed,
                                            "smoothed": [vars(s) for s in w8a8.smoothed]}
     kinds = {}
     for name, module in model.named_modules():
@@ -235,8 +235,9 @@ def _info(mode: str, document: dict, backend: str | None) -> WeightOnlyInfo | W8
         activations = document.get("activations", "per_token")
         if activations not in ACTIVATIONS:
             raise ValueError(f"activations {activations!r}")
+        unsmoothed = {str(k): str(v) for k, v in dict(document.get("unsmoothed", {})).items()}
         return W8A8Info(alpha, "simulated" if backend == "reference" else best_gemm(), activations,
-                        smoothed=smoothed, skipped=skipped)
+                        smoothed=smoothed, unsmoothed=unsmoothed, skipped=skipped)
     return None
 
 

@@ -80,11 +80,11 @@ def norm_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 def smooth(model: nn.Module, linears: dict[str, nn.Linear], calibration: Iterable[Any],
            alpha: float | str, error: Callable[[torch.Tensor, list[nn.Linear], torch.Tensor | None], float],
-           skipped: dict[str, str]) -> list[Smoothed]:
+           unsmoothed: dict[str, str]) -> list[Smoothed]:
     """Fold SmoothQuant scales into ``model`` (in place; the float function is unchanged).
 
-    ``error(rows, layers, scale)`` scores a candidate scale for ``alpha="auto"``. Inputs that
-    cannot be folded get an entry in ``skipped`` (layer -> reason)."""
+    ``error(rows, layers, scale)`` scores a candidate scale for ``alpha="auto"``. Layers whose
+    input cannot take a folded scale get an entry in ``unsmoothed`` (layer -> reason)."""
     stats = {name: _Statistics() for name in linears}
     handles = [linears[name].register_forward_pre_hook(stats[name]) for name in linears]
     batches: list[Any] = []
@@ -117,7 +117,7 @@ def smooth(model: nn.Module, linears: dict[str, nn.Linear], calibration: Iterabl
                 smoothed.add(pair.consumer)
     for name in linears:
         if name not in smoothed and stats[name].absmax is not None:
-            skipped.setdefault(name, "not smoothed: its input is not a norm's or a product's output read "
+            unsmoothed.setdefault(name, "not smoothed: its input is not a norm's or a product's output read "
                                      "by linears alone, so a scale cannot be folded")
     return done
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError, ConfigValidationError
+from qplug_core.flows.checks import check_float32
 from qplug_core.flows.dynamic import linear_from_conv1d
 from qplug_core.flows.tags import W8A8
 from qplug_core.kernels.per_token import (
@@ -50,13 +51,15 @@ ACTIVATIONS = ("per_token", "static")
 @dataclass
 class W8A8Info:
     """What :func:`quantize_w8a8` did: the layers swapped (name -> kind), the inputs smoothed
-    (where each scale was folded, with the strength), the layers left float and why, the GEMM."""
+    (where each scale was folded, with the strength), the int8 layers whose input could not be
+    smoothed and why, the layers left float and why, the GEMM."""
 
     alpha: float | str | None
     gemm: str
     activations: str = "per_token"
     layers: dict[str, str] = field(default_factory=dict)
     smoothed: list[Smoothed] = field(default_factory=list)
+    unsmoothed: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
 
 
@@ -90,6 +93,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
     if not isinstance(model, nn.Module):
         raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
                                     field="model", value=type(model).__name__)
+    check_float32(model)  # int8 linears with float32 scales: a bf16 model met them only at its first call
     if alpha is not None and alpha != "auto" and not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
         raise ConfigValidationError(f"alpha must be 'auto', a number in (0, 1) or None, got {alpha!r}",
                                     field="alpha", value=alpha)
@@ -114,7 +118,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
         info.smoothed = smooth(qmodel, linears, calibration or (), alpha,
                                lambda rows, layers, scale: output_error(rows, layers, scale, qmax,
                                                                         static=activations == "static"),
-                               info.skipped)
+                               info.unsmoothed)
     ranges = _input_ranges(qmodel, linears, calibration or ()) if activations == "static" else {}
     shared = SharedInput()
     with torch.no_grad():

@@ -356,6 +356,10 @@ def get_backend(name_or_backend: str | Backend | None = None) -> Backend:
     """
     if isinstance(name_or_backend, Backend):
         return name_or_backend
+    if name_or_backend is not None and not isinstance(name_or_backend, str):
+        raise ConfigValidationError(f"backend must be a backend name (a str such as 'fbgemm'), a Backend or "
+                                    f"None, got {name_or_backend!r} ({type(name_or_backend).__name__})",
+                                    field="backend", value=repr(name_or_backend))
     entries = _registry()
     name = _default_backend_name() if name_or_backend is None else name_or_backend
     entry = entries.get(name)

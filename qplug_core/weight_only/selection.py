@@ -212,9 +212,13 @@ def slower_than_float(choices: list[Choice]) -> str:
     name = _batch_one_name(worst.kernel)
     core = {k.name for k in CORE_KERNELS}
     refused = "; ".join(f"{k}: {why}" for k, why in worst.rejected.items() if k not in core)
-    hint = (f"plugin kernels installed here that do not run this scheme: {refused}" if refused else
-            "a backend plugin registering faster kernels helps (qplug-onnxruntime: ONNX Runtime's "
-            "MatMulNBits)")
+    if name not in core:  # a plugin's kernel already: small layers, where a call's fixed cost dominates
+        hint = f"{name} is the fastest installed; at this layer size its fixed cost per call outweighs what it saves"
+    elif refused:
+        hint = f"plugin kernels installed here that do not run this scheme: {refused}"
+    else:
+        hint = ("a backend plugin registering faster kernels helps (qplug-onnxruntime: ONNX Runtime's "
+                "MatMulNBits)")
     return (f"qplug: the fastest weight-only kernel found runs one row {ratio:.1f}x slower than float "
             f"F.linear ({name}: {worst.timings_ms[name]:.3g} ms against {worst.float_ms:.3g} ms on "
             f"{len(slow)} of {len(choices)} layer shape(s)): the model is smaller, not faster, at "

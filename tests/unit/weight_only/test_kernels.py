@@ -180,17 +180,18 @@ def test_a_kernel_as_fast_at_every_row_count_is_not_split(monkeypatch):
 def test_a_kernel_slower_than_float_at_one_row_is_said():
     """The reference dequantizes on every call, ~20x float ``F.linear``'s one-row time at this size;
     torch's packed ops are 4-12x slower than float on the x86 CPUs measured: a model quantized for
-    speed must not come back slower without a word."""
+    speed must not come back slower without a word. Within 1.25x of float is timing noise."""
     clear_cache()
     weight = quantize(torch.randn(512, 512, generator=torch.Generator().manual_seed(4)), WeightOnlyScheme(4, 32))
-    _, _, choice = choose(weight, [ReferenceKernel(), Dequantized()], forced=None)
-    assert choice.kernel.name == "dequantized-once" and selection.slower_than_float([choice]) == ""
-    clear_cache()
     _, _, alone = choose(weight, [ReferenceKernel()])
-    assert alone.timings_ms["reference"] > alone.float_ms, alone
-    message = selection.slower_than_float([choice, alone])
+    assert alone.timings_ms["reference"] > 2 * alone.float_ms, alone
+    as_fast = selection.Choice(Dequantized(), {"dequantized-once": 1.2}, float_ms=1.0)
+    assert selection.slower_than_float([as_fast]) == ""
+    message = selection.slower_than_float([as_fast, alone])
     assert "slower than float F.linear (reference:" in message and "on 1 of 2 layer shape(s)" in message
     assert "qplug-onnxruntime" in message
+    plugin_kernel = selection.Choice(Dequantized(), {"dequantized-once": 2.0}, float_ms=1.0)
+    assert "dequantized-once is the fastest installed" in selection.slower_than_float([plugin_kernel])
 
 
 def test_scheme_validates_its_fields():

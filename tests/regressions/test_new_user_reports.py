@@ -1,0 +1,143 @@
+"""Defects a new user's first session found (2026-12-06): each test is the user's own call, with the
+numbers or the error a user relies on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.errors import ConfigValidationError, ModelStateError, NothingQuantizedError
+from qplug_core.zoo import get_model
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(F.cosine_similarity(a.flatten(), b.flatten(), dim=0))
+
+
+class MaskedTokens(nn.Module):
+    """Token embeddings times an integer attention mask, as mean-pooling encoders write it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.fc1, self.fc2 = nn.Embedding(100, 32), nn.Linear(32, 64), nn.Linear(64, 8)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h = self.emb(input_ids) * attention_mask.unsqueeze(-1)
+        return self.fc2(torch.relu(self.fc1(h))).mean(1)
+
+
+def _tokens(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 100, (2, 12), generator=g), (torch.rand(2, 12, generator=g) > 0.2).long()
+
+
+def test_a_tensor_times_an_integer_mask_stays_in_reference_form_on_fbgemm():
+    """fbgemm's mul kernel takes two int8 tensors or one and a number: the integer mask made
+    lowering raise a ConfigValidationError from inside the kernel table, and qp.quantize failed."""
+    torch.manual_seed(0)
+    model = MaskedTokens().eval()
+    with pytest.warns(UserWarning, match="'unsqueeze', is a tensor that is not quantized"):
+        qmodel = qp.quantize(model, _tokens(0), [_tokens(i) for i in range(4)], backend="fbgemm")
+    report = qp.quantization_report(qmodel)
+    assert any("is a tensor that is not quantized" in why for why in report.reference.values()), report.reference
+    x = _tokens(9)
+    assert _cosine(model(*x), qmodel(*x)) >= 0.999
+
+
+class ConvBnRelu(nn.Module):
+    def __init__(self, relu) -> None:
+        super().__init__()
+        self.conv, self.bn, self.conv2, self.relu = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Conv2d(8, 8, 3), relu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(self.relu(self.bn(self.conv(x))))
+
+
+@pytest.mark.parametrize("relu", [torch.relu, lambda t: t.relu()], ids=["torch.relu", "Tensor.relu"])
+def test_conv_bn_then_torch_relu_fuses_like_f_relu(relu):
+    """torch.ao's conv patterns have nn.ReLU and F.relu only (torch.relu is a TODO there): conv ->
+    bn -> torch.relu left the relu float between two int8 convs, a dequantize/quantize pair."""
+    torch.manual_seed(0)
+    model = ConvBnRelu(relu).eval()
+    data = [torch.randn(4, 3, 12, 12) for _ in range(4)]
+    qmodel = qp.quantize(model, data[0], data, backend="fbgemm")
+    report = qp.quantization_report(qmodel)
+    assert [f.fused_type for f in report.fusions] == ["ConvReLU2d"] and not report.skipped
+    assert qp.sqnr(model(data[0]), qmodel(data[0])) > 25
+
+
+def test_a_float_lstm_counts_as_compute_left_float():
+    """An LSTM returns a tuple, which the report took for integer plumbing: "100% int8" while the
+    LSTM held 99.9% of the parameters in float."""
+    class Classifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm, self.fc = nn.LSTM(16, 32, batch_first=True), nn.Linear(32, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.lstm(x)[0][:, -1])
+
+    torch.manual_seed(0)
+    data = [torch.randn(2, 5, 16) for _ in range(3)]
+    report = qp.quantization_report(qp.quantize(Classifier().eval(), data[0], data, backend="fbgemm"))
+    lstm = next(s for s in report.skipped if s.op == "LSTM")
+    assert lstm.kind == "compute", lstm
+
+
+def test_the_cli_compares_layers_with_the_eval_mode_float_model():
+    """The zoo's factories return training-mode models; fusing one for the per-layer table raised
+    and the table compared int8 ConvReLU kernels with bare float convs: conv1 3.0 dB."""
+    from qplug_core.cli._accuracy import accuracy_document
+
+    model = get_model("digits_cnn", seed=0, train=True)
+    data = [torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    qmodel = qp.quantize(model, data[0], data, backend="fbgemm")
+    doc = accuracy_document(model, qmodel, data, backend="fbgemm", evaluated_on="calibration data")
+    assert doc["compared_against"] == "fused float model (qp.fuse_fx)" and model.training
+    assert min(layer["sqnr_db"] for layer in doc["worst_layers"]) > 25, doc["worst_layers"]
+
+
+def _converted() -> torch.fx.GraphModule:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+    prepared = qp.prepare_fx(model, None, (torch.randn(1, 3, 8, 8),), backend="fbgemm")
+    qp.calibrate(prepared, [torch.randn(4, 3, 8, 8) for _ in range(2)])
+    return qp.convert_fx(prepared)
+
+
+def test_converting_an_int8_model_again_is_refused():
+    """The second convert found no observers and returned a model whose report said it was float."""
+    with pytest.raises(ModelStateError, match="already converted .* Convert the prepared and calibrated model"):
+        qp.convert_fx(_converted())
+
+
+def test_weight_only_with_nothing_to_quantize_is_refused():
+    with pytest.raises(NothingQuantizedError, match="no nn.Linear to quantize"):
+        qp.quantize_weights(nn.Sequential(nn.Conv2d(3, 3, 1), nn.ReLU()), bits=8)
+    with pytest.raises(NothingQuantizedError, match=r"left float: 0: skip= matches its name"):
+        qp.quantize_weights(nn.Sequential(nn.Linear(64, 64)), bits=8, skip="0")
+    once = qp.quantize_weights(nn.Sequential(nn.Linear(64, 64)), bits=8)
+    with pytest.raises(ModelStateError, match=r"already weight-only quantized \(layers 0\)"):
+        qp.quantize_weights(once, bits=4, group_size=32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dynamic_and_w8a8_refuse_a_half_precision_model_up_front(dtype):
+    """Both returned a model whose first call raised torch's dtype mismatch."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).to(dtype).eval()
+    with pytest.raises(ModelStateError, match="is (b)?float16; qplug quantizes float32 models"):
+        qp.quantize_dynamic(model, backend="fbgemm")
+    with pytest.raises(ModelStateError, match="is (b)?float16; qplug quantizes float32 models"):
+        qp.quantize_w8a8(model, alpha=None)
+
+
+@pytest.mark.parametrize("backend", [3, ["fbgemm"]])
+def test_a_backend_that_is_not_a_name_is_refused_by_type(backend):
+    data = [torch.randn(2, 4)]
+    with pytest.raises(ConfigValidationError, match="backend must be a backend name"):
+        qp.quantize(nn.Sequential(nn.Linear(4, 4)), data[0], data, backend=backend)

@@ -43,7 +43,9 @@ from qplug_core.flows.prepare import ObserverInserter, swap_qat_modules, tag_reg
 from qplug_core.flows.regions import RegionPlanner
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
-from qplug_core.flows.tags import REPORT, STATE, ValueAnnotator
+from qplug_core.flows.tags import REPORT, STATE, W8A8, WEIGHT_ONLY, ValueAnnotator
+from qplug_core.kernels.dynamic import DynamicKernel
+from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.observers import distributed
 from qplug_core.observers.tokens import batch_token_mask, observing_tokens
 from qplug_core.passes import PassResult
@@ -328,9 +330,23 @@ def quantization_report(model: fx.GraphModule) -> QuantizationReport:
     """The report a convert step attached to ``model``."""
     report = getattr(model, "meta", {}).get(REPORT)
     if report is None:
-        raise ConfigValidationError("this model has no qplug quantization report; it was not "
-                                    "produced by qp.convert_fx / qp.quantize", field="model")
+        raise ConfigValidationError(f"this model has no qplug quantization report: {_made_by(model)}",
+                                    field="model")
     return report
+
+
+def _made_by(model: Any) -> str:
+    """Where a model without a graph report keeps its record, or that none made it."""
+    if hasattr(model, WEIGHT_ONLY):
+        return (f"it was quantized by qp.quantize_weights, whose record is model.{WEIGHT_ONLY} "
+                "(layers, kernels, skipped)")
+    if hasattr(model, W8A8):
+        return (f"it was quantized by qp.quantize_w8a8 (qp.quantize does this for a decoder LLM to keep "
+                f"generate()), whose record is model.{W8A8} (layers, smoothed, skipped)")
+    modules = model.modules() if isinstance(model, nn.Module) else ()
+    if any(isinstance(m, (DynamicKernel, PerTokenDynamicLinear)) for m in modules):
+        return "qp.quantize_dynamic swaps modules in place, with no graph report; print(model) shows them"
+    return "it was not produced by qp.convert_fx / qp.quantize"
 
 
 def quantize_static(model: nn.Module, example_inputs: Any, calibration_data: Any, *,

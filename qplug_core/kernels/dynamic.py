@@ -40,7 +40,7 @@ def symmetric_weight_qparams(weight: torch.Tensor, per_channel: bool,
                    axis=0 if per_channel else None, is_dynamic=True)
 
 
-class _DynamicKernel(PackedStateModule):
+class DynamicKernel(PackedStateModule):
     """Shared ``from_float`` checks and weight packing of the dynamic modules."""
 
     _float_type: type[nn.Module] | tuple[type[nn.Module], ...]
@@ -81,7 +81,7 @@ class _DynamicKernel(PackedStateModule):
     def from_float(cls, mod: nn.Module, *, dtype: torch.dtype = torch.qint8,
                    engine: str | None = None, per_channel: bool = False,
                    reduce_range: bool | None = None,
-                   weight_qparams: QParams | None = None) -> _DynamicKernel:
+                   weight_qparams: QParams | None = None) -> DynamicKernel:
         """Quantize and pack ``mod``'s weights for ``engine`` (default: the current engine).
 
         ``reduce_range=None`` picks 7-bit activations on x86 engines (safe without VNNI); the flows
@@ -105,7 +105,7 @@ class _DynamicKernel(PackedStateModule):
         return f"dtype={self.dtype}, engine={self.engine!r}, reduce_range={self.reduce_range}"
 
 
-class DynamicLinear(_DynamicKernel):
+class DynamicLinear(DynamicKernel):
     """``nn.Linear`` (+ReLU) with int8 or fp16 weights; float in, float out."""
 
     def _build(self, mod: nn.Module, per_channel: bool) -> None:
@@ -195,7 +195,7 @@ def _bias(mod: nn.Module, name: str, size: int) -> torch.Tensor:
     return torch.zeros(size) if b is None else b.detach().float()
 
 
-class _DynamicRNN(_DynamicKernel):
+class _DynamicRNN(DynamicKernel):
     """Stacked, optionally bidirectional LSTM/GRU over ``torch.quantized_lstm`` / ``_gru``."""
 
     def _build(self, mod: nn.Module, per_channel: bool) -> None:
@@ -257,7 +257,7 @@ class DynamicGRU(_DynamicRNN):
                                        self.batch_first)
 
 
-class _DynamicCell(_DynamicKernel):
+class _DynamicCell(DynamicKernel):
     """One recurrent cell: two dynamic linears (ih, hh) and the float gate maths.
 
     torch's ``quantized_*_cell_dynamic`` ops hard-code ``reduce_range=True``, which makes qnnpack

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from qplug_core.errors import CalibrationError
+from qplug_core.errors import CalibrationError, QplugError
 from qplug_core.observers.tokens import batch_token_mask, observing_tokens
 
 
@@ -16,14 +16,19 @@ def run_hooked(gm: fx.GraphModule, calibration_data: Any, handles: list, what: s
 
     No batch at all is a :class:`CalibrationError` naming ``what`` needed them.
     """
-    from qplug_core.flows.steps import iter_batches
+    from qplug_core.flows.steps import batch_does_not_fit, iter_batches
 
     batches = 0
     try:
         with torch.no_grad():
             for batch in iter_batches(calibration_data):
                 with observing_tokens(batch_token_mask(gm, batch)):  # as calibrate does
-                    gm(*batch)
+                    try:
+                        gm(*batch)
+                    except QplugError:
+                        raise
+                    except Exception as error:  # the batch, not the pass: say so as calibrate does
+                        raise batch_does_not_fit(batches, error) from error
                 batches += 1
     finally:
         for handle in handles:

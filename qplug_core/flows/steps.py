@@ -235,15 +235,21 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
                 raise
             except Exception as error:
                 flow_checks.mark_calibration_failed(model, error)
-                raise InputMismatchError(
-                    f"calibration batch {batches - 1} does not fit the model: {type(error).__name__}: "
-                    f"{str(error).splitlines()[0] if str(error) else ''}. Give batches with the same "
-                    "number, shapes and dtypes of inputs as example_inputs") from error
+                raise batch_does_not_fit(batches - 1, error) from error
         non_empty = ranks.total(non_empty)
     if non_empty == 0:
         raise CalibrationError(f"0 batches observed ({batches} given, all empty): calibration needs "
                                "at least one batch of representative, non-empty inputs")
     return model
+
+
+def batch_does_not_fit(index: int, error: Exception) -> InputMismatchError:
+    """The error for a calibration batch the model raised on (torch's own error, first line)."""
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    return InputMismatchError(
+        f"calibration batch {index} does not fit the model: {type(error).__name__}: {first_line}. Give "
+        "batches with the same number, shapes and dtypes of inputs as example_inputs (a graph "
+        "captured by torch.export keeps the sizes its example had, unless they are dynamic)")
 
 
 def _check_device(gm: fx.GraphModule, backend: Backend) -> None:

@@ -9,7 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.errors import ConfigValidationError, ModelStateError, NothingQuantizedError
+from qplug_core.errors import (
+    ConfigValidationError,
+    InputMismatchError,
+    ModelStateError,
+    NothingQuantizedError,
+)
 from qplug_core.zoo import get_model
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
@@ -155,3 +160,14 @@ def test_the_report_of_a_swapped_model_says_where_its_record_is():
     dynamic = qp.quantize_dynamic(nn.Sequential(nn.Linear(64, 64)).eval(), backend="fbgemm")
     with pytest.raises(ConfigValidationError, match="qp.quantize_dynamic swaps modules in place"):
         qp.quantization_report(dynamic)
+
+
+def test_a_batch_the_graph_refuses_is_an_input_mismatch_in_the_passes_too():
+    """SmoothQuant's calibration pass let torch's RuntimeError out (an export-captured BERT whose
+    batch-1 example fixed the batch size, calibrated at batch 4); calibrate already said which
+    batch did not fit."""
+    from qplug_core.algorithms._calibration import run_hooked
+
+    graph = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4)))
+    with pytest.raises(InputMismatchError, match="calibration batch 1 does not fit the model: RuntimeError"):
+        run_hooked(graph, [(torch.randn(2, 4),), (torch.randn(2, 5),)], [], "smooth_quant")

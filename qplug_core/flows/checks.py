@@ -119,6 +119,32 @@ def mark_calibration_failed(model: nn.Module, error: BaseException) -> None:
         meta[CALIBRATION_FAILED] = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
 
 
+class ConstantInputs:
+    """Which float inputs of the calibration batches never varied (all zeros, say): their
+    observers saw one value, so int8 keeps only that value there and every other input answers
+    garbage (cosine 0.1 against float on real inputs)."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, float | None] = {}  # input position -> its one value (None: it varied)
+
+    def add(self, batch: tuple) -> None:
+        for i, x in enumerate(batch):
+            if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()):
+                continue
+            if i not in self.values or self.values[i] is not None:
+                low, high = float(x.min()), float(x.max())
+                self.values[i] = low if low == high == self.values.get(i, low) else None
+
+    def warning(self) -> str:
+        constant = {i: v for i, v in self.values.items() if v is not None}
+        if not constant:
+            return ""
+        listed = ", ".join(f"input {i} (every value {v:g})" for i, v in constant.items())
+        return (f"qplug: calibration saw constant float inputs: {listed}; the observers after them "
+                "saw one value, so the int8 model keeps only that value there. Calibrate with "
+                "representative inputs")
+
+
 def check_not_converted(observed: nn.Module) -> None:
     """Refuse to convert a converted model: its observers are gone, so a second convert finds
     nothing to quantize and its report would say the int8 model is float."""

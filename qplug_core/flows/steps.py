@@ -24,6 +24,7 @@ from qplug_core.errors import (
     InputMismatchError,
     NothingQuantizedError,
     QplugError,
+    warn_user,
 )
 from qplug_core.flows import calibration_sample, weight_bits
 from qplug_core.flows import checks as flow_checks
@@ -221,8 +222,10 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
         else:
             iterator = iter_batches(data)
         sample = calibration_sample.start(model)  # a few batches for convert's decisions
+        constant = flow_checks.ConstantInputs()
         for batch in ranks.steps(iterator):
             batches += 1
+            constant.add(batch)
             if sample is not None:
                 sample.add(batch)
             if any(isinstance(x, torch.Tensor) and x.numel() for x in batch):
@@ -240,6 +243,8 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
     if non_empty == 0:
         raise CalibrationError(f"0 batches observed ({batches} given, all empty): calibration needs "
                                "at least one batch of representative, non-empty inputs")
+    if constant.warning():
+        warn_user(constant.warning())
     return model
 
 

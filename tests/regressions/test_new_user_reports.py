@@ -3,6 +3,8 @@ numbers or the error a user relies on."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -171,3 +173,17 @@ def test_a_batch_the_graph_refuses_is_an_input_mismatch_in_the_passes_too():
     graph = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4)))
     with pytest.raises(InputMismatchError, match="calibration batch 1 does not fit the model: RuntimeError"):
         run_hooked(graph, [(torch.randn(2, 4),), (torch.randn(2, 5),)], [], "smooth_quant")
+
+
+def test_calibrating_on_constant_inputs_warns():
+    """All-zero calibration batches gave scale eps everywhere and an int8 model answering real
+    inputs at cosine 0.115, without a word."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+    zeros = [torch.zeros(4, 3, 8, 8) for _ in range(3)]
+    with pytest.warns(UserWarning, match=r"constant float inputs: input 0 \(every value 0\)"):
+        qp.quantize(model, zeros[0], zeros, backend="fbgemm")
+    real = [torch.randn(4, 3, 8, 8) for _ in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a varying input: no such warning
+        qp.calibrate(qp.prepare_fx(model, None, real[0], backend="fbgemm"), [*real, zeros[0]])

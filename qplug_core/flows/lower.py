@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import ConstraintViolationError, warn_user
+from qplug_core.errors import ConfigValidationError, ConstraintViolationError, warn_user
 from qplug_core.flows import kernel_check as kernel_contract
 from qplug_core.flows.graph_utils import is_module_call
 from qplug_core.flows.report import report_names
@@ -164,7 +164,11 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         input_qparams=tuple(_boundary_qparams(gm, b) for b in boundaries),
         output_qparams=gm.get_submodule(output_quantize.target).qparams if output_quantize else None,
         weight_qparams=weight_qparams, engine=backend.engine)
-    kernel = spec.build(ctx)
+    try:
+        kernel = spec.build(ctx)
+    except ConfigValidationError as error:  # the region lacks what the kernel needs (qparams another
+        # backend's patterns leave out: a model prepared for onnxruntime, converted for fbgemm)
+        raise ConstraintViolationError(f"kernel {spec.op} cannot be built for this region: {error}") from error
     problem = _contract_problem(gm, backend, spec, kernel, tag, nodes, contract)
     if problem:
         return problem

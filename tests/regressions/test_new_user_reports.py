@@ -187,3 +187,17 @@ def test_calibrating_on_constant_inputs_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # a varying input: no such warning
         qp.calibrate(qp.prepare_fx(model, None, real[0], backend="fbgemm"), [*real, zeros[0]])
+
+
+def test_a_region_another_backend_prepared_keeps_the_reference_form_where_a_kernel_cannot_be_built():
+    """Prepared for onnxruntime (whose linear output stays float), converted for fbgemm: the
+    linear kernel's missing output qparams raised out of convert_fx."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+    data = [torch.randn(4, 3, 8, 8) for _ in range(3)]
+    prepared = qp.prepare_fx(model, None, data[0], backend="onnxruntime")
+    qp.calibrate(prepared, data)
+    with pytest.warns(UserWarning, match="kernel quantized::linear cannot be built for this region: output_qparams"):
+        qmodel = qp.convert_fx(prepared, backend="fbgemm")
+    assert list(qp.quantization_report(qmodel).reference) == ["3"]
+    assert qp.sqnr(model(data[0]), qmodel(data[0])) > 30

@@ -7,6 +7,8 @@ through :mod:`qplug_core.algorithms`, anything else straight to the flow.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -68,6 +70,37 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
         warn_user(f"qp.quantize captures {type(model).__name__} as a graph, which has no generate() and no KV "
                   "cache; qp.quantize_w8a8(model, calibration) or qp.quantize_weights(model) keep the model "
                   "and generate()")
+        with kv_cache_off(model):
+            return _quantize_graph(model, example_inputs, calibration_data, backend=backend,
+                                   qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
+                                   allow_float=allow_float, recipe=recipe, target=target, **prepare_options)
+    return _quantize_graph(model, example_inputs, calibration_data, backend=backend,
+                           qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
+                           allow_float=allow_float, recipe=recipe, target=target, **prepare_options)
+
+
+@contextlib.contextmanager
+def kv_cache_off(model: nn.Module) -> Iterator[None]:
+    """The model's ``config.use_cache`` off while it is captured: a graph has no KV cache, and
+    Hugging Face's ``DynamicCache`` is no output torch.export can return (it refused every
+    generating model); the user's setting is restored after."""
+    config = model.config
+    had, before = hasattr(config, "use_cache"), getattr(config, "use_cache", None)
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        if had:
+            config.use_cache = before
+        else:
+            del config.use_cache
+
+
+def _quantize_graph(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
+                    backend: str | Backend | None, qconfig_mapping: QConfigMapping | None,
+                    progress: bool | None, strict: bool, allow_float: bool, recipe: Any, target: Any,
+                    **prepare_options: Any) -> nn.Module:
+    """:func:`quantize` of a model captured as a graph (every model but a generating one kept whole)."""
     if isinstance(backend, str) and backend == auto.AUTO:
         return _quantize_auto(model, example_inputs, calibration_data, qconfig_mapping=qconfig_mapping,
                               progress=progress, strict=strict, allow_float=allow_float,

@@ -201,3 +201,20 @@ def test_a_region_another_backend_prepared_keeps_the_reference_form_where_a_kern
         qmodel = qp.convert_fx(prepared, backend="fbgemm")
     assert list(qp.quantization_report(qmodel).reference) == ["3"]
     assert qp.sqnr(model(data[0]), qmodel(data[0])) > 30
+
+
+@pytest.mark.slow
+def test_a_generating_model_asked_for_a_graph_is_captured_without_its_kv_cache():
+    """capture="export" (or a compiling backend) on a LlamaForCausalLM raised torch.export's "Found
+    DynamicCache in output"; the docs promise the graph, with a warning that it cannot generate."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    data = [torch.randint(0, 300, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    with pytest.warns(UserWarning, match="captures LlamaForCausalLM as a graph, which has no generate"):
+        qmodel = qp.quantize(model, (data[0],), data, backend="fbgemm", capture="export")
+    assert isinstance(qmodel, torch.fx.GraphModule) and model.config.use_cache is True
+    with torch.no_grad():
+        assert _cosine(model(data[2]).logits, qmodel(data[2]).logits) > 0.99

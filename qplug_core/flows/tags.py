@@ -124,8 +124,20 @@ class ValueAnnotator(fx.Interpreter):
         if n.op == "placeholder" and isinstance(result, torch.Tensor):
             spec = input_spec(result)
             if spec is not None:
-                n.meta[INPUT_SPEC] = spec
+                n.meta[INPUT_SPEC] = {**spec, **fixed_sizes(n)}
         return result
+
+
+def fixed_sizes(placeholder: fx.Node) -> dict[str, list[int]]:
+    """``{"fixed": dims}``: the dimensions torch.export specialised to the example's size (its
+    placeholder's fake value has a plain int there, a symbol where the size is dynamic); empty for
+    a symbolically traced graph, which fixes none. A loaded model checks them (export's own guard
+    is not saved): shape control flow took the example's branch for those sizes only."""
+    value = placeholder.meta.get("val")
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return {}
+    return {"fixed": [i for i, size in enumerate(shape) if isinstance(size, int)]}
 
 
 def input_spec(value: torch.Tensor) -> dict[str, Any] | None:

@@ -138,7 +138,9 @@ def _encode_meta(meta: dict[str, Any], path: str) -> dict[str, Any]:
         if meta.get(key):
             doc[key] = True
     if INPUT_SPEC in meta:
-        doc[INPUT_SPEC] = {"shape": list(meta[INPUT_SPEC]["shape"]), "dtype": meta[INPUT_SPEC]["dtype"]}
+        spec = meta[INPUT_SPEC]
+        doc[INPUT_SPEC] = {"shape": list(spec["shape"]), "dtype": spec["dtype"],
+                           **({"fixed": list(spec["fixed"])} if "fixed" in spec else {})}
     tag = meta.get(REGION)
     if tag is not None:
         region = {name: getattr(tag, name) for name in _REGION_FIELDS}
@@ -233,7 +235,7 @@ def _decode_meta(doc: Any, path: str) -> dict[str, Any]:
 
 
 def _decode_input_spec(doc: Any, path: str) -> dict[str, Any]:
-    read_fields(doc, path, ("shape", "dtype"), required=("shape", "dtype"))
+    read_fields(doc, path, ("shape", "dtype", "fixed"), required=("shape", "dtype"))
     shape = expect(doc["shape"], list, child(path, "shape"), "a JSON list of sizes")
     if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**31 for s in shape) \
             or len(shape) > 16:
@@ -243,7 +245,13 @@ def _decode_input_spec(doc: Any, path: str) -> dict[str, Any]:
     if dtype not in SPEC_DTYPES:
         raise ConfigError(f"{where(child(path, 'dtype'))}: expected one of {sorted(SPEC_DTYPES)}, got "
                           f"{dtype!r}", field=child(path, "dtype"), value=dtype)
-    return {"shape": shape, "dtype": dtype}
+    if "fixed" not in doc:
+        return {"shape": shape, "dtype": dtype}
+    fixed = expect(doc["fixed"], list, child(path, "fixed"), "a JSON list of dimensions")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < len(shape) for d in fixed):
+        raise ConfigError(f"{where(child(path, 'fixed'))}: expected dimensions of the {len(shape)}-d shape, "
+                          f"got {fixed!r}", field=child(path, "fixed"), value=fixed)
+    return {"shape": shape, "dtype": dtype, "fixed": fixed}
 
 
 def _decode_region(doc: Any, path: str) -> RegionTag:

@@ -218,3 +218,34 @@ def test_a_generating_model_asked_for_a_graph_is_captured_without_its_kv_cache()
     assert isinstance(qmodel, torch.fx.GraphModule) and model.config.use_cache is True
     with torch.no_grad():
         assert _cosine(model(data[2]).logits, qmodel(data[2]).logits) > 0.99
+
+
+class BranchesOnBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        if h.shape[0] > 1:  # torch.export keeps the example's branch and guards its batch size
+            h = h * 2
+        return self.b(h)
+
+
+def test_a_loaded_export_graph_refuses_the_sizes_its_capture_did_not_cover(tmp_path):
+    """Export's guard is not saved: after qp.load a batch-1 capture answered batch 3 with the batch-1
+    branch, cosine 0.92 against float, without a word."""
+    torch.manual_seed(0)
+    model = BranchesOnBatch().eval()
+    one = [torch.randn(1, 16) for _ in range(8)]
+    qmodel = qp.quantize(model, one[0], one, backend="fbgemm")
+    assert qp.quantization_report(qmodel).capture == "export"
+    loaded = qp.load(qp.save(qmodel, tmp_path / "one.safetensors"))
+    torch.testing.assert_close(loaded(one[0]), qmodel(one[0]), rtol=0, atol=0)
+    with pytest.raises(InputMismatchError, match=r"input 'x' has shape \(3, 16\); torch.export captured this "
+                                                 r"model for size\(s\) 1 at dim 0"):
+        loaded(torch.randn(3, 16))
+    four = [torch.randn(4, 16) for _ in range(8)]  # a dynamic batch: other batch sizes are fine
+    loaded = qp.load(qp.save(qp.quantize(model, four[0], four, backend="fbgemm"), tmp_path / "four.safetensors"))
+    x = torch.randn(3, 16)
+    assert qp.sqnr(model(x), loaded(x)) > 25

@@ -25,7 +25,7 @@ from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
 from qplug_core.eager.prepare import INPUT_OBSERVER, OUTPUT_OBSERVER, observe_input, observe_output
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
-from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
+from qplug_core.errors import ConfigValidationError, ModelStateError, UncalibratedObserverError
 from qplug_core.flows.regions import weight_name_of
 from qplug_core.flows.tags import EAGER_STATE
 from qplug_core.kernels.base import KernelContext, TensorArg, pin_engine
@@ -167,6 +167,21 @@ def _convert_children(parent: nn.Module, converter: _Converter) -> None:
             setattr(parent, name, _user_hooks(child, replacement).train(False))
 
 
+def _check_quant_stub(model: nn.Module) -> None:
+    """Refuse a model whose int8 modules nothing feeds int8: eager mode quantizes where a QuantStub
+    says (torch.ao's own stubs count too); without one every int8 module met a float tensor at the
+    first call and torch raised "Could not run 'quantized::conv2d.new' ... 'CPU'"."""
+    if any(type(m).__name__ == "QuantStub" for m in model.modules()):
+        return
+    observed = [name for name, m in model.named_modules() if hasattr(m, "activation_post_process")]
+    if observed:
+        raise ModelStateError(
+            f"eager mode quantizes what runs between a QuantStub and a DeQuantStub, and this model has no "
+            f"QuantStub: its int8 modules ({', '.join(observed[:3])}{' ...' if len(observed) > 3 else ''}) "
+            "would receive float tensors. Add the stubs to the model, wrap it as "
+            "qp.eager.QuantWrapper(model), or use qp.quantize (graph mode), which places them itself")
+
+
 def convert(model: nn.Module, *, backend: str | Backend | None = None,
             inplace: bool = False) -> nn.Module:
     """Observed (or QAT-trained) model -> int8 model in eval mode.
@@ -180,6 +195,7 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
             "this model was not prepared by qplug's eager mode (no qplug_eager_state); call "
             "qp.eager.prepare or qp.eager.prepare_qat and calibrate it first", field="model")
     chosen = get_backend(backend if backend is not None else state["backend"]).require_available()
+    _check_quant_stub(model)
     missing = _uncalibrated(model)
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")

@@ -249,3 +249,21 @@ def test_a_loaded_export_graph_refuses_the_sizes_its_capture_did_not_cover(tmp_p
     loaded = qp.load(qp.save(qp.quantize(model, four[0], four, backend="fbgemm"), tmp_path / "four.safetensors"))
     x = torch.randn(3, 16)
     assert qp.sqnr(model(x), loaded(x)) > 25
+
+
+def test_eager_convert_refuses_a_model_without_a_quant_stub():
+    """prepare / calibrate / convert accepted it, and the first call raised torch's "Could not run
+    'quantized::conv2d.new' with arguments from the 'CPU' backend"."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+    observed = qp.eager.prepare(model, backend="fbgemm")
+    with torch.no_grad():
+        observed(torch.randn(4, 3, 8, 8))
+    with pytest.raises(ModelStateError, match=r"has no QuantStub: its int8 modules \(0, 2\)"):
+        qp.eager.convert(observed)
+    wrapped = qp.eager.prepare(qp.eager.QuantWrapper(model), backend="fbgemm")
+    data = [torch.randn(4, 3, 8, 8) for _ in range(8)]
+    with torch.no_grad():
+        for x in data:
+            wrapped(x)
+    assert qp.sqnr(model(data[0]), qp.eager.convert(wrapped)(data[0])) > 25

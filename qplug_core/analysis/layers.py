@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 from torch import nn
 
-from qplug_core.errors import ConfigError, did_you_mean
+from qplug_core.errors import ConfigError, InputMismatchError, QplugError, did_you_mean
 from qplug_core.flows.pipeline import eval_mode
 
 __all__ = ["ComparisonReport", "LayerComparison", "compare_layers", "sqnr"]
@@ -359,6 +359,19 @@ def _quant_type(float_module: nn.Module, quant_module: nn.Module) -> str:
     return name
 
 
+def _run(model: nn.Module, args: tuple, which: str, index: int) -> Any:
+    """``model(*args)``; torch's error for inputs that do not fit becomes qplug's, naming the model."""
+    try:
+        return model(*args)
+    except QplugError:
+        raise
+    except Exception as error:
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise InputMismatchError(f"compare(): batch {index} does not fit the {which} model: "
+                                 f"{type(error).__name__}: {first_line}. Pass the float model the "
+                                 "quantized one came from, and inputs shaped like its example inputs") from error
+
+
 def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
             layers: Iterable[str] | str | None = None) -> ComparisonReport:
     """Run both models on ``inputs`` and report per-layer and output error.
@@ -379,8 +392,8 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
         ref_rec = stack.enter_context(_recording(float_model, names))
         test_rec = stack.enter_context(_recording(quantized_model, names))
         for args in batches_of(inputs):
-            ref_out = first_tensor(float_model(*args))
-            test_out = first_tensor(quantized_model(*args))
+            ref_out = first_tensor(_run(float_model, args, "float", num_batches))
+            test_out = first_tensor(_run(quantized_model, args, "quantized", num_batches))
             if ref_out is None or test_out is None:
                 raise ConfigError("a model returned no tensor; compare() needs tensor outputs",
                                   field="inputs")

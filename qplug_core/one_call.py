@@ -8,6 +8,7 @@ through :mod:`qplug_core.algorithms`, anything else straight to the flow.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
 from qplug_core.algorithms.recipes import RecipeRecord, looks_like_transformer
 from qplug_core.algorithms.target import TRANSFORMER_TARGET, meet_target
 from qplug_core.config import QConfigMapping
-from qplug_core.errors import notify, warn_user
+from qplug_core.errors import ConfigValidationError, did_you_mean, notify, warn_user
 from qplug_core.flows import auto
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
@@ -57,6 +58,7 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     the same model class back, with ``generate()``); ``capture="export"`` (or any graph-mode
     option) still gives the captured ``GraphModule``, with a warning that it cannot generate.
     """
+    _check_options(prepare_options)
     if generates(model):
         measured = backend is None or backend == auto.AUTO  # W8A8 picks its kernels per CPU itself
         chosen = None if measured else resolve_backend(backend).require_available()
@@ -77,6 +79,22 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     return _quantize_graph(model, example_inputs, calibration_data, backend=backend,
                            qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
                            allow_float=allow_float, recipe=recipe, target=target, **prepare_options)
+
+
+#: the keyword arguments qp.quantize passes on to prepare_fx (capture, on_unsupported, ...)
+PREPARE_OPTIONS = tuple(name for name, parameter in inspect.signature(flows.prepare_fx).parameters.items()
+                        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "backend")
+
+
+def _check_options(prepare_options: dict[str, Any]) -> None:
+    """An unknown keyword names itself and its likely spelling, not prepare_fx's TypeError."""
+    unknown = [name for name in prepare_options if name not in PREPARE_OPTIONS]
+    if unknown:
+        known = [*inspect.signature(quantize).parameters, *PREPARE_OPTIONS]
+        raise ConfigValidationError(
+            f"qp.quantize() got an unknown keyword argument {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
+            f"it takes {', '.join(n for n in known if n not in ('model', 'prepare_options'))}",
+            field=unknown[0], value=prepare_options[unknown[0]])
 
 
 @contextlib.contextmanager

@@ -278,3 +278,10 @@ def test_compare_names_the_model_a_batch_does_not_fit():
         qp.compare(model, qmodel, [torch.randn(2, 3, 9, 9)])
     with pytest.raises(InputMismatchError, match="batch 0 does not fit the quantized model"):
         qp.compare(model, nn.Sequential(nn.Linear(3, 3)), data)
+
+
+def test_an_unknown_keyword_to_quantize_names_itself_and_its_likely_spelling():
+    """It raised prepare_fx()'s TypeError, a function the user never called."""
+    data = [torch.randn(2, 4)]
+    with pytest.raises(ConfigValidationError, match=r"unknown keyword argument 'bakend' \(did you mean 'backend'\?\)"):
+        qp.quantize(nn.Sequential(nn.Linear(4, 4)).eval(), data[0], data, bakend="fbgemm")

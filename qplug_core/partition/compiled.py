@@ -109,6 +109,8 @@ class CompiledPartition(nn.Module):
     def forward(self, *inputs: torch.Tensor):
         # at batch 1 on a small model the runtime takes ~15 us: every microsecond here counts
         route = self._routes.get(self._signature(inputs))
+        if route is None and any(isinstance(x, torch.Tensor) and x.numel() == 0 for x in inputs):
+            return self.partition(*inputs)  # an empty batch: OpenVINO refuses to compile size 0
         compiled = self._route(inputs) if route is None else self._compiled[route]
         if self.flush_denormals:
             outputs = call_flushing_denormals(self.run, compiled, inputs)

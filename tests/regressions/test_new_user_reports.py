@@ -285,3 +285,14 @@ def test_an_unknown_keyword_to_quantize_names_itself_and_its_likely_spelling():
     data = [torch.randn(2, 4)]
     with pytest.raises(ConfigValidationError, match=r"unknown keyword argument 'bakend' \(did you mean 'backend'\?\)"):
         qp.quantize(nn.Sequential(nn.Linear(4, 4)).eval(), data[0], data, bakend="fbgemm")
+
+
+@pytest.mark.parametrize("backend", ["openvino", "onnxruntime"])
+def test_a_compiled_partition_answers_an_empty_batch(backend):
+    """OpenVINO refused to compile a batch of size 0 (OpConversionFailure); fbgemm returns (0, 5)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 5)).eval()
+    data = [torch.randn(4, 3, 8, 8) for _ in range(3)]
+    qmodel = qp.quantize(model, data[0], data, backend=backend)
+    assert qmodel(torch.randn(0, 3, 8, 8)).shape == (0, 5)
+    assert qp.sqnr(model(data[0]), qmodel(data[0])) > 25

@@ -96,6 +96,7 @@ def _apply_fusion(gm, modules, match: Match, config, fuser, is_qat: bool,
     root_module = modules[root.target]
     structured = _modules_for(match.node_pattern, modules, root_module)
     fused = fuser(is_qat, *structured) if isinstance(structured, tuple) else fuser(is_qat, structured)
+    fused.train(root_module.training)  # a fused container starts in training mode: it takes its root's
     gm.set_submodule(root.target, fused)
     modules[root.target] = fused
 

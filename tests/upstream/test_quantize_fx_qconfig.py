@@ -161,10 +161,9 @@ def test_qconfig_dict_with_fused_modules(model, relu):
                              backend="fbgemm")
     prepared(*example_inputs)
     quantized = qp.convert_fx(prepared)
-    # conv + torch.relu is not a fusion pattern (nor upstream's: "TODO: add fusion for torch.relu");
-    # linear + torch.relu is one of qplug's
-    fused = {"linear": ["LinearReLU"], "conv": [] if relu is torch.relu else ["ConvReLU1d"],
-             "conv_bn": ["Conv1d" if relu is torch.relu else "ConvReLU1d"]}[model]
+    # conv + torch.relu is not upstream's fusion pattern ("TODO: add fusion for torch.relu"); it is
+    # qplug's, as linear + torch.relu is
+    fused = {"linear": ["LinearReLU"], "conv": ["ConvReLU1d"], "conv_bn": ["ConvReLU1d"]}[model]
     assert [f.fused_type for f in qp.quantization_report(quantized).fusions] == fused
 
 

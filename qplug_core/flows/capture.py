@@ -7,6 +7,7 @@ both fail, the submodules that stop tracing stay opaque and the report names the
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Sequence
 
 import torch
@@ -51,13 +52,13 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
         return _tagged(model, "symbolic")
     trace = {"leaf_modules": leaf_modules, "non_traceable_module_names": non_traceable_module_names,
              "non_traceable_module_classes": non_traceable_module_classes,
-             "generate_code": generate_code}
+             "generate_code": generate_code, "concrete_args": defaults_not_given(model, example_inputs)}
     if level == "symbolic":
-        return _tagged(capture_module(model, **trace), "symbolic")
+        return _tagged(_symbolic(model, trace), "symbolic")
     if level == "export":
         return _tagged(_raised_export(model, _require_inputs(example_inputs, level)), "export")
     try:
-        traced = capture_module(model, **trace)
+        traced = _symbolic(model, trace)
     except TraceError as symbolic_error:
         if example_inputs is None:
             raise TraceError(f"{symbolic_error} Or pass example_inputs so that qplug can capture the "
@@ -72,6 +73,43 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
         except TraceError:
             pass
     return _tagged(traced, "symbolic")
+
+
+def _symbolic(model: nn.Module, trace: dict[str, Any]) -> GraphModule:
+    """Symbolic tracing; the parameters taken as constants are dropped from the signature, so a
+    call passing another value raises (fx's own check is dead code to the passes after)."""
+    gm = capture_module(model, **trace)
+    constants = len(trace["concrete_args"] or {})
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    dropped = [n for n in placeholders[len(placeholders) - constants:] if constants
+               and all(user.op == "call_function" and user.target in _FX_CHECKS for user in n.users)]
+    for node in dropped:
+        for check in list(node.users):
+            gm.graph.erase_node(check)
+        gm.graph.erase_node(node)
+    if dropped and trace["generate_code"]:
+        gm.recompile()
+    return gm
+
+
+#: what fx puts after a parameter traced as a constant (removed as dead code by the passes after)
+_FX_CHECKS = (torch.fx._symbolic_trace._assert_is_none, torch._assert)
+
+
+def defaults_not_given(model: nn.Module, example_inputs: tuple[Any, ...] | None) -> dict[str, Any] | None:
+    """The defaults of the ``forward`` parameters the example inputs leave out, for symbolic tracing
+    to take as constants: traced as inputs, ``if scale is not None`` took the branch the model never
+    takes when called like its example (and the error blamed the example inputs)."""
+    if example_inputs is None:
+        return None
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):  # a forward without a signature: trace it as it is
+        return None
+    given = len(example_inputs)
+    defaults = {p.name: p.default for p in parameters[given:]
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is not p.empty}
+    return defaults or None
 
 
 #: torch.nn modules that symbolic tracing keeps as leaves although they hold linear projections

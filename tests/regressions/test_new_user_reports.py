@@ -296,3 +296,28 @@ def test_a_compiled_partition_answers_an_empty_batch(backend):
     qmodel = qp.quantize(model, data[0], data, backend=backend)
     assert qmodel(torch.randn(0, 3, 8, 8)).shape == (0, 5)
     assert qp.sqnr(model(data[0]), qmodel(data[0])) > 25
+
+
+class OptionalScale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        if scale is not None:
+            h = h * scale
+        return self.b(h)
+
+
+def test_a_parameter_the_example_leaves_out_is_traced_as_its_default():
+    """Traced as an input, ``scale`` was a Proxy, ``scale is not None`` took the branch the model
+    never takes when called like its example, and the error blamed the example inputs."""
+    torch.manual_seed(0)
+    model = OptionalScale().eval()
+    data = [torch.randn(4, 16) for _ in range(4)]
+    qmodel = qp.quantize(model, (data[0],), data, backend="fbgemm")
+    assert qp.quantization_report(qmodel).capture == "symbolic"
+    assert qp.sqnr(model(data[0]), qmodel(data[0])) > 30
+    with pytest.raises(TypeError, match="takes 2 positional arguments but 3 were given"):
+        qmodel(data[0], torch.ones(16))  # the graph holds the default's branch only: not silently

@@ -24,6 +24,9 @@ from qplug_onnxruntime.session import native_run
 
 #: block sizes MatMulNBits takes (a power of two, at least 16)
 BLOCK_SIZES = (16, 32, 64, 128, 256)
+#: the block a per-channel weight (one scale per row) runs in, its scale repeated in every block:
+#: the same dequantized weight, so qp.quantize_weights(bits=8)'s default scheme gets this kernel
+PER_CHANNEL_BLOCKS = (128, 64, 32, 16)
 ACCURACY_LEVEL = 4
 _OUTPUTS = ["Y"]
 
@@ -36,9 +39,10 @@ class MatMulNBitsKernel(WeightOnlyKernel):
     def supports(self, scheme, shape, activation_dtype):
         if activation_dtype != torch.float32:
             return f"float32 activations only, not {activation_dtype}"
-        block = scheme.group_size or shape[1]
-        if block not in BLOCK_SIZES:
-            return f"block (group) size one of {BLOCK_SIZES}, not {block}"
+        if block_size(scheme, shape[1]) is None:
+            if scheme.group_size is None:
+                return f"per-channel weights need in_features a multiple of 16, not {shape[1]}"
+            return f"block (group) size one of {BLOCK_SIZES}, not {scheme.group_size}"
         return None
 
     def pack(self, weight: QuantizedWeight) -> _Sessions:
@@ -121,18 +125,30 @@ class _Sessions:
         return session
 
 
+def block_size(scheme: Any, in_features: int) -> int | None:
+    """The MatMulNBits block of a scheme: its group, or for one scale per output channel the
+    whole row or the largest of :data:`PER_CHANNEL_BLOCKS` dividing it; ``None`` if none fits."""
+    if scheme.group_size is not None:
+        return scheme.group_size if scheme.group_size in BLOCK_SIZES else None
+    if in_features in BLOCK_SIZES:
+        return in_features
+    return next((b for b in PER_CHANNEL_BLOCKS if in_features % b == 0), None)
+
+
 def _model_bytes(weight: QuantizedWeight) -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
     n, k = weight.shape
-    bits, block = weight.scheme.bits, weight.group_size
+    bits, block = weight.scheme.bits, block_size(weight.scheme, k)
     blocks = k // block
     data = weight.data.reshape(n, blocks, block * bits // 8).numpy()
-    initializers = [numpy_helper.from_array(data, "B"),
-                    numpy_helper.from_array(weight.scales.reshape(-1).float().numpy(), "S")]
+    repeat = blocks // weight.scales.shape[1]  # 1, or a per-channel weight's blocks per row
+    scales = weight.scales.float().repeat_interleave(repeat, dim=1)
+    initializers = [numpy_helper.from_array(data, "B"), numpy_helper.from_array(scales.reshape(-1).numpy(), "S")]
     inputs = ["A", "B", "S"]
     if weight.zero_points is not None:
-        initializers.append(numpy_helper.from_array(_packed_zero_points(weight), "Z"))
+        zero_points = weight.zero_points.repeat_interleave(repeat, dim=1)
+        initializers.append(numpy_helper.from_array(_packed_zero_points(zero_points, bits), "Z"))
         inputs.append("Z")
     node = helper.make_node("MatMulNBits", inputs, ["Y"], domain="com.microsoft", K=k, N=n, bits=bits,
                             block_size=block, accuracy_level=ACCURACY_LEVEL)
@@ -145,10 +161,10 @@ def _model_bytes(weight: QuantizedWeight) -> bytes:
     return model.SerializeToString()
 
 
-def _packed_zero_points(weight: QuantizedWeight):
-    """Zero points as MatMulNBits wants them: per row, two 4-bit values per byte (rows padded)."""
-    zp = weight.zero_points
-    if weight.scheme.bits == 4:
+def _packed_zero_points(zp: torch.Tensor, bits: int):
+    """Zero points ``[N, blocks]`` as MatMulNBits wants them: per row, two 4-bit values per byte
+    (rows padded)."""
+    if bits == 4:
         if zp.shape[1] % 2:
             zp = torch.nn.functional.pad(zp, (0, 1))
         zp = zp[:, 0::2] | (zp[:, 1::2] << 4)

@@ -25,6 +25,9 @@ TOLERANCE = 0.015
     (4, 16, True, 8, 48),
     (8, 32, True, 37, 96),
     (8, 64, False, 40, 128),
+    (8, None, True, 37, 384),   # per channel: the row's scale in each block of 128
+    (8, None, False, 40, 128),  # per channel, K a block size itself: one block per row
+    (4, None, False, 24, 320),  # per channel int4, blocks of 64, zero points repeated and packed
 ])
 def test_matmulnbits_computes_the_definition(bits, group_size, symmetric, n, k):
     g = torch.Generator().manual_seed(n + k + bits)
@@ -44,7 +47,8 @@ def test_matmulnbits_computes_the_definition(bits, group_size, symmetric, n, k):
 
 def test_matmulnbits_refuses_what_it_cannot_run():
     kernel = MatMulNBitsKernel()
-    assert "block (group) size" in kernel.supports(WeightOnlyScheme(8), (16, 96), torch.float32)
+    assert "block (group) size" in kernel.supports(WeightOnlyScheme(8, 48), (16, 96), torch.float32)
+    assert "multiple of 16, not 50" in kernel.supports(WeightOnlyScheme(8), (16, 50), torch.float32)
     assert "float32 activations only" in kernel.supports(WeightOnlyScheme(4, 32), (16, 96), torch.bfloat16)
 
 

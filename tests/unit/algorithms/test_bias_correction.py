@@ -30,6 +30,12 @@ class _Net(nn.Module):
         return self.fc(y.mean((2, 3)))
 
 
+def _layer(gm, name: str) -> nn.Module:
+    """The weighted layer at ``name``: the conv inside a fused conv + relu (torch.relu fuses too)."""
+    module = gm.get_submodule(name)
+    return module[0] if isinstance(module, nn.Sequential) else module
+
+
 def _weight_quantized(layer: nn.Module, mapping) -> nn.Module:
     """The layer with its weight on the int8 grid the mapping's weight observer gives."""
     qconfig = mapping.qconfig_for_module("", type(layer))
@@ -58,12 +64,12 @@ def test_each_layer_keeps_its_float_mean_output_on_the_calibration_set(per_chann
     float_gm = copy.deepcopy(gm)
     corrections = correct_bias(gm, data, qconfig_mapping=mapping, significance=0)
     assert {c.layer for c in corrections} == {"conv", "dw", "fc"}
-    assert gm.get_submodule("conv").bias is not None  # a bias-free layer got one
+    assert _layer(gm, "conv").bias is not None  # a bias-free layer got one
     for name, dims in (("conv", (0, 2, 3)), ("dw", (0, 2, 3)), ("fc", (0,))):
         inputs = _inputs_of(float_gm, name, data)
-        reference = float_gm.get_submodule(name)
+        reference = _layer(float_gm, name)
         uncorrected = _weight_quantized(reference, mapping)
-        corrected = _weight_quantized(gm.get_submodule(name), mapping)
+        corrected = _weight_quantized(_layer(gm, name), mapping)
         with torch.no_grad():
             want = torch.cat([reference(x) for x in inputs]).mean(dims)
             before = torch.cat([uncorrected(x) for x in inputs]).mean(dims)
@@ -161,23 +167,23 @@ def test_convert_corrects_for_the_grid_it_gives_the_layer(net, shape, names):
     correct_bias(gm, data, qconfig_mapping=seven, significance=0)
     correct_bias(direct, data, qconfig_mapping=eight, significance=0)
     for name in names:
-        layer = gm.get_submodule(name)
+        layer = _layer(gm, name)
         before = layer.bias.detach().clone()
         qconfig = eight.qconfig_for_module("", type(layer))
         bias_grid.regrid(layer, observed_weight_qparams(qconfig, layer.weight))
-        want = direct.get_submodule(name).bias.detach()
+        want = _layer(direct, name).bias.detach()
         assert torch.allclose(layer.bias.detach(), want, rtol=1e-5, atol=1e-6), name
         assert not torch.allclose(before, want, rtol=1e-5, atol=1e-6), name  # the grids differ
         bias_grid.regrid(layer, observed_weight_qparams(qconfig, layer.weight))  # idempotent
         assert torch.allclose(layer.bias.detach(), want, rtol=1e-5, atol=1e-6), name
     for name in names:  # and back to 7 bits: the 7-bit correction again
-        layer = gm.get_submodule(name)
+        layer = _layer(gm, name)
         bias_grid.regrid(layer, observed_weight_qparams(seven.qconfig_for_module("", type(layer)),
                                                         layer.weight))
     again = copy.deepcopy(float_gm)
     correct_bias(again, data, qconfig_mapping=seven, significance=0)
     for name in names:
-        assert torch.allclose(gm.get_submodule(name).bias.detach(), again.get_submodule(name).bias.detach(),
+        assert torch.allclose(_layer(gm, name).bias.detach(), _layer(again, name).bias.detach(),
                               rtol=1e-5, atol=1e-6), name
 
 
@@ -187,15 +193,15 @@ def test_a_layer_convert_leaves_float_gets_its_float_bias_back_exactly():
     torch.manual_seed(0)
     data = [(torch.randn(4, 3, 6, 6) + 0.5,) for _ in range(3)]
     gm = qp.fuse_fx(_Net().eval(), data[0], backend="reference")
-    original = {n: gm.get_submodule(n).bias.detach().clone() for n in ("dw", "fc")}
+    original = {n: _layer(gm, n).bias.detach().clone() for n in ("dw", "fc")}
     mapping = default_qconfig_mapping("static", per_channel=True)
     corrections = {c.layer: c.max_shift for c in correct_bias(gm, data, qconfig_mapping=mapping)}
     assert corrections["dw"] > 0 and corrections["fc"] > 0
     observed = qp.prepare_fx(gm, mapping.set_module_name("dw", None), data[0], backend="reference")
     qp.calibrate(observed, data)
     qmodel = qp.convert_fx(observed)
-    dw = qmodel.get_submodule("dw")
-    assert isinstance(dw, nn.Module) and not hasattr(dw, "weight_qparams")  # left float
+    dw = _layer(qmodel, "dw")
+    assert isinstance(dw, nn.Conv2d) and not hasattr(qmodel.get_submodule("dw"), "weight_qparams")  # float
     assert torch.equal(dw.bias.detach(), original["dw"])  # the float bias again
     fc = qmodel.get_submodule("fc").module
     assert not torch.allclose(fc.bias.detach(), original["fc"])  # still int8: still corrected

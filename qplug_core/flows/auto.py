@@ -233,7 +233,11 @@ def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial],
            "lists every backend tried)")
     order = {"chosen": 0, "slower": 1, "rejected": 2, "not tried": 3}
     listed = sorted(trials.values(), key=lambda t: (order[t.status], t.median_ms or 0.0))
-    return _record(finished[winner][0], [*listed, *untried], ranking)
+    # a file holds the winner's reference form: only the backends measured on that one run it as
+    # measured (one finished from another base, e.g. qnnpack beside onnxruntime's float-output
+    # form, left every linear in reference form when qp.load fell back to it)
+    same_form = [name for name in ranking if base_of[name] == base_of[winner]]
+    return _record(finished[winner][0], [*listed, *untried], same_form)
 
 
 def finish_on(snapshot: ReferenceSnapshot, backend: Backend, base_model: fx.GraphModule

@@ -61,8 +61,8 @@ RECIPE = "qplug_recipe"
 TARGET = "qplug_target"
 #: GraphModule.meta: the error a calibration raised (converting after it is refused)
 CALIBRATION_FAILED = "qplug_calibration_failed"
-#: GraphModule.meta: backend="auto"'s ranking of the backends that kept the contract, fastest first
-#: (``qp.save`` records it; ``qp.load`` lowers to the first one installed)
+#: GraphModule.meta: backend="auto"'s ranking of the backends that kept the contract on the winner's
+#: reference form, fastest first (``qp.save`` records it; ``qp.load`` lowers to the first one installed)
 AUTO_RANKING = "qplug_auto_ranking"
 #: GraphModule.meta: the example inputs prepare ran, replayed by the kernel contract at convert
 EXAMPLE_INPUTS = "qplug_example_inputs"

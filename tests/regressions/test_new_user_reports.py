@@ -321,3 +321,24 @@ def test_a_parameter_the_example_leaves_out_is_traced_as_its_default():
     assert qp.sqnr(model(data[0]), qmodel(data[0])) > 30
     with pytest.raises(TypeError, match="takes 2 positional arguments but 3 were given"):
         qmodel(data[0], torch.ones(16))  # the graph holds the default's branch only: not silently
+
+
+def test_an_auto_file_ranks_only_the_backends_measured_on_the_form_it_holds():
+    """A file holds the winner's reference form; the fallback ranking also held backends finished
+    from another base (an accuracy target or a transformer calibrates one base per set of
+    float-output kinds: qnnpack beside onnxruntime's float-output linears), so qp.load fell back
+    to one that left every linear in reference form. Machine-independent: whoever wins, the
+    ranking shares its output convention."""
+    from qplug_core.flows.tags import AUTO_RANKING
+    from qplug_core.registry.backends import get_backend
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+    data = [torch.randn(2, 3, 8, 8) for _ in range(3)]
+    qmodel = qp.quantize(model, data[0], data, backend="auto", target=qp.Target(cosine=0.0))
+    report = qp.quantization_report(qmodel)
+    ranking = qmodel.meta[AUTO_RANKING]
+    assert ranking[0] == report.backend
+    assert {get_backend(name).float_outputs for name in ranking} == {get_backend(report.backend).float_outputs}
+    timed = {t["backend"] for t in report.auto if t["median_ms"] is not None}
+    assert set(ranking) <= timed

@@ -52,7 +52,8 @@ def convert_graph(gm: fx.GraphModule, *, allow_uncalibrated: bool = False) -> No
     if gm.training and _has_qat_modules(gm):
         raise ModelStateError(
             "the QAT model is still in training mode; call model.eval() before converting so that "
-            "batch norm uses its running statistics and observers stop updating")
+            "batch norm uses its running statistics (eval mode does not stop the observers: "
+            "model.apply(qp.observers.disable_observer) does)")
     missing = check_calibrated(gm)
     if missing and not allow_uncalibrated:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")

@@ -406,6 +406,15 @@ class PerTokenDynamicLinear(nn.Module):
     #: whether every row of an input shares one scale (static activations)
     one_input_scale = False
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight the kernel uses, as a float tensor (a read-only copy, made at each read).
+
+        Model code reads ``self.wo.weight`` (T5's feed-forward casts to its dtype on every call),
+        as ``DynamicLinear`` keeps one: without it a per-token T5 raised AttributeError at its
+        first forward. Writing to it changes nothing."""
+        return self.weight_int8_t.t().float() * self.weight_scale[:, None]
+
     def _one_token(self, x: torch.Tensor) -> torch.Tensor:
         """A decode step's single token through oneDNN with Python-number qparams and the bias:
         one scale and zero point, so nothing is left to do on the output; on one thread where

@@ -342,3 +342,18 @@ def test_an_auto_file_ranks_only_the_backends_measured_on_the_form_it_holds():
     assert {get_backend(name).float_outputs for name in ranking} == {get_backend(report.backend).float_outputs}
     timed = {t["backend"] for t in report.auto if t["median_ms"] is not None}
     assert set(ranking) <= timed
+
+
+def test_a_per_token_t5_encoder_runs():
+    """T5's feed-forward reads ``self.wo.weight.dtype`` on every call: the per-token layer had no
+    ``weight`` and the first forward raised AttributeError (per-tensor dynamic had one)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=300, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+    model = transformers.T5EncoderModel(config).eval()
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
+    qmodel = qp.quantize_dynamic(model, backend="fbgemm", per_token=True)
+    layer = qmodel.encoder.block[0].layer[1].DenseReluDense.wo
+    assert layer.weight.dtype == torch.float32 and layer.weight.shape == (64, 128)
+    with torch.no_grad():
+        assert _cosine(model(input_ids=ids).last_hidden_state, qmodel(input_ids=ids).last_hidden_state) > 0.999

@@ -69,6 +69,7 @@ from qplug_core.registry.contract import (
 )
 from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
 from qplug_core.registry.hookspecs import hookimpl
+from qplug_core.registry.plugin_settings import replaced_settings
 from qplug_core.registry.plugins import QplugPluginWarning
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ __all__ = [
     "engine_availability",
     "Mode",
     "Stage",
+    "replaced_settings",
     # what this CPU can do for int8, and the qparams that are safe with a kernel's arithmetic
     "CpuInt8",
     "Gemm",

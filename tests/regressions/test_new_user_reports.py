@@ -357,3 +357,12 @@ def test_a_per_token_t5_encoder_runs():
     assert layer.weight.dtype == torch.float32 and layer.weight.shape == (64, 128)
     with torch.no_grad():
         assert _cosine(model(input_ids=ids).last_hidden_state, qmodel(input_ids=ids).last_hidden_state) > 0.999
+
+
+@pytest.mark.parametrize("plugin", ["qplug_onnxruntime", "qplug_openvino"])
+def test_a_misspelled_setting_names_itself_and_the_settings(plugin):
+    """configure(num_thread=2) raised the settings dataclass's TypeError."""
+    configure = __import__(plugin).configure
+    with pytest.raises(ConfigValidationError, match=rf"{plugin}.configure\(\) has no setting 'num_thread' "
+                                                    r"\(did you mean 'num_threads'\?\)"):
+        configure(num_thread=2)

@@ -21,7 +21,12 @@ from typing import Any
 import torch
 from torch import fx
 
-from qplug_core.plugin_api import CompiledPartition, ConfigValidationError, denormals_flushed
+from qplug_core.plugin_api import (
+    CompiledPartition,
+    ConfigValidationError,
+    denormals_flushed,
+    replaced_settings,
+)
 
 #: graph optimization levels by name (``"all"`` is ORT's default and what fuses QDQ groups)
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
@@ -111,7 +116,7 @@ def configure(**changes: Any) -> SessionSettings:
     global _settings
     with _lock:
         previous = _settings
-        _settings = dataclasses.replace(_settings, **changes)
+        _settings = replaced_settings(_settings, changes, "qplug_onnxruntime.configure")
     return previous
 
 

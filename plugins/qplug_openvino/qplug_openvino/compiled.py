@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from qplug_core.plugin_api import CompiledPartition, ConfigValidationError, warn_user
+from qplug_core.plugin_api import CompiledPartition, ConfigValidationError, replaced_settings, warn_user
 
 from qplug_openvino.runtime import import_openvino
 
@@ -73,7 +73,7 @@ def configure(**changes: Any) -> CompileSettings:
     global _settings
     with _lock:
         previous = _settings
-        _settings = dataclasses.replace(_settings, **changes)
+        _settings = replaced_settings(_settings, changes, "qplug_openvino.configure")
     return previous
 
 

@@ -114,7 +114,7 @@ class Target:
                   ("sqnr", self.sqnr, s.sqnr_db), ("metric", self.minimum, s.metric),
                   ("neighbours", self.neighbours, s.neighbours_kept),
                   ("channel_cosine", self.channel_cosine, s.channel_cosine_min)]
-        return [f"{name} {got:.4g} < {want:.4g}" for name, want, got in checks
+        return [f"{name} {_apart(got, want)}" for name, want, got in checks
                 if want is not None and got is not None and not got >= want]
 
     def ladder(self, backend: Any = None) -> tuple[str, ...]:
@@ -196,6 +196,15 @@ def _rung(errors: list[LayerError], ladder: tuple[str, ...], threshold: float) -
         if all(v is not None and v <= threshold for v in values):
             return rung
     return "float"
+
+
+def _apart(got: float, wanted: float) -> str:
+    """``got < wanted`` with as many digits as it takes to show they differ (not "1 < 1")."""
+    for digits in range(4, 12):
+        shown = f"{got:.{digits}g}", f"{wanted:.{digits}g}"
+        if shown[0] != shown[1]:
+            break
+    return f"{shown[0]} < {shown[1]}"
 
 
 def _median(values: list[float]) -> float:

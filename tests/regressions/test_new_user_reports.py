@@ -366,3 +366,12 @@ def test_a_misspelled_setting_names_itself_and_the_settings(plugin):
     with pytest.raises(ConfigValidationError, match=rf"{plugin}.configure\(\) has no setting 'num_thread' "
                                                     r"\(did you mean 'num_threads'\?\)"):
         configure(num_thread=2)
+
+
+def test_a_missed_target_shows_the_digits_that_differ():
+    """Target(cosine=0.99999) missed by 0.99998 read "cosine 1 < 1"."""
+    from qplug_core.algorithms.sensitivity import OutputScore
+
+    score = OutputScore(cosine_mean=0.999981, cosine_min=0.99, sqnr_db=40.0)
+    assert qp.Target(cosine=0.99999).misses(score) == ["cosine 0.99998 < 0.99999"]
+    assert qp.Target(sqnr=45).misses(score) == ["sqnr 40 < 45"]

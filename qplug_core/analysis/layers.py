@@ -367,9 +367,10 @@ def _run(model: nn.Module, args: tuple, which: str, index: int) -> Any:
         raise
     except Exception as error:
         first_line = str(error).splitlines()[0] if str(error) else ""
-        raise InputMismatchError(f"compare(): batch {index} does not fit the {which} model: "
-                                 f"{type(error).__name__}: {first_line}. Pass the float model the "
-                                 "quantized one came from, and inputs shaped like its example inputs") from error
+        raise InputMismatchError(f"compare(): the {which} model raised on batch {index}: "
+                                 f"{type(error).__name__}: {first_line}. The usual causes: inputs shaped "
+                                 "unlike the model's example inputs, or a float model that is not the one "
+                                 "the quantized model came from") from error
 
 
 def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,

@@ -274,9 +274,9 @@ def test_compare_names_the_model_a_batch_does_not_fit():
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
     data = [torch.randn(2, 3, 8, 8) for _ in range(2)]
     qmodel = qp.quantize(model, data[0], data, backend="fbgemm")
-    with pytest.raises(InputMismatchError, match="batch 0 does not fit the float model: RuntimeError"):
+    with pytest.raises(InputMismatchError, match="the float model raised on batch 0: RuntimeError"):
         qp.compare(model, qmodel, [torch.randn(2, 3, 9, 9)])
-    with pytest.raises(InputMismatchError, match="batch 0 does not fit the quantized model"):
+    with pytest.raises(InputMismatchError, match="the quantized model raised on batch 0"):
         qp.compare(model, nn.Sequential(nn.Linear(3, 3)), data)
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from qplug_core.analysis.compare import compare
 from qplug_core.analysis.layers import ComparisonReport, sqnr
-from qplug_core.errors import ConfigError
+from qplug_core.errors import ConfigError, InputMismatchError
 from qplug_core.zoo import example_inputs, get_model
 from qplug_core.zoo.resnet import BasicBlock
 
@@ -225,8 +225,10 @@ def test_compare_removes_hooks_when_a_model_fails():
 
     model, broken = nn.Sequential(), Broken()
     model.add_module("fc", nn.Linear(4, 2))
-    with pytest.raises(RuntimeError, match="kernel exploded"):
+    with pytest.raises(InputMismatchError, match="the quantized model raised on batch 0: RuntimeError: "
+                                                 "kernel exploded") as raised:
         compare(model, broken, (torch.randn(1, 4),))
+    assert isinstance(raised.value.__cause__, RuntimeError)  # the model's own error, chained
     assert no_hooks(model) and no_hooks(broken)
 
 

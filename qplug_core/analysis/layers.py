@@ -29,6 +29,7 @@ from torch import nn
 
 from qplug_core.errors import ConfigError, InputMismatchError, QplugError, did_you_mean
 from qplug_core.flows.pipeline import eval_mode
+from qplug_core.ir.capture import first_line
 
 __all__ = ["ComparisonReport", "LayerComparison", "compare_layers", "sqnr"]
 
@@ -366,9 +367,8 @@ def _run(model: nn.Module, args: tuple, which: str, index: int) -> Any:
     except QplugError:
         raise
     except Exception as error:
-        first_line = str(error).splitlines()[0] if str(error) else ""
         raise InputMismatchError(f"compare(): the {which} model raised on batch {index}: "
-                                 f"{type(error).__name__}: {first_line}. The usual causes: inputs shaped "
+                                 f"{type(error).__name__}: {first_line(error)}. The usual causes: inputs shaped "
                                  "unlike the model's example inputs, or a float model that is not the one "
                                  "the quantized model came from") from error
 

@@ -45,6 +45,7 @@ from qplug_core.flows.regions import RegionPlanner
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.tags import REPORT, STATE, W8A8, WEIGHT_ONLY, ValueAnnotator
+from qplug_core.ir.capture import first_line
 from qplug_core.kernels.dynamic import DynamicKernel
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.observers import distributed
@@ -250,9 +251,8 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
 
 def batch_does_not_fit(index: int, error: Exception) -> InputMismatchError:
     """The error for a calibration batch the model raised on (torch's own error, first line)."""
-    first_line = str(error).splitlines()[0] if str(error) else ""
     return InputMismatchError(
-        f"calibration batch {index} does not fit the model: {type(error).__name__}: {first_line}. Give "
+        f"calibration batch {index} does not fit the model: {type(error).__name__}: {first_line(error)}. Give "
         "batches with the same number, shapes and dtypes of inputs as example_inputs (a graph "
         "captured by torch.export keeps the sizes its example had, unless they are dynamic)")
 

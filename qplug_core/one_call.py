@@ -72,13 +72,10 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
         warn_user(f"qp.quantize captures {type(model).__name__} as a graph, which has no generate() and no KV "
                   "cache; qp.quantize_w8a8(model, calibration) or qp.quantize_weights(model) keep the model "
                   "and generate()")
-        with kv_cache_off(model):
-            return _quantize_graph(model, example_inputs, calibration_data, backend=backend,
-                                   qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
-                                   allow_float=allow_float, recipe=recipe, target=target, **prepare_options)
-    return _quantize_graph(model, example_inputs, calibration_data, backend=backend,
-                           qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
-                           allow_float=allow_float, recipe=recipe, target=target, **prepare_options)
+    with kv_cache_off(model) if generates(model) else contextlib.nullcontext():
+        return _quantize_graph(model, example_inputs, calibration_data, backend=backend,
+                               qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
+                               allow_float=allow_float, recipe=recipe, target=target, **prepare_options)
 
 
 #: the keyword arguments qp.quantize passes on to prepare_fx (capture, on_unsupported, ...)

@@ -23,6 +23,12 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (torch's are long), or its type's name."""
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 #: whether a ``qplug`` command is running: messages that suggest a fix name the one the reader
 #: can type (``backend=...`` in Python, ``--backend NAME`` in the shell)
 _CLI_AUDIENCE = contextvars.ContextVar("cli_audience", default=False)

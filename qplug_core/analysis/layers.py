@@ -27,9 +27,8 @@ from rich.table import Table
 from rich.text import Text
 from torch import nn
 
-from qplug_core.errors import ConfigError, InputMismatchError, QplugError, did_you_mean
+from qplug_core.errors import ConfigError, InputMismatchError, QplugError, did_you_mean, first_line
 from qplug_core.flows.pipeline import eval_mode
-from qplug_core.ir.capture import first_line
 
 __all__ = ["ComparisonReport", "LayerComparison", "compare_layers", "sqnr"]
 

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
-from qplug_core.errors import ConfigValidationError, TraceError
+from qplug_core.errors import ConfigValidationError, TraceError, first_line
 from qplug_core.flows.raise_aten import is_aten_graph, raise_aten_graph
 from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED
-from qplug_core.ir.capture import capture_module, export_module, first_line
+from qplug_core.ir.capture import capture_module, export_module
 
 __all__ = ["CAPTURE_LEVELS", "capture_for_quantization"]
 

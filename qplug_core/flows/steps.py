@@ -24,6 +24,7 @@ from qplug_core.errors import (
     InputMismatchError,
     NothingQuantizedError,
     QplugError,
+    first_line,
     warn_user,
 )
 from qplug_core.flows import calibration_sample, weight_bits
@@ -45,7 +46,6 @@ from qplug_core.flows.regions import RegionPlanner
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.tags import REPORT, STATE, W8A8, WEIGHT_ONLY, ValueAnnotator
-from qplug_core.ir.capture import first_line
 from qplug_core.kernels.dynamic import DynamicKernel
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.observers import distributed

@@ -25,7 +25,7 @@ from qplug_core.errors import TraceError
 from qplug_core.ir.deferred_code import graph_module_without_code
 from qplug_core.ir.thread_confined import ThreadConfinedTracer
 
-__all__ = ["QplugTracer", "capture_aten", "capture_module", "export_module", "first_line"]
+__all__ = ["QplugTracer", "capture_aten", "capture_module", "export_module"]
 
 
 
@@ -135,12 +135,6 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphMod
         return torch.export.export(model, example_inputs, strict=False, dynamic_shapes=dynamic).module()
     except Exception:
         return torch.export.export(model, example_inputs, strict=False).module()
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an error's message (torch's are long), or its type's name."""
-    text = str(error)
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def capture_aten(model: nn.Module, example_inputs: tuple[Any, ...], *,

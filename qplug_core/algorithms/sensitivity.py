@@ -259,18 +259,27 @@ class SensitivityReport:
                             "alone_float": s.alone_float.to_dict()} for s in self.layers]}
 
     def __rich__(self) -> Table:
+        with_metric = self.all_int8.metric is not None  # the user's own score, beside ours
+        metric = f", metric {self.all_int8.metric:.4g}" if with_metric else ""
         table = Table(title=f"per-layer sensitivity (all int8: SQNR {self.all_int8.sqnr_db:.1f} dB, "
-                            f"cosine {self.all_int8.cosine_mean:.4f})", title_justify="left")
+                            f"cosine {self.all_int8.cosine_mean:.4f}{metric})", title_justify="left")
         table.add_column("layer", overflow="fold")
-        for column in ("alone int8 SQNR", "alone int8 cos", "alone float SQNR", "alone float cos"):
-            table.add_column(column, justify="right")
+        for side in ("int8", "float"):
+            for column in ("SQNR", "cos", *(("metric",) if with_metric else ())):
+                table.add_column(f"alone {side} {column}", justify="right")
         for s in self.layers:
-            table.add_row(s.name, f"{s.alone_int8.sqnr_db:.1f}", f"{s.alone_int8.cosine_mean:.4f}",
-                          f"{s.alone_float.sqnr_db:.1f}", f"{s.alone_float.cosine_mean:.4f}")
+            table.add_row(s.name, *_cells(s.alone_int8, with_metric), *_cells(s.alone_float, with_metric))
         return table
 
     def print(self, console: Console | None = None) -> None:
         (console or Console()).print(self)
+
+
+def _cells(score: OutputScore, with_metric: bool) -> list[str]:
+    cells = [f"{score.sqnr_db:.1f}", f"{score.cosine_mean:.4f}"]
+    if with_metric:
+        cells.append("-" if score.metric is None else f"{score.metric:.4g}")
+    return cells
 
 
 def sensitivity(model: nn.Module, example_inputs: Any, calibration_data: Any, *,

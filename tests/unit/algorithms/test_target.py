@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rich.console import Console
 from torch import nn
 
 import qplug_core as qp
@@ -70,6 +71,24 @@ def test_sensitivity_names_the_layer_that_hurts():
     assert worst_alone_int8.name == "fc1"
     assert report.layers[0].alone_float.sqnr_db > report.all_int8.sqnr_db + 10
     assert report.to_dict()["layers"][0]["name"] == "fc1"
+
+
+def test_sensitivity_prints_the_users_metric_beside_ours():
+    """A user who ranks by their own score reads it in the table, each layer's alone int8 and float."""
+    data = _data()
+
+    def largest_error(expected, got):
+        return float((torch.cat(expected) - torch.cat(got)).abs().max())
+
+    report = qp.sensitivity(_OutlierInput().eval(), data[0], data, backend="reference", metric=largest_error)
+    console = Console(width=200, record=True)
+    report.print(console)
+    text = console.export_text()
+    assert f"metric {report.all_int8.metric:.4g}" in text
+    fc1 = next(line for line in text.splitlines() if line.strip(" │|").startswith("fc1"))
+    layer = report.layers[0]
+    assert f"{layer.alone_int8.metric:.4g}" in fc1 and f"{layer.alone_float.metric:.4g}" in fc1, fc1
+    assert layer.alone_float.metric < report.all_int8.metric  # fc1 float is what the metric wants too
 
 
 def test_target_keeps_exactly_the_sensitive_layer_float():

@@ -375,3 +375,19 @@ def test_a_missed_target_shows_the_digits_that_differ():
     score = OutputScore(cosine_mean=0.999981, cosine_min=0.99, sqnr_db=40.0)
     assert qp.Target(cosine=0.99999).misses(score) == ["cosine 0.99998 < 0.99999"]
     assert qp.Target(sqnr=45).misses(score) == ["sqnr 40 < 45"]
+
+
+def test_a_reflect_padded_conv_left_in_reference_form_is_reported_as_the_users_layer():
+    """fbgemm's conv kernels pad with zeros only: the conv stays in reference form, and the report
+    listed it as ``ReferenceWeighted`` (qplug's wrapper) instead of the ConvReLU2d the user fused."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, padding_mode="reflect"), nn.ReLU(),
+                          nn.Conv2d(8, 4, 3, padding=1)).eval()
+    data = [(torch.randn(1, 3, 16, 16),) for _ in range(4)]
+    with pytest.warns(UserWarning, match="padding_mode='reflect' is not supported"):
+        qmodel = qp.quantize(model, data[0], data, backend="fbgemm")
+    report = qp.quantization_report(qmodel)
+    assert [entry.op for entry in report.skipped] == ["ConvReLU2d"]
+    assert "ReferenceWeighted" not in str(report)
+    x = torch.randn(1, 3, 16, 16)
+    assert _cosine(model(x), qmodel(x)) >= 0.999

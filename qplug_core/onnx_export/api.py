@@ -147,6 +147,8 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     else:
         program = export(shapes)
     proto = program.model_proto
+    if flexible and shapes is not None:
+        dynamic_axes.pin(proto, dynamic_axes.pinned_sizes(program.exported_program))
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:

@@ -64,29 +64,56 @@ def flexible_shapes(example_inputs: tuple) -> tuple[Any, ...]:
                  or None if isinstance(value, torch.Tensor) else None for value in example_inputs)
 
 
-def free_symbols_only(exported_program) -> bool:
-    """Whether every symbolic input axis of ``exported_program`` is a free size: a plain symbol
-    valid for every size >= 2. A size the graph derives from another (``2*s0``) or bounds (a
-    branch on ``s0 > 64``) is not something ONNX input shapes can say, so such a partition is
-    exported with static shapes instead."""
+def _user_input_sizes(exported_program):
+    """The sizes of every user input axis of ``exported_program`` (ints, or sympy expressions)."""
     import sympy
-    from torch.utils._sympy.numbers import int_oo
 
-    ranges = exported_program.range_constraints
     for spec in exported_program.graph_signature.input_specs:
         if spec.kind.name != "USER_INPUT":
             continue
         node = next(n for n in exported_program.graph.nodes if n.name == spec.arg.name)
-        value = node.meta.get("val")
-        for size in getattr(value, "shape", ()):
-            expr = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(size)
-            if expr.is_number:
-                continue
-            bounds = ranges.get(expr)
-            if not isinstance(expr, sympy.Symbol) or bounds is None or not (
-                    bounds.lower <= 2 and bounds.upper in (int_oo, sympy.oo)):
-                return False
+        for size in getattr(node.meta.get("val"), "shape", ()):
+            yield size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(size)
+
+
+def pinned_sizes(exported_program) -> dict[str, int]:
+    """Symbols of input axes that ``Dim.AUTO`` left symbolic but bounded to one value (a conv's
+    channels: ``s50`` in ``[64, 64]``), by name: static sizes in all but name."""
+    ranges = exported_program.range_constraints
+    pinned = {}
+    for expr in _user_input_sizes(exported_program):
+        bounds = ranges.get(expr)
+        if not expr.is_number and bounds is not None and bounds.lower == bounds.upper:
+            pinned[str(expr)] = int(bounds.lower)
+    return pinned
+
+
+def free_symbols_only(exported_program) -> bool:
+    """Whether every symbolic input axis of ``exported_program`` is a free size (a plain symbol
+    valid for every size >= 2) or a pinned one (:func:`pinned_sizes`). A size the graph derives
+    from another (``2*s0``) or bounds (a branch on ``s0 > 64``) is not something ONNX input shapes
+    can say, so such a partition is exported with static shapes instead."""
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+
+    ranges, pinned = exported_program.range_constraints, pinned_sizes(exported_program)
+    for expr in _user_input_sizes(exported_program):
+        if expr.is_number or str(expr) in pinned:
+            continue
+        bounds = ranges.get(expr)
+        if not isinstance(expr, sympy.Symbol) or bounds is None or not (
+                bounds.lower <= 2 and bounds.upper in (int_oo, sympy.oo)):
+            return False
     return True
+
+
+def pin(proto, pinned: dict[str, int]) -> None:
+    """Write the :func:`pinned_sizes` into ``proto``'s input shapes as the static sizes they are,
+    so the runtime sees (and checks) them as it would after a static export."""
+    for graph_input in proto.graph.input:
+        for dim in graph_input.type.tensor_type.shape.dim:
+            if dim.dim_param in pinned:
+                dim.dim_value = pinned[dim.dim_param]
 
 
 def check(proto, example_inputs: tuple, axes: dict[int, str]) -> None:
@@ -126,4 +153,4 @@ def export_failure(exc: Exception, axes: dict[int, str]) -> ExportError:
 
 
 __all__ = ["BATCH", "FLEXIBLE_AXES", "SEQUENCE", "check", "dynamic_axes", "export_failure", "flexible_shapes",
-           "free_symbols_only", "prepare", "specialised", "torch_message"]
+           "free_symbols_only", "pin", "pinned_sizes", "prepare", "specialised", "torch_message"]

@@ -56,3 +56,32 @@ def test_free_sizes_pass_and_bounded_or_derived_ones_do_not():
 def test_a_graph_tying_sizes_beyond_equality_is_exported_static():
     proto = to_onnx_proto(fx.symbolic_trace(Derived()), (torch.randn(3, 4, 2), torch.randn(3, 8)), flexible=True)
     assert _dims(proto) == [[3, 4, 2], [3, 8]]
+
+
+def test_sizes_the_exporter_leaves_symbolic_but_pinned_to_one_value_are_written_static(monkeypatch):
+    """In ResNet's side-by-side region graph ``Dim.AUTO`` leaves a 1x1 strided conv's input
+    channels as ``s50`` bounded to [64, 64] instead of 64: those are static sizes, written as such,
+    not a reason to export the whole graph a second time with static shapes (it doubled every
+    multi-region partition's compile)."""
+    import warnings
+
+    import qplug_core as qp
+    from qplug_core.plugin_api import layer_parity
+
+    exports = []
+    export_once = torch.onnx.export
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: exports.append(k["dynamic_shapes"]) or export_once(*a, **k))
+    model = qp.zoo.get_model("resnet18", seed=0)
+    data = [(torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(s)),) for s in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        observed = qp.prepare_fx(model, None, data[0], backend="reference")
+        qp.calibrate(observed, data)
+        reference = qp.convert_to_reference_fx(observed)
+        protos = []
+        layer_parity(reference, lambda graph, example: protos.append(to_onnx_proto(graph, example, flexible=True))
+                     or graph, data[0])
+    assert len(exports) == 1 and exports[0] is not None  # one export, with flexible axes
+    channels = {i.name: d[1] for i, d in zip(protos[0].graph.input, _dims(protos[0]))}
+    into_layer2 = {name: c for name, c in channels.items() if "layer1_1_relu_1_quantize" in name}
+    assert len(into_layer2) == 2 and set(into_layer2.values()) == {64}, channels

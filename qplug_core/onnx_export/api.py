@@ -24,6 +24,7 @@ from torch import fx, nn
 from qplug_core.errors import ExportError
 from qplug_core.flows.tags import INPUT_SPEC, KERNEL, SPEC_DTYPES, recorded_example_inputs
 from qplug_core.onnx_export import dynamic_axes
+from qplug_core.onnx_export.torchlib_ops import read_torchlib_once
 
 #: ONNX opset the export targets (QuantizeLinear per-axis needs >= 13; ORT 1.17+ runs 21)
 DEFAULT_OPSET = 21
@@ -123,6 +124,7 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
         shapes = shapes if any(shape is not None for shape in shapes) else None
 
     def export(dynamic_shapes):
+        read_torchlib_once()
         try:
             with warnings.catch_warnings(), torch.no_grad(), _exporter_quiet():
                 warnings.simplefilter("ignore")

@@ -156,3 +156,20 @@ def test_a_dynamic_linear_exports_in_either_form(dynamic_reference):
                                    rtol=1e-5, atol=1e-5)
     with pytest.raises(ExportError, match="dynamic_linears must be one of matmul_integer, dequantized_weights"):
         to_onnx_proto(reference, (x,), dynamic_linears="weights")
+
+
+def test_the_exporter_reads_torchlib_once_per_process_and_exports_the_same_model(monkeypatch):
+    """onnxscript re-parses the source of ~500 torchlib functions on every export (1 s each):
+    qplug keeps the list after the first, and the models exported with it are the same."""
+    from torch.onnx._internal import _lazy_import
+
+    from qplug_core.onnx_export.api import to_onnx_proto
+
+    apis = _lazy_import.onnxscript_apis
+    unwrapped = getattr(apis.get_torchlib_ops, "__wrapped__", apis.get_torchlib_ops)
+    reads = []
+    monkeypatch.setattr(apis, "get_torchlib_ops", lambda: reads.append(1) or unwrapped())
+    graph = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 3), nn.ReLU()))
+    first, second = (to_onnx_proto(graph, (torch.randn(2, 4),)) for _ in range(2))
+    assert len(reads) == 1
+    assert first.SerializeToString() == second.SerializeToString()

@@ -5,10 +5,10 @@ FBGEMM's AVX2 kernels (``FBGEMM_ENABLE_INSTRUCTIONS=AVX2``) are what an AMD Zen 
 before Cascade Lake runs: u8 x s8 pair sums saturating in int16. With the host's flags minus its
 VNNI, AVX-512 and AMX ones (``QPLUG_CPU_FLAGS``), qplug decides as on such a CPU. A whole-suite run
 this way found a dynamic LSTM 8 dB off its reference form and four tests that passed on VNNI CPUs
-only; this reruns the parts that exercise fbgemm's kernels (~2 min on one core), so a CI machine
-with VNNI catches the next one. On a CPU with neither VNNI nor AVX-512 the suite itself already
-runs them that way, so they do not run twice there. The emulated CPU's tests are left out: their
-QEMU process clears these settings and would repeat the suite's own run of them (~3 min).
+only; this reruns the parts that exercise fbgemm's kernels or the CPU's decisions (~100 s on one core),
+so a CI machine with VNNI catches the next one. On a CPU with neither VNNI nor AVX-512 the suite
+itself already runs them that way, so they do not run twice there. The emulated CPU's tests are
+left out: their QEMU process clears these settings and would repeat the suite's own run of them.
 (oneDNN's ``ONEDNN_MAX_CPU_ISA`` is no such stand-in: torch and OpenVINO pick a primitive from the
 real CPUID and oneDNN then lacks the ISA it needs.)
 """
@@ -24,11 +24,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the reliability files whose outcome depends on the kernels or on the CPU's decisions; the others
+#: (hostile names, tampered files, plugin isolation, threads, ...) do the same on every CPU
+RELIABILITY = ["dynamic_int16_pairs", "faithful_load", "int16_pair_sums", "kernel_contract",
+               "load_on_another_cpu", "model_dtypes", "numeric_faults", "safer_partition", "weight_bits"]
 PARTS = ["plugins/qplug_fbgemm", "tests/unit/kernels", "tests/unit/test_dynamic_behind_static.py",
-         "tests/reliability"]
-#: run elsewhere: this test itself, and the emulated CPU's (see the module docstring)
-NOT_AGAIN = ["--ignore", str(Path(__file__).relative_to(ROOT)),
-             "--ignore", "tests/reliability/test_emulated_cpu_without_vnni.py"]
+         *(f"tests/reliability/test_{name}.py" for name in RELIABILITY)]
 _WITHOUT_VNNI = ("avx512", "amx", "avx_vnni")
 
 
@@ -65,7 +66,7 @@ def test_fbgemm_tests_pass_on_avx2_kernels_with_a_cpu_without_vnni_deciding():
            "OMP_NUM_THREADS": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-n", "0", *NOT_AGAIN, *PARTS],
+                          "-n", "0", *PARTS],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
     failures = [line for line in out.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]

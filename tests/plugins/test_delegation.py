@@ -120,9 +120,9 @@ def test_partitions_are_compiled_and_the_rest_stays_in_pytorch(fake_dist):
     report = qp.quantization_report(lowered)
     assert [p["module"] for p in report.partitions] == ["Compiled"]
     assert report.partitions[0]["int8_regions"] == 3  # conv-relu, conv2 and mean; fc is outside
-    assert report.outside["fc"] == "backend 'npu' does not take ReferenceWeighted"
+    assert report.outside["fc"] == "backend 'npu' does not take Linear"
     assert report.kernels == dict.fromkeys(["conv", "conv2", "mean"], "delegate:delegate_0")
-    assert report.reference == {"fc": "backend 'npu' does not take ReferenceWeighted"}
+    assert report.reference == {"fc": "backend 'npu' does not take Linear"}
     assert [(s.node, s.reason) for s in report.skipped] == [("fc", report.reference["fc"])]
     assert lowered.delegate_0.shapes == [(2, 3, 6, 6)]
     with torch.no_grad():

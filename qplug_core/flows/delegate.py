@@ -20,10 +20,15 @@ partition's own integer inputs): each region's integers within one step of the r
 that fails either where the backend's kernels sum u8 x s8 pairs in int16 (ONNX Runtime's fused
 U8S8 kernels on a CPU without VNNI under 8-bit weights) is compiled and checked once more with
 7-bit weights (:mod:`qplug_core.flows.safer_weights`; a warning and the report's partition note
-say so). One that still fails (an SDK wrong in one inner layer) keeps the reference form, with a
-warning naming the partition, the region and the plugin, and the report says why. After
-``qp.load``, where the file's weights may saturate on this CPU (converted on one with VNNI), the
-same check runs at a partition's first call, on its first inputs (:class:`FirstCallCheck`).
+say so). Regions still found wrong one by one (an SDK wrong in one inner layer: OpenVINO on a
+grouped conv1d of Wav2Vec2's feature encoder) stay in reference form and the partitions are
+planned again without them, so the rest of the partition still runs compiled; a partition still
+wrong as a whole keeps the reference form. Each comes with a warning naming the partition, the
+region and the plugin, and the report says why. The partitions are fused into the model once
+the plan holds. After ``qp.load`` the regions kept in reference form at convert are left out of
+the partitions again, and where the file's weights may saturate on this CPU (converted on one
+with VNNI) each partition is checked at its first call, on its first inputs
+(:class:`FirstCallCheck`).
 """
 
 from __future__ import annotations
@@ -37,12 +42,18 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qplug_core.flows.kernel_check import CONTRACT_BROKEN, MAX_OUTLIER_FRACTION, output_violation
-from qplug_core.flows.region_parity import layer_parity
+from qplug_core.flows.kernel_check import (
+    CONTRACT_BROKEN,
+    MAX_OUTLIER_FRACTION,
+    ValueRecorder,
+    output_violation,
+)
+from qplug_core.flows.region_parity import layer_parity, region_of
 from qplug_core.flows.report import describe_op, float_compute_nodes, report_names
 from qplug_core.flows.safer_weights import make_safer, may_saturate
 from qplug_core.flows.tags import BOUNDARY, KERNEL, REPORT, region_tag
-from qplug_core.partition import CapabilityBasedPartitioner
+from qplug_core.partition import CapabilityBasedPartitioner, OperatorSupportBase, fuse_by_partitions
+from qplug_core.partition.fuse import build_submodule
 from qplug_core.partition.lazy import LazyPartition
 from qplug_core.partition.sole import install as install_sole_call
 from qplug_core.registry.contract import Delegate
@@ -85,18 +96,100 @@ def _int8_anchors(nodes: Iterable[fx.Node], name: _Namer) -> list[str]:
     return [name(n) for n in nodes if (tag := region_tag(n)) is not None and tag.is_anchor and tag.quantized]
 
 
-class _PartitionInputs(fx.Interpreter):
-    """Runs the graph once and keeps the inputs each delegate submodule is called with."""
+@dataclass
+class _Verdict:
+    """A compiled partition held to the contract: the module to use, what was changed for it to
+    keep the contract (``note``), why the reference form is kept instead (``reason``, '' if not),
+    and the int8 regions found wrong one by one (end node -> problem), if the check got that far."""
 
-    def __init__(self, gm: fx.GraphModule, names: set[str]):
-        super().__init__(gm)
-        self.names = names
-        self.inputs: dict[str, tuple] = {}
+    module: nn.Module
+    note: str = ""
+    reason: str = ""
+    wrong_regions: dict[str, str] = field(default_factory=dict)
 
-    def call_module(self, target, args, kwargs):
-        if target in self.names:
-            self.inputs[target] = tuple(args)
-        return super().call_module(target, args, kwargs)
+
+class _Refusing(OperatorSupportBase):
+    """The delegate's operator support minus the nodes of int8 regions to keep in reference form
+    (region id -> why): their own nodes, the dequantize nodes reading their inputs and the
+    quantize nodes writing their outputs, so the partitions around them exchange int8 values."""
+
+    def __init__(self, inner: OperatorSupportBase, gm: fx.GraphModule, regions: dict[int, str]):
+        self.inner = inner
+        self.refused = _region_nodes(gm, regions)
+
+    def is_node_supported(self, submodules, node: fx.Node) -> bool:
+        return node not in self.refused and self.inner.is_node_supported(submodules, node)
+
+    def unsupported_reason(self, submodules, node: fx.Node) -> str | None:
+        return self.refused.get(node) or self.inner.unsupported_reason(submodules, node)
+
+
+def _region_nodes(gm: fx.GraphModule, regions: dict[int, str]) -> dict[fx.Node, str]:
+    nodes: dict[fx.Node, str] = {}
+    for node in gm.graph.nodes:
+        tag = region_tag(node)
+        if tag is None or tag.region_id not in regions:
+            continue
+        why = regions[tag.region_id]
+        nodes[node] = why
+        for edge in (*node.all_input_nodes, *node.users):
+            if BOUNDARY in edge.meta:
+                nodes.setdefault(edge, why)
+    return nodes
+
+
+def _region_ids(gm: fx.GraphModule, anchors: dict[str, str], name: _Namer) -> dict[int, str]:
+    """The region ids of the int8 ``anchors`` (report name -> why) in ``gm``."""
+    return {tag.region_id: anchors[name(n)] for n in gm.graph.nodes
+            if (tag := region_tag(n)) is not None and tag.is_anchor and name(n) in anchors}
+
+
+def _ids_of_ends(gm: fx.GraphModule, wrong: dict[str, str]) -> dict[int, str]:
+    """The region ids of the int8 regions ending in the nodes ``wrong`` names (end node -> why)."""
+    ids = {}
+    for node in gm.graph.nodes:
+        if node.name in wrong:
+            _, members = region_of(gm, node)
+            ids.update({tag.region_id: wrong[node.name] for n in members if (tag := region_tag(n)) is not None})
+    return ids
+
+
+def _int8_partitions(gm: fx.GraphModule, support: OperatorSupportBase, delegate: Delegate,
+                     backend_name: str, name: _Namer) -> tuple[list[list[fx.Node]], dict[str, str]]:
+    """The partitions holding int8 work (nodes in graph order), and why each call node left
+    outside stays in PyTorch."""
+    submodules = dict(gm.named_modules())
+    outside = {}
+    for node in gm.graph.nodes:
+        if node.op in _CALLS and not support.is_node_supported(submodules, node):
+            reason = support.unsupported_reason(submodules, node)
+            refused = isinstance(support, _Refusing) and node in support.refused
+            outside[node.name] = reason if refused and reason else (
+                f"backend {backend_name!r} does not take {describe_op(node, gm)}" + (f": {reason}" if reason else ""))
+    partitioner = CapabilityBasedPartitioner(gm, support,
+                                             allows_single_node_partition=delegate.allows_single_node_partition)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    partitions = []
+    for partition in partitioner.propose_partitions():
+        if _int8_anchors(partition.nodes, name):
+            partitions.append(sorted(partition.nodes, key=order.__getitem__))
+        else:
+            outside.update({n.name: "in a partition without int8 work: left in PyTorch"
+                            for n in partition.nodes if BOUNDARY not in n.meta})
+    return partitions, outside
+
+
+def _inputs_of(gm: fx.GraphModule, partitions: list[list[fx.Node]], example_inputs: tuple
+               ) -> dict[fx.Node, Any]:
+    """The values every partition reads, from one run of ``gm`` on the example inputs."""
+    wanted = set()
+    for nodes in partitions:
+        members = set(nodes)
+        wanted |= {a for n in nodes for a in n.all_input_nodes if a not in members}
+    values: dict[fx.Node, Any] = {}
+    with torch.no_grad():
+        ValueRecorder(gm, wanted, values).run(*example_inputs)
+    return values
 
 
 def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple | None,
@@ -106,69 +199,95 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
 
     ``example_inputs=None`` (``qp.load``): nothing runs now, each partition is compiled at its
     first call (:class:`~qplug_core.partition.lazy.LazyPartition`). ``keep_reference`` (int8
-    anchor -> why, recorded at convert) names partitions left in reference form then: they stay so.
-    ``arithmetic``: how the backend's kernels sum products (``Backend.arithmetic``): a partition
-    that breaks the contract where they sum pairs in int16 is compiled once more with 7-bit
-    weights (``flows/safer_weights.py``) before it is given up.
+    anchor -> why, recorded at convert) names regions left in reference form then: they are
+    left out of the partitions again. ``arithmetic``: how the backend's kernels sum products
+    (``Backend.arithmetic``): a partition that breaks the contract where they sum pairs in int16
+    is compiled once more with 7-bit weights (``flows/safer_weights.py``) before it is given up.
+
+    A partition that breaks the contract in some of its int8 regions (found region by region)
+    is planned again without those regions: they stay in reference form and the rest of it is
+    compiled around them. The partitions are fused into ``gm`` once the plan holds.
     """
-    keep_reference = keep_reference or {}
-    summary = DelegationSummary()
     report_key = report_names(gm.graph)  # the report's names, taken before partitions are fused
-    submodules = dict(gm.named_modules())
-    for node in gm.graph.nodes:
-        if node.op in _CALLS and not delegate.operator_support.is_node_supported(submodules, node):
-            reason = delegate.operator_support.unsupported_reason(submodules, node)
-            summary.outside[node.name] = (f"backend {backend_name!r} does not take {describe_op(node, gm)}"
-                                          + (f": {reason}" if reason else ""))
-    partitioner = CapabilityBasedPartitioner(
-        gm, delegate.operator_support,
-        allows_single_node_partition=delegate.allows_single_node_partition)
-    partitions = []
-    for partition in partitioner.propose_partitions():
-        if _int8_anchors(partition.nodes, report_key):
-            partitions.append(partition)
-        else:
-            for node in partition.nodes:
-                if BOUNDARY not in node.meta:
-                    summary.outside[node.name] = "in a partition without int8 work: left in PyTorch"
-    members = {i: (list(p.nodes), _int8_anchors(p.nodes, report_key)) for i, p in enumerate(partitions)}
-    partitioner.fuse_partitions(partitions, prefix=PREFIX)
-    names = {f"{PREFIX}{i}" for i in members}
-    recorder = _PartitionInputs(gm, names)
-    if example_inputs is not None:
-        with torch.no_grad():
-            recorder.run(*example_inputs)
-    for i, (nodes, anchors) in members.items():
-        name = f"{PREFIX}{i}"
-        partition_gm = gm.get_submodule(name)
-        summary.graphs[name] = partition_gm
-        if anchors and all(a in keep_reference for a in anchors):
-            summary.reference.update({a: keep_reference[a] for a in anchors})
-            continue
-        if example_inputs is None:  # qp.load: compiled at the first call, checked where it may saturate
+    refused = _region_ids(gm, keep_reference or {}, report_key)
+    verdicts: dict[frozenset[str], _Verdict] = {}  # by the names of a partition's nodes
+    split: dict[int, str] = {}  # regions found wrong now, left out of the partitions around them
+    while True:
+        support = _Refusing(delegate.operator_support, gm, refused) if refused else delegate.operator_support
+        partitions, outside = _int8_partitions(gm, support, delegate, backend_name, report_key)
+        if example_inputs is None:
+            break
+        values = _inputs_of(gm, partitions, example_inputs)
+        wrong: dict[int, str] = {}
+        for i, nodes in enumerate(partitions):
+            key = frozenset(n.name for n in nodes)
+            if key not in verdicts:
+                verdicts[key] = _compiled(delegate, gm, nodes, values, f"{PREFIX}{i}", report_key, backend_name,
+                                          arithmetic)
+            wrong.update(_ids_of_ends(gm, verdicts[key].wrong_regions))
+        if not wrong.keys() - refused.keys():
+            break
+        split.update(wrong)
+        refused.update(wrong)  # planned again without them; each round refuses another region
+    for why in dict.fromkeys(split.values()):
+        warnings.warn(f"qplug: backend {backend_name!r}: {why}", stacklevel=3)
+    return _fuse(gm, delegate, partitions, outside, verdicts, report_key, backend_name, arithmetic,
+                 loading=example_inputs is None)
+
+
+def _compiled(delegate: Delegate, gm: fx.GraphModule, nodes: list[fx.Node], values: dict[fx.Node, Any],
+              name: str, report_key: _Namer, backend_name: str, arithmetic: Any) -> _Verdict:
+    """``nodes`` compiled as one partition on the inputs the example gave them, and checked."""
+    partition, inputs, _ = build_submodule(gm, nodes, name)
+    example = tuple(values[n] for n in inputs)
+    try:
+        module = delegate.compile(partition, example)
+    except Exception as exc:  # one partition failing must not fail the conversion
+        return _Verdict(partition, reason=f"compiling partition {name} failed ({type(exc).__name__}: {exc}); "
+                                          "reference form kept")
+    verdict = _checked(delegate, module, partition, example, _int8_anchors(nodes, report_key), name,
+                       backend_name, arithmetic, "on the example inputs")
+    if verdict.wrong_regions:  # the rest of it is planned again without them
+        verdict.wrong_regions = {end: f"{verdict.reason.removesuffix('; reference form kept')}; this "
+                                      "region is kept in reference form, the rest of the partition compiled "
+                                      "without it" for end in verdict.wrong_regions}
+    return verdict
+
+
+def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]], outside: dict[str, str],
+          verdicts: dict[frozenset[str], _Verdict], name: _Namer, backend_name: str, arithmetic: Any, *,
+          loading: bool) -> DelegationSummary:
+    """Fuse the planned ``partitions`` into ``gm`` and swap in their compiled modules (their lazy
+    ones when ``loading``); the summary of what runs where."""
+    summary = DelegationSummary(outside=dict(outside))
+    members = [(nodes, _int8_anchors(nodes, name), verdicts.get(frozenset(n.name for n in nodes)))
+               for nodes in partitions]
+    fuse_by_partitions(gm, partitions, prefix=PREFIX)
+    for i, (nodes, anchors, verdict) in enumerate(members):
+        partition_name = f"{PREFIX}{i}"
+        partition_gm = gm.get_submodule(partition_name)
+        summary.graphs[partition_name] = partition_gm
+        if loading:  # compiled at the first call, checked where it may saturate
             module: nn.Module = LazyPartition(
-                partition_gm, FirstCallCheck(gm.meta, delegate, name, anchors, backend_name, arithmetic),
-                name=name, backend=backend_name)
-            note = ""
+                partition_gm, FirstCallCheck(gm.meta, delegate, partition_name, anchors, backend_name, arithmetic),
+                name=partition_name, backend=backend_name)
         else:
-            inputs = recorder.inputs[name]
-            try:
-                module = delegate.compile(partition_gm, inputs)
-            except Exception as exc:  # one partition failing must not fail the conversion
-                reason = f"compiling partition {name} failed ({type(exc).__name__}: {exc}); reference form kept"
-                warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=3)
-                summary.reference.update(dict.fromkeys(anchors, reason))
+            assert verdict is not None
+            if verdict.reason:
+                warnings.warn(f"qplug: backend {backend_name!r}: {verdict.reason}", stacklevel=4)
+                summary.reference.update(dict.fromkeys(anchors, verdict.reason))
                 continue
-            module, note, reason = _checked(delegate, module, partition_gm, inputs, anchors, name,
-                                            backend_name, arithmetic, "on the example inputs")
-            if reason:
-                summary.reference.update(dict.fromkeys(anchors, reason))
-                continue
-        gm.set_submodule(name, module)
-        summary.partitions.append(PartitionRecord(name, len(nodes), len(anchors), type(module).__name__, note))
-        summary.lowered.update(dict.fromkeys(anchors, name))
-    for name in _int8_anchors((n for n in gm.graph.nodes if n.name in summary.outside), report_key):
-        summary.reference[name] = summary.outside[name]
+            if verdict.note:
+                warnings.warn(f"qplug: backend {backend_name!r}: partition {partition_name} {verdict.note}",
+                              stacklevel=4)
+            module = verdict.module
+        gm.set_submodule(partition_name, module)
+        summary.partitions.append(PartitionRecord(partition_name, len(nodes), len(anchors), type(module).__name__,
+                                                  "" if loading else verdict.note))
+        summary.lowered.update(dict.fromkeys(anchors, partition_name))
+    for node in gm.graph.nodes:
+        if node.name in summary.outside and _int8_anchors([node], name):
+            summary.reference[name(node)] = summary.outside[node.name]
     compiled = {p.name for p in summary.partitions}
     for node in gm.graph.nodes:
         if node.op == "call_module" and node.target in compiled:
@@ -180,31 +299,26 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
 
 
 def _checked(delegate: Delegate, module: nn.Module, reference: fx.GraphModule, inputs: tuple,
-             anchors: list[str], name: str, backend_name: str, arithmetic: Any, on: str
-             ) -> tuple[nn.Module, str, str]:
-    """A compiled partition held to the contract ``on`` its ``inputs``: (the module to use, what
-    was changed for it to keep the contract, why the reference form is kept instead ('' if not)).
+             anchors: list[str], name: str, backend_name: str, arithmetic: Any, on: str) -> _Verdict:
+    """A compiled partition held to the contract ``on`` its ``inputs``.
 
     One that breaks it where int16 pair sums may be why is compiled again with 7-bit weights
     (changed in place on ``reference``'s modules, undone if that fails too)."""
-    problem = _problem(delegate, module, reference, inputs, len(anchors))
+    problem, wrong = _problem(delegate, module, reference, inputs, len(anchors))
     if not problem:
-        return module, "", ""
+        return _Verdict(module)
     safer = make_safer(reference, arithmetic)
     if safer is not None:
-        again_module, again = _recompiled(delegate, reference, inputs, len(anchors))
+        again_module, again, wrong = _recompiled(delegate, reference, inputs, len(anchors))
         if not again and again_module is not None:
-            note = (f"compiled with 7-bit weights in {', '.join(safer.layers)}: with 8-bit ones "
-                    f"it {CONTRACT_BROKEN} ({problem}; this CPU's int8 kernels sum u8 x s8 pairs "
-                    "in int16)")
-            warnings.warn(f"qplug: backend {backend_name!r}: partition {name} {note}", stacklevel=4)
-            return again_module, note, ""
+            return _Verdict(again_module, note=(
+                f"compiled with 7-bit weights in {', '.join(safer.layers)}: with 8-bit ones it "
+                f"{CONTRACT_BROKEN} ({problem}; this CPU's int8 kernels sum u8 x s8 pairs in int16)"))
         safer.undo()
         problem += f"; with 7-bit weights too: {again}"
     reason = (f"partition {name} compiled by {_delegate_label(backend_name)} {CONTRACT_BROKEN} "
               f"{on} ({problem}); reference form kept")
-    warnings.warn(f"qplug: backend {backend_name!r}: {reason}", stacklevel=4)
-    return module, "", reason
+    return _Verdict(module, reason=reason, wrong_regions=wrong)
 
 
 class FirstCallCheck:
@@ -223,9 +337,12 @@ class FirstCallCheck:
         module = self.delegate.compile(partition, inputs)
         if not may_saturate(partition, self.arithmetic):
             return module
-        module, note, reason = _checked(self.delegate, module, partition, inputs, self.anchors,
-                                        self.name, self.backend_name, self.arithmetic,
-                                        "on its first inputs after qp.load on this CPU")
+        verdict = _checked(self.delegate, module, partition, inputs, self.anchors, self.name,
+                           self.backend_name, self.arithmetic, "on its first inputs after qp.load on this CPU")
+        reason, note = verdict.reason, verdict.note
+        if reason or note:
+            warnings.warn(f"qplug: backend {self.backend_name!r}: "
+                          + (reason or f"partition {self.name} {note}"), stacklevel=4)
         report = self.meta.get(REPORT)
         if report is not None and reason:
             for anchor in self.anchors:
@@ -242,7 +359,7 @@ class FirstCallCheck:
             for record in report.partitions:
                 if record["name"] == self.name:
                     record["note"] = note
-        return partition if reason else module
+        return partition if reason else verdict.module
 
     def __deepcopy__(self, memo: dict) -> FirstCallCheck:
         clone = copy.copy(self)
@@ -251,22 +368,26 @@ class FirstCallCheck:
 
 
 def _problem(delegate: Delegate, compiled: nn.Module, reference: fx.GraphModule, inputs: tuple,
-             regions: int) -> str:
-    """Why a compiled partition breaks the contract ('' if it holds): its outputs, then its
-    regions one by one where the outputs call for it (drift or a wrong region: one compile more
-    tells them apart)."""
+             regions: int) -> tuple[str, dict[str, str]]:
+    """Why a compiled partition breaks the contract ('' if it holds), and its int8 regions found
+    wrong one by one (end node -> problem): its outputs first, then its regions where the outputs
+    call for it (drift or a wrong region: one compile more tells them apart)."""
     problem, exact = _contract_problem(compiled, reference, inputs, regions)
-    return problem or ("" if exact else _region_problem(delegate, reference, inputs))
+    if problem or exact:
+        return problem, {}
+    wrong = _wrong_regions(delegate, reference, inputs)
+    return "; ".join(wrong.values()), wrong
 
 
 def _recompiled(delegate: Delegate, reference: fx.GraphModule, inputs: tuple,
-                regions: int) -> tuple[nn.Module | None, str]:
-    """``reference`` compiled again and checked: (the module, why it still breaks the contract)."""
+                regions: int) -> tuple[nn.Module | None, str, dict[str, str]]:
+    """``reference`` compiled again and checked: (the module, why it still breaks the contract,
+    its regions found wrong)."""
     try:
         module = delegate.compile(reference, inputs)
     except Exception as exc:  # noqa: BLE001 - reported as the partition's problem
-        return None, f"compiling failed ({type(exc).__name__}: {exc})"
-    return module, _problem(delegate, module, reference, inputs, regions)
+        return None, f"compiling failed ({type(exc).__name__}: {exc})", {}
+    return module, *_problem(delegate, module, reference, inputs, regions)
 
 
 def _outputs(value: object) -> list:
@@ -310,9 +431,9 @@ def _contract_problem(compiled: nn.Module, reference: fx.GraphModule, inputs: tu
     return "", strict
 
 
-def _region_problem(delegate: Delegate, reference: fx.GraphModule, inputs: tuple) -> str:
-    """Why one int8 region of a multi-region partition disagrees with its reference form ('' if
-    none does): each region compiled alone by ``delegate`` on the reference's own inputs.
+def _wrong_regions(delegate: Delegate, reference: fx.GraphModule, inputs: tuple) -> dict[str, str]:
+    """The int8 regions of a multi-region partition that disagree with their reference form (end
+    node -> why), each compiled alone by ``delegate`` on the reference's own inputs.
 
     A check-only module that does not compile or run says nothing about the partition (the
     partition itself passed the structural check): it is kept.
@@ -320,13 +441,12 @@ def _region_problem(delegate: Delegate, reference: fx.GraphModule, inputs: tuple
     try:
         parity = layer_parity(reference, delegate.compile, inputs, steps=REGION_STEPS)
     except Exception:  # noqa: BLE001 - the check graph, not the partition, failed
-        return ""
-    if not parity.regions or parity.worst.within >= REGION_MIN_WITHIN:
-        return ""
-    worst = parity.worst
-    return (f"int8 region {worst.name}, compiled alone on the reference's own inputs, is within "
-            f"{REGION_STEPS} step of the reference on {worst.within:.1%} of its {worst.elements} "
-            f"elements (needs {REGION_MIN_WITHIN:.0%}; up to {worst.max_steps} steps)")
+        return {}
+    return {region.name: (f"int8 region {region.name}, compiled alone on the reference's own inputs, is "
+                          f"within {REGION_STEPS} step of the reference on {region.within:.1%} of its "
+                          f"{region.elements} elements (needs {REGION_MIN_WITHIN:.0%}; up to "
+                          f"{region.max_steps} steps)")
+            for region in sorted(parity.regions, key=lambda r: r.within) if region.within < REGION_MIN_WITHIN}
 
 
 def _delegate_label(backend_name: str) -> str:

@@ -31,7 +31,7 @@ from qplug_core.flows.kernel_check import ValueRecorder
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.partition import OperatorSupportBase
 
-__all__ = ["LayerParity", "RegionParity", "layer_parity"]
+__all__ = ["LayerParity", "RegionParity", "layer_parity", "region_of"]
 
 _INTEGER = (torch.uint8, torch.int8, torch.int16, torch.int32)
 
@@ -76,7 +76,7 @@ def _is_float_output(gm: fx.GraphModule, node: fx.Node) -> bool:
             and not any(_is_integer_output(gm, user) for user in node.users))
 
 
-def _region(gm: fx.GraphModule, end: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
+def region_of(gm: fx.GraphModule, end: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
     """(boundary inputs, nodes in graph order) of the region writing ``end``: its nodes back to
     the integer values (or model inputs) it reads."""
     inputs: set[fx.Node] = set()
@@ -140,7 +140,7 @@ def layer_parity(reference: fx.GraphModule,
                 (_is_integer_output(reference, node) and value.dtype in _INTEGER)
                 or _is_float_output(reference, node)):
             continue
-        region_inputs, members = _region(reference, node)
+        region_inputs, members = region_of(reference, node)
         if operator_support is not None and not all(
                 operator_support.is_node_supported(submodules, n) for n in members if n.op != "get_attr"):
             continue

@@ -19,11 +19,14 @@ from torch.fx import Graph, GraphModule, Node
 from qplug_core.errors import GraphError
 from qplug_core.ir.cycles import forms_cycle
 
-__all__ = ["fuse_by_partitions", "stable_topological_sort"]
+__all__ = ["build_submodule", "fuse_by_partitions", "stable_topological_sort"]
 
 
-def _build_submodule(gm: GraphModule, nodes: list[Node], name: str
-                     ) -> tuple[GraphModule, list[Node], list[Node]]:
+def build_submodule(gm: GraphModule, nodes: list[Node], name: str
+                    ) -> tuple[GraphModule, list[Node], list[Node]]:
+    """``nodes`` (in graph order) as a GraphModule of their own, with the outside values they
+    read (its placeholders, in order) and the ones of them read outside (its outputs); ``gm`` is
+    left as it is."""
     members = set(nodes)
     inputs: dict[Node, None] = {}
     for node in nodes:
@@ -105,7 +108,7 @@ def fuse_by_partitions(gm: GraphModule, partitions: Sequence[Sequence[Node]],
                              "and get_attr nodes only.", node=bad[0])
         _refuse_cycle(i, nodes)  # earlier fusions can close a cycle through this group
         name = f"{prefix}{i}"
-        sub, inputs, outputs = _build_submodule(gm, nodes, name)
+        sub, inputs, outputs = build_submodule(gm, nodes, name)
         gm.add_submodule(name, sub)
         with graph.inserting_after(nodes[-1]):
             call = graph.call_module(name, tuple(inputs))

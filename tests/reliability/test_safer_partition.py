@@ -145,11 +145,12 @@ def test_the_saved_file_holds_the_form_that_passed(sdk, tmp_path):
 
 def test_with_vnni_nothing_is_changed(sdk):
     """The same SDK on a VNNI CPU (its kernels accumulate in int32 there, by its arithmetic):
-    its saturation is then not int16 pairs' doing, so nothing is recompiled."""
+    its saturation is then not int16 pairs' doing, so nothing is recompiled with 7-bit weights:
+    the region it gets wrong stays in reference form, the other one is compiled without it."""
     lowered, messages = convert(VNNI)
     report = qp.quantization_report(lowered)
-    assert not report.partitions and report.reference
-    assert all("reference form kept" in m for m in messages)
+    assert [p["int8_regions"] for p in report.partitions] == [1] and list(report.reference) == ["hot"]
+    assert messages and all("this region is kept in reference form" in m for m in messages)
     assert set(weight_ranges(snapshot_of(lowered).graph_module).values()) == {(-128, 127)}
 
 

@@ -123,16 +123,23 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphMod
     (token ids and attention masks: calibration batches padded to their own longest sentence),
     are exported as dynamic where the model allows it (``Dim.AUTO``), so the quantized model
     takes other batch sizes and sequence lengths than the example's; when that export fails,
-    every shape is specialised to the example.
+    every shape is specialised to the example. torch.export specialises a dimension of size 1
+    (0/1 specialisation: a batch-1 example gave a model that refused batch 4), so those are
+    exported from the example repeated to size 2 along them.
     """
     dynamic = torch.export.ShapesCollection()
+    widened = []
     for value in example_inputs:
         if isinstance(value, torch.Tensor) and value.dim() > 0:
             integer = not (value.dtype.is_floating_point or value.is_complex())
             dims = range(value.dim()) if integer else (0,)
+            for dim in dims:
+                if value.shape[dim] == 1:
+                    value = torch.cat([value, value], dim=dim)
             dynamic[value] = dict.fromkeys(dims, torch.export.Dim.AUTO)
+        widened.append(value)
     try:
-        return torch.export.export(model, example_inputs, strict=False, dynamic_shapes=dynamic).module()
+        return torch.export.export(model, tuple(widened), strict=False, dynamic_shapes=dynamic).module()
     except Exception:
         return torch.export.export(model, example_inputs, strict=False).module()
 

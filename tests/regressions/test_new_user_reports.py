@@ -391,3 +391,16 @@ def test_a_reflect_padded_conv_left_in_reference_form_is_reported_as_the_users_l
     assert "ReferenceWeighted" not in str(report)
     x = torch.randn(1, 3, 16, 16)
     assert _cosine(model(x), qmodel(x)) >= 0.999
+
+
+def test_a_model_exported_from_a_batch_1_example_takes_other_batch_sizes():
+    """torch.export specialises a size-1 dimension: captured from one sentence, a model refused
+    calibration batches of 4 and then every batch but 1, with a raw RuntimeError."""
+    torch.manual_seed(0)
+    model = MaskedTokens().eval()
+    batches = [_tokens(i) for i in range(4)]  # batch 2 each
+    one = tuple(t[:1] for t in batches[0])
+    qmodel = qp.quantize(model, one, batches, backend="reference", capture="export")
+    x = tuple(torch.cat(parts) for parts in zip(*batches[:2]))  # batch 4
+    assert qmodel(*x).shape == (4, 8)
+    assert _cosine(model(*x), qmodel(*x)) >= 0.99

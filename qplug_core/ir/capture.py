@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.fx import GraphModule
 
@@ -125,23 +126,59 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphMod
     takes other batch sizes and sequence lengths than the example's; when that export fails,
     every shape is specialised to the example. torch.export specialises a dimension of size 1
     (0/1 specialisation: a batch-1 example gave a model that refused batch 4), so those are
-    exported from the example repeated to size 2 along them.
+    exported from the example repeated to size 2 along them, and kept only where the exported
+    graph answers the example itself as the model does (a branch on ``batch > 1`` is then traced
+    the other way: the example's own sizes are exported instead).
     """
-    dynamic = torch.export.ShapesCollection()
-    widened = []
-    for value in example_inputs:
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            integer = not (value.dtype.is_floating_point or value.is_complex())
-            dims = range(value.dim()) if integer else (0,)
-            for dim in dims:
-                if value.shape[dim] == 1:
-                    value = torch.cat([value, value], dim=dim)
-            dynamic[value] = dict.fromkeys(dims, torch.export.Dim.AUTO)
-        widened.append(value)
+    widened = tuple(_widened(value) for value in example_inputs)
+    if any(a is not b for a, b in zip(widened, example_inputs)):
+        try:
+            exported = torch.export.export(model, widened, strict=False, dynamic_shapes=_auto(widened)).module()
+            if _answers_alike(model, exported, example_inputs):
+                return exported
+        except Exception:  # noqa: BLE001 - exported from the example's own sizes below
+            pass
     try:
-        return torch.export.export(model, tuple(widened), strict=False, dynamic_shapes=dynamic).module()
+        return torch.export.export(model, example_inputs, strict=False,
+                                   dynamic_shapes=_auto(example_inputs)).module()
     except Exception:
         return torch.export.export(model, example_inputs, strict=False).module()
+
+
+def _auto_dims(value: Any) -> tuple[int, ...]:
+    """The dimensions exported as dynamic: the batch, and every one of an integer input."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return ()
+    integer = not (value.dtype.is_floating_point or value.is_complex())
+    return tuple(range(value.dim())) if integer else (0,)
+
+
+def _auto(inputs: tuple[Any, ...]) -> torch.export.ShapesCollection:
+    dynamic = torch.export.ShapesCollection()
+    for value in inputs:
+        if _auto_dims(value):
+            dynamic[value] = dict.fromkeys(_auto_dims(value), torch.export.Dim.AUTO)
+    return dynamic
+
+
+def _widened(value: Any) -> Any:
+    """``value`` repeated to size 2 along its dynamic dimensions of size 1 (itself if none)."""
+    for dim in _auto_dims(value):
+        if value.shape[dim] == 1:
+            value = torch.cat([value, value], dim=dim)
+    return value
+
+
+@torch.no_grad()
+def _answers_alike(model: nn.Module, exported: nn.Module, example_inputs: tuple[Any, ...]) -> bool:
+    """Whether ``exported`` gives the model's own outputs for ``example_inputs``."""
+    try:
+        expected, got = pytree.tree_leaves(model(*example_inputs)), pytree.tree_leaves(exported(*example_inputs))
+    except Exception:  # noqa: BLE001 - a graph that cannot take the example does not answer it
+        return False
+    return len(expected) == len(got) and all(
+        torch.allclose(a, b, rtol=1e-4, atol=1e-5) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        else a == b for a, b in zip(expected, got))
 
 
 def capture_aten(model: nn.Module, example_inputs: tuple[Any, ...], *,

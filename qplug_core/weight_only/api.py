@@ -28,6 +28,7 @@ from qplug_core.errors import (
     warn_user,
 )
 from qplug_core.flows.tags import WEIGHT_ONLY
+from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, call_model, record_inputs
@@ -99,13 +100,9 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         raise CalibrationError(f"algorithm={algorithm!r} needs calibration=[batch, ...]: a few token batches of "
                                "the kind of text the model will see (or use algorithm='rtn')")
     patterns = [re.compile(p) for p in ([skip] if isinstance(skip, str) else skip)]
-    quantized = [name for name, m in model.named_modules() if isinstance(m, (WeightOnlyLinear, WeightOnlyEmbedding))]
-    if quantized:
-        more = f" and {len(quantized) - 3} more" if len(quantized) > 3 else ""
-        raise ModelStateError(f"this model is already weight-only quantized (layers {', '.join(quantized[:3])}"
-                              f"{more}); quantize the original float model")
+    refuse_quantized(model)
     kernels = available_kernels(backend)
-    qmodel = copy.deepcopy(model)
+    qmodel = copy.deepcopy(model).eval()  # dropout off, for the calibration of GPTQ/AWQ and for the user
     info = WeightOnlyInfo(scheme, algorithm)
     targets = _targets(qmodel, patterns, embeddings, info)
     if not targets:
@@ -206,6 +203,18 @@ def _targets(model: nn.Module, patterns: list[re.Pattern], embeddings: bool,
     if embeddings:
         kinds += (nn.Embedding,)
     return select_layers(model, kinds, patterns, info.skipped)
+
+
+def refuse_quantized(model: nn.Module) -> None:
+    """Raise :class:`ModelStateError` for a model whose linears qplug already swapped (weight-only
+    or W8A8): quantizing it again would quantize nothing, or the rounded weights a second time."""
+    kinds = (WeightOnlyLinear, WeightOnlyEmbedding, PerTokenDynamicLinear)
+    quantized = [(name, type(m).__name__) for name, m in model.named_modules() if isinstance(m, kinds)]
+    if quantized:
+        more = f" and {len(quantized) - 3} more" if len(quantized) > 3 else ""
+        listed = ", ".join(f"{name} ({kind})" for name, kind in quantized[:3])
+        raise ModelStateError(f"this model is already quantized (layers {listed}{more}); quantize the original "
+                              "float model")
 
 
 def select_layers(model: nn.Module, kinds: tuple[type, ...], patterns: list[re.Pattern],

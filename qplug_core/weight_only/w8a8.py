@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.errors import CalibrationError, ConfigValidationError
+from qplug_core.errors import CalibrationError, ConfigValidationError, NothingQuantizedError
 from qplug_core.flows.checks import check_float32
 from qplug_core.flows.dynamic import linear_from_conv1d
 from qplug_core.flows.tags import W8A8
@@ -37,7 +37,7 @@ from qplug_core.kernels.per_token import (
 from qplug_core.kernels.static_int8 import StaticInt8Linear, static_activation_qparams
 from qplug_core.registry.backends import resolve_backend
 from qplug_core.weight_only import decode_step
-from qplug_core.weight_only.api import conv1d_class, select_layers
+from qplug_core.weight_only.api import conv1d_class, refuse_quantized, select_layers
 from qplug_core.weight_only.awq import call_model
 from qplug_core.weight_only.smoothing import Smoothed, smooth
 
@@ -94,6 +94,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
         raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
                                     field="model", value=type(model).__name__)
     check_float32(model)  # int8 linears with float32 scales: a bf16 model met them only at its first call
+    refuse_quantized(model)
     if alpha is not None and alpha != "auto" and not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
         raise ConfigValidationError(f"alpha must be 'auto', a number in (0, 1) or None, got {alpha!r}",
                                     field="alpha", value=alpha)
@@ -107,12 +108,21 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
         raise CalibrationError("qp.quantize_w8a8 needs calibration=[batch, ...] (a few token batches of the "
                                "kind of text the model will see) for SmoothQuant's scales, or alpha=None "
                                "to quantize without smoothing")
-    simulate = backend is not None and not resolve_backend(backend).require_available().kernels
+    chosen = None if backend is None else resolve_backend(backend).require_available()
+    if chosen is not None and not chosen.kernels and chosen.delegate is not None:
+        raise ConfigValidationError(f"backend {chosen.name!r} compiles whole graphs, and qp.quantize_w8a8 swaps "
+                                    "modules that run torch's own int8 kernels: leave backend out (the fastest "
+                                    "per-token GEMM on this CPU is chosen) or use qp.quantize_weights, whose "
+                                    f"kernels {chosen.name!r} may provide", field="backend", value=chosen.name)
+    simulate = chosen is not None and not chosen.kernels
     gemm = "simulated" if simulate else best_gemm()
     patterns = [re.compile(p) for p in ([skip] if isinstance(skip, str) else skip)]
     qmodel = copy.deepcopy(model).eval()
     info = W8A8Info(alpha, gemm, activations)
     linears = _targets(qmodel, patterns, quantize_head, info)
+    if not linears:
+        left = "; ".join(f"{name}: {why}" for name, why in list(info.skipped.items())[:5])
+        raise NothingQuantizedError("nothing was quantized: no nn.Linear to quantize" + (f" (left float: {left})" if left else ""))
     if alpha is not None:
         qmax = 127 if simulate else weight_qmax(gemm)
         info.smoothed = smooth(qmodel, linears, calibration or (), alpha,

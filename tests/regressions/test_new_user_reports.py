@@ -129,8 +129,39 @@ def test_weight_only_with_nothing_to_quantize_is_refused():
     with pytest.raises(NothingQuantizedError, match=r"left float: 0: skip= matches its name"):
         qp.quantize_weights(nn.Sequential(nn.Linear(64, 64)), bits=8, skip="0")
     once = qp.quantize_weights(nn.Sequential(nn.Linear(64, 64)), bits=8)
-    with pytest.raises(ModelStateError, match=r"already weight-only quantized \(layers 0\)"):
+    with pytest.raises(ModelStateError, match=r"already quantized \(layers 0 \(WeightOnlyLinear\)\)"):
         qp.quantize_weights(once, bits=4, group_size=32)
+
+
+def test_w8a8_refuses_a_quantized_model_and_a_model_with_nothing_to_quantize():
+    """quantize_w8a8 of a weight-only (or W8A8) model swapped nothing and said nothing."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
+    for quantized in (qp.quantize_weights(model, bits=8), qp.quantize_w8a8(model, alpha=None)):
+        with pytest.raises(ModelStateError, match=r"already quantized \(layers 0 \("):
+            qp.quantize_w8a8(quantized, alpha=None)
+    with pytest.raises(NothingQuantizedError, match="no nn.Linear to quantize"):
+        qp.quantize_w8a8(nn.Sequential(nn.Conv2d(3, 3, 1)), alpha=None)
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_w8a8_on_a_compiling_backend_is_refused_not_simulated(backend):
+    """It ran simulated int8 (float math) with no word of it."""
+    with pytest.raises(ConfigValidationError, match=f"backend '{backend}' compiles whole graphs"):
+        qp.quantize_w8a8(nn.Sequential(nn.Linear(64, 64)).eval(), alpha=None, backend=backend)
+
+
+def test_weight_only_gives_an_eval_mode_model_and_calibrates_without_dropout():
+    """A model built from a config starts in train mode: dropout stayed on in the result, and GPTQ
+    fitted its weights to dropped-out activations."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.5), nn.Linear(64, 32)).train()
+    data = [torch.randn(8, 64) for _ in range(2)]
+    quantized = qp.quantize_weights(model, bits=4, group_size=32, algorithm="gptq", calibration=data)
+    assert not quantized.training and model.training  # the user's model keeps its own mode
+    x = torch.randn(4, 64)
+    assert torch.equal(quantized(x), quantized(x))
+    again = qp.quantize_weights(model.eval(), bits=4, group_size=32, algorithm="gptq", calibration=data)
+    assert torch.equal(quantized(x), again(x))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

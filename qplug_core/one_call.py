@@ -24,6 +24,7 @@ from qplug_core.errors import ConfigValidationError, did_you_mean, notify, warn_
 from qplug_core.flows import auto
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
+from qplug_core.flows.capture import generates
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.tags import RECIPE
 from qplug_core.flows.weight_bits import backend_defaults, users_own
@@ -63,8 +64,8 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
         measured = backend is None or backend == auto.AUTO  # W8A8 picks its kernels per CPU itself
         chosen = None if measured else resolve_backend(backend).require_available()
         compiles = chosen is not None and not chosen.kernels and chosen.delegate is not None
-        if not (qconfig_mapping is not None or target is not None or recipe != "auto" or prepare_options
-                or strict or compiles):
+        if not (qconfig_mapping is not None or target is not None or recipe != "auto"
+                or _graph_options(prepare_options) or strict or compiles):
             notify(f"{type(model).__name__} generates text: quantized by module swap (qp.quantize_w8a8: "
                    "SmoothQuant, int8 weights, per-token int8 activations) so it keeps generate(); pass "
                    "capture='export' for a captured graph instead")
@@ -81,6 +82,22 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
 #: the keyword arguments qp.quantize passes on to prepare_fx (capture, on_unsupported, ...)
 PREPARE_OPTIONS = tuple(name for name, parameter in inspect.signature(flows.prepare_fx).parameters.items()
                         if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "backend")
+
+
+def _graph_options(prepare_options: dict[str, Any]) -> list[str]:
+    """The prepare options given other values than their defaults: asking for graph mode
+    (``capture="auto"`` written out, as the CLI passes it, is still the default)."""
+    defaults = inspect.signature(flows.prepare_fx).parameters
+    return [name for name, value in prepare_options.items()
+            if name not in defaults or defaults[name].default is inspect.Parameter.empty
+            or not _same(value, defaults[name].default)]
+
+
+def _same(value: Any, default: Any) -> bool:
+    try:
+        return bool(value == default)
+    except Exception:  # noqa: BLE001 - a tensor or an object without a plain comparison: not the default
+        return False
 
 
 def _check_options(prepare_options: dict[str, Any]) -> None:
@@ -160,13 +177,6 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
         calibrated.append(auto.Calibrated(qmodel, base, held))
     others = [b for b in backends if b.name not in {base.name for base in bases}]
     return auto.choose(calibrated, others, untried, as_input_tuple(example_inputs))
-
-
-def generates(model: Any) -> bool:
-    """Whether ``model`` is a text-generating Hugging Face model (``generate()`` and a config)."""
-    can_generate = getattr(model, "can_generate", None)
-    return (isinstance(model, nn.Module) and callable(getattr(model, "generate", None))
-            and getattr(model, "config", None) is not None and callable(can_generate) and bool(can_generate()))
 
 
 def needs_algorithms(model: Any, recipe: Any, target: Any) -> bool:

@@ -45,6 +45,7 @@ def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, 
 
     import qplug_core as qp
     from qplug_core.errors import ConfigError
+    from qplug_core.flows.capture import generates
     from qplug_core.observers import distributed
 
     if mode is Mode.qat_convert:
@@ -57,6 +58,8 @@ def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, 
         mapping = qp.get_default_qconfig_mapping(backend, "dynamic")
         return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=backend,
                                            capture=capture.value), backend=backend)
+    if capture is Capture.auto and generates(model):  # the file holds a graph: say what that costs
+        capture = Capture.export
     # under torchrun each rank calibrates on its shard; the observers then agree across ranks
     return qp.quantize(model, example, distributed.shard_by_rank(calibration), backend=backend,
                        capture=capture.value)

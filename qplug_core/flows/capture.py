@@ -19,7 +19,7 @@ from qplug_core.flows.raise_aten import is_aten_graph, raise_aten_graph
 from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED
 from qplug_core.ir.capture import capture_module, export_module
 
-__all__ = ["CAPTURE_LEVELS", "capture_for_quantization"]
+__all__ = ["CAPTURE_LEVELS", "capture_for_quantization", "generates"]
 
 #: the values of ``capture=`` every graph-mode flow accepts
 CAPTURE_LEVELS = ("auto", "symbolic", "export")
@@ -171,3 +171,10 @@ def _partly_opaque(model: nn.Module, trace: dict, symbolic_error: TraceError,
     raise TraceError(f"neither symbolic tracing nor torch.export can capture "
                      f"{type(model).__name__}: {error}; {export_error}",
                      module=error.module) from export_error
+
+
+def generates(model: Any) -> bool:
+    """Whether ``model`` is a text-generating Hugging Face model (``generate()`` and a config)."""
+    can_generate = getattr(model, "can_generate", None)
+    return (isinstance(model, nn.Module) and callable(getattr(model, "generate", None))
+            and getattr(model, "config", None) is not None and callable(can_generate) and bool(can_generate()))

@@ -250,9 +250,11 @@ def test_simulated_w8a8_on_the_reference_backend_matches_the_kernels():
         assert cosine(kernels(PROMPTS[0]).logits, simulated(PROMPTS[0]).logits) > 0.999
 
 
-def test_qp_quantize_keeps_a_decoder_a_decoder(capsys):
+@pytest.mark.parametrize("options", [{}, {"capture": "auto"}], ids=["defaults", "capture auto written out"])
+def test_qp_quantize_keeps_a_decoder_a_decoder(capsys, options):
+    """The default capture written out is still the default: it gave a graph without generate()."""
     model = decoder()
-    qmodel = qp.quantize(model, (PROMPTS[0],), [(b,) for b in batches(2)])
+    qmodel = qp.quantize(model, (PROMPTS[0],), [(b,) for b in batches(2)], **options)
     assert type(qmodel) is type(model) and hasattr(qmodel, "qplug_w8a8")
     assert "keeps generate()" in capsys.readouterr().err
     with torch.no_grad():

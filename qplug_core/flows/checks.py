@@ -77,17 +77,17 @@ def _listed(names: list[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def check_float32(model: nn.Module) -> None:
-    """The int8 kernels and the reference form compute in float32: say so at prepare, not at the
-    first call (where quantize_per_tensor or a float32 bias meets a float16 tensor)."""
+def check_float32(model: nn.Module, fix: str = "quantize model.float() and calibrate with float32 inputs") -> None:
+    """The int8 kernels and the reference form compute in float32: say so at prepare (or load:
+    ``fix`` says what to do there), not at the first call (where quantize_per_tensor or a float32
+    bias meets a float16 tensor)."""
     for kind, tensors in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
         for name, tensor in tensors:
             if tensor.is_floating_point() and tensor.dtype != torch.float32:
                 dtype = str(tensor.dtype).removeprefix("torch.")
                 raise ModelStateError(
                     f"the model's {kind} {name!r} is {dtype}; qplug quantizes float32 models: "
-                    f"quantize model.float() and calibrate with float32 inputs (the int8 model "
-                    f"takes float32 inputs)")
+                    f"{fix} (the int8 model takes float32 inputs)")
 
 
 def check_calibration_data(data: Any) -> None:

@@ -26,6 +26,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import ConfigValidationError, SerializationError
+from qplug_core.flows.checks import check_float32
 from qplug_core.kernels.dynamic import DynamicLinear
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
 from qplug_core.kernels.static_int8 import StaticInt8Linear
@@ -174,6 +175,8 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
                                  f"is not supported (this qplug reads {SCHEMA_VERSION}); upgrade qplug",
                                  path=str(source))
     mode = document.get("mode", "weight_only")
+    if mode != "weight_only":  # int8 linears with float32 scales: a bf16 model met them at its first call
+        check_float32(model, fix="load into model.float()")
     try:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")
@@ -379,11 +382,17 @@ def _expected_shape(module: nn.Module, kind: Any) -> tuple[int, int] | None:
 
 def _load_float_state(model: nn.Module, layers: list[str], tensors: dict[str, torch.Tensor],
                       source: Path) -> None:
+    """The file's float tensors into ``model``, checked first: a file that does not fit leaves the
+    model as it was (``load_state_dict`` copies what fits before it reports what does not)."""
     state = {key[len(_FLOAT):]: value for key, value in tensors.items() if key.startswith(_FLOAT)}
     own = tuple(f"{name}." for name in layers)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [key for key in missing if not key.startswith(own)]
-    if missing or unexpected:
+    expected = model.state_dict()
+    missing = [key for key in expected if key not in state and not key.startswith(own)]
+    unexpected = [key for key in state if key not in expected]
+    shapes = [f"{key} {tuple(value.shape)} (the model's {tuple(expected[key].shape)})"
+              for key, value in state.items() if key in expected and value.shape != expected[key].shape]
+    if missing or unexpected or shapes:
         raise SerializationError(f"{source} does not fit the model given to qp.load: missing "
-                                 f"{missing[:5]}, unexpected {unexpected[:5]} (build the model from the same "
-                                 "class and config)", path=str(source))
+                                 f"{missing[:5]}, unexpected {unexpected[:5]}, other shapes {shapes[:5]} (build the "
+                                 "model from the same class and config; it was left unchanged)", path=str(source))
+    model.load_state_dict(state, strict=False)

@@ -27,6 +27,7 @@ from qplug_core.errors import (
     did_you_mean,
     warn_user,
 )
+from qplug_core.flows.pipeline import eval_mode
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
@@ -102,7 +103,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     patterns = [re.compile(p) for p in ([skip] if isinstance(skip, str) else skip)]
     refuse_quantized(model)
     kernels = available_kernels(backend)
-    qmodel = copy.deepcopy(model).eval()  # dropout off, for the calibration of GPTQ/AWQ and for the user
+    qmodel = copy.deepcopy(model)  # returned in the model's own mode, calibrated in eval mode
     info = WeightOnlyInfo(scheme, algorithm)
     targets = _targets(qmodel, patterns, embeddings, info)
     if not targets:
@@ -118,7 +119,8 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     inputs: dict[str, torch.Tensor] = {}
     if algorithm != "rtn":
         rows = GPTQ_ROWS if algorithm == "gptq" else MAX_ROWS
-        inputs = record_inputs(qmodel, linears, calibration or (), rows)
+        with eval_mode(qmodel):  # no dropout in the activations GPTQ/AWQ fit the weights to
+            inputs = record_inputs(qmodel, linears, calibration or (), rows)
     # found on the float copy, before any kernel is packed: a group packs once, for its stack
     groups, info.fusion = sibling_groups(qmodel, linears, calibration)
     dtypes = {name: linear_weight(module).dtype for name, module in linears.items()}

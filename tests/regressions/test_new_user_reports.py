@@ -16,6 +16,7 @@ from qplug_core.errors import (
     InputMismatchError,
     ModelStateError,
     NothingQuantizedError,
+    SerializationError,
 )
 from qplug_core.zoo import get_model
 
@@ -150,18 +151,17 @@ def test_w8a8_on_a_compiling_backend_is_refused_not_simulated(backend):
         qp.quantize_w8a8(nn.Sequential(nn.Linear(64, 64)).eval(), alpha=None, backend=backend)
 
 
-def test_weight_only_gives_an_eval_mode_model_and_calibrates_without_dropout():
-    """A model built from a config starts in train mode: dropout stayed on in the result, and GPTQ
-    fitted its weights to dropped-out activations."""
+def test_weight_only_calibrates_without_dropout_and_keeps_the_models_mode():
+    """A model built from a config starts in train mode: GPTQ fitted its weights to dropped-out
+    activations. The result keeps the model's own mode, as every qplug flow does."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.5), nn.Linear(64, 32)).train()
     data = [torch.randn(8, 64) for _ in range(2)]
     quantized = qp.quantize_weights(model, bits=4, group_size=32, algorithm="gptq", calibration=data)
-    assert not quantized.training and model.training  # the user's model keeps its own mode
-    x = torch.randn(4, 64)
-    assert torch.equal(quantized(x), quantized(x))
+    assert quantized.training and model.training
     again = qp.quantize_weights(model.eval(), bits=4, group_size=32, algorithm="gptq", calibration=data)
-    assert torch.equal(quantized(x), again(x))
+    x = torch.randn(4, 64)
+    assert torch.equal(quantized.eval()(x), again(x))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -435,3 +435,26 @@ def test_a_model_exported_from_a_batch_1_example_takes_other_batch_sizes():
     x = tuple(torch.cat(parts) for parts in zip(*batches[:2]))  # batch 4
     assert qmodel(*x).shape == (4, 8)
     assert _cosine(model(*x), qmodel(*x)) >= 0.99
+
+
+def test_a_file_that_does_not_fit_leaves_the_users_model_unchanged(tmp_path):
+    """qp.load(path, model=m) raised that the file did not fit after copying into m every float
+    tensor that did: the user's model was half overwritten."""
+    torch.manual_seed(0)
+    saved = qp.save(qp.quantize_weights(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8), nn.LayerNorm(8)),
+                                        bits=8, skip="2"), tmp_path / "small.safetensors")
+    other = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16), nn.LayerNorm(16))
+    before = {key: value.clone() for key, value in other.state_dict().items()}
+    with pytest.raises(SerializationError, match=r"does not fit .*other shapes .*2.weight \(8, 64\) \(the model's "
+                                                 r"\(16, 64\)\).*it was left unchanged"):
+        qp.load(saved, model=other)
+    assert all(torch.equal(before[key], value) for key, value in other.state_dict().items())
+    assert type(other[0]) is nn.Linear
+
+
+def test_a_w8a8_file_refuses_a_bfloat16_model_at_load(tmp_path):
+    """It loaded, and the first call raised torch's "expected m1 and m2 to have the same dtype"."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    path = qp.save(qp.quantize_w8a8(model, alpha=None), tmp_path / "w8a8.safetensors")
+    with pytest.raises(ModelStateError, match="is bfloat16; qplug quantizes float32 models: load into model.float"):
+        qp.load(path, model=nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).to(torch.bfloat16))

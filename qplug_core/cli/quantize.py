@@ -136,7 +136,7 @@ def quantize(
                 evaluated_on=(f"--eval {evaluation}" if evaluation else
                               f"the calibration set {calibration} (not held out)" if calibration
                               else "random inputs (pass --eval FILE for a real figure)"),
-                fuse=mode is Mode.static)
+                fuse=mode is Mode.static or bool(report.fusions))  # the dynamic flow fuses linear+relu too
     print_report(report, facts, as_json, verbose)
 
 

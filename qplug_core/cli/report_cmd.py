@@ -80,7 +80,13 @@ def _accuracy(qmodel, float_spec: str, evaluation: Path, backend: str) -> dict:
     names = forward_input_names(model, input_count(evaluation))
     return accuracy_document(model, qmodel, load_batches(evaluation, None, names, what="--eval"),
                              backend=backend, evaluated_on=f"--eval {evaluation}",
-                             fuse=qp.quantization_report(qmodel).mode != "dynamic")
+                             fuse=_fused(qp.quantization_report(qmodel)))
+
+
+def _fused(report) -> bool:
+    """Whether layers compare against the fused float model: static, or a dynamic graph that fused
+    (linear+relu), whose layer runs the pair; module-swap dynamic models fuse nothing."""
+    return report.mode != "dynamic" or bool(report.fusions)
 
 
 def _sensitivity(model_spec: str, shapes: list[str], dtypes: list[str], calibration: Path | None,

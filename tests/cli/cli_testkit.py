@@ -41,6 +41,11 @@ def build():
     return Net().eval()
 
 
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, 10)).eval()
+
+
 def broken():
     raise RuntimeError("weights.bin is missing")
 

@@ -54,6 +54,18 @@ def test_dynamic_and_qat_convert(user_models, tmp_path, mode, factory):
     assert result.json()["mode"] == mode and "warning" not in result.stderr
 
 
+def test_dynamic_layers_compare_against_the_fused_float_layers(user_models, calibration_file, tmp_path):
+    """The dynamic flow fuses linear+relu: compared with the bare float linear, that layer read
+    2.5 dB in the worst-layers table beside a 40 dB output."""
+    out = tmp_path / "mlp.safetensors"
+    result = _quantize(user_models, "mlp", out, "--mode", "dynamic", "--calibration", str(calibration_file), "--json")
+    assert result.exit_code == 0, result.stderr
+    accuracy = result.json()["accuracy"]
+    assert accuracy["compared_against"] == "fused float model (qp.fuse_fx)"
+    assert accuracy["output_sqnr_db"] > 30
+    assert min(float(layer["sqnr_db"]) for layer in accuracy["worst_layers"]) > 30, accuracy["worst_layers"]
+
+
 def test_npy_calibration_and_report_as_subprocess(user_models, tmp_path):
     np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((4, 3, 8, 8)))
     out = tmp_path / "net.safetensors"

@@ -178,10 +178,16 @@ def export_onnx(qmodel: nn.Module, path: str | os.PathLike[str], example_inputs:
 
     from qplug_core.flows.steps import as_input_tuple
 
+    target = Path(path)
+    if target.is_dir() or not target.parent.is_dir():  # said before the export's seconds, not after
+        raise ExportError(f"cannot write {target}: " + ("it is a directory" if target.is_dir() else
+                                                        f"the directory {target.parent} does not exist"))
     gm = reference_form(qmodel)
     inputs = recorded_inputs(gm) if example_inputs is None else as_input_tuple(example_inputs)
     proto = to_onnx_proto(gm, inputs, opset=opset, input_names=input_names, output_names=output_names,
                           dynamic=dynamic_axes.dynamic_axes(dynamic_batch, dynamic_sequence))
-    target = Path(path)
-    onnx.save(proto, str(target))
+    try:
+        onnx.save(proto, str(target))
+    except OSError as exc:
+        raise ExportError(f"cannot write {target}: {exc.strerror or exc}") from exc
     return target

@@ -116,6 +116,16 @@ def test_cli_exports_a_saved_model(tmp_path, exported):
     assert "wrote" in result.output
 
 
+def test_cli_export_to_a_path_it_cannot_write_is_one_line_before_the_export(tmp_path, exported):
+    """It exported for seconds, then printed a 48-line traceback ending in FileNotFoundError."""
+    saved = qp.save(exported[0], tmp_path / "block.safetensors")
+    for target, why in ((tmp_path / "missing" / "m.onnx", "does not exist"), (tmp_path, "it is a directory")):
+        result = CliRunner().invoke(app, ["export", str(saved), str(target)])
+        assert result.exit_code == 1, result.output
+        assert result.output.strip().splitlines()[-1].startswith("qplug: error: cannot write")
+        assert why in result.output and "Traceback" not in result.output
+
+
 @pytest.fixture(scope="module")
 def dynamic_reference():
     """The reference form of a dynamic int8 linear (the partition ONNX Runtime compiles) and an input."""

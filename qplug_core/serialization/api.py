@@ -19,6 +19,7 @@ from qplug_core.errors import (
     ConfigError,
     QplugError,
     SerializationError,
+    did_you_mean,
 )
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.safer_weights import make_safer
@@ -201,6 +202,13 @@ def _resolve_backend(artifact: Artifact, backend: str | Backend | None, source: 
     try:
         chosen = get_backend(wanted).require_available()
     except BackendNotFoundError as exc:
+        if backend is not None:  # the caller's own name: not the file's doing
+            installed = [info.name for info in list_backends()]
+            raise BackendNotFoundError(
+                f"qp.load(..., backend={name!r}): no backend of that name is installed"
+                f"{did_you_mean(name, installed)} (installed: {', '.join(installed) or 'none'}); leave "
+                f"backend out for the one {source.name} was converted for ({artifact.backend!r})",
+                backend=name) from exc
         recorded = [p["dist"] for p in artifact.plugins if p["name"] == name]
         dist = next((d for d in [*recorded, f"qplug-{name}"]
                      if _distribution_name(d)), None)

@@ -458,3 +458,16 @@ def test_a_w8a8_file_refuses_a_bfloat16_model_at_load(tmp_path):
     path = qp.save(qp.quantize_w8a8(model, alpha=None), tmp_path / "w8a8.safetensors")
     with pytest.raises(ModelStateError, match="is bfloat16; qplug quantizes float32 models: load into model.float"):
         qp.load(path, model=nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).to(torch.bfloat16))
+
+
+def test_a_misspelled_backend_at_load_is_the_callers_not_the_files(tmp_path):
+    """qp.load(p, backend="fbgem") said the file was converted for 'fbgem' and to pip install
+    qplug-fbgem, a package that does not exist."""
+    model = nn.Sequential(nn.Linear(16, 8)).eval()
+    data = [(torch.randn(4, 16),) for _ in range(2)]
+    path = qp.save(qp.quantize(model, data[0], data, backend="fbgemm"), tmp_path / "m.safetensors")
+    with pytest.raises(qp.errors.BackendNotFoundError, match=r"qp.load\(..., backend='fbgem'\): no backend of that "
+                                                             r"name is installed \(did you mean 'fbgemm'\?\).*leave "
+                                                             r"backend out for the one m.safetensors was converted "
+                                                             r"for \('fbgemm'\)"):
+        qp.load(path, backend="fbgem")

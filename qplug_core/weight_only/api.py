@@ -100,7 +100,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     if algorithm != "rtn" and calibration is None:
         raise CalibrationError(f"algorithm={algorithm!r} needs calibration=[batch, ...]: a few token batches of "
                                "the kind of text the model will see (or use algorithm='rtn')")
-    patterns = [re.compile(p) for p in ([skip] if isinstance(skip, str) else skip)]
+    patterns = skip_patterns(skip)
     refuse_quantized(model)
     kernels = available_kernels(backend)
     qmodel = copy.deepcopy(model)  # returned in the model's own mode, calibrated in eval mode
@@ -242,7 +242,21 @@ def select_layers(model: nn.Module, kinds: tuple[type, ...], patterns: list[re.P
         else:
             targets[name] = module
         seen.setdefault(id(module.weight), name)
+    names = [name for name, module in model.named_modules() if name and type(module) in kinds]
+    unmatched = [p.pattern for p in patterns if not any(p.fullmatch(name) for name in names)]
+    if unmatched and names:
+        warn_user(f"skip= pattern(s) {unmatched} match no layer: a pattern matches a whole module name "
+                  f"(e.g. {names[-1]!r}; '.*{names[-1].rpartition('.')[2]}' matches every layer of that name)")
     return targets
+
+
+def skip_patterns(skip: str | Sequence[str]) -> list[re.Pattern]:
+    """``skip=`` as compiled regular expressions, or a :class:`ConfigValidationError`."""
+    try:
+        return [re.compile(p) for p in ([skip] if isinstance(skip, str) else skip)]
+    except (re.error, TypeError) as exc:
+        raise ConfigValidationError(f"skip= must be regular expressions of module names, got {skip!r} "
+                                    f"({exc})", field="skip", value=skip) from exc
 
 
 def tied_output(model: nn.Module) -> str | None:

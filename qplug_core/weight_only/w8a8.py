@@ -37,7 +37,7 @@ from qplug_core.kernels.per_token import (
 from qplug_core.kernels.static_int8 import StaticInt8Linear, static_activation_qparams
 from qplug_core.registry.backends import resolve_backend
 from qplug_core.weight_only import decode_step
-from qplug_core.weight_only.api import conv1d_class, refuse_quantized, select_layers
+from qplug_core.weight_only.api import conv1d_class, refuse_quantized, select_layers, skip_patterns
 from qplug_core.weight_only.awq import call_model
 from qplug_core.weight_only.smoothing import Smoothed, smooth
 
@@ -116,7 +116,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
                                     f"kernels {chosen.name!r} may provide", field="backend", value=chosen.name)
     simulate = chosen is not None and not chosen.kernels
     gemm = "simulated" if simulate else best_gemm()
-    patterns = [re.compile(p) for p in ([skip] if isinstance(skip, str) else skip)]
+    patterns = skip_patterns(skip)
     qmodel = copy.deepcopy(model).eval()
     info = W8A8Info(alpha, gemm, activations)
     linears = _targets(qmodel, patterns, quantize_head, info)

@@ -471,3 +471,15 @@ def test_a_misspelled_backend_at_load_is_the_callers_not_the_files(tmp_path):
                                                              r"backend out for the one m.safetensors was converted "
                                                              r"for \('fbgemm'\)"):
         qp.load(path, backend="fbgem")
+
+
+def test_a_skip_pattern_that_matches_nothing_warns_and_a_bad_one_is_refused():
+    """skip=["fc"] (not the whole name) quantized every layer without a word; skip="[" raised re.error."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Sequential(nn.Linear(64, 32))).eval()
+    with pytest.warns(UserWarning, match=r"skip= pattern\(s\) \['fc'\] match no layer: a pattern matches a whole "
+                                         r"module name \(e.g. '2.0'; '.\*0' matches"):
+        qp.quantize_weights(model, bits=8, skip=["fc", "2.0"])
+    with pytest.raises(ConfigValidationError, match="skip= must be regular expressions"):
+        qp.quantize_weights(model, bits=8, skip="[")
+    with pytest.raises(ConfigValidationError, match="skip= must be regular expressions"):
+        qp.quantize_w8a8(model, alpha=None, skip="[")

@@ -73,9 +73,12 @@ def test_saturating_kernels_run_every_layer_as_right_as_the_reference_form(emula
 
 
 def test_a_partition_the_kernels_break_is_caught_at_convert(emulated):
-    """Decided as on a VNNI CPU (8-bit weights and activations), ORT's partitions disagree with
-    their reference form; convert keeps the reference form, so the model stays right (and says
-    it runs the reference form) instead of losing ~20 dB."""
+    """Decided as on a VNNI CPU (8-bit weights and activations), ORT's partition disagrees with
+    its reference form; convert keeps the regions it gets wrong in reference form and compiles the
+    rest around them, so the model stays close to its reference form (and says which layers run
+    the reference form) instead of losing ~20 dB. Measured (Intel Xeon host, emulated Haswell):
+    conv1 kept, 42.6 dB against the reference form's 43.5, 99.5% of outputs within a step."""
     result = emulated["onnxruntime, VNNI flags"]
     assert result["reference_form"], result
-    assert result["sqnr"] >= result["reference_sqnr"] - 0.1, result
+    assert result["sqnr"] >= result["reference_sqnr"] - 1.5, result
+    assert result["within_one_step"] >= 0.98, result

@@ -107,12 +107,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     info = WeightOnlyInfo(scheme, algorithm)
     targets = _targets(qmodel, patterns, embeddings, info)
     if not targets:
-        kinds = "nn.Linear" + (" or nn.Embedding" if embeddings else "")
-        left = "; ".join(f"{name}: {why}" for name, why in list(info.skipped.items())[:5])
-        raise NothingQuantizedError(f"nothing was quantized: no {kinds} to quantize"
-                                    + (f" (left float: {left})" if left else "")
-                                    + "; convolutions and other layers keep float weights here",
-                                    reasons=[(why, 1) for why in info.skipped.values()])
+        raise nothing_quantized("nn.Linear" + (" or nn.Embedding" if embeddings else ""), info.skipped)
     for name, module in targets.items():
         _check_divisible(name, module, scheme)
     linears = {n: m for n, m in targets.items() if not isinstance(m, nn.Embedding)}
@@ -248,6 +243,15 @@ def select_layers(model: nn.Module, kinds: tuple[type, ...], patterns: list[re.P
         warn_user(f"skip= pattern(s) {unmatched} match no layer: a pattern matches a whole module name "
                   f"(e.g. {names[-1]!r}; '.*{names[-1].rpartition('.')[2]}' matches every layer of that name)")
     return targets
+
+
+def nothing_quantized(kinds: str, skipped: dict[str, str]) -> NothingQuantizedError:
+    """The error of a module-swap flow that found no layer of ``kinds`` to swap."""
+    left = "; ".join(f"{name}: {why}" for name, why in list(skipped.items())[:5])
+    return NothingQuantizedError(f"nothing was quantized: no {kinds} to quantize"
+                                 + (f" (left float: {left})" if left else "")
+                                 + "; convolutions and other layers keep float weights here",
+                                 reasons=[(why, 1) for why in skipped.values()])
 
 
 def skip_patterns(skip: str | Sequence[str]) -> list[re.Pattern]:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.errors import CalibrationError, ConfigValidationError, NothingQuantizedError
+from qplug_core.errors import CalibrationError, ConfigValidationError
 from qplug_core.flows.checks import check_float32
 from qplug_core.flows.dynamic import linear_from_conv1d
 from qplug_core.flows.tags import W8A8
@@ -37,7 +37,13 @@ from qplug_core.kernels.per_token import (
 from qplug_core.kernels.static_int8 import StaticInt8Linear, static_activation_qparams
 from qplug_core.registry.backends import resolve_backend
 from qplug_core.weight_only import decode_step
-from qplug_core.weight_only.api import conv1d_class, refuse_quantized, select_layers, skip_patterns
+from qplug_core.weight_only.api import (
+    conv1d_class,
+    nothing_quantized,
+    refuse_quantized,
+    select_layers,
+    skip_patterns,
+)
 from qplug_core.weight_only.awq import call_model
 from qplug_core.weight_only.smoothing import Smoothed, smooth
 
@@ -121,8 +127,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
     info = W8A8Info(alpha, gemm, activations)
     linears = _targets(qmodel, patterns, quantize_head, info)
     if not linears:
-        left = "; ".join(f"{name}: {why}" for name, why in list(info.skipped.items())[:5])
-        raise NothingQuantizedError("nothing was quantized: no nn.Linear to quantize" + (f" (left float: {left})" if left else ""))
+        raise nothing_quantized("nn.Linear", info.skipped)
     if alpha is not None:
         qmax = 127 if simulate else weight_qmax(gemm)
         info.smoothed = smooth(qmodel, linears, calibration or (), alpha,

@@ -100,7 +100,7 @@ def _int8_anchors(nodes: Iterable[fx.Node], name: _Namer) -> list[str]:
 class _Verdict:
     """A compiled partition held to the contract: the module to use, what was changed for it to
     keep the contract (``note``), why the reference form is kept instead (``reason``, '' if not),
-    and the int8 regions found wrong one by one (end node -> problem), if the check got that far."""
+    and the int8 regions found wrong one by one (end node -> why it stays in reference form)."""
 
     module: nn.Module
     note: str = ""
@@ -245,13 +245,8 @@ def _compiled(delegate: Delegate, gm: fx.GraphModule, nodes: list[fx.Node], valu
     except Exception as exc:  # one partition failing must not fail the conversion
         return _Verdict(partition, reason=f"compiling partition {name} failed ({type(exc).__name__}: {exc}); "
                                           "reference form kept")
-    verdict = _checked(delegate, module, partition, example, _int8_anchors(nodes, report_key), name,
-                       backend_name, arithmetic, "on the example inputs")
-    if verdict.wrong_regions:  # the rest of it is planned again without them
-        verdict.wrong_regions = {end: f"{verdict.reason.removesuffix('; reference form kept')}; this "
-                                      "region is kept in reference form, the rest of the partition compiled "
-                                      "without it" for end in verdict.wrong_regions}
-    return verdict
+    return _checked(delegate, module, partition, example, _int8_anchors(nodes, report_key), name,
+                    backend_name, arithmetic, "on the example inputs")
 
 
 def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]], outside: dict[str, str],
@@ -316,9 +311,9 @@ def _checked(delegate: Delegate, module: nn.Module, reference: fx.GraphModule, i
                 f"{CONTRACT_BROKEN} ({problem}; this CPU's int8 kernels sum u8 x s8 pairs in int16)"))
         safer.undo()
         problem += f"; with 7-bit weights too: {again}"
-    reason = (f"partition {name} compiled by {_delegate_label(backend_name)} {CONTRACT_BROKEN} "
-              f"{on} ({problem}); reference form kept")
-    return _Verdict(module, reason=reason, wrong_regions=wrong)
+    broke = f"partition {name} compiled by {_delegate_label(backend_name)} {CONTRACT_BROKEN} {on} ({problem})"
+    kept_alone = f"{broke}; this region is kept in reference form, the rest of the partition compiled without it"
+    return _Verdict(module, reason=f"{broke}; reference form kept", wrong_regions=dict.fromkeys(wrong, kept_alone))
 
 
 class FirstCallCheck:

@@ -25,7 +25,7 @@ from qplug_core.errors import (
     ConstraintViolationError,
     did_you_mean,
 )
-from qplug_core.flows.checks import check_float32
+from qplug_core.flows.checks import check_finite_weights, check_float32
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.raise_aten import is_aten_graph
 from qplug_core.flows.regions import dtype_config_problems
@@ -260,6 +260,7 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
         raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
                                     field="model", value=type(model).__name__)
     check_float32(model)  # the dynamic kernels take float32 activations: say so now, not at the call
+    check_finite_weights(model)
     if dtype not in _DTYPES:
         raise ConfigValidationError(f"dtype must be torch.qint8 or torch.float16, got {dtype}",
                                     field="dtype", value=dtype)

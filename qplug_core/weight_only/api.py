@@ -27,12 +27,14 @@ from qplug_core.errors import (
     did_you_mean,
     warn_user,
 )
+from qplug_core.flows.checks import check_finite_weights
 from qplug_core.flows.pipeline import eval_mode
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
 from qplug_core.weight_only import decode_step
-from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, call_model, record_inputs
+from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs
+from qplug_core.weight_only.batches import call_model
 from qplug_core.weight_only.fusion import fuse, shared_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
@@ -102,6 +104,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
                                "the kind of text the model will see (or use algorithm='rtn')")
     patterns = skip_patterns(skip)
     refuse_quantized(model)
+    check_finite_weights(model)
     kernels = available_kernels(backend)
     qmodel = copy.deepcopy(model)  # returned in the model's own mode, calibrated in eval mode
     info = WeightOnlyInfo(scheme, algorithm)

@@ -19,6 +19,7 @@ from torch import nn
 
 from qplug_core.errors import CalibrationError
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, quantize
+from qplug_core.weight_only.batches import run_batch
 
 ALPHAS = tuple(i / 20 for i in range(21))
 CLIP_RATIOS = tuple(1.0 - i / 20 for i in range(11))  # 1.0 .. 0.5
@@ -47,7 +48,7 @@ def record_inputs(model: nn.Module, layers: dict[str, nn.Module], calibration: I
     try:
         with torch.no_grad():
             for batch in calibration:
-                call_model(model, batch)
+                run_batch(model, batch, batches)
                 batches += 1
     finally:
         for handle in handles:
@@ -64,16 +65,6 @@ def record_inputs(model: nn.Module, layers: dict[str, nn.Module], calibration: I
             x = x[torch.linspace(0, x.shape[0] - 1, max_rows).long()]
         kept[name] = x
     return kept
-
-
-def call_model(model: nn.Module, batch: Any) -> None:
-    """``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, else ``model(batch)``."""
-    if isinstance(batch, dict) or hasattr(batch, "keys"):
-        model(**batch)
-    elif isinstance(batch, (tuple, list)):
-        model(*batch)
-    else:
-        model(batch)
 
 
 def awq_quantize(weight: torch.Tensor, x: torch.Tensor,

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError
-from qplug_core.weight_only.awq import call_model
+from qplug_core.weight_only.batches import call_model, run_batch
 from qplug_core.weight_only.dataflow import MulPair, NormGroup, trace_inputs
 
 #: strengths ``alpha="auto"`` tries (None: leave the input as it is)
@@ -90,8 +90,8 @@ def smooth(model: nn.Module, linears: dict[str, nn.Linear], calibration: Iterabl
     batches: list[Any] = []
     try:
         with torch.no_grad():
-            for batch in calibration:
-                call_model(model, batch)
+            for index, batch in enumerate(calibration):
+                run_batch(model, batch, index)
                 if not batches:
                     batches.append(batch)
     finally:

@@ -483,3 +483,57 @@ def test_a_skip_pattern_that_matches_nothing_warns_and_a_bad_one_is_refused():
         qp.quantize_weights(model, bits=8, skip="[")
     with pytest.raises(ConfigValidationError, match="skip= must be regular expressions"):
         qp.quantize_w8a8(model, alpha=None, skip="[")
+
+
+def _nan_in_first_weight() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16)).eval()
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("nan")
+    return model
+
+
+@pytest.mark.parametrize("flow", ["weights", "w8a8", "dynamic", "static"])
+def test_a_nan_weight_is_named_up_front_and_the_model_left_alone(flow):
+    """A NaN weight ended weight-only in "no weight-only kernel runs ...: relative error nan" and the
+    static flow in an observer's error: neither named the layer."""
+    model = _nan_in_first_weight()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = {"weights": lambda: qp.quantize_weights(model, bits=8),
+             "w8a8": lambda: qp.quantize_w8a8(model, alpha=None),
+             "dynamic": lambda: qp.quantize_dynamic(model, backend="fbgemm"),
+             "static": lambda: qp.quantize(model, (torch.randn(4, 64),), [(torch.randn(4, 64),)],
+                                           backend="fbgemm")}
+    with pytest.raises(ModelStateError, match=r"non-finite values \(NaN or Inf\) in '0.weight' \(1 of 2048\)"):
+        calls[flow]()
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if k != "0.weight")
+    assert torch.equal(before["0.weight"].nan_to_num(), after["0.weight"].nan_to_num())
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2)).eval()
+
+
+@pytest.mark.parametrize("call", ["gptq", "awq", "w8a8"])
+def test_calibration_a_language_model_cannot_take_says_which_batch_and_why(call):
+    """Float batches or token ids past the vocabulary raised the embedding's own RuntimeError /
+    IndexError from deep inside the model, where qp.quantize says InputMismatchError."""
+    model = _llama()
+
+    def run(batches):
+        if call == "w8a8":
+            return qp.quantize_w8a8(model, batches)
+        return qp.quantize_weights(model, bits=4, group_size=32, algorithm=call, calibration=batches)
+
+    good = torch.randint(0, 256, (2, 16))
+    with pytest.raises(InputMismatchError, match=r"calibration batch 1 does not fit the model: RuntimeError: .*"
+                                                 r"\(the batch is float32; the model takes token ids, torch.long\)"):
+        run([good, torch.randn(2, 16)])
+    with pytest.raises(InputMismatchError, match=r"calibration batch 0 does not fit the model: IndexError: .*"
+                                                 r"token ids from \d+ to \d+; the vocabulary has 256\)"):
+        run([torch.randint(200, 300, (2, 16))])

@@ -1,0 +1,57 @@
+"""Calling the user's model on a calibration batch, with qplug's error when the batch does not fit.
+
+The data-aware weight-only algorithms and W8A8 run the user's own model (not a traced graph) on
+the calibration batches; a float tensor for a language model or a token id past its vocabulary
+would otherwise surface as the embedding's own error from deep inside the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from qplug_core.errors import InputMismatchError, QplugError, first_line
+
+
+def call_model(model: nn.Module, batch: Any) -> None:
+    """``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, else ``model(batch)``."""
+    if isinstance(batch, dict) or hasattr(batch, "keys"):
+        model(**batch)
+    elif isinstance(batch, (tuple, list)):
+        model(*batch)
+    else:
+        model(batch)
+
+
+def run_batch(model: nn.Module, batch: Any, index: int) -> None:
+    """:func:`call_model` on calibration batch ``index``; an error of the model's becomes an
+    :class:`InputMismatchError` naming the batch (and what is wrong with a token batch)."""
+    try:
+        call_model(model, batch)
+    except QplugError:
+        raise
+    except Exception as error:
+        raise InputMismatchError(
+            f"calibration batch {index} does not fit the model: {type(error).__name__}: "
+            f"{first_line(error)}{_token_hint(model, batch)}. Give batches the model's forward takes: "
+            "token id tensors, tuples of positional inputs or dicts of keyword inputs") from error
+
+
+def _token_hint(model: nn.Module, batch: Any) -> str:
+    """What is wrong with a token batch, when the model has input embeddings to say it."""
+    ids = batch.get("input_ids") if isinstance(batch, dict) else batch
+    get_embeddings = getattr(model, "get_input_embeddings", None)
+    if not isinstance(ids, torch.Tensor) or not callable(get_embeddings):
+        return ""
+    try:
+        vocabulary = get_embeddings().num_embeddings
+    except (AttributeError, NotImplementedError):
+        return ""
+    if ids.is_floating_point():
+        return f" (the batch is {str(ids.dtype).removeprefix('torch.')}; the model takes token ids, torch.long)"
+    if ids.numel() and (int(ids.max()) >= vocabulary or int(ids.min()) < 0):
+        return (f" (the batch holds token ids from {int(ids.min())} to {int(ids.max())}; the vocabulary "
+                f"has {vocabulary})")
+    return ""

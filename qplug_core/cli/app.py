@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import sys
 import textwrap
 import warnings
+from pathlib import Path
 from typing import Any, Iterator
 
 import typer
@@ -64,15 +66,30 @@ app = typer.Typer(cls=QplugGroup, no_args_is_help=True, pretty_exceptions_show_l
                   help="Plugin-based int8 quantization for PyTorch.")
 
 
+def _from_qplug(filename: str) -> bool:
+    """Whether a warning was attributed to qplug, a plugin, or the command line machinery that
+    ``warn_user`` walks out to (it points at the caller's frame, which under the CLI is click's)."""
+    packages = [module for name, module in list(sys.modules.items()) if "." not in name
+                and (name.startswith("qplug_") or name in ("typer", "click"))]
+    roots = [Path(module.__file__).parent for module in packages if getattr(module, "__file__", None)]
+    path = Path(filename)
+    return any(path.is_relative_to(root) for root in roots)
+
+
 @contextlib.contextmanager
-def _plugin_warnings_on_stderr() -> Iterator[None]:
-    """Show each plugin warning as a single ``qplug: ...`` line on stderr while a command runs."""
+def _qplug_warnings_on_stderr() -> Iterator[None]:
+    """Show each warning qplug or a plugin gives as one ``qplug: warning: ...`` line on stderr while
+    a command runs (not ``.../typer/main.py:1445: UserWarning: ...``); torch's and other libraries'
+    warnings keep Python's format, which names where they come from."""
     original = warnings.showwarning
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: Any = None, line: str | None = None) -> None:
         if issubclass(category, plugins.QplugPluginWarning):
             say(f"qplug: {message}", err=True)
+        elif _from_qplug(filename):
+            text = " ".join(str(message).split()).removeprefix("qplug: ")
+            say(f"qplug: warning: {text}", err=True)
         else:
             original(message, category, filename, lineno, file, line)
 
@@ -100,7 +117,7 @@ def _print_version(value: bool) -> None:
 def _root(ctx: typer.Context,
           version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                        help="Show qplug-core and plugin versions and exit.")) -> None:
-    ctx.with_resource(_plugin_warnings_on_stderr())
+    ctx.with_resource(_qplug_warnings_on_stderr())
     ctx.with_resource(cli_audience())
 
 

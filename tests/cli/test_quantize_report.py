@@ -47,6 +47,19 @@ def test_random_calibration_warns_loudly(user_models, tmp_path):
     assert "qplug quantization report" in result.stdout
 
 
+def test_a_warning_of_qplugs_is_one_qplug_line_not_a_python_warning(user_models, tmp_path):
+    """warn_user points at the caller's frame, which under the CLI is click's: the user read
+    ``.../typer/main.py:1445: UserWarning: qplug: ...`` and the source line."""
+    from safetensors.torch import save_file
+
+    constant = tmp_path / "constant.safetensors"
+    save_file({f"batch{i}": torch.ones(4, 3, 8, 8) for i in range(2)}, str(constant))
+    result = _quantize(user_models, "build", tmp_path / "net.safetensors", "--calibration", str(constant))
+    assert result.exit_code == 0, result.stderr
+    assert "qplug: warning: calibration saw constant float inputs: input 0 (every value 1)" in result.stderr
+    assert "UserWarning" not in result.stderr and "typer" not in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("mode,factory", [("dynamic", "build"), ("qat-convert", "qat")])
 def test_dynamic_and_qat_convert(user_models, tmp_path, mode, factory):
     result = _quantize(user_models, factory, tmp_path / "net.safetensors", "--mode", mode, "--json")

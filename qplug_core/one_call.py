@@ -20,7 +20,7 @@ from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
 from qplug_core.algorithms.recipes import RecipeRecord, looks_like_transformer
 from qplug_core.algorithms.target import TRANSFORMER_TARGET, meet_target
 from qplug_core.config import QConfigMapping
-from qplug_core.errors import ConfigValidationError, did_you_mean, notify, warn_user
+from qplug_core.errors import ConfigValidationError, did_you_mean, notify, spelled, warn_user
 from qplug_core.flows import auto
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
@@ -70,9 +70,10 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
                    "SmoothQuant, int8 weights, per-token int8 activations) so it keeps generate(); pass "
                    "capture='export' for a captured graph instead")
             return quantize_w8a8(model, calibration_data, backend=None if chosen is None else chosen.name)
+        keep = spelled("qp.quantize_w8a8(model, calibration) or qp.quantize_weights(model)",
+                       "--mode w8a8 or --mode weight-only")
         warn_user(f"qp.quantize captures {type(model).__name__} as a graph, which has no generate() and no KV "
-                  "cache; qp.quantize_w8a8(model, calibration) or qp.quantize_weights(model) keep the model "
-                  "and generate()")
+                  f"cache; {keep} keep the model and generate()")
     with kv_cache_off(model) if generates(model) else contextlib.nullcontext():
         return _quantize_graph(model, example_inputs, calibration_data, backend=backend,
                                qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,

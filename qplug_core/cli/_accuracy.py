@@ -19,8 +19,11 @@ WORST_LAYERS = 5
 
 
 def accuracy_document(float_model: nn.Module, qmodel: nn.Module, batches: list[tuple], *,
-                      backend: Any, evaluated_on: str, fuse: bool = True) -> dict[str, Any]:
-    """Output SQNR/cosine over ``batches`` and the worst layers, JSON-safe."""
+                      backend: Any, evaluated_on: str, fuse: bool = True,
+                      layers: set[str] | None = None) -> dict[str, Any]:
+    """Output SQNR/cosine over ``batches`` and the worst layers, JSON-safe; ``layers`` limits them to
+    the quantized ones (a W8A8 model's norms differ from float by design: SmoothQuant folded
+    scales into them)."""
     import copy
 
     import qplug_core as qp
@@ -40,7 +43,8 @@ def accuracy_document(float_model: nn.Module, qmodel: nn.Module, batches: list[t
             "output_sqnr_db": number(comparison.output_sqnr_db, 2),
             "output_cosine": number(comparison.output_cosine, 6),
             "compared_against": compared_against,
-            "worst_layers": [layer.to_dict() for layer in comparison.worst(WORST_LAYERS)]}
+            "worst_layers": [layer.to_dict() for layer in comparison.worst(len(comparison.layers))
+                             if layers is None or layer.name in layers][:WORST_LAYERS]}
 
 
 def accuracy_line(doc: dict[str, Any]) -> str:

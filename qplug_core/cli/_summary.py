@@ -36,3 +36,12 @@ def print_summary(report: Any, facts: dict[str, Any], *, verbose: bool = False) 
     lines += fact_lines({k: v for k, v in facts.items() if k != "accuracy"}, width)
     # literal text, controls escaped: names and versions in it come from the file
     show(plain("\n".join(lines)), *([worst_layers_table(accuracy)] if accuracy else []))
+
+
+def print_facts(title: str, facts: dict[str, Any]) -> None:
+    """A report read from a file's facts alone (a module-swap model): accuracy first when measured."""
+    width = terminal_width()
+    accuracy = facts.get("accuracy")
+    lines = textwrap.wrap(accuracy_line(accuracy), width, subsequent_indent="    ") if accuracy else []
+    lines += [title, *fact_lines({k: v for k, v in facts.items() if k != "accuracy"}, width)]
+    show(plain("\n".join(lines)), *([worst_layers_table(accuracy)] if accuracy else []))

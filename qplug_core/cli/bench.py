@@ -27,11 +27,12 @@ def _models(target: str, float_spec: str | None, example: tuple, backend: str | 
     """``(float model or None, int8 model)`` for a saved file or a MODULE:FACTORY."""
     import qplug_core as qp
     from qplug_core.cli._inputs import load_factory_model
+    from qplug_core.cli._saved import load_saved
     from qplug_core.flows.steps import resolve_backend
 
     if Path(target).is_file():
         return (load_factory_model(float_spec) if float_spec else None,
-                qp.load(target, backend=backend))
+                load_saved(Path(target), float_spec, backend=backend, command="bench"))
     model = load_factory_model(target)
     warn("calibrating on the example input: fine for timing, not for accuracy")
     qmodel = qp.quantize(model, example, [example], backend=resolve_backend(backend),
@@ -54,9 +55,9 @@ def bench(
 ) -> None:
     """Time int8 latency, and float vs int8 (speed-up) in one interleaved run when the float model
     is known."""
-    import qplug_core as qp
     from qplug_core.cli._inputs import input_specs
     from qplug_core.cli._measure import interleaved_latency, latency_document
+    from qplug_core.cli._saved import backend_of
     from qplug_core.errors import InputMismatchError
 
     specs = input_specs(example_shapes, example_dtypes)
@@ -73,7 +74,7 @@ def bench(
                                      f"{' '.join(str(exc).split())[:300]}") from exc
     document = {"model": target, "float_model": float_spec or (None if float_model is None
                                                                 else target),
-                "backend": qp.quantization_report(qmodel).backend,
+                "backend": backend_of(qmodel),
                 "latency": latency_document(*latency, runs=runs, batch=specs[0].shape[0],
                                             threads=threads)}
     noisy = [name for name in ("float", "int8") if (document["latency"].get(name) or {})

@@ -19,7 +19,14 @@ def export(
 ) -> None:
     """Write a saved model's reference form as ONNX QDQ (QuantizeLinear/DequantizeLinear)."""
     import qplug_core as qp
+    from qplug_core.cli._saved import saved_document, swap_mode
+    from qplug_core.errors import ExportError
+    from qplug_core.serialization.weight_only import is_swapped_document
 
+    document = saved_document(path)
+    if is_swapped_document(document):
+        raise ExportError(f"{path} holds a {swap_mode(document)} model (quantized by module swap); qplug export "
+                          "writes converted graph models (qplug quantize --mode static or dynamic) as ONNX QDQ")
     qmodel = qp.load(path, backend="reference")
     written = qp.export_onnx(qmodel, out, opset=opset, dynamic_batch=dynamic_batch,
                              dynamic_sequence=dynamic_sequence)

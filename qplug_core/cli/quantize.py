@@ -21,6 +21,12 @@ class Mode(str, Enum):
     static = "static"
     dynamic = "dynamic"
     qat_convert = "qat-convert"
+    w8a8 = "w8a8"
+    weight_only = "weight-only"
+
+
+#: the modes that swap modules in the user's own model (it keeps its class and generate())
+SWAP_MODES = (Mode.w8a8, Mode.weight_only)
 
 
 class Capture(str, Enum):
@@ -39,7 +45,8 @@ EXAMPLE_DTYPES = typer.Option([], "--example-dtype",
 
 
 def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, backend: Any,
-                   mode: Mode, capture: Capture = Capture.auto) -> Any:
+                   mode: Mode, capture: Capture = Capture.auto, bits: int = 8,
+                   group_size: int | None = None) -> Any:
     """The converted model for ``mode``; ``qat-convert`` expects a ``qp.prepare_qat_fx`` model."""
     from torch import fx
 
@@ -58,6 +65,10 @@ def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, 
         mapping = qp.get_default_qconfig_mapping(backend, "dynamic")
         return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=backend,
                                            capture=capture.value), backend=backend)
+    if mode is Mode.w8a8:  # the backends' kernels are picked per layer for this CPU
+        return qp.quantize_w8a8(model, calibration)
+    if mode is Mode.weight_only:
+        return qp.quantize_weights(model, bits=bits, group_size=group_size)
     if capture is Capture.auto and generates(model):  # the file holds a graph: say what that costs
         capture = Capture.export
     # under torchrun each rank calibrates on its shard; the observers then agree across ranks
@@ -79,8 +90,14 @@ def quantize(
                                          "accuracy on; default: the calibration batches."),
     backend: str = typer.Option(None, "--backend", help="Backend (default: the best one here; "
                                                         "auto: the fastest measured, static only)."),
-    mode: Mode = typer.Option(Mode.static, "--mode", help="static, dynamic, or qat-convert (the "
-                                                          "factory returns a trained QAT model)."),
+    mode: Mode = typer.Option(Mode.static, "--mode", help="static, dynamic, qat-convert (the factory "
+                                                          "returns a trained QAT model), or, keeping the "
+                                                          "model's own class and generate(): w8a8 "
+                                                          "(SmoothQuant, int8 weights and per-token "
+                                                          "activations) or weight-only."),
+    bits: int = typer.Option(8, "--bits", help="Weight bits for --mode weight-only: 8 or 4."),
+    group_size: int = typer.Option(None, "--group-size", help="Weights per scale for --mode weight-only "
+                                                              "(e.g. 32, 128); default one per channel."),
     capture: Capture = typer.Option(Capture.auto, "--capture",
                                     help="auto (symbolic tracing when the model traces, else "
                                          "torch.export), symbolic, or export."),
@@ -110,34 +127,62 @@ def quantize(
         model = load_factory_model(model_spec)
         names = forward_input_names(model, len(specs))
         example = tuple(spec.example() for spec in specs)
-        chosen = backend if backend == AUTO else resolve_backend(backend).require_available()
+        if mode in SWAP_MODES and backend is not None:
+            raise ConfigError(f"--mode {mode.value} picks the fastest kernels installed for each layer "
+                              "itself; leave out --backend", field="--backend", value=backend)
+        chosen = (None if mode in SWAP_MODES else backend if backend == AUTO
+                  else resolve_backend(backend).require_available())
         if chosen == AUTO and mode is not Mode.static:
             raise ConfigError(f"--backend auto measures static int8 models only, not --mode "
                               f"{mode.value}; name a backend", field="--backend", value=backend)
         batches = (load_batches(calibration, specs, names) if calibration
-                   else None if mode is not Mode.static else random_calibration(specs))
+                   else random_calibration(specs) if mode in (Mode.static, Mode.w8a8) else None)
         with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
-            qmodel = quantize_model(model, example, batches, chosen, mode, capture)
+            qmodel = quantize_model(model, example, batches, chosen, mode, capture, bits, group_size)
             if chosen == AUTO:  # what it chose, for the accuracy comparison
                 chosen = qp.get_backend(qp.quantization_report(qmodel).backend)
             saving = distributed.is_rank_zero()
         if not saving:  # rank 0 saves and reports for all
             return
         path = qp.save(qmodel, out)
+    held_out = load_batches(evaluation, specs, names, what="--eval") if evaluation else None
+    evaluated_on = (f"--eval {evaluation}" if evaluation else
+                    f"the calibration set {calibration} (not held out)" if calibration
+                    else "random inputs (pass --eval FILE for a real figure)")
+    if mode in SWAP_MODES:
+        _report_swapped(model_spec, model, qmodel, path, held_out or batches or [example], evaluated_on,
+                        as_json)
+        return
     report = qp.quantization_report(qmodel)
     facts: dict[str, Any] = {"model": model_spec, "mode": mode.value, "backend": report.backend,
                              "capture": report.capture, "out": str(path),
                              "size_bytes": path.stat().st_size}
     if mode is not Mode.qat_convert:  # a QAT factory returns no float original to compare with
-        held_out = load_batches(evaluation, specs, names, what="--eval") if evaluation else None
         with stdout_to_stderr():  # the comparison runs the user's model again
             facts["accuracy"] = accuracy_document(
-                model, qmodel, held_out or batches or [example], backend=chosen,
-                evaluated_on=(f"--eval {evaluation}" if evaluation else
-                              f"the calibration set {calibration} (not held out)" if calibration
-                              else "random inputs (pass --eval FILE for a real figure)"),
+                model, qmodel, held_out or batches or [example], backend=chosen, evaluated_on=evaluated_on,
                 fuse=mode is Mode.static or bool(report.fusions))  # the dynamic flow fuses linear+relu too
     print_report(report, facts, as_json, verbose)
+
+
+def _report_swapped(model_spec: str, model: Any, qmodel: Any, path: Path, batches: list, evaluated_on: str,
+                    as_json: bool) -> None:
+    """What a module-swap model holds (read back from its file) and how close it answers to float."""
+    from qplug_core.cli._accuracy import accuracy_document
+    from qplug_core.cli._common import emit_json
+    from qplug_core.cli._saved import compared_layers, saved_document, swapped_facts
+    from qplug_core.cli._summary import print_facts
+
+    document = saved_document(path)
+    facts: dict[str, Any] = {"model": model_spec, **swapped_facts(document), "out": str(path),
+                             "size_bytes": path.stat().st_size}
+    with stdout_to_stderr():  # the comparison runs the user's model again
+        facts["accuracy"] = accuracy_document(model, qmodel, batches, backend=None, fuse=False,
+                                              layers=compared_layers(document), evaluated_on=evaluated_on)
+    if as_json:
+        emit_json(facts)
+        return
+    print_facts(f"qplug quantization report: {facts['mode']}, quantized by module swap", facts)
 
 
 def check_writable(out: Path) -> None:

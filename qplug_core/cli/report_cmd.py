@@ -7,7 +7,6 @@ output error each causes when int8, on the saved model's backend (see ``qp.sensi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -39,9 +38,10 @@ def report(
     import qplug_core as qp
     from qplug_core.cli._common import emit_json
     from qplug_core.cli._report import print_report
+    from qplug_core.cli._saved import saved_document
     from qplug_core.cli._table import show
     from qplug_core.errors import ConfigError
-    from qplug_core.serialization.files import read_artifact_file
+    from qplug_core.serialization.weight_only import is_swapped_document
 
     if (float_spec is None) != (evaluation is None):
         raise ConfigError("--float and --eval go together: the float model and the inputs to "
@@ -49,8 +49,11 @@ def report(
                           else "--eval")
     if sensitivity_of is not None and not example_shapes:
         raise ConfigError("--sensitivity needs --example-shape", field="--example-shape")
+    document = saved_document(path)  # what it was saved with, not what runs now
+    if is_swapped_document(document):
+        _report_swapped(path, document, float_spec, evaluation, sensitivity_of, as_json)
+        return
     qmodel = qp.load(path)
-    document = json.loads(read_artifact_file(path)[0])  # what it was saved with, not what runs now
     facts = {
         "path": str(path), "size_bytes": path.stat().st_size, "backend": document["backend"],
         "saved_with": {**document["versions"],
@@ -71,16 +74,40 @@ def report(
         show(ranking)
 
 
-def _accuracy(qmodel, float_spec: str, evaluation: Path, backend: str) -> dict:
+def _report_swapped(path: Path, document: dict, float_spec: str | None, evaluation: Path | None,
+                    sensitivity_of: str | None, as_json: bool) -> None:
+    """A module-swap file: what it holds, read from the file; accuracy after loading it into
+    ``--float``'s model."""
+    from qplug_core.cli._common import emit_json
+    from qplug_core.cli._saved import compared_layers, load_saved, swap_mode, swapped_facts
+    from qplug_core.cli._summary import print_facts
+    from qplug_core.errors import ConfigError
+
+    if sensitivity_of is not None:
+        raise ConfigError(f"--sensitivity ranks layers for static int8 graphs; {path} holds a "
+                          f"{swap_mode(document)} model", field="--sensitivity")
+    facts = {"path": str(path), "size_bytes": path.stat().st_size, **swapped_facts(document)}
+    if float_spec is not None and evaluation is not None:
+        qmodel = load_saved(path, float_spec, command="report")
+        facts["accuracy"] = _accuracy(qmodel, float_spec, evaluation, None, layers=compared_layers(document))
+    if as_json:
+        emit_json(facts)
+        return
+    print_facts(f"qplug quantization report: {facts['mode']}, quantized by module swap", facts)
+
+
+def _accuracy(qmodel, float_spec: str, evaluation: Path, backend: str | None,
+              layers: set[str] | None = None) -> dict:
     import qplug_core as qp
     from qplug_core.cli._accuracy import accuracy_document
     from qplug_core.cli._inputs import forward_input_names, input_count, load_batches, load_factory_model
 
     model = load_factory_model(float_spec)
     names = forward_input_names(model, input_count(evaluation))
+    swapped = layers is not None  # a module-swap model: its layers are the float model's, unfused
     return accuracy_document(model, qmodel, load_batches(evaluation, None, names, what="--eval"),
                              backend=backend, evaluated_on=f"--eval {evaluation}",
-                             fuse=_fused(qp.quantization_report(qmodel)))
+                             fuse=not swapped and _fused(qp.quantization_report(qmodel)), layers=layers)
 
 
 def _fused(report) -> bool:

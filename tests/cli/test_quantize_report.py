@@ -204,3 +204,72 @@ def test_backend_auto_is_for_static_models_only(user_models, tmp_path):
     result = invoke("quantize", f"{user_models}:build", "--example-shape", SHAPE, "--out",
                     str(tmp_path / "net.safetensors"), "--backend", "auto", "--mode", "dynamic")
     assert_one_line_error(result, "--backend auto measures static int8 models only, not --mode dynamic")
+
+
+# -- files of models quantized by module swap (weight-only, W8A8) ------------------------------------
+
+
+def _swapped_file(user_models: str, tmp_path: Path, kind: str) -> Path:
+    import qplug_core as qp
+    from qplug_core.cli._inputs import load_factory_model
+
+    model = load_factory_model(f"{user_models}:mlp")
+    batches = [torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    qmodel = (qp.quantize_weights(model, bits=4, group_size=64) if kind == "weight-only"
+              else qp.quantize_w8a8(model, batches, quantize_head=True))
+    return qp.save(qmodel, tmp_path / f"{kind}.safetensors")
+
+
+@pytest.mark.parametrize("kind", ["weight-only", "W8A8"])
+def test_report_bench_and_export_open_a_module_swap_file(user_models, calibration_file, tmp_path, kind):
+    """qplug report / bench / export all said "pass the model to fill ... qp.load(path, model=...)",
+    a Python-only way out, for every weight-only or W8A8 file qp.save wrote."""
+    path = _swapped_file(user_models, tmp_path, kind)
+    shown = invoke("report", str(path), "--json")
+    assert shown.exit_code == 0, shown.stderr
+    assert shown.json()["mode"] == kind and shown.json()["int8_layers"] == (
+        {"linear": 2} if kind == "weight-only" else {"per_token_linear": 2})
+    if kind == "weight-only":
+        assert shown.json()["scheme"] == "int4 symmetric, groups of 64"
+
+    measured = invoke("report", str(path), "--float", f"{user_models}:mlp", "--eval", str(calibration_file),
+                      "--json")
+    assert measured.exit_code == 0, measured.stderr
+    accuracy = measured.json()["accuracy"]
+    assert float(accuracy["output_sqnr_db"]) > (12 if kind == "weight-only" else 25)
+    assert {layer["name"] for layer in accuracy["worst_layers"]} == {"1", "3"}  # the quantized ones only
+
+    bare = invoke("bench", str(path), "--example-shape", SHAPE, "--runs", "3")
+    assert_one_line_error(bare, f"holds a {kind} model (quantized by module swap)", "give --float MODULE:FACTORY")
+    timed = invoke("bench", str(path), "--float", f"{user_models}:mlp", "--example-shape", SHAPE, "--runs", "3",
+                   "--json")
+    assert timed.exit_code == 0, timed.stderr
+    assert timed.json()["latency"]["speedup"] > 0
+
+    exported = invoke("export", str(path), str(tmp_path / "m.onnx"))
+    assert_one_line_error(exported, f"holds a {kind} model", "qplug export writes converted graph models")
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_quantize_keeps_the_model_with_w8a8_and_weight_only(user_models, calibration_file, tmp_path):
+    """A language model's user had only graph modes in the CLI: the file had no generate(), and the
+    warning's advice (qp.quantize_w8a8) had no CLI spelling."""
+    out = tmp_path / "w8a8.safetensors"
+    w8a8 = invoke("quantize", f"{user_models}:mlp", "--example-shape", SHAPE, "--out", str(out), "--mode", "w8a8",
+                  "--calibration", str(calibration_file), "--json")
+    assert w8a8.exit_code == 0, w8a8.stderr
+    assert w8a8.json()["mode"] == "W8A8" and w8a8.json()["int8_layers"] == {"per_token_linear": 2}
+    assert float(w8a8.json()["accuracy"]["output_sqnr_db"]) > 25
+    assert "using backend" not in w8a8.stderr
+    assert invoke("report", str(out), "--json").json()["mode"] == "W8A8"
+
+    out = tmp_path / "int4.safetensors"
+    int4 = invoke("quantize", f"{user_models}:mlp", "--example-shape", SHAPE, "--out", str(out),
+                  "--mode", "weight-only", "--bits", "4", "--group-size", "64", "--json")
+    assert int4.exit_code == 0, int4.stderr
+    assert int4.json()["scheme"] == "int4 symmetric, groups of 64" and int4.json()["int8_layers"] == {"linear": 2}
+    assert float(int4.json()["accuracy"]["output_sqnr_db"]) > 12
+
+    chosen = invoke("quantize", f"{user_models}:mlp", "--example-shape", SHAPE, "--out", str(out),
+                    "--mode", "weight-only", "--backend", "fbgemm")
+    assert_one_line_error(chosen, "--mode weight-only picks the fastest kernels installed for each layer itself")

@@ -18,6 +18,7 @@ from qplug_core.analysis.layers import ComparisonReport, batches_of
 from qplug_core.analysis.layers import compare_layers as compare_by_name
 from qplug_core.analysis.partitions import partition_comparisons
 from qplug_core.flows.pipeline import eval_mode
+from qplug_core.flows.tags import W8A8
 
 
 def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
@@ -33,7 +34,8 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
     mode without gradients; neither is modified.
     """
     batches = list(batches_of(inputs))
-    report = compare_by_name(float_model, quantized_model, batches, layers=layers)
+    report = _without_rescaled(compare_by_name(float_model, quantized_model, batches, layers=layers),
+                               quantized_model)
     if layers is not None:
         return report
     with torch.no_grad(), eval_mode(float_model), eval_mode(quantized_model):
@@ -47,3 +49,17 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
                         *partitions.rows],
         skipped={**report.skipped, **{name: f"inside compiled partition {partition}: measured "
                                              "as part of it" for name, partition in inside.items()}})
+
+
+def _without_rescaled(report: ComparisonReport, quantized_model: nn.Module) -> ComparisonReport:
+    """A W8A8 model's modules SmoothQuant folded a scale into (a norm, an up projection) answer
+    unlike float by design, the next layer undoing it: shown as layers, they read as 1-6 dB."""
+    info = getattr(quantized_model, W8A8, None)
+    rescaled = {entry.into for entry in getattr(info, "smoothed", ())}
+    if not rescaled:
+        return report
+    return dataclasses.replace(
+        report, layers=[layer for layer in report.layers if layer.name not in rescaled],
+        skipped={**report.skipped, **{layer.name: "SmoothQuant folded a scale into it: its output differs "
+                                                  "from float by design, the next layer undoes it"
+                                      for layer in report.layers if layer.name in rescaled}})

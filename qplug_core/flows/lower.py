@@ -169,6 +169,8 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     except ConfigValidationError as error:  # the region lacks what the kernel needs (qparams another
         # backend's patterns leave out: a model prepared for onnxruntime, converted for fbgemm)
         raise ConstraintViolationError(f"kernel {spec.op} cannot be built for this region: {error}") from error
+    except Exception as error:  # a plugin's build is plugin code: its bug costs one region, not the flow
+        return _kernel_failed(backend, spec, tag, nodes, f"raised {type(error).__name__} in build(ctx): {error}")
     problem = _contract_problem(gm, backend, spec, kernel, tag, nodes, contract)
     if problem:
         return problem
@@ -236,10 +238,16 @@ def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: tor
     problem = kernel_contract.violation(kernel, args, kwargs, reference, expected_dtype, scale)
     if not problem:
         return ""
+    return _kernel_failed(backend, spec, tag, nodes,
+                          f"{kernel_contract.CONTRACT_BROKEN} on the example inputs ({problem})")
+
+
+def _kernel_failed(backend, spec: KernelSpec, tag, nodes: _RegionNodes, what: str) -> str:
+    """Why a region stays in reference form after its kernel failed; warned naming the plugin to
+    blame (name and distribution), the kernel and the node, so its author knows where to look."""
     owner = backend.kernel_plugins.get(tag.pattern)
     label = f"plugin {owner.label}" if owner is not None else "an unregistered plugin"
-    reason = (f"kernel {spec.op} of {label} {kernel_contract.CONTRACT_BROKEN} on the example inputs "
-              f"({problem}); using the reference form")
+    reason = f"kernel {spec.op} of {label} {what}; using the reference form"
     warn_user(f"qplug: backend {backend.name!r}, node {nodes.anchor.name!r}: {reason}")
     return reason
 

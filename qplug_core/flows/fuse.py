@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from qplug_core.errors import PatternError
+from qplug_core.errors import PatternError, PluginHookError, QplugError
 from qplug_core.matcher import Match, find_matches
 from qplug_core.patterns import MatchAllNode, format_pattern
+from qplug_core.registry.plugins import ENV_DISABLE, PluginRecord
 
 _RELU_FUNCTIONS = (F.relu, torch.relu)
 
@@ -32,15 +33,28 @@ class FusionRecord:
     nodes: tuple[str, ...]
 
 
-def fusion_patterns(backend) -> dict[Any, tuple[Any, Callable]]:
-    """complex pattern -> (config, fuser taking complex-order modules) for every fusable config."""
+@dataclass(frozen=True)
+class _Fusion:
+    """A fusable config, the fuser taking complex-order modules, and the plugin function behind it
+    with the plugin that contributed it (a fuser that raises is named by both)."""
+
+    config: Any
+    fuser: Callable
+    written: Callable
+    owner: PluginRecord | None  # None for a Backend built by hand
+
+
+def fusion_patterns(backend) -> dict[Any, _Fusion]:
+    """complex pattern -> its :class:`_Fusion`, for every fusable config."""
     table = {}
     for config in backend.config.configs:
         pattern = config.pattern_complex_format
         if config.fuser_method is not None:
-            table[pattern] = (config, config.complex_fuser_method)
+            table[pattern] = _Fusion(config, config.complex_fuser_method, config.fuser_method,
+                                     backend.config_plugins.get(pattern))
         elif pattern in backend.fuser_methods:
-            table[pattern] = (config, backend.fuser_methods[pattern])
+            fuser = backend.fuser_methods[pattern]
+            table[pattern] = _Fusion(config, fuser, fuser, backend.fuser_plugins.get(pattern))
     return table
 
 
@@ -54,9 +68,8 @@ def fuse_graph(gm: fx.GraphModule, backend, *, is_qat: bool) -> list[FusionRecor
     records, absorbed = [], set()
     replaced: dict[fx.Node, fx.Node] = {}  # anchor of an applied fusion -> the node now standing for it
     for match in _unique_in_graph_order(gm, matches):
-        config, fuser = match.config
         absorbed.update(n.target for n in match.nodes if n.op == "call_module")
-        records.append(_apply_fusion(gm, modules, match, config, fuser, is_qat, replaced))
+        records.append(_apply_fusion(gm, modules, match, match.config, is_qat, replaced))
     gm.graph.eliminate_dead_code()  # lints the fused graph first; erasing unused nodes keeps it valid
     _delete_fused_away_modules(gm, absorbed - {r.module_name for r in records})
     return records  # the PassManager recompiles after the pass
@@ -84,8 +97,9 @@ def _unique_in_graph_order(gm: fx.GraphModule, matches: Mapping[str, Match]) -> 
     return ordered
 
 
-def _apply_fusion(gm, modules, match: Match, config, fuser, is_qat: bool,
+def _apply_fusion(gm, modules, match: Match, fusion: _Fusion, is_qat: bool,
                   replaced: dict[fx.Node, fx.Node]) -> FusionRecord:
+    config = fusion.config
     root = config.root_node_getter(match.node_pattern) if config.root_node_getter else match.root
     if not isinstance(root, fx.Node) or root.op != "call_module":
         raise PatternError(
@@ -95,7 +109,13 @@ def _apply_fusion(gm, modules, match: Match, config, fuser, is_qat: bool,
             pattern=match.pattern)
     root_module = modules[root.target]
     structured = _modules_for(match.node_pattern, modules, root_module)
-    fused = fuser(is_qat, *structured) if isinstance(structured, tuple) else fuser(is_qat, structured)
+    try:
+        fused = fusion.fuser(is_qat, *structured) if isinstance(structured, tuple) \
+            else fusion.fuser(is_qat, structured)
+    except QplugError:
+        raise  # already says what is wrong (a fused module given the wrong children)
+    except Exception as error:  # plugin code: name whose, as for a hook that raises
+        raise _fuser_failed(fusion, match.pattern, error) from error
     fused.train(root_module.training)  # a fused container starts in training mode: it takes its root's
     gm.set_submodule(root.target, fused)
     modules[root.target] = fused
@@ -120,6 +140,16 @@ def _apply_fusion(gm, modules, match: Match, config, fuser, is_qat: bool,
             graph.erase_node(node)
     return FusionRecord(root.target, format_pattern(match.pattern), type(fused).__name__,
                         tuple(n.name for n in match.nodes))
+
+
+def _fuser_failed(fusion: _Fusion, pattern: Any, error: Exception) -> PluginHookError:
+    written = f"{getattr(fusion.written, '__module__', '?')}.{getattr(fusion.written, '__qualname__', '?')}"
+    owner = fusion.owner
+    who = f"plugin {owner.label}" if owner is not None else "a hand-built backend"
+    fix = f"; fix it or disable the plugin with {ENV_DISABLE}={owner.name}" if owner is not None else ""
+    return PluginHookError(f"{who}: fuser method {written} of pattern {format_pattern(pattern)} raised "
+                           f"{type(error).__name__}: {error}{fix}",
+                           **(owner.attribution() if owner is not None else {}))
 
 
 def _modules_for(node_pattern, modules, root_module: nn.Module):

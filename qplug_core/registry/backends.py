@@ -64,6 +64,9 @@ class Backend:
     problems: list[PluginError] = field(default_factory=list)
     #: which plugin contributed each kernel (warnings about a kernel name it)
     kernel_plugins: dict[Any, plugins.PluginRecord] = field(default_factory=dict)
+    #: which plugin contributed each pattern config and each fuser method (errors name it)
+    config_plugins: dict[Any, plugins.PluginRecord] = field(default_factory=dict)
+    fuser_plugins: dict[Any, plugins.PluginRecord] = field(default_factory=dict)
     #: the compiling runtime's contribution (``qplug_delegate``), or ``None``
     delegate: Delegate | None = None
     #: stage -> the plugins' passes as (plugin label, pass), or the hook failure to raise when the
@@ -261,13 +264,12 @@ def _assemble(record: plugins.PluginRecord, spec: BackendSpec) -> Backend:
     from qplug_core.config import BackendConfig
 
     backend = Backend(spec, BackendConfig(spec.name), contributors=[record])
-    owners: dict[Any, plugins.PluginRecord] = {}
     for result in _usable(plugins.collect("qplug_backend_pattern_configs", backend=spec.name), backend):
         for cfg in result.value:
-            _claim(owners, _pattern_key(cfg), result.record, "pattern config", spec.name)
+            _claim(backend.config_plugins, _pattern_key(cfg), result.record, "pattern config", spec.name)
             backend.config.set_backend_pattern_config(cfg)
     backend.fuser_methods = _merge(plugins.collect("qplug_fuser_methods", backend=spec.name),
-                                   "fuser method", backend)
+                                   "fuser method", backend, backend.fuser_plugins)
     backend.kernels = _merge(plugins.collect("qplug_int8_kernels", backend=spec.name),
                              "kernel", backend, backend.kernel_plugins)
     delegate = plugins.collect_first("qplug_delegate", backend=spec.name)

@@ -140,8 +140,11 @@ class BackendPlugin:
     # -- the hooks, answering only for ``name`` ----------------------------------------------------
 
     @functools.lru_cache(maxsize=None)  # one instance per process: caching on self is fine
-    def _patterns(self) -> tuple[BackendPatternConfig, ...]:
-        return tuple(self.pattern_configs())
+    def _patterns(self) -> Any:
+        """``pattern_configs()`` as a tuple; anything but a list is kept as it is, for the hook's
+        return check to name (iterating it here hid it behind a TypeError)."""
+        configs = self.pattern_configs()
+        return tuple(configs) if isinstance(configs, list) else configs
 
     @hookimpl
     def qplug_register_backends(self) -> list[BackendSpec]:
@@ -152,7 +155,10 @@ class BackendPlugin:
 
     @hookimpl
     def qplug_backend_pattern_configs(self, backend: str) -> list[BackendPatternConfig]:
-        return list(self._patterns()) if backend == self.name else []
+        if backend != self.name:
+            return []
+        configs = self._patterns()
+        return list(configs) if isinstance(configs, tuple) else configs
 
     @hookimpl
     def qplug_fuser_methods(self, backend: str) -> dict[Any, Callable]:

@@ -28,13 +28,11 @@ from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import ConfigValidationError, ModelStateError, UncalibratedObserverError
 from qplug_core.flows.regions import weight_name_of
 from qplug_core.flows.tags import EAGER_STATE
-from qplug_core.kernels.base import KernelContext, TensorArg, pin_engine
+from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.observers import FakeQuantizeBase, ObserverBase
 from qplug_core.qparams import QParams
 from qplug_core.registry.backends import Backend, get_backend
-
-_QUANTIZE_KEY, _DEQUANTIZE_KEY = "quantize", "dequantize"
 
 
 class SimulatedOutput(nn.Module):
@@ -112,13 +110,13 @@ class _Converter:
         if isinstance(stub, DeQuantStub):
             if not self.kernels:
                 return nn.Identity()
-            return self.kernels[_DEQUANTIZE_KEY].build(self._context(
-                pattern=_DEQUANTIZE_KEY, module=None, target=None))
+            return self.kernels[DEQUANTIZE_KEY].build(self._context(
+                pattern=DEQUANTIZE_KEY, module=None, target=None))
         qparams = stub.activation_post_process.qparams()
         if not self.kernels:
             return SimulatedOutput(None, qparams)
-        return self.kernels[_QUANTIZE_KEY].build(self._context(
-            pattern=_QUANTIZE_KEY, module=None, target=None, output_qparams=qparams))
+        return self.kernels[QUANTIZE_KEY].build(self._context(
+            pattern=QUANTIZE_KEY, module=None, target=None, output_qparams=qparams))
 
     def functional(self, functional: FloatFunctional) -> nn.Module:
         qparams = functional.activation_post_process.qparams()

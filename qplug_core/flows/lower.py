@@ -22,7 +22,7 @@ from qplug_core.flows.graph_utils import is_module_call
 from qplug_core.flows.report import report_names
 from qplug_core.flows.tags import KERNEL, REGION, ROOT, VALUE_KIND, region_tag
 from qplug_core.ir import module_stack
-from qplug_core.kernels.base import KernelContext, KernelSpec, TensorArg
+from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, KernelSpec, TensorArg
 from qplug_core.kernels.reference import (
     Dequantize,
     DynamicQuantize,
@@ -31,10 +31,6 @@ from qplug_core.kernels.reference import (
     first_weight_qparams,
 )
 from qplug_core.qparams import STORAGE_DTYPE, QParams
-
-#: keys of the backend kernel table for the boundary modules (besides patterns)
-QUANTIZE_KEY = "quantize"
-DEQUANTIZE_KEY = "dequantize"
 
 
 @dataclass

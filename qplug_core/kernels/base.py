@@ -187,6 +187,11 @@ class KernelContext:
         return tuple(self.module)[1:] if isinstance(self.module, nn.Sequential) else ()
 
 
+#: keys of a backend's kernel table for the boundary modules (every other key is a pattern)
+QUANTIZE_KEY = "quantize"
+DEQUANTIZE_KEY = "dequantize"
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """How a backend runs one quantized pattern.

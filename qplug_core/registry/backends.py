@@ -69,6 +69,9 @@ class Backend:
     fuser_plugins: dict[Any, plugins.PluginRecord] = field(default_factory=dict)
     #: the compiling runtime's contribution (``qplug_delegate``), or ``None``
     delegate: Delegate | None = None
+    #: what is wrong with the plugins' contributions but does not break the backend (a kernel
+    #: keyed by no pattern config): warned at assembly, shown by ``qplug doctor``
+    notes: list[str] = field(default_factory=list)
     #: stage -> the plugins' passes as (plugin label, pass), or the hook failure to raise when the
     #: flow reaches that stage (the flows guard each pass with its label: annotation_guard)
     stage_passes: dict[str, list[tuple[str, Callable]] | PluginError] = field(default_factory=dict)
@@ -272,10 +275,45 @@ def _assemble(record: plugins.PluginRecord, spec: BackendSpec) -> Backend:
                                    "fuser method", backend, backend.fuser_plugins)
     backend.kernels = _merge(plugins.collect("qplug_int8_kernels", backend=spec.name),
                              "kernel", backend, backend.kernel_plugins)
+    backend.notes = _unused_kernels(backend)
+    for note in backend.notes:
+        plugins.warn_plugin(note)
     delegate = plugins.collect_first("qplug_delegate", backend=spec.name)
     backend.delegate = None if delegate is None else delegate.value
     backend.stage_passes = {stage: _stage_passes(spec.name, stage) for stage in STAGES}
     return backend
+
+
+def _unused_kernels(backend: Backend) -> list[str]:
+    """A note per kernel keyed by no pattern config of ``backend``: lowering never looks it up, and
+    nothing else would say so (a key in the simple format, a typo'd op)."""
+    from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY
+    from qplug_core.patterns import to_complex_format
+
+    declared = backend.config_plugins  # every config's complex-format pattern
+    notes = []
+    for key, spec in backend.kernels.items():
+        if key in declared or key in (QUANTIZE_KEY, DEQUANTIZE_KEY):
+            continue
+        try:
+            meant = to_complex_format(key)
+        except QplugError:
+            meant = None
+        hint = f"; did you mean {_written(meant)}?" if meant != key and meant in declared else ""
+        notes.append(f"plugin {backend.kernel_plugins[key].label}: kernel {spec.op} is keyed by "
+                     f"{_written(key)}, which matches no pattern config of backend {backend.name!r}, "
+                     f"so it is never used; kernels are keyed by the complex-format pattern (last op "
+                     f"first){hint}")
+    return notes
+
+
+def _written(key: Any) -> str:
+    """A kernel key as a plugin writes it: ``(ReLU, Linear)``."""
+    from qplug_core.patterns import format_pattern
+
+    if isinstance(key, tuple):
+        return f"({', '.join(format_pattern(part) for part in key)})"
+    return format_pattern(key)
 
 
 def _stage_passes(backend: str, stage: str) -> list[tuple[str, Callable]] | PluginError:
@@ -427,6 +465,9 @@ def environment_diagnostics() -> list[tuple[str, Diagnostic]]:
         level = {BackendStatus.OK: "ok", BackendStatus.UNAVAILABLE: "warning"}.get(info.status, "error")
         message = info.status + (f": {info.reason}" if info.reason else "")
         findings.append((f"backend {info.name}", Diagnostic(level, message)))
+        entry = _registry()[info.name]
+        findings += [(f"backend {info.name}", Diagnostic("warning", note))
+                     for note in (entry.backend.notes if entry.backend is not None else ())]
     for name in dict.fromkeys(info.name for info in list_backends()):
         for result in plugins.collect("qplug_check_environment", backend=name):
             if result.ok:

@@ -64,6 +64,11 @@ class QplugPluginWarning(UserWarning):
     """A plugin was skipped (broken, incompatible, shadowed) or a requested one is missing."""
 
 
+def warn_plugin(message: str) -> None:
+    """A :class:`QplugPluginWarning`: one line on stderr (a pseudo location, no source line)."""
+    warnings.warn_explicit(message, QplugPluginWarning, filename="qplug", lineno=0)
+
+
 @dataclass
 class PluginRecord:
     """What became of one plugin: where it comes from and whether it works."""
@@ -465,8 +470,7 @@ class QplugPluginManager:
 
     @staticmethod
     def _warn(message: str) -> None:
-        # warn_explicit with a pseudo location: one line on stderr, no source line underneath.
-        warnings.warn_explicit(message, QplugPluginWarning, filename="qplug", lineno=0)
+        warn_plugin(message)
 
     # -- calling hooks -----------------------------------------------------------------------------
 

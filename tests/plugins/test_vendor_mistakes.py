@@ -1,0 +1,162 @@
+"""A vendor's first backend, written from the docs (qplug-acme's report): each mistake it made is
+named with the plugin, its distribution and the pattern or kernel, and costs no more than it must."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.errors import PluginContractError, PluginHookError
+from qplug_core.registry import plugins
+from qplug_core.registry.backends import environment_diagnostics
+
+HEAD = '''
+import torch
+from torch import nn
+from qplug_core.plugin_api import BackendPatternConfig, BackendPlugin, DTypeConfig, KernelSpec
+
+INT8 = DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.quint8, weight_dtype=torch.qint8,
+                   bias_dtype=torch.float)
+
+
+class GoodLinear(nn.Module):
+    """The tutorial's integer linear (per-tensor weights), relu applied when it is fused."""
+
+    def __init__(self, ctx):
+        super().__init__()
+        x, w, o = ctx.input_qparams[0], ctx.weight_qparams, ctx.output_qparams
+        weight = torch.round(ctx.root.weight.detach() / w.scale).clamp(-128, 127)
+        self.register_buffer("w", weight.to(torch.int32).t().contiguous())
+        self.register_buffer("b", torch.round(ctx.root.bias.detach() / (x.scale * w.scale)).to(torch.int32))
+        self.xz, self.oz, self.m = int(x.zero_point), int(o.zero_point), float(x.scale * w.scale / o.scale)
+        self.relu = bool(ctx.fused)
+
+    def forward(self, x):
+        acc = (x.to(torch.int32) - self.xz) @ self.w + self.b
+        acc = acc.clamp(min=0) if self.relu else acc
+        return torch.round(acc * self.m + self.oz).clamp(0, 255).to(torch.uint8)
+
+
+class Vendor(BackendPlugin):
+    name = "vendor"
+    description = "linear (+ relu) on its own integer kernel"
+
+    def pattern_configs(self):
+        return [BackendPatternConfig(nn.Linear).add_dtype_config(INT8).set_root_module(nn.Linear)]
+
+    def kernels(self):
+        return {nn.Linear: KernelSpec("vendor::linear", build=GoodLinear)}
+
+    def qconfig_options(self, mode):
+        return {"per_channel": False}
+'''
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+
+
+def batches() -> list[tuple[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(1)
+    return [(torch.randn(16, 8, generator=gen),) for _ in range(2)]
+
+
+def install(fake_dist, body: str, dist: str = "qplug-vendor") -> None:
+    fake_dist(dist, HEAD + body, module="qplug_vendor:plugin", entry_point="vendor")
+
+
+def test_kernel_whose_build_raises_leaves_its_regions_in_reference_form_naming_plugin_and_node(fake_dist):
+    install(fake_dist, '''
+class OutOfSram(nn.Module):
+    def __init__(self, ctx):
+        raise RuntimeError("ACME driver: out of SRAM")
+
+
+class P(Vendor):
+    def kernels(self):
+        return {nn.Linear: KernelSpec("vendor::linear", build=OutOfSram)}
+
+
+plugin = P()
+''')
+    observed = qp.calibrate(qp.prepare_fx(model(), None, batches()[0], backend="vendor"), batches())
+    with pytest.warns(UserWarning, match=r"qplug: backend 'vendor', node '_0': kernel vendor::linear of "
+                                         r"plugin 'vendor' \(qplug-vendor 0.1\) raised RuntimeError in "
+                                         r"build\(ctx\): ACME driver: out of SRAM; using the reference form"):
+        lowered = qp.convert_fx(observed)
+    report = qp.quantization_report(lowered)
+    assert report.kernels == {} and "out of SRAM" in report.reference["0"]
+    x = batches()[0][0]
+    torch.testing.assert_close(lowered(x), qp.convert_to_reference_fx(observed)(x), rtol=0, atol=0)
+
+
+FUSER_RAISES = '''
+def fuse(is_qat, linear, relu):
+    raise RuntimeError("ACME fuser: unsupported")
+
+
+class P(Vendor):
+    def pattern_configs(self):
+        return [*super().pattern_configs(),
+                BackendPatternConfig((nn.Linear, nn.ReLU)).add_dtype_config(INT8).set_fuser_method(fuse)]
+
+
+plugin = P()
+'''
+
+
+def test_fuser_method_that_raises_names_plugin_pattern_and_fuser(fake_dist):
+    install(fake_dist, FUSER_RAISES)
+    with pytest.raises(PluginHookError, match=r"plugin 'vendor' \(qplug-vendor 0.1\): fuser method "
+                                              r"qplug_vendor.fuse of pattern ReLU <- Linear raised "
+                                              r"RuntimeError: ACME fuser: unsupported") as raised:
+        qp.quantize(model(), batches()[0], batches(), backend="vendor")
+    assert (raised.value.plugin, raised.value.dist) == ("vendor", "qplug-vendor")
+    assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+@pytest.mark.parametrize("key, shown, hint", [
+    ("(nn.Linear, nn.ReLU)", r"\(Linear, ReLU\)", r"; did you mean \(ReLU, Linear\)\?"),  # simple format
+    ("nn.Conv1d", "Conv1d", ""),  # a pattern no config declares
+])
+def test_kernel_keyed_by_no_declared_pattern_is_named_at_assembly_and_by_doctor(fake_dist, key, shown, hint):
+    install(fake_dist, f'''
+class P(Vendor):
+    def pattern_configs(self):
+        return [*super().pattern_configs(), BackendPatternConfig((nn.Linear, nn.ReLU)).add_dtype_config(INT8)]
+
+    def kernels(self):
+        return {{**super().kernels(), {key}: KernelSpec("vendor::other", build=GoodLinear)}}
+
+
+plugin = P()
+''')
+    message = (rf"plugin 'vendor' \(qplug-vendor 0.1\): kernel vendor::other is keyed by {shown}, which "
+               r"matches no pattern config of backend 'vendor', so it is never used; kernels are keyed "
+               rf"by the complex-format pattern \(last op first\){hint}")
+    with pytest.warns(plugins.QplugPluginWarning, match=message):
+        info = next(i for i in qp.list_backends() if i.name == "vendor")
+    assert info.status == "ok"  # the plugin's other kernels still work
+    doctor = [d for scope, d in environment_diagnostics() if scope == "backend vendor"]
+    assert any(d.level == "warning" and "vendor::other" in d.message for d in doctor)
+
+
+def test_pattern_configs_returning_one_config_is_a_contract_error(fake_dist):
+    install(fake_dist, '''
+class P(Vendor):
+    def pattern_configs(self):
+        return BackendPatternConfig(nn.Linear).add_dtype_config(INT8)
+
+
+plugin = P()
+''')
+    with pytest.warns(plugins.QplugPluginWarning):
+        info = next(i for i in qp.list_backends() if i.name == "vendor")
+    assert info.status == "broken"
+    assert "hook qplug_backend_pattern_configs must return list[BackendPatternConfig], got " \
+           "BackendPatternConfig" in info.reason
+    error = next(r for r in plugins.plugin_records() if r.name == "vendor").error
+    assert isinstance(error, PluginContractError) and error.hook == "qplug_backend_pattern_configs"

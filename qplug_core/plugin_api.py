@@ -21,7 +21,7 @@ from qplug_core.config import (
     QConfig,
     QConfigMapping,
 )
-from qplug_core.config.common_patterns import common_pattern_configs
+from qplug_core.config.common_patterns import RELU_FORMS, common_pattern_configs
 from qplug_core.config.common_patterns import linear_configs as linear_pattern_configs
 from qplug_core.config.defaults import default_qconfig_mapping
 from qplug_core.config.dtype_configs import (
@@ -52,6 +52,7 @@ from qplug_core.kernels.table import torch_int8_kernels
 from qplug_core.kernels.weight_only import WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.kernels.weight_only_scheme import quantize as quantize_weight
+from qplug_core.nn.intrinsic import FusedModule
 from qplug_core.partition import OperatorSupportBase
 from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.denormals import call_flushing_denormals, denormals_flushed
@@ -139,6 +140,9 @@ __all__ = [
     "DTypeConfigSet",
     "common_pattern_configs",
     "linear_pattern_configs",
+    "RELU_FORMS",
+    # fusion: the base class of a backend's own fused modules (prepare, lowering and qp.save rely on it)
+    "FusedModule",
     "default_dynamic_float16_dtype_config",
     "default_dynamic_int8_dtype_config",
     "default_op_quint8_dtype_config",

@@ -31,6 +31,7 @@ from qplug_core.nn import qat
 
 __all__ = [
     "FIXED_QPARAMS_CONSTRAINTS",
+    "RELU_FORMS",
     "binary_op_configs",
     "bn_configs",
     "cat_config",
@@ -79,9 +80,10 @@ def _config(pattern: Any, dtype_configs: Sequence[DTypeConfig], *,
 _CONV_FUNCTIONS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_TRANSPOSE_FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 _CONV_TRANSPOSE = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
-_MODULE_RELUS = (nn.ReLU, F.relu, torch.relu, "relu")
+RELU_FORMS = (nn.ReLU, F.relu, torch.relu, "relu")
 """How a relu after a weighted module is written: torch.ao's fusion patterns have the first two
-(conv + ``torch.relu`` is a TODO there, leaving a float island between two int8 convs)."""
+(conv + ``torch.relu`` is a TODO there, leaving a float island between two int8 convs). A fusion
+declares each: under ``torch.export`` capture an ``nn.ReLU`` is no module call any more."""
 
 
 def conv_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternConfig]:
@@ -100,15 +102,15 @@ def conv_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternCon
             _config(qat_conv, dtype_configs, root=conv),
             _config(func, dtype_configs, input_type_to_index=_WEIGHT_BIAS_AT_1_2),
             *(_config((conv, relu), dtype_configs, fuser=fm.fuse_conv_relu, fused=fused_relu)
-              for relu in _MODULE_RELUS),
+              for relu in RELU_FORMS),
             _config(fused_relu, dtype_configs, root=conv, qat_module=qat_relu),
             _config(qat_relu, dtype_configs, root=conv),
-            *(_config((func, relu), dtype_configs) for relu in _MODULE_RELUS),
+            *(_config((func, relu), dtype_configs) for relu in RELU_FORMS),
             _config((conv, bn), dtype_configs, fuser=fm.fuse_conv_bn, fused=fused_bn),
             _config((conv, bn, nn.ReLU), dtype_configs, fuser=fm.fuse_conv_bn_relu,
                     fused=fused_bn_relu),
             *(_config((conv, bn, relu), dtype_configs, root=conv, fuser=fm.fuse_conv_bn_relu,
-                      fused=fused_bn_relu) for relu in _MODULE_RELUS[1:]),
+                      fused=fused_bn_relu) for relu in RELU_FORMS[1:]),
             # Fused float ConvBn* only exist after QAT fusion; prepare_qat swaps them right away.
             _config(fused_bn, dtype_configs, qat_module=qat_bn),
             _config(fused_bn_relu, dtype_configs, qat_module=qat_bn_relu),
@@ -124,8 +126,6 @@ def conv_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternCon
 
 # -- linear ----------------------------------------------------------------------------------------
 
-_LINEAR_RELUS = (nn.ReLU, F.relu, torch.relu, "relu")
-
 
 def linear_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternConfig]:
     """Linear: module, F.linear, relu fusions (module and functional relus), linear + bn1d."""
@@ -134,10 +134,10 @@ def linear_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternC
         _config(qat.Linear, dtype_configs, root=nn.Linear),
         _config(F.linear, dtype_configs, input_type_to_index=_WEIGHT_BIAS_AT_1_2),
         *(_config((nn.Linear, relu), dtype_configs, fuser=fm.fuse_linear_relu,
-                  fused=nni.LinearReLU) for relu in _LINEAR_RELUS),
+                  fused=nni.LinearReLU) for relu in RELU_FORMS),
         _config(nni.LinearReLU, dtype_configs, root=nn.Linear, qat_module=qat.LinearReLU),
         _config(qat.LinearReLU, dtype_configs, root=nn.Linear),
-        *(_config((F.linear, relu), dtype_configs) for relu in _LINEAR_RELUS),
+        *(_config((F.linear, relu), dtype_configs) for relu in RELU_FORMS),
         _config((nn.Linear, nn.BatchNorm1d), dtype_configs, fuser=fm.fuse_linear_bn,
                 fused=nni.LinearBn1d),
         _config(nni.LinearBn1d, dtype_configs, root=nn.Linear, qat_module=qat.LinearBn1d),
@@ -295,7 +295,7 @@ def bn_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternConfi
     configs = []
     for bn, fused in _BN_RELU.items():
         configs += [_config((bn, relu), dtype_configs, fuser=fm.fuse_bn_relu, fused=fused)
-                    for relu in _MODULE_RELUS]
+                    for relu in RELU_FORMS]
         configs.append(_config(bn, dtype_configs))
     configs += [_config(fused, dtype_configs) for fused in _BN_RELU.values()]
     return configs

@@ -7,9 +7,11 @@ How a module is rebuilt depends on its class, never on what the file says:
   meta device, so a file cannot make the loader allocate, and capture rebuilds every module once
   and compares ``repr`` and tensor shapes: a class whose arguments cannot be recovered fails at
   save time instead of loading wrongly.
-* qplug's reference, fused and eager-stub modules and torch's plain containers are restored from
-  state: children, plain attributes and tensors, without running ``__init__`` (a fused
-  ``ConvAdd2d`` keeps its ``add``). Attributes that would shadow a method (``forward``) are refused.
+* qplug's reference, fused and eager-stub modules, a backend's fused modules (subclasses of
+  ``plugin_api.FusedModule``, named by the backend's pattern configs) and torch's plain containers
+  are restored from state: children, plain attributes and tensors, without running ``__init__`` (a
+  fused ``ConvAdd2d`` keeps its ``add``). Attributes that would shadow a method (``forward``) are
+  refused.
 
 Tensors are keyed by their dotted path; a tensor shared by two modules is stored once. The weight
 of a ``ReferenceWeighted`` module lies on its int8 grid, so it is stored as the int8 values and
@@ -31,6 +33,7 @@ from qplug_core.config.codec import child, expect, read_fields, read_pairs, wher
 from qplug_core.config.names import Kind, decode_dtype, decode_name, encode_dtype, encode_name
 from qplug_core.errors import ConfigError
 from qplug_core.kernels.reference import ReferenceWeighted
+from qplug_core.nn.intrinsic import FusedModule
 from qplug_core.serialization.checks import check_loaded_values, check_weight_qparams
 from qplug_core.serialization.graph_codec import check_path
 from qplug_core.serialization.receivers import graph_attribute
@@ -64,8 +67,17 @@ _RANDOM_FILLS = frozenset({"normal_", "uniform_", "bernoulli_", "cauchy_", "expo
 
 
 def restores_state(cls: type) -> bool:
-    """Whether ``cls`` is rebuilt from state (qplug's modules, containers) or from its constructor."""
-    return cls in _CONTAINERS or cls.__module__.startswith(_STATE_MODULES)
+    """Whether ``cls`` is rebuilt from state (qplug's modules, fused modules, containers) or from its
+    constructor."""
+    return cls in _CONTAINERS or cls.__module__.startswith(_STATE_MODULES) or issubclass(cls, FusedModule)
+
+
+def _what_saving_needs(module: nn.Module) -> str:
+    """The fix when a module with children (a backend's own fused module) cannot be rebuilt."""
+    if not any(True for _ in module.children()):
+        return ""
+    return ("; if it is a backend's fused module, subclass qplug_core.plugin_api.FusedModule (an "
+            "nn.Sequential whose CHILD_TYPES name its children; see docs/plugins/writing-a-backend.md)")
 
 
 def _under_any(path: str, roots: list[str]) -> bool:
@@ -198,7 +210,7 @@ def _constructor_kwargs(module: nn.Module, at: str) -> dict[str, Any]:
             if p.default is p.empty:
                 raise ConfigError(f"{at}: cannot recover the constructor argument {p.name!r} of "
                                   f"{cls.__name__} (the module has no attribute of that name), so it "
-                                  "cannot be saved", field=child(at, p.name))
+                                  f"cannot be saved{_what_saving_needs(module)}", field=child(at, p.name))
             continue
         if isinstance(p.default, bool) and (value is None or isinstance(value, torch.Tensor)):
             value = value is not None  # bias=True/False is stored as the bias tensor or None
@@ -214,7 +226,7 @@ def _check_rebuild(module: nn.Module, kwargs: dict[str, Any], at: str) -> None:
             f"{at}: {type(module).__name__} rebuilt from the constructor arguments recovered from its "
             f"attributes ({kwargs}) is not the same module:\n  saved:   {module!r}\n  rebuilt: "
             f"{rebuilt!r}\nqplug cannot save this module class; keep it out of the quantized graph "
-            "or replace it by standard torch.nn layers", field=at)
+            f"or replace it by standard torch.nn layers{_what_saving_needs(module)}", field=at)
 
 
 def _shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from qplug_core.config import ObservationType, QConfigMapping
+from qplug_core.errors import ConfigValidationError
 from qplug_core.flows.report import report_names
 from qplug_core.flows.tags import FROM_FUNCTIONAL, FUSIONS, region_tag
 from qplug_core.kernels.reference import Dequantize
@@ -332,7 +333,11 @@ def _make_module(op: type, qconfigs: dict[str, Any]) -> nn.Module:
         return op.from_float(_make_module(float_module, qconfigs), qconfigs[key]).train()
     if isinstance(op, type) and issubclass(op, nni.FusedModule):
         return op(*(_make_module(child, qconfigs) for child in op.CHILD_TYPES)).eval()
-    raise KeyError(op)
+    raise ConfigValidationError(
+        f"cannot build a small {getattr(op, '__name__', op)} for its pattern case: the testing kit "
+        "builds torch.nn layers, qplug's QAT modules and fused modules that subclass "
+        "qplug_core.plugin_api.FusedModule with CHILD_TYPES naming their children's types",
+        field="pattern", value=op)
 
 
 def _step_for(op: Any, index: int, modules: dict, tensors: dict, qconfigs: dict) -> Callable:

@@ -47,7 +47,7 @@ ALLOWED: dict[str, set[str]] = {
     # weight-only quantization: module swap beside the graph pipeline, kernels chosen per CPU
     "weight_only": {"errors", "flows", "kernels", "registry"},
     # above the pipeline
-    "serialization": {"config", "errors", "flows", "kernels", "qparams", "registry", "weight_only"},
+    "serialization": {"config", "errors", "flows", "kernels", "nn", "qparams", "registry", "weight_only"},
     "analysis": {"errors", "flows", "kernels", "partition", "registry", "serialization"},
     "eager": {"config", "errors", "flows", "kernels", "nn", "observers", "qparams", "registry"},
     "algorithms": {"analysis", "config", "errors", "flows", "kernels", "nn", "observers", "qparams"},
@@ -57,8 +57,8 @@ ALLOWED: dict[str, set[str]] = {
     FACADE: {"algorithms", "analysis", "config", "eager", "errors", "flows", "matcher", "observers",
              "one_call", "onnx_export", "partition", "passes", "patterns", "registry",
              "serialization", "weight_only", "zoo"},
-    "testing": {"config", "flows", "kernels", "nn", "partition", "patterns", "registry", FACADE},
-    "plugin_api": {"config", "enums", "errors", "flows", "kernels", "onnx_export", "partition",
+    "testing": {"config", "errors", "flows", "kernels", "nn", "partition", "patterns", "registry", FACADE},
+    "plugin_api": {"config", "enums", "errors", "flows", "kernels", "nn", "onnx_export", "partition",
                    "passes", "qparams", "registry", "testing"},
     "cli": {"enums", "errors", "flows", "kernels", "observers", "patterns", "registry",
             "serialization", "zoo", FACADE},

@@ -1,0 +1,1 @@
+"""qplug-tiny-conv: the fusion example of docs/plugins/writing-a-backend.md."""

@@ -76,7 +76,9 @@ def isolated_example(plugin_autoload, monkeypatch):
 NEEDS_TINY = {"writing_a_backend.py"}
 #: example -> (distribution, entry point value, entry point name, package folder)
 NEEDS_PLUGIN = {"delegates.py": ("qplug-numpy-int", "qplug_numpy_int.plugin:plugin", "numpy_int",
-                                 SRC / "plugin_numpy_int")}
+                                 SRC / "plugin_numpy_int"),
+                "fusion_backend.py": ("qplug-tiny-conv", "qplug_tiny_conv.plugin:plugin", "tiny_conv",
+                                      SRC / "plugin_tiny_conv")}
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])

@@ -210,12 +210,13 @@ def _quantize_correcting_bias(model: Any, example_inputs: Any, calibration_data:
     calibrates and removed from its bias before convert (ResNet-18 +1.5 dB held out; see
     :mod:`qplug_core.algorithms.bias_correction`)."""
     corrections: list[BiasCorrection] = []
+    chosen = resolve_backend(backend)  # once: with backend=None it says which it picked
 
     def measure(observed: fx.GraphModule) -> Any:
-        mapping = qconfig_mapping if qconfig_mapping is not None else backend_defaults(resolve_backend(backend))
+        mapping = qconfig_mapping if qconfig_mapping is not None else backend_defaults(chosen)
         return corrected_after_calibration(observed, mapping, corrections)
 
-    qmodel = flows.quantize_static(model, example_inputs, calibration_data, backend=backend,
+    qmodel = flows.quantize_static(model, example_inputs, calibration_data, backend=chosen,
                                    qconfig_mapping=qconfig_mapping, while_calibrating=measure, **options)
     qmodel.meta[RECIPE] = RecipeRecord("auto: bias_correction", ("bias_correction",),
                                        {"bias_correction": corrections})

@@ -550,3 +550,22 @@ def test_compare_of_a_w8a8_model_leaves_out_the_layers_smoothquant_rescaled():
     assert not rescaled & {layer.name for layer in report.layers}
     assert all("SmoothQuant folded a scale into it" in report.skipped[name] for name in rescaled)
     assert min(layer.sqnr_db for layer in report.layers if layer.quant_type == "PerTokenDynamicLinear") > 20
+
+
+def test_the_backend_picked_for_the_user_is_announced_once(capsys):
+    """qp.quantize with no backend printed "qplug: using backend 'fbgemm'" twice (the default bias
+    correction resolved the backend a second time)."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    qp.quantize(model, (torch.randn(2, 8),), [(torch.randn(2, 8),)])
+    assert capsys.readouterr().err.count("using backend") == 1
+
+
+def test_converting_an_exported_graph_gives_no_torch_deprecation_warning():
+    """Every convert of an export-captured model showed torch's own "isinstance(treespec, LeafSpec)
+    is deprecated" FutureWarning (from copying the graph's pytree specs), pointing at copyreg.py."""
+    model = _llama()  # transformers' pytree registrations put LeafSpecs in the graph's specs
+    tokens = torch.randint(0, 256, (1, 16))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qp.quantize(model, (tokens,), [(tokens,)], backend="fbgemm", capture="export")
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]

@@ -30,6 +30,7 @@ from qplug_core.config import ObservationType, QConfig, QConfigMapping
 from qplug_core.eager.functional import FloatFunctional
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
+from qplug_core.flows.checks import check_fake_quantizes
 from qplug_core.flows.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
 from qplug_core.flows.tags import EAGER_STATE
 from qplug_core.observers import ObserverBase
@@ -157,6 +158,8 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
                                     f"{type(mapping).__name__}", field="qconfig_mapping")
     model = model if inplace else copy.deepcopy(model)
     plan = _plan(model, resolve_qconfigs(model, mapping), chosen)
+    if is_qat:
+        check_fake_quantizes([qconfig for _, _, qconfig, _ in plan], "prepare_qat")
     for name, module, qconfig, with_input in plan:
         if is_qat and with_input:
             qat_class = chosen.config.pattern_to_config()[type_before_parametrizations(module)].qat_module

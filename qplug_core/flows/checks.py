@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qplug_core.config import QConfig, QConfigMapping
 from qplug_core.errors import (
     CalibrationError,
     ConfigValidationError,
@@ -187,3 +188,25 @@ def warn_unknown_module_names(mapping: Any, model: nn.Module) -> None:
         if name not in present:
             warn_user(f"QConfigMapping names module {name!r}, which this {type(model).__name__} does "
                       f"not have{did_you_mean(name, names)}; that setting is ignored")
+
+
+def mapping_qconfigs(mapping: QConfigMapping) -> list[QConfig]:
+    """Every qconfig ``mapping`` sets; its ``None`` entries (ops kept float) are left out."""
+    tables = (mapping.object_type_qconfigs, mapping.module_name_regex_qconfigs,
+              mapping.module_name_qconfigs, mapping.module_name_object_type_order_qconfigs)
+    qconfigs = [mapping.global_qconfig, *(qconfig for table in tables for qconfig in table.values())]
+    return [qconfig for qconfig in qconfigs if qconfig is not None]
+
+
+def check_fake_quantizes(qconfigs: list[QConfig], call: str) -> None:
+    """QAT qconfigs must fake-quantize something: with only observers (the static mapping, which
+    torch.ao takes without a word) the forward is the float model's and "QAT" trains it in float."""
+    if not qconfigs or any(issubclass(factory.cls, FakeQuantizeBase)
+                           for qconfig in qconfigs for factory in qconfig if factory is not None):
+        return
+    kinds = sorted({factory.cls.__name__ for qconfig in qconfigs for factory in qconfig if factory is not None})
+    raise ConfigValidationError(
+        f"{call}: the qconfigs have no FakeQuantize (they only observe, with {', '.join(kinds)}: a "
+        "static mapping), so training would simulate no quantization; use "
+        "qp.get_default_qconfig_mapping(backend, mode=\"qat\") or qconfigs whose activation or "
+        "weight is a FakeQuantize", field="qconfig_mapping")

@@ -79,10 +79,7 @@ def _requests_quantization(mapping: QConfigMapping) -> bool:
     """Whether any entry of ``mapping`` is a qconfig. The annotating run tells prepare which values
     are tensors for the observers it places; a mapping of only ``None`` (``QConfigMapping()``)
     places none, so prepare then only fuses and, as torch.ao's, does not run the model."""
-    tables = (mapping.object_type_qconfigs, mapping.module_name_regex_qconfigs,
-              mapping.module_name_qconfigs, mapping.module_name_object_type_order_qconfigs)
-    return mapping.global_qconfig is not None or any(
-        qconfig is not None for table in tables for qconfig in table.values())
+    return bool(flow_checks.mapping_qconfigs(mapping))
 
 
 def _state(gm: fx.GraphModule) -> dict[str, Any]:
@@ -132,6 +129,8 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
         raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got "
                                     f"{type(mapping).__name__}", field="qconfig_mapping")
     flow_checks.warn_unknown_module_names(mapping, model)
+    if is_qat:
+        flow_checks.check_fake_quantizes(flow_checks.mapping_qconfigs(mapping), "prepare_qat_fx")
     inputs = as_input_tuple(example_inputs)
     if not is_qat and getattr(model, "training", False) and not inplace:  # PTQ folds batch norm
         model = copy.deepcopy(model).eval()

@@ -569,3 +569,27 @@ def test_converting_an_exported_graph_gives_no_torch_deprecation_warning():
         warnings.simplefilter("always")
         qp.quantize(model, (tokens,), [(tokens,)], backend="fbgemm", capture="export")
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+
+
+def _conv_bn_relu_fc() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
+
+
+def test_qat_with_the_static_mapping_is_refused_and_a_partly_float_qat_mapping_trains_in_int8():
+    """The static mapping's qconfigs only observe: prepare_qat_fx (torch.ao's too) gave a model whose
+    forward was the float model's, so "QAT" trained in float without a word."""
+    x = torch.randn(4, 1, 8, 8)
+    static = qp.get_default_qconfig_mapping("fbgemm")
+    with pytest.raises(ConfigValidationError, match=r"prepare_qat_fx: the qconfigs have no FakeQuantize .*"
+                                                    r"qp.get_default_qconfig_mapping\(backend, mode=\"qat\"\)"):
+        qp.prepare_qat_fx(_conv_bn_relu_fc().train(), static, (x,), backend="fbgemm")
+    with pytest.raises(ConfigValidationError, match=r"prepare_qat: the qconfigs have no FakeQuantize"):
+        qp.eager.prepare_qat(nn.Sequential(qp.eager.QuantStub(), _conv_bn_relu_fc(), qp.eager.DeQuantStub()),
+                             static, backend="fbgemm")
+    model = _conv_bn_relu_fc().train()
+    mapping = qp.get_default_qconfig_mapping("fbgemm", mode="qat").set_module_name("4", None)
+    prepared = qp.prepare_qat_fx(model, mapping, (x,), backend="fbgemm")
+    assert type(prepared.get_submodule("0").weight_fake_quant).__name__ == "FakeQuantize"
+    assert (prepared(x) - model(x)).abs().max() > 1e-3  # fake quant in the forward pass
+    assert isinstance(qp.prepare_qat_fx(model, qp.QConfigMapping(), (x,), backend="fbgemm"), torch.fx.GraphModule)

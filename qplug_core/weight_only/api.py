@@ -34,7 +34,7 @@ from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs
-from qplug_core.weight_only.batches import call_model
+from qplug_core.weight_only.batches import calibration_batches, call_model
 from qplug_core.weight_only.fusion import fuse, shared_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
@@ -77,7 +77,8 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         and clipping, searched on ``calibration``) or ``"gptq"`` (error feedback through the
         inputs' Hessian); embeddings always use RTN.
     :param calibration: batches the model is called with for ``"awq"`` / ``"gptq"``: token-id tensors
-        (``model(batch)``), dicts (``model(**batch)``) or tuples (``model(*batch)``).
+        (``model(batch)``), dicts (``model(**batch)``) or tuples (``model(*batch)``); a bare tensor
+        is one batch.
     :param skip: module names or regular expressions (matched against the whole name) of layers to
         leave float. An output projection tied to the input embedding (``lm_head`` of most LLMs)
         is always left float: quantizing one copy would untie them.
@@ -102,6 +103,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     if algorithm != "rtn" and calibration is None:
         raise CalibrationError(f"algorithm={algorithm!r} needs calibration=[batch, ...]: a few token batches of "
                                "the kind of text the model will see (or use algorithm='rtn')")
+    calibration = calibration_batches(calibration)
     patterns = skip_patterns(skip)
     refuse_quantized(model)
     check_finite_weights(model)
@@ -118,7 +120,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     if algorithm != "rtn":
         rows = GPTQ_ROWS if algorithm == "gptq" else MAX_ROWS
         with eval_mode(qmodel):  # no dropout in the activations GPTQ/AWQ fit the weights to
-            inputs = record_inputs(qmodel, linears, calibration or (), rows)
+            inputs = record_inputs(qmodel, linears, calibration, rows)
     # found on the float copy, before any kernel is packed: a group packs once, for its stack
     groups, info.fusion = sibling_groups(qmodel, linears, calibration)
     dtypes = {name: linear_weight(module).dtype for name, module in linears.items()}
@@ -161,7 +163,7 @@ def choose_kernels(model: nn.Module, info: WeightOnlyInfo | None, groups: list[t
             info.choices.append(measured)
 
 
-def sibling_groups(model: nn.Module, linears: dict[str, nn.Module], calibration: Iterable[Any] | None
+def sibling_groups(model: nn.Module, linears: dict[str, nn.Module], calibration: Iterable[Any]
                    ) -> tuple[list[tuple[str, ...]], str]:
     """The ``linears`` of ``model`` that read one input, found by running it once on its own
     ``dummy_inputs`` (Hugging Face models) or the first calibration batch of a list, and how they

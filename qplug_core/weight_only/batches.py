@@ -7,12 +7,23 @@ would otherwise surface as the embedding's own error from deep inside the model.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from qplug_core.errors import InputMismatchError, QplugError, first_line
+
+
+def calibration_batches(calibration: Any) -> Iterable[Any]:
+    """The batches of ``calibration``: a bare tensor is one batch, as ``qp.calibrate`` takes it
+    (iterating it would call the model on each of its rows); ``None`` is none."""
+    if calibration is None:
+        return ()
+    if isinstance(calibration, torch.Tensor):
+        return [calibration]
+    return calibration
 
 
 def call_model(model: nn.Module, batch: Any) -> None:

@@ -44,7 +44,7 @@ from qplug_core.weight_only.api import (
     select_layers,
     skip_patterns,
 )
-from qplug_core.weight_only.batches import run_batch
+from qplug_core.weight_only.batches import calibration_batches, run_batch
 from qplug_core.weight_only.smoothing import Smoothed, smooth
 
 #: the attribute of a W8A8 model holding its :class:`W8A8Info` (``qp.save`` reads it)
@@ -77,7 +77,8 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
 
     :param calibration: batches the model is called with to measure activations for SmoothQuant:
         token-id tensors (``model(batch)``), dicts (``model(**batch)``) or tuples
-        (``model(*batch)``); a few batches of the kind of text the model will see.
+        (``model(*batch)``), a bare tensor being one batch; a few batches of the kind of text the
+        model will see.
     :param alpha: SmoothQuant's migration strength: ``"auto"`` (searched per input, no smoothing
         among the candidates), a float in (0, 1) (0.5 is the paper's default), or ``None`` (no
         smoothing; then per-token activations need no calibration).
@@ -115,6 +116,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
         raise CalibrationError("qp.quantize_w8a8 needs calibration=[batch, ...] (a few token batches of the "
                                "kind of text the model will see) for SmoothQuant's scales, or alpha=None "
                                "to quantize without smoothing")
+    calibration = calibration_batches(calibration)
     chosen = None if backend is None else resolve_backend(backend).require_available()
     if chosen is not None and not chosen.kernels and chosen.delegate is not None:
         raise ConfigValidationError(f"backend {chosen.name!r} compiles whole graphs, and qp.quantize_w8a8 swaps "
@@ -131,11 +133,11 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
         raise nothing_quantized("nn.Linear", info.skipped)
     if alpha is not None:
         qmax = 127 if simulate else weight_qmax(gemm)
-        info.smoothed = smooth(qmodel, linears, calibration or (), alpha,
+        info.smoothed = smooth(qmodel, linears, calibration, alpha,
                                lambda rows, layers, scale: output_error(rows, layers, scale, qmax,
                                                                         static=activations == "static"),
                                info.unsmoothed)
-    ranges = _input_ranges(qmodel, linears, calibration or ()) if activations == "static" else {}
+    ranges = _input_ranges(qmodel, linears, calibration) if activations == "static" else {}
     shared = SharedInput()
     with torch.no_grad():
         for name, linear in linears.items():

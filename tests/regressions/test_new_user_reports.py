@@ -593,3 +593,20 @@ def test_qat_with_the_static_mapping_is_refused_and_a_partly_float_qat_mapping_t
     assert type(prepared.get_submodule("0").weight_fake_quant).__name__ == "FakeQuantize"
     assert (prepared(x) - model(x)).abs().max() > 1e-3  # fake quant in the forward pass
     assert isinstance(qp.prepare_qat_fx(model, qp.QConfigMapping(), (x,), backend="fbgemm"), torch.fx.GraphModule)
+
+
+@pytest.mark.parametrize("call", ["gptq", "awq", "w8a8"])
+def test_one_batch_tensor_as_calibration_is_one_batch(call):
+    """``calibration or ()`` raised torch's "Boolean value of Tensor ... is ambiguous" on a tensor;
+    qp.calibrate and qp.quantize take a bare tensor as one batch, and so do these now."""
+    model = _llama()
+
+    def run(calibration):
+        if call == "w8a8":
+            return qp.quantize_w8a8(model, calibration)
+        return qp.quantize_weights(model, bits=4, group_size=32, algorithm=call, calibration=calibration,
+                                   kernel="reference")  # the same kernel for both, whatever timing says
+
+    batch, x = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (1, 12))
+    with torch.no_grad():
+        assert torch.equal(run(batch)(x).logits, run([batch])(x).logits)

@@ -128,6 +128,12 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     if not isinstance(mapping, QConfigMapping):
         raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got "
                                     f"{type(mapping).__name__}", field="qconfig_mapping")
+    if example_inputs is None and _requests_quantization(mapping):
+        raise ConfigValidationError(
+            "example_inputs is required: prepare runs the model once on them to learn which values are "
+            "float tensors before placing observers; pass a tuple of positional inputs of forward, e.g. "
+            "(x,) with x one batch (only a mapping that keeps every op float needs none)",
+            field="example_inputs")
     flow_checks.warn_unknown_module_names(mapping, model)
     if is_qat:
         flow_checks.check_fake_quantizes(flow_checks.mapping_qconfigs(mapping), "prepare_qat_fx")
@@ -170,6 +176,9 @@ def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, 
                capture: str = "auto", non_traceable_module_names=(),
                non_traceable_module_classes=()) -> fx.GraphModule:
     """Fuse and insert observers for static post-training quantization; returns the observed model.
+
+    ``example_inputs`` (a tuple of positional inputs of ``forward``) is required: the model runs
+    once on them. Only a mapping of ``None`` entries (prepare then only fuses) takes none.
 
     ``qconfig_mapping=None`` uses the backend's default static mapping. A qconfig the backend
     cannot honour leaves that op in float with a warning (``on_unsupported="raise"`` makes it a

@@ -610,3 +610,13 @@ def test_one_batch_tensor_as_calibration_is_one_batch(call):
     batch, x = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (1, 12))
     with torch.no_grad():
         assert torch.equal(run(batch)(x).logits, run([batch])(x).logits)
+
+
+@pytest.mark.parametrize("flow", ["prepare_fx", "prepare_qat_fx"])
+def test_prepare_without_example_inputs_says_they_are_required(flow):
+    """example_inputs defaults to None, and prepare ran the model on None: an InputMismatchError with
+    torch's conv2d overload listing for "(NoneType)" inputs."""
+    model = _conv_bn_relu_fc().train(flow == "prepare_qat_fx")
+    mapping = qp.get_default_qconfig_mapping("fbgemm", mode="qat" if flow == "prepare_qat_fx" else "static")
+    with pytest.raises(ConfigValidationError, match=r"^example_inputs is required: .* pass a tuple of positional"):
+        getattr(qp, flow)(model, mapping, backend="fbgemm")

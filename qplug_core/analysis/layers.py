@@ -8,8 +8,9 @@ similarity, accumulated over all batches.
 
 A fused kernel (``conv1`` computing conv+bn+relu) is compared against the float module of the same
 name, which computes only its first op; pass the *fused* float model (``fuse_fx`` output) for
-pairs that compute the same thing. Float leaf modules with no counterpart are listed in
-``ComparisonReport.float_only`` as a hint.
+pairs that compute the same thing. Float leaf modules with no counterpart (not the children of
+a fused module the quantized model computes whole) are listed in ``ComparisonReport.float_only``
+as a hint.
 """
 
 from __future__ import annotations
@@ -405,10 +406,29 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
             num_batches += 1
     if num_batches == 0:
         raise ConfigError("compare() got no input batches", field="inputs")
-    quant_names = {n for n, _ in quantized_model.named_modules()}
     return ComparisonReport(
         layers=errors.comparisons(float_model, quantized_model),
         output_sqnr_db=output.sqnr_db, output_cosine=output.cosine,
         output_max_abs_err=output.max_abs, num_batches=num_batches, skipped=errors.skipped,
-        float_only=[n for n, m in float_model.named_modules()
-                    if n and not any(m.children()) and n not in quant_names])
+        float_only=_float_only(float_model, quantized_model))
+
+
+def _float_only(float_model: nn.Module, quantized_model: nn.Module) -> list[str]:
+    """Float leaf modules without a counterpart in the quantized model. The children of a float
+    module that the quantized model replaces whole, keeping none of its children (a fused
+    ``ConvReLU2d`` lowered to one kernel, when the reference is the fused float model), have one:
+    that module, compared as a unit."""
+    float_modules = dict(float_model.named_modules())
+    quant_modules = dict(quantized_model.named_modules())
+
+    def replaced_whole(name: str) -> bool:
+        parts = name.split(".")
+        for ancestor in (".".join(parts[:i]) for i in range(1, len(parts))):
+            if ancestor in quant_modules and not (
+                    {n for n, _ in float_modules[ancestor].named_children()}
+                    & {n for n, _ in quant_modules[ancestor].named_children()}):
+                return True
+        return False
+
+    return [name for name, module in float_modules.items()
+            if name and not any(module.children()) and name not in quant_modules and not replaced_whole(name)]

@@ -620,3 +620,17 @@ def test_prepare_without_example_inputs_says_they_are_required(flow):
     mapping = qp.get_default_qconfig_mapping("fbgemm", mode="qat" if flow == "prepare_qat_fx" else "static")
     with pytest.raises(ConfigValidationError, match=r"^example_inputs is required: .* pass a tuple of positional"):
         getattr(qp, flow)(model, mapping, backend="fbgemm")
+
+
+def test_compare_against_the_fused_float_model_finds_no_module_absent():
+    """As the quickstart does: compare() against qp.fuse_fx(model) counted the fused ConvReLU2d's
+    children as absent and advised comparing against the fused float model, already done."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(16, 10)).eval()
+    data = [torch.randn(8, 3, 32, 32) for _ in range(2)]
+    qmodel = qp.quantize(model, data[0], data, backend="fbgemm")
+    report = qp.compare(qp.fuse_fx(model, backend="fbgemm"), qmodel, data)
+    assert report.float_only == [] and "absent" not in str(report)
+    assert [(layer.name, layer.float_type) for layer in report.layers][0] == ("0", "ConvReLU2d")
+    assert qp.compare(model, qmodel, data).float_only == ["1", "2"]  # the unfused model: bn, relu fused away

@@ -76,8 +76,9 @@ def _check_foldable(op: nn.Module, bn: nn.Module, out_channels: int) -> None:
     if op.training or bn.training:
         raise ConfigValidationError(
             f"Folding {type(bn).__name__} into {type(op).__name__} needs eval-mode modules (it uses "
-            "the running statistics); call model.eval() before fusing, or use prepare_qat to keep "
-            "BatchNorm trainable", field="training", value=True)
+            "the running statistics); call model.eval() before fusing, or fuse for QAT to keep BatchNorm "
+            "trainable (qp.eager.fuse_modules_qat in eager mode, qp.prepare_qat_fx in graph mode)",
+            field="training", value=True)
     if bn.running_mean is None or bn.running_var is None:
         raise ConfigValidationError(
             f"Cannot fold {type(bn).__name__} built with track_running_stats=False: "

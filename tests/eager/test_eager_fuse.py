@@ -72,9 +72,12 @@ def test_unsupported_type_sequence_is_a_pattern_error():
         qp.eager.fuse_modules(_toy(), [["r1", "c1"]])
 
 
-def test_eval_fusion_of_a_training_batchnorm_is_refused():
-    with pytest.raises(ConfigValidationError, match=r"cannot fuse \['l1', 'lb'\].*needs eval-mode"):
+def test_eval_fusion_of_a_training_batchnorm_is_refused_naming_the_qat_fusion():
+    """The message named prepare_qat, which does not fuse; fuse_modules_qat keeps BN trainable."""
+    with pytest.raises(ConfigValidationError, match=r"cannot fuse \['l1', 'lb'\].*needs eval-mode.*"
+                                                    r"qp.eager.fuse_modules_qat in eager mode"):
         qp.eager.fuse_modules(_toy(training=True), [["l1", "lb"]])
+    assert isinstance(qp.eager.fuse_modules_qat(_toy(training=True), [["l1", "lb"]]).l1, nni.LinearBn1d)
 
 
 @pytest.mark.parametrize("bad", ["c1", [["c1"]], [["c1", 3]]])

@@ -29,6 +29,10 @@ from qplug_core.errors import ConfigValidationError, ModelStateError, Uncalibrat
 from qplug_core.flows.regions import weight_name_of
 from qplug_core.flows.tags import EAGER_STATE
 from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
+
+
+from qplug_core.flows.tags import EAGER_CONVERTED, EAGER_STATE
+from qplug_core.kernels.base import KernelContext, TensorArg, pin_engine
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.observers import FakeQuantizeBase, ObserverBase
 from qplug_core.qparams import QParams
@@ -204,6 +208,7 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     model = model if inplace else copy.deepcopy(model)
     _convert_children(model, _Converter(chosen))
     delattr(model, EAGER_STATE)
+    setattr(model, EAGER_CONVERTED, chosen.name)  # qp.save says what to do instead of saving it
     remove_qconfig_attributes(model)
     if chosen.kernels:
         pin_engine(model, chosen.engine)

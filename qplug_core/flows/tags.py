@@ -52,6 +52,8 @@ DECODE_THREADS = "qplug_decode_threads"
 ARTIFACT = "qplug_artifact"
 #: attribute of an eager-mode model prepared by ``qp.eager.prepare``
 EAGER_STATE = "qplug_eager_state"
+#: attribute of an eager-mode model converted by ``qp.eager.convert``: the backend's name
+EAGER_CONVERTED = "qplug_eager_converted"
 #: GraphModule.meta: the capture level used ("symbolic" or "export")
 CAPTURE = "qplug_capture"
 #: GraphModule.meta: submodules left opaque because capture failed, (name, type, reason)

@@ -24,7 +24,7 @@ from qplug_core.errors import (
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.safer_weights import make_safer
 from qplug_core.flows.snapshot import snapshot_of
-from qplug_core.flows.tags import ARTIFACT, CAPTURE, FUSIONS
+from qplug_core.flows.tags import ARTIFACT, CAPTURE, EAGER_CONVERTED, EAGER_STATE, FUSIONS
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
@@ -75,6 +75,14 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
     artifact = artifact_of(qmodel)
     if isinstance(artifact, str):
         raise SerializationError(f"cannot save to {target}: {artifact}", path=str(target))
+    if not isinstance(artifact, Artifact) and _is_eager(qmodel):
+        raise SerializationError(
+            f"cannot save to {target}: the model comes from qplug's eager mode (qp.eager.prepare / "
+            "qp.eager.convert), which qp.save does not write: it writes graph-mode models (their "
+            "reference form), and an eager model's state_dict holds no int8 weights where kernels "
+            "packed them (fbgemm, qnnpack). Save the float model (its state_dict) and run fuse_modules, "
+            "prepare, calibration and convert again after loading it, or quantize with graph mode "
+            "(qp.quantize, or qp.prepare_fx and qp.convert_fx), whose models qp.save writes", path=str(target))
     if not isinstance(artifact, Artifact):
         raise SerializationError(
             f"cannot save to {target}: the model was not produced by qp.convert_fx, "
@@ -85,6 +93,11 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
     document = json.dumps(to_document(artifact), sort_keys=True, separators=(",", ":"), allow_nan=False)
     write_artifact_file(target, document, artifact.tensors)
     return target
+
+
+def _is_eager(model: nn.Module) -> bool:
+    """Whether ``model`` was prepared or converted by qplug's eager mode."""
+    return any(getattr(model, tag, None) is not None for tag in (EAGER_STATE, EAGER_CONVERTED))
 
 
 def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,

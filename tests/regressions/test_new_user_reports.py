@@ -634,3 +634,18 @@ def test_compare_against_the_fused_float_model_finds_no_module_absent():
     assert report.float_only == [] and "absent" not in str(report)
     assert [(layer.name, layer.float_type) for layer in report.layers][0] == ("0", "ConvReLU2d")
     assert qp.compare(model, qmodel, data).float_only == ["1", "2"]  # the unfused model: bn, relu fused away
+
+
+def test_saving_an_eager_model_says_eager_models_are_not_saved_and_what_to_do(tmp_path):
+    """qp.save said the eager int8 model "was not produced by qp.convert_fx ...; quantize it with
+    qplug first": it was, in eager mode, which qp.save does not write."""
+    torch.manual_seed(0)
+    model = nn.Sequential(qp.eager.QuantStub(), nn.Conv2d(3, 8, 3), nn.ReLU(), qp.eager.DeQuantStub()).eval()
+    observed = qp.eager.prepare(qp.eager.fuse_modules(model, [["1", "2"]]), backend="fbgemm")
+    observed(torch.randn(4, 3, 8, 8))
+    for eager in (observed, qp.eager.convert(observed)):
+        with pytest.raises(SerializationError, match=r"comes from qplug's eager mode .* which qp.save does not "
+                                                     r"write.* quantize with graph mode \(qp.quantize") as raised:
+            qp.save(eager, tmp_path / "eager.safetensors")
+        assert "quantize it with qplug first" not in str(raised.value)
+    assert not (tmp_path / "eager.safetensors").exists()

@@ -27,12 +27,8 @@ from qplug_core.eager.prepare import INPUT_OBSERVER, OUTPUT_OBSERVER, observe_in
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import ConfigValidationError, ModelStateError, UncalibratedObserverError
 from qplug_core.flows.regions import weight_name_of
-from qplug_core.flows.tags import EAGER_STATE
-from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
-
-
 from qplug_core.flows.tags import EAGER_CONVERTED, EAGER_STATE
-from qplug_core.kernels.base import KernelContext, TensorArg, pin_engine
+from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.observers import FakeQuantizeBase, ObserverBase
 from qplug_core.qparams import QParams

@@ -95,7 +95,7 @@ def check_finite_weights(model: nn.Module) -> None:
     """A NaN or Inf in a parameter gives garbage scales: name the parameters up front, instead of a
     weight observer or kernel search failing later without saying which layer."""
     broken = [(name, int((~torch.isfinite(t)).sum()), t.numel()) for name, t in model.named_parameters()
-              if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+              if t.is_floating_point() and not t.is_meta and not bool(torch.isfinite(t).all())]
     if broken:
         listed = ", ".join(f"{name!r} ({count} of {total})" for name, count, total in broken[:3])
         more = f" and {len(broken) - 3} more" if len(broken) > 3 else ""

@@ -200,9 +200,17 @@ def test_non_finite_calibration_data_names_the_layer(bad):
 
 def test_non_finite_activation_inside_the_model_names_that_layer():
     model = conv_net()
+    with torch.no_grad():  # finite weights whose products overflow float32
+        model.fc.weight[1] = 3e38
+    with pytest.raises(NonFiniteCalibrationError, match="output of node 'fc'.*non-finite"):
+        qp.quantize(model, X, images(), backend="fbgemm")
+
+
+def test_a_non_finite_weight_names_the_parameter_before_anything_runs():
+    model = conv_net()
     with torch.no_grad():
         model.fc.bias[1] = float("inf")
-    with pytest.raises(NonFiniteCalibrationError, match="output of node 'fc'.*non-finite"):
+    with pytest.raises(ModelStateError, match=r"non-finite values \(NaN or Inf\) in 'fc.bias' \(1 of \d+\)"):
         qp.quantize(model, X, images(), backend="fbgemm")
 
 

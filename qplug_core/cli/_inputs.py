@@ -197,9 +197,10 @@ def random_calibration(specs: list[InputSpec]) -> list[tuple]:
     Integer inputs (token ids, masks) have no meaningful random stand-in, so they need a file.
     """
     if not all(spec.is_float for spec in specs):
-        raise CalibrationError("the model has integer inputs (--example-dtype): pass --calibration "
-                               "FILE with real inputs (random token ids would not calibrate "
-                               "anything)")
+        dtypes = ", ".join(str(spec.dtype).removeprefix("torch.") for spec in specs)
+        raise CalibrationError(f"--example-dtype gives the model integer inputs ({dtypes}): pass "
+                               "--calibration FILE with real inputs (random token ids would not "
+                               "calibrate anything), or leave out --example-dtype for float inputs")
     shapes = " ".join(",".join(map(str, spec.shape)) for spec in specs)
     warn(f"no --calibration file: calibrating on {RANDOM_BATCHES} batches of random normal data of "
          f"shape {shapes}; int8 ranges will not fit real inputs and accuracy may suffer. Pass "

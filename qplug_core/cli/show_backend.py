@@ -287,6 +287,9 @@ def _selected(families: dict[str, list[dict[str, Any]]], pattern: str | None, op
     if op is not None:
         wanted = {f: rows for f, rows in families.items()
                   if op.lower() in (f.lower(), f.rsplit(".", 1)[-1].lower())}
+        if not wanted:  # ``--op conv``: every family it begins (Conv1d, Conv2d, F.conv2d, ...)
+            wanted = {f: rows for f, rows in families.items()
+                      if f.rsplit(".", 1)[-1].lower().startswith(op.lower())}
         if not wanted:
             raise ConfigError(f"no pattern family for --op {op!r}"
                               f"{did_you_mean(op, [f.rsplit('.', 1)[-1] for f in families])}",

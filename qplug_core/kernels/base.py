@@ -104,8 +104,9 @@ class PackedStateModule(nn.Module):
         where = prefix.rstrip(".") or "the root module"
         raise ModelStateError(
             f"load_state_dict cannot restore {type(self).__name__} at {where!r}: its int8 weights "
-            "are packed outside the state_dict. Save and load converted models with qp.save / "
-            "qp.load, or load the float weights into the float model and quantize it again.")
+            "are packed outside the state_dict. Save and load graph-mode models with qp.save / "
+            "qp.load (eager-mode models cannot be saved); otherwise load the float weights into the "
+            "float model and quantize it again.")
 
 
 _PINNED = threading.local()

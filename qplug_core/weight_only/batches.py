@@ -18,10 +18,11 @@ from qplug_core.errors import InputMismatchError, QplugError, first_line
 
 def calibration_batches(calibration: Any) -> Iterable[Any]:
     """The batches of ``calibration``: a bare tensor is one batch, as ``qp.calibrate`` takes it
-    (iterating it would call the model on each of its rows); ``None`` is none."""
+    (iterating it would call the model on each of its rows), and so is a dict of model inputs (a
+    tokenizer's ``BatchEncoding``: iterating it gives its keys); ``None`` is none."""
     if calibration is None:
         return ()
-    if isinstance(calibration, torch.Tensor):
+    if isinstance(calibration, (torch.Tensor, dict)) or hasattr(calibration, "keys"):
         return [calibration]
     return calibration
 

@@ -273,3 +273,10 @@ def test_quantize_keeps_the_model_with_w8a8_and_weight_only(user_models, calibra
     chosen = invoke("quantize", f"{user_models}:mlp", "--example-shape", SHAPE, "--out", str(out),
                     "--mode", "weight-only", "--backend", "fbgemm")
     assert_one_line_error(chosen, "--mode weight-only picks the fastest kernels installed for each layer itself")
+
+
+def test_integer_example_dtype_without_calibration_blames_the_flag(user_models, tmp_path):
+    """It said "the model has integer inputs" of a float CNN given --example-dtype int64 by mistake."""
+    result = _quantize(user_models, "build", tmp_path / "net.safetensors", "--example-dtype", "int64")
+    assert_one_line_error(result, "--example-dtype gives the model integer inputs (int64)",
+                          "leave out --example-dtype for float inputs")

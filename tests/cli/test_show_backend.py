@@ -73,7 +73,11 @@ def test_filters_and_the_full_table(plugin_autoload):
     assert full.exit_code == 0, full.stderr
     assert "fuse_conv_bn_relu" in full.stdout and "(Conv2d, BatchNorm2d, ReLU)" in full.stdout
     assert "Linear" not in full.stdout.split("default qconfigs")[0]
-    assert_one_line_error(invoke("show-backend", "reference", "--op", "conv2"), "no pattern family",
+    every_conv = invoke("show-backend", "fbgemm", "--op", "conv")  # it suggested only 'conv3d'
+    assert every_conv.exit_code == 0, every_conv.stderr
+    assert {"conv1d", "conv2d", "conv3d", "convtranspose2d"} <= set(
+        _first_cells(every_conv.stdout.split("default qconfigs")[0]))
+    assert_one_line_error(invoke("show-backend", "reference", "--op", "cnov2d"), "no pattern family",
                           "did you mean")
     assert_one_line_error(invoke("show-backend", "reference", "--pattern", "Nope"),
                           "no pattern contains 'Nope'")

@@ -609,7 +609,10 @@ def test_one_batch_tensor_as_calibration_is_one_batch(call):
 
     batch, x = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (1, 12))
     with torch.no_grad():
-        assert torch.equal(run(batch)(x).logits, run([batch])(x).logits)
+        expected = run([batch])(x).logits
+        assert torch.equal(run(batch)(x).logits, expected)
+        # a tokenizer's output (a dict of model inputs) is one batch too: iterating gave its keys
+        assert torch.equal(run({"input_ids": batch})(x).logits, expected)
 
 
 @pytest.mark.parametrize("flow", ["prepare_fx", "prepare_qat_fx"])

@@ -271,7 +271,8 @@ def test_quantized_model_type(tmp_path):
     state_dict = quantized.state_dict()
     fresh = qp.convert_fx(_prepared(LinearM(), example_inputs))
     with pytest.raises(ModelStateError, match=r"packed outside the state_dict\. Save and load "
-                                              r"converted models with qp\.save / qp\.load"):
+                                              r"graph-mode models with qp\.save / qp\.load \(eager-mode "
+                                              r"models cannot be saved\)"):
         fresh.load_state_dict(state_dict)
     qp.save(quantized, tmp_path / "linear.qplug")
     loaded = qp.load(tmp_path / "linear.qplug")

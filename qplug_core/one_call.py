@@ -8,6 +8,7 @@ through :mod:`qplug_core.algorithms`, anything else straight to the flow.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,7 @@ from torch import fx, nn
 from qplug_core.algorithms.bias_correction import BiasCorrection, corrected_after_calibration
 from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
 from qplug_core.algorithms.recipes import RecipeRecord, looks_like_transformer
-from qplug_core.algorithms.target import TRANSFORMER_TARGET, meet_target
+from qplug_core.algorithms.target import TRANSFORMER_TARGET, Target, meet_target
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, did_you_mean, notify, spelled, warn_user
 from qplug_core.flows import auto
@@ -170,6 +171,8 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
         # a target's decisions measure each layer with the grids its backend keeps: each set of
         # float-output kinds gets its own base (see auto.float_output_bases)
         bases += auto.float_output_bases(backends, bases[0])
+    if len(bases) > 1:  # each base calibrates: a generator would be spent after the first
+        calibration_data, options["target"] = _reiterable(calibration_data, options.get("target"))
     calibrated = []
     for base in bases:
         with auto.held_warnings(base.name) as held:  # its kernels' warnings count only if it wins
@@ -178,6 +181,16 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
         calibrated.append(auto.Calibrated(qmodel, base, held))
     others = [b for b in backends if b.name not in {base.name for base in bases}]
     return auto.choose(calibrated, others, untried, as_input_tuple(example_inputs))
+
+
+def _reiterable(calibration_data: Any, target: Any) -> tuple[list[tuple], Any]:
+    """The calibration batches and the target's own ``data`` as lists, read once, for a path
+    that reads them more than once (any iterable may be given, a generator too)."""
+    flow_checks.check_calibration_data(calibration_data)
+    batches = list(flows.iter_batches(calibration_data))
+    if isinstance(target, Target) and target.data is not None:
+        target = dataclasses.replace(target, data=list(flows.iter_batches(target.data)))
+    return batches, target
 
 
 def needs_algorithms(model: Any, recipe: Any, target: Any) -> bool:

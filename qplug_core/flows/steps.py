@@ -250,6 +250,10 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
                 flow_checks.mark_calibration_failed(model, error)
                 raise batch_does_not_fit(batches - 1, error) from error
         non_empty = ranks.total(non_empty)
+    if non_empty == 0 and batches == 0:  # "all empty" would blame batches that never came
+        raise CalibrationError("calibration_data gave no batch (an empty list, or a generator or iterator "
+                               "already used up: pass a list to read it more than once); calibration "
+                               "needs at least one batch of representative inputs")
     if non_empty == 0:
         raise CalibrationError(f"0 batches observed ({batches} given, all empty): calibration needs "
                                "at least one batch of representative, non-empty inputs")

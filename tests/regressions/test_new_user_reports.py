@@ -652,3 +652,13 @@ def test_saving_an_eager_model_says_eager_models_are_not_saved_and_what_to_do(tm
             qp.save(eager, tmp_path / "eager.safetensors")
         assert "quantize it with qplug first" not in str(raised.value)
     assert not (tmp_path / "eager.safetensors").exists()
+
+
+def test_auto_with_a_target_calibrates_every_base_from_a_generator():
+    """backend='auto' with a target calibrates one base per set of float-output kinds: the second
+    found the generator spent and said "0 batches observed (0 given, all empty)" of 8 batches."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 4)).eval()
+    data = [torch.randn(4, 3, 16, 16) for _ in range(8)]
+    qmodel = qp.quantize(model, data[0], (batch for batch in data), backend="auto", target=qp.Target(sqnr=30))
+    assert qp.quantization_report(qmodel).auto and qp.sqnr(model(data[0]), qmodel(data[0])) > 30

@@ -222,11 +222,14 @@ def test_values_near_float_max_give_a_non_finite_scale_error():
         qp.quantize(conv_net(), X, [(batch,)], backend="fbgemm")
 
 
-@pytest.mark.parametrize("data, given", [([], 0), ([(torch.empty(0, 3, 8, 8),)] * 2, 2)],
-                         ids=["no-batches", "all-empty-batches"])
-def test_empty_calibration_set(data, given):
-    with pytest.raises(CalibrationError, match=rf"0 batches observed \({given} given, all empty\): "
-                                               "calibration needs at least one batch"):
+@pytest.mark.parametrize("data, message", [
+    ([], r"calibration_data gave no batch \(an empty list, or a generator or iterator already used up"),
+    (iter([]), r"calibration_data gave no batch"),
+    ([(torch.empty(0, 3, 8, 8),)] * 2,
+     r"0 batches observed \(2 given, all empty\): calibration needs at least one batch")],
+    ids=["no-batches", "spent-iterator", "all-empty-batches"])
+def test_empty_calibration_set(data, message):
+    with pytest.raises(CalibrationError, match=message):
         qp.quantize(conv_net(), X, data, backend="fbgemm")
 
 

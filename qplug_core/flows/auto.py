@@ -50,10 +50,8 @@ from qplug_core.flows.kernel_check import CONTRACT_BROKEN, output_violation
 from qplug_core.flows.snapshot import ReferenceSnapshot, keep_snapshot, snapshot_of
 from qplug_core.flows.tags import AUTO_RANKING, RECIPE, REPORT, SNAPSHOT, STATE, TARGET
 from qplug_core.kernels.per_token import swap_in_per_token
-from qplug_core.registry.backends import Backend, get_backend, list_backends
+from qplug_core.registry.backends import AUTO, Backend, get_backend, list_backends
 
-#: the backend name that asks for the measurement
-AUTO = "auto"
 #: the SQNR recorded for outputs identical to the reference form's (JSON has no infinity)
 IDENTICAL_DB = 200.0
 #: rounds of the interleaved measurement: at least, at most, and the time they may take

@@ -389,6 +389,10 @@ def _default_backend_name() -> str:
     return available[0]
 
 
+#: the backend name that asks ``qp.quantize`` to measure every installed backend (flows/auto.py)
+AUTO = "auto"
+
+
 def get_backend(name_or_backend: str | Backend | None = None) -> Backend:
     """The assembled backend of that name; ``None`` picks the best available one for this machine
     (the plugins' ``qplug_select_default_backend``, else reference).
@@ -404,7 +408,7 @@ def get_backend(name_or_backend: str | Backend | None = None) -> Backend:
     name = _default_backend_name() if name_or_backend is None else name_or_backend
     entry = entries.get(name)
     if entry is None:
-        raise BackendNotFoundError(_not_found_message(name, entries), backend=name)
+        raise not_a_backend(name)
     if entry.error is not None:
         raise entry.error
     return entry.backend
@@ -417,6 +421,19 @@ def resolve_backend(backend: str | Backend | None) -> Backend:
         notify(f"using backend {chosen.name!r} "
                f"({spelled('pass backend=... to choose', 'choose one with --backend NAME')})")
     return chosen
+
+
+def not_a_backend(name: str) -> QplugError:
+    """The error for a backend name no plugin provides; ``"auto"`` (which every caller but
+    ``qp.quantize`` gets here) is not a plugin to install but a choice only quantize makes."""
+    entries = _registry()
+    if name == AUTO:
+        auto, quantize = spelled("backend='auto'", "--backend auto"), spelled("qp.quantize", "qplug quantize")
+        return ConfigValidationError(
+            f"{auto} quantizes on every installed backend and keeps the fastest, which only {quantize} "
+            f"does; this works on one backend: name one (installed: {', '.join(entries)}) or leave it "
+            "out for this machine's default", field="backend", value=name)
+    return BackendNotFoundError(_not_found_message(name, entries), backend=name)
 
 
 def _not_found_message(name: str, entries: dict[str, _Entry]) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from qplug_core.errors import BackendNotFoundError, ConfigValidationError, did_you_mean, warn_user
+from qplug_core.errors import ConfigValidationError, did_you_mean, warn_user
 from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel, RowSplitKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight
 from qplug_core.registry import plugins
@@ -61,14 +61,13 @@ class Choice:
 
 def available_kernels(backend: str | None = None) -> list[WeightOnlyKernel]:
     """The core's kernels and those of ``backend`` (every installed, available backend for ``None``)."""
-    from qplug_core.registry.backends import list_backends  # call time: backends come from plugins
+    from qplug_core.registry.backends import list_backends, not_a_backend  # call time: from plugins
 
     infos = list_backends()
     names = [info.name for info in infos if info.available]
     if backend is not None:
         if backend not in {info.name for info in infos}:
-            raise BackendNotFoundError(f"no installed backend is called {backend!r}"
-                                       f"{did_you_mean(backend, [i.name for i in infos])}", backend=backend)
+            raise not_a_backend(backend)
         names = [backend]
     kernels = list(CORE_KERNELS)
     seen = {k.name for k in kernels}

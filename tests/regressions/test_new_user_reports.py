@@ -662,3 +662,22 @@ def test_auto_with_a_target_calibrates_every_base_from_a_generator():
     data = [torch.randn(4, 3, 16, 16) for _ in range(8)]
     qmodel = qp.quantize(model, data[0], (batch for batch in data), backend="auto", target=qp.Target(sqnr=30))
     assert qp.quantization_report(qmodel).auto and qp.sqnr(model(data[0]), qmodel(data[0])) > 30
+
+
+@pytest.mark.parametrize("call", [
+    lambda model, data: qp.sensitivity(model, data[0], data, backend="auto"),
+    lambda model, data: qp.prepare_fx(model, None, data[0], backend="auto"),
+    lambda model, data: qp.quantize_dynamic(model, backend="auto"),
+    lambda model, data: qp.quantize_weights(model, backend="auto"),
+    lambda model, data: qp.get_default_qconfig_mapping(backend="auto"),
+], ids=["sensitivity", "prepare_fx", "quantize_dynamic", "quantize_weights", "qconfig_mapping"])
+def test_auto_outside_quantize_asks_for_one_backend_not_a_plugin(call):
+    """qp.sensitivity(backend='auto'), the value qp.quantize takes, said no backend 'auto' was
+    installed and to install the plugin distribution providing it."""
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    data = [torch.randn(4, 16) for _ in range(2)]
+    with pytest.raises(ConfigValidationError, match=r"backend='auto' quantizes on every installed backend "
+                       r"and keeps the fastest, which only qp.quantize does; this works on one backend: "
+                       r"name one \(installed: .*fbgemm") as raised:
+        call(model, data)
+    assert "install the plugin" not in str(raised.value)

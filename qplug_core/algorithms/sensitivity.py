@@ -15,6 +15,7 @@ transformer costs 6 measurements per kind instead of 36.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,29 @@ __all__ = ["LayerSensitivity", "OutputScore", "SensitivityReport", "sensitivity"
 
 GROUPS = ("layer", "role")
 FALLBACKS = ("float", "dynamic")
+#: how a user metric is called (:func:`score`)
+METRIC_SIGNATURE = ("metric(reference_outputs, quantized_outputs) -> float, each a list with one tensor per "
+                    "evaluation batch: the first tensor output of the float and of the quantized model")
+
+
+def check_metric(metric: Any, where: str) -> None:
+    """``metric`` can be called as :data:`METRIC_SIGNATURE` says (one taking the outputs alone
+    raised a bare ``TypeError`` from the first score, deep in a search); a callable without a
+    signature (a builtin) is taken as it is."""
+    if not callable(metric):
+        raise ConfigValidationError(f"{where} must be a function {METRIC_SIGNATURE}", field="metric",
+                                    value=repr(metric))
+    try:
+        signature = inspect.signature(metric)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        name = getattr(metric, "__name__", type(metric).__name__)
+        raise ConfigValidationError(f"{where}: {name}{signature} cannot take two positional arguments; "
+                                    f"it is called as {METRIC_SIGNATURE}", field="metric",
+                                    value=f"{name}{signature}") from None
 
 
 @dataclass(frozen=True)
@@ -289,12 +313,14 @@ def sensitivity(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     """Rank ``model``'s weighted layers by the output error each causes when int8.
 
     ``data`` are the evaluation batches (default: the calibration data); ``recipe`` runs first as
-    in :func:`qp.quantize`; ``metric(reference_outputs, quantized_outputs) -> float`` adds a user
-    score. Costs two quantizations per layer (or role group): use a small calibration set.
+    in :func:`qp.quantize`; ``metric`` adds a user score (:data:`METRIC_SIGNATURE`). Costs two
+    quantizations per layer (or role group): use a small calibration set.
     """
     from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
     from qplug_core.flows.steps import resolve_backend
 
+    if metric is not None:
+        check_metric(metric, "qp.sensitivity(metric=...)")
     chosen = resolve_backend(backend).require_available()
     gm, inputs, batches, mapping, _ = prepare_algorithms(model, example_inputs, calibration_data,
                                                          chosen, qconfig_mapping, recipe, {})

@@ -31,6 +31,7 @@ from qplug_core.algorithms.layer_errors import LayerError, layer_errors
 from qplug_core.algorithms.sensitivity import (
     GROUPS,
     OutputScore,
+    check_metric,
     group_layers,
     is_embedding_output,
     padding_masks,
@@ -90,9 +91,8 @@ class Target:
         if (self.metric is None) != (self.minimum is None):
             raise ConfigValidationError("Target(metric=...) and minimum= go together: the metric "
                                         "must reach minimum", field="minimum", value=self.minimum)
-        if self.metric is not None and not callable(self.metric):
-            raise ConfigValidationError("Target.metric must be a function (reference outputs, "
-                                        "quantized outputs) -> float", field="metric")
+        if self.metric is not None:
+            check_metric(self.metric, "Target.metric")
         for name in ("cosine", "min_cosine", "channel_cosine"):
             value = getattr(self, name)
             if value is not None and not -1.0 <= value <= 1.0:

@@ -681,3 +681,24 @@ def test_auto_outside_quantize_asks_for_one_backend_not_a_plugin(call):
                        r"name one \(installed: .*fbgemm") as raised:
         call(model, data)
     assert "install the plugin" not in str(raised.value)
+
+
+def test_a_metric_that_cannot_take_both_output_lists_is_refused_naming_the_signature():
+    """Target(metric=lambda outputs: ...) raised "TypeError: <lambda>() takes 1 positional argument
+    but 2 were given" from inside the search; the guide never gave the signature."""
+    signature = r"metric\(reference_outputs, quantized_outputs\) -> float, each a list with one tensor per"
+    with pytest.raises(ConfigValidationError, match=rf"Target.metric: <lambda>\(outputs\) cannot take two "
+                                                    rf"positional arguments; it is called as {signature}"):
+        qp.Target(metric=lambda outputs: 1.0, minimum=0.5)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    data = [torch.randn(4, 16) for _ in range(2)]
+    with pytest.raises(ConfigValidationError, match=rf"qp.sensitivity\(metric=...\): .* {signature}"):
+        qp.sensitivity(model, data[0], data, backend="fbgemm", metric=lambda outputs: 1.0)
+
+    def agreement(reference: list, quantized: list, *, digits: int = 3) -> float:
+        return float(sum(bool((r.argmax(1) == q.argmax(1)).all()) for r, q in zip(reference, quantized)))
+
+    for metric in (agreement, lambda *outputs: 1.0):  # two positional arguments are all it needs
+        assert qp.Target(metric=metric, minimum=0.0).metric is metric
+    qmodel = qp.quantize(model, data[0], data, backend="fbgemm", target=qp.Target(metric=agreement, minimum=1.0))
+    assert qmodel.meta["qplug_target"].final.metric == len(data)

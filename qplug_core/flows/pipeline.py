@@ -7,7 +7,6 @@ They live below the flows (``qplug_core.flows.steps``) so that other consumers o
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -26,6 +25,7 @@ from qplug_core.flows.normalize import normalize_functionals
 from qplug_core.flows.raise_aten import remove_inference_noops
 from qplug_core.flows.shared_modules import untie_shared_modules
 from qplug_core.flows.tags import FUSIONS
+from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.nn.copying import detach_from
 from qplug_core.passes import PassManager
 
@@ -91,7 +91,7 @@ def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inpl
                "generate_code": False}  # fuse_model's passes rewrite the graph, then recompile
     with gc_paused():
         if inplace or isinstance(model, fx.GraphModule):  # a graph is returned as is: copy it whole
-            return capture_for_quantization(model if inplace else copy.deepcopy(model),
+            return capture_for_quantization(model if inplace else deepcopy_graph(model),
                                             example_inputs, **options)
         # capture only reads the model; then copy what the graph shares with it (nn/copying.py)
         gm = capture_for_quantization(model, example_inputs, **options)

@@ -10,14 +10,13 @@ done only when the model is saved.
 
 from __future__ import annotations
 
-import copy
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torch import fx
 
 from qplug_core.flows.tags import SNAPSHOT
+from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.kernels.arithmetic import pair_sums_saturate
 
 if TYPE_CHECKING:
@@ -42,22 +41,12 @@ class ReferenceSnapshot:
 
 def keep_snapshot(gm: fx.GraphModule, backend: Backend) -> None:
     """Keep ``gm``'s reference form in ``gm.meta`` (call it between convert_graph and lowering)."""
-    snapshot = fx.GraphModule(gm, _copied(gm.graph), class_name=type(gm).__name__)
+    snapshot = fx.GraphModule(gm, deepcopy_graph(gm.graph), class_name=type(gm).__name__)
     snapshot.meta = dict(gm.meta)
     snapshot.train(gm.training)
     plugins = tuple({"name": r.name, "dist": r.dist, "version": r.version} for r in backend.contributors)
     gm.meta[SNAPSHOT] = ReferenceSnapshot(snapshot, backend.name, plugins,
                                           int16_pairs=pair_sums_saturate(backend.arithmetic))
-
-
-def _copied(graph: fx.Graph) -> fx.Graph:
-    """A deep copy of ``graph``. An exported graph's code generator holds pytree ``LeafSpec``s, which
-    torch rebuilds on copy through its own deprecated path: the FutureWarning it gives is torch's
-    (nothing the user can change), and it reached every user of an exported model."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                                category=FutureWarning)
-        return copy.deepcopy(graph)
 
 
 def snapshot_of(gm: object) -> ReferenceSnapshot | None:

@@ -46,6 +46,7 @@ from qplug_core.flows.regions import RegionPlanner
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.tags import REPORT, STATE, W8A8, WEIGHT_ONLY, ValueAnnotator
+from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.kernels.dynamic import DynamicKernel
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.observers import distributed
@@ -288,7 +289,7 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
     flow_checks.check_not_converted(observed)
     flow_checks.check_calibration_finished(observed)
     with gc_paused():
-        gm = observed if inplace else copy.deepcopy(observed)
+        gm = observed if inplace else deepcopy_graph(observed)
 
     def convert(graph_module: fx.GraphModule) -> None:
         convert_graph(graph_module, allow_uncalibrated=allow_uncalibrated)

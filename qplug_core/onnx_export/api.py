@@ -23,6 +23,7 @@ from torch import fx, nn
 
 from qplug_core.errors import ExportError
 from qplug_core.flows.tags import INPUT_SPEC, KERNEL, SPEC_DTYPES, recorded_example_inputs
+from qplug_core.ir.copying import quiet_graph_copies
 from qplug_core.onnx_export import dynamic_axes
 from qplug_core.onnx_export.torchlib_ops import read_torchlib_once
 
@@ -39,7 +40,8 @@ def reference_form(qmodel: nn.Module) -> fx.GraphModule:
                           f"{type(qmodel).__name__}; quantize it with qp.quantize / qp.convert_fx first")
     if not any(KERNEL in n.meta for n in qmodel.graph.nodes):
         return qmodel
-    return rebuild_reference(qmodel)
+    with quiet_graph_copies():  # it copies the model's reference form
+        return rebuild_reference(qmodel)
 
 
 #: bytes recorded example inputs may take whatever the model's size (or the model's own, if more)

@@ -19,6 +19,7 @@ from torch.func import functional_call
 
 from qplug_core import qparams as Q
 from qplug_core.flows.graph_utils import is_module_call
+from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.ir.qdq_ops import dequantize_op
 from qplug_core.kernels.reference import (
     Dequantize,
@@ -123,7 +124,7 @@ def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False) -> f
     DynamicQuantizeLSTM, a contrib op); otherwise they stay float LSTMs behind
     DynamicQuantizeLinear, the closest standard ONNX has.
     """
-    out = copy.deepcopy(gm)
+    out = deepcopy_graph(gm)
     submodules = dict(out.named_modules())
     for node in out.graph.nodes:
         if node.op != "call_module":

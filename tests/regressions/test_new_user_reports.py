@@ -702,3 +702,20 @@ def test_a_metric_that_cannot_take_both_output_lists_is_refused_naming_the_signa
         assert qp.Target(metric=metric, minimum=0.0).metric is metric
     qmodel = qp.quantize(model, data[0], data, backend="fbgemm", target=qp.Target(metric=agreement, minimum=1.0))
     assert qmodel.meta["qplug_target"].final.metric == len(data)
+
+
+def test_copying_an_exported_graph_shows_no_torch_pytree_warning(tmp_path):
+    """qp.compare(qp.fuse_fx(model), qmodel) on an onnxruntime model of an exported graph (HF ViT)
+    printed torch's "FutureWarning: isinstance(treespec, LeafSpec) is deprecated" from copyreg:
+    qplug's deep copies of the graph, nothing the user can change."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+    data = [torch.randn(2, 3, 8, 8) for _ in range(2)]
+    qmodel = qp.quantize(model, data[0], data, backend="onnxruntime", capture="export")
+    observed = qp.calibrate(qp.prepare_fx(model, None, data[0], backend="fbgemm", capture="export"), data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        report = qp.compare(qp.fuse_fx(model, data[0], backend="onnxruntime", capture="export"), qmodel, data)
+        qp.convert_fx(observed, backend="fbgemm")  # a copy: the observed model stays as it was
+        qp.export_onnx(qmodel, tmp_path / "model.onnx")
+    assert [layer.name for layer in report.layers] == ["delegate_0"] and report.output_sqnr_db > 30

@@ -48,7 +48,7 @@ ALLOWED: dict[str, set[str]] = {
     "weight_only": {"errors", "flows", "kernels", "registry"},
     # above the pipeline
     "serialization": {"config", "errors", "flows", "kernels", "nn", "qparams", "registry", "weight_only"},
-    "analysis": {"errors", "flows", "kernels", "partition", "registry", "serialization"},
+    "analysis": {"errors", "flows", "ir", "kernels", "partition", "registry", "serialization"},
     "eager": {"config", "errors", "flows", "kernels", "nn", "observers", "qparams", "registry"},
     "algorithms": {"analysis", "config", "errors", "flows", "kernels", "nn", "observers", "qparams"},
     "onnx_export": {"errors", "flows", "ir", "kernels", "nn", "qparams", "serialization"},

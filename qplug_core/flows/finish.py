@@ -15,6 +15,7 @@ from torch import fx
 from qplug_core.enums import Stage
 from qplug_core.flows.delegate import DelegationSummary, delegate_graph
 from qplug_core.flows.float_outputs import drop_unread_output_grids
+from qplug_core.flows.input_dtypes import guard_float32_inputs
 from qplug_core.flows.lower import LoweringSummary, lower_graph
 from qplug_core.flows.pickle_guard import refuse_pickle
 from qplug_core.flows.pipeline import plugin_passes, run_passes
@@ -83,6 +84,8 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     refuse_pickle(gm)  # torch.save points to qp.save
     if lowering:  # ops without packed weights dispatch on the global engine: pin the backend's
         pin_engine(gm, backend.engine)
+    # after the engine's hook, whose forward hook restores the engine when this one raises
+    guard_float32_inputs(gm)  # a float16 input: one qplug error, not each runtime's own
     return report
 
 

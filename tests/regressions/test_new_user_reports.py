@@ -719,3 +719,36 @@ def test_copying_an_exported_graph_shows_no_torch_pytree_warning(tmp_path):
         qp.convert_fx(observed, backend="fbgemm")  # a copy: the observed model stays as it was
         qp.export_onnx(qmodel, tmp_path / "model.onnx")
     assert [layer.name for layer in report.layers] == ["delegate_0"] and report.output_sqnr_db > 30
+
+
+class ScaledTokens(nn.Module):
+    """Token ids (integer) beside float features: only the float input must be float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(50, 16), nn.Linear(16, 4)
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.emb(input_ids) + features)
+
+
+@pytest.mark.parametrize("backend", ["reference", "fbgemm", "onnxruntime", "openvino"])
+def test_an_input_that_is_not_float32_is_one_qplug_error_on_every_backend(backend, tmp_path):
+    """float16/bfloat16/float64 inputs gave each runtime's own error (fbgemm "Quantize only works on
+    Float Tensor", ONNX Runtime "INVALID_GRAPH: This is an invalid model"), and openvino ran float16."""
+    torch.manual_seed(0)
+    model = ScaledTokens().eval()
+    data = [(torch.randint(0, 50, (2, 6)), torch.randn(2, 6, 16)) for _ in range(3)]
+    qmodel = qp.quantize(model, data[0], data, backend=backend)
+    ids, features = data[0]
+    loaded = qp.load(qp.save(qmodel, tmp_path / "model.safetensors"))
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        for call in (lambda m: m(ids, features.to(dtype)), lambda m: m(ids, features=features.to(dtype))):
+            for int8 in (qmodel, loaded):
+                with pytest.raises(InputMismatchError, match=rf"input 'features' is {str(dtype)[6:]}; the int8 "
+                                   r"model takes float32 inputs .*: pass features.float\(\)"):
+                    call(int8)
+    with torch.no_grad():
+        assert torch.equal(qmodel(ids.int(), features), qmodel(ids, features))  # integer inputs: any dtype
+        assert _cosine(model(ids, features), qmodel(ids, features=features)) > 0.99
+

@@ -12,7 +12,7 @@ import collections.abc
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from qplug_core.config import QConfig, QConfigMapping
 from qplug_core.errors import (
@@ -134,9 +134,11 @@ def mark_calibration_failed(model: nn.Module, error: BaseException) -> None:
 
 
 class ConstantInputs:
-    """Which float inputs of the calibration batches never varied (all zeros, say): their
-    observers saw one value, so int8 keeps only that value there and every other input answers
-    garbage (cosine 0.1 against float on real inputs)."""
+    """Which float inputs of the calibration batches never varied (all zeros, say) and whose first
+    observers saw only that value: int8 keeps only that value there, and every other input answers
+    garbage (cosine 0.1 against float on real inputs). A constant input whose observers saw a range
+    (an all-ones attention mask read only through the softmax it masks) is left alone: a padding
+    mask passed later still works."""
 
     def __init__(self) -> None:
         self.values: dict[int, float | None] = {}  # input position -> its one value (None: it varied)
@@ -149,14 +151,44 @@ class ConstantInputs:
                 low, high = float(x.min()), float(x.max())
                 self.values[i] = low if low == high == self.values.get(i, low) else None
 
-    def warning(self) -> str:
-        constant = {i: v for i, v in self.values.items() if v is not None}
+    def warning(self, model: nn.Module) -> str:
+        constant = {i: v for i, v in self.values.items() if v is not None and _pins_an_observer(model, i)}
         if not constant:
             return ""
         listed = ", ".join(f"input {i} (every value {v:g})" for i, v in constant.items())
         return (f"qplug: calibration saw constant float inputs: {listed}; the observers after them "
                 "saw one value, so the int8 model keeps only that value there. Calibrate with "
                 "representative inputs")
+
+
+def _pins_an_observer(model: nn.Module, index: int) -> bool:
+    """Whether an observer first reached from input ``index`` (through any ops but another
+    observer) saw a single value. Without a graph to follow (an eager-mode model), assume so."""
+    if not isinstance(model, fx.GraphModule):
+        return True
+    placeholders = [node for node in model.graph.nodes if node.op == "placeholder"]
+    if index >= len(placeholders):
+        return True
+    modules = dict(model.named_modules())
+    stack, seen = [placeholders[index]], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        module = modules.get(str(node.target)) if node.op == "call_module" else None
+        if isinstance(module, _OBSERVERS):
+            if _saw_one_value(getattr(module, "activation_post_process", module)):
+                return True
+            continue
+        stack.extend(node.users)
+    return False
+
+
+def _saw_one_value(observer: nn.Module) -> bool:
+    low, high = getattr(observer, "min_val", None), getattr(observer, "max_val", None)
+    return (isinstance(low, torch.Tensor) and isinstance(high, torch.Tensor) and low.numel() > 0
+            and low.shape == high.shape and bool(torch.isfinite(low).all()) and bool((low == high).all()))
 
 
 def check_not_converted(observed: nn.Module) -> None:

@@ -258,8 +258,8 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
     if non_empty == 0:
         raise CalibrationError(f"0 batches observed ({batches} given, all empty): calibration needs "
                                "at least one batch of representative, non-empty inputs")
-    if constant.warning():
-        warn_user(constant.warning())
+    if message := constant.warning(model):
+        warn_user(message)
     return model
 
 

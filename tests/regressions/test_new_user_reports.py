@@ -752,3 +752,26 @@ def test_an_input_that_is_not_float32_is_one_qplug_error_on_every_backend(backen
         assert torch.equal(qmodel(ids.int(), features), qmodel(ids, features))  # integer inputs: any dtype
         assert _cosine(model(ids, features), qmodel(ids, features=features)) > 0.99
 
+
+def test_an_all_ones_attention_mask_is_no_constant_input_the_int8_model_keeps():
+    """The accuracy guide's step 3 (an all-ones float attention_mask) warned that "the int8 model
+    keeps only that value there", but the mask reaches no observer but the softmax's, which saw a
+    range: the int8 model applies a padding mask passed later (44 dB against float, 8 dB unmasked)."""
+    from qplug_core.zoo.transformer import make_realistic_bert
+
+    bert = make_realistic_bert(seed=0, layers=1, hidden=64, heads=4, intermediate=128)
+    g = torch.Generator().manual_seed(1)
+    tokens = [(torch.randint(0, 1000, (2, 16), generator=g), torch.ones(2, 16)) for _ in range(3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guide = qp.quantize(bert, tokens[0], tokens, backend="reference",
+                            target=qp.Target(cosine=0.9999, group="role"))
+        qmodel = qp.quantize(bert, tokens[0], tokens, backend="fbgemm", recipe="none")
+    assert not [w for w in caught if "constant float inputs" in str(w.message)]
+    ids, mask = torch.randint(0, 1000, (2, 16), generator=g), torch.ones(2, 16)
+    mask[1, 3:] = 0
+    with torch.no_grad():
+        want = bert(ids, mask)[1]  # the padded row's pooled embedding
+        assert qp.sqnr(want, bert(ids, torch.ones(2, 16))[1]) < 12  # the mask matters
+        for int8 in (guide, qmodel):
+            assert qp.sqnr(want, int8(ids, mask)[1]) > 35

@@ -34,7 +34,7 @@ from qplug_core.config.dtype_configs import (
     weighted_op_quint8_dtype_config,
 )
 from qplug_core.enums import Mode, Stage
-from qplug_core.errors import ConfigValidationError, QplugError, warn_user
+from qplug_core.errors import ConfigValidationError, ConstraintViolationError, QplugError, warn_user
 from qplug_core.flows.observed import ObservedValue, computes_tensor, observed_inputs, observed_values
 from qplug_core.kernels.arithmetic import Int8Arithmetic, backend_arithmetic, safe_qconfig_options
 from qplug_core.kernels.base import (
@@ -186,6 +186,7 @@ __all__ = [
     "dynamic_lstm_problem",
     # errors and warnings
     "ConfigValidationError",
+    "ConstraintViolationError",
     "QplugError",
     "QplugPluginWarning",
     "warn_user",

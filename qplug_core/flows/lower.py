@@ -162,6 +162,8 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         weight_qparams=weight_qparams, engine=backend.engine)
     try:
         kernel = spec.build(ctx)
+    except ConstraintViolationError as refusal:  # the kernel refused this instance, in its own words
+        raise ConstraintViolationError(f"kernel {spec.op} refused this region: {refusal}") from refusal
     except ConfigValidationError as error:  # the region lacks what the kernel needs (qparams another
         # backend's patterns leave out: a model prepared for onnxruntime, converted for fbgemm)
         raise ConstraintViolationError(f"kernel {spec.op} cannot be built for this region: {error}") from error
@@ -263,7 +265,8 @@ def _why_not_lowered(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: 
     try:
         return _lower_region(gm, backend, spec, tag, nodes, contract)
     except ConstraintViolationError as refusal:  # the kernel refused this instance (before any edit)
-        warn_user(f"qplug: backend {backend.name!r}: {refusal}")
+        warn_user(f"qplug: backend {backend.name!r}, node {nodes.anchor.name!r}: {refusal}; "
+                  "it stays in reference form")
         return str(refusal)
 
 

@@ -8,6 +8,8 @@ depthwise conv's outputs were off by up to 43 quantization steps. With activatio
 pair stays within 32,512, and the outputs match the reference. So the values feeding depthwise
 convs get 7-bit qparams, and every other activation keeps 8 bits (on CPUs without VNNI the core's
 default qparams make the weights 7-bit instead, which keeps the dense GEMMs' pairs within int16).
+Qparams chosen without this pass (a model quantized for another backend) are refused by the kernel
+when it is built (``kernels.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from qplug_core.plugin_api import PassResult, observed_inputs
 REDUCED_QUANT_MAX = 127
 
 
-def _is_depthwise(module: nn.Module) -> bool:
+def is_depthwise(module: nn.Module) -> bool:
+    """Whether ``module`` (or the first module of a fused one) is a depthwise conv."""
     if isinstance(module, nn.Sequential) and len(module):
         module = module[0]
     groups = getattr(module, "groups", 1)
@@ -44,7 +47,7 @@ def limit_depthwise_input_range(gm: fx.GraphModule) -> PassResult:
     modified = False
     modules = dict(gm.named_modules(remove_duplicate=False))  # one walk, not a lookup per node
     for node in gm.graph.nodes:
-        if node.op == "call_module" and _is_depthwise(modules[node.target]):
+        if node.op == "call_module" and is_depthwise(modules[node.target]):
             for observed in observed_inputs(gm, node):
                 modified |= _reduce(observed.observer)
     return PassResult(gm, modified)

@@ -5,15 +5,17 @@ shared pattern set with torch's native dtype configs (the :class:`BackendPlugin`
 core's torch int8 kernels packed for its engine. The core derives CPU-safe qparams from the
 engine's arithmetic (u8 x s8 pair sums in int16 without VNNI: 7-bit weights there, full 8-bit with
 VNNI) and warns about user qconfigs that saturate; what is its own is the pass that keeps the
-depthwise kernels (int16 pair sums on every CPU) from saturating.
+depthwise kernels (int16 pair sums on every CPU) from saturating, and their refusal of qparams that
+would saturate them (a model quantized for another backend).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from qplug_core.plugin_api import X86_MACHINES, BackendPlugin, Int8Arithmetic, Stage
+from qplug_core.plugin_api import X86_MACHINES, BackendPlugin, Int8Arithmetic, KernelSpec, Stage
 
+from qplug_fbgemm.kernels import refusing_saturating_depthwise
 from qplug_fbgemm.passes import limit_depthwise_input_range
 
 
@@ -27,6 +29,9 @@ class FbgemmPlugin(BackendPlugin):
 
     def qconfig_options(self, mode: str) -> dict[str, Any]:
         return {"per_channel": True, "per_channel_conv_transpose": False}
+
+    def kernels(self) -> dict[Any, KernelSpec]:
+        return refusing_saturating_depthwise(super().kernels())
 
     def passes(self, stage: str) -> list[Callable]:
         return [limit_depthwise_input_range] if stage == Stage.POST_PREPARE else []

@@ -1,0 +1,61 @@
+"""fbgemm's weighted kernels refuse a depthwise conv whose operands can saturate its pair sums.
+
+The depthwise kernels add pairs of u8 x s8 products in int16 with saturation on every CPU
+(``passes.py``), so a pair must stay within 32,767: ``2 * input_max * weight_max``. fbgemm's
+prepare gives depthwise inputs 7 bits, which keeps any int8 weight within it. A model prepared for
+another backend does not: a qnnpack or onnxruntime file loaded with ``backend="fbgemm"`` brings
+8-bit inputs and 8-bit weights, pairs up to 2 * 255 * 128, and the kernel clipped them silently
+(19.7 dB against float where the file's reference form gives 44.5). The rule is checked when the
+kernel is built, from the qparams alone: a refused conv keeps the reference form, with a warning,
+and the report says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from qplug_core.plugin_api import ConstraintViolationError, KernelContext, KernelSpec
+
+from qplug_fbgemm.passes import REDUCED_QUANT_MAX, is_depthwise
+
+INT16_MAX = 32767
+
+
+def refusing_saturating_depthwise(table: dict[Any, KernelSpec]) -> dict[Any, KernelSpec]:
+    """``table`` with every built kernel first checking :func:`check_depthwise_pairs`."""
+    return {pattern: spec if spec.build is None else dataclasses.replace(spec, build=_checked(spec))
+            for pattern, spec in table.items()}
+
+
+def _checked(spec: KernelSpec) -> Callable[[KernelContext], nn.Module]:
+    build = spec.build
+    assert build is not None
+
+    def checked_build(ctx: KernelContext) -> nn.Module:
+        check_depthwise_pairs(ctx)
+        return build(ctx)
+    return checked_build
+
+
+def check_depthwise_pairs(ctx: KernelContext) -> None:
+    """Raise :class:`ConstraintViolationError` where ``ctx`` is a depthwise conv whose input and
+    weight integers can make a pair of products leave int16."""
+    if ctx.module is None or not is_depthwise(ctx.module) or not ctx.input_qparams or ctx.weight_qparams is None:
+        return
+    activation, weight = ctx.input_qparams[0], ctx.weight_qparams
+    if activation.is_dynamic or activation.dtype != torch.quint8 or weight.dtype != torch.qint8:
+        return
+    input_max, weight_max = activation.quant_max, max(-weight.quant_min, weight.quant_max)
+    if 2 * input_max * weight_max <= INT16_MAX:
+        return
+    raise ConstraintViolationError(
+        f"fbgemm's depthwise convs add pairs of u8 x s8 products in int16, clipped at {INT16_MAX:,} on every "
+        f"CPU, and this one's input integers reach {input_max} and its weight integers {weight_max}: a pair "
+        f"can reach {2 * input_max * weight_max:,}. Its qparams were not chosen for fbgemm: qp.quantize and "
+        f"qp.prepare_fx for fbgemm give depthwise inputs 7 bits ([0, {REDUCED_QUANT_MAX}]), which the kernel "
+        f"runs exactly (in eager mode, give the observer of this conv's input quant_max={REDUCED_QUANT_MAX})",
+        field="input_qparams[0]", value=(activation.quant_min, activation.quant_max))

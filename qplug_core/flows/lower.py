@@ -166,7 +166,7 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         raise ConstraintViolationError(f"kernel {spec.op} refused this region: {refusal}") from refusal
     except ConfigValidationError as error:  # the region lacks what the kernel needs (qparams another
         # backend's patterns leave out: a model prepared for onnxruntime, converted for fbgemm)
-        raise ConstraintViolationError(f"kernel {spec.op} cannot be built for this region: {error}") from error
+        raise ConstraintViolationError(_unbuildable(spec, ctx, error)) from error
     except Exception as error:  # a plugin's build is plugin code: its bug costs one region, not the flow
         return _kernel_failed(backend, spec, tag, nodes, f"raised {type(error).__name__} in build(ctx): {error}")
     problem = _contract_problem(gm, backend, spec, kernel, tag, nodes, contract)
@@ -188,6 +188,15 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     new.meta[KERNEL] = spec.op
     (output_quantize or anchor).replace_all_uses_with(new)
     return ""
+
+
+def _unbuildable(spec: KernelSpec, ctx: KernelContext, error: ConfigValidationError) -> str:
+    """Why ``spec`` cannot be built from the region's qparams, in the user's terms where known."""
+    if error.field == "output_qparams" and ctx.output_qparams is None:
+        return (f"kernel {spec.op} writes an int8 output, and this region's output is float: the model was "
+                "quantized for a backend whose runtime leaves it float (it folds the dequantization into "
+                "the layer, as onnxruntime does)")
+    return f"kernel {spec.op} cannot be built for this region: {error}"
 
 
 def _probe(gm: fx.GraphModule, nodes: _RegionNodes, tag) -> kernel_contract.RegionProbe:

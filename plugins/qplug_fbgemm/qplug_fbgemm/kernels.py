@@ -27,14 +27,11 @@ INT16_MAX = 32767
 
 def refusing_saturating_depthwise(table: dict[Any, KernelSpec]) -> dict[Any, KernelSpec]:
     """``table`` with every built kernel first checking :func:`check_depthwise_pairs`."""
-    return {pattern: spec if spec.build is None else dataclasses.replace(spec, build=_checked(spec))
+    return {pattern: spec if spec.build is None else dataclasses.replace(spec, build=_checked(spec.build))
             for pattern, spec in table.items()}
 
 
-def _checked(spec: KernelSpec) -> Callable[[KernelContext], nn.Module]:
-    build = spec.build
-    assert build is not None
-
+def _checked(build: Callable[[KernelContext], nn.Module]) -> Callable[[KernelContext], nn.Module]:
     def checked_build(ctx: KernelContext) -> nn.Module:
         check_depthwise_pairs(ctx)
         return build(ctx)
@@ -44,10 +41,12 @@ def _checked(spec: KernelSpec) -> Callable[[KernelContext], nn.Module]:
 def check_depthwise_pairs(ctx: KernelContext) -> None:
     """Raise :class:`ConstraintViolationError` where ``ctx`` is a depthwise conv whose input and
     weight integers can make a pair of products leave int16."""
-    if ctx.module is None or not is_depthwise(ctx.module) or not ctx.input_qparams or ctx.weight_qparams is None:
+    if ctx.module is None or not ctx.input_qparams or not is_depthwise(ctx.module):
         return
     activation, weight = ctx.input_qparams[0], ctx.weight_qparams
-    if activation.is_dynamic or activation.dtype != torch.quint8 or weight.dtype != torch.qint8:
+    if weight is None or activation.is_dynamic:
+        return
+    if (activation.dtype, weight.dtype) != (torch.quint8, torch.qint8):  # u8 x s8: what the kernel sums
         return
     input_max, weight_max = activation.quant_max, max(-weight.quant_min, weight.quant_max)
     if 2 * input_max * weight_max <= INT16_MAX:

@@ -6,7 +6,8 @@ Instead of (or besides) per-op kernels, such a backend gives a
 takes, and a ``compile`` function turning one partition (a GraphModule in reference form, plus
 example inputs) into one module. The core groups the supported nodes with
 ``CapabilityBasedPartitioner``, keeps only partitions holding int8 work, fuses each into a
-submodule and swaps in the compiled module. Everything else stays in PyTorch, and the report lists
+submodule and swaps in the compiled module. Everything else stays in PyTorch (so do the ops reading
+a model input that is not a tensor: :mod:`qplug_core.flows.python_inputs`), and the report lists
 the partitions and every node left outside with the reason.
 
 A compiled partition is checked like a lowered kernel (:mod:`qplug_core.flows.kernel_check`): run
@@ -48,6 +49,7 @@ from qplug_core.flows.kernel_check import (
     ValueRecorder,
     output_violation,
 )
+from qplug_core.flows.python_inputs import python_input_readers
 from qplug_core.flows.region_parity import layer_parity, region_of
 from qplug_core.flows.report import describe_op, float_compute_nodes, report_names
 from qplug_core.flows.safer_weights import make_safer, may_saturate
@@ -109,13 +111,14 @@ class _Verdict:
 
 
 class _Refusing(OperatorSupportBase):
-    """The delegate's operator support minus the nodes of int8 regions to keep in reference form
-    (region id -> why): their own nodes, the dequantize nodes reading their inputs and the
-    quantize nodes writing their outputs, so the partitions around them exchange int8 values."""
+    """The delegate's operator support minus the nodes reading a model input that is not a tensor
+    (``flows/python_inputs.py``) and the nodes of int8 regions to keep in reference form (region
+    id -> why): their own nodes, the dequantize nodes reading their inputs and the quantize nodes
+    writing their outputs, so the partitions around them exchange int8 values."""
 
     def __init__(self, inner: OperatorSupportBase, gm: fx.GraphModule, regions: dict[int, str]):
         self.inner = inner
-        self.refused = _region_nodes(gm, regions)
+        self.refused = {**python_input_readers(gm), **_region_nodes(gm, regions)}
 
     def is_node_supported(self, submodules, node: fx.Node) -> bool:
         return node not in self.refused and self.inner.is_node_supported(submodules, node)
@@ -154,7 +157,7 @@ def _ids_of_ends(gm: fx.GraphModule, wrong: dict[str, str]) -> dict[int, str]:
     return ids
 
 
-def _int8_partitions(gm: fx.GraphModule, support: OperatorSupportBase, delegate: Delegate,
+def _int8_partitions(gm: fx.GraphModule, support: _Refusing, delegate: Delegate,
                      backend_name: str, name: _Namer) -> tuple[list[list[fx.Node]], dict[str, str]]:
     """The partitions holding int8 work (nodes in graph order), and why each call node left
     outside stays in PyTorch."""
@@ -163,7 +166,7 @@ def _int8_partitions(gm: fx.GraphModule, support: OperatorSupportBase, delegate:
     for node in gm.graph.nodes:
         if node.op in _CALLS and not support.is_node_supported(submodules, node):
             reason = support.unsupported_reason(submodules, node)
-            refused = isinstance(support, _Refusing) and node in support.refused
+            refused = node in support.refused
             outside[node.name] = reason if refused and reason else (
                 f"backend {backend_name!r} does not take {describe_op(node, gm)}" + (f": {reason}" if reason else ""))
     partitioner = CapabilityBasedPartitioner(gm, support,
@@ -213,7 +216,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     verdicts: dict[frozenset[str], _Verdict] = {}  # by the names of a partition's nodes
     split: dict[int, str] = {}  # regions found wrong now, left out of the partitions around them
     while True:
-        support = _Refusing(delegate.operator_support, gm, refused) if refused else delegate.operator_support
+        support = _Refusing(delegate.operator_support, gm, refused)
         partitions, outside = _int8_partitions(gm, support, delegate, backend_name, report_key)
         if example_inputs is None:
             break

@@ -25,7 +25,13 @@ from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
 from qplug_core.eager.prepare import INPUT_OBSERVER, OUTPUT_OBSERVER, observe_input, observe_output
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
-from qplug_core.errors import ConfigValidationError, ModelStateError, UncalibratedObserverError
+from qplug_core.errors import (
+    ConfigValidationError,
+    ConstraintViolationError,
+    ModelStateError,
+    UncalibratedObserverError,
+    warn_user,
+)
 from qplug_core.flows.regions import weight_name_of
 from qplug_core.flows.tags import EAGER_CONVERTED, EAGER_STATE
 from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
@@ -110,11 +116,16 @@ class _Converter:
         if isinstance(stub, DeQuantStub):
             if not self.kernels:
                 return nn.Identity()
-            return self.kernels[DEQUANTIZE_KEY].build(self._context(
-                pattern=DEQUANTIZE_KEY, module=None, target=None))
+            return self._dequantize()
         qparams = stub.activation_post_process.qparams()
         if not self.kernels:
             return SimulatedOutput(None, qparams)
+        return self._quantize(qparams)
+
+    def _dequantize(self) -> nn.Module:
+        return self.kernels[DEQUANTIZE_KEY].build(self._context(pattern=DEQUANTIZE_KEY, module=None, target=None))
+
+    def _quantize(self, qparams: QParams) -> nn.Module:
         return self.kernels[QUANTIZE_KEY].build(self._context(
             pattern=QUANTIZE_KEY, module=None, target=None, output_qparams=qparams))
 
@@ -137,10 +148,18 @@ class _Converter:
                                                  weight_name_of(float_module))
             return SimulatedOutput(float_module, output_qparams)
         pattern = type(float_module)
-        return self.kernels[pattern].build(self._context(
-            pattern=pattern, module=float_module, target=None, args=(TensorArg(0),),
-            input_qparams=(input_qparams,), output_qparams=output_qparams,
-            weight_qparams=weight_qparams))
+        try:
+            return self.kernels[pattern].build(self._context(
+                pattern=pattern, module=float_module, target=None, args=(TensorArg(0),),
+                input_qparams=(input_qparams,), output_qparams=output_qparams,
+                weight_qparams=weight_qparams))
+        except ConstraintViolationError as refusal:  # the kernel cannot compute it exactly: as lowering does
+            warn_user(f"qplug: backend {self.backend.name!r}: kernel {self.kernels[pattern].op} refused a "
+                      f"{pattern.__name__}: {refusal}; it runs in reference form between a dequantize and "
+                      "a quantize")
+            if weight_qparams is not None:
+                float_module = ReferenceWeighted(float_module, weight_qparams, weight_name_of(float_module))
+            return nn.Sequential(self._dequantize(), float_module, self._quantize(output_qparams))
 
     def swap(self, module: nn.Module) -> nn.Module | None:
         """The replacement of ``module``, or None to keep it (and look inside)."""

@@ -45,6 +45,7 @@ class LoweringSummary:
 class _RegionNodes:
     members: list[fx.Node] = field(default_factory=list)
     anchor: fx.Node | None = None
+    name: str = ""  # the anchor as reports name it (``0``, ``layer1.conv``): warnings say the same
 
 
 def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | None = None) -> LoweringSummary:
@@ -59,14 +60,14 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
     contract = kernel_contract.record(gm, probes)
     for tag, nodes in regions:
         spec = backend.kernels.get(tag.pattern)
-        name = report_key(nodes.anchor)
+        name = nodes.name = report_key(nodes.anchor)
         if name in keep_reference:
             summary.reference[name] = keep_reference[name]
             continue
         if spec is None:
             summary.reference[name] = f"backend {backend.name!r} has no kernel for {tag.pattern_name}"
             continue
-        problem = _self_test_problem(backend, spec)
+        problem = _self_test_problem(backend, spec, tag.pattern)
         if problem:
             summary.reference[name] = problem
             continue
@@ -100,8 +101,9 @@ def _quantized_regions(gm: fx.GraphModule):
 _self_test_results: dict[tuple[str, str], str] = {}
 
 
-def _self_test_problem(backend, spec: KernelSpec) -> str:
-    """Run a kernel's self-test once per process; a failing kernel falls back with a warning."""
+def _self_test_problem(backend, spec: KernelSpec, pattern: Any) -> str:
+    """Run a kernel's self-test once per process; a failing kernel falls back with a warning
+    naming the plugin that registered it."""
     if spec.self_test is None:
         return ""
     key = (backend.name, spec.op)
@@ -110,9 +112,16 @@ def _self_test_problem(backend, spec: KernelSpec) -> str:
             spec.self_test()
             _self_test_results[key] = ""
         except Exception as error:  # a broken kernel must not break conversion
-            _self_test_results[key] = f"kernel {spec.op} failed its self-test ({error}); using the reference form"
+            _self_test_results[key] = (f"kernel {spec.op} of {_plugin_label(backend, pattern)} failed its "
+                                       f"self-test ({error}); using the reference form")
             warn_user(f"qplug: backend {backend.name!r}: {_self_test_results[key]}")
     return _self_test_results[key]
+
+
+def _plugin_label(backend, pattern: Any) -> str:
+    """The plugin that registered ``backend``'s kernel for ``pattern`` (name and distribution)."""
+    owner = backend.kernel_plugins.get(pattern)
+    return f"plugin {owner.label}" if owner is not None else "an unregistered plugin"
 
 
 def _region_io(gm: fx.GraphModule, nodes: _RegionNodes, tag
@@ -252,10 +261,8 @@ def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: tor
 def _kernel_failed(backend, spec: KernelSpec, tag, nodes: _RegionNodes, what: str) -> str:
     """Why a region stays in reference form after its kernel failed; warned naming the plugin to
     blame (name and distribution), the kernel and the node, so its author knows where to look."""
-    owner = backend.kernel_plugins.get(tag.pattern)
-    label = f"plugin {owner.label}" if owner is not None else "an unregistered plugin"
-    reason = f"kernel {spec.op} of {label} {what}; using the reference form"
-    warn_user(f"qplug: backend {backend.name!r}, node {nodes.anchor.name!r}: {reason}")
+    reason = f"kernel {spec.op} of {_plugin_label(backend, tag.pattern)} {what}; using the reference form"
+    warn_user(f"qplug: backend {backend.name!r}, node {nodes.name!r}: {reason}")
     return reason
 
 
@@ -274,7 +281,7 @@ def _why_not_lowered(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: 
     try:
         return _lower_region(gm, backend, spec, tag, nodes, contract)
     except ConstraintViolationError as refusal:  # the kernel refused this instance (before any edit)
-        warn_user(f"qplug: backend {backend.name!r}, node {nodes.anchor.name!r}: {refusal}; "
+        warn_user(f"qplug: backend {backend.name!r}, node {nodes.name!r}: {refusal}; "
                   "it stays in reference form")
         return str(refusal)
 

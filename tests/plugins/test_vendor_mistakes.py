@@ -83,7 +83,7 @@ class P(Vendor):
 plugin = P()
 ''')
     observed = qp.calibrate(qp.prepare_fx(model(), None, batches()[0], backend="vendor"), batches())
-    with pytest.warns(UserWarning, match=r"qplug: backend 'vendor', node '_0': kernel vendor::linear of "
+    with pytest.warns(UserWarning, match=r"qplug: backend 'vendor', node '0': kernel vendor::linear of "
                                          r"plugin 'vendor' \(qplug-vendor 0.1\) raised RuntimeError in "
                                          r"build\(ctx\): ACME driver: out of SRAM; using the reference form"):
         lowered = qp.convert_fx(observed)

@@ -228,7 +228,7 @@ def test_a_region_another_backend_prepared_keeps_the_reference_form_where_a_kern
     data = [torch.randn(4, 3, 8, 8) for _ in range(3)]
     prepared = qp.prepare_fx(model, None, data[0], backend="onnxruntime")
     qp.calibrate(prepared, data)
-    with pytest.warns(UserWarning, match="node '_3': kernel quantized::linear writes an int8 output, and this "
+    with pytest.warns(UserWarning, match="node '3': kernel quantized::linear writes an int8 output, and this "
                                          "region's output is float: the model was quantized for a backend"):
         qmodel = qp.convert_fx(prepared, backend="fbgemm")
     assert list(qp.quantization_report(qmodel).reference) == ["3"]

@@ -92,8 +92,8 @@ def test_kernel_failing_its_self_test_falls_back_to_reference_with_a_warning(reg
     register_plugin(SelfTestFailingBackend(), "flaky")
     observed = qp.prepare_fx(conv_net(), None, X, backend="flaky-linear")
     qp.calibrate(observed, images())
-    with pytest.warns(UserWarning, match="backend 'flaky-linear': kernel quantized::linear failed its "
-                                         "self-test .packed weights mismatch.; using the reference form"):
+    with pytest.warns(UserWarning, match="backend 'flaky-linear': kernel quantized::linear of plugin 'flaky' .* failed "
+                                         "its self-test .packed weights mismatch.; using the reference form"):
         lowered = qp.convert_fx(observed)
     report = qp.quantization_report(lowered)
     assert "fc" not in report.kernels and report.kernels["conv"] == "quantized::conv2d"

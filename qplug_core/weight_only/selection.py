@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from qplug_core.errors import ConfigValidationError, did_you_mean, warn_user
+from qplug_core.errors import ConfigValidationError, did_you_mean, spelled, warn_user
 from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel, RowSplitKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight
 from qplug_core.registry import plugins
@@ -235,7 +235,8 @@ def slower_than_float(choices: list[Choice]) -> str:
     return (f"qplug: the fastest weight-only kernel found runs one row {ratio:.1f}x slower than float "
             f"F.linear ({name}: {worst.timings_ms[name]:.3g} ms against {worst.float_ms:.3g} ms on "
             f"{len(slow)} of {len(choices)} layer shape(s)): the model is smaller, not faster, at "
-            f"decode; {hint}. .qplug_weight_only.choices has every measurement")
+            f"decode; {hint}"
+            + spelled(". .qplug_weight_only.choices has every measurement", ". qplug bench --float times the model"))
 
 
 def _batch_one_name(kernel: WeightOnlyKernel) -> str:

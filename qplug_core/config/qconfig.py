@@ -107,9 +107,23 @@ def decode_optional_qconfig(doc: Any, path: str) -> QConfig | None:
 def check_optional_qconfig(value: Any, path: str) -> QConfig | None:
     if value is None or isinstance(value, QConfig):
         return value
+    if from_torch_ao(value):
+        raise ConfigValidationError(f"{where(path)} must be qplug's QConfig or None, got {from_torch_ao(value)}",
+                                    field=path, value=type(value).__name__)
     raise ConfigValidationError(f"{where(path)} must be a QConfig or None (do not quantize), got "
                                 f"{value!r}; build one with QConfig(activation=..., weight=...)",
                                 field=path, value=value)
+
+
+def from_torch_ao(value: Any) -> str:
+    """For a torch.ao config object given where qplug's is expected, what it is and what to use (the
+    two share class names, so "must be a QConfig, got QConfig" said nothing); else ``""``."""
+    cls = type(value)
+    if not cls.__module__.startswith("torch.ao."):
+        return ""
+    return (f"torch.ao's {cls.__module__}.{cls.__qualname__}: qplug takes its own (qp.{cls.__name__}, with "
+            "observers from qplug_core.observers, or qp.get_default_qconfig_mapping(backend)); "
+            "docs/migrating.md maps each torch.ao name to qplug's")
 
 
 def remove_qconfig_attributes(model: Any) -> None:

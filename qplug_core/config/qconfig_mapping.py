@@ -27,6 +27,7 @@ from qplug_core.config.qconfig import (
     check_optional_qconfig,
     decode_optional_qconfig,
     encode_optional_qconfig,
+    from_torch_ao,
 )
 from qplug_core.config.regex_bound import check_bounded_regex
 from qplug_core.errors import ConfigError, ConfigValidationError
@@ -250,3 +251,12 @@ def _decode_type(doc: Any, path: str) -> ObjectType:
         raise ConfigError(f"{where(path)}: an object type is a single class, function or method "
                           "name, not a pattern tuple", field=path, value=value)
     return value
+
+
+def require_mapping(mapping: Any) -> QConfigMapping:
+    """``mapping`` if it is qplug's QConfigMapping, else a :class:`ConfigValidationError` saying what
+    it is (a torch.ao mapping is named as one)."""
+    if isinstance(mapping, QConfigMapping):
+        return mapping
+    got = from_torch_ao(mapping) or type(mapping).__name__
+    raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got {got}", field="qconfig_mapping")

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.utils.parametrize import type_before_parametrizations
 
 from qplug_core.config import ObservationType, QConfig, QConfigMapping
+from qplug_core.config.qconfig_mapping import require_mapping
 from qplug_core.eager.functional import FloatFunctional
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
@@ -153,9 +154,7 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
     chosen = resolve_backend(backend)
     mode = "qat" if is_qat else "static"
     mapping = chosen.default_qconfig_mapping(mode) if qconfig_mapping is None else qconfig_mapping
-    if not isinstance(mapping, QConfigMapping):
-        raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got "
-                                    f"{type(mapping).__name__}", field="qconfig_mapping")
+    mapping = require_mapping(mapping)
     model = model if inplace else copy.deepcopy(model)
     plan = _plan(model, resolve_qconfigs(model, mapping), chosen)
     if is_qat:

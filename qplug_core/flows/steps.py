@@ -16,6 +16,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.config import QConfigMapping
+from qplug_core.config.qconfig_mapping import require_mapping
 from qplug_core.enums import Stage
 from qplug_core.errors import (
     BackendUnavailableError,
@@ -126,9 +127,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     chosen = resolve_backend(backend)
     mode = "qat" if is_qat else "static"
     mapping = qconfig_mapping if qconfig_mapping is not None else chosen.default_qconfig_mapping(mode)
-    if not isinstance(mapping, QConfigMapping):
-        raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got "
-                                    f"{type(mapping).__name__}", field="qconfig_mapping")
+    mapping = require_mapping(mapping)
     if example_inputs is None and _requests_quantization(mapping):
         raise ConfigValidationError(
             "example_inputs is required: prepare runs the model once on them to learn which values are "

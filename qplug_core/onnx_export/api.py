@@ -36,8 +36,11 @@ def reference_form(qmodel: nn.Module) -> fx.GraphModule:
     from qplug_core.serialization.api import rebuild_reference
 
     if not isinstance(qmodel, fx.GraphModule):
-        raise ExportError(f"export_onnx takes a model converted by qplug (a GraphModule), got "
-                          f"{type(qmodel).__name__}; quantize it with qp.quantize / qp.convert_fx first")
+        raise ExportError(f"export_onnx takes a model converted by qplug in graph mode (a GraphModule), got "
+                          f"{type(qmodel).__name__}; quantize it with qp.quantize / qp.convert_fx first (for "
+                          "dynamic int8, qp.convert_fx(qp.prepare_fx(model, qp.get_default_qconfig_mapping("
+                          "backend, mode='dynamic'), example_inputs)) exports; qp.quantize_dynamic, "
+                          "qp.quantize_weights and qp.quantize_w8a8 swap modules and give no graph to export)")
     if not any(KERNEL in n.meta for n in qmodel.graph.nodes):
         return qmodel
     with quiet_graph_copies():  # it copies the model's reference form

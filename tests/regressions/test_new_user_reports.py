@@ -776,3 +776,28 @@ def test_an_all_ones_attention_mask_is_no_constant_input_the_int8_model_keeps():
         assert qp.sqnr(want, bert(ids, torch.ones(2, 16))[1]) < 12  # the mask matters
         for int8 in (guide, qmodel):
             assert qp.sqnr(want, int8(ids, mask)[1]) > 35
+
+
+def test_a_torch_ao_config_object_is_named_as_torch_aos():
+    """Porting from torch.ao, a user passing its QConfigMapping read "qconfig_mapping must be a
+    QConfigMapping, got QConfigMapping" (the classes share names)."""
+    import torch.ao.quantization as tq
+
+    model = nn.Sequential(nn.Linear(4, 4)).eval()
+    with pytest.raises(ConfigValidationError, match=r"must be a QConfigMapping, got torch.ao's "
+                                                    r"torch.ao.quantization.qconfig_mapping.QConfigMapping: qplug "
+                                                    r"takes its own \(qp.QConfigMapping"):
+        qp.prepare_fx(model, tq.get_default_qconfig_mapping("fbgemm"), (torch.randn(2, 4),), backend="fbgemm")
+    with pytest.raises(ConfigValidationError, match=r"global_qconfig must be qplug's QConfig or None, got "
+                                                    r"torch.ao's torch.ao.quantization.qconfig.QConfig"):
+        qp.QConfigMapping().set_global(tq.get_default_qconfig("fbgemm"))
+
+
+def test_exporting_a_module_swap_model_names_the_graph_route():
+    """export_onnx on a qp.quantize_dynamic model sent the user to the static qp.quantize."""
+    from qplug_core.errors import ExportError
+
+    model = nn.Sequential(nn.Linear(8, 8)).eval()
+    with pytest.raises(ExportError, match=r"for dynamic int8, qp.convert_fx\(qp.prepare_fx\(model, "
+                                          r"qp.get_default_qconfig_mapping\(backend, mode='dynamic'\)"):
+        qp.export_onnx(qp.quantize_dynamic(model, backend="fbgemm"), "unused.onnx")

@@ -211,6 +211,7 @@ def test_fp32_sum(second_conv):
                 return self.conv2(torch.sum(x, dim=0))
             return torch.sum(x)
 
+    torch.manual_seed(0)  # unseeded, a 1x1 single-channel conv drawn near zero failed the SQNR bound
     example_inputs = (torch.rand(4, 1, 4, 4),)
     model = M().eval()
     quantized = qp.convert_fx(_prepared(model, example_inputs))

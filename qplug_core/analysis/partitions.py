@@ -29,7 +29,6 @@ from qplug_core.analysis.layers import ErrorStats, LayerComparison
 from qplug_core.errors import QplugError
 from qplug_core.flows.delegate import PREFIX, delegate_graph
 from qplug_core.flows.tags import REPORT, recorded_example_inputs
-from qplug_core.ir.copying import quiet_graph_copies
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.registry.backends import get_backend
 from qplug_core.serialization.api import rebuild_reference
@@ -45,8 +44,7 @@ def _reference_partitions(qmodel: fx.GraphModule, names: set[str]) -> dict[str, 
     """Each compiled partition's reference form, by name (partitioning again is deterministic)."""
     report = qmodel.meta[REPORT]
     delegate = get_backend(report.backend).delegate
-    with quiet_graph_copies():  # it copies the model's reference form
-        reference = rebuild_reference(qmodel)
+    reference = rebuild_reference(qmodel)
     keep = dataclasses.replace(delegate, compile=lambda partition, example_inputs: partition)
     delegate_graph(reference, keep, recorded_example_inputs(reference), report.backend)
     found = {name: reference.get_submodule(name) for name in names

@@ -8,27 +8,19 @@ user of an exported model whose graph qplug copies (auto, compare, export_onnx, 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import warnings
-from collections.abc import Iterator
 from typing import TypeVar
 
-__all__ = ["deepcopy_graph", "quiet_graph_copies"]
+__all__ = ["deepcopy_graph"]
 
 T = TypeVar("T")
 
 
-@contextlib.contextmanager
-def quiet_graph_copies() -> Iterator[None]:
-    """Leave out torch's ``LeafSpec`` FutureWarning (only that one) while graphs are copied inside."""
+def deepcopy_graph(graph: T) -> T:
+    """``copy.deepcopy`` of a Graph, a GraphModule or a model holding one, without torch's
+    ``LeafSpec`` FutureWarning (only that one; see above)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                                 category=FutureWarning)
-        yield
-
-
-def deepcopy_graph(graph: T) -> T:
-    """``copy.deepcopy`` of a Graph, a GraphModule or a model holding one, quietly (see above)."""
-    with quiet_graph_copies():
         return copy.deepcopy(graph)

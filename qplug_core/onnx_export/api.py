@@ -23,7 +23,6 @@ from torch import fx, nn
 
 from qplug_core.errors import ExportError
 from qplug_core.flows.tags import INPUT_SPEC, KERNEL, SPEC_DTYPES, recorded_example_inputs
-from qplug_core.ir.copying import quiet_graph_copies
 from qplug_core.onnx_export import dynamic_axes
 from qplug_core.onnx_export.torchlib_ops import read_torchlib_once
 
@@ -43,8 +42,7 @@ def reference_form(qmodel: nn.Module) -> fx.GraphModule:
                           "qp.quantize_weights and qp.quantize_w8a8 swap modules and give no graph to export)")
     if not any(KERNEL in n.meta for n in qmodel.graph.nodes):
         return qmodel
-    with quiet_graph_copies():  # it copies the model's reference form
-        return rebuild_reference(qmodel)
+    return rebuild_reference(qmodel)
 
 
 #: bytes recorded example inputs may take whatever the model's size (or the model's own, if more)

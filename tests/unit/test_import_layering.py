@@ -47,7 +47,7 @@ ALLOWED: dict[str, set[str]] = {
     # weight-only quantization: module swap beside the graph pipeline, kernels chosen per CPU
     "weight_only": {"errors", "flows", "kernels", "registry"},
     # above the pipeline
-    "serialization": {"config", "errors", "flows", "kernels", "nn", "qparams", "registry", "weight_only"},
+    "serialization": {"config", "errors", "flows", "ir", "kernels", "nn", "qparams", "registry", "weight_only"},
     "analysis": {"errors", "flows", "ir", "kernels", "partition", "registry", "serialization"},
     "eager": {"config", "errors", "flows", "kernels", "nn", "observers", "qparams", "registry"},
     "algorithms": {"analysis", "config", "errors", "flows", "kernels", "nn", "observers", "qparams"},

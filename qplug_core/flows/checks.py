@@ -94,13 +94,11 @@ def check_float32(model: nn.Module, fix: str = "quantize model.float() and calib
 def check_finite_weights(model: nn.Module) -> None:
     """A NaN or Inf in a parameter gives garbage scales: name the parameters up front, instead of a
     weight observer or kernel search failing later without saying which layer."""
-    broken = [(name, int((~torch.isfinite(t)).sum()), t.numel()) for name, t in model.named_parameters()
+    broken = [f"{name!r} ({int((~torch.isfinite(t)).sum())} of {t.numel()})" for name, t in model.named_parameters()
               if t.is_floating_point() and not t.is_meta and not bool(torch.isfinite(t).all())]
     if broken:
-        listed = ", ".join(f"{name!r} ({count} of {total})" for name, count, total in broken[:3])
-        more = f" and {len(broken) - 3} more" if len(broken) > 3 else ""
         raise ModelStateError(
-            f"the model has non-finite values (NaN or Inf) in {listed}{more}; quantizing them gives "
+            f"the model has non-finite values (NaN or Inf) in {_listed(broken)}; quantizing them gives "
             "meaningless scales: fix the model first (it was left unchanged)")
 
 

@@ -262,12 +262,14 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
     return model
 
 
-def batch_does_not_fit(index: int, error: Exception) -> InputMismatchError:
-    """The error for a calibration batch the model raised on (torch's own error, first line)."""
-    return InputMismatchError(
-        f"calibration batch {index} does not fit the model: {type(error).__name__}: {first_line(error)}. Give "
-        "batches with the same number, shapes and dtypes of inputs as example_inputs (a graph "
-        "captured by torch.export keeps the sizes its example had, unless they are dynamic)")
+def batch_does_not_fit(index: int, error: Exception, *, detail: str = "",
+                       give: str = "batches with the same number, shapes and dtypes of inputs as example_inputs "
+                                   "(a graph captured by torch.export keeps the sizes its example had, unless "
+                                   "they are dynamic)") -> InputMismatchError:
+    """The error for a calibration batch the model raised on (torch's own error, first line, and
+    ``detail`` on what is wrong with the batch), saying what to ``give``."""
+    return InputMismatchError(f"calibration batch {index} does not fit the model: {type(error).__name__}: "
+                              f"{first_line(error)}{detail}. Give {give}")
 
 
 def _check_device(gm: fx.GraphModule, backend: Backend) -> None:

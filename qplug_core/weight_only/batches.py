@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.errors import InputMismatchError, QplugError, first_line
+from qplug_core.errors import QplugError
+from qplug_core.flows.steps import batch_does_not_fit
 
 
 def calibration_batches(calibration: Any) -> Iterable[Any]:
@@ -22,14 +23,14 @@ def calibration_batches(calibration: Any) -> Iterable[Any]:
     tokenizer's ``BatchEncoding``: iterating it gives its keys); ``None`` is none."""
     if calibration is None:
         return ()
-    if isinstance(calibration, (torch.Tensor, dict)) or hasattr(calibration, "keys"):
+    if isinstance(calibration, torch.Tensor) or hasattr(calibration, "keys"):
         return [calibration]
     return calibration
 
 
 def call_model(model: nn.Module, batch: Any) -> None:
     """``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, else ``model(batch)``."""
-    if isinstance(batch, dict) or hasattr(batch, "keys"):
+    if hasattr(batch, "keys"):  # a dict, or a tokenizer's BatchEncoding
         model(**batch)
     elif isinstance(batch, (tuple, list)):
         model(*batch)
@@ -45,10 +46,9 @@ def run_batch(model: nn.Module, batch: Any, index: int) -> None:
     except QplugError:
         raise
     except Exception as error:
-        raise InputMismatchError(
-            f"calibration batch {index} does not fit the model: {type(error).__name__}: "
-            f"{first_line(error)}{_token_hint(model, batch)}. Give batches the model's forward takes: "
-            "token id tensors, tuples of positional inputs or dicts of keyword inputs") from error
+        raise batch_does_not_fit(index, error, detail=_token_hint(model, batch),
+                                 give="batches the model's forward takes: token id tensors, tuples of "
+                                      "positional inputs or dicts of keyword inputs") from error
 
 
 def _token_hint(model: nn.Module, batch: Any) -> str:

@@ -15,3 +15,13 @@ def print_report(report: Any, facts: dict[str, Any], as_json: bool, verbose: boo
     from qplug_core.cli._summary import print_summary
 
     print_summary(report, facts, verbose=verbose)
+
+
+def print_swapped(facts: dict[str, Any], as_json: bool) -> None:
+    """A module-swap model's facts (no graph report): one JSON document, or the summary."""
+    if as_json:
+        emit_json(facts)
+        return
+    from qplug_core.cli._summary import print_facts
+
+    print_facts(f"qplug quantization report: {facts['mode']}, quantized by module swap", facts)

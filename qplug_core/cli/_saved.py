@@ -33,10 +33,11 @@ def load_saved(path: Path, float_spec: str | None, *, backend: str | None = None
     import qplug_core as qp
     from qplug_core.cli._inputs import load_factory_model
 
-    if not is_swapped_document(saved_document(path)):
+    document = saved_document(path)
+    if not is_swapped_document(document):
         return qp.load(path, backend=backend)
     if float_spec is None:
-        raise ConfigError(f"{path} holds a {swap_mode(saved_document(path))} model (quantized by module swap): "
+        raise ConfigError(f"{path} holds a {swap_mode(document)} model (quantized by module swap): "
                           f"qplug {command} loads it into the float model it was made from; give --float "
                           "MODULE:FACTORY (a factory building that model, its class and config)",
                           field="--float")

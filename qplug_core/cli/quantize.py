@@ -169,9 +169,8 @@ def _report_swapped(model_spec: str, model: Any, qmodel: Any, path: Path, batche
                     as_json: bool) -> None:
     """What a module-swap model holds (read back from its file) and how close it answers to float."""
     from qplug_core.cli._accuracy import accuracy_document
-    from qplug_core.cli._common import emit_json
+    from qplug_core.cli._report import print_swapped
     from qplug_core.cli._saved import compared_layers, saved_document, swapped_facts
-    from qplug_core.cli._summary import print_facts
 
     document = saved_document(path)
     facts: dict[str, Any] = {"model": model_spec, **swapped_facts(document), "out": str(path),
@@ -179,10 +178,7 @@ def _report_swapped(model_spec: str, model: Any, qmodel: Any, path: Path, batche
     with stdout_to_stderr():  # the comparison runs the user's model again
         facts["accuracy"] = accuracy_document(model, qmodel, batches, backend=None, fuse=False,
                                               layers=compared_layers(document), evaluated_on=evaluated_on)
-    if as_json:
-        emit_json(facts)
-        return
-    print_facts(f"qplug quantization report: {facts['mode']}, quantized by module swap", facts)
+    print_swapped(facts, as_json)
 
 
 def check_writable(out: Path) -> None:

@@ -78,9 +78,8 @@ def _report_swapped(path: Path, document: dict, float_spec: str | None, evaluati
                     sensitivity_of: str | None, as_json: bool) -> None:
     """A module-swap file: what it holds, read from the file; accuracy after loading it into
     ``--float``'s model."""
-    from qplug_core.cli._common import emit_json
+    from qplug_core.cli._report import print_swapped
     from qplug_core.cli._saved import compared_layers, load_saved, swap_mode, swapped_facts
-    from qplug_core.cli._summary import print_facts
     from qplug_core.errors import ConfigError
 
     if sensitivity_of is not None:
@@ -90,10 +89,7 @@ def _report_swapped(path: Path, document: dict, float_spec: str | None, evaluati
     if float_spec is not None and evaluation is not None:
         qmodel = load_saved(path, float_spec, command="report")
         facts["accuracy"] = _accuracy(qmodel, float_spec, evaluation, None, layers=compared_layers(document))
-    if as_json:
-        emit_json(facts)
-        return
-    print_facts(f"qplug quantization report: {facts['mode']}, quantized by module swap", facts)
+    print_swapped(facts, as_json)
 
 
 def _accuracy(qmodel, float_spec: str, evaluation: Path, backend: str | None,

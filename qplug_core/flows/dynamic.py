@@ -9,6 +9,7 @@ rounds the weights to their grid and quantizes inputs per batch with float ops.
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import torch
@@ -23,12 +24,13 @@ from qplug_core.errors import (
     ConfigError,
     ConfigValidationError,
     ConstraintViolationError,
+    NothingQuantizedError,
     did_you_mean,
 )
 from qplug_core.flows.checks import check_finite_weights, check_float32
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.raise_aten import is_aten_graph
-from qplug_core.flows.regions import dtype_config_problems
+from qplug_core.flows.regions import dtype_config_problems, observer_traits
 from qplug_core.kernels.base import KernelContext, TensorArg
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
 from qplug_core.kernels.reference import (
@@ -93,6 +95,12 @@ def _check_supported(qconfig: QConfig, module_type: type, name: str, backend: Ba
     if any(not p for p in problems):
         return
     offered = ", ".join(str(dc.weight_dtype) for dc in dynamic) or "none"
+    wanted = observer_traits(qconfig.weight())["dtype"] if qconfig.weight is not None else None
+    if wanted is not None and all(dc.weight_dtype != wanted for dc in dynamic):
+        raise ConstraintViolationError(
+            f"backend {backend.name!r} has no {wanted} dynamic kernel for module {name!r} "
+            f"({module_type.__name__}); its dynamic weight dtypes for this op: {offered}. Use one of "
+            "them, or a backend with such a kernel (fbgemm runs float16 dynamic)", field=name)
     reason = "; ".join(problems[0]) if problems else "no dynamic dtype config"
     raise ConstraintViolationError(
         f"backend {backend.name!r} cannot quantize module {name!r} ({module_type.__name__}) "
@@ -197,7 +205,7 @@ def _as_mapping(qconfig_spec: Any, dtype: torch.dtype, backend: Backend,
 
 
 def _compiled(model: Any, qconfig_spec: Any, dtype: torch.dtype, backend: Backend, example_inputs: Any,
-              capture: str | None, per_token: bool) -> fx.GraphModule:
+              capture: str | None, per_token: bool, allow_float: bool) -> fx.GraphModule:
     """Dynamic quantization for a backend that compiles graphs (onnxruntime): swapping modules
     would run each linear as its own compiled call with PyTorch between them, so the model is
     captured and goes through the graph flow with the dynamic mapping instead; the compiler then
@@ -221,13 +229,72 @@ def _compiled(model: Any, qconfig_spec: Any, dtype: torch.dtype, backend: Backen
     names = [n for n, _ in float_model.named_modules() if n]
     mapping = _as_mapping(qconfig_spec, dtype, backend, names)
     observed = prepare_fx(model, mapping, example_inputs, backend=backend, capture=capture or "auto")
-    return convert_fx(observed)
+    return convert_fx(observed, allow_float=allow_float)
+
+
+def _inside_attention(named: dict[str, nn.Module], name: str) -> str | None:
+    """The ``nn.MultiheadAttention`` holding module ``name`` (or being it), if any."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        owner = ".".join(parts[:end])
+        if isinstance(named.get(owner), nn.MultiheadAttention):
+            return owner
+    return None
+
+
+def _attention_note(named: dict[str, nn.Module], name: str) -> str:
+    """Why a name inside ``nn.MultiheadAttention`` converts nothing (empty for other names)."""
+    owner = _inside_attention(named, name)
+    if owner is None:
+        return ""
+    return (f": {owner!r} is an nn.MultiheadAttention, which computes with its projection weights "
+            "directly (in_proj_weight, out_proj.weight), so no module swap reaches them; "
+            f"{_ATTENTION_ROUTES}")
+
+
+_ATTENTION_ROUTES = ("qp.quantize (static) or backend='onnxruntime' (which compiles the graph) "
+                     "quantizes attention projections")
+
+
+def _nothing_converted(named: dict[str, nn.Module]) -> NothingQuantizedError:
+    """NothingQuantizedError naming what the model holds instead of convertible layers."""
+    kinds: dict[str, int] = {}
+    for module in named.values():
+        if isinstance(module, nn.MultiheadAttention):
+            why = f"nn.MultiheadAttention computes with its weights directly ({_ATTENTION_ROUTES})"
+        elif isinstance(module, DYNAMIC_TYPES) and type(module) not in DYNAMIC_TYPES:
+            if isinstance(module, nn.modules.linear.NonDynamicallyQuantizableLinear):
+                continue  # an attention's out_proj: counted with its attention
+            why = (f"{type(module).__name__} subclasses a convertible type; dynamic quantization "
+                   "converts the exact types only, as torch.ao does")
+        elif isinstance(module, nn.modules.conv._ConvNd):
+            why = "convolutions have no dynamic kernels (qp.quantize quantizes them statically)"
+        else:
+            continue
+        kinds[why] = kinds.get(why, 0) + 1
+    reasons = sorted(kinds.items(), key=lambda kv: -kv[1])
+    found = "; ".join(f"{why} ({n} module{'s' if n > 1 else ''})" for why, n in reasons[:3])
+    return NothingQuantizedError(
+        "nothing was quantized: qp.quantize_dynamic found no module it converts "
+        f"({', '.join(t.__name__ for t in DYNAMIC_TYPES)}, selected by qconfig_spec)"
+        + (f"; the model holds: {found}" if found else "")
+        + ". Pass allow_float=True to accept the float model.", reasons=reasons)
+
+
+def _warn_float_attention(named: dict[str, nn.Module], swaps: list) -> None:
+    """Say when ``nn.MultiheadAttention`` projections stay float beside converted layers."""
+    attention = [n for n, m in named.items() if isinstance(m, nn.MultiheadAttention)]
+    if attention:
+        shown = ", ".join(repr(n) for n in attention[:3]) + (" ..." if len(attention) > 3 else "")
+        warnings.warn(f"qp.quantize_dynamic: {len(attention)} nn.MultiheadAttention module(s) keep "
+                      f"float projections ({shown}): attention computes with its weights directly, "
+                      f"so no module swap reaches them; {_ATTENTION_ROUTES}", stacklevel=3)
 
 
 def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dtype = torch.qint8,
                      *, backend: str | Backend | None = None, inplace: bool = False,
                      capture: str | None = None, example_inputs: Any = None,
-                     per_token: bool = False) -> nn.Module:
+                     per_token: bool = False, allow_float: bool = False) -> nn.Module:
     """Copy of ``model`` (eval mode) with Linear/LSTM/GRU/RNN cells dynamically quantized.
 
     ``qconfig_spec``: None (every supported type, the backend's default dynamic qconfig — per-channel
@@ -249,10 +316,15 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     oneDNN's int8 linear on CPUs with VNNI, else ``torch._int_mm``; simulated in float on the
     reference backend): the accurate choice for trained transformers. Recurrent layers keep the
     backend's dynamic kernels.
+
+    A model with nothing to convert raises :class:`NothingQuantizedError` (naming what it holds
+    instead) unless ``allow_float=True``. ``nn.MultiheadAttention`` computes with its weights
+    directly, so module swapping leaves it float (with a warning); the graph flows quantize it.
     """
     chosen = resolve_backend(backend).require_available()
     if not chosen.kernels and chosen.delegate is not None:
-        return _compiled(model, qconfig_spec, dtype, chosen, example_inputs, capture, per_token)
+        return _compiled(model, qconfig_spec, dtype, chosen, example_inputs, capture, per_token,
+                         allow_float)
     if isinstance(model, torch.export.ExportedProgram) or capture is not None or is_aten_graph(model):
         model = _captured(model, capture, example_inputs)
         inplace = True
@@ -281,8 +353,11 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     for name, qconfig in mapping.module_name_qconfigs.items():
         if qconfig is not None and not any(s == name or s.startswith(name + ".") for s, _, _ in swaps):
             raise ConfigError(f"qconfig_spec names module {name!r}, but it holds nothing dynamic "
-                              f"quantization converts ({', '.join(t.__name__ for t in DYNAMIC_TYPES)})",
-                              field="qconfig_spec", value=name)
+                              f"quantization converts ({', '.join(t.__name__ for t in DYNAMIC_TYPES)})"
+                              + _attention_note(named, name), field="qconfig_spec", value=name)
+    if not swaps and not allow_float:
+        raise _nothing_converted(named)
+    _warn_float_attention(named, swaps)
     result = model if inplace else copy.deepcopy(model)
     shared = SharedInput()  # q/k/v projections read one tensor: quantize it once
     for name, module, qconfig in swaps:

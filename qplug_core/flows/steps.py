@@ -371,7 +371,8 @@ def _made_by(model: Any) -> str:
                 f"generate()), whose record is model.{W8A8} (layers, smoothed, skipped)")
     modules = model.modules() if isinstance(model, nn.Module) else ()
     if any(isinstance(m, (DynamicKernel, PerTokenDynamicLinear)) for m in modules):
-        return "qp.quantize_dynamic swaps modules in place, with no graph report; print(model) shows them"
+        return ("qp.quantize_dynamic replaces modules (in a copy unless inplace=True) and keeps no graph "
+                "report; print(model) shows them")
     return "it was not produced by qp.convert_fx / qp.quantize"
 
 

@@ -191,7 +191,7 @@ def test_the_report_of_a_swapped_model_says_where_its_record_is():
     with pytest.raises(ConfigValidationError, match="whose record is model.qplug_w8a8"):
         qp.quantization_report(w8a8)
     dynamic = qp.quantize_dynamic(nn.Sequential(nn.Linear(64, 64)).eval(), backend="fbgemm")
-    with pytest.raises(ConfigValidationError, match="qp.quantize_dynamic swaps modules in place"):
+    with pytest.raises(ConfigValidationError, match="qp.quantize_dynamic replaces modules .in a copy unless inplace=True."):
         qp.quantization_report(dynamic)
 
 

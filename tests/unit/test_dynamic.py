@@ -14,7 +14,12 @@ import qplug_core as qp
 from qplug_core.analysis.layers import sqnr
 from qplug_core.config import QConfigMapping
 from qplug_core.config.defaults import dynamic_qconfig
-from qplug_core.errors import ConfigError, ConfigValidationError, ConstraintViolationError
+from qplug_core.errors import (
+    ConfigError,
+    ConfigValidationError,
+    ConstraintViolationError,
+    NothingQuantizedError,
+)
 from qplug_core.flows.dynamic import SimulatedDynamic
 from qplug_core.kernels import torch_int8 as K
 from qplug_core.kernels.cpu import cpu_int8, override_cpu_flags
@@ -127,8 +132,8 @@ def test_float16_on_fbgemm(plugin_autoload):
 
 
 def test_qnnpack_refuses_float16_naming_the_backend(plugin_autoload):
-    with pytest.raises(ConstraintViolationError, match=r"backend 'qnnpack' cannot quantize module "
-                                                       r"'rnn' \(LSTM\) dynamically.*float16"):
+    with pytest.raises(ConstraintViolationError, match=r"backend 'qnnpack' has no torch.float16 dynamic "
+                                                       r"kernel for module 'rnn' \(LSTM\).*qint8"):
         qp.quantize_dynamic(get_model("lstm_classifier", seed=0), dtype=torch.float16,
                             backend="qnnpack")
 
@@ -181,3 +186,46 @@ def test_static_qconfig_and_bad_dtype_are_refused():
                             backend="reference")
     with pytest.raises(ConfigValidationError, match="dtype must be torch.qint8 or torch.float16"):
         qp.quantize_dynamic(model, dtype=torch.quint8, backend="reference")
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.att = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.att(x, x, x, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("model, holds", [
+    (nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), "convolutions have no dynamic kernels"),
+    (_Attention(), "nn.MultiheadAttention computes with its weights directly"),
+])
+def test_a_model_with_nothing_to_convert_is_not_returned_as_if_quantized(model, holds, plugin_autoload):
+    """It came back float without a word, where docs/migrating.md promises NothingQuantizedError."""
+    with pytest.raises(NothingQuantizedError, match=f"found no module it converts.*{holds}.*allow_float=True"):
+        qp.quantize_dynamic(model, backend="fbgemm")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        accepted = qp.quantize_dynamic(model, backend="fbgemm", allow_float=True)
+    assert type(accepted) is type(model) and accepted is not model
+
+
+def test_attention_projections_left_float_are_named(plugin_autoload):
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
+    with pytest.warns(UserWarning, match=r"1 nn.MultiheadAttention module\(s\) keep float projections "
+                                         r"\('self_attn'\)"):
+        quantized = qp.quantize_dynamic(layer, backend="fbgemm")
+    assert type(quantized.linear1) is not nn.Linear
+    assert type(quantized.self_attn.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
+    with pytest.raises(ConfigError, match=r"'att.out_proj'.*'att' is an nn.MultiheadAttention, which "
+                                          r"computes with its projection weights directly"):
+        qp.quantize_dynamic(_Attention(), {"att.out_proj"}, backend="fbgemm")
+
+
+def test_a_compiling_backend_with_nothing_dynamic_accepts_allow_float(plugin_autoload):
+    model, x = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval(), torch.randn(1, 3, 8, 8)
+    with pytest.raises(NothingQuantizedError):
+        qp.quantize_dynamic(model, backend="onnxruntime", example_inputs=(x,))
+    accepted = qp.quantize_dynamic(model, backend="onnxruntime", example_inputs=(x,), allow_float=True)
+    torch.testing.assert_close(accepted(x), model(x))

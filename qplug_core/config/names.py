@@ -186,9 +186,12 @@ class NameTable:
             name = _aten_name(obj)
         if name is None or (self.resolve_or_none(name, kinds) is not obj):
             wanted = ", ".join(sorted(k.value for k in frozenset(kinds)))
+            instead = ("torch.ao's classes are not in it: use qplug's of the same name (qplug_core.nn.intrinsic, "
+                       "qplug_core.nn.qat, qplug_core.eager)" if _from_torch_ao(obj)
+                       else "Use the torch or qplug object instead")
             raise ConfigError(
                 f"Cannot save {obj!r} at {field or '<root>'}: it is not in qplug's table of "
-                f"serializable objects (as {wanted}). Use the torch or qplug object instead, or "
+                f"serializable objects (as {wanted}). {instead}, or "
                 "register yours with qplug_core.config.register_serializable(obj, name)",
                 field=field, value=obj)
         return name
@@ -594,3 +597,6 @@ def encode_qscheme(qscheme: torch.qscheme) -> str:
 def decode_qscheme(value: Any, *, field: str = "") -> torch.qscheme:
     return decode_torch_constant(value, torch.qscheme, field=field)
 
+
+def _from_torch_ao(obj: Any) -> bool:
+    return str(getattr(obj, "__module__", "")).startswith("torch.ao.")

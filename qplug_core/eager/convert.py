@@ -22,6 +22,7 @@ from torch import nn
 
 from qplug_core.config import QConfig
 from qplug_core.config.qconfig import remove_qconfig_attributes
+from qplug_core.eager.float_modules import guard_float_modules
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
 from qplug_core.eager.prepare import INPUT_OBSERVER, OUTPUT_OBSERVER, observe_input, observe_output
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
@@ -222,6 +223,8 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
             "the qconfig of the unused modules to None.", nodes=missing)
     model = model if inplace else copy.deepcopy(model)
     _convert_children(model, _Converter(chosen))
+    if chosen.kernels:
+        guard_float_modules(model, chosen.name)
     delattr(model, EAGER_STATE)
     setattr(model, EAGER_CONVERTED, chosen.name)  # qp.save says what to do instead of saving it
     remove_qconfig_attributes(model)

@@ -27,9 +27,11 @@ from torch import nn
 from torch.nn.utils.parametrize import type_before_parametrizations
 
 from qplug_core.config import ObservationType, QConfig, QConfigMapping
+from qplug_core.config.qconfig import check_optional_qconfig
 from qplug_core.config.qconfig_mapping import require_mapping
 from qplug_core.eager.functional import FloatFunctional
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
+from qplug_core.eager.torch_ao_modules import adopt_torch_ao_modules
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.flows.checks import check_fake_quantizes
 from qplug_core.flows.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
@@ -59,6 +61,8 @@ def resolve_qconfigs(model: nn.Module, mapping: QConfigMapping) -> dict[str, QCo
 
     def visit(module: nn.Module, name: str, inherited: Any) -> None:
         own = module.__dict__.get("qconfig", _UNSET)
+        if own is not _UNSET:  # torch.ao's own QConfig here once left the model float, silently
+            own = check_optional_qconfig(own, f"model.{name}.qconfig" if name else "model.qconfig")
         chosen = inherited if own is _UNSET else own
         result[name] = (mapping.qconfig_for_module(name, type_before_parametrizations(module))
                         if chosen is _UNSET else chosen)
@@ -156,6 +160,7 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
     mapping = chosen.default_qconfig_mapping(mode) if qconfig_mapping is None else qconfig_mapping
     mapping = require_mapping(mapping)
     model = model if inplace else copy.deepcopy(model)
+    adopt_torch_ao_modules(model)
     plan = _plan(model, resolve_qconfigs(model, mapping), chosen)
     if is_qat:
         check_fake_quantizes([qconfig for _, _, qconfig, _ in plan], "prepare_qat")

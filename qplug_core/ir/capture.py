@@ -171,11 +171,24 @@ def _widened(value: Any) -> Any:
 
 @torch.no_grad()
 def _answers_alike(model: nn.Module, exported: nn.Module, example_inputs: tuple[Any, ...]) -> bool:
-    """Whether ``exported`` gives the model's own outputs for ``example_inputs``."""
+    """Whether ``exported`` gives the model's own outputs for ``example_inputs``.
+
+    Both run as they are, so a model in training mode updates its BatchNorm statistics and draws
+    dropout masks: buffers and the random state are put back after, as capture never changes the
+    user's model (prepare_qat_fx on a batch-1 example moved its running means twice)."""
+    buffers = [b for m in (model, exported) for b in m.buffers()]
+    kept = [b.clone() for b in buffers]
     try:
-        expected, got = pytree.tree_leaves(model(*example_inputs)), pytree.tree_leaves(exported(*example_inputs))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            expected = pytree.tree_leaves(model(*example_inputs))
+            torch.manual_seed(0)
+            got = pytree.tree_leaves(exported(*example_inputs))
     except Exception:  # noqa: BLE001 - a graph that cannot take the example does not answer it
         return False
+    finally:
+        for buffer, value in zip(buffers, kept):
+            buffer.copy_(value)
     return len(expected) == len(got) and all(
         torch.allclose(a, b, rtol=1e-4, atol=1e-5) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
         else a == b for a, b in zip(expected, got))

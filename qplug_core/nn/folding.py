@@ -42,8 +42,13 @@ def fold_bn_weights(
     *,
     transposed: bool = False,
     groups: int = 1,
+    linear: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(W', b')`` with the BN folded in; the inputs are not modified.
+
+    The bias is rounded as torch's ``fuse_conv_bn_weights`` (``(b - mean) * inv_std * gamma``)
+    or, with ``linear=True``, ``fuse_linear_bn_weights`` (``(b - mean) * s``) round it, so models
+    folded here equal torch.ao's bit for bit (one ulp moved a histogram observer's scale).
 
     ``weight`` is ``(out, in/groups, *k)`` for conv and linear, ``(in, out/groups, *k)`` for conv
     transpose (``transposed=True``), where output channel ``g * out/groups + j`` lives at
@@ -62,7 +67,11 @@ def fold_bn_weights(
     else:
         new_weight = weight * scale.reshape(-1, *([1] * (weight.dim() - 1)))
     old_bias = torch.zeros_like(mean) if bias is None else bias
-    new_bias = (old_bias - mean) * scale
+    if linear or gamma is None:
+        new_bias = (old_bias - mean) * scale
+    else:
+        inv_std = torch.rsqrt(running_var + eps)
+        new_bias = (old_bias - mean) * inv_std.expand_as(mean) * gamma.expand_as(mean)
     if beta is not None:
         new_bias = new_bias + beta
     bias_dtype = weight.dtype if bias is None else bias.dtype
@@ -95,7 +104,7 @@ def _fold(op: ModuleT, bn: nn.Module, *, transposed: bool, groups: int) -> Modul
         bn.running_mean, bn.running_var, bn.eps,
         None if bn.weight is None else bn.weight.detach(),
         None if bn.bias is None else bn.bias.detach(),
-        transposed=transposed, groups=groups)
+        transposed=transposed, groups=groups, linear=isinstance(op, nn.Linear))
     folded_weight = nn.Parameter(weight, requires_grad=op.weight.requires_grad)
     folded_bias = nn.Parameter(bias, requires_grad=op.weight.requires_grad if op.bias is None
                                else op.bias.requires_grad)

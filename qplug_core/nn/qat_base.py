@@ -194,7 +194,8 @@ class QATWithBn(QATModule):
         bn = self.bn
         return fold_bn_weights(
             self.weight.detach(), None if self.bias is None else self.bias.detach(),
-            bn.running_mean, bn.running_var, bn.eps, bn.weight.detach(), bn.bias.detach())
+            bn.running_mean, bn.running_var, bn.eps, bn.weight.detach(), bn.bias.detach(),
+            linear=isinstance(self, nn.Linear))
 
 
 def freeze_bn_stats(mod: nn.Module) -> None:

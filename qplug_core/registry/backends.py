@@ -122,6 +122,13 @@ class Backend:
         if not isinstance(config, BackendConfig):
             raise ConfigValidationError(f"with_config needs a BackendConfig, got "
                                         f"{type(config).__name__}", field="config")
+        foreign = _torch_ao_twins(config, self.kernels)
+        if foreign:
+            warnings.warn(
+                f"qplug: BackendConfig {config.name!r} names torch.ao's {', '.join(foreign)}: backend "
+                f"{self.name!r} keys its kernels by qplug's classes of these names (qplug_core.nn.intrinsic), "
+                "so those regions would run in reference form; use qplug's classes (and fuser methods "
+                "building them)", stacklevel=2)
         return replace(self, config=config)
 
     def require_available(self) -> Backend:
@@ -214,6 +221,20 @@ class _Entry:
 
 def _disable_hint(*records: plugins.PluginRecord) -> str:
     return " or ".join(f"{plugins.ENV_DISABLE}={r.name}" for r in records)
+
+
+def _torch_ao_twins(config: BackendConfig, kernels: dict[Any, Any]) -> list[str]:
+    """torch.ao classes in ``config`` whose qplug namesakes key ``kernels``: a migrated config's
+    ``torch.ao.nn.intrinsic.LinearReLU`` matched, then found no kernel, without a word."""
+    keyed = {k.__name__ for k in kernels if isinstance(k, type)}
+    named: dict[str, None] = {}
+    for cfg in config.configs:
+        pattern = cfg.pattern if isinstance(cfg.pattern, tuple) else (cfg.pattern,)
+        for cls in (*pattern, cfg.fused_module, cfg.root_module):
+            if (isinstance(cls, type) and cls.__module__.startswith("torch.ao.")
+                    and cls.__name__ in keyed):
+                named[cls.__name__] = None
+    return list(named)
 
 
 def _pattern_key(cfg: Any) -> Any:
@@ -454,10 +475,26 @@ def _not_found_message(name: str, entries: dict[str, _Entry]) -> str:
         info = provided[wanted]
         message += (f"; {info.dist} {info.version} provides {wanted!r} but is not loaded: add "
                     f"{info.name!r} to {plugins.ENV_LOAD} or unset it")
+    elif name in _ENGINE_KERNELS:
+        message += _engine_hint(name, entries)
     else:
         message += "; install the plugin distribution that provides it (qplug list-backends --no-load " \
                    "shows what is installed)"
     return message
+
+
+#: torch quantized engines no qplug backend is named after -> the engines whose kernels they run
+#: (torch.ao's "x86" picks FBGEMM's or oneDNN's per op)
+_ENGINE_KERNELS = {"x86": ("fbgemm", "onednn"), "onednn": ("onednn",)}
+
+
+def _engine_hint(name: str, entries: dict[str, _Entry]) -> str:
+    """For a torch engine name (torch.ao's ``get_default_qconfig_mapping("x86")``): the backends
+    running its kernels."""
+    engines = _ENGINE_KERNELS[name]
+    on_it = [n for n, e in entries.items() if e.backend is not None and e.backend.engine in engines]
+    return (f"; {name!r} is a torch quantized engine (torch.backends.quantized.engine), not a qplug backend"
+            + (f": backend {' or '.join(map(repr, on_it))} runs its kernels" if on_it else ""))
 
 
 def environment_diagnostics() -> list[tuple[str, Diagnostic]]:

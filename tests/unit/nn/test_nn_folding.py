@@ -46,8 +46,8 @@ def test_fold_conv_matches_conv_then_bn(dim, bias, groups, transposed):
         assert close(fused(x), bn(conv(x)))
     if groups == 1:  # torch's transpose folding ignores groups; compare only where it is right
         ref = fuse_conv_bn_eval(conv, bn, transpose=transposed)
-        assert torch.allclose(fused.weight, ref.weight, rtol=1e-6, atol=1e-7)
-        assert torch.allclose(fused.bias, ref.bias, rtol=1e-6, atol=1e-6)
+        # bit for bit, as torch.ao's fusion: one ulp of bias moved a histogram observer's scale
+        assert torch.equal(fused.weight, ref.weight) and torch.equal(fused.bias, ref.bias)
 
 
 def test_fold_leaves_inputs_untouched_and_keeps_requires_grad():
@@ -76,7 +76,8 @@ def test_fold_linear_matches_linear_then_bn(bias, features):
         expected = bn(linear(x).unsqueeze(1)).squeeze(1) if features == 1 else bn(linear(x))
         assert close(fused(x), expected)
         ref = fuse_linear_bn_eval(linear, bn)
-        assert torch.allclose(fused.weight, ref.weight) and torch.allclose(fused.bias, ref.bias)
+        # torch keeps a bias-free linear's bias at one element for a one-feature BN
+        assert torch.equal(fused.weight, ref.weight) and torch.equal(fused.bias, ref.bias.expand(5))
 
 
 def test_fold_weights_formula_by_hand():

@@ -1,0 +1,161 @@
+"""Defects an engineer migrating a torch.ao code base found (2026-12-06): each test is the migrated
+call, with torch.ao's numbers or the error a user relies on."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.errors import BackendNotFoundError, ConfigError, ConfigValidationError, ModelStateError
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+
+class ShapeBranch(nn.Module):
+    """Python control flow on a shape: symbolic tracing refuses it, capture='auto' exports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8)
+        self.drop, self.fc = nn.Dropout(0.5), nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.conv(x)))
+        if x.shape[-1] > 100:
+            x = x * 2
+        return self.fc(self.drop(torch.flatten(x, 1)))
+
+
+@pytest.mark.parametrize("capture", ["export", "auto"])
+def test_prepare_qat_on_a_batch_1_example_leaves_the_float_model_alone(capture):
+    """Checking the batch-widened export ran the training-mode model on the example: its BatchNorm
+    statistics moved, and the prepared copy started with two BN updates already made."""
+    torch.manual_seed(0)
+    model = ShapeBranch().train()
+    before = copy.deepcopy(model.state_dict())
+    prepared = qp.prepare_qat_fx(model, None, (torch.randn(1, 1, 8, 8),), backend="fbgemm", capture=capture)
+    assert all(torch.equal(value, model.state_dict()[key]) for key, value in before.items())
+    bn = next(m for m in prepared.modules() if isinstance(m, nn.BatchNorm2d))
+    assert int(bn.num_batches_tracked) == 0 and torch.equal(bn.running_mean, before["bn.running_mean"])
+    assert prepared(torch.randn(4, 1, 8, 8)).shape == (4, 10)  # the batch stays dynamic
+
+
+def _ao():
+    import torch.ao.nn.quantized as ao_nnq
+    import torch.ao.quantization as tq
+    return tq, ao_nnq
+
+
+class EagerNet(nn.Module):
+    """torch.ao's eager tutorial shape: stubs, a conv-relu to fuse, a residual add by FloatFunctional."""
+
+    def __init__(self, quant: type, dequant: type, functional: type) -> None:
+        super().__init__()
+        self.quant, self.dequant, self.skip = quant(), dequant(), functional()
+        self.conv, self.relu = nn.Conv2d(3, 3, 3, padding=1), nn.ReLU()
+        self.fc = nn.Linear(3 * 8 * 8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.quant(x)
+        x = self.skip.add(self.relu(self.conv(x)), x)
+        return self.dequant(self.fc(torch.flatten(x, 1)))
+
+
+def _eager_int8(model: nn.Module, batches: list[torch.Tensor]) -> nn.Module:
+    observed = qp.eager.prepare(model, backend="fbgemm")
+    with torch.no_grad():
+        for x in batches:
+            observed(x)
+    return qp.eager.convert(observed)
+
+
+def test_torch_aos_stubs_functionals_and_fused_modules_run_as_qplugs_own():
+    """torch.ao's QuantStub/DeQuantStub/FloatFunctional met int8 tensors as float modules (a raw
+    "Could not run 'quantized::linear'" at the first call), and a conv fused by torch.ao's
+    fuse_modules stayed float without a word: the model answers as the same one built from qplug's."""
+    tq, ao_nnq = _ao()
+    torch.manual_seed(0)
+    ours = EagerNet(qp.eager.QuantStub, qp.eager.DeQuantStub, qp.eager.FloatFunctional).eval()
+    theirs = EagerNet(tq.QuantStub, tq.DeQuantStub, ao_nnq.FloatFunctional).eval()
+    theirs.load_state_dict(ours.state_dict())
+    batches = [torch.randn(4, 3, 8, 8) for _ in range(4)]
+    expected = _eager_int8(qp.eager.fuse_modules(ours, [["conv", "relu"]]), batches)
+    got = _eager_int8(tq.fuse_modules(theirs, [["conv", "relu"]]), batches)
+    assert type(got.conv) is type(expected.conv) and type(got.conv).__module__.startswith("qplug")
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(got(x), expected(x), rtol=0, atol=0)
+    assert type(theirs.quant) is tq.QuantStub  # the user's model is left as it was
+
+
+def test_torch_aos_int8_modules_and_qconfig_attributes_are_refused_by_name():
+    """model.qconfig = torch.ao's get_default_qconfig('fbgemm') gave a float model with torch.ao's
+    observers attached, silently; its QAT twin an AttributeError from inside prepare_qat."""
+    tq, ao_nnq = _ao()
+    model = EagerNet(qp.eager.QuantStub, qp.eager.DeQuantStub, qp.eager.FloatFunctional).eval()
+    model.qconfig = tq.get_default_qconfig("fbgemm")
+    with pytest.raises(ConfigValidationError, match=r"model.qconfig must be qplug's QConfig.*torch.ao's"):
+        qp.eager.prepare(model, backend="fbgemm")
+    model.train().qconfig = tq.get_default_qat_qconfig("fbgemm")
+    with pytest.raises(ConfigValidationError, match=r"model.qconfig must be qplug's QConfig"):
+        qp.eager.prepare_qat(model, backend="fbgemm")
+    del model.qconfig
+    model.fc = ao_nnq.Linear(3 * 8 * 8, 4)
+    with pytest.raises(ConfigValidationError, match=r"module 'fc' is torch.ao's .*Linear: qplug's eager "
+                                                       r"prepare takes float modules"):
+        qp.eager.prepare(model.eval(), backend="fbgemm")
+
+
+class StubbedLSTM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = qp.eager.QuantStub(), qp.eager.DeQuantStub()
+        self.lstm, self.fc = nn.LSTM(8, 16, batch_first=True), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.fc(self.lstm(self.quant(x))[0]))
+
+
+def test_a_float_layer_reached_by_int8_tensors_names_itself():
+    """A static nn.LSTM between the stubs (no static int8 kernel) stayed float and the first call
+    raised torch's "Could not run 'aten::zero_' with arguments from the 'QuantizedCPU' backend"."""
+    torch.manual_seed(0)
+    int8 = _eager_int8(StubbedLSTM().eval(), [torch.randn(4, 6, 8) for _ in range(3)])
+    with pytest.raises(ModelStateError, match=r"module 'lstm' \(LSTM\) stayed float after qp.eager.convert "
+                                                 r".*put a DeQuantStub before it.*qp.quantize_dynamic"):
+        int8(torch.randn(2, 6, 8))
+
+
+def test_torch_aos_x86_engine_name_points_at_the_backend_running_its_kernels():
+    """torch.ao's tutorials spell get_default_qconfig_mapping("x86"): the error said to install a
+    plugin that provides it, which does not exist."""
+    with pytest.raises(BackendNotFoundError, match=r"'x86' is a torch quantized engine .*not a qplug backend: "
+                                                   r"backend 'fbgemm' runs its kernels"):
+        qp.get_default_qconfig_mapping("x86")
+
+
+def test_a_backend_config_naming_torch_aos_fused_classes_says_they_have_no_kernels():
+    """torch.ao's BackendConfig tutorial fuses into torch.ao.nn.intrinsic.LinearReLU: migrated with
+    with_config, the fused layer ran in reference form (float ops) without a word, and to_dict
+    said to "use the torch or qplug object" of what is a torch object."""
+    import torch.ao.nn.intrinsic as ao_nni
+    import torch.ao.nn.qat as ao_nnqat
+
+    dtypes = qp.DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.quint8, weight_dtype=torch.qint8,
+                            bias_dtype=torch.float)
+    config = (qp.BackendConfig("migrated")
+              .set_backend_pattern_config(qp.BackendPatternConfig((nn.Linear, nn.ReLU)).add_dtype_config(dtypes)
+                                          .set_fuser_method(lambda is_qat, linear, relu: ao_nni.LinearReLU(linear, relu))
+                                          .set_fused_module(ao_nni.LinearReLU))
+              .set_backend_pattern_config(qp.BackendPatternConfig(ao_nni.LinearReLU).add_dtype_config(dtypes)
+                                          .set_root_module(nn.Linear)))
+    with pytest.warns(UserWarning, match=r"BackendConfig 'migrated' names torch.ao's LinearReLU: backend "
+                                         r"'fbgemm' keys its kernels by qplug's classes"):
+        qp.get_backend("fbgemm").with_config(config)
+    qat = qp.BackendConfig("qat").set_backend_pattern_config(
+        qp.BackendPatternConfig(nn.Linear).add_dtype_config(dtypes).set_qat_module(ao_nnqat.Linear))
+    with pytest.raises(ConfigError, match=r"torch.ao's classes are not in it: use qplug's of the same name"):
+        qat.to_dict()

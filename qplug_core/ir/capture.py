@@ -24,6 +24,7 @@ from torch.fx import GraphModule
 
 from qplug_core.errors import TraceError
 from qplug_core.ir.deferred_code import graph_module_without_code
+from qplug_core.ir.quiet import quiet_torch
 from qplug_core.ir.thread_confined import ThreadConfinedTracer
 
 __all__ = ["QplugTracer", "capture_aten", "capture_module", "export_module"]
@@ -133,16 +134,27 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphMod
     widened = tuple(_widened(value) for value in example_inputs)
     if any(a is not b for a, b in zip(widened, example_inputs)):
         try:
-            exported = torch.export.export(model, widened, strict=False, dynamic_shapes=_auto(widened)).module()
+            exported = _export(model, widened, _auto(widened))
             if _answers_alike(model, exported, example_inputs):
                 return exported
         except Exception:  # noqa: BLE001 - exported from the example's own sizes below
             pass
     try:
-        return torch.export.export(model, example_inputs, strict=False,
-                                   dynamic_shapes=_auto(example_inputs)).module()
+        return _export(model, example_inputs, _auto(example_inputs))
     except Exception:
-        return torch.export.export(model, example_inputs, strict=False).module()
+        return _export(model, example_inputs, None)
+
+
+#: where torch.export logs a failure's notes (it prints the partial graph on stderr itself)
+_EXPORT_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch.export", "torch._export")
+
+
+def _export(model: nn.Module, inputs: tuple[Any, ...], dynamic: Any) -> GraphModule:
+    """Non-strict ``torch.export`` of ``model`` -> runnable module, quietly: a failure is handled
+    by the caller (another export, symbolic tracing, or a TraceError naming it), and torch's dump
+    of the partial graph on stderr was all the user saw of it."""
+    with quiet_torch(_EXPORT_LOGGERS, stderr=True):
+        return torch.export.export(model, inputs, strict=False, dynamic_shapes=dynamic).module()
 
 
 def _auto_dims(value: Any) -> tuple[int, ...]:

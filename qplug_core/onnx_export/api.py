@@ -9,12 +9,9 @@ ONNX Runtime, TensorRT or OpenVINO fuse them into their int8 kernels.
 from __future__ import annotations
 
 import contextlib
-import io
-import logging
 import math
 import os
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ from torch import fx, nn
 
 from qplug_core.errors import ExportError
 from qplug_core.flows.tags import INPUT_SPEC, KERNEL, SPEC_DTYPES, recorded_example_inputs
+from qplug_core.ir.quiet import quiet_torch
 from qplug_core.onnx_export import dynamic_axes
 from qplug_core.onnx_export.torchlib_ops import read_torchlib_once
 
@@ -80,19 +78,9 @@ def recorded_inputs(gm: fx.GraphModule) -> tuple[torch.Tensor, ...]:
 _QUIET_LOGGERS = ("torch.onnx", "onnxscript")
 
 
-@contextlib.contextmanager
-def _exporter_quiet() -> Iterator[None]:
+def _exporter_quiet() -> contextlib.AbstractContextManager[None]:
     """torch.onnx prints progress on stdout, and it and onnxscript log notes on stderr."""
-    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+    return quiet_torch(_QUIET_LOGGERS, stdout=True)
 
 
 def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,

@@ -159,3 +159,32 @@ def test_a_backend_config_naming_torch_aos_fused_classes_says_they_have_no_kerne
         qp.BackendPatternConfig(nn.Linear).add_dtype_config(dtypes).set_qat_module(ao_nnqat.Linear))
     with pytest.raises(ConfigError, match=r"torch.ao's classes are not in it: use qplug's of the same name"):
         qat.to_dict()
+
+
+class Branching(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) if x.sum() > 0 else self.inner(-x)  # neither capture can branch on data
+
+
+class DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.branching, self.fc2 = nn.Linear(16, 8), Branching(), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.branching(torch.relu(self.fc1(x)))))
+
+
+def test_a_failed_export_attempt_prints_nothing(capfd):
+    """capture='auto' tried torch.export first and torch printed its partial graphs on stderr
+    (dozens of lines) before qplug fell back: the report names what stayed float instead."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    qmodel = qp.quantize(DataDependent().eval(), (x,), [(x,)], backend="fbgemm", capture="auto")
+    assert "branching" in {entry.node for entry in qp.quantization_report(qmodel).skipped}
+    err = capfd.readouterr().err
+    assert "def forward" not in err and "Unable to find user code" not in err, err

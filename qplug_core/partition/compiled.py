@@ -12,6 +12,7 @@ the runtime's compiled form) and :meth:`run` (compiled form, inputs -> output te
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ class CompiledPartition(nn.Module):
         self._compiled: dict[tuple, Any] = {}
         self._routes: dict[tuple, tuple] = {}  # input signature -> the signature compiled for it
         self._single_output = True
+        self.__dict__["_routing"] = threading.Lock()
         self._compile(example_inputs)
 
     def build(self, source: bytes) -> Any:
@@ -85,12 +87,17 @@ class CompiledPartition(nn.Module):
 
     def _route(self, inputs: tuple[torch.Tensor, ...]) -> Any:
         """The compiled model for a signature not seen yet: one built before that serves it, or a
-        new one."""
-        for signature, compiled in self._compiled.items():
-            if self.serves(compiled, inputs):
-                self._routes[self._signature(inputs)] = signature
-                return compiled
-        return self._compile(inputs)
+        new one. One thread at a time: a server's threads meeting a new batch size together
+        compiled it once each, racing in torch's exporter."""
+        with self._routing:
+            route = self._routes.get(self._signature(inputs))
+            if route is not None:  # another thread compiled it meanwhile
+                return self._compiled[route]
+            for signature, compiled in self._compiled.items():
+                if self.serves(compiled, inputs):
+                    self._routes[self._signature(inputs)] = signature
+                    return compiled
+            return self._compile(inputs)
 
     def recompile(self) -> None:
         """Build every compiled model again (after a change of settings)."""
@@ -125,6 +132,7 @@ class CompiledPartition(nn.Module):
         for key, value in self.__dict__.items():
             clone.__dict__.setdefault(key, value)  # settings and the like (nn.Module's own are fresh)
         clone.training = self.training
+        clone.__dict__["_routing"] = threading.Lock()
         clone.__dict__["_partition"] = copy.deepcopy(self.partition, memo)
         clone._sources = dict(self._sources)
         clone._routes = dict(self._routes)

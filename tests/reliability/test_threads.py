@@ -4,6 +4,7 @@ concurrent quantization with two engines gives exactly what running the jobs one
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 from typing import Any, Callable
 
@@ -100,3 +101,26 @@ def test_four_threads_quantizing_with_two_engines_match_sequential_runs():
         assert not errors, errors  # e.g. TraceError: CURRENT_PATCHER is None
         assert [outputs(r) == sequential[b] for r, b in zip(results, backends)] == [True] * 4
     assert torch.backends.quantized.engine == engine  # packing under each engine was undone
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_threads_serving_a_new_batch_size_answer_as_one_thread(backend, tmp_path, monkeypatch):
+    """A server's threads meeting a batch size the compiled partitions had not seen each compiled
+    it, racing in torch's exporter ("Trying to pop empty mode stack"), and the overlapping
+    stdout redirections left sys.stdout pointing at a buffer for the rest of the process."""
+    monkeypatch.delenv(plugins.ENV_LOAD)  # every installed backend, the compiling ones too
+    plugins.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10)).eval()
+    x = torch.randn(64, 1, 8, 8)
+    int8 = qp.quantize(model, (x[:8],), [(x[i:i + 16],) for i in range(0, 64, 16)], backend=backend)
+    loaded = qp.load(qp.save(int8, tmp_path / "m.safetensors"))
+    stdout = sys.stdout
+    for served in (int8, loaded):
+        served(x[:8])  # warm at one batch size, then four threads at another
+        for batch in (3, 16):
+            got = in_threads([lambda i=i: served(x[i * batch:(i + 1) * batch]) for i in range(4)])
+            assert not [g for g in got if isinstance(g, Exception)], got
+            expected = [copy.deepcopy(served)(x[i * batch:(i + 1) * batch]) for i in range(4)]
+            assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    assert sys.stdout is stdout

@@ -15,6 +15,7 @@ module's ``forward`` receives and returns depends on the kind of pattern (docs/p
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -98,6 +99,17 @@ class PackedStateModule(nn.Module):
     ``load_state_dict`` could restore nothing into them, and used to succeed silently while every
     output stayed as before; it is refused instead, pointing at the ways that do round-trip.
     """
+
+    def __deepcopy__(self, memo: dict) -> PackedStateModule:
+        """A copy whose packed weights are packed again under this kernel's ``engine``: torch's
+        packed objects repack under the global engine when copied, so a deep copy of an fbgemm
+        model ran (and answered as) whatever engine was global, while saying ``engine='fbgemm'``."""
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        with engine_context(getattr(self, "engine", None)):
+            for key, value in self.__dict__.items():
+                clone.__dict__[key] = copy.deepcopy(value, memo)
+        return clone
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs) -> None:

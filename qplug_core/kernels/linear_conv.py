@@ -15,7 +15,12 @@ from typing import Callable
 import torch
 from torch import nn
 
-from qplug_core.errors import BackendUnavailableError, ConfigValidationError, ConstraintViolationError
+from qplug_core.errors import (
+    BackendUnavailableError,
+    ConfigValidationError,
+    ConstraintViolationError,
+    InputMismatchError,
+)
 from qplug_core.kernels._common import (
     INT32_MAX,
     SELF_TEST_INPUT,
@@ -74,16 +79,30 @@ class _PackedWeightKernel(KernelModule, PackedStateModule):
     #: the capability flag that says the op works at all on the engine (None: always)
     _op_flag: str | None = None
 
+    #: the input dimension holding the features or channels the weight takes
+    _input_axis = 1
+
     def __init__(self, packed: object, op: Callable[..., torch.Tensor], scale: float,
-                 zero_point: int, engine: str):
+                 zero_point: int, engine: str, input_size: int):
         super().__init__()
         self._packed = packed
         self._op = op
         self.scale, self.zero_point, self.engine = scale, zero_point, engine
+        self.input_size = input_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # qnnpack reads past a wrongly sized input and answers (fbgemm: "packB ... K"): say so
+        if x.shape[self._input_axis] != self.input_size:
+            raise self._wrong_input(x)
         with forward_quiet():
             return self._op(x, self._packed, self.scale, self.zero_point)
+
+    def _wrong_input(self, x: torch.Tensor) -> InputMismatchError:
+        plural = "" if self.input_size == 1 else "s"
+        what = f"feature{plural} (last dimension)" if self._input_axis == -1 else f"channel{plural} (dimension 1)"
+        return InputMismatchError(
+            f"int8 {type(self).__name__} takes inputs with {self.input_size} {what}, got shape "
+            f"{tuple(x.shape)}: the model's inputs do not have the shape it was quantized for")
 
     def extra_repr(self) -> str:
         return (f"op={getattr(self._op, '__name__', self._op)}, scale={self.scale}, "
@@ -94,6 +113,10 @@ class _PackedWeightKernel(KernelModule, PackedStateModule):
     @classmethod
     def _reduction_length(cls, mod: nn.Module) -> int:
         return mod.in_channels // mod.groups * math.prod(mod.kernel_size)
+
+    @classmethod
+    def _input_size(cls, mod: nn.Module) -> int:
+        return mod.in_channels
 
     @classmethod
     def _check_module(cls, mod: nn.Module) -> None:
@@ -146,7 +169,7 @@ class _PackedWeightKernel(KernelModule, PackedStateModule):
         wqp = fit_bias_scale(mod.bias, wqp, in_scale, caps, name)
         with engine_context(engine):
             packed = cls._pack(mod, quantize_weight(mod.weight, wqp))
-        return cls(packed, cls._select_op(relu), scale, zp, engine)
+        return cls(packed, cls._select_op(relu), scale, zp, engine, cls._input_size(mod))
 
     @classmethod
     def _self_test_module(cls) -> tuple[nn.Module, tuple[int, ...]]:
@@ -169,9 +192,14 @@ class Linear(_PackedWeightKernel):
 
     _float_type = nn.Linear
     _per_channel_flag = "per_channel_linear"
+    _input_axis = -1
 
     @classmethod
     def _reduction_length(cls, mod: nn.Module) -> int:
+        return mod.in_features
+
+    @classmethod
+    def _input_size(cls, mod: nn.Module) -> int:
         return mod.in_features
 
     @classmethod

@@ -36,6 +36,8 @@ class LazyPartition(nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         compiled = self.compiled
+        if compiled is None and any(isinstance(x, torch.Tensor) and x.numel() == 0 for x in inputs):
+            return self._partition(*inputs)  # an empty batch compiles nothing (OpenVINO refuses size 0)
         if compiled is None:
             with self._lock:
                 if self.compiled is None:

@@ -42,7 +42,9 @@ def write_artifact_file(path: Path, document: str, tensors: dict[str, torch.Tens
     """Write atomically: a temporary file beside ``path``, flushed to disk, then renamed over it."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
+        mode = _mode_for(path, temporary)
         save_file(_storable(tensors), str(temporary), metadata={METADATA_KEY: document})
+        os.chmod(temporary, mode)
         with open(temporary, "rb") as written:
             os.fsync(written.fileno())
         os.replace(temporary, path)
@@ -54,6 +56,16 @@ def write_artifact_file(path: Path, document: str, tensors: dict[str, torch.Tens
     finally:
         with contextlib.suppress(OSError):
             temporary.unlink()
+
+
+def _mode_for(path: Path, temporary: Path) -> int:
+    """The permissions the written file keeps: those of the file it replaces, else what the
+    umask gives a new file (``temporary`` is created here to learn it). safetensors writes 0600,
+    so a model saved by a CI job could not be read by a server running as another user."""
+    with contextlib.suppress(FileNotFoundError):
+        return stat.S_IMODE(os.stat(path).st_mode)
+    temporary.touch(exist_ok=False)
+    return stat.S_IMODE(os.stat(temporary).st_mode)
 
 
 def _storable(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -30,6 +30,7 @@ from upstream_testkit import (
 import qplug_core as qp
 import qplug_core.nn.intrinsic as nni
 import qplug_core.nn.qat as nniqat
+from qplug_core.errors import ModelStateError
 from qplug_core.kernels import torch_int8 as K
 
 pytestmark = pytest.mark.usefixtures("plugin_autoload")
@@ -65,11 +66,12 @@ def test_fuse_module_train():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    # upstream then expects the converted model to fail the same way: the unfused bn2 sits between
-    # the int8 conv2 and relu3, and eager mode cannot see that (no graph)
+    # upstream then expects the converted model to fail: the unfused bn3 sits between int8 layers,
+    # and eager mode cannot see that (no graph); upstream fails in torch ("Could not run
+    # 'aten::native_batch_norm' with arguments from the 'QuantizedCPU' backend"), qplug names it
     converted = qp.eager.convert(model.eval())
-    with pytest.raises(RuntimeError, match="Could not run 'aten::native_batch_norm' with arguments "
-                                           "from the 'QuantizedCPU'"):
+    with pytest.raises(ModelStateError, match=r"module 'bn3' \(BatchNorm1d\) stayed float after "
+                                              "qp.eager.convert"):
         eval_fn(converted, img_data_1d())
 
 

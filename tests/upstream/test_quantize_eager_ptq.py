@@ -202,8 +202,9 @@ def test_activations():
 def test_normalization():
     """Upstream: every norm becomes its nnq twin and the model runs. qplug quantizes LayerNorm and
     the InstanceNorms; nn.GroupNorm stays float (documented difference), so the int8 LayerNorm
-    output reaches a float GroupNorm and the model fails exactly as an eager torch.ao model does
-    when a quantized tensor meets a float op (no graph: eager mode cannot insert a dequantize)."""
+    output reaches a float GroupNorm and the model fails as an eager torch.ao model does when a
+    quantized tensor meets a float op (no graph: eager mode cannot insert a dequantize), with a
+    ModelStateError naming the layer instead of torch's "QuantizedCPU" RuntimeError."""
     model = NormalizationTestModel()
     model.qconfig = default_qconfig("fbgemm")
     model = qp.eager.prepare(model, qp.QConfigMapping(), backend="fbgemm")
@@ -214,7 +215,7 @@ def test_normalization():
     for name in ("instance_norm1d", "instance_norm2d", "instance_norm3d"):
         assert type(getattr(model, name)) is K.InstanceNorm
     check_no_qconfig(model)
-    with pytest.raises(RuntimeError, match="QuantizedCPU"):
+    with pytest.raises(ModelStateError, match=r"module 'group_norm' \(GroupNorm\) stayed float"):
         eval_fn(model, calib_data())
 
 

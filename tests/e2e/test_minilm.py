@@ -82,9 +82,13 @@ def test_static_int8_defaults_on_the_hugging_face_model_keep_the_embeddings(mini
     assert ours.cosine_mean >= 0.995 and ours.cosine_min >= 0.99 and ours.neighbours_kept >= 0.9, ours
 
 
-def test_weight_only_int8_per_channel_rtn_keeps_the_embeddings(minilm):
+def test_weight_only_int8_per_channel_rtn_keeps_the_embeddings(minilm, plugin_autoload):
+    """With every plugin installed, as users run it: onnxruntime's MatMulNBits rounds activations
+    to int8 per block, which cost 0.9989 / 0.9978 in blocks of 128 (the reference kernel: 0.9996)."""
     model, batches, reference = minilm
-    result = agreement(reference, embed(qp.quantize_weights(model.model, bits=8), batches))
+    quantized = qp.quantize_weights(model.model, bits=8)
+    assert "onnxruntime-matmulnbits" in set(quantized.qplug_weight_only.kernels.values())
+    result = agreement(reference, embed(quantized, batches))
     assert result.cosine_mean >= 0.999 and result.cosine_min >= 0.998, result
 
 

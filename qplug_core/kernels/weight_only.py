@@ -27,6 +27,9 @@ class WeightOnlyKernel:
     """
 
     name: str = "weight-only kernel"
+    #: True for a kernel computing outside PyTorch (a runtime given numpy arrays): torch.jit.trace
+    #: would record its output as a constant, so tracing a model using it is refused
+    runs_outside_torch: bool = False
 
     def supports(self, scheme: WeightOnlyScheme, shape: tuple[int, int],
                  activation_dtype: torch.dtype) -> str | None:

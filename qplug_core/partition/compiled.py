@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from qplug_core.ir.tracing import refuse_tracing
 from qplug_core.partition.denormals import call_flushing_denormals
 
 
@@ -115,6 +116,8 @@ class CompiledPartition(nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         # at batch 1 on a small model the runtime takes ~15 us: every microsecond here counts
+        if torch.jit.is_tracing():
+            refuse_tracing(f"a partition compiled by {type(self).__name__}")
         route = self._routes.get(self._signature(inputs))
         if route is None and any(isinstance(x, torch.Tensor) and x.numel() == 0 for x in inputs):
             return self.partition(*inputs)  # an empty batch: OpenVINO refuses to compile size 0

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qplug_core.ir.tracing import refuse_tracing
 from qplug_core.kernels.decode_threads import run_within_budget
 from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, unpack
@@ -82,6 +83,8 @@ def run_linear(kernel: WeightOnlyKernel, packed: Any, x: torch.Tensor, bias: tor
                input_scale: torch.Tensor | None, out_features: int, scheme: WeightOnlyScheme) -> torch.Tensor:
     """``(x * input_scale) @ W.T + bias`` through ``kernel`` for any leading shape of ``x``
     (``out_features`` x its last dimension, quantized as ``scheme``)."""
+    if kernel.runs_outside_torch and torch.jit.is_tracing():
+        refuse_tracing(f"weight-only kernel {kernel.name}")
     if input_scale is not None:
         x = x * input_scale
     leading = x.shape[:-1]

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.errors import InputMismatchError
+from qplug_core.errors import InputMismatchError, ModelStateError
 from qplug_core.zoo.digits import load_digits_tensors, train_digits_cnn
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
@@ -80,3 +80,21 @@ def test_a_loaded_model_first_called_on_an_empty_batch_answers_empty(digits, tmp
     loaded = qp.load(qp.save(int8, tmp_path / "m.safetensors"))
     assert loaded(x[:0]).shape == (0, 10)
     assert torch.equal(loaded(x[:16]), int8(x[:16]))
+
+
+def test_torch_jit_trace_refuses_what_runs_outside_pytorch_and_records_what_does_not(digits):
+    """A traced onnxruntime model answered every input with its output for the trace's example
+    (SQNR -1.7 dB on a new input): ONNX Runtime takes numpy arrays, which the tracer records as a
+    constant. fbgemm's kernels are torch ops and trace."""
+    model, x = digits
+    calibration = [(x[i:i + 64],) for i in range(0, 256, 64)]
+    with pytest.raises(ModelStateError, match=r"torch.jit.trace cannot record a partition compiled by "
+                                              r"OrtPartition: it computes outside PyTorch"):
+        torch.jit.trace(qp.quantize(model, (x[:8],), calibration, backend="onnxruntime"), (x[:8],))
+    linear = nn.Sequential(nn.Linear(64, 64)).eval()
+    weight_only = qp.quantize_weights(linear, bits=8, kernel="onnxruntime-matmulnbits")
+    with pytest.raises(ModelStateError, match=r"weight-only kernel onnxruntime-matmulnbits"):
+        torch.jit.trace(weight_only, (torch.randn(2, 64),))
+    fbgemm = qp.quantize(model, (x[:8],), calibration, backend="fbgemm")
+    traced = torch.jit.trace(fbgemm, (x[:8],))
+    assert torch.equal(traced(x[100:140]), fbgemm(x[100:140]))

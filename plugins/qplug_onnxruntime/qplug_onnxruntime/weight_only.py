@@ -38,6 +38,8 @@ _OUTPUTS = ["Y"]
 class MatMulNBitsKernel(WeightOnlyKernel):
     """``y = x @ dequantize(W).T + b`` in an ORT session holding one ``MatMulNBits`` node."""
 
+    runs_outside_torch = True
+
     name = "onnxruntime-matmulnbits"
 
     def supports(self, scheme, shape, activation_dtype):

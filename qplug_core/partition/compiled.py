@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from qplug_core.errors import InputMismatchError
 from qplug_core.ir.tracing import refuse_tracing
 from qplug_core.partition.denormals import call_flushing_denormals
 
@@ -78,8 +79,14 @@ class CompiledPartition(nn.Module):
         return tuple([(t.shape, t.dtype) for t in inputs])  # torch.Size is a tuple: hashable
 
     def _compile(self, inputs: tuple[torch.Tensor, ...]) -> Any:
-        with torch.no_grad():  # the output structure (tensor or tuple) the partition returns
-            self._single_output = isinstance(self.partition(*inputs), torch.Tensor)
+        try:
+            with torch.no_grad():  # the output structure (tensor or tuple) the partition returns
+                self._single_output = isinstance(self.partition(*inputs), torch.Tensor)
+        except RuntimeError as exc:  # shapes its layers cannot take: the caller's input, not the runtime
+            raise InputMismatchError(
+                f"{type(self).__name__} cannot take inputs of shape "
+                f"{', '.join(str(tuple(x.shape)) for x in inputs)}: the model's inputs do not have the shape "
+                f"it was quantized for ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
         signature = self._signature(inputs)
         self._sources[signature] = self._serialize(self.partition, inputs)
         self._compiled[signature] = compiled = self.build(self._sources[signature])

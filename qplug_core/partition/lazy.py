@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import BackendError
+from qplug_core.errors import BackendError, InputMismatchError
 
 Compile = Callable[[fx.GraphModule, tuple[torch.Tensor, ...]], nn.Module]
 
@@ -49,6 +49,8 @@ class LazyPartition(nn.Module):
         try:
             with torch.no_grad():
                 return self._compile_fn(self._partition, tuple(inputs))
+        except InputMismatchError:
+            raise  # the caller's inputs, not the backend
         except Exception as exc:
             raise BackendError(
                 f"backend {self.backend!r} compiled partition {self.partition_name} when the model was "

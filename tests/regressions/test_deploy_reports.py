@@ -98,3 +98,17 @@ def test_torch_jit_trace_refuses_what_runs_outside_pytorch_and_records_what_does
     fbgemm = qp.quantize(model, (x[:8],), calibration, backend="fbgemm")
     traced = torch.jit.trace(fbgemm, (x[:8],))
     assert torch.equal(traced(x[100:140]), fbgemm(x[100:140]))
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_a_compiled_partition_given_a_wrong_shape_names_the_input(digits, backend, tmp_path):
+    """onnxruntime and openvino compile a partition per new input shape, and a shape the layers
+    cannot take raised torch's "mat1 and mat2 shapes cannot be multiplied" (converted) or a
+    BackendError blaming the compile (loaded)."""
+    model, x = digits
+    int8 = qp.quantize(model, (x[:8],), [(x[i:i + 64],) for i in range(0, 256, 64)], backend=backend)
+    loaded = qp.load(qp.save(int8, tmp_path / "m.safetensors"))
+    for served in (int8, loaded):
+        with pytest.raises(InputMismatchError, match=r"cannot take inputs of shape \(4, 1, 16, 16\): the "
+                                                     "model's inputs do not have the shape"):
+            served(torch.rand(4, 1, 16, 16))

@@ -200,7 +200,7 @@ def needs_algorithms(model: Any, recipe: Any, target: Any) -> bool:
     if recipe is None or recipe == "none":
         return False
     if recipe == "auto":
-        return isinstance(model, nn.Module) and looks_like_transformer(model)
+        return looks_like_transformer(model)
     return True
 
 
@@ -210,10 +210,7 @@ def corrects_bias_by_default(model: Any, recipe: Any, target: Any, qconfig_mappi
     mapping of the user's own is quantized exactly as it says)."""
     if recipe != "auto" or target is not None or users_own(qconfig_mapping):
         return False
-    if isinstance(model, torch.export.ExportedProgram):
-        return True  # its modules are flattened, so their types cannot tell; the 3-sigma guard keeps
-        # zero-mean (transformer) inputs uncorrected (building .module() to look only cost a copy)
-    return isinstance(model, nn.Module) and not looks_like_transformer(model)
+    return isinstance(model, (nn.Module, torch.export.ExportedProgram)) and not looks_like_transformer(model)
 
 
 def _quantize_correcting_bias(model: Any, example_inputs: Any, calibration_data: Any, *,

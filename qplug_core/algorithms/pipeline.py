@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import fx, nn
 
 from qplug_core.algorithms.recipes import (
@@ -43,9 +44,9 @@ def prepare_algorithms(model: nn.Module, example_inputs: Any, calibration_data: 
     from qplug_core.errors import ConfigValidationError
     from qplug_core.flows.steps import as_input_tuple, iter_batches
 
-    if not isinstance(model, nn.Module):
-        raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
-                                    field="model", value=type(model).__name__)
+    if not isinstance(model, (nn.Module, torch.export.ExportedProgram)):
+        raise ConfigValidationError(f"model must be a torch.nn.Module or an ExportedProgram, got "
+                                    f"{type(model).__name__}", field="model", value=type(model).__name__)
     from qplug_core.flows.weight_bits import backend_defaults
 
     # the defaults are resolved here (the recipe needs them): marked so they stay the defaults

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx, nn
 
 from qplug_core.config import QConfigMapping
@@ -75,11 +76,27 @@ class RecipeRecord:
     results: dict[str, Any] = field(default_factory=dict)
 
 
-def looks_like_transformer(model: nn.Module) -> bool:
-    """LayerNorm and Linear layers and no convolutions: the case SmoothQuant is for."""
+def looks_like_transformer(model: Any) -> bool:
+    """LayerNorm and Linear layers and no convolutions: the case SmoothQuant is for. An
+    ``ExportedProgram`` (or its ``.module()``) is read by its ATen ops, its modules being
+    flattened: the same BERT quantized from its program got no SmoothQuant and another int8 model."""
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.graph_module
+    if not isinstance(model, nn.Module):
+        return False
     types = {type(m) for m in model.modules()}
-    convs = any(issubclass(t, nn.modules.conv._ConvNd) for t in types)
-    return nn.LayerNorm in types and nn.Linear in types and not convs
+    ops = ({n.target for n in model.graph.nodes if n.op == "call_function"}
+           if isinstance(model, fx.GraphModule) else set())
+    layer_norm = nn.LayerNorm in types or bool(ops & _ATEN_LAYER_NORMS)
+    linear = nn.Linear in types or aten.linear.default in ops
+    convs = any(issubclass(t, nn.modules.conv._ConvNd) for t in types) or bool(ops & _ATEN_CONVS)
+    return layer_norm and linear and not convs
+
+
+aten = torch.ops.aten
+_ATEN_LAYER_NORMS = {aten.layer_norm.default, aten.native_layer_norm.default}
+_ATEN_CONVS = {aten.convolution.default, aten.conv1d.default, aten.conv2d.default, aten.conv3d.default,
+               aten.conv_transpose1d.default, aten.conv_transpose2d.input, aten.conv_transpose3d.input}
 
 
 def resolve_recipe(recipe: str | tuple | list, model: nn.Module) -> tuple[str, tuple[str, ...]]:
@@ -116,10 +133,11 @@ def apply_recipe(gm: fx.GraphModule, steps: tuple[str, ...], name: str,
 
 def fused_float_copy(model: nn.Module, example_inputs: Any, backend: Any,
                      options: dict[str, Any]) -> fx.GraphModule:
-    """The eval-mode fused float graph of a copy of ``model`` (the user's model is untouched)."""
+    """The eval-mode fused float graph of a copy of ``model`` (the user's model is untouched; an
+    ``ExportedProgram`` is captured through a fresh ``.module()``)."""
     from qplug_core.flows.steps import fuse_fx
 
-    source = copy.deepcopy(model).eval()
+    source = model if isinstance(model, torch.export.ExportedProgram) else copy.deepcopy(model).eval()
     capture = {k: options.pop(k) for k in ("capture", "non_traceable_module_names",
                                            "non_traceable_module_classes") if k in options}
     return fuse_fx(source, example_inputs, backend=backend, inplace=True, **capture)

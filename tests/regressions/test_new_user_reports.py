@@ -801,3 +801,18 @@ def test_exporting_a_module_swap_model_names_the_graph_route():
     with pytest.raises(ExportError, match=r"for dynamic int8, qp.convert_fx\(qp.prepare_fx\(model, "
                                           r"qp.get_default_qconfig_mapping\(backend, mode='dynamic'\)"):
         qp.export_onnx(qp.quantize_dynamic(model, backend="fbgemm"), "unused.onnx")
+
+
+def test_a_transformer_quantized_from_its_exported_program_gets_the_modules_recipe():
+    """An ExportedProgram's modules are flattened, so recipe="auto" saw no LayerNorm and gave the
+    program no SmoothQuant (and bias correction instead): the export guide's BERT quantized from its
+    program was another int8 model than from the module."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)).eval()
+    x = torch.randn(8, 32)
+    batches = [(torch.randn(8, 32),) for _ in range(4)]
+    from_module = qp.quantize(model, (x,), batches, backend="fbgemm")
+    from_program = qp.quantize(torch.export.export(model, (x,)), (x,), batches, backend="fbgemm")
+    recipes = [m.meta["qplug_recipe"].name for m in (from_module, from_program)]
+    assert recipes == ["auto: smoothquant", "auto: smoothquant"]
+    assert torch.equal(from_module(x), from_program(x))

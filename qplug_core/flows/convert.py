@@ -2,8 +2,9 @@
 
 Each observer becomes a ``Quantize``/``Dequantize`` pair holding the calibrated qparams (dynamic
 placeholders become ``DynamicQuantize``), each quantized weighted module becomes a
-``ReferenceWeighted`` module with its weight rounded to the int8 grid. The result runs anywhere and
-is the oracle every backend is compared with; lowering turns it into backend kernels.
+``ReferenceWeighted`` module with its weight rounded to the int8 grid (a dynamic recurrent layer a
+``ReferenceRecurrent``, each weight matrix on its own grid). The result runs anywhere and is the
+oracle every backend is compared with; lowering turns it into backend kernels.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from qplug_core.kernels.reference import (
     Dequantize,
     DynamicQuantize,
     Quantize,
+    ReferenceRecurrent,
     ReferenceWeighted,
+    dynamic_weight_qparams,
     observed_weight_qparams,
-    rounded_copy,
     weight_of,
 )
 from qplug_core.nn.fuser_methods import get_fuser_method
@@ -138,13 +140,11 @@ def _fold_batch_norm(module: nn.Module) -> nn.Module:
 
 
 def _rounded_rnn(module: nn.Module, qconfig) -> nn.Module:
-    """An RNN whose weight matrices (each observed on its own) lie on the grid the dynamic kernels
-    will quantize them to."""
-    if qconfig is None or qconfig.weight is None:
-        return copy.deepcopy(module)
-    return rounded_copy(module, {name: observed_weight_qparams(qconfig, weight)
-                                 for name, weight in module.named_parameters()
-                                 if name.startswith("weight")})
+    """The reference form of a dynamic recurrent layer: each weight matrix observed on its own and
+    rounded to its grid, its qparams recorded for the kernels (a copy when weights stay float)."""
+    weight_qparams = {name: qparams for name, qparams in dynamic_weight_qparams(qconfig, module).items()
+                      if qparams is not None}
+    return ReferenceRecurrent(module, weight_qparams) if weight_qparams else copy.deepcopy(module)
 
 
 def _replace_observers(gm: fx.GraphModule) -> None:

@@ -35,9 +35,7 @@ from qplug_core.kernels.base import KernelContext, TensorArg
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
 from qplug_core.kernels.reference import (
     DynamicQuantize,
-    dynamic_weight_names,
-    first_weight_qparams,
-    observed_weight_qparams,
+    dynamic_weight_qparams,
     rounded_copy,
 )
 from qplug_core.qparams import QParams
@@ -57,7 +55,7 @@ class SimulatedDynamic(nn.Module):
     at every step), so for those the simulation is close to the kernels but not exact.
     """
 
-    def __init__(self, module: nn.Module, weight_qparams: dict[str, QParams],
+    def __init__(self, module: nn.Module, weight_qparams: dict[str, QParams | None],
                  input_quantize: DynamicQuantize | None) -> None:
         super().__init__()
         self.module = rounded_copy(module, weight_qparams)
@@ -142,13 +140,12 @@ def _captured(model: Any, capture: str | None, example_inputs: Any) -> nn.Module
 
 def _swap(module: nn.Module, qconfig: QConfig, backend: Backend) -> nn.Module:
     activation = qconfig.activation()
-    weights = dynamic_weight_names(module)
+    weight_qparams = dynamic_weight_qparams(qconfig, module)
     if not backend.kernels:
         act_quantized = activation.dtype in (torch.quint8, torch.qint8)
         quantize = DynamicQuantize(activation.dtype, activation.quant_min,
                                    activation.quant_max) if act_quantized else None
-        return SimulatedDynamic(module, {n: observed_weight_qparams(qconfig, getattr(module, n))
-                                         for n in weights}, quantize)
+        return SimulatedDynamic(module, weight_qparams, quantize)
     module_type = type_before_parametrizations(module)
     spec = backend.kernels.get(module_type)
     if spec is None or spec.build is None:
@@ -157,10 +154,12 @@ def _swap(module: nn.Module, qconfig: QConfig, backend: Backend) -> nn.Module:
             f"out of qconfig_spec or use backend='reference'", field=module_type.__name__)
     input_qparams = QParams(torch.tensor(1.0), torch.tensor(0), activation.dtype,
                             activation.quant_min or 0, activation.quant_max or 0, is_dynamic=True)
+    recurrent = {n: q for n, q in weight_qparams.items() if q is not None}
     return spec.build(KernelContext(
         pattern=module_type, module=module, target=None, args=(TensorArg(0),),
         input_qparams=(input_qparams,), engine=backend.engine,
-        weight_qparams=first_weight_qparams(qconfig, module)))
+        weight_qparams=next(iter(weight_qparams.values()), None),
+        recurrent_weight_qparams=recurrent if isinstance(module, (nn.RNNBase, nn.RNNCellBase)) else None))
 
 
 def _default_qconfig(dtype: torch.dtype, backend: Backend) -> QConfig:

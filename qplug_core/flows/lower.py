@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import fx, nn
+from torch import fx
 
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, warn_user
 from qplug_core.flows import kernel_check as kernel_contract
@@ -27,8 +27,8 @@ from qplug_core.kernels.reference import (
     Dequantize,
     DynamicQuantize,
     Quantize,
+    ReferenceRecurrent,
     ReferenceWeighted,
-    first_weight_qparams,
 )
 from qplug_core.qparams import STORAGE_DTYPE, QParams
 
@@ -151,15 +151,14 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         return "" if _lower_passthrough(gm, nodes, boundaries, output_quantize) else _NOT_QUANTIZED
     root = next((m for m in nodes.members if m.meta.get(ROOT)), None)
     module = gm.get_submodule(root.target) if root is not None else None
-    weight_qparams = None
+    weight_qparams, recurrent_weight_qparams = None, None
     if isinstance(module, ReferenceWeighted):
         module, weight_qparams = module.module, module.weight_qparams
-    elif isinstance(module, (nn.RNNBase, nn.RNNCellBase)):
-        # the kernel quantizes each (already rounded) weight again, in these qparams' range and
-        # granularity; without them it took the full 8-bit range, off the reference form's grid,
-        # and on CPUs without VNNI (7-bit weights there) its pair sums saturated: the zoo LSTM
-        # classifier 27.0 dB against float, its reference form 46.1
-        weight_qparams = first_weight_qparams(tag.qconfig, module)
+    elif isinstance(module, ReferenceRecurrent):
+        # each (already rounded) weight matrix is packed with the qparams it was rounded with: the
+        # qconfig is not saved, and observing the rounded weights again gives other scales
+        module, recurrent_weight_qparams = module.module, module.weight_qparams
+        weight_qparams = next(iter(recurrent_weight_qparams.values()))
     elif root is None and compute.op == "call_module":
         module = gm.get_submodule(compute.target)
     index = {b: i for i, b in enumerate(boundaries)}
@@ -168,7 +167,8 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         args=_with_tensor_args(compute.args, index), kwargs=_with_tensor_args(compute.kwargs, index),
         input_qparams=tuple(_boundary_qparams(gm, b) for b in boundaries),
         output_qparams=gm.get_submodule(output_quantize.target).qparams if output_quantize else None,
-        weight_qparams=weight_qparams, engine=backend.engine)
+        weight_qparams=weight_qparams, engine=backend.engine,
+        recurrent_weight_qparams=recurrent_weight_qparams)
     try:
         kernel = spec.build(ctx)
     except ConstraintViolationError as refusal:  # the kernel refused this instance, in its own words

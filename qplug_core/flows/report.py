@@ -18,7 +18,7 @@ from torch import fx
 from qplug_core.flows.fuse import FusionRecord
 from qplug_core.flows.op_kinds import COMPUTE, base_name, op_kind
 from qplug_core.flows.tags import BOUNDARY, KERNEL, OBSERVER, VALUE_KIND, region_tag
-from qplug_core.kernels.reference import ReferenceWeighted
+from qplug_core.kernels.reference import ReferenceRecurrent, ReferenceWeighted
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -84,8 +84,8 @@ def report_names(graph: fx.Graph) -> Callable[[fx.Node], str]:
 def describe_op(node: fx.Node, gm: fx.GraphModule) -> str:
     if node.op == "call_module":
         module = gm.get_submodule(node.target)
-        if isinstance(module, ReferenceWeighted):  # the layer the user wrote, not its int8 wrapper
-            module = module.module
+        if isinstance(module, (ReferenceWeighted, ReferenceRecurrent)):  # the layer the user wrote,
+            module = module.module  # not its int8 wrapper
         return type(module).__name__
     target = node.target
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))

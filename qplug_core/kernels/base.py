@@ -173,6 +173,8 @@ class KernelContext:
     ``module`` is the float root module after fusion (``nn.Conv2d``, a fused ``ConvReLU2d``, ...) or
     ``None`` for functional patterns, whose anchor target is in ``target``. ``args``/``kwargs`` are
     the anchor node's arguments with quantized tensor inputs replaced by :class:`TensorArg`.
+    A recurrent layer (``nn.LSTM``, ``nn.GRU``, a cell) has one weight qparams per weight matrix,
+    in ``recurrent_weight_qparams`` by parameter name; ``weight_qparams`` is the first one's.
     """
 
     pattern: Any
@@ -184,6 +186,7 @@ class KernelContext:
     output_qparams: QParams | None = None
     weight_qparams: QParams | None = None
     engine: str | None = None
+    recurrent_weight_qparams: dict[str, QParams] | None = None
 
     @property
     def root(self) -> nn.Module | None:

@@ -9,7 +9,7 @@ gets ``False``.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 from torch import nn
@@ -23,20 +23,19 @@ from qplug_core.kernels._common import (
 )
 from qplug_core.kernels.base import PackedStateModule, engine_context, quiet_quantized_dtypes
 from qplug_core.kernels.capabilities import engine_capabilities
+from qplug_core.kernels.reference import dynamic_weight_names
 from qplug_core.qparams import QParams
 
 _Q = torch.ops.quantized
 _WEIGHT_DTYPES = (torch.qint8, torch.float16)
 
 
-def symmetric_weight_qparams(weight: torch.Tensor, per_channel: bool,
-                             quant_range: tuple[int, int] = (-128, 127)) -> QParams:
-    """qint8 symmetric min/max qparams in ``quant_range`` (torch's default dynamic weight
-    observer: amax / 127.5 for the full range)."""
+def symmetric_weight_qparams(weight: torch.Tensor, per_channel: bool) -> QParams:
+    """qint8 symmetric min/max qparams (torch's default dynamic weight observer: amax / 127.5)."""
     w = weight.detach().float()
     amax = w.abs().flatten(1).amax(1) if per_channel else w.abs().max()
-    scale = torch.clamp(amax / ((quant_range[1] - quant_range[0]) / 2), min=torch.finfo(torch.float32).eps)
-    return QParams(scale, torch.zeros_like(scale, dtype=torch.int64), torch.qint8, *quant_range,
+    scale = torch.clamp(amax / 127.5, min=torch.finfo(torch.float32).eps)
+    return QParams(scale, torch.zeros_like(scale, dtype=torch.int64), torch.qint8, -128, 127,
                    axis=0 if per_channel else None, is_dynamic=True)
 
 
@@ -65,40 +64,47 @@ class DynamicKernel(PackedStateModule):
                 field="per_channel", value=per_channel)
 
     def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None, per_channel: bool,
-              qparams: QParams | None = None) -> object:
+              qparams: QParams | None) -> object:
         """Pack one weight matrix (call under ``engine_context``); ``qparams`` default to symmetric."""
         check_reduction_length(weight.shape[1], type(self).__name__)
         bias = None if bias is None else bias.detach().float()
         if self.dtype == torch.float16:
             return _Q.linear_prepack_fp16(weight.detach().float(), bias)
-        if qparams is None:  # a recurrent layer's other weights: the range the qconfig gave the first
-            given = getattr(self, "_weight_qparams", None)
-            quant_range = (-128, 127) if given is None else (given.quant_min, given.quant_max)
-            qparams = symmetric_weight_qparams(weight, per_channel, quant_range)
+        if qparams is None:
+            qparams = symmetric_weight_qparams(weight, per_channel)
         return _Q.linear_prepack(quantize_weight(weight, qparams), bias)
 
     @classmethod
     def from_float(cls, mod: nn.Module, *, dtype: torch.dtype = torch.qint8,
                    engine: str | None = None, per_channel: bool = False,
                    reduce_range: bool | None = None,
-                   weight_qparams: QParams | None = None) -> DynamicKernel:
+                   weight_qparams: QParams | Mapping[str, QParams] | None = None) -> DynamicKernel:
         """Quantize and pack ``mod``'s weights for ``engine`` (default: the current engine).
 
         ``reduce_range=None`` picks 7-bit activations on x86 engines (safe without VNNI); the flows
-        pass the calibrated choice. ``weight_qparams`` (single-weight modules) override the default
-        symmetric weight qparams, so a user's weight observer is honoured.
+        pass the calibrated choice. ``weight_qparams`` override the default symmetric weight
+        qparams, so a user's weight observer is honoured: a ``QParams`` for a linear, one per weight
+        matrix by parameter name for recurrent layers and cells (``{"weight_ih_l0": ..., ...}``);
+        a matrix not named keeps the default.
         """
         engine = engine or torch.backends.quantized.engine
         cls._check(dtype, engine, per_channel)
         if reduce_range is None:
             reduce_range = engine in ("fbgemm", "x86")
+        given: dict[str, QParams] = (
+            {"weight": weight_qparams} if isinstance(weight_qparams, QParams) else dict(weight_qparams or {}))
+        unknown = sorted(set(given) - set(dynamic_weight_names(mod)))
+        if unknown:
+            raise ConfigValidationError(
+                f"{cls.__name__}: weight_qparams names {unknown}, which {type(mod).__name__} does not "
+                f"have; its weight matrices: {dynamic_weight_names(mod)} (a recurrent layer takes one "
+                "QParams per matrix, by name)", field="weight_qparams", value=unknown)
         kernel = cls(dtype, engine, reduce_range=reduce_range)
-        kernel._weight_qparams = weight_qparams
         with engine_context(engine):
-            kernel._build(mod, per_channel)
+            kernel._build(mod, per_channel, given)
         return kernel
 
-    def _build(self, mod: nn.Module, per_channel: bool) -> None:
+    def _build(self, mod: nn.Module, per_channel: bool, weight_qparams: dict[str, QParams]) -> None:
         raise NotImplementedError
 
     def extra_repr(self) -> str:
@@ -108,9 +114,9 @@ class DynamicKernel(PackedStateModule):
 class DynamicLinear(DynamicKernel):
     """``nn.Linear`` (+ReLU) with int8 or fp16 weights; float in, float out."""
 
-    def _build(self, mod: nn.Module, per_channel: bool) -> None:
+    def _build(self, mod: nn.Module, per_channel: bool, weight_qparams: dict[str, QParams]) -> None:
         linear, relu = split_fused_relu(mod, nn.Linear, type(self).__name__)
-        self._packed = self._pack(linear.weight, linear.bias, per_channel, self._weight_qparams)
+        self._packed = self._pack(linear.weight, linear.bias, per_channel, weight_qparams.get("weight"))
         if self.dtype == torch.float16:
             self._op: Callable[[torch.Tensor], torch.Tensor] = (
                 _Q.linear_relu_dynamic_fp16 if relu else _Q.linear_dynamic_fp16)
@@ -198,7 +204,7 @@ def _bias(mod: nn.Module, name: str, size: int) -> torch.Tensor:
 class _DynamicRNN(DynamicKernel):
     """Stacked, optionally bidirectional LSTM/GRU over ``torch.quantized_lstm`` / ``_gru``."""
 
-    def _build(self, mod: nn.Module, per_channel: bool) -> None:
+    def _build(self, mod: nn.Module, per_channel: bool, weight_qparams: dict[str, QParams]) -> None:
         if not isinstance(mod, self._float_type):
             raise ConfigValidationError(f"{type(self).__name__}: expected {self._float_type}, got "
                                         f"{type(mod).__name__}", field="module")
@@ -214,7 +220,8 @@ class _DynamicRNN(DynamicKernel):
                          for part in ("ih", "hh")]
                 w_ih, w_hh = getattr(mod, names[0]), getattr(mod, names[1])
                 b_ih, b_hh = (_bias(mod, n, w_ih.shape[0]) for n in names[2:])
-                p_ih, p_hh = self._pack(w_ih, b_ih, per_channel), self._pack(w_hh, b_hh, per_channel)
+                p_ih = self._pack(w_ih, b_ih, per_channel, weight_qparams.get(names[0]))
+                p_hh = self._pack(w_hh, b_hh, per_channel, weight_qparams.get(names[1]))
                 if self.dtype == torch.float16:
                     params.append(_Q.make_quantized_cell_params_fp16(p_ih, p_hh))
                 else:
@@ -265,13 +272,13 @@ class _DynamicCell(DynamicKernel):
     calls keeps the per-engine ``reduce_range`` and the same numbers.
     """
 
-    def _build(self, mod: nn.Module, per_channel: bool) -> None:
+    def _build(self, mod: nn.Module, per_channel: bool, weight_qparams: dict[str, QParams]) -> None:
         if not isinstance(mod, self._float_type):
             raise ConfigValidationError(f"{type(self).__name__}: expected {self._float_type}, got "
                                         f"{type(mod).__name__}", field="module")
         self.hidden_size = mod.hidden_size
-        self._p_ih = self._pack(mod.weight_ih, mod.bias_ih, per_channel)
-        self._p_hh = self._pack(mod.weight_hh, mod.bias_hh, per_channel)
+        self._p_ih = self._pack(mod.weight_ih, mod.bias_ih, per_channel, weight_qparams.get("weight_ih"))
+        self._p_hh = self._pack(mod.weight_hh, mod.bias_hh, per_channel, weight_qparams.get("weight_hh"))
         self._nonlinearity = getattr(mod, "nonlinearity", None)
 
     def _linear(self, x: torch.Tensor, packed: object) -> torch.Tensor:

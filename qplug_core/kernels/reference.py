@@ -120,6 +120,30 @@ class ReferenceWeighted(nn.Module):
         return self.module(*args, **kwargs)
 
 
+class ReferenceRecurrent(nn.Module):
+    """A recurrent layer (``nn.LSTM``, ``nn.GRU``, a cell) whose weight matrices were each
+    quantized then dequantized once, with the qparams recorded per matrix by name.
+
+    The rounded weights alone do not give their scales back (an observer run on them again finds
+    a slightly different one), so lowering packs each matrix with its recorded qparams: the
+    kernels then hold exactly the integers and scales this form runs, at convert and at
+    ``qp.load``, and what ``qp.quantize_dynamic`` packs from the float layer.
+    """
+
+    def __init__(self, module: nn.Module, weight_qparams: dict[str, QParams]):
+        super().__init__()
+        self.module = rounded_copy(module, weight_qparams)
+        self.weight_qparams_holders = nn.ModuleDict(
+            {name: _QParamsHolder(qparams) for name, qparams in weight_qparams.items()})
+
+    @property
+    def weight_qparams(self) -> dict[str, QParams]:
+        return {name: holder.qparams for name, holder in self.weight_qparams_holders.items()}
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
 def observed_weight_qparams(qconfig, weight: torch.Tensor) -> QParams | None:
     """Run ``qconfig``'s weight observer on ``weight``: its qparams (dtype only for float16),
     or ``None`` when the qconfig leaves weights in float."""
@@ -142,13 +166,13 @@ def dynamic_weight_names(module: nn.Module) -> list[str]:
     return ["weight"]
 
 
-def first_weight_qparams(qconfig, module: nn.Module) -> QParams | None:
-    """``qconfig``'s qparams of ``module``'s first weight matrix (None without int8 weights): what
-    a dynamic kernel is given, whose range and granularity a recurrent kernel's other weights take
-    too when it quantizes them."""
+def dynamic_weight_qparams(qconfig, module: nn.Module) -> dict[str, QParams | None]:
+    """``qconfig``'s qparams of each weight matrix a dynamic kernel quantizes, each observed on its
+    own (by a fresh observer, as torch.ao does), by name; empty without a weight observer."""
     if qconfig is None or qconfig.weight is None:
-        return None
-    return observed_weight_qparams(qconfig, getattr(module, dynamic_weight_names(module)[0]))
+        return {}
+    return {name: observed_weight_qparams(qconfig, getattr(module, name))
+            for name in dynamic_weight_names(module)}
 
 
 def rounded_copy(module: nn.Module, weight_qparams: dict[str, QParams | None]) -> nn.Module:

@@ -82,11 +82,12 @@ def build_dynamic(ctx: KernelContext) -> nn.Module:
     weight = ctx.weight_qparams
     dtype = weight.dtype if weight is not None else torch.qint8
     activation = ctx.input_qparams[0] if ctx.input_qparams else None
+    qint8 = weight is not None and weight.dtype == torch.qint8
     return _DYNAMIC[_unwrap(ctx.module)].from_float(
         ctx.module, dtype=dtype, engine=ctx.engine,
         per_channel=weight is not None and weight.axis is not None,
         reduce_range=None if activation is None else activation.quant_max <= 127,
-        weight_qparams=weight if weight is not None and weight.dtype == torch.qint8 else None)
+        weight_qparams=(ctx.recurrent_weight_qparams or weight) if qint8 else None)
 
 
 def build_embedding(ctx: KernelContext) -> nn.Module:

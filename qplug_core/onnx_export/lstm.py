@@ -17,7 +17,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import ExportError
-from qplug_core.kernels.reference import DynamicQuantize
+from qplug_core.kernels.reference import DynamicQuantize, ReferenceRecurrent
 
 #: PyTorch's gate blocks (i, f, g, o) in ONNX's order (i, o, f, c)
 _ONNX_GATE_ORDER = (0, 3, 1, 2)
@@ -78,6 +78,8 @@ def dynamic_lstm_problem(submodules: dict[str, nn.Module], node: fx.Node) -> str
     module = submodules.get(str(node.target)) if node.op == "call_module" else None
     if module is None:
         return "not a module call"
+    if isinstance(module, ReferenceRecurrent):
+        module = module.module
     source = node.args[0] if node.args else None
     quantize = submodules.get(str(source.target)) if isinstance(source, fx.Node) and source.op == "call_module" else None
     if not isinstance(quantize, DynamicQuantize):

@@ -24,6 +24,7 @@ from qplug_core.ir.qdq_ops import dequantize_op
 from qplug_core.kernels.reference import (
     Dequantize,
     DynamicQuantize,
+    ReferenceRecurrent,
     ReferenceWeighted,
     _QParamsHolder,
     weight_of,
@@ -130,8 +131,9 @@ def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False) -> f
         if node.op != "call_module":
             continue
         module = out.get_submodule(node.target)
-        if onnxruntime_ops and isinstance(module, nn.LSTM) and dynamic_lstm_problem(submodules, node) is None:
-            out.set_submodule(node.target, DynamicQuantizedLSTM(module))
+        if onnxruntime_ops and isinstance(module, ReferenceRecurrent) \
+                and dynamic_lstm_problem(submodules, node) is None:
+            out.set_submodule(node.target, DynamicQuantizedLSTM(module.module))
             node.args = (node.args[0].args[0], *node.args[1:])  # the op quantizes its input itself
             continue
         qp = module.weight_qparams if isinstance(module, ReferenceWeighted) else None

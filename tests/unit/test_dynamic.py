@@ -22,6 +22,7 @@ from qplug_core.errors import (
 )
 from qplug_core.flows.dynamic import SimulatedDynamic
 from qplug_core.kernels import torch_int8 as K
+from qplug_core.kernels.base import engine_context
 from qplug_core.kernels.cpu import cpu_int8, override_cpu_flags
 from qplug_core.zoo import example_inputs, get_model
 from qplug_core.zoo.transformer import make_realistic_bert
@@ -153,6 +154,102 @@ def test_differential_vs_torch_ao(plugin_autoload):
     print(f"\nvs float: qplug fbgemm {sqnr(ref, out):.1f} dB, torch.ao {sqnr(ref, ao_out):.1f} dB; "
           f"qplug vs torch.ao {sqnr(ao_out, out):.1f} dB")
     assert sqnr(ao_out, out) > 30 and sqnr(ref, out) > sqnr(ref, ao_out) - 3
+
+
+class _Recurrent(nn.Module):
+    """One recurrent layer answering its output and final state(s), all compared."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.rnn = layer
+
+    def forward(self, x):
+        return self.rnn(x)
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    return [value] if isinstance(value, torch.Tensor) else [t for v in value for t in _tensors(v)]
+
+
+def _graph_dynamic(model: nn.Module, mapping: QConfigMapping, x: torch.Tensor, backend: str):
+    """(lowered, reference form) of ``model`` by prepare_fx / convert_fx with a dynamic mapping."""
+    observed = qp.calibrate(qp.prepare_fx(model, mapping, (x,), backend=backend), [(x,)])
+    lowered = qp.convert_fx(observed)
+    kind = type(model.rnn).__name__.lower()
+    assert qp.quantization_report(lowered).kernels == {"rnn": f"quantized::{kind}_dynamic"}
+    return lowered, qp.convert_to_reference_fx(observed)
+
+
+def _observed_weights(backend: str, qscheme: torch.qscheme):
+    """A dynamic qconfig with per-tensor ``qscheme`` min/max weights, in qplug's names and in
+    torch.ao's (qnnpack: its legal weight range and smallest scale; torch.ao's dynamic RNNs take
+    7-bit activations on fbgemm, whatever their observer says)."""
+    from torch.ao import quantization as tq
+
+    weights = dict(dtype=torch.qint8, qscheme=qscheme)
+    if backend == "qnnpack":
+        weights.update(quant_min=-127, quant_max=127, eps=2 ** -12)
+    ours = qp.QConfig(weight=qp.observers.MinMaxObserver.with_args(**weights),
+                      activation=qp.observers.PlaceholderObserver.with_args(
+                          dtype=torch.quint8, quant_min=0, quant_max=127 if backend == "fbgemm" else 255,
+                          is_dynamic=True))
+    return ours, tq.QConfig(activation=tq.default_dynamic_quant_observer,
+                            weight=tq.MinMaxObserver.with_args(**weights))
+
+
+RECURRENT = [(nn.LSTM, {}), (nn.LSTM, dict(num_layers=2, bidirectional=True)),
+             (nn.LSTM, dict(batch_first=True, bias=False)), (nn.GRU, {}),
+             (nn.GRU, dict(num_layers=2, batch_first=True)), (nn.GRU, dict(bidirectional=True, bias=False))]
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
+@pytest.mark.parametrize("layer, options", RECURRENT, ids=lambda v: v.__name__ if isinstance(v, type) else
+                         "-".join(f"{k}={w}" for k, w in v.items()) or "plain")
+def test_graph_mode_recurrent_kernels_are_quantize_dynamics_and_torch_aos(layer, options, backend,
+                                                                           plugin_autoload):
+    """prepare_fx / convert_fx and qp.quantize_dynamic pack each LSTM/GRU weight matrix with the
+    qparams its observer gave, as torch.ao does: bit for bit, for the backend's default mapping and
+    torch.ao's symmetric or affine min/max weights. The graph flow's kernels observed the reference
+    form's rounded weights again (a second rounding, to other scales), and qp.quantize_dynamic took
+    symmetric qparams of its own for every matrix, whatever the observer."""
+    from torch.ao import quantization as tq
+
+    torch.manual_seed(0)
+    model, x = _Recurrent(layer(16, 32, **options)).eval(), torch.randn(4, 7, 16)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():  # trained weights are not centred on zero
+            weight.add_(0.02 * weight.abs().max() if name.startswith("weight") else 0)
+    for qconfigs in (None, _observed_weights(backend, torch.per_tensor_symmetric),
+                     _observed_weights(backend, torch.per_tensor_affine)):
+        mapping = qp.get_default_qconfig_mapping(backend, "dynamic") if qconfigs is None else \
+            QConfigMapping().set_object_type(layer, qconfigs[0])
+        lowered, _ = _graph_dynamic(model, mapping, x, backend)
+        swapped = qp.quantize_dynamic(model, mapping, backend=backend)
+        with torch.no_grad():
+            got = _tensors(lowered(x))
+            assert all(map(torch.equal, got, _tensors(swapped(x))))
+        if qconfigs is not None and options.get("bias", True):  # torch.ao's dynamic RNNs need biases
+            with warnings.catch_warnings(), engine_context(backend), torch.no_grad():
+                warnings.simplefilter("ignore")
+                ao = tq.quantize_dynamic(copy.deepcopy(model), {layer: qconfigs[1]})
+                assert all(map(torch.equal, got, _tensors(ao(x))))
+
+
+@pytest.mark.parametrize("layer", [nn.LSTM, nn.GRU])
+def test_graph_mode_recurrent_reference_form_runs_the_kernels_weights(layer, plugin_autoload):
+    """The reference form runs the kernels' int8 weights (integers and scales) and quantizes the
+    layer's input as they do, once per call; it keeps the hidden state float, which the kernels
+    quantize before every step's hidden product, as it keeps a stacked layer's input. One step of
+    one layer from a zero state, where that is exact, it answers as the kernels to float rounding,
+    on each backend (fbgemm's kernels held other weights, 1.1e-3 off it)."""
+    torch.manual_seed(0)
+    model, x = _Recurrent(layer(16, 32, bidirectional=True, batch_first=True)).eval(), torch.randn(4, 1, 16)
+    for backend in ("fbgemm", "qnnpack"):
+        mapping = qp.get_default_qconfig_mapping(backend, "dynamic")
+        lowered, reference = _graph_dynamic(model, mapping, x, backend)
+        with torch.no_grad():
+            for got, expected in zip(_tensors(lowered(x)), _tensors(reference(x)), strict=True):
+                torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
 
 
 def test_qconfig_spec_forms_select_modules():

@@ -24,8 +24,8 @@ def _recurrent_module(submodules: dict[str, nn.Module], node: fx.Node) -> nn.Mod
     if node.op != "call_module":
         return None
     module = submodules[str(node.target)]
-    inner = getattr(module, "module", module)  # ReferenceWeighted wraps the float module
-    return module if isinstance(module, _RECURRENT) or isinstance(inner, _RECURRENT) else None
+    inner = getattr(module, "module", module)  # the reference form wraps the float module
+    return inner if isinstance(inner, _RECURRENT) else None
 
 
 class OrtSupport(OperatorSupportBase):

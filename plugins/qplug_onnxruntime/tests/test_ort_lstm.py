@@ -122,7 +122,7 @@ def test_lstm_runs_in_ort_with_the_reference_numbers(options):
     assert _ort_ops(ort_model)[("", "LSTM")] == 0
     with torch.no_grad():
         got, expected, floats = ort_model(*inputs), reference(*inputs), model(*inputs)
-        oracle = _oracle(reference.get_submodule("rnn"), inputs[0], inputs[1:])
+        oracle = _oracle(reference.get_submodule("rnn").module, inputs[0], inputs[1:])
     for g, o, e, f in zip(got, oracle, expected, floats):
         assert g.shape == e.shape
         # ORT computes the oracle's numbers; only summation order and MLAS' sigmoid/tanh differ
@@ -144,7 +144,7 @@ def test_ort_runs_qplugs_int8_weights():
     graph = onnx.load_from_string(source).graph
     (node,) = [n for n in graph.node if n.op_type == "DynamicQuantizeLSTM"]
     initializers = {i.name: torch.from_numpy(onnx.numpy_helper.to_array(i).copy()) for i in graph.initializer}
-    lstm = reference.get_submodule("rnn")
+    lstm = reference.get_submodule("rnn").module  # the grid-weight nn.LSTM
     for weight, scale, zero_point, name in ((1, 8, 9, "weight_ih_l0"), (2, 10, 11, "weight_hh_l0")):
         q = initializers[node.input[weight]]
         assert q.dtype == torch.int8 and not bool(initializers[node.input[zero_point]].any())

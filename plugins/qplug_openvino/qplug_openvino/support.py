@@ -21,8 +21,8 @@ class OpenVinoSupport(OperatorSupportBase):
 
     def unsupported_reason(self, submodules: dict[str, nn.Module], node: fx.Node) -> str | None:
         if node.op == "call_module":
-            module = submodules[str(node.target)]
-            if isinstance(getattr(module, "module", module), _RECURRENT):  # ReferenceWeighted wraps it
+            module = getattr(submodules[str(node.target)], "module", submodules[str(node.target)])
+            if isinstance(module, _RECURRENT):  # the reference form wraps the float module
                 return f"a {type(module).__name__} stays a float layer in PyTorch (no static int8 RNN)"
             return None
         if any(self.unsupported_reason(submodules, a) for a in node.all_input_nodes if a.op == "call_module"):

@@ -11,6 +11,7 @@ from torch import nn
 
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.kernels.capabilities import engine_capabilities
+from qplug_core.kernels.reference import rounded_copy
 from qplug_core.kernels.torch_int8 import (
     DynamicGRU,
     DynamicLinear,
@@ -22,6 +23,7 @@ from qplug_core.kernels.torch_int8 import (
     RNNCell,
     symmetric_weight_qparams,
 )
+from qplug_core.qparams import QParams
 
 CI = settings(derandomize=True, max_examples=25, deadline=None)
 WEIGHT_DTYPES = [torch.qint8, torch.float16]
@@ -117,6 +119,41 @@ def test_dynamic_refusals():
             DynamicLinear.from_float(nn.Linear(2, 2), dtype=torch.float16, engine="qnnpack")
     with pytest.raises(ConstraintViolationError, match="proj_size"):
         DynamicLSTM.from_float(nn.LSTM(4, 4, proj_size=2), engine="fbgemm")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("layer, kernel_cls", [
+    (lambda: nn.LSTM(6, 5, num_layers=2, bidirectional=True), DynamicLSTM),
+    (lambda: nn.GRUCell(6, 5), GRUCell),
+])
+def test_recurrent_kernels_pack_each_matrix_with_its_own_qparams(engine, layer, kernel_cls):
+    """Given a QParams per weight matrix by name, each matrix is packed with its own: a layer whose
+    weights already lie on those grids (a reference form's) gives the same kernel, bit for bit."""
+    torch.manual_seed(0)
+    float_layer, x = layer(), torch.randn(3, 6)
+    names = [n for n, _ in float_layer.named_parameters() if n.startswith("weight")]
+    qparams = {}
+    for i, name in enumerate(names):  # each its own scales, range and granularity
+        weight = getattr(float_layer, name).detach()
+        seven_bit = i % 2 == 1
+        scale = weight.abs().amax(1) / 63.5 if seven_bit else weight.abs().max() / (100 + i)
+        low, high = (-64, 63) if seven_bit else (-128, 127)
+        qparams[name] = QParams(scale, torch.zeros_like(scale, dtype=torch.int64), torch.qint8, low, high,
+                                axis=0 if seven_bit else None)
+    kernel = kernel_cls.from_float(float_layer, engine=engine, weight_qparams=qparams)
+    rounded = rounded_copy(float_layer, qparams)
+    assert not torch.equal(rounded.get_parameter(names[0]), float_layer.get_parameter(names[0]))
+    again = kernel_cls.from_float(rounded, engine=engine, weight_qparams=qparams)
+    x = x.unsqueeze(0) if kernel_cls is DynamicLSTM else x
+    for got, expected in zip(_flat(kernel(x)), _flat(again(x)), strict=True):
+        assert torch.equal(got, expected)
+    with pytest.raises(ConfigValidationError, match=r"names \['weight'\], which .* does not have; its weight "
+                                                    r"matrices: \['weight_ih"):
+        kernel_cls.from_float(float_layer, engine=engine, weight_qparams=qparams[names[0]])
+
+
+def _flat(value) -> list[torch.Tensor]:
+    return [value] if isinstance(value, torch.Tensor) else [t for v in value for t in _flat(v)]
 
 
 def rowwise_reference(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,13 @@ from torch import nn
 from qplug_core import qparams as Q
 from qplug_core.config.codec import child
 from qplug_core.errors import ConfigError
-from qplug_core.kernels.reference import DynamicQuantize, ReferenceWeighted, _QParamsHolder
+from qplug_core.kernels.reference import (
+    DynamicQuantize,
+    ReferenceRecurrent,
+    ReferenceWeighted,
+    _QParamsHolder,
+    dynamic_weight_names,
+)
 from qplug_core.qparams import QParams
 
 #: dtypes qparams may describe: the quantized ones, and float ones for float16 weight-only modules
@@ -124,6 +130,18 @@ def check_layer_shapes(module: nn.Module, at: str) -> None:
                   f"with these sizes needs {expected}", name)
 
 
+def _check_recurrent_qparams(module: ReferenceRecurrent, at: str) -> None:
+    """Each recorded qparams names a weight matrix of the layer and fits its shape: lowering packs
+    that matrix with it."""
+    names = dynamic_weight_names(module.module)
+    for name, qparams in module.weight_qparams.items():
+        name_at = child(child(at, "weight_qparams_holders"), name)
+        if name not in names:
+            _fail(name_at, f"{type(module.module).__name__} has no weight matrix {name!r} (it has "
+                  f"{', '.join(names)})", name)
+        check_weight_qparams(qparams, tuple(getattr(module.module, name).shape), name_at)
+
+
 def check_loaded_values(root: nn.Module) -> None:
     """Check every module of a rebuilt model; raises :class:`ConfigError` naming the field."""
     for path, module in root.named_modules():
@@ -132,5 +150,7 @@ def check_loaded_values(root: nn.Module) -> None:
             check_qparams(module.qparams, at)
         elif isinstance(module, DynamicQuantize):
             check_range(module.dtype, module.quant_min, module.quant_max, at)
+        elif isinstance(module, ReferenceRecurrent):
+            _check_recurrent_qparams(module, at)
         if not isinstance(module, ReferenceWeighted):
             check_layer_shapes(module, at)

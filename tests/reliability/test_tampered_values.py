@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import torch
 from artifactkit import module, reference_model, rewrite
-from torch import fx
+from torch import fx, nn
 
+import qplug_core as qp
 from qplug_core.errors import SerializationError
 from qplug_core.serialization import load, save
 from qplug_core.serialization.module_codec import WORK_PER_TENSOR
@@ -119,6 +120,46 @@ def test_untampered_rewrite_loads(good_file):
     loaded = load(rewrite(good_file, lambda d, t: None))
     x = torch.randn(2, 4)
     torch.testing.assert_close(loaded(x), reference_model()(x))
+
+
+@pytest.fixture
+def recurrent_file(tmp_path: Path) -> Path:
+    """A dynamic LSTM's reference form, per-channel qparams recorded for each weight matrix."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(4, 6)
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 2, 4)
+    observed = qp.prepare_fx(Net().eval(), qp.get_default_qconfig_mapping("reference", "dynamic"), (x,),
+                             backend="reference")
+    qp.calibrate(observed, [(x,)], progress=False)
+    return save(qp.convert_to_reference_fx(observed), tmp_path / "lstm.safetensors")
+
+
+HOLDERS = "rnn.weight_qparams_holders"
+
+
+@pytest.mark.parametrize("edit, field, detail", [
+    (lambda d, t: module(d, f"{HOLDERS}.weight_hh_l0").update(path=f"{HOLDERS}.weight_hh_l9"),
+     "modules[rnn].weight_qparams_holders.weight_hh_l9", "LSTM has no weight matrix 'weight_hh_l9'"),
+    (lambda d, t: (tensor(f"{HOLDERS}.weight_ih_l0.scale", torch.full((3,), 0.02))(d, t),
+                   tensor(f"{HOLDERS}.weight_ih_l0.zero_point", torch.zeros(3, dtype=torch.int64))(d, t)),
+     "modules[rnn].weight_qparams_holders.weight_ih_l0.axis",
+     "3 channels along axis 0 do not fit a weight of shape (24, 4)"),
+], ids=["names a matrix the layer lacks", "channels that do not fit the matrix"])
+def test_tampered_recurrent_weight_qparams_are_refused_naming_the_field(edit, field, detail, recurrent_file):
+    """Lowering packs each matrix of the layer with the qparams recorded for it: they must be there."""
+    assert load(rewrite(recurrent_file, lambda d, t: None)) is not None  # the control loads
+    path = rewrite(recurrent_file, edit)
+    with pytest.raises(SerializationError) as info:
+        load(path)
+    message = str(info.value)
+    assert str(path) in message and field in message and detail in message, message
 
 
 # -- files that are not regular files --------------------------------------------------------------

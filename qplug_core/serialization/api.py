@@ -63,8 +63,9 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
     ``qmodel`` must come from ``qp.convert_fx``, ``qp.convert_to_reference_fx`` or ``qp.load``:
     what is written is the reference form recorded at convert time (int8 weights, qparams, graph;
     float tensors are shared with the model) and the backend it was converted for, so modules
-    swapped into the model later are not saved. The file is replaced atomically, and saving the
-    same model twice gives byte-identical files. Models quantized by module swap
+    swapped into the model later are not saved. The file is replaced atomically, holds a SHA-256
+    digest of its tensors and document that ``load`` checks, and saving the same model twice gives
+    byte-identical files. Models quantized by module swap
     (``qp.quantize_weights``, ``qp.quantize_w8a8``, ``qp.quantize_dynamic(per_token=True)``) are
     saved as their quantized tensors and the rest of their float state (load them with ``model=``);
     so are ``qp.quantize_dynamic`` models whose dynamic layers are int8 linears.
@@ -117,7 +118,8 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     recorded in the file is ever allocated. ``backend`` overrides that backend; ``backend="reference"`` gives the reference form, which
     runs anywhere. Nothing is ever unpickled: a pickle (``torch.save``) file raises
     :class:`UnsafeFileError` and there is no opt-in, because a pickle cannot carry a qplug model
-    without running code. A damaged or tampered file raises :class:`SerializationError` naming it; a
+    without running code. A damaged or tampered file raises :class:`SerializationError` naming it
+    (one whose tensors or document no longer match the digest ``save`` stored in it, too); a
     backend that is not installed raises :class:`BackendNotFoundError` with the ``pip install``
     command. A plugin version that differs in its major version (minor for 0.x) from the one
     recorded only warns: the file holds the backend-independent reference form, and the installed

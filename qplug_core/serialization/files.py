@@ -2,7 +2,9 @@
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (tensor dtypes, shapes
 and offsets, plus string metadata) and raw tensor bytes; reading it runs no code. qplug keeps its
-document as one metadata string, so the header has a single metadata key and identical models give
+document as one metadata string and, beside it, the digest of the file's tensors and document
+(:mod:`qplug_core.serialization.digest`), checked whenever a file is read. safetensors writes its
+metadata in a random order, so qplug writes the two strings back sorted: identical models give
 byte-identical files. Before safetensors parses anything, the first bytes are checked so that a
 pickle (``torch.save``) file, a truncated file or an absurd header length gets a clear error.
 
@@ -21,6 +23,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from safetensors import safe_open
@@ -28,6 +31,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file
 
 from qplug_core.errors import SerializationError, UnsafeFileError
+from qplug_core.serialization.digest import DIGEST_KEY, check_digest, digest_of
 
 #: safetensors metadata key under which the qplug document is stored
 METADATA_KEY = "qplug"
@@ -43,10 +47,13 @@ def write_artifact_file(path: Path, document: str, tensors: dict[str, torch.Tens
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         mode = _mode_for(path, temporary)
-        save_file(_storable(tensors), str(temporary), metadata={METADATA_KEY: document})
-        os.chmod(temporary, mode)
-        with open(temporary, "rb") as written:
+        stored = _storable(tensors)
+        metadata = {METADATA_KEY: document, DIGEST_KEY: digest_of(document, stored)}
+        save_file(stored, str(temporary), metadata=metadata)
+        with open(temporary, "r+b") as written:
+            _sort_metadata(written, metadata)
             os.fsync(written.fileno())
+        os.chmod(temporary, mode)  # after the rewrite above: the mode may be read-only
         os.replace(temporary, path)
     except OSError as exc:
         raise SerializationError(f"cannot write {path}: {exc.strerror or exc}; check that the directory "
@@ -66,6 +73,22 @@ def _mode_for(path: Path, temporary: Path) -> int:
         return stat.S_IMODE(os.stat(path).st_mode)
     temporary.touch(exist_ok=False)
     return stat.S_IMODE(os.stat(temporary).st_mode)
+
+
+_METADATA_START = b'{"__metadata__":'
+
+
+def _sort_metadata(file: BinaryIO, metadata: dict[str, str]) -> None:
+    """Rewrite the header's metadata object with its keys sorted, in place (the same pairs, so the
+    same length): safetensors writes it from a Rust HashMap, in an order that changes from one save
+    to the next."""
+    ordered = json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    file.seek(8)
+    written = file.read(len(_METADATA_START) + len(ordered))
+    if not written.startswith(_METADATA_START) or json.loads(written[len(_METADATA_START):]) != metadata:
+        raise ValueError("safetensors wrote the metadata in a layout this qplug-core does not know")
+    file.seek(8 + len(_METADATA_START))
+    file.write(ordered)
 
 
 def _storable(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -133,22 +156,21 @@ def _owned(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone() if tensor._base is not None else tensor
 
 
-def _contents(path: Path, fd: int, size: int) -> tuple[str | None, dict[str, torch.Tensor]]:
-    """The qplug document and the tensors, read through ``fd`` only."""
+def _contents(fd: int, size: int) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """The metadata strings and the tensors, read through ``fd`` only."""
     by_descriptor = _descriptor_path(fd)
     if by_descriptor is not None:
         with safe_open(by_descriptor, framework="pt", device="cpu") as file:
-            document = (file.metadata() or {}).get(METADATA_KEY)
-            return document, {key: _owned(file.get_tensor(key)) for key in file.keys()}
+            return file.metadata() or {}, {key: _owned(file.get_tensor(key)) for key in file.keys()}
     data = _read_exactly(fd, size)
-    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
-    metadata = header.get("__metadata__") if isinstance(header, dict) else None
-    document = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
-    return document, {key: _owned(tensor) for key, tensor in safetensors_load(data).items()}
+    tensors = {key: _owned(tensor) for key, tensor in safetensors_load(data).items()}
+    # safetensors has parsed the header: its metadata is a map of strings
+    return json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__", {}), tensors
 
 
 def read_artifact_file(path: Path) -> tuple[str, dict[str, torch.Tensor]]:
-    """The qplug document and the tensors of the file at ``path``; never unpickles."""
+    """The qplug document and the tensors of the file at ``path``, checked against the file's
+    digest; never unpickles."""
     try:
         fd, size = _open_regular(path)
     except FileNotFoundError as exc:
@@ -158,14 +180,16 @@ def read_artifact_file(path: Path) -> tuple[str, dict[str, torch.Tensor]]:
     try:
         _check_head(path, _read_exactly(fd, 9), size)
         try:
-            document, tensors = _contents(path, fd, size)
+            metadata, tensors = _contents(fd, size)
         except Exception as exc:  # safetensors reports every malformed file as a plain exception
             raise SerializationError(f"{path} is corrupt: {exc}", path=str(path)) from exc
     finally:
         os.close(fd)
+    document = metadata.get(METADATA_KEY)
     if document is None:
         raise SerializationError(f"{path} is a safetensors file without qplug metadata; qp.load reads "
                                  "the files written by qp.save", path=str(path))
+    check_digest(path, metadata.get(DIGEST_KEY), document, tensors)
     return document, tensors
 
 

@@ -1,21 +1,24 @@
-"""A small real artifact and the ways the hostile-file tests edit it (as an attacker would)."""
+"""A small real artifact and the ways the hostile-file tests edit it (as an attacker would: with a
+new digest, which checks for damage, not for edits, so that the file's contents are checked next)."""
 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load, save_file
 from torch import fx, nn
 
 from qplug_core.flows.tags import ARTIFACT
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.qparams import QParams
 from qplug_core.serialization import capture_artifact
+from qplug_core.serialization.digest import DIGEST_KEY, digest_of
 
 
 def reference_model() -> fx.GraphModule:
@@ -43,7 +46,8 @@ def rewrite(source: Path, edit: Callable[[dict[str, Any], dict[str, torch.Tensor
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
     edit(document, tensors)
     target = source.with_name("edited.safetensors")
-    save_file(tensors, str(target), metadata={"qplug": json.dumps(document)})
+    text = json.dumps(document)
+    save_file(tensors, str(target), metadata={"qplug": text, DIGEST_KEY: digest_of(text, tensors)})
     return target
 
 
@@ -52,11 +56,61 @@ def rewrite_header(source: Path, target: Path, edit: Callable[[dict[str, Any]], 
     (a safetensors file is an 8-byte header length, the JSON header, then raw data): fast enough to
     do for hundreds of names."""
     raw = source.read_bytes()
-    length = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + length])
-    document = json.loads(header["__metadata__"]["qplug"])
+    document = json.loads(_header(raw)["__metadata__"]["qplug"])
     edit(document)
-    header["__metadata__"]["qplug"] = json.dumps(document)
+    text = json.dumps(document)
+    return _with_metadata(source, target, {"qplug": text, DIGEST_KEY: digest_of(text, load(raw))})
+
+
+def without_digest(source: Path, target: Path) -> Path:
+    """``source`` as ``qp.save`` wrote files before it stored a digest: the same document and
+    tensors, no ``qplug.digest`` field."""
+    return _with_metadata(source, target, {"qplug": _header(source.read_bytes())["__metadata__"]["qplug"]})
+
+
+def with_metadata_field(source: Path, target: Path, key: str, value: str) -> Path:
+    """``source`` with one metadata string set, the rest as it was."""
+    return _with_metadata(source, target, {**_header(source.read_bytes())["__metadata__"], key: value})
+
+
+def with_bit_flipped(source: Path, target: Path, tensor: str) -> Path:
+    """``source`` with the lowest bit of the first byte of ``tensor`` flipped, as a bad disk or copy
+    would: header and digest untouched."""
+    raw = bytearray(source.read_bytes())
+    raw[_start(raw, tensor)] ^= 0x01
+    target.write_bytes(raw)
+    return target
+
+
+def with_value_scaled(source: Path, target: Path, tensor: str, factor: float) -> Path:
+    """``source`` with the first value of float32 or float64 ``tensor`` multiplied by ``factor``, in
+    its bytes: header and digest untouched."""
+    raw = bytearray(source.read_bytes())
+    start, layout = _start(raw, tensor), _FORMATS[_header(raw)[tensor]["dtype"]]
+    (value,) = struct.unpack_from(layout, raw, start)
+    struct.pack_into(layout, raw, start, value * factor)
+    target.write_bytes(raw)
+    return target
+
+
+_FORMATS = {"F32": "<f", "F64": "<d"}
+
+
+def _header(raw: bytes | bytearray) -> dict[str, Any]:
+    return json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+
+
+def _start(raw: bytes | bytearray, tensor: str) -> int:
+    """Where the bytes of ``tensor`` begin in the file ``raw``."""
+    return 8 + int.from_bytes(raw[:8], "little") + _header(raw)[tensor]["data_offsets"][0]
+
+
+def _with_metadata(source: Path, target: Path, metadata: dict[str, str]) -> Path:
+    """``source`` with its header's metadata replaced, in front of the same tensor bytes."""
+    raw = source.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = _header(raw)
+    header["__metadata__"] = metadata
     text = json.dumps(header).encode()
     target.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
     return target

@@ -6,22 +6,38 @@ way a bad disk, a bad copy or an attacker would.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
+import re
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from artifactkit import module, node, reference_model, rewrite
+from artifactkit import (
+    module,
+    node,
+    reference_model,
+    rewrite,
+    with_bit_flipped,
+    with_metadata_field,
+    with_value_scaled,
+    without_digest,
+)
 from safetensors.torch import save_file
+from torch import nn
 
 import qplug_core as qp
+from qplug_core.config.defaults import dynamic_qconfig
 from qplug_core.errors import BackendNotFoundError, QplugError, SerializationError, UnsafeFileError
 from qplug_core.registry.plugins import QplugPluginWarning
-from qplug_core.serialization import load, save
+from qplug_core.serialization import files, load, save
+from qplug_core.serialization.digest import DIGEST_KEY
 
 WEIGHT = "fc.module.weight"
 
@@ -110,8 +126,10 @@ def test_flipped_header_bytes_give_a_serialization_error(good_file):
         assert "flipped.safetensors" in str(info.value), offset
 
 
-def test_random_damage_never_escapes_as_an_untyped_error(good_file):
+def test_random_damage_is_a_typed_error_never_other_answers(good_file):
     data = good_file.read_bytes()
+    x = torch.randn(2, 4)
+    expected = reference_model()(x)
     rng = random.Random(0)
     for _ in range(60):
         damaged = bytearray(data)
@@ -119,9 +137,10 @@ def test_random_damage_never_escapes_as_an_untyped_error(good_file):
             damaged[rng.randrange(len(damaged))] = rng.randrange(256)
         good_file.with_name("random.safetensors").write_bytes(bytes(damaged))
         try:
-            load(good_file.with_name("random.safetensors"))
+            loaded = load(good_file.with_name("random.safetensors"))
         except QplugError:
-            pass  # damage in the tensor bytes loads (with other values); anything else is typed
+            continue
+        assert torch.equal(loaded(x), expected)  # loads only where nothing it computes with changed
 
 
 def test_absurdly_nested_document_is_refused(tmp_path):
@@ -139,6 +158,151 @@ def test_not_a_qplug_file(tmp_path):
     save_file({"x": torch.zeros(2)}, str(plain))
     with pytest.raises(SerializationError, match="without qplug metadata"):
         load(plain)
+
+
+# -- damage only the digest sees: valid values, other answers (row 36) ------------------------------
+
+CHANGED = "contents changed after it was written"
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+
+
+def _inputs(seed: int) -> torch.Tensor:
+    return torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def _graph(mode: str, backend: str = "reference") -> nn.Module:
+    prepare = qp.prepare_qat_fx if mode == "qat" else qp.prepare_fx
+    model = _mlp().train() if mode == "qat" else _mlp()
+    observed = prepare(model, qp.get_default_qconfig_mapping(backend, mode), (_inputs(0),), backend=backend)
+    qp.calibrate(observed, [(_inputs(seed),) for seed in range(3)], progress=False)
+    return qp.convert_fx(observed.eval())
+
+
+DYNAMIC = dynamic_qconfig(per_channel=True, reduce_range=True)
+
+
+@dataclass(frozen=True)
+class FileKind:
+    quantize: Callable[[], nn.Module]
+    #: the float model ``qp.load(path, model=...)`` fills (module-swap files); None: a graph file
+    model: Callable[[], nn.Module] | None = None
+    #: needs the installed fbgemm plugin
+    fbgemm: bool = False
+    #: of the model's inputs
+    dtype: torch.dtype = torch.float32
+
+
+FILE_KINDS = {
+    "graph static": FileKind(lambda: _graph("static")),
+    "graph static fbgemm": FileKind(lambda: _graph("static", "fbgemm"), fbgemm=True),
+    "graph qat": FileKind(lambda: _graph("qat")),
+    "graph dynamic": FileKind(lambda: _graph("dynamic")),
+    "weight-only int4": FileKind(lambda: qp.quantize_weights(_mlp(), bits=4, group_size=16), _mlp),
+    "weight-only int8": FileKind(lambda: qp.quantize_weights(_mlp(), bits=8), _mlp),
+    "weight-only int4 bfloat16": FileKind(lambda: qp.quantize_weights(_mlp().bfloat16(), bits=4,
+                                                                      group_size=16),
+                                          lambda: _mlp().bfloat16(), dtype=torch.bfloat16),
+    "w8a8": FileKind(lambda: qp.quantize_w8a8(_mlp(), [_inputs(s) for s in range(3)], alpha=None), _mlp),
+    "per-token dynamic": FileKind(lambda: qp.quantize_dynamic(_mlp(), per_token=True), _mlp),
+    "dynamic int8 linears": FileKind(lambda: qp.quantize_dynamic(_mlp(), {nn.Linear: DYNAMIC},
+                                                                 backend="fbgemm"), _mlp, fbgemm=True),
+}
+
+
+@dataclass(frozen=True)
+class Saved:
+    path: Path
+    kind: FileKind
+
+    def load(self, path: Path) -> nn.Module:
+        """The model in ``path``, a file of this kind."""
+        return qp.load(path) if self.kind.model is None else qp.load(path, model=self.kind.model())
+
+
+@pytest.fixture(params=list(FILE_KINDS))
+def saved(request, tmp_path) -> Saved:
+    """A file of each kind qp.save writes."""
+    kind = FILE_KINDS[request.param]
+    if kind.fbgemm:
+        request.getfixturevalue("installed_backends")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # which backend was picked: not under test
+        return Saved(qp.save(kind.quantize(), tmp_path / "model.safetensors"), kind)
+
+
+def _header(path: Path) -> dict[str, Any]:
+    raw = path.read_bytes()
+    return json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+
+
+def _first(path: Path, dtypes: tuple[str, ...], word: str) -> str:
+    return min(name for name, entry in _header(path).items()
+               if name != "__metadata__" and entry["dtype"] in dtypes and word in name)
+
+
+def test_a_flipped_weight_bit_is_refused_naming_the_file(saved):
+    weight = _first(saved.path, ("I8", "U8"), "weight")
+    damaged = with_bit_flipped(saved.path, saved.path.with_name("flipped.safetensors"), weight)
+    with pytest.raises(SerializationError, match=CHANGED) as info:
+        saved.load(damaged)
+    assert str(damaged) in str(info.value) and "damaged in transfer" in str(info.value)
+
+
+def test_a_scale_changed_to_another_positive_value_is_refused(saved):
+    scale = _first(saved.path, ("F32", "F64"), "scale")
+    damaged = with_value_scaled(saved.path, saved.path.with_name("scaled.safetensors"), scale, 1.5)
+    with pytest.raises(SerializationError, match=CHANGED) as info:
+        saved.load(damaged)
+    assert str(damaged) in str(info.value)
+
+
+def test_a_changed_document_value_is_refused(saved):
+    document = json.loads(_header(saved.path)["__metadata__"]["qplug"])
+    if "model" in document:
+        document["model"]["training"] = True  # the loaded model would run in training mode
+    else:
+        document["skipped"] = {"0": "edited"}
+    edited = with_metadata_field(saved.path, saved.path.with_name("edited.safetensors"), "qplug",
+                                 json.dumps(document))
+    with pytest.raises(SerializationError, match=CHANGED) as info:
+        saved.load(edited)
+    assert str(edited) in str(info.value)
+
+
+def test_a_file_without_a_digest_loads_as_files_written_before_digests(saved):
+    assert re.fullmatch("sha256:[0-9a-f]{64}", _header(saved.path)["__metadata__"][DIGEST_KEY])
+    older = without_digest(saved.path, saved.path.with_name("older.safetensors"))
+    assert DIGEST_KEY not in _header(older)["__metadata__"]
+    x = _inputs(5).to(saved.kind.dtype)
+    with torch.no_grad():
+        assert torch.equal(saved.load(older)(x), saved.load(saved.path)(x))
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("", "is not a digest qp.save writes"),
+    ("sha256:" + "0" * 63, "is not a digest qp.save writes"),
+    ("sha256:" + "A" * 64, "is not a digest qp.save writes"),
+    ("sha256:" + "0" * 64 + "\n", "is not a digest qp.save writes"),
+    ("blake2b:" + "0" * 128, "is not a digest qp.save writes"),
+    ("sha256:" + "0" * 64, CHANGED),
+])
+def test_a_digest_field_that_is_there_must_be_well_formed_and_match(good_file, value, message):
+    path = with_metadata_field(good_file, good_file.with_name("malformed.safetensors"), DIGEST_KEY, value)
+    with pytest.raises(SerializationError, match=message) as info:
+        load(path)
+    assert str(path) in str(info.value)
+
+
+def test_damage_is_found_where_the_file_is_read_from_its_bytes(good_file, monkeypatch):
+    monkeypatch.setattr(files, "_descriptor_path", lambda fd: None)  # no /proc/self/fd
+    x = torch.randn(2, 4)
+    assert torch.equal(load(good_file)(x), reference_model()(x))
+    with pytest.raises(SerializationError, match=CHANGED):
+        load(with_bit_flipped(good_file, good_file.with_name("flipped.safetensors"), WEIGHT))
 
 
 # -- tampered documents and tensors (rows 37-38, G11) ----------------------------------------------

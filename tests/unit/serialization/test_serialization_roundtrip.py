@@ -82,6 +82,16 @@ def test_saving_twice_gives_byte_identical_files(reference_net, tmp_path):
     assert first == second == resaved
 
 
+def test_the_digest_beside_the_document_keeps_files_byte_identical(reference_net, tmp_path):
+    """safetensors writes its metadata in an order that changes from one save to the next; the
+    document and its digest are written back sorted."""
+    files = {save(reference_net, tmp_path / f"{i}.safetensors").read_bytes() for i in range(12)}
+    assert len(files) == 1
+    header = files.pop()[8:]
+    assert header.startswith(b'{"__metadata__":{"qplug":"')
+    assert header.index(b'"qplug.digest":"sha256:') < header.index(b'"dtype"')
+
+
 def test_save_replaces_the_file_atomically_and_leaves_no_temporary(reference_net, tmp_path):
     path = tmp_path / "net.safetensors"
     path.write_bytes(b"old contents")

@@ -87,7 +87,9 @@ def test_weight_only_int8_per_channel_rtn_keeps_the_embeddings(minilm, plugin_au
     to int8 per block, which cost 0.9989 / 0.9978 in blocks of 128 (the reference kernel: 0.9996)."""
     model, batches, reference = minilm
     quantized = qp.quantize_weights(model.model, bits=8)
-    assert "onnxruntime-matmulnbits" in set(quantized.qplug_weight_only.kernels.values())
+    # a layer's record may add the row count up to which the kernel beat the reference, which the
+    # race decides per CPU ("onnxruntime-matmulnbits (up to 64 rows; reference above)")
+    assert any(kernel.startswith("onnxruntime-matmulnbits") for kernel in quantized.qplug_weight_only.kernels.values())
     result = agreement(reference, embed(quantized, batches))
     assert result.cosine_mean >= 0.999 and result.cosine_min >= 0.998, result
 

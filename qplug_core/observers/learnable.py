@@ -89,10 +89,12 @@ class LearnableFakeQuantize(FakeQuantize):
         self._follow_observer()
 
     def _follow_observer(self) -> None:
+        """Writes through ``.data``, as torch.ao does: a fake-quant called twice in one forward
+        (shared by a fused pattern's output and a reshape after it) has its parameters saved for
+        backward by the first call, and an in-place write would fail that backward."""
         scale, zero_point = self.activation_post_process.calculate_qparams()
-        with torch.no_grad():
-            self.scale.copy_(scale.expand_as(self.scale))
-            self.zero_point.copy_(zero_point.to(torch.float32).expand_as(self.zero_point))
+        self.scale.data.copy_(scale.expand_as(self.scale))
+        self.zero_point.data.copy_(zero_point.to(torch.float32).expand_as(self.zero_point))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.observer_enabled[0] == 1:
@@ -100,8 +102,7 @@ class LearnableFakeQuantize(FakeQuantize):
         if self.fake_quant_enabled[0] == 0:
             return x
         if self.qscheme in SYMMETRIC_SCHEMES:
-            with torch.no_grad():
-                self.zero_point.zero_()
+            self.zero_point.data.zero_()
         factor = 1.0 / (x.numel() * self.quant_max) ** 0.5 if self.use_grad_scaling else 1.0
         scale = _scale_grad(self.scale.clamp(min=float(self.activation_post_process.eps)), factor)
         zero_point = _scale_grad(self.zero_point, factor)

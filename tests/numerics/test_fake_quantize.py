@@ -85,3 +85,36 @@ def test_learnable_fake_quantize_learns_a_better_scale() -> None:
     assert losses[-1] < 0.3 * losses[0]
     qp = fq.qparams()
     assert qp.zero_point.dtype == torch.int64 and 0 <= int(qp.zero_point) <= 255
+
+
+
+@pytest.mark.parametrize("qscheme", [torch.per_tensor_affine, torch.per_tensor_symmetric])
+def test_learnable_fake_quantize_called_twice_in_one_forward_gets_both_sites_gradients(qscheme) -> None:
+    """prepare_qat_fx shares one activation fake-quant between a fused pattern's output and the
+    reshape after it, so LSQ runs twice per forward; writing its parameters in place failed the
+    first backward ("modified by an inplace operation"). Each site's gradient is the one of the
+    qparams it ran with, as two frozen copies holding those qparams give."""
+    import copy
+
+    def learnable() -> obs.LearnableFakeQuantize:
+        return obs.LearnableFakeQuantize(observer=obs.MovingAverageMinMaxObserver, quant_min=0, quant_max=255,
+                                         dtype=torch.quint8, qscheme=qscheme)
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16) * 3
+    shared, leaf = learnable(), x.clone().requires_grad_()
+    out = shared(leaf) * 2 + shared(leaf.relu())
+    out.square().sum().backward()
+
+    tracking, sites = learnable(), []
+    for site_input in (x, x.relu()):
+        tracking(site_input)
+        sites.append(copy.deepcopy(tracking))
+        sites[-1].apply(obs.disable_observer)
+    twin_leaf = x.clone().requires_grad_()
+    twin_out = sites[0](twin_leaf) * 2 + sites[1](twin_leaf.relu())
+    twin_out.square().sum().backward()
+    assert torch.equal(out, twin_out)
+    assert torch.equal(leaf.grad, twin_leaf.grad)
+    assert torch.allclose(shared.scale.grad, sites[0].scale.grad + sites[1].scale.grad)
+    assert torch.allclose(shared.zero_point.grad, sites[0].zero_point.grad + sites[1].zero_point.grad)

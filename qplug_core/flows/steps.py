@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ContextManager
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx, nn
 
 from qplug_core.config import QConfigMapping
@@ -238,8 +239,8 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
             constant.add(batch)
             if sample is not None:
                 sample.add(batch)
-            if any(isinstance(x, torch.Tensor) and x.numel() for x in batch):
-                non_empty += 1
+            if any(isinstance(x, torch.Tensor) and x.numel() for x in pytree.tree_leaves(batch)):
+                non_empty += 1  # tensors nested in dicts and lists count too
             try:
                 with observing_tokens(batch_token_mask(model, batch)):  # padded tokens: not observed
                     model(*batch)

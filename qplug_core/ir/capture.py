@@ -14,6 +14,7 @@ whose ``forward`` could not be traced and the two ways out.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -152,8 +153,15 @@ _EXPORT_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch.export", "tor
 def _export(model: nn.Module, inputs: tuple[Any, ...], dynamic: Any) -> GraphModule:
     """Non-strict ``torch.export`` of ``model`` -> runnable module, quietly: a failure is handled
     by the caller (another export, symbolic tracing, or a TraceError naming it), and torch's dump
-    of the partial graph on stderr was all the user saw of it."""
-    with quiet_torch(_EXPORT_LOGGERS, stderr=True):
+    of the partial graph on stderr was all the user saw of it.
+
+    A model in eval mode (post-training quantization) is exported with gradients off: a
+    ``torch.no_grad()`` block in its forward (Speech2Text's position embedding) then changes
+    nothing and is traced inline, where export otherwise wraps it in a ``wrap_with_set_grad_enabled``
+    submodule that no pattern matches, no backend compiles and ``qp.save`` cannot write. A model in
+    training mode (QAT) keeps its blocks: gradients must not flow where its forward stops them."""
+    grad_mode = torch.no_grad() if not model.training else contextlib.nullcontext()
+    with quiet_torch(_EXPORT_LOGGERS, stderr=True), grad_mode:
         return torch.export.export(model, inputs, strict=False, dynamic_shapes=dynamic).module()
 
 

@@ -45,3 +45,42 @@ def test_a_model_taking_a_dict_or_list_of_tensors_calibrates(model, batch, captu
     with torch.no_grad():
         assert qp.sqnr(float_model(*example), int8(*example)) > 20  # 25-32 dB measured
     assert set(qp.quantization_report(int8).kernels.values()) == {"quantized::linear"}
+
+
+class NoGradBlock(nn.Module):
+    """Speech2Text computes its sinusoidal positions under ``torch.no_grad()`` the same way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            hidden = self.a(x)
+        return self.b(torch.relu(hidden))
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "onnxruntime"])
+def test_a_linear_inside_a_no_grad_block_quantizes_with_export_capture(backend, tmp_path):
+    """torch.export wrapped the block in a ``wrap_with_set_grad_enabled`` submodule: its linear
+    stayed float ("no quantization pattern ... matches"), qp.save refused the model, and ONNX
+    Runtime compiled no partition at all. Exported with gradients off, the block is inline."""
+    torch.manual_seed(0)
+    model, x = NoGradBlock().eval(), torch.randn(4, 16)
+    int8 = qp.quantize(model, (x,), [(torch.randn(4, 16),) for _ in range(8)], backend=backend, capture="export")
+    report = qp.quantization_report(int8)
+    assert report.skipped == [] and report.reference == {}, report
+    assert sorted(report.quantized) == ["a", "b"], report
+    loaded = qp.load(qp.save(int8, tmp_path / "model.safetensors"))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), int8(x)) and qp.sqnr(model(x), int8(x)) > 25
+
+
+def test_qat_export_capture_keeps_a_no_grad_block_out_of_training():
+    """QAT exports the training-mode model as before: no gradient reaches the blocked linear."""
+    torch.manual_seed(0)
+    prepared = qp.prepare_qat_fx(NoGradBlock().train(), None, (torch.randn(4, 16),), backend="fbgemm",
+                                 capture="export")
+    prepared(torch.randn(4, 16)).sum().backward()
+    grads = {name: p.grad for name, p in prepared.named_parameters() if name.endswith("weight")}
+    assert grads["b.weight"] is not None and grads["a.weight"] is None, grads

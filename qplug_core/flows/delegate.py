@@ -88,6 +88,8 @@ class DelegationSummary:
     reference: dict[str, str] = field(default_factory=dict)  # int8 anchor left in reference form -> why
     #: partition submodule -> its reference form: the report looks inside for ops left in float
     graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
+    #: regions the check kept out of the partitions, by end node -> why (recorded for qp.load)
+    kept_regions: dict[str, str] = field(default_factory=dict)
 
 
 #: names an int8 anchor as the report does (``flows.report.report_names``)
@@ -197,24 +199,30 @@ def _inputs_of(gm: fx.GraphModule, partitions: list[list[fx.Node]], example_inpu
 
 def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple | None,
                    backend_name: str, keep_reference: dict[str, str] | None = None,
-                   arithmetic: Any = None) -> DelegationSummary:
+                   arithmetic: Any = None, keep_regions: dict[str, str] | None = None) -> DelegationSummary:
     """Partition ``gm`` (reference form) for ``delegate`` and compile its int8 partitions, in place.
 
     ``example_inputs=None`` (``qp.load``): nothing runs now, each partition is compiled at its
     first call (:class:`~qplug_core.partition.lazy.LazyPartition`). ``keep_reference`` (int8
     anchor -> why, recorded at convert) names regions left in reference form then: they are
-    left out of the partitions again. ``arithmetic``: how the backend's kernels sum products
+    left out of the partitions again, as are the regions ``keep_regions`` names (end node -> why:
+    those the check below kept out then). ``arithmetic``: how the backend's kernels sum products
     (``Backend.arithmetic``): a partition that breaks the contract where they sum pairs in int16
     is compiled once more with 7-bit weights (``flows/safer_weights.py``) before it is given up.
 
     A partition that breaks the contract in some of its int8 regions (found region by region)
     is planned again without those regions: they stay in reference form and the rest of it is
-    compiled around them. The partitions are fused into ``gm`` once the plan holds.
+    compiled around them. A partition that fails as a whole (its compile, or a check that finds no
+    region to blame) is planned again without its int8 regions too: ``qp.load`` plans without them from the start (``keep_reference``), and the same
+    plan at both ends is what lets load rebuild the partitions the file recorded (planned around
+    the failed partition's nodes, a Wav2Vec2 on OpenVINO had its partitions grouped otherwise at
+    load, which refused the file). The partitions are fused into ``gm`` once the plan holds.
     """
     report_key = report_names(gm.graph)  # the report's names, taken before partitions are fused
-    refused = _region_ids(gm, keep_reference or {}, report_key)
+    refused = {**_region_ids(gm, keep_reference or {}, report_key), **_ids_of_ends(gm, keep_regions or {})}
     verdicts: dict[frozenset[str], _Verdict] = {}  # by the names of a partition's nodes
     split: dict[int, str] = {}  # regions found wrong now, left out of the partitions around them
+    kept_regions = dict(keep_regions or {})  # their end nodes, for the file
     while True:
         support = _Refusing(delegate.operator_support, gm, refused)
         partitions, outside = _int8_partitions(gm, support, delegate, backend_name, report_key)
@@ -228,14 +236,21 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
                 verdicts[key] = _compiled(delegate, gm, nodes, values, f"{PREFIX}{i}", report_key, backend_name,
                                           arithmetic)
             wrong.update(_ids_of_ends(gm, verdicts[key].wrong_regions))
+            kept_regions.update(verdicts[key].wrong_regions)
+            if verdicts[key].reason and not verdicts[key].wrong_regions:  # failed whole: planned again
+                # without its regions, as qp.load plans (from the record)
+                wrong.update(_region_ids(gm, dict.fromkeys(_int8_anchors(nodes, report_key), verdicts[key].reason),
+                                         report_key))
         if not wrong.keys() - refused.keys():
             break
         split.update(wrong)
         refused.update(wrong)  # planned again without them; each round refuses another region
     for why in dict.fromkeys(split.values()):
         warnings.warn(f"qplug: backend {backend_name!r}: {why}", stacklevel=3)
-    return _fuse(gm, delegate, partitions, outside, verdicts, report_key, backend_name, arithmetic,
-                 loading=example_inputs is None)
+    summary = _fuse(gm, delegate, partitions, outside, verdicts, report_key, backend_name, arithmetic,
+                    loading=example_inputs is None)
+    summary.kept_regions = kept_regions
+    return summary
 
 
 def _compiled(delegate: Delegate, gm: fx.GraphModule, nodes: list[fx.Node], values: dict[fx.Node, Any],

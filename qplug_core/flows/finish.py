@@ -36,14 +36,15 @@ if TYPE_CHECKING:
 
 
 def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower: bool = True,
-                      loading: bool = False, keep_reference: dict[str, str] | None = None
-                      ) -> QuantizationReport:
+                      loading: bool = False, keep_reference: dict[str, str] | None = None,
+                      keep_regions: dict[str, str] | None = None) -> QuantizationReport:
     """Lower a reference-form model to ``backend`` (post_convert passes too) and attach its report.
 
     Shared by convert_fx and qp.load, which rebuilds the reference form from a file: ``loading``
     runs nothing (delegated partitions compile at their first call, on the caller's inputs, never
     on shapes a file records) and ``keep_reference`` (int8 anchor -> why, as recorded at convert)
-    keeps those regions in reference form.
+    keeps those regions in reference form, as ``keep_regions`` (end node -> why) keeps the regions
+    a delegate's check kept out of its partitions then.
     """
     if backend.float_outputs:  # a reference form made for another backend (auto) keeps them
         drop_unread_output_grids(gm, backend.float_outputs)
@@ -58,7 +59,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         example = None if loading else (graph_module.meta.get(EXAMPLE_INPUTS)
                                         or recorded_example_inputs(graph_module))
         delegated = delegate_graph(graph_module, delegate, example, backend.name, keep_reference,
-                                   backend.arithmetic)
+                                   backend.arithmetic, keep_regions)
 
     def lower_to_kernels(graph_module: fx.GraphModule) -> None:
         found["summary"] = lower_graph(graph_module, backend, keep_reference)
@@ -79,7 +80,8 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         reference=fallback, skipped=float_compute_nodes(gm, fallback, opaque, delegated.graphs,
                                                                   frozenset(p.name for p in delegated.partitions)),
         capture=gm.meta.get(CAPTURE, "symbolic"),
-        partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside))
+        partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside),
+        kept_regions=dict(delegated.kept_regions))
     gm.meta[REPORT] = report
     refuse_pickle(gm)  # torch.save points to qp.save
     if lowering:  # ops without packed weights dispatch on the global engine: pin the backend's

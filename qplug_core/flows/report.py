@@ -54,6 +54,8 @@ class QuantizationReport:
     partitions: list[dict[str, Any]] = field(default_factory=list)
     #: nodes a delegating backend left in PyTorch -> why
     outside: dict[str, str] = field(default_factory=dict)
+    #: regions a delegating backend's check kept out of its partitions: end node -> why
+    kept_regions: dict[str, str] = field(default_factory=dict)
     #: backend="auto": every backend tried (backend, status, reason, median_ms, sqnr_db)
     auto: list[dict[str, Any]] = field(default_factory=list)
 

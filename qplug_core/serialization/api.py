@@ -155,7 +155,8 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     recorded = lowering_of(artifact) if chosen.name == artifact.backend else None
     try:
         report = finish_conversion(gm, chosen, mode=artifact.model["mode"], loading=True,
-                                   keep_reference=recorded.reference if recorded else None)
+                                   keep_reference=recorded.reference if recorded else None,
+                                   keep_regions=recorded.regions if recorded else None)
     except QplugError:
         raise
     except Exception as exc:  # a tampered graph must not crash deep inside lowering

@@ -212,7 +212,8 @@ def with_lowering(artifact: Artifact, record: LoweringRecord) -> Artifact:
 def lowering_of(artifact: Artifact) -> LoweringRecord | None:
     """The lowering recorded in ``artifact`` (checked when it was read), None for older files."""
     doc = artifact.model.get(LOWERING_KEY)
-    return None if doc is None else LoweringRecord(dict(doc["kernels"]), dict(doc["reference"]))
+    return None if doc is None else LoweringRecord(dict(doc["kernels"]), dict(doc["reference"]),
+                                                   dict(doc.get("regions", {})))
 
 
 def _read_plugin(doc: Any, path: str) -> dict[str, str | None]:

@@ -25,31 +25,39 @@ if TYPE_CHECKING:
     from qplug_core.flows.report import QuantizationReport
 
 KEY = "lowering"
-_FIELDS = ("kernels", "reference")
+_FIELDS = ("kernels", "reference", "regions")
+_REQUIRED = ("kernels", "reference")  # files written before "regions" have only these
 #: longest anchor name or reason a file may give (a report's own are far shorter)
 _MAX_TEXT = 4096
 
 
 @dataclass(frozen=True)
 class LoweringRecord:
-    """int8 anchor -> what ran it (``kernels``), and -> why it stayed in reference form."""
+    """int8 anchor -> what ran it (``kernels``), and -> why it stayed in reference form; and the
+    regions a delegate's check kept out of its partitions, by end node (``regions``, a quantize
+    after a float op holds no int8 anchor): load plans the partitions around the same ones."""
 
     kernels: dict[str, str] = field(default_factory=dict)
     reference: dict[str, str] = field(default_factory=dict)
+    regions: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, report: QuantizationReport) -> LoweringRecord:
-        return cls(dict(report.kernels), dict(report.reference))
+        return cls(dict(report.kernels), dict(report.reference), dict(report.kept_regions))
 
     def to_document(self) -> dict[str, Any]:
-        return {"kernels": dict(sorted(self.kernels.items())), "reference": dict(sorted(self.reference.items()))}
+        document = {"kernels": dict(sorted(self.kernels.items())), "reference": dict(sorted(self.reference.items()))}
+        return {**document, "regions": dict(sorted(self.regions.items()))} if self.regions else document
 
     @classmethod
     def from_document(cls, doc: Any, path: str, max_entries: int) -> LoweringRecord:
         """Checked: string to string maps, no more entries than the graph has nodes."""
-        read_fields(doc, path, _FIELDS, required=_FIELDS)
+        read_fields(doc, path, _FIELDS, required=_REQUIRED)
         maps = []
         for name in _FIELDS:
+            if name not in doc:
+                maps.append({})
+                continue
             at = child(path, name)
             entries = expect(doc[name], dict, at, "a JSON object")
             if len(entries) > max_entries:

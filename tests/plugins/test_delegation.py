@@ -57,15 +57,30 @@ class TakesAllButLinear(OperatorSupportBase):
         return not isinstance(getattr(module, "module", module), nn.Linear)
 
 
+def _wrong_after_norm(partition):
+    """An SDK quantizing LayerNorm's outputs on another grid: wrong in a region holding no int8 op."""
+    import copy
+
+    partition = copy.deepcopy(partition)
+    for node in partition.graph.nodes:
+        source = node.args[0] if node.op == "call_module" and node.args else None
+        if "quantize" in node.name and "dequantize" not in node.name and getattr(source, "target", "") == "act":
+            partition.get_submodule(node.target).scale *= 1.5
+    return partition
+
+
 def _compile(partition, example_inputs):
     if any(isinstance(m, nn.ReLU) for m in partition.modules()) and FAIL:
         raise RuntimeError("the SDK rejected the subgraph")
+    if WRONG_AFTER_NORM:
+        partition = _wrong_after_norm(partition)
     return Compiled(_wrong_on_1x1(partition) if WRONG_1X1 else partition, example_inputs)
 
 
 FAIL = False
 WRONG = False  # an SDK whose compiled subgraph computes the wrong numbers
 WRONG_1X1 = False  # an SDK wrong in its 1x1 convolutions only
+WRONG_AFTER_NORM = False  # an SDK wrong in quantizing a float op's outputs
 
 
 @hookimpl
@@ -141,6 +156,18 @@ def test_a_failing_compile_keeps_the_reference_form_with_a_warning(fake_dist):
         assert torch.equal(lowered(*data[0]), reference(*data[0]))
 
 
+def test_a_failing_compile_is_planned_without_its_regions_and_loads_as_saved(fake_dist, tmp_path):
+    """The failed partition's int8 regions stay in reference form and the partitions are planned
+    again without them, as qp.load plans them from the file: the file loads, and answers as saved."""
+    observed, data = _deep(fake_dist, wrong=False, fail=True)
+    with pytest.warns(UserWarning, match="SDK rejected"):
+        lowered = qp.convert_fx(observed)
+    loaded = qp.load(qp.save(lowered, tmp_path / "failed.safetensors"))
+    with torch.no_grad():
+        assert torch.equal(loaded(*data[1]), lowered(*data[1]))
+    assert qp.quantization_report(loaded).kernels == qp.quantization_report(lowered).kernels
+
+
 def test_a_wrong_compiled_partition_breaks_the_kernel_contract_and_keeps_the_reference_form(fake_dist):
     fake_dist("qplug-npu", NPU.replace("WRONG = False", "WRONG = True"))
     observed, data = _quantize("npu")
@@ -182,8 +209,9 @@ class Deep(nn.Module):
         return self.fc(y.mean((2, 3)))
 
 
-def _deep(fake_dist, wrong: bool):
-    fake_dist("qplug-npu", NPU.replace("WRONG_1X1 = False", f"WRONG_1X1 = {wrong}"))
+def _deep(fake_dist, wrong: bool, fail: bool = False):
+    fake_dist("qplug-npu", NPU.replace("WRONG_1X1 = False", f"WRONG_1X1 = {wrong}").replace(
+        "FAIL = False", f"FAIL = {fail}"))
     g = torch.Generator().manual_seed(0)
     data = [(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(3)]
     observed = qp.calibrate(qp.prepare_fx(Deep().eval(), None, data[0], backend="npu"), data)
@@ -216,6 +244,39 @@ def test_a_region_wrong_inside_a_partition_stays_in_reference_form_and_the_rest_
     with torch.no_grad():
         assert torch.equal(loaded(*data[1]), reference(*data[1]))
     assert qp.quantization_report(loaded).kernels == report.kernels
+
+
+class WithNorm(nn.Module):
+    """A float op (LayerNorm: no qconfig by default) between int8 convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.act, self.conv2 = nn.Conv2d(3, 8, 3, padding=1), nn.LayerNorm([8, 8]), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv2(self.act(self.conv(x))).mean((2, 3))
+
+
+def test_a_wrong_region_without_an_int8_op_is_recorded_and_loads_as_saved(fake_dist, tmp_path):
+    """LayerNorm and the quantize after it are a region holding no int8 op: convert keeps it out of
+    the partitions, and the file records it so that load plans around it too (it refused the file:
+    a Wav2Vec2 on OpenVINO, whose check kept out the quantize after each LayerNorm)."""
+    fake_dist("qplug-npu", NPU.replace("WRONG_AFTER_NORM = False", "WRONG_AFTER_NORM = True"))
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(3)]
+    observed = qp.calibrate(qp.prepare_fx(WithNorm().eval(), None, data[0], backend="npu"), data)
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match=r"int8 region act_quantize_2, compiled alone .* this region is kept"):
+        lowered = qp.convert_fx(observed)
+    report = qp.quantization_report(lowered)
+    assert "act" not in report.quantized and list(report.kept_regions) == ["act_quantize_2"]
+    assert sorted(p["int8_regions"] for p in report.partitions) == [1, 1]  # conv | layer norm | conv2
+    loaded = qp.load(qp.save(lowered, tmp_path / "norm.safetensors"))
+    assert qp.quantization_report(loaded).kernels == report.kernels
+    with torch.no_grad():
+        assert torch.equal(loaded(*data[1]), lowered(*data[1]))
+        assert torch.equal(lowered(*data[1]), reference(*data[1]))
 
 
 def test_a_right_multi_region_partition_is_kept(fake_dist):

@@ -15,7 +15,12 @@ import torch
 from torch import nn
 
 from qplug_core import qparams as Q
-from qplug_core.errors import BackendUnavailableError, ConfigValidationError, NumericOverflowError
+from qplug_core.errors import (
+    BackendUnavailableError,
+    ConfigValidationError,
+    InputMismatchError,
+    NumericOverflowError,
+)
 from qplug_core.kernels.base import KernelContext, TensorArg, engine_context, quiet_quantized_dtypes
 from qplug_core.qparams import QParams
 
@@ -114,6 +119,16 @@ def check_reduction_length(k: int, op: str) -> None:
         raise NumericOverflowError(
             f"{op}: reduction length K={k} exceeds {MAX_REDUCTION_U8S8} (= (2^31-1) // (255*128)); "
             f"a u8 x s8 int32 accumulator could overflow. Split the layer or keep it in float.")
+
+
+def wrong_input_size(kernel: str, size: int, what: str, where: str, shape: tuple[int, ...]
+                     ) -> InputMismatchError:
+    """The error of an input with other than the ``size`` features (or channels) the kernel's weight
+    takes: the ops check nothing (qnnpack reads past the input and answers, fbgemm says "packB ... K")."""
+    plural = "" if size == 1 else "s"
+    return InputMismatchError(
+        f"int8 {kernel} takes inputs with {size} {what}{plural} ({where}), got shape {shape}: the "
+        "model's inputs do not have the shape it was quantized for")
 
 
 def split_fused_relu(module: nn.Module | None, kind: type | tuple[type, ...], op: str

@@ -34,6 +34,7 @@ from qplug_core.kernels._common import (
     quantize_input,
     quantize_weight,
     split_fused_relu,
+    wrong_input_size,
 )
 from qplug_core.kernels.base import KernelContext, PackedStateModule, TensorArg, engine_context
 from qplug_core.kernels.capabilities import EngineCapabilities, engine_capabilities
@@ -98,11 +99,8 @@ class _PackedWeightKernel(KernelModule, PackedStateModule):
             return self._op(x, self._packed, self.scale, self.zero_point)
 
     def _wrong_input(self, x: torch.Tensor) -> InputMismatchError:
-        plural = "" if self.input_size == 1 else "s"
-        what = f"feature{plural} (last dimension)" if self._input_axis == -1 else f"channel{plural} (dimension 1)"
-        return InputMismatchError(
-            f"int8 {type(self).__name__} takes inputs with {self.input_size} {what}, got shape "
-            f"{tuple(x.shape)}: the model's inputs do not have the shape it was quantized for")
+        what, where = ("feature", "last dimension") if self._input_axis == -1 else ("channel", "dimension 1")
+        return wrong_input_size(type(self).__name__, self.input_size, what, where, tuple(x.shape))
 
     def extra_repr(self) -> str:
         return (f"op={getattr(self._op, '__name__', self._op)}, scale={self.scale}, "

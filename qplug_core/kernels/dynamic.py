@@ -14,12 +14,13 @@ from typing import Callable, Mapping
 import torch
 from torch import nn
 
-from qplug_core.errors import ConfigValidationError, ConstraintViolationError
+from qplug_core.errors import ConfigValidationError, ConstraintViolationError, InputMismatchError
 from qplug_core.kernels._common import (
     check_reduction_length,
     forward_quiet,
     quantize_weight,
     split_fused_relu,
+    wrong_input_size,
 )
 from qplug_core.kernels.base import PackedStateModule, engine_context, quiet_quantized_dtypes
 from qplug_core.kernels.capabilities import engine_capabilities
@@ -37,6 +38,13 @@ def symmetric_weight_qparams(weight: torch.Tensor, per_channel: bool) -> QParams
     scale = torch.clamp(amax / 127.5, min=torch.finfo(torch.float32).eps)
     return QParams(scale, torch.zeros_like(scale, dtype=torch.int64), torch.qint8, -128, 127,
                    axis=0 if per_channel else None, is_dynamic=True)
+
+
+def _check_float32_input(x: torch.Tensor, kernel: str) -> None:
+    """The ops quantize float32 only: another dtype met "Quantize only works on Float Tensor"."""
+    if x.dtype is not torch.float32:
+        raise InputMismatchError(f"int8 {kernel} takes float32 inputs, got {str(x.dtype).removeprefix('torch.')} "
+                                 f"of shape {tuple(x.shape)}: pass it .float()")
 
 
 class DynamicKernel(PackedStateModule):
@@ -116,6 +124,7 @@ class DynamicLinear(DynamicKernel):
 
     def _build(self, mod: nn.Module, per_channel: bool, weight_qparams: dict[str, QParams]) -> None:
         linear, relu = split_fused_relu(mod, nn.Linear, type(self).__name__)
+        self._in_features = linear.in_features
         self._packed = self._pack(linear.weight, linear.bias, per_channel, weight_qparams.get("weight"))
         if self.dtype == torch.float16:
             self._op: Callable[[torch.Tensor], torch.Tensor] = (
@@ -125,7 +134,13 @@ class DynamicLinear(DynamicKernel):
             self._op = lambda x, packed: op(x, packed, reduce_range)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_float32_input(x, type(self).__name__)
+        if x.dim() == 0 or x.shape[-1] != self._in_features:  # qnnpack answers a wrong width
+            raise wrong_input_size(type(self).__name__, self._in_features, "feature", "last dimension",
+                                   tuple(x.shape))
         with forward_quiet():
+            if x.dim() == 1:  # nn.Linear takes one vector; the ops take batches only
+                return self._op(x.unsqueeze(0), self._packed).squeeze(0)
             return self._op(x, self._packed)
 
     def _unpacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -188,7 +203,7 @@ class DynamicLinear(DynamicKernel):
 
     @property
     def in_features(self) -> int:
-        return self._unpacked()[0].shape[1]
+        return self._in_features
 
     @property
     def out_features(self) -> int:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 from torch.nn.utils.parametrize import type_before_parametrizations
+from torch.nn.utils.rnn import PackedSequence
 
 from qplug_core.config import QConfig, QConfigMapping
 from qplug_core.config.defaults import float16_dynamic_qconfig
@@ -61,10 +62,14 @@ class SimulatedDynamic(nn.Module):
         self.module = rounded_copy(module, weight_qparams)
         self.input_quantize = input_quantize
 
-    def forward(self, x: torch.Tensor, hx: Any = None) -> Any:
+    def forward(self, x: torch.Tensor | PackedSequence, hx: Any = None) -> Any:
         if self.input_quantize is None:
             return self.module(x) if isinstance(self.module, nn.Linear) else self.module(x, hx)
-        x = self.input_quantize(x)
+        # a PackedSequence (which nn.LSTM / nn.GRU take) keeps its batch sizes; its data is the input
+        if isinstance(x, PackedSequence):
+            x = x._replace(data=self.input_quantize(x.data))
+        else:
+            x = self.input_quantize(x)
         if isinstance(self.module, nn.GRUCell):
             return self._gru_cell(x, hx)
         if hx is not None and isinstance(self.module, nn.RNNCellBase):

@@ -13,6 +13,7 @@ from typing import Callable, Mapping
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, InputMismatchError
 from qplug_core.kernels._common import (
@@ -217,7 +218,16 @@ def _bias(mod: nn.Module, name: str, size: int) -> torch.Tensor:
 
 
 class _DynamicRNN(DynamicKernel):
-    """Stacked, optionally bidirectional LSTM/GRU over ``torch.quantized_lstm`` / ``_gru``."""
+    """Stacked, optionally bidirectional LSTM/GRU over ``torch.quantized_lstm`` / ``_gru``.
+
+    Takes every input ``nn.LSTM`` / ``nn.GRU`` take (batched, unbatched 2-D, ``PackedSequence``), in
+    the forms the ops take (batched, or a packed sequence's data and batch sizes). The ops check no
+    shape (qnnpack answered an unbatched input with a wrongly shaped output), so every one is checked
+    here, by ``nn.LSTM``'s rules.
+    """
+
+    #: what ``hx`` holds, in order: (h0, c0) for an LSTM, h0 for a GRU
+    _state_names: tuple[str, ...]
 
     def _build(self, mod: nn.Module, per_channel: bool, weight_qparams: dict[str, QParams]) -> None:
         if not isinstance(mod, self._float_type):
@@ -226,7 +236,7 @@ class _DynamicRNN(DynamicKernel):
         if getattr(mod, "proj_size", 0):
             raise ConstraintViolationError(f"{type(self).__name__}: proj_size is not supported by "
                                            f"torch.quantized_lstm", field="proj_size")
-        self.num_layers, self.hidden_size = mod.num_layers, mod.hidden_size
+        self.num_layers, self.hidden_size, self.input_size = mod.num_layers, mod.hidden_size, mod.input_size
         self.bidirectional, self.batch_first = mod.bidirectional, mod.batch_first
         params = []
         for layer in range(mod.num_layers):
@@ -244,39 +254,111 @@ class _DynamicRNN(DynamicKernel):
                                                                         self.reduce_range))
         self._params = params
 
-    def _zeros(self, x: torch.Tensor) -> torch.Tensor:
-        batch = x.shape[0 if self.batch_first else 1]
+    def _recur(self, data: torch.Tensor, batch_sizes: torch.Tensor | None, states: tuple[torch.Tensor, ...]
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The op on a batched input (``batch_sizes`` None) or a packed sequence's data."""
+        raise NotImplementedError
+
+    def _run(self, x: torch.Tensor | PackedSequence, hx: tuple[torch.Tensor, ...] | None
+             ) -> tuple[torch.Tensor | PackedSequence, tuple[torch.Tensor, ...]]:
+        """(output, final states) as ``nn.LSTM`` / ``nn.GRU`` give them for ``x`` and ``hx``."""
+        if isinstance(x, PackedSequence):
+            self._check_input(x.data, packed=True)
+            states = _permuted(self._states(hx, int(x.batch_sizes[0]), x.data, batched=True), x.sorted_indices)
+            out, states = self._recur(x.data, x.batch_sizes, states)
+            return (PackedSequence(out, x.batch_sizes, x.sorted_indices, x.unsorted_indices),
+                    _permuted(states, x.unsorted_indices))
+        self._check_input(x, packed=False)
+        batched, batch_dim = x.dim() == 3, 0 if self.batch_first else 1
+        states = self._states(hx, x.shape[batch_dim] if batched else 1, x, batched)
+        if not batched:  # as nn.LSTM: a batch of one, then squeezed out of every result
+            x = x.unsqueeze(batch_dim)
+        out, states = self._recur(x, None, states)
+        if batched:
+            return out, states
+        return out.squeeze(batch_dim), tuple(state.squeeze(1) for state in states)
+
+    def _check_input(self, data: torch.Tensor, packed: bool) -> None:
+        """Refuse ``data`` (a tensor input, or a PackedSequence's data) unless it is float32, 3-D or 2-D
+        (packed: 2-D) and ``input_size`` wide."""
+        kernel = type(self).__name__
+        _check_float32_input(data, kernel)
+        if data.dim() not in ((2,) if packed else (2, 3)) or data.shape[-1] != self.input_size:
+            batched = "(batch, seq, {0})" if self.batch_first else "(seq, batch, {0})"
+            got = f"a PackedSequence whose data has shape {tuple(data.shape)}" if packed else f"shape {tuple(data.shape)}"
+            raise InputMismatchError(
+                f"int8 {kernel} takes a {batched.format(self.input_size)} input, an unbatched "
+                f"(seq, {self.input_size}) one or a PackedSequence of (steps, {self.input_size}) data, got "
+                f"{got}: the model's inputs do not have the shape it was quantized for")
+
+    def _states(self, hx: tuple[torch.Tensor, ...] | None, batch: int, x: torch.Tensor, batched: bool
+                ) -> tuple[torch.Tensor, ...]:
+        """The batched initial states: ``hx`` once checked (zeros for None, as ``nn.LSTM``)."""
         layers = self.num_layers * (2 if self.bidirectional else 1)
-        return torch.zeros(layers, batch, self.hidden_size, dtype=x.dtype)
+        if hx is None:
+            return tuple(torch.zeros(layers, batch, self.hidden_size, dtype=x.dtype, device=x.device)
+                         for _ in self._state_names)
+        expected = (layers, batch, self.hidden_size) if batched else (layers, self.hidden_size)
+        for name, state in zip(self._state_names, hx):
+            if tuple(state.shape) != expected:
+                raise InputMismatchError(
+                    f"int8 {type(self).__name__}: {name} has shape {tuple(state.shape)}, but an input of "
+                    f"{'' if batched else 'unbatched '}shape {tuple(x.shape)} takes {expected} (layers x "
+                    "directions, batch, hidden_size; no batch dimension for an unbatched input)")
+        return hx if batched else tuple(state.unsqueeze(1) for state in hx)
+
+
+def _permuted(states: tuple[torch.Tensor, ...], order: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """States reordered along the batch (a PackedSequence runs its sequences longest first)."""
+    return states if order is None else tuple(state.index_select(1, order) for state in states)
 
 
 class DynamicLSTM(_DynamicRNN):
-    """``nn.LSTM`` (batched input): ``forward(x, (h0, c0)=None) -> (out, (h, c))``."""
+    """``nn.LSTM``: ``forward(x, (h0, c0)=None) -> (out, (h, c))``."""
 
     _float_type = nn.LSTM
+    _state_names = ("h0", "c0")
 
-    def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        if hx is None:
-            hx = (self._zeros(x), self._zeros(x))
+    def forward(self, x: torch.Tensor | PackedSequence, hx: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor | PackedSequence, tuple[torch.Tensor, torch.Tensor]]:
+        out, (h, c) = self._run(x, hx)
+        return out, (h, c)
+
+    def _recur(self, data: torch.Tensor, batch_sizes: torch.Tensor | None, states: tuple[torch.Tensor, ...]
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         with forward_quiet():
-            out, h, c = torch.quantized_lstm(x, hx, self._params, True, self.num_layers, 0.0, False,
-                                             self.bidirectional, self.batch_first, dtype=self.dtype,
-                                             use_dynamic=True)
+            if batch_sizes is None:
+                out, h, c = torch.quantized_lstm(data, states, self._params, True, self.num_layers, 0.0, False,
+                                                 self.bidirectional, self.batch_first, dtype=self.dtype,
+                                                 use_dynamic=True)
+            else:
+                out, h, c = torch.quantized_lstm(data, batch_sizes, states, self._params, True, self.num_layers,
+                                                 0.0, False, self.bidirectional, dtype=self.dtype,
+                                                 use_dynamic=True)
         return out, (h, c)
 
 
 class DynamicGRU(_DynamicRNN):
-    """``nn.GRU`` (batched input): ``forward(x, h0=None) -> (out, h)``."""
+    """``nn.GRU``: ``forward(x, h0=None) -> (out, h)``."""
 
     _float_type = nn.GRU
+    _state_names = ("h0",)
 
-    def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor | PackedSequence, hx: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor | PackedSequence, torch.Tensor]:
+        out, (h,) = self._run(x, None if hx is None else (hx,))
+        return out, h
+
+    def _recur(self, data: torch.Tensor, batch_sizes: torch.Tensor | None, states: tuple[torch.Tensor, ...]
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         with forward_quiet():
-            return torch.quantized_gru(x, self._zeros(x) if hx is None else hx, self._params, True,
-                                       self.num_layers, 0.0, False, self.bidirectional,
-                                       self.batch_first)
+            if batch_sizes is None:
+                out, h = torch.quantized_gru(data, states[0], self._params, True, self.num_layers, 0.0, False,
+                                             self.bidirectional, self.batch_first)
+            else:
+                out, h = torch.quantized_gru(data, batch_sizes, states[0], self._params, True, self.num_layers,
+                                             0.0, False, self.bidirectional)
+        return out, (h,)
 
 
 class _DynamicCell(DynamicKernel):

@@ -57,7 +57,13 @@ def build_weight_fake_quant(qconfig: Any, like: torch.Tensor) -> nn.Module:
 def share_parameter(src: nn.Module, dst: nn.Module, name: str) -> None:
     """Make ``dst.name`` the very parameter of ``src`` (with its parametrizations, if any)."""
     if is_parametrized(src, name):
+        # registering on dst runs each parametrization once on dst's fresh weight: spectral_norm's
+        # power iteration then moved its vectors (the QAT weight was off by up to 74%); put them back
+        state = {k: b.clone() for k, b in src.parametrizations[name].named_buffers()}
         transfer_parametrizations_and_params(src, dst, name)
+        with torch.no_grad():
+            for key, buffer in dst.parametrizations[name].named_buffers():
+                buffer.copy_(state[key])
     else:
         setattr(dst, name, getattr(src, name))
 

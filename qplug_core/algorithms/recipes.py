@@ -13,7 +13,6 @@ the figures).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ from torch import fx, nn
 
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, did_you_mean
+from qplug_core.nn.computed_weights import copy_model
 
 __all__ = ["RECIPES", "RecipeRecord", "apply_recipe", "resolve_recipe"]
 
@@ -137,7 +137,7 @@ def fused_float_copy(model: nn.Module, example_inputs: Any, backend: Any,
     ``ExportedProgram`` is captured through a fresh ``.module()``)."""
     from qplug_core.flows.steps import fuse_fx
 
-    source = model if isinstance(model, torch.export.ExportedProgram) else copy.deepcopy(model).eval()
+    source = model if isinstance(model, torch.export.ExportedProgram) else copy_model(model).eval()
     capture = {k: options.pop(k) for k in ("capture", "non_traceable_module_names",
                                            "non_traceable_module_classes") if k in options}
     return fuse_fx(source, example_inputs, backend=backend, inplace=True, **capture)

@@ -37,6 +37,7 @@ from qplug_core.flows.regions import weight_name_of
 from qplug_core.flows.tags import EAGER_CONVERTED, EAGER_STATE
 from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
+from qplug_core.nn.computed_weights import without_computed_weights
 from qplug_core.observers import FakeQuantizeBase, ObserverBase
 from qplug_core.qparams import QParams
 from qplug_core.registry.backends import Backend, get_backend
@@ -221,6 +222,7 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
             f"{len(missing)} observer(s) never saw calibration data: {shown}. Run calibration "
             "batches through the prepared model so that every quantized module executes, or set "
             "the qconfig of the unused modules to None.", nodes=missing)
+    model, inplace = without_computed_weights(model, inplace=inplace)  # QAT trained them: materialise
     model = model if inplace else copy.deepcopy(model)
     _convert_children(model, _Converter(chosen))
     if chosen.kernels:

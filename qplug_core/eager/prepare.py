@@ -36,6 +36,7 @@ from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.flows.checks import check_fake_quantizes
 from qplug_core.flows.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
 from qplug_core.flows.tags import EAGER_STATE
+from qplug_core.nn.computed_weights import without_computed_weights
 from qplug_core.observers import ObserverBase
 from qplug_core.registry.backends import Backend, resolve_backend
 
@@ -159,6 +160,7 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
     mode = "qat" if is_qat else "static"
     mapping = chosen.default_qconfig_mapping(mode) if qconfig_mapping is None else qconfig_mapping
     mapping = require_mapping(mapping)
+    model, inplace = without_computed_weights(model, inplace=inplace, trainable=is_qat)
     model = model if inplace else copy.deepcopy(model)
     adopt_torch_ao_modules(model)
     plan = _plan(model, resolve_qconfigs(model, mapping), chosen)

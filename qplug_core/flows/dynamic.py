@@ -39,6 +39,7 @@ from qplug_core.kernels.reference import (
     dynamic_weight_qparams,
     rounded_copy,
 )
+from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.qparams import QParams
 from qplug_core.registry.backends import Backend, resolve_backend
 
@@ -138,7 +139,7 @@ def _captured(model: Any, capture: str | None, example_inputs: Any) -> nn.Module
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()
     elif isinstance(model, nn.Module):
-        model = copy.deepcopy(model)
+        model = copy_model(model)
     inputs = None if example_inputs is None else as_input_tuple(example_inputs)
     return capture_for_quantization(model, inputs, level=capture or "export")
 
@@ -336,6 +337,7 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
         raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
                                     field="model", value=type(model).__name__)
     check_float32(model)  # the dynamic kernels take float32 activations: say so now, not at the call
+    model, inplace = without_computed_weights(model, inplace=inplace)
     check_finite_weights(model)
     if dtype not in _DTYPES:
         raise ConfigValidationError(f"dtype must be torch.qint8 or torch.float16, got {dtype}",

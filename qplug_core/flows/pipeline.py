@@ -26,6 +26,7 @@ from qplug_core.flows.raise_aten import remove_inference_noops
 from qplug_core.flows.shared_modules import untie_shared_modules
 from qplug_core.flows.tags import FUSIONS
 from qplug_core.ir.copying import deepcopy_graph
+from qplug_core.nn.computed_weights import without_computed_weights
 from qplug_core.nn.copying import detach_from
 from qplug_core.passes import PassManager
 
@@ -75,16 +76,19 @@ def gc_paused() -> Iterator[None]:
 
 
 def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inplace: bool,
-            capture: str = "auto", non_traceable_module_names=(),
+            capture: str = "auto", is_qat: bool = False, non_traceable_module_names=(),
             non_traceable_module_classes=()) -> fx.GraphModule:
     """The model as a GraphModule at the level ``capture`` asks for (see ``capture_for_quantization``);
-    an ``ExportedProgram`` is taken through a fresh ``.module()``, never modified."""
+    an ``ExportedProgram`` is taken through a fresh ``.module()``, never modified. Computed weights
+    (weight_norm, parametrizations) are baked into plain ones on qplug's copy, or kept trainable
+    for QAT (nn/computed_weights.py), before capture, so that every flow quantizes them alike."""
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()
         inplace = True
     if not isinstance(model, nn.Module):
         raise ConfigValidationError(f"model must be a torch.nn.Module or an ExportedProgram, got "
                                     f"{type(model).__name__}", field="model", value=type(model).__name__)
+    model, inplace = without_computed_weights(model, inplace=inplace, trainable=is_qat)
     options = {"level": capture, "leaf_modules": leaf_module_classes(),
                "non_traceable_module_names": non_traceable_module_names,
                "non_traceable_module_classes": non_traceable_module_classes,
@@ -107,7 +111,7 @@ def fuse_model(model: nn.Module, chosen: Backend, example_inputs: tuple | None =
 
     ``recompile=False`` (prepare, whose own passes recompile once at the end) leaves
     ``forward`` as traced: the caller must recompile before running the module."""
-    gm = capture_graph(model, example_inputs, inplace=inplace, capture=capture,
+    gm = capture_graph(model, example_inputs, inplace=inplace, capture=capture, is_qat=is_qat,
                        non_traceable_module_names=non_traceable_module_names,
                        non_traceable_module_classes=non_traceable_module_classes)
 

@@ -7,7 +7,6 @@ modified, and records what it did in ``GraphModule.meta`` for the next step and 
 from __future__ import annotations
 
 import contextlib
-import copy
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, ContextManager
@@ -51,6 +50,7 @@ from qplug_core.flows.tags import REPORT, STATE, W8A8, WEIGHT_ONLY, ValueAnnotat
 from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.kernels.dynamic import DynamicKernel
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
+from qplug_core.nn.computed_weights import copy_model
 from qplug_core.observers import distributed
 from qplug_core.observers.tokens import batch_token_mask, observing_tokens
 from qplug_core.passes import PassResult
@@ -140,7 +140,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
         flow_checks.check_fake_quantizes(flow_checks.mapping_qconfigs(mapping), "prepare_qat_fx")
     inputs = as_input_tuple(example_inputs)
     if not is_qat and getattr(model, "training", False) and not inplace:  # PTQ folds batch norm
-        model = copy.deepcopy(model).eval()
+        model = copy_model(model).eval()
         inplace = True
     # the passes below recompile once at the end; nothing before them runs ``forward``
     gm = fuse_model(model, chosen, inputs, is_qat=is_qat, inplace=inplace, capture=capture,

@@ -8,7 +8,6 @@ is tested against this form, and lowering reads the qparams it records.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import torch
@@ -16,6 +15,7 @@ from torch import nn
 
 from qplug_core import qparams as Q
 from qplug_core.ir.qdq_ops import dequantize_op, quantize_op
+from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.qparams import QParams
 
 
@@ -178,7 +178,8 @@ def dynamic_weight_qparams(qconfig, module: nn.Module) -> dict[str, QParams | No
 def rounded_copy(module: nn.Module, weight_qparams: dict[str, QParams | None]) -> nn.Module:
     """A copy of ``module`` whose named weights lie on their int8 grid (or are float16-rounded):
     what the reference form runs, and what kernels re-quantize exactly."""
-    rounded = copy.deepcopy(module)
+    # a computed weight (weight_norm, parametrizations) becomes a plain one: rounding it wrote a temporary
+    rounded, _ = without_computed_weights(copy_model(module), inplace=True)
     with torch.no_grad():
         for name, qparams in weight_qparams.items():
             if qparams is None:

@@ -145,18 +145,37 @@ class QATWithBn(QATModule):
     op without bias on ``fq(W * s)``, divide by ``s``, add the bias, then apply the BatchNorm in its
     current mode. With fake quant disabled this equals ``bn(op(x))`` exactly (up to rounding), and
     BN's running statistics update as usual. ``bn.weight == 0`` would divide by zero, as upstream.
+
+    Whether BN is frozen is the buffer ``bn_frozen`` (read and set as ``freeze_bn``, torch.ao's
+    attribute), so a ``state_dict`` checkpoint restores it with the observer flags; a checkpoint
+    saved before it existed loads as not frozen.
     """
 
     BN_CLASS: ClassVar[type[nn.Module]]
     bn: nn.Module
-    freeze_bn: bool
+    bn_frozen: torch.Tensor
 
     def _init_bn(self, out_channels: int, eps: float, momentum: float | None, freeze_bn: bool,
                  device: Any, dtype: Any) -> None:
         self.bn = self.BN_CLASS(out_channels, eps, momentum, affine=True, track_running_stats=True,
                                 device=device, dtype=dtype)
+        self.register_buffer("bn_frozen", torch.tensor([0], dtype=torch.uint8, device=device))
         self.freeze_bn = freeze_bn or not self.training
         self.bn.train(not self.freeze_bn)
+
+    @property
+    def freeze_bn(self) -> bool:
+        return bool(self.bn_frozen[0])
+
+    @freeze_bn.setter
+    def freeze_bn(self, frozen: bool) -> None:
+        self.bn_frozen[0] = 1 if frozen else 0
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        # older checkpoints have no flag: not frozen; BN's mode follows what was loaded
+        state_dict.setdefault(prefix + "bn_frozen", torch.zeros_like(self.bn_frozen))
+        super()._load_from_state_dict(state_dict, prefix, *args)  # type: ignore[misc]
+        self.bn.train(self.training and not self.freeze_bn)
 
     def _adopt_children(self, mod: nn.Module) -> None:
         bn = mod[1]

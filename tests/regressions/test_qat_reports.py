@@ -1,0 +1,100 @@
+"""Defects an exploratory QAT session found (s19/qat): each test is the user's QAT run, with the
+numbers a user relies on (the frozen fake-quant model, torch.ao's) or the state they expect back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.nn.qat import freeze_bn_stats
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+
+class ConvPoolNet(nn.Module):
+    """conv-bn-relu -> adaptive avg pool -> torch.flatten -> linear: the pool and the flatten share
+    the conv output's fake-quant, in torch.ao as in qplug."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.relu = nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()
+        self.pool, self.fc = nn.AdaptiveAvgPool2d(2), nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.relu(self.bn(self.conv(x)))), 1))
+
+
+def _train(prepared: nn.Module, steps: int, *, freeze_at: int | None = None) -> list[float]:
+    torch.manual_seed(1)
+    optimizer = torch.optim.SGD(prepared.parameters(), lr=0.05)
+    losses = []
+    for step in range(steps):
+        if step == freeze_at:
+            prepared.apply(qp.observers.disable_observer)
+            prepared.apply(freeze_bn_stats)
+        x, y = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+        loss = nn.functional.cross_entropy(prepared(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _prepared() -> torch.fx.GraphModule:
+    torch.manual_seed(0)
+    return qp.prepare_qat_fx(ConvPoolNet(), None, (torch.randn(2, 1, 8, 8),), backend="fbgemm")
+
+
+def test_a_state_dict_checkpoint_keeps_the_batch_norm_freeze():
+    """After the documented freeze, a run resumed from ``state_dict`` kept the observer freeze but
+    not the BN freeze: BN statistics moved again (running_mean by 0.0038 in one step)."""
+    prepared = _prepared()
+    _train(prepared, 4, freeze_at=2)
+    resumed = _prepared()
+    resumed.load_state_dict(prepared.state_dict())
+    assert resumed.conv.freeze_bn is True and not resumed.conv.bn.training
+    before = resumed.conv.bn.running_mean.clone()
+    resumed(torch.randn(16, 1, 8, 8))
+    assert torch.equal(resumed.conv.bn.running_mean, before)
+    # a checkpoint saved before the flag existed loads as not frozen; torch.ao-style code sets it
+    older = {k: v for k, v in prepared.state_dict().items() if not k.endswith("bn_frozen")}
+    resumed.load_state_dict(older)
+    assert resumed.conv.freeze_bn is False and resumed.conv.bn.training
+    resumed.conv.freeze_bn = True
+    assert resumed.state_dict()["conv.bn_frozen"].item() == 1
+
+
+def test_qat_with_a_shared_pool_and_flatten_fake_quant_is_torch_ao_s():
+    """conv -> pool -> torch.flatten calls one fake-quant three times per forward, as torch.ao
+    does, and trains bit for bit like torch.ao with the same qconfig (the guide said "twice")."""
+    from torch.ao.quantization import (
+        FakeQuantize,
+        MovingAverageMinMaxObserver,
+        MovingAveragePerChannelMinMaxObserver,
+        QConfig,
+        QConfigMapping,
+    )
+    from torch.ao.quantization.quantize_fx import prepare_qat_fx
+
+    eps = torch.finfo(torch.float32).eps
+    qconfig = QConfig(
+        activation=FakeQuantize.with_args(observer=MovingAverageMinMaxObserver, dtype=torch.quint8,
+                                          quant_min=0, quant_max=255, eps=eps),
+        weight=FakeQuantize.with_args(observer=MovingAveragePerChannelMinMaxObserver, dtype=torch.qint8,
+                                      quant_min=-128, quant_max=127, eps=eps,
+                                      qscheme=torch.per_channel_symmetric, ch_axis=0))
+    torch.manual_seed(0)
+    ao = prepare_qat_fx(ConvPoolNet().train(), QConfigMapping().set_global(qconfig), (torch.randn(2, 1, 8, 8),))
+    prepared = _prepared()
+    calls: dict[int, int] = {}
+    for module in prepared.modules():
+        if isinstance(module, qp.observers.FakeQuantize):
+            module.register_forward_hook(lambda m, i, o: calls.__setitem__(id(m), calls.get(id(m), 0) + 1))
+    prepared(torch.randn(2, 1, 8, 8))
+    assert sorted(calls.values()) == [1, 1, 1, 1, 3]  # 3: conv output, pool, flatten
+    torch.manual_seed(0)
+    prepared = _prepared()
+    assert _train(prepared, 6) == _train(ao, 6)

@@ -164,6 +164,8 @@ def _replace_observers(gm: fx.GraphModule) -> None:
         else:
             qparams = observer.qparams()
             source = node.args[0].name
+            if source.startswith("_"):  # torch.fx names a non-ASCII module's node "_": no dunder name
+                source = f"value{source}"
             _replace_with_modules(gm, node, [(f"{source}_quantize_{count}", Quantize(qparams)),
                                              (f"{source}_dequantize_{count}", Dequantize(qparams))])
             count += 1

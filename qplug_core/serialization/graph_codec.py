@@ -12,6 +12,7 @@ only lets a node refer to nodes before it, so a decoded graph is in topological 
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any
 
 from torch import fx
@@ -47,7 +48,7 @@ _META_KEYS = (VALUE_KIND, ROOT, BOUNDARY, REGION, INPUT_SPEC)
 _VALUE_KINDS = ("float_tensor", "tensor", "other")
 _OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
 _PLACEHOLDER = re.compile(r"\*{0,2}[A-Za-z_][A-Za-z0-9_]*\Z")
-_PATH_PART = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*\Z|[0-9]+\Z")
+_INDEX = re.compile(r"[0-9]+\Z")
 #: RegionTag fields that are stored as plain JSON values, with their types
 _REGION_FIELDS: dict[str, type] = {
     "region_id": int, "is_anchor": bool, "pattern_name": str, "quantized": bool, "reason": str,
@@ -55,10 +56,19 @@ _REGION_FIELDS: dict[str, type] = {
 }
 
 
+def _path_part(part: str) -> bool:
+    """An index, or an identifier (any script: ``卷积``) that is no dunder name (``__class__``
+    would reach Python internals), not even once Python's parser normalises it (NFKC: generated
+    code would read ``＿＿class＿＿`` as ``__class__``)."""
+    if _INDEX.match(part):
+        return True
+    return part.isidentifier() and unicodedata.normalize("NFKC", part) == part and not part.startswith("__")
+
+
 def check_path(path: Any, at: str, what: str) -> str:
     """A dotted attribute path whose parts are identifiers or indices (``layer1.0.conv``), never
-    dunder names (``__class__`` would reach Python internals)."""
-    if not isinstance(path, str) or not all(_PATH_PART.match(part) for part in path.split(".")):
+    dunder names."""
+    if not isinstance(path, str) or not all(_path_part(part) for part in path.split(".")):
         raise ConfigError(f"{where(at)}: {what} {path!r} is not a dotted path of identifiers or "
                           "indices", field=at, value=path)
     return path

@@ -84,3 +84,30 @@ def test_qat_export_capture_keeps_a_no_grad_block_out_of_training():
     prepared(torch.randn(4, 16)).sum().backward()
     grads = {name: p.grad for name, p in prepared.named_parameters() if name.endswith("weight")}
     assert grads["b.weight"] is not None and grads["a.weight"] is None, grads
+
+
+@pytest.mark.parametrize("name", ["卷积", "conv_é"])
+def test_modules_named_in_other_scripts_save_and_load(name, tmp_path):
+    """Python identifiers in any script quantized but qp.save refused them ("not a dotted path of
+    identifiers"): the check was ASCII-only, and torch.fx's node name for 卷积 ("_") gave the
+    quantize after it a dunder name."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module(name, nn.Conv2d(3, 4, 3))
+    model.add_module("relu", nn.ReLU())
+    x = torch.randn(2, 3, 8, 8)
+    int8 = qp.quantize(model.eval(), (x,), [(torch.randn(2, 3, 8, 8),) for _ in range(4)], backend="fbgemm")
+    loaded = qp.load(qp.save(int8, tmp_path / "model.safetensors"))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), int8(x))
+    assert name in qp.quantization_report(loaded).kernels
+
+
+@pytest.mark.parametrize("path", ["__class__", "＿＿class＿＿", "layer.__dict__", "conv-1", "ﬁ"])
+def test_a_path_that_is_a_dunder_once_normalised_is_refused(path):
+    """Generated code reads ``＿＿class＿＿`` as ``__class__`` (Python normalises identifiers, NFKC)."""
+    from qplug_core.errors import ConfigError
+    from qplug_core.serialization.graph_codec import check_path
+
+    with pytest.raises(ConfigError, match="is not a dotted path of identifiers or indices"):
+        check_path(path, "graph[0].target", "attribute path")

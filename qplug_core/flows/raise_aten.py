@@ -157,11 +157,21 @@ def _out_of_place(gm: fx.GraphModule) -> None:
 
 
 def _drop_guards(gm: fx.GraphModule) -> None:
-    """Remove the input-shape guard module export adds: the specialised ops check shapes anyway,
-    and a guard call would read as a float op in the report."""
+    """Remove export's input-shape guards, its ``_guards_fn`` call (it would read as a float op in
+    the report) and its pre-hook (a raw RuntimeError, run only where convert keeps this module):
+    the converted model checks the sizes export fixed itself, with a qplug error
+    (:mod:`qplug_core.flows.input_sizes`), also after ``qp.load``."""
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
             gm.graph.erase_node(node)
+    for key, hook in list(gm._forward_pre_hooks.items()):
+        if getattr(hook, "__name__", "") == _EXPORT_INPUT_CHECK:
+            del gm._forward_pre_hooks[key]
+            gm._forward_pre_hooks_with_kwargs.pop(key, None)
+
+
+#: the name of the forward pre-hook ``ExportedProgram.module()`` checks its inputs with
+_EXPORT_INPUT_CHECK = "_check_input_constraints_pre_hook"
 
 
 def _remove_noops(gm: fx.GraphModule) -> None:

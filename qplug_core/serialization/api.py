@@ -45,7 +45,6 @@ from qplug_core.serialization.graph_codec import decode_graph
 from qplug_core.serialization.lowering_record import LoweringRecord
 from qplug_core.serialization.module_codec import decode_modules
 from qplug_core.serialization.receivers import check_receivers
-from qplug_core.serialization.size_guard import guard_fixed_sizes
 from qplug_core.serialization.weight_only import (
     is_swapped_document,
     is_swapped_model,
@@ -171,7 +170,6 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     name, contributors = backend_identity(chosen)
     gm.meta[ARTIFACT] = with_lowering(replace(artifact, backend=name, plugins=contributors),
                                       LoweringRecord.of(report))
-    guard_fixed_sizes(gm)
     return gm
 
 

@@ -132,14 +132,22 @@ class ValueAnnotator(fx.Interpreter):
 
 def fixed_sizes(placeholder: fx.Node) -> dict[str, list[int]]:
     """``{"fixed": dims}``: the dimensions torch.export specialised to the example's size (its
-    placeholder's fake value has a plain int there, a symbol where the size is dynamic); empty for
-    a symbolically traced graph, which fixes none. A loaded model checks them (export's own guard
-    is not saved): shape control flow took the example's branch for those sizes only."""
+    placeholder's fake value has an int there, or a symbol bounded to one value: ``Dim.AUTO``
+    gives a Linear's feature size as the constant ``SymInt`` 40); empty for a symbolically traced
+    graph, which fixes none. The converted model checks them (:mod:`qplug_core.flows.input_sizes`):
+    the graph holds the example's sizes and branches there."""
     value = placeholder.meta.get("val")
     shape = getattr(value, "shape", None)
     if shape is None:
         return {}
-    return {"fixed": [i for i, size in enumerate(shape) if isinstance(size, int)]}
+    return {"fixed": [i for i, size in enumerate(shape) if _one_value(size)]}
+
+
+def _one_value(size: int | torch.SymInt) -> bool:
+    if not isinstance(size, torch.SymInt):
+        return True
+    bounds = size.node.shape_env.bound_sympy(size.node.expr)
+    return bool(bounds.lower == bounds.upper)
 
 
 def input_spec(value: torch.Tensor) -> dict[str, Any] | None:

@@ -122,15 +122,17 @@ def _keep_modes(model: nn.Module, gm: GraphModule) -> None:
 def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphModule:
     """``torch.export`` (non-strict: the model's Python runs as written) -> runnable GraphModule.
 
-    The batch dimension (dim 0 of every tensor input), and every dimension of an integer input
-    (token ids and attention masks: calibration batches padded to their own longest sentence),
-    are exported as dynamic where the model allows it (``Dim.AUTO``), so the quantized model
-    takes other batch sizes and sequence lengths than the example's; when that export fails,
+    Every dimension of every tensor input is exported as dynamic where the model allows it
+    (``Dim.AUTO``: torch keeps static what the model fixes, a feature size a Linear reads, a conv's
+    channels), so the quantized model takes other batch sizes, sequence lengths, audio lengths and
+    image sizes than the example's (a time axis fixed by the features while a padding mask left it
+    free made a graph that failed in a ``view`` at any other length); when that export fails,
     every shape is specialised to the example. torch.export specialises a dimension of size 1
-    (0/1 specialisation: a batch-1 example gave a model that refused batch 4), so those are
-    exported from the example repeated to size 2 along them, and kept only where the exported
-    graph answers the example itself as the model does (a branch on ``batch > 1`` is then traced
-    the other way: the example's own sizes are exported instead).
+    (0/1 specialisation: a batch-1 example gave a model that refused batch 4), so the batch and
+    the dimensions of integer inputs (token ids, masks) are exported from the example repeated to
+    size 2 along them, and kept only where the exported graph answers the example itself as the
+    model does (a branch on ``batch > 1`` is then traced the other way: the example's own sizes
+    are exported instead).
     """
     widened = tuple(_widened(value) for value in example_inputs)
     if any(a is not b for a, b in zip(widened, example_inputs)):
@@ -165,25 +167,28 @@ def _export(model: nn.Module, inputs: tuple[Any, ...], dynamic: Any) -> GraphMod
         return torch.export.export(model, inputs, strict=False, dynamic_shapes=dynamic).module()
 
 
-def _auto_dims(value: Any) -> tuple[int, ...]:
-    """The dimensions exported as dynamic: the batch, and every one of an integer input."""
+def _auto(inputs: tuple[Any, ...]) -> torch.export.ShapesCollection:
+    """Every dimension of every tensor input dynamic where the model allows it."""
+    dynamic = torch.export.ShapesCollection()
+    for value in inputs:
+        if isinstance(value, torch.Tensor) and value.dim():
+            dynamic[value] = dict.fromkeys(range(value.dim()), torch.export.Dim.AUTO)
+    return dynamic
+
+
+def _widened_dims(value: Any) -> tuple[int, ...]:
+    """The dimensions a size-1 example is widened along: the batch, and every one of an integer
+    input (token ids and masks). Not a float input's others: a single channel or feature is the
+    model's own size (a mono Conv1d), and widening it only costs a failed export."""
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return ()
     integer = not (value.dtype.is_floating_point or value.is_complex())
     return tuple(range(value.dim())) if integer else (0,)
 
 
-def _auto(inputs: tuple[Any, ...]) -> torch.export.ShapesCollection:
-    dynamic = torch.export.ShapesCollection()
-    for value in inputs:
-        if _auto_dims(value):
-            dynamic[value] = dict.fromkeys(_auto_dims(value), torch.export.Dim.AUTO)
-    return dynamic
-
-
 def _widened(value: Any) -> Any:
-    """``value`` repeated to size 2 along its dynamic dimensions of size 1 (itself if none)."""
-    for dim in _auto_dims(value):
+    """``value`` repeated to size 2 along its widened dimensions of size 1 (itself if none)."""
+    for dim in _widened_dims(value):
         if value.shape[dim] == 1:
             value = torch.cat([value, value], dim=dim)
     return value

@@ -29,6 +29,7 @@ from torch import fx, nn
 from qplug_core.algorithms._layers import layer_of
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError
+from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.regions import CallCounter, resolve_qconfig
 from qplug_core.observers.tokens import token_mask
 
@@ -90,8 +91,10 @@ def first_tensor(output: Any) -> torch.Tensor:
 
 @torch.no_grad()
 def float_output(gm: nn.Module, batch: tuple) -> torch.Tensor:
-    """The first tensor ``gm`` returns for ``batch``, as float32 (what scores compare)."""
-    return first_tensor(gm(*batch)).detach().float()
+    """The first tensor ``gm`` returns for ``batch``, as float32 (what scores compare), computed as
+    the int8 model computes it (:mod:`qplug_core.flows.float_reference`)."""
+    with float_like_int8(gm):
+        return first_tensor(gm(*batch)).detach().float()
 
 
 def float_outputs(gm: nn.Module, batches: list[tuple]) -> list[torch.Tensor]:

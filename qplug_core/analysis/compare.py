@@ -17,6 +17,7 @@ from torch import nn
 from qplug_core.analysis.layers import ComparisonReport, batches_of
 from qplug_core.analysis.layers import compare_layers as compare_by_name
 from qplug_core.analysis.partitions import partition_comparisons
+from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.pipeline import eval_mode
 from qplug_core.flows.tags import W8A8
 
@@ -38,7 +39,7 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
                                quantized_model)
     if layers is not None:
         return report
-    with torch.no_grad(), eval_mode(float_model), eval_mode(quantized_model):
+    with torch.no_grad(), float_like_int8(float_model), eval_mode(float_model), eval_mode(quantized_model):
         partitions = partition_comparisons(float_model, quantized_model, batches)
     if not partitions.rows:
         return report

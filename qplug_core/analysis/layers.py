@@ -29,6 +29,7 @@ from rich.text import Text
 from torch import nn
 
 from qplug_core.errors import ConfigError, InputMismatchError, QplugError, did_you_mean, first_line
+from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.pipeline import eval_mode
 
 __all__ = ["ComparisonReport", "LayerComparison", "compare_layers", "sqnr"]
@@ -388,6 +389,7 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
     num_batches = 0
     with ExitStack() as stack:
         stack.enter_context(torch.no_grad())
+        stack.enter_context(float_like_int8(float_model))
         stack.enter_context(eval_mode(float_model))
         stack.enter_context(eval_mode(quantized_model))
         ref_rec = stack.enter_context(_recording(float_model, names))

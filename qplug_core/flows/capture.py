@@ -15,6 +15,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qplug_core.errors import ConfigValidationError, TraceError, first_line
+from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.raise_aten import is_aten_graph, raise_aten_graph
 from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED
 from qplug_core.ir.capture import capture_module, export_module
@@ -141,7 +142,8 @@ def _raised_export(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphMo
     from qplug_core.flows.raise_aten import raise_aten_graph
 
     try:
-        gm = export_module(model, example_inputs)
+        with float_like_int8(model):  # a widened export is checked against the model's own answer
+            gm = export_module(model, example_inputs)
     except Exception as e:
         raise TraceError(f"torch.export could not capture {type(model).__name__}: "
                          f"{type(e).__name__}: {first_line(e)}") from e

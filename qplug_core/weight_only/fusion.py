@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.errors import ConfigValidationError
+from qplug_core.errors import ConfigValidationError, ModelStateError
 from qplug_core.kernels.per_token import PerThread, version_counter
 from qplug_core.kernels.weight_only import WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
-from qplug_core.weight_only.modules import WeightOnlyLinear, run_linear
+from qplug_core.weight_only.modules import DerivedPacking, WeightOnlyLinear, run_linear
 from qplug_core.weight_only.selection import Choice, choose
 
 
@@ -37,13 +37,18 @@ class FusedLinears:
 
     A member's output is handed out once: a second call with the same input, a call with
     another input, or an input changed in place since (its version counter; inference tensors,
-    which have none, are compared with a copy) runs the kernel again. The state is per thread."""
+    which have none, are compared with a copy) runs the kernel again. The state is per thread.
+    The stacked weight, its packed form and the stacked bias are derived from the members' own
+    tensors and made again when one of those changes (``load_state_dict``, an in-place edit)."""
 
-    def __init__(self, kernel: WeightOnlyKernel, packed: Any, scheme: WeightOnlyScheme, sizes: list[int],
-                 bias: torch.Tensor | None, input_scale: torch.Tensor | None) -> None:
-        self.kernel, self.packed, self.scheme, self.sizes = kernel, packed, scheme, sizes
-        self.bias, self.input_scale = bias, input_scale
+    def __init__(self, kernel: WeightOnlyKernel, names: tuple[str, ...], members: list[WeightOnlyLinear],
+                 weight: QuantizedWeight, packed: Any) -> None:
+        self.kernel, self.names, self.members, self.scheme = kernel, names, members, weight.scheme
+        self.sizes = [m.out_features for m in members]
         self._state = PerThread()
+        self._packing = DerivedPacking()
+        _share_rows(members, weight)
+        self._packing.put(self._sources(), (packed, _stacked_bias(members), members[0].input_scale))
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
         state = self._state
@@ -56,8 +61,34 @@ class FusedLinears:
         return out
 
     def _run(self, x: torch.Tensor) -> list[torch.Tensor]:
-        y = run_linear(self.kernel, self.packed, x, self.bias, self.input_scale, sum(self.sizes), self.scheme)
+        packed, bias, input_scale = self._packing.get(self._sources, self._repack)
+        y = run_linear(self.kernel, packed, x, bias, input_scale, sum(self.sizes), self.scheme)
         return [part.contiguous() for part in y.split(self.sizes, dim=-1)]
+
+    def _sources(self) -> tuple[torch.Tensor | None, ...]:
+        return tuple(t for m in self.members for t in (*m.weight_tensors(), m.bias, m.input_scale))
+
+    def _repack(self) -> tuple[Any, torch.Tensor | None, torch.Tensor | None]:
+        members = self.members
+        scale = members[0].input_scale
+        if not all(_same_tensor(m.input_scale, scale) for m in members):
+            raise ModelStateError(f"the linears {', '.join(self.names)} run as one kernel call but now have "
+                                  "different input_scale values, which one call cannot apply: give them equal "
+                                  "input_scale, or rebuild the model with qp.load from a file qp.save wrote")
+        weight = _stacked(members)
+        _share_rows(members, weight)
+        return self.kernel.pack(weight), _stacked_bias(members), scale
+
+
+def _share_rows(members: list[WeightOnlyLinear], weight: QuantizedWeight) -> None:
+    """Make the members' buffers views of their rows of the stacked ``weight`` (held once)."""
+    start = 0
+    for member in members:
+        end = start + member.out_features
+        member.qweight, member.scales = weight.data[start:end], weight.scales[start:end]
+        if weight.zero_points is not None:
+            member.zero_points = weight.zero_points[start:end]
+        start = end
 
 
 def _unchanged(state: Any, x: torch.Tensor) -> bool:
@@ -109,16 +140,9 @@ def fuse(model: nn.Module, groups: list[tuple[str, ...]], kernels: list[WeightOn
             kernel, packed, measured = choose(weight, kernels, dtypes[names[0]], forced=forced)
         except ConfigValidationError:  # a forced kernel that takes the members but not their stack
             continue
-        group = FusedLinears(kernel, packed, weight.scheme, [m.out_features for m in linears], _stacked_bias(linears),
-                             linears[0].input_scale)
-        start = 0
+        group = FusedLinears(kernel, tuple(names), linears, weight, packed)
         for index, member in enumerate(linears):
-            end = start + member.out_features
-            member.qweight, member.scales = weight.data[start:end], weight.scales[start:end]
-            if weight.zero_points is not None:
-                member.zero_points = weight.zero_points[start:end]
             member.join(group, index)
-            start = end
         joined.append((tuple(names), measured))
     return joined
 

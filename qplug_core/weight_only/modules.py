@@ -1,14 +1,16 @@
 """The modules swapped into a model: a weight-only linear and a weight-only embedding.
 
 Both hold the quantized weight as plain buffers (``qweight`` uint8, ``scales`` float32,
-``zero_points`` uint8 when asymmetric), which is what ``qp.save`` writes. The linear also holds the
-kernel chosen for it and that kernel's packed state (not saved: it is rebuilt at load), and an
-optional per-input-feature ``input_scale`` (AWQ's scales, applied to the activation, so no other
-layer of the model has to change).
+``zero_points`` uint8 when asymmetric), which is what ``qp.save`` and ``state_dict()`` give. The linear
+also holds the kernel chosen for it and that kernel's packed form of those buffers (derived data: made
+again when a buffer is replaced or written in place, e.g. by ``load_state_dict``), and an optional
+per-input-feature ``input_scale`` (AWQ's scales, applied to the activation, so no other layer of the
+model has to change).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,8 +18,41 @@ from torch import nn
 
 from qplug_core.ir.tracing import refuse_tracing
 from qplug_core.kernels.decode_threads import run_within_budget
+from qplug_core.kernels.per_token import version_counter
 from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, unpack
+
+
+class DerivedPacking:
+    """A kernel's packed form of some tensors, made again when one of them is replaced or written
+    in place (its version counter moved: ``load_state_dict``, ``bias.add_(...)``), so the model
+    computes with the state it shows. Only a cache: copies and pickles are empty and pack on first
+    use. Inference tensors have no version counter: only their replacement is seen."""
+
+    def __init__(self) -> None:
+        self._state: tuple[tuple, Any] | None = None
+
+    def put(self, sources: tuple[torch.Tensor | None, ...], packed: Any) -> None:
+        """Remember ``packed`` as made from ``sources`` as they are now."""
+        self._state = (_key(sources), packed)
+
+    def get(self, sources: Callable[[], tuple[torch.Tensor | None, ...]], pack: Callable[[], Any]) -> Any:
+        """The packed form of ``sources()``, from ``pack()`` when they changed since it was made."""
+        state = self._state
+        if state is None or state[0] != _key(sources()):
+            packed = pack()  # may replace the sources (a group's members become views of its stack)
+            state = self._state = (_key(sources()), packed)
+        return state[1]
+
+    def __reduce__(self) -> tuple:
+        return (type(self), ())
+
+    def __deepcopy__(self, memo: dict) -> DerivedPacking:
+        return type(self)()
+
+
+def _key(sources: tuple[torch.Tensor | None, ...]) -> tuple:
+    return tuple(None if t is None else (id(t), version_counter(t)) for t in sources)
 
 
 class _QuantizedWeightHolder(nn.Module):
@@ -50,7 +85,7 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.register_buffer("input_scale", input_scale)
         self.kernel: WeightOnlyKernel = ReferenceKernel()
-        self._packed: Any = self.quantized_weight()
+        self.packing = DerivedPacking()
         #: (the :class:`~qplug_core.weight_only.fusion.FusedLinears` computing this layer, its part)
         self.fused: tuple[Any, int] | None = None
 
@@ -60,18 +95,24 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
     def use_kernel(self, kernel: WeightOnlyKernel, packed: Any) -> None:
         """Run through ``kernel`` with its ``packed`` weight (from the selection, already checked), on
         its own: out of a group it was joined to."""
-        self.kernel, self._packed, self.fused = kernel, packed, None
+        self.kernel, self.fused = kernel, None
+        self.packing.put(self.weight_tensors(), packed)
 
     def join(self, group: Any, index: int) -> None:
         """Run as part ``index`` of ``group``'s kernel call (a
         :class:`~qplug_core.weight_only.fusion.FusedLinears`); the layer's own packed weight goes."""
-        self.kernel, self._packed, self.fused = group.kernel, None, (group, index)
+        self.kernel, self.packing, self.fused = group.kernel, DerivedPacking(), (group, index)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused is not None:
             group, index = self.fused
             return group.output(index, x)
-        return run_linear(self.kernel, self._packed, x, self.bias, self.input_scale, self.out_features, self.scheme)
+        packed = self.packing.get(self.weight_tensors, lambda: self.kernel.pack(self.quantized_weight()))
+        return run_linear(self.kernel, packed, x, self.bias, self.input_scale, self.out_features, self.scheme)
+
+    def weight_tensors(self) -> tuple[torch.Tensor | None, ...]:
+        """The buffers its packed weight is made from."""
+        return self.qweight, self.scales, self.zero_points
 
     def extra_repr(self) -> str:
         scheme = self.scheme

@@ -133,5 +133,5 @@ def test_a_copy_or_a_pickled_model_builds_sessions_of_its_own():
         # the members' rows stay views of one stacked weight in the copy
         assert clone.q.qweight.untyped_storage().data_ptr() == clone.v.qweight.untyped_storage().data_ptr()
         for clone in (clone, pickle.loads(pickle.dumps(qmodel))):
-            assert clone.q.fused[0].packed is not qmodel.q.fused[0].packed
+            assert clone.q.fused[0] is not qmodel.q.fused[0]
             assert all(torch.equal(a, b) for a, b in zip(clone(x), expected, strict=True))

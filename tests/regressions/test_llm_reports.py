@@ -1,0 +1,53 @@
+"""Defects an exploratory session on decoder LLMs found (s19/llm): each test is the user's own call,
+with the numbers or the error a user relies on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qplug_core as qp
+from tests.unit.weight_only.test_w8a8 import PROMPTS, decoder
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+
+def biased_qwen2(seed: int):
+    """A Qwen2 decoder whose q/k/v biases are not zero, as a trained one's are."""
+    model = decoder("qwen2", seed=seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("proj.bias"):
+                p.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("kernel", ["torch-int8pack", "reference"])
+@pytest.mark.parametrize("assign", [False, True])
+def test_load_state_dict_into_a_weight_only_model_computes_with_the_loaded_weights(kernel, assign):
+    """A checkpoint of a quantized model loads into one rebuilt from other weights: it then computes
+    what the saved one does (before: the packed weights, fused q/k/v stacks and stacked biases kept
+    the old values, logits off by 0.9-1.1)."""
+    target = qp.quantize_weights(biased_qwen2(0), bits=8, kernel=kernel)
+    source = qp.quantize_weights(biased_qwen2(1), bits=8, kernel=kernel)
+    assert target.qplug_weight_only.fused  # the fused groups are covered too
+    target.load_state_dict(source.state_dict(), assign=assign)
+    with torch.no_grad():
+        torch.testing.assert_close(target(PROMPTS[0]).logits, source(PROMPTS[0]).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_an_in_place_edit_of_a_fused_members_bias_changes_its_output():
+    qmodel = qp.quantize_weights(biased_qwen2(0), bits=8, kernel="reference")
+    attention = qmodel.model.layers[0].self_attn
+    assert attention.q_proj.fused is not None
+    x = torch.randn(1, 3, attention.q_proj.in_features)
+    with torch.no_grad():
+        before = [attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)]
+        attention.v_proj.bias.add_(10.0)
+        attention.q_proj.qweight.zero_()
+        after = [attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)]
+    edited = attention.q_proj.quantized_weight().dequantize()
+    assert not torch.equal(after[0], before[0])
+    torch.testing.assert_close(after[0], x @ edited.T + attention.q_proj.bias)
+    assert torch.equal(after[1], before[1])
+    torch.testing.assert_close(after[2], before[2] + 10.0)

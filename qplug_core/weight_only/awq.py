@@ -69,7 +69,8 @@ def record_inputs(model: nn.Module, layers: dict[str, nn.Module], calibration: I
 
 def awq_quantize(weight: torch.Tensor, x: torch.Tensor,
                  scheme: WeightOnlyScheme) -> tuple[QuantizedWeight, torch.Tensor]:
-    """Quantize ``weight`` ``[N, K]`` for inputs like ``x`` ``[T, K]``; returns it with ``1 / s``."""
+    """Quantize ``weight`` ``[N, K]`` for inputs like ``x`` ``[T, K]``; returns it with ``1 / s`` in the
+    weight's dtype."""
     w = weight.detach().float()
     reference = x @ w.T
     activation = x.abs().mean(0).clamp(min=1e-8)
@@ -81,8 +82,12 @@ def awq_quantize(weight: torch.Tensor, x: torch.Tensor,
         error = float(((x @ effective.T - reference) ** 2).mean())
         if error < best_error:
             best_error, s = error, candidate
+    # 1 / s in the model's dtype (a float32 scale would turn a bf16/fp16 model's activations float32),
+    # and the weight scaled by exactly what the activation is divided by
+    inverse = (1 / s).to(weight.dtype)
+    s = 1 / inverse.float()
     clip = _search_clip(w * s, x[: CLIP_ROWS] / s, scheme)
-    return quantize(w * s, scheme, clip), (1 / s).contiguous()
+    return quantize(w * s, scheme, clip), inverse.contiguous()
 
 
 def _search_clip(w: torch.Tensor, x: torch.Tensor, scheme: WeightOnlyScheme) -> torch.Tensor:

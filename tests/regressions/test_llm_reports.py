@@ -51,3 +51,27 @@ def test_an_in_place_edit_of_a_fused_members_bias_changes_its_output():
     torch.testing.assert_close(after[0], x @ edited.T + attention.q_proj.bias)
     assert torch.equal(after[1], before[1])
     torch.testing.assert_close(after[2], before[2] + 10.0)
+
+
+def tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                      bos_token_id=0, eos_token_id=0)).eval()
+
+
+@pytest.mark.parametrize(("family", "dtype"), [("llama", torch.bfloat16), ("llama", torch.float16),
+                                               ("gpt2", torch.bfloat16)])
+def test_awq_keeps_a_half_precision_models_dtype(family, dtype):
+    """As RTN and GPTQ do (before: Llama's logits came out float32 from the first AWQ layer on, and
+    GPT-2 raised torch's 'self and mat2 must have the same dtype')."""
+    model = (tiny_gpt2() if family == "gpt2" else decoder()).to(dtype)
+    calibration = [torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    awq = qp.quantize_weights(model, bits=4, group_size=32, algorithm="awq", calibration=calibration,
+                              kernel="reference")
+    with torch.no_grad():
+        want, got = model(PROMPTS[0]).logits, awq(PROMPTS[0]).logits
+    assert got.dtype == dtype
+    assert {awq.get_submodule(name).input_scale.dtype for name in awq.qplug_weight_only.kernels} == {dtype}
+    assert float(torch.nn.functional.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0)) > 0.97

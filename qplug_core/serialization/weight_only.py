@@ -395,4 +395,22 @@ def _load_float_state(model: nn.Module, layers: list[str], tensors: dict[str, to
         raise SerializationError(f"{source} does not fit the model given to qp.load: missing "
                                  f"{missing[:5]}, unexpected {unexpected[:5]}, other shapes {shapes[:5]} (build the "
                                  "model from the same class and config; it was left unchanged)", path=str(source))
+    untied = _tied_but_different(expected, state)
+    if untied:
+        raise SerializationError(f"{source} does not fit the model given to qp.load: the model holds "
+                                 f"{' and '.join(untied)} as one shared tensor, but the file has different values "
+                                 "for them (the saved model did not tie them): build the model with the config the "
+                                 "saved one had (for a Hugging Face model, tie_word_embeddings=False); it was left "
+                                 "unchanged", path=str(source))
     model.load_state_dict(state, strict=False)
+
+
+def _tied_but_different(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> list[str]:
+    """The first keys the model shares one tensor between (tied weights) that the file gives different
+    values: loading would keep one of them and the model would answer differently from the saved one."""
+    shared: dict[int, list[str]] = {}
+    for key, tensor in expected.items():
+        if key in state and tensor.numel():
+            shared.setdefault(tensor.data_ptr(), []).append(key)
+    return next((keys for keys in shared.values()
+                 if any(not torch.equal(state[keys[0]], state[key]) for key in keys[1:])), [])

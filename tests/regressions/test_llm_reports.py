@@ -3,10 +3,13 @@ with the numbers or the error a user relies on."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 import qplug_core as qp
+from qplug_core.errors import SerializationError
 from tests.unit.weight_only.test_w8a8 import PROMPTS, decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
@@ -75,3 +78,23 @@ def test_awq_keeps_a_half_precision_models_dtype(family, dtype):
     assert got.dtype == dtype
     assert {awq.get_submodule(name).input_scale.dtype for name in awq.qplug_weight_only.kernels} == {dtype}
     assert float(torch.nn.functional.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0)) > 0.97
+
+
+def test_a_w8a8_file_of_an_untied_head_is_refused_by_a_model_that_ties_it(tmp_path):
+    """Before: it loaded without a word and the logits were off by 2.1 (one float table overwrote
+    the other); a model with the saved config loads it and answers as the saved one."""
+    model = decoder()
+    calibration = [torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    qmodel = qp.quantize_w8a8(model, calibration)
+    path = qp.save(qmodel, tmp_path / "w8a8.safetensors")
+    tied_config = copy.deepcopy(model.config)
+    tied_config.tie_word_embeddings = True
+    tied = type(model)(tied_config).eval()
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    with pytest.raises(SerializationError, match=r"holds model\.embed_tokens\.weight and lm_head\.weight as one "
+                                                 r"shared tensor.*tie_word_embeddings=False"):
+        qp.load(path, model=tied)
+    loaded = qp.load(path, model=decoder(seed=5))
+    with torch.no_grad():
+        assert torch.equal(loaded(PROMPTS[0]).logits, qmodel(PROMPTS[0]).logits)
+

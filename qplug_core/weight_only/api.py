@@ -223,15 +223,20 @@ def select_layers(model: nn.Module, kinds: tuple[type, ...], patterns: list[re.P
                   skipped: dict[str, str], keep_float: Callable[[str], str | None] = lambda name: None
                   ) -> dict[str, nn.Module]:
     """The modules of exactly these ``kinds`` to quantize, by name; the others' reasons go to
-    ``skipped``: a ``skip=`` pattern, a weight tied to the input embedding, ``keep_float``'s
-    reason, or a weight shared with a module already taken (quantizing one copy would untie them)."""
+    ``skipped``: a subclass of a kind (its own forward, e.g. Gemma's scaled embedding, would be
+    lost), a ``skip=`` pattern, a weight tied to the input embedding, ``keep_float``'s reason, or a
+    weight shared with a module already taken (quantizing one copy would untie them)."""
     tied = tied_output(model)
     seen: dict[int, str] = {}
     targets = {}
     for name, module in model.named_modules():
-        if not name or type(module) not in kinds:
+        if not name or not isinstance(module, kinds):
             continue
-        if any(p.fullmatch(name) for p in patterns):
+        if type(module) not in kinds:
+            base = next(kind for kind in kinds if isinstance(module, kind))
+            skipped[name] = (f"{type(module).__name__} subclasses {base.__name__} and may compute more in its own "
+                             "forward, which the quantized module would not run")
+        elif any(p.fullmatch(name) for p in patterns):
             skipped[name] = "skip= matches its name"
         elif name == tied:
             skipped[name] = "its weight is tied to the input embedding"

@@ -98,3 +98,27 @@ def test_a_w8a8_file_of_an_untied_head_is_refused_by_a_model_that_ties_it(tmp_pa
     with torch.no_grad():
         assert torch.equal(loaded(PROMPTS[0]).logits, qmodel(PROMPTS[0]).logits)
 
+
+def test_gemmas_scaled_embedding_is_listed_as_left_float_with_its_reason():
+    """Before: with embeddings=True it stayed float without a word (not in .layers nor .skipped)."""
+    model = decoder("gemma")
+    qmodel = qp.quantize_weights(model, bits=8, embeddings=True, kernel="reference")
+    info = qmodel.qplug_weight_only
+    assert "model.embed_tokens" not in info.layers
+    assert info.skipped["model.embed_tokens"] == ("GemmaTextScaledWordEmbedding subclasses Embedding and may compute "
+                                                  "more in its own forward, which the quantized module would not run")
+    with torch.no_grad():  # left float, so still scaled by sqrt(hidden_size)
+        assert torch.equal(qmodel.model.embed_tokens(PROMPTS[0]), model.model.embed_tokens(PROMPTS[0]))
+
+
+def test_a_linear_subclass_is_listed_as_left_float_with_its_reason():
+    class ScaledLinear(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), ScaledLinear(32, 32))
+    info = qp.quantize_weights(model, bits=8, kernel="reference").qplug_weight_only
+    assert list(info.layers) == ["0"]
+    assert info.skipped == {"1": "ScaledLinear subclasses Linear and may compute more in its own forward, which "
+                                 "the quantized module would not run"}
+

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.errors import ConfigValidationError, warn_user
+from qplug_core.errors import ConfigValidationError, ModelStateError, warn_user
 from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, safe_weight_range
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 from qplug_core.kernels.decode_threads import run_with_fastest_threads
@@ -378,6 +378,10 @@ class PerTokenDynamicLinear(nn.Module):
         return cls(weight, scale, linear.bias, simulate=simulate, shared=shared, gemm=gemm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight_scale.dtype != torch.float32:  # model.to(torch.bfloat16) / .half() after quantizing
+            raise ModelStateError(f"this int8 model was cast to {self.weight_scale.dtype} after quantizing: its "
+                                  "int8 linears compute in float32 and take float32 scales; quantize the float32 "
+                                  "model again and keep it float32")
         if x.dtype != torch.float32:
             x = x.float()
         if self._token_path and x.numel() == self.in_features:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qplug_core.errors import ModelStateError
 from qplug_core.ir.tracing import refuse_tracing
 from qplug_core.kernels.decode_threads import run_within_budget
 from qplug_core.kernels.per_token import version_counter
@@ -63,6 +64,12 @@ class _QuantizedWeightHolder(nn.Module):
         self.register_buffer("zero_points", weight.zero_points)
 
     def quantized_weight(self) -> QuantizedWeight:
+        if self.scales.dtype != torch.float32:  # model.to(torch.bfloat16) / .half() after quantizing
+            dtype = self.scales.dtype
+            raise ModelStateError(f"this weight-only model was cast to {dtype} after quantizing: its layers' "
+                                  f"float32 scales are {dtype} now, and its kernels were chosen for float32 "
+                                  f"scales; cast the float model first and quantize that "
+                                  f"(qp.quantize_weights(model.to({dtype}), ...) computes in {dtype})")
         return QuantizedWeight(self.scheme, self._shape(), self.qweight, self.scales, self.zero_points)
 
     def _shape(self) -> tuple[int, int]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import qplug_core as qp
-from qplug_core.errors import SerializationError
+from qplug_core.errors import ModelStateError, SerializationError
 from tests.unit.weight_only.test_w8a8 import PROMPTS, decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
@@ -122,3 +122,18 @@ def test_a_linear_subclass_is_listed_as_left_float_with_its_reason():
     assert info.skipped == {"1": "ScaledLinear subclasses Linear and may compute more in its own forward, which "
                                  "the quantized module would not run"}
 
+
+@pytest.mark.parametrize("mode", ["weight-only", "w8a8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_casting_a_quantized_model_to_half_precision_raises_a_qplug_error_saying_what_to_do(mode, dtype):
+    """Before: the weight-only model computed in float32 without a word (logits float32) and the W8A8
+    one raised oneDNN's 'weight scales should be dtype c10::ScalarType::Float'."""
+    model = decoder()
+    if mode == "weight-only":
+        qmodel = qp.quantize_weights(model, bits=8, kernel="torch-int8pack")
+        match = rf"cast to {dtype} after quantizing.*qp\.quantize_weights\(model\.to\({dtype}\), \.\.\.\)"
+    else:
+        qmodel = qp.quantize_w8a8(model, [PROMPTS[1]])
+        match = rf"cast to {dtype} after quantizing.*quantize the float32 model again and keep it float32"
+    with torch.no_grad(), pytest.raises(ModelStateError, match=match):
+        qmodel.to(dtype)(PROMPTS[0])

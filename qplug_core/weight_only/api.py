@@ -25,6 +25,7 @@ from qplug_core.errors import (
     ModelStateError,
     NothingQuantizedError,
     did_you_mean,
+    spelled,
     warn_user,
 )
 from qplug_core.flows.checks import check_finite_weights
@@ -293,7 +294,8 @@ def _check_divisible(name: str, module: nn.Module, scheme: WeightOnlyScheme) -> 
     if size is not None and features % size:
         raise ConfigValidationError(
             f"group_size {size} does not divide the {features} input features of layer {name!r}; pick a "
-            f"divisor of it or leave the layer float with skip=[{name!r}]", field="group_size", value=size)
+            + spelled(f"divisor of it or leave the layer float with skip=[{name!r}]", "divisor of it for --group-size"),
+            field="group_size", value=size)
 
 
 def _quantized_module(module: nn.Module, scheme: WeightOnlyScheme, x: torch.Tensor | None,

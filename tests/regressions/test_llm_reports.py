@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import qplug_core as qp
-from qplug_core.errors import ModelStateError, SerializationError
+from qplug_core.errors import ConfigValidationError, ModelStateError, SerializationError
 from tests.unit.weight_only.test_w8a8 import PROMPTS, decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
@@ -137,3 +137,22 @@ def test_casting_a_quantized_model_to_half_precision_raises_a_qplug_error_saying
         match = rf"cast to {dtype} after quantizing.*quantize the float32 model again and keep it float32"
     with torch.no_grad(), pytest.raises(ModelStateError, match=match):
         qmodel.to(dtype)(PROMPTS[0])
+
+
+def test_the_clis_group_size_error_names_no_option_the_cli_lacks(tmp_path, monkeypatch):
+    """Before: it suggested skip=[...], a Python argument `qplug quantize` has no option for."""
+    from typer.testing import CliRunner
+
+    from qplug_core.cli.app import app
+
+    (tmp_path / "llm_report_models.py").write_text(
+        "import torch\n\ndef mlp():\n    return torch.nn.Sequential(torch.nn.Linear(128, 16))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(app, ["quantize", "llm_report_models:mlp", "--example-shape", "1,128", "--out",
+                                      str(tmp_path / "m.safetensors"), "--mode", "weight-only", "--group-size", "48"])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "qplug: error: group_size 48 does not divide the 128 input features of layer '0'; pick a divisor of it "
+        "for --group-size")
+    with pytest.raises(ConfigValidationError, match=r"pick a divisor of it or leave the layer float with skip=\['0'\]"):
+        qp.quantize_weights(torch.nn.Sequential(torch.nn.Linear(128, 16)), group_size=48)

@@ -63,7 +63,8 @@ def swapped_facts(document: dict[str, Any]) -> dict[str, Any]:
         if document.get(key):
             facts[key] = document[key]
     if document.get("smoothed") is not None:
-        facts["smoothed_groups"] = len(document["smoothed"])
+        # an input alpha="auto" chose not to smooth is listed with alpha None: nothing was folded
+        facts["smoothed_groups"] = sum(1 for entry in document["smoothed"] if entry.get("alpha") is not None)
     if document.get("fused"):
         facts["fused_groups"] = len(document["fused"])
     if document.get("skipped"):

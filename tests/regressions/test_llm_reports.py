@@ -156,3 +156,26 @@ def test_the_clis_group_size_error_names_no_option_the_cli_lacks(tmp_path, monke
         "for --group-size")
     with pytest.raises(ConfigValidationError, match=r"pick a divisor of it or leave the layer float with skip=\['0'\]"):
         qp.quantize_weights(torch.nn.Sequential(torch.nn.Linear(128, 16)), group_size=48)
+
+
+def test_the_smoothed_count_leaves_out_inputs_alpha_auto_did_not_smooth(tmp_path):
+    """Before: `qplug report` counted every entry of .smoothed, alpha None ones too."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from qplug_core.cli.app import app
+
+    calibration = [torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    model = decoder()
+    with torch.no_grad():  # untrained norms (all ones): some inputs gain nothing from smoothing
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+    qmodel = qp.quantize_w8a8(model, calibration)
+    alphas = [entry.alpha for entry in qmodel.qplug_w8a8.smoothed]
+    assert None in alphas and any(alpha is not None for alpha in alphas), alphas
+    path = qp.save(qmodel, tmp_path / "w8a8.safetensors")
+    result = CliRunner().invoke(app, ["report", str(path), "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["smoothed_groups"] == sum(alpha is not None for alpha in alphas)

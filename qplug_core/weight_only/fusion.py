@@ -27,7 +27,7 @@ from torch import nn
 from qplug_core.errors import ConfigValidationError, ModelStateError
 from qplug_core.kernels.per_token import PerThread, version_counter
 from qplug_core.kernels.weight_only import WeightOnlyKernel
-from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
+from qplug_core.kernels.weight_only_scheme import QuantizedWeight
 from qplug_core.weight_only.modules import DerivedPacking, WeightOnlyLinear, run_linear
 from qplug_core.weight_only.selection import Choice, choose
 

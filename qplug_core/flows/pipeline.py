@@ -93,7 +93,8 @@ def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inpl
                "non_traceable_module_names": non_traceable_module_names,
                "non_traceable_module_classes": non_traceable_module_classes,
                "generate_code": False}  # fuse_model's passes rewrite the graph, then recompile
-    with gc_paused():
+    # captured in float32 whatever autocast the caller has on: torch.export records autocast's casts
+    with gc_paused(), torch.autocast("cpu", enabled=False):
         if inplace or isinstance(model, fx.GraphModule):  # a graph is returned as is: copy it whole
             return capture_for_quantization(model if inplace else deepcopy_graph(model),
                                             example_inputs, **options)

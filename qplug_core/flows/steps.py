@@ -225,7 +225,8 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
     show = (sys.stderr.isatty() if progress is None else progress) and distributed.is_rank_zero()
     total = len(data) if hasattr(data, "__len__") and not isinstance(data, torch.Tensor) else None
     batches = non_empty = 0
-    with torch.no_grad(), distributed.calibration_session(model) as ranks:
+    # observers see the float32 values the int8 model will compute from, whatever autocast is on
+    with torch.no_grad(), torch.autocast("cpu", enabled=False), distributed.calibration_session(model) as ranks:
         if show:
             from rich.progress import track
             iterator = track(iter_batches(data), total=total, description="calibrating",
@@ -297,8 +298,11 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
         convert_graph(graph_module, allow_uncalibrated=allow_uncalibrated)
         keep_snapshot(graph_module, backend)
 
-    run_passes(gm, [*plugin_passes(backend, Stage.PRE_CONVERT), convert])
-    report = finish_conversion(gm, backend, mode=state["mode"], lower=lower)
+    # in float32 whatever autocast the caller has on: the kernel checks run the int8 model, and a
+    # delegate's export traced bfloat16 casts (fbgemm raised; ONNX Runtime compiled nothing)
+    with torch.autocast("cpu", enabled=False):
+        run_passes(gm, [*plugin_passes(backend, Stage.PRE_CONVERT), convert])
+        report = finish_conversion(gm, backend, mode=state["mode"], lower=lower)
     if strict and report.skipped:
         listed = "; ".join(f"{s.node} ({s.op}): {s.reason}" for s in report.skipped[:5])
         raise ConfigValidationError(f"strict=True but {len(report.skipped)} op(s) stay float: {listed}",

@@ -78,6 +78,7 @@ class CompiledPartition(nn.Module):
             return ((inputs[0].shape, inputs[0].dtype),)
         return tuple([(t.shape, t.dtype) for t in inputs])  # torch.Size is a tuple: hashable
 
+    @torch.autocast("cpu", enabled=False)  # a first call under the caller's autocast: export in float32
     def _compile(self, inputs: tuple[torch.Tensor, ...]) -> Any:
         try:
             with torch.no_grad():  # the output structure (tensor or tuple) the partition returns

@@ -111,3 +111,32 @@ def test_a_path_that_is_a_dunder_once_normalised_is_refused(path):
 
     with pytest.raises(ConfigError, match="is not a dotted path of identifiers or indices"):
         check_path(path, "graph[0].target", "attribute path")
+
+
+class ConvHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "onnxruntime"])
+def test_quantizing_and_loading_under_autocast_computes_as_without_it(backend, tmp_path):
+    """Under the caller's bfloat16 autocast fbgemm's convert raised ("Quantize only works on Float
+    Tensor") and ONNX Runtime exported bfloat16 casts and compiled nothing (one warning): qplug's
+    own runs (capture, convert's checks, a partition's compile at a loaded model's first call)
+    compute in float32."""
+    torch.manual_seed(0)
+    model, x = ConvHead().eval(), torch.randn(4, 3, 8, 8)
+    calibration = [(torch.randn(4, 3, 8, 8),) for _ in range(4)]
+    plain = qp.quantize(model, (x,), calibration, backend=backend)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = qp.quantize(model, (x,), calibration, backend=backend)
+    assert qp.quantization_report(under).kernels == qp.quantization_report(plain).kernels
+    loaded = qp.load(qp.save(plain, tmp_path / "model.safetensors"))
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            first = loaded(x)  # a delegate's partition compiles here
+        assert torch.equal(under(x), plain(x)) and torch.equal(first, plain(x))

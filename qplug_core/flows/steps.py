@@ -52,6 +52,8 @@ from qplug_core.kernels.dynamic import DynamicKernel
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.nn.computed_weights import copy_model
 from qplug_core.observers import distributed
+from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.fake_quantize import FakeQuantizeBase
 from qplug_core.observers.tokens import batch_token_mask, observing_tokens
 from qplug_core.passes import PassResult
 from qplug_core.registry.backends import Backend, get_backend, resolve_backend
@@ -87,6 +89,13 @@ def _requests_quantization(mapping: QConfigMapping) -> bool:
 
 def _state(gm: fx.GraphModule) -> dict[str, Any]:
     state = getattr(gm, "meta", {}).get(STATE)
+    if state is None and any(isinstance(m, (ObserverBase, FakeQuantizeBase)) for m in gm.modules()):
+        # torch.fx rebuilds a pickled GraphModule from its code: the graph's metadata is gone
+        raise ConfigValidationError(
+            "this model holds qplug's observers but not the rest of qplug's state, which pickling "
+            "(torch.save / torch.load, pickle, copy across processes) drops: prepare the float model "
+            "again and load this model's state_dict into it (observers and fake-quants included), "
+            "then convert that", field="model")
     if state is None:
         raise ConfigValidationError(
             "this model was not prepared by qplug (no qplug state in GraphModule.meta); call "

@@ -140,3 +140,23 @@ def test_quantizing_and_loading_under_autocast_computes_as_without_it(backend, t
         with torch.autocast("cpu", dtype=torch.bfloat16):
             first = loaded(x)  # a delegate's partition compiles here
         assert torch.equal(under(x), plain(x)) and torch.equal(first, plain(x))
+
+
+def test_a_pickled_observed_model_is_refused_at_convert_with_the_way_that_works():
+    """torch.save of a calibrated model, then convert in another process: "this model was not
+    prepared by qplug", although it was; the state_dict route the message now gives converts to
+    exactly the model the original converts to."""
+    import pickle
+
+    torch.manual_seed(0)  # (a forward annotated as a string, PEP 563, makes torch.fx's pickling fail)
+    model, x = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(288, 4)).eval(), torch.randn(4, 3, 8, 8)
+    observed = qp.calibrate(qp.prepare_fx(model, None, (x,), backend="fbgemm"), [(x,)])
+    unpickled = pickle.loads(pickle.dumps(observed))
+    with pytest.raises(qp.errors.ConfigValidationError, match=r"holds qplug's observers but not the rest of "
+                                                              r"qplug's state, which pickling .* load this "
+                                                              r"model's state_dict into it"):
+        qp.convert_fx(unpickled)
+    again = qp.prepare_fx(model, None, (x,), backend="fbgemm")
+    again.load_state_dict(unpickled.state_dict())
+    with torch.no_grad():
+        assert torch.equal(qp.convert_fx(again)(x), qp.convert_fx(observed)(x))

@@ -22,7 +22,7 @@ from torch import fx, nn
 
 from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapping
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, spelled, warn_user
-from qplug_core.flows.tags import VALUE_KIND
+from qplug_core.flows.tags import CALLED_AS, VALUE_KIND
 from qplug_core.ir import module_stack
 from qplug_core.kernels.reference import weight_of
 from qplug_core.matcher import Match, find_matches
@@ -131,8 +131,9 @@ def resolve_qconfig(mapping: QConfigMapping, node: fx.Node, modules: dict[str, n
         if (isinstance(module, nn.Sequential) and len(module)
                 and object_type not in mapping.object_type_qconfigs):
             object_type = type(module[0])
-        parent = node.target.rpartition(".")[0]
-        return mapping.qconfig_for_module(node.target, object_type, counter.next(parent, object_type))
+        path = node.meta.get(CALLED_AS, node.target)  # a shared module's copy: the path the user wrote
+        parent = path.rpartition(".")[0]
+        return mapping.qconfig_for_module(path, object_type, counter.next(parent, object_type))
     scope_path, scope_type = module_stack.innermost(node)
     scope_type = module_stack.resolve_type(scope_type, mapping.object_type_qconfigs)
     if node.op == "call_function":

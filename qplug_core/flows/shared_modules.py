@@ -23,6 +23,7 @@ from collections import defaultdict
 
 from torch import fx, nn
 
+from qplug_core.flows.tags import CALLED_AS
 from qplug_core.passes import PassResult
 
 
@@ -54,6 +55,7 @@ def untie_shared_modules(gm: fx.GraphModule) -> PassResult:
             name = _free_name(existing, target, index)
             modules[name] = copy.deepcopy(modules[target])
             gm.add_submodule(name, modules[name])
+            node.meta[CALLED_AS] = target
             node.target = name
             modified = True
     return PassResult(gm, _untie_shared_tensors(gm, modules, calls) or modified)

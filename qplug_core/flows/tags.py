@@ -26,6 +26,9 @@ BOUNDARY = "qplug_boundary"
 KERNEL = "qplug_kernel"
 #: node.meta key on the root node of a region (the node whose module carries the weight)
 ROOT = "qplug_root"
+#: node.meta key on a call moved to a copy of a shared module (``fc_call1``): the path it was
+#: written as (``fc``), which qconfig rules by module name match (flows/shared_modules.py)
+CALLED_AS = "qplug_called_as"
 #: node.meta key on a clamp folded into its producer's output range: its ``(low, high)`` bounds
 FOLDED_CLAMP = "qplug_folded_clamp"
 #: node.meta key: which plugin pass wrote which annotation (see ``fx.annotation_guard``)

@@ -160,3 +160,28 @@ def test_a_pickled_observed_model_is_refused_at_convert_with_the_way_that_works(
     again.load_state_dict(unpickled.state_dict())
     with torch.no_grad():
         assert torch.equal(qp.convert_fx(again)(x), qp.convert_fx(observed)(x))
+
+
+class CalledTwice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.head = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.fc(torch.relu(self.fc(x))))
+
+
+@pytest.mark.parametrize("rule", ["name", "regex"])
+def test_a_module_name_rule_applies_to_every_call_of_a_shared_module(rule):
+    """set_module_name("fc", None) kept only fc's first call float: the second call runs on a
+    copy (fc_call1), which the rule did not name, and was lowered to int8 without a word.
+    torch.ao keeps both calls float."""
+    torch.manual_seed(0)
+    mapping = qp.get_default_qconfig_mapping("fbgemm")
+    mapping = mapping.set_module_name("fc", None) if rule == "name" else mapping.set_module_name_regex("^fc$", None)
+    x = torch.randn(8, 16)
+    int8 = qp.quantize(CalledTwice().eval(), (x,), [(torch.randn(8, 16),) for _ in range(4)], backend="fbgemm",
+                       qconfig_mapping=mapping)
+    report = qp.quantization_report(int8)
+    assert sorted(report.quantized) == ["head"]
+    assert {s.node for s in report.skipped} >= {"fc", "fc_call1"}

@@ -34,8 +34,9 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
                              generate_code: bool = True) -> GraphModule:
     """The GraphModule the flows quantize, at the pattern set's level whatever the capture.
 
-    ``level="auto"`` traces symbolically when the whole model traces, else exports it with
-    ``torch.export`` and raises the ATen graph (:mod:`qplug_core.flows.raise_aten`); when both fail,
+    ``level="auto"`` traces symbolically when the whole model traces (and no example input is
+    ``None``), else exports it with ``torch.export`` and raises the ATen graph
+    (:mod:`qplug_core.flows.raise_aten`); when both fail,
     the submodules that stop symbolic tracing stay opaque and are listed in
     ``meta[CAPTURE_SKIPPED]`` (the report names them). An ``ExportedProgram`` or its
     ``.module()`` is accepted as is. ``meta[CAPTURE]`` says which level was used.
@@ -58,6 +59,11 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
         return _tagged(_symbolic(model, trace), "symbolic")
     if level == "export":
         return _tagged(_raised_export(model, _require_inputs(example_inputs, level)), "export")
+    if example_inputs is not None and any(value is None for value in example_inputs):
+        try:  # symbolic tracing takes a None given as an input for a tensor: `if mask is not None` is
+            return _tagged(_raised_export(model, example_inputs), "export")  # traced the wrong way
+        except TraceError:
+            pass
     try:
         traced = _symbolic(model, trace)
     except TraceError as symbolic_error:

@@ -46,7 +46,7 @@ from qplug_core.flows.prepare import ObserverInserter, swap_qat_modules, tag_reg
 from qplug_core.flows.regions import RegionPlanner
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
-from qplug_core.flows.tags import REPORT, STATE, W8A8, WEIGHT_ONLY, ValueAnnotator
+from qplug_core.flows.tags import CAPTURE, REPORT, STATE, W8A8, WEIGHT_ONLY, ValueAnnotator
 from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.kernels.dynamic import DynamicKernel
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
@@ -75,6 +75,12 @@ def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
     except Exception as error:
         shapes = ", ".join(str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
                            for x in example_inputs)
+        if any(x is None for x in example_inputs) and gm.meta.get(CAPTURE, "symbolic") == "symbolic":
+            raise InputMismatchError(
+                f"the captured graph cannot run on the example inputs ({shapes}): symbolic tracing takes "
+                f"a None example input for a tensor, so `if x is not None` branches are traced the way the "
+                f"model does not run ({type(error).__name__}: {str(error).splitlines()[0]}). Use capture='auto' "
+                "or 'export', or leave the argument out so that its default is traced as a constant") from error
         raise InputMismatchError(
             f"the model cannot run on the example inputs ({shapes}): {type(error).__name__}: {error}. "
             "Pass example_inputs as a tuple of positional inputs of the right shapes.") from error

@@ -185,3 +185,28 @@ def test_a_module_name_rule_applies_to_every_call_of_a_shared_module(rule):
     report = qp.quantization_report(int8)
     assert sorted(report.quantized) == ["head"]
     assert {s.node for s in report.skipped} >= {"fc", "fc_call1"}
+
+
+class OptionalMask(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+
+    def forward(self, x, mask=None):  # no annotations: symbolic tracing takes None as an input
+        hidden = self.a(x)
+        return hidden * mask if mask is not None else hidden
+
+
+def test_a_none_example_input_is_captured_by_export_and_named_for_symbolic_tracing():
+    """forward(x, mask=None) given (x, None): "the model cannot run on the example inputs" (it
+    does), with capture="auto" too, which export would have captured."""
+    torch.manual_seed(0)
+    model, example = OptionalMask().eval(), (torch.randn(4, 16), None)
+    calibration = [(torch.randn(4, 16), None) for _ in range(4)]
+    int8 = qp.quantize(model, example, calibration, backend="fbgemm")
+    assert qp.quantization_report(int8).capture == "export"
+    with torch.no_grad():
+        assert qp.sqnr(model(*example), int8(*example)) > 30
+    with pytest.raises(qp.errors.InputMismatchError, match=r"symbolic tracing takes a None example input .* "
+                                                           r"capture='auto' or 'export'"):
+        qp.quantize(model, example, calibration, backend="fbgemm", capture="symbolic")

@@ -124,9 +124,10 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphMod
 
     Every dimension of every tensor input is exported as dynamic where the model allows it
     (``Dim.AUTO``: torch keeps static what the model fixes, a feature size a Linear reads, a conv's
-    channels), so the quantized model takes other batch sizes, sequence lengths, audio lengths and
-    image sizes than the example's (a time axis fixed by the features while a padding mask left it
-    free made a graph that failed in a ``view`` at any other length); when that export fails,
+    channels), so the quantized model takes other batch sizes, sequence lengths and audio lengths
+    than the example's (a time axis fixed by the features while a padding mask left it free made a
+    graph that failed in a ``view`` at any other length); an image's height and width stay the
+    example's (``_SPATIAL_RANK``: they cost a vision transformer's capture 10-15x); when that export fails,
     every shape is specialised to the example. torch.export specialises a dimension of size 1
     (0/1 specialisation: a batch-1 example gave a model that refused batch 4), so the batch and
     the dimensions of integer inputs (token ids, masks) are exported from the example repeated to
@@ -167,12 +168,19 @@ def _export(model: nn.Module, inputs: tuple[Any, ...], dynamic: Any) -> GraphMod
         return torch.export.export(model, inputs, strict=False, dynamic_shapes=dynamic).module()
 
 
+#: float inputs of this rank or more are images or video (N, C, H, W, ...): only their batch is
+#: dynamic. Symbolic heights and widths made a SwinV2's export (window partitioning: shape
+#: arithmetic on every block) take 10-15x longer to capture.
+_SPATIAL_RANK = 4
+
+
 def _auto(inputs: tuple[Any, ...]) -> torch.export.ShapesCollection:
-    """Every dimension of every tensor input dynamic where the model allows it."""
+    """Every dimension of every tensor input dynamic where the model allows it, but an image's."""
     dynamic = torch.export.ShapesCollection()
     for value in inputs:
         if isinstance(value, torch.Tensor) and value.dim():
-            dynamic[value] = dict.fromkeys(range(value.dim()), torch.export.Dim.AUTO)
+            image = value.dim() >= _SPATIAL_RANK and (value.dtype.is_floating_point or value.is_complex())
+            dynamic[value] = dict.fromkeys(range(1 if image else value.dim()), torch.export.Dim.AUTO)
     return dynamic
 
 

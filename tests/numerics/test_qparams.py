@@ -1,7 +1,7 @@
 """Properties of the qparams maths (reliability guarantees G1-G4).
 
 Each hypothesis example draws a small recipe (shape, seed, magnitude, offset) and builds the tensor
-with torch, which keeps an example cheap enough for thousands per dtype x scheme.
+with torch, which keeps an example cheap enough for a thousand per dtype x scheme.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ EPS32 = float(np.finfo(np.float32).eps)
 LIMIT = float(np.float32(1e37))  # the largest magnitude G4 covers, as a float32
 DTYPES = (torch.quint8, torch.qint8)
 SCHEMES = ("affine", "symmetric")
-G1_SETTINGS = settings(max_examples=2000, derandomize=True, deadline=None)
+G1_SETTINGS = settings(max_examples=1000, derandomize=True, deadline=None)
 FEW = settings(max_examples=300, derandomize=True, deadline=None)
 
 

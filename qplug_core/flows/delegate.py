@@ -213,10 +213,11 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     A partition that breaks the contract in some of its int8 regions (found region by region)
     is planned again without those regions: they stay in reference form and the rest of it is
     compiled around them. A partition that fails as a whole (its compile, or a check that finds no
-    region to blame) is planned again without its int8 regions too: ``qp.load`` plans without them from the start (``keep_reference``), and the same
-    plan at both ends is what lets load rebuild the partitions the file recorded (planned around
-    the failed partition's nodes, a Wav2Vec2 on OpenVINO had its partitions grouped otherwise at
-    load, which refused the file). The partitions are fused into ``gm`` once the plan holds.
+    region to blame) is planned again without its int8 regions too: ``qp.load`` plans without them
+    from the start (``keep_reference``), and only the same plan at both ends lets load rebuild the
+    partitions the file recorded (planned around the failed partition's nodes, a Wav2Vec2 on
+    OpenVINO was grouped otherwise at load, which refused the file). The partitions are fused into
+    ``gm`` once the plan holds.
     """
     report_key = report_names(gm.graph)  # the report's names, taken before partitions are fused
     refused = {**_region_ids(gm, keep_reference or {}, report_key), **_ids_of_ends(gm, keep_regions or {})}

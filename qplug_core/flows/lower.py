@@ -275,9 +275,16 @@ def _why_not_lowered(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: 
                      contract: kernel_contract.ContractRun) -> str:
     """Lower one region; an empty string when it now runs the kernel, else why it stays reference."""
     runtime = [] if spec.passthrough else _runtime_operands(nodes)
+    inputs = [a.name for a in runtime if a.op == "placeholder"]
+    if inputs:  # nn.LSTM given a PackedSequence: no quantize op in the graph can reach its data
+        reason = (f"its input(s) {inputs} are forward() arguments that are not tensors (a PackedSequence, "
+                  "a Python value): graph mode quantizes tensors only, so it stays in reference form "
+                  "(qp.quantize_dynamic runs nn.LSTM / nn.GRU on PackedSequence inputs with int8 kernels)")
+        warn_user(f"qplug: backend {backend.name!r}, node {nodes.name!r}: {reason}")
+        return reason
     if runtime:
-        return (f"operand(s) {runtime} are Python values computed at run time; kernel {spec.op} "
-                "needs them when it is built")
+        return (f"operand(s) {[a.name for a in runtime]} are Python values computed at run time; kernel "
+                f"{spec.op} needs them when it is built")
     try:
         return _lower_region(gm, backend, spec, tag, nodes, contract)
     except ConstraintViolationError as refusal:  # the kernel refused this instance (before any edit)
@@ -286,10 +293,11 @@ def _why_not_lowered(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: 
         return str(refusal)
 
 
-def _runtime_operands(nodes: _RegionNodes) -> list[str]:
-    """Inputs of the region that are non-tensor values produced by the graph (``x.size(1) + 0``)."""
+def _runtime_operands(nodes: _RegionNodes) -> list[fx.Node]:
+    """Inputs of the region that are non-tensor values: computed by the graph (``x.size(1) + 0``)
+    or given to forward()."""
     members = set(nodes.members)
-    return [a.name for m in nodes.members for a in m.all_input_nodes
+    return [a for m in nodes.members for a in m.all_input_nodes
             if a not in members and a.meta.get(VALUE_KIND) == "other"]
 
 

@@ -153,3 +153,33 @@ def test_an_input_the_float_linear_refuses_is_refused_by_name_and_shape(engine, 
         linear(x)
     with pytest.raises(InputMismatchError, match=says):
         int8(x)
+
+
+class _PackedTagger(nn.Module):
+    """Takes a PackedSequence, as speech and tagging models do, and pads the LSTM's output."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn, self.fc = nn.LSTM(16, 24, batch_first=True), nn.Linear(24, 5)
+
+    def forward(self, packed):
+        out, _ = self.rnn(packed)
+        padded, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        return self.fc(padded)
+
+
+def test_graph_mode_says_why_an_lstm_given_a_packed_sequence_stays_in_reference_form():
+    """prepare_fx/convert_fx quantize tensors only: the LSTM kept its rounded weights and float
+    compute with no warning, and the report blamed "Python values computed at run time"."""
+    model = _PackedTagger().eval()
+    x, lengths = torch.randn(3, 9, 16), torch.tensor([9, 4, 7])
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    mapping = qp.get_default_qconfig_mapping("fbgemm", mode="dynamic")
+    observed = qp.prepare_fx(model, mapping, (packed,), backend="fbgemm")
+    with pytest.warns(UserWarning, match=r"node 'rnn': its input\(s\) \['packed'\] are forward\(\) arguments "
+                                         r"that are not tensors \(a PackedSequence.*qp.quantize_dynamic"):
+        converted = qp.convert_fx(observed)
+    report = str(qp.quantization_report(converted))
+    assert "forward() arguments that are not tensors" in report and "computed at run time" not in report
+    assert qp.sqnr(model(packed), converted(packed)) > 30

@@ -210,3 +210,32 @@ def test_a_none_example_input_is_captured_by_export_and_named_for_symbolic_traci
     with pytest.raises(qp.errors.InputMismatchError, match=r"symbolic tracing takes a None example input .* "
                                                            r"capture='auto' or 'export'"):
         qp.quantize(model, example, calibration, backend="fbgemm", capture="symbolic")
+
+
+class KeywordHeads(nn.Module):
+    """Detection-style heads in a ModuleDict whose keys are Python keywords."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+        self.heads = nn.ModuleDict({"class": nn.Linear(16, 4), "in": nn.Linear(16, 2)})
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.body(x)
+        return self.heads["class"](features), self.heads["in"](features)
+
+
+@pytest.mark.parametrize(("capture", "backend"),
+                         [("symbolic", "fbgemm"), ("export", "fbgemm"), ("symbolic", "onnxruntime")])
+def test_submodules_named_after_python_keywords_quantize_save_and_load(capture, backend, tmp_path):
+    """torch.fx wrote ``self.heads.class`` (a SyntaxError), so neither capture could take the
+    model (pytorch#188538); the int8 model now runs each head on its kernel and round-trips."""
+    model = KeywordHeads().eval()
+    x = torch.randn(8, 16)
+    int8 = qp.quantize(model, (x,), [(torch.randn(8, 16),) for _ in range(4)], backend=backend, capture=capture)
+    for got, want in zip(int8(x), model(x)):
+        assert qp.sqnr(want, got) > 30
+    loaded = qp.load(qp.save(int8, tmp_path / "model.safetensors"))
+    for got, want in zip(loaded(x), int8(x)):
+        assert torch.equal(got, want)

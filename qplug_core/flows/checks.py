@@ -91,9 +91,16 @@ def check_float32(model: nn.Module, fix: str = "quantize model.float() and calib
                     f"{fix} (the int8 model takes float32 inputs)")
 
 
-def check_finite_weights(model: nn.Module) -> None:
-    """A NaN or Inf in a parameter gives garbage scales: name the parameters up front, instead of a
-    weight observer or kernel search failing later without saying which layer."""
+def check_weight_values(model: nn.Module) -> None:
+    """Weights on the meta device hold no values, and a NaN or Inf in a parameter gives garbage
+    scales: name the tensors up front, instead of a capture, weight observer or kernel search
+    failing later without saying which layer (or moving to the CPU, which cannot help)."""
+    empty = [f"{name!r}" for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if empty:
+        raise ModelStateError(
+            f"the model has tensors on the meta device, which hold no values: {_listed(empty)}; "
+            "materialize it first (model.to_empty(device='cpu'), then load its weights, e.g. "
+            "model.load_state_dict(state_dict, assign=True)) and quantize the loaded model")
     broken = [f"{name!r} ({int((~torch.isfinite(t)).sum())} of {t.numel()})" for name, t in model.named_parameters()
               if t.is_floating_point() and not t.is_meta and not bool(torch.isfinite(t).all())]
     if broken:

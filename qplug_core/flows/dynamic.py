@@ -28,7 +28,7 @@ from qplug_core.errors import (
     NothingQuantizedError,
     did_you_mean,
 )
-from qplug_core.flows.checks import check_finite_weights, check_float32
+from qplug_core.flows.checks import check_float32, check_weight_values
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.raise_aten import is_aten_graph
 from qplug_core.flows.regions import dtype_config_problems, observer_traits
@@ -338,7 +338,7 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
                                     field="model", value=type(model).__name__)
     check_float32(model)  # the dynamic kernels take float32 activations: say so now, not at the call
     model, inplace = without_computed_weights(model, inplace=inplace)
-    check_finite_weights(model)
+    check_weight_values(model)
     if dtype not in _DTYPES:
         raise ConfigValidationError(f"dtype must be torch.qint8 or torch.float16, got {dtype}",
                                     field="dtype", value=dtype)

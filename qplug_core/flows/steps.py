@@ -136,7 +136,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
         model = model.module()  # a fresh module: the program itself is never modified
     flow_checks.check_preparable(model)
     flow_checks.check_float32(model)
-    flow_checks.check_finite_weights(model)
+    flow_checks.check_weight_values(model)
     if on_unsupported not in _ON_UNSUPPORTED:
         raise ConfigValidationError(f"on_unsupported must be one of {_ON_UNSUPPORTED}, got "
                                     f"{on_unsupported!r}", field="on_unsupported", value=on_unsupported)

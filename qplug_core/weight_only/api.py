@@ -28,7 +28,7 @@ from qplug_core.errors import (
     spelled,
     warn_user,
 )
-from qplug_core.flows.checks import check_finite_weights
+from qplug_core.flows.checks import check_weight_values
 from qplug_core.flows.pipeline import eval_mode
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
@@ -107,7 +107,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     calibration = calibration_batches(calibration)
     patterns = skip_patterns(skip)
     refuse_quantized(model)
-    check_finite_weights(model)
+    check_weight_values(model)
     kernels = available_kernels(backend)
     qmodel = copy.deepcopy(model)  # returned in the model's own mode, calibrated in eval mode
     info = WeightOnlyInfo(scheme, algorithm)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError, ConfigValidationError
-from qplug_core.flows.checks import check_finite_weights, check_float32
+from qplug_core.flows.checks import check_float32, check_weight_values
 from qplug_core.flows.dynamic import linear_from_conv1d
 from qplug_core.flows.tags import W8A8
 from qplug_core.kernels.per_token import (
@@ -101,7 +101,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
         raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
                                     field="model", value=type(model).__name__)
     check_float32(model)  # int8 linears with float32 scales: a bf16 model met them only at its first call
-    check_finite_weights(model)
+    check_weight_values(model)
     refuse_quantized(model)
     if alpha is not None and alpha != "auto" and not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
         raise ConfigValidationError(f"alpha must be 'auto', a number in (0, 1) or None, got {alpha!r}",

@@ -239,3 +239,21 @@ def test_submodules_named_after_python_keywords_quantize_save_and_load(capture, 
     loaded = qp.load(qp.save(int8, tmp_path / "model.safetensors"))
     for got, want in zip(loaded(x), int8(x)):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("call", ["quantize-reference", "quantize-onnxruntime", "quantize_dynamic",
+                                  "quantize_weights"])
+def test_a_model_on_the_meta_device_is_refused_with_how_to_materialize_it(call):
+    """fbgemm said "move it with model.cpu()" (which cannot give meta tensors values), the
+    reference and delegate backends "cannot run on the example inputs", dynamic Tensor.item()."""
+    from qplug_core.errors import ModelStateError
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    x = torch.randn(4, 8)
+    quantize = {"quantize-reference": lambda: qp.quantize(model, (x,), [(x,)], backend="reference"),
+                "quantize-onnxruntime": lambda: qp.quantize(model, (x,), [(x,)], backend="onnxruntime"),
+                "quantize_dynamic": lambda: qp.quantize_dynamic(model, backend="fbgemm"),
+                "quantize_weights": lambda: qp.quantize_weights(model)}[call]
+    with pytest.raises(ModelStateError, match=r"meta device, which hold no values: '0.weight'.*to_empty"):
+        quantize()

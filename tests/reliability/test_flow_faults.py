@@ -61,13 +61,13 @@ def test_engine_missing_from_this_torch_build(monkeypatch):
     qp.quantize(conv_net(), X, images(1), backend="qnnpack")  # the other backend is unaffected
 
 
-def test_model_on_a_device_the_backend_cannot_use():
-    """The meta device stands in for any non-CPU device (CI has no GPU)."""
+def test_model_on_the_meta_device_is_refused_before_any_backend_check():
+    """Meta tensors hold no values: moving them to the CPU (the device check's advice) cannot help."""
     model = conv_net().to("meta")
-    with pytest.raises(BackendUnavailableError) as raised:
+    with pytest.raises(ModelStateError) as raised:
         qp.prepare_fx(model, None, (X[0].to("meta"),), backend="fbgemm")
-    assert "backend 'fbgemm' runs on the CPU but the model has tensors on ['meta']" in str(raised.value)
-    assert "model.cpu()" in str(raised.value)
+    assert "the model has tensors on the meta device, which hold no values" in str(raised.value)
+    assert "model.to_empty(device='cpu')" in str(raised.value) and "model.cpu()" not in str(raised.value)
 
 
 # -- qconfigs the backend cannot honour (row 17) ---------------------------------------------------

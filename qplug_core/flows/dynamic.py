@@ -33,6 +33,7 @@ from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.raise_aten import is_aten_graph
 from qplug_core.flows.regions import dtype_config_problems, observer_traits
 from qplug_core.kernels.base import KernelContext, TensorArg
+from qplug_core.kernels.dynamic import unbatched_cell_call
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
 from qplug_core.kernels.reference import (
     DynamicQuantize,
@@ -72,7 +73,7 @@ class SimulatedDynamic(nn.Module):
         else:
             x = self.input_quantize(x)
         if isinstance(self.module, nn.GRUCell):
-            return self._gru_cell(x, hx)
+            return unbatched_cell_call(self._gru_cell, x, hx)
         if hx is not None and isinstance(self.module, nn.RNNCellBase):
             hx = (self.input_quantize(hx[0]), hx[1]) if isinstance(hx, tuple) else self.input_quantize(hx)
         return self.module(x) if isinstance(self.module, nn.Linear) else self.module(x, hx)

@@ -361,6 +361,17 @@ class DynamicGRU(_DynamicRNN):
         return out, (h,)
 
 
+def unbatched_cell_call(step: Callable, x: torch.Tensor, hx):
+    """``step(x, hx)`` on a batch; a 1-D ``x`` (and its 1-D states) run as a batch of one and come
+    back 1-D, as ``nn.LSTMCell`` / ``nn.GRUCell`` / ``nn.RNNCell`` answer unbatched inputs."""
+    if x.dim() != 1:
+        return step(x, hx)
+    if hx is not None:
+        hx = tuple(h.unsqueeze(0) for h in hx) if isinstance(hx, tuple) else hx.unsqueeze(0)
+    out = step(x.unsqueeze(0), hx)
+    return tuple(o.squeeze(0) for o in out) if isinstance(out, tuple) else out.squeeze(0)
+
+
 class _DynamicCell(DynamicKernel):
     """One recurrent cell: two dynamic linears (ih, hh) and the float gate maths.
 
@@ -373,10 +384,22 @@ class _DynamicCell(DynamicKernel):
         if not isinstance(mod, self._float_type):
             raise ConfigValidationError(f"{type(self).__name__}: expected {self._float_type}, got "
                                         f"{type(mod).__name__}", field="module")
-        self.hidden_size = mod.hidden_size
+        self.hidden_size, self.input_size = mod.hidden_size, mod.input_size
         self._p_ih = self._pack(mod.weight_ih, mod.bias_ih, per_channel, weight_qparams.get("weight_ih"))
         self._p_hh = self._pack(mod.weight_hh, mod.bias_hh, per_channel, weight_qparams.get("weight_hh"))
         self._nonlinearity = getattr(mod, "nonlinearity", None)
+
+    def forward(self, x: torch.Tensor, hx=None):
+        """What the float cell takes: a batch ``(N, input_size)`` or one unbatched ``(input_size,)``
+        input, with states shaped alike (the ops take batches only)."""
+        _check_float32_input(x, type(self).__name__)
+        if x.dim() not in (1, 2) or x.shape[-1] != self.input_size:
+            raise wrong_input_size(type(self).__name__, self.input_size, "feature",
+                                   "a 2-D batch or one 1-D input", tuple(x.shape))
+        return unbatched_cell_call(self._step, x, hx)
+
+    def _step(self, x: torch.Tensor, hx):
+        raise NotImplementedError
 
     def _linear(self, x: torch.Tensor, packed: object) -> torch.Tensor:
         with forward_quiet():
@@ -396,8 +419,8 @@ class LSTMCell(_DynamicCell):
 
     _float_type = nn.LSTMCell
 
-    def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         h, c = (self._zeros(x), self._zeros(x)) if hx is None else hx
         gi, gh = self._gates(x, h)
         i, f, g, o = (gi + gh).chunk(4, 1)
@@ -410,7 +433,7 @@ class GRUCell(_DynamicCell):
 
     _float_type = nn.GRUCell
 
-    def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
+    def _step(self, x: torch.Tensor, hx: torch.Tensor | None) -> torch.Tensor:
         h = self._zeros(x) if hx is None else hx
         (i_r, i_z, i_n), (h_r, h_z, h_n) = (g.chunk(3, 1) for g in self._gates(x, h))
         r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
@@ -423,6 +446,6 @@ class RNNCell(_DynamicCell):
 
     _float_type = nn.RNNCell
 
-    def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
+    def _step(self, x: torch.Tensor, hx: torch.Tensor | None) -> torch.Tensor:
         gi, gh = self._gates(x, self._zeros(x) if hx is None else hx)
         return torch.relu(gi + gh) if self._nonlinearity == "relu" else torch.tanh(gi + gh)

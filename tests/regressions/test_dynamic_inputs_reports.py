@@ -183,3 +183,24 @@ def test_graph_mode_says_why_an_lstm_given_a_packed_sequence_stays_in_reference_
     report = str(qp.quantization_report(converted))
     assert "forward() arguments that are not tensors" in report and "computed at run time" not in report
     assert qp.sqnr(model(packed), converted(packed)) > 30
+
+
+@pytest.mark.parametrize("backend", [*ENGINES, "reference"])
+@pytest.mark.parametrize("kind", [nn.LSTMCell, nn.GRUCell, nn.RNNCell])
+def test_a_dynamic_cell_takes_one_unbatched_step_as_the_float_cell_does(kind, backend):
+    """The int8 cells raised torch's "dimension of input tensor should be larger than or equal to
+    2" (the reference GRUCell an IndexError) on a 1-D input and state, which nn cells take."""
+    torch.manual_seed(0)
+    model = nn.Sequential(kind(16, 32)).eval()
+    int8 = qp.quantize_dynamic(model, backend=backend)
+    x, h = torch.randn(16), torch.randn(32)
+    state = (h, torch.randn(32)) if kind is nn.LSTMCell else h
+    batched_state = tuple(s[None] for s in state) if kind is nn.LSTMCell else h[None]
+    got, as_batch, want = int8[0](x, state), int8[0](x[None], batched_state), model[0](x, state)
+    for got_, as_batch_, want_ in zip(_states(got), _states(as_batch), _states(want)):
+        assert got_.shape == want_.shape == (32,)
+        assert torch.equal(got_, as_batch_.squeeze(0))
+        assert qp.sqnr(want_, got_) > 35
+    if backend != "reference":
+        with pytest.raises(InputMismatchError, match=r"takes inputs with 16 features .* got shape \(2, 3, 16\)"):
+            int8[0](torch.randn(2, 3, 16))

@@ -94,6 +94,7 @@ class CompiledPartition(nn.Module):
         self._routes[signature] = signature
         return compiled
 
+    @torch.compiler.disable  # under torch.compile, dynamo must not trace the exporter it calls
     def _route(self, inputs: tuple[torch.Tensor, ...]) -> Any:
         """The compiled model for a signature not seen yet: one built before that serves it, or a
         new one. One thread at a time: a server's threads meeting a new batch size together

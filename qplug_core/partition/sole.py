@@ -61,6 +61,12 @@ class SolePartitionForward:
             return module.forward(*inputs)
         return type(gm).forward(gm, *inputs)
 
+    @property
+    def __code__(self):
+        """The generated forward's code, which torch.compile and torch.export read from
+        ``gm.forward`` (a GraphModule's forward is a function to them)."""
+        return self.__wrapped__.__code__
+
     def __reduce__(self):
         return (_dropped, ())  # a copy runs the generated code (its GraphModule builds it anew)
 

@@ -100,6 +100,17 @@ def test_torch_jit_trace_refuses_what_runs_outside_pytorch_and_records_what_does
     assert torch.equal(traced(x[100:140]), fbgemm(x[100:140]))
 
 
+@pytest.mark.parametrize("backend", ["fbgemm", "onnxruntime", "openvino"])
+def test_torch_compile_runs_the_int8_model_as_it_runs_eager(digits, backend):
+    """torch.compile of a model whose one partition runs in ONNX Runtime or OpenVINO raised
+    "'SolePartitionForward' object has no attribute '__code__'" (dynamo reads gm.forward.__code__)."""
+    model, x = digits
+    int8 = qp.quantize(model, (x[:8],), [(x[i:i + 64],) for i in range(0, 256, 64)], backend=backend)
+    compiled = torch.compile(int8)
+    for batch in (x[100:108], x[200:203]):
+        assert torch.equal(compiled(batch), int8(batch))
+
+
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
 def test_a_compiled_partition_given_a_wrong_shape_names_the_input(digits, backend, tmp_path):
     """onnxruntime and openvino compile a partition per new input shape, and a shape the layers

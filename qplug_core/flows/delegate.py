@@ -53,6 +53,7 @@ from qplug_core.flows.python_inputs import python_input_readers
 from qplug_core.flows.region_parity import layer_parity, region_of
 from qplug_core.flows.report import describe_op, float_compute_nodes, report_names
 from qplug_core.flows.safer_weights import make_safer, may_saturate
+from qplug_core.flows.shape_ints import recompute_boundary_ints
 from qplug_core.flows.tags import BOUNDARY, KERNEL, REPORT, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner, OperatorSupportBase, fuse_by_partitions
 from qplug_core.partition.fuse import build_submodule
@@ -227,6 +228,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     while True:
         support = _Refusing(delegate.operator_support, gm, refused)
         partitions, outside = _int8_partitions(gm, support, delegate, backend_name, report_key)
+        partitions = recompute_boundary_ints(gm, partitions)
         if example_inputs is None:
             break
         values = _inputs_of(gm, partitions, example_inputs)

@@ -32,6 +32,9 @@ class Compiled(nn.Module):
         super().__init__()
         self.partition = partition
         self.shapes = [tuple(x.shape) for x in example_inputs]
+        outputs = partition(*example_inputs)
+        if not all(isinstance(out, torch.Tensor) for out in (outputs if isinstance(outputs, tuple) else [outputs])):
+            raise TypeError("the SDK's graph outputs are tensors")
         COMPILED.append(self)
 
     def forward(self, *args):
@@ -290,3 +293,41 @@ def test_a_right_multi_region_partition_is_kept(fake_dist):
     assert list(report.reference) == ["fc"]  # outside the partition: the SDK does not take linears
     with torch.no_grad():
         assert torch.equal(lowered(*data[0]), reference(*data[0]))
+
+
+class SizedHeads(nn.Module):
+    """Sizes read on both sides of a layer the NPU does not take (the Linear), as attention
+    splits heads: torch.export leaves the dynamic batch and length as ints (``sym_size``)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.fc, self.conv2 = nn.Conv1d(8, 8, 3, padding=1), nn.Linear(8, 8), nn.Conv1d(4, 4, 1)
+
+    def forward(self, x):
+        batch, length, _ = x.shape
+        y = self.fc(torch.relu(self.conv(x.transpose(1, 2))).transpose(1, 2).reshape(batch, length, 8))
+        heads = self.conv2(y.reshape(batch * length, 2, 4).transpose(1, 2))
+        return heads.transpose(1, 2).reshape(batch, length, 8) + y
+
+
+def test_sizes_read_across_partitions_are_recomputed_and_every_partition_compiles(fake_dist, tmp_path):
+    """An SDK's graph takes and returns tensors only: ints at a partition's edge made ONNX Runtime
+    and OpenVINO refuse Wav2Vec2's attention partitions ("'int' object has no attribute 'name'"),
+    which then ran in reference form. Each side recomputes the sizes it reads instead."""
+    fake_dist("qplug-npu", NPU)
+    g = torch.Generator().manual_seed(0)
+    data = [torch.randn(2, 5, 8, generator=g) for _ in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        lowered = qp.quantize(SizedHeads().eval(), (data[0],), data, backend="npu", capture="export")
+    reference = qp.quantize(SizedHeads().eval(), (data[0],), data, backend="reference", capture="export")
+    report = qp.quantization_report(lowered)
+    assert [p["module"] for p in report.partitions] == ["Compiled", "Compiled"]
+    assert set(report.reference) == {"fc"}
+    longer = torch.randn(3, 7, 8, generator=g)  # other sizes: computed on each call, not baked in
+    loaded = qp.load(qp.save(lowered, tmp_path / "heads.safetensors"))
+    with torch.no_grad():
+        for x in (data[1], longer):
+            assert torch.equal(lowered(x), reference(x))
+            assert torch.equal(loaded(x), reference(x))

@@ -41,7 +41,7 @@ def _recomputable(node: fx.Node, memo: dict[fx.Node, bool]) -> bool:
 def recompute_boundary_ints(gm: fx.GraphModule, partitions: list[list[fx.Node]]) -> list[list[fx.Node]]:
     """``partitions`` (nodes in graph order) with every int another group reads copied into that
     group, in place on ``gm``: no partition then reads or returns an int it can recompute. Copies
-    sit right after their original (same inputs) and originals left unread are erased."""
+    sit right after their original (same inputs) and originals no longer read are erased."""
     group = {n: i for i, nodes in enumerate(partitions) for n in nodes}
     members = [list(nodes) for nodes in partitions]
     memo: dict[fx.Node, bool] = {}
@@ -59,14 +59,16 @@ def recompute_boundary_ints(gm: fx.GraphModule, partitions: list[list[fx.Node]])
                 members[target].append(clone)
         return copies[node, target]
 
-    ints = [node for node in gm.graph.nodes if _recomputable(node, memo)]
-    for node in ints:
+    rewired: set[fx.Node] = set()  # originals some reader left, and then the ints they read
+    for node in [node for node in gm.graph.nodes if _recomputable(node, memo)]:
         for user in list(node.users):
             reader = group.get(user, _OUTSIDE)
             if reader != group.get(node, _OUTSIDE):
                 user.replace_input_with(node, copy_in(node, reader))
-    for node in reversed(ints):
-        if not node.users:
+                rewired.add(node)
+    for node in reversed(list(gm.graph.nodes)):  # users before what they read
+        if node in rewired and not node.users:
+            rewired.update(a for a in node.all_input_nodes if _recomputable(a, memo))
             gm.graph.erase_node(node)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     return [sorted((n for n in nodes if n in order), key=order.__getitem__) for nodes in members]

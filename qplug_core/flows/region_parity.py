@@ -78,7 +78,10 @@ def _is_float_output(gm: fx.GraphModule, node: fx.Node) -> bool:
 
 def region_of(gm: fx.GraphModule, end: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
     """(boundary inputs, nodes in graph order) of the region writing ``end``: its nodes back to
-    the integer values (or model inputs) it reads."""
+    the integer values (or model inputs) it reads, and to the float outputs of int8 ops, which
+    end regions of their own: through them a region after a float residual stream took in every
+    int8 op before it (each quantize after a Wav2Vec2 LayerNorm held OpenVINO's wrong grouped
+    positional conv, and was blamed for its error)."""
     inputs: set[fx.Node] = set()
     members: set[fx.Node] = set()
     stack = [end]
@@ -88,7 +91,7 @@ def region_of(gm: fx.GraphModule, end: fx.Node) -> tuple[list[fx.Node], list[fx.
             continue
         members.add(node)
         for arg in node.all_input_nodes:
-            if arg.op == "placeholder" or _is_integer_output(gm, arg):
+            if arg.op == "placeholder" or _is_integer_output(gm, arg) or _is_float_output(gm, arg):
                 inputs.add(arg)
             elif arg.op != "get_attr":
                 stack.append(arg)

@@ -84,11 +84,12 @@ FAIL = False
 WRONG = False  # an SDK whose compiled subgraph computes the wrong numbers
 WRONG_1X1 = False  # an SDK wrong in its 1x1 convolutions only
 WRONG_AFTER_NORM = False  # an SDK wrong in quantizing a float op's outputs
+FLOAT_OUTPUTS = frozenset()  # the weighted ops whose output stays float where no int8 op reads it
 
 
 @hookimpl
 def qplug_register_backends():
-    return [BackendSpec("npu", "a compiling backend")]
+    return [BackendSpec("npu", "a compiling backend", float_outputs=FLOAT_OUTPUTS)]
 
 
 @hookimpl
@@ -212,12 +213,12 @@ class Deep(nn.Module):
         return self.fc(y.mean((2, 3)))
 
 
-def _deep(fake_dist, wrong: bool, fail: bool = False):
-    fake_dist("qplug-npu", NPU.replace("WRONG_1X1 = False", f"WRONG_1X1 = {wrong}").replace(
+def _deep(fake_dist, wrong: bool, fail: bool = False, model: nn.Module | None = None, npu: str = NPU):
+    fake_dist("qplug-npu", npu.replace("WRONG_1X1 = False", f"WRONG_1X1 = {wrong}").replace(
         "FAIL = False", f"FAIL = {fail}"))
     g = torch.Generator().manual_seed(0)
     data = [(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(3)]
-    observed = qp.calibrate(qp.prepare_fx(Deep().eval(), None, data[0], backend="npu"), data)
+    observed = qp.calibrate(qp.prepare_fx((model or Deep()).eval(), None, data[0], backend="npu"), data)
     return observed, data
 
 
@@ -331,3 +332,31 @@ def test_sizes_read_across_partitions_are_recomputed_and_every_partition_compile
         for x in (data[1], longer):
             assert torch.equal(lowered(x), reference(x))
             assert torch.equal(loaded(x), reference(x))
+
+
+class Positional(nn.Module):
+    """A 1x1 conv whose output stays float (no int8 sin, added to a float residual), then a LayerNorm
+    quantized for the next conv, as Wav2Vec2's positional conv before the encoder's LayerNorm."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.pos = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+        self.norm, self.conv3 = nn.LayerNorm([8, 8]), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.conv3(self.norm(y + torch.sin(self.pos(y)))).mean((2, 3))
+
+
+def test_a_wrong_layer_is_blamed_alone_not_the_regions_after_its_float_output(fake_dist):
+    """Checked region by region, the quantize after the LayerNorm reads the wrong conv's float
+    output as the reference computed it: OpenVINO's wrong grouped positional conv in Wav2Vec2 made
+    every LayerNorm's quantize after it look 134 steps off, and kept those out of the partitions."""
+    observed, data = _deep(fake_dist, wrong=True, model=Positional(),
+                           npu=NPU.replace("FLOAT_OUTPUTS = frozenset()", "FLOAT_OUTPUTS = frozenset({'conv'})"))
+    with pytest.warns(UserWarning, match=r"int8 region pos, compiled alone .* this region is kept"):
+        lowered = qp.convert_fx(observed)
+    report = qp.quantization_report(lowered)
+    assert list(report.kept_regions) == ["pos"] and set(report.reference) == {"pos"}
+    assert set(report.kernels) == {"conv", "conv3"}  # conv3's output stays float: no int8 mean

@@ -81,10 +81,12 @@ def norm_modules(model: nn.Module) -> dict[str, nn.Module]:
 def smooth(model: nn.Module, linears: dict[str, nn.Linear], calibration: Iterable[Any],
            alpha: float | str, error: Callable[[torch.Tensor, list[nn.Linear], torch.Tensor | None], float],
            unsmoothed: dict[str, str]) -> list[Smoothed]:
-    """Fold SmoothQuant scales into ``model`` (in place; the float function is unchanged).
+    """Fold SmoothQuant scales into ``model`` (in place; the float function is unchanged); returns
+    the inputs a scale was folded into.
 
     ``error(rows, layers, scale)`` scores a candidate scale for ``alpha="auto"``. Layers whose
-    input cannot take a folded scale get an entry in ``unsmoothed`` (layer -> reason)."""
+    input cannot take a folded scale, or where ``"auto"`` found no strength better than none, get
+    an entry in ``unsmoothed`` (layer -> reason)."""
     stats = {name: _Statistics() for name in linears}
     handles = [linears[name].register_forward_pre_hook(stats[name]) for name in linears]
     batches: list[Any] = []
@@ -101,25 +103,23 @@ def smooth(model: nn.Module, linears: dict[str, nn.Linear], calibration: Iterabl
         raise CalibrationError("W8A8 smoothing needs calibration batches: pass calibration=[batch, ...] "
                                "(token id tensors, or dicts of model inputs), or alpha=None for no smoothing")
     groups, pairs = trace_inputs(model, lambda: call_model(model, batches[0]), linears, norm_modules(model))
-    done: list[Smoothed] = []
-    smoothed: set[str] = set()
+    handled: set[str] = set()
     modules = dict(model.named_modules())
     with torch.no_grad():
-        for group in groups:
-            entry = _smooth_group(group, modules, linears, stats, alpha, error)
-            if entry is not None:
-                done.append(entry)
-                smoothed.update(group.linears)
-        for pair in pairs:
-            entry = _smooth_pair(pair, linears, stats, alpha, error)
-            if entry is not None:
-                done.append(entry)
-                smoothed.add(pair.consumer)
+        entries = [_smooth_group(group, modules, linears, stats, alpha, error) for group in groups]
+        entries += [_smooth_pair(pair, linears, stats, alpha, error) for pair in pairs]
+    for entry in entries:
+        if entry is None:
+            continue
+        handled.update(entry.layers)
+        for name in entry.layers if entry.alpha is None else ():  # nothing folded: not listed as smoothed
+            unsmoothed[name] = (f"not smoothed: alpha='auto' found no strength that lowers the int8 output "
+                                f"error of {', '.join(entry.layers)} ({entry.error_before:.3g} unsmoothed)")
     for name in linears:
-        if name not in smoothed and stats[name].absmax is not None:
+        if name not in handled and stats[name].absmax is not None:
             unsmoothed.setdefault(name, "not smoothed: its input is not a norm's or a product's output read "
                                      "by linears alone, so a scale cannot be folded")
-    return done
+    return [entry for entry in entries if entry is not None and entry.alpha is not None]
 
 
 def _scale(absmax: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:

@@ -158,8 +158,9 @@ def test_the_clis_group_size_error_names_no_option_the_cli_lacks(tmp_path, monke
         qp.quantize_weights(torch.nn.Sequential(torch.nn.Linear(128, 16)), group_size=48)
 
 
-def test_the_smoothed_count_leaves_out_inputs_alpha_auto_did_not_smooth(tmp_path):
-    """Before: `qplug report` counted every entry of .smoothed, alpha None ones too."""
+def test_smoothed_lists_only_inputs_a_scale_was_folded_into(tmp_path):
+    """Before: .smoothed (and so the guide's loop over it) listed inputs alpha="auto" chose not to
+    smooth, with alpha None (6 entries, 3 of them folded nothing); `qplug report` counted them too."""
     import json
 
     from typer.testing import CliRunner
@@ -173,9 +174,15 @@ def test_the_smoothed_count_leaves_out_inputs_alpha_auto_did_not_smooth(tmp_path
             if "norm" in name:
                 p.fill_(1.0)
     qmodel = qp.quantize_w8a8(model, calibration)
-    alphas = [entry.alpha for entry in qmodel.qplug_w8a8.smoothed]
-    assert None in alphas and any(alpha is not None for alpha in alphas), alphas
+    info = qmodel.qplug_w8a8
+    assert info.smoothed and all(entry.alpha is not None for entry in info.smoothed), info.smoothed
+    declined = {name: why for name, why in info.unsmoothed.items() if "alpha='auto'" in why}
+    assert declined, info.unsmoothed  # the inputs left as they were say so, with their error
+    assert all(why.startswith("not smoothed: alpha='auto' found no strength that lowers the int8 output "
+                              "error of ") for why in declined.values())
+    assert not declined.keys() & {name for entry in info.smoothed for name in entry.layers}
     path = qp.save(qmodel, tmp_path / "w8a8.safetensors")
     result = CliRunner().invoke(app, ["report", str(path), "--json"])
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["smoothed_groups"] == sum(alpha is not None for alpha in alphas)
+    assert json.loads(result.stdout)["smoothed_groups"] == len(info.smoothed)
+

@@ -545,7 +545,7 @@ def test_compare_of_a_w8a8_model_leaves_out_the_layers_smoothquant_rescaled():
     model = _llama()
     qmodel = qp.quantize_w8a8(model, [torch.randint(0, 256, (2, 16))])
     rescaled = {entry.into for entry in qmodel.qplug_w8a8.smoothed}
-    assert "model.layers.0.input_layernorm" in rescaled
+    assert any(name.endswith("layernorm") for name in rescaled), rescaled
     report = qp.compare(model, qmodel, [torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))])
     assert not rescaled & {layer.name for layer in report.layers}
     assert all("SmoothQuant folded a scale into it" in report.skipped[name] for name in rescaled)

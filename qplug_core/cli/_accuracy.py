@@ -24,17 +24,15 @@ def accuracy_document(float_model: nn.Module, qmodel: nn.Module, batches: list[t
     """Output SQNR/cosine over ``batches`` and the worst layers, JSON-safe; ``layers`` limits them to
     the quantized ones (a W8A8 model's norms differ from float by design: SmoothQuant folded
     scales into them)."""
-    import copy
-
     import qplug_core as qp
     from qplug_core.errors import QplugError
+    from qplug_core.flows.pipeline import eval_mode
 
     reference, compared_against = float_model, "float model"
-    if float_model.training:  # post-training quantization ran on its eval-mode copy: so does this
-        reference = copy.deepcopy(float_model).eval()
     if fuse:
-        try:
-            reference = qp.fuse_fx(reference, batches[0], backend=backend)
+        try:  # post-training quantization fused the model in eval mode: so does this (on its own copy)
+            with eval_mode(float_model):
+                reference = qp.fuse_fx(float_model, batches[0], backend=backend)
             compared_against = "fused float model (qp.fuse_fx)"
         except QplugError:  # not capturable: the outputs still compare, layer pairs are coarser
             pass

@@ -9,7 +9,6 @@ kernel found on this CPU (:mod:`qplug_core.weight_only.selection`).
 
 from __future__ import annotations
 
-import copy
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -33,6 +32,7 @@ from qplug_core.flows.pipeline import eval_mode
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
+from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs
 from qplug_core.weight_only.batches import calibration_batches, call_model
@@ -109,7 +109,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     refuse_quantized(model)
     check_weight_values(model)
     kernels = available_kernels(backend)
-    qmodel = copy.deepcopy(model)  # returned in the model's own mode, calibrated in eval mode
+    qmodel = own_copy(model)  # returned in the model's own mode, calibrated in eval mode
     info = WeightOnlyInfo(scheme, algorithm)
     targets = _targets(qmodel, patterns, embeddings, info)
     if not targets:
@@ -206,6 +206,13 @@ def _targets(model: nn.Module, patterns: list[re.Pattern], embeddings: bool,
     if embeddings:
         kinds += (nn.Embedding,)
     return select_layers(model, kinds, patterns, info.skipped)
+
+
+def own_copy(model: nn.Module) -> nn.Module:
+    """qplug's copy of ``model`` to swap layers in, each computed weight (weight_norm...) baked into a
+    plain one: ``copy.deepcopy`` refuses the old hook-based weight_norm, and a parametrized linear is
+    a subclass the swap would skip."""
+    return without_computed_weights(copy_model(model), inplace=True)[0]
 
 
 def refuse_quantized(model: nn.Module) -> None:

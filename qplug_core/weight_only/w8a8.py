@@ -13,7 +13,6 @@ It works by module swap on a copy of the model, like ``qp.quantize_weights``: a 
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.api import (
     conv1d_class,
     nothing_quantized,
+    own_copy,
     refuse_quantized,
     select_layers,
     skip_patterns,
@@ -126,7 +126,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
     simulate = chosen is not None and not chosen.kernels
     gemm = "simulated" if simulate else best_gemm()
     patterns = skip_patterns(skip)
-    qmodel = copy.deepcopy(model).eval()
+    qmodel = own_copy(model).eval()
     info = W8A8Info(alpha, gemm, activations)
     linears = _targets(qmodel, patterns, quantize_head, info)
     if not linears:

@@ -186,3 +186,58 @@ def test_smoothed_lists_only_inputs_a_scale_was_folded_into(tmp_path):
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["smoothed_groups"] == len(info.smoothed)
 
+
+def weight_normed(wrap=torch.nn.utils.weight_norm):
+    """Two linears, the first with the old hook-based ``torch.nn.utils.weight_norm`` (deepcopy refuses it)
+    or another ``wrap``, and the same model with plain linears holding the weights it computes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(wrap(torch.nn.Linear(64, 64)), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 8)).eval()
+    plain = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+    model(torch.zeros(1, 64))  # the hook computes .weight, a non-leaf tensor (as after training)
+    with torch.no_grad():
+        plain.load_state_dict({"0.weight": model[0].weight, "0.bias": model[0].bias,
+                               "2.weight": model[2].weight, "2.bias": model[2].bias})
+    return model, plain
+
+
+@pytest.mark.parametrize("call", ["rtn", "awq", "w8a8"])
+@pytest.mark.parametrize("wrap", [torch.nn.utils.weight_norm, torch.nn.utils.parametrizations.weight_norm],
+                         ids=["hook", "parametrization"])
+def test_a_weight_norm_model_quantizes_as_the_plain_one(call, wrap):
+    """Before: `copy.deepcopy` of the user's model raised torch's "Only Tensors created explicitly by the
+    user ..." in qp.quantize_weights and qp.quantize_w8a8 (hook), and a parametrized linear was left float
+    as a subclass of nn.Linear (parametrization)."""
+    model, plain = weight_normed(wrap)
+    x = torch.randn(6, 64, generator=torch.Generator().manual_seed(1))
+
+    def quantize(m):
+        if call == "w8a8":
+            return qp.quantize_w8a8(m, alpha=None, backend="reference")
+        return qp.quantize_weights(m, bits=4, group_size=32, algorithm=call, kernel="reference",
+                                   calibration=None if call == "rtn" else [x])
+
+    qmodel, want = quantize(model), quantize(plain)
+    with torch.no_grad():
+        torch.testing.assert_close(qmodel(x), want(x), rtol=0, atol=0)
+        assert float(torch.nn.functional.cosine_similarity(qmodel(x).flatten(), model(x).flatten(), 0)) > 0.99
+    record = getattr(qmodel, "qplug_w8a8" if call == "w8a8" else "qplug_weight_only")
+    assert set(record.layers) == {"0", "2"}
+    assert {"weight_g", "parametrizations.weight.original0"} & dict(model[0].named_parameters()).keys()
+
+
+def test_the_cli_accuracy_of_a_training_mode_weight_norm_model_is_measured_in_eval_mode():
+    """Before: `qplug quantize`/`report`'s accuracy deep-copied a training-mode float model to put the
+    copy in eval mode, and the hook-based weight_norm made that raise."""
+    from qplug_core.cli._accuracy import accuracy_document
+
+    model, plain = weight_normed()
+    qmodel = qp.quantize_weights(model, bits=8, kernel="reference")
+    model.train()
+    x = (torch.randn(6, 64, generator=torch.Generator().manual_seed(1)),)
+    document = accuracy_document(model, qmodel, [x], backend="fbgemm", evaluated_on="x")
+    want = qp.compare(plain, qmodel, [x])
+    assert document["compared_against"] == "fused float model (qp.fuse_fx)"
+    assert document["output_cosine"] == pytest.approx(want.output_cosine, abs=1e-6)
+    assert document["output_sqnr_db"] == pytest.approx(want.output_sqnr_db, abs=0.01) and want.output_sqnr_db > 30
+    assert model.training and model[0].training  # the user's model is left in its own mode

@@ -45,7 +45,7 @@ ALLOWED: dict[str, set[str]] = {
     "flows": {"config", "enums", "errors", "ir", "kernels", "matcher", "nn", "observers", "partition", "passes",
               "patterns", "qparams", "registry"},
     # weight-only quantization: module swap beside the graph pipeline, kernels chosen per CPU
-    "weight_only": {"errors", "flows", "ir", "kernels", "registry"},
+    "weight_only": {"errors", "flows", "ir", "kernels", "nn", "registry"},
     # above the pipeline
     "serialization": {"config", "errors", "flows", "ir", "kernels", "nn", "qparams", "registry", "weight_only"},
     "analysis": {"errors", "flows", "ir", "kernels", "partition", "registry", "serialization"},

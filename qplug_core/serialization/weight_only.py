@@ -201,7 +201,6 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
                 info.layers[name] = kind
     choose_kernels(model, info if isinstance(info, WeightOnlyInfo) else None, groups, context.kernels(), dtypes)
     if isinstance(info, WeightOnlyInfo):
-        info.fusion = "as saved"
         setattr(model, INFO_ATTRIBUTE, info)
     elif isinstance(info, W8A8Info):
         setattr(model, W8A8_ATTRIBUTE, info)
@@ -226,7 +225,7 @@ def _info(mode: str, document: dict, backend: str | None) -> WeightOnlyInfo | W8
     skipped = {str(k): str(v) for k, v in dict(document.get("skipped", {})).items()}
     if mode == "weight_only":
         return WeightOnlyInfo(WeightOnlyScheme.from_dict(document["scheme"]), str(document["algorithm"]),
-                              skipped=skipped)
+                              skipped=skipped, fusion="as saved")
     if mode == "w8a8":
         alpha = document.get("alpha")
         if not (alpha is None or alpha == "auto" or isinstance(alpha, float)):

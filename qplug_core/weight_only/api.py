@@ -34,7 +34,7 @@ from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
 from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.weight_only import decode_step
-from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs
+from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs, shared_input_scales
 from qplug_core.weight_only.batches import calibration_batches, call_model
 from qplug_core.weight_only.fusion import fuse, shared_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
@@ -124,11 +124,14 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
             inputs = record_inputs(qmodel, linears, calibration, rows)
     # found on the float copy, before any kernel is packed: a group packs once, for its stack
     groups, info.fusion = sibling_groups(qmodel, linears, calibration)
-    dtypes = {name: linear_weight(module).dtype for name, module in linears.items()}
+    weights = {name: linear_weight(module) for name, module in linears.items()}
+    input_scales = shared_input_scales(weights, inputs, groups, scheme) if algorithm == "awq" else {}
+    dtypes = {name: weight.dtype for name, weight in weights.items()}
     modules = dict(qmodel.named_modules())
     with torch.no_grad():
         for name, module in targets.items():
-            swapped = _quantized_module(module, scheme, inputs.get(name), info.algorithm)
+            swapped = _quantized_module(module, scheme, inputs.get(name), info.algorithm,
+                                        input_scales.get(name))
             parent, _, child = name.rpartition(".")
             setattr(modules[parent], child, swapped)
             info.layers[name] = "embedding" if isinstance(swapped, WeightOnlyEmbedding) else "linear"
@@ -147,8 +150,8 @@ def choose_kernels(model: nn.Module, info: WeightOnlyInfo | None, groups: list[t
     call for each group of linears reading one input that can be joined, the fastest correct
     kernel of its own for every other; and say so in ``info``."""
     modules = dict(model.named_modules())
-    chosen: list[tuple[list[str], Choice | None]] = [
-        (list(names), measured) for names, measured in fuse(model, groups, kernels, dtypes, forced)]
+    joined, refused = fuse(model, groups, kernels, dtypes, forced)
+    chosen: list[tuple[list[str], Choice | None]] = [(list(names), measured) for names, measured in joined]
     for name, dtype in dtypes.items():
         module = modules[name]
         if module.fused is None:
@@ -157,6 +160,9 @@ def choose_kernels(model: nn.Module, info: WeightOnlyInfo | None, groups: list[t
             chosen.append(([name], measured))
     if info is None:
         return
+    if refused:
+        info.fusion += "; not joined: " + "; ".join(f"{', '.join(names)} ({why})"
+                                                    for names, why in refused.items())
     info.fused.extend(tuple(names) for names, _ in chosen if modules[names[0]].fused is not None)
     for names, measured in chosen:
         info.kernels.update({name: modules[name].kernel.name for name in names})
@@ -306,18 +312,18 @@ def _check_divisible(name: str, module: nn.Module, scheme: WeightOnlyScheme) -> 
 
 
 def _quantized_module(module: nn.Module, scheme: WeightOnlyScheme, x: torch.Tensor | None,
-                      algorithm: str) -> nn.Module:
-    """The swapped-in module of ``module`` (a linear's kernel is chosen after, by :func:`choose_kernels`)."""
+                      algorithm: str, input_scale: torch.Tensor | None) -> nn.Module:
+    """The swapped-in module of ``module`` (a linear's kernel is chosen after, by :func:`choose_kernels`);
+    ``input_scale`` is AWQ's ``1 / s`` for its input."""
     if isinstance(module, nn.Embedding):
         return WeightOnlyEmbedding(quantize(module.weight, scheme), module.padding_idx)
     weight = linear_weight(module)
-    input_scale = None
     if x is not None and algorithm == "gptq":
         qweight = gptq_quantize(weight, x, scheme)
-    elif x is not None:
-        qweight, input_scale = awq_quantize(weight, x, scheme)
+    elif x is not None and input_scale is not None:
+        qweight = awq_quantize(weight, x, scheme, input_scale)
     else:
-        qweight, input_scale = quantize(weight, scheme), None
+        qweight = quantize(weight, scheme)
     conv1d = conv1d_class()
     return WeightOnlyLinear(qweight, module.bias, input_scale,
                             from_transposed=conv1d is not None and isinstance(module, conv1d))

@@ -1,12 +1,14 @@
-"""AWQ (Lin et al. 2023, activation-aware weight quantization) for one linear layer at a time.
+"""AWQ (Lin et al. 2023, activation-aware weight quantization) of linear layers.
 
 Weights that meet large activations matter most. AWQ scales input feature ``j`` of ``W`` by
 ``s_j = mean|x_j| ** alpha`` before rounding, so those weights get finer steps, and divides the
 activation by ``s`` (here ``input_scale = 1 / s``, applied by the quantized module, instead of
 being folded into the previous layer: any model works, at the cost of one elementwise product).
-``alpha`` is searched on a grid against the layer's output error on calibration inputs, and then
-each group's range is clipped where that lowers the output error (AWQ's clip search). ``alpha = 0``
-and no clip is RTN, so on the calibration data AWQ is never worse than RTN.
+``alpha`` is searched on a grid against the output error on calibration inputs, one ``s`` for the
+linears that read one tensor (q/k/v, gate/up: their joint output error, as in the paper), so they
+can still run as one kernel call; then each group's range is clipped where that lowers the output
+error (AWQ's clip search). ``alpha = 0`` and no clip is RTN, so on the calibration data AWQ is never
+worse than RTN.
 """
 
 from __future__ import annotations
@@ -67,27 +69,50 @@ def record_inputs(model: nn.Module, layers: dict[str, nn.Module], calibration: I
     return kept
 
 
-def awq_quantize(weight: torch.Tensor, x: torch.Tensor,
-                 scheme: WeightOnlyScheme) -> tuple[QuantizedWeight, torch.Tensor]:
-    """Quantize ``weight`` ``[N, K]`` for inputs like ``x`` ``[T, K]``; returns it with ``1 / s`` in the
-    weight's dtype."""
-    w = weight.detach().float()
-    reference = x @ w.T
+def shared_input_scales(weights: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor],
+                        groups: list[tuple[str, ...]], scheme: WeightOnlyScheme) -> dict[str, torch.Tensor]:
+    """AWQ's ``1 / s`` for every linear with recorded ``inputs`` (name -> ``[N, K]`` weight in
+    ``weights``): one per group of linears reading one tensor (q/k/v, gate/up), searched against the
+    group's joint output error as the AWQ paper does, so the group can still run as one kernel call."""
+    whole = [names for names in groups if all(name in inputs for name in names)]
+    grouped = {name for names in whole for name in names}
+    scales: dict[str, torch.Tensor] = {}
+    for names in whole + [(name,) for name in inputs if name not in grouped]:
+        scale = awq_input_scale([weights[name] for name in names], inputs[names[0]], scheme)
+        scales.update(dict.fromkeys(names, scale))
+    return scales
+
+
+def awq_input_scale(weights: list[torch.Tensor], x: torch.Tensor, scheme: WeightOnlyScheme) -> torch.Tensor:
+    """``1 / s`` in the weights' dtype for linears ``[N_i, K]`` all reading inputs like ``x`` ``[T, K]``:
+    the strength whose rounding gives the lowest sum of their relative output errors (q, k and v
+    count alike, whatever their output scale)."""
+    ws = [weight.detach().float() for weight in weights]
+    references = [x @ w.T for w in ws]
+    energies = [float(reference.square().mean().clamp_min(1e-30)) for reference in references]
     activation = x.abs().mean(0).clamp(min=1e-8)
     best_error, s = float("inf"), torch.ones_like(activation)
     for alpha in ALPHAS:
         candidate = activation.pow(alpha)
         candidate = candidate / (candidate.max() * candidate.min()).sqrt()
-        effective = quantize(w * candidate, scheme).dequantize() / candidate
-        error = float(((x @ effective.T - reference) ** 2).mean())
+        error = 0.0
+        for w, reference, energy in zip(ws, references, energies, strict=True):
+            effective = quantize(w * candidate, scheme).dequantize() / candidate
+            error += float(((x @ effective.T - reference) ** 2).mean()) / energy
         if error < best_error:
             best_error, s = error, candidate
-    # 1 / s in the model's dtype (a float32 scale would turn a bf16/fp16 model's activations float32),
-    # and the weight scaled by exactly what the activation is divided by
-    inverse = (1 / s).to(weight.dtype)
-    s = 1 / inverse.float()
+    # in the model's dtype (a float32 scale would turn a bf16/fp16 model's activations float32)
+    return (1 / s).to(weights[0].dtype).contiguous()
+
+
+def awq_quantize(weight: torch.Tensor, x: torch.Tensor, scheme: WeightOnlyScheme,
+                 input_scale: torch.Tensor) -> QuantizedWeight:
+    """Quantize ``weight`` ``[N, K]`` for inputs like ``x`` ``[T, K]`` divided by ``s`` (``input_scale``
+    is ``1 / s``): the weight scaled by exactly what the activation is divided by, each group clipped."""
+    w = weight.detach().float()
+    s = 1 / input_scale.float()
     clip = _search_clip(w * s, x[: CLIP_ROWS] / s, scheme)
-    return quantize(w * s, scheme, clip), inverse.contiguous()
+    return quantize(w * s, scheme, clip)
 
 
 def _search_clip(w: torch.Tensor, x: torch.Tensor, scheme: WeightOnlyScheme) -> torch.Tensor:

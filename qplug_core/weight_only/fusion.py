@@ -124,38 +124,56 @@ def shared_inputs(run: Callable[[], Any], linears: dict[str, nn.Module]) -> list
 
 
 def fuse(model: nn.Module, groups: list[tuple[str, ...]], kernels: list[WeightOnlyKernel],
-         dtypes: dict[str, torch.dtype], forced: str | None = None) -> list[tuple[tuple[str, ...], Choice | None]]:
+         dtypes: dict[str, torch.dtype], forced: str | None = None
+         ) -> tuple[list[tuple[tuple[str, ...], Choice | None]], dict[tuple[str, ...], str]]:
     """Join each group of ``model``'s :class:`WeightOnlyLinear` that can be (one scheme, one
     activation dtype in ``dtypes``, one input scale); returns the groups joined, each with the
-    measurement that chose its kernel (``None`` when known already or forced)."""
+    measurement that chose its kernel (``None`` when known already or forced), and why each other
+    group was not."""
     modules = dict(model.named_modules())
     joined = []
+    refused: dict[tuple[str, ...], str] = {}
     for names in groups:
         members = [modules.get(name) for name in names]
-        if not _joinable(members, [dtypes.get(name) for name in names]):
+        why = _why_not_joinable(names, members, [dtypes.get(name) for name in names])
+        if why is not None:
+            refused[tuple(names)] = why
             continue
         linears: list[WeightOnlyLinear] = members  # type: ignore[assignment]
         weight = _stacked(linears)
         try:
             kernel, packed, measured = choose(weight, kernels, dtypes[names[0]], forced=forced)
         except ConfigValidationError:  # a forced kernel that takes the members but not their stack
+            refused[tuple(names)] = f"kernel {forced!r} does not take their stacked weight"
             continue
         group = FusedLinears(kernel, tuple(names), linears, weight, packed)
         for index, member in enumerate(linears):
             member.join(group, index)
         joined.append((tuple(names), measured))
-    return joined
+    return joined, refused
 
 
-def _joinable(members: list[nn.Module | None], dtypes: list[torch.dtype | None]) -> bool:
-    if len(members) < 2 or len(set(dtypes)) != 1 or dtypes[0] is None:
-        return False
-    if not all(isinstance(m, WeightOnlyLinear) and m.fused is None for m in members):
-        return False
-    first: WeightOnlyLinear = members[0]  # type: ignore[assignment]
-    scale = first.input_scale
-    return all(m.scheme == first.scheme and m.in_features == first.in_features  # type: ignore[union-attr]
-               and _same_tensor(m.input_scale, scale) for m in members)  # type: ignore[union-attr]
+def _why_not_joinable(names: tuple[str, ...], members: list[nn.Module | None],
+                      dtypes: list[torch.dtype | None]) -> str | None:
+    """Why these linears cannot run as one kernel call, or ``None`` when they can."""
+    if len(members) < 2:
+        return "a group needs two linears"
+    for name, member in zip(names, members, strict=True):
+        if not isinstance(member, WeightOnlyLinear):
+            return f"{name} is not a weight-only linear"
+        if member.fused is not None:
+            return f"{name} already runs in another group"
+    if None in dtypes or len(set(dtypes)) != 1:
+        return f"their activation dtypes differ ({', '.join(str(d) for d in dtypes)})"
+    linears: list[WeightOnlyLinear] = members  # type: ignore[assignment]
+    first = linears[0]
+    if any(m.scheme != first.scheme for m in linears):
+        return "their schemes differ"
+    if any(m.in_features != first.in_features for m in linears):
+        return "their input features differ"
+    if not all(_same_tensor(m.input_scale, first.input_scale) for m in linears):
+        return "their input scales (AWQ's 1 / s) differ, which one call cannot apply"
+    return None
 
 
 def _same_tensor(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:

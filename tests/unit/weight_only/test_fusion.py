@@ -17,7 +17,7 @@ from torch import nn
 import qplug_core as qp
 from qplug_core.errors import SerializationError
 from qplug_core.serialization.files import METADATA_KEY
-from qplug_core.weight_only import api
+from qplug_core.weight_only import api, fusion
 from tests.unit.weight_only.test_w8a8 import GREEDY, PROMPTS, decoder
 
 #: (bits, group size, the core's kernels taking that scheme); the plugins' kernels: their own tests
@@ -104,14 +104,24 @@ def test_each_member_gets_what_its_own_call_would_give(monkeypatch, change, infe
         assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
-def test_layers_with_different_input_scales_stay_apart():
-    model = Siblings()
-    qmodel = qp.quantize_weights(model, bits=4, group_size=32, kernel="reference", calibration=[torch.randn(5, 64)])
-    assert qmodel.qplug_weight_only.fused == [("a", "b")]
-    awq = qp.quantize_weights(model, bits=4, group_size=32, kernel="reference", algorithm="awq",
-                              calibration=[torch.randn(64, 64) * torch.linspace(0.1, 10, 64)])
-    scales = [awq.a.input_scale, awq.b.input_scale]
-    assert (awq.qplug_weight_only.fused == [("a", "b")]) == torch.equal(*scales)
+def test_awq_gives_the_linears_of_one_input_one_scale_so_they_stay_joined():
+    x = torch.randn(64, 64) * torch.linspace(0.1, 10, 64)
+    awq = qp.quantize_weights(Siblings(), bits=4, group_size=32, kernel="reference", algorithm="awq",
+                              calibration=[x])
+    assert awq.qplug_weight_only.fused == [("a", "b")]
+    assert torch.equal(awq.a.input_scale, awq.b.input_scale)
+    assert not torch.equal(awq.a.input_scale, torch.ones(64))  # a scale was searched
+
+
+def test_layers_with_different_input_scales_stay_apart_and_say_why(monkeypatch):
+    x = torch.randn(64, 64) * torch.linspace(0.1, 10, 64)
+    qmodel = separate(monkeypatch, Siblings(), bits=4, group_size=32, kernel="reference", algorithm="awq",
+                      calibration=[x])
+    qmodel.b.input_scale = qmodel.b.input_scale * 2  # edited: one call cannot apply both
+    dtypes = dict.fromkeys("ab", torch.float32)
+    joined, refused = fusion.fuse(qmodel, [("a", "b")], api.available_kernels(None), dtypes, "reference")
+    assert joined == [] and qmodel.a.fused is None
+    assert refused == {("a", "b"): "their input scales (AWQ's 1 / s) differ, which one call cannot apply"}
 
 
 def test_a_model_without_an_example_input_runs_one_call_per_layer_and_says_why():
@@ -174,3 +184,5 @@ def test_a_forced_kernel_that_refuses_the_stacked_shape_leaves_the_group_apart(m
     qmodel = qp.quantize_weights(Siblings(), bits=4, group_size=32, kernel="torch-int4pack",
                                  calibration=[torch.randn(5, 64)])
     assert qmodel.qplug_weight_only.fused == [] and qmodel.a.fused is None
+    assert qmodel.qplug_weight_only.fusion == ("looked for on the first calibration batch; not joined: a, b "
+                                               "(kernel 'torch-int4pack' does not take their stacked weight)")

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
     from qplug_core.algorithms.target import Target
     from qplug_core.analysis.compare import compare
     from qplug_core.analysis.layers import sqnr
+    from qplug_core.analysis.swap_report import quantization_report
     from qplug_core.config import (
         BackendConfig,
         BackendPatternConfig,
@@ -46,7 +47,6 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
         get_default_qconfig_mapping,
         prepare_fx,
         prepare_qat_fx,
-        quantization_report,
     )
     from qplug_core.observers import distributed
     from qplug_core.observers.distributed import sync_observers
@@ -76,7 +76,7 @@ _EXPORTS: dict[str, str] = {
     "sync_observers": "qplug_core.observers.distributed:sync_observers",
     "convert_to_reference_fx": "qplug_core.flows.steps:convert_to_reference_fx",
     "convert_fx": "qplug_core.flows.steps:convert_fx",
-    "quantization_report": "qplug_core.flows.steps:quantization_report",
+    "quantization_report": "qplug_core.analysis.swap_report:quantization_report",
     "quantize_dynamic": "qplug_core.flows.dynamic:quantize_dynamic",
     "quantize_w8a8": "qplug_core.weight_only:quantize_w8a8",
     "quantize_weights": "qplug_core.weight_only:quantize_weights",

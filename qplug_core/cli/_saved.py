@@ -16,10 +16,7 @@ from torch import nn
 
 from qplug_core.errors import ConfigError
 from qplug_core.serialization.files import read_artifact_file
-from qplug_core.serialization.weight_only import is_swapped_document
-
-#: what each module-swap mode is called where the user reads it
-_SWAP_MODES = {"weight_only": "weight-only", "w8a8": "W8A8", "dynamic": "per-token dynamic"}
+from qplug_core.serialization.weight_only import is_swapped_document, swap_mode
 
 
 def saved_document(path: Path) -> dict[str, Any]:
@@ -42,34 +39,6 @@ def load_saved(path: Path, float_spec: str | None, *, backend: str | None = None
                           "MODULE:FACTORY (a factory building that model, its class and config)",
                           field="--float")
     return qp.load(path, model=load_factory_model(float_spec), backend=backend)
-
-
-def swap_mode(document: dict[str, Any]) -> str:
-    return _SWAP_MODES.get(document.get("mode"), str(document.get("mode")))
-
-
-def swapped_facts(document: dict[str, Any]) -> dict[str, Any]:
-    """What a module-swap file holds, from its document: the scheme and the layers by kind."""
-    layers: dict[str, int] = {}
-    for layer in document.get("layers", []):
-        layers[layer["kind"]] = layers.get(layer["kind"], 0) + 1
-    facts: dict[str, Any] = {"mode": swap_mode(document), "int8_layers": layers}
-    scheme = document.get("scheme")
-    if scheme:
-        group = scheme.get("group_size")
-        facts["scheme"] = (f"int{scheme['bits']} {'symmetric' if scheme.get('symmetric') else 'asymmetric'}, "
-                           + (f"groups of {group}" if group else "per channel"))
-    for key in ("algorithm", "activations"):
-        if document.get(key):
-            facts[key] = document[key]
-    if document.get("smoothed") is not None:
-        # an input alpha="auto" chose not to smooth is listed with alpha None: nothing was folded
-        facts["smoothed_groups"] = sum(1 for entry in document["smoothed"] if entry.get("alpha") is not None)
-    if document.get("fused"):
-        facts["fused_groups"] = len(document["fused"])
-    if document.get("skipped"):
-        facts["left_float"] = dict(document["skipped"])
-    return facts
 
 
 def backend_of(qmodel: nn.Module) -> str:

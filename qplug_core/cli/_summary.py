@@ -14,20 +14,9 @@ from qplug_core.cli._accuracy import accuracy_line, worst_layers_table
 from qplug_core.cli._table import plain, show, terminal_width
 
 
-def fact_lines(facts: dict[str, Any], width: int) -> list[str]:
-    """``key: value`` lines (nested dicts as ``k v, k v``), wrapped to ``width``."""
-    lines = []
-    for key, value in facts.items():
-        text = (", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict)
-                else str(value))
-        lines += textwrap.wrap(f"{key.replace('_', ' ')}: {text}", width, subsequent_indent="    ",
-                               break_on_hyphens=False)
-    return lines
-
-
 def print_summary(report: Any, facts: dict[str, Any], *, verbose: bool = False) -> None:
     """The text form of ``qplug quantize`` / ``qplug report`` on stdout."""
-    from qplug_core.flows.report import report_lines
+    from qplug_core.flows.report import fact_lines, report_lines
 
     width = terminal_width()
     accuracy = facts.get("accuracy")
@@ -40,6 +29,8 @@ def print_summary(report: Any, facts: dict[str, Any], *, verbose: bool = False) 
 
 def print_facts(title: str, facts: dict[str, Any]) -> None:
     """A report read from a file's facts alone (a module-swap model): accuracy first when measured."""
+    from qplug_core.flows.report import fact_lines
+
     width = terminal_width()
     accuracy = facts.get("accuracy")
     lines = textwrap.wrap(accuracy_line(accuracy), width, subsequent_indent="    ") if accuracy else []

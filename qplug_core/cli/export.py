@@ -19,9 +19,9 @@ def export(
 ) -> None:
     """Write a saved model's reference form as ONNX QDQ (QuantizeLinear/DequantizeLinear)."""
     import qplug_core as qp
-    from qplug_core.cli._saved import saved_document, swap_mode
+    from qplug_core.cli._saved import saved_document
     from qplug_core.errors import ExportError
-    from qplug_core.serialization.weight_only import is_swapped_document
+    from qplug_core.serialization.weight_only import is_swapped_document, swap_mode
 
     document = saved_document(path)
     if is_swapped_document(document):

@@ -170,7 +170,8 @@ def _report_swapped(model_spec: str, model: Any, qmodel: Any, path: Path, batche
     """What a module-swap model holds (read back from its file) and how close it answers to float."""
     from qplug_core.cli._accuracy import accuracy_document
     from qplug_core.cli._report import print_swapped
-    from qplug_core.cli._saved import compared_layers, saved_document, swapped_facts
+    from qplug_core.cli._saved import compared_layers, saved_document
+    from qplug_core.serialization.weight_only import swapped_facts
 
     document = saved_document(path)
     facts: dict[str, Any] = {"model": model_spec, **swapped_facts(document), "out": str(path),

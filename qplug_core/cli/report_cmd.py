@@ -79,8 +79,9 @@ def _report_swapped(path: Path, document: dict, float_spec: str | None, evaluati
     """A module-swap file: what it holds, read from the file; accuracy after loading it into
     ``--float``'s model."""
     from qplug_core.cli._report import print_swapped
-    from qplug_core.cli._saved import compared_layers, load_saved, swap_mode, swapped_facts
+    from qplug_core.cli._saved import compared_layers, load_saved
     from qplug_core.errors import ConfigError
+    from qplug_core.serialization.weight_only import swap_mode, swapped_facts
 
     if sensitivity_of is not None:
         raise ConfigError(f"--sensitivity ranks layers for static int8 graphs; {path} holds a "

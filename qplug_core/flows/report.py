@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 _NON_COMPUTE_FUNCTIONS = {"getattr", "getitem", "size", "dim"}
+#: the ``capture`` of a report read from a module-swap model's record (no graph was captured)
+MODULE_SWAP = "module swap"
 
 
 @dataclass
@@ -58,6 +60,8 @@ class QuantizationReport:
     kept_regions: dict[str, str] = field(default_factory=dict)
     #: backend="auto": every backend tried (backend, status, reason, median_ms, sqnr_db)
     auto: list[dict[str, Any]] = field(default_factory=list)
+    #: a module-swap model's record beyond its layers (scheme, algorithm, smoothing, fusion)
+    record: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -199,12 +203,27 @@ def split_plumbing(report: QuantizationReport) -> tuple[list[SkippedNode], list[
 
 
 def int8_share_line(report: QuantizationReport) -> str:
-    """``int8: 12 regions, 19 compute ops left in float (39% int8)``, the answer in one line."""
+    """``int8: 12 regions, 19 compute ops left in float (39% int8)``, the answer in one line (a
+    module-swap model: ``quantized: 14 layer(s), 1 layer(s) left in float (93% quantized)``)."""
     compute, _ = split_plumbing(report)
     regions = len(report.quantized)
     total = regions + len(compute)
-    share = f" ({regions / total:.0%} int8)" if total else ""
+    swapped = report.capture == MODULE_SWAP
+    share = f" ({regions / total:.0%} {'quantized' if swapped else 'int8'})" if total else ""
+    if swapped:
+        return f"quantized: {regions} layer(s), {len(compute)} layer(s) left in float{share}"
     return (f"int8: {regions} region(s), {len(compute)} compute op(s) left in float{share}")
+
+
+def fact_lines(facts: dict[str, Any], width: int, indent: str = "") -> list[str]:
+    """``key: value`` lines (nested dicts as ``k v, k v``), wrapped to ``width``."""
+    lines = []
+    for key, value in facts.items():
+        text = (", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict)
+                else str(value))
+        lines += textwrap.wrap(f"{key.replace('_', ' ')}: {text}", width, initial_indent=indent,
+                               subsequent_indent=indent + "    ", break_on_hyphens=False)
+    return lines
 
 
 def _kernel_lines(report: QuantizationReport, width: int) -> list[str]:
@@ -257,9 +276,12 @@ def _float_lines(report: QuantizationReport, width: int, verbose: bool) -> list[
 def report_lines(report: QuantizationReport, *, verbose: bool = False,
                  width: int = WIDTH) -> list[str]:
     """The report as lines of at most ``width`` columns, the int8 share first."""
-    head = f"qplug quantization report: backend {report.backend}, {report.mode}, {report.capture} capture"
+    head = (f"qplug quantization report: {report.mode}, quantized by module swap ({report.backend})"
+            if report.capture == MODULE_SWAP else
+            f"qplug quantization report: backend {report.backend}, {report.mode}, {report.capture} capture")
     return [*_wrap(head, width), *_auto_lines(report, width), *_wrap(int8_share_line(report), width),
-            *_kernel_lines(report, width), *_float_lines(report, width, verbose)]
+            *fact_lines(report.record, width, "  "), *_kernel_lines(report, width),
+            *_float_lines(report, width, verbose)]
 
 
 def _auto_lines(report: QuantizationReport, width: int) -> list[str]:

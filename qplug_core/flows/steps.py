@@ -46,7 +46,7 @@ from qplug_core.flows.prepare import ObserverInserter, swap_qat_modules, tag_reg
 from qplug_core.flows.regions import RegionPlanner
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
-from qplug_core.flows.tags import CAPTURE, REPORT, STATE, W8A8, WEIGHT_ONLY, ValueAnnotator
+from qplug_core.flows.tags import CAPTURE, REPORT, STATE, ValueAnnotator
 from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.kernels.dynamic import DynamicKernel
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
@@ -382,13 +382,8 @@ def quantization_report(model: fx.GraphModule) -> QuantizationReport:
 
 
 def _made_by(model: Any) -> str:
-    """Where a model without a graph report keeps its record, or that none made it."""
-    if hasattr(model, WEIGHT_ONLY):
-        return (f"it was quantized by qp.quantize_weights, whose record is model.{WEIGHT_ONLY} "
-                "(layers, kernels, skipped)")
-    if hasattr(model, W8A8):
-        return (f"it was quantized by qp.quantize_w8a8 (qp.quantize does this for a decoder LLM to keep "
-                f"generate()), whose record is model.{W8A8} (layers, smoothed, skipped)")
+    """Why a model has no graph report (``qp.quantization_report`` reads a weight-only or W8A8
+    model's own record before asking here)."""
     modules = model.modules() if isinstance(model, nn.Module) else ()
     if any(isinstance(m, (DynamicKernel, PerTokenDynamicLinear)) for m in modules):
         return ("qp.quantize_dynamic replaces modules (in a copy unless inplace=True) and keeps no graph "

@@ -54,6 +54,8 @@ MODES = ("weight_only", "w8a8", "dynamic")
 _FIELDS = ("qweight", "scales", "zero_points", "bias", "input_scale", "weight_int8", "weight_scale",
            "weight_zero_point", "activation_scale", "activation_zero_point")
 DYNAMIC_KIND = "dynamic_linear"
+#: what each module-swap mode is called where the user reads it
+_SWAP_MODES = {"weight_only": "weight-only", "w8a8": "W8A8", "dynamic": "per-token dynamic"}
 #: engines a dynamic linear may name in a file (and this torch must support to load it)
 _ENGINES = ("fbgemm", "x86", "qnnpack", "onednn")
 
@@ -76,7 +78,36 @@ def is_swapped_document(document: Any) -> bool:
     return isinstance(document, dict) and document.get("format") == FORMAT
 
 
-def _swapped_layers(model: nn.Module) -> tuple[str, dict[str, str], dict[str, Any]]:
+def swap_mode(document: dict[str, Any]) -> str:
+    return _SWAP_MODES.get(document.get("mode"), str(document.get("mode")))
+
+
+def swapped_facts(document: dict[str, Any]) -> dict[str, Any]:
+    """What a module-swap document holds (a file's, or a model's record as ``qp.save`` writes it):
+    the mode, the layers by kind, the scheme, smoothing, fusion and the layers left float."""
+    layers: dict[str, int] = {}
+    for layer in document.get("layers", []):
+        layers[layer["kind"]] = layers.get(layer["kind"], 0) + 1
+    facts: dict[str, Any] = {"mode": swap_mode(document), "int8_layers": layers}
+    scheme = document.get("scheme")
+    if scheme:
+        group = scheme.get("group_size")
+        facts["scheme"] = (f"int{scheme['bits']} {'symmetric' if scheme.get('symmetric') else 'asymmetric'}, "
+                           + (f"groups of {group}" if group else "per channel"))
+    for key in ("algorithm", "activations"):
+        if document.get(key):
+            facts[key] = document[key]
+    if document.get("smoothed") is not None:
+        # an input alpha="auto" chose not to smooth is listed with alpha None: nothing was folded
+        facts["smoothed_groups"] = sum(1 for entry in document["smoothed"] if entry.get("alpha") is not None)
+    if document.get("fused"):
+        facts["fused_groups"] = len(document["fused"])
+    if document.get("skipped"):
+        facts["left_float"] = dict(document["skipped"])
+    return facts
+
+
+def swapped_layers(model: nn.Module) -> tuple[str, dict[str, str], dict[str, Any]]:
     """(mode, layer name -> kind, the mode's own document entries) of a swapped model."""
     info = getattr(model, INFO_ATTRIBUTE, None)
     if isinstance(info, WeightOnlyInfo):
@@ -98,7 +129,7 @@ def _swapped_layers(model: nn.Module) -> tuple[str, dict[str, str], dict[str, An
 
 
 def save_swapped(model: nn.Module, target: Path) -> Path:
-    mode, kinds, entries = _swapped_layers(model)
+    mode, kinds, entries = swapped_layers(model)
     if mode == "dynamic":
         _check_only_linears(model, target)
     modules = dict(model.named_modules())

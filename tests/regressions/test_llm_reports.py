@@ -267,3 +267,44 @@ def test_awq_keeps_the_qkv_and_gate_up_fusion_and_rtns_accuracy():
                 qmodel(PROMPTS[1]).logits.flatten(), model(PROMPTS[1]).logits.flatten(), 0))
 
     assert cosine(awq) >= cosine(rtn) > 0.98  # 0.9911 and 0.9867 (per-linear AWQ scales: 0.9896)
+
+
+def test_the_readme_flow_reports_a_decoder_llm_quantize_sent_to_w8a8():
+    """Before: `print(qp.quantization_report(qmodel))` after `qp.quantize(llm, ...)` (the README's "Use it")
+    raised ConfigValidationError: qp.quantize had kept generate() through qp.quantize_w8a8."""
+    from tests.unit.weight_only.test_w8a8 import batches
+
+    model = decoder()
+    qmodel = qp.quantize(model, (PROMPTS[0],), batches(2), backend="fbgemm")
+    info = qmodel.qplug_w8a8
+    report = qp.quantization_report(qmodel)
+    assert (report.mode, report.capture, report.backend) == ("W8A8", "module swap", "per-layer kernels")
+    assert report.quantized == info.layers and len(info.layers) == 14
+    assert set(report.kernels) == set(info.layers)
+    assert [(s.node, s.op, s.reason) for s in report.skipped] == [
+        ("lm_head", "Linear", "the output head stays float (quantize_head=True quantizes it)")]
+    assert report.record["smoothed_into"] == {e.into: f"(alpha {e.alpha})" for e in info.smoothed}
+    assert report.record["smoothed_groups"] == len(info.smoothed) > 0
+    text = str(report).splitlines()
+    assert text[:3] == ["qplug quantization report: W8A8, quantized by module swap (per-layer kernels)",
+                        "quantized: 14 layer(s), 1 layer(s) left in float (93% quantized)",
+                        "  activations: per_token"]
+    assert "   1  the output head stays float (quantize_head=True quantizes it)" in text
+    assert report.to_dict()["quantized"] == info.layers
+
+
+def test_a_weight_only_report_names_the_scheme_the_kernels_and_what_stayed_float():
+    model = tiny_gpt2()  # its lm_head is tied to the input embedding: left float
+    qmodel = qp.quantize_weights(model, bits=4, group_size=32, symmetric=False, kernel="reference",
+                                 skip=[r".*\.1\.mlp\.c_proj"])
+    info = qmodel.qplug_weight_only
+    report = qp.quantization_report(qmodel)
+    assert (report.mode, report.quantized, report.kernels) == ("weight-only", info.layers, info.kernels)
+    assert report.record == {"scheme": "int4 asymmetric, groups of 32", "algorithm": "rtn",
+                             "fusion": info.fusion}
+    assert {(s.node, s.op, s.reason) for s in report.skipped} == {
+        ("transformer.h.1.mlp.c_proj", "Conv1D", "skip= matches its name"),
+        ("lm_head", "Linear", "its weight is tied to the input embedding")}
+    text = str(report)
+    assert "  scheme: int4 asymmetric, groups of 32\n" in text and "  algorithm: rtn\n" in text
+    assert f"quantized: {len(info.layers)} layer(s), 2 layer(s) left in float" in text

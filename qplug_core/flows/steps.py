@@ -48,8 +48,6 @@ from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.tags import CAPTURE, REPORT, STATE, ValueAnnotator
 from qplug_core.ir.copying import deepcopy_graph
-from qplug_core.kernels.dynamic import DynamicKernel
-from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.nn.computed_weights import copy_model
 from qplug_core.observers import distributed
 from qplug_core.observers.base import ObserverBase
@@ -382,13 +380,9 @@ def quantization_report(model: fx.GraphModule) -> QuantizationReport:
 
 
 def _made_by(model: Any) -> str:
-    """Why a model has no graph report (``qp.quantization_report`` reads a weight-only or W8A8
-    model's own record before asking here)."""
-    modules = model.modules() if isinstance(model, nn.Module) else ()
-    if any(isinstance(m, (DynamicKernel, PerTokenDynamicLinear)) for m in modules):
-        return ("qp.quantize_dynamic replaces modules (in a copy unless inplace=True) and keeps no graph "
-                "report; print(model) shows them")
-    return "it was not produced by qp.convert_fx / qp.quantize"
+    """Why a model has no graph report (``qp.quantization_report`` reads a module-swap model's own
+    record or modules before asking here)."""
+    return "it was not produced by qplug (qp.quantize, qp.convert_fx, qp.quantize_dynamic, qp.quantize_weights)"
 
 
 def quantize_static(model: nn.Module, example_inputs: Any, calibration_data: Any, *,

@@ -184,15 +184,19 @@ def test_a_backend_that_is_not_a_name_is_refused_by_type(backend):
 def test_the_report_of_a_swapped_model_says_what_it_holds():
     """qp.quantization_report said "it was not produced by qp.convert_fx / qp.quantize" for a model
     qp.quantize returned (an LLM keeps generate() through quantize_w8a8); a weight-only or W8A8 model
-    now has a report read from its record (tests/regressions/test_llm_reports.py), a dynamic one says
-    it keeps none."""
+    now has a report read from its record (tests/regressions/test_llm_reports.py), a dynamic one
+    read from its modules: each kernel, and each layer of a type it converts left float, with why."""
     weight_only = qp.quantize_weights(nn.Sequential(nn.Linear(64, 64)), bits=8)
     assert qp.quantization_report(weight_only).quantized == {"0": "linear"}
     w8a8 = qp.quantize_w8a8(nn.Sequential(nn.Linear(64, 64)), alpha=None)
     assert qp.quantization_report(w8a8).quantized == {"0": "per_token_linear"}
-    dynamic = qp.quantize_dynamic(nn.Sequential(nn.Linear(64, 64)).eval(), backend="fbgemm")
-    with pytest.raises(ConfigValidationError, match="qp.quantize_dynamic replaces modules .in a copy unless inplace=True."):
-        qp.quantization_report(dynamic)
+    float_model = nn.Sequential(nn.Linear(64, 64), nn.LSTM(64, 8), nn.Linear(8, 8)).eval()
+    dynamic = qp.quantize_dynamic(float_model, qconfig_spec={"0", "1"}, backend="fbgemm")
+    report = qp.quantization_report(dynamic)
+    assert report.kernels == {"0": "DynamicLinear (qint8 weights, fbgemm)",
+                              "1": "DynamicLSTM (qint8 weights, fbgemm)"}
+    assert [(s.node, s.op) for s in report.skipped] == [("2", "Linear")]
+    assert "qconfig_spec names, not this one" in " ".join(str(report).split())
 
 
 def test_a_batch_the_graph_refuses_is_an_input_mismatch_in_the_passes_too():

@@ -1,7 +1,8 @@
 """Python ints crossing a partition's boundary are recomputed on each side of it.
 
 torch.export leaves a dynamic size as shape arithmetic (``sym_size``, then ``+``, ``//``...) read
-by the views and reshapes that use it. Grouped into partitions, such an int may be computed in one
+by the views and reshapes that use it; symbolic tracing records ``x.shape``, ``x.size(1)`` and
+``getitem`` for the same. Grouped into partitions, such an int may be computed in one
 and read in another, or outside: a compiled partition is a serialized model (ONNX, an SDK's graph)
 whose inputs and outputs are tensors, so the exporter refused it (``'int' object has no attribute
 'name'``, on Wav2Vec2's attention) and the partition ran in reference form. An int is cheap and
@@ -22,11 +23,23 @@ from qplug_core.flows.tags import VALUE_KIND
 _OUTSIDE = -1
 
 
+#: size queries symbolic tracing records as method calls (``x.size(1)``, ``x.size()``)
+_SIZE_METHODS = frozenset({"size", "dim", "numel"})
+
+
 def _is_int(node: fx.Node) -> bool:
-    """Whether ``node`` computes a Python number (not a tensor; not a tuple, which is read through
+    """Whether ``node`` computes a Python number, or the shape its numbers are read from
+    (``x.shape``, ``x.size()``): not a tensor, and not another tuple (an op's outputs, read through
     ``getitem``). Its value kind is what a saved graph keeps (``qp.load`` has no fake values)."""
-    return (node.op == "call_function" and node.meta.get(VALUE_KIND) == "other"
-            and not any(user.target is operator.getitem for user in node.users))
+    if node.meta.get(VALUE_KIND) != "other":
+        return False
+    if node.op == "call_method":
+        return node.target in _SIZE_METHODS
+    if node.op != "call_function":
+        return False
+    if node.target is getattr and node.args[1:] == ("shape",):
+        return True
+    return not any(user.target is operator.getitem for user in node.users)
 
 
 def _recomputable(node: fx.Node, memo: dict[fx.Node, bool]) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from torch import nn
+from torch import fx, nn
 from torch.fx import GraphModule
 
 from qplug_core.errors import TraceError
@@ -70,6 +70,16 @@ class QplugTracer(ThreadConfinedTracer):
             self._stack.pop()
 
 
+def _drop_string_annotations(graph: fx.Graph) -> None:
+    """Forget type annotations fx kept as strings (a model module with ``from __future__ import
+    annotations``): fx's code then names a global that is the string ``"torch.Tensor"``, which
+    pickling the GraphModule (``torch.save`` of an observed model) cannot import. They only
+    decorate the generated code."""
+    for node in graph.nodes:
+        if isinstance(node.type, str):
+            node.type = None
+
+
 def capture_module(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
                    non_traceable_module_names: Sequence[str] = (),
                    non_traceable_module_classes: Sequence[type[nn.Module]] = (),
@@ -97,6 +107,7 @@ def capture_module(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] 
                "non-traceable (non_traceable_module_names / non_traceable_module_classes)")
         raise TraceError(f"cannot trace {location}: {type(e).__name__}: {e}. Either {fix}, or "
                          "quantize in eager mode with qp.eager.", module=where or None) from e
+    _drop_string_annotations(graph)
     name = type(model).__name__
     gm = GraphModule(tracer.root, graph, name) if generate_code else \
         graph_module_without_code(tracer.root, graph, name)

@@ -257,3 +257,27 @@ def test_a_model_on_the_meta_device_is_refused_with_how_to_materialize_it(call):
                 "quantize_weights": lambda: qp.quantize_weights(model)}[call]
     with pytest.raises(ModelStateError, match=r"meta device, which hold no values: '0.weight'.*to_empty"):
         quantize()
+
+
+class Annotated(nn.Module):
+    """Annotated as in a file with ``from __future__ import annotations`` (this one): strings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+def test_an_observed_model_of_a_file_with_postponed_annotations_pickles():
+    """torch.fx kept the annotation "torch.Tensor" as a global string, and torch.save of the
+    observed model raised "'str' object has no attribute '__name__'" (as of torch 2.13)."""
+    import io
+
+    x = torch.randn(2, 8)
+    observed = qp.prepare_fx(Annotated().eval(), None, (x,), backend="fbgemm")
+    buffer = io.BytesIO()
+    torch.save(observed, buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer, weights_only=False)(x), observed(x))

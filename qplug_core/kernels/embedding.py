@@ -56,21 +56,23 @@ class Embedding(nn.Module):
 class EmbeddingBag(nn.Module):
     """``nn.EmbeddingBag`` (mode sum or mean) over 8-bit rows.
 
-    The op only sums; ``mean`` is a weighted sum with weights 1/bag-size. ``max`` has no 8-bit
-    kernel and is refused at build.
+    The op only sums and has no padding argument: ``padding_idx`` entries are dropped from their
+    bags before the lookup (out of the sum and the bag size, as in ``nn.EmbeddingBag``), and
+    ``mean`` is a weighted sum with weights 1/bag-size. ``max`` has no 8-bit kernel and is refused at build.
     """
 
-    def __init__(self, packed: torch.Tensor, mode: str, include_last_offset: bool):
+    def __init__(self, packed: torch.Tensor, mode: str, include_last_offset: bool,
+                 padding_idx: int | None = None):
         super().__init__()
         self.register_buffer("packed_weight", packed)
-        self.mode, self.include_last_offset = mode, include_last_offset
+        self.mode, self.include_last_offset, self.padding_idx = mode, include_last_offset, padding_idx
 
     @classmethod
     def from_float(cls, mod: nn.EmbeddingBag, *, engine: str | None = None) -> EmbeddingBag:
         if mod.mode not in ("sum", "mean"):
             raise ConstraintViolationError(f"EmbeddingBag: mode={mod.mode!r} has no 8-bit kernel "
                                            f"(sum and mean only)", field="mode", value=mod.mode)
-        return cls(_pack_rows(mod, engine), mod.mode, mod.include_last_offset)
+        return cls(_pack_rows(mod, engine), mod.mode, mod.include_last_offset, mod.padding_idx)
 
     @classmethod
     def from_context(cls, ctx: KernelContext) -> EmbeddingBag:
@@ -83,15 +85,30 @@ class EmbeddingBag(nn.Module):
             bags, length = indices.shape
             offsets = torch.arange(0, bags * length, length, dtype=indices.dtype)
             indices, include_last = indices.reshape(-1), False
+            if per_sample_weights is not None:
+                per_sample_weights = per_sample_weights.reshape(-1)
         elif offsets is None:
             raise ConfigValidationError("EmbeddingBag: 1-D indices need offsets", field="offsets")
+        if self.mode == "mean" and per_sample_weights is not None:
+            raise ConfigValidationError("EmbeddingBag: per_sample_weights need mode='sum'",
+                                        field="per_sample_weights")
+        if self.padding_idx is not None:
+            indices, offsets, per_sample_weights = _drop_entries(indices != self.padding_idx, indices,
+                                                                 offsets, per_sample_weights)
         if self.mode == "mean":
-            if per_sample_weights is not None:
-                raise ConfigValidationError("EmbeddingBag: per_sample_weights need mode='sum'",
-                                            field="per_sample_weights")
             ends = offsets[1:] if include_last else torch.cat(
                 [offsets[1:], offsets.new_tensor([indices.numel()])])
             counts = ends - offsets[: ends.numel()]
             per_sample_weights = torch.repeat_interleave(1.0 / counts.clamp(min=1).float(), counts)
         return _lookup(self.packed_weight, indices, offsets.to(indices.dtype), per_sample_weights,
                        include_last)
+
+
+def _drop_entries(kept: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                  per_sample_weights: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The bags without the entries not ``kept``: each offset moves back by the entries dropped
+    before it. Cheaper than zero weights: the op's unweighted sum stays usable and has less to read."""
+    kept_before = torch.cat([kept.new_zeros(1, dtype=offsets.dtype), kept.cumsum(0).to(offsets.dtype)])
+    weights = None if per_sample_weights is None else per_sample_weights[kept]
+    return indices[kept], kept_before[offsets], weights

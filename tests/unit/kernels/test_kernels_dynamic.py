@@ -193,3 +193,26 @@ def test_embedding_bag(engine, mode, include_last_offset):
     assert torch.allclose(kernel(idx[:10].view(2, 5)), ref_bag(idx[:10].view(2, 5)), atol=tol)
     with pytest.raises(ConstraintViolationError):
         EmbeddingBag.from_float(nn.EmbeddingBag(4, 2, mode="max"))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("mode, weighted", [("sum", False), ("sum", True), ("mean", False)])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag_leaves_padding_out_of_the_sum_and_the_count(engine, mode, weighted, include_last_offset):
+    """As nn.EmbeddingBag: padding_idx entries add nothing (even a non-zero padding row) and do not
+    count in a mean; bags of padding only are zero. The kernel once summed and counted them."""
+    torch.manual_seed(3)
+    bag = nn.EmbeddingBag(20, 6, mode=mode, include_last_offset=include_last_offset, padding_idx=7)
+    with torch.no_grad():
+        bag.weight[7].normal_()
+    kernel = EmbeddingBag.from_float(bag, engine=engine)
+    idx = torch.tensor([7, 2, 3, 7, 7, 7, 5, 9, 7, 1, 7])
+    offsets = torch.tensor([0, 4, 4, 6] + ([11] if include_last_offset else []))
+    weights = torch.rand(11) if weighted else None
+    table, lsb = rowwise_reference(bag.weight.detach())
+    ref_bag = nn.EmbeddingBag.from_pretrained(table, mode=mode, include_last_offset=include_last_offset,
+                                              padding_idx=7)
+    tol = lsb.max() * 4
+    assert torch.allclose(kernel(idx, offsets, weights), ref_bag(idx, offsets, weights), atol=tol)
+    fixed, fixed_weights = idx[:10].view(2, 5), None if weights is None else weights[:10].view(2, 5)
+    assert torch.allclose(kernel(fixed, None, fixed_weights), ref_bag(fixed, None, fixed_weights), atol=tol)

@@ -40,7 +40,7 @@ from qplug_core.weight_only.api import (
     conv1d_class,
     linear_weight,
 )
-from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
+from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyEmbeddingBag, WeightOnlyLinear
 from qplug_core.weight_only.selection import available_kernels
 from qplug_core.weight_only.smoothing import Smoothed
 from qplug_core.weight_only.w8a8 import ACTIVATIONS, LAYER_KIND, STATIC_KIND, W8A8_ATTRIBUTE, W8A8Info
@@ -56,6 +56,8 @@ _FIELDS = ("qweight", "scales", "zero_points", "bias", "input_scale", "weight_in
 DYNAMIC_KIND = "dynamic_linear"
 #: what each module-swap mode is called where the user reads it
 _SWAP_MODES = {"weight_only": "weight-only", "w8a8": "W8A8", "dynamic": "per-token dynamic"}
+_WEIGHT_ONLY_KINDS = ("linear", "embedding", "embedding_bag")
+_BAG_MODES = ("sum", "mean", "max")
 #: engines a dynamic linear may name in a file (and this torch must support to load it)
 _ENGINES = ("fbgemm", "x86", "qnnpack", "onednn")
 
@@ -183,13 +185,15 @@ def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Ten
                  "reduce_range": module.reduce_range},
                 {"weight_int8": weight, "weight_scale": scales, "weight_zero_point": zero_points,
                  "bias": module.bias})
-    if kind not in ("linear", "embedding") or not isinstance(module, (WeightOnlyLinear, WeightOnlyEmbedding)):
+    if kind not in _WEIGHT_ONLY_KINDS or not isinstance(module, (WeightOnlyLinear, WeightOnlyEmbedding)):
         return None
     layer: dict[str, Any] = {"shape": list(module.quantized_weight().shape), "scheme": module.scheme.to_dict()}
     if isinstance(module, WeightOnlyLinear):
         layer["transposed"] = module.from_transposed
     else:
         layer["padding_idx"] = module.padding_idx
+    if isinstance(module, WeightOnlyEmbeddingBag):
+        layer.update(mode=module.mode, include_last_offset=module.include_last_offset)
     return layer, {f: getattr(module, f, None) for f in ("qweight", "scales", "zero_points", "bias", "input_scale")}
 
 
@@ -343,9 +347,15 @@ def _weight_only(layer: dict, name: str, shape: tuple[int, int], values: dict, t
     if not scheme.symmetric:
         context.check(values["zero_points"], (n, groups), torch.uint8, name, "zero_points")
     weight = QuantizedWeight(scheme, (n, k), values["qweight"], values["scales"], values["zero_points"])
+    padding = layer.get("padding_idx")
+    padding = padding if isinstance(padding, int) else None
     if layer["kind"] == "embedding":
-        padding = layer.get("padding_idx")
-        return WeightOnlyEmbedding(weight, padding if isinstance(padding, int) else None)
+        return WeightOnlyEmbedding(weight, padding)
+    if layer["kind"] == "embedding_bag":
+        mode = layer.get("mode")
+        if mode not in _BAG_MODES:
+            raise context.error(f"layer {name!r} has mode {mode!r}; an embedding bag's is one of {_BAG_MODES}")
+        return WeightOnlyEmbeddingBag(weight, mode, bool(layer.get("include_last_offset", False)), padding)
     # its kernel is chosen once every layer is built, with the groups that run as one call
     return WeightOnlyLinear(weight, values["bias"], values["input_scale"],
                             from_transposed=bool(layer.get("transposed", False)))
@@ -396,7 +406,7 @@ def _dynamic(layer: dict, name: str, shape: tuple[int, int], values: dict, targe
 
 #: layer kind -> builder: the only code a name in the file can reach
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "linear": _weight_only, "embedding": _weight_only, LAYER_KIND: _per_token, STATIC_KIND: _per_token,
+    **{kind: _weight_only for kind in _WEIGHT_ONLY_KINDS}, LAYER_KIND: _per_token, STATIC_KIND: _per_token,
     DYNAMIC_KIND: _dynamic}
 
 
@@ -405,7 +415,8 @@ def _expected_shape(module: nn.Module, kind: Any) -> tuple[int, int] | None:
     linear = isinstance(module, nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
     if kind in ("linear", LAYER_KIND, STATIC_KIND, DYNAMIC_KIND) and linear:
         return tuple(linear_weight(module).shape)  # type: ignore[return-value]
-    if kind == "embedding" and isinstance(module, nn.Embedding):
+    if (kind == "embedding" and isinstance(module, nn.Embedding)) or \
+            (kind == "embedding_bag" and isinstance(module, nn.EmbeddingBag)):
         return tuple(module.weight.shape)  # type: ignore[return-value]
     return None
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.weight_only.api import INFO_ATTRIBUTE, WeightOnlyInfo, quantize_weights
-from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
+from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyEmbeddingBag, WeightOnlyLinear
 from qplug_core.weight_only.w8a8 import W8A8_ATTRIBUTE, W8A8Info, quantize_w8a8
 
 __all__ = ["INFO_ATTRIBUTE", "W8A8_ATTRIBUTE", "QuantizedWeight", "ReferenceKernel", "W8A8Info",
-           "WeightOnlyEmbedding", "WeightOnlyInfo", "WeightOnlyKernel", "WeightOnlyLinear", "WeightOnlyScheme",
+           "WeightOnlyEmbedding", "WeightOnlyEmbeddingBag", "WeightOnlyInfo", "WeightOnlyKernel", "WeightOnlyLinear", "WeightOnlyScheme",
            "quantize_w8a8", "quantize_weights"]

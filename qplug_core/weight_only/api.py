@@ -1,9 +1,9 @@
 """``qp.quantize_weights``: weight-only int8/int4 quantization by module swap, on a copy.
 
 The copy keeps the user's model class, so a Hugging Face ``PreTrainedModel`` keeps ``generate()``,
-its KV cache and its config: only its ``nn.Linear`` / ``Conv1D`` / ``nn.Embedding`` children are
-replaced by :class:`~qplug_core.weight_only.modules.WeightOnlyLinear` /
-:class:`~qplug_core.weight_only.modules.WeightOnlyEmbedding`, each running the fastest correct
+its KV cache and its config: only its ``nn.Linear`` / ``Conv1D`` / ``nn.Embedding`` /
+``nn.EmbeddingBag`` children are replaced by :class:`~qplug_core.weight_only.modules.WeightOnlyLinear` /
+:class:`~qplug_core.weight_only.modules.WeightOnlyEmbedding` (``WeightOnlyEmbeddingBag``), each running the fastest correct
 kernel found on this CPU (:mod:`qplug_core.weight_only.selection`).
 """
 
@@ -38,12 +38,13 @@ from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record
 from qplug_core.weight_only.batches import calibration_batches, call_model
 from qplug_core.weight_only.fusion import fuse, shared_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
-from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyLinear
+from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyEmbeddingBag, WeightOnlyLinear
 from qplug_core.weight_only.selection import Choice, available_kernels, choose, slower_than_float
 
 #: the attribute of a quantized model holding its :class:`WeightOnlyInfo` (``qp.save`` reads it)
 INFO_ATTRIBUTE = WEIGHT_ONLY
 ALGORITHMS = ("rtn", "awq", "gptq")
+_EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
 
 
 @dataclass
@@ -83,7 +84,8 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     :param skip: module names or regular expressions (matched against the whole name) of layers to
         leave float. An output projection tied to the input embedding (``lm_head`` of most LLMs)
         is always left float: quantizing one copy would untie them.
-    :param embeddings: also quantize ``nn.Embedding`` tables (rows grouped like linear weights):
+    :param embeddings: also quantize ``nn.Embedding`` and ``nn.EmbeddingBag`` tables (rows grouped like
+        linear weights):
         it saves memory but no time (rows are looked up, not multiplied), and int4 tables cost
         accuracy on small models, so it is opt-in.
     :param backend: take kernels from this backend only (and the core's); ``None``: every
@@ -113,10 +115,10 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     info = WeightOnlyInfo(scheme, algorithm)
     targets = _targets(qmodel, patterns, embeddings, info)
     if not targets:
-        raise nothing_quantized("nn.Linear" + (" or nn.Embedding" if embeddings else ""), info.skipped)
+        raise nothing_quantized("nn.Linear" + (" or nn.Embedding(Bag)" if embeddings else ""), info.skipped)
     for name, module in targets.items():
         _check_divisible(name, module, scheme)
-    linears = {n: m for n, m in targets.items() if not isinstance(m, nn.Embedding)}
+    linears = {n: m for n, m in targets.items() if not isinstance(m, _EMBEDDINGS)}
     inputs: dict[str, torch.Tensor] = {}
     if algorithm != "rtn":
         rows = GPTQ_ROWS if algorithm == "gptq" else MAX_ROWS
@@ -134,7 +136,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
                                         input_scales.get(name))
             parent, _, child = name.rpartition(".")
             setattr(modules[parent], child, swapped)
-            info.layers[name] = "embedding" if isinstance(swapped, WeightOnlyEmbedding) else "linear"
+            info.layers[name] = layer_kind(swapped)
     choose_kernels(qmodel, info, groups, kernels, dtypes, kernel)
     slow = slower_than_float(info.choices)
     if slow:
@@ -206,12 +208,29 @@ def linear_weight(module: nn.Module) -> torch.Tensor:
     return module.weight.T if conv1d is not None and isinstance(module, conv1d) else module.weight
 
 
+def layer_kind(module: nn.Module) -> str:
+    """The kind a swapped-in module is listed and saved as."""
+    if isinstance(module, WeightOnlyEmbeddingBag):
+        return "embedding_bag"
+    return "embedding" if isinstance(module, WeightOnlyEmbedding) else "linear"
+
+
 def _targets(model: nn.Module, patterns: list[re.Pattern], embeddings: bool,
              info: WeightOnlyInfo) -> dict[str, nn.Module]:
     kinds: tuple[type, ...] = (nn.Linear,) + ((conv1d_class(),) if conv1d_class() else ())
     if embeddings:
-        kinds += (nn.Embedding,)
-    return select_layers(model, kinds, patterns, info.skipped)
+        kinds += _EMBEDDINGS
+    modules = dict(model.named_modules())
+    return select_layers(model, kinds, patterns, info.skipped, lambda name: _renormalised(modules[name]))
+
+
+def _renormalised(module: nn.Module) -> str | None:
+    """Why a table whose rows ``max_norm`` rescales at each lookup stays float (its stored rows are
+    not the rows it returns)."""
+    if isinstance(module, _EMBEDDINGS) and module.max_norm is not None:
+        return (f"max_norm={module.max_norm} renormalises the rows at each lookup, which a quantized table "
+                "cannot do; leave max_norm unset to quantize it")
+    return None
 
 
 def own_copy(model: nn.Module) -> nn.Module:
@@ -302,7 +321,7 @@ def tied_output(model: nn.Module) -> str | None:
 
 
 def _check_divisible(name: str, module: nn.Module, scheme: WeightOnlyScheme) -> None:
-    features = module.embedding_dim if isinstance(module, nn.Embedding) else linear_weight(module).shape[1]
+    features = module.embedding_dim if isinstance(module, _EMBEDDINGS) else linear_weight(module).shape[1]
     size = scheme.group_size
     if size is not None and features % size:
         raise ConfigValidationError(
@@ -315,6 +334,9 @@ def _quantized_module(module: nn.Module, scheme: WeightOnlyScheme, x: torch.Tens
                       algorithm: str, input_scale: torch.Tensor | None) -> nn.Module:
     """The swapped-in module of ``module`` (a linear's kernel is chosen after, by :func:`choose_kernels`);
     ``input_scale`` is AWQ's ``1 / s`` for its input."""
+    if isinstance(module, nn.EmbeddingBag):
+        return WeightOnlyEmbeddingBag(quantize(module.weight, scheme), module.mode, module.include_last_offset,
+                                      module.padding_idx)
     if isinstance(module, nn.Embedding):
         return WeightOnlyEmbedding(quantize(module.weight, scheme), module.padding_idx)
     weight = linear_weight(module)

@@ -1,4 +1,4 @@
-"""The modules swapped into a model: a weight-only linear and a weight-only embedding.
+"""The modules swapped into a model: a weight-only linear, embedding and embedding bag.
 
 Both hold the quantized weight as plain buffers (``qweight`` uint8, ``scales`` float32,
 ``zero_points`` uint8 when asymmetric), which is what ``qp.save`` and ``state_dict()`` give. The linear
@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from qplug_core.errors import ModelStateError
@@ -171,3 +172,29 @@ class WeightOnlyEmbedding(_QuantizedWeightHolder):
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, bits={self.scheme.bits}, "
                 f"group_size={self.scheme.group_size}, symmetric={self.scheme.symmetric}")
+
+
+class WeightOnlyEmbeddingBag(WeightOnlyEmbedding):
+    """An ``nn.EmbeddingBag`` over a quantized table: the rows of the bags' entries are dequantized,
+    then torch's own bag reduction runs over them, so every mode, offsets, ``per_sample_weights``
+    and ``padding_idx`` mean what they mean in ``nn.EmbeddingBag``."""
+
+    def __init__(self, weight: QuantizedWeight, mode: str, include_last_offset: bool = False,
+                 padding_idx: int | None = None):
+        super().__init__(weight, padding_idx)
+        self.mode, self.include_last_offset = mode, include_last_offset
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        rows = super().forward(ids.reshape(-1))
+        entries = torch.arange(ids.numel(), device=ids.device).view(ids.shape)
+        padding = None
+        if self.padding_idx is not None:  # padding entries point at an extra row, torch's padding row
+            padding = ids.numel()
+            rows = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
+            entries = torch.where(ids == self.padding_idx, padding, entries)
+        return F.embedding_bag(entries, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
+                               include_last_offset=self.include_last_offset, padding_idx=padding)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mode={self.mode!r}"

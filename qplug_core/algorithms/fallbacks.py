@@ -32,7 +32,7 @@ from torch import fx
 
 from qplug_core.errors import ConfigError
 from qplug_core.flows.snapshot import snapshot_of
-from qplug_core.flows.tags import ARTIFACT, SNAPSHOT
+from qplug_core.flows.tags import ARTIFACT, REPORT, SNAPSHOT
 from qplug_core.kernels.per_token import (
     PER_TOKEN_LAYERS,
     QMAX,
@@ -42,10 +42,16 @@ from qplug_core.kernels.per_token import (
     weight_qmax,
 )
 
-__all__ = ["LADDER_FALLBACKS", "fallback_ladder", "per_token_qmax", "run_per_token"]
+__all__ = ["LADDER_FALLBACKS", "fallback_ladder", "name_fallbacks", "per_token_qmax", "run_per_token"]
 
 #: every rung a ladder can hold, best first
 LADDER_FALLBACKS = ("per_token", "dynamic", "float")
+#: the report's reason for a layer on each rung
+_RUNG_REASONS = {
+    "per_token": "the accuracy target took it out of static int8: it runs per-token dynamic int8",
+    "dynamic": "the accuracy target took it out of static int8: it runs dynamic int8",
+    "float": "the accuracy target took it out of static int8: it runs float",
+}
 
 
 def per_token_qmax(backend: Any = None) -> int:
@@ -87,3 +93,13 @@ def run_per_token(qmodel: fx.GraphModule, layers: list[str], *, simulate: bool) 
     if dataclasses.is_dataclass(artifact) and not isinstance(artifact, type):
         model = {**artifact.model, PER_TOKEN_LAYERS: list(replaced)}
         qmodel.meta[ARTIFACT] = dataclasses.replace(artifact, model=model)
+
+
+def name_fallbacks(qmodel: fx.GraphModule, taken: dict[str, str]) -> None:
+    """Give the report entries of the layers a target search took out of static int8 (layer ->
+    rung) the rung they run on: their qconfig is None because the search made it so, and "not
+    requested" told the user they had asked for nothing."""
+    report = qmodel.meta.get(REPORT)
+    for entry in getattr(report, "skipped", []):
+        if entry.node in taken:
+            entry.reason = _RUNG_REASONS[taken[entry.node]]

@@ -3,8 +3,8 @@
 ``qp.quantize(model, example, calibration, recipe="dfq")`` fuses the model, runs the recipe's steps
 in order on the fused float graph (each changes weights so the float function is unchanged, or
 moves biases using the calibration data), then prepares, calibrates and converts as usual.
-``recipe="auto"`` picks by model: a transformer (``nn.LayerNorm`` and ``nn.Linear``, no convs)
-gets SmoothQuant and, unless a target is given, ``TRANSFORMER_TARGET`` (``Target(cosine=0.998,
+``recipe="auto"`` picks by model: a transformer (``nn.Linear``, no convs, and ``nn.LayerNorm`` beside
+attention or in every block: :func:`looks_like_transformer`) gets SmoothQuant and, unless a target is given, ``TRANSFORMER_TARGET`` (``Target(cosine=0.998,
 min_cosine=0.995, neighbours=0.95)``) on the calibration data. Anything else gets no pass here:
 ``qp.quantize`` corrects its biases while it calibrates (``one_call.corrects_bias_by_default``),
 and cross-layer equalization only pays off with per-tensor weights (see docs/guide/accuracy.md for
@@ -77,26 +77,35 @@ class RecipeRecord:
 
 
 def looks_like_transformer(model: Any) -> bool:
-    """LayerNorm and Linear layers and no convolutions: the case SmoothQuant is for. An
+    """Linear layers, no convolutions, and LayerNorms of blocks with attention: the case SmoothQuant
+    is for. Attention is a softmax or ``nn.MultiheadAttention``; a module hides the softmax in its
+    forward, so two LayerNorms (an encoder has two a block) count as blocks too. One LayerNorm in
+    an MLP (a tabular model) is not a transformer: it got SmoothQuant and the transformer target,
+    whose per-sample cosines of a one-logit output took every linear out of static int8. An
     ``ExportedProgram`` (or its ``.module()``) is read by its ATen ops, its modules being
     flattened: the same BERT quantized from its program got no SmoothQuant and another int8 model."""
     if isinstance(model, torch.export.ExportedProgram):
         model = model.graph_module
     if not isinstance(model, nn.Module):
         return False
-    types = {type(m) for m in model.modules()}
-    ops = ({n.target for n in model.graph.nodes if n.op == "call_function"}
-           if isinstance(model, fx.GraphModule) else set())
-    layer_norm = nn.LayerNorm in types or bool(ops & _ATEN_LAYER_NORMS)
-    linear = nn.Linear in types or aten.linear.default in ops
-    convs = any(issubclass(t, nn.modules.conv._ConvNd) for t in types) or bool(ops & _ATEN_CONVS)
-    return layer_norm and linear and not convs
+    modules = list(model.modules())
+    types = {type(m) for m in modules}
+    calls = ([n.target for n in model.graph.nodes if n.op in ("call_function", "call_method")]
+             if isinstance(model, fx.GraphModule) else [])
+    layer_norms = sum(type(m) is nn.LayerNorm for m in modules) + sum(t in _ATEN_LAYER_NORMS for t in calls)
+    attention = bool(types & {nn.MultiheadAttention, nn.Softmax}) or any(t in _SOFTMAXES for t in calls)
+    linear = nn.Linear in types or aten.linear.default in calls
+    convs = any(issubclass(t, nn.modules.conv._ConvNd) for t in types) or any(t in _ATEN_CONVS for t in calls)
+    return linear and not convs and (layer_norms >= 2 or (layer_norms == 1 and attention))
 
 
 aten = torch.ops.aten
 _ATEN_LAYER_NORMS = {aten.layer_norm.default, aten.native_layer_norm.default}
 _ATEN_CONVS = {aten.convolution.default, aten.conv1d.default, aten.conv2d.default, aten.conv3d.default,
                aten.conv_transpose1d.default, aten.conv_transpose2d.input, aten.conv_transpose3d.input}
+#: a softmax or fused attention in a graph (a symbolic trace's functions and methods, or ATen ops)
+_SOFTMAXES = {torch.softmax, torch.nn.functional.softmax, "softmax", aten._softmax.default, aten.softmax.int,
+              torch.nn.functional.scaled_dot_product_attention, aten.scaled_dot_product_attention.default}
 
 
 def resolve_recipe(recipe: str | tuple | list, model: nn.Module) -> tuple[str, tuple[str, ...]]:

@@ -67,7 +67,9 @@ class OutputScore:
     """Output agreement of a quantized model with float over the evaluation batches."""
 
     sqnr_db: float
-    cosine_mean: float  # per sample (first output dimension, or its pooled embedding), averaged
+    #: per sample (first output dimension, or its pooled embedding), averaged; outputs of one value a
+    #: sample: the one cosine of all samples' values (:func:`sample_cosines`)
+    cosine_mean: float
     cosine_min: float
     metric: float | None = None
     #: embedding scores: fraction of samples whose nearest other sample is unchanged
@@ -188,7 +190,7 @@ def score(qmodel: nn.Module, batches: list[tuple], reference: list[torch.Tensor]
     from qplug_core.analysis.layers import ErrorStats
 
     masks = masks or [None] * len(batches)
-    stats, cosines, outputs, pooled, channels = ErrorStats(), [], [], ([], []), _ChannelCosines()
+    stats, rows, outputs, pooled, channels = ErrorStats(), ([], []), [], ([], []), _ChannelCosines()
     for batch, want, mask in zip(batches, reference, masks):
         got = first_tensor(qmodel(*batch)).detach().float()
         outputs.append(got)
@@ -200,15 +202,27 @@ def score(qmodel: nn.Module, batches: list[tuple], reference: list[torch.Tensor]
             pooled[1].append(rows_g)
         else:
             rows_w, rows_g = want_real.reshape(want.shape[0], -1), got_real.reshape(got.shape[0], -1)
-        cosines.append(torch.nn.functional.cosine_similarity(rows_w.double(), rows_g.double(), dim=1))
+        rows[0].append(rows_w)
+        rows[1].append(rows_g)
         if embedding:
             channels.add(rows_w, rows_g)
         else:
             channels.add(want_real, got_real)
-    cos = torch.cat(cosines)
+    cos = sample_cosines(*rows)
     value = float(metric(reference, outputs)) if metric is not None else None
     kept = neighbours_kept(torch.cat(pooled[0]), torch.cat(pooled[1])) if embedding else None
     return OutputScore(stats.sqnr_db, float(cos.mean()), float(cos.min()), value, kept, channels.worst())
+
+
+def sample_cosines(want: list[torch.Tensor], got: list[torch.Tensor]) -> torch.Tensor:
+    """Each sample's cosine (rows ``[samples, values]`` per batch). A sample of one value (a logit,
+    a regression output) has a cosine of only +1, -1 or 0, and a logit near 0 changing sign failed
+    every ``min_cosine``: such outputs are compared as one vector of all samples' values, a single
+    cosine that measures the error relative to the outputs' size, as an SQNR does."""
+    if all(w.shape[1] == 1 for w in want):
+        want, got = [torch.cat(want).reshape(1, -1)], [torch.cat(got).reshape(1, -1)]
+    return torch.cat([torch.nn.functional.cosine_similarity(w.double(), g.double(), dim=1)
+                      for w, g in zip(want, got)])
 
 
 def quantized_layers(gm: fx.GraphModule, mapping: QConfigMapping) -> list[str]:

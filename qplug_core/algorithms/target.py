@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from qplug_core.algorithms.fallbacks import fallback_ladder, per_token_qmax, run_per_token
+from qplug_core.algorithms.fallbacks import fallback_ladder, name_fallbacks, per_token_qmax, run_per_token
 from qplug_core.algorithms.layer_errors import LayerError, layer_errors
 from qplug_core.algorithms.sensitivity import (
     GROUPS,
@@ -58,10 +58,10 @@ SCORES = ("auto", "embedding", "output")
 @dataclass(frozen=True)
 class Target:
     """What the quantized model's output must reach against float, on ``data`` (default: the
-    calibration data): mean per-sample ``cosine``, worst-sample ``min_cosine``, output ``sqnr``
-    in dB, and/or ``metric(reference_outputs, quantized_outputs) >= minimum``; for a sentence
-    encoder also ``neighbours``, the fraction of samples whose nearest other sample (by embedding
-    cosine) is unchanged (ignored for other outputs, which have no neighbours). When the model
+    calibration data): mean per-sample ``cosine``, worst-sample ``min_cosine`` (an output of one
+    value a sample: both the cosine of all samples' values as one vector), output ``sqnr`` in dB,
+    and/or ``metric(reference_outputs, quantized_outputs) >= minimum``; for a sentence encoder also
+    ``neighbours``, the fraction of samples whose nearest other sample (by embedding cosine) is unchanged (ignored for other outputs, which have no neighbours). When the model
     has an ``attention_mask`` input (Hugging Face's convention), padded tokens are left out of
     the cosine and the SQNR: nothing downstream reads them; with token states as output
     (``score="auto"`` or ``"embedding"``) the cosines are those of the mean-pooled, L2-normalised
@@ -267,6 +267,7 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
             qmodel = all_int8
         run_per_token(qmodel, [n for n, k in taken.items() if k == "per_token"],
                       simulate=not backend.kernels)
+        name_fallbacks(qmodel, taken)
         return qmodel, score(qmodel, evaluation, reference, target.metric, masks,
                              embedding=embedding), m
 

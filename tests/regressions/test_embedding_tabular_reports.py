@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.algorithms.recipes import looks_like_transformer
 from qplug_core.weight_only import WeightOnlyEmbeddingBag
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
@@ -85,3 +86,67 @@ def test_quantize_weights_says_why_a_renormalised_bag_stays_float():
     int8 = qp.quantize_weights(model, embeddings=True)
     assert "max_norm=1.0 renormalises the rows" in int8.qplug_weight_only.skipped["0"]
     assert type(int8[0]) is nn.EmbeddingBag
+
+
+def tabular_mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(30, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Dropout(0.2),
+                         nn.Linear(128, 64), nn.LayerNorm(64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
+
+
+def test_a_tabular_mlp_with_one_layernorm_is_quantized_as_an_mlp():
+    """Any LayerNorm beside a Linear made a "transformer": SmoothQuant and the transformer target
+    moved every linear of a binary classifier to per-token dynamic int8, 5x slower than float."""
+    torch.manual_seed(0)
+    model = tabular_mlp().eval()
+    assert not looks_like_transformer(model)
+    x = torch.randn(512, 30)
+    int8 = qp.quantize(model, (x[:1],), [x[i:i + 64] for i in range(0, 512, 64)], backend="fbgemm")
+    assert int8.meta["qplug_recipe"].name == "auto: bias_correction"
+    assert set(qp.quantization_report(int8).kernels.values()) == {"quantized::linear"}
+    assert not any(type(m).__name__ == "PerTokenDynamicLinear" for m in int8.modules())
+
+
+class OneBlockAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.norm, self.ffn = nn.LayerNorm(16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn(self.norm(x + self.attention(x, x, x)[0]))
+
+
+def test_a_transformer_is_still_one():
+    assert looks_like_transformer(OneBlockAttention())
+    assert looks_like_transformer(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.LayerNorm(8)))
+
+
+def test_a_target_on_one_logit_per_sample_scores_the_logits_not_their_signs():
+    """The cosine of one logit is +1, -1 or 0, so one logit near 0 changing sign failed
+    min_cosine=0.995 ("min_cosine -1") and took every layer out of static int8, at 32 dB SQNR."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(30, 128), nn.ReLU(), nn.Linear(128, 64), nn.LayerNorm(64), nn.ReLU(),
+                          nn.Linear(64, 1)).eval()
+    x = torch.randn(1024, 30)
+    int8 = qp.quantize(model, (x[:1],), [x[i:i + 64] for i in range(0, 1024, 64)], backend="fbgemm",
+                       target=qp.Target(cosine=0.998, min_cosine=0.995))
+    result = int8.meta["qplug_target"]
+    assert result.met and result.float_layers == []
+    assert result.final.cosine_min == result.final.cosine_mean > 0.998  # one cosine: all the logits
+
+
+def test_the_report_names_the_rung_a_target_moved_a_layer_to():
+    """Layers a target search took out of static int8 were reported as "qconfig is None for this
+    op (not requested)": the user had requested nothing, and they ran int8 per token."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(256, 16)
+    int8 = qp.quantize(model, (x[:1],), [x[i:i + 64] for i in range(0, 256, 64)], backend="fbgemm",
+                       target=qp.Target(sqnr=200))
+    taken = {name: d.fallback for d in int8.meta["qplug_target"].decisions for name in d.layers}
+    assert taken
+    reasons = {s.node: s.reason for s in qp.quantization_report(int8).skipped}
+    for name, rung in taken.items():
+        if rung != "dynamic":  # a dynamic layer is an int8 region of its own
+            assert reasons[name].startswith("the accuracy target took it out of static int8: it runs")
+    assert not any("not requested" in reason for reason in reasons.values())

@@ -812,7 +812,7 @@ def test_a_transformer_quantized_from_its_exported_program_gets_the_modules_reci
     program no SmoothQuant (and bias correction instead): the export guide's BERT quantized from its
     program was another int8 model than from the module."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)).eval()
+    model = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32), nn.LayerNorm(32)).eval()
     x = torch.randn(8, 32)
     batches = [(torch.randn(8, 32),) for _ in range(4)]
     from_module = qp.quantize(model, (x,), batches, backend="fbgemm")

@@ -126,7 +126,6 @@ def quantize(
     with stdout_to_stderr():  # stdout is for the report: what the user's code prints goes to stderr
         model = load_factory_model(model_spec)
         names = forward_input_names(model, len(specs))
-        example = tuple(spec.example() for spec in specs)
         if mode in SWAP_MODES and backend is not None:
             raise ConfigError(f"--mode {mode.value} picks the fastest kernels installed for each layer "
                               "itself; leave out --backend", field="--backend", value=backend)
@@ -137,6 +136,8 @@ def quantize(
                               f"{mode.value}; name a backend", field="--backend", value=backend)
         batches = (load_batches(calibration, specs, names) if calibration
                    else random_calibration(specs) if mode in (Mode.static, Mode.w8a8) else None)
+        # real inputs where there are some: ones are no valid offsets or lengths
+        example = batches[0] if calibration and batches else tuple(spec.example() for spec in specs)
         with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
             qmodel = quantize_model(model, example, batches, chosen, mode, capture, bits, group_size)
             if chosen == AUTO:  # what it chose, for the accuracy comparison

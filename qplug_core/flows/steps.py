@@ -26,6 +26,7 @@ from qplug_core.errors import (
     NothingQuantizedError,
     QplugError,
     first_line,
+    spelled,
     warn_user,
 )
 from qplug_core.flows import calibration_sample, weight_bits
@@ -81,7 +82,10 @@ def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
                 "or 'export', or leave the argument out so that its default is traced as a constant") from error
         raise InputMismatchError(
             f"the model cannot run on the example inputs ({shapes}): {type(error).__name__}: {error}. "
-            "Pass example_inputs as a tuple of positional inputs of the right shapes.") from error
+            + spelled("Pass example_inputs as a tuple of positional inputs of the right shapes.",
+                      "Give --example-shape and --example-dtype once per input of forward, and for inputs whose "
+                      "values matter (offsets, lengths, indices) --calibration FILE: its first batch is the "
+                      "example (without it integer inputs are ones).")) from error
 
 
 def _requests_quantization(mapping: QConfigMapping) -> bool:

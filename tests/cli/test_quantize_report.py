@@ -4,6 +4,7 @@ out; every bad input is one line on stderr and exit 1 (malformed options: exit 2
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -280,3 +281,49 @@ def test_integer_example_dtype_without_calibration_blames_the_flag(user_models, 
     result = _quantize(user_models, "build", tmp_path / "net.safetensors", "--example-dtype", "int64")
     assert_one_line_error(result, "--example-dtype gives the model integer inputs (int64)",
                           "leave out --example-dtype for float inputs")
+
+
+BAG_MODELS = """
+import torch
+from torch import nn
+
+
+class SmallBag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(100, 8, mode="sum")
+        self.fc = nn.Linear(12, 4)
+
+    def forward(self, dense, idx, off):
+        return self.fc(torch.cat([dense, self.bag(idx, off)], 1))
+
+
+def smallbag():
+    torch.manual_seed(0)
+    return SmallBag().eval()
+"""
+BAG_SHAPES = ("--example-shape", "8,4", "--example-shape", "24", "--example-shape", "8",
+              "--example-dtype", "float32", "--example-dtype", "int64", "--example-dtype", "int64")
+
+
+def test_a_bag_model_with_offsets_quantizes_from_its_calibration_file(tmp_path, monkeypatch):
+    """The example inputs were ones for integer inputs even with --calibration: offsets [1, 1, ...]
+    are invalid, and the error said "Pass example_inputs as a tuple", which no option does."""
+    from safetensors.torch import save_file
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bagmodels.py").write_text(BAG_MODELS)
+    gen = torch.Generator().manual_seed(0)
+    save_file({key: value for b in range(3) for key, value in (
+        (f"dense/{b}", torch.randn(8, 4, generator=gen)), (f"idx/{b}", torch.randint(0, 100, (24,), generator=gen)),
+        (f"off/{b}", torch.arange(0, 24, 3)))}, str(tmp_path / "cal.safetensors"))
+    try:
+        done = invoke("quantize", "bagmodels:smallbag", *BAG_SHAPES, "--calibration", "cal.safetensors",
+                      "--out", "bag.safetensors", "--backend", "reference", "--json")
+        assert done.exit_code == 0, done.stderr
+        assert "bag" in done.json()["report"]["quantized"]
+        without = invoke("quantize", "bagmodels:smallbag", *BAG_SHAPES, "--mode", "dynamic",
+                         "--out", "bag2.safetensors", "--backend", "reference")
+        assert_one_line_error(without, "offsets[0] has to be 0", "--calibration FILE: its first batch is the example")
+    finally:
+        sys.modules.pop("bagmodels", None)

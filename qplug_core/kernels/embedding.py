@@ -8,6 +8,7 @@ The per-row qparams come from the row's min/max (the op's own rule), not from ca
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
@@ -16,12 +17,16 @@ from qplug_core.kernels.base import KernelContext, engine_context
 _Q = torch.ops.quantized
 
 
-def _pack_rows(mod: nn.Module, engine: str | None) -> torch.Tensor:
+def _pack_rows(mod: nn.Module, engine: str | None, zero_row: int | None = None) -> torch.Tensor:
+    """The table's 8-bit rows; ``zero_row`` is packed as zeros (exactly: its scale and minimum are 0)."""
     if mod.max_norm is not None:
         raise ConstraintViolationError(f"{type(mod).__name__}: max_norm renormalises rows at run "
                                        f"time and cannot be quantized ahead of time", field="max_norm")
+    weight = mod.weight.detach().float().clone()
+    if zero_row is not None:
+        weight[zero_row] = 0
     with engine_context(engine):
-        return _Q.embedding_bag_byte_prepack(mod.weight.detach().float().contiguous())
+        return _Q.embedding_bag_byte_prepack(weight.contiguous())
 
 
 def _lookup(packed: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
@@ -56,9 +61,9 @@ class Embedding(nn.Module):
 class EmbeddingBag(nn.Module):
     """``nn.EmbeddingBag`` (mode sum or mean) over 8-bit rows.
 
-    The op only sums and has no padding argument: ``padding_idx`` entries are dropped from their
-    bags before the lookup (out of the sum and the bag size, as in ``nn.EmbeddingBag``), and
-    ``mean`` is a weighted sum with weights 1/bag-size. ``max`` has no 8-bit kernel and is refused at build.
+    The op only sums and has no padding argument. ``padding_idx`` entries add nothing because that
+    row is packed as zeros (``nn.EmbeddingBag`` never reads it), and ``mean`` is a weighted sum with
+    weights 1/(entries not padding). ``max`` has no 8-bit kernel and is refused at build.
     """
 
     def __init__(self, packed: torch.Tensor, mode: str, include_last_offset: bool,
@@ -72,7 +77,8 @@ class EmbeddingBag(nn.Module):
         if mod.mode not in ("sum", "mean"):
             raise ConstraintViolationError(f"EmbeddingBag: mode={mod.mode!r} has no 8-bit kernel "
                                            f"(sum and mean only)", field="mode", value=mod.mode)
-        return cls(_pack_rows(mod, engine), mod.mode, mod.include_last_offset, mod.padding_idx)
+        return cls(_pack_rows(mod, engine, zero_row=mod.padding_idx), mod.mode, mod.include_last_offset,
+                   mod.padding_idx)
 
     @classmethod
     def from_context(cls, ctx: KernelContext) -> EmbeddingBag:
@@ -89,26 +95,22 @@ class EmbeddingBag(nn.Module):
                 per_sample_weights = per_sample_weights.reshape(-1)
         elif offsets is None:
             raise ConfigValidationError("EmbeddingBag: 1-D indices need offsets", field="offsets")
-        if self.mode == "mean" and per_sample_weights is not None:
-            raise ConfigValidationError("EmbeddingBag: per_sample_weights need mode='sum'",
-                                        field="per_sample_weights")
-        if self.padding_idx is not None:
-            indices, offsets, per_sample_weights = _drop_entries(indices != self.padding_idx, indices,
-                                                                 offsets, per_sample_weights)
         if self.mode == "mean":
+            if per_sample_weights is not None:
+                raise ConfigValidationError("EmbeddingBag: per_sample_weights need mode='sum'",
+                                            field="per_sample_weights")
             ends = offsets[1:] if include_last else torch.cat(
                 [offsets[1:], offsets.new_tensor([indices.numel()])])
-            counts = ends - offsets[: ends.numel()]
-            per_sample_weights = torch.repeat_interleave(1.0 / counts.clamp(min=1).float(), counts)
+            starts = offsets[: ends.numel()]
+            sizes = ends - starts
+            counts = sizes if self.padding_idx is None else _entries_kept(indices != self.padding_idx,
+                                                                          starts, ends)
+            per_sample_weights = torch.repeat_interleave(1.0 / counts.clamp(min=1).float(), sizes)
         return _lookup(self.packed_weight, indices, offsets.to(indices.dtype), per_sample_weights,
                        include_last)
 
 
-def _drop_entries(kept: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
-                  per_sample_weights: torch.Tensor | None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The bags without the entries not ``kept``: each offset moves back by the entries dropped
-    before it. Cheaper than zero weights: the op's unweighted sum stays usable and has less to read."""
-    kept_before = torch.cat([kept.new_zeros(1, dtype=offsets.dtype), kept.cumsum(0).to(offsets.dtype)])
-    weights = None if per_sample_weights is None else per_sample_weights[kept]
-    return indices[kept], kept_before[offsets], weights
+def _entries_kept(kept: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """How many entries of each bag (``starts`` to ``ends``) are ``kept``."""
+    kept_before = F.pad(kept.cumsum(0), (1, 0))
+    return kept_before.index_select(0, ends.long()) - kept_before.index_select(0, starts.long())

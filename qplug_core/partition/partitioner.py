@@ -13,6 +13,11 @@ Differences from torch, on purpose:
   operator support accepts placeholders or outputs (fusing those would break the graph);
 * ``call_method`` and ``call_module`` nodes count as compute nodes for the single-node rule
   (torch counts only ``call_function`` nodes, so it drops partitions made of modules);
+* a ``getitem`` joins the partition of the node it takes an item *of* (its first argument), and
+  only when that node's users all take constant items of it (a tuple unpacked). torch moves the
+  getitem users of every node whose users are all getitems, until nothing moves: ``Z[:, li, lj]``
+  is such a user of ``Z``, ``li`` and ``lj``, which may sit in three partitions, so it moved between
+  them forever. Indexing a tensor is an ordinary op, its index tensors ordinary inputs;
 * passes that cannot change anything (no new partition, nothing merged since the last pass)
   are skipped; they would be no-ops in torch too.
 """
@@ -32,6 +37,19 @@ from qplug_core.partition.support import CALLABLE_OPS, OperatorSupportBase, qual
 __all__ = ["Partition", "CapabilityBasedPartitioner"]
 
 DEFAULT_NON_COMPUTE_OPS = frozenset({"torch.ops.aten.view", "_operator.getitem"})
+
+
+def _is_constant_item(node: Node) -> bool:
+    return (node.op == "call_function" and node.target is operator.getitem
+            and isinstance(node.args[1], int))
+
+
+def _takes_item_of_tuple(node: Node) -> bool:
+    """``node`` is ``t[k]`` for a constant ``k`` and every user of ``t`` is such an item of it."""
+    if not _is_constant_item(node) or not isinstance(node.args[0], Node):
+        return False
+    producer = node.args[0]
+    return all(_is_constant_item(u) and u.args[0] is producer for u in producer.users)
 
 
 class Partition:
@@ -144,25 +162,22 @@ class CapabilityBasedPartitioner:
 
     def _reassign_getitems(self, partitions: dict[int, Partition],
                            assignment: dict[Node, int]) -> None:
-        """Put ``getitem`` users of a tuple-producing node into the producer's partition."""
-        while True:
-            moves: dict[Node, int | None] = {}
-            for node in self.graph_module.graph.nodes:
-                if all(u.op == "call_function" and u.target is operator.getitem
-                       for u in node.users):
-                    pid = assignment.get(node)
-                    for user in node.users:
-                        if assignment.get(user) != pid:
-                            moves[user] = pid
-            if not moves:
-                return
-            for node, pid in moves.items():
-                old = assignment.pop(node, None)
-                if old is not None:
-                    partitions[old].remove_node(node)
-                if pid is not None:
-                    assignment[node] = pid
-                    partitions[pid].add_node(node)
+        """Put each item taken of a tuple into the partition of the node making the tuple.
+
+        Each such getitem has one producer, which comes before it in graph order, so one pass in
+        that order settles chains of getitems (``t[0][1]``) and ends with the graph. Moving a node
+        whose only input is in a partition into that partition cannot make the partitions cyclic.
+        """
+        for node in self.graph_module.graph.nodes:
+            if not _takes_item_of_tuple(node):
+                continue
+            pid = assignment.get(node.args[0])
+            old = assignment.pop(node, None)
+            if old is not None:
+                partitions[old].remove_node(node)
+            if pid is not None:
+                assignment[node] = pid
+                partitions[pid].add_node(node)
 
     def _compute_count(self, partition: Partition) -> int:
         count = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import threading
 
 import pytest
 import torch
@@ -186,3 +187,31 @@ def test_dtype_rule_without_metadata_is_graph_error():
     support = OperatorSupport({torch.add: (([torch.float32],), {})})
     with pytest.raises(GraphError, match="no dtype metadata"):
         CapabilityBasedPartitioner(gm, support).propose_partitions()
+
+
+class DotInteraction(nn.Module):
+    """DLRM's pairwise interaction: the lower triangle of ``T @ T^T``, taken with index tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bot, self.top = nn.Linear(8, 16), nn.Linear(6, 1)
+
+    def forward(self, x):
+        t = self.bot(x).view(-1, 4, 4)
+        z = torch.bmm(t, t.transpose(1, 2))
+        li, lj = torch.tril_indices(4, 4, offset=-1)
+        return self.top(z[:, li, lj])
+
+
+def test_indexing_a_tensor_with_index_tensors_is_partitioned_and_returns():
+    """``z[:, li, lj]`` is a getitem user of ``z`` and of both index constants (outside any
+    partition): it was moved between their partitions forever. Run with a hard timeout."""
+    gm = fx.symbolic_trace(DotInteraction())
+    support = OperatorSupport({nn.Linear: None, torch.bmm: None, operator.getitem: None, "transpose": None})
+    found: list = []
+    worker = threading.Thread(target=lambda: found.append(
+        CapabilityBasedPartitioner(gm, support).propose_partitions()), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "propose_partitions did not return within 10 s"
+    assert names(found[0]) == [{"transpose", "bmm", "getitem", "top"}]

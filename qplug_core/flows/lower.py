@@ -144,8 +144,7 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     """Put ``spec``'s kernel in place of the region; '' if done, else why the region stays reference."""
     anchor = nodes.anchor
     compute, boundaries, output_quantize = _region_io(gm, nodes, tag)
-    if tag.dtype_config is not None and not tag.is_dynamic and tag.dtype_config.input_dtype is not None \
-            and not boundaries and _has_float_tensor_input(compute):
+    if _quantized_input(tag) and _unquantized_input(compute, boundaries):
         return _NOT_QUANTIZED
     if spec.passthrough:
         return "" if _lower_passthrough(gm, nodes, boundaries, output_quantize) else _NOT_QUANTIZED
@@ -325,9 +324,18 @@ def _input_boundaries(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
     return [a for a in node.all_input_nodes if is_module_call(gm, a, (Dequantize, DynamicQuantize))]
 
 
-def _has_float_tensor_input(node: fx.Node) -> bool:
+def _quantized_input(tag) -> bool:
+    """The region's kernel takes int8 activations (a weight-only op takes its float operands as they
+    are: an embedding bag's ``per_sample_weights``)."""
+    config = tag.dtype_config
+    return config is not None and not tag.is_dynamic and config.input_dtype in STORAGE_DTYPE
+
+
+def _unquantized_input(node: fx.Node, boundaries: list[fx.Node]) -> bool:
+    """A float tensor ``node`` reads not through a dequantize boundary: an int8 kernel, which takes
+    only the quantized tensors, would drop it (a ``cat`` of an int8 and a float value)."""
     return any(a.meta.get(VALUE_KIND) == "float_tensor" for a in node.all_input_nodes
-               if a.op != "get_attr")
+               if a.op != "get_attr" and a not in boundaries)
 
 
 def _single_user(node: fx.Node, gm: fx.GraphModule, cls: type) -> fx.Node | None:

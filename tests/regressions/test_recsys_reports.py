@@ -47,3 +47,68 @@ def test_the_dlrm_dot_interaction_quantizes_on_delegating_backends(backend, buff
         assert qp.sqnr(model(x), out) > 30  # 38.2 dB measured
         assert qp.sqnr(reference_form(int8)(x), out) > 50  # 60.2 dB
     assert qp.quantization_report(int8).partitions
+
+
+class CatOfIntAndFloat(nn.Module):
+    """DLRM's top-MLP input ``cat([x, Zf])``: an int8 value and a value float ops computed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.top = nn.Linear(8, 16), nn.Linear(22, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        z = torch.bmm(y.unsqueeze(1), y.unsqueeze(2)).flatten(1) * torch.ones(1, 6)
+        return self.top(torch.cat([h, z], dim=1))
+
+
+class WeightedBag(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(1000, 16, mode="sum")
+
+    def forward(self, idx: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return self.bag(idx, offsets, weights)
+
+
+def test_an_embedding_bag_with_per_sample_weights_runs_the_8_bit_row_kernel():
+    """The float ``per_sample_weights`` counted as an unquantized activation of this weight-only op:
+    no kernel ("its inputs or output are not quantized in this graph") and a model 12% larger than
+    float (72000 bytes against 64000)."""
+    torch.manual_seed(0)
+    model = WeightedBag().eval()
+    idx, offsets, weights = torch.randint(0, 1000, (40,)), torch.arange(0, 40, 5), torch.rand(40)
+    int8 = qp.quantize(model, (idx, offsets, weights), [(idx, offsets, weights)], backend="fbgemm")
+    assert qp.quantization_report(int8).kernels == {"bag": "quantized::embedding_bag_byte"}
+    assert sum(t.numel() * t.element_size() for t in int8.state_dict().values()) == 24000
+    idx, weights = torch.randint(0, 1000, (40,)), torch.rand(40)
+    with torch.no_grad():
+        expected = model(idx, offsets, weights)
+        assert (int8(idx, offsets, weights) - expected).abs().max() < 0.02  # 0.016 measured (torch.ao: 0.0149)
+        assert qp.sqnr(expected, int8(idx, offsets, weights)) > 40  # 48.4 dB
+
+
+def test_a_cat_reading_a_float_operand_is_not_offered_to_the_int8_kernel(recwarn):
+    """A graph whose cat reads a float operand (observed as before the fix above) was lowered with
+    only the dequantized operands as the kernel's inputs: the contract check caught the short
+    output and warned blaming the plugin. Such a cat now stays reference, with why, and no warning."""
+    torch.manual_seed(0)
+    model = CatOfIntAndFloat().eval()
+    batches = [(torch.randn(16, 8), torch.randn(16, 8)) for _ in range(4)]
+    observed = qp.prepare_fx(model, qp.get_default_qconfig_mapping("fbgemm"), batches[0], backend="fbgemm")
+    cat = next(n for n in observed.graph.nodes if n.target is torch.cat)
+    observer = cat.args[0][1]
+    if observer.op == "call_module":  # the float operand's observer, which prepare puts there now
+        cat.replace_input_with(observer, observer.args[0])
+        observed.graph.erase_node(observer)
+        observed.recompile()
+    for batch in batches:
+        observed(*batch)
+    int8 = qp.convert_fx(observed)
+    report = qp.quantization_report(int8)
+    assert "cat" not in report.kernels
+    assert report.reference["cat"] == "its inputs or output are not quantized in this graph"
+    assert not [w for w in recwarn if "contract" in str(w.message)]
+    x = (torch.randn(64, 8), torch.randn(64, 8))
+    with torch.no_grad():
+        assert qp.sqnr(model(*x), int8(*x)) > 30

@@ -88,14 +88,24 @@ class ObserverInserter:
             value, self.build(region.qconfig.activation), "input", reroute=False)
 
     def _share_input_observer(self, region: Region) -> None:
+        """The region reads its first input's observer and writes through it. Another input that
+        is float here (a ``cat`` of an int8 and a float value) is observed too, by its own observer
+        if it has one, else by the shared one (as torch.ao does): the int8 op takes only quantized
+        operands, and a float one was dropped."""
         source = region.inputs[0] if region.inputs else None
         observer = self.observer_of.get(source)
         if observer is None:
             region.quantized = False
             region.reason = "shares its input's qparams, but its input is float"
             return
+        reads = {source: observer}
+        for value in region.inputs[1:]:
+            read = self._read_by_consumers(value)
+            reads[value] = read if read is not value else self.observer_of.get(value) or \
+                self._add_observer_node(value, observer.target, "shared", reroute=False)
         for member in region.match.nodes:
-            member.replace_input_with(source, observer)
+            for value, read in reads.items():
+                member.replace_input_with(value, read)
         self._add_observer_node(region.anchor, observer.target, "shared", reroute=True)
 
     def _output_observer(self, region: Region) -> nn.Module:

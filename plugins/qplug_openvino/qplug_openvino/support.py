@@ -2,8 +2,14 @@
 
 Every call node goes to OpenVINO (the exporter translates the reference form's ATen ops to
 standard ONNX, and OpenVINO runs in float what it has no int8 kernel for, as the reference form
-does), except the recurrent layers: static mode leaves them float, and their tuple outputs cannot
-be a partition's outputs, so they and the nodes reading them stay in PyTorch.
+does), except:
+
+* the recurrent layers: static mode leaves them float, and their tuple outputs cannot be a
+  partition's outputs, so they and the nodes reading them stay in PyTorch;
+* ``nn.EmbeddingBag``: the exporter writes the bags as a Loop of Slice and ReduceSum, which
+  OpenVINO's ONNX frontend does not convert ("Unsupported input type dynamic"), and that failed the
+  whole partition, the layers after the bag included. The bag stays in PyTorch (its 8-bit rows in
+  reference form) and the rest of the partition compiles.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ class OpenVinoSupport(OperatorSupportBase):
             module = getattr(submodules[str(node.target)], "module", submodules[str(node.target)])
             if isinstance(module, _RECURRENT):  # the reference form wraps the float module
                 return f"a {type(module).__name__} stays a float layer in PyTorch (no static int8 RNN)"
+            if isinstance(module, nn.EmbeddingBag):
+                return ("OpenVINO does not convert its ONNX export (a Loop of Slice and ReduceSum over the "
+                        "bags), so the bag stays in PyTorch in reference form")
             return None
         if any(self.unsupported_reason(submodules, a) for a in node.all_input_nodes if a.op == "call_module"):
             return "it reads a recurrent layer left in PyTorch"

@@ -298,3 +298,28 @@ def test_recurrent_layers_stay_in_pytorch_with_the_reason():
     reasons = [r for r in report.outside.values() if "LSTM stays a float layer in PyTorch" in r]
     assert reasons, report.outside
 
+
+
+class BagThenLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag, self.fc = torch.nn.EmbeddingBag(100, 8, mode="sum"), torch.nn.Linear(8, 4)
+
+    def forward(self, idx: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.bag(idx, offsets))
+
+
+def test_an_embedding_bag_stays_in_pytorch_and_the_linear_after_it_compiles(recwarn):
+    # OpenVINO failed to convert the bag's export ("ReduceSum ... Unsupported input type dynamic"):
+    # the whole partition stayed reference, the Linear included, with a compile-failure warning
+    torch.manual_seed(0)
+    model = BagThenLinear().eval()
+    batches = [(torch.randint(1, 100, (40,)), torch.arange(0, 40, 4)) for _ in range(4)]
+    ov_model = qp.quantize(model, batches[0], batches, backend="openvino")
+    report = qp.quantization_report(ov_model)
+    assert report.kernels == {"fc": "delegate:delegate_0"}
+    assert "OpenVINO does not convert its ONNX export" in report.reference["bag"]
+    assert not [w for w in recwarn if "compiling partition" in str(w.message)]
+    idx = torch.randint(0, 100, (40,))
+    with torch.no_grad():
+        assert qp.sqnr(model(idx, batches[0][1]), ov_model(idx, batches[0][1])) > 30  # 40.8 dB measured

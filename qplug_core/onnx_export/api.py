@@ -74,8 +74,9 @@ def recorded_inputs(gm: fx.GraphModule) -> tuple[torch.Tensor, ...]:
 
 #: loggers of the exporter's stack whose warnings are not the user's news: torch.onnx's missing
 #: torchvision ops, onnxscript's constant folder giving up on a node ("Evaluation failed: ..."),
-#: which it then leaves unfolded
-_QUIET_LOGGERS = ("torch.onnx", "onnxscript")
+#: which it then leaves unfolded, onnx_ir's passes ("Skipped deduplication of initializer
+#: 'row_result' as it is a graph input or output", for each embedding bag)
+_QUIET_LOGGERS = ("torch.onnx", "onnxscript", "onnx_ir")
 
 
 def _exporter_quiet() -> contextlib.AbstractContextManager[None]:

@@ -128,3 +128,23 @@ def test_a_cat_reading_a_float_operand_is_not_offered_to_the_int8_kernel(recwarn
     x = (torch.randn(64, 8), torch.randn(64, 8))
     with torch.no_grad():
         assert qp.sqnr(model(*x), int8(*x)) > 30
+
+
+class _BagThenLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bag, self.fc = nn.EmbeddingBag(100, 16, mode="sum"), nn.Linear(16, 4)
+
+    def forward(self, indices, offsets):
+        return self.fc(self.bag(indices, offsets))
+
+
+def test_compiling_an_embedding_bag_for_onnx_runtime_logs_nothing(caplog):
+    """onnx_ir's initializer pass logged "Skipped deduplication of initializer 'row_result' as it
+    is a graph input or output" on stderr for every bag the exporter met."""
+    torch.manual_seed(0)
+    model = _BagThenLinear().eval()
+    indices, offsets = torch.randint(0, 100, (20,)), torch.tensor([0, 5, 10, 15])
+    int8 = qp.quantize(model, (indices, offsets), [(indices, offsets)], backend="onnxruntime")
+    assert qp.sqnr(model(indices, offsets), int8(indices, offsets)) > 30
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("onnx_ir")] == []

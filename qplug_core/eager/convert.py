@@ -4,7 +4,8 @@ With a backend that has kernels, each module becomes the kernel its pattern maps
 backend's kernel table, built from a :class:`KernelContext` holding the float module (QAT modules
 give ``to_float()``), the weight qparams (the qconfig's weight observer run on the weight, or the
 QAT weight fake quant's), the output qparams (``activation_post_process``) and the input qparams
-(``activation_pre_process``, see :mod:`qplug_core.eager.prepare`). QuantStub/DeQuantStub become the
+(``activation_pre_process``, see :mod:`qplug_core.eager.prepare`); where a backend rule chose
+those input qparams, the kernel's input is requantized to them first. QuantStub/DeQuantStub become the
 table's ``quantize``/``dequantize`` kernels and FloatFunctional a :class:`QFunctional`.
 
 The reference backend has no kernels: modules become :class:`SimulatedOutput` (weights rounded to
@@ -22,6 +23,7 @@ from torch import nn
 
 from qplug_core.config import QConfig
 from qplug_core.config.qconfig import remove_qconfig_attributes
+from qplug_core.eager.backend_rules import INPUT_REQUANTIZED
 from qplug_core.eager.float_modules import guard_float_modules
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
 from qplug_core.eager.prepare import INPUT_OBSERVER, OUTPUT_OBSERVER, observe_input, observe_output
@@ -35,6 +37,7 @@ from qplug_core.errors import (
 )
 from qplug_core.flows.regions import weight_name_of
 from qplug_core.flows.tags import EAGER_CONVERTED, EAGER_STATE
+from qplug_core.kernels._common import activation_qparams
 from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.nn.computed_weights import without_computed_weights
@@ -55,6 +58,21 @@ class SimulatedOutput(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         y = self.module(*args, **kwargs) if self.module is not None else args[0]
         return self.dequantize(self.quantize(y))
+
+
+class RequantizedInput(nn.Module):
+    """Runs ``kernel`` on its int8 input requantized to ``qparams``: the input qparams a backend
+    rule chose, which the module producing that input does not know of in eager mode."""
+
+    def __init__(self, kernel: nn.Module, qparams: QParams) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.scale, self.zero_point, _ = activation_qparams(qparams, "input_qparams[0]")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # a cat of one tensor requantizes it as it lies (channels_last after a conv); the table's
+        # dequantize + quantize make a contiguous float copy: 10x slower, measured
+        return self.kernel(torch.ops.quantized.cat([x], 1, self.scale, self.zero_point))
 
 
 def _uncalibrated(model: nn.Module) -> list[str]:
@@ -88,6 +106,7 @@ def _clean_float(module: nn.Module) -> nn.Module:
     clean = copy.copy(module)
     clean._modules = {k: v for k, v in module._modules.items() if k != OUTPUT_OBSERVER}
     clean.__dict__.pop(INPUT_OBSERVER, None)
+    clean.__dict__.pop(INPUT_REQUANTIZED, None)
     clean._forward_hooks = type(module._forward_hooks)(
         (k, h) for k, h in module._forward_hooks.items() if h is not observe_output)
     clean._forward_pre_hooks = type(module._forward_pre_hooks)(
@@ -151,10 +170,13 @@ class _Converter:
             return SimulatedOutput(float_module, output_qparams)
         pattern = type(float_module)
         try:
-            return self.kernels[pattern].build(self._context(
+            kernel = self.kernels[pattern].build(self._context(
                 pattern=pattern, module=float_module, target=None, args=(TensorArg(0),),
                 input_qparams=(input_qparams,), output_qparams=output_qparams,
                 weight_qparams=weight_qparams))
+            if module.__dict__.get(INPUT_REQUANTIZED):  # a backend rule chose these input qparams
+                return RequantizedInput(kernel, input_qparams)
+            return kernel
         except ConstraintViolationError as refusal:  # the kernel cannot compute it exactly: as lowering does
             warn_user(f"qplug: backend {self.backend.name!r}: kernel {self.kernels[pattern].op} refused a "
                       f"{pattern.__name__}: {refusal}; it runs in reference form between a dequantize and "

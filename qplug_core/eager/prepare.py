@@ -14,7 +14,8 @@ Input qparams: eager mode does not know which module produced a module's input, 
 module also gets an input observer (attribute ``activation_pre_process``, fed by a forward
 pre-hook, same observer kind as its output's; not a child module, so not in the state dict). When a module consumes another's output directly both see the same tensors
 and agree exactly; kernels use input qparams only to check the activation dtype and to guard the
-int32 bias against overflow (engines that quantize the bias).
+int32 bias against overflow (engines that quantize the bias). The backend's ``post_prepare`` rules
+tune these input observers too (:mod:`qplug_core.eager.backend_rules`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch.nn.utils.parametrize import type_before_parametrizations
 from qplug_core.config import ObservationType, QConfig, QConfigMapping
 from qplug_core.config.qconfig import check_optional_qconfig
 from qplug_core.config.qconfig_mapping import require_mapping
+from qplug_core.eager.backend_rules import apply_post_prepare_rules
 from qplug_core.eager.functional import FloatFunctional
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.eager.torch_ao_modules import adopt_torch_ao_modules
@@ -173,6 +175,8 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
                 module = qat_class.from_float(module, qconfig)
                 model.set_submodule(name, module)
         _attach(module, name, qconfig, with_input=with_input)
+    apply_post_prepare_rules([(module, module.__dict__[INPUT_OBSERVER]) for module in model.modules()
+                              if INPUT_OBSERVER in module.__dict__], chosen)
     setattr(model, EAGER_STATE, {"backend": chosen.name, "mode": mode})
     return model.train(is_qat)
 

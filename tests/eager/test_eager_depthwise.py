@@ -1,6 +1,7 @@
-"""Eager mode on fbgemm with a depthwise conv: eager prepare has no graph for fbgemm's 7-bit
-depthwise pass, so the conv's inputs keep 8 bits and fbgemm's kernel refuses them (its int16 pair
-sums would saturate); the conv runs in reference form instead, with a warning."""
+"""Eager mode on fbgemm with a depthwise conv: eager prepare runs fbgemm's 7-bit depthwise rule on
+the conv's input observer, and convert requantizes the conv's input to it, so fbgemm's kernel (whose
+int16 pair sums saturate on 8-bit inputs) runs it exactly. A model prepared for another backend
+brings 8-bit inputs: the kernel refuses them and the conv runs in reference form, with a warning."""
 
 from __future__ import annotations
 
@@ -29,23 +30,45 @@ class DepthwiseNet(nn.Module):
         return self.dequant(self.fc(torch.flatten(x, 1)))
 
 
-def _converted(backend: str) -> nn.Module:
+def _converted(backend: str, prepared_for: str | None = None) -> nn.Module:
     torch.manual_seed(0)
     model = DepthwiseNet().eval()
     with torch.no_grad():
         model.depthwise.weight.abs_()  # positive weights on non-negative inputs: pairs add up
-    observed = qp.eager.prepare(qp.eager.fuse_modules(model, [["conv", "relu"]]), backend=backend)
+    fused = qp.eager.fuse_modules(model, [["conv", "relu"]])
+    observed = qp.eager.prepare(fused, backend=prepared_for or backend)
     with torch.no_grad():
         for seed in range(4):
             observed(torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(seed)))
     return qp.eager.convert(observed, backend=backend)
 
 
-def test_a_depthwise_conv_fbgemm_refuses_runs_in_reference_form_with_a_warning():
+def _depthwise_input_integers(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The integers fbgemm's depthwise kernel receives."""
+    seen = []
+    kernel = model.depthwise.kernel
+    handle = kernel.register_forward_pre_hook(lambda module, args: seen.append(args[0].int_repr()))
+    with torch.no_grad():
+        model(x)
+    handle.remove()
+    return seen[0]
+
+
+def test_a_depthwise_conv_prepared_for_fbgemm_runs_on_its_kernel_with_7_bit_inputs(recwarn):
+    on_fbgemm = _converted("fbgemm")
+    assert [str(w.message) for w in recwarn if str(w.message).startswith("qplug: ")] == []
+    reference = _converted("reference")
+    x = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(9))
+    assert int(_depthwise_input_integers(on_fbgemm, x).max()) <= 127
+    with torch.no_grad():
+        assert float(sqnr(reference(x), on_fbgemm(x))) > 30  # ~20 dB when the kernel ran saturated
+
+
+def test_a_depthwise_conv_prepared_for_another_backend_runs_in_reference_form_with_a_warning():
     with pytest.warns(UserWarning, match=r"backend 'fbgemm': kernel quantized::conv2d refused a Conv2d: .*"
                                          r"it runs in reference form between a dequantize and a quantize"):
-        on_fbgemm = _converted("fbgemm")
+        on_fbgemm = _converted("fbgemm", prepared_for="qnnpack")
     reference = _converted("reference")
     x = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(9))
     with torch.no_grad():
-        assert float(sqnr(reference(x), on_fbgemm(x))) > 35  # was ~20 dB when the kernel ran saturated
+        assert float(sqnr(reference(x), on_fbgemm(x))) > 35

@@ -56,5 +56,5 @@ def check_depthwise_pairs(ctx: KernelContext) -> None:
         f"CPU, and this one's input integers reach {input_max} and its weight integers {weight_max}: a pair "
         f"can reach {2 * input_max * weight_max:,}. Its qparams were not chosen for fbgemm: qp.quantize and "
         f"qp.prepare_fx for fbgemm give depthwise inputs 7 bits ([0, {REDUCED_QUANT_MAX}]), which the kernel "
-        f"runs exactly (in eager mode, give the observer of this conv's input quant_max={REDUCED_QUANT_MAX})",
+        f"runs exactly; so does qp.eager.prepare(..., backend='fbgemm')",
         field="input_qparams[0]", value=(activation.quant_min, activation.quant_max))

@@ -8,8 +8,8 @@ depthwise conv's outputs were off by up to 43 quantization steps. With activatio
 pair stays within 32,512, and the outputs match the reference. So the values feeding depthwise
 convs get 7-bit qparams, and every other activation keeps 8 bits (on CPUs without VNNI the core's
 default qparams make the weights 7-bit instead, which keeps the dense GEMMs' pairs within int16).
-Qparams chosen without this pass (a model quantized for another backend) are refused by the kernel
-when it is built (``kernels.py``).
+Eager prepare runs this pass too, on each module's input observer. Qparams chosen without it (a
+model quantized for another backend) are refused by the kernel when it is built (``kernels.py``).
 """
 
 from __future__ import annotations

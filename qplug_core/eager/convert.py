@@ -26,7 +26,13 @@ from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.eager.backend_rules import INPUT_REQUANTIZED
 from qplug_core.eager.float_modules import guard_float_modules
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
-from qplug_core.eager.prepare import INPUT_OBSERVER, OUTPUT_OBSERVER, observe_input, observe_output
+from qplug_core.eager.prepare import (
+    INPUT_OBSERVER,
+    OUTPUT_OBSERVER,
+    observe_input,
+    observe_output,
+    require_per_module_kernels,
+)
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import (
     ConfigValidationError,
@@ -235,7 +241,8 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
         raise ConfigValidationError(
             "this model was not prepared by qplug's eager mode (no qplug_eager_state); call "
             "qp.eager.prepare or qp.eager.prepare_qat and calibrate it first", field="model")
-    chosen = get_backend(backend if backend is not None else state["backend"]).require_available()
+    chosen = require_per_module_kernels(
+        get_backend(backend if backend is not None else state["backend"]).require_available())
     _check_quant_stub(model)
     missing = _uncalibrated(model)
     if missing:

@@ -150,6 +150,19 @@ def _plan(model: nn.Module, qconfigs: dict[str, QConfig | None], backend: Backen
     return plan
 
 
+def require_per_module_kernels(backend: Backend) -> Backend:
+    """``backend``, unless it compiles graphs: eager mode has no graph to hand it, and its convert
+    would give the reference backend's simulated int8 (float ops, slower than float) in silence."""
+    if backend.kernels or backend.delegate is None:
+        return backend
+    raise ConfigValidationError(
+        f"backend {backend.name!r} compiles int8 graphs, and eager mode swaps modules for per-module "
+        f"kernels: it has no graph to give {backend.name!r}. Quantize with graph mode for this backend "
+        f"(qp.quantize(model, example_inputs, calibration_data, backend={backend.name!r}), or qp.prepare_fx "
+        "and qp.convert_fx), or use eager mode with a backend that has kernels (fbgemm, qnnpack)",
+        field="backend", value=backend.name)
+
+
 def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: Any,
              inplace: bool, is_qat: bool) -> nn.Module:
     if not isinstance(model, nn.Module):
@@ -158,7 +171,7 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
     if getattr(model, EAGER_STATE, None) is not None:
         raise ConfigValidationError("this model is already prepared; prepare the float model once",
                                     field="model")
-    chosen = resolve_backend(backend)
+    chosen = require_per_module_kernels(resolve_backend(backend))
     mode = "qat" if is_qat else "static"
     mapping = chosen.default_qconfig_mapping(mode) if qconfig_mapping is None else qconfig_mapping
     mapping = require_mapping(mapping)

@@ -130,6 +130,9 @@ class LayerComparison:
     num_outputs: int
     #: a compiled partition only: SQNR of its output against its reference form (same inputs)
     reference_sqnr_db: float | None = None
+    #: a compiled partition with integer or bool outputs (topk indices, argmax masks): the fraction
+    #: of their elements equal to the float form's; the SQNR figures are of its float outputs only
+    integer_agreement: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: _json_float(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -180,15 +183,19 @@ class ComparisonReport:
         for column in ("float", "quantized"):
             table.add_column(column, max_width=20, overflow="ellipsis")
         partitions = any(layer.reference_sqnr_db is not None for layer in self.layers)
-        for column in ("SQNR dB", *(("vs ref dB",) if partitions else ()), "max |err|", "rel L2"):
+        integers = any(layer.integer_agreement is not None for layer in self.layers)
+        for column in ("SQNR dB", *(("vs ref dB",) if partitions else ()), "max |err|", "rel L2",
+                       *(("ints equal",) if integers else ())):
             table.add_column(column, justify="right")
         for layer in self.layers:
             vs_reference = (() if not partitions else ("" if layer.reference_sqnr_db is None
                                                        else f"{layer.reference_sqnr_db:.1f}",))
+            agreement = (() if not integers else ("" if layer.integer_agreement is None
+                                                  else f"{layer.integer_agreement:.1%}",))
             table.add_row(layer.name, layer.float_type, layer.quant_type,
                           Text(f"{layer.sqnr_db:.1f}", style=_sqnr_style(layer.sqnr_db)),
                           *vs_reference, f"{layer.max_abs_err:.3g}", f"{layer.rel_l2_err:.3g}",
-                          style="bold" if layer.name in worst else None)
+                          *agreement, style="bold" if layer.name in worst else None)
         summary = Text.assemble(
             "output: SQNR ", (f"{self.output_sqnr_db:.1f} dB", _sqnr_style(self.output_sqnr_db)),
             f", cosine {self.output_cosine:.6f}, max |err| {self.output_max_abs_err:.3g}"

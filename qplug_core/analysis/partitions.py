@@ -11,7 +11,10 @@ inputs it really receives in the int8 model and its output compared with
   float values before quantization, and the float model's own layers where the float model has a
   module of the same name and type): what int8 changed.
 
-Integer outputs are compared after dequantizing them with the Dequantize that reads them.
+Quantized outputs are compared after dequantizing them with the Dequantize that reads them.
+Integer and bool outputs that no Dequantize reads (topk indices, argmax masks: post-processing
+compiled into the partition) are not measurements: a near-tie picks another index, 1,000 apart.
+They are compared for equality (``integer_agreement``) and kept out of the SQNR figures.
 """
 
 from __future__ import annotations
@@ -117,6 +120,21 @@ def _as_float(value: torch.Tensor, reader: nn.Module | None) -> torch.Tensor:
     return reader(value) if reader is not None else value.to(torch.float32)
 
 
+class _Agreement:
+    """Running count of equal elements of integer outputs."""
+
+    def __init__(self) -> None:
+        self.equal = self.total = 0
+
+    def update(self, reference: torch.Tensor, test: torch.Tensor) -> None:
+        self.equal += int((reference == test).sum())
+        self.total += reference.numel()
+
+    @property
+    def fraction(self) -> float | None:
+        return self.equal / self.total if self.total else None
+
+
 @dataclasses.dataclass
 class PartitionComparisons:
     """One row per compiled partition, and the layers inside them (name -> partition): those
@@ -146,6 +164,7 @@ def partition_comparisons(float_model: nn.Module, qmodel: nn.Module,
     readers = {name: _readers(qmodel, node) for name, node in calls.items()}
     vs_float = {name: ErrorStats() for name in calls}
     vs_reference = {name: ErrorStats() for name in calls}
+    agreement = {name: _Agreement() for name in calls}
     shapes: dict[str, tuple[int, ...]] = {}
     counts = dict.fromkeys(calls, 0)
     for args in batches:
@@ -158,16 +177,19 @@ def partition_comparisons(float_model: nn.Module, qmodel: nn.Module,
             float_out = float_out if isinstance(float_out, (tuple, list)) else (float_out,)
             for i, (got, want, exact) in enumerate(zip(outputs, reference, float_out)):
                 reader = readers[name].get(i)
+                if reader is None and not got.is_floating_point():  # indices, masks (module docstring)
+                    agreement[name].update(exact, got)
+                    continue
                 got_f = _as_float(got, reader)
                 vs_reference[name].update(_as_float(want, reader), got_f)
                 vs_float[name].update(exact, got_f)
                 shapes.setdefault(name, tuple(got.shape))
-            counts[name] += 1
+            counts[name] += len(outputs)
     modules = dict(qmodel.named_modules())
     return PartitionComparisons([LayerComparison(
         name=name, float_type="float form", quant_type=type(modules[name]).__name__,
         sqnr_db=vs_float[name].sqnr_db, max_abs_err=vs_float[name].max_abs,
         rel_l2_err=vs_float[name].rel_l2_err, cosine=vs_float[name].cosine,
         shape=shapes.get(name, ()), num_outputs=counts[name],
-        reference_sqnr_db=vs_reference[name].sqnr_db)
+        reference_sqnr_db=vs_reference[name].sqnr_db, integer_agreement=agreement[name].fraction)
         for name in calls if counts[name]], inside)

@@ -231,8 +231,21 @@ def _conv_padding(mod: nn.Module, name: str) -> list[int]:
     return [t // 2 for t in totals]
 
 
+_SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
+
+
 class _ConvNd(_PackedWeightKernel):
     _dim: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # torch's float convs take an unbatched (C, *spatial) input too; the quantized ops do not
+        if x.dim() == self._dim + 1:
+            return super().forward(x.unsqueeze(0)).squeeze(0)
+        if x.dim() != self._dim + 2:
+            raise InputMismatchError(
+                f"int8 {type(self).__name__} takes {self._dim + 2}-D inputs (N, C, {_SPATIAL[self._dim]}) or "
+                f"unbatched {self._dim + 1}-D ones, as the float conv does; got shape {tuple(x.shape)}")
+        return super().forward(x)
 
     @classmethod
     def _check_module(cls, mod: nn.Module) -> None:

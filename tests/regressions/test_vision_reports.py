@@ -9,7 +9,7 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.eager import DeQuantStub, QuantStub
-from qplug_core.errors import ConfigValidationError
+from qplug_core.errors import ConfigValidationError, InputMismatchError
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
 
@@ -117,3 +117,25 @@ def test_compare_rates_a_partition_by_its_float_outputs_and_counts_equal_indices
     assert row.sqnr_db > float_outputs - 3
     assert row.integer_agreement is not None and 0.9 < row.integer_agreement <= 1.0
     assert row.num_outputs == 4 * len(batches)
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
+def test_an_unbatched_image_runs_as_the_float_model_runs_it(backend):
+    """The float convs take an unbatched (C, H, W) image; the int8 model said it needed 3 channels
+    (dimension 1), which the image had: it lacked the batch dimension."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    quantized = qp.quantize(model, (torch.randn(1, 3, 16, 16),), [torch.randn(2, 3, 16, 16)], backend=backend)
+    image = torch.randn(3, 16, 16)
+    with torch.no_grad():
+        got, batched = quantized(image), quantized(image.unsqueeze(0))
+        assert torch.equal(got, batched[0])
+        assert float(qp.sqnr(model(image), got)) > 30
+
+
+def test_an_input_of_another_rank_is_refused_with_the_ranks_the_conv_takes():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1)).eval()
+    quantized = qp.quantize(model, (torch.randn(1, 3, 16, 16),), [torch.randn(2, 3, 16, 16)], backend="fbgemm")
+    with pytest.raises(InputMismatchError, match=r"int8 Conv2d takes 4-D inputs \(N, C, H, W\) or "
+                                                    r"unbatched 3-D ones.*got shape \(16, 16\)"):
+        quantized(torch.randn(16, 16))

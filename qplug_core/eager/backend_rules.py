@@ -18,10 +18,8 @@ from torch import fx, nn
 
 from qplug_core.enums import Stage
 from qplug_core.flows.pipeline import plugin_passes
-from qplug_core.flows.tags import OBSERVER
+from qplug_core.flows.tags import EAGER_INPUT_REQUANTIZED, OBSERVER
 from qplug_core.registry.backends import Backend
-
-INPUT_REQUANTIZED = "qplug_input_requantized"
 
 
 def _range(observer: nn.Module) -> tuple:
@@ -52,4 +50,4 @@ def apply_post_prepare_rules(modules: Iterable[tuple[nn.Module, nn.Module]], bac
         for pass_ in passes:
             pass_(graph_module)
         if _range(input_observer) != before:
-            module.__dict__[INPUT_REQUANTIZED] = True
+            module.__dict__[EAGER_INPUT_REQUANTIZED] = True

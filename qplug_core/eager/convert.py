@@ -23,7 +23,6 @@ from torch import nn
 
 from qplug_core.config import QConfig
 from qplug_core.config.qconfig import remove_qconfig_attributes
-from qplug_core.eager.backend_rules import INPUT_REQUANTIZED
 from qplug_core.eager.float_modules import guard_float_modules
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
 from qplug_core.eager.prepare import (
@@ -42,7 +41,7 @@ from qplug_core.errors import (
     warn_user,
 )
 from qplug_core.flows.regions import weight_name_of
-from qplug_core.flows.tags import EAGER_CONVERTED, EAGER_STATE
+from qplug_core.flows.tags import EAGER_CONVERTED, EAGER_INPUT_REQUANTIZED, EAGER_STATE
 from qplug_core.kernels._common import activation_qparams
 from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
@@ -112,7 +111,7 @@ def _clean_float(module: nn.Module) -> nn.Module:
     clean = copy.copy(module)
     clean._modules = {k: v for k, v in module._modules.items() if k != OUTPUT_OBSERVER}
     clean.__dict__.pop(INPUT_OBSERVER, None)
-    clean.__dict__.pop(INPUT_REQUANTIZED, None)
+    clean.__dict__.pop(EAGER_INPUT_REQUANTIZED, None)
     clean._forward_hooks = type(module._forward_hooks)(
         (k, h) for k, h in module._forward_hooks.items() if h is not observe_output)
     clean._forward_pre_hooks = type(module._forward_pre_hooks)(
@@ -180,7 +179,7 @@ class _Converter:
                 pattern=pattern, module=float_module, target=None, args=(TensorArg(0),),
                 input_qparams=(input_qparams,), output_qparams=output_qparams,
                 weight_qparams=weight_qparams))
-            if module.__dict__.get(INPUT_REQUANTIZED):  # a backend rule chose these input qparams
+            if module.__dict__.get(EAGER_INPUT_REQUANTIZED):  # a backend rule chose these input qparams
                 return RequantizedInput(kernel, input_qparams)
             return kernel
         except ConstraintViolationError as refusal:  # the kernel cannot compute it exactly: as lowering does

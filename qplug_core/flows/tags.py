@@ -57,6 +57,8 @@ ARTIFACT = "qplug_artifact"
 EAGER_STATE = "qplug_eager_state"
 #: attribute of an eager-mode model converted by ``qp.eager.convert``: the backend's name
 EAGER_CONVERTED = "qplug_eager_converted"
+#: an eager module attribute: a backend rule chose its input qparams, convert requantizes to them
+EAGER_INPUT_REQUANTIZED = "qplug_input_requantized"
 #: GraphModule.meta: the capture level used ("symbolic" or "export")
 CAPTURE = "qplug_capture"
 #: GraphModule.meta: submodules left opaque because capture failed, (name, type, reason)

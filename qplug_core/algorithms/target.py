@@ -20,6 +20,8 @@ transformer default) also requires. The decisions are in ``qmodel.meta["qplug_ta
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +55,15 @@ __all__ = ["TARGET", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_targe
 TARGET_FALLBACKS = ("auto", "per_token", "dynamic", "float")
 #: the values of ``Target.score``: "auto" scores a sentence encoder by its pooled embedding
 SCORES = ("auto", "embedding", "output")
+
+
+#: the fields of ``Target`` that hold thresholds: each None or a finite real number
+NUMERIC_FIELDS = ("cosine", "min_cosine", "sqnr", "minimum", "channel_cosine", "neighbours")
+
+
+def _is_finite_real(value: object) -> bool:
+    """A real number (a bool is not one here) that is neither NaN nor infinite."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,11 @@ class Target:
                                         "must reach minimum", field="minimum", value=self.minimum)
         if self.metric is not None:
             check_metric(self.metric, "Target.metric")
+        for name in NUMERIC_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not _is_finite_real(value):
+                raise ConfigValidationError(f"Target.{name} must be a finite number, got {value!r}",
+                                            field=name, value=value)
         for name in ("cosine", "min_cosine", "channel_cosine"):
             value = getattr(self, name)
             if value is not None and not -1.0 <= value <= 1.0:

@@ -473,13 +473,25 @@ def swap_in_per_token(gm: nn.Module, layers: list[str], *, simulate: bool) -> li
         except AttributeError as error:
             raise ConfigValidationError(f"no module {name!r} to run per-token dynamic",
                                         field="layers", value=name) from error
-        if isinstance(module, FusedModule) and len(module) and type(module[0]) is nn.Linear:
-            name, module = f"{name}.0", module[0]  # LinearReLU: its linear, then its ReLU
-        if type(module) is not nn.Linear:
-            raise ConfigValidationError(f"{name!r} is a {type(module).__name__}, not a float "
+        fused = isinstance(module, FusedModule) and len(module) and type(module[0]) is nn.Linear
+        linear = module[0] if fused else module  # LinearReLU: its linear, then its ReLU
+        if type(linear) is not nn.Linear:
+            raise ConfigValidationError(f"{name!r} is a {type(linear).__name__}, not a float "
                                         "nn.Linear: it cannot run per-token dynamic",
                                         field="layers", value=name)
-        gm.set_submodule(name, PerTokenDynamicLinear.from_float(module, simulate=simulate,
-                                                                shared=shared))
-        replaced.append(name)
+        per_token = PerTokenDynamicLinear.from_float(linear, simulate=simulate, shared=shared)
+        gm.set_submodule(name, _with_first_child(module, per_token) if fused else per_token)
+        replaced.append(f"{name}.0" if fused else name)
     return replaced
+
+
+def _with_first_child(fused: nn.Sequential, first: nn.Module) -> nn.Sequential:
+    """A new container of ``fused``'s type holding ``first`` and ``fused``'s other children.
+
+    The container is replaced, not changed: the converted model shares its float modules with its
+    reference snapshot, which ``qp.save`` encodes and ``qp.export_onnx`` rebuilds from. It is made
+    past ``FusedModule``'s child type check, which guards fusion (float children only)."""
+    container = nn.Sequential.__new__(type(fused))
+    nn.Sequential.__init__(container, first, *list(fused)[1:])
+    container.train(fused.training)
+    return container

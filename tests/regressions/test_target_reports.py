@@ -4,13 +4,55 @@ numbers or the error they rely on."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
+import torch
+from torch import nn
 
 import qplug_core as qp
 from qplug_core.errors import ConfigValidationError
+from qplug_core.flows.tags import TARGET
+from qplug_core.kernels.per_token import PerTokenDynamicLinear
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).eval()
+    with torch.no_grad():
+        model[0].weight[:4] *= 40  # a few large output channels, as in trained nets
+    return model
+
+
+def _batches(count: int = 4) -> list[tuple[torch.Tensor]]:
+    torch.manual_seed(1)
+    return [(torch.randn(16, 32),) for _ in range(count)]
+
+
+def _tuned(fallback: str) -> torch.fx.GraphModule:
+    data = _batches()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return qp.quantize(_mlp(), data[0], data, backend="fbgemm",
+                           target=qp.Target(cosine=0.9999, fallback=fallback))
+
+
+@pytest.mark.parametrize("fallback", ["per_token", "dynamic"])
+def test_a_tuned_mlp_with_fused_linear_relu_saves_and_loads_bit_identical(tmp_path, fallback):
+    """The per-token linear was set inside the fused LinearReLU that the reference snapshot shares,
+    so qp.save met it there: "cannot recover the constructor argument 'weight_int8'"."""
+    qmodel = _tuned(fallback)
+    assert qmodel.meta[TARGET].decisions and {d.fallback for d in qmodel.meta[TARGET].decisions} <= {
+        fallback, "float"}
+    if fallback == "per_token":
+        assert isinstance(qmodel.get_submodule("0.0"), PerTokenDynamicLinear)
+    qp.save(qmodel, tmp_path / "m.safetensors")
+    loaded = qp.load(tmp_path / "m.safetensors")
+    x = torch.randn(16, 32)
+    with torch.no_grad():
+        assert torch.equal(qmodel(x), loaded(x))
 
 
 @pytest.mark.parametrize("kwargs,field,shown", [

@@ -31,6 +31,7 @@ from qplug_core.kernels.reference import (
 )
 from qplug_core.nn.intrinsic import LinearReLU
 from qplug_core.onnx_export.lstm import DynamicQuantizedLSTM, dynamic_lstm_problem
+from qplug_core.onnx_export.per_token import with_per_token_ops
 
 _INT32 = Q.quant_range(torch.qint32)
 
@@ -126,6 +127,7 @@ def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False) -> f
     DynamicQuantizeLinear, the closest standard ONNX has.
     """
     out = deepcopy_graph(gm)
+    with_per_token_ops(out)
     submodules = dict(out.named_modules())
     for node in out.graph.nodes:
         if node.op != "call_module":

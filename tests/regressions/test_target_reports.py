@@ -55,6 +55,24 @@ def test_a_tuned_mlp_with_fused_linear_relu_saves_and_loads_bit_identical(tmp_pa
         assert torch.equal(qmodel(x), loaded(x))
 
 
+@pytest.mark.parametrize("reload", [False, True], ids=["in-memory", "loaded"])
+def test_export_onnx_of_per_token_layers_computes_what_the_model_does(tmp_path, reload):
+    """torch.onnx traced into the per-token layers' oneDNN kernel: "Cannot access data pointer of
+    Tensor (e.g. FakeTensor ...)"; they are exported as per-row quantization in ONNX ops."""
+    ort = pytest.importorskip("onnxruntime")
+    qmodel = _tuned("per_token")
+    if reload:
+        qp.save(qmodel, tmp_path / "m.safetensors")
+        qmodel = qp.load(tmp_path / "m.safetensors")
+    path = qp.export_onnx(qmodel, tmp_path / "m.onnx")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = _batches(6)[5][0]
+    got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+    with torch.no_grad():
+        want = qmodel(x)
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
 @pytest.mark.parametrize("kwargs,field,shown", [
     ({"sqnr": math.nan}, "sqnr", "nan"), ({"sqnr": math.inf}, "sqnr", "inf"),
     ({"metric": lambda reference, quantized: 0.0, "minimum": math.nan}, "minimum", "nan"),

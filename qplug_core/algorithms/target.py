@@ -126,11 +126,23 @@ class Target:
 
     def misses(self, s: OutputScore) -> list[str]:
         """Which criteria ``s`` fails, as readable text (empty: the target is met)."""
+        return [f"{name} {_apart(got, want)}" for name, want, got in self._missed_criteria(s)]
+
+    def shortfall(self, s: OutputScore) -> tuple[int, float]:
+        """How far ``s`` is from the target, smaller is closer: the number of criteria missed,
+        then the largest miss relative to its wanted value (``(want - got) / |want|``), so that
+        tries missing in different units (dB, cosine, a metric) still compare."""
+        relative = [(want - got) / (abs(want) or 1.0) if math.isfinite(got) else math.inf
+                    for _, want, got in self._missed_criteria(s)]
+        return len(relative), max(relative, default=0.0)
+
+    def _missed_criteria(self, s: OutputScore) -> list[tuple[str, float, float]]:
+        """(name, wanted, got) of each criterion ``s`` fails."""
         checks = [("cosine", self.cosine, s.cosine_mean), ("min_cosine", self.min_cosine, s.cosine_min),
                   ("sqnr", self.sqnr, s.sqnr_db), ("metric", self.minimum, s.metric),
                   ("neighbours", self.neighbours, s.neighbours_kept),
                   ("channel_cosine", self.channel_cosine, s.channel_cosine_min)]
-        return [f"{name} {_apart(got, want)}" for name, want, got in checks
+        return [(name, want, got) for name, want, got in checks
                 if want is not None and got is not None and not got >= want]
 
     def ladder(self, backend: Any = None) -> tuple[str, ...]:
@@ -289,6 +301,8 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
 
     qmodel, base, final_mapping = run({})
     result = TargetResult(target, not target.misses(base), base, base, quantizations=0, errors=errors)
+    best = _Try(qmodel, base, final_mapping, [], 0, target.shortfall(base))
+    furthest = 0  # the most layers any try took out of static int8
     if not result.met:
         by_name = {e.name: e for e in errors}
         static = {n: by_name[n].errors.get("static", 0.0) for n in layers}
@@ -324,12 +338,14 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                      for g in out for n in g}
             if len(taken) == len(layers) and set(taken.values()) == {"float"}:
                 break  # the float model itself: not a quantization (the warning says so)
-            qmodel, result.final, final_mapping = run(taken)
-            result.met = not target.misses(result.final)
+            qmodel, final, final_mapping = run(taken)
+            result.met, furthest = not target.misses(final), len(taken)
             bar = (f"worst layer left in static int8: {staying:.2e}" if staying is not None
                    else f"no layer left in static int8; median layer {median:.2e}")
-            result.decisions = [decision(sub, rung, f" ({bar})")
-                                for g in out for rung, sub in _by_rung(g, taken)]
+            best = best.or_better(_Try(qmodel, final, final_mapping,
+                                       [decision(sub, rung, f" ({bar})") for g in out
+                                        for rung, sub in _by_rung(g, taken)],
+                                       len(taken), target.shortfall(final)), result.met)
         if not result.met and len(taken) == len(layers):
             # every layer is out and its rung alone still misses: the rungs' own error is what is
             # left (per-tensor dynamic on a CPU without VNNI), so the layers whose rung loses most
@@ -338,22 +354,44 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                           key=lambda n: -by_name[n].errors.get(taken[n], 0.0))
             for k in (k for k in _sizes(len(rest), len(rest)) if k < len(rest)):
                 escalated = {**taken, **{n: "float" for n in rest[:k]}}
-                qmodel, result.final, final_mapping = run(escalated)
-                result.met = not target.misses(result.final)
-                result.decisions = [decision(sub, rung, "" if before == rung else (
+                qmodel, final, final_mapping = run(escalated)
+                result.met = not target.misses(final)
+                best = best.or_better(_Try(qmodel, final, final_mapping, [decision(sub, rung, "" if before == rung else (
                     f"; float once every layer was out of static int8 and the target still missed "
                     f"(as {before}: {_group_error([by_name[n] for n in sub], before):.2e})"))
-                    for g in ranked for (rung, before), sub in _by_rung(g, escalated, taken)]
+                    for g in ranked for (rung, before), sub in _by_rung(g, escalated, taken)],
+                    len(escalated), target.shortfall(final)), result.met)
                 if result.met:
                     break
+    qmodel, result.final, final_mapping, result.decisions = best.qmodel, best.score, best.mapping, best.decisions
     result.quantizations = count
     if not result.met:
-        warn_user(_missed(target, result, len(layers)))
+        warn_user(_missed(target, result, len(layers), furthest))
     if strict:  # the same ConfigValidationError as qp.quantize(strict=True) if anything is float
         qmodel = quantize_fused(gm, inputs, batches, backend, final_mapping, progress=progress,
                                 strict=True, prepare_options=options)
     qmodel.meta[TARGET] = result
     return qmodel
+
+
+@dataclass
+class _Try:
+    """One converted model of the search, with what makes it better or worse than another."""
+
+    qmodel: fx.GraphModule
+    score: OutputScore
+    mapping: QConfigMapping
+    decisions: list[Decision]
+    out_of_static: int  # layers out of static int8: fewer run faster
+    shortfall: tuple[int, float]
+
+    def or_better(self, other: _Try, met: bool) -> _Try:
+        """``other`` if it met the target or comes closer to it than this one, or as close with
+        fewer layers out of static int8; else this one (the best model found is returned when
+        the target is missed)."""
+        if met or (other.shortfall, other.out_of_static) < (self.shortfall, self.out_of_static):
+            return other
+        return self
 
 
 def _sizes(first: int, total: int) -> list[int]:
@@ -369,19 +407,24 @@ def _sizes(first: int, total: int) -> list[int]:
     return sizes
 
 
-def _missed(target: Target, result: TargetResult, layers: int) -> str:
-    """The warning for a target the search could not meet, saying what was left to try."""
+def _missed(target: Target, result: TargetResult, layers: int, furthest: int) -> str:
+    """The warning for a target the search could not meet: the model returned (the best found)
+    and what was left to try (``furthest``: the most layers a try took out of static int8)."""
     taken = len(result.float_layers)
-    misses = "; ".join(target.misses(result.final))
-    if taken < layers:
-        return (f"qplug: accuracy target not met even with {taken} of {layers} layer(s) out of static "
-                f"int8: {misses}; the next step would have left every layer float, which is the "
+    rungs = ", ".join(sorted({d.fallback for d in result.decisions}))
+    returned = (f"the model returned is the best of the {result.quantizations} tried (fewest criteria "
+                "missed, then the smallest miss, then the most layers in static int8): "
+                + (f"{taken} of {layers} layer(s) out of static int8 (as {rungs})" if taken
+                   else "the all-int8 model, as no try came closer")
+                + f", missing {'; '.join(target.misses(result.final))}")
+    if furthest < layers:
+        return (f"qplug: accuracy target not met even with {furthest} of {layers} layer(s) out of static "
+                f"int8; {returned}; the next step would have left every layer float, which is the "
                 "float model, not a quantization")
-    rungs = sorted({d.fallback for d in result.decisions})
-    return (f"qplug: accuracy target not met with every weighted layer ({layers}) out of static int8 "
-            f"(as {', '.join(rungs)}): {misses}. The rest of the loss is in those fallbacks and in the "
-            "int8 ops without weights (matmuls, adds); qp.compare(float_model, qmodel, data) shows "
-            "where; a qconfig_mapping leaving those ops float goes further")
+    return (f"qplug: accuracy target not met even with every weighted layer ({layers}) out of static int8; "
+            f"{returned}. The rest of the loss is in the fallbacks and in the int8 ops without weights "
+            "(matmuls, adds); qp.compare(float_model, qmodel, data) shows where; a qconfig_mapping "
+            "leaving those ops float goes further")
 
 
 def _by_rung(group: list[str], taken: dict[str, str], before: dict[str, str] | None = None) -> list:

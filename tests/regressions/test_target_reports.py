@@ -73,6 +73,25 @@ def test_export_onnx_of_per_token_layers_computes_what_the_model_does(tmp_path, 
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
 
 
+def test_an_unmet_target_returns_the_best_model_found_not_the_last_try():
+    """A criterion no quantization meets (DistilBERT's near-tied neighbours) sent every layer out of
+    static int8 for nothing: the last try was returned, as good as all-int8 and slower."""
+    data = _batches()
+
+    def unreachable(reference, quantized):
+        return 0.0
+
+    with pytest.warns(UserWarning, match="best of the [0-9]+ tried.*the all-int8 model"):
+        qmodel = qp.quantize(_mlp(), data[0], data, backend="reference", recipe="none",
+                             target=qp.Target(metric=unreachable, minimum=1.0, group="layer"))
+    result = qmodel.meta[TARGET]
+    assert not result.met and result.quantizations > 1
+    assert result.decisions == [] and result.final == result.all_int8
+    all_int8 = qp.quantize(_mlp(), data[0], data, backend="reference", recipe="none")
+    with torch.no_grad():
+        assert torch.equal(qmodel(data[0][0]), all_int8(data[0][0]))
+
+
 @pytest.mark.parametrize("kwargs,field,shown", [
     ({"sqnr": math.nan}, "sqnr", "nan"), ({"sqnr": math.inf}, "sqnr", "inf"),
     ({"metric": lambda reference, quantized: 0.0, "minimum": math.nan}, "minimum", "nan"),

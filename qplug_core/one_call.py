@@ -19,7 +19,7 @@ from torch import fx, nn
 from qplug_core.algorithms.bias_correction import BiasCorrection, corrected_after_calibration
 from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
 from qplug_core.algorithms.recipes import RecipeRecord, looks_like_transformer
-from qplug_core.algorithms.target import TRANSFORMER_TARGET, Target, meet_target
+from qplug_core.algorithms.target import TARGET_MISSED, TRANSFORMER_TARGET, Target, meet_target
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, did_you_mean, notify, spelled, warn_user
 from qplug_core.flows import auto
@@ -175,10 +175,12 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
         calibration_data, options["target"] = _reiterable(calibration_data, options.get("target"))
     calibrated = []
     for base in bases:
-        with auto.held_warnings(base.name) as held:  # its kernels' warnings count only if it wins
+        # its kernels' warnings, and its target search's miss, count only if it (or a backend
+        # finished from it) wins
+        with auto.held_warnings(base.name) as held, auto.held_target_warnings(TARGET_MISSED) as missed:
             qmodel = quantize(model, example_inputs, calibration_data, backend=base,
                               qconfig_mapping=qconfig_mapping, **options)
-        calibrated.append(auto.Calibrated(qmodel, base, held))
+        calibrated.append(auto.Calibrated(qmodel, base, held, missed))
     others = [b for b in backends if b.name not in {base.name for base in bases}]
     return auto.choose(calibrated, others, untried, as_input_tuple(example_inputs))
 

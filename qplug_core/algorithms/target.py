@@ -48,7 +48,10 @@ from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import TARGET, WEIGHT_BITS_DECIDED, WEIGHT_BITS_REUSE
 from qplug_core.flows.weight_bits import converted_weight_ranges
 
-__all__ = ["TARGET", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_target"]
+__all__ = ["TARGET", "TARGET_MISSED", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_target"]
+
+#: how the warning of a target the search could not meet begins
+TARGET_MISSED = "qplug: accuracy target not met"
 
 
 #: the values of ``Target.fallback``: "auto" climbs this CPU's ladder (:mod:`.fallbacks`)
@@ -418,10 +421,10 @@ def _missed(target: Target, result: TargetResult, layers: int, furthest: int) ->
                    else "the all-int8 model, as no try came closer")
                 + f", missing {'; '.join(target.misses(result.final))}")
     if furthest < layers:
-        return (f"qplug: accuracy target not met even with {furthest} of {layers} layer(s) out of static "
+        return (f"{TARGET_MISSED} even with {furthest} of {layers} layer(s) out of static "
                 f"int8; {returned}; the next step would have left every layer float, which is the "
                 "float model, not a quantization")
-    return (f"qplug: accuracy target not met even with every weighted layer ({layers}) out of static int8; "
+    return (f"{TARGET_MISSED} even with every weighted layer ({layers}) out of static int8; "
             f"{returned}. The rest of the loss is in the fallbacks and in the int8 ops without weights "
             "(matmuls, adds); qp.compare(float_model, qmodel, data) shows where; a qconfig_mapping "
             "leaving those ops float goes further")

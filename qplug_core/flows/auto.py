@@ -22,7 +22,8 @@ not point the way the reference form's do, is *rejected*: it never wins, however
 are timed on the example inputs in one interleaved measurement (every round calls each once, the
 order rotating; at batch 1 on a small model each sample is the mean of calls lasting ~1 ms);
 one far slower than the best after two rounds (``qnnpack`` on x86, the
-reference form) is dropped early to keep the measurement short. The fastest median wins.
+reference form) is dropped early to keep the measurement short. The fastest median wins; with an
+accuracy target, the fastest of those whose search met it (a candidate's is its base's), if any.
 
 The report (``qp.quantization_report(model).auto``) lists every backend tried with its median,
 its SQNR against the reference form and why it won, lost or was rejected; the ranking goes into
@@ -39,6 +40,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+from warnings import WarningMessage
 
 import torch
 from torch import fx, nn
@@ -132,16 +134,26 @@ def _default_mapping(backend: Backend) -> Any:
         return None
 
 
-@contextlib.contextmanager
-def held_warnings(backend: str) -> Iterator[list[warnings.WarningMessage]]:
+def held_warnings(backend: str) -> contextlib.AbstractContextManager[list[warnings.WarningMessage]]:
     """Hold back the warnings that name ``backend`` (its kernels' and partitions': they matter
     only if it wins); every other warning reaches the user as usual when the block ends."""
+    return _holding(lambda text: f"backend {backend!r}" in text)
+
+
+def held_target_warnings(opening: str) -> contextlib.AbstractContextManager[list[warnings.WarningMessage]]:
+    """Hold back the warnings that begin with ``opening`` (a base's accuracy target missed: it
+    matters only if a backend finished from that base wins)."""
+    return _holding(lambda text: text.startswith(opening))
+
+
+@contextlib.contextmanager
+def _holding(held_back: Callable[[str], bool]) -> Iterator[list[warnings.WarningMessage]]:
     held: list[warnings.WarningMessage] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield held
     for message in caught:
-        if f"backend {backend!r}" in str(message.message):
+        if held_back(str(message.message)):
             held.append(message)
         else:
             _reissue(message)
@@ -154,11 +166,13 @@ def _reissue(message: warnings.WarningMessage) -> None:
 @dataclass
 class Calibrated:
     """A base's converted model, its backend, and the warnings :func:`held_warnings` kept back
-    while it was made."""
+    while it was made; ``target_warnings``: its accuracy target's miss, if any, which holds for
+    every backend finished from it."""
 
     model: fx.GraphModule
     backend: Backend
     warnings: list[warnings.WarningMessage] = field(default_factory=list)
+    target_warnings: list[WarningMessage] = field(default_factory=list)
 
 
 def _base_for(backend: Backend, bases: list[Calibrated]) -> Calibrated:
@@ -210,22 +224,32 @@ def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial],
                       "model; it runs in reference form (see the report's auto section)", stacklevel=3)
         return _record(fallback, [*trials.values(), *untried], ["reference"])
     medians, dropped = measure({name: model for name, (model, _) in finished.items()}, example_inputs)
-    ranking = sorted(medians, key=medians.__getitem__)
+    misses = {name: _target_misses(model) for name, (model, _) in finished.items()}
+    # with an accuracy target, the backends whose search met it first: the user asked for it
+    ranking = sorted(medians, key=lambda name: (bool(misses[name]), medians[name]))
     winner = ranking[0]
+    peers = [name for name in ranking if bool(misses[name]) == bool(misses[winner])]
     for name in finished:
         trial = dataclasses.replace(trials[name], median_ms=medians[name] * 1e3)
         if name == winner:
-            runner_up = next(iter(ranking[1:]), None)
-            why = (f"fastest of {len(ranking)} that kept the contract" + (
-                f", {medians[runner_up] / medians[name]:.2f}x faster than {runner_up}"
-                if runner_up else ""))
+            runner_up = next(iter(peers[1:]), None)
+            why = (f"fastest of {len(peers)} that kept the contract"
+                   + (" and met the accuracy target" if len(peers) < len(ranking) else "")
+                   + (f", {medians[runner_up] / medians[name]:.2f}x faster than {runner_up}"
+                      if runner_up else "")
+                   + (f"; no backend met the accuracy target ({misses[name]})" if misses[name] else ""))
             trials[name] = dataclasses.replace(trial, status="chosen", reason=why)
+        elif misses[name] and not misses[winner]:
+            trials[name] = dataclasses.replace(trial, status="slower", reason=(
+                f"missed the accuracy target ({misses[name]}), which {winner} met; "
+                f"{medians[name] / medians[winner]:.2f}x the chosen backend's time"))
         else:
             ratio = medians[name] / medians[winner]
             trials[name] = dataclasses.replace(trial, status="slower", reason=(
                 f"{ratio:.2f}x the fastest" + (f" after {DROP_AFTER} rounds: not timed further"
                                                if name in dropped else "")))
-    for message in finished[winner][1]:  # the winner's convert-time warnings reach the user
+    winner_base = next(base for base in bases if base.backend.name == base_of[winner])
+    for message in [*winner_base.target_warnings, *finished[winner][1]]:  # the winner's reach the user
         _reissue(message)
     notify(f"backend='auto' chose {winner!r} ({trials[winner].reason}; qp.quantization_report "
            "lists every backend tried)")
@@ -236,6 +260,14 @@ def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial],
     # form, left every linear in reference form when qp.load fell back to it)
     same_form = [name for name in ranking if base_of[name] == base_of[winner]]
     return _record(finished[winner][0], [*listed, *untried], same_form)
+
+
+def _target_misses(model: fx.GraphModule) -> str:
+    """What ``model``'s accuracy target search missed, in words ('' if it met it or had none)."""
+    result = model.meta.get(TARGET)
+    if result is None or result.met:
+        return ""
+    return "; ".join(result.target.misses(result.final))
 
 
 def finish_on(snapshot: ReferenceSnapshot, backend: Backend, base_model: fx.GraphModule

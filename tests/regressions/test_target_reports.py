@@ -100,3 +100,30 @@ def test_target_thresholds_must_be_finite_numbers(kwargs, field, shown):
     """NaN and inf ran the whole search to "sqnr 56.08 < nan"; a string raised a raw TypeError."""
     with pytest.raises(ConfigValidationError, match=rf"Target\.{field} must be a finite number, got {shown}$"):
         qp.Target(**kwargs)
+
+
+def test_auto_prefers_a_backend_whose_search_met_the_target_over_a_faster_one_that_missed():
+    """backend="auto" kept the fastest backend although its search missed the target and another
+    met it; the user got "target not met" and report.auto did not say which backend met it."""
+    from qplug_core.algorithms.target import TARGET_MISSED
+    from qplug_core.flows import auto
+    from qplug_core.registry.backends import get_backend
+
+    data = _batches()
+    bases = []
+    for name, target in [("fbgemm", qp.Target(sqnr=200, group="layer")), ("reference", qp.Target(cosine=-1.0))]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the other warnings; the target's miss is held
+            with auto.held_target_warnings(TARGET_MISSED) as missed:
+                qmodel = qp.quantize(_mlp(), data[0], data, backend=name, recipe="none", target=target)
+        bases.append(auto.Calibrated(qmodel, get_backend(name), [], missed))
+    assert bases[0].target_warnings and not bases[1].target_warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = auto.choose(bases, [], [], data[0])
+    assert chosen is bases[1].model and not [w for w in caught if TARGET_MISSED in str(w.message)]
+    trials = {t["backend"]: t for t in qp.quantization_report(chosen).auto}
+    assert trials["reference"]["status"] == "chosen"
+    assert "met the accuracy target" in trials["reference"]["reason"]
+    assert trials["fbgemm"]["reason"].startswith("missed the accuracy target (sqnr ")
+    assert "which reference met" in trials["fbgemm"]["reason"]

@@ -345,10 +345,9 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
             result.met, furthest = not target.misses(final), len(taken)
             bar = (f"worst layer left in static int8: {staying:.2e}" if staying is not None
                    else f"no layer left in static int8; median layer {median:.2e}")
-            best = best.or_better(_Try(qmodel, final, final_mapping,
-                                       [decision(sub, rung, f" ({bar})") for g in out
-                                        for rung, sub in _by_rung(g, taken)],
-                                       len(taken), target.shortfall(final)), result.met)
+            decisions = [decision(sub, rung, f" ({bar})") for g in out for rung, sub in _by_rung(g, taken)]
+            best = best.or_better(_Try(qmodel, final, final_mapping, decisions, len(taken),
+                                       target.shortfall(final)), result.met)
         if not result.met and len(taken) == len(layers):
             # every layer is out and its rung alone still misses: the rungs' own error is what is
             # left (per-tensor dynamic on a CPU without VNNI), so the layers whose rung loses most
@@ -359,11 +358,12 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                 escalated = {**taken, **{n: "float" for n in rest[:k]}}
                 qmodel, final, final_mapping = run(escalated)
                 result.met = not target.misses(final)
-                best = best.or_better(_Try(qmodel, final, final_mapping, [decision(sub, rung, "" if before == rung else (
+                decisions = [decision(sub, rung, "" if before == rung else (
                     f"; float once every layer was out of static int8 and the target still missed "
                     f"(as {before}: {_group_error([by_name[n] for n in sub], before):.2e})"))
-                    for g in ranked for (rung, before), sub in _by_rung(g, escalated, taken)],
-                    len(escalated), target.shortfall(final)), result.met)
+                    for g in ranked for (rung, before), sub in _by_rung(g, escalated, taken)]
+                best = best.or_better(_Try(qmodel, final, final_mapping, decisions, len(escalated),
+                                           target.shortfall(final)), result.met)
                 if result.met:
                     break
     qmodel, result.final, final_mapping, result.decisions = best.qmodel, best.score, best.mapping, best.decisions

@@ -33,6 +33,7 @@ from torch import fx
 from qplug_core.errors import ConfigError
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import ARTIFACT, REPORT, SNAPSHOT
+from qplug_core.flows.target_rungs import name_rungs
 from qplug_core.kernels.per_token import (
     PER_TOKEN_LAYERS,
     QMAX,
@@ -46,12 +47,6 @@ __all__ = ["LADDER_FALLBACKS", "fallback_ladder", "name_fallbacks", "per_token_q
 
 #: every rung a ladder can hold, best first
 LADDER_FALLBACKS = ("per_token", "dynamic", "float")
-#: the report's reason for a layer on each rung
-_RUNG_REASONS = {
-    "per_token": "the accuracy target took it out of static int8: it runs per-token dynamic int8",
-    "dynamic": "the accuracy target took it out of static int8: it runs dynamic int8",
-    "float": "the accuracy target took it out of static int8: it runs float",
-}
 
 
 def per_token_qmax(backend: Any = None) -> int:
@@ -96,10 +91,9 @@ def run_per_token(qmodel: fx.GraphModule, layers: list[str], *, simulate: bool) 
 
 
 def name_fallbacks(qmodel: fx.GraphModule, taken: dict[str, str]) -> None:
-    """Give the report entries of the layers a target search took out of static int8 (layer ->
-    rung) the rung they run on: their qconfig is None because the search made it so, and "not
-    requested" told the user they had asked for nothing."""
-    report = qmodel.meta.get(REPORT)
-    for entry in getattr(report, "skipped", []):
-        if entry.node in taken:
-            entry.reason = _RUNG_REASONS[taken[entry.node]]
+    """Name in ``qmodel``'s report the rung each layer a target search took out of static int8
+    runs on (layer -> rung), and keep them with its reference form for ``qp.save``."""
+    name_rungs(qmodel.meta.get(REPORT), taken)
+    snapshot = snapshot_of(qmodel)
+    if snapshot is not None:
+        qmodel.meta[SNAPSHOT] = dataclasses.replace(snapshot, target_rungs=dict(taken))

@@ -10,7 +10,7 @@ done only when the model is saved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from torch import fx
@@ -30,13 +30,15 @@ class ReferenceSnapshot:
     ``per_token_layers``: float linears swapped for per-token dynamic ones after convert (an
     accuracy target's fallback), which ``qp.load`` swaps in again; ``int16_pairs``: the weights
     were chosen where the backend's kernels sum u8 x s8 pairs in int16 (x86 without VNNI), so
-    ``qp.load`` on such a CPU keeps them as they are."""
+    ``qp.load`` on such a CPU keeps them as they are; ``target_rungs``: where each layer an
+    accuracy target took out of static int8 runs (:mod:`qplug_core.flows.target_rungs`)."""
 
     graph_module: fx.GraphModule
     backend: str
     plugins: tuple[dict[str, str | None], ...]
     per_token_layers: tuple[str, ...] = ()
     int16_pairs: bool = False
+    target_rungs: dict[str, str] = field(default_factory=dict)
 
 
 def keep_snapshot(gm: fx.GraphModule, backend: Backend) -> None:

@@ -24,6 +24,7 @@ from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.safer_weights import make_safer
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import ARTIFACT, CAPTURE, EAGER_CONVERTED, EAGER_STATE, FUSIONS
+from qplug_core.flows.target_rungs import name_rungs
 from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.registry import plugins
@@ -31,6 +32,7 @@ from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.serialization.artifact import (
     AUTO_KEY,
     INT16_PAIRS_KEY,
+    TARGET_RUNGS_KEY,
     Artifact,
     artifact_of,
     backend_identity,
@@ -165,6 +167,7 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
         swap_in_per_token(gm, artifact.model.get(PER_TOKEN_LAYERS, []), simulate=not chosen.kernels)
     except ConfigError as exc:
         raise SerializationError(f"{source}: {exc}", path=str(source)) from exc
+    name_rungs(report, artifact.model.get(TARGET_RUNGS_KEY, {}))
     if recorded is not None:
         recorded.check_rebuilt(report, source)
     name, contributors = backend_identity(chosen)

@@ -22,6 +22,7 @@ from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.flows.fuse import FusionRecord
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import ARTIFACT, AUTO_RANKING, CAPTURE, FUSIONS, KERNEL, REPORT, STATE
+from qplug_core.flows.target_rungs import RUNGS
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend
@@ -46,7 +47,9 @@ AUTO_KEY = "auto_ranking"
 #: VNNI); absent: chosen where products accumulate in int32, so ``load`` on a CPU summing pairs
 #: in int16 makes them safe
 INT16_PAIRS_KEY = "weights_for_int16_pairs"
-OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY, INT16_PAIRS_KEY)
+#: where each layer an accuracy target took out of static int8 runs (layer -> rung)
+TARGET_RUNGS_KEY = "target_rungs"
+OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY, INT16_PAIRS_KEY, TARGET_RUNGS_KEY)
 CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: distribution names (PEP 508) and versions (PEP 440 characters) of a file's ``versions``
@@ -130,6 +133,8 @@ def artifact_of(qmodel: object) -> Artifact | str | None:
                                             PER_TOKEN_LAYERS: list(snapshot.per_token_layers)})
     if snapshot.int16_pairs:
         artifact = replace(artifact, model={**artifact.model, INT16_PAIRS_KEY: True})
+    if snapshot.target_rungs:
+        artifact = replace(artifact, model={**artifact.model, TARGET_RUNGS_KEY: dict(snapshot.target_rungs)})
     if qmodel.meta.get(AUTO_RANKING):
         artifact = replace(artifact, model={**artifact.model, AUTO_KEY: list(qmodel.meta[AUTO_RANKING])})
     report = qmodel.meta.get(REPORT)  # how convert lowered it: what load must rebuild
@@ -177,6 +182,11 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
         for i, name in enumerate(expect(model[AUTO_KEY], list, path, "a JSON list")):
             expect(name, str, child(path, i), "a backend name")
     expect(model.get(INT16_PAIRS_KEY, True), bool, f"model.{INT16_PAIRS_KEY}", "true or false")
+    path = f"model.{TARGET_RUNGS_KEY}"
+    for name, rung in expect(model.get(TARGET_RUNGS_KEY, {}), dict, path, "a JSON object").items():
+        if rung not in RUNGS:
+            raise ConfigError(f"{where(child(path, name))}: {rung!r} is not one of {', '.join(RUNGS)}",
+                              field=path, value=rung)
     expect(model["training"], bool, "model.training", "true or false")
     expect(model["mode"], str, "model.mode", "a quantization mode")
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):

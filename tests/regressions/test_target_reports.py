@@ -127,3 +127,21 @@ def test_auto_prefers_a_backend_whose_search_met_the_target_over_a_faster_one_th
     assert "met the accuracy target" in trials["reference"]["reason"]
     assert trials["fbgemm"]["reason"].startswith("missed the accuracy target (sqnr ")
     assert "which reference met" in trials["fbgemm"]["reason"]
+
+
+def test_the_report_counts_per_token_layers_as_int8_and_keeps_the_rungs_through_save_and_load(tmp_path):
+    """The report listed the target's per-token layers as float compute, "qconfig is None for this op
+    (not requested)"; and qp.load rebuilt that report, the target's decisions gone."""
+    qmodel = _tuned("per_token")
+    rungs = {layer: d.fallback for d in qmodel.meta[TARGET].decisions for layer in d.layers}
+    report = qp.quantization_report(qmodel)
+    for layer, rung in rungs.items():
+        if rung == "per_token":
+            assert report.kernels[layer] == "per-token dynamic int8 (accuracy target)"
+            assert layer not in {s.node for s in report.skipped}
+        else:
+            assert [s.reason for s in report.skipped if s.node == layer] == [
+                "the accuracy target took it out of static int8: it runs float"]
+    assert "not requested" not in str(report)
+    loaded = qp.quantization_report(qp.load(qp.save(qmodel, tmp_path / "m.safetensors")))
+    assert (loaded.kernels, loaded.skipped) == (report.kernels, report.skipped)

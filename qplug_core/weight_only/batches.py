@@ -28,14 +28,14 @@ def calibration_batches(calibration: Any) -> Iterable[Any]:
     return calibration
 
 
-def call_model(model: nn.Module, batch: Any) -> None:
-    """``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, else ``model(batch)``."""
+def call_model(model: nn.Module, batch: Any) -> Any:
+    """``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, else ``model(batch)``;
+    returns what the model returned."""
     if hasattr(batch, "keys"):  # a dict, or a tokenizer's BatchEncoding
-        model(**batch)
-    elif isinstance(batch, (tuple, list)):
-        model(*batch)
-    else:
-        model(batch)
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
 
 
 def run_batch(model: nn.Module, batch: Any, index: int) -> None:

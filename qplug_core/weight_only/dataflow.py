@@ -14,12 +14,17 @@ tensor, and reports two foldable shapes:
 - :class:`MulPair`: a linear (``down_proj``) reading ``a * b`` where ``b`` is another linear's
   output (``up_proj``) read by nothing but that product, and the product read only by the
   first linear: scaling ``up_proj``'s output channels scales ``down_proj``'s inputs exactly.
+
+A tensor the model returns is read by the user, whom no torch call shows: a seq2seq encoder's
+output is read inside the model only by the decoder's cross-attention k/v projections, yet it is
+also ``encoder_last_hidden_state`` and what ``get_encoder()`` gives; such a tensor counts as
+read by something other than a linear, so no scale is folded into its producer.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +37,8 @@ _METADATA = frozenset({"__get__", "size", "dim", "numel", "stride", "is_contiguo
                        "data_ptr", "is_floating_point", "is_complex", "__len__", "ndimension",
                        "nelement", "get_device", "is_inference"})
 _MULTIPLY = frozenset({"mul", "__mul__", "__rmul__"})
+#: the reader recorded for a tensor the model returns
+_RETURNED = "returned by the model"
 
 
 @dataclass(frozen=True)
@@ -80,8 +87,8 @@ class _Recorder(TorchFunctionMode):
 
 def trace_inputs(model: nn.Module, run: Callable[[], Any], linears: dict[str, nn.Module],
                  norms: dict[str, nn.Module]) -> tuple[list[NormGroup], list[MulPair]]:
-    """Run ``run()`` (one forward of ``model`` on a few tokens) and find the foldable inputs of
-    ``linears`` among the outputs of ``norms`` and of the other linears."""
+    """Run ``run()`` (one forward of ``model`` on a few tokens, returning the model's output) and
+    find the foldable inputs of ``linears`` among the outputs of ``norms`` and of the other linears."""
     outputs: dict[int, str] = {}  # id(output) -> module that made it (the innermost)
     inputs: dict[str, int] = {}  # linear -> id(its input)
 
@@ -106,10 +113,12 @@ def trace_inputs(model: nn.Module, run: Callable[[], Any], linears: dict[str, nn
     handles += [m.register_forward_pre_hook(keep_input(n)) for n, m in linears.items()]
     try:
         with torch.no_grad(), recorder:
-            run()
+            returned = run()
     finally:
         for handle in handles:
             handle.remove()
+    for tensor in _tensors_in(returned):
+        recorder.readers[id(tensor)].append(_RETURNED)
     by_input: dict[int, list[str]] = defaultdict(list)
     for name, tensor in inputs.items():
         by_input[tensor].append(name)
@@ -139,3 +148,15 @@ def _mul_pair(recorder: _Recorder, outputs: dict[int, str], tensor: int, linears
                 and made[1].count(factor) == 1:
             return MulPair(producer, consumer)
     return None
+
+
+def _tensors_in(output: Any) -> list[torch.Tensor]:
+    """The tensors in a model's output: a tensor, or tensors nested in tuples, lists and dicts (a
+    Hugging Face ``ModelOutput`` is a dict)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, Mapping):
+        return [tensor for value in output.values() for tensor in _tensors_in(value)]
+    if isinstance(output, (tuple, list)):
+        return [tensor for value in output for tensor in _tensors_in(value)]
+    return []

@@ -1,0 +1,58 @@
+"""Defects an encoder-decoder user found (s20/seq2seq, 2026-12-06): each test is that user's own call
+on a tiny config-built Hugging Face model, with the numbers they rely on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import qplug_core as qp
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 1000
+
+
+def marian() -> Any:
+    """A 2+2-layer post-norm Marian translation model with random weights."""
+    torch.manual_seed(0)
+    config = transformers.MarianConfig(
+        vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=128,
+        pad_token_id=VOCAB - 1, decoder_start_token_id=VOCAB - 1, eos_token_id=0)
+    return transformers.MarianMTModel(config).eval()
+
+
+def translation_batch(seed: int) -> dict[str, torch.Tensor]:
+    """Two padded sentences of 12 tokens and four decoder tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, VOCAB - 5, (2, 12), generator=generator)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    ids[1, -4:], mask[1, -4:] = VOCAB - 1, 0
+    return {"input_ids": ids, "attention_mask": mask,
+            "decoder_input_ids": torch.randint(5, VOCAB - 5, (2, 4), generator=generator)}
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
+
+
+@pytest.mark.parametrize("skip", [(), (r"model\.encoder\..*",)])
+def test_w8a8_keeps_the_encoder_output_the_user_reads(skip: tuple[str, ...]) -> None:
+    model = marian()
+    calibration = [translation_batch(seed) for seed in range(8)]
+    quantized = qp.quantize_w8a8(model, calibration, alpha=0.5, skip=skip)
+    batch = translation_batch(100)
+    with torch.no_grad():
+        want, got = model(**batch), quantized(**batch)
+        encoder_want = model.get_encoder()(batch["input_ids"], batch["attention_mask"]).last_hidden_state
+        encoder_got = quantized.get_encoder()(batch["input_ids"], batch["attention_mask"]).last_hidden_state
+    assert cosine(want.logits, got.logits) >= 0.999
+    assert cosine(want.encoder_last_hidden_state, got.encoder_last_hidden_state) >= 0.999
+    assert cosine(encoder_want, encoder_got) >= 0.999
+    if skip:  # a float encoder gives float's output
+        torch.testing.assert_close(encoder_got, encoder_want)

@@ -370,6 +370,8 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
     result.quantizations = count
     if not result.met:
         warn_user(_missed(target, result, len(layers), furthest))
+    elif layers and len(result.float_layers) == len(layers):
+        warn_user(_met_with_no_static_int8(result))
     if strict:  # the same ConfigValidationError as qp.quantize(strict=True) if anything is float
         qmodel = quantize_fused(gm, inputs, batches, backend, final_mapping, progress=progress,
                                 strict=True, prepare_options=options)
@@ -428,6 +430,17 @@ def _missed(target: Target, result: TargetResult, layers: int, furthest: int) ->
             f"{returned}. The rest of the loss is in the fallbacks and in the int8 ops without weights "
             "(matmuls, adds); qp.compare(float_model, qmodel, data) shows where; a qconfig_mapping "
             "leaving those ops float goes further")
+
+
+def _met_with_no_static_int8(result: TargetResult) -> str:
+    """The warning for a target met only by taking every weighted layer out of static int8: such a
+    model is rarely faster than float, which the user should know before shipping it."""
+    rungs = ", ".join(f"{sum(len(d.layers) for d in result.decisions if d.fallback == rung)} {rung}"
+                      for rung in sorted({d.fallback for d in result.decisions}))
+    return (f"qplug: the accuracy target was met only with every weighted layer "
+            f"({len(result.float_layers)}) out of static int8 ({rungs}): the model is likely no faster "
+            "than float. recipe='none' keeps every layer static int8 (check it with qp.compare), or pass "
+            "a qp.Target this model and calibration data can meet in int8")
 
 
 def _by_rung(group: list[str], taken: dict[str, str], before: dict[str, str] | None = None) -> list:

@@ -3,12 +3,15 @@ on a tiny config-built Hugging Face model, with the numbers they rely on."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 import qplug_core as qp
+from qplug_core.flows.tags import TARGET
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
 
@@ -56,3 +59,41 @@ def test_w8a8_keeps_the_encoder_output_the_user_reads(skip: tuple[str, ...]) -> 
     assert cosine(encoder_want, encoder_got) >= 0.999
     if skip:  # a float encoder gives float's output
         torch.testing.assert_close(encoder_got, encoder_want)
+
+
+def test_the_default_target_keeps_a_seq2seq_encoder_in_static_int8() -> None:
+    """The encoder's pooled outputs all sit within 3e-4 of cosine of each other: their nearest
+    neighbours are ties int8 cannot order, which used to push every linear out of static int8."""
+    encoder = marian().get_encoder()
+    calibration = [tuple(translation_batch(seed).values())[:2] for seed in range(8)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantized = qp.quantize(encoder, calibration[0], calibration, backend="fbgemm")
+    result = quantized.meta[TARGET]
+    assert result.met and result.float_layers == [] and result.final.neighbours_kept == 1.0
+
+
+class _LoudChannel(nn.Module):
+    """One linear whose output channel 0 is 1000x the rest, scaled back after it: its static int8
+    output grid rounds the other channels away, its dynamic fallback does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(16, 8)
+        with torch.no_grad():
+            self.fc.weight[0] *= 1000.0
+            self.fc.bias[0] *= 1000.0
+        self.register_buffer("back", torch.cat([torch.full((1,), 1e-3), torch.ones(7)]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.back
+
+
+def test_a_target_met_only_with_every_layer_out_of_static_int8_warns() -> None:
+    generator = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 16, generator=generator),) for _ in range(4)]
+    with pytest.warns(UserWarning, match="met only with every weighted layer"):
+        quantized = qp.quantize(_LoudChannel().eval(), data[0], data, backend="reference",
+                                target=qp.Target(cosine=0.999, group="layer", fallback="dynamic"))
+    assert quantized.meta[TARGET].float_layers == ["fc"]

@@ -30,7 +30,7 @@ from torch import nn
 
 from qplug_core.errors import ConfigError, InputMismatchError, QplugError, did_you_mean, first_line
 from qplug_core.flows.float_reference import float_like_int8
-from qplug_core.flows.pipeline import eval_mode
+from qplug_core.flows.pipeline import as_input_tuple, eval_mode
 
 __all__ = ["ComparisonReport", "LayerComparison", "compare_layers", "sqnr"]
 
@@ -244,8 +244,9 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
 
 
 def batches_of(inputs: Any) -> Iterator[tuple[Any, ...]]:
-    """A tuple is one batch of positional args, a tensor a 1-tuple, anything else an iterable."""
-    if isinstance(inputs, (tuple, torch.Tensor)):
+    """A tuple is one batch of positional args, a tensor a 1-tuple, anything else an iterable; a
+    dict of keyword inputs is refused with qplug's error (:func:`as_input_tuple`)."""
+    if isinstance(inputs, (tuple, torch.Tensor)) or hasattr(inputs, "keys"):
         inputs = [inputs]
     try:
         iterator = iter(inputs)
@@ -254,7 +255,7 @@ def batches_of(inputs: Any) -> Iterator[tuple[Any, ...]]:
             f"inputs must be a tuple of positional args or an iterable of such tuples, "
             f"got {type(inputs).__name__}", field="inputs") from None
     for batch in iterator:
-        yield tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        yield as_input_tuple(batch)
 
 
 class _Recorder:

@@ -15,7 +15,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.enums import Stage
-from qplug_core.errors import ConfigValidationError
+from qplug_core.errors import ConfigValidationError, InputMismatchError
 from qplug_core.flows.annotation_guard import guard_plugin_pass
 from qplug_core.flows.capture import capture_for_quantization
 from qplug_core.flows.fuse import fuse_graph
@@ -35,7 +35,17 @@ if TYPE_CHECKING:
 
 
 def as_input_tuple(example_inputs: Any) -> tuple:
-    """``example_inputs`` as a tuple of positional inputs (a bare tensor counts as a 1-tuple)."""
+    """``example_inputs`` as a tuple of positional inputs (a bare tensor counts as a 1-tuple).
+
+    A dict of keyword inputs (a tokenizer's ``BatchEncoding``) is refused: graphs and comparisons
+    call the model with positional inputs, and the dict would arrive as its first argument."""
+    if hasattr(example_inputs, "keys"):
+        raise InputMismatchError(
+            f"got a dict of keyword inputs ({', '.join(map(str, example_inputs.keys()))}), but a graph "
+            "or a comparison calls the model with positional inputs: pass a tuple of tensors in the order "
+            "of the model's forward() arguments (tuple(batch.values()) when the dict is in that order), "
+            "for the example and for every batch (qp.quantize_w8a8 and qp.quantize_weights, which call "
+            "the model itself, take dicts)")
     if isinstance(example_inputs, tuple):
         return example_inputs
     if isinstance(example_inputs, list):

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.errors import InputMismatchError
 from qplug_core.flows.tags import TARGET
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
@@ -97,3 +98,18 @@ def test_a_target_met_only_with_every_layer_out_of_static_int8_warns() -> None:
         quantized = qp.quantize(_LoudChannel().eval(), data[0], data, backend="reference",
                                 target=qp.Target(cosine=0.999, group="layer", fallback="dynamic"))
     assert quantized.meta[TARGET].float_layers == ["fc"]
+
+
+def test_dict_inputs_on_the_graph_path_and_in_compare_are_a_clear_error() -> None:
+    """Calibration of the module-swap paths takes dict batches; the graph path and qp.compare call
+    the model with positional inputs and must say so, not fail inside the model."""
+    model = marian()
+    batch = translation_batch(0)
+    encoder_batch = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with pytest.raises(InputMismatchError, match="pass a tuple of tensors"):
+        qp.quantize(model.get_encoder(), encoder_batch, [encoder_batch], backend="fbgemm")
+    quantized = qp.quantize_w8a8(model, [batch])
+    for data in (batch, [batch]):
+        with pytest.raises(InputMismatchError, match="pass a tuple of tensors"):
+            qp.compare(model, quantized, data)
+    assert qp.compare(model, quantized, [tuple(batch.values())]).num_batches == 1

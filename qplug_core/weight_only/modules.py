@@ -23,6 +23,7 @@ from qplug_core.kernels.decode_threads import run_within_budget
 from qplug_core.kernels.per_token import version_counter
 from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, unpack
+from qplug_core.kernels.weight_view import FloatWeightView
 
 
 class DerivedPacking:
@@ -117,6 +118,13 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
             return group.output(index, x)
         packed = self.packing.get(self.weight_tensors, lambda: self.kernel.pack(self.quantized_weight()))
         return run_linear(self.kernel, packed, x, self.bias, self.input_scale, self.out_features, self.scheme)
+
+    @property
+    def weight(self) -> FloatWeightView:
+        """The dequantized weight ``[out, in]`` for model code that reads it (T5 checks its dtype in
+        every forward): dtype, shape and device cost nothing, its values are made when an op reads them
+        and not kept (:mod:`~qplug_core.kernels.weight_view`). Writing to it changes nothing."""
+        return FloatWeightView(lambda: self.quantized_weight().dequantize(), self._shape(), self.qweight.device)
 
     def weight_tensors(self) -> tuple[torch.Tensor | None, ...]:
         """The buffers its packed weight is made from."""

@@ -1,0 +1,53 @@
+"""Defects an encoder-decoder user found (2026-12-06, s20/seq2seq): each test is the user's own call on a
+tiny config-built Hugging Face model, with the result or the error the user relies on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qplug_core as qp
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+transformers = pytest.importorskip("transformers")
+
+
+def t5():
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=300, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+                                   num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    return transformers.T5ForConditionalGeneration(config).eval()
+
+
+def batch() -> dict[str, torch.Tensor]:
+    """Two sentences, the second padded, as a tokenizer gives them."""
+    ids = torch.randint(5, 295, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    ids[1, -4:], mask[1, -4:] = 0, 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def greedy(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(**inputs, max_new_tokens=8, do_sample=False)
+
+
+@pytest.mark.parametrize("options", [{"bits": 8}, {"bits": 4, "group_size": 32}])
+def test_a_weight_only_t5_generates(options):
+    """T5's feed-forward reads ``self.wo.weight.dtype`` in every forward: the weight-only linear shows
+    the float weight it computes with (before: AttributeError 'WeightOnlyLinear' object has no attribute
+    'weight' at the first forward), without keeping a float copy of it. (Any kernel: the reference one
+    spares the test the others' selection benchmark.)"""
+    model = t5()
+    inputs = batch()
+    quantized = qp.quantize_weights(model, **options, kernel="reference")
+    tokens, float_tokens = greedy(quantized, inputs), greedy(model, inputs)
+    agreement = (tokens == float_tokens).float().mean().item()
+    assert agreement >= 0.9, f"greedy tokens equal to float's: {agreement:.0%}"
+    wo, float_wo = quantized.decoder.block[1].layer[2].DenseReluDense.wo, model.decoder.block[1].layer[2].DenseReluDense.wo
+    weight = wo.weight
+    assert (weight.dtype, weight.shape, weight.device) == (torch.float32, float_wo.weight.shape, float_wo.weight.device)
+    torch.testing.assert_close(weight + 0, wo.quantized_weight().dequantize())  # what its kernels compute with
+    assert (weight - float_wo.weight).abs().max() < 0.1 * float_wo.weight.abs().max()
+    assert not any(key.endswith("wo.weight") for key in quantized.state_dict())

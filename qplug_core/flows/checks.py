@@ -24,6 +24,7 @@ from qplug_core.errors import (
 )
 from qplug_core.flows.tags import CALIBRATION_FAILED, REPORT, STATE
 from qplug_core.kernels._common import KernelModule
+from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize
 from qplug_core.observers.base import ObserverBase
 from qplug_core.observers.fake_quantize import FakeQuantizeBase
@@ -45,7 +46,7 @@ def check_model(model: Any) -> nn.Module:
 
 
 _OBSERVERS = (ObserverBase, FakeQuantizeBase)
-_QUANTIZED = (Quantize, Dequantize, DynamicQuantize, KernelModule)
+_QUANTIZED = (Quantize, Dequantize, DynamicQuantize, KernelModule, SwappedLayer)
 
 
 def _modules_of(model: nn.Module, classes: tuple[type, ...]) -> list[str]:
@@ -70,6 +71,18 @@ def check_preparable(model: Any) -> Any:
             "calibrate it with qp.calibrate and convert it with qp.convert_fx, or prepare the "
             "original float model")
     return model
+
+
+def refuse_quantized(model: nn.Module) -> None:
+    """Raise :class:`ModelStateError` for a model qplug already quantized (swapped layers: weight-only,
+    W8A8, dynamic; or a converted graph): quantizing it again would quantize nothing, only the layers
+    the first quantization kept float on purpose, or the rounded weights a second time."""
+    quantized = [(name or "<model>", type(m).__name__) for name, m in model.named_modules()
+                 if isinstance(m, _QUANTIZED)]
+    if quantized or REPORT in (getattr(model, "meta", None) or {}):
+        layers = _listed([f"{name} ({kind})" for name, kind in quantized]) or "a qplug report"
+        raise ModelStateError(f"this model is already quantized (layers {layers}); quantize the original "
+                              "float model")
 
 
 def _listed(names: list[str]) -> str:

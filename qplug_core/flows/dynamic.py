@@ -28,11 +28,11 @@ from qplug_core.errors import (
     NothingQuantizedError,
     did_you_mean,
 )
-from qplug_core.flows.checks import check_float32, check_weight_values
+from qplug_core.flows.checks import check_float32, check_weight_values, refuse_quantized
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.raise_aten import is_aten_graph
 from qplug_core.flows.regions import dtype_config_problems, observer_traits
-from qplug_core.kernels.base import KernelContext, TensorArg
+from qplug_core.kernels.base import KernelContext, SwappedLayer, TensorArg
 from qplug_core.kernels.dynamic import unbatched_cell_call
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
 from qplug_core.kernels.reference import (
@@ -50,7 +50,7 @@ DYNAMIC_TYPES: tuple[type[nn.Module], ...] = (
 _DTYPES = (torch.qint8, torch.float16)
 
 
-class SimulatedDynamic(nn.Module):
+class SimulatedDynamic(SwappedLayer):
     """Reference dynamic module: weights rounded once (int8 grid or float16), inputs quantized per
     call with per-batch min/max qparams (cells: the hidden state too, as the int8 cells do).
 
@@ -327,6 +327,8 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     instead) unless ``allow_float=True``. ``nn.MultiheadAttention`` computes with its weights
     directly, so module swapping leaves it float (with a warning); the graph flows quantize it.
     """
+    if isinstance(model, nn.Module):
+        refuse_quantized(model)
     chosen = resolve_backend(backend).require_available()
     if not chosen.kernels and chosen.delegate is not None:
         return _compiled(model, qconfig_spec, dtype, chosen, example_inputs, capture, per_token,

@@ -93,7 +93,12 @@ def quantized_from_int(values: torch.Tensor, scale: float, zero_point: int,
                                          int(zero_point), dtype)
 
 
-class PackedStateModule(nn.Module):
+class SwappedLayer(nn.Module):
+    """Base of the modules qplug puts in place of a float layer when it quantizes a model, so that
+    quantizing that model again is refused (:func:`~qplug_core.flows.checks.refuse_quantized`)."""
+
+
+class PackedStateModule(SwappedLayer):
     """Base of kernels whose int8 weights live in torch's packed objects, outside ``state_dict``.
 
     ``load_state_dict`` could restore nothing into them, and used to succeed silently while every

@@ -31,6 +31,7 @@ from torch import nn
 
 from qplug_core.errors import ConfigValidationError, ModelStateError, warn_user
 from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, safe_weight_range
+from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 from qplug_core.kernels.decode_threads import run_with_fastest_threads
 
@@ -317,7 +318,7 @@ def _warn_if_slower_than_float(gemm: str) -> None:
                   "keep these layers float, or use per-tensor dynamic (per_token=False)")
 
 
-class PerTokenDynamicLinear(nn.Module):
+class PerTokenDynamicLinear(SwappedLayer):
     """``nn.Linear`` computed as int8 x int8 -> int32 with per-token and per-channel scales.
 
     ``gemm`` picks the integer product: ``"onednn"`` (uint8 activations, packed weights) or

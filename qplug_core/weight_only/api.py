@@ -21,16 +21,14 @@ from torch import nn
 from qplug_core.errors import (
     CalibrationError,
     ConfigValidationError,
-    ModelStateError,
     NothingQuantizedError,
     did_you_mean,
     spelled,
     warn_user,
 )
-from qplug_core.flows.checks import check_weight_values
+from qplug_core.flows.checks import check_weight_values, refuse_quantized
 from qplug_core.flows.pipeline import eval_mode
 from qplug_core.flows.tags import WEIGHT_ONLY
-from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
 from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.weight_only import decode_step
@@ -238,18 +236,6 @@ def own_copy(model: nn.Module) -> nn.Module:
     plain one: ``copy.deepcopy`` refuses the old hook-based weight_norm, and a parametrized linear is
     a subclass the swap would skip."""
     return without_computed_weights(copy_model(model), inplace=True)[0]
-
-
-def refuse_quantized(model: nn.Module) -> None:
-    """Raise :class:`ModelStateError` for a model whose linears qplug already swapped (weight-only
-    or W8A8): quantizing it again would quantize nothing, or the rounded weights a second time."""
-    kinds = (WeightOnlyLinear, WeightOnlyEmbedding, PerTokenDynamicLinear)
-    quantized = [(name, type(m).__name__) for name, m in model.named_modules() if isinstance(m, kinds)]
-    if quantized:
-        more = f" and {len(quantized) - 3} more" if len(quantized) > 3 else ""
-        listed = ", ".join(f"{name} ({kind})" for name, kind in quantized[:3])
-        raise ModelStateError(f"this model is already quantized (layers {listed}{more}); quantize the original "
-                              "float model")
 
 
 def select_layers(model: nn.Module, kinds: tuple[type, ...], patterns: list[re.Pattern],

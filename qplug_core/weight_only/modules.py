@@ -19,6 +19,7 @@ from torch import nn
 
 from qplug_core.errors import ModelStateError
 from qplug_core.ir.tracing import refuse_tracing
+from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.decode_threads import run_within_budget
 from qplug_core.kernels.per_token import version_counter
 from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
@@ -58,7 +59,7 @@ def _key(sources: tuple[torch.Tensor | None, ...]) -> tuple:
     return tuple(None if t is None else (id(t), version_counter(t)) for t in sources)
 
 
-class _QuantizedWeightHolder(nn.Module):
+class _QuantizedWeightHolder(SwappedLayer):
     def _store(self, weight: QuantizedWeight) -> None:
         self.scheme = weight.scheme
         self.register_buffer("qweight", weight.data)

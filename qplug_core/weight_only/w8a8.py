@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError, ConfigValidationError
-from qplug_core.flows.checks import check_float32, check_weight_values
+from qplug_core.flows.checks import check_float32, check_weight_values, refuse_quantized
 from qplug_core.flows.dynamic import linear_from_conv1d
 from qplug_core.flows.tags import W8A8
 from qplug_core.kernels.per_token import (
@@ -40,7 +40,6 @@ from qplug_core.weight_only.api import (
     conv1d_class,
     nothing_quantized,
     own_copy,
-    refuse_quantized,
     select_layers,
     skip_patterns,
 )

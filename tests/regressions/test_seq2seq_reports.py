@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import qplug_core as qp
+from qplug_core.errors import ModelStateError
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
 
@@ -51,3 +52,26 @@ def test_a_weight_only_t5_generates(options):
     torch.testing.assert_close(weight + 0, wo.quantized_weight().dequantize())  # what its kernels compute with
     assert (weight - float_wo.weight).abs().max() < 0.1 * float_wo.weight.abs().max()
     assert not any(key.endswith("wo.weight") for key in quantized.state_dict())
+
+
+def _quantized_models():
+    calibration = [{**batch(), "decoder_input_ids": torch.tensor([[0, 7, 8], [0, 9, 10]])}]
+    yield "weight-only", qp.quantize_weights(t5(), bits=8)
+    yield "w8a8", qp.quantize_w8a8(t5(), calibration)
+    yield "dynamic", qp.quantize_dynamic(t5(), backend="fbgemm")
+    yield "dynamic (reference)", qp.quantize_dynamic(t5(), backend="reference")
+
+
+def test_quantizing_a_quantized_model_again_is_refused_by_every_entry_point():
+    """``quantize_weights`` refused a W8A8 model; ``quantize_dynamic`` took it silently (and swapped the
+    lm_head W8A8 kept float on purpose), ``quantize_w8a8`` of a dynamic model said there was no
+    nn.Linear to quantize. All three now say the model is quantized already."""
+    calibration = [{**batch(), "decoder_input_ids": torch.tensor([[0, 7, 8], [0, 9, 10]])}]
+    again = {"quantize_weights": lambda m: qp.quantize_weights(m, bits=8),
+             "quantize_dynamic": lambda m: qp.quantize_dynamic(m, backend="fbgemm"),
+             "quantize_w8a8": lambda m: qp.quantize_w8a8(m, calibration)}
+    for first, model in _quantized_models():
+        for name, quantize in again.items():
+            with pytest.raises(ModelStateError, match=r"already quantized \(layers .*quantize the original float"):
+                quantize(model)
+                pytest.fail(f"{name} of a {first} model returned")

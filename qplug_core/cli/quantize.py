@@ -62,6 +62,10 @@ def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, 
                               "prepared by qplug (use --mode static for a float model)", field="--mode")
         return qp.convert_fx(model.eval(), backend=backend)
     if mode is Mode.dynamic:  # weights only ahead of time: no calibration data needed
+        if capture is Capture.auto and generates(model) and backend.kernels:
+            # as qp.quantize_dynamic does: its linears swapped, so it keeps its class and generate()
+            # (an encoder-decoder does not trace whole)
+            return qp.quantize_dynamic(model, backend=backend)
         mapping = qp.get_default_qconfig_mapping(backend, "dynamic")
         return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=backend,
                                            capture=capture.value), backend=backend)

@@ -3,11 +3,15 @@ tiny config-built Hugging Face model, with the result or the error the user reli
 
 from __future__ import annotations
 
+import sys
+import textwrap
+
 import pytest
 import torch
 
 import qplug_core as qp
 from qplug_core.errors import ModelStateError
+from tests.cli.cli_testkit import invoke
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
 
@@ -75,3 +79,38 @@ def test_quantizing_a_quantized_model_again_is_refused_by_every_entry_point():
             with pytest.raises(ModelStateError, match=r"already quantized \(layers .*quantize the original float"):
                 quantize(model)
                 pytest.fail(f"{name} of a {first} model returned")
+
+
+FACTORY = """
+import torch
+import transformers
+
+
+def bart():
+    torch.manual_seed(0)
+    config = transformers.BartConfig(vocab_size=300, d_model=64, encoder_layers=2, decoder_layers=2,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                     decoder_ffn_dim=128, max_position_embeddings=64)
+    return transformers.BartForConditionalGeneration(config).eval()
+"""
+
+
+def test_cli_dynamic_mode_quantizes_an_encoder_decoder(tmp_path, monkeypatch):
+    """``qplug quantize --mode dynamic`` swaps a generating model's linears as ``qp.quantize_dynamic``
+    does (before: it traced the whole BART and failed, "neither symbolic tracing nor torch.export can
+    capture BartForConditionalGeneration"); the file loads back into the model, which generates."""
+    (tmp_path / "s2smodels_cli.py").write_text(textwrap.dedent(FACTORY))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        result = invoke("quantize", "s2smodels_cli:bart", "--example-shape", "2,12", "--example-shape", "2,12",
+                        "--example-shape", "2,8", "--example-dtype", "int64", "--mode", "dynamic",
+                        "--backend", "fbgemm", "--out", "bart.safetensors", "--json")
+        assert result.exit_code == 0, result.stderr
+        assert result.json()["capture"] == "module swap"
+        model = sys.modules["s2smodels_cli"].bart()
+        loaded = qp.load(tmp_path / "bart.safetensors", model=model)
+    finally:
+        sys.modules.pop("s2smodels_cli", None)
+    assert type(loaded).__name__ == "BartForConditionalGeneration"
+    assert greedy(loaded, batch()).shape[0] == 2

@@ -34,6 +34,7 @@ from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, sa
 from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 from qplug_core.kernels.decode_threads import run_with_fastest_threads
+from qplug_core.kernels.weight_view import FloatWeightView
 
 __all__ = ["PER_TOKEN_LAYERS", "QMAX", "PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_is_exact",
            "onednn_usable", "per_token_is_fast", "per_token_quantize", "swap_in_per_token",
@@ -412,13 +413,15 @@ class PerTokenDynamicLinear(SwappedLayer):
     one_input_scale = False
 
     @property
-    def weight(self) -> torch.Tensor:
-        """The weight the kernel uses, as a float tensor (a read-only copy, made at each read).
+    def weight(self) -> FloatWeightView:
+        """The weight the kernel uses, as a float tensor whose values are made only when an op reads
+        them (:mod:`~qplug_core.kernels.weight_view`).
 
-        Model code reads ``self.wo.weight`` (T5's feed-forward casts to its dtype on every call),
+        Model code reads ``self.wo.weight`` (T5's feed-forward checks its dtype on every call),
         as ``DynamicLinear`` keeps one: without it a per-token T5 raised AttributeError at its
         first forward. Writing to it changes nothing."""
-        return self.weight_int8_t.t().float() * self.weight_scale[:, None]
+        return FloatWeightView(lambda: self.weight_int8_t.t().float() * self.weight_scale[:, None],
+                               (self.out_features, self.in_features), self.weight_scale.device)
 
     def _one_token(self, x: torch.Tensor) -> torch.Tensor:
         """A decode step's single token through oneDNN with Python-number qparams and the bias:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -56,6 +57,22 @@ def test_a_weight_only_t5_generates(options):
     torch.testing.assert_close(weight + 0, wo.quantized_weight().dequantize())  # what its kernels compute with
     assert (weight - float_wo.weight).abs().max() < 0.1 * float_wo.weight.abs().max()
     assert not any(key.endswith("wo.weight") for key in quantized.state_dict())
+
+
+def test_reading_a_per_token_weight_dtype_costs_no_dequantization():
+    """T5 reads ``wo.weight.dtype`` three times per feed-forward call: that read is free (before, the
+    per-token linear dequantized its whole weight at each read; a per-token T5 d_model 512 generated 20
+    tokens in 1.6 s, 0.63 s without)."""
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=100, d_model=512, d_kv=64, d_ff=2048, num_layers=1,
+                                   num_decoder_layers=1, num_heads=8, decoder_start_token_id=0)
+    quantized = qp.quantize_dynamic(transformers.T5ForConditionalGeneration(config).eval(), backend="fbgemm",
+                                    per_token=True)
+    wo = quantized.encoder.block[0].layer[1].DenseReluDense.wo
+    start = time.perf_counter()
+    dtypes = {wo.weight.dtype for _ in range(1000)}
+    seconds = time.perf_counter() - start
+    assert dtypes == {torch.float32} and seconds < 0.3, f"1000 reads of weight.dtype took {seconds:.2f} s"
 
 
 def _quantized_models():

@@ -140,8 +140,7 @@ def quantize(
                               f"{mode.value}; name a backend", field="--backend", value=backend)
         batches = (load_batches(calibration, specs, names) if calibration
                    else random_calibration(specs) if mode in (Mode.static, Mode.w8a8) else None)
-        # real inputs where there are some: ones are no valid offsets or lengths
-        example = batches[0] if calibration and batches else tuple(spec.example() for spec in specs)
+        example = _example(specs, batches if calibration else None)
         with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
             qmodel = quantize_model(model, example, batches, chosen, mode, capture, bits, group_size)
             if chosen == AUTO:  # what it chose, for the accuracy comparison
@@ -202,3 +201,17 @@ def check_writable(out: Path) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("quantize")(quantize)
+
+
+def _example(specs: list, batches: list | None) -> tuple:
+    """The example inputs: the calibration file's first batch where it has the ``--example-shape``
+    shapes (ones are no valid offsets or lengths), else tensors of those shapes. A batch of other
+    shapes is not used: the example's shapes are recorded in the file, and under torchrun each
+    rank's first batch is its own (the ranks and one process must save the same model)."""
+    example = tuple(spec.example() for spec in specs)
+    first = batches[0] if batches else None
+    if first is not None and len(first) == len(example) and all(
+            getattr(b, "shape", None) == e.shape and getattr(b, "dtype", None) == e.dtype
+            for b, e in zip(first, example)):
+        return tuple(first)
+    return example

@@ -33,7 +33,7 @@ from torch import fx
 from qplug_core.errors import ConfigError
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import ARTIFACT, REPORT, SNAPSHOT
-from qplug_core.flows.target_rungs import name_rungs
+from qplug_core.flows.target_rungs import RUNGS, name_rungs
 from qplug_core.kernels.per_token import (
     PER_TOKEN_LAYERS,
     QMAX,
@@ -43,11 +43,7 @@ from qplug_core.kernels.per_token import (
     weight_qmax,
 )
 
-__all__ = ["LADDER_FALLBACKS", "fallback_ladder", "name_fallbacks", "per_token_qmax", "run_per_token"]
-
-#: every rung a ladder can hold, best first
-LADDER_FALLBACKS = ("per_token", "dynamic", "float")
-
+__all__ = ["fallback_ladder", "name_fallbacks", "per_token_qmax", "run_per_token"]
 
 def per_token_qmax(backend: Any = None) -> int:
     """The weight range a per-token layer gets on ``backend``: the GEMM's on this CPU, or the
@@ -60,7 +56,7 @@ def fallback_ladder(backend: Any = None) -> tuple[str, ...]:
     one for a backend that compiles partitions, no dynamic one for a backend without dynamic
     defaults), best first."""
     per_token = per_token_is_fast() and getattr(backend, "delegate", None) is None
-    ladder = LADDER_FALLBACKS if per_token else ("dynamic", "float")
+    ladder = RUNGS if per_token else tuple(r for r in RUNGS if r != "per_token")
     return ladder if _has_dynamic_defaults(backend) else tuple(r for r in ladder if r != "dynamic")
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-#: each rung a layer may be taken to, and the report's reason for a layer left on it in float
+#: the report's reason for a layer a rung leaves in float (per-token layers count as int8)
 RUNG_REASONS = {
     "dynamic": "the accuracy target took it out of static int8: it runs dynamic int8",
     "float": "the accuracy target took it out of static int8: it runs float",
 }
+#: every rung a layer may be taken to, best first
 RUNGS = ("per_token", *RUNG_REASONS)
 #: the report's kernel name of a per-token dynamic int8 layer
 PER_TOKEN_KERNEL = "per-token dynamic int8 (accuracy target)"

@@ -7,7 +7,8 @@ the module and tune that observer as they would in graph mode.
 
 Eager mode does not know which module produced an input, so it cannot narrow the producer's output
 observer as graph mode does. A module whose input observer a rule changed is marked instead, and
-convert requantizes its input to that observer's qparams in front of the kernel.
+convert requantizes its input to that observer's qparams in front of the kernel; a QAT model
+fake-quantizes that input to them, so training sees the integers the kernel will get.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ def _one_call_graph(module: nn.Module, input_observer: nn.Module) -> fx.GraphMod
     return fx.GraphModule(root, graph)
 
 
-def apply_post_prepare_rules(modules: Iterable[tuple[nn.Module, nn.Module]], backend: Backend) -> None:
+def apply_post_prepare_rules(modules: Iterable[tuple[nn.Module, nn.Module]], backend: Backend,
+                             mode: str) -> None:
     """Run ``backend``'s post-prepare passes on each (module, input observer); mark the modules
-    whose input observer they changed (see the module docstring)."""
+    whose input observer they changed with the prepare ``mode`` (see the module docstring)."""
     passes = plugin_passes(backend, Stage.POST_PREPARE)
     if not passes:
         return
@@ -50,4 +52,4 @@ def apply_post_prepare_rules(modules: Iterable[tuple[nn.Module, nn.Module]], bac
         for pass_ in passes:
             pass_(graph_module)
         if _range(input_observer) != before:
-            module.__dict__[EAGER_INPUT_REQUANTIZED] = True
+            module.__dict__[EAGER_INPUT_REQUANTIZED] = mode

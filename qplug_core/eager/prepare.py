@@ -37,7 +37,7 @@ from qplug_core.eager.torch_ao_modules import adopt_torch_ao_modules
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.flows.checks import check_fake_quantizes
 from qplug_core.flows.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
-from qplug_core.flows.tags import EAGER_STATE
+from qplug_core.flows.tags import EAGER_INPUT_REQUANTIZED, EAGER_STATE
 from qplug_core.nn.computed_weights import without_computed_weights
 from qplug_core.observers import ObserverBase
 from qplug_core.registry.backends import Backend, resolve_backend
@@ -52,10 +52,19 @@ def observe_output(module: nn.Module, args: Any, output: torch.Tensor) -> torch.
     return module.activation_post_process(output)
 
 
-def observe_input(module: nn.Module, args: tuple) -> None:
-    """Forward pre-hook: record the first input's range (input is left unchanged)."""
-    if args and isinstance(args[0], torch.Tensor):
-        module.activation_pre_process(args[0].detach())
+def observe_input(module: nn.Module, args: tuple) -> tuple | None:
+    """Forward pre-hook: record the first input's range. The input is left unchanged, except in a
+    QAT model where a backend rule narrowed it: there it is fake-quantized to the narrowed qparams
+    convert will requantize it to."""
+    if not (args and isinstance(args[0], torch.Tensor)):
+        return None
+    module.activation_pre_process(args[0].detach())
+    if module.__dict__.get(EAGER_INPUT_REQUANTIZED) != "qat":
+        return None
+    qparams = module.activation_pre_process.qparams()
+    fake = torch.fake_quantize_per_tensor_affine(args[0], qparams.scale, qparams.zero_point.to(torch.int32),
+                                                 qparams.quant_min, qparams.quant_max)
+    return (fake, *args[1:])
 
 
 def resolve_qconfigs(model: nn.Module, mapping: QConfigMapping) -> dict[str, QConfig | None]:
@@ -189,7 +198,7 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
                 model.set_submodule(name, module)
         _attach(module, name, qconfig, with_input=with_input)
     apply_post_prepare_rules([(module, module.__dict__[INPUT_OBSERVER]) for module in model.modules()
-                              if INPUT_OBSERVER in module.__dict__], chosen)
+                              if INPUT_OBSERVER in module.__dict__], chosen, mode)
     setattr(model, EAGER_STATE, {"backend": chosen.name, "mode": mode})
     return model.train(is_qat)
 

@@ -58,6 +58,7 @@ EAGER_STATE = "qplug_eager_state"
 #: attribute of an eager-mode model converted by ``qp.eager.convert``: the backend's name
 EAGER_CONVERTED = "qplug_eager_converted"
 #: an eager module attribute: a backend rule chose its input qparams, convert requantizes to them
+#: (the prepare mode, "static" or "qat": a QAT model fake-quantizes the input to them in training)
 EAGER_INPUT_REQUANTIZED = "qplug_input_requantized"
 #: GraphModule.meta: the capture level used ("symbolic" or "export")
 CAPTURE = "qplug_capture"

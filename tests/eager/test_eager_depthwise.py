@@ -72,3 +72,28 @@ def test_a_depthwise_conv_prepared_for_another_backend_runs_in_reference_form_wi
     x = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(9))
     with torch.no_grad():
         assert float(sqnr(reference(x), on_fbgemm(x))) > 35
+
+
+def test_a_qat_depthwise_conv_on_fbgemm_trains_on_the_7_bit_inputs_its_kernel_gets():
+    """Training sees what convert runs: the QAT model fake-quantizes the depthwise conv's input to
+    the 7-bit qparams convert requantizes it to (34.8 dB apart when training saw 8 bits)."""
+    torch.manual_seed(0)
+    model = DepthwiseNet()
+    with torch.no_grad():
+        model.depthwise.weight.abs_()
+    qat = qp.eager.prepare_qat(qp.eager.fuse_modules(model.train(), [["conv", "relu"]], is_qat=True),
+                               backend="fbgemm")
+    optimizer = torch.optim.SGD(qat.parameters(), lr=1e-3)
+    for seed in range(6):
+        loss = qat(torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(seed))).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert bool(qat.conv.weight.grad.abs().sum() > 0)  # gradients pass the fake-quantized input
+    x = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(9))
+    qat.eval()
+    with torch.no_grad():
+        trained = qat(x)
+        converted = qp.eager.convert(qat, backend="fbgemm")
+        assert int(_depthwise_input_integers(converted, x).max()) <= 127
+        torch.testing.assert_close(converted(x), trained, atol=1e-6, rtol=0)

@@ -88,18 +88,20 @@ class ObserverInserter:
             value, self.build(region.qconfig.activation), "input", reroute=False)
 
     def _share_input_observer(self, region: Region) -> None:
-        """The region reads its first input's observer and writes through it. Another input that
-        is float here (a ``cat`` of an int8 and a float value) is observed too, by its own observer
-        if it has one, else by the shared one (as torch.ao does): the int8 op takes only quantized
-        operands, and a float one was dropped."""
-        source = region.inputs[0] if region.inputs else None
-        observer = self.observer_of.get(source)
-        if observer is None:
+        """The region reads its first observed input's observer and writes through it. Another
+        input that is float here (a ``cat`` of an int8 and a float value, in either order) is
+        observed too, by its own observer if it has one, else by the shared one (as torch.ao
+        does): the int8 op takes only quantized operands, and a float one was dropped."""
+        source = next((value for value in region.inputs if value in self.observer_of), None)
+        if source is None:
             region.quantized = False
             region.reason = "shares its input's qparams, but its input is float"
             return
+        observer = self.observer_of[source]
         reads = {source: observer}
-        for value in region.inputs[1:]:
+        for value in region.inputs:
+            if value in reads:
+                continue
             read = self._read_by_consumers(value)
             reads[value] = read if read is not value else self.observer_of.get(value) or \
                 self._add_observer_node(value, observer.target, "shared", reroute=False)

@@ -52,23 +52,26 @@ def test_the_dlrm_dot_interaction_quantizes_on_delegating_backends(backend, buff
 class CatOfIntAndFloat(nn.Module):
     """DLRM's top-MLP input ``cat([x, Zf])``: an int8 value and a value float ops computed."""
 
-    def __init__(self) -> None:
+    def __init__(self, float_first: bool = False) -> None:
         super().__init__()
         self.a, self.top = nn.Linear(8, 16), nn.Linear(22, 1)
+        self.float_first = float_first
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.a(x))
         z = torch.bmm(y.unsqueeze(1), y.unsqueeze(2)).flatten(1) * torch.ones(1, 6)
-        return self.top(torch.cat([h, z], dim=1))
+        return self.top(torch.cat([z, h] if self.float_first else [h, z], dim=1))
 
 
+@pytest.mark.parametrize("float_first", [False, True], ids=["int8-first", "float-first"])
 @pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
-def test_a_cat_of_an_int8_and_a_float_value_runs_the_int8_cat(backend, recwarn):
+def test_a_cat_of_an_int8_and_a_float_value_runs_the_int8_cat(backend, float_first, recwarn):
     """Prepare observed only the cat's first input, so ``quantized::cat`` got only the int8 piece:
-    "broke the kernel contract ... returned shape (16, 16), expected (16, 22)", blaming the plugin.
-    Every operand is now quantized with the cat's qparams, as torch.ao does."""
+    "broke the kernel contract ... returned shape (16, 16), expected (16, 22)", blaming the plugin;
+    with the float value first the cat stayed float whole. Every operand is now quantized with the
+    qparams of the first int8 one, as torch.ao does."""
     torch.manual_seed(0)
-    model = CatOfIntAndFloat().eval()
+    model = CatOfIntAndFloat(float_first).eval()
     batches = [(torch.randn(16, 8), torch.randn(16, 8)) for _ in range(4)]
     x = (torch.randn(256, 8), torch.randn(256, 8))
     int8 = qp.quantize(model, batches[0], batches, backend=backend)

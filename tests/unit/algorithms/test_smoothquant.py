@@ -89,3 +89,32 @@ def test_an_input_made_by_int8_ops_is_left_alone():
     gm = qp.fuse_fx(Block().eval(), data[0], backend="reference")
     results = smooth_quant(gm, data, qconfig_mapping=qp.get_default_qconfig_mapping("reference"))
     assert [r.layers for r in results] == [["fc1", "fc2"]]  # fc3 reads the int8 add
+
+
+def _topic_batches(seed: int, topics: range, batches: int = 2) -> list[tuple[torch.Tensor]]:
+    """Rows with two loud channels always on and, per topic, a few quiet channels firing 20x:
+    new data (other topics) fires channels its calibration never saw fire."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for topic in topics:
+        for _ in range(batches):
+            x = torch.randn(32, 64, generator=g)
+            x[:, :2] *= 60.0
+            x[:, 2 + 4 * topic: 6 + 4 * topic] *= 20.0
+            out.append((x,))
+    return out
+
+
+def test_the_strength_is_chosen_on_rows_its_scale_never_saw():
+    """Scored on the rows that fitted it, strong smoothing always wins (nothing exceeds the range),
+    but it evens the channels' maxima, so a channel quiet in calibration that fires on new data
+    is multiplied up and clipped: held out, it did worse than no smoothing at all."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32)).eval()
+    calibration, held_out = _topic_batches(1, range(4)), _topic_batches(2, range(4, 8))
+    with torch.no_grad():
+        want = torch.cat([model(*b) for b in held_out])
+        sqnr = {recipe: qp.sqnr(want, torch.cat([q(*b) for b in held_out])) for recipe, q in (
+            (recipe, qp.quantize(model, calibration[0], calibration, backend="reference", recipe=recipe))
+            for recipe in ("none", "smoothquant"))}
+    assert sqnr["smoothquant"] >= sqnr["none"] - 0.1, sqnr

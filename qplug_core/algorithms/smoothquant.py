@@ -14,7 +14,7 @@ best kept, including "no smoothing". The division is a :class:`ChannelScale` nod
 the layers, so any producer works (a LayerNorm that also feeds a residual, a GELU, a reshape).
 
 Each candidate is scored on rows its scale and activation range never saw: the first half of the
-calibration batches fits them and the second half is scored, then the other way round. Scored on
+recorded calibration rows fits them and the second half is scored, then the other way round. Scored on
 the rows that fitted them, a strong smoothing always looks best, as no row exceeds the range; but
 it evens the channels' maxima, so a channel quiet in calibration that spikes on new data (a new
 topic's words) is multiplied up and clipped: all-MiniLM-L6-v2 took 0.8 almost everywhere and
@@ -66,12 +66,11 @@ class SmoothedInput:
 
 
 class _InputRecorder:
-    """Pre-hook keeping per-channel max |x| and up to ``_SAMPLE_ROWS`` rows of a layer's input,
-    those rows batch by batch with each batch's own per-channel max |x|."""
+    """Pre-hook keeping per-channel max |x| and up to ``_SAMPLE_ROWS`` rows of a layer's input."""
 
     def __init__(self) -> None:
         self.absmax: torch.Tensor | None = None
-        self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []  # (absmax, rows) of each batch
+        self.rows: list[torch.Tensor] = []
         self.kept = 0
 
     def __call__(self, module: nn.Module, args: tuple) -> None:
@@ -81,31 +80,27 @@ class _InputRecorder:
         self.absmax = found if self.absmax is None else torch.maximum(self.absmax, found)
         if self.kept < _SAMPLE_ROWS:
             take = rows[: _SAMPLE_ROWS - self.kept].clone()
-            self.batches.append((take.abs().amax(0), take))
+            self.rows.append(take)
             self.kept += take.shape[0]
 
     def folds(self) -> list[tuple[_Rows, _Rows]]:
-        """(fitting, scored) pairs: the first half of the recorded batches against the second and
-        the other way round; with one batch, its rows scored on themselves."""
-        halves = [self.batches[: len(self.batches) // 2], self.batches[len(self.batches) // 2:]]
-        if not halves[0]:
-            whole = _Rows.of(self.batches)
-            return [(whole, whole)]
-        first, second = _Rows.of(halves[0]), _Rows.of(halves[1])
-        return [(first, second), (second, first)]
+        """(fitting, scored) pairs: the first half of the recorded rows (in calibration order)
+        against the second and the other way round; a single row is scored on itself."""
+        rows = torch.cat(self.rows)
+        first, second = _Rows.of(rows[: len(rows) // 2]), _Rows.of(rows[len(rows) // 2:])
+        return [(first, second), (second, first)] if len(rows) > 1 else [(second, second)]
 
 
 @dataclass
 class _Rows:
-    """Recorded rows of some batches (every ``_SEARCH_STRIDE``-th) and their per-channel max |x|."""
+    """Every ``_SEARCH_STRIDE``-th of some recorded rows, and the per-channel max |x| of all of them."""
 
     absmax: torch.Tensor
     rows: torch.Tensor
 
     @classmethod
-    def of(cls, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> _Rows:
-        return cls(torch.stack([absmax for absmax, _ in batches]).amax(0),
-                   torch.cat([rows for _, rows in batches])[::_SEARCH_STRIDE])
+    def of(cls, rows: torch.Tensor) -> _Rows:
+        return cls(rows.abs().amax(0), rows[::_SEARCH_STRIDE])
 
 
 #: producers whose output is int8 between int8 regions: a ChannelScale after them would force it

@@ -14,12 +14,12 @@ best kept, including "no smoothing". The division is a :class:`ChannelScale` nod
 the layers, so any producer works (a LayerNorm that also feeds a residual, a GELU, a reshape).
 
 Each candidate is scored on rows its scale and activation range never saw: the first half of the
-recorded calibration rows fits them and the second half is scored, then the other way round. Scored on
-the rows that fitted them, a strong smoothing always looks best, as no row exceeds the range; but
-it evens the channels' maxima, so a channel quiet in calibration that spikes on new data (a new
-topic's words) is multiplied up and clipped: all-MiniLM-L6-v2 took 0.8 almost everywhere and
-fell to a cosine of 0.979 on a held-out sentence whose FFN input exceeded a channel's calibrated
-maximum 21x (6x the smoothed tensor's range), worse than no smoothing (0.991).
+recorded calibration rows fits them and the second half is scored, then the other way round.
+Scored on the rows that fitted them, a strong smoothing always looks best, as no row exceeds the
+range; but it evens the channels' maxima, so a channel quiet in calibration that spikes on new
+data (a new topic's words) is multiplied up and clipped: all-MiniLM-L6-v2 took 0.8 almost
+everywhere and fell to a cosine of 0.979 on a held-out sentence whose FFN input exceeded a
+channel's calibrated maximum 21x (6x the smoothed tensor's range), worse than no smoothing (0.991).
 """
 
 from __future__ import annotations
@@ -87,8 +87,11 @@ class _InputRecorder:
         """(fitting, scored) pairs: the first half of the recorded rows (in calibration order)
         against the second and the other way round; a single row is scored on itself."""
         rows = torch.cat(self.rows)
+        if len(rows) < 2:
+            whole = _Rows.of(rows)
+            return [(whole, whole)]
         first, second = _Rows.of(rows[: len(rows) // 2]), _Rows.of(rows[len(rows) // 2:])
-        return [(first, second), (second, first)] if len(rows) > 1 else [(second, second)]
+        return [(first, second), (second, first)]
 
 
 @dataclass

@@ -118,3 +118,9 @@ def test_the_strength_is_chosen_on_rows_its_scale_never_saw():
             (recipe, qp.quantize(model, calibration[0], calibration, backend="reference", recipe=recipe))
             for recipe in ("none", "smoothquant"))}
     assert sqnr["smoothquant"] >= sqnr["none"] - 0.1, sqnr
+
+
+def test_one_calibration_row_is_scored_on_itself():
+    gm = qp.fuse_fx(torch.nn.Sequential(torch.nn.Linear(8, 4)).eval(), (torch.randn(1, 8),), backend="reference")
+    (result,) = smooth_quant(gm, [(torch.randn(1, 8),)], qconfig_mapping=qp.get_default_qconfig_mapping("reference"))
+    assert result.error_after <= result.error_before

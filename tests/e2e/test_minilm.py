@@ -82,6 +82,22 @@ def test_static_int8_defaults_on_the_hugging_face_model_keep_the_embeddings(mini
     assert ours.cosine_mean >= 0.995 and ours.cosine_min >= 0.99 and ours.neighbours_kept >= 0.9, ours
 
 
+def test_static_int8_defaults_keep_the_promise_on_topics_calibration_never_saw(minilm, plugin_autoload):
+    """Calibration on four topics, scored on five others, in batches of 8 as an outside tester ran
+    it: on onnxruntime the all-int8 model met the target on calibration, so the search decided
+    nothing and SmoothQuant's strengths alone set the held-out tail. Scored on the rows that
+    fitted them, they were 0.8 almost everywhere, which clipped FFN input channels quiet in
+    calibration that the new topics fire: worst sentence 0.979 (``recipe="none"``: 0.991)."""
+    model, _, _ = minilm
+    sentences = read_sentences(SENTENCES.with_name("sentences_by_topic_en.txt"))
+    calibration_batches = token_batches(model.tokenizer, sentences[:40], batch_size=8)
+    batches = token_batches(model.tokenizer, sentences[40:], batch_size=8)
+    qmodel = qp.quantize(model.model, calibration_batches[0], calibration_batches, backend="onnxruntime")
+    ours = agreement(embed(model.model, batches), embed(qmodel, batches))
+    # the promise of docs/guide/accuracy.md on sentences calibration never saw
+    assert ours.cosine_mean >= 0.995 and ours.cosine_min >= 0.99 and ours.neighbours_kept >= 0.92, ours
+
+
 def test_weight_only_int8_per_channel_rtn_keeps_the_embeddings(minilm, plugin_autoload):
     """With every plugin installed, as users run it: onnxruntime's MatMulNBits rounds activations
     to int8 per block, which cost 0.9989 / 0.9978 in blocks of 128 (the reference kernel: 0.9996)."""

@@ -2,8 +2,8 @@
 
 Run: ``python bench/bench_accuracy_minilm.py [--sentences tests/data/sentences_en.txt]
 [--threads 1] [--rounds 5] [--variants static,static-none,static-zoo,dynamic,per-token]
-[--swap-halves]`` (``--variants`` builds and times only those, against the float model; default:
-all).
+[--swap-halves] [--backend fbgemm]`` (``--variants`` builds and times only those, against the float
+model; default: all; ``--backend`` is the static variants' backend, e.g. ``onnxruntime``).
 
 Sentences (one per line) are split even/odd into calibration and evaluation halves
 (``--swap-halves``: odd ones calibrate, even ones evaluate). The float
@@ -12,7 +12,8 @@ reference is the Hugging Face ``BertModel`` in eager mode; the embedding is sent
 
 * ``static int8``: ``qp.quantize`` on the Hugging Face model itself with the transformer defaults
   (captured with torch.export; ``recipe="auto"``: SmoothQuant, then ``Target(cosine=0.998,
-  min_cosine=0.995)`` on the calibration half, scored on the pooled embedding), fbgemm kernels;
+  min_cosine=0.995)`` on the calibration half, scored on the pooled embedding), fbgemm kernels
+  (or ``--backend``'s);
 * ``static int8, recipe="none"``: the same without any algorithm, for comparison;
 * ``static int8, zoo clone``: the defaults on the zoo's symbolically traceable BERT encoder holding
   the same weights (checked equal to 1e-6 below), whose output is the pooled embedding;
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("--build-rounds", type=int, default=1,
                         help="build every variant this many times, alternated in one process; "
                              "the build column is the median (the machine is noisy)")
+    parser.add_argument("--backend", default="fbgemm", help="the static variants' backend")
     parser.add_argument("--variants", default=",".join(VARIANT_KEYS),
                         help=f"comma-separated, from: {', '.join(VARIANT_KEYS)}")
     args = parser.parse_args()
@@ -86,17 +88,17 @@ def main() -> None:
           f"{float((embed(zoo, ev) - reference).abs().max()):.1e}")
 
     builders = {
-        "static": ("static int8", lambda: qp.quantize(minilm.model, cal[0], cal, backend="fbgemm")),
+        "static": ("static int8", lambda: qp.quantize(minilm.model, cal[0], cal, backend=args.backend)),
         "static-none": ('static int8, recipe="none"',
-                        lambda: qp.quantize(minilm.model, cal[0], cal, backend="fbgemm", recipe="none")),
-        "static-zoo": ("static int8, zoo clone", lambda: qp.quantize(zoo, cal[0], cal, backend="fbgemm")),
+                        lambda: qp.quantize(minilm.model, cal[0], cal, backend=args.backend, recipe="none")),
+        "static-zoo": ("static int8, zoo clone", lambda: qp.quantize(zoo, cal[0], cal, backend=args.backend)),
         "dynamic": ("dynamic int8", lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm")),
         "per-token": ("per-token dynamic",
                       lambda: qp.quantize_dynamic(minilm.model, backend="fbgemm", per_token=True)),
     }
     variants, build_seconds = {}, collections.defaultdict(list)
     with quiet():  # untimed: torch.export's one-time warm-up must not be billed to the first build
-        qp.quantize(minilm.model, cal[0], cal[:1], backend="fbgemm", recipe="none")
+        qp.quantize(minilm.model, cal[0], cal[:1], backend=args.backend, recipe="none")
         for _ in range(args.build_rounds):
             for key in chosen:
                 name, build = builders[key]

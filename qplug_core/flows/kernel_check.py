@@ -66,17 +66,60 @@ class ContractRun:
     available: bool = False
 
 
+def _tensors(value: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    fx.node.map_aggregate(value, lambda v: found.append(v) if isinstance(v, torch.Tensor) else None)
+    return found
+
+
+def _versions(value: Any) -> tuple[int, ...] | None:
+    """The version counters of the tensors in ``value`` (each in-place write bumps its tensor's and
+    its views'); None when one has none (made under ``torch.inference_mode``)."""
+    tensors = _tensors(value)
+    if any(t.is_inference() for t in tensors):
+        return None
+    return tuple(t._version for t in tensors)
+
+
+def _copied(value: Any) -> Any:
+    return fx.node.map_aggregate(value, lambda v: v.clone() if isinstance(v, torch.Tensor) else v)
+
+
 class ValueRecorder(fx.Interpreter):
-    """Runs a graph, keeping the values of the ``wanted`` nodes in ``values``."""
+    """Runs a graph, keeping the values of the ``wanted`` nodes in ``values`` as they were when
+    produced.
+
+    A later in-place op can overwrite a kept value: in the reference form, ``LeakyReLU(inplace=True)``
+    writes into the output of the Dequantize before it, and a kernel checked on that kept value
+    got an input activated twice. Copying every value would cost a second copy of the activations,
+    so each kept tensor's version counter is noted; the values whose counter moved by the end of
+    the run (in-place writes, through views too) are copied when produced in one more run.
+    """
 
     def __init__(self, gm: fx.GraphModule, wanted: set[fx.Node], values: dict[fx.Node, Any]) -> None:
         super().__init__(gm)
         self.wanted, self.values = wanted, values
+        self.copied: set[fx.Node] = set()
+        self.versions: dict[fx.Node, tuple[int, ...]] = {}
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().run(*args, **kwargs)
+        overwritten = {n for n, v in self.versions.items() if _versions(self.values[n]) != v}
+        if not overwritten:
+            return result
+        self.copied |= overwritten
+        self.versions = {}
+        return super().run(*args, **kwargs)
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
         if n in self.wanted:
-            self.values[n] = result
+            versions = None if n in self.copied else _versions(result)
+            if versions is None:
+                self.values[n] = _copied(result)
+                self.copied.add(n)
+            else:
+                self.values[n], self.versions[n] = result, versions
         return result
 
 

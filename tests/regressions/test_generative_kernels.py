@@ -1,0 +1,70 @@
+"""Defects a generative-model user found (2026-12-06: DCGAN, UNet): each test is that user's own
+call, with the numbers or the report text they rely on."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import fx, nn
+
+import qplug_core as qp
+from qplug_core.flows.kernel_check import ValueRecorder
+from qplug_core.onnx_export.api import reference_form
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+
+def _conv_act_conv(act: nn.Module) -> nn.Module:
+    """A standalone int8 activation between two convs (the pool keeps it out of a conv fusion)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.MaxPool2d(1), act,
+                         nn.Conv2d(16, 8, 3, padding=1)).eval()
+
+
+@pytest.mark.parametrize(("act", "kernel"), [
+    (lambda inplace: nn.LeakyReLU(0.2, inplace), "quantized::leakyrelu"),
+    (lambda inplace: nn.Hardswish(inplace), "quantized::hardswish"),
+    (lambda inplace: nn.ELU(inplace=inplace), "quantized::elu"),
+], ids=["leaky_relu", "hardswish", "elu"])
+def test_an_in_place_activation_runs_the_same_kernel_as_its_out_of_place_twin(act, kernel):
+    """``nn.LeakyReLU(0.2, inplace=True)`` (DCGAN), ``Hardswish`` and ``ELU(inplace=True)`` on fbgemm
+    warned "kernel quantized::leakyrelu of plugin 'fbgemm' broke the kernel contract on the example
+    inputs (3049 of 8192 outputs differ ...)" and kept the reference form: the check kept the
+    reference run's dequantized input, which the in-place activation then overwrote, so the kernel
+    was checked on an input activated twice. The kernel now runs, and the int8 model, like its
+    reference form, answers exactly as the one built from the ``inplace=False`` model."""
+    torch.manual_seed(1)
+    batches = [(torch.randn(2, 8, 16, 16),) for _ in range(4)]
+    x = torch.randn(2, 8, 16, 16)
+    outputs = {}
+    for inplace in (True, False):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            int8 = qp.quantize(_conv_act_conv(act(inplace)), batches[0], batches, backend="fbgemm")
+        assert not [w for w in caught if "kernel contract" in str(w.message)]
+        assert qp.quantization_report(int8).kernels["3"] == kernel
+        with torch.no_grad():
+            outputs[inplace] = int8(x), reference_form(int8)(x)
+    assert torch.equal(outputs[True][0], outputs[False][0])
+    assert torch.equal(outputs[True][1], outputs[False][1])
+    with torch.no_grad():
+        assert qp.sqnr(_conv_act_conv(act(False))(x), outputs[True][0]) > 30  # 36-45 dB measured
+
+
+def test_recorded_values_are_those_produced_even_when_a_later_op_writes_through_a_view():
+    """The contract check (and delegation's, and layer parity) reads values a graph run recorded;
+    a later in-place write, here through a view, must not change what was recorded."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(torch.add, (x, 1.0))
+    view = graph.call_method("view", (y, -1))
+    graph.call_method("mul_", (view, 0.0))
+    graph.output(y)
+    gm = fx.GraphModule(nn.Module(), graph)
+    values: dict[fx.Node, object] = {}
+    inputs = torch.arange(6.0).reshape(2, 3)
+    returned = ValueRecorder(gm, {y}, values).run(inputs)
+    assert torch.equal(values[y], inputs + 1)
+    assert not returned.any()  # the run itself computes as the graph says

@@ -12,7 +12,7 @@ on them); immediate ones (fake-quant, whose output needs the qparams at once) re
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -51,9 +51,15 @@ class BatchReduction:
         self._observers: set[int] = set()
 
     def add(self, observer: Any, stats: BatchStats) -> None:
-        """Queue one call's statistics; an observer called again in the same pass flushes first."""
+        """Queue one call's statistics; an observer called again in the same pass flushes first.
+
+        A deferred call's values are copied: they are the observer's input, which the rest of
+        the forward pass may still overwrite (``ELU(inplace=True)`` after it), and a histogram
+        would then count what the next op made of them."""
         if id(observer) in self._observers:
             self.flush()
+        if self.deferred and stats.values is not None:
+            stats = replace(stats, values=stats.values.clone())
         self._pending.append((observer, stats))
         self._observers.add(id(observer))
         if not self.deferred:

@@ -3,6 +3,7 @@ call, with the numbers or the report text they rely on."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -11,6 +12,8 @@ from torch import fx, nn
 
 import qplug_core as qp
 from qplug_core.flows.kernel_check import ValueRecorder
+from qplug_core.observers import HistogramObserver
+from qplug_core.observers.batch_sync import BatchReduction, reduce_each_batch
 from qplug_core.onnx_export.api import reference_form
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
@@ -68,3 +71,36 @@ def test_recorded_values_are_those_produced_even_when_a_later_op_writes_through_
     returned = ValueRecorder(gm, {y}, values).run(inputs)
     assert torch.equal(values[y], inputs + 1)
     assert not returned.any()  # the run itself computes as the graph says
+
+
+class _OneRank:
+    """The collectives of a group of one rank (its statistics are what all ranks agree on)."""
+
+    def min_max(self, low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return low, high
+
+    def total(self, value: torch.Tensor) -> torch.Tensor:
+        return value
+
+
+def test_distributed_calibration_counts_the_values_an_observer_saw_before_an_in_place_op():
+    """Calibrating with ``sync_observers_each_step`` (every=1), a histogram observer's batch
+    values wait for the ranks' common range until the forward pass ends; ``ELU(inplace=True)``
+    after the observed value overwrote them meanwhile, so the histogram counted ELU's outputs, not
+    what one process calibrating the same batch counts. It now counts what it observed."""
+    x = torch.randn(2, 8, 16, 16)
+    observed = qp.prepare_fx(qp.fuse_fx(_conv_act_conv(nn.ELU(inplace=True)), backend="fbgemm"),
+                             backend="fbgemm", example_inputs=(x,))
+    alone, synced = copy.deepcopy(observed), copy.deepcopy(observed)
+    reduction = BatchReduction(_OneRank(), deferred=True)
+    for module in synced.modules():
+        if isinstance(module, HistogramObserver):
+            reduce_each_batch(module, reduction)
+    with torch.no_grad():
+        alone(x)
+        synced(x)
+        reduction.flush()
+    pairs = [(a, b) for a, b in zip(alone.modules(), synced.modules()) if isinstance(a, HistogramObserver)]
+    assert len(pairs) == 4
+    for a, b in pairs:
+        assert torch.equal(a.histogram, b.histogram)

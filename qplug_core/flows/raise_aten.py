@@ -52,6 +52,13 @@ _FUNCTIONS: dict[Any, Callable] = {
     aten.pixel_shuffle.default: F.pixel_shuffle, aten.elu.default: F.elu,
     aten.relu6.default: F.relu6, aten.narrow.default: torch.narrow,
 }
+#: ATen upsample op -> the ``F.interpolate`` mode computing it: the modes fbgemm's and qnnpack's
+#: kernels run on int8 tensors (torch has no quantized 1-d nearest, linear, bicubic or trilinear)
+_INTERPOLATE: dict[Any, str] = {
+    aten.upsample_nearest2d: "nearest", aten.upsample_nearest3d: "nearest",
+    aten._upsample_nearest_exact2d: "nearest-exact", aten._upsample_nearest_exact3d: "nearest-exact",
+    aten.upsample_bilinear2d: "bilinear",
+}
 #: in-place ATen ops and their out-of-place forms, used when nothing else reads the mutated input
 _OUT_OF_PLACE: dict[Any, Any] = {
     aten.relu_.default: aten.relu.default, aten.add_.Tensor: aten.add.Tensor,
@@ -212,6 +219,8 @@ class _Raiser:
                 self._replace_with_module(node, *module)
             elif node.target in _FUNCTIONS and _plain_kwargs(node):
                 node.target = _FUNCTIONS[node.target]
+            elif (interpolation := _as_interpolate(node)) is not None:
+                node.target, node.args, node.kwargs = F.interpolate, (node.args[0],), interpolation
             elif node.target in _METHODS:
                 node.op, node.target = "call_method", _METHODS[node.target]
 
@@ -428,6 +437,29 @@ def _arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
     if len(node.args) > index:
         return node.args[index]
     return node.kwargs.get(name, default)
+
+
+def _as_interpolate(node: fx.Node) -> dict[str, Any] | None:
+    """The keyword arguments of the ``F.interpolate`` call that computes exactly what upsample
+    ``node`` computes (it makes the same ATen call), or None.
+
+    The ``.vec`` overloads take an output size or scale factors (kept as given: the source index
+    comes from the scale factor, not from the rounded output size), as ``F.interpolate`` does. The
+    plain overloads take an output size plus optional scales; with scales, ``F.interpolate`` has
+    no call for both, so the op stays ATen."""
+    packet = getattr(node.target, "overloadpacket", None)
+    mode = _INTERPOLATE.get(packet)
+    if mode is None or node.target not in (packet.vec, packet.default):
+        return None
+    corners = {"align_corners": _arg(node, 2, "align_corners")} if mode == "bilinear" else {}
+    first_scale = 2 + len(corners)
+    scales = None
+    if node.target is packet.vec:
+        scales = _arg(node, first_scale, "scale_factors")
+    elif any(v is not None for v in (*node.args[first_scale:],
+                                     *(v for k, v in node.kwargs.items() if k.startswith("scales")))):
+        return None
+    return {"size": _arg(node, 1, "output_size"), "scale_factor": scales, "mode": mode, **corners}
 
 
 def _plain_kwargs(node: fx.Node) -> bool:

@@ -4,10 +4,14 @@ call, with the numbers or the report text they rely on."""
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import fx, nn
 
 import qplug_core as qp
@@ -104,3 +108,75 @@ def test_distributed_calibration_counts_the_values_an_observer_saw_before_an_in_
     assert len(pairs) == 4
     for a, b in pairs:
         assert torch.equal(a.histogram, b.histogram)
+
+
+class Upsampler(nn.Module):
+    """UNet's decoder step: conv, upsample (``F.interpolate`` with these arguments), conv."""
+
+    def __init__(self, dims: int, upsample: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 **interpolate: Any) -> None:
+        super().__init__()
+        conv = {2: nn.Conv2d, 3: nn.Conv3d}[dims]
+        self.a, self.b = conv(4, 4, 3, padding=1), conv(4, 4, 3, padding=1)
+        self.upsample = upsample or functools.partial(F.interpolate, **interpolate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.upsample(self.a(x)))
+
+
+_UPSAMPLES = [
+    ((8, 8), dict(scale_factor=2, mode="nearest")),
+    ((7, 9), dict(scale_factor=1.7, mode="nearest")),
+    ((7, 9), dict(scale_factor=1.3, mode="nearest", recompute_scale_factor=True)),
+    ((8, 8), dict(size=(13, 7), mode="nearest")),
+    ((7, 9), dict(scale_factor=2.5, mode="nearest-exact")),
+    ((7, 9), dict(scale_factor=1.5, mode="bilinear", align_corners=True)),
+    ((7, 9), dict(scale_factor=(1.5, 2.25), mode="bilinear")),
+    ((8, 8), dict(size=(11, 5), mode="bilinear")),
+    ((4, 5, 3), dict(scale_factor=2, mode="nearest")),
+]
+
+
+@pytest.mark.parametrize(("spatial", "interpolate"), _UPSAMPLES, ids=[
+    f"{'x'.join(map(str, s))}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for s, kw in _UPSAMPLES])
+def test_an_upsample_captured_by_torch_export_is_int8_as_under_symbolic_tracing(spatial, interpolate):
+    """conv -> ``F.interpolate(scale_factor=2, mode="nearest")`` -> conv was int8 through the
+    upsample under symbolic tracing but kept ``upsample_nearest2d.vec`` float under torch.export
+    (a UNet whose forward reads its timestep's type), reported as "no quantization pattern of the
+    backend matches this op". The ATen upsample is raised to the ``F.interpolate`` call that
+    computes it exactly (the float graph equals the float model), and the int8 model is the one
+    symbolic tracing gives."""
+    torch.manual_seed(0)
+    model = Upsampler(len(spatial), **interpolate).eval()
+    batches = [(torch.randn(1, 4, *spatial),) for _ in range(3)]
+    x = torch.randn(2, 4, *spatial)
+    raised = qp.fuse_fx(model, batches[0], backend="fbgemm", capture="export")
+    assert [n.target for n in raised.graph.nodes if n.op == "call_function"] == [F.interpolate]
+    int8 = {capture: qp.quantize(model, batches[0], batches, backend="fbgemm", capture=capture)
+            for capture in ("symbolic", "export")}
+    assert not [s.node for s in qp.quantization_report(int8["export"]).skipped]
+    with torch.no_grad():
+        assert torch.equal(raised(x), model(x))
+        assert torch.equal(int8["export"](x), int8["symbolic"](x))
+
+
+_ATEN = torch.ops.aten
+
+
+@pytest.mark.parametrize(("call", "raised"), [
+    (lambda h: _ATEN.upsample_nearest2d.default(h, [15, 11]), True),
+    (lambda h: _ATEN.upsample_bilinear2d.default(h, [15, 11], True), True),
+    (lambda h: _ATEN.upsample_nearest2d.default(h, [15, 11], 1.9, 1.4), False),
+    (lambda h: _ATEN.upsample_bilinear2d.default(h, [15, 11], False, 1.9, 1.4), False),
+], ids=["nearest", "bilinear", "nearest-with-scales", "bilinear-with-scales"])
+def test_a_plain_aten_upsample_is_raised_only_where_interpolate_computes_it_exactly(call, raised):
+    """The plain overloads take an output size and optional scales (the source index comes from
+    the scales); ``F.interpolate`` has no call taking both, so one with scales stays ATen."""
+    torch.manual_seed(0)
+    model = Upsampler(2, call).eval()
+    x = torch.randn(1, 4, 8, 8)
+    graph = qp.fuse_fx(model, (x,), backend="fbgemm", capture="export")
+    targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    assert (targets == [F.interpolate]) is raised
+    with torch.no_grad():
+        assert torch.equal(graph(x), model(x))

@@ -12,6 +12,7 @@ from typing import Any
 
 from torch import fx, nn
 
+from qplug_core.flows.report import no_pattern_reason
 from qplug_core.partition.partitioner import CapabilityBasedPartitioner, Partition
 from qplug_core.partition.support import OperatorSupportBase
 
@@ -63,7 +64,7 @@ def by_backend(model: nn.Module, backend: Any, example_inputs: Any, *, qconfig_m
                 reasons[node.name] = f"backend {chosen.name!r} has no kernel for {region.pattern_name}"
             else:
                 reasons[node.name] = region.reason
-    float_nodes = {n.name: reasons.get(n.name, "no quantization pattern of the backend matches this op")
+    float_nodes = {n.name: reasons[n.name] if n.name in reasons else no_pattern_reason(n)
                    for n in gm.graph.nodes if n.op in _COMPUTE_OPS and n.name not in int8}
     order = [n.name for n in gm.graph.nodes if n.name in int8]
     partitioner = CapabilityBasedPartitioner(gm, _NodeSet(int8), allows_single_node_partition=True)

@@ -24,6 +24,13 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 _NON_COMPUTE_FUNCTIONS = {"getattr", "getitem", "size", "dim"}
+#: why an op stays float when no pattern matches it
+NO_PATTERN = "no quantization pattern of the backend matches this op"
+#: ... when it is an ATen op that capture left as torch.export wrote it: the patterns name modules
+#: and functionals, and saying only that none matches read as if the backend had no pattern for
+#: ``F.interpolate`` when its ATen form simply had no mapping
+UNMAPPED_ATEN = ("no quantization pattern of the backend matches this op: it is an ATen op from "
+                 "torch.export that qplug does not map to the module or functional the patterns name")
 #: the ``capture`` of a report read from a module-swap model's record (no graph was captured)
 MODULE_SWAP = "module swap"
 
@@ -97,6 +104,12 @@ def describe_op(node: fx.Node, gm: fx.GraphModule) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
 
+def no_pattern_reason(node: fx.Node) -> str:
+    """Why ``node``, which no pattern matched, stays float."""
+    aten = node.op == "call_function" and str(node.target).startswith("aten.")
+    return UNMAPPED_ATEN if aten else NO_PATTERN
+
+
 def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | None = None,
                         opaque_modules: dict[str, str] | None = None,
                         partitions: dict[str, fx.GraphModule] | None = None,
@@ -135,7 +148,7 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
         if node.op == "call_module" and node.target in opaque:
             reason = opaque[node.target]
         elif tag is None:
-            reason = "no quantization pattern of the backend matches this op"
+            reason = no_pattern_reason(node)
         elif not tag.quantized:
             reason = tag.reason
         elif fallback_reasons and anchors.get(tag.region_id) in fallback_reasons:

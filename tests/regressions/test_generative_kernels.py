@@ -180,3 +180,20 @@ def test_a_plain_aten_upsample_is_raised_only_where_interpolate_computes_it_exac
     assert (targets == [F.interpolate]) is raised
     with torch.no_grad():
         assert torch.equal(graph(x), model(x))
+
+
+def test_an_upsample_mode_without_int8_kernels_says_its_aten_op_has_no_mapping():
+    """A bicubic upsample has no int8 kernel on fbgemm or qnnpack, so its ATen op stays as torch.export
+    wrote it; the report said "no quantization pattern of the backend matches this op", as if
+    the backend had no pattern for ``F.interpolate``. It now says the ATen op has no mapping."""
+    torch.manual_seed(0)
+    model = Upsampler(2, scale_factor=2, mode="bicubic").eval()
+    batches = [(torch.randn(1, 4, 8, 8),) for _ in range(3)]
+    int8 = qp.quantize(model, batches[0], batches, backend="fbgemm", capture="export")
+    skipped = {s.op: s.reason for s in qp.quantization_report(int8).skipped}
+    assert skipped == {"upsample_bicubic2d.vec": (
+        "no quantization pattern of the backend matches this op: it is an ATen op from torch.export "
+        "that qplug does not map to the module or functional the patterns name")}
+    with torch.no_grad():
+        x = torch.randn(1, 4, 8, 8)
+        assert qp.sqnr(model(x), int8(x)) > 20  # 25.2 dB measured

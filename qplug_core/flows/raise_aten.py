@@ -65,6 +65,8 @@ _OUT_OF_PLACE: dict[Any, Any] = {
     aten.mul_.Tensor: aten.mul.Tensor, aten.hardtanh_.default: aten.hardtanh.default,
     aten.hardswish_.default: aten.hardswish.default, aten.sigmoid_.default: aten.sigmoid.default,
     aten.tanh_.default: aten.tanh.default, aten.clamp_.default: aten.clamp.default,
+    aten.leaky_relu_.default: aten.leaky_relu.default, aten.elu_.default: aten.elu.default,
+    aten.hardsigmoid_.default: aten.hardsigmoid.default,
 }
 #: ATen op -> Tensor method name (the shared patterns list reshapes as methods)
 _METHODS = {aten.view.default: "view", aten.reshape.default: "reshape",

@@ -60,6 +60,27 @@ def test_an_in_place_activation_runs_the_same_kernel_as_its_out_of_place_twin(ac
         assert qp.sqnr(_conv_act_conv(act(False))(x), outputs[True][0]) > 30  # 36-45 dB measured
 
 
+@pytest.mark.parametrize(("act", "kernel"), [
+    (nn.LeakyReLU(0.2, inplace=True), "quantized::leakyrelu"),
+    (nn.ELU(inplace=True), "quantized::elu"),
+    (nn.Hardsigmoid(inplace=True), "quantized::hardsigmoid"),
+], ids=["leaky_relu", "elu", "hardsigmoid"])
+def test_an_in_place_activation_captured_by_torch_export_is_int8_as_under_symbolic_tracing(act, kernel):
+    """Under torch.export, ``LeakyReLU(inplace=True)`` arrives as ``aten.leaky_relu_``, which was
+    not made out-of-place like ``relu_`` or ``hardswish_``: it stayed float between the two int8
+    convs (so did ``elu_`` and ``hardsigmoid_``). It now runs the kernel symbolic tracing gives it."""
+    torch.manual_seed(1)
+    batches = [(torch.randn(2, 8, 16, 16),) for _ in range(4)]
+    x = torch.randn(2, 8, 16, 16)
+    int8 = {capture: qp.quantize(_conv_act_conv(act), batches[0], batches, backend="fbgemm", capture=capture)
+            for capture in ("symbolic", "export")}
+    report = qp.quantization_report(int8["export"])
+    assert kernel in report.kernels.values()
+    assert not report.skipped
+    with torch.no_grad():
+        assert torch.equal(int8["export"](x), int8["symbolic"](x))
+
+
 def test_recorded_values_are_those_produced_even_when_a_later_op_writes_through_a_view():
     """The contract check (and delegation's, and layer parity) reads values a graph run recorded;
     a later in-place write, here through a view, must not change what was recorded."""

@@ -46,8 +46,6 @@ EXPORT_GAPS: dict[str, str] = {
     "resize_": "torch.export refuses resize_ on tensors that require grad",
     "instance_norm": "aten.instance_norm is not raised (its argument order differs from "
                      "F.instance_norm); it stays a float op",
-    "upsample": "aten.upsample_nearest2d / upsample_bilinear2d are not raised to F.interpolate; "
-                "they stay float ops between int8 regions",
     "removed": "not in the exported graph at all (eval-mode F.dropout, .contiguous() of a contiguous "
                "tensor): nothing to run, so no passthrough kernel either",
 }
@@ -74,9 +72,6 @@ def export_gap(case: PatternCase) -> str | None:
         return EXPORT_GAPS["resize_"]
     if any(op in (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d) for op in ops):
         return EXPORT_GAPS["instance_norm"]
-    if any(op in (nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, F.interpolate)
-           for op in ops):
-        return EXPORT_GAPS["upsample"]
     if any(op is F.hardtanh_ for op in ops):
         return EXPORT_GAPS["inplace_hardtanh"]
     if any(op is F.dropout or op == "contiguous" for op in ops):

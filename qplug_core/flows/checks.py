@@ -163,7 +163,9 @@ class ConstantInputs:
 
     def add(self, batch: tuple) -> None:
         for i, x in enumerate(batch):
-            if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()):
+            # a sparse input (a graph's adjacency for torch.sparse.mm) has no min/max; no observer reads it
+            if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()
+                    and x.layout == torch.strided):
                 continue
             if i not in self.values or self.values[i] is not None:
                 low, high = float(x.min()), float(x.max())

@@ -1,0 +1,53 @@
+"""Defects a user of PyTorch's built-in blocks (GNNs, transformer encoders, RNNs) found (2026-12-06):
+each test is that user's own call, with the numbers or the error they rely on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.errors import SerializationError
+from qplug_core.onnx_export.api import reference_form
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+NODES = 12
+
+
+class GCN(nn.Module):
+    """Two linears around ``torch.sparse.mm`` with the graph's sparse adjacency, an input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.relu(torch.sparse.mm(adj, self.l1(x))))
+
+
+def _adjacency(edges: int) -> torch.Tensor:
+    indices = torch.randint(0, NODES, (2, edges))
+    return torch.sparse_coo_tensor(indices, torch.ones(edges), (NODES, NODES)).coalesce()
+
+
+def test_a_sparse_adjacency_input_quantizes_the_linears_and_keeps_sparse_mm_float(tmp_path):
+    """Calibration called ``x.min()`` on the sparse adjacency: a raw NotImplementedError "Could not
+    run 'aten::min' with arguments from the 'SparseCPU' backend". The constant-input check now skips
+    sparse inputs: the linears run int8, ``sparse.mm`` stays float and is reported; saving, which
+    cannot name the sparse op, raises qplug's own error (as ONNX export does: ExportError)."""
+    torch.manual_seed(0)
+    model, adj = GCN().eval(), _adjacency(30)
+    batches = [(torch.randn(NODES, 8), adj) for _ in range(8)]
+    int8 = qp.quantize(model, batches[0], batches, backend="fbgemm")
+    report = qp.quantization_report(int8)
+    assert report.kernels == {"l1": "quantized::linear", "l2": "quantized::linear"}
+    assert "_sparse_mm" in [s.node for s in report.skipped]
+    x = torch.randn(NODES, 8)
+    with torch.no_grad():
+        out = int8(x, adj)
+        assert qp.sqnr(model(x, adj), out) > 30  # 36.9 dB measured
+        assert torch.equal(reference_form(int8)(x, adj), out)
+    with pytest.raises(SerializationError, match="register_serializable"):
+        qp.save(int8, tmp_path / "gcn.qplug")

@@ -40,6 +40,7 @@ from qplug_core.kernels.reference import (
     dynamic_weight_qparams,
     rounded_copy,
 )
+from qplug_core.kernels.weight_view import FloatWeightView
 from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.qparams import QParams
 from qplug_core.registry.backends import Backend, resolve_backend
@@ -77,6 +78,25 @@ class SimulatedDynamic(SwappedLayer):
         if hx is not None and isinstance(self.module, nn.RNNCellBase):
             hx = (self.input_quantize(hx[0]), hx[1]) if isinstance(hx, tuple) else self.input_quantize(hx)
         return self.module(x) if isinstance(self.module, nn.Linear) else self.module(x, hx)
+
+    @property
+    def weight(self) -> FloatWeightView:
+        """A wrapped linear's rounded weight, for model code that reads it as it reads
+        ``DynamicLinear.weight`` (``nn.TransformerEncoderLayer`` checks it in eval): without it such a
+        model raised AttributeError at its first call. Writing to it changes nothing."""
+        weight = self._linear("weight").weight
+        return FloatWeightView(lambda: weight.detach().clone(), tuple(weight.shape), weight.device)
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """A wrapped linear's bias (a copy), read beside ``weight``."""
+        bias = self._linear("bias").bias
+        return None if bias is None else bias.detach().clone()
+
+    def _linear(self, attribute: str) -> nn.Linear:
+        if not isinstance(self.module, nn.Linear):  # recurrent layers name their weights per layer
+            raise AttributeError(f"{type(self).__name__} of {type(self.module).__name__} has no {attribute!r}")
+        return self.module
 
     def _gru_cell(self, x: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
         """nn.GRUCell's equations with only the matmul input quantized: the new state blends in

@@ -51,3 +51,29 @@ def test_a_sparse_adjacency_input_quantizes_the_linears_and_keeps_sparse_mm_floa
         assert torch.equal(reference_form(int8)(x, adj), out)
     with pytest.raises(SerializationError, match="register_serializable"):
         qp.save(int8, tmp_path / "gcn.qplug")
+
+
+def test_a_reference_dynamic_transformer_encoder_runs_and_matches_fbgemm():
+    """``quantize_dynamic(backend="reference")`` gave a TransformerEncoder that raised
+    "AttributeError: 'SimulatedDynamic' object has no attribute 'weight'" at every eval call (the
+    layer's fast-path check reads ``linear1.weight``). SimulatedDynamic now shows its linear's
+    weight and bias as DynamicLinear does, and answers as fbgemm's DynamicLinear does."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(4, 10, 32)
+    with pytest.warns(UserWarning, match="MultiheadAttention"):
+        reference = qp.quantize_dynamic(model, backend="reference")
+        fbgemm = qp.quantize_dynamic(model, backend="fbgemm")
+    with torch.no_grad():
+        assert qp.sqnr(fbgemm(x), reference(x)) > 100  # equal: both use the rounded weights
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            assert qp.sqnr(fbgemm(x), reference(x)) > 100  # 139.6 dB: each linear's own kernel
+            assert qp.sqnr(model(x), reference(x)) > 45  # 49.2 dB
+        finally:
+            torch.backends.mha.set_fastpath_enabled(True)
+    weight = reference.layers[0].linear1.weight
+    assert weight.shape == (64, 32) and reference.layers[0].linear1.bias.shape == (64,)
+    weight.add_(1)  # a read-only view: the layer keeps computing with its own weight
+    assert torch.equal(weight + 0, reference.layers[0].linear1.module.weight)

@@ -27,6 +27,7 @@ from qplug_core.errors import (
     ConstraintViolationError,
     NothingQuantizedError,
     did_you_mean,
+    warn_user,
 )
 from qplug_core.flows.checks import check_float32, check_weight_values, refuse_quantized
 from qplug_core.flows.pipeline import as_input_tuple
@@ -317,6 +318,32 @@ def _warn_float_attention(named: dict[str, nn.Module], swaps: list) -> None:
                       f"so no module swap reaches them; {_ATTENTION_ROUTES}", stacklevel=3)
 
 
+def _replacements(swaps: list[tuple[str, nn.Module, QConfig]], backend: Backend, per_token: bool, *,
+                  chosen_by_default: bool) -> list[tuple[str, nn.Module]]:
+    """The dynamic module for each selected one. A layer the kernel cannot take (an LSTM with
+    ``proj_size`` on fbgemm) stays float with a warning when the defaults chose it, as the graph
+    flows do; a layer the user named raises, naming it."""
+    shared = SharedInput()  # q/k/v projections read one tensor: quantize it once
+    replacements = []
+    for name, module, qconfig in swaps:
+        try:
+            if per_token and type_before_parametrizations(module) is nn.Linear:
+                replacement = PerTokenDynamicLinear.from_float(module, simulate=not backend.kernels,
+                                                               shared=shared)
+            else:
+                replacement = _swap(module, qconfig, backend)
+        except ConstraintViolationError as error:
+            layer = f"module {name!r} ({type(module).__name__})"
+            if not chosen_by_default:
+                raise ConstraintViolationError(
+                    f"qp.quantize_dynamic cannot quantize {layer}: {error}. Leave it out of qconfig_spec "
+                    f"(a dict may map {name!r} to None) or use backend='reference'", field=name) from error
+            warn_user(f"qp.quantize_dynamic: {layer} stays float: {error}")
+            continue
+        replacements.append((name, replacement))
+    return replacements
+
+
 def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dtype = torch.qint8,
                      *, backend: str | Backend | None = None, inplace: bool = False,
                      capture: str | None = None, example_inputs: Any = None,
@@ -384,17 +411,12 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
             raise ConfigError(f"qconfig_spec names module {name!r}, but it holds nothing dynamic "
                               f"quantization converts ({', '.join(t.__name__ for t in DYNAMIC_TYPES)})"
                               + _attention_note(named, name), field="qconfig_spec", value=name)
-    if not swaps and not allow_float:
+    replacements = _replacements(swaps, chosen, per_token, chosen_by_default=qconfig_spec is None)
+    if not replacements and not allow_float:
         raise _nothing_converted(named)
     _warn_float_attention(named, swaps)
     result = model if inplace else copy.deepcopy(model)
-    shared = SharedInput()  # q/k/v projections read one tensor: quantize it once
-    for name, module, qconfig in swaps:
-        if per_token and type_before_parametrizations(module) is nn.Linear:
-            replacement = PerTokenDynamicLinear.from_float(module, simulate=not chosen.kernels,
-                                                           shared=shared)
-        else:
-            replacement = _swap(module, qconfig, chosen)
+    for name, replacement in replacements:
         if not name:
             result = replacement
             break

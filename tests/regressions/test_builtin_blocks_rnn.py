@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.errors import SerializationError
+from qplug_core.errors import ConstraintViolationError, SerializationError
 from qplug_core.onnx_export.api import reference_form
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
@@ -77,3 +77,32 @@ def test_a_reference_dynamic_transformer_encoder_runs_and_matches_fbgemm():
     assert weight.shape == (64, 32) and reference.layers[0].linear1.bias.shape == (64,)
     weight.add_(1)  # a read-only view: the layer keeps computing with its own weight
     assert torch.equal(weight + 0, reference.layers[0].linear1.module.weight)
+
+
+class ProjectedLSTM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(16, 32)
+        self.rnn = nn.LSTM(32, 64, proj_size=16, batch_first=True)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(torch.relu(self.enc(x)))[0])
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
+def test_dynamic_defaults_keep_a_projected_lstm_float_and_convert_the_rest(backend):
+    """One ``LSTM(proj_size=...)`` made ``quantize_dynamic`` refuse the whole model with
+    "DynamicLSTM: proj_size is not supported by torch.quantized_lstm", naming neither the module nor
+    a way out. With the defaults that LSTM now stays float with a warning naming it, the linears
+    convert; a qconfig_spec that selects it raises, naming it."""
+    torch.manual_seed(0)
+    model, x = ProjectedLSTM().eval(), torch.randn(4, 9, 16)
+    with pytest.warns(UserWarning, match="module 'rnn' \\(LSTM\\) stays float: DynamicLSTM: proj_size"):
+        int8 = qp.quantize_dynamic(model, backend=backend)
+    assert type(int8.rnn) is nn.LSTM
+    assert type(int8.enc).__name__ == type(int8.head).__name__ == "DynamicLinear"
+    with torch.no_grad():
+        assert qp.sqnr(model(x), int8(x)) > 40  # 60+ dB measured
+    with pytest.raises(ConstraintViolationError, match="cannot quantize module 'rnn' \\(LSTM\\).*'rnn' to None"):
+        qp.quantize_dynamic(model, {nn.LSTM, nn.Linear}, backend=backend)

@@ -22,6 +22,7 @@ from torch import fx, nn
 
 from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapping
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, spelled, warn_user
+from qplug_core.flows.checks import mapping_qconfigs
 from qplug_core.flows.tags import CALLED_AS, VALUE_KIND
 from qplug_core.ir import module_stack
 from qplug_core.kernels.reference import weight_of
@@ -30,6 +31,7 @@ from qplug_core.patterns import format_pattern
 from qplug_core.qparams import STORAGE_DTYPE
 
 QUANTIZED_DTYPES = tuple(STORAGE_DTYPE)  # quint8, qint8, qint32
+NOT_REQUESTED = "qconfig is None for this op (not requested)"
 
 
 @dataclass(eq=False)
@@ -198,6 +200,7 @@ class RegionPlanner:
         # regions keep their qconfigs alive, so an id is never reused while the plan runs
         self._problems: dict[tuple[int, int, bool], list[str]] = {}
         self._weight_axes: dict[int, int | None] = {}  # same reason: one observer per qconfig
+        self._dynamic: bool | None = None  # whether the mapping quantizes dynamically, once asked
 
     def plan(self) -> list[Region]:
         configs = self.backend.config.pattern_to_config()
@@ -222,6 +225,8 @@ class RegionPlanner:
             _keep_isolated_connectors_float(self.gm, regions)
         if self.backend.float_outputs:
             _keep_unread_outputs_float(regions, self.modules, self.backend.float_outputs)
+        if self.on_unsupported != "skip":
+            _warn_mostly_float(self.gm, self.modules, regions)
         return regions
 
     def _external_inputs(self, match: Match) -> list[fx.Node]:
@@ -235,7 +240,7 @@ class RegionPlanner:
 
     def _choose_dtype_config(self, region: Region) -> None:
         if region.qconfig is None:
-            region.reason = "qconfig is None for this op (not requested)"
+            region.reason = self._why_not_requested(region)
             return
         if region.observation_type == ObservationType.INPUT_OUTPUT_NOT_OBSERVED:
             region.reason = "op works on any dtype; nothing to observe"
@@ -269,6 +274,23 @@ class RegionPlanner:
         if self.on_unsupported == "warn":
             warn_user(message)
 
+    def _why_not_requested(self, region: Region) -> str:
+        """The report's reason for an op whose qconfig is None: the backend's defaults set it so for a
+        reason (no int8 kernel, or kernels for dynamic quantization only), which the user should read."""
+        kinds = {bool(dtype_config.is_dynamic) for dtype_config in region.config.dtype_configs}
+        if not kinds:
+            return f"the backend has no int8 kernel for {region.pattern_name}"
+        if kinds == {True} and not self._mapping_is_dynamic():
+            return (f"{region.pattern_name} has int8 kernels for dynamic quantization only: "
+                    "qp.quantize_dynamic quantizes it")
+        return NOT_REQUESTED
+
+    def _mapping_is_dynamic(self) -> bool:
+        if self._dynamic is None:
+            self._dynamic = any(observer_traits(qconfig.activation())["is_dynamic"]
+                                for qconfig in mapping_qconfigs(self.mapping))
+        return self._dynamic
+
     def _check_weight_axis(self, qconfig: QConfig, root: fx.Node) -> None:
         """A per-channel weight axis must exist on this layer's weight; say so at prepare, by name."""
         if id(qconfig) not in self._weight_axes:
@@ -286,6 +308,18 @@ def _check_axis(axis: int, layer: str, weight: torch.Tensor) -> None:
             f"layer {layer!r}: the weight observer's ch_axis={axis} is out of range for its "
             f"{weight.dim()}-d weight of shape {tuple(weight.shape)}; use ch_axis=0 (output "
             "channels) or a per-tensor weight observer", field=f"{layer}.weight", value=axis)
+
+
+def _warn_mostly_float(gm: fx.GraphModule, modules: dict[str, nn.Module], regions: list[Region]) -> None:
+    """One warning when layers the backend's defaults keep float (RNNs in static mode, a layer with
+    no int8 kernel) hold most of the model's weights: the "int8" model is then mostly the float one."""
+    kept = {str(r.root.target): r.reason for r in regions
+            if r.weighted and r.qconfig is None and r.reason != NOT_REQUESTED}
+    total = sum(p.numel() for p in gm.parameters())
+    float_share = sum(p.numel() for name in kept for p in modules[name].parameters()) / max(total, 1)
+    if float_share > 0.5:
+        layers = ", ".join(f"{name!r} ({reason})" for name, reason in kept.items())
+        warn_user(f"qplug: {float_share:.1%} of the model's weights stay float: {layers}")
 
 
 def _is_float_tensor(node: fx.Node) -> bool:

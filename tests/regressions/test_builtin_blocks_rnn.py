@@ -79,6 +79,34 @@ def test_a_reference_dynamic_transformer_encoder_runs_and_matches_fbgemm():
     assert torch.equal(weight + 0, reference.layers[0].linear1.module.weight)
 
 
+class Tagger(nn.Module):
+    def __init__(self, rnn: type[nn.Module]) -> None:
+        super().__init__()
+        self.inp = nn.Linear(32, 64)
+        self.rnn = rnn(64, 128, batch_first=True)
+        self.head = nn.Linear(128, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(torch.relu(self.inp(x)))[0])
+
+
+@pytest.mark.parametrize("rnn", [nn.LSTM, nn.GRU])
+def test_static_quantize_says_why_an_rnn_stays_float(rnn):
+    """Static ``qp.quantize`` kept LSTM/GRU float with reason "qconfig is None for this op (not
+    requested)" and no warning, though the user had requested nothing and the RNN held 98% of the
+    weights. The reason now points at qp.quantize_dynamic, and one warning gives the float share."""
+    torch.manual_seed(0)
+    model = Tagger(rnn).eval()
+    data = [(torch.randn(4, 12, 32),) for _ in range(2)]
+    with pytest.warns(UserWarning, match=r"qplug: 9\d\.\d% of the model's weights stay float: 'rnn'"):
+        int8 = qp.quantize(model, data[0], data, backend="fbgemm")
+    report = qp.quantization_report(int8)
+    assert sorted(report.quantized) == ["head", "inp"]
+    reasons = {s.node: s.reason for s in report.skipped}
+    assert reasons["rnn"] == (f"{rnn.__name__} has int8 kernels for dynamic quantization only: "
+                              "qp.quantize_dynamic quantizes it")
+
+
 class ProjectedLSTM(nn.Module):
     def __init__(self) -> None:
         super().__init__()

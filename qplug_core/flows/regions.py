@@ -262,13 +262,20 @@ class RegionPlanner:
                 return
             problems_by_config.append(problems)
         if not problems_by_config:
-            region.reason = "the backend lists no dtype config for this pattern"
+            region.reason = f"the backend has no int8 kernel for {region.pattern_name}"
+            if region.weighted:  # a layer asked for int8 that stays float says so
+                self._unsupported(region, f"{region.pattern_name} at node {region.anchor.name!r} stays float: "
+                                          f"{region.reason}. Leave it out of the qconfig mapping (set it to "
+                                          "None) or use a backend that quantizes it.")
             return
         reason = "; ".join(problems_by_config[0])
         region.reason = f"the backend cannot honour the qconfig: {reason}"
-        message = (f"{region.pattern_name} at node {region.anchor.name!r} stays float: {region.reason}. "
-                   "Use the backend's default qconfig mapping (qp.get_default_qconfig_mapping) or "
-                   "adjust the qconfig for this op.")
+        self._unsupported(region, f"{region.pattern_name} at node {region.anchor.name!r} stays float: "
+                                  f"{region.reason}. Use the backend's default qconfig mapping "
+                                  "(qp.get_default_qconfig_mapping) or adjust the qconfig for this op.")
+
+    def _unsupported(self, region: Region, message: str) -> None:
+        """A requested op stays float: raise, warn or say nothing, as ``on_unsupported`` asks."""
         if self.on_unsupported == "raise":
             raise ConstraintViolationError(message, field=region.anchor.name)
         if self.on_unsupported == "warn":

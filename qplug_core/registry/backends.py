@@ -164,7 +164,20 @@ class Backend:
             raise ConfigError(f"no plugin provides a default {mode!r} qconfig mapping for backend "
                               f"{self.name!r}; pass a QConfigMapping explicitly",
                               field="mode", value=mode)
-        return result.value
+        mapping = result.value
+        if mode == "dynamic":
+            self._request_only_dynamic_kernels(mapping)
+        return mapping
+
+    def _request_only_dynamic_kernels(self, mapping: QConfigMapping) -> None:
+        """Set None the module types the backend has no dynamic int8 kernel for (onnxruntime's
+        nn.GRU): a default that requested them left them float with a warning the user could not
+        act on, while their report reason says the backend has no kernel."""
+        configs = self.config.pattern_to_config()
+        for module_type, qconfig in list(mapping.object_type_qconfigs.items()):
+            config = configs.get(module_type)
+            if qconfig is not None and not any(dc.is_dynamic for dc in (config.dtype_configs if config else [])):
+                mapping.set_object_type(module_type, None)
 
     def passes(self, stage: str) -> list[tuple[str, Callable]]:
         """The plugins' passes for ``stage`` as (plugin label, pass); a plugin whose hook failed

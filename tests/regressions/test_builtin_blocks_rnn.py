@@ -79,6 +79,40 @@ def test_a_reference_dynamic_transformer_encoder_runs_and_matches_fbgemm():
     assert torch.equal(weight + 0, reference.layers[0].linear1.module.weight)
 
 
+class GRUTagger(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.GRU(16, 64, batch_first=True)
+        self.head = nn.Linear(64, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0])
+
+
+def test_onnxruntime_dynamic_defaults_do_not_request_a_gru_and_say_it_stays_float(recwarn):
+    """onnxruntime's default dynamic mapping requested int8 for ``nn.GRU``, which the backend has no
+    kernel for: the GRU (99.8% of the weights) stayed float without a warning, the report saying
+    "the backend lists no dtype config for this pattern". The default no longer requests it, the
+    report says the backend has no int8 GRU, and a model left mostly float warns once."""
+    torch.manual_seed(0)
+    model, x = GRUTagger().eval(), torch.randn(2, 5, 16)
+    assert qp.get_default_qconfig_mapping("onnxruntime", mode="dynamic").object_type_qconfigs[nn.GRU] is None
+    int8 = qp.quantize_dynamic(model, backend="onnxruntime", example_inputs=(x,))
+    reasons = {s.node: s.reason for s in qp.quantization_report(int8).skipped}
+    assert reasons["rnn"] == "the backend has no int8 kernel for GRU"
+    messages = [str(w.message) for w in recwarn]
+    assert [m for m in messages if "of the model's weights stay float: 'rnn'" in m]
+
+
+def test_an_explicit_gru_request_on_onnxruntime_warns_naming_the_node():
+    """A mapping that requests int8 for ``nn.GRU`` on onnxruntime left it float without a word; it
+    now warns, naming the node and the reason."""
+    torch.manual_seed(0)
+    model, x = GRUTagger().eval(), torch.randn(2, 5, 16)
+    with pytest.warns(UserWarning, match="GRU at node 'rnn' stays float: the backend has no int8 kernel"):
+        qp.quantize_dynamic(model, {nn.GRU, nn.Linear}, backend="onnxruntime", example_inputs=(x,))
+
+
 class Tagger(nn.Module):
     def __init__(self, rnn: type[nn.Module]) -> None:
         super().__init__()

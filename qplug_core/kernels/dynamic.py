@@ -26,6 +26,7 @@ from qplug_core.kernels._common import (
 from qplug_core.kernels.base import PackedStateModule, engine_context, quiet_quantized_dtypes
 from qplug_core.kernels.capabilities import engine_capabilities
 from qplug_core.kernels.reference import dynamic_weight_names
+from qplug_core.kernels.weight_view import FloatWeightView
 from qplug_core.qparams import QParams
 
 _Q = torch.ops.quantized
@@ -125,7 +126,7 @@ class DynamicLinear(DynamicKernel):
 
     def _build(self, mod: nn.Module, per_channel: bool, weight_qparams: dict[str, QParams]) -> None:
         linear, relu = split_fused_relu(mod, nn.Linear, type(self).__name__)
-        self._in_features = linear.in_features
+        self._in_features, self._out_features = linear.in_features, linear.out_features
         self._packed = self._pack(linear.weight, linear.bias, per_channel, weight_qparams.get("weight"))
         if self.dtype == torch.float16:
             self._op: Callable[[torch.Tensor], torch.Tensor] = (
@@ -145,18 +146,15 @@ class DynamicLinear(DynamicKernel):
             return self._op(x, self._packed)
 
     def _unpacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(float weight on its int8 / float16 grid, float bias), unpacked once on first read."""
-        cached = self.__dict__.get("_unpacked_cache")
-        if cached is None:
-            with quiet_quantized_dtypes():
-                if self.dtype == torch.float16:
-                    weight, bias = _Q.linear_unpack_fp16(self._packed)
-                else:
-                    weight, bias = _Q.linear_unpack(self._packed)
-                    weight = weight.dequantize()
-            cached = (weight.float(), None if bias is None else bias.float())
-            self.__dict__["_unpacked_cache"] = cached
-        return cached
+        """(float weight on its int8 / float16 grid, float bias), unpacked at each read: a float copy
+        kept beside the packed weight would more than double the layer's memory."""
+        with quiet_quantized_dtypes():
+            if self.dtype == torch.float16:
+                weight, bias = _Q.linear_unpack_fp16(self._packed)
+            else:
+                weight, bias = _Q.linear_unpack(self._packed)
+                weight = weight.dequantize()
+        return weight.float(), None if bias is None else bias.float()
 
     def integer_weight(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
         """(int8 weight ``[out, in]``, float64 scales, int64 zero points, per channel) of a qint8
@@ -191,16 +189,24 @@ class DynamicLinear(DynamicKernel):
 
     @property
     def weight(self) -> torch.Tensor:
-        """The weight the kernel uses, as a float tensor (read-only copy).
+        """The weight the kernel uses, as a float view (writing to it changes nothing).
 
         Model code reads ``self.linear.weight`` (T5 checks its dtype, ``nn.TransformerEncoderLayer``
-        its device), so a converted layer must keep one; writing to it changes nothing.
+        its device), so a converted layer must keep one. A view, not a tensor: reading its dtype
+        unpacks nothing, and torch's encoder fast path declines it, so the layer runs this kernel
+        rather than float math on dequantized weights.
         """
-        return self._unpacked()[0]
+        return FloatWeightView(lambda: self._unpacked()[0], (self._out_features, self._in_features),
+                               torch.device("cpu"))
 
     @property
     def bias(self) -> torch.Tensor | None:
-        return self._unpacked()[1]
+        """The float bias, unpacked once per packed weight (the encoder fast path reads it per call)."""
+        packed, bias = self.__dict__.get("_bias_of", (None, None))
+        if packed is not self._packed:
+            bias = self._unpacked()[1]
+            self.__dict__["_bias_of"] = (self._packed, bias)
+        return bias
 
     @property
     def in_features(self) -> int:
@@ -208,7 +214,7 @@ class DynamicLinear(DynamicKernel):
 
     @property
     def out_features(self) -> int:
-        return self._unpacked()[0].shape[0]
+        return self._out_features
 
 
 def _bias(mod: nn.Module, name: str, size: int) -> torch.Tensor:

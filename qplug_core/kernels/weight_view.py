@@ -33,6 +33,14 @@ class FloatWeightView(torch.Tensor):
         return view
 
     @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Defined, not disabled: torch's fast paths decline tensors with a torch function, so
+        ``nn.TransformerEncoderLayer`` in eval calls the layer's own forward (its int8 kernel)
+        rather than computing in float with these values."""
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+    @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         def values(view: FloatWeightView) -> torch.Tensor:
             return view._make()

@@ -168,3 +168,35 @@ def test_dynamic_defaults_keep_a_projected_lstm_float_and_convert_the_rest(backe
         assert qp.sqnr(model(x), int8(x)) > 40  # 60+ dB measured
     with pytest.raises(ConstraintViolationError, match="cannot quantize module 'rnn' \\(LSTM\\).*'rnn' to None"):
         qp.quantize_dynamic(model, {nn.LSTM, nn.Linear}, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "reference"])
+def test_a_dynamic_transformer_encoder_in_eval_runs_its_int8_linears(backend, monkeypatch):
+    """In eval under no_grad, torch's encoder fast path computed in float with the dequantized
+    weights the swapped linears showed: their int8 kernels never ran. The weights are views torch's
+    fast path declines, so each layer runs its own kernel, as with the fast path off. (Counted by
+    patching the class: a forward hook would itself turn torch's fast path off.)"""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(4, 10, 32)
+    with pytest.warns(UserWarning, match="MultiheadAttention"):
+        int8 = qp.quantize_dynamic(model, backend=backend)
+    swapped = type(int8.layers[0].linear1)
+    calls = []
+
+    def counted(module, *args):
+        calls.append(module)
+        return forward(module, *args)
+
+    forward = swapped.forward
+    monkeypatch.setattr(swapped, "forward", counted)
+    with torch.no_grad():
+        fast_path_on = int8(x)
+        assert len(calls) == 4  # linear1 and linear2 of both layers
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            fast_path_off = int8(x)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(True)
+    torch.testing.assert_close(fast_path_on, fast_path_off, atol=1e-5, rtol=0)  # attention: float either way

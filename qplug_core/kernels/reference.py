@@ -19,7 +19,7 @@ from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.qparams import QParams
 
 
-class QParamsHolder(nn.Module):
+class _QParamsHolder(nn.Module):
     """Stores one QParams as buffers so that state_dict save/load and ``.to()`` keep it."""
 
     def __init__(self, qparams: QParams):
@@ -44,7 +44,7 @@ class QParamsHolder(nn.Module):
         return f"dtype={self.dtype}, axis={self.axis}, channels={self.scale.numel()}"
 
 
-class Quantize(QParamsHolder):
+class Quantize(_QParamsHolder):
     """float -> plain integer tensor with this module's qparams (reference form).
 
     Values clamp to the *dtype's* range, not the calibrated ``quant_max``: quantized tensors hold
@@ -62,7 +62,7 @@ class Quantize(QParamsHolder):
         return quantize_op(x, qparams)
 
 
-class Dequantize(QParamsHolder):
+class Dequantize(_QParamsHolder):
     """plain integer tensor -> float with this module's qparams (reference form), through
     ``torch.ops.qplug.dequantize_per_*`` like :class:`Quantize`."""
 
@@ -106,7 +106,7 @@ class ReferenceWeighted(nn.Module):
         super().__init__()
         self.module = rounded_copy(module, {weight_name: weight_qparams})
         self.weight_name = weight_name
-        self.weight_qparams_holder = QParamsHolder(weight_qparams)
+        self.weight_qparams_holder = _QParamsHolder(weight_qparams)
 
     @property
     def weight_qparams(self) -> QParams:
@@ -134,7 +134,7 @@ class ReferenceRecurrent(nn.Module):
         super().__init__()
         self.module = rounded_copy(module, weight_qparams)
         self.weight_qparams_holders = nn.ModuleDict(
-            {name: QParamsHolder(qparams) for name, qparams in weight_qparams.items()})
+            {name: _QParamsHolder(qparams) for name, qparams in weight_qparams.items()})
 
     @property
     def weight_qparams(self) -> dict[str, QParams]:

@@ -15,7 +15,7 @@ from torch import fx, nn
 from qplug_core import qparams as Q
 from qplug_core.ir.qdq_ops import dequantize_op
 from qplug_core.kernels.per_token import LEVELS, PerTokenDynamicLinear
-from qplug_core.kernels.reference import QParamsHolder
+from qplug_core.kernels.reference import _QParamsHolder
 
 __all__ = ["PerTokenQuantizedLinear", "with_per_token_ops"]
 
@@ -30,7 +30,7 @@ class PerTokenQuantizedLinear(nn.Module):
         super().__init__()
         self.register_buffer("qweight", layer.weight_int8_t.t().contiguous())
         scale = layer.weight_scale.detach().clone()
-        self.weight_qparams = QParamsHolder(Q.QParams(scale, torch.zeros_like(scale, dtype=torch.int64),
+        self.weight_qparams = _QParamsHolder(Q.QParams(scale, torch.zeros_like(scale, dtype=torch.int64),
                                                        torch.qint8, -128, 127, axis=0))
         self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
 

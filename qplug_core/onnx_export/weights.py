@@ -24,9 +24,9 @@ from qplug_core.ir.qdq_ops import dequantize_op
 from qplug_core.kernels.reference import (
     Dequantize,
     DynamicQuantize,
-    QParamsHolder,
     ReferenceRecurrent,
     ReferenceWeighted,
+    _QParamsHolder,
     weight_of,
 )
 from qplug_core.nn.intrinsic import LinearReLU
@@ -47,14 +47,14 @@ class DequantizedWeights(nn.Module):
         owner_path, _, _ = self.weight_name.rpartition(".")
         owner = self.module.get_submodule(owner_path) if owner_path else self.module
         self.register_buffer("qweight", Q.quantize(weight_of(self.module, self.weight_name), qp))
-        self.weight_qparams = QParamsHolder(qp)
+        self.weight_qparams = _QParamsHolder(qp)
         _placeholder(owner, "weight")
         self.bias_name = ""
         bias = getattr(owner, "bias", None)
         if isinstance(bias, torch.Tensor) and input_qparams is not None:
             bias_qp = _bias_qparams(qp, input_qparams)
             self.register_buffer("qbias", Q.quantize(bias.detach(), bias_qp))
-            self.bias_qparams = QParamsHolder(bias_qp)
+            self.bias_qparams = _QParamsHolder(bias_qp)
             self.bias_name = f"{owner_path}.bias" if owner_path else "bias"
             _placeholder(owner, "bias")
 

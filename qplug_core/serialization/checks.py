@@ -18,9 +18,9 @@ from qplug_core.config.codec import child
 from qplug_core.errors import ConfigError
 from qplug_core.kernels.reference import (
     DynamicQuantize,
-    QParamsHolder,
     ReferenceRecurrent,
     ReferenceWeighted,
+    _QParamsHolder,
     dynamic_weight_names,
 )
 from qplug_core.qparams import QParams
@@ -146,7 +146,7 @@ def check_loaded_values(root: nn.Module) -> None:
     """Check every module of a rebuilt model; raises :class:`ConfigError` naming the field."""
     for path, module in root.named_modules():
         at = f"modules[{path}]"
-        if isinstance(module, QParamsHolder):
+        if isinstance(module, _QParamsHolder):
             check_qparams(module.qparams, at)
         elif isinstance(module, DynamicQuantize):
             check_range(module.dtype, module.quant_min, module.quant_max, at)

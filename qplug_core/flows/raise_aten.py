@@ -168,8 +168,8 @@ def _out_of_place(gm: fx.GraphModule) -> None:
 def _drop_guards(gm: fx.GraphModule) -> None:
     """Remove export's input-shape guards, its ``_guards_fn`` call (it would read as a float op in
     the report) and its pre-hook (a raw RuntimeError, run only where convert keeps this module):
-    the converted model checks the sizes export fixed itself, with a qplug error
-    (:mod:`qplug_core.flows.input_sizes`), also after ``qp.load``."""
+    the observed and the converted model check what export assumed of the inputs themselves,
+    with a qplug error (:mod:`qplug_core.flows.exported_inputs`), also after ``qp.load``."""
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
             gm.graph.erase_node(node)

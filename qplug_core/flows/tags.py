@@ -91,6 +91,12 @@ CALIBRATION_SAMPLE = "qplug_calibration_sample"
 #: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example
 #: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
 INPUT_SPEC = "qplug_input_spec"
+#: node.meta key on a placeholder torch.export built into the graph as a constant (a Python int,
+#: float or bool argument: export takes none as an input): the example's value, which every call
+#: must give (:mod:`qplug_core.flows.exported_inputs`)
+BAKED_INPUT = "qplug_baked_input"
+#: the Python values export builds in for an argument (a SymInt is an input's size, not an argument)
+BAKED_TYPES = (bool, int, float)
 #: dtypes an input spec may name (what ``input_spec``/``example_from_spec`` round-trip)
 SPEC_DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -132,21 +138,33 @@ class ValueAnnotator(fx.Interpreter):
         if n.op == "placeholder" and isinstance(result, torch.Tensor):
             spec = input_spec(result)
             if spec is not None:
-                n.meta[INPUT_SPEC] = {**spec, **fixed_sizes(n)}
+                n.meta[INPUT_SPEC] = {**spec, **captured_sizes(n)}
+        elif n.op == "placeholder" and type(n.meta.get("val")) in BAKED_TYPES:
+            n.meta[BAKED_INPUT] = n.meta["val"]  # export's constant: the example's value
         return result
 
 
-def fixed_sizes(placeholder: fx.Node) -> dict[str, list[int]]:
-    """``{"fixed": dims}``: the dimensions torch.export specialised to the example's size (its
-    placeholder's fake value has an int there, or a symbol bounded to one value: ``Dim.AUTO``
-    gives a Linear's feature size as the constant ``SymInt`` 40); empty for a symbolically traced
-    graph, which fixes none. The converted model checks them (:mod:`qplug_core.flows.input_sizes`):
-    the graph holds the example's sizes and branches there."""
+def captured_sizes(placeholder: fx.Node) -> dict[str, list]:
+    """``{"fixed": dims, "symbols": names}``: the dimensions torch.export specialised to the
+    example's size (its placeholder's fake value has an int there, or a symbol bounded to one
+    value: ``Dim.AUTO`` gives a Linear's feature size as the constant ``SymInt`` 40), and per
+    dimension the symbol export gave a dynamic size (``None`` for a fixed one or an expression):
+    dimensions of one symbol must be equal (export traced ``t.size(0) == x.size(0)``). Empty for a
+    symbolically traced graph, which fixes none. The converted model checks them
+    (:mod:`qplug_core.flows.exported_inputs`): the graph holds the example's sizes and branches there."""
     value = placeholder.meta.get("val")
     shape = getattr(value, "shape", None)
     if shape is None:
         return {}
-    return {"fixed": [i for i, size in enumerate(shape) if _one_value(size)]}
+    return {"fixed": [i for i, size in enumerate(shape) if _one_value(size)],
+            "symbols": [_symbol(size) for size in shape]}
+
+
+def _symbol(size: int | torch.SymInt) -> str | None:
+    """The name of the symbol a dynamic size is (``None``: fixed, or an expression of symbols)."""
+    if _one_value(size) or not isinstance(size, torch.SymInt) or not size.node.expr.is_symbol:
+        return None
+    return str(size.node.expr)
 
 
 def _one_value(size: int | torch.SymInt) -> bool:

@@ -30,7 +30,17 @@ from qplug_core.config.codec import (
 from qplug_core.config.dtypes import DTypeConfig
 from qplug_core.config.names import Kind, decode_name, encode_name
 from qplug_core.errors import ConfigError
-from qplug_core.flows.tags import BOUNDARY, INPUT_SPEC, REGION, ROOT, SPEC_DTYPES, VALUE_KIND, RegionTag
+from qplug_core.flows.tags import (
+    BAKED_INPUT,
+    BAKED_TYPES,
+    BOUNDARY,
+    INPUT_SPEC,
+    REGION,
+    ROOT,
+    SPEC_DTYPES,
+    VALUE_KIND,
+    RegionTag,
+)
 from qplug_core.serialization.values import (
     FILE_VALUES,
     check_identifier,
@@ -44,7 +54,9 @@ _BUILTIN_TYPES: dict[str, type] = {t.__name__: t for t in (int, float, bool, str
 CLASS_TAG = "class"
 TEXT_TAG = "text"
 _ANNOTATION_TEXT = re.compile(r"[A-Za-z0-9_.,| \[\]]{1,200}\Z")
-_META_KEYS = (VALUE_KIND, ROOT, BOUNDARY, REGION, INPUT_SPEC)
+_META_KEYS = (VALUE_KIND, ROOT, BOUNDARY, REGION, INPUT_SPEC, BAKED_INPUT)
+#: the name of a size symbol torch.export gave a dynamic input dimension (``s24``)
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}\Z")
 _VALUE_KINDS = ("float_tensor", "tensor", "other")
 _OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
 _PLACEHOLDER = re.compile(r"\*{0,2}[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -150,7 +162,9 @@ def _encode_meta(meta: dict[str, Any], path: str) -> dict[str, Any]:
     if INPUT_SPEC in meta:
         spec = meta[INPUT_SPEC]
         doc[INPUT_SPEC] = {"shape": list(spec["shape"]), "dtype": spec["dtype"],
-                           **({"fixed": list(spec["fixed"])} if "fixed" in spec else {})}
+                           **{key: list(spec[key]) for key in ("fixed", "symbols") if key in spec}}
+    if BAKED_INPUT in meta:
+        doc[BAKED_INPUT] = meta[BAKED_INPUT]
     tag = meta.get(REGION)
     if tag is not None:
         region = {name: getattr(tag, name) for name in _REGION_FIELDS}
@@ -241,11 +255,14 @@ def _decode_meta(doc: Any, path: str) -> dict[str, Any]:
         meta[REGION] = _decode_region(doc[REGION], child(path, REGION))
     if INPUT_SPEC in doc:
         meta[INPUT_SPEC] = _decode_input_spec(doc[INPUT_SPEC], child(path, INPUT_SPEC))
+    if BAKED_INPUT in doc:
+        meta[BAKED_INPUT] = expect(doc[BAKED_INPUT], BAKED_TYPES, child(path, BAKED_INPUT),
+                                   "a number or true or false")
     return meta
 
 
 def _decode_input_spec(doc: Any, path: str) -> dict[str, Any]:
-    read_fields(doc, path, ("shape", "dtype", "fixed"), required=("shape", "dtype"))
+    read_fields(doc, path, ("shape", "dtype", "fixed", "symbols"), required=("shape", "dtype"))
     shape = expect(doc["shape"], list, child(path, "shape"), "a JSON list of sizes")
     if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**31 for s in shape) \
             or len(shape) > 16:
@@ -261,7 +278,14 @@ def _decode_input_spec(doc: Any, path: str) -> dict[str, Any]:
     if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < len(shape) for d in fixed):
         raise ConfigError(f"{where(child(path, 'fixed'))}: expected dimensions of the {len(shape)}-d shape, "
                           f"got {fixed!r}", field=child(path, "fixed"), value=fixed)
-    return {"shape": shape, "dtype": dtype, "fixed": fixed}
+    if "symbols" not in doc:
+        return {"shape": shape, "dtype": dtype, "fixed": fixed}
+    symbols = expect(doc["symbols"], list, child(path, "symbols"), "a JSON list of size symbols")
+    if len(symbols) != len(shape) or not all(s is None or isinstance(s, str) and _SYMBOL.match(s) for s in symbols):
+        raise ConfigError(f"{where(child(path, 'symbols'))}: expected one symbol name or null per dimension "
+                          f"of the {len(shape)}-d shape, got {symbols!r}", field=child(path, "symbols"),
+                          value=symbols)
+    return {"shape": shape, "dtype": dtype, "fixed": fixed, "symbols": symbols}
 
 
 def _decode_region(doc: Any, path: str) -> RegionTag:

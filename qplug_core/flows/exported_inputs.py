@@ -1,0 +1,184 @@
+"""The inputs torch.export specialised, checked at every call of the model it captured.
+
+An export-captured graph holds the example's sizes wherever the model's Python read a size
+(``if x.shape[0] > 1``, a ``view`` to ``[30, B * heads, 16]``), the example's value of every
+``forward()`` argument that is a Python number (``unet(x, int(t), ctx)``: export takes an int,
+float or bool as a constant, not as an input) and the relations between dynamic sizes it traced
+(``t.size(0) == x.size(0)``: one size symbol for both). torch.export guards them with a forward
+pre-hook and a ``_guards_fn`` call. Neither survives qplug's rewriting (the raised graph drops the
+guard call, convert builds a new module without the hook, ``qp.save`` stores the graph only): a
+call with another sequence length failed in a ``view``, a loaded model called with batch 3 after a
+batch-1 example silently ran the batch-1 branch, a UNet quantized with ``t=999`` answered for 999
+at every ``t`` (its calibration too), and a timestep of another rank failed in an ``expand``
+printing generated code. What capture recorded on the placeholders (:data:`INPUT_SPEC`: the
+example's shape, the dimensions export fixed and the symbols of the dynamic ones;
+:data:`BAKED_INPUT`) is turned into one forward pre-hook on the observed and the converted model
+(also after ``qp.load``) that raises :class:`InputMismatchError` before anything runs. Its checks
+are precomputed: a call costs a few comparisons per input. A symbolically traced graph records
+none of this (its inputs stay inputs, its sizes stay sizes) and gets no hook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from qplug_core.errors import InputMismatchError
+from qplug_core.flows.tags import BAKED_INPUT, INPUT_SPEC
+
+__all__ = ["guard_exported_inputs"]
+
+
+def guard_exported_inputs(gm: fx.GraphModule) -> None:
+    """Check every call's inputs against what their torch.export capture assumed of them.
+
+    The hook an observed model carried into its converted copy is replaced: it must run after the
+    engine's (:func:`qplug_core.kernels.base.pin_engine`), whose forward hook leaves the engine as
+    the call found it only if its pre-hook ran."""
+    for key, hook in list(gm._forward_pre_hooks.items()):
+        if isinstance(hook, _InputCheck):
+            del gm._forward_pre_hooks[key]
+            gm._forward_pre_hooks_with_kwargs.pop(key, None)
+    check = _InputCheck.of(gm)
+    if check.tensors or check.constants:
+        gm.register_forward_pre_hook(check, with_kwargs=True)
+
+
+@dataclass(frozen=True, eq=False)
+class _Tensor:
+    """A tensor input of an exported capture: the example's shape and the dims fixed to it."""
+
+    index: int | None
+    name: str
+    shape: tuple[int, ...]
+    fixed: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Constant:
+    """A Python number export built into the graph: the example's value."""
+
+    index: int | None
+    name: str
+    value: Any
+
+
+class _InputCheck:
+    """Forward pre-hook: the tensor inputs of an exported capture have the example's rank and
+    fixed sizes, the dims that share one export symbol (``shared``: groups of ``(tensor, dim)``)
+    are equal, and the Python numbers export built in are given the example's value."""
+
+    def __init__(self, tensors: list[_Tensor], constants: list[_Constant],
+                 shared: list[list[tuple[_Tensor, int]]]) -> None:
+        self.tensors, self.constants, self.shared = tensors, constants, shared
+
+    @classmethod
+    def of(cls, gm: fx.GraphModule) -> _InputCheck:
+        tensors, constants = [], []
+        symbols: dict[str, list[tuple[_Tensor, int]]] = {}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for index, node in zip(_argument_positions(gm, len(placeholders)), placeholders):
+            spec, name = node.meta.get(INPUT_SPEC, {}), str(node.target)
+            if BAKED_INPUT in node.meta:
+                constants.append(_Constant(index, name, node.meta[BAKED_INPUT]))
+            elif "fixed" in spec:  # only export decides which sizes are fixed
+                tensor = _Tensor(index, name, tuple(spec["shape"]), tuple(spec["fixed"]))
+                tensors.append(tensor)
+                for dim, symbol in enumerate(spec.get("symbols", ())):
+                    if symbol is not None:
+                        symbols.setdefault(symbol, []).append((tensor, dim))
+        return cls(tensors, constants, [dims for dims in symbols.values() if len(dims) > 1])
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        given: dict[_Tensor, torch.Tensor] = {}
+        for tensor in self.tensors:
+            value = _argument(args, kwargs, tensor.index, tensor.name)
+            if value is not _MISSING:
+                given[tensor] = _checked_tensor(tensor, value)
+        for dims in self.shared:
+            sizes = [(tensor, dim, given[tensor].shape[dim]) for tensor, dim in dims if tensor in given]
+            if len({size for _, _, size in sizes}) > 1:
+                raise InputMismatchError(_unequal(sizes))
+        for constant in self.constants:
+            value = _argument(args, kwargs, constant.index, constant.name)
+            if value is not _MISSING and (isinstance(value, torch.Tensor) or value != constant.value):
+                raise InputMismatchError(_not_the_constant(constant, value))
+
+
+def _argument_positions(gm: fx.GraphModule, count: int) -> list[int | None]:
+    """Per placeholder, the position of the ``forward()`` argument it is. A graph that keeps
+    export's pytree calling code (a dict or list input) has a placeholder per tensor inside such an
+    argument: those have none, and are found by name only when passed by keyword (as a keyword
+    input is)."""
+    if type(gm.graph._codegen) is fx.graph.CodeGen:  # positional tensors in (raise_aten)
+        return list(range(count))
+    positions: list[int | None] = [None] * count
+    spec = getattr(gm, "_in_spec", None)  # export's; a symbolic graph's inputs are never checked
+    if spec is None:
+        return positions
+    leaf = 0
+    for position, argument in enumerate(spec.child(0).children()):  # export's spec: (args, kwargs)
+        if argument.is_leaf() and leaf < count:
+            positions[leaf] = position
+        leaf += argument.num_leaves
+    return positions
+
+
+_MISSING = object()
+
+
+def _argument(args: tuple, kwargs: dict[str, Any], index: int | None, name: str) -> Any:
+    return args[index] if index is not None and index < len(args) else kwargs.get(name, _MISSING)
+
+
+def _checked_tensor(tensor: _Tensor, value: Any) -> torch.Tensor:
+    """``value`` if it has the example's rank and fixed sizes, else the error saying which."""
+    shape = tensor.shape
+    if not isinstance(value, torch.Tensor):
+        raise InputMismatchError(
+            f"input {tensor.name!r} is {_described(value)}; the model was captured (torch.export) with a "
+            f"tensor there (its example was shaped {shape}). Pass a tensor shaped like the example")
+    got = value.shape
+    if len(got) != len(shape):
+        raise InputMismatchError(
+            f"input {tensor.name!r} has {len(got)} dimension(s) {tuple(got)}; the model was captured "
+            f"(torch.export) for {len(shape)} (its example was {shape}), and its graph takes no other rank. "
+            f"Call it with inputs shaped like the example, or quantize with an example of the rank you "
+            f"call it with")
+    wrong = [d for d in tensor.fixed if got[d] != shape[d]]
+    if wrong:
+        sizes = ", ".join(f"size {got[d]} at dim {d} (captured with {shape[d]})" for d in wrong)
+        raise InputMismatchError(
+            f"input {tensor.name!r} has {sizes}: the model was captured (torch.export) with these sizes "
+            f"fixed to its example's {shape}, because the model's code reads them (a "
+            "reshape or a branch on the size), so the graph takes no other. Call it with those "
+            "sizes (pad or crop), or quantize with an example of the sizes you call it with; "
+            "a size of 1 in the example is always fixed, so give dynamic axes at least 2")
+    return value
+
+
+def _unequal(sizes: list[tuple[_Tensor, int, int]]) -> str:
+    listed = ", ".join(f"input {tensor.name!r} dim {dim} is {size}" for tensor, dim, size in sizes)
+    examples = ", ".join(f"{tensor.name!r} {tensor.shape}" for tensor in dict.fromkeys(t for t, _, _ in sizes))
+    return (f"{listed}, but these sizes must be equal: torch.export captured the model with them equal "
+            f"(one size for all of them, from the examples {examples}), and its graph computes with one "
+            "of them for all. Call it with equal sizes there (expand or repeat an input of size 1 yourself), "
+            "or quantize with examples whose sizes differ as your calls' do")
+
+
+def _not_the_constant(constant: _Constant, value: Any) -> str:
+    kind = type(constant.value).__name__
+    return (f"input {constant.name!r} is {_described(value)}, but the model was captured (torch.export) "
+            f"with its example's value {constant.value!r} built in: a Python {kind} is no graph input, so "
+            f"the model computes for {constant.value!r} whatever it is given. Quantize with {constant.name!r} "
+            f"passed as a tensor (e.g. torch.tensor([{constant.name}])) in the example and the calibration "
+            f"batches, and call it with tensors; or call it with {constant.value!r}")
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor shaped {tuple(value.shape)}"
+    return f"{value!r} ({type(value).__name__})"

@@ -32,6 +32,7 @@ from qplug_core.errors import (
 from qplug_core.flows import calibration_sample, weight_bits
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows.convert import convert_graph
+from qplug_core.flows.exported_inputs import guard_exported_inputs
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.int16_pairs import warn_saturating_pairs
 from qplug_core.flows.kernel_check import remember_example
@@ -183,6 +184,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     gm.meta[STATE] = {"backend": chosen.name, "mode": mode}
     weight_bits.mark(gm, chosen, mode, user_mapping=weight_bits.users_own(qconfig_mapping))
     remember_example(gm, inputs)
+    guard_exported_inputs(gm)  # a calibration batch export cannot run refused, not run as the example
     if is_qat:
         gm.train()
     return gm
@@ -262,6 +264,9 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
             try:
                 with observing_tokens(batch_token_mask(model, batch)):  # padded tokens: not observed
                     model(*batch)
+            except InputMismatchError as error:  # an input the capture cannot take (exported_inputs)
+                flow_checks.mark_calibration_failed(model, error)
+                raise InputMismatchError(f"calibration batch {batches - 1}: {error}") from error
             except QplugError as error:
                 flow_checks.mark_calibration_failed(model, error)
                 raise

@@ -64,6 +64,17 @@ def test_a_timestep_given_as_an_int_is_refused_at_another_value(tmp_path):
             candidate(x, torch.tensor([999, 999]))
 
 
+def test_calibration_batches_with_another_int_timestep_are_refused():
+    """Eight calibration batches with t from 999 down to 0 all calibrated the example's constant
+    t=999, silently. Now the first batch with another value is refused before it is observed."""
+    model = TimestepNet().eval()
+    torch.manual_seed(0)
+    batches = [(torch.randn(2, 4, 16), t) for t in (999, 856, 713)]
+    with pytest.raises(InputMismatchError, match=r"calibration batch 1: input 't' is 856 \(int\), but the model "
+                                                 r"was captured \(torch.export\) with its example's value 999"):
+        qp.quantize(model, batches[0], batches, backend="fbgemm", capture="export")
+
+
 @pytest.mark.parametrize("backend", ["fbgemm", "onnxruntime", "openvino"])
 def test_a_timestep_of_another_rank_is_one_qplug_error(backend):
     """Quantized with t of shape [B], a 0-d t failed in the graph with IndexError ("Dimension

@@ -22,7 +22,14 @@ from qplug_core.flows.graph_utils import is_module_call
 from qplug_core.flows.report import report_names
 from qplug_core.flows.tags import KERNEL, REGION, ROOT, VALUE_KIND, region_tag
 from qplug_core.ir import module_stack
-from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, KernelSpec, TensorArg
+from qplug_core.kernels.base import (
+    DEQUANTIZE_KEY,
+    QUANTIZE_KEY,
+    KernelContext,
+    KernelSpec,
+    TensorArg,
+    engine_context,
+)
 from qplug_core.kernels.reference import (
     Dequantize,
     DynamicQuantize,
@@ -55,8 +62,8 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
     summary = LoweringSummary()
     report_key = report_names(gm.graph)
     regions = _quantized_regions(gm)
-    probes = {tag.region_id: _probe(gm, nodes, tag) for tag, nodes in regions
-              if (spec := backend.kernels.get(tag.pattern)) is not None and not spec.passthrough}
+    probes = {tag.region_id: _probe(gm, nodes, tag, spec.passthrough) for tag, nodes in regions
+              if (spec := backend.kernels.get(tag.pattern)) is not None}
     contract = kernel_contract.record(gm, probes)
     for tag, nodes in regions:
         spec = backend.kernels.get(tag.pattern)
@@ -146,8 +153,8 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     compute, boundaries, output_quantize = _region_io(gm, nodes, tag)
     if _quantized_input(tag) and _unquantized_input(compute, boundaries):
         return _NOT_QUANTIZED
-    if spec.passthrough:
-        return "" if _lower_passthrough(gm, nodes, boundaries, output_quantize) else _NOT_QUANTIZED
+    if spec.passthrough and (output_quantize is None or len(boundaries) != 1):
+        return _NOT_QUANTIZED  # its op runs on one quantized input, its output keeps those qparams
     root = next((m for m in nodes.members if m.meta.get(ROOT)), None)
     module = gm.get_submodule(root.target) if root is not None else None
     weight_qparams, recurrent_weight_qparams = None, None
@@ -169,17 +176,21 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         weight_qparams=weight_qparams, engine=backend.engine,
         recurrent_weight_qparams=recurrent_weight_qparams)
     try:
-        kernel = spec.build(ctx)
+        kernel = _passthrough_op(gm, spec, ctx, compute, backend.engine) if spec.passthrough else spec.build(ctx)
     except ConstraintViolationError as refusal:  # the kernel refused this instance, in its own words
         raise ConstraintViolationError(f"kernel {spec.op} refused this region: {refusal}") from refusal
     except ConfigValidationError as error:  # the region lacks what the kernel needs (qparams another
         # backend's patterns leave out: a model prepared for onnxruntime, converted for fbgemm)
         raise ConstraintViolationError(_unbuildable(spec, ctx, error)) from error
     except Exception as error:  # a plugin's build is plugin code: its bug costs one region, not the flow
-        return _kernel_failed(backend, spec, tag, nodes, f"raised {type(error).__name__} in build(ctx): {error}")
+        step = "check(ctx)" if spec.passthrough else "build(ctx)"
+        return _kernel_failed(backend, spec, tag, nodes, f"raised {type(error).__name__} in {step}: {error}")
     problem = _contract_problem(gm, backend, spec, kernel, tag, nodes, contract)
     if problem:
         return problem
+    if spec.passthrough:
+        _drop_boundaries(nodes, boundaries[0], output_quantize)
+        return ""
     kernel_name = root.target if root is not None else _free_module_name(gm, compute, spec.op)
     gm.set_submodule(kernel_name, kernel)
     # quantized-input kernels take the quantized tensors; float-input ones (weight-only) the node's args
@@ -207,8 +218,11 @@ def _unbuildable(spec: KernelSpec, ctx: KernelContext, error: ConfigValidationEr
     return f"kernel {spec.op} cannot be built for this region: {error}"
 
 
-def _probe(gm: fx.GraphModule, nodes: _RegionNodes, tag) -> kernel_contract.RegionProbe:
+def _probe(gm: fx.GraphModule, nodes: _RegionNodes, tag, passthrough: bool) -> kernel_contract.RegionProbe:
     compute, boundaries, _ = _region_io(gm, nodes, tag)
+    if passthrough:  # the op's own arguments, its int8 input given as the backend's tensor
+        return kernel_contract.RegionProbe(nodes.anchor, sources={b: b.args[0] for b in boundaries},
+                                           call=(compute.args, dict(compute.kwargs)))
     if boundaries:
         return kernel_contract.RegionProbe(nodes.anchor, sources={b: b.args[0] for b in boundaries})
     return kernel_contract.RegionProbe(nodes.anchor, call=(compute.args, dict(compute.kwargs)))
@@ -233,13 +247,13 @@ def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: tor
     if not contract.available or probe is None:
         return ""
     values = contract.values
-    if probe.sources:
-        args = tuple(values[source] if is_module_call(gm, b, DynamicQuantize)
-                     else _backend_quantize(gm, backend, b, values[b], values[source])
-                     for b, source in probe.sources.items())
-        kwargs: dict = {}
-    else:
-        args, kwargs = fx.map_arg(probe.call, lambda n: values[n])
+    quantized = {b: values[source] if is_module_call(gm, b, DynamicQuantize)
+                 else _backend_quantize(gm, backend, b, values[b], values[source])
+                 for b, source in probe.sources.items()}
+    if quantized and not spec.passthrough:  # an int8 kernel takes its quantized inputs alone
+        args, kwargs = tuple(quantized.values()), {}
+    else:  # a float-input kernel the node's arguments; a passthrough op, those with its int8 input
+        args, kwargs = fx.map_arg(probe.call, lambda n: quantized.get(n, values[n]))
     reference, scale = values[nodes.anchor], None
     _, _, output_quantize = _region_io(gm, nodes, tag)
     if output_quantize is not None:
@@ -361,14 +375,38 @@ def _with_tensor_args(value: Any, index: dict[fx.Node, int]) -> Any:
     return value
 
 
-def _lower_passthrough(gm, nodes: _RegionNodes, boundaries: list[fx.Node], output_quantize) -> bool:
-    if output_quantize is None or len(boundaries) != 1:
-        return False
+def _passthrough_op(gm: fx.GraphModule, spec: KernelSpec, ctx: KernelContext, node: fx.Node,
+                    engine: str | None) -> torch.nn.Module:
+    """A passthrough region's op as lowering leaves it, once its spec accepts the call."""
+    if spec.check is not None:
+        spec.check(ctx)
+    return _PassthroughOp(gm, node, engine)
+
+
+class _PassthroughOp(torch.nn.Module):
+    """The op of a passthrough region run on the backend's quantized tensors, as the lowered graph
+    runs it (under the model's pinned engine): what the kernel contract checks in its place, so that
+    a call torch has no quantized kernel for keeps the reference form instead of raising at every call."""
+
+    def __init__(self, gm: fx.GraphModule, node: fx.Node, engine: str | None) -> None:
+        super().__init__()
+        self.kind, self.target, self.engine = node.op, node.target, engine
+        self.module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+
+    def forward(self, *args, **kwargs):
+        with engine_context(self.engine):
+            if self.module is not None:
+                return self.module(*args, **kwargs)
+            if self.kind == "call_method":
+                return getattr(args[0], str(self.target))(*args[1:], **kwargs)
+            return self.target(*args, **kwargs)
+
+
+def _drop_boundaries(nodes: _RegionNodes, boundary: fx.Node, output_quantize: fx.Node) -> None:
+    """Lower a passthrough region: its op reads the quantized tensor and its output is used as is."""
     for member in nodes.members:
-        for boundary in boundaries:
-            member.replace_input_with(boundary, boundary.args[0])
+        member.replace_input_with(boundary, boundary.args[0])
     output_quantize.replace_all_uses_with(nodes.anchor)
-    return True
 
 
 def _swap_boundaries(gm: fx.GraphModule, backend) -> None:

@@ -219,7 +219,10 @@ class KernelSpec:
 
     ``build(ctx)`` returns the int8 module (packing weights under ``ctx.engine``). A ``passthrough``
     kernel needs no module: the original op runs unchanged on the backend's quantized tensors (shape
-    ops, max pooling), so lowering just removes the dequantize/quantize pair around it.
+    ops, max pooling), so lowering just removes the dequantize/quantize pair around it. Its
+    ``check(ctx)`` raises :class:`ConstraintViolationError`, as ``build`` does, for a call the op
+    cannot run on quantized tensors (an upsampling mode torch has no quantized kernel for), which
+    would otherwise raise at every call of the converted model: that region keeps the reference form.
     ``self_test()`` raises if the kernel is unusable on this machine; lowering then falls back to
     the reference form with a warning.
     """
@@ -228,9 +231,14 @@ class KernelSpec:
     build: Callable[[KernelContext], nn.Module] | None = None
     passthrough: bool = False
     self_test: Callable[[], None] | None = None
+    check: Callable[[KernelContext], None] | None = None
 
     def __post_init__(self) -> None:
         if (self.build is None) == (not self.passthrough):
             raise ConfigValidationError(
                 f"KernelSpec {self.op!r}: give exactly one of build=... or passthrough=True",
                 field="build", value=self.build)
+        if self.check is not None and not self.passthrough:
+            raise ConfigValidationError(
+                f"KernelSpec {self.op!r}: check=... goes with passthrough=True (a build refuses an "
+                "instance itself, raising ConstraintViolationError)", field="check", value=self.check)

@@ -2,15 +2,21 @@
 
 Lowering removes the dequantize/quantize pair around them and the output keeps the input's
 qparams; backends register them as ``KernelSpec(passthrough=True)``. Targets are functions,
-``call_method`` names (str) and module classes, as the pattern format uses.
+``call_method`` names (str) and module classes, as the pattern format uses. Some run only some of
+their calls (upsampling: :data:`PASSTHROUGH_CHECKS`); the others keep the reference form.
 """
 
 from __future__ import annotations
+
+import inspect
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qplug_core.errors import ConstraintViolationError
+from qplug_core.kernels.base import KernelContext
 from qplug_core.kernels.capabilities import engine_capabilities
 
 PASSTHROUGH_OPS: tuple[object, ...] = (
@@ -24,8 +30,8 @@ PASSTHROUGH_OPS: tuple[object, ...] = (
     torch.flatten, nn.Flatten, "flatten", "reshape", "view", "permute", "transpose", "contiguous",
     torch.reshape, torch.permute, torch.transpose, torch.squeeze, torch.unsqueeze,
     "squeeze", "unsqueeze", torch.chunk, torch.split, "chunk", "split", torch.narrow, "narrow",
-    "repeat", "expand", F.pixel_shuffle, nn.PixelShuffle, F.interpolate, nn.Upsample,
-    nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d,
+    "repeat", "expand", F.pixel_shuffle, nn.PixelShuffle,
+    F.interpolate, nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d,  # some modes only
     # clipping activations (exact on the integer grid)
     F.relu, torch.relu, nn.ReLU, "relu", F.dropout, nn.Dropout, nn.Identity,
 )
@@ -44,3 +50,32 @@ def passthrough_ops(engine: str) -> tuple[object, ...]:
     caps = engine_capabilities(engine)
     extra = tuple(op for flag, ops in _ENGINE_DEPENDENT.items() if getattr(caps, flag) for op in ops)
     return PASSTHROUGH_OPS + extra
+
+
+#: the upsampling modes torch 2.13's quantized CPU tensors have kernels for (nearest and nearest-exact
+#: in 2-d and 3-d, bilinear without antialias); the others (bicubic, trilinear, linear, antialiased)
+#: raise NotImplementedError. A 1-d nearest, refused too, shows only in the input's shape: the kernel
+#: contract's run at convert catches it
+_QUANTIZED_UPSAMPLING = ("nearest", "nearest-exact", "bilinear")
+
+
+def check_upsampling(ctx: KernelContext) -> None:
+    """Refuse an ``F.interpolate`` / ``nn.Upsample`` whose mode has no quantized kernel: lowered,
+    it raised NotImplementedError at every call of the converted model."""
+    if ctx.module is not None:
+        mode, antialias = ctx.module.mode, False  # nn.Upsample has no antialias
+    else:
+        call = inspect.signature(F.interpolate).bind(*ctx.args, **ctx.kwargs).arguments
+        mode, antialias = call.get("mode", "nearest"), call.get("antialias", False)
+    if mode not in _QUANTIZED_UPSAMPLING or antialias:
+        how = f"mode {mode!r}" + (" with antialias=True" if antialias else "")
+        raise ConstraintViolationError(
+            f"upsampling {how} has no int8 kernel in torch (quantized tensors take mode 'nearest', "
+            "'nearest-exact' or 'bilinear' without antialias), so it runs in float between a "
+            "dequantize and a quantize")
+
+
+#: passthrough ops that run only some of their calls -> the check refusing the others (KernelSpec.check)
+PASSTHROUGH_CHECKS: dict[object, Callable[[KernelContext], None]] = {
+    F.interpolate: check_upsampling, nn.Upsample: check_upsampling,
+}

@@ -18,6 +18,7 @@ from torch.nn.utils.parametrize import type_before_parametrizations
 
 from qplug_core.kernels import torch_int8 as K
 from qplug_core.kernels.base import KernelContext, KernelSpec
+from qplug_core.kernels.passthrough import PASSTHROUGH_CHECKS
 from qplug_core.nn.intrinsic import FusedModule
 
 _RELU = (nn.ReLU, F.relu, torch.relu, "relu", "relu_")
@@ -120,7 +121,7 @@ def _kernel_for(pattern: Any, passthrough: tuple, engine: str) -> KernelSpec | N
         kernel = _UNARY[pattern]
         return _spec(f"quantized::{kernel.__name__.lower()}", kernel, engine)
     if pattern in passthrough:
-        return KernelSpec("passthrough", passthrough=True)
+        return KernelSpec("passthrough", passthrough=True, check=PASSTHROUGH_CHECKS.get(pattern))
     if not isinstance(pattern, type):
         return None
     base = _weighted_base(pattern)

@@ -1,0 +1,92 @@
+"""Defects an outside tester found calling int8 models built from PyTorch's own blocks (2026-12-06):
+each test is that user's own call, with the numbers or the error they rely on."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qplug_core as qp
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+
+class Upsampler(nn.Module):
+    """A conv, an upsampling, a conv: the decoder step of super-resolution and volumetric models."""
+
+    def __init__(self, dims: int, upsample: nn.Module) -> None:
+        super().__init__()
+        conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
+        self.c1, self.up, self.c2 = conv(3, 8, 3, padding=1), upsample, conv(8, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(self.up(torch.relu(self.c1(x))))
+
+
+class Interpolate(nn.Module):
+    def __init__(self, **options) -> None:
+        super().__init__()
+        self.options = options
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, **self.options)
+
+
+#: case -> (dimensions, the upsampling, its name in the report)
+_UPSAMPLINGS = {
+    "bicubic": (2, Interpolate(scale_factor=2, mode="bicubic"), "interpolate"),
+    "bilinear-antialias": (2, Interpolate(scale_factor=0.5, mode="bilinear", antialias=True), "interpolate"),
+    "Upsample-trilinear": (3, nn.Upsample(scale_factor=2, mode="trilinear"), "up"),
+    "Upsample-nearest-1d": (1, nn.Upsample(scale_factor=2, mode="nearest"), "up"),
+}
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
+@pytest.mark.parametrize("case", list(_UPSAMPLINGS))
+def test_an_upsampling_without_a_quantized_kernel_keeps_the_reference_form(case, backend):
+    """qp.quantize returned a model whose every call raised torch's NotImplementedError ("Could not
+    run 'aten::upsample_bicubic2d.out' with arguments from the 'QuantizedCPU' backend"): the
+    upsampling was lowered whatever its mode. Now it runs in float between a dequantize and a
+    quantize, with a warning and the reason in the report, and answers as the reference form."""
+    dims, upsample, name = _UPSAMPLINGS[case]
+    torch.manual_seed(0)
+    model = Upsampler(dims, upsample).eval()
+    shape = (2, 3, *(6,) * dims)
+    batches = [torch.randn(shape) for _ in range(3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        int8 = qp.quantize(model, batches[0], batches, backend=backend)
+    reference = qp.quantize(model, batches[0], batches, backend="reference")
+    report = qp.quantization_report(int8)
+    assert name not in report.kernels and report.kernels["c1"].startswith("quantized::conv")
+    why = report.reference[name]
+    assert any(f"node {name!r}" in str(w.message) and why.split(";")[0] in str(w.message) for w in caught)
+    if dims > 1:  # the mode says it
+        assert "has no int8 kernel in torch" in why
+    else:  # only the shape does: the kernel contract's run at convert catches it
+        assert "raised NotImplementedError" in why
+    x = torch.randn(shape)
+    with torch.no_grad():
+        if backend == "fbgemm":
+            assert torch.equal(int8(x), reference(x))
+        else:  # qnnpack's convs round otherwise (36.2-39.3 dB here; 37.3 dB with a lowered nearest)
+            assert qp.sqnr(reference(x), int8(x)) > 33
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear"])
+def test_an_upsampling_with_a_quantized_kernel_still_runs_it(mode):
+    """The modes torch's quantized tensors take stay lowered (no dequantize/quantize pair), and the
+    kernel contract's run at convert accepts them (bilinear rounds otherwise: 43.9 dB)."""
+    torch.manual_seed(0)
+    model = Upsampler(2, nn.Upsample(scale_factor=2, mode=mode)).eval()
+    batches = [torch.randn(2, 3, 6, 6) for _ in range(3)]
+    int8 = qp.quantize(model, batches[0], batches, backend="fbgemm")
+    reference = qp.quantize(model, batches[0], batches, backend="reference")
+    assert qp.quantization_report(int8).kernels["up"] == "passthrough"
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        assert qp.sqnr(reference(x), int8(x)) > 40

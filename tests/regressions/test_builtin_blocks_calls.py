@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.errors import InputMismatchError
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
 
@@ -90,3 +91,45 @@ def test_an_upsampling_with_a_quantized_kernel_still_runs_it(mode):
     x = torch.randn(2, 3, 6, 6)
     with torch.no_grad():
         assert qp.sqnr(reference(x), int8(x)) > 40
+
+
+class MaskedHead(nn.Module):
+    """Two linears and a padding mask, called as attention code calls its models: ``q(x, mask=m)``."""
+
+    def __init__(self, bool_mask: bool) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.bool_mask = bool_mask
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        h = h.masked_fill(mask.unsqueeze(-1), 0.0) if self.bool_mask else h * mask.unsqueeze(-1)
+        return self.b(h)
+
+
+def _masked_head(backend: str, bool_mask: bool = False):
+    torch.manual_seed(0)
+    mask = torch.zeros(2, 5, dtype=torch.bool) if bool_mask else torch.ones(2, 5)
+    mask[0, -2:] = 1 - mask[0, -2:].float()
+    batches = [(torch.randn(2, 5, 8), mask) for _ in range(3)]
+    return qp.quantize(MaskedHead(bool_mask).eval(), batches[0], batches, backend=backend), batches[0]
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_a_delegated_model_takes_its_inputs_by_name(backend, tmp_path):
+    """``q(x, mask=m)`` raised "TypeError: SolePartitionForward.__call__() got an unexpected keyword
+    argument 'mask'" on onnxruntime and openvino (fbgemm took it), also after qp.load. Now the
+    inputs bind by name as the float model's forward does, and a call that does not fit is a qplug
+    error naming the inputs."""
+    int8, (x, mask) = _masked_head(backend)
+    loaded = qp.load(qp.save(int8, tmp_path / "m.safetensors"))
+    for model in (int8, loaded):
+        with torch.no_grad():
+            want = model(x, mask)
+            assert torch.equal(model(x, mask=mask), want) and torch.equal(model(mask=mask, x=x), want)
+        with pytest.raises(InputMismatchError, match=r"no input named 'msk' \(did you mean 'mask' "
+                                                               r"for 'msk'\?\); it takes the inputs \(x, mask\)"):
+            model(x, msk=mask)
+        with pytest.raises(InputMismatchError, match=r"called with input\(s\) 'mask' missing"):
+            model(x)
+

@@ -83,16 +83,34 @@ class CompiledPartition(nn.Module):
         try:
             with torch.no_grad():  # the output structure (tensor or tuple) the partition returns
                 self._single_output = isinstance(self.partition(*inputs), torch.Tensor)
-        except RuntimeError as exc:  # shapes its layers cannot take: the caller's input, not the runtime
-            raise InputMismatchError(
-                f"{type(self).__name__} cannot take inputs of shape "
-                f"{', '.join(str(tuple(x.shape)) for x in inputs)}: the model's inputs do not have the shape "
-                f"it was quantized for ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+        except RuntimeError as exc:  # inputs its layers cannot take: the caller's, not the runtime's fault
+            raise InputMismatchError(f"{type(self).__name__} cannot take inputs {self._mismatch(inputs)} "
+                                     f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
         signature = self._signature(inputs)
         self._sources[signature] = self._serialize(self.partition, inputs)
         self._compiled[signature] = compiled = self.build(self._sources[signature])
         self._routes[signature] = signature
         return compiled
+
+    def _mismatch(self, inputs: tuple[torch.Tensor, ...]) -> str:
+        """What the refused ``inputs`` differ in from the first ones compiled (the example inputs at
+        convert): their shapes, their dtypes or both; either when nothing was compiled yet (a loaded
+        model's first call)."""
+        given = self._signature(inputs)
+        shapes = ", ".join(str(tuple(shape)) for shape, _ in given)
+        dtypes = ", ".join(str(dtype).removeprefix("torch.") for _, dtype in given)
+        compiled = next(iter(self._sources), None)
+        if compiled is None or len(compiled) != len(given):
+            return (f"of shape {shapes}: the model's inputs do not have the shape or dtype ({dtypes}) it was "
+                    "quantized for")
+        if [shape for shape, _ in compiled] == [shape for shape, _ in given]:
+            wanted = ", ".join(str(dtype).removeprefix("torch.") for _, dtype in compiled)
+            return (f"of dtype {dtypes} where it was compiled for {wanted} (the shapes are the same): the "
+                    "model's inputs do not have the dtype it was quantized for")
+        if [dtype for _, dtype in compiled] == [dtype for _, dtype in given]:
+            return f"of shape {shapes}: the model's inputs do not have the shape it was quantized for"
+        return (f"of shape {shapes} and dtype {dtypes}: the model's inputs have neither the shape nor the "
+                "dtype it was quantized for")
 
     @torch.compiler.disable  # under torch.compile, dynamo must not trace the exporter it calls
     def _route(self, inputs: tuple[torch.Tensor, ...]) -> Any:

@@ -12,6 +12,7 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.errors import InputMismatchError
+from qplug_core.partition.compiled import CompiledPartition
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
 
@@ -133,3 +134,34 @@ def test_a_delegated_model_takes_its_inputs_by_name(backend, tmp_path):
         with pytest.raises(InputMismatchError, match=r"called with input\(s\) 'mask' missing"):
             model(x)
 
+
+@pytest.mark.parametrize("backend", ["fbgemm", "onnxruntime"])
+def test_a_mask_of_another_dtype_than_at_capture_is_refused_naming_it(backend, tmp_path):
+    """A padding mask quantized as bool and passed as float raised torch's "masked_fill_ only supports
+    boolean masks" from inside the graph on fbgemm, and on onnxruntime an InputMismatchError saying
+    the (identical) shapes were wrong. Now every backend refuses the call before running anything,
+    naming the input and both dtypes, also after qp.load."""
+    int8, (x, mask) = _masked_head(backend, bool_mask=True)
+    loaded = qp.load(qp.save(int8, tmp_path / "m.safetensors"))
+    for model in (int8, loaded):
+        for call in (lambda m: m(x, mask.float()), lambda m: m(x, mask=mask.long())):
+            with pytest.raises(InputMismatchError, match=r"input 'mask' is (float32|int64) where the "
+                                                                   r"int8 model was captured with bool"):
+                call(model)
+        with pytest.raises(InputMismatchError, match=r"input 'x' is int64 where the int8 model was "
+                                                               r"captured with float32"):
+            model(x.long(), mask)
+        with torch.no_grad():  # the dtypes it was quantized with still run
+            assert torch.equal(model(x, mask=mask), int8(x, mask))
+
+
+def test_a_compiled_partition_says_the_dtypes_differ_when_the_shapes_do_not():
+    """Past the model's own check (a partition called directly), onnxruntime's partition turned any
+    error of its ops into "cannot take inputs of shape (2, 5, 8), (2, 5): the model's inputs do not
+    have the shape it was quantized for", the shapes being those it was compiled for."""
+    int8, (x, mask) = _masked_head("onnxruntime", bool_mask=True)
+    partition = next(m for m in int8.modules() if isinstance(m, CompiledPartition))
+    with pytest.raises(InputMismatchError, match=r"cannot take inputs of dtype float32, float32 where "
+                                                           r"it was compiled for float32, bool \(the shapes are "
+                                                           r"the same\)"):
+        partition(x, mask.float())

@@ -53,10 +53,10 @@ def passthrough_ops(engine: str) -> tuple[object, ...]:
 
 
 #: the upsampling modes torch 2.13's quantized CPU tensors have kernels for (nearest and nearest-exact
-#: in 2-d and 3-d, bilinear without antialias); the others (bicubic, trilinear, linear, antialiased)
-#: raise NotImplementedError. A 1-d nearest, refused too, shows only in the input's shape: the kernel
-#: contract's run at convert catches it
-_QUANTIZED_UPSAMPLING = ("nearest", "nearest-exact", "bilinear")
+#: in 2-d and 3-d, bilinear without antialias, area: adaptive average pooling); the others (bicubic,
+#: trilinear, linear, antialiased) raise NotImplementedError. A 1-d nearest, refused too, shows only
+#: in the input's shape: the kernel contract's run at convert catches it
+_QUANTIZED_UPSAMPLING = ("nearest", "nearest-exact", "bilinear", "area")
 
 
 def check_upsampling(ctx: KernelContext) -> None:
@@ -71,7 +71,7 @@ def check_upsampling(ctx: KernelContext) -> None:
         how = f"mode {mode!r}" + (" with antialias=True" if antialias else "")
         raise ConstraintViolationError(
             f"upsampling {how} has no int8 kernel in torch (quantized tensors take mode 'nearest', "
-            "'nearest-exact' or 'bilinear' without antialias), so it runs in float between a "
+            "'nearest-exact', 'area' or 'bilinear' without antialias), so it runs in float between a "
             "dequantize and a quantize")
 
 

@@ -79,7 +79,7 @@ def test_an_upsampling_without_a_quantized_kernel_keeps_the_reference_form(case,
             assert qp.sqnr(reference(x), int8(x)) > 33
 
 
-@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear"])
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear", "area"])
 def test_an_upsampling_with_a_quantized_kernel_still_runs_it(mode):
     """The modes torch's quantized tensors take stay lowered (no dequantize/quantize pair), and the
     kernel contract's run at convert accepts them (bilinear rounds otherwise: 43.9 dB)."""

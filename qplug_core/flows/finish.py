@@ -16,9 +16,7 @@ from qplug_core.enums import Stage
 from qplug_core.flows.delegate import DelegationSummary, delegate_graph
 from qplug_core.flows.exported_inputs import guard_exported_inputs
 from qplug_core.flows.float_outputs import drop_unread_output_grids
-from qplug_core.flows.input_dtypes import guard_float32_inputs
 from qplug_core.flows.input_dtypes import guard_input_dtypes
-from qplug_core.flows.input_sizes import guard_fixed_sizes
 from qplug_core.flows.lower import LoweringSummary, lower_graph
 from qplug_core.flows.pickle_guard import refuse_pickle
 from qplug_core.flows.pipeline import plugin_passes, run_passes
@@ -90,10 +88,8 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     if lowering:  # ops without packed weights dispatch on the global engine: pin the backend's
         pin_engine(gm, backend.engine)
     # after the engine's hook, whose forward hook restores the engine when this one raises
-    guard_float32_inputs(gm)  # a float16 input: one qplug error, not each runtime's own
-    guard_exported_inputs(gm)  # what export assumed of an input: one qplug error at the call, not deep inside
     guard_input_dtypes(gm)  # a float16 input, a float mask for a bool one: one qplug error, not a runtime's
-    guard_fixed_sizes(gm)  # a size export fixed: one qplug error at the call, not a view's deep inside
+    guard_exported_inputs(gm)  # what export assumed of an input: one qplug error at the call, not deep inside
     return report
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from qplug_core.flows.dynamic import DYNAMIC_TYPES
+from qplug_core.flows.dynamic import DYNAMIC_TYPES, SimulatedDynamic
 from qplug_core.flows.report import MODULE_SWAP, QuantizationReport, SkippedNode
 from qplug_core.flows.steps import quantization_report as graph_report
 from qplug_core.flows.tags import W8A8, WEIGHT_ONLY
@@ -50,7 +50,7 @@ def quantization_report(model: nn.Module) -> QuantizationReport:
                               skipped=skipped, capture=MODULE_SWAP, record=record)
 
 
-_DYNAMIC = (DynamicKernel, PerTokenDynamicLinear)
+_DYNAMIC = (DynamicKernel, PerTokenDynamicLinear, SimulatedDynamic)
 _NOT_NAMED = "left float: qp.quantize_dynamic swaps the layers its qconfig_spec names, not this one"
 _IN_ATTENTION = ("nn.MultiheadAttention computes with its projections' weights directly, so no module "
                  "swap reaches them (qp.quantize or backend='onnxruntime' quantizes them)")
@@ -63,6 +63,8 @@ def _dynamic_kernels(model: nn.Module) -> dict[str, nn.Module]:
 def _kernel_name(module: nn.Module) -> str:
     if isinstance(module, PerTokenDynamicLinear):
         return f"{type(module).__name__} (per-token int8 activations)"
+    if isinstance(module, SimulatedDynamic):
+        return f"{type(module).__name__} (reference: int8 rounding simulated in float)"
     dtype = str(module.dtype).removeprefix("torch.")
     return f"{type(module).__name__} ({dtype} weights, {module.engine})"
 
@@ -77,7 +79,8 @@ def _dynamic_report(model: nn.Module) -> QuantizationReport:
     skipped = [SkippedNode(name, type(module).__name__, _IN_ATTENTION if name.startswith(attention) else _NOT_NAMED)
                for name, module in model.named_modules()
                if isinstance(module, DYNAMIC_TYPES) and not name.startswith(inside)]
-    engines = sorted({module.engine for module in kernels.values() if isinstance(module, DynamicKernel)})
+    engines = sorted({module.engine for module in kernels.values() if isinstance(module, DynamicKernel)}
+                     | {"reference" for module in kernels.values() if isinstance(module, SimulatedDynamic)})
     return QuantizationReport(backend=", ".join(engines) or "per-layer kernels", mode="dynamic",
                               quantized={name: type(m).__name__ for name, m in kernels.items()},
                               kernels={name: _kernel_name(m) for name, m in kernels.items()},

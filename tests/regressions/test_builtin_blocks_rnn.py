@@ -200,3 +200,23 @@ def test_a_dynamic_transformer_encoder_in_eval_runs_its_int8_linears(backend, mo
         finally:
             torch.backends.mha.set_fastpath_enabled(True)
     torch.testing.assert_close(fast_path_on, fast_path_off, atol=1e-5, rtol=0)  # attention: float either way
+
+
+class LinearThenLSTM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.rnn = nn.Linear(8, 16), nn.LSTM(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(self.fc(x))[0]
+
+
+def test_the_report_of_a_reference_dynamic_model_lists_its_simulated_layers():
+    """``qp.quantization_report`` refused every ``quantize_dynamic(backend="reference")`` model as
+    "not produced by qplug" (its SimulatedDynamic layers were not counted as swapped)."""
+    int8 = qp.quantize_dynamic(LinearThenLSTM(), backend="reference")
+    report = qp.quantization_report(int8)
+    assert report.backend == "reference" and report.mode == "dynamic"
+    assert report.quantized == {"fc": "SimulatedDynamic", "rnn": "SimulatedDynamic"}
+    assert report.kernels["fc"] == "SimulatedDynamic (reference: int8 rounding simulated in float)"
+    assert report.skipped == []

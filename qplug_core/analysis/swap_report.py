@@ -13,7 +13,7 @@ from torch import nn
 from qplug_core.flows.dynamic import DYNAMIC_TYPES, SimulatedDynamic
 from qplug_core.flows.report import MODULE_SWAP, QuantizationReport, SkippedNode
 from qplug_core.flows.steps import quantization_report as graph_report
-from qplug_core.flows.tags import W8A8, WEIGHT_ONLY
+from qplug_core.flows.tags import DYNAMIC_LEFT_FLOAT, W8A8, WEIGHT_ONLY
 from qplug_core.kernels.dynamic import DynamicKernel
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.serialization.weight_only import swapped_facts, swapped_layers
@@ -76,7 +76,8 @@ def _dynamic_report(model: nn.Module) -> QuantizationReport:
     inside = tuple(f"{name}." for name in kernels)
     attention = tuple(f"{name}." for name, module in model.named_modules()
                       if isinstance(module, nn.MultiheadAttention))
-    skipped = [SkippedNode(name, type(module).__name__, _IN_ATTENTION if name.startswith(attention) else _NOT_NAMED)
+    skipped = [SkippedNode(name, type(module).__name__, _IN_ATTENTION if name.startswith(attention)
+                           else module.__dict__.get(DYNAMIC_LEFT_FLOAT, _NOT_NAMED))
                for name, module in model.named_modules()
                if isinstance(module, DYNAMIC_TYPES) and not name.startswith(inside)]
     engines = sorted({module.engine for module in kernels.values() if isinstance(module, DynamicKernel)}

@@ -33,6 +33,7 @@ from qplug_core.flows.checks import check_float32, check_weight_values, refuse_q
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.raise_aten import is_aten_graph
 from qplug_core.flows.regions import dtype_config_problems, observer_traits
+from qplug_core.flows.tags import DYNAMIC_LEFT_FLOAT
 from qplug_core.kernels.base import KernelContext, SwappedLayer, TensorArg
 from qplug_core.kernels.dynamic import unbatched_cell_call
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
@@ -339,6 +340,7 @@ def _replacements(swaps: list[tuple[str, nn.Module, QConfig]], backend: Backend,
                     f"qp.quantize_dynamic cannot quantize {layer}: {error}. Leave it out of qconfig_spec "
                     f"(a dict may map {name!r} to None) or use backend='reference'", field=name) from error
             warn_user(f"qp.quantize_dynamic: {layer} stays float: {error}")
+            module.__dict__[DYNAMIC_LEFT_FLOAT] = f"left float: the kernel cannot take it: {error}"
             continue
         replacements.append((name, replacement))
     return replacements

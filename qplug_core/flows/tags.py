@@ -60,6 +60,8 @@ EAGER_CONVERTED = "qplug_eager_converted"
 #: an eager module attribute: a backend rule chose its input qparams, convert requantizes to them
 #: (the prepare mode, "static" or "qat": a QAT model fake-quantizes the input to them in training)
 EAGER_INPUT_REQUANTIZED = "qplug_input_requantized"
+#: a module attribute: why ``qp.quantize_dynamic``'s defaults left this layer float (its report says so)
+DYNAMIC_LEFT_FLOAT = "qplug_dynamic_left_float"
 #: GraphModule.meta: the capture level used ("symbolic" or "export")
 CAPTURE = "qplug_capture"
 #: GraphModule.meta: submodules left opaque because capture failed, (name, type, reason)

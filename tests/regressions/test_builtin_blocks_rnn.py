@@ -164,6 +164,10 @@ def test_dynamic_defaults_keep_a_projected_lstm_float_and_convert_the_rest(backe
         int8 = qp.quantize_dynamic(model, backend=backend)
     assert type(int8.rnn) is nn.LSTM
     assert type(int8.enc).__name__ == type(int8.head).__name__ == "DynamicLinear"
+    # the report gives the same reason (it said the qconfig_spec had not named the LSTM)
+    [skipped] = qp.quantization_report(int8).skipped
+    assert (skipped.node, skipped.op) == ("rnn", "LSTM")
+    assert skipped.reason.startswith("left float: the kernel cannot take it: DynamicLSTM: proj_size")
     with torch.no_grad():
         assert qp.sqnr(model(x), int8(x)) > 40  # 60+ dB measured
     with pytest.raises(ConstraintViolationError, match="cannot quantize module 'rnn' \\(LSTM\\).*'rnn' to None"):

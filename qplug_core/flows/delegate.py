@@ -250,10 +250,26 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
         refused.update(wrong)  # planned again without them; each round refuses another region
     for why in dict.fromkeys(split.values()):
         warnings.warn(f"qplug: backend {backend_name!r}: {why}", stacklevel=3)
+    if example_inputs is not None:
+        _warn_refused_layers(gm, outside, refused, report_key)
     summary = _fuse(gm, delegate, partitions, outside, verdicts, report_key, backend_name, arithmetic,
                     loading=example_inputs is None)
     summary.kept_regions = kept_regions
     return summary
+
+
+def _warn_refused_layers(gm: fx.GraphModule, outside: dict[str, str], refused: dict[int, str],
+                         name: _Namer) -> None:
+    """Int8 layers the backend does not take (onnxruntime's LSTM with ``proj_size``) run in PyTorch
+    in reference form: one warning at convert names them, as a kernel that refuses a layer is named
+    (those found wrong by the check, in ``refused``, were named already)."""
+    layers = [f"{name(node)!r} ({outside[node.name]})" for node in gm.graph.nodes
+              if node.name in outside and node.op == "call_module" and (tag := region_tag(node)) is not None
+              and tag.is_anchor and tag.quantized and tag.region_id not in refused]
+    if layers:
+        listed = "; ".join(layers[:5]) + (f"; and {len(layers) - 5} more" if len(layers) > 5 else "")
+        warnings.warn(f"qplug: {len(layers)} int8 layer(s) run in PyTorch in reference form (int8 rounding "
+                      f"simulated in float, slower than the backend's own): {listed}", stacklevel=4)
 
 
 def _compiled(delegate: Delegate, gm: fx.GraphModule, nodes: list[fx.Node], values: dict[fx.Node, Any],

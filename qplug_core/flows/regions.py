@@ -23,6 +23,7 @@ from torch import fx, nn
 from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapping
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, spelled, warn_user
 from qplug_core.flows.checks import mapping_qconfigs
+from qplug_core.flows.report import NO_PATTERN
 from qplug_core.flows.tags import CALLED_AS, VALUE_KIND
 from qplug_core.ir import module_stack
 from qplug_core.kernels.reference import weight_of
@@ -318,10 +319,17 @@ def _check_axis(axis: int, layer: str, weight: torch.Tensor) -> None:
 
 
 def _warn_mostly_float(gm: fx.GraphModule, modules: dict[str, nn.Module], regions: list[Region]) -> None:
-    """One warning when layers the backend's defaults keep float (RNNs in static mode, a layer with
-    no int8 kernel) hold most of the model's weights: the "int8" model is then mostly the float one."""
+    """One warning when layers the backend keeps float (RNNs in static mode, a layer with no int8
+    kernel or no pattern on this backend: openvino's LSTM) hold most of the model's weights: the
+    "int8" model is then mostly the float one. Layers the user left out, and embedding lookups
+    (half a small BERT's weights, no compute), are not counted."""
     kept = {str(r.root.target): r.reason for r in regions
             if r.weighted and r.qconfig is None and r.reason != NOT_REQUESTED}
+    matched = {node for r in regions for node in r.match.nodes}
+    kept.update({str(node.target): NO_PATTERN for node in gm.graph.nodes  # lookups are no compute: not counted
+                 if node.op == "call_module" and node not in matched
+                 and not isinstance(modules[str(node.target)], (nn.Embedding, nn.EmbeddingBag))
+                 and any(True for _ in modules[str(node.target)].parameters(recurse=False))})
     total = sum(p.numel() for p in gm.parameters())
     float_share = sum(p.numel() for name in kept for p in modules[name].parameters()) / max(total, 1)
     if float_share > 0.5:

@@ -224,3 +224,29 @@ def test_the_report_of_a_reference_dynamic_model_lists_its_simulated_layers():
     assert report.quantized == {"fc": "SimulatedDynamic", "rnn": "SimulatedDynamic"}
     assert report.kernels["fc"] == "SimulatedDynamic (reference: int8 rounding simulated in float)"
     assert report.skipped == []
+
+
+class LSTMTagger(nn.Module):
+    def __init__(self, proj_size: int = 0) -> None:
+        super().__init__()
+        self.emb, self.rnn = nn.Embedding(100, 32), nn.LSTM(32, 64, batch_first=True, proj_size=proj_size)
+        self.fc = nn.Linear(proj_size or 64, 5)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.rnn(self.emb(ids))[0])
+
+
+@pytest.mark.parametrize("backend, proj_size, warning", [
+    ("openvino", 0, r"qplug: 87\.\d% of the model's weights stay float: 'rnn' \(no quantization pattern"),
+    ("onnxruntime", 16, r"qplug: 1 int8 layer\(s\) run in PyTorch in reference form .*'rnn' \(backend "
+                        r"'onnxruntime' does not take LSTM: proj_size is set"),
+])
+def test_dynamic_on_a_compiling_backend_says_when_its_lstm_is_not_compiled(backend, proj_size, warning):
+    """A tagger whose LSTM holds most of the weights came back from ``quantize_dynamic`` with that
+    LSTM float (openvino has no dynamic LSTM) or in reference form (onnxruntime's
+    DynamicQuantizeLSTM has no projection) and no warning: only the linear head was compiled."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 100, (2, 12))
+    with pytest.warns(UserWarning, match=warning):
+        int8 = qp.quantize_dynamic(LSTMTagger(proj_size).eval(), example_inputs=(ids,), backend=backend)
+    assert qp.quantization_report(int8).kernels == {"fc": "delegate:delegate_0"}

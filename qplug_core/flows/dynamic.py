@@ -320,12 +320,12 @@ def _warn_float_attention(named: dict[str, nn.Module], swaps: list) -> None:
 
 
 def _replacements(swaps: list[tuple[str, nn.Module, QConfig]], backend: Backend, per_token: bool, *,
-                  chosen_by_default: bool) -> list[tuple[str, nn.Module]]:
-    """The dynamic module for each selected one. A layer the kernel cannot take (an LSTM with
-    ``proj_size`` on fbgemm) stays float with a warning when the defaults chose it, as the graph
-    flows do; a layer the user named raises, naming it."""
+                  chosen_by_default: bool) -> tuple[list[tuple[str, nn.Module]], dict[str, str]]:
+    """The dynamic module for each selected one, and why each layer left float is (name -> why). A
+    layer the kernel cannot take (an LSTM with ``proj_size`` on fbgemm) stays float with a warning
+    when the defaults chose it, as the graph flows do; a layer the user named raises, naming it."""
     shared = SharedInput()  # q/k/v projections read one tensor: quantize it once
-    replacements = []
+    replacements, left_float = [], {}
     for name, module, qconfig in swaps:
         try:
             if per_token and type_before_parametrizations(module) is nn.Linear:
@@ -340,10 +340,10 @@ def _replacements(swaps: list[tuple[str, nn.Module, QConfig]], backend: Backend,
                     f"qp.quantize_dynamic cannot quantize {layer}: {error}. Leave it out of qconfig_spec "
                     f"(a dict may map {name!r} to None) or use backend='reference'", field=name) from error
             warn_user(f"qp.quantize_dynamic: {layer} stays float: {error}")
-            module.__dict__[DYNAMIC_LEFT_FLOAT] = f"left float: the kernel cannot take it: {error}"
+            left_float[name] = f"left float: the kernel cannot take it: {error}"
             continue
         replacements.append((name, replacement))
-    return replacements
+    return replacements, left_float
 
 
 def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dtype = torch.qint8,
@@ -413,11 +413,13 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
             raise ConfigError(f"qconfig_spec names module {name!r}, but it holds nothing dynamic "
                               f"quantization converts ({', '.join(t.__name__ for t in DYNAMIC_TYPES)})"
                               + _attention_note(named, name), field="qconfig_spec", value=name)
-    replacements = _replacements(swaps, chosen, per_token, chosen_by_default=qconfig_spec is None)
+    replacements, left_float = _replacements(swaps, chosen, per_token, chosen_by_default=qconfig_spec is None)
     if not replacements and not allow_float:
         raise _nothing_converted(named)
     _warn_float_attention(named, swaps)
     result = model if inplace else copy.deepcopy(model)
+    for name, why in left_float.items():  # on the result's layer: the user's model stays untouched
+        result.get_submodule(name).__dict__[DYNAMIC_LEFT_FLOAT] = why
     for name, replacement in replacements:
         if not name:
             result = replacement

@@ -9,6 +9,7 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.errors import ConstraintViolationError, SerializationError
+from qplug_core.flows.tags import DYNAMIC_LEFT_FLOAT
 from qplug_core.onnx_export.api import reference_form
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
@@ -168,6 +169,7 @@ def test_dynamic_defaults_keep_a_projected_lstm_float_and_convert_the_rest(backe
     [skipped] = qp.quantization_report(int8).skipped
     assert (skipped.node, skipped.op) == ("rnn", "LSTM")
     assert skipped.reason.startswith("left float: the kernel cannot take it: DynamicLSTM: proj_size")
+    assert DYNAMIC_LEFT_FLOAT not in model.rnn.__dict__  # the reason is kept on the result's layer only
     with torch.no_grad():
         assert qp.sqnr(model(x), int8(x)) > 40  # 60+ dB measured
     with pytest.raises(ConstraintViolationError, match="cannot quantize module 'rnn' \\(LSTM\\).*'rnn' to None"):

@@ -70,8 +70,11 @@ def main(out: Path, case: str) -> None:
         # test is the error written above, so this rank leaves without that teardown
         sys.stdout.flush()
         os._exit(0)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    # both ranks reach here alive: meeting once more before the teardown keeps one rank from
+    # closing its sockets while the other's gloo threads still read them (a C++ abort at exit,
+    # "terminate called without an active exception", seen once in CI)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -32,9 +32,13 @@ from qplug_core.observers import (
     PlaceholderObserver,
 )
 
-_FLOAT_IN_STATIC = (nn.LayerNorm, F.layer_norm, nn.GroupNorm, F.group_norm, nn.InstanceNorm1d,
+#: kept float in static mode by default (see the module docstring); the report quotes the reason
+FLOAT_IN_STATIC = (nn.LayerNorm, F.layer_norm, nn.GroupNorm, F.group_norm, nn.InstanceNorm1d,
                     nn.InstanceNorm2d, nn.InstanceNorm3d, F.instance_norm, nn.Softmax, F.softmax,
                     torch.softmax, "softmax")
+FLOAT_IN_STATIC_REASON = ("qconfig is None for this op type: qplug's default mapping keeps normalization and "
+                          "softmax float in static mode (one per-tensor scale on a residual stream's outlier "
+                          "channels loses its small values); set a qconfig for it to quantize it")
 _DYNAMIC_MODULES = (nn.Linear, nn.LSTM, nn.GRU, nn.RNNCell, nn.LSTMCell, nn.GRUCell)
 #: recurrent layers have int8 kernels only for dynamic quantization
 _DYNAMIC_ONLY = (nn.LSTM, nn.GRU, nn.RNNCell, nn.LSTMCell, nn.GRUCell)
@@ -120,6 +124,6 @@ def default_qconfig_mapping(mode: str = "static", *, reduce_range: bool = False,
         mapping.set_object_type(conv_transpose, transpose)
     for embedding in _EMBEDDINGS:
         mapping.set_object_type(embedding, embedding_qconfig(qat=qat))
-    for op in _FLOAT_IN_STATIC + _DYNAMIC_ONLY:
+    for op in FLOAT_IN_STATIC + _DYNAMIC_ONLY:
         mapping.set_object_type(op, None)
     return mapping

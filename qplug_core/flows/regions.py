@@ -21,6 +21,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapping
+from qplug_core.config.defaults import FLOAT_IN_STATIC, FLOAT_IN_STATIC_REASON
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, spelled, warn_user
 from qplug_core.flows.checks import mapping_qconfigs
 from qplug_core.flows.report import NO_PATTERN
@@ -291,7 +292,13 @@ class RegionPlanner:
         if kinds == {True} and not self._mapping_is_dynamic():
             return (f"{region.pattern_name} has int8 kernels for dynamic quantization only: "
                     "qp.quantize_dynamic quantizes it")
+        if self._op_of(region.root) in FLOAT_IN_STATIC and not self._mapping_is_dynamic():
+            return FLOAT_IN_STATIC_REASON
         return NOT_REQUESTED
+
+    def _op_of(self, node: fx.Node) -> Any:
+        """The module type or function a node calls, as qconfig mappings name ops."""
+        return type(self.modules[str(node.target)]) if node.op == "call_module" else node.target
 
     def _mapping_is_dynamic(self) -> bool:
         if self._dynamic is None:
@@ -324,7 +331,7 @@ def _warn_mostly_float(gm: fx.GraphModule, modules: dict[str, nn.Module], region
     "int8" model is then mostly the float one. Layers the user left out, and embedding lookups
     (half a small BERT's weights, no compute), are not counted."""
     kept = {str(r.root.target): r.reason for r in regions
-            if r.weighted and r.qconfig is None and r.reason != NOT_REQUESTED}
+            if r.weighted and r.qconfig is None and r.reason not in (NOT_REQUESTED, FLOAT_IN_STATIC_REASON)}
     matched = {node for r in regions for node in r.match.nodes}
     kept.update({str(node.target): NO_PATTERN for node in gm.graph.nodes  # lookups are no compute: not counted
                  if node.op == "call_module" and node not in matched

@@ -820,3 +820,21 @@ def test_a_transformer_quantized_from_its_exported_program_gets_the_modules_reci
     recipes = [m.meta["qplug_recipe"].name for m in (from_module, from_program)]
     assert recipes == ["auto: smoothquant", "auto: smoothquant"]
     assert torch.equal(from_module(x), from_program(x))
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "onnxruntime"])
+def test_a_norm_the_defaults_keep_float_says_why_not_not_requested(backend):
+    """With the backend's default mapping a LayerNorm stays float on purpose, but the report said
+    "qconfig is None for this op (not requested)": the user had requested nothing. It names the
+    default's reason and how to quantize it; a layer the user set to None keeps the plain reason."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16), nn.Linear(16, 8)).eval()
+    batches = [(torch.randn(4, 16),) for _ in range(4)]
+    mapping = qp.get_default_qconfig_mapping(backend=backend).set_module_name("2", None)
+    report = qp.quantization_report(qp.quantize(model, batches[0], batches, backend=backend,
+                                                qconfig_mapping=mapping))
+    reasons = {s.node: s.reason for s in report.skipped}
+    assert reasons["1"].startswith("qconfig is None for this op type: qplug's default mapping keeps "
+                                   "normalization and softmax float in static mode")
+    assert reasons["1"].endswith("set a qconfig for it to quantize it")
+    assert reasons["2"] == "qconfig is None for this op (not requested)"

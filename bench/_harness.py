@@ -45,9 +45,15 @@ def cpu_model() -> str:
 
 
 def machine_line() -> str:
+    """The machine, its int8 instruction set (VNNI or not decides what the figures mean) and the
+    qplug tree measured: this file puts its own checkout first on ``sys.path``."""
+    import qplug_core
+    from qplug_core.plugin_api import cpu_int8
+
     return (f"{time.strftime('%Y-%m-%d %H:%M')}  {cpu_model()}, {os.cpu_count()} cores, "
             f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"load avg {load_average()}")
+            f"load avg {load_average()}\n"
+            f"int8: {cpu_int8().summary()}; qplug_core from {Path(qplug_core.__file__).parent}")
 
 
 def torch_ao():

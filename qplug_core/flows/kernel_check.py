@@ -145,10 +145,12 @@ def _as_float(value: torch.Tensor) -> torch.Tensor:
 
 def violation(kernel: nn.Module, args: tuple, kwargs: dict, reference: Any, expected_dtype: Any,
               output_scale: float | None) -> str:
-    """Why ``kernel(*args, **kwargs)`` breaks the contract against ``reference`` ('' if it holds)."""
+    """Why ``kernel(*args, **kwargs)`` breaks the contract against ``reference`` ('' if it holds).
+    The kernel gets copies: the recorded values are shared with the other regions' checks, and a
+    kernel writing to its input (an in-place ReLU) would change what those checks compare."""
     try:
         with torch.no_grad():
-            out = kernel(*args, **kwargs)
+            out = kernel(*_copied(args), **_copied(kwargs))
     except Exception as error:  # noqa: BLE001 - a raising kernel is a broken kernel
         return f"it raised {type(error).__name__}: {' '.join(str(error).split())[:160]}"
     return output_violation(out, reference, expected_dtype, output_scale)

@@ -160,3 +160,19 @@ def test_this_module_passes_on_a_cpu_without_vnni_too():
         cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stdout[-3000:]
     assert "7 passed" in result.stdout
+
+
+def test_a_kernel_writing_its_input_cannot_change_the_recorded_examples():
+    """The recorded example values are shared by every region's check (two linears reading one
+    activation); a kernel that writes its input in place, as in-place ops do, made the next check
+    compare against inputs the model never produced. Each kernel gets copies."""
+    x = torch.randn(4, 8)
+    recorded = x.clone()
+
+    class ScribblingRelu(nn.Module):
+        def forward(self, value: torch.Tensor) -> torch.Tensor:
+            return value.relu_()
+
+    assert kernel_contract.violation(ScribblingRelu(), (x,), {}, torch.relu(recorded), torch.float32,
+                                     None) == ""
+    assert torch.equal(x, recorded)

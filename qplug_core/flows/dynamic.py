@@ -85,7 +85,7 @@ class SimulatedDynamic(SwappedLayer):
     def weight(self) -> FloatWeightView:
         """A wrapped linear's rounded weight, for model code that reads it as it reads
         ``DynamicLinear.weight`` (``nn.TransformerEncoderLayer`` checks it in eval): without it such a
-        model raised AttributeError at its first call. Writing to it changes nothing."""
+        model raised AttributeError at its first call. Writing to it raises ModelStateError."""
         weight = self._linear("weight").weight
         return FloatWeightView(lambda: weight.detach().clone(), tuple(weight.shape), weight.device)
 

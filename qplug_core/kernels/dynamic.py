@@ -189,7 +189,7 @@ class DynamicLinear(DynamicKernel):
 
     @property
     def weight(self) -> torch.Tensor:
-        """The weight the kernel uses, as a float view (writing to it changes nothing).
+        """The weight the kernel uses, as a float view (writing to it raises ModelStateError).
 
         Model code reads ``self.linear.weight`` (T5 checks its dtype, ``nn.TransformerEncoderLayer``
         its device), so a converted layer must keep one. A view, not a tensor: reading its dtype

@@ -419,7 +419,7 @@ class PerTokenDynamicLinear(SwappedLayer):
 
         Model code reads ``self.wo.weight`` (T5's feed-forward checks its dtype on every call),
         as ``DynamicLinear`` keeps one: without it a per-token T5 raised AttributeError at its
-        first forward. Writing to it changes nothing."""
+        first forward. Writing to it raises ModelStateError."""
         return FloatWeightView(lambda: self.weight_int8_t.t().float() * self.weight_scale[:, None],
                                (self.out_features, self.in_features), self.weight_scale.device)
 

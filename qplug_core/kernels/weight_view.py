@@ -16,12 +16,15 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
+from qplug_core.errors import ModelStateError
+
 
 class FloatWeightView(torch.Tensor):
     """A read-only float32 tensor whose values ``make()`` gives when an op reads them.
 
-    Writing to it (``weight.add_(1)``) writes to a temporary copy: the layer computes with its
-    quantized weight, as ``DynamicLinear.weight`` does."""
+    Writing to it (``weight.zero_()``, ``weight.data.mul_(0)``, ``weight.copy_(w)``) raises
+    :class:`ModelStateError`: the layer computes with its quantized weight, so a write could only
+    be lost (pruning or editing a quantized layer in place looked applied and changed nothing)."""
 
     _make: Callable[[], torch.Tensor]
 
@@ -45,7 +48,42 @@ class FloatWeightView(torch.Tensor):
         def values(view: FloatWeightView) -> torch.Tensor:
             return view._make()
 
-        return func(*tree_map_only(cls, values, args), **tree_map_only(cls, values, kwargs or {}))
+        def compute() -> Any:
+            return func(*tree_map_only(cls, values, args), **tree_map_only(cls, values, kwargs or {}))
+
+        _refuse_writes(func, args, kwargs or {})
+        result = compute()
+        if not _returns_alias(func):
+            return result
+        if isinstance(result, torch.Tensor):
+            return _aliasing(compute, result)
+        return type(result)(_aliasing(lambda i=i: compute()[i], part) for i, part in enumerate(result))
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         return f"FloatWeightView({self._make()!r})"
+
+
+def _returns_alias(func: Any) -> bool:
+    """``w.data``, ``w.detach()``, ``w[0]``, ``w.t()``: a result that shares the weight's memory."""
+    return any(ret.alias_info is not None for ret in func._schema.returns)
+
+
+def _aliasing(compute: Callable[[], torch.Tensor], result: torch.Tensor) -> torch.Tensor:
+    """An alias of a view is a view too, so ``w.data.mul_(0)`` and ``w[0] = 1`` are refused like
+    ``w.mul_(0)`` rather than writing to a temporary."""
+    if result.dtype != torch.float32:
+        return result
+    return FloatWeightView(compute, tuple(result.shape), result.device)
+
+
+def _refuse_writes(func: Any, args: tuple, kwargs: dict) -> None:
+    """Raise when ``func`` writes to a view: its schema marks the arguments it mutates."""
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) else kwargs.get(argument.name)
+        if isinstance(value, FloatWeightView):
+            raise ModelStateError(
+                f"a quantized layer's weight is a read-only float view of its int8 weight: "
+                f"{func._schema.name} would write to a temporary copy and change nothing. Edit the "
+                "float model's weight and quantize it again")

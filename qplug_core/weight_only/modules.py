@@ -124,7 +124,7 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
     def weight(self) -> FloatWeightView:
         """The dequantized weight ``[out, in]`` for model code that reads it (T5 checks its dtype in
         every forward): dtype, shape and device cost nothing, its values are made when an op reads them
-        and not kept (:mod:`~qplug_core.kernels.weight_view`). Writing to it changes nothing."""
+        and not kept (:mod:`~qplug_core.kernels.weight_view`). Writing to it raises ModelStateError."""
         return FloatWeightView(lambda: self.quantized_weight().dequantize(), self._shape(), self.qweight.device)
 
     def weight_tensors(self) -> tuple[torch.Tensor | None, ...]:

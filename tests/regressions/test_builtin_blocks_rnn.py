@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.errors import ConstraintViolationError, SerializationError
+from qplug_core.errors import ConstraintViolationError, ModelStateError, SerializationError
 from qplug_core.flows.tags import DYNAMIC_LEFT_FLOAT
 from qplug_core.onnx_export.api import reference_form
 
@@ -76,8 +76,32 @@ def test_a_reference_dynamic_transformer_encoder_runs_and_matches_fbgemm():
             torch.backends.mha.set_fastpath_enabled(True)
     weight = reference.layers[0].linear1.weight
     assert weight.shape == (64, 32) and reference.layers[0].linear1.bias.shape == (64,)
-    weight.add_(1)  # a read-only view: the layer keeps computing with its own weight
+    with pytest.raises(ModelStateError, match="read-only float view"):
+        weight.add_(1)
     assert torch.equal(weight + 0, reference.layers[0].linear1.module.weight)
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack", "reference"])
+@pytest.mark.parametrize("write", [
+    lambda w: w.zero_(),
+    lambda w: w.data.mul_(0),
+    lambda w: w.copy_(torch.zeros_like(w)),
+    lambda w: w.__setitem__(0, 1.0),
+    lambda w: w[1:].fill_(0),
+    lambda w: w.detach().zero_(),
+], ids=["zero_", "data.mul_", "copy_", "setitem", "slice.fill_", "detach.zero_"])
+def test_writing_to_a_dynamic_layers_weight_is_refused_not_lost(backend, write):
+    """A dynamic linear's float ``weight`` is made from its int8 weight at each read, so a user
+    pruning or editing it in place wrote to a temporary: accepted, and lost (the output unchanged).
+    Every write, through ``.data``, a slice or ``detach()`` too, is refused; reads still work."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    int8, x = qp.quantize_dynamic(model, backend=backend), torch.randn(3, 8)
+    before, weight = int8(x), int8[0].weight
+    with torch.no_grad(), pytest.raises(ModelStateError, match="read-only float view of its int8 weight"):
+        write(weight)
+    assert torch.equal(int8(x), before)
+    assert torch.allclose(weight.t() + 0, model[0].weight.t(), atol=float(model[0].weight.abs().max()) / 127)
 
 
 class GRUTagger(nn.Module):

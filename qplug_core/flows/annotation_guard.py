@@ -15,9 +15,18 @@ from typing import Any, Callable
 from torch import fx
 
 from qplug_core.errors import PluginContractError
-from qplug_core.flows.tags import ANNOTATION_OWNERS, BOUNDARY, KERNEL, OBSERVER, REGION, ROOT, VALUE_KIND
+from qplug_core.flows.tags import (
+    ANNOTATION_OWNERS,
+    BOUNDARY,
+    KERNEL,
+    LAYOUT,
+    OBSERVER,
+    REGION,
+    ROOT,
+    VALUE_KIND,
+)
 
-CORE_KEYS = frozenset({REGION, OBSERVER, BOUNDARY, KERNEL, VALUE_KIND, ROOT})
+CORE_KEYS = frozenset({REGION, OBSERVER, BOUNDARY, KERNEL, VALUE_KIND, LAYOUT, ROOT})
 
 
 def guard_plugin_pass(pass_: Callable[[fx.GraphModule], Any], plugin: str) -> Callable:

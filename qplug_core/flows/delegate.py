@@ -54,6 +54,7 @@ from qplug_core.flows.region_parity import layer_parity, region_of
 from qplug_core.flows.report import describe_op, float_compute_nodes, report_names
 from qplug_core.flows.safer_weights import make_safer, may_saturate
 from qplug_core.flows.shape_ints import recompute_boundary_ints
+from qplug_core.flows.sparse_values import sparse_value_ops
 from qplug_core.flows.tags import BOUNDARY, KERNEL, REPORT, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner, OperatorSupportBase, fuse_by_partitions
 from qplug_core.partition.fuse import build_submodule
@@ -115,13 +116,14 @@ class _Verdict:
 
 class _Refusing(OperatorSupportBase):
     """The delegate's operator support minus the nodes reading a model input that is not a tensor
-    (``flows/python_inputs.py``) and the nodes of int8 regions to keep in reference form (region
-    id -> why): their own nodes, the dequantize nodes reading their inputs and the quantize nodes
-    writing their outputs, so the partitions around them exchange int8 values."""
+    (``flows/python_inputs.py``), those taking or making a sparse tensor (``flows/sparse_values.py``)
+    and the nodes of int8 regions to keep in reference form (region id -> why): their own nodes, the
+    dequantize nodes reading their inputs and the quantize nodes writing their outputs, so the
+    partitions around them exchange int8 values."""
 
     def __init__(self, inner: OperatorSupportBase, gm: fx.GraphModule, regions: dict[int, str]):
         self.inner = inner
-        self.refused = {**python_input_readers(gm), **_region_nodes(gm, regions)}
+        self.refused = {**python_input_readers(gm), **sparse_value_ops(gm), **_region_nodes(gm, regions)}
 
     def is_node_supported(self, submodules, node: fx.Node) -> bool:
         return node not in self.refused and self.inner.is_node_supported(submodules, node)

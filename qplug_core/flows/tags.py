@@ -16,6 +16,9 @@ from qplug_core.errors import InputMismatchError
 
 #: node.meta key: what the node's value is ("float_tensor", "tensor" or "other")
 VALUE_KIND = "qplug_value"
+#: node.meta key on a node whose example value is a tensor of another layout than strided (a sparse
+#: adjacency for ``torch.sparse.mm``): the layout's name, as ``"torch.sparse_coo"``
+LAYOUT = "qplug_layout"
 #: node.meta key: the :class:`RegionTag` of the region the node belongs to
 REGION = "qplug_region"
 #: node.meta key on observer nodes: which value they observe and why ("input"/"output"/"shared")
@@ -128,7 +131,8 @@ def value_kind(value: Any) -> str:
 
 
 class ValueAnnotator(fx.Interpreter):
-    """Runs the graph once on example inputs and records each node's value kind.
+    """Runs the graph once on example inputs and records each node's value kind (and a tensor's
+    layout when it is not strided).
 
     Knowing which values are float tensors lets prepare observe exactly those (never integer
     indices, shapes or tuples), instead of guessing from op names.
@@ -137,6 +141,8 @@ class ValueAnnotator(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
         n.meta[VALUE_KIND] = value_kind(result)
+        if isinstance(result, torch.Tensor) and result.layout != torch.strided:
+            n.meta[LAYOUT] = str(result.layout)
         if n.op == "placeholder" and isinstance(result, torch.Tensor):
             spec = input_spec(result)
             if spec is not None:

@@ -174,7 +174,7 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         input_qparams=tuple(_boundary_qparams(gm, b) for b in boundaries),
         output_qparams=gm.get_submodule(output_quantize.target).qparams if output_quantize else None,
         weight_qparams=weight_qparams, engine=backend.engine,
-        recurrent_weight_qparams=recurrent_weight_qparams)
+        recurrent_weight_qparams=recurrent_weight_qparams, input_shapes=_example_shapes(boundaries, contract))
     try:
         kernel = _passthrough_op(gm, spec, ctx, compute, backend.engine) if spec.passthrough else spec.build(ctx)
     except ConstraintViolationError as refusal:  # the kernel refused this instance, in its own words
@@ -207,6 +207,16 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     new.meta[KERNEL] = spec.op
     (output_quantize or anchor).replace_all_uses_with(new)
     return ""
+
+
+def _example_shapes(boundaries: list[fx.Node], contract: kernel_contract.ContractRun
+                    ) -> tuple[tuple[int, ...], ...]:
+    """The shapes the example inputs gave the region's quantized inputs (none when no example was
+    recorded), so that a passthrough check can refuse a rank torch has no quantized kernel for."""
+    values = [contract.values.get(b) for b in boundaries]
+    if not contract.available or not all(isinstance(v, torch.Tensor) for v in values):
+        return ()
+    return tuple(tuple(v.shape) for v in values)
 
 
 def _unbuildable(spec: KernelSpec, ctx: KernelContext, error: ConfigValidationError) -> str:

@@ -180,6 +180,8 @@ class KernelContext:
     the anchor node's arguments with quantized tensor inputs replaced by :class:`TensorArg`.
     A recurrent layer (``nn.LSTM``, ``nn.GRU``, a cell) has one weight qparams per weight matrix,
     in ``recurrent_weight_qparams`` by parameter name; ``weight_qparams`` is the first one's.
+    ``input_shapes``: the shape the example inputs gave each quantized tensor input, in
+    ``input_qparams``' order (empty where none were recorded), for a check that refuses by rank.
     """
 
     pattern: Any
@@ -192,6 +194,7 @@ class KernelContext:
     weight_qparams: QParams | None = None
     engine: str | None = None
     recurrent_weight_qparams: dict[str, QParams] | None = None
+    input_shapes: tuple[tuple[int, ...], ...] = ()
 
     @property
     def root(self) -> nn.Module | None:

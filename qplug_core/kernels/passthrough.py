@@ -52,27 +52,36 @@ def passthrough_ops(engine: str) -> tuple[object, ...]:
     return PASSTHROUGH_OPS + extra
 
 
-#: the upsampling modes torch 2.13's quantized CPU tensors have kernels for (nearest and nearest-exact
-#: in 2-d and 3-d, bilinear without antialias, area: adaptive average pooling); the others (bicubic,
-#: trilinear, linear, antialiased) raise NotImplementedError. A 1-d nearest, refused too, shows only
-#: in the input's shape: the kernel contract's run at convert catches it
-_QUANTIZED_UPSAMPLING = ("nearest", "nearest-exact", "bilinear", "area")
+#: the upsampling modes torch 2.13's quantized CPU tensors have kernels for, and the input ranks each
+#: takes (nearest and nearest-exact in 2-d and 3-d, bilinear without antialias in 2-d, area: adaptive
+#: average pooling); the others (bicubic, trilinear, linear, antialiased) and 1-d nearest raise
+#: NotImplementedError
+_QUANTIZED_UPSAMPLING = {"nearest": (4, 5), "nearest-exact": (4, 5), "bilinear": (4,), "area": (3, 4, 5)}
 
 
 def check_upsampling(ctx: KernelContext) -> None:
-    """Refuse an ``F.interpolate`` / ``nn.Upsample`` whose mode has no quantized kernel: lowered,
-    it raised NotImplementedError at every call of the converted model."""
+    """Refuse an ``F.interpolate`` / ``nn.Upsample`` whose mode, or whose input's rank on the example
+    (``ctx.input_shapes``), has no quantized kernel: lowered, it raised NotImplementedError at every
+    call of the converted model."""
     if ctx.module is not None:
         mode, antialias = ctx.module.mode, False  # nn.Upsample has no antialias
     else:
         call = inspect.signature(F.interpolate).bind(*ctx.args, **ctx.kwargs).arguments
         mode, antialias = call.get("mode", "nearest"), call.get("antialias", False)
-    if mode not in _QUANTIZED_UPSAMPLING or antialias:
+    ranks = _QUANTIZED_UPSAMPLING.get(mode)
+    if ranks is None or antialias:
         how = f"mode {mode!r}" + (" with antialias=True" if antialias else "")
         raise ConstraintViolationError(
             f"upsampling {how} has no int8 kernel in torch (quantized tensors take mode 'nearest', "
             "'nearest-exact', 'area' or 'bilinear' without antialias), so it runs in float between a "
             "dequantize and a quantize")
+    rank = len(ctx.input_shapes[0]) if ctx.input_shapes else None
+    if rank is not None and rank not in ranks:
+        taken = " and ".join(f"{r - 2}-d" for r in ranks)
+        raise ConstraintViolationError(
+            f"upsampling mode {mode!r} in {rank - 2}-d (a {rank}-d input) has no int8 kernel in torch "
+            f"(quantized tensors take it in {taken} only), so it runs in float between a dequantize and "
+            "a quantize")
 
 
 #: passthrough ops that run only some of their calls -> the check refusing the others (KernelSpec.check)

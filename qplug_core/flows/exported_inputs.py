@@ -28,6 +28,7 @@ from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError
 from qplug_core.flows.tags import BAKED_INPUT, INPUT_SPEC
+from qplug_core.ir.hooks import drop_pre_hooks
 
 __all__ = ["guard_exported_inputs"]
 
@@ -38,10 +39,7 @@ def guard_exported_inputs(gm: fx.GraphModule) -> None:
     The hook an observed model carried into its converted copy is replaced: it must run after the
     engine's (:func:`qplug_core.kernels.base.pin_engine`), whose forward hook leaves the engine as
     the call found it only if its pre-hook ran."""
-    for key, hook in list(gm._forward_pre_hooks.items()):
-        if isinstance(hook, _InputCheck):
-            del gm._forward_pre_hooks[key]
-            gm._forward_pre_hooks_with_kwargs.pop(key, None)
+    drop_pre_hooks(gm, lambda hook: isinstance(hook, _InputCheck))
     check = _InputCheck.of(gm)
     if check.tensors or check.constants:
         gm.register_forward_pre_hook(check, with_kwargs=True)

@@ -30,6 +30,7 @@ from qplug_core.flows.tags import (
     recorded_example_inputs,
     region_tag,
 )
+from qplug_core.ir.call_inputs import guard_input_names
 from qplug_core.kernels.base import pin_engine
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     if lowering:  # ops without packed weights dispatch on the global engine: pin the backend's
         pin_engine(gm, backend.engine)
     # after the engine's hook, whose forward hook restores the engine when this one raises
+    guard_input_names(gm)  # a misspelt or missing input: the inputs it takes, not forward()'s TypeError
     guard_input_dtypes(gm)  # a float16 input, a float mask for a bool one: one qplug error, not a runtime's
     guard_exported_inputs(gm)  # what export assumed of an input: one qplug error at the call, not deep inside
     return report

@@ -28,6 +28,7 @@ from torch import fx, nn
 
 from qplug_core.ir import module_stack
 from qplug_core.ir.attributes import fetch_attribute
+from qplug_core.ir.hooks import drop_pre_hooks
 from qplug_core.passes import ConstantFoldingPass, PassResult
 from qplug_core.passes.remove_noops import remove_noops
 
@@ -173,10 +174,7 @@ def _drop_guards(gm: fx.GraphModule) -> None:
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
             gm.graph.erase_node(node)
-    for key, hook in list(gm._forward_pre_hooks.items()):
-        if getattr(hook, "__name__", "") == _EXPORT_INPUT_CHECK:
-            del gm._forward_pre_hooks[key]
-            gm._forward_pre_hooks_with_kwargs.pop(key, None)
+    drop_pre_hooks(gm, lambda hook: getattr(hook, "__name__", "") == _EXPORT_INPUT_CHECK)
 
 
 #: the name of the forward pre-hook ``ExportedProgram.module()`` checks its inputs with

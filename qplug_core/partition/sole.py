@@ -11,18 +11,18 @@ recompiled to other code, the partition replaced, forward or backward hooks regi
 globally) it runs the generated code instead. The GraphModule's own ``__call__`` and hooks are
 untouched; copies (deep copy, pickling) drop the shortcut and run the generated code. Inputs passed
 by name are bound to the placeholders as the generated ``forward(self, x, mask)`` binds them; a
-call that does not fit them is an :class:`InputMismatchError` naming the inputs.
+call that does not fit them is an :class:`InputMismatchError` naming the inputs
+(:mod:`qplug_core.ir.call_inputs`, which every converted model's own check uses too).
 """
 
 from __future__ import annotations
 
-import difflib
 import weakref
 
 from torch import fx, nn
 from torch.nn.modules import module as _module
 
-from qplug_core.errors import InputMismatchError
+from qplug_core.ir.call_inputs import bind_inputs
 
 #: torch's global module hooks (dicts it mutates in place), each of which nn.Module.__call__ honours
 _GLOBAL_FORWARD_HOOKS, _GLOBAL_FORWARD_PRE_HOOKS = _module._global_forward_hooks, _module._global_forward_pre_hooks
@@ -59,7 +59,7 @@ class SolePartitionForward:
     def __call__(self, *inputs, **named):
         # tests spelled out (no generators): ~1 us of a ~20 us call at batch 1
         if named or len(inputs) != len(self._inputs):
-            inputs = _bind_inputs(self._inputs, inputs, named)
+            inputs = bind_inputs(self._inputs, inputs, named)
         gm = self._gm()
         module = self._module
         if (gm._code == self._code and gm._modules.get(self._name) is module
@@ -81,26 +81,6 @@ class SolePartitionForward:
 
 def _dropped() -> None:
     return None
-
-
-def _bind_inputs(names: tuple[str, ...], positional: tuple, named: dict) -> tuple:
-    """The inputs ``names`` in order, from a call that gives some by position and the rest by name."""
-    takes = f"it takes the inputs ({', '.join(names)}) it was quantized with, by position or by name"
-    if len(positional) > len(names):
-        raise InputMismatchError(f"the int8 model was called with {len(positional)} positional inputs; {takes}")
-    unknown = [key for key in named if key not in names]
-    if unknown:
-        near = {key: difflib.get_close_matches(key, names, n=1) for key in unknown}
-        hints = "".join(f" (did you mean {near[key][0]!r} for {key!r}?)" for key in unknown if near[key])
-        raise InputMismatchError(f"the int8 model has no input named {', '.join(map(repr, unknown))}{hints}; "
-                                 f"{takes} (an argument left out of example_inputs is not one of them)")
-    twice = [key for key in names[:len(positional)] if key in named]
-    missing = [key for key in names[len(positional):] if key not in named]
-    if twice or missing:
-        problem = (f"input(s) {', '.join(map(repr, twice))} given both by position and by name" if twice
-                   else f"input(s) {', '.join(map(repr, missing))} missing")
-        raise InputMismatchError(f"the int8 model was called with {problem}; {takes}")
-    return (*positional, *(named[key] for key in names[len(positional):]))
 
 
 def install(gm: fx.GraphModule) -> bool:

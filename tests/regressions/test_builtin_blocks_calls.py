@@ -111,21 +111,25 @@ class MaskedHead(nn.Module):
         return self.b(h)
 
 
-def _masked_head(backend: str, bool_mask: bool = False):
+def _masked_head(backend: str, bool_mask: bool = False, capture: str = "auto"):
     torch.manual_seed(0)
     mask = torch.zeros(2, 5, dtype=torch.bool) if bool_mask else torch.ones(2, 5)
     mask[0, -2:] = 1 - mask[0, -2:].float()
     batches = [(torch.randn(2, 5, 8), mask) for _ in range(3)]
-    return qp.quantize(MaskedHead(bool_mask).eval(), batches[0], batches, backend=backend), batches[0]
+    int8 = qp.quantize(MaskedHead(bool_mask).eval(), batches[0], batches, backend=backend, capture=capture)
+    return int8, batches[0]
 
 
-@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
-def test_a_delegated_model_takes_its_inputs_by_name(backend, tmp_path):
+@pytest.mark.parametrize("capture", ["symbolic", "export"])
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino", "fbgemm", "qnnpack", "reference"])
+def test_a_converted_model_takes_its_inputs_by_name(backend, capture, tmp_path):
     """``q(x, mask=m)`` raised "TypeError: SolePartitionForward.__call__() got an unexpected keyword
     argument 'mask'" on onnxruntime and openvino (fbgemm took it), also after qp.load. Now the
     inputs bind by name as the float model's forward does, and a call that does not fit is a qplug
-    error naming the inputs."""
-    int8, (x, mask) = _masked_head(backend)
+    error naming the inputs. fbgemm, qnnpack and reference models met a misspelt or missing input
+    with Python's "forward() got an unexpected keyword argument 'msk'" (session 21): they now give
+    the same error, from the same check."""
+    int8, (x, mask) = _masked_head(backend, capture=capture)
     loaded = qp.load(qp.save(int8, tmp_path / "m.safetensors"))
     for model in (int8, loaded):
         with torch.no_grad():
@@ -136,6 +140,8 @@ def test_a_delegated_model_takes_its_inputs_by_name(backend, tmp_path):
             model(x, msk=mask)
         with pytest.raises(InputMismatchError, match=r"called with input\(s\) 'mask' missing"):
             model(x)
+        with pytest.raises(InputMismatchError, match=r"input\(s\) 'x' given both by position and by name"):
+            model(x, mask, x=x)
 
 
 @pytest.mark.parametrize("backend", ["fbgemm", "onnxruntime"])

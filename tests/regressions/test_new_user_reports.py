@@ -354,7 +354,8 @@ def test_a_parameter_the_example_leaves_out_is_traced_as_its_default():
     qmodel = qp.quantize(model, (data[0],), data, backend="fbgemm")
     assert qp.quantization_report(qmodel).capture == "symbolic"
     assert qp.sqnr(model(data[0]), qmodel(data[0])) > 30
-    with pytest.raises(TypeError, match="takes 2 positional arguments but 3 were given"):
+    with pytest.raises(InputMismatchError, match=r"called with 2 positional inputs; it takes the inputs \(x\) "
+                                                 r"it was quantized with.*an argument left out of example_inputs"):
         qmodel(data[0], torch.ones(16))  # the graph holds the default's branch only: not silently
 
 

@@ -10,10 +10,15 @@ One forward pre-hook on the model compares each tensor input's dtype with the on
 capture: the same dtype passes with one comparison; another integer dtype passes (token ids in
 int32 or int64), as does any float where the example was another float than float32; a float32
 input must stay float32, and no input may change between bool, integer and float.
+
+The observed model checks the kinds only, so that a calibration batch with a float mask for a bool
+one is refused naming the batch and the input, before the graph runs (whose failure torch prints
+as generated code on stderr); a float16 batch is no concern of the int8 model's inputs there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,19 +26,24 @@ from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError
 from qplug_core.flows.tags import INPUT_SPEC, SPEC_DTYPES
+from qplug_core.ir.hooks import drop_pre_hooks
 
 __all__ = ["guard_input_dtypes"]
 
 
-def guard_input_dtypes(gm: fx.GraphModule) -> None:
-    """Check on every call of ``gm`` that each tensor input has a dtype its graph computes."""
-    if any(isinstance(hook, _InputDtypes) for hook in gm._forward_pre_hooks.values()):
-        return
+def guard_input_dtypes(gm: fx.GraphModule, *, kinds_only: bool = False) -> None:
+    """Check on every call of ``gm`` that each tensor input has a dtype its graph computes (with
+    ``kinds_only``, the observed model's check: is bool, integer or float as at capture).
+
+    The hook an observed model carried into its converted copy is replaced: it must run after the
+    engine's (:func:`qplug_core.kernels.base.pin_engine`), and check float32 inputs too."""
+    drop_pre_hooks(gm, lambda hook: isinstance(hook, _InputDtypes))
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
     checked = tuple((index, str(node.target), SPEC_DTYPES[node.meta[INPUT_SPEC]["dtype"]])
                     for index, node in enumerate(placeholders) if INPUT_SPEC in node.meta)
     if checked:
-        gm.register_forward_pre_hook(_InputDtypes(checked), with_kwargs=True)
+        gm.register_forward_pre_hook(_InputDtypes(checked, _kind_refusal if kinds_only else _refusal),
+                                     with_kwargs=True)
 
 
 def _kind(dtype: torch.dtype) -> str:
@@ -42,31 +52,41 @@ def _kind(dtype: torch.dtype) -> str:
     return "float" if dtype.is_floating_point else "complex" if dtype.is_complex else "integer"
 
 
+def _kind_refusal(name: str, given: torch.dtype, captured: torch.dtype) -> str:
+    """Why input ``name`` of dtype ``given`` cannot run where a ``captured`` one of another kind was
+    recorded ('' if the kinds are the same)."""
+    if _kind(given) == _kind(captured):
+        return ""
+    given_name, captured_name = str(given).removeprefix("torch."), str(captured).removeprefix("torch.")
+    return (f"input {name!r} is {given_name} where the int8 model was captured with {captured_name}: its "
+            f"graph holds what the model computes for a {_kind(captured)} input only (the float model may "
+            f"take other dtypes there). Pass {name} as {captured_name}, as when it was quantized, or "
+            "quantize with example inputs of the dtypes you call the model with")
+
+
 def _refusal(name: str, given: torch.dtype, captured: torch.dtype) -> str:
     """Why input ``name`` of dtype ``given`` cannot run where ``captured`` was recorded ('' if it can)."""
-    given_name, captured_name = str(given).removeprefix("torch."), str(captured).removeprefix("torch.")
-    if _kind(given) != _kind(captured):
-        return (f"input {name!r} is {given_name} where the int8 model was captured with {captured_name}: its "
-                f"graph holds what the model computes for a {_kind(captured)} input only (the float model may "
-                f"take other dtypes there). Pass {name} as {captured_name}, as when it was quantized, or "
-                "quantize with example inputs of the dtypes you call the model with")
+    if refusal := _kind_refusal(name, given, captured):
+        return refusal
     if captured is torch.float32:
-        return (f"input {name!r} is {given_name}; the int8 model takes float32 inputs (it was calibrated and "
-                f"converted for them): pass {name}.float()")
+        return (f"input {name!r} is {str(given).removeprefix('torch.')}; the int8 model takes float32 inputs "
+                f"(it was calibrated and converted for them): pass {name}.float()")
     return ""
 
 
 class _InputDtypes:
     """Forward pre-hook: each ``(position, name, dtype)`` of ``checked`` is a tensor input (passed by
-    position or by name) recorded with ``dtype`` at capture."""
+    position or by name) recorded with ``dtype`` at capture; ``refusal`` says why a tensor of
+    another dtype cannot run there ('' if it can)."""
 
-    def __init__(self, checked: tuple[tuple[int, str, torch.dtype], ...]) -> None:
-        self.checked = checked
+    def __init__(self, checked: tuple[tuple[int, str, torch.dtype], ...],
+                 refusal: Callable[[str, torch.dtype, torch.dtype], str]) -> None:
+        self.checked, self.refusal = checked, refusal
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         for index, name, captured in self.checked:
             value = args[index] if index < len(args) else kwargs.get(name)
             if isinstance(value, torch.Tensor) and value.dtype is not captured:
-                refusal = _refusal(name, value.dtype, captured)
+                refusal = self.refusal(name, value.dtype, captured)
                 if refusal:
                     raise InputMismatchError(refusal)

@@ -34,6 +34,7 @@ from qplug_core.flows import checks as flow_checks
 from qplug_core.flows.convert import convert_graph
 from qplug_core.flows.exported_inputs import guard_exported_inputs
 from qplug_core.flows.finish import finish_conversion
+from qplug_core.flows.input_dtypes import guard_input_dtypes
 from qplug_core.flows.int16_pairs import warn_saturating_pairs
 from qplug_core.flows.kernel_check import remember_example
 from qplug_core.flows.pipeline import (
@@ -184,6 +185,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     gm.meta[STATE] = {"backend": chosen.name, "mode": mode}
     weight_bits.mark(gm, chosen, mode, user_mapping=weight_bits.users_own(qconfig_mapping))
     remember_example(gm, inputs)
+    guard_input_dtypes(gm, kinds_only=True)  # a float mask for a bool one refused naming the batch
     guard_exported_inputs(gm)  # a calibration batch export cannot run refused, not run as the example
     if is_qat:
         gm.train()

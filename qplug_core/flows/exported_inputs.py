@@ -2,15 +2,15 @@
 
 An export-captured graph holds the example's sizes wherever the model's Python read a size
 (``if x.shape[0] > 1``, a ``view`` to ``[30, B * heads, 16]``), the example's value of every
-``forward()`` argument that is a Python number (``unet(x, int(t), ctx)``: export takes an int,
-float or bool as a constant, not as an input) and the relations between dynamic sizes it traced
+``forward()`` argument that is a Python number or None (``unet(x, int(t), ctx)``: export takes an
+int, float, bool or None as a constant, not as an input) and the relations between dynamic sizes it traced
 (``t.size(0) == x.size(0)``: one size symbol for both). torch.export guards them with a forward
 pre-hook and a ``_guards_fn`` call. Neither survives qplug's rewriting (the raised graph drops the
 guard call, convert builds a new module without the hook, ``qp.save`` stores the graph only): a
 call with another sequence length failed in a ``view``, a loaded model called with batch 3 after a
 batch-1 example silently ran the batch-1 branch, a UNet quantized with ``t=999`` answered for 999
-at every ``t`` (its calibration too), and a timestep of another rank failed in an ``expand``
-printing generated code. What capture recorded on the placeholders (:data:`INPUT_SPEC`: the
+at every ``t`` (its calibration too), a model captured with ``mask=None`` ignored every mask it
+was given, and a timestep of another rank failed in an ``expand`` printing generated code. What capture recorded on the placeholders (:data:`INPUT_SPEC`: the
 example's shape, the dimensions export fixed and the symbols of the dynamic ones;
 :data:`BAKED_INPUT`) is turned into one forward pre-hook on the observed and the converted model
 (also after ``qp.load``) that raises :class:`InputMismatchError` before anything runs. Its checks
@@ -168,6 +168,11 @@ def _unequal(sizes: list[tuple[_Tensor, int, int]]) -> str:
 
 
 def _not_the_constant(constant: _Constant, value: Any) -> str:
+    if constant.value is None:
+        return (f"input {constant.name!r} is {_described(value)}, but it was None when the model was captured "
+                f"(torch.export): export builds a None argument into the graph, so the model computes as if "
+                f"{constant.name!r} were None whatever it is given. Quantize with an example (and calibration "
+                f"batches) that pass {constant.name!r} set, as you call the model; or call it with None")
     kind = type(constant.value).__name__
     return (f"input {constant.name!r} is {_described(value)}, but the model was captured (torch.export) "
             f"with its example's value {constant.value!r} built in: a Python {kind} is no graph input, so "

@@ -97,11 +97,11 @@ CALIBRATION_SAMPLE = "qplug_calibration_sample"
 #: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
 INPUT_SPEC = "qplug_input_spec"
 #: node.meta key on a placeholder torch.export built into the graph as a constant (a Python int,
-#: float or bool argument: export takes none as an input): the example's value, which every call
-#: must give (:mod:`qplug_core.flows.exported_inputs`)
+#: float or bool argument, or None: export takes none as an input): the example's value, which
+#: every call must give (:mod:`qplug_core.flows.exported_inputs`)
 BAKED_INPUT = "qplug_baked_input"
 #: the Python values export builds in for an argument (a SymInt is an input's size, not an argument)
-BAKED_TYPES = (bool, int, float)
+BAKED_TYPES = (bool, int, float, type(None))
 #: dtypes an input spec may name (what ``input_spec``/``example_from_spec`` round-trip)
 SPEC_DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -147,7 +147,7 @@ class ValueAnnotator(fx.Interpreter):
             spec = input_spec(result)
             if spec is not None:
                 n.meta[INPUT_SPEC] = {**spec, **captured_sizes(n)}
-        elif n.op == "placeholder" and type(n.meta.get("val")) in BAKED_TYPES:
+        elif n.op == "placeholder" and "val" in n.meta and type(n.meta["val"]) in BAKED_TYPES:
             n.meta[BAKED_INPUT] = n.meta["val"]  # export's constant: the example's value
         return result
 

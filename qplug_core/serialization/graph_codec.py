@@ -257,7 +257,7 @@ def _decode_meta(doc: Any, path: str) -> dict[str, Any]:
         meta[INPUT_SPEC] = _decode_input_spec(doc[INPUT_SPEC], child(path, INPUT_SPEC))
     if BAKED_INPUT in doc:
         meta[BAKED_INPUT] = expect(doc[BAKED_INPUT], BAKED_TYPES, child(path, BAKED_INPUT),
-                                   "a number or true or false")
+                                   "a number, true, false or null")
     return meta
 
 

@@ -1,5 +1,6 @@
-"""How calibrating models take their inputs (an outside tester's reports, session 21): a calibration
-batch whose mask changed kind gets qplug's error naming the batch and the input. (A misspelt or
+"""How converted and calibrating models take their inputs (an outside tester's reports, session 21):
+a calibration batch whose mask changed kind and an argument that was None when torch.export
+captured the model each get qplug's error naming the input, also after qp.load. (A misspelt or
 missing input: tests/regressions/test_builtin_blocks_calls.py, beside the delegated models' case.)"""
 
 from __future__ import annotations
@@ -25,14 +26,21 @@ class MaskedHead(nn.Module):
         return self.b(torch.relu(self.a(x)).masked_fill(mask.unsqueeze(-1), 0.0))
 
 
+class OptionallyMaskedHead(MaskedHead):
+    """``mask=None`` masks nothing."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x))) if mask is None else super().forward(x, mask)
+
+
 def _inputs(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     torch.manual_seed(0)
     return [(torch.randn(2, 8, 16), torch.rand(2, 8) > 0.7) for _ in range(count)]
 
 
-def _model() -> nn.Module:
+def _model(kind: type[MaskedHead] = MaskedHead) -> nn.Module:
     torch.manual_seed(0)
-    return MaskedHead().eval()
+    return kind().eval()
 
 
 @pytest.mark.parametrize("capture", ["symbolic", "export"])
@@ -51,3 +59,37 @@ def test_a_calibration_batch_with_a_float_mask_is_refused_before_the_graph_runs(
         qp.quantize(_model(), batches[0], batches, backend=backend, capture=capture)
     err = capfd.readouterr().err
     assert "Traceback" not in err and "generated forward" not in err, err
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "onnxruntime"])
+def test_a_tensor_where_export_captured_none_is_refused(backend, tmp_path):
+    """Captured by torch.export with ``mask=None``, the model ignored every mask it was given later
+    (0.435 from the masked float output, equal to the unmasked one): export builds a None argument
+    into the graph. A tensor there is now refused saying so, at the call (also after qp.load) and in
+    calibration; None still runs, as the unmasked float model."""
+    float_model = _model(OptionallyMaskedHead)
+    batches = _inputs(3)
+    x, mask = batches[1]
+    int8 = qp.quantize(float_model, (x, None), [(b, None) for b, _ in batches], backend=backend,
+                       capture="export")
+    loaded = qp.load(qp.save(int8, tmp_path / "m.safetensors"))
+    none_at_capture = (r"input 'mask' is a tensor shaped \(2, 8\), but it was None when the model was captured "
+                       r"\(torch.export\).*Quantize with an example \(and calibration batches\) that pass 'mask' set")
+    with torch.no_grad():
+        unmasked = float_model(x)
+        for model in (int8, loaded):
+            for call in (lambda m: m(x, mask), lambda m: m(x, mask=mask)):
+                with pytest.raises(InputMismatchError, match=none_at_capture):
+                    call(model)
+            assert (model(x, None) - unmasked).abs().max() < 0.05
+    with pytest.raises(InputMismatchError, match="calibration batch 1: " + none_at_capture):
+        qp.quantize(float_model, (x, None), [(x, None), (x, mask)], backend=backend, capture="export")
+
+
+def test_none_where_export_captured_a_tensor_is_refused():
+    """The other way round: a model exported with a mask refuses a call with None there."""
+    batches = _inputs(2)
+    int8 = qp.quantize(_model(OptionallyMaskedHead), batches[0], batches, backend="fbgemm", capture="export")
+    with pytest.raises(InputMismatchError, match=r"input 'mask' is None \(NoneType\); the model was captured "
+                                                 r"\(torch.export\) with a tensor there"):
+        int8(batches[1][0], None)

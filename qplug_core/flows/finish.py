@@ -90,8 +90,8 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         pin_engine(gm, backend.engine)
     # after the engine's hook, whose forward hook restores the engine when this one raises
     guard_input_names(gm)  # a misspelt or missing input: the inputs it takes, not forward()'s TypeError
-    guard_input_dtypes(gm)  # a float16 input, a float mask for a bool one: one qplug error, not a runtime's
     guard_exported_inputs(gm)  # what export assumed of an input: one qplug error at the call, not deep inside
+    guard_input_dtypes(gm)  # a float16 input, a float mask for a bool one: one qplug error, not a runtime's
     return report
 
 

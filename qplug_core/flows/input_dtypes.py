@@ -39,7 +39,7 @@ def guard_input_dtypes(gm: fx.GraphModule, *, kinds_only: bool = False) -> None:
     engine's (:func:`qplug_core.kernels.base.pin_engine`), and check float32 inputs too."""
     drop_pre_hooks(gm, lambda hook: isinstance(hook, _InputDtypes))
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
-    checked = tuple((index, str(node.target), SPEC_DTYPES[node.meta[INPUT_SPEC]["dtype"]])
+    checked = tuple((index, str(node.target), SPEC_DTYPES[node.meta[INPUT_SPEC]["dtype"]], bool(node.users))
                     for index, node in enumerate(placeholders) if INPUT_SPEC in node.meta)
     if checked:
         gm.register_forward_pre_hook(_InputDtypes(checked, _kind_refusal if kinds_only else _refusal),
@@ -74,18 +74,28 @@ def _refusal(name: str, given: torch.dtype, captured: torch.dtype) -> str:
     return ""
 
 
-class _InputDtypes:
-    """Forward pre-hook: each ``(position, name, dtype)`` of ``checked`` is a tensor input (passed by
-    position or by name) recorded with ``dtype`` at capture; ``refusal`` says why a tensor of
-    another dtype cannot run there ('' if it can)."""
+def _none_refusal(name: str, captured: torch.dtype) -> str:
+    """Why a used input captured as a tensor cannot be None (``mask=None`` after tracing with a mask)."""
+    return (f"input {name!r} is None (or left out), but the model was captured with a "
+            f"{str(captured).removeprefix('torch.')} tensor there: its graph computes with that tensor "
+            f"(tracing kept the branch the example took). Pass {name} as a tensor, or quantize with "
+            f"example inputs (and calibration batches) that leave {name} out")
 
-    def __init__(self, checked: tuple[tuple[int, str, torch.dtype], ...],
+
+class _InputDtypes:
+    """Forward pre-hook: each ``(position, name, dtype, used)`` of ``checked`` is a tensor input
+    (passed by position or by name) recorded with ``dtype`` at capture, ``used`` if the graph reads
+    it; ``refusal`` says why a tensor of another dtype cannot run there ('' if it can)."""
+
+    def __init__(self, checked: tuple[tuple[int, str, torch.dtype, bool], ...],
                  refusal: Callable[[str, torch.dtype, torch.dtype], str]) -> None:
         self.checked, self.refusal = checked, refusal
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        for index, name, captured in self.checked:
+        for index, name, captured, used in self.checked:
             value = args[index] if index < len(args) else kwargs.get(name)
+            if value is None and used:
+                raise InputMismatchError(_none_refusal(name, captured))
             if isinstance(value, torch.Tensor) and value.dtype is not captured:
                 refusal = self.refusal(name, value.dtype, captured)
                 if refusal:

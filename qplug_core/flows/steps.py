@@ -185,8 +185,8 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     gm.meta[STATE] = {"backend": chosen.name, "mode": mode}
     weight_bits.mark(gm, chosen, mode, user_mapping=weight_bits.users_own(qconfig_mapping))
     remember_example(gm, inputs)
-    guard_input_dtypes(gm, kinds_only=True)  # a float mask for a bool one refused naming the batch
     guard_exported_inputs(gm)  # a calibration batch export cannot run refused, not run as the example
+    guard_input_dtypes(gm, kinds_only=True)  # a float mask for a bool one refused naming the batch
     if is_qat:
         gm.train()
     return gm

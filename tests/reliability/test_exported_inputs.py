@@ -93,3 +93,24 @@ def test_none_where_export_captured_a_tensor_is_refused():
     with pytest.raises(InputMismatchError, match=r"input 'mask' is None \(NoneType\); the model was captured "
                                                  r"\(torch.export\) with a tensor there"):
         int8(batches[1][0], None)
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "onnxruntime"])
+def test_none_where_tracing_captured_a_tensor_is_refused(backend, capfd):
+    """Symbolic tracing with a mask keeps the masked branch, and the generated forward keeps the
+    ``mask=None`` default: ``int8(x)`` or ``int8(x, None)`` failed inside the graph with
+    "AttributeError: 'NoneType' object has no attribute 'unsqueeze'" and an FX traceback. It is
+    refused naming the input, in calibration too."""
+    batches = _inputs(3)
+    int8 = qp.quantize(_model(OptionallyMaskedHead), batches[0], batches, backend=backend, capture="symbolic")
+    x, mask = batches[1]
+    expected = r"input 'mask' is None \(or left out\), but the model was captured with a bool tensor there"
+    capfd.readouterr()
+    for call in (lambda: int8(x), lambda: int8(x, None), lambda: int8(x, mask=None)):
+        with pytest.raises(InputMismatchError, match=expected):
+            call()
+    with pytest.raises(InputMismatchError, match=rf"calibration batch 1: {expected}"):
+        qp.quantize(_model(OptionallyMaskedHead), batches[0], [batches[0], (x, None)], backend=backend,
+                    capture="symbolic")
+    assert "Traceback" not in capfd.readouterr().err
+    assert torch.equal(int8(x, mask), int8(x, mask=mask))

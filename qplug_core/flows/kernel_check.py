@@ -82,7 +82,17 @@ def _versions(value: Any) -> tuple[int, ...] | None:
 
 
 def _copied(value: Any) -> Any:
-    return fx.node.map_aggregate(value, lambda v: v.clone() if isinstance(v, torch.Tensor) else v)
+    return fx.node.map_aggregate(value, lambda v: _twin(v) if isinstance(v, torch.Tensor) else v)
+
+
+def _twin(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy with the same strides (a column slice stays strided, an expanded tensor expanded):
+    a kernel is checked on the layout the model gives it, which ``clone()`` would make contiguous."""
+    if tensor.is_quantized or tensor.layout != torch.strided:
+        return tensor.clone()
+    storage = tensor.untyped_storage().clone()
+    return torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
+        storage, tensor.storage_offset(), tensor.size(), tensor.stride())
 
 
 class ValueRecorder(fx.Interpreter):

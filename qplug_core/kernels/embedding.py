@@ -31,8 +31,12 @@ def _pack_rows(mod: nn.Module, engine: str | None, zero_row: int | None = None) 
 
 def _lookup(packed: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
             per_sample_weights: torch.Tensor | None, include_last_offset: bool) -> torch.Tensor:
-    return _Q.embedding_bag_byte_rowwise_offsets(packed, indices, offsets, False, 0, False,
-                                                 per_sample_weights, None, include_last_offset)
+    """The 8-bit lookup; torch's op refuses strided indices (``x_cat[:, i]``, one column of a
+    tabular model's categorical matrix), which ``nn.Embedding`` takes."""
+    if per_sample_weights is not None:
+        per_sample_weights = per_sample_weights.contiguous()
+    return _Q.embedding_bag_byte_rowwise_offsets(packed, indices.contiguous(), offsets.contiguous(), False, 0,
+                                                 False, per_sample_weights, None, include_last_offset)
 
 
 class Embedding(nn.Module):

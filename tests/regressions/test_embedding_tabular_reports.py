@@ -153,3 +153,35 @@ def test_the_report_names_the_rung_a_target_moved_a_layer_to():
         elif rung == "float":  # a dynamic layer is an int8 region of its own
             assert reasons[name] == "the accuracy target took it out of static int8: it runs float"
     assert not any("not requested" in reason for reason in reasons.values())
+
+
+class CategoricalColumns(nn.Module):
+    """A tabular model's usual lookups: one embedding per column of the categorical matrix."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.e0, self.e1 = nn.Embedding(10, 4), nn.Embedding(7, 4)
+        self.fc = nn.Linear(3 + 8, 1)
+
+    def forward(self, x_num: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([x_num, self.e0(x_cat[:, 0]), self.e1(x_cat[:, 1])], 1))
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
+def test_embeddings_of_a_categorical_matrixs_columns_run_int8(backend, tmp_path):
+    """``self.e0(x_cat[:, 0])`` hands the 8-bit lookup strided indices, which torch's op refuses:
+    the int8 model raised "Expect weight, indices, and offsets to be contiguous" on any batch of more
+    than one row (a one-row smoke test passed), also after qp.load."""
+    torch.manual_seed(0)
+    model = CategoricalColumns().eval()
+    batches = [(torch.randn(64, 3), torch.stack([torch.randint(0, 10, (64,)), torch.randint(0, 7, (64,))], 1))
+               for _ in range(4)]
+    int8 = qp.quantize(model, batches[0], batches, backend=backend)
+    report = qp.quantization_report(int8)
+    assert report.kernels["e0"] == report.kernels["e1"] == "quantized::embedding_bag_byte"
+    qp.save(int8, tmp_path / "tab.qplug")
+    loaded = qp.load(tmp_path / "tab.qplug", backend=backend)
+    for x_num, x_cat in batches[1:3]:
+        out = int8(x_num, x_cat)
+        assert qp.sqnr(model(x_num, x_cat), out) > 30
+        assert torch.equal(loaded(x_num, x_cat), out)

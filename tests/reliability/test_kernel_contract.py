@@ -176,3 +176,19 @@ def test_a_kernel_writing_its_input_cannot_change_the_recorded_examples():
     assert kernel_contract.violation(ScribblingRelu(), (x,), {}, torch.relu(recorded), torch.float32,
                                      None) == ""
     assert torch.equal(x, recorded)
+
+
+def test_a_kernel_is_checked_on_the_layout_the_model_gives_it():
+    """The copies keep the recorded strides: a column of a categorical matrix (``x_cat[:, 0]``)
+    reached torch's embedding lookup strided at run time, but a contiguous ``clone()`` at the check,
+    so a kernel refusing strided indices passed the check and raised at every call."""
+    column = torch.arange(12).reshape(4, 3)[:, 0]
+
+    class NeedsContiguous(nn.Module):
+        def forward(self, indices: torch.Tensor) -> torch.Tensor:
+            if not indices.is_contiguous():
+                raise RuntimeError("Expect indices to be contiguous")
+            return indices.float()
+
+    assert kernel_contract.violation(NeedsContiguous(), (column,), {}, column.float(), torch.float32, None) \
+        == "it raised RuntimeError: Expect indices to be contiguous"

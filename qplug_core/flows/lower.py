@@ -252,7 +252,9 @@ def _backend_quantize(gm: fx.GraphModule, backend, holder: fx.Node, value: torch
 
 def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: torch.nn.Module, tag,
                       nodes: _RegionNodes, contract: kernel_contract.ContractRun) -> str:
-    """Run the new kernel once on its region's example inputs (see :mod:`kernel_contract`)."""
+    """Run the new kernel once on its region's example inputs (see :mod:`kernel_contract`), under
+    the backend's engine as the pinned model runs it: ops without packed weights (add, cat,
+    pooling) dispatch on the global engine, and x86's add took a scale ratio qnnpack's refuses."""
     probe = contract.probes.get(tag.region_id)
     if not contract.available or probe is None:
         return ""
@@ -274,7 +276,8 @@ def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: tor
             and not reference.is_floating_point():
         scale = 1.0  # a plain-integer kernel (the reference form's integers): one step is 1
     expected_dtype = reference.dtype if isinstance(reference, torch.Tensor) else None
-    problem = kernel_contract.violation(kernel, args, kwargs, reference, expected_dtype, scale)
+    with engine_context(backend.engine):
+        problem = kernel_contract.violation(kernel, args, kwargs, reference, expected_dtype, scale)
     if not problem:
         return ""
     return _kernel_failed(backend, spec, tag, nodes,

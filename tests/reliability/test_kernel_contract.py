@@ -192,3 +192,36 @@ def test_a_kernel_is_checked_on_the_layout_the_model_gives_it():
 
     assert kernel_contract.violation(NeedsContiguous(), (column,), {}, column.float(), torch.float32, None) \
         == "it raised RuntimeError: Expect indices to be contiguous"
+class AddOfFarApartScales(nn.Module):
+    """``c(a(x) + b(x))`` with ``b`` 1e5 times larger: the add's A-to-output scale ratio (~1e-5) is
+    below the 2**-14 QNNPACK's add accepts, while x86's add takes any ratio."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 8), nn.Linear(16, 8), nn.Linear(8, 4)
+        with torch.no_grad():
+            self.b.weight.mul_(1e5)
+            self.b.bias.mul_(1e5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.a(x) + self.b(x))
+
+
+def test_an_unpacked_op_is_checked_on_the_backends_engine_not_the_global_one(monkeypatch):
+    """The check ran quantized::add under the caller's engine (x86), which accepted the region; the
+    pinned qnnpack model then raised torch's INTERNAL ASSERT at every call."""
+    monkeypatch.setattr(torch.backends.quantized, "engine", "x86")
+    torch.manual_seed(1)
+    float_model = AddOfFarApartScales().eval()
+    gen = torch.Generator().manual_seed(2)
+    observed = qp.calibrate(qp.prepare_fx(float_model, None, (torch.randn(2, 16, generator=gen),),
+                                          backend="qnnpack"),
+                            [torch.randn(8, 16, generator=gen) for _ in range(4)])
+    with pytest.warns(UserWarning, match=r"qplug: backend 'qnnpack', node 'add': kernel quantized::add "
+                                         r"of plugin 'qnnpack' .* broke the kernel contract"):
+        lowered = qp.convert_fx(observed)
+    assert "add" not in qp.quantization_report(lowered).kernels
+    x = torch.randn(4, 16, generator=gen)
+    expected = qp.convert_to_reference_fx(observed)(x)
+    assert (lowered(x) - expected).abs().max() <= one_step(expected) + 1e-6
+    assert torch.backends.quantized.engine == "x86"

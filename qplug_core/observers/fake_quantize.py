@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from qplug_core.errors import ConfigValidationError
+from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
 from qplug_core.observers.base import ObserverBase
 from qplug_core.observers.factory import FactoryMixin
 from qplug_core.observers.fixed import FixedQParamsObserver
@@ -133,12 +133,21 @@ class FakeQuantize(FakeQuantizeBase):
         self.zero_point.copy_(zero_point)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Observe ``x`` (when the observer is on) and fake-quantize it (when fake quant is on).
+
+        Where torch.ao differs: its FakeQuantize whose observer was disabled before it saw data
+        fake-quantizes with its initial scale=1, zero_point=0 without a word (a per-channel one
+        fails on mismatched dimensions). Those numbers come from no data, so this one raises
+        :class:`UncalibratedObserverError` instead.
+        """
         if x.numel() == 0:  # nothing to observe or round (an empty batch, a zero-size slice)
             return x
         if self.observer_enabled[0] == 1:
             self._update_qparams(x)
         if self.fake_quant_enabled[0] == 0:
             return x
+        if self.observer_enabled[0] == 0 and not self.has_data:
+            raise self._unobserved()
         if self.qscheme == torch.per_channel_affine_float_qparams:
             # embedding weights: bounded, so torch's kernel (which rounds x / scale + zp with
             # extra precision) is safe here and keeps outputs identical to torch.ao's
@@ -149,6 +158,14 @@ class FakeQuantize(FakeQuantizeBase):
             return fake_quantize(x, self.qparams())
         return torch.fake_quantize_per_tensor_affine(x, self.scale, self.zero_point,
                                                      self.quant_min, self.quant_max)
+
+    def _unobserved(self) -> UncalibratedObserverError:
+        where = f"{type(self).__name__} {self.name!r}" if self.name else type(self).__name__
+        return UncalibratedObserverError(
+            f"{where} fake-quantizes, but its observer was disabled before it saw any data, so it has "
+            "no scale or zero point; enable the observer (enable_observer(), or "
+            "model.apply(qplug_core.observers.enable_observer)) for at least one training batch "
+            "before disabling it", nodes=[self.name] if self.name else [])
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         # per-channel qparams change size after the first batch; match the saved size first

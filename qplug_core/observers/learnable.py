@@ -97,6 +97,8 @@ class LearnableFakeQuantize(FakeQuantize):
         self.zero_point.data.copy_(zero_point.to(torch.float32).expand_as(self.zero_point))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:  # as FakeQuantize: the observer skips it, so there is nothing to follow
+            return x
         if self.observer_enabled[0] == 1:
             self._update_qparams(x)
         if self.fake_quant_enabled[0] == 0:

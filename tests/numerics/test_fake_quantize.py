@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qplug_core import observers as obs
-from qplug_core.errors import ConfigValidationError
+from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
 
 
 def test_switches_and_module_level_helpers() -> None:
@@ -64,6 +64,39 @@ def test_fixed_qparams_fake_quant_needs_fixed_observer() -> None:
         obs.FixedQParamsFakeQuantize(observer=obs.MinMaxObserver)
     fq = obs.default_fixed_qparams_range_0to1_fake_quant()
     assert fq(torch.tensor([0.5, 2.0])).tolist() == [0.5, 255 / 256]
+
+
+@pytest.mark.parametrize("factory", [obs.default_fake_quant, obs.default_per_channel_weight_fake_quant])
+def test_fake_quant_whose_observer_never_saw_data_raises_instead_of_using_scale_1(factory) -> None:
+    """Disabled before any batch, it fake-quantized with its initial scale=1, zero_point=0 (per
+    channel: "1 scales / 1 zero points for 4 channels"); torch.ao does the same, the README says never."""
+    fq = factory()
+    fq.name = "fc.weight_fake_quant"
+    fq.disable_observer()
+    x = torch.tensor([[0.123, 0.6, 3.7], [-1.0, 0.2, 0.3], [0.0, 0.5, 1.0], [2.0, -2.0, 0.1]])
+    with pytest.raises(UncalibratedObserverError, match=r"FakeQuantize 'fc.weight_fake_quant' fake-quantizes, "
+                       r"but its observer was disabled before it saw any data, .* enable the observer "
+                       r"\(enable_observer\(\), .*for at least one training batch") as info:
+        fq(x)
+    assert info.value.nodes == ("fc.weight_fake_quant",)
+    fq.disable_fake_quant()
+    assert torch.equal(fq(x), x)  # nothing to quantize with, nothing asked for
+    fq.enable_fake_quant()
+    fq.enable_observer()
+    fq(x)
+    fq.disable_observer()
+    assert torch.equal(fq(x), fq(x * 1.0))  # observed once: frozen qparams, as before
+
+
+def test_learnable_fake_quant_passes_an_empty_first_batch_through_as_fake_quantize_does() -> None:
+    for cls in (obs.FakeQuantize, obs.LearnableFakeQuantize):
+        fq = cls(quant_min=0, quant_max=255, dtype=torch.quint8)
+        empty = torch.randn(0, 8)
+        assert fq(empty).shape == (0, 8)
+        assert not fq.has_data
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+        step = float(fq(x).sub(x).abs().max())  # the first real batch initialises the qparams
+        assert fq.has_data and 0 < step <= float(fq.qparams().scale) / 2 + 1e-6
 
 
 def test_learnable_fake_quantize_learns_a_better_scale() -> None:

@@ -37,13 +37,15 @@ _ALL_SCHEMES = PER_TENSOR_SCHEMES + PER_CHANNEL_SCHEMES
 
 
 def refuse_symmetric_quint8_reduce_range(observer: "ObserverBase") -> None:
-    """MinMax observers refuse symmetric quint8 with reduce_range, as torch.ao's do (its histogram
-    observer accepts it, and so does ours)."""
+    """Range observers refuse symmetric quint8 with reduce_range: torch.ao's min/max observers
+    refuse it, and its histogram observer answers zero point 128, outside the reduced [0, 127], so
+    no answer would match torch.ao's."""
     if (observer.qscheme in (torch.per_tensor_symmetric, torch.per_channel_symmetric)
             and observer.dtype == torch.quint8 and observer.reduce_range):
         raise ConfigValidationError(
             f"{type(observer).__name__}: symmetric quint8 cannot use reduce_range (torch.ao's "
-            "min/max observers refuse it too); use an affine qscheme, or qint8",
+            "min/max observers refuse it, and its histogram observer gives a zero point outside the "
+            "reduced range); use an affine qscheme, or qint8",
             field="reduce_range", value=observer.reduce_range)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from qplug_core.errors import ConfigValidationError
-from qplug_core.observers.base import ObserverBase
+from qplug_core.observers.base import ObserverBase, refuse_symmetric_quint8_reduce_range
 from qplug_core.observers.batch_sync import BatchStats
 from qplug_core.observers.bounds import check_histogram_size
 from qplug_core.observers.ranks import Ranks
@@ -137,6 +137,7 @@ class HistogramObserver(ObserverBase):
             raise ConfigValidationError("HistogramObserver cannot be used for dynamic quantization",
                                         field="is_dynamic", value=True)
         super().__init__(**kwargs)
+        refuse_symmetric_quint8_reduce_range(self)
         self.bins = bins
         self.upsample_rate = upsample_rate
         self.dst_nbins = 2 ** torch.iinfo(self.dtype).bits

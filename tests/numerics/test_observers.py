@@ -131,6 +131,8 @@ def test_min_max_observer_config_validation(kwargs: dict, field: str) -> None:
     (lambda: obs.MovingAverageMinMaxObserver(averaging_constant=0), "averaging_constant"),
     (lambda: obs.HistogramObserver(bins=0), "bins"),
     (lambda: obs.HistogramObserver(qscheme=torch.per_channel_symmetric), "qscheme"),
+    # as MinMaxObserver: torch.ao's histogram answers zero point 128, outside the reduced [0, 127]
+    (lambda: obs.HistogramObserver(qscheme=torch.per_tensor_symmetric, reduce_range=True), "reduce_range"),
     (lambda: obs.PercentileObserver(percentile=30), "percentile"),
     (lambda: obs.FixedQParamsObserver(scale=-1.0, zero_point=0), "scale"),
     (lambda: obs.FixedQParamsObserver(scale=0.1, zero_point=300), "zero_point"),

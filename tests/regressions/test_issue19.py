@@ -286,19 +286,21 @@ def test_10_memoryless_observers_forget_earlier_batches():
     assert plain.min_val.item() == -5.0
 
 
-def test_10_histogram_accepts_symmetric_quint8_with_reduce_range_and_minmax_refuses():
+def test_10_observers_refuse_symmetric_quint8_with_reduce_range_as_torch_ao_minmax_does():
+    """torch.ao's histogram observer takes it and answers zero point 128, outside the reduced range
+    [0, 127]; qplug's answered 63. Neither is torch.ao's min/max answer (a refusal): every qplug
+    range observer refuses it, with one check."""
     import torch.ao.quantization as tq
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    tq.HistogramObserver(qscheme=torch.per_tensor_symmetric, reduce_range=True)  # torch.ao accepts
-    observer = HistogramObserver(qscheme=torch.per_tensor_symmetric, reduce_range=True)
-    observer(torch.randn(1000, generator=torch.Generator().manual_seed(0)))
-    qparams = observer.qparams()
-    assert (qparams.quant_min, qparams.quant_max) == (0, 127)
-    assert 0 <= int(qparams.zero_point) <= 127  # centred in the reduced range (migrating.md)
+    observer = tq.HistogramObserver(qscheme=torch.per_tensor_symmetric, reduce_range=True)
+    observer(torch.linspace(-5, 5, 101))
+    assert int(observer.calculate_qparams()[1]) == 128  # torch.ao: outside [0, 127]
     with pytest.raises(NotImplementedError):
         tq.MinMaxObserver(qscheme=torch.per_tensor_symmetric, reduce_range=True)
-    with pytest.raises(ConfigValidationError, match="symmetric quint8 cannot use reduce_range"):
-        MinMaxObserver(qscheme=torch.per_tensor_symmetric, reduce_range=True)
+    for cls in (MinMaxObserver, HistogramObserver):
+        with pytest.raises(ConfigValidationError, match=rf"{cls.__name__}: symmetric quint8 cannot use "
+                                                        r"reduce_range .* use an affine qscheme, or qint8"):
+            cls(qscheme=torch.per_tensor_symmetric, reduce_range=True)
 
 
 def test_10_remove_bookend_non_compute_ops_matches_torch_fx():

@@ -211,8 +211,9 @@ def test_memoryless(obs_class):
         assert all(torch.equal(a, b) for a, b in zip(params, obs.calculate_qparams()))
 
 
-HISTOGRAM = list(itertools.product((torch.qint8, torch.quint8),
-                                   (torch.per_tensor_affine, torch.per_tensor_symmetric), (False, True)))
+# upstream also runs symmetric quint8 with reduce_range (zero point 128, outside the reduced range
+# 0..127); qplug's histogram observer refuses it, as its (and torch.ao's) min/max observers do
+HISTOGRAM = PER_TENSOR
 
 
 @pytest.mark.parametrize("qdtype, qscheme, reduce_range", HISTOGRAM)
@@ -232,8 +233,7 @@ def test_histogram_observer(qdtype, qscheme, reduce_range):
     if reduce_range:
         if qscheme == torch.per_tensor_symmetric:
             ref_scale = 0.0470588 * 255 / 127
-            # upstream: 128 for quint8, outside the reduced range 0..127; qplug centres it (63)
-            ref_zero_point = 0 if qdtype is torch.qint8 else 63
+            ref_zero_point = 0
         else:
             ref_scale = 0.0235294 * 255 / 127
             ref_zero_point = -64 if qdtype is torch.qint8 else 0

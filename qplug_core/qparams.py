@@ -186,8 +186,10 @@ def quantize_unclamped(x: torch.Tensor, qp: QParams
 
 
 def quantize(x: torch.Tensor, qp: QParams) -> torch.Tensor:
-    """Quantize ``x`` into a plain integer tensor of ``STORAGE_DTYPE[qp.dtype]``."""
+    """Quantize ``x`` into a plain integer tensor of ``STORAGE_DTYPE[qp.dtype]``; NaN gives
+    ``quant_max``, as torch's ``quantize_per_tensor`` (fbgemm and qnnpack) does."""
     q, _, _ = quantize_unclamped(x, qp)
+    q = q.nan_to_num(nan=float(qp.quant_max))
     return torch.clamp(q, qp.quant_min, qp.quant_max).to(STORAGE_DTYPE[qp.dtype])
 
 

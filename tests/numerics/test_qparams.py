@@ -261,3 +261,20 @@ def test_per_channel_shape_mismatch_is_a_config_error() -> None:
     with pytest.raises(ConfigValidationError, match="axis 5"):
         quantize(torch.zeros(2, 3), QParams(qp.scale, qp.zero_point, torch.qint8, -128, 127,
                                             axis=5))
+
+
+@pytest.mark.parametrize("dtype, zero_point", [(torch.quint8, 128), (torch.qint8, 0)])
+def test_nan_quantizes_to_quant_max_as_torchs_kernels_do(dtype, zero_point) -> None:
+    """The reference form sent NaN to 0 (quint8: quant_min), torch's quantize_per_tensor (fbgemm and
+    qnnpack) to quant_max, so the reference form and the kernels it checks answered differently."""
+    x = torch.tensor([float("nan"), 0.15, float("inf"), -float("inf"), 1e30, -0.0])
+    low, high = quant_range(dtype)
+    ours = quantize(x, QParams(torch.tensor(0.1), torch.tensor(zero_point), dtype, low, high))
+    for engine in ("fbgemm", "qnnpack"):
+        torch.backends.quantized.engine, previous = engine, torch.backends.quantized.engine
+        try:
+            theirs = torch.quantize_per_tensor(x, 0.1, zero_point, dtype).int_repr()
+        finally:
+            torch.backends.quantized.engine = previous
+        assert torch.equal(ours, theirs)
+    assert int(ours[0]) == high

@@ -35,10 +35,13 @@ these ops to QuantizeLinear/DequantizeLinear through a custom translation table
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from qplug_core import qparams as Q
+from qplug_core.errors import InputMismatchError
 
 #: storage dtype -> quantized dtype identifier (the inverse of ``qparams.STORAGE_DTYPE``)
 QUANTIZED_DTYPE = {storage: quantized for quantized, storage in Q.STORAGE_DTYPE.items()}
@@ -73,6 +76,23 @@ def dequantize_per_channel(input: Tensor, scales: Tensor, zero_points: Tensor, a
     return Q.dequantize(input, _qparams(scales, zero_points, dtype, quant_min, quant_max, axis))
 
 
+def refuse_nonfinite_input(x: Tensor, where: str, summary: Tensor) -> None:
+    """Raise when ``x``, about to be quantized over its own range at inference, holds NaN or Inf.
+
+    ``summary`` is a reduction of ``x`` the caller has or gets for one pass (its sum; min + max),
+    finite whenever ``x`` is unless it overflowed, so the exact check runs only then. Without it,
+    torch's kernels answered finite numbers for NaN (fbgemm), a wrong sign for Inf, or their own
+    errors (qnnpack), and the reference form a calibration error.
+    """
+    if math.isfinite(float(summary)) or bool(torch.isfinite(x).all()):
+        return
+    bad = int((~torch.isfinite(x)).sum())
+    raise InputMismatchError(
+        f"{where} got an input with {bad} NaN or Inf value(s) among {x.numel()} at inference: dynamic "
+        "int8 quantizes each input over its own range, which a non-finite value does not have (the "
+        "float model would answer NaN or Inf). Check the data before the call (torch.isfinite(x).all())")
+
+
 @torch.library.custom_op("qplug::dynamic_fake_quantize", mutates_args=())
 def dynamic_fake_quantize(input: Tensor, quant_min: int, quant_max: int, dtype: torch.dtype) -> Tensor:
     """Per-call (dynamic) activation quantization, simulated: qparams from this tensor's min/max
@@ -80,8 +100,10 @@ def dynamic_fake_quantize(input: Tensor, quant_min: int, quant_max: int, dtype: 
     if input.numel() == 0:
         return input.clone()
     qdtype = QUANTIZED_DTYPE[dtype]
+    low, high = input.detach().min(), input.detach().max()
+    refuse_nonfinite_input(input, "a dynamic int8 layer", low + high)
     scale, zero_point = Q.compute_qparams(
-        input.detach().min(), input.detach().max(), dtype=qdtype, qscheme=torch.per_tensor_affine,
+        low, high, dtype=qdtype, qscheme=torch.per_tensor_affine,
         quant_min=quant_min, quant_max=quant_max, eps=torch.finfo(torch.float32).eps)
     return Q.fake_quantize(input, Q.QParams(scale, zero_point, qdtype, quant_min, quant_max))
 

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, InputMismatchError
+from qplug_core.ir.qdq_ops import refuse_nonfinite_input
 from qplug_core.kernels._common import (
     check_reduction_length,
     forward_quiet,
@@ -43,10 +44,12 @@ def symmetric_weight_qparams(weight: torch.Tensor, per_channel: bool) -> QParams
 
 
 def _check_float32_input(x: torch.Tensor, kernel: str) -> None:
-    """The ops quantize float32 only: another dtype met "Quantize only works on Float Tensor"."""
+    """The ops quantize float32 only (another dtype met "Quantize only works on Float Tensor"), and
+    over the input's own range, which NaN or Inf does not have: one sum finds them (~7 us a call)."""
     if x.dtype is not torch.float32:
         raise InputMismatchError(f"int8 {kernel} takes float32 inputs, got {str(x.dtype).removeprefix('torch.')} "
                                  f"of shape {tuple(x.shape)}: pass it .float()")
+    refuse_nonfinite_input(x, f"int8 {kernel}", x.detach().sum())
 
 
 class DynamicKernel(PackedStateModule):

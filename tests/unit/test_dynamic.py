@@ -18,6 +18,7 @@ from qplug_core.errors import (
     ConfigError,
     ConfigValidationError,
     ConstraintViolationError,
+    InputMismatchError,
     NothingQuantizedError,
 )
 from qplug_core.flows.dynamic import SimulatedDynamic
@@ -326,3 +327,20 @@ def test_a_compiling_backend_with_nothing_dynamic_accepts_allow_float(plugin_aut
         qp.quantize_dynamic(model, backend="onnxruntime", example_inputs=(x,))
     accepted = qp.quantize_dynamic(model, backend="onnxruntime", example_inputs=(x,), allow_float=True)
     torch.testing.assert_close(accepted(x), model(x))
+
+
+@pytest.mark.parametrize("backend", ["reference", "fbgemm", "qnnpack"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_input_is_one_qplug_error_on_every_backend(backend, bad, plugin_autoload):
+    """fbgemm answered finite numbers for NaN and a wrong-sign channel for Inf, qnnpack torch's own
+    errors ("min should be less than or equal to max"), the reference form a calibration error."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4)).eval()
+    quantized = qp.quantize_dynamic(model, backend=backend)
+    x = torch.tensor([[1.0, bad] + [0.5] * 6])
+    with pytest.raises(InputMismatchError, match=r"got an input with 1 NaN or Inf value\(s\) among 8 at "
+                                                 r"inference: dynamic int8 quantizes each input over its own "
+                                                 r"range.* Check the data before the call"):
+        quantized(x)
+    finite = torch.randn(3, 8)
+    assert torch.isfinite(quantized(finite)).all()

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from qplug_core.errors import warn_user
 from qplug_core.flows.kernel_check import (
     CONTRACT_BROKEN,
     MAX_OUTLIER_FRACTION,
@@ -57,6 +58,7 @@ from qplug_core.flows.shape_ints import recompute_boundary_ints
 from qplug_core.flows.sparse_values import sparse_value_ops
 from qplug_core.flows.tags import BOUNDARY, KERNEL, REPORT, region_tag
 from qplug_core.partition import CapabilityBasedPartitioner, OperatorSupportBase, fuse_by_partitions
+from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.fuse import build_submodule
 from qplug_core.partition.lazy import LazyPartition
 from qplug_core.partition.sole import install as install_sole_call
@@ -314,7 +316,8 @@ def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]
             if verdict.note:
                 warnings.warn(f"qplug: backend {backend_name!r}: partition {partition_name} {verdict.note}",
                               stacklevel=4)
-            module = verdict.module
+            module = _checking_new_signatures(verdict.module, gm.meta, delegate, partition_name, len(anchors),
+                                              backend_name)
         gm.set_submodule(partition_name, module)
         summary.partitions.append(PartitionRecord(partition_name, len(nodes), len(anchors), type(module).__name__,
                                                   "" if loading else verdict.note))
@@ -330,6 +333,38 @@ def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]
     gm.recompile()
     install_sole_call(gm)  # one partition: calls go straight to it (batch-1 overhead)
     return summary
+
+
+class NewSignatureContract:
+    """The convert-time contract for the models a compiled partition builds later, for input
+    signatures its models do not take (batch 1 after a batch-256 example): checked on the inputs
+    that asked for them, as convert checks the first on the example inputs; a refused signature
+    is named in a warning and in the report's record of the partition."""
+
+    def __init__(self, meta: dict, delegate: Delegate, name: str, regions: int, backend_name: str):
+        self.meta, self.delegate, self.name, self.regions = meta, delegate, name, regions
+        self.backend_name = backend_name
+
+    def problem(self, reference: fx.GraphModule, candidate: Callable[..., Any], inputs: tuple) -> str:
+        problem, _ = _problem(self.delegate, candidate, reference, inputs, self.regions)
+        return f"the model compiled for them {CONTRACT_BROKEN} ({problem})" if problem else ""
+
+    def refused(self, signature: str, reason: str) -> None:
+        warn_user(f"qplug: backend {self.backend_name!r}: partition {self.name} compiled by "
+                  f"{_delegate_label(self.backend_name)} runs its reference form for inputs of {signature}: "
+                  f"{reason}")
+        report = self.meta.get(REPORT)
+        for record in report.partitions if report is not None else ():
+            if record["name"] == self.name:
+                record.setdefault("reference_inputs", {})[signature] = reason
+
+
+def _checking_new_signatures(module: nn.Module, meta: dict, delegate: Delegate, name: str, regions: int,
+                             backend_name: str) -> nn.Module:
+    """``module``, holding the models it compiles for new input signatures to the contract."""
+    if isinstance(module, CompiledPartition):
+        module.signature_check = NewSignatureContract(meta, delegate, name, regions, backend_name)
+    return module
 
 
 def _checked(delegate: Delegate, module: nn.Module, reference: fx.GraphModule, inputs: tuple,
@@ -368,7 +403,8 @@ class FirstCallCheck:
         self.backend_name, self.arithmetic = backend_name, arithmetic
 
     def __call__(self, partition: fx.GraphModule, inputs: tuple) -> nn.Module:
-        module = self.delegate.compile(partition, inputs)
+        module = _checking_new_signatures(self.delegate.compile(partition, inputs), self.meta, self.delegate,
+                                          self.name, len(self.anchors), self.backend_name)
         if not may_saturate(partition, self.arithmetic):
             return module
         verdict = _checked(self.delegate, module, partition, inputs, self.anchors, self.name,
@@ -393,7 +429,8 @@ class FirstCallCheck:
             for record in report.partitions:
                 if record["name"] == self.name:
                     record["note"] = note
-        return partition if reason else verdict.module
+        return partition if reason else _checking_new_signatures(verdict.module, self.meta, self.delegate,
+                                                                 self.name, len(self.anchors), self.backend_name)
 
     def __deepcopy__(self, memo: dict) -> FirstCallCheck:
         clone = copy.copy(self)
@@ -401,7 +438,7 @@ class FirstCallCheck:
         return clone
 
 
-def _problem(delegate: Delegate, compiled: nn.Module, reference: fx.GraphModule, inputs: tuple,
+def _problem(delegate: Delegate, compiled: Callable[..., Any], reference: fx.GraphModule, inputs: tuple,
              regions: int) -> tuple[str, dict[str, str]]:
     """Why a compiled partition breaks the contract ('' if it holds), and its int8 regions found
     wrong one by one (end node -> problem): its outputs first, then its regions where the outputs
@@ -428,7 +465,7 @@ def _outputs(value: object) -> list:
     return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
-def _contract_problem(compiled: nn.Module, reference: fx.GraphModule, inputs: tuple,
+def _contract_problem(compiled: Callable[..., Any], reference: fx.GraphModule, inputs: tuple,
                       regions: int) -> tuple[str, bool]:
     """Why ``compiled`` breaks the contract against its reference form ('' if it holds), and
     whether its outputs also meet one kernel's element-wise contract.

@@ -7,6 +7,13 @@ and the input signatures each serves (one each, or many where the serialized mod
 sizes: :meth:`serves`), the output structure (tensor or tuple), a deep copy that compiles its own
 models (compiled runtimes cannot be copied). A subclass gives :meth:`build` (serialized model ->
 the runtime's compiled form) and :meth:`run` (compiled form, inputs -> output tensors).
+
+A model compiled for a new input signature (batch 1 after a batch-256 example) is held to the
+contract the first one was held to at convert: built under the same error handling, run once on
+the inputs that asked for it and compared with the reference form (the pipeline's
+:class:`SignatureCheck`). One that fails either way is dropped, and that signature runs the
+reference form from then on, with one warning: a runtime may fail or compute otherwise at one size
+only (OpenVINO compiles Mish at batch 256 but not at batch 1, and gave an unbatched row a batch axis).
 """
 
 from __future__ import annotations
@@ -14,14 +21,29 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import InputMismatchError
+from qplug_core.errors import InputMismatchError, warn_user
 from qplug_core.ir.tracing import refuse_tracing
 from qplug_core.partition.denormals import call_flushing_denormals
+
+#: the route of an input signature whose compiled model was refused: it runs the reference form
+REFERENCE_FORM = ("reference form",)
+
+
+class SignatureCheck(Protocol):
+    """How a model compiled for a new input signature is held to the convert-time contract (set by
+    the pipeline, which knows the contract and the report: ``flows/delegate.py``)."""
+
+    def problem(self, reference: fx.GraphModule, candidate: Callable[..., Any], inputs: tuple) -> str:
+        """Why ``candidate`` (the new model, run like the partition) may not serve ``inputs``:
+        '' if it may."""
+
+    def refused(self, signature: str, reason: str) -> None:
+        """Say (a warning, the report) that inputs of ``signature`` run the reference form, and why."""
 
 
 class CompiledPartition(nn.Module):
@@ -43,6 +65,9 @@ class CompiledPartition(nn.Module):
         self._routes: dict[tuple, tuple] = {}  # input signature -> the signature compiled for it
         self._single_output = True
         self.__dict__["_routing"] = threading.Lock()
+        #: checks the models compiled for new signatures (None: only their build failures fall back)
+        self.__dict__["signature_check"] = None
+        self.refused: dict[str, str] = {}  # input signature -> why it runs the reference form
         self._compile(example_inputs)
 
     def build(self, source: bytes) -> Any:
@@ -113,19 +138,50 @@ class CompiledPartition(nn.Module):
                 "dtype it was quantized for")
 
     @torch.compiler.disable  # under torch.compile, dynamo must not trace the exporter it calls
-    def _route(self, inputs: tuple[torch.Tensor, ...]) -> Any:
-        """The compiled model for a signature not seen yet: one built before that serves it, or a
-        new one. One thread at a time: a server's threads meeting a new batch size together
-        compiled it once each, racing in torch's exporter."""
+    def _route(self, inputs: tuple[torch.Tensor, ...]) -> tuple:
+        """The route (a compiled model's signature, or :data:`REFERENCE_FORM`) for a signature not
+        seen yet: a model built before that serves it, or a new one. One thread at a time: a
+        server's threads meeting a new batch size together compiled it once each, racing in torch's
+        exporter."""
+        signature = self._signature(inputs)
         with self._routing:
-            route = self._routes.get(self._signature(inputs))
+            route = self._routes.get(signature)
             if route is not None:  # another thread compiled it meanwhile
-                return self._compiled[route]
-            for signature, compiled in self._compiled.items():
+                return route
+            for compiled_for, compiled in self._compiled.items():
                 if self.serves(compiled, inputs):
-                    self._routes[self._signature(inputs)] = signature
-                    return compiled
-            return self._compile(inputs)
+                    self._routes[signature] = compiled_for
+                    return compiled_for
+            reason = self._admit(inputs)
+            if reason:
+                self._sources.pop(signature, None)
+                self._compiled.pop(signature, None)
+                self._routes[signature] = REFERENCE_FORM
+                self.refused[self._described(signature)] = reason
+                check = self.signature_check
+                if check is None:
+                    warn_user(f"qplug: {type(self).__name__}: inputs {self._described(signature)} run the "
+                              f"partition's reference form: {reason}")
+                else:
+                    check.refused(self._described(signature), reason)
+            return self._routes[signature]
+
+    def _admit(self, inputs: tuple[torch.Tensor, ...]) -> str:
+        """Compile a model for ``inputs`` and check it: why it may not serve them ('' if it may)."""
+        try:
+            compiled = self._compile(inputs)
+            check = self.signature_check
+            if check is None:
+                return ""
+            return check.problem(self.partition, lambda *xs: self._call(compiled, xs), inputs)
+        except InputMismatchError:
+            raise  # the caller's inputs, not the runtime
+        except Exception as exc:  # noqa: BLE001 - a runtime failing at one size falls back, as at convert
+            return f"compiling it failed ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"
+
+    @staticmethod
+    def _described(signature: tuple) -> str:
+        return ", ".join(f"{tuple(shape)} {str(dtype).removeprefix('torch.')}" for shape, dtype in signature)
 
     def recompile(self) -> None:
         """Build every compiled model again (after a change of settings)."""
@@ -146,9 +202,16 @@ class CompiledPartition(nn.Module):
         if torch.jit.is_tracing():
             refuse_tracing(f"a partition compiled by {type(self).__name__}")
         route = self._routes.get(self._signature(inputs))
-        if route is None and any(isinstance(x, torch.Tensor) and x.numel() == 0 for x in inputs):
-            return self.partition(*inputs)  # an empty batch: OpenVINO refuses to compile size 0
-        compiled = self._route(inputs) if route is None else self._compiled[route]
+        if route is None:
+            if any(isinstance(x, torch.Tensor) and x.numel() == 0 for x in inputs):
+                return self.partition(*inputs)  # an empty batch: OpenVINO refuses to compile size 0
+            route = self._route(inputs)
+        if route is REFERENCE_FORM:
+            return self.partition(*inputs)
+        return self._call(self._compiled[route], inputs)
+
+    def _call(self, compiled: Any, inputs: tuple[torch.Tensor, ...]):
+        """``compiled``'s outputs for ``inputs``, structured as the partition's."""
         if self.flush_denormals:
             outputs = call_flushing_denormals(self.run, compiled, inputs)
         else:
@@ -163,6 +226,7 @@ class CompiledPartition(nn.Module):
             clone.__dict__.setdefault(key, value)  # settings and the like (nn.Module's own are fresh)
         clone.training = self.training
         clone.__dict__["_routing"] = threading.Lock()
+        clone.refused = dict(self.refused)
         clone.__dict__["_partition"] = copy.deepcopy(self.partition, memo)
         clone._sources = dict(self._sources)
         clone._routes = dict(self._routes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 from qplug_core.plugin_api import (
     BackendSpec,
+    CompiledPartition,
     Delegate,
     OperatorSupportBase,
     DTypeConfigSet,
@@ -73,7 +75,29 @@ def _wrong_after_norm(partition):
     return partition
 
 
+class Session(CompiledPartition):
+    """Stands for a runtime compiling one model per input signature, which fails (``AT_BATCH_1 =
+    "fail"``) or computes the wrong numbers (``"wrong"``) at batch 1 only."""
+
+    builds = 0
+
+    def __init__(self, partition, example_inputs):
+        super().__init__(partition, example_inputs, lambda _, inputs: bytes([inputs[0].shape[0]]))
+
+    def build(self, source):
+        Session.builds += 1
+        if source == bytes([1]) and AT_BATCH_1 == "fail":
+            raise RuntimeError("the SDK has no kernel for this op at batch 1")
+        return source
+
+    def run(self, compiled, inputs):
+        out = self.partition(*inputs)
+        return [out * -1.0 if compiled == bytes([1]) and AT_BATCH_1 == "wrong" else out]
+
+
 def _compile(partition, example_inputs):
+    if AT_BATCH_1:
+        return Session(partition, example_inputs)
     if any(isinstance(m, nn.ReLU) for m in partition.modules()) and FAIL:
         raise RuntimeError("the SDK rejected the subgraph")
     if WRONG_AFTER_NORM:
@@ -82,6 +106,7 @@ def _compile(partition, example_inputs):
 
 
 FAIL = False
+AT_BATCH_1 = ""  # "fail" or "wrong": compiled partitions are Sessions, refused at batch 1 only
 WRONG = False  # an SDK whose compiled subgraph computes the wrong numbers
 WRONG_1X1 = False  # an SDK wrong in its 1x1 convolutions only
 WRONG_AFTER_NORM = False  # an SDK wrong in quantizing a float op's outputs
@@ -368,3 +393,36 @@ def test_a_wrong_layer_is_blamed_alone_not_the_regions_after_its_float_output(fa
     report = qp.quantization_report(lowered)
     assert list(report.kept_regions) == ["pos"] and set(report.reference) == {"pos"}
     assert set(report.kernels) == {"conv", "conv3"}  # conv3's output stays float: no int8 mean
+
+
+@pytest.mark.parametrize(("at_batch_1", "why"), [
+    ("fail", r"compiling it failed \(RuntimeError: the SDK has no kernel for this op at batch 1\)"),
+    ("wrong", r"the model compiled for them broke the kernel contract \(its outputs point away"),
+])
+def test_a_new_input_signature_whose_model_fails_or_is_wrong_runs_the_reference_form(fake_dist, at_batch_1, why):
+    """A model compiled at the first call of a new batch size is held to the convert-time contract:
+    OpenVINO failed to compile Mish at batch 1 after a batch-256 example (raw RuntimeError in
+    production), and ONNX Runtime's batch-1 session of an FT-Transformer was off by more than the
+    model's int8 error. That signature runs the reference form, with one warning, from then on."""
+    fake_dist("qplug-npu", NPU.replace('AT_BATCH_1 = ""', f"AT_BATCH_1 = {at_batch_1!r}"))
+    observed, data = _quantize("npu")
+    reference = qp.convert_to_reference_fx(observed)
+    lowered = qp.convert_fx(observed)
+    session = lowered.delegate_0
+    row, three = data[1][0][:1], torch.cat([data[1][0], data[0][0][:1]])
+    with pytest.warns(UserWarning) as caught, torch.no_grad():
+        assert torch.equal(lowered(row), reference(row))
+    assert len(caught) == 1
+    assert re.fullmatch(r"qplug: backend 'npu': partition delegate_0 compiled by plugin \S*npu\S* \(qplug-npu "
+                        r"0.1\) runs its reference form for inputs of \(1, 3, 6, 6\) float32: " + why + ".*",
+                        str(caught[0].message))
+    [record] = qp.quantization_report(lowered).partitions
+    assert list(record["reference_inputs"]) == ["(1, 3, 6, 6) float32"]
+    builds = type(session).builds
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            assert torch.equal(lowered(row), reference(row))  # decided once: no build, no check, no warning
+            assert type(session).builds == builds
+            assert torch.equal(lowered(three), reference(three))
+    assert type(session).builds == builds + 1  # batch 3 compiled, checked and kept

@@ -323,3 +323,40 @@ def test_an_embedding_bag_stays_in_pytorch_and_the_linear_after_it_compiles(recw
     idx = torch.randint(0, 100, (40,))
     with torch.no_grad():
         assert qp.sqnr(model(idx, batches[0][1]), ov_model(idx, batches[0][1])) > 30  # 40.8 dB measured
+
+
+def _lowered_and_reference(model: torch.nn.Module, example: torch.Tensor):
+    observed = qp.calibrate(qp.prepare_fx(model.eval(), None, (example,), backend="openvino"), [(example,)])
+    reference = qp.convert_to_reference_fx(copy.deepcopy(observed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # compiled at the example's batch size
+        return qp.convert_fx(observed), reference
+
+
+def test_a_batch_size_openvino_cannot_compile_runs_the_reference_form_with_a_warning():
+    """Mish compiles at batch 64 but not at batch 1 ('Supported precisions set is not available
+    for Mish operation'): the first batch-1 call raised OpenVINO's RuntimeError in production."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Mish(), torch.nn.Linear(32, 1))
+    ov_model, reference = _lowered_and_reference(model, torch.randn(64, 8))
+    row = torch.randn(1, 8)
+    with pytest.warns(UserWarning, match=r"partition delegate_0 compiled by plugin \S*openvino\S* \(.*\) runs its "
+                                         r"reference form for inputs of \(1, 8\) float32: compiling it failed "
+                                         r"\(RuntimeError: .*Mish"), torch.no_grad():
+        assert torch.equal(ov_model(row), reference(row))
+    [record] = qp.quantization_report(ov_model).partitions
+    assert "Mish" in record["reference_inputs"]["(1, 8) float32"]
+
+
+def test_an_unbatched_row_gets_the_float_models_shape():
+    """OpenVINO's model compiled for a 1-D row returned (1, 3) where the float model returns (3,):
+    the check of a new signature's model refuses it and the row runs the reference form."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    ov_model, reference = _lowered_and_reference(model, torch.randn(64, 8))
+    row = torch.randn(8)
+    with pytest.warns(UserWarning, match=r"inputs of \(8,\) float32: .*returned shape \(1, 3\), expected \(3,\)"), \
+            torch.no_grad():
+        got = ov_model(row)
+    assert got.shape == model(row).shape == (3,)
+    assert torch.equal(got, reference(row))

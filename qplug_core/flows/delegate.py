@@ -44,6 +44,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import warn_user
+from qplug_core.flows.boundary_tuples import unpack_boundary_tuples
 from qplug_core.flows.kernel_check import (
     CONTRACT_BROKEN,
     MAX_OUTLIER_FRACTION,
@@ -232,7 +233,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     while True:
         support = _Refusing(delegate.operator_support, gm, refused)
         partitions, outside = _int8_partitions(gm, support, delegate, backend_name, report_key)
-        partitions = recompute_boundary_ints(gm, partitions)
+        partitions = unpack_boundary_tuples(gm, recompute_boundary_ints(gm, partitions))
         if example_inputs is None:
             break
         values = _inputs_of(gm, partitions, example_inputs)
@@ -265,13 +266,16 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
 def _warn_refused_layers(gm: fx.GraphModule, outside: dict[str, str], refused: dict[int, str],
                          name: _Namer) -> None:
     """Int8 layers the backend does not take (onnxruntime's LSTM with ``proj_size``) run in PyTorch
-    in reference form: one warning at convert names them, as a kernel that refuses a layer is named
-    (those found wrong by the check, in ``refused``, were named already)."""
-    layers = [f"{name(node)!r} ({outside[node.name]})" for node in gm.graph.nodes
+    in reference form: one warning at convert names them, as a kernel that refuses a layer is named,
+    and counts them with those the check kept out (in ``refused``: named by warnings of their own)."""
+    layers = [node for node in gm.graph.nodes
               if node.name in outside and node.op == "call_module" and (tag := region_tag(node)) is not None
-              and tag.is_anchor and tag.quantized and tag.region_id not in refused]
-    if layers:
-        listed = "; ".join(layers[:5]) + (f"; and {len(layers) - 5} more" if len(layers) > 5 else "")
+              and tag.is_anchor and tag.quantized]
+    new = [f"{name(node)!r} ({outside[node.name]})" for node in layers if region_tag(node).region_id not in refused]
+    named = [repr(name(node)) for node in layers if region_tag(node).region_id in refused]
+    if new:
+        listed = "; ".join(new[:5]) + (f"; and {len(new) - 5} more" if len(new) > 5 else "")
+        listed += f"; {', '.join(named)} (named above)" if named else ""
         warnings.warn(f"qplug: {len(layers)} int8 layer(s) run in PyTorch in reference form (int8 rounding "
                       f"simulated in float, slower than the backend's own): {listed}", stacklevel=4)
 

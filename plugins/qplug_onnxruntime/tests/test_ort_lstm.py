@@ -239,3 +239,39 @@ def test_the_cpus_weight_grid_runs_in_ort_with_its_own_integers(flags):
     with torch.no_grad():
         for got, expected in zip(ort_model(*inputs), reference(*inputs)):
             assert _cosine(got, expected) > 0.999
+
+
+class EncoderDecoder(nn.Module):
+    """A decoder LSTM fed the encoder's (h, c) as a whole: the encoder stays in PyTorch."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc, self.dec = nn.LSTM(4, 16, batch_first=True), nn.LSTM(4, 16, batch_first=True)
+        self.proj = nn.Linear(16, 1)
+
+    def forward(self, x):
+        _, state = self.enc(x)
+        out, _ = self.dec(x[:, -3:], state)
+        return self.proj(out).squeeze(-1)
+
+
+def test_a_decoder_fed_the_encoders_state_tuple_compiles_with_its_tensors():
+    """The partition read the (h, c) tuple made outside it, and its compile failed ('tuple' object
+    has no attribute 'shape'): decoder and projection ran in reference form. It reads h and c."""
+    torch.manual_seed(0)
+    model, x = EncoderDecoder().eval(), torch.randn(8, 24, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        observed = qp.prepare_fx(model, qp.get_default_qconfig_mapping(*_MAPPING), (x,), backend="onnxruntime")
+        reference = qp.convert_to_reference_fx(copy.deepcopy(observed))
+        ort_model = qp.convert_fx(observed)
+    report = qp.quantization_report(ort_model)
+    assert report.kernels == {"dec": "delegate:delegate_0", "proj": "delegate:delegate_0"}
+    assert list(report.reference) == ["enc"]
+    assert [str(w.message) for w in caught if "qplug" in str(w.message)] == [
+        f"qplug: 1 int8 layer(s) run in PyTorch in reference form (int8 rounding simulated in float, slower than "
+        f"the backend's own): 'enc' ({report.reference['enc']})"]
+    with torch.no_grad():
+        got, expected = ort_model(x), reference(x)
+    assert got.shape == expected.shape == (8, 3)
+    assert (got - expected).abs().max() < 0.02 * expected.abs().max()

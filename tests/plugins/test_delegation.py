@@ -178,10 +178,13 @@ def test_a_failing_compile_keeps_the_reference_form_with_a_warning(fake_dist):
     fake_dist("qplug-npu", NPU.replace("FAIL = False", "FAIL = True"))
     observed, data = _quantize("npu")
     reference = qp.convert_to_reference_fx(observed)
-    with pytest.warns(UserWarning, match="compiling partition delegate_0 failed .*SDK rejected"):
+    with pytest.warns(UserWarning, match="compiling partition delegate_0 failed .*SDK rejected") as caught:
         lowered = qp.convert_fx(observed)
     report = qp.quantization_report(lowered)
     assert report.partitions == [] and "SDK rejected" in report.reference["conv"]
+    # the summary counts the layers of the failed partition too (it said 1: fc alone)
+    assert any(str(w.message).startswith("qplug: 3 int8 layer(s) run in PyTorch") and "'conv', 'conv2' (named above)"
+               in str(w.message) for w in caught)
     with torch.no_grad():
         assert torch.equal(lowered(*data[0]), reference(*data[0]))
 

@@ -128,7 +128,8 @@ def conv_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternCon
 
 
 def linear_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternConfig]:
-    """Linear: module, F.linear, relu fusions (module and functional relus), linear + bn1d."""
+    """Linear: module, F.linear, relu fusions (module and functional relus), linear + bn1d (+ relu:
+    torch.ao has no linear + bn1d + relu fusion, which leaves its relu to run after the int8 op)."""
     return [
         _config(nn.Linear, dtype_configs, root=nn.Linear, qat_module=qat.Linear),
         _config(qat.Linear, dtype_configs, root=nn.Linear),
@@ -142,6 +143,10 @@ def linear_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternC
                 fused=nni.LinearBn1d),
         _config(nni.LinearBn1d, dtype_configs, root=nn.Linear, qat_module=qat.LinearBn1d),
         _config(qat.LinearBn1d, dtype_configs, root=nn.Linear),
+        *(_config((nn.Linear, nn.BatchNorm1d, relu), dtype_configs, root=nn.Linear,
+                  fuser=fm.fuse_linear_bn_relu, fused=nni.LinearBnReLU1d) for relu in RELU_FORMS),
+        _config(nni.LinearBnReLU1d, dtype_configs, root=nn.Linear, qat_module=qat.LinearBnReLU1d),
+        _config(qat.LinearBnReLU1d, dtype_configs, root=nn.Linear),
     ]
 
 

@@ -65,6 +65,7 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
     probes = {tag.region_id: _probe(gm, nodes, tag, spec.passthrough) for tag, nodes in regions
               if (spec := backend.kernels.get(tag.pattern)) is not None}
     contract = kernel_contract.record(gm, probes)
+    without_kernel: dict[str, str] = {}  # weighted layer -> its pattern, when the backend has no kernel
     for tag, nodes in regions:
         spec = backend.kernels.get(tag.pattern)
         name = nodes.name = report_key(nodes.anchor)
@@ -73,6 +74,9 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
             continue
         if spec is None:
             summary.reference[name] = f"backend {backend.name!r} has no kernel for {tag.pattern_name}"
+            if tag.weighted:  # named by its layer, not by the anchor (the relu of ReLU <- Linear)
+                root = next((m for m in nodes.members if m.meta.get(ROOT)), nodes.anchor)
+                without_kernel[report_key(root)] = tag.pattern_name
             continue
         problem = _self_test_problem(backend, spec, tag.pattern)
         if problem:
@@ -83,12 +87,23 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
             summary.reference[name] = problem
         else:
             summary.lowered[name] = spec.op
+    _warn_without_kernel(backend, without_kernel)
     _swap_boundaries(gm, backend)
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()
     return summary
+
+
+def _warn_without_kernel(backend, layers: dict[str, str]) -> None:
+    """One warning for the weighted layers the backend has no kernel for: they were asked for int8 and
+    run the reference form's float compute, which the report alone left unsaid."""
+    if layers:
+        named = ", ".join(f"{name!r} ({pattern})" for name, pattern in layers.items())
+        warn_user(f"qplug: backend {backend.name!r} has no int8 kernel for these layers, which run in "
+                  f"reference form (int8-rounded weights, float compute): {named}. Use a backend with such "
+                  "kernels, or set their qconfig to None to keep them float")
 
 
 def _quantized_regions(gm: fx.GraphModule):

@@ -36,6 +36,7 @@ __all__ = [
     "fuse_conv_relu",
     "fuse_convtranspose_bn",
     "fuse_linear_bn",
+    "fuse_linear_bn_relu",
     "fuse_linear_relu",
     "get_fuser_method",
 ]
@@ -165,6 +166,16 @@ def fuse_linear_bn(is_qat: bool, linear: nn.Module, bn: nn.Module) -> nn.Module:
         _check_qat_bn(bn, linear.out_features, linear)
         return nni.LinearBn1d(linear, bn)
     return fold_bn_into_linear(linear, bn)
+
+
+def fuse_linear_bn_relu(is_qat: bool, linear: nn.Module, bn: nn.Module, relu: Any) -> nn.Module:
+    """QAT: ``LinearBnReLU1d``; eval: ``LinearReLU`` around the BN-folded Linear (one int8 kernel:
+    left as Linear + ReLU after the fold, the pair matched no fusion and no kernel)."""
+    relu = _as_relu(relu, linear)
+    if is_qat:
+        _check_qat_bn(bn, linear.out_features, linear)
+        return nni.LinearBnReLU1d(linear, bn, relu)
+    return nni.LinearReLU(fold_bn_into_linear(linear, bn), relu)
 
 
 def fuse_linear_relu(is_qat: bool, linear: nn.Module, relu: Any) -> nn.Module:

@@ -26,7 +26,7 @@ __all__ = [
     "ConvBnReLU1d", "ConvBnReLU2d", "ConvBnReLU3d",
     "ConvReLU1d", "ConvReLU2d", "ConvReLU3d",
     "FusedModule",
-    "LinearBn1d", "LinearLeakyReLU", "LinearReLU", "LinearTanh",
+    "LinearBn1d", "LinearBnReLU1d", "LinearLeakyReLU", "LinearReLU", "LinearTanh",
 ]
 
 CONV_BY_DIM: dict[int, type[nn.Module]] = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
@@ -77,6 +77,7 @@ ConvBnReLU1d, ConvBnReLU2d, ConvBnReLU3d = (
 BNReLU2d, BNReLU3d = (_fused_class(f"BNReLU{d}d", (BN_BY_DIM[d], nn.ReLU)) for d in (2, 3))
 LinearReLU = _fused_class("LinearReLU", (nn.Linear, nn.ReLU))
 LinearBn1d = _fused_class("LinearBn1d", (nn.Linear, nn.BatchNorm1d))
+LinearBnReLU1d = _fused_class("LinearBnReLU1d", (nn.Linear, nn.BatchNorm1d, nn.ReLU))
 LinearLeakyReLU = _fused_class("LinearLeakyReLU", (nn.Linear, nn.LeakyReLU))
 LinearTanh = _fused_class("LinearTanh", (nn.Linear, nn.Tanh))
 

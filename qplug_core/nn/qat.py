@@ -24,7 +24,7 @@ from qplug_core.nn.qat_conv import (
     ConvReLU3d,
 )
 from qplug_core.nn.qat_embedding import Embedding, EmbeddingBag
-from qplug_core.nn.qat_linear import Linear, LinearBn1d, LinearReLU
+from qplug_core.nn.qat_linear import Linear, LinearBn1d, LinearBnReLU1d, LinearReLU
 
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d",
@@ -32,7 +32,7 @@ __all__ = [
     "ConvBnReLU1d", "ConvBnReLU2d", "ConvBnReLU3d",
     "ConvReLU1d", "ConvReLU2d", "ConvReLU3d",
     "Embedding", "EmbeddingBag",
-    "Linear", "LinearBn1d", "LinearReLU",
+    "Linear", "LinearBn1d", "LinearBnReLU1d", "LinearReLU",
     "QATModule", "QATWithBn",
     "freeze_bn_stats", "update_bn_stats",
 ]

@@ -1,4 +1,4 @@
-"""QAT linear modules: Linear, LinearReLU and LinearBn1d."""
+"""QAT linear modules: Linear, LinearReLU, LinearBn1d and LinearBnReLU1d."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn.qat_base import QATModule, QATWithBn
 
-__all__ = ["Linear", "LinearBn1d", "LinearReLU"]
+__all__ = ["Linear", "LinearBn1d", "LinearBnReLU1d", "LinearReLU"]
 
 
 class Linear(QATModule, nn.Linear):
@@ -55,3 +55,11 @@ class LinearBn1d(QATWithBn, Linear):
         Linear.__init__(self, in_features, out_features, bias, qconfig=qconfig, device=device,
                         dtype=dtype)
         self._init_bn(out_features, eps, momentum, freeze_bn, device, dtype)
+
+
+class LinearBnReLU1d(LinearBn1d):
+    """QAT LinearBnReLU1d: relu(bn(linear)) trained with BN statistics; torch.ao has no such module,
+    but the fusion it is prepared from exists, so a tabular MLP block trains and lowers as one layer."""
+
+    FLOAT_MODULE = nni.LinearBnReLU1d
+    WITH_RELU = True

@@ -185,3 +185,59 @@ def test_embeddings_of_a_categorical_matrixs_columns_run_int8(backend, tmp_path)
         out = int8(x_num, x_cat)
         assert qp.sqnr(model(x_num, x_cat), out) > 30
         assert torch.equal(loaded(x_num, x_cat), out)
+
+
+class LinearBnReLU(nn.Module):
+    """The standard tabular MLP block, then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.bn1, self.relu, self.fc2 = nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.relu(self.bn1(self.fc1(x))))
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
+def test_a_linear_bn1d_relu_block_runs_one_int8_linear(backend, recwarn):
+    """Linear -> BatchNorm1d -> ReLU left fc1 in float reference form ("no kernel for ReLU <- Linear"),
+    with no warning; torch.ao lowers it to int8. It now fuses to LinearReLU with the BN folded."""
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 16)
+    model = LinearBnReLU()
+    model.train()(x)  # running statistics that are not the identity
+    model.eval()
+    int8 = qp.quantize(model, (x[:1],), [x], backend=backend)
+    report = qp.quantization_report(int8)
+    assert report.kernels == {"fc1": "quantized::linear", "fc2": "quantized::linear"} and not report.skipped
+    assert [f.fused_type for f in report.fusions] == ["LinearReLU"]
+    assert not [w for w in recwarn if "qplug" in str(w.message)]
+    observed = prepare_fx(model, get_default_qconfig_mapping(backend), (x[:1],))
+    observed(x)
+    torch_ao = convert_fx(observed)
+    with torch.no_grad():
+        out = int8(x)
+        assert qp.sqnr(model(x), out) > 35  # 37.9 (fbgemm), 38.2 (qnnpack) measured; torch.ao 32.4
+        assert qp.sqnr(torch_ao(x), out) > 28  # 31.2, 31.1 measured
+
+
+def test_a_weighted_layer_without_a_kernel_says_it_runs_in_reference_form():
+    """A matched int8 region the backend has no kernel for stayed in reference form (float compute)
+    with only a report entry; a weighted layer left so now warns once, naming it."""
+    dtypes = qp.DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.quint8, weight_dtype=torch.qint8,
+                            bias_dtype=torch.float)
+    config = (qp.BackendConfig("pairs")  # (Linear, ReLU) as a region with no fusion: no kernel keys it
+              .set_backend_pattern_config(qp.BackendPatternConfig((nn.Linear, nn.ReLU)).add_dtype_config(dtypes))
+              .set_backend_pattern_config(qp.BackendPatternConfig(nn.Linear).add_dtype_config(dtypes)
+                                          .set_root_module(nn.Linear)))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).eval()
+    x = torch.randn(64, 8)
+    with pytest.warns(UserWarning, match=r"backend 'fbgemm' has no int8 kernel for these layers, which run in "
+                                         r"reference form \(int8-rounded weights, float compute\): "
+                                         r"'0' \(ReLU <- Linear\)\. Use a backend"):
+        int8 = qp.quantize(model, (x,), [x], backend=qp.get_backend("fbgemm").with_config(config))
+    assert qp.quantization_report(int8).kernels == {"2": "quantized::linear"}
+

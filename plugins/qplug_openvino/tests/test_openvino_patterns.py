@@ -4,7 +4,7 @@ compiled into OpenVINO and compared with its reference form.
 Each case costs an ONNX export and an OpenVINO compile (~2 s), so this runs a sample with one
 case for each primitive the patterns map to in OpenVINO (convolutions of each rank and their
 fusions, transposed conv, fully connected, eltwise, matmul, concat, activations, pooling,
-interpolation, normalizations, shape ops, embedding) instead of all 226;
+interpolation, normalizations, shape ops, embedding) instead of all 232;
 ``test_one_case_per_pattern_config`` still checks that every pattern config has a case. The whole
 suite (``only = None``) was run once: 188 of 193 cases pass; the five failing are the clamps below.
 """

@@ -18,7 +18,7 @@ from qplug_core.errors import ConfigValidationError
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat
 
-EXPECTED_TOTAL = 226
+EXPECTED_TOTAL = 232
 _CONVS = [(nni.CONV_BY_DIM[d], nni.BN_BY_DIM[d], getattr(F, f"conv{d}d")) for d in (1, 2, 3)]
 OUR_EXTRAS = {  # deliberate additions over torch.ao (complex format): torch.relu and x.relu()
     # after linears, convs and batch norms as after nn.ReLU / F.relu; ops that run on int8 as is
@@ -26,6 +26,8 @@ OUR_EXTRAS = {  # deliberate additions over torch.ao (complex format): torch.rel
     *((relu, op) for relu in (torch.relu, "relu") for conv, _, func in _CONVS for op in (conv, func)),
     *((relu, (bn, conv)) for relu in (torch.relu, "relu") for conv, bn, _ in _CONVS),
     *((relu, bn) for relu in (torch.relu, "relu") for bn in (nn.BatchNorm2d, nn.BatchNorm3d)),
+    # linear + bn1d + relu fuses as conv + bn + relu does (torch.ao has no such fusion)
+    *((relu, (nn.BatchNorm1d, nn.Linear)) for relu in common.RELU_FORMS), nni.LinearBnReLU1d, qat.LinearBnReLU1d,
     nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.Flatten, "flatten", torch.relu,
 }
 
@@ -82,7 +84,7 @@ def _ao_complex(pattern):
 
 CATEGORIES = [  # (our builder, torch.ao builder name, expected number of our configs)
     (common.conv_configs, "_get_conv_configs", 75),
-    (common.linear_configs, "_get_linear_configs", 16),
+    (common.linear_configs, "_get_linear_configs", 22),
     (common.binary_op_configs, "_get_binary_op_configs", 17),
     (lambda d: [common.cat_config(d)], "_get_cat_config", 1),
     (common.default_op_configs, "_get_default_op_configs", 14),
@@ -186,7 +188,8 @@ def _module_for(element, channels=4):
 def test_every_fusion_config_builds_its_fused_module(configs):
     """The fuser of each fusion config, called as the fuse pass calls it, gives fused_module."""
     fusions = [c for c in configs if c.fuser_method is not None]
-    assert len(fusions) == 3 * 10 + 5 + 8  # conv (relu x4, bn, bn-relu x4, convT-bn), linear, bn-relu x4
+    assert len(fusions) == 3 * 10 + 9 + 8  # conv (relu x4, bn, bn-relu x4, convT-bn), linear (relu x4, bn,
+    # bn-relu x4), bn-relu x4
     for config in fusions:
         modules = [_module_for(e) for e in config.pattern]
         for is_qat in (True, False):

@@ -72,6 +72,21 @@ def _expected_types(types, is_qat):
     return getattr(nni, f"ConvReLU{dim}d")
 
 
+def test_linear_bn_relu_fuses_like_conv_bn_relu():
+    """Graph mode's linear + bn1d + relu fusion (torch.ao has none; eager's table keeps torch.ao's):
+    eval folds BN into a LinearReLU, QAT keeps it in a LinearBnReLU1d."""
+    torch.manual_seed(0)
+    modules, x = _instantiate((nn.Linear, nn.BatchNorm1d, nn.ReLU))
+    for m in modules:
+        m.eval()
+    fused = fm.fuse_linear_bn_relu(False, *modules)
+    assert type(fused) is nni.LinearReLU
+    with torch.no_grad():
+        assert torch.allclose(fused(x), _reference(modules, x), atol=1e-5)
+    assert type(fm.fuse_linear_bn_relu(True, *modules)) is nni.LinearBnReLU1d
+    assert type(fm.fuse_linear_bn_relu(False, modules[0], modules[1], F.relu)) is nni.LinearReLU
+
+
 ENTRIES = list(fm.DEFAULT_FUSER_METHODS)
 IDS = ["-".join(t.__name__ for t in key) for key in ENTRIES]
 

@@ -192,6 +192,12 @@ class Linear(_PackedWeightKernel):
     _per_channel_flag = "per_channel_linear"
     _input_axis = -1
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # nn.Linear takes one unbatched row (in_features,); the quantized ops take batches only
+        if x.dim() == 1:
+            return super().forward(x.unsqueeze(0)).squeeze(0)
+        return super().forward(x)
+
     @classmethod
     def _reduction_length(cls, mod: nn.Module) -> int:
         return mod.in_features

@@ -241,3 +241,28 @@ def test_a_weighted_layer_without_a_kernel_says_it_runs_in_reference_form():
         int8 = qp.quantize(model, (x,), [x], backend=qp.get_backend("fbgemm").with_config(config))
     assert qp.quantization_report(int8).kernels == {"2": "quantized::linear"}
 
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
+def test_an_unbatched_row_gives_an_unbatched_answer(backend):
+    """nn.Linear takes one 1-D row: the int8 model raised torch's "The dimension of input tensor should
+    be larger than or equal to 2" (fbgemm) / "Input tensor rank should be >= 2" (qnnpack)."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    x = torch.randn(256, 8)
+    int8 = qp.quantize(model, (x[:1],), [x], backend=backend)
+    reference = qp.quantize(model, (x[:1],), [x], backend="reference")
+    with torch.no_grad():
+        out = int8(x[0])
+        assert out.shape == model(x[0]).shape == (3,)
+        assert torch.equal(out, int8(x[:1])[0])
+        assert torch.allclose(out, reference(x[0]), atol=0.05)
+

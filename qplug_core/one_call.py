@@ -172,7 +172,7 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
         # float-output kinds gets its own base (see auto.float_output_bases)
         bases += auto.float_output_bases(backends, bases[0])
     if len(bases) > 1:  # each base calibrates: a generator would be spent after the first
-        calibration_data, options["target"] = _reiterable(calibration_data, options.get("target"))
+        calibration_data, options["target"] = _reiterable(model, calibration_data, options.get("target"))
     calibrated = []
     for base in bases:
         # its kernels' warnings, and its target search's miss, count only if it (or a backend
@@ -182,16 +182,16 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
                               qconfig_mapping=qconfig_mapping, **options)
         calibrated.append(auto.Calibrated(qmodel, base, held, missed))
     others = [b for b in backends if b.name not in {base.name for base in bases}]
-    return auto.choose(calibrated, others, untried, as_input_tuple(example_inputs))
+    return auto.choose(calibrated, others, untried, as_input_tuple(example_inputs, model))
 
 
-def _reiterable(calibration_data: Any, target: Any) -> tuple[list[tuple], Any]:
+def _reiterable(model: nn.Module, calibration_data: Any, target: Any) -> tuple[list[tuple], Any]:
     """The calibration batches and the target's own ``data`` as lists, read once, for a path
     that reads them more than once (any iterable may be given, a generator too)."""
     flow_checks.check_calibration_data(calibration_data)
-    batches = list(flows.iter_batches(calibration_data))
+    batches = list(flows.iter_batches(calibration_data, model))
     if isinstance(target, Target) and target.data is not None:
-        target = dataclasses.replace(target, data=list(flows.iter_batches(target.data)))
+        target = dataclasses.replace(target, data=list(flows.iter_batches(target.data, model)))
     return batches, target
 
 

@@ -51,8 +51,8 @@ def prepare_algorithms(model: nn.Module, example_inputs: Any, calibration_data: 
 
     # the defaults are resolved here (the recipe needs them): marked so they stay the defaults
     mapping = qconfig_mapping if qconfig_mapping is not None else backend_defaults(backend)
-    batches = list(iter_batches(calibration_data))
-    inputs = as_input_tuple(example_inputs)
+    batches = list(iter_batches(calibration_data, model))
+    inputs = as_input_tuple(example_inputs, model)
     gm = fused_float_copy(model, inputs, backend, options)
     name, steps = resolve_recipe("none" if recipe is None else recipe, model)
     record = apply_recipe(gm, steps, name, RecipeContext(batches, mapping, backend))

@@ -163,7 +163,7 @@ def _captured(model: Any, capture: str | None, example_inputs: Any) -> nn.Module
         model = model.module()
     elif isinstance(model, nn.Module):
         model = copy_model(model)
-    inputs = None if example_inputs is None else as_input_tuple(example_inputs)
+    inputs = None if example_inputs is None else as_input_tuple(example_inputs, model)
     return capture_for_quantization(model, inputs, level=capture or "export")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -34,23 +35,49 @@ if TYPE_CHECKING:
     from qplug_core.registry.backends import Backend
 
 
-def as_input_tuple(example_inputs: Any) -> tuple:
+def as_input_tuple(example_inputs: Any, model: Any = None) -> tuple:
     """``example_inputs`` as a tuple of positional inputs (a bare tensor counts as a 1-tuple).
 
     A dict of keyword inputs (a tokenizer's ``BatchEncoding``) is refused: graphs and comparisons
-    call the model with positional inputs, and the dict would arrive as its first argument."""
+    call the model with positional inputs, and the dict would arrive as its first argument. The error
+    reads ``model``'s forward() to say how to pass it."""
     if hasattr(example_inputs, "keys"):
+        keys = [str(key) for key in example_inputs.keys()]
         raise InputMismatchError(
-            f"got a dict of keyword inputs ({', '.join(map(str, example_inputs.keys()))}), but a graph "
-            "or a comparison calls the model with positional inputs: pass a tuple of tensors in the order "
-            "of the model's forward() arguments (tuple(batch.values()) when the dict is in that order), "
-            "for the example and for every batch (qp.quantize_w8a8 and qp.quantize_weights, which call "
-            "the model itself, take dicts)")
+            f"got a dict of keyword inputs ({', '.join(keys)}), but a graph or a comparison calls the "
+            f"model with positional inputs: {_dict_advice(keys, model)}, for the example and for every "
+            "batch (qp.quantize_w8a8 and qp.quantize_weights, which call the model itself, take dicts)")
     if isinstance(example_inputs, tuple):
         return example_inputs
     if isinstance(example_inputs, list):
         return tuple(example_inputs)
     return (example_inputs,)
+
+
+def _dict_advice(keys: list[str], model: Any) -> str:
+    """How to pass a dict ``batch`` to this forward(): its values in forward()'s order when they are
+    its arguments, the dict wrapped whole when forward() takes one argument, else either one."""
+    params = _positional_parameters(model)
+    called = f"{type(model).__name__}.forward({', '.join(params or ())})"
+    if params is not None and set(keys) == set(params[:len(keys)]):
+        values = ", ".join(f"batch[{name!r}]" for name in params[:len(keys)])
+        return f"pass ({values}{',' if len(keys) == 1 else ''}), the dict's values in the order of {called}"
+    if params is not None and len(params) == 1:
+        return f"{called} takes the dict as its one argument: wrap it in a tuple, (batch,)"
+    return ("wrap it in a tuple, (batch,), if forward() takes the dict as one argument, else pass its values "
+            "as a tuple in the order of forward()'s arguments")
+
+
+def _positional_parameters(model: Any) -> list[str] | None:
+    """The names of ``model.forward``'s positional parameters; None where they cannot be read."""
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return None
+    return [p.name for p in parameters
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
 
 
 def plugin_passes(backend: Backend, stage: str) -> list[Callable]:

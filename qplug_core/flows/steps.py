@@ -127,7 +127,7 @@ def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Back
     or "auto" (symbolic when the whole model traces, else export); ``model`` may also be an
     ``ExportedProgram`` or its ``.module()``. ``gm.meta["qplug_capture"]`` says which was used.
     """
-    inputs = None if example_inputs is None else as_input_tuple(example_inputs)
+    inputs = None if example_inputs is None else as_input_tuple(example_inputs, model)
     return fuse_model(model, resolve_backend(backend), inputs, is_qat=is_qat, inplace=inplace,
                       capture=capture, non_traceable_module_names=non_traceable_module_names,
                       non_traceable_module_classes=non_traceable_module_classes)
@@ -157,7 +157,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     flow_checks.warn_unknown_module_names(mapping, model)
     if is_qat:
         flow_checks.check_fake_quantizes(flow_checks.mapping_qconfigs(mapping), "prepare_qat_fx")
-    inputs = as_input_tuple(example_inputs)
+    inputs = as_input_tuple(example_inputs, model)
     if not is_qat and getattr(model, "training", False) and not inplace:  # PTQ folds batch norm
         model = copy_model(model).eval()
         inplace = True
@@ -226,13 +226,14 @@ def prepare_qat_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = No
                     non_traceable_module_classes=non_traceable_module_classes)
 
 
-def iter_batches(data: Any) -> Iterable[tuple]:
-    """Calibration data as tuples of positional inputs: a bare tensor is one batch."""
+def iter_batches(data: Any, model: Any = None) -> Iterable[tuple]:
+    """Calibration data as tuples of positional inputs: a bare tensor is one batch (a dict is refused
+    with advice read off ``model``'s forward())."""
     if isinstance(data, torch.Tensor):
         yield (data,)
         return
     for batch in data:
-        yield as_input_tuple(batch)
+        yield as_input_tuple(batch, model)
 
 
 def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> nn.Module:
@@ -250,10 +251,10 @@ def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> n
     with torch.no_grad(), torch.autocast("cpu", enabled=False), distributed.calibration_session(model) as ranks:
         if show:
             from rich.progress import track
-            iterator = track(iter_batches(data), total=total, description="calibrating",
+            iterator = track(iter_batches(data, model), total=total, description="calibrating",
                              transient=True)
         else:
-            iterator = iter_batches(data)
+            iterator = iter_batches(data, model)
         sample = calibration_sample.start(model)  # a few batches for convert's decisions
         constant = flow_checks.ConstantInputs()
         for batch in ranks.steps(iterator):

@@ -9,6 +9,7 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.algorithms.recipes import looks_like_transformer
+from qplug_core.errors import InputMismatchError
 from qplug_core.weight_only import WeightOnlyEmbeddingBag
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
@@ -266,3 +267,52 @@ def test_an_unbatched_row_gives_an_unbatched_answer(backend):
         assert torch.equal(out, int8(x[:1])[0])
         assert torch.allclose(out, reference(x[0]), atol=0.05)
 
+
+class OneDict(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.fc(batch["num"]) + batch["bias"]
+
+
+class NamedArguments(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+
+    def forward(self, bias: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
+        return self.fc(num) + bias
+
+
+class AnyArguments(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.fc(inputs[0])
+
+
+def _examples(batch: dict[str, torch.Tensor]) -> dict[str, tuple]:
+    """Each model's right example (how the advice says to pass the dict)."""
+    return {"OneDict": (batch,), "NamedArguments": (batch["bias"], batch["num"]), "AnyArguments": (batch["num"],)}
+
+
+@pytest.mark.parametrize("model, advice", [
+    (OneDict(), r"OneDict\.forward\(batch\) takes the dict as its one argument: wrap it in a tuple, \(batch,\)"),
+    (NamedArguments(), r"pass \(batch\['bias'\], batch\['num'\]\), the dict's values in the order of "
+                       r"NamedArguments\.forward\(bias, num\)"),
+    (AnyArguments(), r"wrap it in a tuple, \(batch,\), if forward\(\) takes the dict as one argument, else pass "
+                     r"its values as a tuple in the order of forward\(\)'s arguments"),
+])
+def test_a_dict_example_gets_advice_that_fits_the_models_forward(model, advice):
+    """The advice was always tuple(batch.values()), which calls forward(self, batch) with two arguments
+    (TypeError) and swaps forward(bias, num)'s inputs when the dict holds them in another order."""
+    batch = {"num": torch.randn(16, 8), "bias": torch.zeros(16, 1)}
+    with pytest.raises(InputMismatchError, match=r"got a dict of keyword inputs \(num, bias\), but a graph or "
+                                                 r"a comparison calls the model with positional inputs: " + advice):
+        qp.quantize(model.eval(), batch, [batch], backend="fbgemm")
+    with pytest.raises(InputMismatchError, match=advice):  # a calibration batch left a dict
+        qp.quantize(model.eval(), _examples(batch)[type(model).__name__], [batch], backend="fbgemm")

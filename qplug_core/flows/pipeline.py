@@ -58,12 +58,14 @@ def _dict_advice(keys: list[str], model: Any) -> str:
     """How to pass a dict ``batch`` to this forward(): its values in forward()'s order when they are
     its arguments, the dict wrapped whole when forward() takes one argument, else either one."""
     params = _positional_parameters(model)
-    called = f"{type(model).__name__}.forward({', '.join(params or ())})"
     if params is not None and set(keys) == set(params[:len(keys)]):
         values = ", ".join(f"batch[{name!r}]" for name in params[:len(keys)])
-        return f"pass ({values}{',' if len(keys) == 1 else ''}), the dict's values in the order of {called}"
+        more = ", ..." if len(params) > len(keys) else ""
+        return (f"pass ({values}{',' if len(keys) == 1 else ''}), the dict's values in the order of "
+                f"{type(model).__name__}.forward({', '.join(params[:len(keys)])}{more})")
     if params is not None and len(params) == 1:
-        return f"{called} takes the dict as its one argument: wrap it in a tuple, (batch,)"
+        return f"{type(model).__name__}.forward({params[0]}) takes the dict as its one argument: wrap it in a " \
+               "tuple, (batch,)"
     return ("wrap it in a tuple, (batch,), if forward() takes the dict as one argument, else pass its values "
             "as a tuple in the order of forward()'s arguments")
 

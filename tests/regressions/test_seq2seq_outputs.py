@@ -106,10 +106,12 @@ def test_dict_inputs_on_the_graph_path_and_in_compare_are_a_clear_error() -> Non
     model = marian()
     batch = translation_batch(0)
     encoder_batch = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    with pytest.raises(InputMismatchError, match="pass a tuple of tensors"):
+    with pytest.raises(InputMismatchError, match=r"pass \(batch\['input_ids'\], batch\['attention_mask'\]\), the "
+                                                 r"dict's values in the order of MarianEncoder.forward\(input_ids, "
+                                                 r"attention_mask, \.\.\.\)"):
         qp.quantize(model.get_encoder(), encoder_batch, [encoder_batch], backend="fbgemm")
     quantized = qp.quantize_w8a8(model, [batch])
     for data in (batch, [batch]):
-        with pytest.raises(InputMismatchError, match="pass a tuple of tensors"):
+        with pytest.raises(InputMismatchError, match="got a dict of keyword inputs .* positional inputs"):
             qp.compare(model, quantized, data)
     assert qp.compare(model, quantized, [tuple(batch.values())]).num_batches == 1

@@ -179,17 +179,26 @@ def quantize_unclamped(x: torch.Tensor, qp: QParams
     """
     scale, zero_point = _broadcast(qp, x)
     scaled = x.to(torch.float32) * (1.0 / scale)
-    if zero_point.is_floating_point():  # per_channel_affine_float_qparams: zp added before rounding
+    # per_channel_affine_float_qparams, and qint32 as torch's kernels do it: zp added before rounding
+    if zero_point.is_floating_point() or qp.dtype == torch.qint32:
+        zero_point = zero_point.to(torch.float32)
         return torch.round(scaled + zero_point), scale, zero_point
     zero_point = zero_point.to(torch.float32)
     return torch.round(scaled) + zero_point, scale, zero_point
 
 
 def quantize(x: torch.Tensor, qp: QParams) -> torch.Tensor:
-    """Quantize ``x`` into a plain integer tensor of ``STORAGE_DTYPE[qp.dtype]``; NaN gives
-    ``quant_max``, as torch's ``quantize_per_tensor`` (fbgemm and qnnpack) does."""
+    """Quantize ``x`` into a plain integer tensor of ``STORAGE_DTYPE[qp.dtype]``, saturating, as
+    torch's ``quantize_per_tensor`` (fbgemm and qnnpack) does: NaN gives ``quant_max`` in 8 bits.
+
+    qint32 values are clamped in float64, as torch's kernels do: in float32 the bound 2**31 - 1
+    rounds up to 2**31, which the cast to int32 wraps to -2**31 (3e9 would become INT32_MIN).
+    """
     q, _, _ = quantize_unclamped(x, qp)
-    q = q.nan_to_num(nan=float(qp.quant_max))
+    if qp.dtype == torch.qint32:
+        q = q.double()
+    else:
+        q = q.nan_to_num(nan=float(qp.quant_max))
     return torch.clamp(q, qp.quant_min, qp.quant_max).to(STORAGE_DTYPE[qp.dtype])
 
 

@@ -278,3 +278,28 @@ def test_nan_quantizes_to_quant_max_as_torchs_kernels_do(dtype, zero_point) -> N
             torch.backends.quantized.engine = previous
         assert torch.equal(ours, theirs)
     assert int(ours[0]) == high
+#: qint32 corner values: around 2**31 (float32 rounds 2**31 - 1 up), far out, infinite, midpoints
+QINT32_CORNERS = [1e9, 2.1e9, 2147483520.0, 2147483647.0, 2147483648.0, 3e9, 1e18, 1e30, math.inf,
+                  -3e9, -2147483648.0, -2147483904.0, -1e30, -math.inf, 0.5, 1.5, 2.5, -0.5, -2.5, 7.0]
+
+
+@pytest.mark.parametrize(("scale", "zero_point"), [(1.0, 0), (1.0, 5), (0.5, -7), (3.0, 100), (1e-7, 0)])
+def test_qint32_saturates_bit_for_bit_like_torch(scale: float, zero_point: int) -> None:
+    """G2 for qint32: above the range gives 2**31 - 1 and below it -2**31 (3e9 used to wrap to
+    -2**31), every value as torch.quantize_per_tensor / per_channel, and so do the ops."""
+    x = torch.tensor(QINT32_CORNERS)
+    qmin, qmax = quant_range(torch.qint32)
+    per_tensor = QParams(torch.tensor(scale), torch.tensor(zero_point), torch.qint32, qmin, qmax)
+    want = torch.quantize_per_tensor(x, scale, zero_point, torch.qint32).int_repr()
+    assert torch.equal(quantize(x, per_tensor), want)
+    assert torch.equal(torch.ops.qplug.quantize_per_tensor(x, per_tensor.scale, per_tensor.zero_point,
+                                                           qmin, qmax, torch.int32), want)
+    columns = x.reshape(-1, 1).repeat(1, 2)
+    scales, zero_points = torch.tensor([scale, 2 * scale]), torch.tensor([zero_point, -zero_point])
+    per_channel = QParams(scales, zero_points, torch.qint32, qmin, qmax, axis=1)
+    want = torch.quantize_per_channel(columns, scales.double(), zero_points, 1, torch.qint32).int_repr()
+    assert torch.equal(quantize(columns, per_channel), want)
+    assert torch.equal(torch.ops.qplug.quantize_per_channel(columns, scales, zero_points, 1, qmin, qmax,
+                                                            torch.int32), want)
+    extremes = torch.tensor([1e30, 3e9 * scale, -1e30, -3e9 * scale])
+    assert quantize(extremes, per_tensor).tolist() == [qmax, qmax, qmin, qmin]

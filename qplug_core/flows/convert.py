@@ -10,7 +10,9 @@ oracle every backend is compared with; lowering turns it into backend kernels.
 from __future__ import annotations
 
 import copy
+import warnings
 
+import torch
 from torch import fx, nn
 
 from qplug_core.errors import ModelStateError, UncalibratedObserverError, spelled
@@ -20,6 +22,7 @@ from qplug_core.flows.prepare import is_observer_module
 from qplug_core.flows.regions import QUANTIZED_DTYPES, weight_name_of
 from qplug_core.flows.tags import BOUNDARY, OBSERVER, ROOT, region_tag
 from qplug_core.flows.weight_bits import WeightBits
+from qplug_core.kernels import int32_bias
 from qplug_core.kernels.reference import (
     Dequantize,
     DynamicQuantize,
@@ -32,6 +35,7 @@ from qplug_core.kernels.reference import (
 )
 from qplug_core.nn.fuser_methods import get_fuser_method
 from qplug_core.nn.intrinsic import FusedModule
+from qplug_core.qparams import QParams
 
 
 def check_calibrated(gm: fx.GraphModule) -> list[str]:
@@ -102,7 +106,36 @@ def _convert_weighted_modules(gm: fx.GraphModule) -> None:
             weight_qparams = bits.weight_qparams(node, float_module, tag.qconfig,
                                                  weight_of(float_module, weight_name), weight_qparams)
             bias_grid.regrid(float_module, weight_qparams)  # bias correction's, for this grid
+        weight_qparams = _int32_bias_fitted(gm, node, float_module, weight_name, weight_qparams)
         gm.set_submodule(node.target, ReferenceWeighted(float_module, weight_qparams, weight_name))
+
+
+def _int32_bias_fitted(gm: fx.GraphModule, node: fx.Node, module: nn.Module, weight_name: str,
+                       weight_qparams: QParams) -> QParams:
+    """``weight_qparams`` with the scales raised where the layer's int32 bias would overflow in
+    integer kernels (``kernels/int32_bias.py``), with a warning naming the layer: here, so that
+    the reference form, the kernels and the ONNX export all compute with the same weights."""
+    input_qparams = _static_input_qparams(gm, node)
+    if input_qparams is None:
+        return weight_qparams
+    owner_path, _, _ = weight_name.rpartition(".")
+    fitted, changed = int32_bias.fit_bias(module.get_submodule(owner_path), weight_qparams, input_qparams)
+    if changed:
+        warnings.warn(int32_bias.overflow_note(str(node.target), changed), stacklevel=5)
+    return fitted
+
+
+def _static_input_qparams(gm: fx.GraphModule, node: fx.Node) -> QParams | None:
+    """The per-tensor int8 qparams the observer before ``node`` calibrated, if there is one."""
+    source = node.args[0] if node.args else None
+    if not (isinstance(source, fx.Node) and source.op == "call_module" and OBSERVER in source.meta):
+        return None
+    observer = gm.get_submodule(str(source.target))
+    if getattr(observer, "is_dynamic", False) or observer.dtype not in (torch.quint8, torch.qint8) \
+            or not observer.has_data:
+        return None
+    qparams = observer.qparams()
+    return qparams if qparams.axis is None else None
 
 
 def _float_left_qat_modules(gm: fx.GraphModule) -> None:

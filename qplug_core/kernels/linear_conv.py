@@ -7,7 +7,6 @@ Bias stays float, as the ops take it.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from typing import Callable
@@ -22,7 +21,6 @@ from qplug_core.errors import (
     InputMismatchError,
 )
 from qplug_core.kernels._common import (
-    INT32_MAX,
     SELF_TEST_INPUT,
     KernelModule,
     activation_qparams,
@@ -38,35 +36,26 @@ from qplug_core.kernels._common import (
 )
 from qplug_core.kernels.base import KernelContext, PackedStateModule, TensorArg, engine_context
 from qplug_core.kernels.capabilities import EngineCapabilities, engine_capabilities
+from qplug_core.kernels.int32_bias import fit_bias, overflow_note
 from qplug_core.qparams import QParams
 
 _Q = torch.ops.quantized
 
 
-def fit_bias_scale(bias: torch.Tensor | None, wqp: QParams, input_scale: float,
-                   caps: EngineCapabilities, op: str) -> QParams:
-    """Weight qparams whose int32 bias ``round(b / (s_in * s_w))`` cannot overflow (row 32).
+def fit_bias_scale(mod: nn.Module, wqp: QParams, input_qp: QParams, caps: EngineCapabilities,
+                   op: str) -> QParams:
+    """Weight qparams whose int32 bias plus dot product cannot overflow (row 32, ``int32_bias.py``).
 
     Engines that add the bias in float (fbgemm) need nothing. Engines that quantize it (qnnpack)
-    silently produce garbage past 2^31-1, so the weight scale of the affected channels is raised
-    just enough (the onnxruntime fix); those weights were below one LSB of the bias anyway. The
-    change is reported with a ``RuntimeWarning``.
+    silently produce garbage past 2^31-1; convert has fitted the scales already, this catches a
+    kernel built from other qparams. The change is reported with a ``RuntimeWarning``.
     """
-    if bias is None or caps.float_bias:
+    if caps.float_bias:
         return wqp
-    needed = bias.detach().abs().double() / (input_scale * INT32_MAX)
-    scale = wqp.scale.double()
-    if not wqp.per_channel:
-        needed = needed.max()
-    raised = torch.maximum(scale, needed * (1 + 1e-6)).float()
-    changed = int((raised.double() > scale).sum())
-    if not changed:
-        return wqp
-    warnings.warn(
-        f"{op}: int32 bias would overflow on engine {caps.engine!r} (|b/(s_in*s_w)| > 2^31-1); "
-        f"raised the weight scale of {changed} channel(s) to keep the bias representable",
-        RuntimeWarning, stacklevel=3)
-    return dataclasses.replace(wqp, scale=raised)
+    fitted, changed = fit_bias(mod, wqp, input_qp)
+    if changed:
+        warnings.warn(f"{overflow_note(op, changed)} on engine {caps.engine!r}", RuntimeWarning, stacklevel=3)
+    return fitted
 
 
 class _PackedWeightKernel(KernelModule, PackedStateModule):
@@ -137,7 +126,7 @@ class _PackedWeightKernel(KernelModule, PackedStateModule):
         scale, zp, _ = output_qparams(ctx)
         if not ctx.input_qparams:
             raise ConfigValidationError(f"{name}: input_qparams are missing", field="input_qparams")
-        in_scale, _, in_dtype = activation_qparams(ctx.input_qparams[0], "input_qparams[0]")
+        _, _, in_dtype = activation_qparams(ctx.input_qparams[0], "input_qparams[0]")
         engine = ctx.engine or torch.backends.quantized.engine
         caps = engine_capabilities(engine)
         wqp = ctx.weight_qparams
@@ -164,7 +153,7 @@ class _PackedWeightKernel(KernelModule, PackedStateModule):
                 field="weight_qparams.axis", value=wqp.axis)
         cls._check_module(mod)
         check_reduction_length(cls._reduction_length(mod), name)
-        wqp = fit_bias_scale(mod.bias, wqp, in_scale, caps, name)
+        wqp = fit_bias_scale(mod, wqp, ctx.input_qparams[0], caps, name)
         with engine_context(engine):
             packed = cls._pack(mod, quantize_weight(mod.weight, wqp))
         return cls(packed, cls._select_op(relu), scale, zp, engine, cls._input_size(mod))

@@ -21,6 +21,7 @@ from qplug_core import qparams as Q
 from qplug_core.flows.graph_utils import is_module_call
 from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.ir.qdq_ops import dequantize_op
+from qplug_core.kernels.int32_bias import fit_bias
 from qplug_core.kernels.reference import (
     Dequantize,
     DynamicQuantize,
@@ -48,10 +49,13 @@ class DequantizedWeights(nn.Module):
         owner = self.module.get_submodule(owner_path) if owner_path else self.module
         self.register_buffer("qweight", Q.quantize(weight_of(self.module, self.weight_name), qp))
         self.weight_qparams = _QParamsHolder(qp)
+        # a bias int32 cannot hold next to the dot product (a model whose convert did not fit the
+        # weight scales, ``kernels/int32_bias.py``) stays float: ORT then leaves the layer unfused
+        int32_bias = input_qparams is not None and not fit_bias(owner, qp, input_qparams)[1]
         _placeholder(owner, "weight")
         self.bias_name = ""
         bias = getattr(owner, "bias", None)
-        if isinstance(bias, torch.Tensor) and input_qparams is not None:
+        if isinstance(bias, torch.Tensor) and int32_bias:
             bias_qp = _bias_qparams(qp, input_qparams)
             self.register_buffer("qbias", Q.quantize(bias.detach(), bias_qp))
             self.bias_qparams = _QParamsHolder(bias_qp)

@@ -64,6 +64,34 @@ def test_int32_bias_overflow_row32(engine):
     assert torch.allclose(mod(x).dequantize(), lin(x.dequantize()).detach(), atol=0.05)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_int32_bias_leaves_room_for_the_dot_product(engine):
+    """Bias -1e5 on channel 1 (+1e5 on channel 0): qnnpack's raised weight scale used to put the
+    int32 bias at -(2^31 - 1), so a dot product of the bias's sign overflowed the accumulator and
+    the channel came out at +99560 on rows where it should be -1e5. Now the bias leaves room for
+    the largest dot product, and every row is within a few output steps of the float result."""
+    gen = torch.Generator().manual_seed(0)
+    lin = nn.Linear(64, 4)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randint(-127, 128, (4, 64), generator=gen) * (0.1 / 127))
+        lin.bias.copy_(torch.tensor([1e5, -1e5, 0.5, -0.5]))
+    ctx = KernelContext(pattern="p", module=lin, target=None, args=(TensorArg(0),),
+                        input_qparams=(qparams(0.03, 128),), output_qparams=qparams(1000.0, 128),
+                        weight_qparams=qparams(0.1 / 127, 0, torch.qint8), engine=engine)
+    if engine_capabilities(engine).float_bias:
+        mod = Linear.from_context(ctx)
+    else:
+        with pytest.warns(RuntimeWarning, match="bias would overflow"):
+            mod = Linear.from_context(ctx)
+    # rows whose dot product with channel 1's weights is as negative as it gets, and as positive
+    signs = torch.sign(lin.weight[1]).detach()
+    codes = torch.stack([128 - 127 * signs, 128 + 127 * signs, torch.full((64,), 128.0)]).to(torch.uint8)
+    x = torch._make_per_tensor_quantized_tensor(codes, 0.03, 128)
+    with torch.no_grad():
+        got, want = mod(x).dequantize(), lin(x.dequantize())
+    assert (got - want).abs().max() <= 3 * 1000.0
+
+
 def test_engine_restored_and_both_engines_in_one_process():
     before = torch.backends.quantized.engine
     gen = torch.Generator().manual_seed(1)

@@ -48,6 +48,7 @@ from qplug_core.flows.boundary_tuples import unpack_boundary_tuples
 from qplug_core.flows.kernel_check import (
     CONTRACT_BROKEN,
     MAX_OUTLIER_FRACTION,
+    MAX_STEPS,
     ValueRecorder,
     output_violation,
 )
@@ -520,8 +521,14 @@ def _wrong_regions(delegate: Delegate, reference: fx.GraphModule, inputs: tuple)
     return {region.name: (f"int8 region {region.name}, compiled alone on the reference's own inputs, is "
                           f"within {REGION_STEPS} step of the reference on {region.within:.1%} of its "
                           f"{region.elements} elements (needs {REGION_MIN_WITHIN:.0%}; up to "
-                          f"{region.max_steps} steps)")
-            for region in sorted(parity.regions, key=lambda r: r.within) if region.within < REGION_MIN_WITHIN}
+                          f"{region.max_steps} steps)" + _channel_note(region.wrong_channel))
+            for region in sorted(parity.regions, key=lambda r: r.within)
+            if region.within < REGION_MIN_WITHIN or region.wrong_channel is not None}
+
+
+def _channel_note(channel: tuple[int, int] | None) -> str:
+    return "" if channel is None else (f"; its channel {channel[1]} (dimension {channel[0]}) is wrong "
+                                       f"as a whole, beyond {MAX_STEPS} steps on most elements")
 
 
 def _delegate_label(backend_name: str) -> str:

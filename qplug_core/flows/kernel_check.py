@@ -9,7 +9,9 @@ it on the inputs that its region saw when the reference form ran on the example 
 * within :data:`MAX_STEPS` quantization steps of the reference output on at least
   ``1 - MAX_OUTLIER_FRACTION`` of the elements (a float output is measured in steps of an 8-bit
   grid over the reference output's range). Real kernels differ from the reference by rounding
-  (at most 1 step on every model of the zoo, fbgemm and qnnpack).
+  (at most 1 step on every model of the zoo, fbgemm and qnnpack);
+* and no channel wrong as a whole (:func:`wrong_channel`): one output channel of 256 off on every
+  element (an int32 bias that overflowed) is under 1% of the elements, but a broken kernel.
 
 A kernel that breaks it is not used: its region keeps the reference form, with a warning naming
 the plugin, and the report says why. A model without recorded example inputs (``qp.load``) skips
@@ -32,6 +34,21 @@ CONTRACT_BROKEN = "broke the kernel contract"
 MAX_STEPS = 2
 #: ... except on this fraction of its elements (measured on the zoo: real kernels are within 1 step)
 MAX_OUTLIER_FRACTION = 0.01
+
+
+def wrong_channel(off: torch.Tensor) -> tuple[int, int] | None:
+    """(dimension, index) of a channel of an output whose elements are mostly off (``off``: where
+    they differ beyond the tolerance), or None. A channel is a slice along dimension 1 (a conv's
+    NCHW output) or the last one (a linear's features), with at least 2 and more than half of its
+    elements off: rounding puts single elements astray, never most of a channel."""
+    if off.dim() < 2:
+        return None
+    for dim in dict.fromkeys((1, off.dim() - 1)):
+        counts = off.movedim(dim, 0).reshape(off.shape[dim], -1).sum(1)
+        wrong = (counts >= 2) & (2 * counts > off.numel() // off.shape[dim])
+        if bool(wrong.any()):
+            return dim, int(wrong.nonzero()[0])
+    return None
 
 
 def remember_example(gm: fx.GraphModule, example_inputs: tuple) -> None:
@@ -176,7 +193,8 @@ def output_violation(out: Any, reference: Any, expected_dtype: Any, output_scale
                      max_outlier_fraction: float = MAX_OUTLIER_FRACTION, min_outliers: int = 0) -> str:
     """Why output ``out`` breaks the contract against ``reference`` ('' if it holds): more than
     ``max_outlier_fraction`` of the elements (and more than ``min_outliers`` of them) off by
-    more than MAX_STEPS steps, or a wrong type, shape, dtype or a non-finite value."""
+    more than MAX_STEPS steps, a channel wrong as a whole (where outliers are counted at all:
+    ``max_outlier_fraction < 1``), or a wrong type, shape, dtype or a non-finite value."""
     if isinstance(reference, (tuple, list)):  # a recurrent layer's (output, (h, c)): each checked
         if not isinstance(out, (tuple, list)) or len(out) != len(reference):
             return f"it returned {_structure(out)}, expected {_structure(reference)}"
@@ -201,8 +219,15 @@ def output_violation(out: Any, reference: Any, expected_dtype: Any, output_scale
         return ""
     step = output_scale if output_scale else float(expected.max() - expected.min()) / 255 or 1.0
     off = (actual - expected).abs() > MAX_STEPS * step + 1e-6
+    worst = float((actual - expected).abs().max() / step)
     if off.float().mean() > max_outlier_fraction and int(off.sum()) > min_outliers:
-        worst = float((actual - expected).abs().max() / step)
         return (f"{int(off.sum())} of {off.numel()} outputs differ from the reference by more than "
                 f"{MAX_STEPS} quantization steps (up to {worst:.1f})")
+    channel = wrong_channel(off) if max_outlier_fraction < 1.0 else None
+    if channel is not None:
+        dim, index = channel
+        return (f"channel {index} (dimension {dim}) is wrong as a whole: "
+                f"{int(off.select(dim, index).sum())} of {off.select(dim, index).numel()} of its "
+                f"outputs differ from the reference by more than {MAX_STEPS} quantization steps "
+                f"(up to {worst:.1f} in the output); a broken kernel, e.g. an int32 bias that overflowed")
     return ""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from qplug_core.flows.kernel_check import ValueRecorder
+from qplug_core.flows.kernel_check import MAX_STEPS, ValueRecorder, wrong_channel
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.partition import OperatorSupportBase
 
@@ -44,6 +44,8 @@ class RegionParity:
     elements: int
     within: float  # fraction of elements within ``steps`` integer steps
     max_steps: int
+    #: (dimension, index) of a channel mostly beyond the kernel contract's MAX_STEPS, or None
+    wrong_channel: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,8 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor, steps: int) -> Re
     else:
         diff = (got.to(torch.int64) - want.to(torch.int64)).abs()
     within = float((diff <= steps).float().mean()) if diff.numel() else 1.0
-    return RegionParity(name, diff.numel(), within, int(diff.max()) if diff.numel() else 0)
+    return RegionParity(name, diff.numel(), within, int(diff.max()) if diff.numel() else 0,
+                        wrong_channel(diff > MAX_STEPS))
 
 
 @torch.no_grad()

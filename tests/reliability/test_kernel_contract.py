@@ -225,3 +225,44 @@ def test_an_unpacked_op_is_checked_on_the_backends_engine_not_the_global_one(mon
     expected = qp.convert_to_reference_fx(observed)(x)
     assert (lowered(x) - expected).abs().max() <= one_step(expected) + 1e-6
     assert torch.backends.quantized.engine == "x86"
+def test_one_whole_channel_wrong_breaks_the_contract():
+    """One output channel of 256 wrong on every element (an int32 bias that overflowed) is under
+    the 1% outlier allowance, but a broken kernel: the contract names the channel. Scattered
+    outliers of the same count, and a channel wrong on one element of many, still pass."""
+    gen = torch.Generator().manual_seed(0)
+    reference = torch.randn(2, 256, generator=gen)
+    wrong = reference.clone()
+    wrong[:, 0] = -7.28
+    problem = kernel_contract.output_violation(wrong, reference, torch.float32, None)
+    assert problem.startswith("channel 0 (dimension 1) is wrong as a whole: 2 of 2 of its outputs differ")
+    scattered = reference.clone()
+    scattered[0, 0] += 5.0
+    scattered[1, 1] += 5.0
+    assert kernel_contract.output_violation(scattered, reference, torch.float32, None) == ""
+    conv = torch.randn(2, 256, 4, 4, generator=gen)
+    wrong_conv = conv.clone()
+    wrong_conv[:, 5, :, 1:] += 10.0  # 24 of the channel's 32 elements
+    problem = kernel_contract.output_violation(wrong_conv, conv, torch.float32, None)
+    assert problem.startswith("channel 5 (dimension 1) is wrong as a whole: 24 of 32")
+    tokens = torch.randn(2, 8, 256, generator=gen)  # a linear on [batch, tokens, features]
+    wrong_tokens = tokens.clone()
+    wrong_tokens[..., 9] += 10.0
+    assert kernel_contract.output_violation(wrong_tokens, tokens, torch.float32, None).startswith(
+        "channel 9 (dimension 2)")
+    assert kernel_contract.output_violation(wrong, reference, torch.float32, None, max_outlier_fraction=1.0) == ""
+
+
+def test_a_region_with_one_wrong_channel_is_found_by_region_parity():
+    """A delegated partition of several regions is checked region by region: a region whose
+    channel is wrong as a whole is flagged though 99.6% of its elements are right."""
+    from qplug_core.flows import delegate
+    from qplug_core.flows.region_parity import _compare
+
+    want = torch.randint(0, 256, (2, 256), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
+    got = want.clone()
+    got[:, 0] = want[:, 0] ^ 128  # 128 steps off
+    region = _compare("linear_quantize", got, want, steps=1)
+    assert region.within > delegate.REGION_MIN_WITHIN and region.wrong_channel == (1, 0)
+    assert _compare("linear_quantize", want, want, steps=1).wrong_channel is None
+    note = delegate._channel_note(region.wrong_channel)
+    assert note == "; its channel 0 (dimension 1) is wrong as a whole, beyond 2 steps on most elements"

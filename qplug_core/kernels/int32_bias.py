@@ -5,7 +5,9 @@ export) add the bias to the int32 accumulator as ``round(b / (s_in * s_w))``. A 
 channel (``s_w`` = eps) or a large bias leaves int32: the bias wraps or saturates, and even a bias
 that fits can overflow once the dot product ``sum((x_q - zp_x) * (w_q - zp_w))`` is added. So the
 weight scale of such a channel is raised until ``|bias_q| + max|x_q - zp_x| * sum|w_q - zp_w|``
-fits (the onnxruntime fix, with headroom): its weights were far below one step of its output.
+fits (the onnxruntime fix, with headroom). The needed scale is ``|b| / (s_in * room)``, so the
+coarser weights add about ``K * |b| / 2**31`` to the output, far below one step of an output
+range that holds ``b``.
 Convert applies it to every static layer (the reference form then computes what the integer
 kernels do), and qnnpack's kernels and the ONNX export check it again for models built otherwise.
 """
@@ -70,8 +72,8 @@ def overflow_note(layer: str, changed: int) -> str:
     """The warning when :func:`fit_bias` raised weight scales of ``layer``."""
     return (f"qplug: layer {layer!r}: int32 bias would overflow with the dot product added (b / (input scale "
             f"* weight scale) too large for integer kernels); raised the weight scale of {changed} "
-            "output channel(s) until it fits (a pruned channel with a bias or a very large bias does "
-            "this; those weights were below one output step)")
+            "output channel(s) until it fits (a pruned channel with a bias, or a very large bias, does "
+            "this; the coarser weights move the output by far less than one step)")
 
 
 __all__ = ["fit_bias", "overflow_note"]

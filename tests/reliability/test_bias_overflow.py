@@ -22,26 +22,11 @@ from qplug_core.observers import PerChannelMinMaxObserver
 from qplug_core.onnx_export.weights import DequantizedWeights
 from qplug_core.qparams import fake_quantize
 
-pytestmark = pytest.mark.usefixtures("plugin_autoload", "one_thread")
+pytestmark = pytest.mark.usefixtures("plugin_autoload", "one_thread")  # tests/conftest.py
+pytest.importorskip("onnxruntime")
+pytest.importorskip("openvino")
 
 BACKENDS = ("fbgemm", "qnnpack", "onnxruntime", "openvino")
-
-
-@pytest.fixture
-def plugin_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
-    from qplug_core.registry import plugins
-
-    monkeypatch.delenv(plugins.ENV_LOAD, raising=False)
-    for module in ("onnxruntime", "openvino"):
-        pytest.importorskip(module)
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _linear(case: str) -> nn.Module:

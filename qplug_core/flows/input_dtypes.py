@@ -39,7 +39,11 @@ def guard_input_dtypes(gm: fx.GraphModule, *, kinds_only: bool = False) -> None:
     engine's (:func:`qplug_core.kernels.base.pin_engine`), and check float32 inputs too."""
     drop_pre_hooks(gm, lambda hook: isinstance(hook, _InputDtypes))
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
-    checked = tuple((index, str(node.target), SPEC_DTYPES[node.meta[INPUT_SPEC]["dtype"]], bool(node.users))
+    # a graph keeping export's pytree calling code (a dict or list input) has a placeholder per tensor
+    # inside such an argument, not per argument: its None check is export's own (exported_inputs)
+    per_argument = type(gm.graph._codegen) is fx.graph.CodeGen
+    checked = tuple((index, str(node.target), SPEC_DTYPES[node.meta[INPUT_SPEC]["dtype"]],
+                     per_argument and bool(node.users))
                     for index, node in enumerate(placeholders) if INPUT_SPEC in node.meta)
     if checked:
         gm.register_forward_pre_hook(_InputDtypes(checked, _kind_refusal if kinds_only else _refusal),

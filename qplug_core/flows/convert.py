@@ -10,12 +10,11 @@ oracle every backend is compared with; lowering turns it into backend kernels.
 from __future__ import annotations
 
 import copy
-import warnings
 
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import ModelStateError, UncalibratedObserverError, spelled
+from qplug_core.errors import ModelStateError, UncalibratedObserverError, spelled, warn_user
 from qplug_core.flows import bias_grid
 from qplug_core.flows.clamps import fold_clamps
 from qplug_core.flows.prepare import is_observer_module
@@ -121,7 +120,7 @@ def _int32_bias_fitted(gm: fx.GraphModule, node: fx.Node, module: nn.Module, wei
     owner_path, _, _ = weight_name.rpartition(".")
     fitted, changed = int32_bias.fit_bias(module.get_submodule(owner_path), weight_qparams, input_qparams)
     if changed:
-        warnings.warn(int32_bias.overflow_note(str(node.target), changed), stacklevel=5)
+        warn_user(int32_bias.overflow_note(str(node.target), changed))
     return fitted
 
 

@@ -28,6 +28,7 @@ from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError
 from qplug_core.flows.tags import BAKED_INPUT, INPUT_SPEC
+from qplug_core.ir.call_inputs import argument_positions
 from qplug_core.ir.hooks import drop_pre_hooks
 
 __all__ = ["guard_exported_inputs"]
@@ -78,7 +79,7 @@ class _InputCheck:
         tensors, constants = [], []
         symbols: dict[str, list[tuple[_Tensor, int]]] = {}
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        for index, node in zip(_argument_positions(gm, len(placeholders)), placeholders):
+        for index, node in zip(argument_positions(gm), placeholders):
             spec, name = node.meta.get(INPUT_SPEC, {}), str(node.target)
             if BAKED_INPUT in node.meta:
                 constants.append(_Constant(index, name, node.meta[BAKED_INPUT]))
@@ -104,25 +105,6 @@ class _InputCheck:
             value = _argument(args, kwargs, constant.index, constant.name)
             if value is not _MISSING and (isinstance(value, torch.Tensor) or value != constant.value):
                 raise InputMismatchError(_not_the_constant(constant, value))
-
-
-def _argument_positions(gm: fx.GraphModule, count: int) -> list[int | None]:
-    """Per placeholder, the position of the ``forward()`` argument it is. A graph that keeps
-    export's pytree calling code (a dict or list input) has a placeholder per tensor inside such an
-    argument: those have none, and are found by name only when passed by keyword (as a keyword
-    input is)."""
-    if type(gm.graph._codegen) is fx.graph.CodeGen:  # positional tensors in (raise_aten)
-        return list(range(count))
-    positions: list[int | None] = [None] * count
-    spec = getattr(gm, "_in_spec", None)  # export's; a symbolic graph's inputs are never checked
-    if spec is None:
-        return positions
-    leaf = 0
-    for position, argument in enumerate(spec.child(0).children()):  # export's spec: (args, kwargs)
-        if argument.is_leaf() and leaf < count:
-            positions[leaf] = position
-        leaf += argument.num_leaves
-    return positions
 
 
 _MISSING = object()

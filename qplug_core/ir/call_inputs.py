@@ -20,7 +20,7 @@ from torch import fx, nn
 from qplug_core.errors import InputMismatchError
 from qplug_core.ir.hooks import drop_pre_hooks
 
-__all__ = ["bind_inputs", "check_call", "guard_input_names"]
+__all__ = ["argument_positions", "bind_inputs", "check_call", "guard_input_names"]
 
 
 def check_call(names: tuple[str, ...], positional: tuple, named: dict[str, Any], required: int) -> None:
@@ -50,6 +50,27 @@ def bind_inputs(names: tuple[str, ...], positional: tuple, named: dict[str, Any]
     and the rest by name."""
     check_call(names, positional, named, len(names))
     return (*positional, *(named[key] for key in names[len(positional):]))
+
+
+def argument_positions(gm: fx.GraphModule) -> list[int | None]:
+    """Per placeholder of ``gm``, the position of the ``forward()`` argument it is. A graph that
+    keeps export's pytree calling code (a dict or list input) has a placeholder per tensor inside
+    such an argument: those have none (a check finds them by name only, when passed by keyword, as
+    a keyword input is). Every per-input check asks here, so that none reads another argument's
+    tensor for a dict input's."""
+    count = sum(node.op == "placeholder" for node in gm.graph.nodes)
+    if type(gm.graph._codegen) is fx.graph.CodeGen:  # one placeholder per forward() argument
+        return list(range(count))
+    positions: list[int | None] = [None] * count
+    spec = getattr(gm, "_in_spec", None)  # export's
+    if spec is None:
+        return positions
+    leaf = 0
+    for position, argument in enumerate(spec.child(0).children()):  # export's spec: (args, kwargs)
+        if argument.is_leaf() and leaf < count:
+            positions[leaf] = position
+        leaf += argument.num_leaves
+    return positions
 
 
 def guard_input_names(gm: fx.GraphModule) -> None:

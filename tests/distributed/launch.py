@@ -48,20 +48,27 @@ def run(command: list[str], *, world: int, with_single: bool = False, timeout: f
 
 def run_all(jobs: list[tuple[list[str], dict[str, str]]], *, timeout: float,
             cwd: Path | None = None) -> list[subprocess.CompletedProcess]:
-    """Run (command, environment) jobs concurrently; kill whatever still runs at ``timeout``."""
+    """Run (command, environment) jobs concurrently. Whatever still runs at ``timeout`` is killed
+    and the run fails with what every process printed, so a hang is diagnosed from its log."""
     procs = [subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for command, env in jobs]
     deadline = time.monotonic() + timeout
-    results = []
+    results: list[subprocess.CompletedProcess] = []
     try:
         for proc in procs:
             out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
             results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
+    except subprocess.TimeoutExpired:
+        logs = []
+        for index, proc in enumerate(procs):
+            if index < len(results):
+                out, err, state = results[index].stdout, results[index].stderr, f"exit {results[index].returncode}"
+            else:
+                state = "killed" if proc.poll() is None else f"exit {proc.returncode}"
                 proc.kill()
-                proc.communicate()
+                out, err = proc.communicate()
+            logs.append(f"--- process {index} ({state}):\n{out[-2000:]}\n{err[-4000:]}")
+        raise AssertionError(f"still running after {timeout:.0f} s:\n" + "\n".join(logs)) from None
     return results
 
 

@@ -266,6 +266,8 @@ def test_an_unbatched_row_gives_an_unbatched_answer(backend):
         assert out.shape == model(x[0]).shape == (3,)
         assert torch.equal(out, int8(x[:1])[0])
         assert torch.allclose(out, reference(x[0]), atol=0.05)
+        with pytest.raises(InputMismatchError, match=r"int8 Linear takes inputs with 8 features .*got shape \(\)"):
+            int8(x[0, 0])  # a 0-d input (the float model's RuntimeError) met IndexError: tuple index out of range
 
 
 class OneDict(nn.Module):

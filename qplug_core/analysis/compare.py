@@ -34,7 +34,7 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
     partition do not run as themselves and move to ``skipped``. Both models run in eval
     mode without gradients; neither is modified.
     """
-    batches = list(batches_of(inputs))
+    batches = list(batches_of(inputs, float_model))
     report = _without_rescaled(compare_by_name(float_model, quantized_model, batches, layers=layers),
                                quantized_model)
     if layers is not None:

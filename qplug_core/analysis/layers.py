@@ -243,9 +243,10 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
     return None
 
 
-def batches_of(inputs: Any) -> Iterator[tuple[Any, ...]]:
+def batches_of(inputs: Any, model: nn.Module | None = None) -> Iterator[tuple[Any, ...]]:
     """A tuple is one batch of positional args, a tensor a 1-tuple, anything else an iterable; a
-    dict of keyword inputs is refused with qplug's error (:func:`as_input_tuple`)."""
+    dict of keyword inputs is refused with qplug's error (:func:`as_input_tuple`), which reads
+    ``model``'s forward() to say how to pass it."""
     if isinstance(inputs, (tuple, torch.Tensor)) or hasattr(inputs, "keys"):
         inputs = [inputs]
     try:
@@ -255,7 +256,7 @@ def batches_of(inputs: Any) -> Iterator[tuple[Any, ...]]:
             f"inputs must be a tuple of positional args or an iterable of such tuples, "
             f"got {type(inputs).__name__}", field="inputs") from None
     for batch in iterator:
-        yield as_input_tuple(batch)
+        yield as_input_tuple(batch, model)
 
 
 class _Recorder:
@@ -402,7 +403,7 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
         stack.enter_context(eval_mode(quantized_model))
         ref_rec = stack.enter_context(_recording(float_model, names))
         test_rec = stack.enter_context(_recording(quantized_model, names))
-        for args in batches_of(inputs):
+        for args in batches_of(inputs, float_model):
             ref_out = first_tensor(_run(float_model, args, "float", num_batches))
             test_out = first_tensor(_run(quantized_model, args, "quantized", num_batches))
             if ref_out is None or test_out is None:

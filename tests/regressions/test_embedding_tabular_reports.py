@@ -318,3 +318,8 @@ def test_a_dict_example_gets_advice_that_fits_the_models_forward(model, advice):
         qp.quantize(model.eval(), batch, [batch], backend="fbgemm")
     with pytest.raises(InputMismatchError, match=advice):  # a calibration batch left a dict
         qp.quantize(model.eval(), _examples(batch)[type(model).__name__], [batch], backend="fbgemm")
+    if isinstance(model, NamedArguments):  # qp.compare's error read no forward() and gave the generic advice
+        int8 = qp.quantize(model.eval(), _examples(batch)["NamedArguments"], [_examples(batch)["NamedArguments"]],
+                           backend="fbgemm")
+        with pytest.raises(InputMismatchError, match=advice):
+            qp.compare(model, int8, batch)

@@ -230,6 +230,8 @@ def fake_quantize(x: torch.Tensor, qp: QParams) -> torch.Tensor:
     """``dequantize(quantize(x))`` in float32, differentiable with a straight-through gradient.
 
     Values equal torch's ``fake_quantize_per_{tensor,channel}_affine`` (which it replaces), and the
-    gradient is 1 inside the representable range and 0 where the value saturates, as in torch.
+    gradient is 1 inside the representable range and 0 where the value saturates, as in torch. NaN
+    alone differs on purpose: it stays NaN, where torch gives ``quant_min``'s value and so hides a
+    training that has diverged behind finite outputs.
     """
     return _FakeQuantizeSTE.apply(x, qp)

@@ -191,6 +191,16 @@ def test_fake_quantize_equals_torch_kernels(recipe: dict, dtype: torch.dtype) ->
     assert torch.equal(fake_quantize(x, qp), expected)
 
 
+def test_fake_quantize_keeps_nan_where_torch_gives_quant_min() -> None:
+    """The one documented difference from torch's op: a diverged QAT run shows its NaN, and infinities
+    saturate as in torch."""
+    qp = QParams(torch.tensor(0.1), torch.tensor(3), torch.quint8, 0, 255)
+    x = torch.tensor([float("nan"), 1.0, float("inf"), -float("inf")])
+    got, torchs = fake_quantize(x, qp), torch.fake_quantize_per_tensor_affine(x, 0.1, 3, 0, 255)
+    assert got[0].isnan() and torchs[0] == -0.3
+    assert torch.equal(got[1:], torchs[1:])
+
+
 def test_fake_quantize_gradient_is_straight_through() -> None:
     qp = QParams(torch.tensor(0.1), torch.tensor(10), torch.quint8, 0, 255)
     x = torch.tensor([-5.0, -1.0, 0.0, 0.04, 24.5, 30.0], requires_grad=True)

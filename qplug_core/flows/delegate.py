@@ -52,6 +52,7 @@ from qplug_core.flows.kernel_check import (
     ValueRecorder,
     output_violation,
 )
+from qplug_core.flows.native_stderr import echo, native_stderr, raised
 from qplug_core.flows.python_inputs import python_input_readers
 from qplug_core.flows.region_parity import layer_parity, region_of
 from qplug_core.flows.report import describe_op, float_compute_nodes, report_names
@@ -484,10 +485,16 @@ def _contract_problem(compiled: Callable[..., Any], reference: fx.GraphModule, i
     """
     with torch.no_grad():
         expected = _outputs(reference(*inputs))
-        try:
-            got = _outputs(compiled(*inputs))
-        except Exception as error:  # noqa: BLE001 - a raising partition is a broken one
-            return f"it raised {type(error).__name__}: {' '.join(str(error).split())[:160]}", False
+        with native_stderr() as printed:
+            try:
+                got = _outputs(compiled(*inputs))
+            except Exception as error:  # noqa: BLE001 - a raising partition is a broken one
+                failure = error
+            else:
+                failure = None
+    if failure is not None:
+        return raised(failure, printed), False
+    echo(printed)
     if len(got) != len(expected):
         return f"it returned {len(got)} outputs, expected {len(expected)}", False
     strict = True

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from qplug_core.flows.native_stderr import echo, native_stderr, raised
 from qplug_core.flows.tags import EXAMPLE_INPUTS
 
 #: the words every reason for a region kept in reference form after a wrong kernel or partition says
@@ -175,11 +176,17 @@ def violation(kernel: nn.Module, args: tuple, kwargs: dict, reference: Any, expe
     """Why ``kernel(*args, **kwargs)`` breaks the contract against ``reference`` ('' if it holds).
     The kernel gets copies: the recorded values are shared with the other regions' checks, and a
     kernel writing to its input (an in-place ReLU) would change what those checks compare."""
-    try:
-        with torch.no_grad():
-            out = kernel(*_copied(args), **_copied(kwargs))
-    except Exception as error:  # noqa: BLE001 - a raising kernel is a broken kernel
-        return f"it raised {type(error).__name__}: {' '.join(str(error).split())[:160]}"
+    with native_stderr() as printed:
+        try:
+            with torch.no_grad():
+                out = kernel(*_copied(args), **_copied(kwargs))
+        except Exception as error:  # noqa: BLE001 - a raising kernel is a broken kernel
+            failure = error
+        else:
+            failure = None
+    if failure is not None:
+        return raised(failure, printed)
+    echo(printed)
     return output_violation(out, reference, expected_dtype, output_scale)
 
 

@@ -192,6 +192,8 @@ def test_a_kernel_is_checked_on_the_layout_the_model_gives_it():
 
     assert kernel_contract.violation(NeedsContiguous(), (column,), {}, column.float(), torch.float32, None) \
         == "it raised RuntimeError: Expect indices to be contiguous"
+
+
 class AddOfFarApartScales(nn.Module):
     """``c(a(x) + b(x))`` with ``b`` 1e5 times larger: the add's A-to-output scale ratio (~1e-5) is
     below the 2**-14 QNNPACK's add accepts, while x86's add takes any ratio."""
@@ -207,9 +209,10 @@ class AddOfFarApartScales(nn.Module):
         return self.c(self.a(x) + self.b(x))
 
 
-def test_an_unpacked_op_is_checked_on_the_backends_engine_not_the_global_one(monkeypatch):
+def test_an_unpacked_op_is_checked_on_the_backends_engine_not_the_global_one(monkeypatch, capfd):
     """The check ran quantized::add under the caller's engine (x86), which accepted the region; the
-    pinned qnnpack model then raised torch's INTERNAL ASSERT at every call."""
+    pinned qnnpack model then raised torch's INTERNAL ASSERT at every call. The reason QNNPACK
+    printed on stderr (its scale-ratio limit) is the warning's, not a stray line on the terminal."""
     monkeypatch.setattr(torch.backends.quantized, "engine", "x86")
     torch.manual_seed(1)
     float_model = AddOfFarApartScales().eval()
@@ -218,13 +221,19 @@ def test_an_unpacked_op_is_checked_on_the_backends_engine_not_the_global_one(mon
                                           backend="qnnpack"),
                             [torch.randn(8, 16, generator=gen) for _ in range(4)])
     with pytest.warns(UserWarning, match=r"qplug: backend 'qnnpack', node 'add': kernel quantized::add "
-                                         r"of plugin 'qnnpack' .* broke the kernel contract"):
+                                         r"of plugin 'qnnpack' .* broke the kernel contract on the example "
+                                         r"inputs \(the kernel library printed 'Error in QNNPACK: failed to "
+                                         r"create add operator .* scale ratio must be in \[2\*\*-14, 2\*\*8\) "
+                                         r"range' and it raised RuntimeError"):
         lowered = qp.convert_fx(observed)
+    assert "QNNPACK" not in capfd.readouterr().err
     assert "add" not in qp.quantization_report(lowered).kernels
     x = torch.randn(4, 16, generator=gen)
     expected = qp.convert_to_reference_fx(observed)(x)
     assert (lowered(x) - expected).abs().max() <= one_step(expected) + 1e-6
     assert torch.backends.quantized.engine == "x86"
+
+
 def test_one_whole_channel_wrong_breaks_the_contract():
     """One output channel of 256 wrong on every element (an int32 bias that overflowed) is under
     the 1% outlier allowance, but a broken kernel: the contract names the channel. Scattered

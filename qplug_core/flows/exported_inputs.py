@@ -28,7 +28,7 @@ from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError
 from qplug_core.flows.tags import BAKED_INPUT, INPUT_SPEC
-from qplug_core.ir.call_inputs import argument_positions
+from qplug_core.ir.call_inputs import MISSING, InputPath, input_paths
 from qplug_core.ir.hooks import drop_pre_hooks
 
 __all__ = ["guard_exported_inputs"]
@@ -47,21 +47,26 @@ def guard_exported_inputs(gm: fx.GraphModule) -> None:
 
 
 @dataclass(frozen=True, eq=False)
-class _Tensor:
+class _Input:
+    path: InputPath
+
+    @property
+    def name(self) -> str:
+        return self.path.label
+
+
+@dataclass(frozen=True, eq=False)
+class _Tensor(_Input):
     """A tensor input of an exported capture: the example's shape and the dims fixed to it."""
 
-    index: int | None
-    name: str
     shape: tuple[int, ...]
     fixed: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class _Constant:
+@dataclass(frozen=True, eq=False)
+class _Constant(_Input):
     """A Python number export built into the graph: the example's value."""
 
-    index: int | None
-    name: str
     value: Any
 
 
@@ -79,12 +84,14 @@ class _InputCheck:
         tensors, constants = [], []
         symbols: dict[str, list[tuple[_Tensor, int]]] = {}
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        for index, node in zip(argument_positions(gm), placeholders):
-            spec, name = node.meta.get(INPUT_SPEC, {}), str(node.target)
+        for path, node in zip(input_paths(gm), placeholders):
+            spec = node.meta.get(INPUT_SPEC, {})
+            if path is None:
+                continue
             if BAKED_INPUT in node.meta:
-                constants.append(_Constant(index, name, node.meta[BAKED_INPUT]))
+                constants.append(_Constant(path, node.meta[BAKED_INPUT]))
             elif "fixed" in spec:  # only export decides which sizes are fixed
-                tensor = _Tensor(index, name, tuple(spec["shape"]), tuple(spec["fixed"]))
+                tensor = _Tensor(path, tuple(spec["shape"]), tuple(spec["fixed"]))
                 tensors.append(tensor)
                 for dim, symbol in enumerate(spec.get("symbols", ())):
                     if symbol is not None:
@@ -94,24 +101,17 @@ class _InputCheck:
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         given: dict[_Tensor, torch.Tensor] = {}
         for tensor in self.tensors:
-            value = _argument(args, kwargs, tensor.index, tensor.name)
-            if value is not _MISSING:
+            value = tensor.path.value(args, kwargs)
+            if value is not MISSING:
                 given[tensor] = _checked_tensor(tensor, value)
         for dims in self.shared:
             sizes = [(tensor, dim, given[tensor].shape[dim]) for tensor, dim in dims if tensor in given]
             if len({size for _, _, size in sizes}) > 1:
                 raise InputMismatchError(_unequal(sizes))
         for constant in self.constants:
-            value = _argument(args, kwargs, constant.index, constant.name)
-            if value is not _MISSING and (isinstance(value, torch.Tensor) or value != constant.value):
+            value = constant.path.value(args, kwargs)
+            if value is not MISSING and (isinstance(value, torch.Tensor) or value != constant.value):
                 raise InputMismatchError(_not_the_constant(constant, value))
-
-
-_MISSING = object()
-
-
-def _argument(args: tuple, kwargs: dict[str, Any], index: int | None, name: str) -> Any:
-    return args[index] if index is not None and index < len(args) else kwargs.get(name, _MISSING)
 
 
 def _checked_tensor(tensor: _Tensor, value: Any) -> torch.Tensor:

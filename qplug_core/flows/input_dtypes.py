@@ -26,7 +26,7 @@ from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError
 from qplug_core.flows.tags import INPUT_SPEC, SPEC_DTYPES
-from qplug_core.ir.call_inputs import argument_positions
+from qplug_core.ir.call_inputs import MISSING, InputPath, input_paths
 from qplug_core.ir.hooks import drop_pre_hooks
 
 __all__ = ["guard_input_dtypes"]
@@ -40,9 +40,9 @@ def guard_input_dtypes(gm: fx.GraphModule, *, kinds_only: bool = False) -> None:
     engine's (:func:`qplug_core.kernels.base.pin_engine`), and check float32 inputs too."""
     drop_pre_hooks(gm, lambda hook: isinstance(hook, _InputDtypes))
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
-    checked = tuple((index, str(node.target), SPEC_DTYPES[node.meta[INPUT_SPEC]["dtype"]],
-                     index is not None and bool(node.users))
-                    for index, node in zip(argument_positions(gm), placeholders) if INPUT_SPEC in node.meta)
+    checked = tuple((path, SPEC_DTYPES[node.meta[INPUT_SPEC]["dtype"]], bool(node.users))
+                    for path, node in zip(input_paths(gm), placeholders)
+                    if path is not None and INPUT_SPEC in node.meta)
     if checked:
         gm.register_forward_pre_hook(_InputDtypes(checked, _kind_refusal if kinds_only else _refusal),
                                      with_kwargs=True)
@@ -85,21 +85,20 @@ def _none_refusal(name: str, captured: torch.dtype) -> str:
 
 
 class _InputDtypes:
-    """Forward pre-hook: each ``(position, name, dtype, used)`` of ``checked`` is a tensor input
-    (passed by position or by name; one inside a dict or list argument has no position of its own
-    and goes unchecked) recorded with ``dtype`` at capture, ``used`` if the graph reads it and it is
-    a whole argument; ``refusal`` says why a tensor of another dtype cannot run there ('' if it can)."""
+    """Forward pre-hook: each ``(path, dtype, used)`` of ``checked`` is a tensor input (an argument,
+    or one inside a dict or list argument) recorded with ``dtype`` at capture, ``used`` if the graph
+    reads it; ``refusal`` says why a tensor of another dtype cannot run there ('' if it can)."""
 
-    def __init__(self, checked: tuple[tuple[int | None, str, torch.dtype, bool], ...],
+    def __init__(self, checked: tuple[tuple[InputPath, torch.dtype, bool], ...],
                  refusal: Callable[[str, torch.dtype, torch.dtype], str]) -> None:
         self.checked, self.refusal = checked, refusal
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        for index, name, captured, used in self.checked:
-            value = args[index] if index is not None and index < len(args) else kwargs.get(name)
-            if value is None and used:
-                raise InputMismatchError(_none_refusal(name, captured))
+        for path, captured, used in self.checked:
+            value = path.value(args, kwargs)
+            if (value is None or value is MISSING) and used:  # left out: forward()'s default None
+                raise InputMismatchError(_none_refusal(path.label, captured))
             if isinstance(value, torch.Tensor) and value.dtype is not captured:
-                refusal = self.refusal(name, value.dtype, captured)
+                refusal = self.refusal(path.label, value.dtype, captured)
                 if refusal:
                     raise InputMismatchError(refusal)

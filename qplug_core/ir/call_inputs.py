@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from torch import fx, nn
@@ -20,7 +23,7 @@ from torch import fx, nn
 from qplug_core.errors import InputMismatchError
 from qplug_core.ir.hooks import drop_pre_hooks
 
-__all__ = ["argument_positions", "bind_inputs", "check_call", "guard_input_names"]
+__all__ = ["MISSING", "InputPath", "bind_inputs", "check_call", "guard_input_names", "input_paths"]
 
 
 def check_call(names: tuple[str, ...], positional: tuple, named: dict[str, Any], required: int) -> None:
@@ -52,25 +55,84 @@ def bind_inputs(names: tuple[str, ...], positional: tuple, named: dict[str, Any]
     return (*positional, *(named[key] for key in names[len(positional):]))
 
 
-def argument_positions(gm: fx.GraphModule) -> list[int | None]:
-    """Per placeholder of ``gm``, the position of the ``forward()`` argument it is. A graph that
-    keeps export's pytree calling code (a dict or list input) has a placeholder per tensor inside
-    such an argument: those have none (a check finds them by name only, when passed by keyword, as
-    a keyword input is). Every per-input check asks here, so that none reads another argument's
-    tensor for a dict input's."""
-    count = sum(node.op == "placeholder" for node in gm.graph.nodes)
-    if type(gm.graph._codegen) is fx.graph.CodeGen:  # one placeholder per forward() argument
-        return list(range(count))
-    positions: list[int | None] = [None] * count
-    spec = getattr(gm, "_in_spec", None)  # export's
-    if spec is None:
-        return positions
-    leaf = 0
-    for position, argument in enumerate(spec.child(0).children()):  # export's spec: (args, kwargs)
-        if argument.is_leaf() and leaf < count:
-            positions[leaf] = position
-        leaf += argument.num_leaves
-    return positions
+MISSING = object()
+
+
+@dataclass(frozen=True)
+class InputPath:
+    """Where one placeholder's value is in a call: ``forward()`` argument ``position`` (or the
+    keyword ``argument``), then ``keys`` into the dict, list or tuple it sits in."""
+
+    position: int | None
+    argument: str
+    keys: tuple[Any, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """How the user names it: ``x``, ``inputs['p']``, ``pair[1]``."""
+        return self.argument + "".join(f"[{key!r}]" for key in self.keys)
+
+    def value(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """The value a call gives here, :data:`MISSING` if the argument is not given at all (that
+        is :func:`guard_input_names`'s to say); a dict or list without it is refused by name."""
+        if self.position is not None and self.position < len(args):
+            value = args[self.position]
+        else:
+            value = kwargs.get(self.argument, MISSING)
+        for depth, key in enumerate(self.keys):
+            if value is MISSING:
+                return MISSING
+            try:
+                value = value[key]
+            except (KeyError, IndexError, TypeError):
+                raise InputMismatchError(self._not_found(depth, value)) from None
+        return value
+
+    def _not_found(self, depth: int, container: Any) -> str:
+        holder = InputPath(self.position, self.argument, self.keys[:depth]).label
+        key = self.keys[depth]
+        given = (f"a {type(container).__name__} with keys {sorted(map(str, container))}" if isinstance(container, dict)
+                 else f"a {type(container).__name__} of {len(container)}" if isinstance(container, (list, tuple))
+                 else f"a {type(container).__name__}")
+        return (f"input {holder!r} is {given}, without {key!r}: the model was captured (torch.export) with "
+                f"{self.label} in it, and its graph takes that structure only. Pass {holder} as in the example")
+
+
+def input_paths(gm: fx.GraphModule) -> list[InputPath | None]:
+    """Per placeholder of ``gm``, where a call gives its value (None: nowhere a check can read).
+    A graph that keeps export's pytree calling code (a dict or list input) has a placeholder per
+    tensor inside such an argument; its paths come from export's input spec. Every per-input check
+    asks here, so that none reads another argument's tensor for a dict input's."""
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    spec = getattr(gm, "_in_spec", None)  # export's: ((args...), {kwargs})
+    if type(gm.graph._codegen) is fx.graph.CodeGen or spec is None:  # one placeholder per argument
+        return [InputPath(index, str(node.target)) for index, node in enumerate(placeholders)]
+    names = list(inspect.signature(type(gm).forward).parameters)[1:]  # after self
+    paths: list[InputPath | None] = []
+    for position, argument in enumerate(spec.child(0).children()):
+        name = names[position] if position < len(names) else f"input {position}"
+        _leaf_paths(argument, InputPath(position, name), paths)
+    keywords = spec.child(1)
+    for key, argument in zip(keywords.context or (), keywords.children()):
+        _leaf_paths(argument, InputPath(None, str(key)), paths)
+    return paths if len(paths) == len(placeholders) else [None] * len(placeholders)
+
+
+def _leaf_paths(spec: Any, path: InputPath, paths: list[InputPath | None]) -> None:
+    """The paths of ``spec``'s leaves under ``path``: into dicts by key, lists and tuples by index;
+    a leaf inside another container type (a dataclass, a model output) gets None."""
+    if spec.is_leaf():
+        paths.append(path)
+        return
+    if spec.type in (dict, OrderedDict):
+        keys: Iterable[Any] = spec.context
+    elif issubclass(spec.type, (list, tuple)):
+        keys = range(spec.num_children)
+    else:
+        paths.extend([None] * spec.num_leaves)
+        return
+    for key, child in zip(keys, spec.children()):
+        _leaf_paths(child, InputPath(path.position, path.argument, (*path.keys, key)), paths)
 
 
 def guard_input_names(gm: fx.GraphModule) -> None:

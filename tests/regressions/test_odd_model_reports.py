@@ -75,6 +75,31 @@ def test_a_dict_argument_before_a_token_argument_is_not_taken_for_its_dtype():
         int8(inputs, ids.float())
 
 
+@pytest.mark.parametrize("change, error", [
+    (lambda inputs: {**inputs, "p": inputs["p"].double()}, r"input \"inputs\['p'\]\" is float64; the int8 model "
+                                                           r"takes float32 inputs .* pass inputs\['p'\]\.float\(\)"),
+    (lambda inputs: {**inputs, "q": None}, r"input \"inputs\['q'\]\" is None"),
+    (lambda inputs: {"p": inputs["p"]}, r"input 'inputs' is a dict with keys \['p'\], without 'q': the model was "
+                                        r"captured \(torch.export\) with inputs\['q'\] in it"),
+    (lambda inputs: {**inputs, "q": inputs["q"][:, :8]}, r"input \"inputs\['q'\]\" has size 8 at dim 1 \(captured "
+                                                         r"with 16\)"),
+], ids=["float64", "None", "missing-key", "wrong-size"])
+def test_a_tensor_inside_a_dict_argument_is_checked_like_a_whole_argument(change, error):
+    """Only whole arguments were checked: each of these met torch's own error inside the graph
+    ("Quantize only works on Float Tensor", a TypeError adding None, KeyError 'q', a size mismatch
+    printed with generated code)."""
+    torch.manual_seed(0)
+    model = DictAndIds().eval()
+
+    def batch():
+        return {"p": torch.randn(4, 16), "q": torch.randn(4, 16)}, torch.randint(0, 10, (4,))
+
+    int8 = qp.quantize(model, batch(), [batch() for _ in range(4)], backend="fbgemm", capture="export")
+    inputs, ids = batch()
+    with pytest.raises(InputMismatchError, match=error):
+        int8(change(inputs), ids)
+
+
 class NoGradBlock(nn.Module):
     """Speech2Text computes its sinusoidal positions under ``torch.no_grad()`` the same way."""
 

@@ -133,11 +133,21 @@ def _checked_tensor(tensor: _Tensor, value: Any) -> torch.Tensor:
         sizes = ", ".join(f"size {got[d]} at dim {d} (captured with {shape[d]})" for d in wrong)
         raise InputMismatchError(
             f"input {tensor.name!r} has {sizes}: the model was captured (torch.export) with these sizes "
-            f"fixed to its example's {shape}, because the model's code reads them (a "
-            "reshape or a branch on the size), so the graph takes no other. Call it with those "
-            "sizes (pad or crop), or quantize with an example of the sizes you call it with; "
-            "a size of 1 in the example is always fixed, so give dynamic axes at least 2")
+            f"fixed to its example's {shape}, so the graph takes no other. {_why_fixed(value, wrong)}")
     return value
+
+
+def _why_fixed(value: torch.Tensor, wrong: list[int]) -> str:
+    """Why export fixed those sizes and what to do: an image's height and width are qplug's choice
+    (``ir/capture.py``), the others the model's code or a size of 1 in the example."""
+    if value.is_floating_point() and value.dim() >= 4 and min(wrong) >= 2:
+        return ("qplug's export capture keeps an image's height and width at the example's (dynamic ones made "
+                "a vision transformer's capture 10-15x slower). To call it with other sizes, quantize with "
+                "capture='symbolic' where the model traces, or export it yourself with the dynamic shapes you "
+                "need and pass the ExportedProgram to qp.quantize (docs/guide/export.md)")
+    return ("A size is fixed where the model's code reads it (a reshape or a branch on the size) and "
+            "where the example's is 1. Call it with those sizes (pad or crop), or quantize with an example "
+            "of the sizes you call it with, giving dynamic axes at least 2")
 
 
 def _unequal(sizes: list[tuple[_Tensor, int, int]]) -> str:

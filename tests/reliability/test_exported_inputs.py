@@ -114,3 +114,17 @@ def test_none_where_tracing_captured_a_tensor_is_refused(backend, capfd):
                     capture="symbolic")
     assert "Traceback" not in capfd.readouterr().err
     assert torch.equal(int8(x, mask), int8(x, mask=mask))
+
+
+def test_an_image_of_another_size_is_refused_naming_qplugs_choice_and_the_remedies():
+    """A plain conv net reads no size, yet the error said its sizes were fixed "because the model's
+    code reads them": export capture fixes an image's height and width on purpose (ir/capture.py)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1)).eval()
+    images = [(torch.randn(2, 3, 32, 32),) for _ in range(4)]
+    int8 = qp.quantize(model, images[0], images, backend="fbgemm", capture="export")
+    assert int8(torch.randn(5, 3, 32, 32)).shape == (5, 4, 32, 32)  # the batch stays dynamic
+    with pytest.raises(InputMismatchError, match=r"size 48 at dim 2 \(captured with 32\), size 40 at dim 3 .*"
+                                                 r"qplug's export capture keeps an image's height and width at "
+                                                 r"the example's .* capture='symbolic' .* pass the ExportedProgram"):
+        int8(torch.randn(1, 3, 48, 40))

@@ -26,6 +26,7 @@ from qplug_core.flows.tags import (
     CAPTURE_SKIPPED,
     EXAMPLE_INPUTS,
     FUSIONS,
+    PARTITION_FORMS,
     REPORT,
     recorded_example_inputs,
     region_tag,
@@ -85,6 +86,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside),
         kept_regions=dict(delegated.kept_regions))
     gm.meta[REPORT] = report
+    gm.meta[PARTITION_FORMS] = {p.name: delegated.graphs[p.name] for p in delegated.partitions}  # qp.compare
     refuse_pickle(gm)  # torch.save points to qp.save
     if lowering:  # ops without packed weights dispatch on the global engine: pin the backend's
         pin_engine(gm, backend.engine)

@@ -47,6 +47,9 @@ FUSIONS = "qplug_fusions"
 REPORT = "qplug_report"
 #: GraphModule.meta key: the reference form convert kept before lowering (ReferenceSnapshot)
 SNAPSHOT = "qplug_reference_snapshot"
+#: GraphModule.meta key: each compiled partition's reference form, by submodule name, as fused into
+#: the model: the nodes its delegate compiled, with the same inputs and outputs (qp.compare runs it)
+PARTITION_FORMS = "qplug_partition_forms"
 #: attribute of a model quantized by ``qp.quantize_weights``: what was done (WeightOnlyInfo)
 WEIGHT_ONLY = "qplug_weight_only"
 #: attribute of a model quantized by ``qp.quantize_w8a8``: what was done (W8A8Info)

@@ -31,7 +31,8 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
     same qualified name in both models). A delegated model also gets one row per compiled
     partition (``delegate_0``, ...): its output on the inputs it receives, against its float form
     (``sqnr_db``) and against its reference form (``reference_sqnr_db``); the layers inside a
-    partition do not run as themselves and move to ``skipped``. Both models run in eval
+    partition do not run as themselves and move to ``skipped``, as do the partitions without a row
+    (kept in reference form at convert, or not measurable), with the reason. Both models run in eval
     mode without gradients; neither is modified.
     """
     batches = list(batches_of(inputs, float_model))
@@ -41,15 +42,14 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
         return report
     with torch.no_grad(), float_like_int8(float_model), eval_mode(float_model), eval_mode(quantized_model):
         partitions = partition_comparisons(float_model, quantized_model, batches)
-    if not partitions.rows:
-        return report
     inside = {layer.name: partitions.inside[layer.name] for layer in report.layers
               if layer.name in partitions.inside}
     return dataclasses.replace(
         report, layers=[*(layer for layer in report.layers if layer.name not in inside),
                         *partitions.rows],
         skipped={**report.skipped, **{name: f"inside compiled partition {partition}: measured "
-                                             "as part of it" for name, partition in inside.items()}})
+                                             "as part of it" for name, partition in inside.items()},
+                 **partitions.skipped})
 
 
 def _without_rescaled(report: ComparisonReport, quantized_model: nn.Module) -> ComparisonReport:

@@ -5,8 +5,9 @@ the float model's layer names no longer exist in the int8 model and name-by-name
 nothing, or only the float ops around the partitions. Here every compiled partition is run on the
 inputs it really receives in the int8 model and its output compared with
 
-* its **reference form** (the same partition before compiling, rebuilt from the model's recorded
-  reference form and partitioned again by the backend's delegate): what the compiler changed;
+* its **reference form** (the partition its delegate compiled, as convert recorded it: the same
+  inputs, whatever the contract check planned again; partitioning the reference form anew gives
+  other partitions after a fallback): what the compiler changed;
 * its **float form** (the reference partition with every Quantize/Dequantize an identity, fed the
   float values before quantization, and the float model's own layers where the float model has a
   module of the same name and type): what int8 changed.
@@ -15,6 +16,8 @@ Quantized outputs are compared after dequantizing them with the Dequantize that 
 Integer and bool outputs that no Dequantize reads (topk indices, argmax masks: post-processing
 compiled into the partition) are not measurements: a near-tie picks another index, 1,000 apart.
 They are compared for equality (``integer_agreement``) and kept out of the SQNR figures.
+A partition convert kept in reference form, or one whose forms cannot run on the inputs it
+received, gets no row but a reason in ``skipped``.
 """
 
 from __future__ import annotations
@@ -29,12 +32,9 @@ import torch
 from torch import fx, nn
 
 from qplug_core.analysis.layers import ErrorStats, LayerComparison
-from qplug_core.errors import QplugError
-from qplug_core.flows.delegate import PREFIX, delegate_graph
-from qplug_core.flows.tags import REPORT, recorded_example_inputs
+from qplug_core.flows.delegate import PREFIX
+from qplug_core.flows.tags import PARTITION_FORMS, REPORT
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
-from qplug_core.registry.backends import get_backend
-from qplug_core.serialization.api import rebuild_reference
 
 __all__ = ["PartitionComparisons", "partition_comparisons"]
 
@@ -43,16 +43,17 @@ def _is_partition(node: fx.Node) -> bool:
     return node.op == "call_module" and str(node.target).startswith(PREFIX)
 
 
-def _reference_partitions(qmodel: fx.GraphModule, names: set[str]) -> dict[str, fx.GraphModule]:
-    """Each compiled partition's reference form, by name (partitioning again is deterministic)."""
-    report = qmodel.meta[REPORT]
-    delegate = get_backend(report.backend).delegate
-    reference = rebuild_reference(qmodel)
-    keep = dataclasses.replace(delegate, compile=lambda partition, example_inputs: partition)
-    delegate_graph(reference, keep, recorded_example_inputs(reference), report.backend)
-    found = {name: reference.get_submodule(name) for name in names
-             if isinstance(getattr(reference, name, None), fx.GraphModule)}
-    return found if set(found) == names else {}
+def _reference_forms(qmodel: fx.GraphModule, names: Iterable[str]) -> tuple[dict[str, fx.GraphModule],
+                                                                             dict[str, str]]:
+    """The reference form of each partition in ``names`` that runs compiled (as convert recorded
+    it), and why each other one gets no row."""
+    compiled = {record["name"] for record in qmodel.meta[REPORT].partitions}
+    recorded = qmodel.meta[PARTITION_FORMS]
+    forms = {name: recorded[name] for name in names if name in compiled}
+    skipped = {name: "kept in reference form at convert (qp.quantization_report(model).reference says why): "
+                     "its layers run in PyTorch, compared by name where the float model has them"
+               for name in names if name not in forms}
+    return forms, skipped
 
 
 class _Identity(nn.Module):
@@ -135,13 +136,51 @@ class _Agreement:
         return self.equal / self.total if self.total else None
 
 
+class _Measured:
+    """One compiled partition's errors over its calls so far: its outputs against those of its
+    reference form (same inputs) and of its float form (the float values before quantization)."""
+
+    def __init__(self, reference: fx.GraphModule, float_model: nn.Module, readers: dict[int, nn.Module | None]):
+        self.reference, self.float_form = reference, _float_form(reference, float_model)
+        self.readers = readers
+        self.vs_float, self.vs_reference, self.agreement = ErrorStats(), ErrorStats(), _Agreement()
+        self.shape: tuple[int, ...] = ()
+        self.count = 0
+
+    def add(self, inputs: tuple, floats: tuple, outputs: tuple) -> None:
+        reference, float_out = _outputs(self.reference(*inputs)), _outputs(self.float_form(*floats))
+        for i, (got, want, exact) in enumerate(zip(outputs, reference, float_out)):
+            reader = self.readers.get(i)
+            if reader is None and not got.is_floating_point():  # indices, masks (module docstring)
+                self.agreement.update(exact, got)
+                continue
+            got_f = _as_float(got, reader)
+            self.vs_reference.update(_as_float(want, reader), got_f)
+            self.vs_float.update(exact, got_f)
+            self.shape = self.shape or tuple(got.shape)
+        self.count += len(outputs)
+
+    def row(self, name: str, quant_type: str) -> LayerComparison:
+        return LayerComparison(
+            name=name, float_type="float form", quant_type=quant_type, sqnr_db=self.vs_float.sqnr_db,
+            max_abs_err=self.vs_float.max_abs, rel_l2_err=self.vs_float.rel_l2_err, cosine=self.vs_float.cosine,
+            shape=self.shape, num_outputs=self.count, reference_sqnr_db=self.vs_reference.sqnr_db,
+            integer_agreement=self.agreement.fraction)
+
+
+def _outputs(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
 @dataclasses.dataclass
 class PartitionComparisons:
-    """One row per compiled partition, and the layers inside them (name -> partition): those
-    do not run as themselves, so a per-layer row for them would describe the reference form."""
+    """One row per compiled partition, the layers inside them (name -> partition): those do not
+    run as themselves, so a per-layer row for them would describe the reference form; and the
+    partitions without a row (name -> why)."""
 
     rows: list[LayerComparison] = dataclasses.field(default_factory=list)
     inside: dict[str, str] = dataclasses.field(default_factory=dict)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def partition_comparisons(float_model: nn.Module, qmodel: nn.Module,
@@ -151,45 +190,25 @@ def partition_comparisons(float_model: nn.Module, qmodel: nn.Module,
     if not isinstance(qmodel, fx.GraphModule) or REPORT not in qmodel.meta:
         return PartitionComparisons()
     calls = {str(n.target): n for n in qmodel.graph.nodes if _is_partition(n)}
-    if not calls:
-        return PartitionComparisons()
-    try:
-        references = _reference_partitions(qmodel, set(calls))
-    except QplugError:  # no recorded reference form (not savable): nothing to measure against
-        return PartitionComparisons()
-    if not references:
-        return PartitionComparisons()
-    inside = {str(n.target): name for name, partition in references.items()
-              for n in partition.graph.nodes if n.op == "call_module"}
-    readers = {name: _readers(qmodel, node) for name, node in calls.items()}
-    vs_float = {name: ErrorStats() for name in calls}
-    vs_reference = {name: ErrorStats() for name in calls}
-    agreement = {name: _Agreement() for name in calls}
-    shapes: dict[str, tuple[int, ...]] = {}
-    counts = dict.fromkeys(calls, 0)
+    forms, skipped = _reference_forms(qmodel, calls)
+    measured = {name: _Measured(form, float_model, _readers(qmodel, calls[name])) for name, form in forms.items()}
     for args in batches:
         recorder = _Recorder(qmodel)
         recorder.run(*args)
         for name, inputs, floats, outputs in recorder.calls:
-            reference = references[name](*inputs)
-            reference = reference if isinstance(reference, (tuple, list)) else (reference,)
-            float_out = _float_form(references[name], float_model)(*floats)
-            float_out = float_out if isinstance(float_out, (tuple, list)) else (float_out,)
-            for i, (got, want, exact) in enumerate(zip(outputs, reference, float_out)):
-                reader = readers[name].get(i)
-                if reader is None and not got.is_floating_point():  # indices, masks (module docstring)
-                    agreement[name].update(exact, got)
-                    continue
-                got_f = _as_float(got, reader)
-                vs_reference[name].update(_as_float(want, reader), got_f)
-                vs_float[name].update(exact, got_f)
-                shapes.setdefault(name, tuple(got.shape))
-            counts[name] += len(outputs)
+            if name not in measured:
+                continue
+            try:
+                measured[name].add(inputs, floats, outputs)
+            except Exception as exc:  # noqa: BLE001 - a row that cannot be computed is skipped, with why
+                del measured[name]
+                skipped[name] = (f"not measured: its reference or float form failed on the inputs it received "
+                                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); the float form "
+                                 "runs float_model's layers of the same names and types: pass the model that "
+                                 "was quantized (or qp.fuse_fx of it)")
+    rows = {name: errors for name, errors in measured.items() if errors.count}
+    inside = {str(n.target): name for name, errors in rows.items()
+              for n in errors.reference.graph.nodes if n.op == "call_module"}
     modules = dict(qmodel.named_modules())
-    return PartitionComparisons([LayerComparison(
-        name=name, float_type="float form", quant_type=type(modules[name]).__name__,
-        sqnr_db=vs_float[name].sqnr_db, max_abs_err=vs_float[name].max_abs,
-        rel_l2_err=vs_float[name].rel_l2_err, cosine=vs_float[name].cosine,
-        shape=shapes.get(name, ()), num_outputs=counts[name],
-        reference_sqnr_db=vs_reference[name].sqnr_db, integer_agreement=agreement[name].fraction)
-        for name in calls if counts[name]], inside)
+    return PartitionComparisons([errors.row(name, type(modules[name]).__name__) for name, errors in rows.items()],
+                                inside, skipped)

@@ -4,6 +4,8 @@ inputs it receives, against its reference form and against its float form."""
 from __future__ import annotations
 
 import math
+import re
+import warnings
 
 import pytest
 import torch
@@ -102,6 +104,21 @@ def test_a_partition_compiled_wrong_keeps_the_reference_form_and_compare_says_so
     assert all(row.quant_type != "Compiled" for row in _partition_rows(report))
 
 
+def test_a_partition_the_float_model_does_not_fit_is_skipped_with_why(fake_dist):
+    """A float model whose layer of the partition's name has another shape: the float form cannot
+    be compared, and the report says so where the RuntimeError of torch's subtraction escaped."""
+    fake_dist("qplug-sdk", SDK, module="qplug_sdk:plugin")
+    __import__("qplug_sdk").OFF_BY.update(steps=0, nan=False)
+    model, data = _model_and_data()
+    qmodel = qp.quantize(model, data[0], data, backend="sdk")
+    other = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 1), nn.Sigmoid(),
+                          nn.AdaptiveAvgPool2d(4)).eval()  # "2" is a 1x1 conv: the output has the same shape
+    report = qp.compare(other, qmodel, data)
+    assert not _partition_rows(report)
+    assert re.match(r"not measured: its reference or float form failed on the inputs it received \(RuntimeError: "
+                    r".*\); the float form runs float_model's layers of the same names", report.skipped["delegate_0"])
+
+
 def test_onnxruntime_partitions_are_compared(plugin_autoload):
     model, data = _model_and_data()
     qmodel = qp.quantize(model, data[0], data, backend="onnxruntime")
@@ -119,3 +136,106 @@ def test_a_kernel_backend_gets_no_partition_rows(plugin_autoload):
     report = qp.compare(qp.fuse_fx(model, data[0], backend="fbgemm"), qmodel, data)
     assert not _partition_rows(report) and all(layer.reference_sqnr_db is None
                                                for layer in report.layers)
+
+
+WRONG_AFTER_SEGMENT_MEAN = '''
+import copy
+from torch import nn
+from qplug_core.plugin_api import BackendPlugin, Delegate, OperatorSupportBase, Quantize
+
+
+class Compiled(nn.Module):
+    def __init__(self, partition):
+        super().__init__()
+        self.partition = partition
+
+    def forward(self, *args):
+        return self.partition(*args)
+
+
+def _compile(partition, example_inputs):
+    """A compiler putting the output of a segment mean on another grid (1.5x its scale): wrong
+    in that region only, so convert's region check blames it and plans the partition again."""
+    partition = copy.deepcopy(partition)
+    for node in partition.graph.nodes:
+        module = partition.get_submodule(node.target) if node.op == "call_module" else None
+        if isinstance(module, Quantize) and getattr(node.args[0], "target", None) == "scatter_reduce":
+            module.scale *= 1.5
+    return Compiled(partition)
+
+
+class TakesAllButSigmoid(OperatorSupportBase):
+    def is_node_supported(self, submodules, node):
+        return "sigmoid" not in str(node.target)
+
+
+class Sdk(BackendPlugin):
+    name = "sdk"
+
+    def delegate(self):
+        return Delegate(operator_support=TakesAllButSigmoid(), compile=_compile)
+
+
+plugin = Sdk()
+'''
+
+
+class SegmentMean(nn.Module):
+    """Linear, a segment mean over graph nodes (a GNN readout), Linear; a float sigmoid the SDK
+    does not take; Linear: two partitions, the first of which breaks the contract at convert."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(4, 4)
+
+    def forward(self, x, batch):
+        h = torch.relu(self.a(x))
+        pooled = torch.zeros(3, 8).scatter_reduce(0, batch.unsqueeze(-1).expand_as(h), h, reduce="mean",
+                                                  include_self=False)
+        return self.c(torch.sigmoid(self.b(pooled)))
+
+
+def _graph_batches():
+    torch.manual_seed(0)
+    model = SegmentMean().eval()
+    segments = [torch.sort(torch.cat([torch.arange(3), torch.randint(0, 3, (17,))])).values for _ in range(4)]
+    return model, [(torch.randn(20, 8), batch) for batch in segments]
+
+
+def test_a_partition_kept_in_reference_form_after_the_contract_check_is_skipped_with_its_reason(fake_dist):
+    """The check kept the segment-mean partition in reference form, with inputs computed outside it
+    (``batch.unsqueeze``) that a partitioning of the reference form does not have: compare measures
+    the compiled partition against exactly the partition convert compiled, and says why the other
+    one has no row, where it raised torch's RuntimeError from ``expand``."""
+    fake_dist("qplug-sdk", WRONG_AFTER_SEGMENT_MEAN, module="qplug_sdk:plugin")
+    model, data = _graph_batches()
+    with pytest.warns(UserWarning, match="broke the kernel contract"):
+        qmodel = qp.quantize(model, data[0], data, backend="sdk")
+    (compiled,) = [p["name"] for p in qp.quantization_report(qmodel).partitions]
+    kept = {n.target for n in qmodel.graph.nodes if n.op == "call_module" and n.target.startswith("delegate_")}
+    kept -= {compiled}
+    assert len(kept) == 1
+    report = qp.compare(model, qmodel, data)
+    (row,) = _partition_rows(report)
+    assert row.name == compiled and row.num_outputs == len(data)
+    assert row.reference_sqnr_db == math.inf  # the compiler is right in this one
+    # against float: the last linear alone, on the int8 values it received, about 8-bit's 40 dB
+    assert 30 < row.sqnr_db < 60
+    (name,) = kept
+    assert "kept in reference form at convert" in report.skipped[name]
+    assert report.output_sqnr_db > 25
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_a_delegate_models_segment_mean_is_compared(plugin_autoload, backend):
+    """Whether or not the runtime computes the segment mean right (ONNX Runtime and OpenVINO did
+    not: the partition kept its reference form), compare gives rows only for compiled partitions."""
+    model, data = _graph_batches()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a contract fallback warns; whether there is one varies
+        qmodel = qp.quantize(model, data[0], data, backend=backend)
+    report = qp.compare(model, qmodel, data)
+    compiled = {p["name"] for p in qp.quantization_report(qmodel).partitions}
+    assert {row.name for row in _partition_rows(report)} == compiled
+    assert all(row.reference_sqnr_db > 30 and row.sqnr_db > 25 for row in _partition_rows(report))
+    assert report.output_sqnr_db > 25

@@ -8,9 +8,11 @@ similarity, accumulated over all batches.
 
 A fused kernel (``conv1`` computing conv+bn+relu) is compared against the float module of the same
 name, which computes only its first op; pass the *fused* float model (``fuse_fx`` output) for
-pairs that compute the same thing. Float leaf modules with no counterpart (not the children of
-a fused module the quantized model computes whole) are listed in ``ComparisonReport.float_only``
-as a hint.
+pairs that compute the same thing. A layer whose int8 output range holds a clamp convert dropped
+(ReLU6 after a conv, see :mod:`qplug_core.flows.clamps`) is compared against the float value after
+that clamp, its float type naming it (``Conv2d+ReLU6``). Float leaf modules with no counterpart (not
+the children of a fused module the quantized model computes whole, nor an absorbed clamp) are listed
+in ``ComparisonReport.float_only`` as a hint.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from rich.text import Text
 from torch import nn
 
 from qplug_core.errors import ConfigError, InputMismatchError, QplugError, did_you_mean, first_line
+from qplug_core.flows.clamps import AbsorbedClamp, absorbed_clamps
 from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.pipeline import as_input_tuple, eval_mode
 
@@ -263,20 +266,23 @@ class _Recorder:
     """Forward hooks that copy the first output tensor of each named module, call by call.
 
     Copies are taken at hook time because later in-place ops (``out += identity``, ReLU with
-    ``inplace=True``) would otherwise rewrite what was recorded.
+    ``inplace=True``) would otherwise rewrite what was recorded. ``clamps`` (name -> clamp) are
+    applied to the copies of those modules: the float side of a layer that absorbed a clamp.
     """
 
-    def __init__(self, model: nn.Module, names: Iterable[str]) -> None:
+    def __init__(self, model: nn.Module, names: Iterable[str],
+                 clamps: Mapping[str, AbsorbedClamp] | None = None) -> None:
         self.outputs: dict[str, list[torch.Tensor]] = {}
         modules = dict(model.named_modules())
-        self._handles = [modules[n].register_forward_hook(self._hook(n)) for n in names]
+        clamps = clamps or {}
+        self._handles = [modules[n].register_forward_hook(self._hook(n, clamps.get(n))) for n in names]
 
-    def _hook(self, name: str) -> Any:
+    def _hook(self, name: str, clamp: AbsorbedClamp | None) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             t = first_tensor(output)
             if t is not None and (t.is_quantized or t.is_floating_point()):
                 snapshot = t.dequantize() if t.is_quantized else t.detach().clone()
-                self.outputs.setdefault(name, []).append(snapshot)
+                self.outputs.setdefault(name, []).append(snapshot if clamp is None else clamp.apply(snapshot))
         return hook
 
     def remove(self) -> None:
@@ -285,8 +291,9 @@ class _Recorder:
 
 
 @contextmanager
-def _recording(model: nn.Module, names: Iterable[str]) -> Iterator[_Recorder]:
-    recorder = _Recorder(model, names)
+def _recording(model: nn.Module, names: Iterable[str],
+               clamps: Mapping[str, AbsorbedClamp] | None = None) -> Iterator[_Recorder]:
+    recorder = _Recorder(model, names, clamps)
     try:
         yield recorder
     finally:
@@ -348,12 +355,13 @@ class _LayerErrors:
             self.num_outputs[name] = self.num_outputs.get(name, 0) + len(ref)
             self.shapes.setdefault(name, tuple(ref[0].shape))
 
-    def comparisons(self, float_model: nn.Module,
-                    quantized_model: nn.Module) -> list[LayerComparison]:
+    def comparisons(self, float_model: nn.Module, quantized_model: nn.Module,
+                    clamps: Mapping[str, AbsorbedClamp]) -> list[LayerComparison]:
         float_modules = dict(float_model.named_modules())
         quant_modules = dict(quantized_model.named_modules())
         return [LayerComparison(
-            name=name, float_type=type(float_modules[name]).__name__,
+            name=name, float_type=type(float_modules[name]).__name__
+            + (f"+{clamps[name].op}" if name in clamps else ""),
             quant_type=_quant_type(float_modules[name], quant_modules[name]), sqnr_db=s.sqnr_db,
             max_abs_err=s.max_abs, rel_l2_err=s.rel_l2_err, cosine=s.cosine,
             shape=self.shapes[name], num_outputs=self.num_outputs[name])
@@ -393,6 +401,7 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
     modes are restored and every hook removed afterwards, so neither model is modified.
     """
     names = _select_layers(float_model, quantized_model, layers)
+    clamps = absorbed_clamps(quantized_model)
     errors = _LayerErrors()
     output = ErrorStats()
     num_batches = 0
@@ -401,7 +410,7 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
         stack.enter_context(float_like_int8(float_model))
         stack.enter_context(eval_mode(float_model))
         stack.enter_context(eval_mode(quantized_model))
-        ref_rec = stack.enter_context(_recording(float_model, names))
+        ref_rec = stack.enter_context(_recording(float_model, names, clamps))
         test_rec = stack.enter_context(_recording(quantized_model, names))
         for args in batches_of(inputs, float_model):
             ref_out = first_tensor(_run(float_model, args, "float", num_batches))
@@ -418,17 +427,17 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
     if num_batches == 0:
         raise ConfigError("compare() got no input batches", field="inputs")
     return ComparisonReport(
-        layers=errors.comparisons(float_model, quantized_model),
+        layers=errors.comparisons(float_model, quantized_model, clamps),
         output_sqnr_db=output.sqnr_db, output_cosine=output.cosine,
         output_max_abs_err=output.max_abs, num_batches=num_batches, skipped=errors.skipped,
-        float_only=_float_only(float_model, quantized_model))
+        float_only=_float_only(float_model, quantized_model, {c.module for c in clamps.values()}))
 
 
-def _float_only(float_model: nn.Module, quantized_model: nn.Module) -> list[str]:
+def _float_only(float_model: nn.Module, quantized_model: nn.Module, absorbed: set[str | None]) -> list[str]:
     """Float leaf modules without a counterpart in the quantized model. The children of a float
     module that the quantized model replaces whole, keeping none of its children (a fused
     ``ConvReLU2d`` lowered to one kernel, when the reference is the fused float model), have one:
-    that module, compared as a unit."""
+    that module, compared as a unit; so has a clamp in ``absorbed``: the layer whose range holds it."""
     float_modules = dict(float_model.named_modules())
     quant_modules = dict(quantized_model.named_modules())
 
@@ -442,4 +451,5 @@ def _float_only(float_model: nn.Module, quantized_model: nn.Module) -> list[str]
         return False
 
     return [name for name, module in float_modules.items()
-            if name and not any(module.children()) and name not in quant_modules and not replaced_whole(name)]
+            if name and not any(module.children()) and name not in quant_modules and name not in absorbed
+            and not replaced_whole(name)]

@@ -9,11 +9,16 @@ clamp node, leaving conv -> quantize in the int8 graph, for every backend: no se
 QLinearConv. Where the quantized range is wider than the clamp (a backend narrowed ``quant_max``, as
 fbgemm does for the inputs of depthwise convs), convert keeps the clamp between two quantize ops
 with the same qparams instead, which is what running the clamp as a share-qparams op gives.
+
+A dropped clamp is recorded on the converted model (:data:`ABSORBED_CLAMPS`, see :func:`absorbed_clamps`):
+the int8 layer's output is the clamped value, so ``qp.compare`` pairs it with the float value after the clamp.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +31,30 @@ _RELU6_FUNCTIONS = (F.relu6,)
 _HARDTANH_FUNCTIONS = (F.hardtanh, F.hardtanh_)
 _CLAMP_FUNCTIONS = (torch.clamp, torch.clip)
 _CLAMP_METHODS = ("clamp", "clip")
+#: GraphModule.meta key: layer (module path) -> the :class:`AbsorbedClamp` its int8 output range holds
+ABSORBED_CLAMPS = "qplug_absorbed_clamps"
+
+
+@dataclass(frozen=True)
+class AbsorbedClamp:
+    """A clamp convert dropped because the output range of the layer before it realises it."""
+
+    low: float
+    high: float
+    #: what the float model ran: a module's class name (``ReLU6``) or the function's (``clamp``)
+    op: str
+    #: the clamp module's path in the float model, ``None`` for a function or method
+    module: str | None
+
+    def apply(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` as the float model has it after the clamp."""
+        return value.clamp(self.low, self.high)
+
+
+def absorbed_clamps(model: nn.Module) -> dict[str, AbsorbedClamp]:
+    """Layer path -> the clamp convert folded into its output range, for a converted model."""
+    meta = getattr(model, "meta", None)
+    return dict(meta.get(ABSORBED_CLAMPS, {})) if isinstance(meta, dict) else {}
 
 
 def _number(value: object, default: float) -> float | None:
@@ -90,6 +119,7 @@ def _realised_by_saturation(qp: Q.QParams, low: float, high: float) -> bool:
 def fold_clamps(gm: fx.GraphModule, quantize_cls: type, dequantize_cls: type) -> None:
     """After observers became quantize/dequantize: drop each folded clamp, or (when the range is
     wider than the clamp) put a quantize/dequantize pair of the same qparams before it."""
+    calls = Counter(n.target for n in gm.graph.nodes if n.op == "call_module")
     for clamp in [n for n in gm.graph.nodes if FOLDED_CLAMP in n.meta]:
         low, high = clamp.meta.pop(FOLDED_CLAMP)
         users = list(clamp.users)
@@ -98,6 +128,7 @@ def fold_clamps(gm: fx.GraphModule, quantize_cls: type, dequantize_cls: type) ->
         if not isinstance(module, quantize_cls):
             continue  # the observer was dropped (allow_uncalibrated): the clamp stays a float op
         if _realised_by_saturation(module.qparams, low, high):
+            _record_absorbed(gm, clamp, low, high, calls)
             clamp.replace_all_uses_with(clamp.args[0])
             gm.graph.erase_node(clamp)
             continue
@@ -111,3 +142,16 @@ def fold_clamps(gm: fx.GraphModule, quantize_cls: type, dequantize_cls: type) ->
                 current.meta.update({k: v for k, v in quantize.meta.items()})
                 current.meta[BOUNDARY] = True
         clamp.replace_input_with(producer, current)
+
+
+def _record_absorbed(gm: fx.GraphModule, clamp: fx.Node, low: float, high: float, calls: Counter) -> None:
+    """Note on ``gm`` that the layer before ``clamp`` now outputs the clamped value; only for a layer
+    module called once, the unit ``qp.compare`` hooks by name."""
+    producer = clamp.args[0]
+    if not (isinstance(producer, fx.Node) and producer.op == "call_module" and calls[producer.target] == 1):
+        return
+    if clamp.op == "call_module":
+        op, module = type(gm.get_submodule(str(clamp.target))).__name__, str(clamp.target)
+    else:
+        op, module = getattr(clamp.target, "__name__", str(clamp.target)), None
+    gm.meta.setdefault(ABSORBED_CLAMPS, {})[str(producer.target)] = AbsorbedClamp(low, high, op, module)

@@ -286,3 +286,46 @@ def test_print_shows_the_table_not_the_fields():
     text = str(compare(model, copy.deepcopy(model), (torch.randn(3, 6),)))
     assert text.startswith("quantized vs float, per layer") and "LayerComparison(" not in text
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+class _ConvClampNet(nn.Module):
+    """Conv-BN-act twice (MobileNet's block shape); ``act`` None: ``torch.clamp(x, 0, 6)`` as a call."""
+
+    def __init__(self, act: type[nn.Module] | None) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.act1, self.act2 = (act(), act()) if act is not None else (nn.Identity(), nn.Identity())
+        self.functional = act is None
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv, bn, act in ((self.conv1, self.bn1, self.act1), (self.conv2, self.bn2, self.act2)):
+            x = bn(conv(x))
+            x = torch.clamp(x, 0, 6) if self.functional else act(x)
+        return self.head(x.mean((2, 3)))
+
+
+def _conv_rows(act: type[nn.Module] | None) -> tuple[ComparisonReport, dict[str, tuple[str, float]]]:
+    import qplug_core as qp
+
+    torch.manual_seed(0)
+    model = _ConvClampNet(act).eval()
+    data = [(torch.randn(4, 3, 12, 12),) for _ in range(4)]
+    qmodel = qp.quantize(model, data[0], data, backend="fbgemm", progress=False)
+    report = qp.compare(qp.fuse_fx(model, data[0], backend="fbgemm"), qmodel, data)
+    return report, {layer.name: (layer.float_type, layer.sqnr_db) for layer in report.layers
+                    if layer.name.startswith("conv")}
+
+
+@pytest.mark.parametrize("act, float_type", [(nn.ReLU6, "Conv2d+ReLU6"), (None, "Conv2d+clamp")])
+def test_a_layer_that_absorbed_a_clamp_is_paired_with_the_clamped_float_value(plugin_autoload, act, float_type):
+    """Convert drops the ReLU6 after a conv (the conv's int8 range holds it): the conv's row compares
+    the float value after the ReLU6, as the ReLU model's fused ConvReLU2d row does (it read 2-3 dB)."""
+    report, rows = _conv_rows(act)
+    _, relu_rows = _conv_rows(nn.ReLU)
+    assert report.output_sqnr_db > 40
+    assert set(rows) == {"conv1", "conv2"} and not report.float_only
+    for name, (kind, db) in rows.items():
+        assert kind == float_type and report.output_sqnr_db - 12 < db and db > 30
+        assert relu_rows[name][0] == "ConvReLU2d" and db == pytest.approx(relu_rows[name][1], abs=1.0)

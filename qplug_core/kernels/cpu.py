@@ -51,10 +51,11 @@ _CPUID_NAMES = {"avx512_f": "avx512f", "avx512_bw": "avx512bw", "avx512_cd": "av
 _TORCH_CAPABILITY_FLAGS = {"AVX512": ("avx2", "avx512f", "avx512bw"), "AVX2": ("avx2",),
                            "SVE256": ("sve",)}
 
-#: the innermost override of this thread (a context variable: one thread's override, such as the
-#: 32-bit-accumulation view weight_bits.mark takes, must not change another thread's decisions)
-_override: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("cpu_flags_override",
-                                                                                   default=None)
+#: the innermost override of this thread, (flags, machine or None for the host's) (a context variable:
+#: one thread's override, such as the 32-bit-accumulation view weight_bits.mark takes, must not change
+#: another thread's decisions)
+_override: contextvars.ContextVar[tuple[frozenset[str], str | None] | None] = contextvars.ContextVar(
+    "cpu_flags_override", default=None)
 
 
 @dataclass(frozen=True)
@@ -163,17 +164,20 @@ def _detected(env: str | None) -> CpuInt8:
 def cpu_int8() -> CpuInt8:
     """This CPU's int8 facts: the innermost :func:`override_cpu_flags`, else ``QPLUG_CPU_FLAGS``,
     else the CPU's own (read once per process)."""
-    flags = _override.get()
-    if flags is not None:
-        return CpuInt8(flags, "override", platform.machine().lower())
+    override = _override.get()
+    if override is not None:
+        flags, machine = override
+        return CpuInt8(flags, "override", machine or platform.machine().lower())
     return _detected(os.environ.get(ENV_FLAGS))
 
 
 @contextlib.contextmanager
-def override_cpu_flags(flags: Iterable[str] | str) -> Iterator[CpuInt8]:
+def override_cpu_flags(flags: Iterable[str] | str, *, machine: str | None = None) -> Iterator[CpuInt8]:
     """Decide as if the CPU reported ``flags`` inside the block (for tests; the kernels that run
-    are still the host's). ``override_cpu_flags("avx2 fma")`` models an AVX2 CPU without VNNI."""
-    token = _override.set(_parse(flags) if isinstance(flags, str) else frozenset(f.lower() for f in flags))
+    are still the host's). ``override_cpu_flags("avx2 fma")`` models an AVX2 CPU without VNNI;
+    ``machine`` (``platform.machine()``'s name, e.g. ``"aarch64"``) models another architecture."""
+    token = _override.set((_parse(flags) if isinstance(flags, str) else frozenset(f.lower() for f in flags),
+                           None if machine is None else machine.lower()))
     try:
         yield cpu_int8()
     finally:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
+
+from qplug_core.registry import cpu_diagnostics
 
 
 def _share_the_cores_between_xdist_workers() -> None:
@@ -27,3 +30,12 @@ def pytest_collection_modifyitems(items: list) -> None:
     other had finished everything else."""
     slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.module.__name__ not in slow_modules)
+
+
+@pytest.fixture(autouse=True)
+def _slow_here_warning_given(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests run qnnpack on x86 hosts for its numbers, not its speed: the once-per-process warning
+    that it is slower than float there counts as given, except in tests marked ``slow_here_warning``,
+    which test it."""
+    tested = request.node.get_closest_marker("slow_here_warning") is not None
+    monkeypatch.setattr(cpu_diagnostics, "_warned", set() if tested else {"qnnpack"})

@@ -29,7 +29,8 @@ from qplug_core.flows.capture import generates
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.tags import RECIPE
 from qplug_core.flows.weight_bits import backend_defaults, users_own
-from qplug_core.registry.backends import Backend, resolve_backend
+from qplug_core.registry.backends import Backend, get_backend, resolve_backend
+from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
 from qplug_core.weight_only.w8a8 import quantize_w8a8
 
 
@@ -75,6 +76,9 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
                        "--mode w8a8 or --mode weight-only")
         warn_user(f"qp.quantize captures {type(model).__name__} as a graph, which has no generate() and no KV "
                   f"cache; {keep} keep the model and generate()")
+    if not (isinstance(backend, str) and backend == auto.AUTO):  # auto measures every backend itself
+        named = get_backend(backend)
+        warn_if_slow_here(named.name, named.engine)
     with kv_cache_off(model) if generates(model) else contextlib.nullcontext():
         return _quantize_graph(model, example_inputs, calibration_data, backend=backend,
                                qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,

@@ -46,6 +46,7 @@ from qplug_core.kernels.weight_view import FloatWeightView
 from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.qparams import QParams
 from qplug_core.registry.backends import Backend, resolve_backend
+from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
 
 #: the module types dynamic quantization converts (torch.ao's default ``qconfig_spec``)
 DYNAMIC_TYPES: tuple[type[nn.Module], ...] = (
@@ -379,6 +380,7 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     if isinstance(model, nn.Module):
         refuse_quantized(model)
     chosen = resolve_backend(backend).require_available()
+    warn_if_slow_here(chosen.name, chosen.engine)
     if not chosen.kernels and chosen.delegate is not None:
         return _compiled(model, qconfig_spec, dtype, chosen, example_inputs, capture, per_token,
                          allow_float)

@@ -26,7 +26,7 @@ from qplug_core.kernels.arithmetic import (
 )
 from qplug_core.kernels.pair_sums_probe import Gemm, torch_engine_gemm
 from qplug_core.registry.contract import Availability, BackendSpec, Diagnostic, engine_availability
-from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
+from qplug_core.registry.cpu_diagnostics import cpu_diagnostic, speed_diagnostics
 from qplug_core.registry.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -188,7 +188,8 @@ class BackendPlugin:
             return []
         compiles = type(self).delegate is not BackendPlugin.delegate  # asked without building it
         return [*self.check_environment(),
-                cpu_diagnostic(self._declared_arithmetic(), compiles=compiles, gemm=self.int8_gemm())]
+                cpu_diagnostic(self._declared_arithmetic(), compiles=compiles, gemm=self.int8_gemm()),
+                *speed_diagnostics(self.engine)]
 
     @hookimpl
     def qplug_select_default_backend(self, available: list[str]) -> str | None:

@@ -122,13 +122,12 @@ class _Verdict:
 class _Refusing(OperatorSupportBase):
     """The delegate's operator support minus the nodes reading a model input that is not a tensor
     (``flows/python_inputs.py``), those taking or making a sparse tensor (``flows/sparse_values.py``)
-    and the nodes of int8 regions to keep in reference form (region id -> why): their own nodes, the
-    dequantize nodes reading their inputs and the quantize nodes writing their outputs, so the
-    partitions around them exchange int8 values."""
+    and the nodes of int8 regions to keep in reference form (node -> why: :func:`_region_nodes`,
+    :func:`_nodes_of_ends`)."""
 
-    def __init__(self, inner: OperatorSupportBase, gm: fx.GraphModule, regions: dict[int, str]):
+    def __init__(self, inner: OperatorSupportBase, gm: fx.GraphModule, kept: dict[fx.Node, str]):
         self.inner = inner
-        self.refused = {**python_input_readers(gm), **sparse_value_ops(gm), **_region_nodes(gm, regions)}
+        self.refused = {**python_input_readers(gm), **sparse_value_ops(gm), **kept}
 
     def is_node_supported(self, submodules, node: fx.Node) -> bool:
         return node not in self.refused and self.inner.is_node_supported(submodules, node)
@@ -138,6 +137,9 @@ class _Refusing(OperatorSupportBase):
 
 
 def _region_nodes(gm: fx.GraphModule, regions: dict[int, str]) -> dict[fx.Node, str]:
+    """The nodes of the tagged int8 regions ``regions`` (region id -> why): their own nodes, the
+    dequantize nodes reading their inputs and the quantize nodes writing their outputs, so the
+    partitions around them exchange int8 values."""
     nodes: dict[fx.Node, str] = {}
     for node in gm.graph.nodes:
         tag = region_tag(node)
@@ -157,14 +159,21 @@ def _region_ids(gm: fx.GraphModule, anchors: dict[str, str], name: _Namer) -> di
             if (tag := region_tag(n)) is not None and tag.is_anchor and name(n) in anchors}
 
 
-def _ids_of_ends(gm: fx.GraphModule, wrong: dict[str, str]) -> dict[int, str]:
-    """The region ids of the int8 regions ending in the nodes ``wrong`` names (end node -> why)."""
-    ids = {}
-    for node in gm.graph.nodes:
-        if node.name in wrong:
-            _, members = region_of(gm, node)
-            ids.update({tag.region_id: wrong[node.name] for n in members if (tag := region_tag(n)) is not None})
-    return ids
+def _nodes_of_ends(gm: fx.GraphModule, wrong: dict[str, str]) -> dict[fx.Node, str]:
+    """The nodes of the int8 regions ending in the nodes ``wrong`` names (end node -> why), as the
+    region check cut them (:func:`region_of`), with every tagged region among them whole. Not the
+    tagged regions alone: the region ending in the quantize after a segment-mean ``scatter_reduce``
+    holds float ops no pattern tagged, and refusing only its tagged ``unsqueeze`` planned the same
+    wrong partition again, which was then kept whole in reference form."""
+    nodes: dict[fx.Node, str] = {}
+    for end in gm.graph.nodes:
+        if end.name in wrong:
+            why = wrong[end.name]
+            _, members = region_of(gm, end)
+            ids = {tag.region_id for n in members if (tag := region_tag(n)) is not None}
+            nodes.update(_region_nodes(gm, dict.fromkeys(ids, why)))
+            nodes.update((n, why) for n in members if n.op in _CALLS)
+    return nodes
 
 
 def _int8_partitions(gm: fx.GraphModule, support: _Refusing, delegate: Delegate,
@@ -228,9 +237,10 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     ``gm`` once the plan holds.
     """
     report_key = report_names(gm.graph)  # the report's names, taken before partitions are fused
-    refused = {**_region_ids(gm, keep_reference or {}, report_key), **_ids_of_ends(gm, keep_regions or {})}
+    refused = {**_region_nodes(gm, _region_ids(gm, keep_reference or {}, report_key)),
+               **_nodes_of_ends(gm, keep_regions or {})}
     verdicts: dict[frozenset[str], _Verdict] = {}  # by the names of a partition's nodes
-    split: dict[int, str] = {}  # regions found wrong now, left out of the partitions around them
+    split: dict[fx.Node, str] = {}  # regions found wrong now, left out of the partitions around them
     kept_regions = dict(keep_regions or {})  # their end nodes, for the file
     while True:
         support = _Refusing(delegate.operator_support, gm, refused)
@@ -239,18 +249,18 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
         if example_inputs is None:
             break
         values = _inputs_of(gm, partitions, example_inputs)
-        wrong: dict[int, str] = {}
+        wrong: dict[fx.Node, str] = {}
         for i, nodes in enumerate(partitions):
             key = frozenset(n.name for n in nodes)
             if key not in verdicts:
                 verdicts[key] = _compiled(delegate, gm, nodes, values, f"{PREFIX}{i}", report_key, backend_name,
                                           arithmetic)
-            wrong.update(_ids_of_ends(gm, verdicts[key].wrong_regions))
+            wrong.update(_nodes_of_ends(gm, verdicts[key].wrong_regions))
             kept_regions.update(verdicts[key].wrong_regions)
             if verdicts[key].reason and not verdicts[key].wrong_regions:  # failed whole: planned again
                 # without its regions, as qp.load plans (from the record)
-                wrong.update(_region_ids(gm, dict.fromkeys(_int8_anchors(nodes, report_key), verdicts[key].reason),
-                                         report_key))
+                anchors = dict.fromkeys(_int8_anchors(nodes, report_key), verdicts[key].reason)
+                wrong.update(_region_nodes(gm, _region_ids(gm, anchors, report_key)))
         if not wrong.keys() - refused.keys():
             break
         split.update(wrong)
@@ -265,7 +275,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     return summary
 
 
-def _warn_refused_layers(gm: fx.GraphModule, outside: dict[str, str], refused: dict[int, str],
+def _warn_refused_layers(gm: fx.GraphModule, outside: dict[str, str], refused: dict[fx.Node, str],
                          name: _Namer) -> None:
     """Int8 layers the backend does not take (onnxruntime's LSTM with ``proj_size``) run in PyTorch
     in reference form: one warning at convert names them, as a kernel that refuses a layer is named,
@@ -273,8 +283,8 @@ def _warn_refused_layers(gm: fx.GraphModule, outside: dict[str, str], refused: d
     layers = [node for node in gm.graph.nodes
               if node.name in outside and node.op == "call_module" and (tag := region_tag(node)) is not None
               and tag.is_anchor and tag.quantized]
-    new = [f"{name(node)!r} ({outside[node.name]})" for node in layers if region_tag(node).region_id not in refused]
-    named = [repr(name(node)) for node in layers if region_tag(node).region_id in refused]
+    new = [f"{name(node)!r} ({outside[node.name]})" for node in layers if node not in refused]
+    named = [repr(name(node)) for node in layers if node in refused]
     if new:
         listed = "; ".join(new[:5]) + (f"; and {len(new) - 5} more" if len(new) > 5 else "")
         listed += f"; {', '.join(named)} (named above)" if named else ""

@@ -202,28 +202,32 @@ def _graph_batches():
     return model, [(torch.randn(20, 8), batch) for batch in segments]
 
 
-def test_a_partition_kept_in_reference_form_after_the_contract_check_is_skipped_with_its_reason(fake_dist):
-    """The check kept the segment-mean partition in reference form, with inputs computed outside it
-    (``batch.unsqueeze``) that a partitioning of the reference form does not have: compare measures
-    the compiled partition against exactly the partition convert compiled, and says why the other
-    one has no row, where it raised torch's RuntimeError from ``expand``."""
+def test_a_region_that_breaks_the_contract_stays_out_and_every_partition_around_it_is_compared(fake_dist, tmp_path):
+    """The segment-mean region (float ops no pattern tags, ending in the quantize before ``b``) broke
+    the contract: convert refused only its tagged ``unsqueeze``, planned the same partition again
+    and kept it whole in reference form, so ``a`` and ``b`` ran in PyTorch despite the warning
+    "the rest of the partition compiled without it"; and compare, pairing partitions by name,
+    raised torch's RuntimeError from ``expand``. Now the region alone stays in PyTorch and compare
+    measures each compiled partition against exactly what convert compiled."""
     fake_dist("qplug-sdk", WRONG_AFTER_SEGMENT_MEAN, module="qplug_sdk:plugin")
     model, data = _graph_batches()
-    with pytest.warns(UserWarning, match="broke the kernel contract"):
+    with pytest.warns(UserWarning, match="this region is kept in reference form, the rest of the partition "
+                                         "compiled without it"):
         qmodel = qp.quantize(model, data[0], data, backend="sdk")
-    (compiled,) = [p["name"] for p in qp.quantization_report(qmodel).partitions]
-    kept = {n.target for n in qmodel.graph.nodes if n.op == "call_module" and n.target.startswith("delegate_")}
-    kept -= {compiled}
-    assert len(kept) == 1
-    report = qp.compare(model, qmodel, data)
-    (row,) = _partition_rows(report)
-    assert row.name == compiled and row.num_outputs == len(data)
-    assert row.reference_sqnr_db == math.inf  # the compiler is right in this one
-    # against float: the last linear alone, on the int8 values it received, about 8-bit's 40 dB
-    assert 30 < row.sqnr_db < 60
-    (name,) = kept
-    assert "kept in reference form at convert" in report.skipped[name]
-    assert report.output_sqnr_db > 25
+    report = qp.quantization_report(qmodel)
+    assert {layer: kernel.startswith("delegate:") for layer, kernel in report.kernels.items()} == \
+        {"a": True, "b": True, "c": True} and report.reference == {"sigmoid": "backend 'sdk' does not take sigmoid"}
+    compiled = {p["name"] for p in report.partitions}
+    comparison = qp.compare(model, qmodel, data)
+    rows = _partition_rows(comparison)
+    assert {row.name for row in rows} == compiled and all(row.num_outputs == len(data) for row in rows)
+    assert all(row.reference_sqnr_db == math.inf for row in rows)  # the compiler is right in these
+    assert all(30 < row.sqnr_db for row in rows)  # against float: about 8-bit's 40 dB per partition
+    assert comparison.output_sqnr_db > 25
+    loaded = qp.load(qp.save(qmodel, tmp_path / "model.safetensors"))  # load plans the same partitions
+    assert {p["name"] for p in qp.quantization_report(loaded).partitions} == compiled
+    with torch.no_grad():
+        assert torch.equal(loaded(*data[1]), qmodel(*data[1]))
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])

@@ -105,13 +105,21 @@ def _native_infer(request: Any) -> Callable[[], Any]:
     return lambda: native(request, no_inputs, True, True)  # share_outputs: copied by run, once
 
 
+def _onnx_input_names(source: bytes) -> list[str]:
+    """The ONNX model's inputs, one per partition input and in its order: their names are the
+    exporter's (it renames an input, ``ei`` to ``ei_orig``), so a partition input is found by its
+    position among them, not by its FX name."""
+    import onnx
+
+    return [value.name for value in onnx.load_from_string(source).graph.input]
+
+
 class OpenVinoPartition(CompiledPartition):
     """Runs one int8 partition in OpenVINO (see module docstring)."""
 
     def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
                  to_onnx: Callable[[fx.GraphModule, tuple], bytes], compile_settings: CompileSettings):
         self.compile_settings = compile_settings.resolved()
-        self._input_names = [n.name for n in partition.graph.nodes if n.op == "placeholder"]
         super().__init__(partition, example_inputs, to_onnx)
 
     def build(self, source: bytes) -> _Compiled:
@@ -129,7 +137,8 @@ class OpenVinoPartition(CompiledPartition):
             warn_user(f"OpenVINO could not compile dynamic linears with inputs quantized at run time on "
                       f"this CPU ({str(exc).strip().splitlines()[-1][:200]}); their inputs stay float "
                       "(int8 weights, dequantized in the kernel)")
-        positions = [self._input_names.index(port.get_any_name()) for port in model.inputs]
+        names = _onnx_input_names(source)
+        positions = [names.index(port.get_any_name()) for port in model.inputs]
         request = model.create_infer_request()
         return _Compiled(model, request, positions, len(model.outputs), _native_infer(request),
                          openvino.Tensor)

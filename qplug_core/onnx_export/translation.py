@@ -1,4 +1,5 @@
-"""ONNX translations of ``torch.ops.qplug.*`` (QuantizeLinear / DequantizeLinear).
+"""ONNX translations of ``torch.ops.qplug.*`` (QuantizeLinear / DequantizeLinear), and the ATen
+ops qplug translates itself (:mod:`~qplug_core.onnx_export.aten_ops`).
 
 Mirrors onnxscript's translations of PT2E's ``quantized_decomposed`` ops, with two differences that
 keep ONNX Runtime's QDQ fusions applicable: the reference form always quantizes to the storage
@@ -19,6 +20,7 @@ from onnxscript.onnx_opset import opset18 as op
 from onnxscript.values import Op, Opset
 
 from qplug_core.errors import ExportError
+from qplug_core.onnx_export import aten_ops
 
 
 def _dynamic_quantize_lstm_schema() -> OpSchema:
@@ -143,4 +145,4 @@ def translation_table(dynamic_linears: str = "matmul_integer") -> dict[Callable,
             ops.dequantize_per_channel.default: dequantize_per_channel,
             ops.dynamic_fake_quantize.default: dynamic_fake_quantize,
             ops.dynamic_quantized_linear.default: linear,
-            ops.dynamic_quantized_lstm.default: dynamic_quantized_lstm}
+            ops.dynamic_quantized_lstm.default: dynamic_quantized_lstm, **aten_ops.translation_table()}

@@ -27,14 +27,17 @@ _FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataTy
 
 
 def _cut_to_index(data, index, axes: Sequence[int]):
-    """``data`` cut to ``index``'s extent along each of ``axes`` (torch reads no further) where
-    their static sizes differ. A Gather of ``range(size)``, not a Slice: OpenVINO 2026.4 drops a
-    Slice in front of GatherElements and then refuses the shapes again."""
+    """``data`` cut to ``index``'s extent along each of ``axes`` (torch reads no further) unless
+    they are the same size there (the same number, or the same named symbolic size). A Gather of
+    ``range(size)``, not a Slice: OpenVINO 2026.4 drops a Slice in front of GatherElements and then
+    refuses the shapes again."""
     sizes = data.shape
     for axis in axes:
-        if not (isinstance(sizes[axis], int) and sizes[axis] == index.shape[axis]):
-            size = op.Gather(op.Shape(index), op.Constant(value_int=axis), axis=0)
-            data = op.Gather(data, op.Range(op.Constant(value_int=0), size, op.Constant(value_int=1)), axis=axis)
+        size = sizes[axis]
+        if not (size == index.shape[axis] and (isinstance(size, int) or size.value is not None)):
+            extent = op.Gather(op.Shape(index), op.Constant(value_int=axis), axis=0)
+            data = op.Gather(data, op.Range(op.Constant(value_int=0), extent, op.Constant(value_int=1)),
+                             axis=axis)
     return data
 
 

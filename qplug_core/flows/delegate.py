@@ -347,8 +347,21 @@ def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]
             node.meta[KERNEL] = f"delegate:{backend_name}"
     gm.graph.lint()
     gm.recompile()
+    _drop_taken_submodules(gm, summary.graphs.values())
     install_sole_call(gm)  # one partition: calls go straight to it (batch-1 overhead)
     return summary
+
+
+def _drop_taken_submodules(gm: fx.GraphModule, partitions: Iterable[fx.GraphModule]) -> None:
+    """Delete from ``gm`` the submodules its partitions took: its own forward no longer calls them
+    (a compiled partition, its reference form and the snapshot each keep the ones they run), and
+    left in ``gm`` they showed its float weights in ``parameters()`` and ``state_dict()``."""
+    used = {node.target for node in gm.graph.nodes if node.op in ("call_module", "get_attr")}
+    taken = {node.target for partition in partitions for node in partition.graph.nodes
+             if node.op in ("call_module", "get_attr")}
+    for target in sorted(taken - used, key=len, reverse=True):
+        if not any(str(u).startswith(f"{target}.") for u in used):
+            gm.delete_submodule(str(target))
 
 
 class NewSignatureContract:

@@ -50,7 +50,6 @@ from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.kernel_check import CONTRACT_BROKEN, output_violation
 from qplug_core.flows.snapshot import ReferenceSnapshot, keep_snapshot, snapshot_of
 from qplug_core.flows.tags import AUTO_RANKING, RECIPE, REPORT, SNAPSHOT, STATE, TARGET
-from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.kernels.per_token import swap_in_per_token
 from qplug_core.registry.backends import AUTO, Backend, get_backend, list_backends
 
@@ -193,7 +192,7 @@ def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial],
             raise BackendUnavailableError("backend='auto' needs a converted model with its reference form")
         snapshots[base.backend.name] = snapshot
         with torch.no_grad():
-            expected[base.backend.name] = deepcopy_graph(snapshot.graph_module)(*example_inputs)
+            expected[base.backend.name] = snapshot.graph_module(*example_inputs)
     finished: dict[str, tuple[fx.GraphModule, list[warnings.WarningMessage]]] = {
         base.backend.name: (base.model, list(base.warnings)) for base in bases}
     base_of = {base.backend.name: base.backend.name for base in bases}
@@ -274,7 +273,7 @@ def finish_on(snapshot: ReferenceSnapshot, backend: Backend, base_model: fx.Grap
               ) -> fx.GraphModule:
     """A deep copy of ``snapshot``'s reference form lowered (or delegated) to ``backend``, as
     ``qp.quantize(backend=...)`` would leave it: its own snapshot, report and per-token layers."""
-    gm = deepcopy_graph(snapshot.graph_module)
+    gm = snapshot.graph_module
     keep_snapshot(gm, backend)
     finish_conversion(gm, backend, mode=gm.meta.get(STATE, {}).get("mode", "static"))
     if snapshot.per_token_layers:

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["deepcopy_graph"]
 
 T = TypeVar("T")
 
 
-def deepcopy_graph(graph: T) -> T:
+def deepcopy_graph(graph: T, memo: dict[int, Any] | None = None) -> T:
     """``copy.deepcopy`` of a Graph, a GraphModule or a model holding one, without torch's
-    ``LeafSpec`` FutureWarning (only that one; see above)."""
+    ``LeafSpec`` FutureWarning (only that one; see above); ``memo`` as deepcopy's (objects to put
+    in the copy in place of some, by ``id``)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                                 category=FutureWarning)
-        return copy.deepcopy(graph)
+        return copy.deepcopy(graph, memo)

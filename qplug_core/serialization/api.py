@@ -25,7 +25,6 @@ from qplug_core.flows.safer_weights import make_safer
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import ARTIFACT, CAPTURE, EAGER_CONVERTED, EAGER_STATE, FUSIONS
 from qplug_core.flows.target_rungs import name_rungs
-from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
@@ -180,7 +179,7 @@ def rebuild_reference(qmodel: fx.GraphModule) -> fx.GraphModule:
     """The reference form recorded when ``qmodel`` was converted (for exporters and compilers)."""
     snapshot = snapshot_of(qmodel)
     if snapshot is not None:
-        return deepcopy_graph(snapshot.graph_module)  # a model of its own: callers may rewrite it
+        return snapshot.graph_module  # a model of its own: callers may rewrite it
     artifact = qmodel.meta.get(ARTIFACT)
     if not isinstance(artifact, Artifact):
         raise SerializationError("the model's reference form was not recorded at convert: "

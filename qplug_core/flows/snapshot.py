@@ -83,12 +83,12 @@ def snapshot_of(gm: object) -> ReferenceSnapshot | None:
 
 def hold_weights_as_int8(gm: fx.GraphModule) -> None:
     """Let ``gm``'s snapshot hold the weights of the ``ReferenceWeighted`` modules ``gm`` no longer
-    runs (lowered or compiled away) as their int8 values: a quarter of the bytes. A weight its
-    values do not give back bit-exactly stays float. Call it once ``gm`` is lowered."""
+    runs (lowered to kernels) as their int8 values: a quarter of the bytes. A weight its values do
+    not give back bit-exactly stays float. Call it once ``gm`` is lowered."""
     snapshot = snapshot_of(gm)
     if snapshot is None:
         return
-    running = {id(module) for module in gm.modules()}
+    running = _running_modules(gm)
     int8_weights = dict(snapshot.int8_weights)
     for node in snapshot.held.graph.nodes:
         if node.op != "call_module" or node.target in int8_weights:
@@ -102,6 +102,19 @@ def hold_weights_as_int8(gm: fx.GraphModule) -> None:
             snapshot.held.set_submodule(node.target, held)
             int8_weights[node.target] = (weight.dtype, weight.requires_grad)
     gm.meta[SNAPSHOT] = dataclasses.replace(snapshot, int8_weights=int8_weights)
+
+
+def _running_modules(gm: fx.GraphModule) -> set[int]:
+    """Ids of the modules ``gm`` may still run: its own and those of the reference forms its compiled
+    partitions keep (for new input signatures). The snapshot shares them: an int8 copy of one would
+    add to the float module, not replace it."""
+    running = set()
+    for module in gm.modules():
+        running.add(id(module))
+        partition = getattr(module, "partition", None)
+        if isinstance(partition, nn.Module):
+            running.update(id(inner) for inner in partition.modules())
+    return running
 
 
 def _with_int8_weight(module: ReferenceWeighted, weight: torch.Tensor) -> ReferenceWeighted | None:

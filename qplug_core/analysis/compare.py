@@ -42,11 +42,14 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
         return report
     with torch.no_grad(), float_like_int8(float_model), eval_mode(float_model), eval_mode(quantized_model):
         partitions = partition_comparisons(float_model, quantized_model, batches)
-    inside = {layer.name: partitions.inside[layer.name] for layer in report.layers
-              if layer.name in partitions.inside}
+    # the float layers a compiled partition took: a row of theirs would describe the reference form,
+    # and (the partition owns them, not the model) they are no float modules absent from int8 either
+    inside = {name: partitions.inside[name] for name in (*(layer.name for layer in report.layers),
+                                                        *report.float_only) if name in partitions.inside}
     return dataclasses.replace(
         report, layers=[*(layer for layer in report.layers if layer.name not in inside),
                         *partitions.rows],
+        float_only=[name for name in report.float_only if name not in inside],
         skipped={**report.skipped, **{name: f"inside compiled partition {partition}: measured "
                                              "as part of it" for name, partition in inside.items()},
                  **partitions.skipped})

@@ -25,14 +25,12 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from qplug_core import qparams as Q
-from qplug_core.flows.tags import BOUNDARY, FOLDED_CLAMP
+from qplug_core.flows.tags import ABSORBED_CLAMPS, BOUNDARY, FOLDED_CLAMP
 
 _RELU6_FUNCTIONS = (F.relu6,)
 _HARDTANH_FUNCTIONS = (F.hardtanh, F.hardtanh_)
 _CLAMP_FUNCTIONS = (torch.clamp, torch.clip)
 _CLAMP_METHODS = ("clamp", "clip")
-#: GraphModule.meta key: layer (module path) -> the :class:`AbsorbedClamp` its int8 output range holds
-ABSORBED_CLAMPS = "qplug_absorbed_clamps"
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,9 @@ SNAPSHOT = "qplug_reference_snapshot"
 #: GraphModule.meta key: each compiled partition's reference form, by submodule name, as fused into
 #: the model: the nodes its delegate compiled, with the same inputs and outputs (qp.compare runs it)
 PARTITION_FORMS = "qplug_partition_forms"
+#: GraphModule.meta key: layer (module path) -> the clamp its int8 output range holds
+#: (``flows.clamps.AbsorbedClamp``: qp.compare pairs the layer with the float value after it)
+ABSORBED_CLAMPS = "qplug_absorbed_clamps"
 #: attribute of a model quantized by ``qp.quantize_weights``: what was done (WeightOnlyInfo)
 WEIGHT_ONLY = "qplug_weight_only"
 #: attribute of a model quantized by ``qp.quantize_w8a8``: what was done (W8A8Info)

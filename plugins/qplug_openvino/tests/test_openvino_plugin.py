@@ -201,7 +201,7 @@ def test_dynamic_linears_without_run_time_groups_keep_float_inputs():
     rounded = copy.deepcopy(model)
     with torch.no_grad():  # the int8 weights, dequantized, times float inputs
         for linear, name in ((rounded.up, "up"), (rounded.down, "down")):
-            reference = qmodel.get_submodule(name)  # its grid follows this CPU; its bias is corrected for it
+            reference = partition.partition.get_submodule(name)  # its grid follows this CPU; bias corrected for it
             grid, weight = reference.weight_qparams, reference.module.weight
             scales = grid.scale.reshape(-1, 1)
             linear.weight.copy_(torch.round(weight / scales).clamp(grid.quant_min, grid.quant_max) * scales)

@@ -82,7 +82,7 @@ class _PackedWeightKernel(KernelModule, PackedStateModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # qnnpack reads past a wrongly sized input and answers (fbgemm: "packB ... K"): say so
-        if x.dim() <= self._input_axis or x.dim() < -self._input_axis or x.shape[self._input_axis] != self.input_size:
+        if not -x.dim() <= self._input_axis < x.dim() or x.shape[self._input_axis] != self.input_size:
             raise self._wrong_input(x)
         with forward_quiet():
             return self._op(x, self._packed, self.scale, self.zero_point)

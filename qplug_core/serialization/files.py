@@ -179,6 +179,7 @@ def read_artifact_file(path: Path) -> tuple[str, dict[str, torch.Tensor]]:
         raise SerializationError(f"cannot read {path}: {exc.strerror or exc}", path=str(path)) from exc
     try:
         _check_head(path, _read_exactly(fd, 9), size)
+        _check_data_extent(path, fd, size)
         try:
             metadata, tensors = _contents(fd, size)
         except Exception as exc:  # safetensors reports every malformed file as a plain exception
@@ -191,6 +192,25 @@ def read_artifact_file(path: Path) -> tuple[str, dict[str, torch.Tensor]]:
                                  "the files written by qp.save", path=str(path))
     check_digest(path, metadata.get(DIGEST_KEY), document, tensors)
     return document, tensors
+
+
+def _check_data_extent(path: Path, fd: int, size: int) -> None:
+    """Say "truncated" (or "extra bytes") when the tensors the header lists end elsewhere than the
+    file: an interrupted copy cuts the tensor data, which safetensors reports as a malformed header.
+    A header that does not parse is left to safetensors' own message."""
+    header = int.from_bytes(_read_exactly(fd, 8), "little")
+    try:
+        entries = json.loads(_read_exactly(fd, header, 8))
+        end = 8 + header + max((int(entry["data_offsets"][1]) for name, entry in entries.items()
+                                if name != "__metadata__"), default=0)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return
+    if end > size:
+        raise SerializationError(f"{path} is truncated: its tensors need {end} bytes but the file has {size}; "
+                                 "copy the file again", path=str(path))
+    if end < size:
+        raise SerializationError(f"{path} is corrupt: {size - end} bytes follow the last tensor the header "
+                                 "lists; copy the file again", path=str(path))
 
 
 def _check_head(path: Path, head: bytes, size: int) -> None:

@@ -105,6 +105,21 @@ def test_truncated_file_names_the_file(good_file):
         assert "cut.safetensors" in str(info.value), end
 
 
+def test_cut_or_padded_tensor_data_says_so(good_file):
+    """An interrupted copy cuts the tensor data, most of the file: the header is intact, so the
+    error says how many bytes the tensors need, not that the header is malformed."""
+    data = good_file.read_bytes()
+    end = (len(data) + 8 + header_size(good_file)) // 2  # half way through the tensors
+    cut, padded = good_file.with_name("cut.safetensors"), good_file.with_name("padded.safetensors")
+    cut.write_bytes(data[:end])
+    padded.write_bytes(data + bytes(16))
+    with pytest.raises(SerializationError, match=f"truncated: its tensors need {len(data)} bytes but the file "
+                                                 f"has {end}; copy the file again"):
+        load(cut)
+    with pytest.raises(SerializationError, match="corrupt: 16 bytes follow the last tensor"):
+        load(padded)
+
+
 @pytest.mark.parametrize("declared", [2**63 - 1, 10**9, 100_000_001])
 def test_huge_declared_header_is_refused_before_reading(good_file, declared):
     data = good_file.read_bytes()

@@ -21,11 +21,21 @@ from qplug_core.config.names import decode_dtype
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.flows.fuse import FusionRecord
 from qplug_core.flows.snapshot import snapshot_of
-from qplug_core.flows.tags import ARTIFACT, AUTO_RANKING, CAPTURE, FUSIONS, KERNEL, REPORT, STATE
+from qplug_core.flows.tags import (
+    ABSORBED_CLAMPS,
+    ARTIFACT,
+    AUTO_RANKING,
+    CAPTURE,
+    FUSIONS,
+    KERNEL,
+    REPORT,
+    STATE,
+)
 from qplug_core.flows.target_rungs import RUNGS
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend
+from qplug_core.serialization import clamp_record
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.lowering_record import KEY as LOWERING_KEY
 from qplug_core.serialization.lowering_record import LoweringRecord
@@ -49,7 +59,9 @@ AUTO_KEY = "auto_ranking"
 INT16_PAIRS_KEY = "weights_for_int16_pairs"
 #: where each layer an accuracy target took out of static int8 runs (layer -> rung)
 TARGET_RUNGS_KEY = "target_rungs"
-OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY, INT16_PAIRS_KEY, TARGET_RUNGS_KEY)
+#: the optional keys, and the clamps convert absorbed into layers' int8 output ranges (clamp_record)
+OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY, INT16_PAIRS_KEY, TARGET_RUNGS_KEY,
+                       clamp_record.KEY)
 CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: distribution names (PEP 508) and versions (PEP 440 characters) of a file's ``versions``
@@ -110,6 +122,8 @@ def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference",
              "training": gm.training, "mode": gm.meta.get(STATE, {}).get("mode", "static"),
              "fusions": [asdict(f) for f in gm.meta.get(FUSIONS, [])],
              "capture": gm.meta.get(CAPTURE, "symbolic")}
+    if gm.meta.get(ABSORBED_CLAMPS):
+        model[clamp_record.KEY] = clamp_record.to_document(gm.meta[ABSORBED_CLAMPS])
     return Artifact(name, plugins, model, table.tensors)
 
 
@@ -192,9 +206,11 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):
         _read_fusion(fusion, child("model.fusions", i))
     _check_tensors(expect(model["tensors"], dict, "model.tensors", "a JSON object"), tensors)
+    nodes = len(expect(model["graph"], list, "model.graph", "a JSON list"))
     if LOWERING_KEY in model:
-        nodes = len(expect(model["graph"], list, "model.graph", "a JSON list"))
         LoweringRecord.from_document(model[LOWERING_KEY], child("model", LOWERING_KEY), nodes)
+    if clamp_record.KEY in model:
+        clamp_record.from_document(model[clamp_record.KEY], child("model", clamp_record.KEY), nodes)
     return Artifact(backend, plugins, model, tensors)
 
 

@@ -34,6 +34,7 @@ from qplug_core.errors import ConfigError, InputMismatchError, QplugError, did_y
 from qplug_core.flows.clamps import AbsorbedClamp, absorbed_clamps
 from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.pipeline import as_input_tuple, eval_mode
+from qplug_core.kernels.reference import ReferenceWeighted
 
 __all__ = ["ComparisonReport", "LayerComparison", "compare_layers", "sqnr"]
 
@@ -402,6 +403,7 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
     """
     names = _select_layers(float_model, quantized_model, layers)
     clamps = absorbed_clamps(quantized_model)
+    clamped = _clamped_outputs(quantized_model, clamps)
     errors = _LayerErrors()
     output = ErrorStats()
     num_batches = 0
@@ -410,7 +412,7 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
         stack.enter_context(float_like_int8(float_model))
         stack.enter_context(eval_mode(float_model))
         stack.enter_context(eval_mode(quantized_model))
-        ref_rec = stack.enter_context(_recording(float_model, names, clamps))
+        ref_rec = stack.enter_context(_recording(float_model, names, clamped))
         test_rec = stack.enter_context(_recording(quantized_model, names))
         for args in batches_of(inputs, float_model):
             ref_out = first_tensor(_run(float_model, args, "float", num_batches))
@@ -427,10 +429,19 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
     if num_batches == 0:
         raise ConfigError("compare() got no input batches", field="inputs")
     return ComparisonReport(
-        layers=errors.comparisons(float_model, quantized_model, clamps),
+        layers=errors.comparisons(float_model, quantized_model, clamped),
         output_sqnr_db=output.sqnr_db, output_cosine=output.cosine,
         output_max_abs_err=output.max_abs, num_batches=num_batches, skipped=errors.skipped,
         float_only=_float_only(float_model, quantized_model, {c.module for c in clamps.values()}))
+
+
+def _clamped_outputs(quantized_model: nn.Module, clamps: Mapping[str, AbsorbedClamp]
+                     ) -> dict[str, AbsorbedClamp]:
+    """The absorbed clamps of the layers whose int8 module outputs the clamped value: a kernel
+    quantizes its output, whose range holds the clamp; a layer in reference form outputs the float
+    value the Quantize after it clamps, which is compared with the float layer's as it is."""
+    modules = dict(quantized_model.named_modules())
+    return {name: clamp for name, clamp in clamps.items() if not isinstance(modules.get(name), ReferenceWeighted)}
 
 
 def _float_only(float_model: nn.Module, quantized_model: nn.Module, absorbed: set[str | None]) -> list[str]:

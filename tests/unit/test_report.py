@@ -306,14 +306,15 @@ class _ConvClampNet(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
-def _conv_rows(act: type[nn.Module] | None) -> tuple[ComparisonReport, dict[str, tuple[str, float]]]:
+def _conv_rows(act: type[nn.Module] | None, backend: str = "fbgemm"
+               ) -> tuple[ComparisonReport, dict[str, tuple[str, float]]]:
     import qplug_core as qp
 
     torch.manual_seed(0)
     model = _ConvClampNet(act).eval()
     data = [(torch.randn(4, 3, 12, 12),) for _ in range(4)]
-    qmodel = qp.quantize(model, data[0], data, backend="fbgemm", progress=False)
-    report = qp.compare(qp.fuse_fx(model, data[0], backend="fbgemm"), qmodel, data)
+    qmodel = qp.quantize(model, data[0], data, backend=backend, progress=False)
+    report = qp.compare(qp.fuse_fx(model, data[0], backend=backend), qmodel, data)
     return report, {layer.name: (layer.float_type, layer.sqnr_db) for layer in report.layers
                     if layer.name.startswith("conv")}
 
@@ -329,3 +330,12 @@ def test_a_layer_that_absorbed_a_clamp_is_paired_with_the_clamped_float_value(pl
     for name, (kind, db) in rows.items():
         assert kind == float_type and report.output_sqnr_db - 12 < db and db > 30
         assert relu_rows[name][0] == "ConvReLU2d" and db == pytest.approx(relu_rows[name][1], abs=1.0)
+
+
+def test_a_reference_form_layer_is_paired_with_the_float_value_before_the_absorbed_clamp():
+    """In reference form the conv outputs float, and the Quantize after it clamps: the conv's row
+    compares it with the float conv as it is (against the float ReLU6 it read -0.3 dB)."""
+    report, rows = _conv_rows(nn.ReLU6, backend="reference")
+    assert set(rows) == {"conv1", "conv2"} and not report.float_only
+    for kind, db in rows.values():
+        assert kind == "Conv2d" and db > 30

@@ -10,7 +10,8 @@ inputs it really receives in the int8 model and its output compared with
   other partitions after a fallback): what the compiler changed;
 * its **float form** (the reference partition with every Quantize/Dequantize an identity, fed the
   float values before quantization, and the float model's own layers where the float model has a
-  module of the same name and type): what int8 changed.
+  module of the same name and type, each followed by the clamp convert absorbed into its int8
+  range, if any: a ReLU6 its Quantize realised by saturation): what int8 changed.
 
 Quantized outputs are compared after dequantizing them with the Dequantize that reads them.
 Integer and bool outputs that no Dequantize reads (topk indices, argmax masks: post-processing
@@ -25,13 +26,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import fx, nn
 
 from qplug_core.analysis.layers import ErrorStats, LayerComparison
+from qplug_core.flows.clamps import AbsorbedClamp, absorbed_clamps
 from qplug_core.flows.delegate import PREFIX
 from qplug_core.flows.tags import PARTITION_FORMS, REPORT
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
@@ -61,8 +63,21 @@ class _Identity(nn.Module):
         return x
 
 
-def _float_form(partition: fx.GraphModule, float_model: nn.Module) -> fx.GraphModule:
-    """The partition computing in float: no quantize/dequantize, float weights where known."""
+class _Clamped(nn.Module):
+    """A layer and the clamp convert absorbed into its int8 range (the Quantize after it clamped)."""
+
+    def __init__(self, layer: nn.Module, clamp: AbsorbedClamp) -> None:
+        super().__init__()
+        self.layer, self.clamp = layer, clamp
+
+    def forward(self, *args: Any) -> torch.Tensor:
+        return self.clamp.apply(self.layer(*args))
+
+
+def _float_form(partition: fx.GraphModule, float_model: nn.Module,
+                clamps: Mapping[str, AbsorbedClamp]) -> fx.GraphModule:
+    """The partition computing in float: no quantize/dequantize, float weights where known, and
+    the clamps those quantizes realised by saturation (``clamps``) run again."""
     floats = dict(float_model.named_modules())
     form = copy.deepcopy(partition)
     for name, module in list(form.named_modules()):
@@ -70,8 +85,8 @@ def _float_form(partition: fx.GraphModule, float_model: nn.Module) -> fx.GraphMo
             form.set_submodule(name, _Identity())
         elif isinstance(module, ReferenceWeighted):
             original = floats.get(name)
-            if original is not None and type(original) is type(module.module):
-                form.set_submodule(name, original)
+            layer = original if original is not None and type(original) is type(module.module) else module
+            form.set_submodule(name, layer if name not in clamps else _Clamped(layer, clamps[name]))
     return form
 
 
@@ -140,8 +155,9 @@ class _Measured:
     """One compiled partition's errors over its calls so far: its outputs against those of its
     reference form (same inputs) and of its float form (the float values before quantization)."""
 
-    def __init__(self, reference: fx.GraphModule, float_model: nn.Module, readers: dict[int, nn.Module | None]):
-        self.reference, self.float_form = reference, _float_form(reference, float_model)
+    def __init__(self, reference: fx.GraphModule, float_model: nn.Module, readers: dict[int, nn.Module | None],
+                 clamps: Mapping[str, AbsorbedClamp]):
+        self.reference, self.float_form = reference, _float_form(reference, float_model, clamps)
         self.readers = readers
         self.vs_float, self.vs_reference, self.agreement = ErrorStats(), ErrorStats(), _Agreement()
         self.shape: tuple[int, ...] = ()
@@ -191,7 +207,9 @@ def partition_comparisons(float_model: nn.Module, qmodel: nn.Module,
         return PartitionComparisons()
     calls = {str(n.target): n for n in qmodel.graph.nodes if _is_partition(n)}
     forms, skipped = _reference_forms(qmodel, calls)
-    measured = {name: _Measured(form, float_model, _readers(qmodel, calls[name])) for name, form in forms.items()}
+    clamps = absorbed_clamps(qmodel)
+    measured = {name: _Measured(form, float_model, _readers(qmodel, calls[name]), clamps)
+                for name, form in forms.items()}
     for args in batches:
         recorder = _Recorder(qmodel)
         recorder.run(*args)

@@ -243,3 +243,17 @@ def test_a_delegate_models_segment_mean_is_compared(plugin_autoload, backend):
     assert {row.name for row in _partition_rows(report)} == compiled
     assert all(row.reference_sqnr_db > 30 and row.sqnr_db > 25 for row in _partition_rows(report))
     assert report.output_sqnr_db > 25
+
+
+def test_a_partitions_float_form_runs_the_clamp_its_quantize_absorbed(fake_dist):
+    """The ReLU6 after a conv is realised by the conv's output Quantize: the float form, whose
+    quantizes are identities, runs it again (without it, onnxruntime's conv+ReLU6 read 2.2 dB)."""
+    fake_dist("qplug-sdk", SDK, module="qplug_sdk:plugin")
+    __import__("qplug_sdk").OFF_BY.update(steps=0, nan=False)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU6(), nn.Conv2d(8, 8, 3), nn.Sigmoid()).eval()
+    data = [(torch.randn(2, 3, 8, 8) * 4,) for _ in range(3)]
+    qmodel = qp.quantize(model, data[0], data, backend="sdk")
+    assert "0" in qp.compare(model, qmodel, data).skipped  # inside the partition
+    (row,) = _partition_rows(qp.compare(qp.fuse_fx(model, data[0], backend="sdk"), qmodel, data))
+    assert row.reference_sqnr_db == math.inf and row.sqnr_db > 30

@@ -349,6 +349,14 @@ def _set(getter: Callable[[dict], dict], **fields: Any) -> Callable[[dict, dict]
     return edit
 
 
+def _absorbed(layer: str = "fc", **fields: Any) -> Callable[[dict, dict], None]:
+    """An absorbed-clamp record (flows/clamps.py) for ``layer``, with ``fields`` replaced."""
+    def edit(document, tensors):
+        entry = {"low": 0.0, "high": 6.0, "op": "ReLU6", "module": "act", **fields}
+        document["model"]["absorbed_clamps"] = {layer: entry}
+    return edit
+
+
 TAMPERING = {
     "missing tensor": (lambda d, t: t.pop("fc.module.bias"), "missing \\['fc.module.bias'\\]"),
     "extra tensor": (lambda d, t: t.update(smuggled=torch.zeros(1)), "extra \\['smuggled'\\]"),
@@ -382,6 +390,12 @@ TAMPERING = {
                           "not defined before it"),
     "method override": (_set(lambda d: module(d, "quantize"), attrs={"forward": {"callable": "torch.relu"}}),
                         "cannot be set from a file"),
+    "code in an absorbed clamp's layer": (_absorbed('fc")(__import__("os").mkdir("pwned")'), "not a dotted path"),
+    "dunder absorbed clamp module": (_absorbed(module="__class__"), "not a dotted path"),
+    "absorbed clamp bound a string": (_absorbed(high="6"), "a number or null"),
+    "absorbed clamp bound infinite": (_absorbed(low=float("-inf")), "not a finite number"),
+    "absorbed clamp bounds reversed": (_absorbed(low=7.0), "above high bound"),
+    "absorbed clamp op as code": (_absorbed(op="relu6(); import os"), "not an op name"),
 }
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.flows.clamps import absorbed_clamps
 from qplug_core.kernels.reference import Quantize
 from qplug_core.testing import one_thread
 
@@ -33,6 +34,9 @@ CLAMPS = {
     "F.relu6": lambda x: F.relu6(x),
     "clamp": lambda x: torch.clamp(x, min=0.0, max=1.5),
     "clamp method": lambda x: x.clamp(-1.0, 1.0),
+    "F.hardtanh": lambda x: F.hardtanh(x, -2.0, 2.0),
+    "clamp min only": lambda x: torch.clamp(x, min=0.0),
+    "clamp method max only": lambda x: x.clamp(max=1.0),
 }
 
 
@@ -59,6 +63,9 @@ def test_clamp_disappears_and_the_output_range_is_the_clamps(kind):
     with one_thread():
         reference = qp.quantize(model, data[0], data, backend="reference")
     assert _clamp_calls(reference) == []
+    (layer, clamp), = absorbed_clamps(reference).items()  # recorded for qp.compare
+    extremes = torch.tensor([-1e9, -0.25, 1e9])
+    assert layer == "conv" and torch.equal(clamp.apply(extremes), CLAMPS[kind](extremes))
     conv_out = reference.get_submodule(next(n.target for n in reference.graph.nodes
                                             if n.op == "call_module" and n.args and n.args[0].name == "conv"))
     assert isinstance(conv_out, Quantize)
@@ -110,7 +117,7 @@ def test_fbgemm_7_bit_input_of_a_depthwise_conv_keeps_the_clamp(plugin_autoload)
         qp.calibrate(observed, data)
         reference = qp.convert_to_reference_fx(observed)
         lowered = qp.convert_fx(observed)
-    assert len(_clamp_calls(reference)) == 1
+    assert len(_clamp_calls(reference)) == 1 and absorbed_clamps(lowered) == {}
     (clamp,) = [n for n in reference.graph.nodes if n.name in _clamp_calls(reference)]
     before, after = clamp.args[0].args[0], next(iter(clamp.users))
     q_before, q_after = reference.get_submodule(before.target), reference.get_submodule(after.target)
@@ -127,5 +134,5 @@ def test_a_clamp_whose_low_bound_is_above_zero_is_kept():
         reference = qp.quantize(model, data[0], data, backend="reference")
         expected = model(*data[0])
         got = reference(*data[0])
-    assert len(_clamp_calls(reference)) == 1
+    assert len(_clamp_calls(reference)) == 1 and absorbed_clamps(reference) == {}
     assert qp.sqnr(expected, got) > 25

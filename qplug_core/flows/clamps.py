@@ -31,6 +31,8 @@ _RELU6_FUNCTIONS = (F.relu6,)
 _HARDTANH_FUNCTIONS = (F.hardtanh, F.hardtanh_)
 _CLAMP_FUNCTIONS = (torch.clamp, torch.clip)
 _CLAMP_METHODS = ("clamp", "clip")
+#: the clamp modules, by the qualified names torch.export writes in a node's ``nn_module_stack``
+_CLAMP_MODULES = {f"{cls.__module__}.{cls.__qualname__}": cls.__name__ for cls in (nn.ReLU6, nn.Hardtanh)}
 
 
 @dataclass(frozen=True)
@@ -151,5 +153,17 @@ def _record_absorbed(gm: fx.GraphModule, clamp: fx.Node, low: float, high: float
     if clamp.op == "call_module":
         op, module = type(gm.get_submodule(str(clamp.target))).__name__, str(clamp.target)
     else:
-        op, module = getattr(clamp.target, "__name__", str(clamp.target)), None
+        op, module = _running_module(clamp) or (getattr(clamp.target, "__name__", str(clamp.target)), None)
     gm.meta.setdefault(ABSORBED_CLAMPS, {})[str(producer.target)] = AbsorbedClamp(low, high, op, module)
+
+
+def _running_module(clamp: fx.Node) -> tuple[str, str] | None:
+    """``(class name, path)`` of the ReLU6/Hardtanh module whose forward is the function ``clamp``
+    (torch.export's graph calls ``hardtanh`` for ``self.act``), from the node's module stack; else
+    None. qp.compare names the layer's float type after it and knows the float module is absorbed."""
+    innermost = list((clamp.meta.get("nn_module_stack") or {}).values())[-1:]
+    if not (innermost and isinstance(innermost[0], tuple) and len(innermost[0]) == 2):
+        return None
+    path, cls = innermost[0]
+    name = _CLAMP_MODULES.get(cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}")
+    return None if name is None else (name, str(path))

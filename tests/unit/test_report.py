@@ -339,3 +339,17 @@ def test_a_reference_form_layer_is_paired_with_the_float_value_before_the_absorb
     assert set(rows) == {"conv1", "conv2"} and not report.float_only
     for kind, db in rows.values():
         assert kind == "Conv2d" and db > 30
+
+
+def test_an_exported_models_relu6_module_is_named_as_the_absorbed_clamp(plugin_autoload):
+    """torch.export's graph calls ``hardtanh`` for the ReLU6 module ``1``: the conv's row still reads
+    Conv2d+ReLU6, and ``1`` is no float module absent from the int8 model (the report listed it)."""
+    import qplug_core as qp
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU6(), nn.Conv2d(8, 4, 1)).eval()
+    data = [(torch.randn(2, 3, 8, 8) * 2,)]
+    qmodel = qp.quantize(model, data[0], data, backend="fbgemm", progress=False, capture="export")
+    report = qp.compare(model, qmodel, data)
+    assert [(layer.name, layer.float_type) for layer in report.layers] == [("0", "Conv2d+ReLU6"), ("2", "Conv2d")]
+    assert not report.float_only and report.layers[0].sqnr_db > 30

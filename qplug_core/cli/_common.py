@@ -10,8 +10,15 @@ from typing import Any
 
 import typer
 
+from qplug_core.errors import ConfigError
+
 #: the version of every JSON document the CLI prints (``--json``)
 JSON_SCHEMA_VERSION = 1
+
+
+class UsageError(ConfigError):
+    """Options that do not go together on the command line: exit 2, like a command line the parser
+    rejects, so a script can tell "my invocation is wrong" (2) from "the model or data is" (1)."""
 
 
 def emit_json(document: dict[str, Any]) -> None:

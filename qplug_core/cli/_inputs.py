@@ -78,16 +78,16 @@ class InputSpec:
 
 def input_specs(shapes: list[str], dtypes: list[str]) -> list[InputSpec]:
     """Pair each ``--example-shape`` with its ``--example-dtype`` (one dtype applies to all)."""
-    from qplug_core.cli._common import parse_shape
+    from qplug_core.cli._common import UsageError, parse_shape
 
     if len(dtypes) not in (0, 1, len(shapes)):
-        raise ConfigError(f"{len(shapes)} --example-shape but {len(dtypes)} --example-dtype "
+        raise UsageError(f"{len(shapes)} --example-shape but {len(dtypes)} --example-dtype "
                           "options: give one --example-dtype per input, or one for all",
                           field="--example-dtype", value=dtypes)
     names = dtypes * len(shapes) if len(dtypes) == 1 else dtypes or ["float32"] * len(shapes)
     for name in names:
         if name not in INPUT_DTYPES:
-            raise ConfigError(f"--example-dtype {name!r} is not one of {', '.join(INPUT_DTYPES)}"
+            raise UsageError(f"--example-dtype {name!r} is not one of {', '.join(INPUT_DTYPES)}"
                               f"{did_you_mean(name, list(INPUT_DTYPES))}",
                               field="--example-dtype", value=name)
     return [InputSpec(parse_shape(shape), INPUT_DTYPES[name]) for shape, name in zip(shapes, names)]

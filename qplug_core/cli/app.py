@@ -24,12 +24,13 @@ from typing import Any, Iterator
 import typer
 from typer.core import TyperGroup
 
-from qplug_core.cli._common import emit_json, say
+from qplug_core.cli._common import UsageError, emit_json, say
 from qplug_core.enums import BackendStatus
 from qplug_core.errors import PluginError, QplugError, cli_audience
 from qplug_core.registry import plugins
 
 EXIT_ERROR = 1
+EXIT_USAGE = 2
 EXIT_PLUGIN_FAILURE = 3
 ENV_DEBUG = "QPLUG_DEBUG"
 FAILED_PLUGIN = (plugins.PluginStatus.BROKEN, plugins.PluginStatus.CONFLICT,
@@ -58,7 +59,7 @@ class QplugGroup(TyperGroup):
             say(f"qplug: error: {' '.join(str(exc).split())}", err=True)
             strict = os.environ.get(plugins.ENV_STRICT) == "1"
             raise typer.Exit(EXIT_PLUGIN_FAILURE if strict and isinstance(exc, PluginError)
-                             else EXIT_ERROR) from exc
+                             else EXIT_USAGE if isinstance(exc, UsageError) else EXIT_ERROR) from exc
 
 
 app = typer.Typer(cls=QplugGroup, no_args_is_help=True, pretty_exceptions_show_locals=False,

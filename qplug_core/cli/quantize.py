@@ -112,6 +112,7 @@ def quantize(
     """Quantize MODULE:FACTORY's model, save it with qp.save, print the report and its accuracy."""
     import qplug_core as qp
     from qplug_core.cli._accuracy import accuracy_document
+    from qplug_core.cli._common import UsageError
     from qplug_core.cli._inputs import (
         forward_input_names,
         input_specs,
@@ -120,24 +121,23 @@ def quantize(
         random_calibration,
     )
     from qplug_core.cli._report import print_report
-    from qplug_core.errors import ConfigError
     from qplug_core.flows.auto import AUTO
     from qplug_core.flows.steps import resolve_backend
     from qplug_core.observers import distributed
 
     specs = input_specs(example_shapes, example_dtypes)
+    if mode in SWAP_MODES and backend is not None:
+        raise UsageError(f"--mode {mode.value} picks the fastest kernels installed for each layer "
+                         "itself; leave out --backend", field="--backend", value=backend)
+    if backend == AUTO and mode is not Mode.static:
+        raise UsageError(f"--backend auto measures static int8 models only, not --mode "
+                         f"{mode.value}; name a backend", field="--backend", value=backend)
     check_writable(out)  # before minutes of quantizing, not after
     with stdout_to_stderr():  # stdout is for the report: what the user's code prints goes to stderr
         model = load_factory_model(model_spec)
         names = forward_input_names(model, len(specs))
-        if mode in SWAP_MODES and backend is not None:
-            raise ConfigError(f"--mode {mode.value} picks the fastest kernels installed for each layer "
-                              "itself; leave out --backend", field="--backend", value=backend)
         chosen = (None if mode in SWAP_MODES else backend if backend == AUTO
                   else resolve_backend(backend).require_available())
-        if chosen == AUTO and mode is not Mode.static:
-            raise ConfigError(f"--backend auto measures static int8 models only, not --mode "
-                              f"{mode.value}; name a backend", field="--backend", value=backend)
         batches = (load_batches(calibration, specs, names) if calibration
                    else random_calibration(specs) if mode in (Mode.static, Mode.w8a8) else None)
         example = _example(specs, batches if calibration else None)

@@ -36,19 +36,18 @@ def report(
 ) -> None:
     """Show a saved model's backend, versions, int8 regions, kernels, float ops and size."""
     import qplug_core as qp
-    from qplug_core.cli._common import emit_json
+    from qplug_core.cli._common import UsageError, emit_json
     from qplug_core.cli._report import print_report
     from qplug_core.cli._saved import saved_document
     from qplug_core.cli._table import show
-    from qplug_core.errors import ConfigError
     from qplug_core.serialization.weight_only import is_swapped_document
 
     if (float_spec is None) != (evaluation is None):
-        raise ConfigError("--float and --eval go together: the float model and the inputs to "
+        raise UsageError("--float and --eval go together: the float model and the inputs to "
                           "compare it with the int8 model on", field="--float" if float_spec is None
                           else "--eval")
     if sensitivity_of is not None and not example_shapes:
-        raise ConfigError("--sensitivity needs --example-shape", field="--example-shape")
+        raise UsageError("--sensitivity needs --example-shape", field="--example-shape")
     document = saved_document(path)  # what it was saved with, not what runs now
     if is_swapped_document(document):
         _report_swapped(path, document, float_spec, evaluation, sensitivity_of, as_json)

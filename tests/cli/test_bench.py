@@ -54,7 +54,7 @@ def test_bad_inputs(user_models):
     assert_one_line_error(invoke("bench", f"{user_models}:build", "--example-shape", "2,5",
                                  "--backend", "reference"), "cannot run on the example inputs")
     assert_one_line_error(invoke("bench", f"{user_models}:build", "--example-shape", SHAPE,
-                                 "--example-dtype", "int8"), "--example-dtype 'int8' is not one of")
+                                 "--example-dtype", "int8"), "--example-dtype 'int8' is not one of", code=2)
     assert_one_line_error(invoke("bench", "nope_module_q:build", "--example-shape", SHAPE),
                           "cannot import 'nope_module_q'")
     assert invoke("bench", f"{user_models}:build", "--example-shape", SHAPE, "--runs", "1").exit_code == 2

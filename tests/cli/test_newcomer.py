@@ -127,7 +127,7 @@ def test_token_inputs_need_real_calibration_and_matching_files(token_project):
     assert floats.exit_code == 1 and "must be floating point" in floats.stderr
     counts = invoke("quantize", "tokmodels:build", *TOKEN_ARGS, "--example-dtype", "int64",
                     "--example-dtype", "int64", "--out", "x.safetensors")
-    assert counts.exit_code == 1 and "give one --example-dtype per input" in counts.stderr
+    assert counts.exit_code == 2 and "give one --example-dtype per input" in counts.stderr
 
 
 _FRAME = re.compile(r"[\s│┃┏┓┗┛━─┡┩╇┳┻╋┼┴┬└┘┌┐├┤╭╮╰╯]+")

@@ -153,6 +153,13 @@ def test_malformed_options_are_usage_errors(user_models, args):
     assert invoke("quantize", f"{user_models}:build", *args).exit_code == 2
 
 
+def test_options_that_do_not_go_together_are_usage_errors(tmp_path):
+    """Exit 2 as for a command line the parser rejects, checked before the file is read, in
+    qplug's one-line form: a deployment script tells its own mistake (2) from a bad model (1)."""
+    result = invoke("report", str(tmp_path / "missing.safetensors"), "--float", "m:f")
+    assert_one_line_error(result, "--float and --eval go together", code=2)
+
+
 def test_bad_input_as_subprocess(user_models, tmp_path):
     result = run("quantize", f"{user_models}:broken", "--example-shape", SHAPE,
                  "--out", str(tmp_path / "o.safetensors"), cwd=tmp_path)
@@ -188,7 +195,7 @@ def test_report_sensitivity_ranks_the_float_models_layers(user_models, calibrati
     text = invoke(*args)
     assert text.exit_code == 0 and "per-layer sensitivity" in text.stdout
     missing = invoke("report", str(out), "--sensitivity", f"{user_models}:build")
-    assert missing.exit_code == 1 and "--example-shape" in missing.stderr
+    assert missing.exit_code == 2 and "--example-shape" in missing.stderr
 
 
 def test_backend_auto_measures_what_is_installed(user_models, tmp_path):
@@ -204,7 +211,7 @@ def test_backend_auto_measures_what_is_installed(user_models, tmp_path):
 def test_backend_auto_is_for_static_models_only(user_models, tmp_path):
     result = invoke("quantize", f"{user_models}:build", "--example-shape", SHAPE, "--out",
                     str(tmp_path / "net.safetensors"), "--backend", "auto", "--mode", "dynamic")
-    assert_one_line_error(result, "--backend auto measures static int8 models only, not --mode dynamic")
+    assert_one_line_error(result, "--backend auto measures static int8 models only, not --mode dynamic", code=2)
 
 
 # -- files of models quantized by module swap (weight-only, W8A8) ------------------------------------
@@ -273,7 +280,8 @@ def test_quantize_keeps_the_model_with_w8a8_and_weight_only(user_models, calibra
 
     chosen = invoke("quantize", f"{user_models}:mlp", "--example-shape", SHAPE, "--out", str(out),
                     "--mode", "weight-only", "--backend", "fbgemm")
-    assert_one_line_error(chosen, "--mode weight-only picks the fastest kernels installed for each layer itself")
+    assert_one_line_error(chosen, "--mode weight-only picks the fastest kernels installed for each layer itself",
+                          code=2)
 
 
 def test_integer_example_dtype_without_calibration_blames_the_flag(user_models, tmp_path):

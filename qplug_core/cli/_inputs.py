@@ -100,6 +100,11 @@ def forward_input_names(model: nn.Module, count: int) -> list[str]:
     return params[:count]
 
 
+#: the ``what`` of held-out inputs: other sizes than the example's are the point of them (sequence
+#: lengths of held-out sentences); the model itself says if it cannot take one
+EVAL = "--eval"
+
+
 def load_batches(path: Path, specs: list[InputSpec] | None, names: list[str], *,
                  what: str = "calibration") -> list[tuple]:
     """Batches of positional inputs from a ``.safetensors`` or ``.npy`` file.
@@ -108,7 +113,7 @@ def load_batches(path: Path, specs: list[InputSpec] | None, names: list[str], *,
     before 10). For several inputs its keys are ``NAME/INDEX`` (``input_ids/0``,
     ``attention_mask/0``, ...), NAME being a parameter of ``forward``. A ``.npy`` file is one
     batch of a one-input model. Nothing is unpickled. With ``specs`` (the example inputs) every
-    tensor is checked against its input's shape and dtype.
+    tensor is checked against its input's dtype and shape (``--eval`` tensors: its rank only).
     """
     tensors = _read_tensors(path, what)
     if len(names) == 1 and not any("/" in key for key in tensors):
@@ -184,7 +189,11 @@ def _checked(path: Path, what: str, name: str, tensor: torch.Tensor, spec: Input
         raise CalibrationError(
             f"{what} tensor {name!r} in {path} is {tensor.dtype} but the input is {spec.dtype} "
             f"(--example-dtype): {what} tensors for it must be {kind}")
-    if tuple(tensor.shape[1:]) != spec.shape[1:] or tensor.dim() != len(spec.shape):
+    if tensor.dim() != len(spec.shape):
+        raise CalibrationError(
+            f"{what} tensor {name!r} in {path} has shape {tuple(tensor.shape)} but --example-shape is "
+            f"{','.join(map(str, spec.shape))}: it must have {len(spec.shape)} dimensions")
+    if what != EVAL and tuple(tensor.shape[1:]) != spec.shape[1:]:
         raise CalibrationError(
             f"{what} tensor {name!r} in {path} has shape {tuple(tensor.shape)} but --example-shape is "
             f"{','.join(map(str, spec.shape))}; all sizes but the first (batch) must match")

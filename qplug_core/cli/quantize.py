@@ -114,6 +114,7 @@ def quantize(
     from qplug_core.cli._accuracy import accuracy_document
     from qplug_core.cli._common import UsageError
     from qplug_core.cli._inputs import (
+        EVAL,
         forward_input_names,
         input_specs,
         load_batches,
@@ -140,6 +141,7 @@ def quantize(
                   else resolve_backend(backend).require_available())
         batches = (load_batches(calibration, specs, names) if calibration
                    else random_calibration(specs) if mode in (Mode.static, Mode.w8a8) else None)
+        held_out = load_batches(evaluation, specs, names, what=EVAL) if evaluation else None  # before the work
         example = _example(specs, batches if calibration else None)
         with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
             qmodel = quantize_model(model, example, batches, chosen, mode, capture, bits, group_size)
@@ -149,7 +151,6 @@ def quantize(
         if not saving:  # rank 0 saves and reports for all
             return
         path = qp.save(qmodel, out)
-    held_out = load_batches(evaluation, specs, names, what="--eval") if evaluation else None
     evaluated_on = (f"--eval {evaluation}" if evaluation else
                     f"the calibration set {calibration} (not held out)" if calibration
                     else "random inputs (pass --eval FILE for a real figure)")

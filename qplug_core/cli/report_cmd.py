@@ -96,12 +96,18 @@ def _accuracy(qmodel, float_spec: str, evaluation: Path, backend: str | None,
               layers: set[str] | None = None) -> dict:
     import qplug_core as qp
     from qplug_core.cli._accuracy import accuracy_document
-    from qplug_core.cli._inputs import forward_input_names, input_count, load_batches, load_factory_model
+    from qplug_core.cli._inputs import (
+        EVAL,
+        forward_input_names,
+        input_count,
+        load_batches,
+        load_factory_model,
+    )
 
     model = load_factory_model(float_spec)
     names = forward_input_names(model, input_count(evaluation))
     swapped = layers is not None  # a module-swap model: its layers are the float model's, unfused
-    return accuracy_document(model, qmodel, load_batches(evaluation, None, names, what="--eval"),
+    return accuracy_document(model, qmodel, load_batches(evaluation, None, names, what=EVAL),
                              backend=backend, evaluated_on=f"--eval {evaluation}",
                              fuse=not swapped and _fused(qp.quantization_report(qmodel)), layers=layers)
 

@@ -41,6 +41,18 @@ def test_static_with_calibration_file_saves_and_reports(user_models, calibration
     assert text.exit_code == 0 and "qplug quantization report" in text.stdout
 
 
+def test_a_bad_eval_file_is_refused_before_quantizing(user_models, calibration_file, tmp_path):
+    """Held-out inputs may have other sizes than the example (sentences of other lengths), not
+    another rank; that is said before minutes of quantizing, and nothing is written."""
+    from safetensors.torch import save_file
+
+    evaluation, out = tmp_path / "eval.safetensors", tmp_path / "net.safetensors"
+    save_file({"batch0": torch.randn(4, 3, 8)}, str(evaluation))
+    result = _quantize(user_models, "build", out, "--calibration", str(calibration_file), "--eval", str(evaluation))
+    assert_one_line_error(result, "--eval tensor", "has shape (4, 3, 8)", "must have 4 dimensions")
+    assert not out.exists()
+
+
 def test_random_calibration_warns_loudly(user_models, tmp_path):
     result = _quantize(user_models, "build", tmp_path / "net.safetensors")
     assert result.exit_code == 0, result.stderr

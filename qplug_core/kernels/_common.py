@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 from torch import nn
@@ -51,13 +51,24 @@ def _forward_guard_is_needed() -> bool:
 
 
 def forward_quiet() -> ContextManager[None]:
-    """The guard around quantized-tensor creation in a kernel's ``forward``.
+    """The guard around the torch op a kernel's ``forward`` calls.
 
-    ``warnings.catch_warnings`` costs ~2-3 us per call and mutates the process-global filter list
-    (not thread safe), so forwards use it only if torch would still emit the deprecation warning
-    (i.e. it stopped being warn-once); builds always use :func:`quiet_quantized_dtypes`.
+    Tensor subclasses' torch functions are off inside: before running ``torch.ops.quantized.*``,
+    torch's Python binding looks ``__torch_function__`` up on every argument that is not a plain
+    tensor, and on a packed-weight ``ScriptObject`` that failed lookup is a C++ exception turned
+    into an ``AttributeError``, ~20 us per call: more than a small layer's int8 kernel (torch
+    function modes still run). ``warnings.catch_warnings`` costs ~2-3 us per call and mutates the
+    process-global filter list (not thread safe), so forwards silence the quantized-dtype
+    deprecation only if torch would still emit it (it stopped being warn-once); builds always use
+    :func:`quiet_quantized_dtypes`.
     """
-    return quiet_quantized_dtypes() if _forward_guard_is_needed() else contextlib.nullcontext()
+    return _quiet_op() if _forward_guard_is_needed() else torch._C.DisableTorchFunctionSubclass()
+
+
+@contextlib.contextmanager
+def _quiet_op() -> Iterator[None]:
+    with quiet_quantized_dtypes(), torch._C.DisableTorchFunctionSubclass():
+        yield
 
 
 def activation_qparams(qp: QParams | None, what: str) -> tuple[float, int, torch.dtype]:

@@ -18,6 +18,7 @@ from kernel_reference import (
     random_activation,
 )
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.kernels.base import KernelContext, TensorArg
@@ -80,6 +81,28 @@ def build_and_check(kernel_cls, module: nn.Module, float_fn, x_shape, engine: st
 def test_linear_matches_reference(engine, batch, k, n, bias, per_channel, relu, seed):
     build_and_check(Linear, nn.Linear(k, n, bias=bias), F.linear, (batch, k), engine, per_channel,
                     relu, seed)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_torch_function_modes_still_see_the_int8_op(engine):
+    """Kernels call their op with subclass torch functions off (looking ``__torch_function__`` up on
+    the packed weights cost ~20 us a call); a user's mode (op counters, tracers) still sees the op."""
+    seen = []
+
+    class Log(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    ctx = KernelContext(pattern="p", module=nn.Linear(8, 4), target=None, args=(TensorArg(0),),
+                        input_qparams=(qparams(IN_SCALE, IN_ZP),), output_qparams=qparams(0.05, 64),
+                        weight_qparams=qparams(0.01, 0, torch.qint8), engine=engine)
+    kernel = Linear.from_context(ctx)
+    x = random_activation((2, 8), IN_SCALE, IN_ZP, torch.Generator().manual_seed(0))
+    with Log():
+        out = kernel(x)
+    assert "linear" in seen
+    assert torch.equal(out.int_repr(), kernel(x).int_repr())
 
 
 @pytest.mark.parametrize("engine", ENGINES)

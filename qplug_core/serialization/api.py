@@ -28,6 +28,7 @@ from qplug_core.flows.target_rungs import name_rungs
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
+from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
 from qplug_core.serialization import clamp_record
 from qplug_core.serialization.artifact import (
     AUTO_KEY,
@@ -150,6 +151,7 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     if backend is None and AUTO_KEY in artifact.model:
         backend = _auto_choice(artifact, source)
     chosen = _resolve_backend(artifact, backend, source)
+    warn_if_slow_here(chosen.name, chosen.engine)  # who deploys a file is often not who quantized it
     gm = _rebuild(artifact, source)
     gm.meta[FUSIONS] = fusion_records(artifact)
     _make_weights_safe_here(gm, artifact, chosen, source)

@@ -42,6 +42,21 @@ def test_quantizing_for_qnnpack_on_x86_warns_once_naming_the_cost_and_the_x86_ba
     assert "2.8-4x slower than float" in said[0] and "use backend fbgemm, onnxruntime or openvino" in said[0]
 
 
+def test_loading_a_qnnpack_file_on_x86_warns_too(qplug_only, tmp_path):
+    """Who deploys a file is often not who quantized it: qp.load says it as quantize does."""
+    qplug_only("qplug-qnnpack")
+    model, x = _mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = qp.save(qp.quantize(model, x, [x], backend="qnnpack", progress=False), tmp_path / "m.safetensors")
+    from qplug_core.registry import cpu_diagnostics
+    cpu_diagnostics._warned.clear()  # a new process: the quantizing one said it already
+    with override_cpu_flags(X86["flags"], machine=X86["machine"]), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qp.load(path)
+    assert [SLOW in str(w.message) for w in caught].count(True) == 1
+
+
 def test_quantizing_for_qnnpack_on_arm_says_nothing_about_speed(qplug_only):
     qplug_only("qplug-qnnpack")
     assert _slow_warnings(ARM) == []

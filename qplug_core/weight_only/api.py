@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from qplug_core.errors import (
 from qplug_core.flows.checks import check_weight_values, refuse_quantized
 from qplug_core.flows.pipeline import eval_mode
 from qplug_core.flows.tags import WEIGHT_ONLY
-from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
+from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, quantize
 from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs, shared_input_scales
@@ -37,7 +37,7 @@ from qplug_core.weight_only.batches import calibration_batches, call_model
 from qplug_core.weight_only.fusion import fuse, shared_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyEmbeddingBag, WeightOnlyLinear
-from qplug_core.weight_only.selection import Choice, available_kernels, choose, slower_than_float
+from qplug_core.weight_only.selection import Choice, available_kernels, choose, reuse, slower_than_float
 
 #: the attribute of a quantized model holding its :class:`WeightOnlyInfo` (``qp.save`` reads it)
 INFO_ATTRIBUTE = WEIGHT_ONLY
@@ -145,21 +145,35 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
 
 
 def choose_kernels(model: nn.Module, info: WeightOnlyInfo | None, groups: list[tuple[str, ...]], kernels: list,
-                   dtypes: dict[str, torch.dtype], forced: str | None = None) -> None:
+                   dtypes: dict[str, torch.dtype], forced: str | None = None,
+                   recorded: Mapping[str, tuple[str, int | None]] | None = None) -> dict[str, str]:
     """Give the swapped linears named in ``dtypes`` (name -> activation dtype) their kernels: one
     call for each group of linears reading one input that can be joined, the fastest correct
-    kernel of its own for every other; and say so in ``info``."""
+    kernel of its own for every other; and say so in ``info``. A layer ``recorded`` (name ->
+    :func:`~qplug_core.weight_only.selection.recorded_as`, a file's record) keeps that kernel where
+    it runs here; returns the recorded layers measured again instead, with why."""
     modules = dict(model.named_modules())
-    joined, refused = fuse(model, groups, kernels, dtypes, forced)
+    changed: dict[str, str] = {}
+
+    def pick(names: tuple[str, ...], weight: QuantizedWeight, dtype: torch.dtype) -> tuple:
+        record = (recorded or {}).get(names[0])
+        if record is not None:
+            reused = reuse(weight, kernels, dtype, *record)
+            if not isinstance(reused, str):
+                return (*reused, None)
+            changed.update(dict.fromkeys(names, reused))
+        return choose(weight, kernels, dtype, forced=forced)
+
+    joined, refused = fuse(model, groups, dtypes, pick)
     chosen: list[tuple[list[str], Choice | None]] = [(list(names), measured) for names, measured in joined]
     for name, dtype in dtypes.items():
         module = modules[name]
         if module.fused is None:
-            kernel, packed, measured = choose(module.quantized_weight(), kernels, dtype, forced=forced)
+            kernel, packed, measured = pick((name,), module.quantized_weight(), dtype)
             module.use_kernel(kernel, packed)
             chosen.append(([name], measured))
     if info is None:
-        return
+        return changed
     if refused:
         info.fusion += "; not joined: " + "; ".join(f"{', '.join(names)} ({why})"
                                                     for names, why in refused.items())
@@ -168,6 +182,7 @@ def choose_kernels(model: nn.Module, info: WeightOnlyInfo | None, groups: list[t
         info.kernels.update({name: modules[name].kernel.name for name in names})
         if measured is not None:
             info.choices.append(measured)
+    return changed
 
 
 def sibling_groups(model: nn.Module, linears: dict[str, nn.Module], calibration: Iterable[Any]

@@ -29,7 +29,7 @@ from qplug_core.kernels.per_token import PerThread, version_counter
 from qplug_core.kernels.weight_only import WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight
 from qplug_core.weight_only.modules import DerivedPacking, WeightOnlyLinear, run_linear
-from qplug_core.weight_only.selection import Choice, choose
+from qplug_core.weight_only.selection import Choice
 
 
 class FusedLinears:
@@ -123,13 +123,16 @@ def shared_inputs(run: Callable[[], Any], linears: dict[str, nn.Module]) -> list
     return [tuple(names) for names in readers.values() if len(names) > 1]
 
 
-def fuse(model: nn.Module, groups: list[tuple[str, ...]], kernels: list[WeightOnlyKernel],
-         dtypes: dict[str, torch.dtype], forced: str | None = None
+#: (layer names, their weight, activation dtype) -> (kernel, packed weight, measurement or None)
+Pick = Callable[[tuple[str, ...], QuantizedWeight, torch.dtype], tuple[WeightOnlyKernel, Any, Choice | None]]
+
+
+def fuse(model: nn.Module, groups: list[tuple[str, ...]], dtypes: dict[str, torch.dtype], pick: Pick
          ) -> tuple[list[tuple[tuple[str, ...], Choice | None]], dict[tuple[str, ...], str]]:
     """Join each group of ``model``'s :class:`WeightOnlyLinear` that can be (one scheme, one
-    activation dtype in ``dtypes``, one input scale); returns the groups joined, each with the
-    measurement that chose its kernel (``None`` when known already or forced), and why each other
-    group was not."""
+    activation dtype in ``dtypes``, one input scale), its kernel from ``pick``; returns the groups
+    joined, each with the measurement that chose its kernel (``None`` when known already, forced or
+    recorded), and why each other group was not."""
     modules = dict(model.named_modules())
     joined = []
     refused: dict[tuple[str, ...], str] = {}
@@ -142,9 +145,9 @@ def fuse(model: nn.Module, groups: list[tuple[str, ...]], kernels: list[WeightOn
         linears: list[WeightOnlyLinear] = members  # type: ignore[assignment]
         weight = _stacked(linears)
         try:
-            kernel, packed, measured = choose(weight, kernels, dtypes[names[0]], forced=forced)
-        except ConfigValidationError:  # a forced kernel that takes the members but not their stack
-            refused[tuple(names)] = f"kernel {forced!r} does not take their stacked weight"
+            kernel, packed, measured = pick(tuple(names), weight, dtypes[names[0]])
+        except ConfigValidationError as exc:  # a forced kernel that takes the members but not their stack
+            refused[tuple(names)] = f"kernel {exc.value!r} does not take their stacked weight"
             continue
         group = FusedLinears(kernel, tuple(names), linears, weight, packed)
         for index, member in enumerate(linears):

@@ -138,19 +138,42 @@ def choose(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: torc
     with _lock:
         known = _cache.get(key)
     if known is not None:
-        name, max_rows = known
-        kernel = next(k for k in kernels if k.name == name)
-        if max_rows is not None:
-            kernel = RowSplitKernel(kernel, _reference(kernels), max_rows)
+        kernel = _rebuilt(kernels, *known)
         packed = _checked_pack(kernel, weight)
         if packed is not None:
             return kernel, packed, None
     choice, packed = _measure(weight, kernels, dtype)
-    chosen = choice.kernel
     with _lock:
-        _cache[key] = ((chosen.few.name, chosen.max_rows) if isinstance(chosen, RowSplitKernel)
-                       else (chosen.name, None))
-    return chosen, packed, choice
+        _cache[key] = recorded_as(choice.kernel)
+    return choice.kernel, packed, choice
+
+
+def recorded_as(kernel: WeightOnlyKernel) -> tuple[str, int | None]:
+    """``kernel`` as plain data: its batch-1 kernel's name and the most rows it takes (``None``:
+    all; the reference takes the rest)."""
+    if isinstance(kernel, RowSplitKernel):
+        return kernel.few.name, kernel.max_rows
+    return kernel.name, None
+
+
+def _rebuilt(kernels: list[WeightOnlyKernel], name: str, max_rows: int | None) -> WeightOnlyKernel:
+    kernel = next(k for k in kernels if k.name == name)
+    return kernel if max_rows is None else RowSplitKernel(kernel, _reference(kernels), max_rows)
+
+
+def reuse(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: torch.dtype, name: str,
+          max_rows: int | None) -> tuple[WeightOnlyKernel, Any] | str:
+    """The kernel recorded as (``name``, ``max_rows``) by :func:`recorded_as`, packed for ``weight``
+    and checked like any other, or why it cannot run here. ``name`` is looked up among ``kernels``
+    (the installed ones) only."""
+    if name not in {k.name for k in kernels}:
+        return f"kernel {name!r} is not installed here (installed: {', '.join(k.name for k in kernels)})"
+    kernel = _rebuilt(kernels, name, max_rows)
+    reason = kernel.supports(weight.scheme, weight.shape, dtype)
+    if reason is not None:
+        return f"kernel {name!r} does not run here: {reason}"
+    packed = _checked_pack(kernel, weight)
+    return f"kernel {name!r} failed its check here" if packed is None else (kernel, packed)
 
 
 def _checked_pack(kernel: WeightOnlyKernel, weight: QuantizedWeight) -> Any:

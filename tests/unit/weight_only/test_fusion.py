@@ -119,7 +119,9 @@ def test_layers_with_different_input_scales_stay_apart_and_say_why(monkeypatch):
                       calibration=[x])
     qmodel.b.input_scale = qmodel.b.input_scale * 2  # edited: one call cannot apply both
     dtypes = dict.fromkeys("ab", torch.float32)
-    joined, refused = fusion.fuse(qmodel, [("a", "b")], api.available_kernels(None), dtypes, "reference")
+    kernels = api.available_kernels(None)
+    joined, refused = fusion.fuse(qmodel, [("a", "b")], dtypes,
+                                  lambda names, weight, dtype: api.choose(weight, kernels, dtype, forced="reference"))
     assert joined == [] and qmodel.a.fused is None
     assert refused == {("a", "b"): "their input scales (AWQ's 1 / s) differ, which one call cannot apply"}
 

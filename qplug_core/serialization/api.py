@@ -104,14 +104,20 @@ def _is_eager(model: nn.Module) -> bool:
 
 
 def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
-         model: nn.Module | None = None) -> nn.Module:
+         model: nn.Module | None = None, reselect: bool = False) -> nn.Module:
     """Load a model saved by :func:`save`, lowered to the backend it was converted for.
 
     A model quantized by module swap (``qp.quantize_weights``, ``qp.quantize_w8a8``,
     ``qp.quantize_dynamic(per_token=True)``) is loaded into ``model``: an instance of the
     original class built from the same config (``AutoModelForCausalLM.from_config(config)``),
     whose float weights are replaced in place; it is returned, with kernels picked for this CPU
-    (from ``backend``'s and the core's, or every installed backend's for ``None``).
+    (from ``backend``'s and the core's, or every installed backend's for ``None``). A weight-only
+    linear runs the kernel recorded when the file was saved wherever that kernel is installed and
+    passes its check, so every process loading the file answers alike; where it does not, the
+    kernel is measured again here and a warning names the layers. ``reselect=True`` measures every
+    layer again (a file moved to another CPU, where the recorded kernel may be slower: without
+    VNNI, say), at the cost of outputs that may differ slightly from the saving process's; other
+    files choose no kernel by timing and ignore it.
 
     The model is rebuilt as it was saved: what ran on kernels or compiled partitions then does
     again, what stayed in reference form stays so, or the load is refused naming the ops
@@ -138,7 +144,7 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
                                  path=str(source)) from exc
     if is_swapped_document(document):
         return load_swapped(document, tensors, source, model,
-                                backend.name if isinstance(backend, Backend) else backend)
+                            backend.name if isinstance(backend, Backend) else backend, reselect)
     if model is not None:
         raise SerializationError(f"{source} holds a converted graph model, which qp.load builds itself; "
                                  "model= is only for files of models quantized by module swap (qp.quantize_weights, "

@@ -25,12 +25,14 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import ConfigValidationError, SerializationError
+from qplug_core.config.codec import child
+from qplug_core.errors import ConfigValidationError, SerializationError, warn_user
 from qplug_core.flows.checks import check_float32
 from qplug_core.kernels.dynamic import DynamicLinear
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
 from qplug_core.kernels.static_int8 import StaticInt8Linear
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
+from qplug_core.serialization import kernel_record
 from qplug_core.serialization.files import write_artifact_file
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.api import (
@@ -189,7 +191,7 @@ def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Ten
         return None
     layer: dict[str, Any] = {"shape": list(module.quantized_weight().shape), "scheme": module.scheme.to_dict()}
     if isinstance(module, WeightOnlyLinear):
-        layer["transposed"] = module.from_transposed
+        layer.update(transposed=module.from_transposed, **{kernel_record.KEY: kernel_record.to_document(module.kernel)})
     else:
         layer["padding_idx"] = module.padding_idx
     if isinstance(module, WeightOnlyEmbeddingBag):
@@ -198,8 +200,10 @@ def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Ten
 
 
 def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
-                 model: nn.Module | None, backend: str | None) -> nn.Module:
-    """Fill ``model`` (built by the user from the same class and config) and return it."""
+                 model: nn.Module | None, backend: str | None, reselect: bool = False) -> nn.Module:
+    """Fill ``model`` (built by the user from the same class and config) and return it, each
+    weight-only linear on the kernel recorded in the file where it runs here (measured again
+    everywhere with ``reselect``)."""
     if not isinstance(model, nn.Module):
         raise SerializationError(
             f"{source} holds a model quantized by module swap: pass the model to fill, built from its class "
@@ -218,6 +222,7 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
         info = _info(mode, document, backend)
         layers = list(document["layers"])
         groups = _fused_groups(document, layers) if mode == "weight_only" else []
+        recorded = {} if reselect else _recorded_kernels(layers)
     except Exception as exc:  # a tampered document: wrong types, missing keys
         raise SerializationError(f"{source} is not a valid qplug weight-only file: {type(exc).__name__}: "
                                  f"{exc}", path=str(source)) from exc
@@ -234,7 +239,10 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
             setattr(modules[parent], child, swapped)
             if info is not None:
                 info.layers[name] = kind
-    choose_kernels(model, info if isinstance(info, WeightOnlyInfo) else None, groups, context.kernels(), dtypes)
+    changed = choose_kernels(model, info if isinstance(info, WeightOnlyInfo) else None, groups, context.kernels(),
+                             dtypes, recorded=recorded)
+    if changed:
+        _warn_changed_kernels(source, changed)
     if isinstance(info, WeightOnlyInfo):
         setattr(model, INFO_ATTRIBUTE, info)
     elif isinstance(info, W8A8Info):
@@ -242,6 +250,23 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
     if info is not None:
         decode_step.install(model)
     return model
+
+
+def _recorded_kernels(layers: list) -> dict[str, tuple[str, int | None]]:
+    """Each linear's kernel as the file records it (files written before the record: none)."""
+    return {layer["name"]: kernel_record.from_document(layer[kernel_record.KEY], child(layer["name"], kernel_record.KEY))
+            for layer in layers if isinstance(layer, dict) and kernel_record.KEY in layer}
+
+
+def _warn_changed_kernels(source: Path, changed: dict[str, str]) -> None:
+    reasons: dict[str, list[str]] = {}
+    for name, why in changed.items():
+        reasons.setdefault(why, []).append(name)
+    listed = "; ".join(f"{', '.join(names[:4])}{f' and {len(names) - 4} more' if len(names) > 4 else ''}: {why}"
+                       for why, names in reasons.items())
+    warn_user(f"qplug: {source}: {len(changed)} weight-only layer(s) do not run the kernel recorded when the file "
+              f"was saved, so their outputs may differ slightly from the saving process's ({listed}); their "
+              "kernels were measured again here")
 
 
 def _fused_groups(document: dict, layers: list) -> list[tuple[str, ...]]:

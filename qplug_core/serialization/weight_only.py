@@ -32,7 +32,7 @@ from qplug_core.kernels.dynamic import DynamicLinear
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
 from qplug_core.kernels.static_int8 import StaticInt8Linear
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
-from qplug_core.serialization import kernel_record
+from qplug_core.serialization import kernel_record, per_token_codec
 from qplug_core.serialization.files import write_artifact_file
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.api import (
@@ -175,8 +175,7 @@ def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Ten
     static = isinstance(module, StaticInt8Linear)
     if (kind == LAYER_KIND and isinstance(module, PerTokenDynamicLinear) and not static) or \
             (kind == STATIC_KIND and static):
-        values = {"weight_int8": module.weight_int8_t.t().contiguous(), "weight_scale": module.weight_scale,
-                  "bias": module.bias}
+        values = per_token_codec.encode(module)
         if static:
             values.update(activation_scale=module.activation_scale,
                           activation_zero_point=module.activation_zero_point)
@@ -326,9 +325,9 @@ class _LoadContext:
 
     def check(self, tensor: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, layer: str,
               field: str) -> None:
-        if tensor is None or tuple(tensor.shape) != shape or tensor.dtype != dtype:
-            got = "missing" if tensor is None else f"{tensor.dtype} {tuple(tensor.shape)}"
-            raise self.error(f"layer {layer!r} {field} should be {dtype} {shape}, got {got}")
+        problem = per_token_codec.tensor_problem(tensor, shape, dtype, layer, field)
+        if problem is not None:
+            raise self.error(problem)
 
 
 def _rebuild_layer(layer: Any, modules: dict[str, nn.Module], context: _LoadContext) -> tuple[str, nn.Module]:
@@ -388,12 +387,10 @@ def _weight_only(layer: dict, name: str, shape: tuple[int, int], values: dict, t
 
 def _per_token(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
                context: _LoadContext) -> nn.Module:
-    n, k = shape
-    context.check(values["weight_int8"], (n, k), torch.int8, name, "weight_int8")
-    context.check(values["weight_scale"], (n,), torch.float32, name, "weight_scale")
+    problem = per_token_codec.weight_problem(values, shape, name)
+    if problem is not None:
+        raise context.error(problem)
     scale = values["weight_scale"]
-    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
-        raise context.error(f"layer {name!r} weight_scale has values that are not finite and positive")
     # simulated as saved unless backend= says otherwise; the GEMM is picked for this CPU again
     # (weights requantized where its exact range is narrower than the saving CPU's)
     simulate = bool(layer.get("simulated", False)) if context.backend is None else context.backend == "reference"

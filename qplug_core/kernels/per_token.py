@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -463,11 +464,13 @@ class PerTokenDynamicLinear(SwappedLayer):
                 f"bias={self.bias is not None}, {kind}")
 
 
-def swap_in_per_token(gm: nn.Module, layers: list[str], *, simulate: bool) -> list[str]:
+def swap_in_per_token(gm: nn.Module, layers: list[str], *, simulate: bool,
+                      saved: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> list[str]:
     """Replace the float ``nn.Linear`` modules ``layers`` of a converted model (or the linear
     inside a fused ``LinearReLU``) by per-token dynamic ones sharing one input cache, so that
-    q/k/v quantize their common input once; returns the names replaced. A name that is not a
-    float linear raises :class:`ConfigValidationError`."""
+    q/k/v quantize their common input once; returns the names replaced. A layer in ``saved`` takes
+    those (int8 weight, per-channel scales) as a file holds them, the others quantize their float
+    weight. A name that is not a float linear raises :class:`ConfigValidationError`."""
     from qplug_core.nn.intrinsic import FusedModule
 
     shared, replaced = SharedInput(), []
@@ -483,7 +486,10 @@ def swap_in_per_token(gm: nn.Module, layers: list[str], *, simulate: bool) -> li
             raise ConfigValidationError(f"{name!r} is a {type(linear).__name__}, not a float "
                                         "nn.Linear: it cannot run per-token dynamic",
                                         field="layers", value=name)
-        per_token = PerTokenDynamicLinear.from_float(linear, simulate=simulate, shared=shared)
+        if saved is not None and name in saved:
+            per_token = PerTokenDynamicLinear(*saved[name], linear.bias, simulate=simulate, shared=shared)
+        else:
+            per_token = PerTokenDynamicLinear.from_float(linear, simulate=simulate, shared=shared)
         gm.set_submodule(name, _with_first_child(module, per_token) if fused else per_token)
         replaced.append(f"{name}.0" if fused else name)
     return replaced

@@ -29,7 +29,7 @@ from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
-from qplug_core.serialization import clamp_record
+from qplug_core.serialization import clamp_record, per_token_record
 from qplug_core.serialization.artifact import (
     AUTO_KEY,
     INT16_PAIRS_KEY,
@@ -172,7 +172,8 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
         raise SerializationError(f"{source}: lowering to backend {chosen.name!r} failed: "
                                  f"{type(exc).__name__}: {exc}", path=str(source)) from exc
     try:
-        swap_in_per_token(gm, artifact.model.get(PER_TOKEN_LAYERS, []), simulate=not chosen.kernels)
+        swap_in_per_token(gm, artifact.model.get(PER_TOKEN_LAYERS, []), simulate=not chosen.kernels,
+                          saved=per_token_record.saved_weights(artifact.model, artifact.tensors))
     except ConfigError as exc:
         raise SerializationError(f"{source}: {exc}", path=str(source)) from exc
     name_rungs(report, artifact.model.get(TARGET_RUNGS_KEY, {}))
@@ -200,11 +201,10 @@ def rebuild_reference(qmodel: fx.GraphModule) -> fx.GraphModule:
 
 
 def _rebuild(artifact: Artifact, source: Path) -> fx.GraphModule:
-    model = artifact.model
+    model, tensors = per_token_record.expand(artifact.model, artifact.tensors)
     try:
         graph = decode_graph(model["graph"])  # first: every name is checked before a module is built
-        root, modes = decode_modules(model["modules"], model["attributes"], model["tensors"],
-                                     artifact.tensors)
+        root, modes = decode_modules(model["modules"], model["attributes"], model["tensors"], tensors)
         check_receivers(graph, root)  # the objects the names reach, as capture checked them
         gm = fx.GraphModule(root, graph, class_name="GraphModule")
         gm.graph.lint()

@@ -35,7 +35,7 @@ from qplug_core.flows.target_rungs import RUNGS
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend
-from qplug_core.serialization import clamp_record
+from qplug_core.serialization import clamp_record, per_token_record
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.lowering_record import KEY as LOWERING_KEY
 from qplug_core.serialization.lowering_record import LoweringRecord
@@ -59,9 +59,10 @@ AUTO_KEY = "auto_ranking"
 INT16_PAIRS_KEY = "weights_for_int16_pairs"
 #: where each layer an accuracy target took out of static int8 runs (layer -> rung)
 TARGET_RUNGS_KEY = "target_rungs"
-#: the optional keys, and the clamps convert absorbed into layers' int8 output ranges (clamp_record)
+#: the optional keys, the clamps convert absorbed into layers' int8 output ranges (clamp_record) and the
+#: per-token layers' int8 weights (per_token_record)
 OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY, INT16_PAIRS_KEY, TARGET_RUNGS_KEY,
-                       clamp_record.KEY)
+                       clamp_record.KEY, per_token_record.KEY)
 CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: distribution names (PEP 508) and versions (PEP 440 characters) of a file's ``versions``
@@ -143,8 +144,10 @@ def artifact_of(qmodel: object) -> Artifact | str | None:
     except SerializationError as exc:
         return str(exc)
     if snapshot.per_token_layers:
-        artifact = replace(artifact, model={**artifact.model,
-                                            PER_TOKEN_LAYERS: list(snapshot.per_token_layers)})
+        model, tensors = per_token_record.record(artifact.model, artifact.tensors, qmodel,
+                                                 snapshot.per_token_layers)
+        artifact = replace(artifact, model={**model, PER_TOKEN_LAYERS: list(snapshot.per_token_layers)},
+                           tensors=tensors)
     if snapshot.int16_pairs:
         artifact = replace(artifact, model={**artifact.model, INT16_PAIRS_KEY: True})
     if snapshot.target_rungs:
@@ -206,6 +209,8 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):
         _read_fusion(fusion, child("model.fusions", i))
     _check_tensors(expect(model["tensors"], dict, "model.tensors", "a JSON object"), tensors)
+    if per_token_record.KEY in model:
+        per_token_record.check(model[per_token_record.KEY], model, tensors, child("model", per_token_record.KEY))
     nodes = len(expect(model["graph"], list, "model.graph", "a JSON list"))
     if LOWERING_KEY in model:
         LoweringRecord.from_document(model[LOWERING_KEY], child("model", LOWERING_KEY), nodes)

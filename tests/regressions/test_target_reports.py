@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.errors import ConfigValidationError
+from qplug_core.errors import ConfigValidationError, SerializationError
 from qplug_core.flows.tags import TARGET
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
 
@@ -175,3 +175,9 @@ def test_per_token_layers_are_saved_as_int8_weights_and_load_bit_identical(tmp_p
     assert old.stat().st_size > path.stat().st_size
     with torch.no_grad():
         torch.testing.assert_close(qp.load(old)(x), qmodel(x), rtol=1e-3, atol=1e-3)
+    record = document["model"][per_token_record.KEY]
+    record[layers[0]]["weight"] = next(iter(model["tensors"]))  # a tensor the file holds otherwise
+    text, tensors = read_artifact_file(path)
+    write_artifact_file(old, json.dumps(document), tensors)
+    with pytest.raises(SerializationError, match="is in the file already"):
+        qp.load(old)

@@ -167,7 +167,8 @@ def reuse(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: torch
     and checked like any other, or why it cannot run here. ``name`` is looked up among ``kernels``
     (the installed ones) only."""
     if name not in {k.name for k in kernels}:
-        return f"kernel {name!r} is not installed here (installed: {', '.join(k.name for k in kernels)})"
+        return (f"kernel {name!r} is not installed here, or not among backend='s "
+                f"(available: {', '.join(k.name for k in kernels)})")
     kernel = _rebuilt(kernels, name, max_rows)
     reason = kernel.supports(weight.scheme, weight.shape, dtype)
     if reason is not None:

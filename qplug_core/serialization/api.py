@@ -108,9 +108,9 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     """Load a model saved by :func:`save`, lowered to the backend it was converted for.
 
     A model quantized by module swap (``qp.quantize_weights``, ``qp.quantize_w8a8``,
-    ``qp.quantize_dynamic(per_token=True)``) is loaded into ``model``: an instance of the
-    original class built from the same config (``AutoModelForCausalLM.from_config(config)``),
-    whose float weights are replaced in place; it is returned, with kernels picked for this CPU
+    ``qp.quantize_dynamic`` without ``example_inputs``, per-token or not) is loaded into
+    ``model``: an instance of the original class built from the same config (``MyNet()``,
+    ``AutoModelForCausalLM.from_config(config)``), whose float weights are replaced in place; it is returned, with kernels picked for this CPU
     (from ``backend``'s and the core's, or every installed backend's for ``None``). A weight-only
     linear runs the kernel recorded when the file was saved wherever that kernel is installed and
     passes its check, so processes loading the file on one kind of CPU answer alike; where it
@@ -148,7 +148,7 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     if model is not None:
         raise SerializationError(f"{source} holds a converted graph model, which qp.load builds itself; "
                                  "model= is only for files of models quantized by module swap (qp.quantize_weights, "
-                                 "qp.quantize_w8a8, qp.quantize_dynamic(per_token=True))", path=str(source))
+                                 "qp.quantize_w8a8, qp.quantize_dynamic without example_inputs)", path=str(source))
     try:
         artifact = from_document(document, tensors)
     except (ValueError, RecursionError, ConfigError) as exc:  # RecursionError: absurdly nested JSON

@@ -205,8 +205,10 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
     everywhere with ``reselect``)."""
     if not isinstance(model, nn.Module):
         raise SerializationError(
-            f"{source} holds a model quantized by module swap: pass the model to fill, built from its class "
-            "and config like the original, e.g. qp.load(path, model=AutoModelForCausalLM.from_config(config))",
+            f"{source} holds a model quantized by module swap (qp.quantize_dynamic, qp.quantize_weights, "
+            "qp.quantize_w8a8): pass the model to fill, built from its class and config like the original, "
+            "e.g. qp.load(path, model=MyNet()) or, for Hugging Face, "
+            "qp.load(path, model=AutoModelForCausalLM.from_config(config))",
             path=str(source))
     if document.get("schema_version") != SCHEMA_VERSION:
         raise SerializationError(f"{source}: weight-only schema_version {document.get('schema_version')!r} "

@@ -272,7 +272,7 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
     dynamic = backend.default_qconfig_mapping("dynamic").qconfig_for_module("", nn.Linear) \
         if "dynamic" in ladder else None
     weights = _static_weights(gm, mapping, layers,
-                              converted_weight_ranges(snapshot.graph_module) if snapshot else {})
+                              converted_weight_ranges(snapshot.held) if snapshot else {})
     errors, reference = layer_errors(gm, calibrated, layers, evaluation, masks, static_weight=weights,
                                      dynamic_qconfig=dynamic, fallbacks=ladder,
                                      per_token_qmax=per_token_qmax(backend))

@@ -90,7 +90,8 @@ def users_own(mapping: QConfigMapping | None) -> bool:
 
 
 def converted_weight_ranges(reference: fx.GraphModule) -> dict[str, tuple[int, int]]:
-    """module name -> the integer range of its weights in a converted model's reference form."""
+    """module name -> the integer range of its weights in a converted model's reference form (or a
+    snapshot's ``held`` form, the same qparams without rebuilding its float weights)."""
     return {name: (m.weight_qparams.quant_min, m.weight_qparams.quant_max)
             for name, m in reference.named_modules() if isinstance(m, ReferenceWeighted)}
 

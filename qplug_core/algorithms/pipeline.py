@@ -19,17 +19,32 @@ from qplug_core.algorithms.recipes import (
     resolve_recipe,
 )
 from qplug_core.config import QConfigMapping
+from qplug_core.ir.copying import deepcopy_sharing
 
-__all__ = ["prepare_algorithms", "quantize_fused"]
+__all__ = ["prepare_algorithms", "prepare_sharing_weights", "quantize_fused"]
+
+
+def prepare_sharing_weights(gm: fx.GraphModule, mapping: QConfigMapping, example_inputs: Any, backend: Any,
+                            prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
+    """``prepare_fx`` of a copy of the fused float ``gm`` holding ``gm``'s own weight tensors.
+
+    Nothing after prepare here writes a weight (calibration reads them, convert rounds copies, the
+    target search runs them), and a full copy for each observed model was the float model's bytes
+    again at the peak of every try. Biases are copied: convert corrects them in place."""
+    from qplug_core.flows.steps import prepare_fx
+
+    weights = [m._parameters["weight"] for m in gm.modules() if m._parameters.get("weight") is not None]
+    return prepare_fx(deepcopy_sharing(gm, weights), mapping, example_inputs, backend=backend,
+                      **{**(prepare_options or {}), "inplace": True})
 
 
 def quantize_fused(gm: fx.GraphModule, example_inputs: Any, batches: list[tuple], backend: Any,
                    mapping: QConfigMapping, *, progress: bool | None = None, strict: bool = False,
                    allow_float: bool = False, prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
     """prepare -> calibrate -> convert a fused float graph (``gm`` itself is not modified)."""
-    from qplug_core.flows.steps import calibrate, convert_fx, prepare_fx
+    from qplug_core.flows.steps import calibrate, convert_fx
 
-    observed = prepare_fx(gm, mapping, example_inputs, backend=backend, **(prepare_options or {}))
+    observed = prepare_sharing_weights(gm, mapping, example_inputs, backend, prepare_options)
     calibrate(observed, batches, progress=progress)
     return convert_fx(observed, backend=backend, inplace=True, strict=strict, allow_float=allow_float)
 

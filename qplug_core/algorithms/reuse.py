@@ -71,11 +71,12 @@ def observed_with(gm: fx.GraphModule, sources: dict[str, nn.Module], mapping: An
     """``gm`` prepared with ``mapping`` and calibrated: observers copied from ``sources`` (see
     :func:`calibrated_observers`; ``gm`` prepared with another mapping and calibrated on
     ``batches``) where all have a like counterpart, else by running ``batches``."""
-    from qplug_core.flows.steps import calibrate, prepare_fx
+    from qplug_core.algorithms.pipeline import prepare_sharing_weights
+    from qplug_core.flows.steps import calibrate
 
-    observed = prepare_fx(gm, mapping, inputs, backend=backend, **prepare_options)
+    observed = prepare_sharing_weights(gm, mapping, inputs, backend, prepare_options)
     if not _copy_observers(observed, sources):
-        observed = prepare_fx(gm, mapping, inputs, backend=backend, **prepare_options)
+        observed = prepare_sharing_weights(gm, mapping, inputs, backend, prepare_options)
         calibrate(observed, batches, progress=False)
     else:
         calibration_sample.keep(observed, batches)  # what calibrating would have kept

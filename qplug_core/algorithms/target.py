@@ -247,9 +247,9 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                 mapping: QConfigMapping, target: Target, *, progress: bool | None = None,
                 strict: bool = False, prepare_options: dict[str, Any] | None = None) -> fx.GraphModule:
     """Quantize the fused float ``gm`` keeping the fewest layers out of static int8 for ``target``."""
-    from qplug_core.algorithms.pipeline import quantize_fused
+    from qplug_core.algorithms.pipeline import prepare_sharing_weights, quantize_fused
     from qplug_core.algorithms.reuse import calibrated_observers, observed_with
-    from qplug_core.flows.steps import calibrate, convert_fx, prepare_fx
+    from qplug_core.flows.steps import calibrate, convert_fx
 
     if not isinstance(target, Target):
         raise ConfigValidationError(f"target must be a qp.Target, got {type(target).__name__}",
@@ -263,7 +263,7 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
     layers = [name for name in layers if names.get(name) in scored]
     ladder = target.ladder(backend)
 
-    calibrated = prepare_fx(gm, mapping, inputs, backend=backend, **options)
+    calibrated = prepare_sharing_weights(gm, mapping, inputs, backend, options)
     calibrate(calibrated, batches, progress=progress)
     # converted first (a copy: the layer errors read ``calibrated``'s observers), so the static
     # errors are those of the weights convert chose (8 or 7 bits per layer without VNNI)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
-__all__ = ["deepcopy_graph"]
+__all__ = ["deepcopy_graph", "deepcopy_sharing"]
 
 T = TypeVar("T")
 
@@ -25,3 +26,9 @@ def deepcopy_graph(graph: T, memo: dict[int, Any] | None = None) -> T:
         warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                                 category=FutureWarning)
         return copy.deepcopy(graph, memo)
+
+
+def deepcopy_sharing(graph: T, tensors: Iterable[Any]) -> T:
+    """:func:`deepcopy_graph` whose copy holds ``tensors`` themselves, not copies of them: for a copy
+    whose flow only reads them (a model's float weights are most of its bytes)."""
+    return deepcopy_graph(graph, {id(tensor): tensor for tensor in tensors})

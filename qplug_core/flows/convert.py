@@ -83,6 +83,22 @@ def _has_qat_modules(gm: fx.GraphModule) -> bool:
     return any(hasattr(m, "weight_fake_quant") for m in gm.modules())
 
 
+def rounded_weights(gm: fx.GraphModule) -> list[torch.Tensor]:
+    """The float weights :func:`convert_graph` only reads: those of the modules it replaces by
+    ``ReferenceWeighted`` ones holding rounded copies (a copy of ``gm`` to convert may share them)."""
+    weights = []
+    for node in gm.graph.nodes:
+        tag = region_tag(node)
+        if node.op == "call_module" and node.meta.get(ROOT) and tag is not None and tag.quantized:
+            module = gm.get_submodule(node.target)
+            name = weight_name_of(module)
+            if name is not None and not isinstance(module, ReferenceWeighted):
+                weight = weight_of(module, name)
+                if isinstance(weight, nn.Parameter):
+                    weights.append(weight)
+    return weights
+
+
 def _convert_weighted_modules(gm: fx.GraphModule) -> None:
     bits = WeightBits(gm)
     for node in gm.graph.nodes:

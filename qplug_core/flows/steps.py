@@ -31,7 +31,7 @@ from qplug_core.errors import (
 )
 from qplug_core.flows import calibration_sample, weight_bits
 from qplug_core.flows import checks as flow_checks
-from qplug_core.flows.convert import convert_graph
+from qplug_core.flows.convert import convert_graph, rounded_weights
 from qplug_core.flows.exported_inputs import guard_exported_inputs
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.input_dtypes import guard_input_dtypes
@@ -50,8 +50,9 @@ from qplug_core.flows.regions import RegionPlanner
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.tags import CAPTURE, REPORT, STATE, ValueAnnotator
-from qplug_core.ir.copying import deepcopy_graph
+from qplug_core.ir.copying import deepcopy_sharing
 from qplug_core.nn.computed_weights import copy_model
+from qplug_core.nn.copying import detach_from
 from qplug_core.observers import distributed
 from qplug_core.observers.base import ObserverBase
 from qplug_core.observers.fake_quantize import FakeQuantizeBase
@@ -316,17 +317,23 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
     state = _state(observed)
     flow_checks.check_not_converted(observed)
     flow_checks.check_calibration_finished(observed)
+    before = plugin_passes(backend, Stage.PRE_CONVERT)
+    # a copy holds the weights convert replaces by rounded copies (it only reads them): no float
+    # copy of every weight at the peak; a plugin pass before convert might write them
+    shared = [] if inplace or before else rounded_weights(observed)
     with gc_paused():
-        gm = observed if inplace else deepcopy_graph(observed)
+        gm = observed if inplace else deepcopy_sharing(observed, shared)
 
     def convert(graph_module: fx.GraphModule) -> None:
         convert_graph(graph_module, allow_uncalibrated=allow_uncalibrated)
+        if shared:
+            detach_from(observed, graph_module)  # a weight convert left float: the copy's own
         keep_snapshot(graph_module, backend)
 
     # in float32 whatever autocast the caller has on: the kernel checks run the int8 model, and a
     # delegate's export traced bfloat16 casts (fbgemm raised; ONNX Runtime compiled nothing)
     with torch.autocast("cpu", enabled=False):
-        run_passes(gm, [*plugin_passes(backend, Stage.PRE_CONVERT), convert])
+        run_passes(gm, [*before, convert])
         report = finish_conversion(gm, backend, mode=state["mode"], lower=lower)
     if strict and report.skipped:
         listed = "; ".join(f"{s.node} ({s.op}): {s.reason}" for s in report.skipped[:5])

@@ -67,15 +67,24 @@ class _ShiftMeter:
     #: calls whose ``E x`` gives the spread of the shift (the mean needs no more than the columns)
     SPREAD_CALLS = 4
 
-    def __init__(self, layer: nn.Module, error: torch.Tensor) -> None:
-        self.layer, self.error = layer, error
+    def __init__(self, layer: nn.Module, qparams: Q.QParams) -> None:
+        self.layer, self.qparams = layer, qparams
         self.knows_columns = bias_grid.records_columns(layer)
-        self.total = torch.zeros(error.shape[0], dtype=torch.float64)
-        self.squares = torch.zeros(error.shape[0], dtype=torch.float64)
+        channels = layer.weight.shape[0]
+        self.total = torch.zeros(channels, dtype=torch.float64)
+        self.squares = torch.zeros(channels, dtype=torch.float64)
         self.columns: torch.Tensor | None = None
         self.rows = 0  # GEMM rows of every call (with columns known)
         self.count = 0  # rows whose ``E x`` was summed
         self.calls = 0
+        self._final_mean: torch.Tensor | None = None
+
+    @property
+    def error(self) -> torch.Tensor:
+        """``W_q - W``, computed when used: held for every layer it was one more float copy of
+        the model through calibration (and the peak of ``qp.quantize`` on large MLPs)."""
+        weight = self.layer.weight.detach()
+        return Q.fake_quantize(weight, self.qparams) - weight
 
     def __call__(self, module: nn.Module, args: tuple, output: Any) -> None:
         x = args[0].detach()
@@ -86,19 +95,22 @@ class _ShiftMeter:
             self.rows += rows
             if self.calls > self.SPREAD_CALLS:
                 return
+        error = self.error
         if isinstance(self.layer, CONVS):
-            shift, channel_dim = self.layer._conv_forward(x, self.error, None), 1
+            shift, channel_dim = self.layer._conv_forward(x, error, None), 1
         else:
-            shift, channel_dim = F.linear(x, self.error), -1
+            shift, channel_dim = F.linear(x, error), -1
         moved = shift.movedim(channel_dim, -1).reshape(-1, shift.shape[channel_dim])
         self.total += moved.sum(0, dtype=torch.float64)
         self.squares += moved.square().sum(0, dtype=torch.float64)
         self.count += moved.shape[0]
 
     def _mean(self) -> torch.Tensor:
-        if self.columns is not None:
-            return bias_grid.column_shift(self.layer, self.error, self.columns / max(self.rows, 1)).double()
-        return self.total / max(self.count, 1)
+        """The mean shift, once calibration is over (the sums are final: computed once)."""
+        if self._final_mean is None:
+            self._final_mean = self.total / max(self.count, 1) if self.columns is None else \
+                bias_grid.column_shift(self.layer, self.error, self.columns / max(self.rows, 1)).double()
+        return self._final_mean
 
     def mean(self) -> torch.Tensor:
         return self._mean().float()
@@ -128,8 +140,8 @@ class _ShiftMeter:
         return bias_grid.BiasRecord(columns, self.mean() * mask, original=bias.detach().clone(), mask=mask)
 
 
-def _weight_errors(gm: fx.GraphModule, mapping: QConfigMapping) -> dict[str, tuple[nn.Module, torch.Tensor]]:
-    """node target -> (layer, W_q - W) for every weighted layer the mapping quantizes."""
+def _weight_grids(gm: fx.GraphModule, mapping: QConfigMapping) -> dict[str, tuple[nn.Module, Q.QParams]]:
+    """node target -> (layer, its weight's int8 grid) for every weighted layer the mapping quantizes."""
     modules = dict(gm.named_modules(remove_duplicate=False))
     counter, errors = CallCounter(), {}
     for node in gm.graph.nodes:
@@ -142,8 +154,7 @@ def _weight_errors(gm: fx.GraphModule, mapping: QConfigMapping) -> dict[str, tup
         qparams = observed_weight_qparams(qconfig, layer.weight)
         if qparams is None or qparams.dtype not in Q.STORAGE_DTYPE:
             continue
-        weight = layer.weight.detach()
-        errors[node.target] = (layer, Q.fake_quantize(weight, qparams) - weight)
+        errors[node.target] = (layer, qparams)
     return errors
 
 
@@ -158,11 +169,11 @@ class ShiftMeters:
             raise ConfigValidationError("correct_bias needs the QConfigMapping quantization will use "
                                         "(its weight observers define the int8 grid)",
                                         field="qconfig_mapping")
-        errors = _weight_errors(gm, mapping)
+        grids = _weight_grids(gm, mapping)
         self._gm = gm
-        self._meters = {name: _ShiftMeter(layer, error) for name, (layer, error) in errors.items()}
+        self._meters = {name: _ShiftMeter(layer, qparams) for name, (layer, qparams) in grids.items()}
         self._handles = [layer.register_forward_hook(self._meters[name])
-                         for name, (layer, _) in errors.items()]
+                         for name, (layer, _) in grids.items()]
 
     def remove(self) -> None:
         for handle in self._handles:

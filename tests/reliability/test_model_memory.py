@@ -8,6 +8,8 @@ reference form it keeps still runs and saves bit-exactly.
 
 from __future__ import annotations
 
+import gc
+import importlib
 import importlib.metadata
 import warnings
 
@@ -111,3 +113,68 @@ def test_a_delegated_model_keeps_no_float_weights_among_its_parameters(onnxrunti
             if value.is_floating_point() and value.numel() > 100] == []
     x = torch.randn(5, WIDTH)
     assert torch.allclose(qmodel(x), snapshot_of(qmodel).graph_module(x), atol=0.05)
+
+
+#: the shape of one weight of ``_counted_mlp``, found in no other tensor of the flow
+COUNTED = (96, WIDTH)
+
+
+def _counted_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(WIDTH, 96), nn.ReLU(), nn.Linear(96, WIDTH)).eval()
+
+
+def _float_copies() -> int:
+    """Distinct float32 storages of ``COUNTED`` shape alive now (the model's weight and its copies)."""
+    return len({o.untyped_storage().data_ptr() for o in gc.get_objects()
+                if isinstance(o, torch.Tensor) and o.dtype == torch.float32 and tuple(o.shape) == COUNTED})
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, counts: dict[str, int],
+              *, after: bool = False) -> None:
+    """Wrap ``owner.name`` to record the float copies of the weight alive when it first starts (or
+    returns): where ``qp.quantize``'s peak memory was. Once: a scan of every object takes ~0.1 s."""
+    function = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        if not after and name not in counts:
+            counts[name] = _float_copies()
+        result = function(*args, **kwargs)
+        if after and name not in counts:
+            counts[name] = _float_copies()
+        return result
+
+    monkeypatch.setattr(owner, name, counted)
+
+
+def _quantize_counting(monkeypatch: pytest.MonkeyPatch, points: list[tuple[object, str, bool]],
+                       **options) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for owner, name, after in points:
+        _counting(monkeypatch, owner, name, counts, after=after)
+    data = [torch.randn(8, WIDTH) for _ in range(4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qp.quantize(_counted_mlp(), (data[0],), data, backend="fbgemm", **options)
+    return counts
+
+
+def test_quantize_holds_one_float_copy_of_each_weight_while_it_calibrates(monkeypatch: pytest.MonkeyPatch):
+    from qplug_core.flows import steps
+
+    # the user's weight and the observed model's, as calibration ends with bias correction's meters
+    # still on; they held W_q - W of every layer besides (3)
+    assert _quantize_counting(monkeypatch, [(steps, "calibrate", True)]) == {"calibrate": 2}
+
+
+def test_a_target_search_holds_one_float_copy_of_each_weight_besides_the_rounded_one(
+        monkeypatch: pytest.MonkeyPatch):
+    from qplug_core.flows import steps
+
+    sensitivity = importlib.import_module("qplug_core.algorithms.sensitivity")  # the package names a function so
+    counts = _quantize_counting(monkeypatch, [(steps, "finish_conversion", False),  # converted, not lowered
+                                              (sensitivity, "float_output", False)],  # the layer errors
+                                target=qp.Target(cosine=0.9))
+    # the user's, the fused float graph's (the calibrated model shares it) and, once converted, the
+    # rounded one; each observed model, converted copy and weight grid held one more (4, 7)
+    assert counts == {"finish_conversion": 3, "float_output": 2}

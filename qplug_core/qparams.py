@@ -210,6 +210,18 @@ def dequantize(q: torch.Tensor, qp: QParams) -> torch.Tensor:
     return (q.to(torch.int64) - zero_point.to(torch.int64)).to(torch.float32) * scale
 
 
+def slices(x: torch.Tensor, qp: QParams, elements: int = 1 << 20) -> tuple[torch.Tensor, ...]:
+    """Views of ``x`` of about ``elements`` each, covering it, each with every channel of ``qp``'s axis:
+    (fake-)quantizing them one at a time gives the values of ``x`` quantized whole, with temporaries
+    of one slice (rounding BERT-base's 30522x768 embedding whole took 4x its bytes at once)."""
+    axis = None if qp.axis is None else qp.axis % max(x.dim(), 1)
+    dims = [d for d in range(x.dim()) if d != axis and x.shape[d] > 1]
+    if not dims or x.numel() <= elements:
+        return (x,)
+    per_step = x.numel() // x.shape[dims[0]]
+    return x.split(max(1, elements // max(per_step, 1)), dims[0])
+
+
 class _FakeQuantizeSTE(torch.autograd.Function):
     """Fake quantization whose gradient passes straight through where the value is not clipped."""
 

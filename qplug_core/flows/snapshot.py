@@ -123,7 +123,9 @@ def _with_int8_weight(module: ReferenceWeighted, weight: torch.Tensor) -> Refere
     qparams = module.weight_qparams
     if qparams.dtype not in Q.STORAGE_DTYPE or not isinstance(weight, nn.Parameter):
         return None
-    values = Q.quantize(weight.detach(), qparams)
-    if not torch.equal(Q.dequantize(values, qparams).to(weight.dtype), weight):
-        return None
+    values = torch.empty_like(weight, dtype=Q.STORAGE_DTYPE[qparams.dtype], requires_grad=False)
+    for part, float_part in zip(Q.slices(values, qparams), Q.slices(weight.detach(), qparams)):
+        part.copy_(Q.quantize(float_part, qparams))  # a slice at a time: temporaries of one slice
+        if not torch.equal(Q.dequantize(part, qparams).to(weight.dtype), float_part):
+            return None
     return copy.deepcopy(module, {id(weight): nn.Parameter(values, requires_grad=False)})

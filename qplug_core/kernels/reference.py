@@ -185,8 +185,11 @@ def rounded_copy(module: nn.Module, weight_qparams: dict[str, QParams | None]) -
             if qparams is None:
                 continue
             weight = weight_of(rounded, name)
-            weight.copy_(weight.half().float() if qparams.dtype == torch.float16
-                         else Q.fake_quantize(weight.detach(), qparams))
+            if qparams.dtype == torch.float16:
+                weight.copy_(weight.half().float())
+                continue
+            for part in Q.slices(weight.detach(), qparams):  # whole, its temporaries were 4x its bytes
+                part.copy_(Q.fake_quantize(part, qparams))
     return rounded
 
 

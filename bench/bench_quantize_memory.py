@@ -11,6 +11,9 @@ captured by torch.export) and an MLP of 12 4096x4096 linears (~800 MiB), symboli
 exported.
 
     python bench/bench_quantize_memory.py [--cases bert mlp mlp-export] [--backend fbgemm]
+
+Peak RSS counts freed memory glibc keeps in its heap (tensors below its dynamic mmap threshold, up to
+32 MiB: BERT's); ``MALLOC_MMAP_THRESHOLD_=1048576`` in the environment shows the peak without most of it.
 """
 
 from __future__ import annotations

@@ -135,10 +135,12 @@ def model_sizes(float_model: nn.Module, int8_model: nn.Module) -> Size:
 def _tensor_bytes(model: nn.Module) -> int:
     """Bytes of every tensor in the state_dict plus those inside packed-weight objects, which
     torch's quantized kernels keep outside the state_dict."""
+    from qplug_core.ir.tracing import reading_state_dict
     from qplug_core.kernels.base import quiet_quantized_dtypes
 
-    total = sum(t.numel() * t.element_size() for t in model.state_dict().values()
-                if isinstance(t, torch.Tensor))
+    with reading_state_dict():
+        total = sum(t.numel() * t.element_size() for t in model.state_dict().values()
+                    if isinstance(t, torch.Tensor))
     with quiet_quantized_dtypes():
         for module in model.modules():
             for value in vars(module).values():

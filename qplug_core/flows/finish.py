@@ -18,7 +18,7 @@ from qplug_core.flows.exported_inputs import guard_exported_inputs
 from qplug_core.flows.float_outputs import drop_unread_output_grids
 from qplug_core.flows.input_dtypes import guard_input_dtypes
 from qplug_core.flows.lower import LoweringSummary, lower_graph
-from qplug_core.flows.pickle_guard import refuse_pickle
+from qplug_core.flows.pickle_guard import refuse_torch_shipping
 from qplug_core.flows.pipeline import plugin_passes, run_passes
 from qplug_core.flows.report import QuantizationReport, float_compute_nodes, report_names
 from qplug_core.flows.snapshot import hold_weights_as_int8
@@ -88,7 +88,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         kept_regions=dict(delegated.kept_regions))
     gm.meta[REPORT] = report
     gm.meta[PARTITION_FORMS] = {p.name: delegated.graphs[p.name] for p in delegated.partitions}  # qp.compare
-    refuse_pickle(gm)  # torch.save points to qp.save
+    refuse_torch_shipping(gm)  # torch.save and torch.jit.script point to qp.save
     if lowering:  # ops without packed weights dispatch on the global engine: pin the backend's
         pin_engine(gm, backend.engine)
     # after the engine's hook, whose forward hook restores the engine when this one raises

@@ -1,23 +1,90 @@
-"""``torch.jit.trace`` and modules that compute outside PyTorch.
+"""torch's own ways of tracing and shipping a model, met by qplug's int8 modules.
 
 A compiled partition (ONNX Runtime, OpenVINO) or a weight-only kernel running in ONNX Runtime
 hands numpy arrays to its runtime: the tracer records no op for that, only the result it saw, so a
 traced onnxruntime model answered every input with its output for the trace's example (SQNR
 -1.7 dB on a new input) beside torch's generic tracer warnings. Such modules refuse the tracer.
+``torch.export``, ``torch.jit.script`` and pickle of an int8 model ended in raw torch errors (one
+printed a serialized ONNX model), so they are refused too, each pointing at what ships the model;
+a ``state_dict`` without the int8 weights (packed, or in another runtime) says so once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from typing import Any, Iterator, NoReturn
+
 import torch
 
-from qplug_core.errors import ModelStateError
+from qplug_core.errors import ModelStateError, SerializationError, warn_user
+
+#: what ships an int8 model instead of torch's serializers and compilers
+SHIP_INSTEAD = ("Ship it with qp.save(model, 'model.safetensors') and read it back with qp.load(path) "
+                "(qp.load(path, model=float_model) for qp.quantize_dynamic / quantize_weights / "
+                "quantize_w8a8 models), or as ONNX with qp.export_onnx")
+
+PICKLE_MESSAGE = ("a qplug int8 model cannot be pickled (torch.save / pickle.dump): its kernels hold "
+                  "packed weights and compiled runtimes chosen for this CPU, and unpickling runs code. "
+                  + SHIP_INSTEAD)
+
+SCRIPT_MESSAGE = ("torch.jit.script cannot compile a qplug int8 model: its int8 layers are Python code "
+                  "around packed weights and other runtimes. Script or export the float model instead; "
+                  + SHIP_INSTEAD[0].lower() + SHIP_INSTEAD[1:])
 
 
-def refuse_tracing(what: str) -> None:
-    """Raise :class:`ModelStateError` when ``torch.jit.trace`` is recording (``what`` runs outside
-    PyTorch, so the trace would hold its answer to the example as a constant)."""
+def refuse_pickle(self: Any, *args: Any) -> NoReturn:
+    """``__reduce_ex__`` / ``__reduce__`` of a class whose instances must not be pickled."""
+    raise SerializationError(PICKLE_MESSAGE)
+
+
+def refuse_script(self: Any) -> NoReturn:
+    """``__prepare_scriptable__``: torch.jit.script calls it on the module and every submodule first."""
+    raise ModelStateError(SCRIPT_MESSAGE)
+
+
+def refuse_tracing(what: str, why: str = "it computes outside PyTorch") -> None:
+    """Raise :class:`ModelStateError` when ``torch.jit.trace`` or ``torch.export`` is recording
+    (``what`` runs outside PyTorch, so a trace would hold its answer to the example as a constant)."""
     if torch.jit.is_tracing():
         raise ModelStateError(
-            f"torch.jit.trace cannot record {what}: it computes outside PyTorch, so the trace would "
-            "return its answer for the example input whatever the input. Ship the model with "
-            "qp.save / qp.load, or as ONNX with qp.export_onnx")
+            f"torch.jit.trace cannot record {what}: {why}, so the trace would return its answer "
+            "for the example input whatever the input. Ship the model with qp.save / qp.load, or as "
+            "ONNX with qp.export_onnx")
+    refuse_export(what)
+
+
+def refuse_export(what: str) -> None:
+    """Raise :class:`ModelStateError` when ``torch.export`` traces ``what`` (fake tensors have no
+    data for packed weights or another runtime)."""
+    if torch.compiler.is_exporting():
+        raise ModelStateError(
+            f"torch.export cannot capture {what}: its int8 weights are packed or held by another "
+            "runtime, which fake tensors cannot run. Export the float model instead (qp.quantize "
+            "takes the ExportedProgram's module); " + SHIP_INSTEAD[0].lower() + SHIP_INSTEAD[1:])
+
+
+STATE_DICT_MESSAGE = ("this state_dict holds no int8 weights of the model's packed int8 layers or compiled "
+                      "partitions (they live outside it), so saving it keeps nothing of them and "
+                      "load_state_dict cannot restore them. " + SHIP_INSTEAD)
+
+_INTERNAL = threading.local()
+
+
+@contextlib.contextmanager
+def reading_state_dict() -> Iterator[None]:
+    """qplug's own ``state_dict()`` calls (file writers, size measures), which know what is in it."""
+    _INTERNAL.depth = getattr(_INTERNAL, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _INTERNAL.depth -= 1
+
+
+def warn_state_dict_incomplete(destination: Any) -> None:
+    """From a module's ``_save_to_state_dict``: warn once per ``state_dict()`` call (the
+    destination is shared by every module it visits) that the int8 weights are not in it."""
+    if getattr(_INTERNAL, "depth", 0) or getattr(destination, "_qplug_warned", False):
+        return
+    destination._qplug_warned = True
+    warn_user(STATE_DICT_MESSAGE)

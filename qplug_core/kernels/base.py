@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import ConfigValidationError, ModelStateError
+from qplug_core.ir.tracing import refuse_pickle, refuse_script, warn_state_dict_incomplete
 from qplug_core.qparams import QParams
 
 #: torch >= 2.13 deprecates tensors with dtypes quint8/qint8/qint32; the kernels we wrap still need
@@ -95,7 +96,23 @@ def quantized_from_int(values: torch.Tensor, scale: float, zero_point: int,
 
 class SwappedLayer(nn.Module):
     """Base of the modules qplug puts in place of a float layer when it quantizes a model, so that
-    quantizing that model again is refused (:func:`~qplug_core.flows.checks.refuse_quantized`)."""
+    quantizing that model again is refused (:func:`~qplug_core.flows.checks.refuse_quantized`).
+
+    Pickling and ``torch.jit.script`` are refused as for graph-mode models (a pickled layer
+    carries kernels chosen for the CPU that quantized it, and unpickling runs code); a deep copy
+    copies the attributes itself, since ``copy.deepcopy`` would otherwise go through ``__reduce_ex__``.
+    """
+
+    __reduce_ex__ = refuse_pickle  # type: ignore[assignment]
+    __reduce__ = refuse_pickle  # type: ignore[assignment]
+    __prepare_scriptable__ = refuse_script
+
+    def __deepcopy__(self, memo: dict) -> SwappedLayer:
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        for key, value in self.__dict__.items():
+            clone.__dict__[key] = copy.deepcopy(value, memo)
+        return clone
 
 
 class PackedStateModule(SwappedLayer):
@@ -109,12 +126,12 @@ class PackedStateModule(SwappedLayer):
         """A copy whose packed weights are packed again under this kernel's ``engine``: torch's
         packed objects repack under the global engine when copied, so a deep copy of an fbgemm
         model ran (and answered as) whatever engine was global, while saying ``engine='fbgemm'``."""
-        clone = type(self).__new__(type(self))
-        memo[id(self)] = clone
         with engine_context(getattr(self, "engine", None)):
-            for key, value in self.__dict__.items():
-                clone.__dict__[key] = copy.deepcopy(value, memo)
-        return clone
+            return super().__deepcopy__(memo)  # type: ignore[return-value]
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        warn_state_dict_incomplete(destination)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs) -> None:

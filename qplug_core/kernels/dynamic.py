@@ -17,6 +17,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, InputMismatchError
 from qplug_core.ir.qdq_ops import refuse_nonfinite_input
+from qplug_core.ir.tracing import refuse_export
 from qplug_core.kernels._common import (
     check_reduction_length,
     forward_quiet,
@@ -43,9 +44,12 @@ def symmetric_weight_qparams(weight: torch.Tensor, per_channel: bool) -> QParams
                    axis=0 if per_channel else None, is_dynamic=True)
 
 
-def _check_float32_input(x: torch.Tensor, kernel: str) -> None:
+def _check_kernel_input(x: torch.Tensor, kernel: str) -> None:
     """The ops quantize float32 only (another dtype met "Quantize only works on Float Tensor"), and
-    over the input's own range, which NaN or Inf does not have: one sum finds them (~7 us a call)."""
+    over the input's own range, which NaN or Inf does not have: one sum finds them (~7 us a call).
+    torch.export is refused: its fake tensors cannot run the packed weights (an LSTM's, held in a
+    list, get here; a linear's own packed attribute fails in torch before the forward runs)."""
+    refuse_export(f"the dynamic int8 layer {kernel}")
     if x.dtype is not torch.float32:
         raise InputMismatchError(f"int8 {kernel} takes float32 inputs, got {str(x.dtype).removeprefix('torch.')} "
                                  f"of shape {tuple(x.shape)}: pass it .float()")
@@ -139,7 +143,7 @@ class DynamicLinear(DynamicKernel):
             self._op = lambda x, packed: op(x, packed, reduce_range)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_float32_input(x, type(self).__name__)
+        _check_kernel_input(x, type(self).__name__)
         if x.dim() == 0 or x.shape[-1] != self._in_features:  # qnnpack answers a wrong width
             raise wrong_input_size(type(self).__name__, self._in_features, "feature", "last dimension",
                                    tuple(x.shape))
@@ -291,7 +295,7 @@ class _DynamicRNN(DynamicKernel):
         """Refuse ``data`` (a tensor input, or a PackedSequence's data) unless it is float32, 3-D or 2-D
         (packed: 2-D) and ``input_size`` wide."""
         kernel = type(self).__name__
-        _check_float32_input(data, kernel)
+        _check_kernel_input(data, kernel)
         if data.dim() not in ((2,) if packed else (2, 3)) or data.shape[-1] != self.input_size:
             batched = "(batch, seq, {0})" if self.batch_first else "(seq, batch, {0})"
             got = f"a PackedSequence whose data has shape {tuple(data.shape)}" if packed else f"shape {tuple(data.shape)}"
@@ -401,7 +405,7 @@ class _DynamicCell(DynamicKernel):
     def forward(self, x: torch.Tensor, hx=None):
         """What the float cell takes: a batch ``(N, input_size)`` or one unbatched ``(input_size,)``
         input, with states shaped alike (the ops take batches only)."""
-        _check_float32_input(x, type(self).__name__)
+        _check_kernel_input(x, type(self).__name__)
         if x.dim() not in (1, 2) or x.shape[-1] != self.input_size:
             raise wrong_input_size(type(self).__name__, self.input_size, "feature",
                                    "a 2-D batch or one 1-D input", tuple(x.shape))

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import ConfigValidationError, ModelStateError, warn_user
+from qplug_core.ir.tracing import refuse_tracing
 from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, safe_weight_range
 from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
@@ -381,6 +382,13 @@ class PerTokenDynamicLinear(SwappedLayer):
         return cls(weight, scale, linear.bias, simulate=simulate, shared=shared, gemm=gemm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_tracing() or torch.compiler.is_compiling():
+            refuse_tracing(type(self).__name__, "it reuses per-thread buffers and packed weights "
+                                                "found by data pointer")
+            return _opaque_forward(self, x)  # torch.compile: inductor failed inside (empty AssertionError)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight_scale.dtype != torch.float32:  # model.to(torch.bfloat16) / .half() after quantizing
             raise ModelStateError(f"this int8 model was cast to {self.weight_scale.dtype} after quantizing: its "
                                   "int8 linears compute in float32 and take float32 scales; quantize the float32 "
@@ -462,6 +470,12 @@ class PerTokenDynamicLinear(SwappedLayer):
         kind = "simulated" if self.simulate else self.gemm
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, {kind}")
+
+
+@torch.compiler.disable
+def _opaque_forward(layer: PerTokenDynamicLinear, x: torch.Tensor) -> torch.Tensor:
+    """The layer's forward run eagerly under torch.compile (a graph break around it)."""
+    return layer._forward(x)
 
 
 def swap_in_per_token(gm: nn.Module, layers: list[str], *, simulate: bool,

@@ -27,7 +27,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError, warn_user
-from qplug_core.ir.tracing import refuse_tracing
+from qplug_core.ir.tracing import refuse_tracing, warn_state_dict_incomplete
 from qplug_core.partition.denormals import call_flushing_denormals
 
 #: the route of an input signature whose compiled model was refused: it runs the reference form
@@ -83,6 +83,10 @@ class CompiledPartition(nn.Module):
         too: a runtime whose compiled models take symbolic sizes says so here. Default: no, each
         input signature gets a model of its own."""
         return False
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        warn_state_dict_incomplete(destination)  # its weights are in the runtime's compiled form
 
     @property
     def partition(self) -> fx.GraphModule:
@@ -199,7 +203,7 @@ class CompiledPartition(nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         # at batch 1 on a small model the runtime takes ~15 us: every microsecond here counts
-        if torch.jit.is_tracing():
+        if torch.jit.is_tracing() or torch.compiler.is_exporting():
             refuse_tracing(f"a partition compiled by {type(self).__name__}")
         route = self._routes.get(self._signature(inputs))
         if route is None:

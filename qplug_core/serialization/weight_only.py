@@ -28,6 +28,7 @@ from torch import fx, nn
 from qplug_core.config.codec import child
 from qplug_core.errors import ConfigValidationError, SerializationError, warn_user
 from qplug_core.flows.checks import check_float32
+from qplug_core.ir.tracing import reading_state_dict
 from qplug_core.kernels.dynamic import DynamicLinear
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
 from qplug_core.kernels.static_int8 import StaticInt8Linear
@@ -148,7 +149,9 @@ def save_swapped(model: nn.Module, target: Path) -> Path:
         layers.append({"name": name, "kind": kind, **layer})
         tensors.update({f"{_QUANTIZED}{name}/{f}": v.detach() for f, v in values.items() if v is not None})
     prefixes = tuple(f"{name}." for name in kinds)
-    for key, value in model.state_dict().items():
+    with reading_state_dict():  # the quantized layers' weights are written above
+        state = model.state_dict()
+    for key, value in state.items():
         if not key.startswith(prefixes):
             tensors[_FLOAT + key] = value
     document = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": mode, "layers": layers, **entries}
@@ -451,7 +454,8 @@ def _load_float_state(model: nn.Module, layers: list[str], tensors: dict[str, to
     model as it was (``load_state_dict`` copies what fits before it reports what does not)."""
     state = {key[len(_FLOAT):]: value for key, value in tensors.items() if key.startswith(_FLOAT)}
     own = tuple(f"{name}." for name in layers)
-    expected = model.state_dict()
+    with reading_state_dict():  # the keys only
+        expected = model.state_dict()
     missing = [key for key in expected if key not in state and not key.startswith(own)]
     unexpected = [key for key in state if key not in expected]
     shapes = [f"{key} {tuple(value.shape)} (the model's {tuple(expected[key].shape)})"

@@ -114,6 +114,9 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
         self.kernel, self.packing, self.fused = group.kernel, DerivedPacking(), (group, index)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel.runs_outside_torch and (torch.jit.is_tracing() or torch.compiler.is_exporting()):
+            # before packing, which builds the runtime's copy from the (fake, under export) weights
+            refuse_tracing(f"weight-only kernel {self.kernel.name}")
         if self.fused is not None:
             group, index = self.fused
             return group.output(index, x)
@@ -141,8 +144,6 @@ def run_linear(kernel: WeightOnlyKernel, packed: Any, x: torch.Tensor, bias: tor
                input_scale: torch.Tensor | None, out_features: int, scheme: WeightOnlyScheme) -> torch.Tensor:
     """``(x * input_scale) @ W.T + bias`` through ``kernel`` for any leading shape of ``x``
     (``out_features`` x its last dimension, quantized as ``scheme``)."""
-    if kernel.runs_outside_torch and torch.jit.is_tracing():
-        refuse_tracing(f"weight-only kernel {kernel.name}")
     if input_scale is not None:
         x = x * input_scale
     leading = x.shape[:-1]

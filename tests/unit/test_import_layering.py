@@ -60,7 +60,7 @@ ALLOWED: dict[str, set[str]] = {
     "testing": {"config", "errors", "flows", "kernels", "nn", "partition", "patterns", "registry", FACADE},
     "plugin_api": {"config", "enums", "errors", "flows", "kernels", "nn", "onnx_export", "partition",
                    "passes", "qparams", "registry", "testing"},
-    "cli": {"enums", "errors", "flows", "kernels", "observers", "patterns", "registry",
+    "cli": {"enums", "errors", "flows", "ir", "kernels", "observers", "patterns", "registry",
             "serialization", "zoo", FACADE},
 }
 

@@ -3,6 +3,7 @@ and the float simulation, on any token shape; error bounded per token; caches ne
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.errors import ConfigValidationError
+from qplug_core.errors import ConfigValidationError, SerializationError
 from qplug_core.kernels.cpu import override_cpu_flags
 from qplug_core.kernels.per_token import (
     LEVELS,
@@ -257,7 +258,6 @@ def test_per_token_needs_int8():
 
 
 def test_caches_are_per_thread_and_copies_start_empty():
-    import copy
     import threading
 
     shared = SharedInput()
@@ -274,7 +274,7 @@ def test_caches_are_per_thread_and_copies_start_empty():
     torch.testing.assert_close(copy.deepcopy(linear)(y), want_y)
 
 
-def test_copies_pickles_and_loaded_weights_repack():
+def test_copies_and_loaded_weights_repack_and_pickling_is_refused():
     import pickle
 
     torch.manual_seed(3)
@@ -284,7 +284,9 @@ def test_copies_pickles_and_loaded_weights_repack():
     b = PerTokenDynamicLinear.from_float(second)
     want = a(x)  # packs a's weight (oneDNN) or allocates its accumulator
     b(x)
-    torch.testing.assert_close(pickle.loads(pickle.dumps(a))(x), want, rtol=0, atol=0)
+    torch.testing.assert_close(copy.deepcopy(a)(x), want, rtol=0, atol=0)
+    with pytest.raises(SerializationError, match=r"cannot be pickled.*qp\.load\(path, model=float_model\)"):
+        pickle.dumps(a)
     b.load_state_dict(a.state_dict())  # in place: the packed copy of b's old weight is stale
     torch.testing.assert_close(b(x), want, rtol=0, atol=0)
 

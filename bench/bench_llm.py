@@ -31,26 +31,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import ctypes
-import gc
 import resource
 import warnings
 
 import torch
-from _harness import interleaved, machine_line, median, table
+from _harness import interleaved, machine_line, median, rss_bytes, table
 
 import qplug_core as qp
 from qplug_core.kernels import decode_threads
-
-
-def rss_bytes() -> int:
-    """Resident bytes after a GC and ``malloc_trim`` (freed float copies go back to the OS)."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
 
 
 def tensor_bytes(model: torch.nn.Module) -> int:

@@ -76,6 +76,7 @@ from qplug_core.registry.plugins import QplugPluginWarning
 if TYPE_CHECKING:
     from qplug_core.onnx_export import to_onnx_proto
     from qplug_core.onnx_export.lstm import dynamic_lstm_problem
+    from qplug_core.testing.held_tensors import float_weight_copies
     from qplug_core.testing.layer_parity import LayerParity, layer_parity
     from qplug_core.testing.pattern_suite import BackendPatternSuite
     from qplug_core.testing.weight_only import definition as weight_only_definition
@@ -99,6 +100,10 @@ def __getattr__(name: str) -> Any:
         from qplug_core.testing.weight_only import definition
 
         return definition
+    if name == "float_weight_copies":  # what a compiled model holds: no float copy of a weight
+        from qplug_core.testing.held_tensors import float_weight_copies
+
+        return float_weight_copies
     if name in ("layer_parity", "LayerParity"):  # a compiling backend's conformance check
         from qplug_core.testing import layer_parity
 
@@ -194,6 +199,7 @@ __all__ = [
     # testing (imports pytest on first use)
     "BackendPatternSuite",
     "LayerParity",
+    "float_weight_copies",
     "layer_parity",
     "weight_only_definition",
 ]

@@ -35,6 +35,7 @@ from torch import fx, nn
 from qplug_core.analysis.layers import ErrorStats, LayerComparison
 from qplug_core.flows.clamps import AbsorbedClamp, absorbed_clamps
 from qplug_core.flows.delegate import PREFIX
+from qplug_core.flows.held_forms import reference_form
 from qplug_core.flows.tags import PARTITION_FORMS, REPORT
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 
@@ -51,7 +52,7 @@ def _reference_forms(qmodel: fx.GraphModule, names: Iterable[str]) -> tuple[dict
     it), and why each other one gets no row."""
     compiled = {record["name"] for record in qmodel.meta[REPORT].partitions}
     recorded = qmodel.meta[PARTITION_FORMS]
-    forms = {name: recorded[name] for name in names if name in compiled}
+    forms = {name: reference_form(recorded[name]) for name in names if name in compiled}
     skipped = {name: "kept in reference form at convert (qp.quantization_report(model).reference says why): "
                      "its layers run in PyTorch, compared by name where the float model has them"
                for name in names if name not in forms}

@@ -60,6 +60,7 @@ from qplug_core.flows.safer_weights import make_safer, may_saturate
 from qplug_core.flows.shape_ints import recompute_boundary_ints
 from qplug_core.flows.sparse_values import sparse_value_ops
 from qplug_core.flows.tags import BOUNDARY, KERNEL, REPORT, region_tag
+from qplug_core.kernels.held_int8 import int8_form
 from qplug_core.partition import CapabilityBasedPartitioner, OperatorSupportBase, fuse_by_partitions
 from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.fuse import build_submodule
@@ -458,6 +459,8 @@ class FirstCallCheck:
             for record in report.partitions:
                 if record["name"] == self.name:
                     record["note"] = note
+        if note and isinstance(verdict.module, CompiledPartition):  # its weights changed: held anew
+            verdict.module.hold(int8_form(partition, {}))
         return partition if reason else _checking_new_signatures(verdict.module, self.meta, self.delegate,
                                                                  self.name, len(self.anchors), self.backend_name)
 

@@ -16,12 +16,12 @@ from qplug_core.enums import Stage
 from qplug_core.flows.delegate import DelegationSummary, delegate_graph
 from qplug_core.flows.exported_inputs import guard_exported_inputs
 from qplug_core.flows.float_outputs import drop_unread_output_grids
+from qplug_core.flows.held_forms import hold_reference_forms_as_int8
 from qplug_core.flows.input_dtypes import guard_input_dtypes
 from qplug_core.flows.lower import LoweringSummary, lower_graph
 from qplug_core.flows.pickle_guard import refuse_torch_shipping
 from qplug_core.flows.pipeline import plugin_passes, run_passes
 from qplug_core.flows.report import QuantizationReport, float_compute_nodes, report_names
-from qplug_core.flows.snapshot import hold_weights_as_int8
 from qplug_core.flows.tags import (
     CAPTURE,
     CAPTURE_SKIPPED,
@@ -95,7 +95,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     guard_input_names(gm)  # a misspelt or missing input: the inputs it takes, not forward()'s TypeError
     guard_exported_inputs(gm)  # what export assumed of an input: one qplug error at the call, not deep inside
     guard_input_dtypes(gm)  # a float16 input, a float mask for a bool one: one qplug error, not a runtime's
-    hold_weights_as_int8(gm)  # the lowered layers' reference weights: int8 in RAM, as in the file
+    hold_reference_forms_as_int8(gm)  # the reference weights it no longer runs: int8 in RAM, as in the file
     return report
 
 

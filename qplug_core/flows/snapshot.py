@@ -10,24 +10,23 @@ done only when the model is saved.
 Once lowered, the model no longer runs most of those modules, and their float weights (on the
 int8 grid) would keep the converted model larger in RAM than the float one: the snapshot then holds
 each such weight as its int8 values (:func:`hold_weights_as_int8`), and its reference form is
-rebuilt, bit-exact, each time it is read (:attr:`ReferenceSnapshot.graph_module`).
+rebuilt, bit-exact, each time it is read (:attr:`ReferenceSnapshot.graph_module`), as compiled
+partitions hold theirs (:mod:`qplug_core.kernels.held_int8`).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from torch import fx, nn
+from torch import fx
 
-from qplug_core import qparams as Q
 from qplug_core.flows.tags import SNAPSHOT
 from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.kernels.arithmetic import pair_sums_saturate
-from qplug_core.kernels.reference import ReferenceWeighted, weight_of
+from qplug_core.kernels.held_int8 import Copies, float_form, hold_as_int8
 
 if TYPE_CHECKING:
     from qplug_core.registry.backends import Backend
@@ -57,13 +56,7 @@ class ReferenceSnapshot:
     def graph_module(self) -> fx.GraphModule:
         """The reference form, a model of its own (callers may rewrite it): a copy of ``held`` whose
         int8-held weights are float again, bit-exactly the weights convert rounded."""
-        memo = {}
-        for path, (dtype, requires_grad) in self.int8_weights.items():
-            module = self.held.get_submodule(path)
-            values = weight_of(module.module, module.weight_name)
-            float_weight = Q.dequantize(values, module.weight_qparams).to(dtype)
-            memo[id(values)] = nn.Parameter(float_weight, requires_grad=requires_grad)
-        return deepcopy_graph(self.held, memo)
+        return float_form(self.held, self.int8_weights)
 
 
 def keep_snapshot(gm: fx.GraphModule, backend: Backend) -> None:
@@ -81,51 +74,14 @@ def snapshot_of(gm: object) -> ReferenceSnapshot | None:
     return getattr(gm, "meta", {}).get(SNAPSHOT) if isinstance(gm, fx.GraphModule) else None
 
 
-def hold_weights_as_int8(gm: fx.GraphModule) -> None:
+def hold_weights_as_int8(gm: fx.GraphModule, copies: Copies) -> None:
     """Let ``gm``'s snapshot hold the weights of the ``ReferenceWeighted`` modules ``gm`` no longer
-    runs (lowered to kernels) as their int8 values: a quarter of the bytes. A weight its values do
-    not give back bit-exactly stays float. Call it once ``gm`` is lowered."""
+    runs itself (lowered to kernels, taken by compiled partitions) as their int8 values: a quarter
+    of the bytes. A weight its values do not give back bit-exactly stays float. ``copies``: the
+    int8 copies made so far, by float module (the partitions' reference forms share them). Call it
+    once ``gm`` is lowered."""
     snapshot = snapshot_of(gm)
     if snapshot is None:
         return
-    running = _running_modules(gm)
-    int8_weights = dict(snapshot.int8_weights)
-    for node in snapshot.held.graph.nodes:
-        if node.op != "call_module" or node.target in int8_weights:
-            continue
-        module = snapshot.held.get_submodule(node.target)
-        if not isinstance(module, ReferenceWeighted) or id(module) in running:
-            continue
-        weight = weight_of(module.module, module.weight_name)
-        held = _with_int8_weight(module, weight)
-        if held is not None:  # a copy: whatever else holds the float module (a partition) keeps it
-            snapshot.held.set_submodule(node.target, held)
-            int8_weights[node.target] = (weight.dtype, weight.requires_grad)
-    gm.meta[SNAPSHOT] = dataclasses.replace(snapshot, int8_weights=int8_weights)
-
-
-def _running_modules(gm: fx.GraphModule) -> set[int]:
-    """Ids of the modules ``gm`` may still run: its own and those of the reference forms its compiled
-    partitions keep (for new input signatures). The snapshot shares them: an int8 copy of one would
-    add to the float module, not replace it."""
-    running = set()
-    for module in gm.modules():
-        running.add(id(module))
-        partition = getattr(module, "partition", None)
-        if isinstance(partition, nn.Module):
-            running.update(id(inner) for inner in partition.modules())
-    return running
-
-
-def _with_int8_weight(module: ReferenceWeighted, weight: torch.Tensor) -> ReferenceWeighted | None:
-    """A copy of ``module`` holding ``weight`` as its int8 values, or None where they would not give
-    it back bit-exactly (a float16 weight, one changed after convert)."""
-    qparams = module.weight_qparams
-    if qparams.dtype not in Q.STORAGE_DTYPE or not isinstance(weight, nn.Parameter):
-        return None
-    values = torch.empty_like(weight, dtype=Q.STORAGE_DTYPE[qparams.dtype], requires_grad=False)
-    for part, float_part in zip(Q.slices(values, qparams), Q.slices(weight.detach(), qparams)):
-        part.copy_(Q.quantize(float_part, qparams))  # a slice at a time: temporaries of one slice
-        if not torch.equal(Q.dequantize(part, qparams).to(weight.dtype), float_part):
-            return None
-    return copy.deepcopy(module, {id(weight): nn.Parameter(values, requires_grad=False)})
+    swapped = hold_as_int8(snapshot.held, copies, keep_float={id(module) for module in gm.modules()})
+    gm.meta[SNAPSHOT] = dataclasses.replace(snapshot, int8_weights={**snapshot.int8_weights, **swapped})

@@ -2,7 +2,9 @@
 
 Every runtime that compiles a serialized model (ONNX Runtime sessions, OpenVINO compiled models,
 an NPU SDK) needs the same bookkeeping around its own two steps: the reference-form partition kept
-outside the module tree (to serialize it again for another input shape), the compiled models
+outside the module tree (to serialize it again for another input shape, or for every signature
+when the models are built again: the serialized bytes are not kept, the runtime holds their
+weights already), the compiled models
 and the input signatures each serves (one each, or many where the serialized model has symbolic
 sizes: :meth:`serves`), the output structure (tensor or tuple), a deep copy that compiles its own
 models (compiled runtimes cannot be copied). A subclass gives :meth:`build` (serialized model ->
@@ -46,6 +48,15 @@ class SignatureCheck(Protocol):
         """Say (a warning, the report) that inputs of ``signature`` run the reference form, and why."""
 
 
+class HeldForm(Protocol):
+    """A reference form held otherwise than as a GraphModule (its weights as int8 values:
+    ``kernels/held_int8.py``), read back as one."""
+
+    @property
+    def graph_module(self) -> fx.GraphModule:
+        """The reference form, a GraphModule of its own."""
+
+
 class CompiledPartition(nn.Module):
     """Runs one partition in a runtime; ``serialize(partition, inputs)`` gives the bytes
     :meth:`build` compiles (e.g. ``plugin_api.to_onnx_proto(...).SerializeToString()``)."""
@@ -60,7 +71,6 @@ class CompiledPartition(nn.Module):
         super().__init__()
         self.__dict__["_partition"] = partition  # not a submodule: it is not part of the state
         self._serialize = serialize
-        self._sources: dict[tuple, bytes] = {}  # by the signature each was serialized for
         self._compiled: dict[tuple, Any] = {}
         self._routes: dict[tuple, tuple] = {}  # input signature -> the signature compiled for it
         self._single_output = True
@@ -90,8 +100,19 @@ class CompiledPartition(nn.Module):
 
     @property
     def partition(self) -> fx.GraphModule:
-        """The reference-form partition this module runs."""
+        """The reference-form partition this module runs (built again from its held form at each
+        read, where it is held as one: :meth:`hold`)."""
+        form = self.__dict__["_partition"]
+        return form if isinstance(form, fx.GraphModule) else form.graph_module
+
+    @property
+    def form(self) -> fx.GraphModule | HeldForm:
+        """The reference-form partition as held."""
         return self.__dict__["_partition"]
+
+    def hold(self, form: fx.GraphModule | HeldForm) -> None:
+        """Hold the reference form as ``form`` (the same partition held in fewer bytes)."""
+        self.__dict__["_partition"] = form
 
     @staticmethod
     def as_array(tensor: torch.Tensor) -> Any:
@@ -109,15 +130,15 @@ class CompiledPartition(nn.Module):
 
     @torch.autocast("cpu", enabled=False)  # a first call under the caller's autocast: export in float32
     def _compile(self, inputs: tuple[torch.Tensor, ...]) -> Any:
+        partition = self.partition
         try:
             with torch.no_grad():  # the output structure (tensor or tuple) the partition returns
-                self._single_output = isinstance(self.partition(*inputs), torch.Tensor)
+                self._single_output = isinstance(partition(*inputs), torch.Tensor)
         except RuntimeError as exc:  # inputs its layers cannot take: the caller's, not the runtime's fault
             raise InputMismatchError(f"{type(self).__name__} cannot take inputs {self._mismatch(inputs)} "
                                      f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
         signature = self._signature(inputs)
-        self._sources[signature] = self._serialize(self.partition, inputs)
-        self._compiled[signature] = compiled = self.build(self._sources[signature])
+        self._compiled[signature] = compiled = self.build(self._serialize(partition, inputs))
         self._routes[signature] = signature
         return compiled
 
@@ -128,7 +149,7 @@ class CompiledPartition(nn.Module):
         given = self._signature(inputs)
         shapes = ", ".join(str(tuple(shape)) for shape, _ in given)
         dtypes = ", ".join(str(dtype).removeprefix("torch.") for _, dtype in given)
-        compiled = next(iter(self._sources), None)
+        compiled = next(iter(self._compiled), None)
         if compiled is None or len(compiled) != len(given):
             return (f"of shape {shapes}: the model's inputs do not have the shape or dtype ({dtypes}) it was "
                     "quantized for")
@@ -158,8 +179,8 @@ class CompiledPartition(nn.Module):
                     return compiled_for
             reason = self._admit(inputs)
             if reason:
-                self._sources.pop(signature, None)
                 self._compiled.pop(signature, None)
+                self.__dict__["_reference_form"] = self.partition  # runs it from now on: built once
                 self._routes[signature] = REFERENCE_FORM
                 self.refused[self._described(signature)] = reason
                 check = self.signature_check
@@ -188,13 +209,17 @@ class CompiledPartition(nn.Module):
         return ", ".join(f"{tuple(shape)} {str(dtype).removeprefix('torch.')}" for shape, dtype in signature)
 
     def recompile(self) -> None:
-        """Build every compiled model again (after a change of settings)."""
-        self._compiled = {signature: self.build(source) for signature, source in self._sources.items()}
+        """Build every compiled model again (after a change of settings), from the partition
+        serialized again for each signature."""
+        self._compiled = {signature: self.build(source) for signature, source in zip(self._compiled, self.sources)}
 
     @property
     def sources(self) -> list[bytes]:
-        """The serialized partitions compiled so far (one per input signature)."""
-        return list(self._sources.values())
+        """The partition serialized for each input signature compiled so far, serialized again
+        (on zeros of each signature's shapes and dtypes: the serialized model depends on those alone)."""
+        partition = self.partition
+        return [self._serialize(partition, tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in signature))
+                for signature in self._compiled]
 
     @property
     def compiled(self) -> list[Any]:
@@ -211,7 +236,7 @@ class CompiledPartition(nn.Module):
                 return self.partition(*inputs)  # an empty batch: OpenVINO refuses to compile size 0
             route = self._route(inputs)
         if route is REFERENCE_FORM:
-            return self.partition(*inputs)
+            return self.__dict__["_reference_form"](*inputs)
         return self._call(self._compiled[route], inputs)
 
     def _call(self, compiled: Any, inputs: tuple[torch.Tensor, ...]):
@@ -223,7 +248,7 @@ class CompiledPartition(nn.Module):
         return outputs[0] if self._single_output else tuple(outputs)
 
     def __deepcopy__(self, memo: dict) -> CompiledPartition:
-        """The copy compiles its own models from the same serialized partitions."""
+        """The copy compiles its own models from its copy of the partition."""
         clone = type(self).__new__(type(self))
         nn.Module.__init__(clone)
         for key, value in self.__dict__.items():
@@ -231,8 +256,10 @@ class CompiledPartition(nn.Module):
         clone.training = self.training
         clone.__dict__["_routing"] = threading.Lock()
         clone.refused = dict(self.refused)
-        clone.__dict__["_partition"] = copy.deepcopy(self.partition, memo)
-        clone._sources = dict(self._sources)
+        clone.__dict__["_partition"] = copy.deepcopy(self.form, memo)
+        if "_reference_form" in self.__dict__:
+            clone.__dict__["_reference_form"] = copy.deepcopy(self.__dict__["_reference_form"], memo)
+        clone._compiled = dict(self._compiled)
         clone._routes = dict(self._routes)
         clone.recompile()
         return clone

@@ -19,6 +19,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import BackendError, InputMismatchError
+from qplug_core.partition.compiled import CompiledPartition, HeldForm
 
 Compile = Callable[[fx.GraphModule, tuple[torch.Tensor, ...]], nn.Module]
 
@@ -26,7 +27,7 @@ Compile = Callable[[fx.GraphModule, tuple[torch.Tensor, ...]], nn.Module]
 class LazyPartition(nn.Module):
     """Runs ``compile(partition, first_inputs)``'s module; compiles once, thread-safely."""
 
-    def __init__(self, partition: fx.GraphModule, compile: Compile, *, name: str, backend: str):
+    def __init__(self, partition: fx.GraphModule | HeldForm, compile: Compile, *, name: str, backend: str):
         super().__init__()
         self.__dict__["_partition"] = partition  # not a submodule: the compiled module replaces it
         self._compile_fn = compile
@@ -37,7 +38,7 @@ class LazyPartition(nn.Module):
     def forward(self, *inputs: torch.Tensor):
         compiled = self.compiled
         if compiled is None and any(isinstance(x, torch.Tensor) and x.numel() == 0 for x in inputs):
-            return self._partition(*inputs)  # an empty batch compiles nothing (OpenVINO refuses size 0)
+            return self.partition(*inputs)  # an empty batch compiles nothing (OpenVINO refuses size 0)
         if compiled is None:
             with self._lock:
                 if self.compiled is None:
@@ -45,10 +46,28 @@ class LazyPartition(nn.Module):
                 compiled = self.compiled
         return compiled(*inputs)
 
+    @property
+    def partition(self) -> fx.GraphModule:
+        """The reference-form partition (built again from its held form at each read, where it is
+        held as one: :meth:`hold`)."""
+        form = self.__dict__["_partition"]
+        return form if isinstance(form, fx.GraphModule) else form.graph_module
+
+    @property
+    def form(self) -> fx.GraphModule | HeldForm:
+        """The reference-form partition as held."""
+        return self.__dict__["_partition"]
+
+    def hold(self, form: fx.GraphModule | HeldForm) -> None:
+        """Hold the reference form as ``form`` (the same partition held in fewer bytes); the module
+        compiled from it holds it so too, unless the compile step gave that one a form of its own."""
+        self.__dict__["_partition"] = form
+
     def _build(self, inputs: tuple[torch.Tensor, ...]) -> nn.Module:
+        partition = self.partition
         try:
             with torch.no_grad():
-                return self._compile_fn(self._partition, tuple(inputs))
+                compiled = self._compile_fn(partition, tuple(inputs))
         except InputMismatchError:
             raise  # the caller's inputs, not the backend
         except Exception as exc:
@@ -57,12 +76,15 @@ class LazyPartition(nn.Module):
                 f"converted, but compiling it for these inputs failed ({type(exc).__name__}: {exc}); "
                 "qp.load(path, backend='reference') gives the reference form, which runs anywhere",
                 backend=self.backend) from exc
+        if isinstance(compiled, CompiledPartition) and compiled.form is partition:
+            compiled.hold(self.__dict__["_partition"])  # the form this one holds, not a float copy
+        return compiled
 
     def __deepcopy__(self, memo: dict) -> LazyPartition:
         # a compile step that holds per-model state says how it is copied; others are shared
         compile_fn = (copy.deepcopy(self._compile_fn, memo) if hasattr(self._compile_fn, "__deepcopy__")
                       else self._compile_fn)
-        clone = LazyPartition(copy.deepcopy(self._partition, memo), compile_fn,
+        clone = LazyPartition(copy.deepcopy(self.__dict__["_partition"], memo), compile_fn,
                               name=self.partition_name, backend=self.backend)
         if self.compiled is not None:
             clone.compiled = copy.deepcopy(self.compiled, memo)

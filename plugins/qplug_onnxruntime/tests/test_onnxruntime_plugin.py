@@ -22,6 +22,7 @@ from qplug_core.plugin_api import (
     PAIRS_SATURATE,
     ConfigValidationError,
     cpu_int8,
+    float_weight_copies,
     override_cpu_flags,
     probe_pair_sums,
 )
@@ -123,7 +124,14 @@ def test_the_session_answering_depends_on_the_shapes_not_the_call_order(digits, 
 
 
 def test_save_load_rebuilds_the_sessions_from_the_reference_form(digits, tmp_path):
-    _, ort_model, _ = digits
+    model, ort_model, reference = digits
+    # the reference forms kept (snapshot, the partition's own, qp.compare's) hold int8 weights, read
+    # back in float bit-exactly: float copies kept a 256 MiB MLP at 2.3x its float model's bytes
+    shapes = {tuple(p.shape) for p in model.parameters() if p.dim() > 1}
+    assert float_weight_copies(ort_model, shapes) == []
+    with torch.no_grad():
+        x = inputs("digits_cnn", seed=6)
+        assert torch.equal(partitions(ort_model)[0].partition(*x), reference(*x))
     path = qp.save(ort_model, tmp_path / "digits.safetensors")
     loaded = qp.load(path)
     report = qp.quantization_report(loaded)
@@ -133,6 +141,7 @@ def test_save_load_rebuilds_the_sessions_from_the_reference_form(digits, tmp_pat
     with torch.no_grad():
         assert torch.equal(loaded(*x), ort_model(*x))
     assert len(partitions(loaded)) == 1 and len(partitions(loaded)[0].sessions) == 1
+    assert float_weight_copies(loaded, shapes) == []
     assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
 
 

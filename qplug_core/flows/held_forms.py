@@ -1,0 +1,40 @@
+"""A converted model's reference forms, held with int8 weights once it is lowered or delegated.
+
+Besides the modules it runs, a converted model keeps reference forms: the snapshot ``qp.save``
+writes (``flows/snapshot.py``), each compiled partition's own (serialized again for a new input
+signature, run where a signature is refused) and, for ``qp.compare``, each partition as fused
+into the model (``PARTITION_FORMS``). Their weights lie on the int8 grid and the model no longer
+runs them: held in float they kept a delegated model at ~2.3x its float model's bytes. Each float
+weight gets one int8 copy, shared by every form holding it (a quarter of the bytes); what the
+model still runs itself stays float.
+"""
+
+from __future__ import annotations
+
+from torch import fx
+
+from qplug_core.flows.snapshot import hold_weights_as_int8
+from qplug_core.flows.tags import PARTITION_FORMS
+from qplug_core.kernels.held_int8 import Copies, Int8HeldForm, int8_form
+from qplug_core.partition.compiled import CompiledPartition
+from qplug_core.partition.lazy import LazyPartition
+
+
+def hold_reference_forms_as_int8(gm: fx.GraphModule) -> None:
+    """Hold ``gm``'s snapshot, its partitions' reference forms and ``PARTITION_FORMS`` with int8
+    weights (call it once ``gm`` is lowered)."""
+    copies: Copies = {}
+    hold_weights_as_int8(gm, copies)
+    running = {id(module) for module in gm.modules()}
+    for module in gm.modules():
+        if isinstance(module, (CompiledPartition, LazyPartition)) and isinstance(module.form, fx.GraphModule):
+            module.hold(int8_form(module.form, copies, running))
+    forms = gm.meta.get(PARTITION_FORMS)
+    if forms:
+        gm.meta[PARTITION_FORMS] = {name: int8_form(form, copies, running) if isinstance(form, fx.GraphModule)
+                                    else form for name, form in forms.items()}
+
+
+def reference_form(form: fx.GraphModule | Int8HeldForm) -> fx.GraphModule:
+    """A partition form from ``PARTITION_FORMS`` as a GraphModule."""
+    return form if isinstance(form, fx.GraphModule) else form.graph_module

@@ -31,6 +31,7 @@ from torch import fx, nn
 from qplug_core.errors import InputMismatchError, warn_user
 from qplug_core.ir.tracing import refuse_tracing, warn_state_dict_incomplete
 from qplug_core.partition.denormals import call_flushing_denormals
+from qplug_core.partition.held import HoldsPartition
 
 #: the route of an input signature whose compiled model was refused: it runs the reference form
 REFERENCE_FORM = ("reference form",)
@@ -48,16 +49,7 @@ class SignatureCheck(Protocol):
         """Say (a warning, the report) that inputs of ``signature`` run the reference form, and why."""
 
 
-class HeldForm(Protocol):
-    """A reference form held otherwise than as a GraphModule (its weights as int8 values:
-    ``kernels/held_int8.py``), read back as one."""
-
-    @property
-    def graph_module(self) -> fx.GraphModule:
-        """The reference form, a GraphModule of its own."""
-
-
-class CompiledPartition(nn.Module):
+class CompiledPartition(HoldsPartition, nn.Module):
     """Runs one partition in a runtime; ``serialize(partition, inputs)`` gives the bytes
     :meth:`build` compiles (e.g. ``plugin_api.to_onnx_proto(...).SerializeToString()``)."""
 
@@ -97,22 +89,6 @@ class CompiledPartition(nn.Module):
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
         warn_state_dict_incomplete(destination)  # its weights are in the runtime's compiled form
-
-    @property
-    def partition(self) -> fx.GraphModule:
-        """The reference-form partition this module runs (built again from its held form at each
-        read, where it is held as one: :meth:`hold`)."""
-        form = self.__dict__["_partition"]
-        return form if isinstance(form, fx.GraphModule) else form.graph_module
-
-    @property
-    def form(self) -> fx.GraphModule | HeldForm:
-        """The reference-form partition as held."""
-        return self.__dict__["_partition"]
-
-    def hold(self, form: fx.GraphModule | HeldForm) -> None:
-        """Hold the reference form as ``form`` (the same partition held in fewer bytes)."""
-        self.__dict__["_partition"] = form
 
     @staticmethod
     def as_array(tensor: torch.Tensor) -> Any:

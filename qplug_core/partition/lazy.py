@@ -19,12 +19,13 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import BackendError, InputMismatchError
-from qplug_core.partition.compiled import CompiledPartition, HeldForm
+from qplug_core.partition.compiled import CompiledPartition
+from qplug_core.partition.held import HeldForm, HoldsPartition
 
 Compile = Callable[[fx.GraphModule, tuple[torch.Tensor, ...]], nn.Module]
 
 
-class LazyPartition(nn.Module):
+class LazyPartition(HoldsPartition, nn.Module):
     """Runs ``compile(partition, first_inputs)``'s module; compiles once, thread-safely."""
 
     def __init__(self, partition: fx.GraphModule | HeldForm, compile: Compile, *, name: str, backend: str):
@@ -45,23 +46,6 @@ class LazyPartition(nn.Module):
                     self.compiled = self._build(inputs)
                 compiled = self.compiled
         return compiled(*inputs)
-
-    @property
-    def partition(self) -> fx.GraphModule:
-        """The reference-form partition (built again from its held form at each read, where it is
-        held as one: :meth:`hold`)."""
-        form = self.__dict__["_partition"]
-        return form if isinstance(form, fx.GraphModule) else form.graph_module
-
-    @property
-    def form(self) -> fx.GraphModule | HeldForm:
-        """The reference-form partition as held."""
-        return self.__dict__["_partition"]
-
-    def hold(self, form: fx.GraphModule | HeldForm) -> None:
-        """Hold the reference form as ``form`` (the same partition held in fewer bytes); the module
-        compiled from it holds it so too, unless the compile step gave that one a form of its own."""
-        self.__dict__["_partition"] = form
 
     def _build(self, inputs: tuple[torch.Tensor, ...]) -> nn.Module:
         partition = self.partition

@@ -29,7 +29,7 @@ from torch import fx, nn
 from qplug_core.errors import InputMismatchError
 from qplug_core.flows.tags import BAKED_INPUT, INPUT_SPEC
 from qplug_core.ir.call_inputs import MISSING, InputPath, input_paths
-from qplug_core.ir.hooks import drop_pre_hooks
+from qplug_core.ir.hooks import drop_pre_hooks, keep_in_copies
 
 __all__ = ["guard_exported_inputs"]
 
@@ -44,6 +44,7 @@ def guard_exported_inputs(gm: fx.GraphModule) -> None:
     check = _InputCheck.of(gm)
     if check.tensors or check.constants:
         gm.register_forward_pre_hook(check, with_kwargs=True)
+        keep_in_copies(gm)
 
 
 @dataclass(frozen=True, eq=False)

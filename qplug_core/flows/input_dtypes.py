@@ -27,7 +27,7 @@ from torch import fx, nn
 from qplug_core.errors import InputMismatchError
 from qplug_core.flows.tags import INPUT_SPEC, SPEC_DTYPES
 from qplug_core.ir.call_inputs import MISSING, InputPath, input_paths
-from qplug_core.ir.hooks import drop_pre_hooks
+from qplug_core.ir.hooks import drop_pre_hooks, keep_in_copies
 
 __all__ = ["guard_input_dtypes"]
 
@@ -46,6 +46,7 @@ def guard_input_dtypes(gm: fx.GraphModule, *, kinds_only: bool = False) -> None:
     if checked:
         gm.register_forward_pre_hook(_InputDtypes(checked, _kind_refusal if kinds_only else _refusal),
                                      with_kwargs=True)
+        keep_in_copies(gm)
 
 
 def _kind(dtype: torch.dtype) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError
-from qplug_core.ir.hooks import drop_pre_hooks
+from qplug_core.ir.hooks import drop_pre_hooks, keep_in_copies
 
 __all__ = ["MISSING", "InputPath", "bind_inputs", "check_call", "guard_input_names", "input_paths"]
 
@@ -143,6 +143,7 @@ def guard_input_names(gm: fx.GraphModule) -> None:
         names = tuple(p.name for p in parameters)
         required = sum(p.default is p.empty for p in parameters)
         gm.register_forward_pre_hook(_InputNames(names, required), with_kwargs=True)
+        keep_in_copies(gm)
 
 
 class _InputNames:

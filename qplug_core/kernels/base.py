@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import ConfigValidationError, ModelStateError
+from qplug_core.ir.hooks import keep_in_copies
 from qplug_core.ir.tracing import refuse_pickle, refuse_script, warn_state_dict_incomplete
 from qplug_core.qparams import QParams
 
@@ -178,6 +179,7 @@ def pin_engine(model: nn.Module, engine: str | None) -> nn.Module:
         return model
     model.register_forward_pre_hook(_EnterEngine(engine))
     model.register_forward_hook(_leave_engine, always_call=True)
+    keep_in_copies(model)
     return model
 
 

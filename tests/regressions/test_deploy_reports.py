@@ -37,9 +37,16 @@ def test_a_deep_copy_answers_as_the_model_whatever_engine_is_global(digits, back
     torch.backends.quantized.engine = other_engine
     try:
         clone = copy.deepcopy(int8)
+        engines = []  # the engine the copy's ops run under, whatever the CPU makes of a wrong one
+        last = list(clone.children())[-1]
+        last.register_forward_hook(lambda *_: engines.append(torch.backends.quantized.engine))
+        answer = clone(x)
     finally:
         torch.backends.quantized.engine = previous
-    assert torch.equal(clone(x), expected)
+    assert torch.equal(answer, expected)
+    assert engines == [backend]  # torch.fx's deepcopy kept no forward hook: the engine pin was lost
+    with pytest.raises(InputMismatchError):  # nor the input checks
+        clone(x.double())
 
 
 @pytest.mark.parametrize("backend", ["qnnpack", "fbgemm"])

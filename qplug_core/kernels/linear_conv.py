@@ -81,8 +81,11 @@ class _PackedWeightKernel(KernelModule, PackedStateModule):
         self.input_size = input_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # qnnpack reads past a wrongly sized input and answers (fbgemm: "packB ... K"): say so
-        if not -x.dim() <= self._input_axis < x.dim() or x.shape[self._input_axis] != self.input_size:
+        # qnnpack reads past a wrongly sized input and answers (fbgemm: "packB ... K"): say so (not
+        # while torch.jit.trace records the call: its sizes are traced values, which the check
+        # would turn into Python bools with a TracerWarning each)
+        if not torch.jit.is_tracing() and (not -x.dim() <= self._input_axis < x.dim()
+                                           or x.shape[self._input_axis] != self.input_size):
             raise self._wrong_input(x)
         with forward_quiet():
             return self._op(x, self._packed, self.scale, self.zero_point)

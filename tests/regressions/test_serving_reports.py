@@ -134,6 +134,19 @@ def test_jit_trace_of_a_per_token_model_says_why(mode):
         torch.jit.trace(SWAPPED[mode](), (torch.randn(3, 32),))
 
 
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
+def test_jit_trace_of_a_kernel_model_records_it_without_tracer_warnings(backend):
+    """The int8 layers' input-size check turned traced sizes into Python bools: 8 TracerWarnings
+    ("might cause the trace to be incorrect") on the digits CNN, which made users doubt the trace."""
+    model, x = _graph_model(backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(model, (x,))
+    assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    other = torch.randn(5, 1, 8, 8)
+    assert torch.equal(traced(other), model(other))
+
+
 def test_a_dynamic_model_state_dict_says_where_its_weights_are(tmp_path):
     model = SWAPPED["dynamic"]()
     assert len(_state_dict_warnings(model)) == 1

@@ -222,8 +222,9 @@ def _check_head(path: Path, head: bytes, size: int) -> None:
         raise UnsafeFileError(
             f"{path} is a pickle file (torch.save or TorchScript); loading it would run whatever code it "
             "contains, so qp.load refuses it. qp.load reads only the .safetensors files written by "
-            "qp.save: where you trust the file, run qp.save(torch.load(path, weights_only=False), "
-            "'model.safetensors') once and share the .safetensors file instead", path=str(path))
+            "qp.save. A float state_dict (the usual .pt) loads into your model with "
+            "model.load_state_dict(torch.load(path, weights_only=True)); quantize that model and qp.save "
+            "the result", path=str(path))
     if header is None:
         raise SerializationError(f"{path} is not a qplug artifact: {size} bytes is too short for a "
                                  "safetensors file", path=str(path))

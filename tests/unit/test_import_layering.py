@@ -50,7 +50,7 @@ ALLOWED: dict[str, set[str]] = {
     "serialization": {"config", "errors", "flows", "ir", "kernels", "nn", "qparams", "registry", "weight_only"},
     "analysis": {"errors", "flows", "ir", "kernels", "partition", "registry", "serialization"},
     "eager": {"config", "enums", "errors", "flows", "kernels", "nn", "observers", "qparams", "registry"},
-    "algorithms": {"analysis", "config", "errors", "flows", "kernels", "nn", "observers", "qparams"},
+    "algorithms": {"analysis", "config", "errors", "flows", "ir", "kernels", "nn", "observers", "qparams"},
     "onnx_export": {"errors", "flows", "ir", "kernels", "nn", "qparams", "serialization"},
     "one_call": {"algorithms", "config", "errors", "flows", "registry", "weight_only"},
     # the facade imports its exports lazily, by name: see facade_edges()

@@ -2,7 +2,8 @@
 
 ``F.linear(x, self.w, self.b)`` and ``F.conv2d(x, self.w, ...)`` (``w`` a parameter or a buffer) then
 match, fuse, quantize and lower exactly like ``nn.Linear`` / ``nn.Conv2d``, so backends need one
-kernel per op, not two.
+kernel per op, not two. Each new module's float weight path is recorded (:data:`FUNCTIONAL_WEIGHTS`): the
+float model has no module of that name, so ``qp.compare`` finds the call by its weight instead.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from qplug_core.flows.tags import FROM_FUNCTIONAL
+from qplug_core.flows.tags import FROM_FUNCTIONAL, FUNCTIONAL_WEIGHTS
 from qplug_core.ir.attributes import fetch_attribute
 from qplug_core.passes import PassResult
 
@@ -74,6 +75,7 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
         with gm.graph.inserting_before(node):
             new = gm.graph.call_module(name, args=(args["input"],))
         new.meta = {**node.meta, FROM_FUNCTIONAL: node.target}
+        record_functional_weight(gm, name, str(args["weight"].target))
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
         replaced += 1
@@ -81,6 +83,17 @@ def normalize_functionals(gm: fx.GraphModule) -> PassResult:
         gm.graph.eliminate_dead_code()
         gm.delete_all_unused_submodules()
     return PassResult(gm, replaced > 0)
+
+
+def record_functional_weight(gm: fx.GraphModule, layer: str, weight: str) -> None:
+    """Note on ``gm`` that module ``layer`` computes a functional call on the float weight at ``weight``."""
+    gm.meta.setdefault(FUNCTIONAL_WEIGHTS, {})[layer] = weight
+
+
+def functional_weights(model: nn.Module) -> dict[str, str]:
+    """Layer path -> float weight path of the layers made from functional calls, for a converted model."""
+    meta = getattr(model, "meta", None)
+    return dict(meta.get(FUNCTIONAL_WEIGHTS, {})) if isinstance(meta, dict) else {}
 
 
 def _module_for(target, weight: torch.Tensor, bias: torch.Tensor | None, args: dict) -> nn.Module | None:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from qplug_core.flows.normalize import record_functional_weight
 from qplug_core.ir import module_stack
 from qplug_core.ir.attributes import fetch_attribute
 from qplug_core.ir.hooks import drop_pre_hooks
@@ -82,6 +83,8 @@ _CONV = {aten.conv1d.default: nn.Conv1d, aten.conv2d.default: nn.Conv2d,
 _CONV_TRANSPOSE = {aten.conv_transpose1d.default: nn.ConvTranspose1d,
                    aten.conv_transpose2d.input: nn.ConvTranspose2d,
                    aten.conv_transpose3d.input: nn.ConvTranspose3d}
+#: the modules a layer made from a linear/conv/matmul call becomes (recorded for qp.compare)
+_FROM_CALLS = (nn.Linear, *_CONV.values(), *_CONV_TRANSPOSE.values())
 _BATCH_NORM = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
 
 
@@ -381,6 +384,8 @@ class _Raiser:
     def _replace_with_module(self, node: fx.Node, module: nn.Module, x: fx.Node,
                              absorbed: list[fx.Node]) -> None:
         name = self._module_name(node, absorbed)
+        if isinstance(module, _FROM_CALLS) and absorbed and name != absorbed[0].target.rpartition(".")[0]:
+            record_functional_weight(self.gm, name, str(absorbed[0].target))  # not the weight's own module
         self.gm.add_submodule(name, module)
         self.claimed.add(name)
         with self.gm.graph.inserting_before(node):

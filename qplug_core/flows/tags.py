@@ -97,6 +97,9 @@ WEIGHT_BITS_REUSE = "qplug_weight_bits_reuse"
 #: node.meta key on a module node made from a functional call on a constant weight (``F.linear``,
 #: ``F.conv2d``...): that function, so tools can tell which functional pattern the module stands for
 FROM_FUNCTIONAL = "qplug_from_functional"
+#: GraphModule.meta key: layer (module path) made from a functional call -> the path of the float
+#: weight the call was given (qp.compare finds that call in the float model by its weight)
+FUNCTIONAL_WEIGHTS = "qplug_functional_weights"
 #: GraphModule.meta: a few calibration batches kept for convert's decisions (flows/calibration_sample.py)
 CALIBRATION_SAMPLE = "qplug_calibration_sample"
 #: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example

@@ -23,13 +23,21 @@ from qplug_core.errors import (
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.safer_weights import make_safer
 from qplug_core.flows.snapshot import snapshot_of
-from qplug_core.flows.tags import ABSORBED_CLAMPS, ARTIFACT, CAPTURE, EAGER_CONVERTED, EAGER_STATE, FUSIONS
+from qplug_core.flows.tags import (
+    ABSORBED_CLAMPS,
+    ARTIFACT,
+    CAPTURE,
+    EAGER_CONVERTED,
+    EAGER_STATE,
+    FUNCTIONAL_WEIGHTS,
+    FUSIONS,
+)
 from qplug_core.flows.target_rungs import name_rungs
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
-from qplug_core.serialization import clamp_record, per_token_record
+from qplug_core.serialization import clamp_record, functional_record, per_token_record
 from qplug_core.serialization.artifact import (
     AUTO_KEY,
     INT16_PAIRS_KEY,
@@ -220,6 +228,9 @@ def _rebuild(artifact: Artifact, source: Path) -> fx.GraphModule:
     if clamp_record.KEY in model:  # checked when the document was read
         gm.meta[ABSORBED_CLAMPS] = clamp_record.from_document(model[clamp_record.KEY], clamp_record.KEY,
                                                               len(model["graph"]))
+    if functional_record.KEY in model:
+        gm.meta[FUNCTIONAL_WEIGHTS] = functional_record.from_document(
+            model[functional_record.KEY], functional_record.KEY, len(model["graph"]))
     return gm
 
 

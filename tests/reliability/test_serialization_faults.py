@@ -357,6 +357,13 @@ def _absorbed(layer: str = "fc", **fields: Any) -> Callable[[dict, dict], None]:
     return edit
 
 
+def _functional(record: Any) -> Callable[[dict, dict], None]:
+    """A functional-weight record (flows/normalize.py): layer -> the float weight's path."""
+    def edit(document, tensors):
+        document["model"]["functional_weights"] = record
+    return edit
+
+
 TAMPERING = {
     "missing tensor": (lambda d, t: t.pop("fc.module.bias"), "missing \\['fc.module.bias'\\]"),
     "extra tensor": (lambda d, t: t.update(smuggled=torch.zeros(1)), "extra \\['smuggled'\\]"),
@@ -396,6 +403,10 @@ TAMPERING = {
     "absorbed clamp bound infinite": (_absorbed(low=float("-inf")), "not a finite number"),
     "absorbed clamp bounds reversed": (_absorbed(low=7.0), "above high bound"),
     "absorbed clamp op as code": (_absorbed(op="relu6(); import os"), "not an op name"),
+    "code in a functional layer": (_functional({'fc")(__import__("os").mkdir("pwned")': "w"}), "not a dotted path"),
+    "dunder functional weight": (_functional({"fc": "__class__.__init__"}), "not a dotted path"),
+    "functional weight not a string": (_functional({"fc": ["w"]}), "not a dotted path"),
+    "functional record a list": (_functional(["fc"]), "a JSON object"),
 }
 
 

@@ -1,4 +1,4 @@
-"""``qp.compare``: per-layer error by module name, plus one row per compiled partition.
+"""``qp.compare``: per-layer error by module name (or float call), plus one row per compiled partition.
 
 Name-by-name comparison (:func:`qplug_core.analysis.layers.compare_layers`) finds the layers a kernel backend
 keeps under the float model's names; a delegate backend's partitions have no such names, so
@@ -28,7 +28,8 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
 
     ``inputs`` is one tuple of positional args, a bare tensor, or an iterable of such batches (a
     list, a DataLoader). ``layers`` restricts the hooked modules (default: every module with the
-    same qualified name in both models). A delegated model also gets one row per compiled
+    same qualified name in both models, and every int8 layer made from a functional call such as
+    ``F.conv2d(x, self.w)``, paired with that call in the float model). A delegated model also gets one row per compiled
     partition (``delegate_0``, ...): its output on the inputs it receives, against its float form
     (``sqnr_db``) and against its reference form (``reference_sqnr_db``); the layers inside a
     partition do not run as themselves and move to ``skipped``, as do the partitions without a row

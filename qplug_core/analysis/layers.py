@@ -13,6 +13,11 @@ pairs that compute the same thing. A layer whose int8 output range holds a clamp
 that clamp, its float type naming it (``Conv2d+ReLU6``). Float leaf modules with no counterpart (not
 the children of a fused module the quantized model computes whole, nor an absorbed clamp) are listed
 in ``ComparisonReport.float_only`` as a hint.
+
+A layer the quantized model made from a functional call (``F.conv2d(x, self.w)`` became
+``conv2d_module``) has no float module to hook: it is paired with the float call on the same weight
+(:mod:`qplug_core.analysis.functional`), its float type naming the call (``F.conv2d+relu6``), or
+listed in ``skipped`` with the reason it could not be.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from rich.table import Table
 from rich.text import Text
 from torch import nn
 
+from qplug_core.analysis.functional import FunctionalRecorder, functional_layers, never_called
 from qplug_core.errors import ConfigError, InputMismatchError, QplugError, did_you_mean, first_line
 from qplug_core.flows.clamps import AbsorbedClamp, absorbed_clamps
 from qplug_core.flows.float_reference import float_like_int8
@@ -151,8 +157,8 @@ class ComparisonReport:
     """Per-layer and end-to-end error of a quantized model against its float original.
 
     ``layers`` follows the float model's execution order. ``skipped`` maps names present in both
-    models whose outputs could not be paired to the reason; ``float_only`` lists float leaf
-    modules missing from the quantized model (usually fused away).
+    models (or layers made from a functional call) whose outputs could not be paired to the reason;
+    ``float_only`` lists float leaf modules missing from the quantized model (usually fused away).
     """
 
     layers: list[LayerComparison]
@@ -206,7 +212,7 @@ class ComparisonReport:
             f" over {self.num_batches} batch(es)")
         notes = []
         if self.skipped:
-            notes.append(Text(f"{len(self.skipped)} common module(s) not compared "
+            notes.append(Text(f"{len(self.skipped)} layer(s) not compared "
                               "(see .skipped)", style="dim"))
         if self.float_only:
             notes.append(Text(f"{len(self.float_only)} float module(s) absent from the quantized "
@@ -302,17 +308,18 @@ def _recording(model: nn.Module, names: Iterable[str],
 
 
 def _select_layers(float_model: nn.Module, quantized_model: nn.Module,
-                   layers: Iterable[str] | str | None) -> list[str]:
+                   layers: Iterable[str] | str | None, functional: Iterable[str]) -> list[str]:
+    """The layers to hook: common module names, and the ``functional`` layers (made from calls)."""
     quant_names = {n for n, _ in quantized_model.named_modules()}
-    common = [n for n, _ in float_model.named_modules() if n and n in quant_names]
+    common = [n for n, _ in float_model.named_modules() if n and n in quant_names] + list(functional)
     if layers is None:
         return common
     requested = [layers] if isinstance(layers, str) else list(layers)
     for name in requested:
         if name not in common:
             raise ConfigError(
-                f"layer {name!r} is not a submodule of both models{did_you_mean(name, common)}",
-                field="layers", value=name)
+                f"layer {name!r} is not a submodule of both models nor a functional call of the float "
+                f"model{did_you_mean(name, common)}", field="layers", value=name)
     return requested
 
 
@@ -321,13 +328,17 @@ def _pairing_problem(ref: list[torch.Tensor] | None, test: list[torch.Tensor] | 
     if test is None:
         return "not run by the quantized model"
     if ref is None:
-        return "not run by the float model"
+        return NOT_RUN_BY_FLOAT
     if len(ref) != len(test):
         return f"called {len(ref)} time(s) by the float model, {len(test)} by the quantized one"
     for r, t in zip(ref, test):
         if r.shape != t.shape:
             return f"output shapes differ: {tuple(r.shape)} vs {tuple(t.shape)}"
     return None
+
+
+#: why a layer that the quantized model ran has no float output: the float model never ran its module
+NOT_RUN_BY_FLOAT = "not run by the float model"
 
 
 class _LayerErrors:
@@ -357,19 +368,20 @@ class _LayerErrors:
             self.shapes.setdefault(name, tuple(ref[0].shape))
 
     def comparisons(self, float_model: nn.Module, quantized_model: nn.Module,
-                    clamps: Mapping[str, AbsorbedClamp]) -> list[LayerComparison]:
+                    clamps: Mapping[str, AbsorbedClamp], functions: Mapping[str, str]) -> list[LayerComparison]:
+        """The rows; ``functions``: the float function (``F.conv2d``) of each layer made from a call."""
         float_modules = dict(float_model.named_modules())
         quant_modules = dict(quantized_model.named_modules())
         return [LayerComparison(
-            name=name, float_type=type(float_modules[name]).__name__
+            name=name, float_type=(functions.get(name) or type(float_modules[name]).__name__)
             + (f"+{clamps[name].op}" if name in clamps else ""),
-            quant_type=_quant_type(float_modules[name], quant_modules[name]), sqnr_db=s.sqnr_db,
+            quant_type=_quant_type(float_modules.get(name), quant_modules[name]), sqnr_db=s.sqnr_db,
             max_abs_err=s.max_abs, rel_l2_err=s.rel_l2_err, cosine=s.cosine,
             shape=self.shapes[name], num_outputs=self.num_outputs[name])
             for name, s in self.stats.items()]
 
 
-def _quant_type(float_module: nn.Module, quant_module: nn.Module) -> str:
+def _quant_type(float_module: nn.Module | None, quant_module: nn.Module) -> str:
     """The int8 module's type; a kernel computing a whole fused module (a conv kernel whose
     output range holds the fused ReLU) is named after the fused module it computes."""
     name = type(quant_module).__name__
@@ -398,13 +410,18 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
 
     ``inputs`` is one tuple of positional args, a bare tensor, or an iterable of such batches (a
     list, a DataLoader). ``layers`` restricts the hooked modules (default: every module with the
-    same qualified name in both models). Both models run in eval mode without gradients; their
-    modes are restored and every hook removed afterwards, so neither model is modified.
+    same qualified name in both models, and every layer made from a functional call). Both models
+    run in eval mode without gradients; their modes are restored and every hook removed afterwards,
+    so neither model is modified.
     """
-    names = _select_layers(float_model, quantized_model, layers)
+    functional, unpaired = functional_layers(float_model, quantized_model)
+    names = _select_layers(float_model, quantized_model, layers, functional)
+    functional = {name: weight for name, weight in functional.items() if name in names}
     clamps = absorbed_clamps(quantized_model)
     clamped = _clamped_outputs(quantized_model, clamps)
     errors = _LayerErrors()
+    if layers is None:
+        errors.skipped.update(unpaired)
     output = ErrorStats()
     num_batches = 0
     with ExitStack() as stack:
@@ -412,10 +429,12 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
         stack.enter_context(float_like_int8(float_model))
         stack.enter_context(eval_mode(float_model))
         stack.enter_context(eval_mode(quantized_model))
-        ref_rec = stack.enter_context(_recording(float_model, names, clamped))
+        ref_rec = stack.enter_context(_recording(float_model, [n for n in names if n not in functional], clamped))
+        calls = FunctionalRecorder(functional, clamped, ref_rec.outputs)
         test_rec = stack.enter_context(_recording(quantized_model, names))
         for args in batches_of(inputs, float_model):
-            ref_out = first_tensor(_run(float_model, args, "float", num_batches))
+            with calls:
+                ref_out = first_tensor(_run(float_model, args, "float", num_batches))
             test_out = first_tensor(_run(quantized_model, args, "quantized", num_batches))
             if ref_out is None or test_out is None:
                 raise ConfigError("a model returned no tensor; compare() needs tensor outputs",
@@ -428,8 +447,11 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
             num_batches += 1
     if num_batches == 0:
         raise ConfigError("compare() got no input batches", field="inputs")
+    for name in functional:
+        if errors.skipped.get(name) == NOT_RUN_BY_FLOAT:
+            errors.skipped[name] = never_called(name, quantized_model)
     return ComparisonReport(
-        layers=errors.comparisons(float_model, quantized_model, clamped),
+        layers=errors.comparisons(float_model, quantized_model, clamped, calls.functions),
         output_sqnr_db=output.sqnr_db, output_cosine=output.cosine,
         output_max_abs_err=output.max_abs, num_batches=num_batches, skipped=errors.skipped,
         float_only=_float_only(float_model, quantized_model, {c.module for c in clamps.values()}))

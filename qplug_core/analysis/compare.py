@@ -18,6 +18,7 @@ from qplug_core.analysis.layers import ComparisonReport, batches_of
 from qplug_core.analysis.layers import compare_layers as compare_by_name
 from qplug_core.analysis.partitions import partition_comparisons
 from qplug_core.flows.float_reference import float_like_int8
+from qplug_core.flows.normalize import functional_weights
 from qplug_core.flows.pipeline import eval_mode
 from qplug_core.flows.tags import W8A8
 
@@ -44,9 +45,11 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
     with torch.no_grad(), float_like_int8(float_model), eval_mode(float_model), eval_mode(quantized_model):
         partitions = partition_comparisons(float_model, quantized_model, batches)
     # the float layers a compiled partition took: a row of theirs would describe the reference form,
-    # and (the partition owns them, not the model) they are no float modules absent from int8 either
+    # and (the partition owns them, not the model) they are no float modules absent from int8 either;
+    # nor have the layers made from functional calls in it a module of their own to hook
     inside = {name: partitions.inside[name] for name in (*(layer.name for layer in report.layers),
-                                                        *report.float_only) if name in partitions.inside}
+                                                        *report.float_only, *functional_weights(quantized_model))
+              if name in partitions.inside}
     return dataclasses.replace(
         report, layers=[*(layer for layer in report.layers if layer.name not in inside),
                         *partitions.rows],

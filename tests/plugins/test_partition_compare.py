@@ -257,3 +257,25 @@ def test_a_partitions_float_form_runs_the_clamp_its_quantize_absorbed(fake_dist)
     assert "0" in qp.compare(model, qmodel, data).skipped  # inside the partition
     (row,) = _partition_rows(qp.compare(qp.fuse_fx(model, data[0], backend="sdk"), qmodel, data))
     assert row.reference_sqnr_db == math.inf and row.sqnr_db > 30
+
+
+class _FunctionalConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 3, 3, 3) * 0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(torch.nn.functional.conv2d(x, self.weight))
+
+
+def test_a_layer_made_from_a_functional_call_inside_a_partition_is_listed_in_skipped(fake_dist):
+    """``conv2d_module`` has no module of its own in the delegated model: it is named as measured
+    with its partition, not left out of the report."""
+    fake_dist("qplug-sdk", SDK, module="qplug_sdk:plugin")
+    __import__("qplug_sdk").OFF_BY.update(steps=0, nan=False)
+    torch.manual_seed(0)
+    model = _FunctionalConv().eval()
+    data = [(torch.randn(2, 3, 8, 8),) for _ in range(2)]
+    report = qp.compare(model, qp.quantize(model, data[0], data, backend="sdk"), data)
+    (row,) = _partition_rows(report)
+    assert report.skipped == {"conv2d_module": f"inside compiled partition {row.name}: measured as part of it"}

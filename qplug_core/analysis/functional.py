@@ -57,7 +57,8 @@ def never_called(layer: str, quantized_model: nn.Module) -> str:
     """Why ``layer`` has no float output: no call of the float model took its weight."""
     weight = functional_weights(quantized_model).get(layer)
     return (f"made from a functional call on weight {weight!r}, but no linear/conv/matmul call of the "
-            "float model took that weight as it is (a slice or a view of it is another tensor)")
+            "float model that compare sees took that weight as it is (a slice or a view of it is another "
+            "tensor; the calls inside a torch function such as F.multi_head_attention_forward are not seen)")
 
 
 def _tensor_at(model: nn.Module, path: str) -> torch.Tensor | None:

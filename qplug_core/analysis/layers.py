@@ -25,7 +25,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -433,7 +433,7 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
         calls = FunctionalRecorder(functional, clamped, ref_rec.outputs)
         test_rec = stack.enter_context(_recording(quantized_model, names))
         for args in batches_of(inputs, float_model):
-            with calls:
+            with calls if functional else nullcontext():  # the mode costs a Python call per torch call
                 ref_out = first_tensor(_run(float_model, args, "float", num_batches))
             test_out = first_tensor(_run(quantized_model, args, "quantized", num_batches))
             if ref_out is None or test_out is None:

@@ -24,6 +24,7 @@ from qplug_core.ir.quiet import quiet_torch
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.onnx_export import dynamic_axes
 from qplug_core.onnx_export.torchlib_ops import read_torchlib_once
+from qplug_core.onnx_export.trace_release import forget_last_trace
 
 #: ONNX opset the export targets (QuantizeLinear per-axis needs >= 13; ORT 1.17+ runs 21)
 DEFAULT_OPSET = 21
@@ -103,7 +104,7 @@ def _exporter_quiet() -> contextlib.AbstractContextManager[None]:
 def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,
                   input_names: list[str] | None = None, output_names: list[str] | None = None,
                   onnxruntime_ops: bool = False, dynamic: dict[int, str] | None = None,
-                  flexible: bool = False, dynamic_linears: str = "matmul_integer"):
+                  flexible: bool = False, dynamic_linears: str = "matmul_integer", optimize: bool = True):
     """The ONNX ``ModelProto`` of a reference-form GraphModule (checked with ``onnx.checker``).
 
     ``onnxruntime_ops=True`` also uses ONNX Runtime's contrib ops where standard ONNX has no
@@ -116,6 +117,9 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     example's static shapes. ``dynamic_linears="dequantized_weights"`` exports dynamic int8
     linears as int8 weights into a float MatMul, for a runtime that quantizes their activations
     itself (OpenVINO); the default is ONNX Runtime's ``DynamicQuantizeLinear`` + ``MatMulInteger``.
+    ``optimize=False`` skips onnxscript's graph optimizer, for a runtime that optimises the graph
+    itself (a compiled partition): it saves its share of every export, and its rewrite rules keep
+    the last graph they matched, weights included, alive at module level.
     """
     import onnx
 
@@ -140,12 +144,14 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
                                          custom_translation_table=table,
                                          input_names=input_names, output_names=output_names,
                                          dynamic_shapes=dynamic_shapes, external_data=False, verbose=False,
-                                         report=False)
+                                         report=False, optimize=optimize)
         except Exception as exc:
             if dynamic and dynamic_axes.specialised(exc):
                 raise dynamic_axes.export_failure(exc, dynamic) from exc
             raise ExportError(f"torch.onnx.export failed on the reference form: {type(exc).__name__}: "
                               f"{dynamic_axes.torch_message(exc, 800)}") from exc
+        finally:
+            forget_last_trace()
 
     if flexible and shapes is not None:  # symbolic sizes are an optimisation: static if they fail
         try:

@@ -104,7 +104,7 @@ def _exporter_quiet() -> contextlib.AbstractContextManager[None]:
 def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,
                   input_names: list[str] | None = None, output_names: list[str] | None = None,
                   onnxruntime_ops: bool = False, dynamic: dict[int, str] | None = None,
-                  flexible: bool = False, dynamic_linears: str = "matmul_integer", optimize: bool = True):
+                  flexible: bool = False, dynamic_linears: str = "matmul_integer"):
     """The ONNX ``ModelProto`` of a reference-form GraphModule (checked with ``onnx.checker``).
 
     ``onnxruntime_ops=True`` also uses ONNX Runtime's contrib ops where standard ONNX has no
@@ -117,9 +117,6 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     example's static shapes. ``dynamic_linears="dequantized_weights"`` exports dynamic int8
     linears as int8 weights into a float MatMul, for a runtime that quantizes their activations
     itself (OpenVINO); the default is ONNX Runtime's ``DynamicQuantizeLinear`` + ``MatMulInteger``.
-    ``optimize=False`` skips onnxscript's graph optimizer, for a runtime that optimises the graph
-    itself (a compiled partition): it saves its share of every export, and its rewrite rules keep
-    the last graph they matched, weights included, alive at module level.
     """
     import onnx
 
@@ -144,7 +141,7 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
                                          custom_translation_table=table,
                                          input_names=input_names, output_names=output_names,
                                          dynamic_shapes=dynamic_shapes, external_data=False, verbose=False,
-                                         report=False, optimize=optimize)
+                                         report=False)
         except Exception as exc:
             if dynamic and dynamic_axes.specialised(exc):
                 raise dynamic_axes.export_failure(exc, dynamic) from exc

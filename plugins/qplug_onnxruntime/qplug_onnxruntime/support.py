@@ -59,11 +59,11 @@ def partition_to_onnx(partition: fx.GraphModule, example_inputs: tuple) -> bytes
     """The serialized ONNX QDQ model of one reference-form partition (dynamic int8 LSTMs as ORT's
     DynamicQuantizeLSTM, static linears on 3-D inputs as MatMulIntegerToFloat with their bias:
     :mod:`qplug_onnxruntime.bias`), batch and sequence axes symbolic where the graph leaves them
-    free. onnxscript's optimizer is skipped: the session optimises the graph when it is built."""
+    free."""
     from qplug_core.plugin_api import to_onnx_proto
 
     from qplug_onnxruntime.bias import fuse_linear_biases
 
-    model = to_onnx_proto(partition, example_inputs, onnxruntime_ops=True, flexible=True, optimize=False)
+    model = to_onnx_proto(partition, example_inputs, onnxruntime_ops=True, flexible=True)
     fuse_linear_biases(model)
     return model.SerializeToString()

@@ -42,9 +42,7 @@ class OpenVinoSupport(OperatorSupportBase):
 def partition_to_onnx(partition: fx.GraphModule, example_inputs: tuple) -> bytes:
     """The serialized ONNX QDQ model (standard ops) of one reference-form partition; a dynamic
     linear is its int8 weights into a float MatMul, whose input OpenVINO quantizes at run time
-    (``DYNAMIC_QUANTIZATION_GROUP_SIZE``, :mod:`qplug_openvino.compiled`). onnxscript's optimizer
-    is skipped: OpenVINO optimises the graph when it compiles it."""
+    (``DYNAMIC_QUANTIZATION_GROUP_SIZE``, :mod:`qplug_openvino.compiled`)."""
     from qplug_core.plugin_api import to_onnx_proto
 
-    return to_onnx_proto(partition, example_inputs, dynamic_linears="dequantized_weights",
-                         optimize=False).SerializeToString()
+    return to_onnx_proto(partition, example_inputs, dynamic_linears="dequantized_weights").SerializeToString()

@@ -19,9 +19,9 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import ExportError
-from qplug_core.flows.tags import ARTIFACT, INPUT_SPEC, KERNEL, SPEC_DTYPES, recorded_example_inputs
+from qplug_core.flows.tags import INPUT_SPEC, KERNEL, SPEC_DTYPES, recorded_example_inputs
 from qplug_core.ir.quiet import quiet_torch
-from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
+from qplug_core.kernels.per_token import PerTokenDynamicLinear
 from qplug_core.onnx_export import dynamic_axes
 from qplug_core.onnx_export.torchlib_ops import read_torchlib_once
 from qplug_core.onnx_export.trace_release import forget_last_trace
@@ -44,20 +44,12 @@ def reference_form(qmodel: nn.Module) -> fx.GraphModule:
         return qmodel
     gm = rebuild_reference(qmodel)
     # the layers an accuracy target moved to per-token dynamic are float linears in the recorded
-    # form (as in a file): exported so, the ONNX model would answer unlike the model it came from
-    swap_in_per_token(gm, per_token_layers(qmodel), simulate=True)
+    # form (as in a file): the ones the model runs go in their place, or the ONNX model would
+    # answer unlike the model it came from
+    for name, module in qmodel.named_modules():
+        if isinstance(module, PerTokenDynamicLinear):
+            gm.set_submodule(name, module)
     return gm
-
-
-def per_token_layers(qmodel: fx.GraphModule) -> list[str]:
-    """The layers of a converted model that run per-token dynamic int8 over its recorded form."""
-    from qplug_core.flows.snapshot import snapshot_of
-    from qplug_core.serialization.artifact import Artifact
-
-    snapshot, artifact = snapshot_of(qmodel), qmodel.meta.get(ARTIFACT)
-    if snapshot is not None:
-        return list(snapshot.per_token_layers)
-    return list(artifact.model.get(PER_TOKEN_LAYERS, [])) if isinstance(artifact, Artifact) else []
 
 
 #: bytes recorded example inputs may take whatever the model's size (or the model's own, if more)

@@ -96,6 +96,21 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
+def gc_paused_times(fn: Callable[[], Any], repeats: int) -> list[float]:
+    """Seconds of ``repeats`` calls with the garbage collector paused, as ``timeit`` does."""
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        finally:
+            gc.enable()
+    return times
+
+
 def interleaved(variants: dict[str, Callable[[], Any]], rounds: int, *, warmup: int = 1,
                 inner: int = 1) -> dict[str, list[float]]:
     """Seconds per call of every variant over ``rounds`` rotating rounds (after ``warmup`` ones).

@@ -11,11 +11,9 @@ has ~25 relu-anchored ones), not on the total number of patterns (the "small+unr
 
 from __future__ import annotations
 
-import gc
 import itertools
 import operator
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,6 +21,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _harness import gc_paused_times  # noqa: E402
 
 from qplug_core.matcher import find_matches  # noqa: E402
 from qplug_core.patterns import MatchAllNode  # noqa: E402
@@ -108,17 +108,7 @@ def synthetic_graph(nodes: int) -> fx.GraphModule:
 
 def best_time(gm: fx.GraphModule, patterns: list, repeats: int = 5) -> float:
     """Best of ``repeats`` runs with the garbage collector paused, as ``timeit`` does."""
-    times = []
-    for _ in range(repeats):
-        gc.collect()
-        gc.disable()
-        try:
-            start = time.perf_counter()
-            find_matches(gm, patterns)
-            times.append(time.perf_counter() - start)
-        finally:
-            gc.enable()
-    return min(times)
+    return min(gc_paused_times(lambda: find_matches(gm, patterns), repeats))
 
 
 def main() -> None:

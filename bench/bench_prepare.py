@@ -23,7 +23,7 @@ import pstats
 import time
 
 import torch
-from _harness import machine_line, median, quiet, table, torch_ao
+from _harness import gc_paused_times, machine_line, median, quiet, table, torch_ao
 from torch import nn
 
 import qplug_core as qp
@@ -168,16 +168,7 @@ def phases_qplug(blocks: int, reps: int) -> str:
     total, totals = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
     rows = [[label, f"{secs:.3f}", f"{secs / total * 100:.0f}%"] for label, secs in totals.items()]
     rows.append(["total prepare_fx", f"{total:.3f}", "100%"])
-    gc_off = []
-    for _ in range(reps):
-        gc.collect()
-        gc.disable()
-        try:
-            start = time.perf_counter()
-            qplug_prepare(model, inputs)
-            gc_off.append(time.perf_counter() - start)
-        finally:
-            gc.enable()
+    gc_off = gc_paused_times(lambda: qplug_prepare(model, inputs), reps)
     rows.append(["total prepare_fx with gc disabled", f"{median(gc_off):.3f}",
                  f"{median(gc_off) / total * 100:.0f}%"])
     return table(["phase (inclusive)", "seconds", "share"], rows)

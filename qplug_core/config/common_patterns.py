@@ -217,6 +217,7 @@ _SHARE_QPARAMS_OPS: tuple[Any, ...] = (
     # beyond torch.ao's list: common in real models (decoders, classifier heads), and each runs
     # unchanged on quantized tensors, so leaving them out would break int8 chains for nothing
     nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.Flatten, "flatten", torch.relu,
+    torch.clip, "clip",  # clamp's alias: left out, it was a float island between two int8 layers
 )
 """Ops that work on quantized tensors without changing their qparams (pooling, reshapes, relu)."""
 

@@ -49,7 +49,7 @@ _FUNCTIONS: dict[Any, Callable] = {
     aten.max_pool1d.default: F.max_pool1d, aten.max_pool2d.default: F.max_pool2d,
     aten.max_pool3d.default: F.max_pool3d, aten.avg_pool1d.default: torch.avg_pool1d,
     aten.avg_pool2d.default: F.avg_pool2d, aten.avg_pool3d.default: F.avg_pool3d,
-    aten.mean.dim: torch.mean, aten.clamp.default: torch.clamp,
+    aten.mean.dim: torch.mean, aten.clamp.default: torch.clamp, aten.clip.default: torch.clip,
     aten.unsqueeze.default: torch.unsqueeze, aten.squeeze.dim: torch.squeeze,
     aten.pixel_shuffle.default: F.pixel_shuffle, aten.elu.default: F.elu,
     aten.relu6.default: F.relu6, aten.narrow.default: torch.narrow,
@@ -67,6 +67,7 @@ _OUT_OF_PLACE: dict[Any, Any] = {
     aten.mul_.Tensor: aten.mul.Tensor, aten.hardtanh_.default: aten.hardtanh.default,
     aten.hardswish_.default: aten.hardswish.default, aten.sigmoid_.default: aten.sigmoid.default,
     aten.tanh_.default: aten.tanh.default, aten.clamp_.default: aten.clamp.default,
+    aten.clip_.default: aten.clip.default,
     aten.leaky_relu_.default: aten.leaky_relu.default, aten.elu_.default: aten.elu.default,
     aten.hardsigmoid_.default: aten.hardsigmoid.default,
 }

@@ -263,6 +263,7 @@ _FUNCTION_STEPS: dict[Any, tuple[Callable, int | None]] = {
     torch.avg_pool1d: (lambda b, x: torch.avg_pool1d(x, 2), 3),
     F.avg_pool2d: (lambda b, x: F.avg_pool2d(x, 2), 4), F.avg_pool3d: (lambda b, x: F.avg_pool3d(x, 2), 5),
     torch.clamp: (lambda b, x: torch.clamp(x, -0.5, 0.5), None),
+    torch.clip: (lambda b, x: torch.clip(x, -0.5, 0.5), None),
     torch.flatten: (lambda b, x: torch.flatten(x, 1), 4),
     torch.mean: (lambda b, x: torch.mean(x, (2, 3), keepdim=True), 4),
     torch.narrow: (lambda b, x: torch.narrow(x, 1, 0, 2), None),
@@ -277,7 +278,7 @@ _FUNCTION_STEPS: dict[Any, tuple[Callable, int | None]] = {
 }
 _METHOD_STEPS: dict[str, tuple[Callable, int | str | None]] = {
     "contiguous": (lambda b, x: x.contiguous(), None),
-    "clamp": (lambda b, x: x.clamp(-0.5, 0.5), None),
+    "clamp": (lambda b, x: x.clamp(-0.5, 0.5), None), "clip": (lambda b, x: x.clip(-0.5, 0.5), None),
     "detach": (lambda b, x: x.detach(), None), "detach_": (lambda b, x: x.detach_(), None),
     "mean": (lambda b, x: x.mean((2, 3), keepdim=True), 4),
     "permute": (lambda b, x: x.permute(0, 1, 3, 2), 4),

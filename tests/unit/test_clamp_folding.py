@@ -37,6 +37,8 @@ CLAMPS = {
     "F.hardtanh": lambda x: F.hardtanh(x, -2.0, 2.0),
     "clamp min only": lambda x: torch.clamp(x, min=0.0),
     "clamp method max only": lambda x: x.clamp(max=1.0),
+    "clip": lambda x: torch.clip(x, -1.0, 1.0),
+    "clip method": lambda x: x.clip(min=0.0),
 }
 
 
@@ -51,7 +53,7 @@ def _clamp_calls(gm) -> list[str]:
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), (nn.ReLU6, nn.Hardtanh)):
             names.append(node.name)
         elif node.op in ("call_function", "call_method") and getattr(node.target, "__name__", node.target) in (
-                "relu6", "hardtanh", "clamp"):
+                "relu6", "hardtanh", "clamp", "clip"):
             names.append(node.name)
     return names
 
@@ -75,6 +77,32 @@ def test_clamp_disappears_and_the_output_range_is_the_clamps(kind):
     qmin, qmax = (0, 255)
     scale, zp = float(conv_out.scale), int(conv_out.zero_point)
     assert (qmin - zp) * scale >= low - scale / 2 and (qmax - zp) * scale <= high + scale / 2
+
+
+class AddClip(nn.Module):
+    """conv + conv -> torch.clip -> conv: the clip follows an add, so it is not folded."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(4, 8, 3), nn.Conv2d(4, 8, 3)
+        self.next = nn.Conv2d(8, 4, 3)
+
+    def forward(self, x):
+        return self.next(torch.clip(self.a(x) + self.b(x), -1.0, 1.0))
+
+
+@pytest.mark.parametrize("capture", ["symbolic", "export"])
+def test_a_clip_between_int8_layers_runs_on_int8_values(capture):
+    """torch.clip is clamp's alias: it keeps its input's qparams instead of being a float island."""
+    data = _data()
+    with one_thread():
+        reference = qp.quantize(AddClip().eval(), data[0], data, backend="reference", recipe="none",
+                                capture=capture)
+    clip = next(n for n in reference.graph.nodes if getattr(n.target, "__name__", None) == "clip")
+    after = reference.get_submodule(next(iter(clip.users)).target)
+    before = reference.get_submodule(clip.args[0].args[0].target)  # clip <- dequantize <- quantize
+    assert isinstance(before, Quantize) and isinstance(after, Quantize)
+    assert (float(after.scale), int(after.zero_point)) == (float(before.scale), int(before.zero_point))
 
 
 def test_folding_gives_the_numbers_of_quantizing_the_clamped_value():

@@ -75,15 +75,16 @@ def run_per_token(qmodel: fx.GraphModule, layers: list[str], *, simulate: bool) 
     them with its reference form, so that ``qp.load`` swaps them in again."""
     if not layers:
         return
-    replaced = tuple(sorted(n.removesuffix(".0") for n in swap_in_per_token(qmodel, layers, simulate=simulate)))
+    replaced = {n.removesuffix(".0") for n in swap_in_per_token(qmodel, layers, simulate=simulate)}
     snapshot = snapshot_of(qmodel)
     if snapshot is not None:
-        qmodel.meta[SNAPSHOT] = dataclasses.replace(snapshot, per_token_layers=replaced)
+        every = tuple(sorted({*snapshot.per_token_layers, *replaced}))
+        qmodel.meta[SNAPSHOT] = dataclasses.replace(snapshot, per_token_layers=every)
         return
-    artifact = qmodel.meta.get(ARTIFACT)  # a loaded model: its file's artifact
-    if dataclasses.is_dataclass(artifact) and not isinstance(artifact, type):
-        model = {**artifact.model, PER_TOKEN_LAYERS: list(replaced)}
-        qmodel.meta[ARTIFACT] = dataclasses.replace(artifact, model=model)
+    artifact = qmodel.meta.get(ARTIFACT)  # a loaded model: its file's artifact (qp.save stores the
+    if dataclasses.is_dataclass(artifact) and not isinstance(artifact, type):  # new layers' int8 weights)
+        every = tuple(sorted({*artifact.model.get(PER_TOKEN_LAYERS, []), *replaced}))
+        qmodel.meta[ARTIFACT] = dataclasses.replace(artifact, model={**artifact.model, PER_TOKEN_LAYERS: list(every)})
 
 
 def name_fallbacks(qmodel: fx.GraphModule, taken: dict[str, str]) -> None:

@@ -138,8 +138,10 @@ def artifact_of(qmodel: object) -> Artifact | str | None:
     if not isinstance(qmodel, fx.GraphModule):
         return None
     loaded = qmodel.meta.get(ARTIFACT)
-    if isinstance(loaded, Artifact):
-        return loaded
+    if isinstance(loaded, Artifact):  # with the per-token layers given to the loaded model since
+        model, tensors = per_token_record.record(loaded.model, loaded.tensors, qmodel,
+                                                 loaded.model.get(PER_TOKEN_LAYERS, []))
+        return loaded if model is loaded.model else replace(loaded, model=model, tensors=tensors)
     snapshot = snapshot_of(qmodel)
     if snapshot is None:
         return None

@@ -1,7 +1,8 @@
 """The layers an accuracy target moved to per-token dynamic int8, kept as int8 in a converted model's file.
 
 A target search swaps per-token linears in after convert (:mod:`qplug_core.algorithms.fallbacks`),
-so the reference form ``qp.save`` writes holds those layers as float ``nn.Linear``: the FFN
+into a fresh model or one ``qp.load`` returned (whose file's record is kept and extended), so the
+reference form ``qp.save`` writes holds those layers as float ``nn.Linear``: the FFN
 linears of all-MiniLM-L6-v2 made its file 0.49x the float weights instead of about a quarter, and
 ``qp.load`` quantized them again. Each one's int8 weight and per-channel scales are stored instead,
 as the per-token codec writes them (:mod:`qplug_core.serialization.per_token_codec`), under
@@ -38,11 +39,14 @@ def record(model: dict[str, Any], tensors: dict[str, torch.Tensor], qmodel: nn.M
            ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``model`` and ``tensors`` (a reference form as encoded) with the per-token ``layers`` running in
     ``qmodel`` stored as their int8 weights and scales instead of float weights. A layer that no
-    longer runs per-token, or whose float32 weight another module shares, keeps its float weight."""
+    longer runs per-token, or whose float32 weight another module shares, keeps its float weight;
+    one recorded already (a loaded file's) keeps its record."""
     uses = _weight_keys(model)
     table, tensors = dict(model["tensors"]), dict(tensors)
-    entries = {}
+    entries = dict(model.get(KEY, {}))
     for layer in layers:
+        if layer in entries:
+            continue
         try:
             module, path = qmodel.get_submodule(layer), layer
         except AttributeError:  # the model was changed after quantizing: the reference form is saved
@@ -60,7 +64,8 @@ def record(model: dict[str, Any], tensors: dict[str, torch.Tensor], qmodel: nn.M
             table[_key(layer, field)] = {"dtype": encode_dtype(value.dtype), "shape": list(value.shape)}
             tensors[_key(layer, field)] = value.detach()
         entries[layer] = {"weight": key}
-    return ({**model, "tensors": table, KEY: entries}, tensors) if entries else (model, tensors)
+    return ({**model, "tensors": table, KEY: entries}, tensors) if len(entries) > len(model.get(KEY, {})) \
+        else (model, tensors)
 
 
 def _weight_keys(model: dict[str, Any]) -> dict[str, str]:

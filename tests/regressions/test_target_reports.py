@@ -181,3 +181,34 @@ def test_per_token_layers_are_saved_as_int8_weights_and_load_bit_identical(tmp_p
     write_artifact_file(old, json.dumps(document), tensors)
     with pytest.raises(SerializationError, match="is in the file already"):
         qp.load(old)
+
+
+def test_per_token_layers_added_to_a_loaded_model_save_as_int8_and_keep_the_earlier_ones(tmp_path):
+    """A loaded model given per-token layers (the target's rung, run on qp.load's model) was saved
+    with their float weights, and each addition dropped the layers a file already ran per-token."""
+    from qplug_core.algorithms.fallbacks import run_per_token
+    from qplug_core.serialization import per_token_record
+    from qplug_core.serialization.files import read_artifact_file
+
+    data = _batches()
+    mapping = qp.get_default_qconfig_mapping("fbgemm").set_module_name("2", None).set_module_name("4", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the float layers are said to stay float
+        qmodel = qp.quantize(_mlp(), data[0], data, backend="fbgemm", qconfig_mapping=mapping, recipe="none")
+    path = qp.save(qmodel, tmp_path / "m.safetensors")
+    x = torch.randn(16, 32)
+    for layer in ("2", "4"):  # one at a time, each on the model the last file loads into
+        loaded = qp.load(path)
+        run_per_token(loaded, [layer], simulate=False)
+        with torch.no_grad():
+            expected = loaded(x)
+        path = qp.save(loaded, tmp_path / f"with-{layer}.safetensors")
+    text, tensors = read_artifact_file(path)
+    model = json.loads(text)["model"]
+    assert sorted(model["per_token"]) == sorted(model[per_token_record.KEY]) == ["2", "4"]
+    assert {tensors[f"per_token/{layer}/weight_int8"].dtype for layer in ("2", "4")} == {torch.int8}
+    loaded = qp.load(path)
+    assert sum(isinstance(m, PerTokenDynamicLinear) for m in loaded.modules()) == 2  # 2 inside a LinearReLU
+    with torch.no_grad():
+        assert torch.equal(loaded(x), expected)
+    assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()

@@ -57,15 +57,17 @@ class ThreadChoice:
     kernels arrive on 1 and may take ``threads``), which is restored after each. The first
     ``2 * (RUNS + 1)`` calls alternate between 1 and ``threads`` threads (the first of each warms
     it up) and their total times decide; so does every ``remeasure_every``-th call and the ones
-    after it. ``clock`` is injectable so that tests can decide the timings.
+    after it. ``clock`` is injectable so that tests can decide the timings. A choice ``single``
+    made before (a file's record) skips the first measurement, not the later ones.
     """
 
     def __init__(self, threads: int, remeasure_every: int = REMEASURE_EVERY,
-                 clock: Callable[[], float] = time.perf_counter, caller: int | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, caller: int | None = None,
+                 single: bool | None = None) -> None:
         self.threads, self.remeasure_every, self.clock = threads, remeasure_every, clock
         self.caller = threads if caller is None else caller
         #: the choice: ``True`` one thread, ``False`` ``threads``, ``None`` not measured yet
-        self.single: bool | None = None
+        self.single: bool | None = single
         #: the last measurement: thread count -> total seconds of its ``RUNS`` timed calls
         self.totals: dict[int, float] = {}
         self.calls = 0

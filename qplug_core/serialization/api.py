@@ -122,8 +122,10 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     (from ``backend``'s and the core's, or every installed backend's for ``None``). A weight-only
     linear runs the kernel recorded when the file was saved wherever that kernel is installed and
     passes its check, so processes loading the file on one kind of CPU answer alike; where it
-    does not, the kernel is measured again here and a warning names the layers. ``reselect=True`` measures every
-    layer again (a file moved to another CPU, where the recorded kernel may be slower: without
+    does not, the kernel is measured again here and a warning names the layers. A decoder's
+    one-token steps start on the thread counts the file records (those made at more threads than
+    this machine has cores are measured here). ``reselect=True`` measures every layer and thread
+    choice again (a file moved to another CPU, where the recorded kernel may be slower: without
     VNNI, say), at the cost of outputs that may differ slightly from the saving process's; other
     files choose no kernel by timing and ignore it.
 

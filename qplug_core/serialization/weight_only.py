@@ -10,9 +10,10 @@ layers by module name, kind and shape, and what made them. No code and no class 
 the model is rebuilt by the user (their own class, from its config) and passed to
 ``qp.load(path, model=...)``, which checks every listed name against that model's own modules (a
 table of its ``named_modules()``, never an attribute walk), swaps the quantized layers in, loads
-the float state, picks kernels for this CPU again and, for weight-only and W8A8 models, installs the
-decode-step thread choice (:mod:`qplug_core.weight_only.decode_step`). Layer kinds map to builders through
-:data:`_BUILDERS`; an unknown kind is refused.
+the float state, runs the kernels the file records where they run here and, for weight-only and
+W8A8 models, installs the decode-step thread choice (:mod:`qplug_core.weight_only.decode_step`),
+starting from the choices the file records (:mod:`~qplug_core.serialization.decode_threads_record`).
+Layer kinds map to builders through :data:`_BUILDERS`; an unknown kind is refused.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from qplug_core.kernels.dynamic import DynamicLinear
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
 from qplug_core.kernels.static_int8 import StaticInt8Linear
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
-from qplug_core.serialization import kernel_record, per_token_codec
+from qplug_core.serialization import decode_threads_record, kernel_record, per_token_codec
 from qplug_core.serialization.files import write_artifact_file
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.api import (
@@ -155,6 +156,9 @@ def save_swapped(model: nn.Module, target: Path) -> Path:
         if not key.startswith(prefixes):
             tensors[_FLOAT + key] = value
     document = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": mode, "layers": layers, **entries}
+    step = getattr(model, decode_step.ATTRIBUTE, None)
+    if isinstance(step, decode_step.DecodeStepThreads) and step.recorded():
+        document[decode_threads_record.KEY] = decode_threads_record.to_document(step.recorded())
     text = json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False)
     write_artifact_file(target, text, tensors)
     return target
@@ -227,6 +231,8 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
         layers = list(document["layers"])
         groups = _fused_groups(document, layers) if mode == "weight_only" else []
         recorded = {} if reselect else _recorded_kernels(layers)
+        threads = [] if reselect else decode_threads_record.from_document(
+            document.get(decode_threads_record.KEY, []), decode_threads_record.KEY)
     except Exception as exc:  # a tampered document: wrong types, missing keys
         raise SerializationError(f"{source} is not a valid qplug weight-only file: {type(exc).__name__}: "
                                  f"{exc}", path=str(source)) from exc
@@ -253,6 +259,9 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
         setattr(model, W8A8_ATTRIBUTE, info)
     if info is not None:
         decode_step.install(model)
+        step = getattr(model, decode_step.ATTRIBUTE, None)
+        if isinstance(step, decode_step.DecodeStepThreads):
+            step.restore(threads)
     return model
 
 

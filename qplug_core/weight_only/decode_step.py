@@ -15,7 +15,10 @@ thread pools of their own take it where that measured faster
 It is installed as the model's ``forward`` (an instance attribute wrapping the class's own, so
 ``generate()``, the KV cache and ``inspect.signature(model.forward)`` stay as they were, as
 accelerate's hooks do), and kept as ``model.qplug_decode_threads``: its ``choices`` say what was
-measured, and ``model.qplug_decode_threads.enabled = False`` turns it off. Only thread counts
+measured, and ``model.qplug_decode_threads.enabled = False`` turns it off. ``qp.save`` records the
+choices made (:meth:`DecodeStepThreads.recorded`) and ``qp.load`` starts from them
+(:meth:`DecodeStepThreads.restore`) instead of timing the first steps again, except those made at
+more threads than this machine has cores, which are measured here. Only thread counts
 change, so outputs do not (the kernels and torch's ops split work over threads without changing
 any sum's order at these shapes; the tests check bit-identical logits and tokens).
 """
@@ -23,6 +26,7 @@ any sum's order at these shapes; the tests check bit-identical logits and tokens
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -74,8 +78,30 @@ class DecodeStepThreads:
             chosen = "not measured yet" if choice.single is None else \
                 f"{1 if choice.single else choice.threads} thread(s)"
             totals = ", ".join(f"{count} thread(s) {seconds * 1e3:.1f} ms" for count, seconds in choice.totals.items())
+            if not totals and choice.single is not None:
+                totals = "as recorded in the file"
             lines[key] = f"{chosen} ({totals})" if totals else chosen
         return lines
+
+    def recorded(self) -> list[tuple[int, int, bool]]:
+        """(thread count, batch, one thread?) of every choice made, for ``qp.save``."""
+        return [(threads, batch, choice.single) for (threads, batch), choice in sorted(self.choices.items())
+                if choice.single is not None]
+
+    def restore(self, recorded: list[tuple[int, int, bool]]) -> None:
+        """Start from ``recorded`` choices (a file's): each is used until its next measurement, but
+        one made at more threads than this machine has cores is left to be measured here."""
+        cores = usable_cores()
+        for threads, batch, single in recorded:
+            if threads <= cores:
+                self.choices[threads, batch] = ThreadChoice(threads, self.remeasure_every, self.clock,
+                                                            single=single)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def decode_batch(args: tuple, kwargs: dict[str, Any]) -> int | None:

@@ -1,18 +1,22 @@
 """The decode-step thread choice of ``qp.quantize_w8a8`` / ``qp.quantize_weights`` models: one-token
 decode steps run on the thread count measured faster (a deterministic timer injected), prompts on
 torch's; outputs unchanged, the thread count restored after an exception, kept by ``qp.save`` /
-``qp.load`` and ``copy.deepcopy``, and off when asked."""
+``qp.load`` (the choices made recorded in the file) and ``copy.deepcopy``, and off when asked."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.errors import SerializationError
 from qplug_core.kernels import decode_threads
+from qplug_core.serialization.files import read_artifact_file, write_artifact_file
+from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.decode_step import DecodeStepThreads
 from tests.unit.kernels.test_decode_threads import FakeClock
 from tests.unit.weight_only.test_w8a8 import GREEDY, PROMPTS, batches, decoder
@@ -162,11 +166,36 @@ def test_a_loaded_model_gets_it_too(two_threads, tmp_path, scheme):
     path = qp.save(qmodel, tmp_path / "model.safetensors")
     loaded = qp.load(path, model=decoder(seed=4))
     assert isinstance(loaded.forward, DecodeStepThreads) and loaded.forward.__wrapped__.__self__ is loaded
+    assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
     faster_on(loaded, 1)
     log = thread_log(loaded)
     tokens, _ = generated(loaded)
     assert (1, 1) in log and torch.equal(tokens, generated(qmodel)[0])
+
+
+def test_a_loaded_model_starts_from_the_choice_its_file_records(two_threads, tmp_path, monkeypatch):
+    """Every load timed the first decode steps again (each replica choosing on its own); the file
+    records the choice, reselect=True measures again, and so does a machine with fewer cores."""
+    qmodel = SCHEMES["int8"](decoder())
+    faster_on(qmodel, 1)
+    generated(qmodel)  # measured: one thread at batch 2
+    path = qp.save(qmodel, tmp_path / "model.safetensors")
+    monkeypatch.setattr(decode_step, "usable_cores", lambda: 2)  # as on the 2-core machine that saved it
+
+    def steps(**kwargs) -> tuple[nn.Module, list[int]]:
+        loaded = qp.load(path, model=decoder(seed=4), **kwargs)
+        faster_on(loaded, 2)  # what a measurement here would choose
+        log = thread_log(loaded)
+        generated(loaded)
+        return loaded, [threads for tokens, threads in log[1:]]
+
+    loaded, threads = steps()
+    assert threads == [1] * len(threads)  # the recorded choice from the first step: nothing timed
+    assert loaded.qplug_decode_threads.summary() == {(2, 2): "1 thread(s) (as recorded in the file)"}
     assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+    assert steps(reselect=True)[1][:8] == [1, 2] * 4  # measured, interleaved
+    monkeypatch.setattr(decode_step, "usable_cores", lambda: 1)
+    assert steps()[1][:8] == [1, 2] * 4  # recorded at 2 threads; this machine has 1 core
 
 
 def test_a_copy_steps_itself_with_a_choice_of_its_own(two_threads):
@@ -181,3 +210,16 @@ def test_a_copy_steps_itself_with_a_choice_of_its_own(two_threads):
 def test_a_model_without_a_kv_cache_is_not_wrapped():
     qmodel = qp.quantize_weights(nn.Sequential(nn.Linear(64, 32)), bits=8)
     assert "forward" not in vars(qmodel) and not hasattr(qmodel, "qplug_decode_threads")
+
+
+@pytest.mark.parametrize("record,problem", [
+    ([{"threads": 1, "batch": 1, "single": True}], "1 threads at batch 1 is not a choice"),
+    ([{"threads": 2, "batch": 1, "single": "yes"}], r"decode_threads\[0\]\.single: expected true or false"),
+    ({"threads": 2}, "decode_threads: expected a JSON list")])
+def test_a_damaged_thread_record_is_refused(tmp_path, record, problem):
+    path = qp.save(qp.quantize_weights(nn.Sequential(nn.Linear(64, 32)), bits=8, kernel="reference"),
+                   tmp_path / "m.safetensors")
+    text, tensors = read_artifact_file(path)
+    write_artifact_file(path, json.dumps({**json.loads(text), "decode_threads": record}), tensors)
+    with pytest.raises(SerializationError, match=problem):
+        qp.load(path, model=nn.Sequential(nn.Linear(64, 32)))

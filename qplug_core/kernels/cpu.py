@@ -47,6 +47,9 @@ ARM_DOT_FLAGS = frozenset({"asimddp", "i8mm"})
 _CPUID_NAMES = {"avx512_f": "avx512f", "avx512_bw": "avx512bw", "avx512_cd": "avx512cd",
                 "avx512_dq": "avx512dq", "avx512_vl": "avx512vl", "fma3": "fma", "bmi": "bmi1",
                 "sha": "sha_ni", "dot": "asimddp"}
+#: what a CPU can do for int8 that kernels take another code path on (:attr:`CpuInt8.int8_capabilities`),
+#: as a file records it -> as users read it
+INT8_CAPABILITIES = {"avx2": "AVX2", "avx512": "AVX-512", "vnni": "VNNI", "amx": "AMX", "arm_dot": "ARM dot-product"}
 #: torch.backends.cpu.get_cpu_capability() -> the flags it implies
 _TORCH_CAPABILITY_FLAGS = {"AVX512": ("avx2", "avx512f", "avx512bw"), "AVX2": ("avx2",),
                            "SVE256": ("sve",)}
@@ -94,6 +97,13 @@ class CpuInt8:
         """The flags were set (``QPLUG_CPU_FLAGS``, :func:`override_cpu_flags`), not detected: they
         model a CPU, and decisions follow them alone (no measurement of the host's kernels)."""
         return self.source in (ENV_FLAGS, "override")
+
+    @property
+    def int8_capabilities(self) -> frozenset[str]:
+        """The :data:`INT8_CAPABILITIES` this CPU has: two CPUs that differ here may run one int8
+        kernel through different code (VNNI or AVX2 dot products, wider vectors summing in
+        another order), so its outputs may differ between them."""
+        return frozenset(name for name in INT8_CAPABILITIES if getattr(self, name))
 
     @property
     def int16_pair_sums(self) -> bool:
@@ -184,4 +194,5 @@ def override_cpu_flags(flags: Iterable[str] | str, *, machine: str | None = None
         _override.reset(token)
 
 
-__all__ = ["CPUID", "CpuInt8", "ENV_FLAGS", "cpu_int8", "override_cpu_flags", "read_cpuid", "read_cpuinfo"]
+__all__ = ["CPUID", "ENV_FLAGS", "INT8_CAPABILITIES", "CpuInt8", "cpu_int8", "override_cpu_flags", "read_cpuid",
+           "read_cpuinfo"]

@@ -30,6 +30,7 @@ from qplug_core.config.codec import child
 from qplug_core.errors import ConfigValidationError, SerializationError, warn_user
 from qplug_core.flows.checks import check_float32
 from qplug_core.ir.tracing import reading_state_dict
+from qplug_core.kernels.cpu import cpu_int8
 from qplug_core.kernels.dynamic import DynamicLinear
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
 from qplug_core.kernels.static_int8 import StaticInt8Linear
@@ -156,6 +157,9 @@ def save_swapped(model: nn.Module, target: Path) -> Path:
         if not key.startswith(prefixes):
             tensors[_FLOAT + key] = value
     document = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": mode, "layers": layers, **entries}
+    info = getattr(model, INFO_ATTRIBUTE, None)
+    if isinstance(info, WeightOnlyInfo) and info.kernel_cpu is not None:
+        document[kernel_record.CPU_KEY] = kernel_record.cpu_document(info.kernel_cpu)
     step = getattr(model, decode_step.ATTRIBUTE, None)
     if isinstance(step, decode_step.DecodeStepThreads) and step.recorded():
         document[decode_threads_record.KEY] = decode_threads_record.to_document(step.recorded())
@@ -231,6 +235,8 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
         layers = list(document["layers"])
         groups = _fused_groups(document, layers) if mode == "weight_only" else []
         recorded = {} if reselect else _recorded_kernels(layers)
+        chosen_on = kernel_record.cpu_from_document(document[kernel_record.CPU_KEY], kernel_record.CPU_KEY) \
+            if recorded and kernel_record.CPU_KEY in document else None
         threads = [] if reselect else decode_threads_record.from_document(
             document.get(decode_threads_record.KEY, []), decode_threads_record.KEY)
     except Exception as exc:  # a tampered document: wrong types, missing keys
@@ -254,6 +260,10 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
     if changed:
         _warn_changed_kernels(source, changed)
     if isinstance(info, WeightOnlyInfo):
+        reused = set(recorded) - set(changed)  # running the kernels the file records
+        info.kernel_cpu = chosen_on if reused else kernel_record.cpu_of(cpu_int8())
+        if reused and chosen_on is not None:
+            _warn_other_cpu(source, chosen_on)
         setattr(model, INFO_ATTRIBUTE, info)
     elif isinstance(info, W8A8Info):
         setattr(model, W8A8_ATTRIBUTE, info)
@@ -280,6 +290,17 @@ def _warn_changed_kernels(source: Path, changed: dict[str, str]) -> None:
     warn_user(f"qplug: {source}: {len(changed)} weight-only layer(s) do not run the kernel recorded when the file "
               f"was saved, so their outputs may differ slightly from the saving process's ({listed}); their "
               "kernels were measured again here")
+
+
+def _warn_other_cpu(source: Path, chosen_on: tuple[str, frozenset[str]]) -> None:
+    """Once per load: the recorded kernels run on a CPU whose int8 capabilities differ from those
+    of the CPU that chose them, where they may take another code path."""
+    difference = kernel_record.cpu_difference(chosen_on, cpu_int8())
+    if difference is not None:
+        warn_user(f"qplug: {source}: its weight-only kernels were {difference}; a kernel may take another "
+                  "code path on another kind of CPU, so outputs may differ slightly from the saving process's "
+                  "(they are identical across loads on one kind of CPU only), and the recorded kernels may not "
+                  "be the fastest here: qp.load(..., reselect=True) measures them again for this CPU")
 
 
 def _fused_groups(document: dict, layers: list) -> list[tuple[str, ...]]:

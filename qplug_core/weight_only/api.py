@@ -29,6 +29,7 @@ from qplug_core.errors import (
 from qplug_core.flows.checks import check_weight_values, refuse_quantized
 from qplug_core.flows.pipeline import eval_mode
 from qplug_core.flows.tags import WEIGHT_ONLY
+from qplug_core.kernels.cpu import cpu_int8
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, quantize
 from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.weight_only import decode_step
@@ -60,6 +61,9 @@ class WeightOnlyInfo:
     fused: list[tuple[str, ...]] = field(default_factory=list)
     #: how those groups were looked for, or why they were not
     fusion: str = ""
+    #: (machine, :attr:`~qplug_core.kernels.cpu.CpuInt8.int8_capabilities`) of the CPU the kernels
+    #: were chosen on (a loaded file's, which ``qp.save`` writes again); ``None``: not known
+    kernel_cpu: tuple[str, frozenset[str]] | None = None
 
 
 def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None = None,
@@ -136,6 +140,8 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
             setattr(modules[parent], child, swapped)
             info.layers[name] = layer_kind(swapped)
     choose_kernels(qmodel, info, groups, kernels, dtypes, kernel)
+    cpu = cpu_int8()
+    info.kernel_cpu = cpu.machine, cpu.int8_capabilities
     slow = slower_than_float(info.choices)
     if slow:
         warn_user(slow)

@@ -14,6 +14,7 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.errors import SerializationError
+from qplug_core.kernels.cpu import cpu_int8, override_cpu_flags
 from qplug_core.kernels.weight_only import TorchInt8Kernel
 from qplug_core.serialization.files import read_artifact_file, write_artifact_file
 
@@ -85,4 +86,49 @@ def test_files_without_the_record_load_and_a_damaged_record_is_refused(tmp_path)
     torch.testing.assert_close(loaded(path)[1], expected, rtol=1e-4, atol=1e-4)  # measured, as before the record
     edit_layers(path, lambda layer: layer.update(kernel={"name": "reference", "max_rows": 0}))
     with pytest.raises(SerializationError, match="0 rows is not a positive count"):
+        loaded(path)
+
+
+VNNI = "avx2 fma avx512f avx512bw avx512_vnni"
+AVX2 = "avx2 fma"
+
+
+def other_cpu_warnings(path: Path, flags: str, **kwargs) -> list[str]:
+    with override_cpu_flags(flags), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded(path, **kwargs)
+    return [str(w.message) for w in caught if "weight-only kernels were chosen on" in str(w.message)]
+
+
+def test_loading_where_the_cpu_has_other_int8_capabilities_warns_once(tmp_path):
+    """Outputs are identical across loads on one kind of CPU only, and nothing said so when the
+    recorded kernels ran on another kind."""
+    with override_cpu_flags(VNNI):
+        path, _ = saved(tmp_path, "reference")
+    document = json.loads(read_artifact_file(path)[0])
+    assert document["kernel_cpu"] == {"machine": cpu_int8().machine, "int8": ["avx2", "avx512", "vnni"]}
+    machine = cpu_int8().machine
+    assert other_cpu_warnings(path, AVX2) == [  # one for the file, not one per layer
+        f"qplug: {path}: its weight-only kernels were chosen on {machine} with AVX2 + AVX-512 + VNNI, running "
+        f"on {machine} with AVX2; a kernel may take another code path on another kind of CPU, so outputs may "
+        "differ slightly from the saving process's (they are identical across loads on one kind of CPU only), "
+        "and the recorded kernels may not be the fastest here: qp.load(..., reselect=True) measures them "
+        "again for this CPU"]
+    assert other_cpu_warnings(path, VNNI) == []
+    assert other_cpu_warnings(path, AVX2, reselect=True) == []  # measured here: nothing recorded runs
+
+
+def test_a_reloaded_file_keeps_the_cpu_its_kernels_were_chosen_on(tmp_path):
+    with override_cpu_flags(VNNI):
+        path, _ = saved(tmp_path, "reference")
+    with override_cpu_flags(AVX2), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # said above
+        again = qp.save(loaded(path)[0], tmp_path / "again.safetensors")
+        measured = qp.save(loaded(path, reselect=True)[0], tmp_path / "measured.safetensors")
+    assert again.read_bytes() == path.read_bytes()
+    assert json.loads(read_artifact_file(measured)[0])["kernel_cpu"]["int8"] == ["avx2"]
+    text, tensors = read_artifact_file(path)
+    write_artifact_file(path, json.dumps({**json.loads(text), "kernel_cpu": {"machine": "x86_64",
+                                                                             "int8": ["sse"]}}), tensors)
+    with pytest.raises(SerializationError, match=r"kernel_cpu\.int8: 'sse' is not one of avx2"):
         loaded(path)

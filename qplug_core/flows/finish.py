@@ -22,6 +22,7 @@ from qplug_core.flows.lower import LoweringSummary, lower_graph
 from qplug_core.flows.pickle_guard import refuse_torch_shipping
 from qplug_core.flows.pipeline import plugin_passes, run_passes
 from qplug_core.flows.report import QuantizationReport, float_compute_nodes, report_names
+from qplug_core.flows.snapshot import hold_weight_as_int8
 from qplug_core.flows.tags import (
     CAPTURE,
     CAPTURE_SKIPPED,
@@ -34,6 +35,7 @@ from qplug_core.flows.tags import (
 )
 from qplug_core.ir.call_inputs import guard_input_names
 from qplug_core.kernels.base import pin_engine
+from qplug_core.kernels.held_int8 import Copies
 
 if TYPE_CHECKING:
     from qplug_core.registry.backends import Backend
@@ -65,8 +67,11 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         delegated = delegate_graph(graph_module, delegate, example, backend.name, keep_reference,
                                    backend.arithmetic, keep_regions)
 
+    copies: Copies = {}  # int8 copies of the snapshot's weights, shared by every reference form
+
     def lower_to_kernels(graph_module: fx.GraphModule) -> None:
-        found["summary"] = lower_graph(graph_module, backend, keep_reference)
+        found["summary"] = lower_graph(graph_module, backend, keep_reference,
+                                       replaced=lambda path: hold_weight_as_int8(graph_module, path, copies))
 
     # a delegating backend compiles its partitions first; a backend without kernels (reference)
     # runs the reference form itself: nothing to lower
@@ -95,7 +100,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     guard_input_names(gm)  # a misspelt or missing input: the inputs it takes, not forward()'s TypeError
     guard_exported_inputs(gm)  # what export assumed of an input: one qplug error at the call, not deep inside
     guard_input_dtypes(gm)  # a float16 input, a float mask for a bool one: one qplug error, not a runtime's
-    hold_reference_forms_as_int8(gm)  # the reference weights it no longer runs: int8 in RAM, as in the file
+    hold_reference_forms_as_int8(gm, copies)  # the reference weights it no longer runs: int8 in RAM, as in the file
     return report
 
 

@@ -20,10 +20,9 @@ from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.lazy import LazyPartition
 
 
-def hold_reference_forms_as_int8(gm: fx.GraphModule) -> None:
+def hold_reference_forms_as_int8(gm: fx.GraphModule, copies: Copies) -> None:
     """Hold ``gm``'s snapshot, its partitions' reference forms and ``PARTITION_FORMS`` with int8
-    weights (call it once ``gm`` is lowered)."""
-    copies: Copies = {}
+    weights (call it once ``gm`` is lowered; ``copies``: those lowering made already)."""
     hold_weights_as_int8(gm, copies)
     running = {id(module) for module in gm.modules()}
     for module in gm.modules():

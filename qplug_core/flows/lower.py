@@ -10,6 +10,7 @@ swapped for the backend's own (which create the backend's quantized tensors).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,9 +56,11 @@ class _RegionNodes:
     name: str = ""  # the anchor as reports name it (``0``, ``layer1.conv``): warnings say the same
 
 
-def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | None = None) -> LoweringSummary:
+def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | None = None,
+                replaced: Callable[[str], None] | None = None) -> LoweringSummary:
     """Lower ``gm`` (reference form) to ``backend``'s kernels, in place; the regions named in
-    ``keep_reference`` (anchor -> why, recorded at convert: ``qp.load``) stay in reference form."""
+    ``keep_reference`` (anchor -> why, recorded at convert: ``qp.load``) stay in reference form.
+    ``replaced(path)`` is called as soon as a kernel takes the place of the layer at ``path``."""
     keep_reference = keep_reference or {}
     summary = LoweringSummary()
     report_key = report_names(gm.graph)
@@ -75,18 +78,20 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
         if spec is None:
             summary.reference[name] = f"backend {backend.name!r} has no kernel for {tag.pattern_name}"
             if tag.weighted:  # named by its layer, not by the anchor (the relu of ReLU <- Linear)
-                root = next((m for m in nodes.members if m.meta.get(ROOT)), nodes.anchor)
-                without_kernel[report_key(root)] = tag.pattern_name
+                without_kernel[report_key(_root(nodes) or nodes.anchor)] = tag.pattern_name
             continue
         problem = _self_test_problem(backend, spec, tag.pattern)
         if problem:
             summary.reference[name] = problem
             continue
+        root = _root(nodes)
         problem = _why_not_lowered(gm, backend, spec, tag, nodes, contract)
         if problem:
             summary.reference[name] = problem
         else:
             summary.lowered[name] = spec.op
+            if replaced is not None and root is not None and root.op == "call_module":
+                replaced(str(root.target))
     _warn_without_kernel(backend, without_kernel)
     _swap_boundaries(gm, backend)
     gm.graph.eliminate_dead_code()
@@ -94,6 +99,11 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
     gm.graph.lint()
     gm.recompile()
     return summary
+
+
+def _root(nodes: _RegionNodes) -> fx.Node | None:
+    """The region's layer (the module call holding its weights), if it has one."""
+    return next((m for m in nodes.members if m.meta.get(ROOT)), None)
 
 
 def _warn_without_kernel(backend, layers: dict[str, str]) -> None:
@@ -170,7 +180,7 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
         return _NOT_QUANTIZED
     if spec.passthrough and (output_quantize is None or len(boundaries) != 1):
         return _NOT_QUANTIZED  # its op runs on one quantized input, its output keeps those qparams
-    root = next((m for m in nodes.members if m.meta.get(ROOT)), None)
+    root = _root(nodes)
     module = gm.get_submodule(root.target) if root is not None else None
     weight_qparams, recurrent_weight_qparams = None, None
     if isinstance(module, ReferenceWeighted):

@@ -11,7 +11,9 @@ Once lowered, the model no longer runs most of those modules, and their float we
 int8 grid) would keep the converted model larger in RAM than the float one: the snapshot then holds
 each such weight as its int8 values (:func:`hold_weights_as_int8`), and its reference form is
 rebuilt, bit-exact, each time it is read (:attr:`ReferenceSnapshot.graph_module`), as compiled
-partitions hold theirs (:mod:`qplug_core.kernels.held_int8`).
+partitions hold theirs (:mod:`qplug_core.kernels.held_int8`). Lowering swaps each layer as soon as
+its kernel replaces it (:func:`hold_weight_as_int8`): swapped only at the end, every layer's float
+weight, its packed kernel and its int8 copy were all alive at once, the peak of ``qp.quantize``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from torch import fx
 from qplug_core.flows.tags import SNAPSHOT
 from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.kernels.arithmetic import pair_sums_saturate
-from qplug_core.kernels.held_int8 import Copies, float_form, hold_as_int8
+from qplug_core.kernels.held_int8 import Copies, float_form, hold_as_int8, hold_module_as_int8
 
 if TYPE_CHECKING:
     from qplug_core.registry.backends import Backend
@@ -85,3 +87,17 @@ def hold_weights_as_int8(gm: fx.GraphModule, copies: Copies) -> None:
         return
     swapped = hold_as_int8(snapshot.held, copies, keep_float={id(module) for module in gm.modules()})
     gm.meta[SNAPSHOT] = dataclasses.replace(snapshot, int8_weights={**snapshot.int8_weights, **swapped})
+
+
+def hold_weight_as_int8(gm: fx.GraphModule, path: str, copies: Copies) -> None:
+    """:func:`hold_weights_as_int8` for the one module at ``path``, which a kernel just replaced
+    in ``gm`` (kept float while ``gm`` still runs it elsewhere, a module shared by two paths)."""
+    snapshot = snapshot_of(gm)
+    if snapshot is None:
+        return
+    module = snapshot.held.get_submodule(path)
+    if any(running is module for running in gm.modules()):
+        return
+    held = hold_module_as_int8(snapshot.held, path, copies)
+    if held is not None:
+        gm.meta[SNAPSHOT] = dataclasses.replace(snapshot, int8_weights={**snapshot.int8_weights, path: held})

@@ -57,21 +57,30 @@ def hold_as_int8(gm: fx.GraphModule, copies: Copies, keep_float: Collection[int]
     copy); returns what was swapped."""
     swapped: Int8Weights = {}
     for node in gm.graph.nodes:
-        if node.op != "call_module":
-            continue
-        module = gm.get_submodule(node.target)
-        if not isinstance(module, ReferenceWeighted) or id(module) in keep_float:
-            continue
-        weight = weight_of(module.module, module.weight_name)
-        if not weight.is_floating_point():  # held as int8 already
-            continue
-        if id(module) not in copies:
-            copies[id(module)] = _with_int8_weight(module, weight)
-        held = copies[id(module)]
-        if held is not None:  # a copy: whatever still runs the float module keeps it
-            gm.set_submodule(node.target, held)
-            swapped[node.target] = (weight.dtype, weight.requires_grad)
+        if node.op == "call_module" and id(gm.get_submodule(node.target)) not in keep_float:
+            held = hold_module_as_int8(gm, node.target, copies)
+            if held is not None:
+                swapped[node.target] = held
     return swapped
+
+
+def hold_module_as_int8(gm: fx.GraphModule, path: str, copies: Copies) -> tuple[torch.dtype, bool] | None:
+    """Swap the ``ReferenceWeighted`` module at ``path`` for its int8 copy, in place; the float
+    dtype and ``requires_grad`` of the weight it held, or None where nothing was swapped (not
+    such a module, held as int8 already, or no exact int8 copy)."""
+    module = gm.get_submodule(path)
+    if not isinstance(module, ReferenceWeighted):
+        return None
+    weight = weight_of(module.module, module.weight_name)
+    if not weight.is_floating_point():  # held as int8 already
+        return None
+    if id(module) not in copies:
+        copies[id(module)] = _with_int8_weight(module, weight)
+    held = copies[id(module)]
+    if held is None:  # no copy: whatever still runs the float module keeps it
+        return None
+    gm.set_submodule(path, held)
+    return weight.dtype, weight.requires_grad
 
 
 def int8_form(gm: fx.GraphModule, copies: Copies, keep_float: Collection[int] = ()) -> Int8HeldForm:

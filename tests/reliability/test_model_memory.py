@@ -168,14 +168,25 @@ def test_quantize_holds_one_float_copy_of_each_weight_while_it_calibrates(monkey
     assert _quantize_counting(monkeypatch, [(steps, "calibrate", True)]) == {"calibrate": 2}
 
 
+def test_lowering_keeps_no_rounded_float_copy_of_a_layer_it_replaced(monkeypatch: pytest.MonkeyPatch):
+    from qplug_core.flows import finish
+
+    # the user's weight alone once every layer runs its kernel: the reference form kept for qp.save
+    # holds each one as int8 from the moment its kernel replaced it; it held the rounded float copy
+    # until lowering ended, beside every packed kernel and then every int8 copy (2)
+    assert _quantize_counting(monkeypatch, [(finish, "lower_graph", True)]) == {"lower_graph": 1}
+
+
 def test_a_target_search_holds_one_float_copy_of_each_weight_besides_the_rounded_one(
         monkeypatch: pytest.MonkeyPatch):
-    from qplug_core.flows import steps
+    from qplug_core.flows import finish, steps
 
     sensitivity = importlib.import_module("qplug_core.algorithms.sensitivity")  # the package names a function so
     counts = _quantize_counting(monkeypatch, [(steps, "finish_conversion", False),  # converted, not lowered
+                                              (finish, "lower_graph", True),  # lowered
                                               (sensitivity, "float_output", False)],  # the layer errors
                                 target=qp.Target(cosine=0.9))
     # the user's, the fused float graph's (the calibrated model shares it) and, once converted, the
-    # rounded one; each observed model, converted copy and weight grid held one more (4, 7)
-    assert counts == {"finish_conversion": 3, "float_output": 2}
+    # rounded one, until its layer is lowered; each observed model, converted copy and weight grid
+    # held one more (4, 7), and the rounded copy stayed until lowering ended (3)
+    assert counts == {"finish_conversion": 3, "lower_graph": 2, "float_output": 2}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -186,16 +186,23 @@ class CompiledPartition(HoldsPartition, nn.Module):
 
     def recompile(self) -> None:
         """Build every compiled model again (after a change of settings), from the partition
-        serialized again for each signature."""
-        self._compiled = {signature: self.build(source) for signature, source in zip(self._compiled, self.sources)}
+        serialized again for each signature (one at a time: a serialized model is as large as its
+        weights)."""
+        self._compiled = {signature: self.build(self._source(signature)) for signature in self._compiled}
+
+    def _source(self, signature: tuple) -> bytes:
+        """The partition serialized for ``signature`` (on zeros of its shapes and dtypes: the
+        serialized model depends on those alone)."""
+        return self._serialize(self.partition, tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in signature))
 
     @property
-    def sources(self) -> list[bytes]:
-        """The partition serialized for each input signature compiled so far, serialized again
-        (on zeros of each signature's shapes and dtypes: the serialized model depends on those alone)."""
-        partition = self.partition
-        return [self._serialize(partition, tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in signature))
-                for signature in self._compiled]
+    def sources(self) -> Sources:
+        """The partition serialized for each input signature compiled so far: a sequence that
+        serializes an item at its first read and keeps it for as long as it is itself kept. The
+        partition keeps none (the runtime holds their weights already, and a serialized model
+        is as large as its weights), so the sequence is lazy instead: ``len()`` and reading one
+        item of several cost no other export."""
+        return Sources(self._source, list(self._compiled))
 
     @property
     def compiled(self) -> list[Any]:
@@ -239,3 +246,24 @@ class CompiledPartition(HoldsPartition, nn.Module):
         clone._routes = dict(self._routes)
         clone.recompile()
         return clone
+
+
+class Sources(Sequence[bytes]):
+    """:attr:`CompiledPartition.sources`: ``serialize(signature)`` of each signature, called at the
+    first read of its item (then kept here, and only here)."""
+
+    def __init__(self, serialize: Callable[[tuple], bytes], signatures: list[tuple]):
+        self._serialize = serialize
+        self._signatures = signatures
+        self._read: dict[int, bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self._signatures)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        index = range(len(self))[index]  # a negative index counts from the end; IndexError past it
+        if index not in self._read:
+            self._read[index] = self._serialize(self._signatures[index])
+        return self._read[index]

@@ -1,0 +1,52 @@
+"""CompiledPartition's serialized models: ``sources`` serializes an item only when it is read (it
+re-exported every signature at each read)."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx, nn
+
+from qplug_core.partition.compiled import CompiledPartition
+
+
+class Counting:
+    """A serialize step that records the input shapes of each call (one call: one export)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, partition: fx.GraphModule, inputs: tuple) -> bytes:
+        self.calls.append(tuple(tuple(x.shape) for x in inputs))
+        return repr(self.calls[-1]).encode()
+
+
+class Runtime(CompiledPartition):
+    """Stands for a runtime: a compiled form is a new object per build, run as the partition."""
+
+    def build(self, source: bytes) -> dict:
+        return {"source": source}
+
+    def run(self, compiled: dict, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        return [self.partition(*inputs)]
+
+
+def _compiled_twice() -> tuple[Runtime, Counting]:
+    """A partition compiled for batch 2 and then batch 3, and its serialize step, reset."""
+    serialize = Counting()
+    partition = Runtime(fx.symbolic_trace(nn.Sequential(nn.Linear(4, 3), nn.ReLU())), (torch.randn(2, 4),),
+                        serialize)
+    partition(torch.randn(3, 4))
+    assert serialize.calls == [((2, 4),), ((3, 4),)]
+    serialize.calls.clear()
+    return partition, serialize
+
+
+def test_sources_serialize_an_item_at_its_first_read_only():
+    partition, serialize = _compiled_twice()
+    sources = partition.sources
+    assert len(sources) == 2 and serialize.calls == []
+    assert sources[1] == sources[-1] == b"((3, 4),)"
+    assert serialize.calls == [((3, 4),)]  # read three times, serialized once
+    assert list(sources) == [b"((2, 4),)", b"((3, 4),)"]
+    assert serialize.calls == [((3, 4),), ((2, 4),)]
+

@@ -6,9 +6,10 @@ outside the module tree (to serialize it again for another input shape, or for e
 when the models are built again: the serialized bytes are not kept, the runtime holds their
 weights already), the compiled models
 and the input signatures each serves (one each, or many where the serialized model has symbolic
-sizes: :meth:`serves`), the output structure (tensor or tuple), a deep copy that compiles its own
-models (compiled runtimes cannot be copied). A subclass gives :meth:`build` (serialized model ->
-the runtime's compiled form) and :meth:`run` (compiled form, inputs -> output tensors).
+sizes: :meth:`serves`), the output structure (tensor or tuple), a deep copy that runs the same
+compiled models (:meth:`shared`: compiling them again cost one export and one compile per
+signature, and a second copy of their weights). A subclass gives :meth:`build` (serialized model
+-> the runtime's compiled form) and :meth:`run` (compiled form, inputs -> output tensors).
 
 A model compiled for a new input signature (batch 1 after a batch-256 example) is held to the
 contract the first one was held to at convert: built under the same error handling, run once on
@@ -85,6 +86,13 @@ class CompiledPartition(HoldsPartition, nn.Module):
         too: a runtime whose compiled models take symbolic sizes says so here. Default: no, each
         input signature gets a model of its own."""
         return False
+
+    def shared(self, compiled: Any) -> Any:
+        """What a deep copy runs for ``compiled``: ``compiled`` itself by default, for a runtime
+        whose compiled model takes calls from several threads at once (ONNX Runtime's
+        ``InferenceSession.run`` is thread-safe); a subclass whose compiled form holds state of
+        one caller (OpenVINO's infer request) gives the copy its own around the same model."""
+        return compiled
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -231,7 +239,9 @@ class CompiledPartition(HoldsPartition, nn.Module):
         return outputs[0] if self._single_output else tuple(outputs)
 
     def __deepcopy__(self, memo: dict) -> CompiledPartition:
-        """The copy compiles its own models from its copy of the partition."""
+        """The copy runs the same compiled models (:meth:`shared`) beside its own copy of the
+        partition; what a user changes is its own (settings and :meth:`recompile`, models compiled
+        for new signatures, refusals)."""
         clone = type(self).__new__(type(self))
         nn.Module.__init__(clone)
         for key, value in self.__dict__.items():
@@ -242,9 +252,8 @@ class CompiledPartition(HoldsPartition, nn.Module):
         clone.__dict__["_partition"] = copy.deepcopy(self.form, memo)
         if "_reference_form" in self.__dict__:
             clone.__dict__["_reference_form"] = copy.deepcopy(self.__dict__["_reference_form"], memo)
-        clone._compiled = dict(self._compiled)
+        clone._compiled = {signature: self.shared(compiled) for signature, compiled in self._compiled.items()}
         clone._routes = dict(self._routes)
-        clone.recompile()
         return clone
 
 

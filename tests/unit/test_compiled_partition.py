@@ -1,7 +1,10 @@
-"""CompiledPartition's serialized models: ``sources`` serializes an item only when it is read (it
-re-exported every signature at each read)."""
+"""CompiledPartition's serialized models and deep copies: ``sources`` serializes an item only when
+it is read (it re-exported every signature at each read), and a deep copy runs the models
+already compiled (it exported and compiled each signature again)."""
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import fx, nn
@@ -50,3 +53,19 @@ def test_sources_serialize_an_item_at_its_first_read_only():
     assert list(sources) == [b"((2, 4),)", b"((3, 4),)"]
     assert serialize.calls == [((3, 4),), ((2, 4),)]
 
+
+def test_a_deep_copy_runs_the_same_compiled_models_and_recompiles_on_its_own():
+    partition, serialize = _compiled_twice()
+    compiled = partition.compiled
+    clone = copy.deepcopy(partition)
+    assert serialize.calls == []
+    assert all(a is b for a, b in zip(clone.compiled, compiled, strict=True))
+    x = torch.randn(2, 4)
+    assert torch.equal(clone(x), partition(x))
+    assert clone.form is not partition.form
+    clone.recompile()  # e.g. after new settings: the copy's models only
+    assert serialize.calls == [((2, 4),), ((3, 4),)]
+    assert not any(a is b for a, b in zip(clone.compiled, compiled, strict=True))
+    assert all(a is b for a, b in zip(partition.compiled, compiled, strict=True))
+    clone(torch.randn(5, 4))  # a new signature compiles for the copy alone
+    assert (len(clone.compiled), len(partition.compiled)) == (3, 2)

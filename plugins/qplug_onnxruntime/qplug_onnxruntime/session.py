@@ -1,7 +1,8 @@
 """One compiled partition: an ONNX Runtime ``InferenceSession`` called with torch tensors.
 
 The session is created once (at convert, and again by ``qp.load``) with the settings in force
-(:func:`configure`; threads default to ``torch.get_num_threads()``). Inputs go to ORT as numpy
+(:func:`configure`; threads default to ``torch.get_num_threads()``); a deep copy of the model
+runs the same sessions (ORT's ``run`` takes calls from several threads at once). Inputs go to ORT as numpy
 views of the (contiguous, CPU) torch tensors and outputs come back as torch views of ORT's
 buffers (``torch.from_numpy``), so nothing is copied either way. The partition is exported with
 axes 0 and 1 of its inputs symbolic where its graph leaves them free (``to_onnx_proto(...,

@@ -194,12 +194,20 @@ def test_doctor_probes_orts_own_int8_product(qplug_only):
     assert f"a worst-case probe on its kernels {said}" in result_finding.value[-1].message
 
 
-def test_deepcopy_builds_its_own_sessions(digits):
+def test_deepcopy_shares_the_sessions_without_exporting_and_rebuilds_its_own(digits, monkeypatch):
     _, ort_model, _ = digits
+    (partition,) = partitions(ort_model)
+    exports, export = [], partition._serialize
+    monkeypatch.setattr(partition, "_serialize", lambda *args: exports.append(1) or export(*args))
     clone = copy.deepcopy(ort_model)
-    assert partitions(clone)[0].sessions[0] is not partitions(ort_model)[0].sessions[0]
+    (copied,) = partitions(clone)
+    assert exports == [] and copied.sessions[0] is partition.sessions[0]  # ORT's run is thread-safe
     x = inputs("digits_cnn", seed=8)
     with torch.no_grad():
+        assert torch.equal(clone(*x), ort_model(*x))
+        session = partition.sessions[0]
+        copied.rebuild(SessionSettings(num_threads=1))  # the copy's sessions only
+        assert exports == [1] and copied.sessions[0] is not session and partition.sessions[0] is session
         assert torch.equal(clone(*x), ort_model(*x))
 
 

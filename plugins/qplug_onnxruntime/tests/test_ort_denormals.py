@@ -69,9 +69,9 @@ def test_values_below_the_normal_range_come_out_as_zero_and_ieee_denormals_on_re
 def test_the_callers_floating_point_mode_is_left_as_it_was(qmodel, threads, tmp_path):
     _, qmodel, x = qmodel
     assert not denormals_flushed()
-    clone = copy.deepcopy(qmodel)  # builds sessions: a one-thread ORT session sets the builder's mode
+    clone = copy.deepcopy(qmodel)
     (p,) = [m for m in clone.modules() if isinstance(m, OrtPartition)]
-    p.rebuild(SessionSettings(num_threads=threads))
+    p.rebuild(SessionSettings(num_threads=threads))  # a one-thread ORT session sets the builder's mode
     assert not denormals_flushed()
     with torch.no_grad():
         clone(*x)

@@ -6,7 +6,8 @@ inference precision is pinned to f32: on CPUs with bf16 (AVX512_BF16, AMX) OpenV
 would run the float ops between the int8 ones in bf16, away from the reference form. Inputs are
 shared with OpenVINO (no copy); outputs are copied out of the request's buffers, which the next
 call overwrites (one request per compiled model, used under a lock: calls from several
-threads take turns). An input of another shape gets a model compiled for it (once per shape).
+threads take turns; a deep copy of the model runs the same compiled models with requests of
+its own). An input of another shape gets a model compiled for it (once per shape).
 """
 
 from __future__ import annotations
@@ -114,6 +115,13 @@ def _onnx_input_names(source: bytes) -> list[str]:
     return [value.name for value in onnx.load_from_string(source).graph.input]
 
 
+def _requesting(model: Any, positions: list[int]) -> _Compiled:
+    """``model`` (an OpenVINO compiled model) with a new infer request."""
+    request = model.create_infer_request()
+    return _Compiled(model, request, positions, len(model.outputs), _native_infer(request),
+                     import_openvino().Tensor)
+
+
 class OpenVinoPartition(CompiledPartition):
     """Runs one int8 partition in OpenVINO (see module docstring)."""
 
@@ -138,10 +146,12 @@ class OpenVinoPartition(CompiledPartition):
                       f"this CPU ({str(exc).strip().splitlines()[-1][:200]}); their inputs stay float "
                       "(int8 weights, dequantized in the kernel)")
         names = _onnx_input_names(source)
-        positions = [names.index(port.get_any_name()) for port in model.inputs]
-        request = model.create_infer_request()
-        return _Compiled(model, request, positions, len(model.outputs), _native_infer(request),
-                         openvino.Tensor)
+        return _requesting(model, [names.index(port.get_any_name()) for port in model.inputs])
+
+    def shared(self, compiled: _Compiled) -> _Compiled:
+        """The same compiled model with an infer request (and lock) of its own: a compiled model
+        serves any number of requests, a request one call at a time."""
+        return _requesting(compiled.model, compiled.positions)
 
     def run(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         # the tensors' buffers go in as they are; the request's dict-building ``infer(feeds)``

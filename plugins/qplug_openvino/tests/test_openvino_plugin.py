@@ -290,12 +290,22 @@ def test_save_load_compiles_again_from_the_reference_form(tmp_path):
     assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
 
 
-def test_deepcopy_compiles_its_own_models():
+def test_deepcopy_shares_the_compiled_models_without_exporting_and_has_its_own_requests(monkeypatch):
     _, ov_model, _ = quantized_pair("digits_cnn")
+    (partition,) = partitions(ov_model)
+    exports, export = [], partition._serialize
+    monkeypatch.setattr(partition, "_serialize", lambda *args: exports.append(1) or export(*args))
     clone = copy.deepcopy(ov_model)
-    assert partitions(clone)[0].compiled_models[0] is not partitions(ov_model)[0].compiled_models[0]
+    (copied,) = partitions(clone)
+    assert exports == [] and copied.compiled_models[0] is partition.compiled_models[0]
+    # a request runs one call at a time: the copy's calls do not wait for the original's
+    assert copied.compiled[0].request is not partition.compiled[0].request
     x = inputs("digits_cnn", seed=8)
     with torch.no_grad():
+        assert torch.equal(clone(*x), ov_model(*x))
+        model = partition.compiled_models[0]
+        copied.rebuild(CompileSettings(num_threads=1))  # the copy's models only
+        assert exports == [1] and copied.compiled_models[0] is not model and partition.compiled_models[0] is model
         assert torch.equal(clone(*x), ov_model(*x))
 
 

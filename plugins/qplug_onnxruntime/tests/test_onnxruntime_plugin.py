@@ -207,7 +207,7 @@ def test_deepcopy_shares_the_sessions_without_exporting_and_rebuilds_its_own(dig
         assert torch.equal(clone(*x), ort_model(*x))
         session = partition.sessions[0]
         copied.rebuild(SessionSettings(num_threads=1))  # the copy's sessions only
-        assert exports == [1] and copied.sessions[0] is not session and partition.sessions[0] is session
+        assert len(exports) == len(copied.compiled) and copied.sessions[0] is not session and partition.sessions[0] is session
         assert torch.equal(clone(*x), ort_model(*x))
 
 

@@ -94,6 +94,12 @@ class CompiledPartition(HoldsPartition, nn.Module):
         one caller (OpenVINO's infer request) gives the copy its own around the same model."""
         return compiled
 
+    def runtime_int8(self) -> list[torch.Tensor]:
+        """int8 tensors the runtime keeps for its compiled models as they are (views of its own
+        memory, never written): a reference form held with int8 weights takes the ones equal to
+        its own from here instead of keeping a copy (``flows/held_forms.py``). Default: none."""
+        return []
+
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
         warn_state_dict_incomplete(destination)  # its weights are in the runtime's compiled form

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,8 @@ class _Compiled:
     infer: Callable[[], Any]
     #: ``openvino.Tensor``, looked up once
     tensor: Any
+    #: the model's int8 constants (:func:`_int8_constants`)
+    int8: list[torch.Tensor]
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -109,17 +112,23 @@ def _native_infer(request: Any) -> Callable[[], Any]:
 def _onnx_input_names(source: bytes) -> list[str]:
     """The ONNX model's inputs, one per partition input and in its order: their names are the
     exporter's (it renames an input, ``ei`` to ``ei_orig``), so a partition input is found by its
-    position among them, not by its FX name."""
+    position among them, not by its FX name (OpenVINO's read model orders its parameters
+    otherwise)."""
     import onnx
 
     return [value.name for value in onnx.load_from_string(source).graph.input]
 
 
-def _requesting(model: Any, positions: list[int]) -> _Compiled:
-    """``model`` (an OpenVINO compiled model) with a new infer request."""
-    request = model.create_infer_request()
-    return _Compiled(model, request, positions, len(model.outputs), _native_infer(request),
-                     import_openvino().Tensor)
+def _int8_constants(model: Any) -> list[torch.Tensor]:
+    """Views of the int8 constants (weights) of ``model``, an ``openvino.Model`` read and then
+    compiled: the compiled model holds these same buffers, and a view keeps its constant alive.
+    Read-only: nothing writes a held weight (numpy flags them so; torch warns, not heeded)."""
+    openvino = import_openvino()
+    arrays = [op.data for op in model.get_ops()
+              if op.get_type_name() == "Constant" and op.get_output_element_type(0) == openvino.Type.i8]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
+        return [torch.from_numpy(array) for array in arrays]
 
 
 class OpenVinoPartition(CompiledPartition):
@@ -134,24 +143,37 @@ class OpenVinoPartition(CompiledPartition):
         openvino = import_openvino()
         core = openvino.Core()
         properties = self.compile_settings.properties()
+        names = _onnx_input_names(source)  # parsed (weights and all) before the compile, not beside it
+        read = core.read_model(source)
         try:
-            model = core.compile_model(core.read_model(source), "CPU", properties)
+            model = core.compile_model(read, "CPU", properties)
         except RuntimeError as exc:
             if not properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"]:
                 raise
             # e.g. oneDNN held to AVX2 on a CPU whose cpuid says AVX-512 has no primitive for it
-            model = core.compile_model(core.read_model(source), "CPU",
-                                       {**properties, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
+            model = core.compile_model(read, "CPU", {**properties, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
             warn_user(f"OpenVINO could not compile dynamic linears with inputs quantized at run time on "
                       f"this CPU ({str(exc).strip().splitlines()[-1][:200]}); their inputs stay float "
                       "(int8 weights, dequantized in the kernel)")
-        names = _onnx_input_names(source)
-        return _requesting(model, [names.index(port.get_any_name()) for port in model.inputs])
+        request = model.create_infer_request()
+        return _Compiled(model, request, [names.index(port.get_any_name()) for port in model.inputs],
+                         len(model.outputs), _native_infer(request), openvino.Tensor, _int8_constants(read))
 
     def shared(self, compiled: _Compiled) -> _Compiled:
         """The same compiled model with an infer request (and lock) of its own: a compiled model
         serves any number of requests, a request one call at a time."""
-        return _requesting(compiled.model, compiled.positions)
+        request = compiled.model.create_infer_request()
+        return dataclasses.replace(compiled, request=request, infer=_native_infer(request), lock=threading.Lock())
+
+    def runtime_int8(self) -> list[torch.Tensor]:
+        """The int8 constants of the first model compiled (OpenVINO's CPU plugin keeps them, its
+        graph's source, beside the repacked weights its kernels read), handed over once: the
+        views keep their constants alive, so the compiled form lets go of them."""
+        if not self._compiled:
+            return []
+        compiled = self.compiled[0]
+        int8, compiled.int8 = compiled.int8, []
+        return int8
 
     def run(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         # the tensors' buffers go in as they are; the request's dict-building ``infer(feeds)``

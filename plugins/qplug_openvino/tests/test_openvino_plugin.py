@@ -290,6 +290,34 @@ def test_save_load_compiles_again_from_the_reference_form(tmp_path):
     assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
 
 
+@pytest.mark.slow  # ~2.5 s: one quantize of a two-layer MLP (export, compile, check)
+def test_the_held_reference_form_reads_its_int8_weights_from_openvino_not_a_copy(monkeypatch):
+    # OpenVINO's CPU plugin keeps the int8 constants it compiled (beside its repacked weights):
+    # the partition's reference form kept a third copy (64 MiB of an 8-layer 2048x4096 MLP)
+    constants: set[int] = set()
+    read_model = openvino.Core.read_model
+
+    def reading(core, *args, **kwargs):
+        model = read_model(core, *args, **kwargs)
+        constants.update(op.data.ctypes.data for op in model.get_ops() if op.get_type_name() == "Constant"
+                         and op.get_output_element_type(0) == openvino.Type.i8)
+        return model
+
+    monkeypatch.setattr(openvino.Core, "read_model", reading)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(19, 37), torch.nn.ReLU(), torch.nn.Linear(37, 11)).eval()
+    x = (torch.randn(4, 19),)
+    qmodel = qp.quantize(model, x, [x], backend="openvino", progress=False)
+    (partition,) = partitions(qmodel)
+    form = partition.form
+    held = [form.held.get_submodule(path) for path in form.int8_weights]
+    weights = [layer.module.get_parameter(layer.weight_name) for layer in held]
+    assert len(weights) == 2 and all(w.dtype == torch.int8 and w.data_ptr() in constants for w in weights)
+    with torch.no_grad():  # read back bit-exactly: the float form is the one convert checked
+        assert torch.equal(partition.partition(*x), partition.partition(*x))
+        assert (qmodel(*x) - partition.partition(*x)).abs().max() < 0.05
+
+
 def test_deepcopy_shares_the_compiled_models_without_exporting_and_has_its_own_requests(monkeypatch):
     _, ov_model, _ = quantized_pair("digits_cnn")
     (partition,) = partitions(ov_model)

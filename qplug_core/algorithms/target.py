@@ -304,72 +304,18 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
 
     qmodel, base, final_mapping = run({})
     result = TargetResult(target, not target.misses(base), base, base, quantizations=0, errors=errors)
-    best = _Try(qmodel, base, final_mapping, [], 0, target.shortfall(base))
-    furthest = 0  # the most layers any try took out of static int8
-    if not result.met:
-        by_name = {e.name: e for e in errors}
-        static = {n: by_name[n].errors.get("static", 0.0) for n in layers}
-
-        def group_static(g: list[str]) -> float:
-            return sum(static[n] for n in g) / len(g)
-
-        def decision(sub: list[str], rung: str, why: str) -> Decision:
-            return Decision(role_name(sub), tuple(sub), rung,
-                            f"local static int8 error {group_static(sub):.2e}; as {rung}: "
-                            f"{_group_error([by_name[n] for n in sub], rung):.2e}{why}")
-
-        # candidates worst first: the groups worse than the median layer are tried first (taking
-        # out the rest buys little locally); if those are not enough, the others follow, since a
-        # layer's local error does not tell how much later layers amplify it (SwinV2's patch
-        # embedding and cosine attention)
-        median = _median(list(static.values()))
-        ranked = sorted(group_layers(layers, target.group), key=lambda g: -group_static(g))
-        worse = sum(1 for g in ranked if group_static(g) > median)
-        for k in _sizes(worse, len(ranked)):
-            if result.met:
-                break
-            out = ranked[:k]
-            gone = {n for g in out for n in g}
-            # a fallback must leave a layer no worse than the worst one staying in static int8;
-            # with none staying, no worse than the median layer or its own static int8, whichever
-            # is looser (a layer whose fallback beats its static int8 stays quantized rather
-            # than sending the whole model toward float)
-            staying = max((static[n] for n in layers if n not in gone), default=None)
-            # each layer of a group takes its own first rung that passes: one layer of six over
-            # the bar need not send the other five to float
-            taken = {n: _rung([by_name[n]], ladder, max(median, static[n]) if staying is None else staying)
-                     for g in out for n in g}
-            if len(taken) == len(layers) and set(taken.values()) == {"float"}:
-                break  # the float model itself: not a quantization (the warning says so)
-            qmodel, final, final_mapping = run(taken)
-            result.met, furthest = not target.misses(final), len(taken)
-            bar = (f"worst layer left in static int8: {staying:.2e}" if staying is not None
-                   else f"no layer left in static int8; median layer {median:.2e}")
-            decisions = [decision(sub, rung, f" ({bar})") for g in out for rung, sub in _by_rung(g, taken)]
-            best = best.or_better(_Try(qmodel, final, final_mapping, decisions, len(taken),
-                                       target.shortfall(final)), result.met)
+    search = _Search(run, target, layers, ladder, errors, result,
+                     _Try(qmodel, base, final_mapping, [], 0, target.shortfall(base)))
+    if not result.met and layers:
+        taken = search.take_out()
         if not result.met and len(taken) == len(layers):
-            # every layer is out and its rung alone still misses: the rungs' own error is what is
-            # left (per-tensor dynamic on a CPU without VNNI), so the layers whose rung loses most
-            # go on to float, doubling, short of every layer float (the float model)
-            rest = sorted((n for n in layers if taken[n] != "float"),
-                          key=lambda n: -by_name[n].errors.get(taken[n], 0.0))
-            for k in (k for k in _sizes(len(rest), len(rest)) if k < len(rest)):
-                escalated = {**taken, **{n: "float" for n in rest[:k]}}
-                qmodel, final, final_mapping = run(escalated)
-                result.met = not target.misses(final)
-                decisions = [decision(sub, rung, "" if before == rung else (
-                    f"; float once every layer was out of static int8 and the target still missed "
-                    f"(as {before}: {_group_error([by_name[n] for n in sub], before):.2e})"))
-                    for g in ranked for (rung, before), sub in _by_rung(g, escalated, taken)]
-                best = best.or_better(_Try(qmodel, final, final_mapping, decisions, len(escalated),
-                                           target.shortfall(final)), result.met)
-                if result.met:
-                    break
+            search.escalate(taken)
+    best = search.best
     qmodel, result.final, final_mapping, result.decisions = best.qmodel, best.score, best.mapping, best.decisions
     result.quantizations = count
     if not result.met:
-        warn_user(_missed(target, result, len(layers), furthest))
+        warn_user(_missed(target, result, len(layers), search.furthest) if layers
+                  else _nothing_to_take_out(target, result))
     elif layers and len(result.float_layers) == len(layers):
         warn_user(_met_with_no_static_int8(result))
     if strict:  # the same ConfigValidationError as qp.quantize(strict=True) if anything is float
@@ -377,6 +323,98 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
                                 strict=True, prepare_options=options)
     qmodel.meta[TARGET] = result
     return qmodel
+
+
+#: a try of the search: the converted model, its score and the mapping it was converted with
+Run = Callable[[dict[str, str]], tuple[fx.GraphModule, OutputScore, QConfigMapping]]
+
+
+class _Search:
+    """Which layers leave static int8: the doubling search over the ranked groups, then (when
+    every layer is out and the target still misses) the escalation of the worst rungs to float.
+    Both keep the best try, as ``_Try.or_better`` orders them, and set ``result.met``."""
+
+    def __init__(self, run: Run, target: Target, layers: list[str], ladder: tuple[str, ...],
+                 errors: list[LayerError], result: TargetResult, best: _Try) -> None:
+        self.run, self.target, self.layers, self.ladder = run, target, layers, ladder
+        self.result, self.best = result, best
+        self.furthest = 0  # the most layers any try of the search took out of static int8
+        self.by_name = {e.name: e for e in errors}
+
+    @functools.cached_property
+    def static(self) -> dict[str, float]:
+        return {n: self.by_name[n].errors.get("static", 0.0) for n in self.layers}
+
+    @functools.cached_property
+    def median(self) -> float:
+        return _median(list(self.static.values()))
+
+    @functools.cached_property
+    def ranked(self) -> list[list[str]]:
+        """The candidate groups worst first: the groups worse than the median layer are tried
+        first (taking out the rest buys little locally); if those are not enough, the others
+        follow, since a layer's local error does not tell how much later layers amplify it
+        (SwinV2's patch embedding and cosine attention)."""
+        return sorted(group_layers(self.layers, self.target.group), key=lambda g: -self.group_static(g))
+
+    def group_static(self, group: list[str]) -> float:
+        return sum(self.static[n] for n in group) / len(group)
+
+    def decision(self, sub: list[str], rung: str, why: str) -> Decision:
+        return Decision(role_name(sub), tuple(sub), rung,
+                        f"local static int8 error {self.group_static(sub):.2e}; as {rung}: "
+                        f"{_group_error([self.by_name[n] for n in sub], rung):.2e}{why}")
+
+    def _try(self, taken: dict[str, str], decisions: list[Decision]) -> None:
+        qmodel, final, mapping = self.run(taken)
+        self.result.met = not self.target.misses(final)
+        self.best = self.best.or_better(_Try(qmodel, final, mapping, decisions, len(taken),
+                                             self.target.shortfall(final)), self.result.met)
+
+    def take_out(self) -> dict[str, str]:
+        """Take the worst 1, 2, 4, ... groups out of static int8 until the target is met; the
+        rungs of the last try."""
+        ranked, static, median = self.ranked, self.static, self.median
+        worse = sum(1 for g in ranked if self.group_static(g) > median)
+        taken: dict[str, str] = {}
+        for k in _sizes(worse, len(ranked)):
+            if self.result.met:
+                break
+            out = ranked[:k]
+            gone = {n for g in out for n in g}
+            # a fallback must leave a layer no worse than the worst one staying in static int8;
+            # with none staying, no worse than the median layer or its own static int8, whichever
+            # is looser (a layer whose fallback beats its static int8 stays quantized rather
+            # than sending the whole model toward float)
+            staying = max((static[n] for n in self.layers if n not in gone), default=None)
+            # each layer of a group takes its own first rung that passes: one layer of six over
+            # the bar need not send the other five to float
+            taken = {n: _rung([self.by_name[n]], self.ladder,
+                              max(median, static[n]) if staying is None else staying)
+                     for g in out for n in g}
+            if len(taken) == len(self.layers) and set(taken.values()) == {"float"}:
+                break  # the float model itself: not a quantization (the warning says so)
+            self.furthest = len(taken)
+            bar = (f"worst layer left in static int8: {staying:.2e}" if staying is not None
+                   else f"no layer left in static int8; median layer {median:.2e}")
+            self._try(taken, [self.decision(sub, rung, f" ({bar})")
+                              for g in out for rung, sub in _by_rung(g, taken)])
+        return taken
+
+    def escalate(self, taken: dict[str, str]) -> None:
+        """Every layer is out and its rung alone still misses: the rungs' own error is what is
+        left (per-tensor dynamic on a CPU without VNNI), so the layers whose rung loses most go
+        on to float, doubling, short of every layer float (the float model)."""
+        rest = sorted((n for n in self.layers if taken[n] != "float"),
+                      key=lambda n: -self.by_name[n].errors.get(taken[n], 0.0))
+        for k in (k for k in _sizes(len(rest), len(rest)) if k < len(rest)):
+            escalated = {**taken, **{n: "float" for n in rest[:k]}}
+            self._try(escalated, [self.decision(sub, rung, "" if before == rung else (
+                f"; float once every layer was out of static int8 and the target still missed "
+                f"(as {before}: {_group_error([self.by_name[n] for n in sub], before):.2e})"))
+                for g in self.ranked for (rung, before), sub in _by_rung(g, escalated, taken)])
+            if self.result.met:
+                break
 
 
 @dataclass
@@ -430,6 +468,15 @@ def _missed(target: Target, result: TargetResult, layers: int, furthest: int) ->
             f"{returned}. The rest of the loss is in the fallbacks and in the int8 ops without weights "
             "(matmuls, adds); qp.compare(float_model, qmodel, data) shows where; a qconfig_mapping "
             "leaving those ops float goes further")
+
+
+def _nothing_to_take_out(target: Target, result: TargetResult) -> str:
+    """The warning for a missed target when no layer can be ranked: the search had nothing to try."""
+    return (f"{TARGET_MISSED}: the target search found no layer it can take out of static int8 (it "
+            "ranks the static int8 Linear and Conv1d/2d/3d layers, bare or fused with a ReLU, that the "
+            f"scored output depends on); the model returned is the all-int8 model, missing "
+            f"{'; '.join(target.misses(result.final))}. A qconfig_mapping leaving the layers that hurt "
+            "float goes further; qp.compare(float_model, qmodel, data) shows which")
 
 
 def _met_with_no_static_int8(result: TargetResult) -> str:

@@ -527,3 +527,18 @@ def test_layer_errors_leave_out_padding_but_the_dynamic_grid_spans_it():
     for kind in set(quiet) - {"dynamic"}:
         assert loud[kind] == pytest.approx(quiet[kind], rel=1e-4), kind
     assert loud["dynamic"] > 100 * quiet["dynamic"]
+
+
+def test_a_missed_target_with_no_layer_the_search_can_rank_warns_and_returns_the_int8_model():
+    """A ConvTranspose2d is quantized but not ranked (only Linear/Conv layers are): the search has
+    nothing to take out, and says so (it raised UnboundLocalError)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.ConvTranspose2d(4, 4, 3), nn.ReLU()).eval()
+    data = [(torch.randn(2, 4, 6, 6),) for _ in range(2)]
+    with pytest.warns(UserWarning, match="accuracy target not met: the target search found no layer "
+                                         r"it can take out of static int8 \(it ranks .*Linear and Conv1d/2d/3d"):
+        qmodel = qp.quantize(model, data[0], data, backend="reference",
+                             target=qp.Target(cosine=0.9999999))
+    result = qmodel.meta[TARGET]
+    assert not result.met and result.decisions == [] and result.quantizations == 1
+    assert qp.quantization_report(qmodel).quantized  # the all-int8 model, not float

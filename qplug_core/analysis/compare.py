@@ -17,6 +17,7 @@ from torch import nn
 from qplug_core.analysis.layers import ComparisonReport, batches_of
 from qplug_core.analysis.layers import compare_layers as compare_by_name
 from qplug_core.analysis.partitions import partition_comparisons
+from qplug_core.flows.checks import check_model
 from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.normalize import functional_weights
 from qplug_core.flows.pipeline import eval_mode
@@ -37,6 +38,8 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
     (kept in reference form at convert, or not measurable), with the reason. Both models run in eval
     mode without gradients; neither is modified.
     """
+    check_model(float_model, "float_model")
+    check_model(quantized_model, "quantized_model")
     batches = list(batches_of(inputs, float_model))
     report = _without_rescaled(compare_by_name(float_model, quantized_model, batches, layers=layers),
                                quantized_model)

@@ -36,7 +36,14 @@ from rich.text import Text
 from torch import nn
 
 from qplug_core.analysis.functional import FunctionalRecorder, functional_layers, never_called
-from qplug_core.errors import ConfigError, InputMismatchError, QplugError, did_you_mean, first_line
+from qplug_core.errors import (
+    ConfigError,
+    ConfigValidationError,
+    InputMismatchError,
+    QplugError,
+    did_you_mean,
+    first_line,
+)
 from qplug_core.flows.clamps import AbsorbedClamp, absorbed_clamps
 from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.pipeline import as_input_tuple, eval_mode
@@ -104,6 +111,11 @@ class ErrorStats:
 
 
 def _check_shapes(reference: torch.Tensor, test: torch.Tensor, what: str) -> None:
+    for name, value in (("reference", reference), ("test", test)):
+        if not isinstance(value, torch.Tensor):
+            raise ConfigValidationError(f"{what}: {name} must be a torch.Tensor, got {type(value).__name__}; "
+                                        "pass tensors (torch.as_tensor(...) converts a list)",
+                                        field=name, value=type(value).__name__)
     if reference.shape != test.shape:
         raise ConfigError(
             f"{what}: shapes differ, reference {tuple(reference.shape)} vs test "

@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn.utils.parametrize import type_before_parametrizations
 
 from qplug_core.errors import ConfigError, ConfigValidationError, PatternError, did_you_mean
+from qplug_core.flows.checks import check_model
 from qplug_core.nn.computed_weights import without_computed_weights
 from qplug_core.nn.fuser_methods import FuserMethod, get_fuser_method
 
@@ -87,9 +88,7 @@ def fuse_modules(model: nn.Module, modules_to_fuse: Sequence[str] | Sequence[Seq
     (signature ``(is_qat, *modules) -> nn.Module``) replaces the type-based lookup for every group.
     The model is copied unless ``inplace=True``.
     """
-    if not isinstance(model, nn.Module):
-        raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
-                                    field="model", value=type(model).__name__)
+    check_model(model)
     groups = _groups(modules_to_fuse)
     model, inplace = without_computed_weights(model, inplace=inplace, trainable=is_qat)
     model = model if inplace else copy.deepcopy(model)

@@ -35,7 +35,7 @@ from qplug_core.eager.functional import FloatFunctional
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.eager.torch_ao_modules import adopt_torch_ao_modules
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
-from qplug_core.flows.checks import check_fake_quantizes
+from qplug_core.flows.checks import check_fake_quantizes, check_model
 from qplug_core.flows.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
 from qplug_core.flows.tags import EAGER_INPUT_REQUANTIZED, EAGER_STATE
 from qplug_core.nn.computed_weights import without_computed_weights
@@ -174,9 +174,7 @@ def require_per_module_kernels(backend: Backend) -> Backend:
 
 def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: Any,
              inplace: bool, is_qat: bool) -> nn.Module:
-    if not isinstance(model, nn.Module):
-        raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
-                                    field="model", value=type(model).__name__)
+    check_model(model)
     if getattr(model, EAGER_STATE, None) is not None:
         raise ConfigValidationError("this model is already prepared; prepare the float model once",
                                     field="model")

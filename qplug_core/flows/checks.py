@@ -30,8 +30,9 @@ from qplug_core.observers.base import ObserverBase
 from qplug_core.observers.fake_quantize import FakeQuantizeBase
 
 
-def check_model(model: Any) -> nn.Module:
-    """``model`` must be an ``nn.Module`` (not ``None``, a string, a function or a class)."""
+def check_model(model: Any, field: str = "model") -> nn.Module:
+    """``model`` must be an ``nn.Module`` (not ``None``, a string, a function or a class): the one
+    check every public entry point taking a model runs first, so they all answer alike."""
     if isinstance(model, nn.Module):
         return model
     if isinstance(model, type) and issubclass(model, nn.Module):
@@ -41,7 +42,7 @@ def check_model(model: Any) -> nn.Module:
                 "an nn.Module (or call your factory and pass the model it returns)")
     else:
         hint = f"got {model!r} ({type(model).__name__})"
-    raise ConfigValidationError(f"model must be a torch.nn.Module: {hint}", field="model",
+    raise ConfigValidationError(f"{field} must be a torch.nn.Module: {hint}", field=field,
                                 value=type(model).__name__)
 
 
@@ -122,13 +123,13 @@ def check_weight_values(model: nn.Module) -> None:
             "meaningless scales: fix the model first (it was left unchanged)")
 
 
-def check_calibration_data(data: Any) -> None:
+def check_calibration_data(data: Any, name: str = "calibration_data") -> None:
     """Calibration data is a tensor or an iterable of batches (a list, a DataLoader)."""
     if isinstance(data, torch.Tensor):
         return
     if isinstance(data, (str, bytes)) or not isinstance(data, collections.abc.Iterable):
         raise CalibrationError(
-            f"calibration_data must be an iterable of batches (a list of input tuples, a DataLoader) "
+            f"{name} must be an iterable of batches (a list of input tuples, a DataLoader) "
             f"or a tensor, got {data!r} ({type(data).__name__})")
 
 

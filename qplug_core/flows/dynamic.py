@@ -29,7 +29,7 @@ from qplug_core.errors import (
     did_you_mean,
     warn_user,
 )
-from qplug_core.flows.checks import check_float32, check_weight_values, refuse_quantized
+from qplug_core.flows.checks import check_float32, check_model, check_weight_values, refuse_quantized
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.raise_aten import is_aten_graph
 from qplug_core.flows.regions import dtype_config_problems, observer_traits
@@ -377,8 +377,8 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     instead) unless ``allow_float=True``. ``nn.MultiheadAttention`` computes with its weights
     directly, so module swapping leaves it float (with a warning); the graph flows quantize it.
     """
-    if isinstance(model, nn.Module):
-        refuse_quantized(model)
+    if not isinstance(model, torch.export.ExportedProgram):  # checked here: the delegate takes it whole
+        refuse_quantized(check_model(model))
     chosen = resolve_backend(backend).require_available()
     warn_if_slow_here(chosen.name, chosen.engine)
     if not chosen.kernels and chosen.delegate is not None:
@@ -387,9 +387,6 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     if isinstance(model, torch.export.ExportedProgram) or capture is not None or is_aten_graph(model):
         model = _captured(model, capture, example_inputs)
         inplace = True
-    if not isinstance(model, nn.Module):
-        raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
-                                    field="model", value=type(model).__name__)
     check_float32(model)  # the dynamic kernels take float32 activations: say so now, not at the call
     model, inplace = without_computed_weights(model, inplace=inplace)
     check_weight_values(model)

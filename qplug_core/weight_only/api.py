@@ -26,12 +26,13 @@ from qplug_core.errors import (
     spelled,
     warn_user,
 )
-from qplug_core.flows.checks import check_weight_values, refuse_quantized
+from qplug_core.flows.checks import check_model, check_weight_values, refuse_quantized
 from qplug_core.flows.pipeline import eval_mode
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.cpu import cpu_int8
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, quantize
 from qplug_core.nn.computed_weights import copy_model, without_computed_weights
+from qplug_core.registry.backends import Backend
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs, shared_input_scales
 from qplug_core.weight_only.batches import calibration_batches, call_model
@@ -69,7 +70,7 @@ class WeightOnlyInfo:
 def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None = None,
                      symmetric: bool = True, algorithm: str = "rtn",
                      calibration: Iterable[Any] | None = None, skip: str | Sequence[str] = (),
-                     embeddings: bool = False, backend: str | None = None,
+                     embeddings: bool = False, backend: str | Backend | None = None,
                      kernel: str | None = None) -> nn.Module:
     """A copy of ``model`` whose linear and embedding weights are ``bits``-bit integers.
 
@@ -90,8 +91,8 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         linear weights):
         it saves memory but no time (rows are looked up, not multiplied), and int4 tables cost
         accuracy on small models, so it is opt-in.
-    :param backend: take kernels from this backend only (and the core's); ``None``: every
-        installed backend.
+    :param backend: take kernels from this backend only (and the core's), by name or as a
+        ``Backend`` (``qp.get_backend(...)``); ``None``: every installed backend.
     :param kernel: force a kernel by name (``"reference"``, ``"torch-int8pack"``,
         ``"torch-int4pack"``, ``"onnxruntime-matmulnbits"``...) instead of measuring.
     :return: the quantized copy, with a :class:`WeightOnlyInfo` as ``.qplug_weight_only``; a
@@ -100,6 +101,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
 
     The model given is never modified.
     """
+    check_model(model)
     scheme = WeightOnlyScheme(bits=bits, group_size=group_size, symmetric=symmetric)
     if algorithm not in ALGORITHMS:
         raise ConfigValidationError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}"

@@ -14,17 +14,20 @@ import torch
 from torch import nn
 
 from qplug_core.errors import QplugError
+from qplug_core.flows.checks import check_calibration_data
 from qplug_core.flows.steps import batch_does_not_fit
 
 
 def calibration_batches(calibration: Any) -> Iterable[Any]:
     """The batches of ``calibration``: a bare tensor is one batch, as ``qp.calibrate`` takes it
     (iterating it would call the model on each of its rows), and so is a dict of model inputs (a
-    tokenizer's ``BatchEncoding``: iterating it gives its keys); ``None`` is none."""
+    tokenizer's ``BatchEncoding``: iterating it gives its keys); ``None`` is none. Anything else
+    that is not an iterable raises :class:`CalibrationError`, as ``qp.quantize`` does."""
     if calibration is None:
         return ()
     if isinstance(calibration, torch.Tensor) or hasattr(calibration, "keys"):
         return [calibration]
+    check_calibration_data(calibration, "calibration")
     return calibration
 
 

@@ -29,6 +29,7 @@ from qplug_core.errors import ConfigValidationError, did_you_mean, spelled, warn
 from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel, RowSplitKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight
 from qplug_core.registry import plugins
+from qplug_core.registry.backends import Backend, get_backend, list_backends
 
 HOOK = "qplug_weight_only_kernels"
 #: relative L2 error a kernel may add to the exact product: ORT's int8-activation path adds ~0.5%
@@ -59,16 +60,12 @@ class Choice:
     float_ms: float | None = None
 
 
-def available_kernels(backend: str | None = None) -> list[WeightOnlyKernel]:
-    """The core's kernels and those of ``backend`` (every installed, available backend for ``None``)."""
-    from qplug_core.registry.backends import list_backends, not_a_backend  # call time: from plugins
-
-    infos = list_backends()
-    names = [info.name for info in infos if info.available]
+def available_kernels(backend: str | Backend | None = None) -> list[WeightOnlyKernel]:
+    """The core's kernels and those of ``backend`` (a name or a ``Backend``; every installed,
+    available backend for ``None``)."""
+    names = [info.name for info in list_backends() if info.available]
     if backend is not None:
-        if backend not in {info.name for info in infos}:
-            raise not_a_backend(backend)
-        names = [backend]
+        names = [get_backend(backend).name]  # an unknown name or a wrong type: qplug's error
     kernels = list(CORE_KERNELS)
     seen = {k.name for k in kernels}
     for name in names:

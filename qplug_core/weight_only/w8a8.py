@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError, ConfigValidationError
-from qplug_core.flows.checks import check_float32, check_weight_values, refuse_quantized
+from qplug_core.flows.checks import check_float32, check_model, check_weight_values, refuse_quantized
 from qplug_core.flows.dynamic import linear_from_conv1d
 from qplug_core.flows.tags import W8A8
 from qplug_core.kernels.per_token import (
@@ -34,7 +34,7 @@ from qplug_core.kernels.per_token import (
     weight_qmax,
 )
 from qplug_core.kernels.static_int8 import StaticInt8Linear, static_activation_qparams
-from qplug_core.registry.backends import resolve_backend
+from qplug_core.registry.backends import Backend, resolve_backend
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.api import (
     conv1d_class,
@@ -71,7 +71,7 @@ class W8A8Info:
 def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
                   alpha: float | str | None = "auto", activations: str = "per_token",
                   skip: str | Sequence[str] = (), quantize_head: bool = False,
-                  backend: str | None = None) -> nn.Module:
+                  backend: str | Backend | None = None) -> nn.Module:
     """A copy of ``model`` whose linears compute in int8 (weights per channel, activations per token).
 
     :param calibration: batches the model is called with to measure activations for SmoothQuant:
@@ -96,9 +96,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
 
     The model given is never modified.
     """
-    if not isinstance(model, nn.Module):
-        raise ConfigValidationError(f"model must be a torch.nn.Module, got {type(model).__name__}",
-                                    field="model", value=type(model).__name__)
+    check_model(model)
     check_float32(model)  # int8 linears with float32 scales: a bf16 model met them only at its first call
     check_weight_values(model)
     refuse_quantized(model)

@@ -55,6 +55,44 @@ def test_quantize_something_that_is_not_a_model(model, fragment):
     assert fragment in str(raised.value) and raised.value.field == "model"
 
 
+@pytest.mark.parametrize("call", [
+    lambda m: qp.quantize_weights(m),
+    lambda m: qp.quantize_w8a8(m, alpha=None),
+    lambda m: qp.quantize_dynamic(m),
+    lambda m: qp.quantize_dynamic(m, backend="onnxruntime", example_inputs=(X,)),  # a delegate
+    lambda m: qp.eager.fuse_modules(m, [["fc"]]),
+    lambda m: qp.eager.prepare(m),
+], ids=["quantize_weights", "quantize_w8a8", "quantize_dynamic", "quantize_dynamic_onnxruntime",
+        "eager_fuse", "eager_prepare"])
+def test_every_entry_point_refuses_a_non_model_as_quantize_does(call):
+    with pytest.raises(ConfigValidationError, match=r"model must be a torch.nn.Module: got 'resnet18' \(str\)"):
+        call("resnet18")
+
+
+def test_compare_and_sqnr_refuse_what_is_not_a_model_or_a_tensor():
+    with pytest.raises(ConfigValidationError, match="float_model must be a torch.nn.Module: got 'a'") as raised:
+        qp.compare("a", net(), [X])
+    assert raised.value.field == "float_model"
+    with pytest.raises(ConfigValidationError, match="quantized_model must be a torch.nn.Module: got 'b'"):
+        qp.compare(net(), "b", [X])
+    with pytest.raises(ConfigValidationError, match="sqnr: reference must be a torch.Tensor, got list"):
+        qp.sqnr([1.0], torch.ones(1))
+
+
+def test_quantize_weights_takes_a_backend_object_as_its_siblings_do():
+    qmodel = qp.quantize_weights(net(), backend=qp.get_backend(BACKEND))
+    assert set(qmodel.qplug_weight_only.layers) == {"fc", "head"}
+
+
+@pytest.mark.parametrize("call", [
+    lambda data: qp.quantize_weights(net(), algorithm="awq", calibration=data),
+    lambda data: qp.quantize_w8a8(net(), data),
+], ids=["quantize_weights", "quantize_w8a8"])
+def test_swap_flows_refuse_calibration_that_is_not_batches(call):
+    with pytest.raises(CalibrationError, match="calibration must be an iterable of batches .* got 5 \\(int\\)"):
+        call(5)
+
+
 @pytest.mark.parametrize("data", [5, 3.5, "batches.npy", None], ids=["int", "float", "str", "none"])
 def test_calibration_data_that_is_not_batches(data):
     model = net()

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.errors import CalibrationError, ConfigValidationError
+from qplug_core.errors import CalibrationError, ConfigValidationError, warn_user
 from qplug_core.flows.checks import check_float32, check_model, check_weight_values, refuse_quantized
 from qplug_core.flows.dynamic import linear_from_conv1d
 from qplug_core.flows.tags import W8A8
@@ -42,6 +42,7 @@ from qplug_core.weight_only.api import (
     own_copy,
     select_layers,
     skip_patterns,
+    tied_output,
 )
 from qplug_core.weight_only.batches import calibration_batches, run_batch
 from qplug_core.weight_only.smoothing import Smoothed, smooth
@@ -87,7 +88,8 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
     :param skip: module names or regular expressions (matched against the whole name) of linears
         to leave float.
     :param quantize_head: also quantize the output head (``lm_head``); it is left float by default,
-        as the logits are the most sensitive output and a tied head shares the embedding table.
+        as the logits are the most sensitive output. A head tied to the input embedding stays
+        float even then (an int8 copy would untie them), with a warning.
     :param backend: ``None`` (or a backend with kernels) runs the core's integer GEMM picked for
         this CPU; ``"reference"`` simulates the int8 arithmetic with float ops (the oracle).
     :return: the quantized copy, with a :class:`W8A8Info` as ``.qplug_w8a8``; a decoder's
@@ -160,6 +162,10 @@ def _targets(model: nn.Module, patterns: list[re.Pattern], quantize_head: bool,
     keep = "the output head stays float (quantize_head=True quantizes it)"
     chosen = select_layers(model, kinds, patterns, info.skipped,
                            lambda name: keep if name == head and not quantize_head else None)
+    if quantize_head and head is not None and head == tied_output(model):
+        warn_user(f"qplug: quantize_head=True left {head!r} float: its weight is tied to the input "
+                  "embedding, and an int8 copy would untie them; to quantize it, untie the weights first "
+                  "(tie_word_embeddings=False, with its own copy of the weight)")
     targets: dict[str, nn.Linear] = {}
     for name, module in chosen.items():
         if type(module) is not nn.Linear:

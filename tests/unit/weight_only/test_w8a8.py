@@ -398,3 +398,33 @@ def test_a_dynamic_lstm_is_refused_with_the_way_out(tmp_path):
     qmodel = qp.quantize_dynamic(model, backend="fbgemm")
     with pytest.raises(SerializationError, match="is a dynamic DynamicLSTM.*run qp.quantize_dynamic again"):
         qp.save(qmodel, tmp_path / "lstm.safetensors")
+
+
+class _TiedLM(nn.Module):
+    """An embedding, one linear and an output head sharing the embedding's weight (GPT-2's tie),
+    with the accessors transformers' models have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.wte, self.fc, self.lm_head = nn.Embedding(100, 32), nn.Linear(32, 32), nn.Linear(32, 100, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.wte
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.fc(self.wte(ids)))
+
+
+def test_quantize_head_on_a_tied_head_warns_that_it_stays_float():
+    """A tied lm_head stays float (an int8 copy would untie it): quantize_head=True says so
+    instead of doing nothing silently."""
+    with pytest.warns(UserWarning, match="quantize_head=True left 'lm_head' float: its weight is tied to "
+                                         "the input embedding"):
+        qmodel = qp.quantize_w8a8(_TiedLM().eval(), alpha=None, quantize_head=True, backend="reference")
+    assert type(qmodel.lm_head) is nn.Linear and "lm_head" in qmodel.qplug_w8a8.skipped
+    assert set(qmodel.qplug_w8a8.layers) == {"fc"}

@@ -27,7 +27,6 @@ from qplug_core.errors import (
     warn_user,
 )
 from qplug_core.flows.checks import check_model, check_weight_values, refuse_quantized
-from qplug_core.flows.pipeline import eval_mode
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.cpu import cpu_int8
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, quantize
@@ -72,7 +71,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
                      calibration: Iterable[Any] | None = None, skip: str | Sequence[str] = (),
                      embeddings: bool = False, backend: str | Backend | None = None,
                      kernel: str | None = None) -> nn.Module:
-    """A copy of ``model`` whose linear and embedding weights are ``bits``-bit integers.
+    """A copy of ``model`` (eval mode) whose linear and embedding weights are ``bits``-bit integers.
 
     :param bits: 8 or 4.
     :param group_size: input features per scale (32, 64, 128...); ``None`` gives one scale per
@@ -115,7 +114,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     refuse_quantized(model)
     check_weight_values(model)
     kernels = available_kernels(backend)
-    qmodel = own_copy(model)  # returned in the model's own mode, calibrated in eval mode
+    qmodel = own_copy(model).eval()  # as every flow returns it; no dropout in what GPTQ/AWQ fit to
     info = WeightOnlyInfo(scheme, algorithm)
     targets = _targets(qmodel, patterns, embeddings, info)
     if not targets:
@@ -126,8 +125,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     inputs: dict[str, torch.Tensor] = {}
     if algorithm != "rtn":
         rows = GPTQ_ROWS if algorithm == "gptq" else MAX_ROWS
-        with eval_mode(qmodel):  # no dropout in the activations GPTQ/AWQ fit the weights to
-            inputs = record_inputs(qmodel, linears, calibration, rows)
+        inputs = record_inputs(qmodel, linears, calibration, rows)
     # found on the float copy, before any kernel is packed: a group packs once, for its stack
     groups, info.fusion = sibling_groups(qmodel, linears, calibration)
     weights = {name: linear_weight(module) for name, module in linears.items()}
@@ -148,7 +146,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     if slow:
         warn_user(slow)
     setattr(qmodel, INFO_ATTRIBUTE, info)
-    decode_step.install(qmodel)
+    decode_step.install(qmodel.eval())  # the swapped layers too: the whole copy in eval mode
     return qmodel
 
 

@@ -73,7 +73,8 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
                   alpha: float | str | None = "auto", activations: str = "per_token",
                   skip: str | Sequence[str] = (), quantize_head: bool = False,
                   backend: str | Backend | None = None) -> nn.Module:
-    """A copy of ``model`` whose linears compute in int8 (weights per channel, activations per token).
+    """A copy of ``model`` (eval mode) whose linears compute in int8 (weights per channel, activations
+    per token).
 
     :param calibration: batches the model is called with to measure activations for SmoothQuant:
         token-id tensors (``model(batch)``), dicts (``model(**batch)``) or tuples
@@ -150,7 +151,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
                 info.layers[name] = LAYER_KIND
             qmodel.set_submodule(name, swapped)
     setattr(qmodel, W8A8_ATTRIBUTE, info)
-    decode_step.install(qmodel)
+    decode_step.install(qmodel.eval())  # the swapped layers too: the whole copy in eval mode
     return qmodel
 
 

@@ -151,17 +151,33 @@ def test_w8a8_on_a_compiling_backend_is_refused_not_simulated(backend):
         qp.quantize_w8a8(nn.Sequential(nn.Linear(64, 64)).eval(), alpha=None, backend=backend)
 
 
-def test_weight_only_calibrates_without_dropout_and_keeps_the_models_mode():
+def test_weight_only_calibrates_without_dropout_and_returns_eval_mode():
     """A model built from a config starts in train mode: GPTQ fitted its weights to dropped-out
-    activations. The result keeps the model's own mode, as every qplug flow does."""
+    activations. The result is in eval mode, as qp.quantize, quantize_dynamic and quantize_w8a8
+    return theirs (it kept the model's own mode); the user's model keeps its own."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.5), nn.Linear(64, 32)).train()
     data = [torch.randn(8, 64) for _ in range(2)]
     quantized = qp.quantize_weights(model, bits=4, group_size=32, algorithm="gptq", calibration=data)
-    assert quantized.training and model.training
+    assert not quantized.training and not any(m.training for m in quantized.modules()) and model.training
     again = qp.quantize_weights(model.eval(), bits=4, group_size=32, algorithm="gptq", calibration=data)
     x = torch.randn(4, 64)
-    assert torch.equal(quantized.eval()(x), again(x))
+    assert torch.equal(quantized(x), again(x))
+
+
+@pytest.mark.parametrize("flow", [
+    lambda m, x: qp.quantize_weights(m, kernel="reference"),
+    lambda m, x: qp.quantize_w8a8(m, alpha=None, backend="reference"),
+    lambda m, x: qp.quantize_dynamic(m, backend="reference"),
+    lambda m, x: qp.quantize(m, (x,), [(x,)], backend="reference"),
+], ids=["quantize_weights", "quantize_w8a8", "quantize_dynamic", "quantize"])
+def test_every_flow_returns_its_copy_in_eval_mode(flow):
+    """quantize_weights returned a train-mode copy of a train-mode model while its siblings
+    returned eval mode: dropout changed silently when switching flows."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.5), nn.Linear(64, 32)).train()
+    quantized = flow(model, torch.randn(4, 64))
+    assert not any(m.training for m in quantized.modules()) and model.training
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

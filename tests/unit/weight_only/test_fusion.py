@@ -169,11 +169,11 @@ def test_a_group_naming_what_is_not_a_linear_layer_of_the_file_is_refused(tmp_pa
         qp.load(path, model=decoder())
 
 
-def test_the_run_that_finds_the_groups_leaves_a_training_model_as_it_was():
+def test_the_run_that_finds_the_groups_updates_no_statistics_of_a_training_model():
     model = nn.Sequential(nn.BatchNorm1d(64), Siblings()).train()
     qmodel = qp.quantize_weights(model, bits=8, kernel="reference", calibration=[torch.randn(5, 64) + 3])
     assert qmodel.qplug_weight_only.fused == [("1.a", "1.b")]
-    assert all(m.training for m in qmodel.modules())
+    assert not any(m.training for m in qmodel.modules()) and all(m.training for m in model.modules())
     assert torch.equal(qmodel[0].running_mean, model[0].running_mean)  # no statistics updated
 
 

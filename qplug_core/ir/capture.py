@@ -23,7 +23,7 @@ import torch.utils._pytree as pytree
 from torch import fx, nn
 from torch.fx import GraphModule
 
-from qplug_core.errors import TraceError
+from qplug_core.errors import TraceError, first_line, warn_user
 from qplug_core.ir.deferred_code import graph_module_without_code
 from qplug_core.ir.quiet import quiet_torch
 from qplug_core.ir.thread_confined import ThreadConfinedTracer
@@ -144,7 +144,7 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphMod
     the dimensions of integer inputs (token ids, masks) are exported from the example repeated to
     size 2 along them, and kept only where the exported graph answers the example itself as the
     model does (a branch on ``batch > 1`` is then traced the other way: the example's own sizes
-    are exported instead).
+    are exported instead). When every shape is specialised, a warning says so and why.
     """
     widened = tuple(_widened(value) for value in example_inputs)
     if any(a is not b for a, b in zip(widened, example_inputs)):
@@ -156,8 +156,14 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphMod
             pass
     try:
         return _export(model, example_inputs, _auto(example_inputs))
-    except Exception:
-        return _export(model, example_inputs, None)
+    except Exception as dynamic_failure:  # noqa: BLE001 - every shape specialised below, or both errors
+        try:
+            exported = _export(model, example_inputs, None)
+        except Exception as static_failure:
+            raise static_failure from dynamic_failure
+        warn_user(f"qplug: torch.export could not keep the input sizes dynamic ({type(dynamic_failure).__name__}: "
+                  f"{first_line(dynamic_failure)}); the captured model takes inputs of the example's shapes only")
+        return exported
 
 
 #: where torch.export logs a failure's notes (it prints the partial graph on stderr itself)

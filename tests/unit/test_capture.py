@@ -89,3 +89,42 @@ def test_capture_aten_errors_are_trace_errors():
         capture_aten(DataDependent(), (torch.randn(3),))
     with pytest.raises(TraceError, match="tuple"):
         capture_aten(DataDependent(), torch.randn(3))
+
+
+def _refusing_dynamic_shapes(monkeypatch, static_error: Exception | None = None) -> None:
+    """torch.export failing on dynamic shapes (as it does on some models), and optionally on the
+    example's fixed shapes too."""
+    from qplug_core.ir import capture as ir_capture
+
+    export = ir_capture._export
+
+    def refusing(model, inputs, dynamic):
+        if dynamic is not None:
+            raise RuntimeError("Constraints violated (dim0)")
+        if static_error is not None:
+            raise static_error
+        return export(model, inputs, dynamic)
+
+    monkeypatch.setattr(ir_capture, "_export", refusing)
+
+
+def test_export_that_gives_up_dynamic_shapes_says_so(monkeypatch):
+    import qplug_core as qp
+
+    _refusing_dynamic_shapes(monkeypatch)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    with pytest.warns(UserWarning, match=r"torch.export could not keep the input sizes dynamic \(RuntimeError: "
+                                         r"Constraints violated \(dim0\)\); the captured model takes inputs of "
+                                         "the example's shapes only"):
+        qp.fuse_fx(model, (torch.randn(3, 4),), backend="reference", capture="export")
+
+
+def test_export_failing_both_ways_keeps_the_dynamic_error_in_the_chain(monkeypatch):
+    import qplug_core as qp
+
+    _refusing_dynamic_shapes(monkeypatch, static_error=ValueError("static says no"))
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    with pytest.raises(TraceError, match="ValueError: static says no") as raised:
+        qp.fuse_fx(model, (torch.randn(3, 4),), backend="reference", capture="export")
+    static = raised.value.__cause__
+    assert isinstance(static, ValueError) and "Constraints violated" in str(static.__cause__)

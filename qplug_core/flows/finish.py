@@ -27,6 +27,7 @@ from qplug_core.flows.snapshot import hold_weight_as_int8
 from qplug_core.flows.tags import (
     CAPTURE,
     CAPTURE_SKIPPED,
+    CONVERSION_NOTES,
     EXAMPLE_INPUTS,
     FUSIONS,
     PARTITION_FORMS,
@@ -91,7 +92,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
                                                                   frozenset(p.name for p in delegated.partitions)),
         capture=gm.meta.get(CAPTURE, "symbolic"),
         partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside),
-        kept_regions=dict(delegated.kept_regions))
+        kept_regions=dict(delegated.kept_regions), notes=list(gm.meta.pop(CONVERSION_NOTES, [])))
     gm.meta[REPORT] = report
     gm.meta[PARTITION_FORMS] = {p.name: delegated.graphs[p.name] for p in delegated.partitions}  # qp.compare
     refuse_torch_shipping(gm)  # torch.save and torch.jit.script point to qp.save

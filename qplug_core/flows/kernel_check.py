@@ -15,7 +15,8 @@ it on the inputs that its region saw when the reference form ran on the example 
 
 A kernel that breaks it is not used: its region keeps the reference form, with a warning naming
 the plugin, and the report says why. A model without recorded example inputs (``qp.load``) skips
-the check.
+the check; so does one whose reference form no longer runs on them (a plugin pass changed the
+graph), with a warning and a note in the report, as its kernels then go in unchecked.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from qplug_core.errors import first_line
 from qplug_core.flows.native_stderr import echo, native_stderr, raised
 from qplug_core.flows.tags import EXAMPLE_INPUTS
 
@@ -82,6 +84,8 @@ class ContractRun:
     probes: dict[int, RegionProbe] = field(default_factory=dict)  # by region id
     values: dict[fx.Node, Any] = field(default_factory=dict)
     available: bool = False
+    #: why the reference form did not run on the example inputs ('' if it ran or had nothing to run)
+    failed: str = ""
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -161,8 +165,8 @@ def record(gm: fx.GraphModule, probes: dict[int, RegionProbe]) -> ContractRun:
     try:
         with torch.no_grad():
             ValueRecorder(gm, wanted, run.values).run(*example)
-    except Exception:  # the example no longer fits (a plugin pass changed the graph): no check
-        return ContractRun(probes)
+    except Exception as error:  # noqa: BLE001 - the example no longer fits (a plugin pass changed the graph)
+        return ContractRun(probes, failed=f"{type(error).__name__}: {first_line(error)}")
     run.available = True
     return run
 

@@ -21,7 +21,7 @@ from qplug_core.errors import ConfigValidationError, ConstraintViolationError, w
 from qplug_core.flows import kernel_check as kernel_contract
 from qplug_core.flows.graph_utils import is_module_call
 from qplug_core.flows.report import report_names
-from qplug_core.flows.tags import KERNEL, REGION, ROOT, VALUE_KIND, region_tag
+from qplug_core.flows.tags import CONVERSION_NOTES, KERNEL, REGION, ROOT, VALUE_KIND, region_tag
 from qplug_core.ir import module_stack
 from qplug_core.kernels.base import (
     DEQUANTIZE_KEY,
@@ -68,6 +68,11 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
     probes = {tag.region_id: _probe(gm, nodes, tag, spec.passthrough) for tag, nodes in regions
               if (spec := backend.kernels.get(tag.pattern)) is not None}
     contract = kernel_contract.record(gm, probes)
+    if contract.failed:
+        note = (f"kernel contract not checked: the reference form did not run on the example inputs "
+                f"({contract.failed}), so backend {backend.name!r}'s kernels were installed unchecked")
+        warn_user(f"qplug: {note}; qp.compare(float_model, qmodel, data) measures the result")
+        gm.meta.setdefault(CONVERSION_NOTES, []).append(note)
     without_kernel: dict[str, str] = {}  # weighted layer -> its pattern, when the backend has no kernel
     for tag, nodes in regions:
         spec = backend.kernels.get(tag.pattern)

@@ -69,6 +69,8 @@ class QuantizationReport:
     auto: list[dict[str, Any]] = field(default_factory=list)
     #: a module-swap model's record beyond its layers (scheme, algorithm, smoothing, fusion)
     record: dict[str, Any] = field(default_factory=dict)
+    #: what the conversion could not check or decide, and why (e.g. the kernel contract not run)
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -292,7 +294,8 @@ def report_lines(report: QuantizationReport, *, verbose: bool = False,
     head = (f"qplug quantization report: {report.mode}, quantized by module swap ({report.backend})"
             if report.capture == MODULE_SWAP else
             f"qplug quantization report: backend {report.backend}, {report.mode}, {report.capture} capture")
-    return [*_wrap(head, width), *_auto_lines(report, width), *_wrap(int8_share_line(report), width),
+    notes = [line for note in report.notes for line in _wrap(f"note: {note}", width, "  ", "    ")]
+    return [*_wrap(head, width), *notes, *_auto_lines(report, width), *_wrap(int8_share_line(report), width),
             *fact_lines(report.record, width, "  "), *_kernel_lines(report, width),
             *_float_lines(report, width, verbose)]
 

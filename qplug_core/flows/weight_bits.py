@@ -40,9 +40,11 @@ import torch
 from torch import fx, nn
 
 from qplug_core.config import QConfigMapping
+from qplug_core.errors import first_line
 from qplug_core.flows import calibration_sample
 from qplug_core.flows.observed import ObservedValue, observed_inputs, observed_values
 from qplug_core.flows.tags import (
+    CONVERSION_NOTES,
     EXAMPLE_INPUTS,
     FOLDED_CLAMP,
     OBSERVER,
@@ -174,17 +176,20 @@ class WeightBits:
                   and (tag := region_tag(n)) is not None and tag.quantized and n.args
                   and isinstance(n.args[0], fx.Node) and (reduce := self._operands(n, rows)) is not None}
         recorder = _Inputs(gm, wanted)
+        if batches:
+            self.data += f" and {len(batches)} calibration batch(es)"
         try:
             with torch.no_grad():
                 for batch in (example, *batches):
                     recorder.run(*batch)
-        except Exception:  # the data no longer fits the graph: the safe 7-bit weights stay
+        except Exception as error:  # noqa: BLE001 - the data no longer fits the graph: the safe 7-bit weights stay
             self.full = None
+            gm.meta.setdefault(CONVERSION_NOTES, []).append(
+                f"8-bit weight search not run: {self.data} no longer ran through the graph "
+                f"({type(error).__name__}: {first_line(error)}), so every layer keeps this CPU's safe 7-bit weights")
             return
         self.inputs = recorder.inputs
         self._observer_uses.update(id(v.observer) for v in observed_values(gm))
-        if batches:
-            self.data += f" and {len(batches)} calibration batch(es)"
 
     def weight_qparams(self, node: fx.Node, module: nn.Module, qconfig: Any, weight: torch.Tensor,
                        safe: QParams) -> QParams:

@@ -275,3 +275,25 @@ def test_a_region_with_one_wrong_channel_is_found_by_region_parity():
     assert _compare("linear_quantize", want, want, steps=1).wrong_channel is None
     note = delegate._channel_note(region.wrong_channel)
     assert note == "; its channel 0 (dimension 1) is wrong as a whole, beyond 2 steps on most elements"
+
+
+def test_a_contract_and_weight_search_that_cannot_run_say_so_in_a_warning_and_the_report():
+    """Example inputs the graph no longer takes (as after a plugin pass that changed it) used to
+    skip the kernel contract and the 8-bit weight search silently: kernels went in unchecked."""
+    from qplug_core.flows.tags import EXAMPLE_INPUTS
+    from qplug_core.plugin_api import override_cpu_flags
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    x = torch.randn(4, 8)
+    with override_cpu_flags("fpu sse2 avx avx2 fma"):  # no VNNI: the 8-bit weight search runs here
+        observed = qp.prepare_fx(model, None, (x,), backend="fbgemm")  # the defaults: searched
+        qp.calibrate(observed, [(x,)])
+        observed.meta[EXAMPLE_INPUTS] = (torch.randn(4, 5),)
+        with pytest.warns(UserWarning, match=r"kernel contract not checked: the reference form did not run on "
+                                             r"the example inputs \(RuntimeError: .*installed unchecked"):
+            qmodel = qp.convert_fx(observed, backend="fbgemm")
+    report = qp.quantization_report(qmodel)
+    assert [note.split(":")[0] for note in report.notes] == ["8-bit weight search not run",
+                                                             "kernel contract not checked"]
+    assert "7-bit weights" in report.notes[0] and "note: kernel contract not checked" in str(report)

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import warn_user
+from qplug_core.errors import first_line, warn_user
 from qplug_core.flows.boundary_tuples import unpack_boundary_tuples
 from qplug_core.flows.kernel_check import (
     CONTRACT_BROKEN,
@@ -85,7 +85,7 @@ class PartitionRecord:
     nodes: int
     int8_regions: int
     module: str
-    note: str = ""  # what was changed for it to keep the contract (safer weights), if anything
+    note: str = ""  # what was changed for it to keep the contract (safer weights), or left unchecked
 
 
 @dataclass
@@ -112,7 +112,8 @@ def _int8_anchors(nodes: Iterable[fx.Node], name: _Namer) -> list[str]:
 class _Verdict:
     """A compiled partition held to the contract: the module to use, what was changed for it to
     keep the contract (``note``), why the reference form is kept instead (``reason``, '' if not),
-    and the int8 regions found wrong one by one (end node -> why it stays in reference form)."""
+    and the int8 regions found wrong one by one (end node -> why it stays in reference form). The
+    note also says when those regions could not be checked one by one."""
 
     module: nn.Module
     note: str = ""
@@ -376,7 +377,7 @@ class NewSignatureContract:
         self.backend_name = backend_name
 
     def problem(self, reference: fx.GraphModule, candidate: Callable[..., Any], inputs: tuple) -> str:
-        problem, _ = _problem(self.delegate, candidate, reference, inputs, self.regions)
+        problem, _, _ = _problem(self.delegate, candidate, reference, inputs, self.regions)
         return f"the model compiled for them {CONTRACT_BROKEN} ({problem})" if problem else ""
 
     def refused(self, signature: str, reason: str) -> None:
@@ -403,16 +404,17 @@ def _checked(delegate: Delegate, module: nn.Module, reference: fx.GraphModule, i
 
     One that breaks it where int16 pair sums may be why is compiled again with 7-bit weights
     (changed in place on ``reference``'s modules, undone if that fails too)."""
-    problem, wrong = _problem(delegate, module, reference, inputs, len(anchors))
+    problem, wrong, unchecked = _problem(delegate, module, reference, inputs, len(anchors))
     if not problem:
-        return _Verdict(module)
+        return _Verdict(module, note=unchecked)
     safer = make_safer(reference, arithmetic)
     if safer is not None:
-        again_module, again, wrong = _recompiled(delegate, reference, inputs, len(anchors))
+        again_module, again, wrong, unchecked = _recompiled(delegate, reference, inputs, len(anchors))
         if not again and again_module is not None:
             return _Verdict(again_module, note=(
                 f"compiled with 7-bit weights in {', '.join(safer.layers)}: with 8-bit ones it "
-                f"{CONTRACT_BROKEN} ({problem}; this CPU's int8 kernels sum u8 x s8 pairs in int16)"))
+                f"{CONTRACT_BROKEN} ({problem}; this CPU's int8 kernels sum u8 x s8 pairs in int16)"
+                + (f"; then {unchecked}" if unchecked else "")))
         safer.undo()
         problem += f"; with 7-bit weights too: {again}"
     broke = f"partition {name} compiled by {_delegate_label(backend_name)} {CONTRACT_BROKEN} {on} ({problem})"
@@ -459,7 +461,7 @@ class FirstCallCheck:
             for record in report.partitions:
                 if record["name"] == self.name:
                     record["note"] = note
-        if note and isinstance(verdict.module, CompiledPartition):  # its weights changed: held anew
+        if verdict.module is not module and isinstance(verdict.module, CompiledPartition):  # weights changed: held anew
             verdict.module.hold(int8_form(partition, {}))
         return partition if reason else _checking_new_signatures(verdict.module, self.meta, self.delegate,
                                                                  self.name, len(self.anchors), self.backend_name)
@@ -471,25 +473,26 @@ class FirstCallCheck:
 
 
 def _problem(delegate: Delegate, compiled: Callable[..., Any], reference: fx.GraphModule, inputs: tuple,
-             regions: int) -> tuple[str, dict[str, str]]:
-    """Why a compiled partition breaks the contract ('' if it holds), and its int8 regions found
-    wrong one by one (end node -> problem): its outputs first, then its regions where the outputs
-    call for it (drift or a wrong region: one compile more tells them apart)."""
+             regions: int) -> tuple[str, dict[str, str], str]:
+    """Why a compiled partition breaks the contract ('' if it holds), its int8 regions found
+    wrong one by one (end node -> problem), and why those could not be checked ('' if they were):
+    its outputs first, then its regions where the outputs call for it (drift or a wrong region:
+    one compile more tells them apart)."""
     problem, exact = _contract_problem(compiled, reference, inputs, regions)
     if problem or exact:
-        return problem, {}
-    wrong = _wrong_regions(delegate, reference, inputs)
-    return "; ".join(wrong.values()), wrong
+        return problem, {}, ""
+    wrong, unchecked = _wrong_regions(delegate, reference, inputs, regions)
+    return "; ".join(wrong.values()), wrong, unchecked
 
 
 def _recompiled(delegate: Delegate, reference: fx.GraphModule, inputs: tuple,
-                regions: int) -> tuple[nn.Module | None, str, dict[str, str]]:
+                regions: int) -> tuple[nn.Module | None, str, dict[str, str], str]:
     """``reference`` compiled again and checked: (the module, why it still breaks the contract,
-    its regions found wrong)."""
+    its regions found wrong, why they could not be checked)."""
     try:
         module = delegate.compile(reference, inputs)
     except Exception as exc:  # noqa: BLE001 - reported as the partition's problem
-        return None, f"compiling failed ({type(exc).__name__}: {exc})", {}
+        return None, f"compiling failed ({type(exc).__name__}: {exc})", {}, ""
     return module, *_problem(delegate, module, reference, inputs, regions)
 
 
@@ -540,23 +543,26 @@ def _contract_problem(compiled: Callable[..., Any], reference: fx.GraphModule, i
     return "", strict
 
 
-def _wrong_regions(delegate: Delegate, reference: fx.GraphModule, inputs: tuple) -> dict[str, str]:
+def _wrong_regions(delegate: Delegate, reference: fx.GraphModule, inputs: tuple,
+                   regions: int) -> tuple[dict[str, str], str]:
     """The int8 regions of a multi-region partition that disagree with their reference form (end
-    node -> why), each compiled alone by ``delegate`` on the reference's own inputs.
+    node -> why), each compiled alone by ``delegate`` on the reference's own inputs; and why they
+    could not be checked ('' if they were).
 
     A check-only module that does not compile or run says nothing about the partition (the
-    partition itself passed the structural check): it is kept.
+    partition itself passed the structural check): it is kept, with a note that says so.
     """
     try:
         parity = layer_parity(reference, delegate.compile, inputs, steps=REGION_STEPS)
-    except Exception:  # noqa: BLE001 - the check graph, not the partition, failed
-        return {}
+    except Exception as error:  # noqa: BLE001 - the check graph, not the partition, failed
+        return {}, (f"was checked as a whole only: its {regions} int8 regions could not be checked one by "
+                    f"one ({type(error).__name__}: {first_line(error)})")
     return {region.name: (f"int8 region {region.name}, compiled alone on the reference's own inputs, is "
                           f"within {REGION_STEPS} step of the reference on {region.within:.1%} of its "
                           f"{region.elements} elements (needs {REGION_MIN_WITHIN:.0%}; up to "
                           f"{region.max_steps} steps)" + _channel_note(region.wrong_channel))
             for region in sorted(parity.regions, key=lambda r: r.within)
-            if region.within < REGION_MIN_WITHIN or region.wrong_channel is not None}
+            if region.within < REGION_MIN_WITHIN or region.wrong_channel is not None}, ""
 
 
 def _channel_note(channel: tuple[int, int] | None) -> str:

@@ -429,3 +429,18 @@ def test_a_new_input_signature_whose_model_fails_or_is_wrong_runs_the_reference_
             assert type(session).builds == builds
             assert torch.equal(lowered(three), reference(three))
     assert type(session).builds == builds + 1  # batch 3 compiled, checked and kept
+
+
+def test_a_partition_whose_regions_could_not_be_checked_one_by_one_says_so(fake_dist):
+    """The region by region check compiles a graph of its own; an SDK refusing that graph used to
+    count as "no region wrong", and the wrong 1x1 convolution went in unchecked without a word."""
+    npu = NPU.replace("def _compile(partition, example_inputs):\n",
+                      "def _compile(partition, example_inputs):\n"
+                      "    if len(example_inputs) > 1:  # the region by region check's graph\n"
+                      "        raise RuntimeError('the SDK takes graphs of one input')\n")
+    observed, _ = _deep(fake_dist, wrong=True, npu=npu)
+    with pytest.warns(UserWarning, match=r"partition delegate_0 was checked as a whole only: its \d+ int8 regions "
+                                         r"could not be checked one by one \(RuntimeError: the SDK takes graphs"):
+        lowered = qp.convert_fx(observed)
+    (partition,) = qp.quantization_report(lowered).partitions
+    assert partition["note"].startswith("was checked as a whole only")

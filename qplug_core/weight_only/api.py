@@ -196,10 +196,8 @@ def sibling_groups(model: nn.Module, linears: dict[str, nn.Module], calibration:
     """The ``linears`` of ``model`` that read one input, found by running it once on its own
     ``dummy_inputs`` (Hugging Face models) or the first calibration batch of a list, and how they
     were looked for; none when neither exists or the run fails (the layers then run one kernel
-    call each)."""
-    modules = dict(model.named_modules())
-    training = {name: module.training for name, module in modules.items()}
-    model.eval()  # the run must not update running statistics
+    call each). ``model`` is in eval mode (quantize_weights' copy): the run updates no running
+    statistics."""
     source = "the model's dummy_inputs"
     try:
         example = getattr(model, "dummy_inputs", None)
@@ -210,9 +208,6 @@ def sibling_groups(model: nn.Module, linears: dict[str, nn.Module], calibration:
         return shared_inputs(lambda: call_model(model, example), linears), f"looked for on {source}"
     except Exception as exc:  # a model whose dummy input does not fit it: nothing joined, nothing lost
         return [], f"not found: the run on {source} raised {type(exc).__name__}: {exc}"
-    finally:
-        for name, module in modules.items():
-            module.training = training[name]
 
 
 def conv1d_class() -> type | None:

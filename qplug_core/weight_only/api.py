@@ -38,7 +38,14 @@ from qplug_core.weight_only.batches import calibration_batches, call_model
 from qplug_core.weight_only.fusion import fuse, shared_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyEmbeddingBag, WeightOnlyLinear
-from qplug_core.weight_only.selection import Choice, available_kernels, choose, reuse, slower_than_float
+from qplug_core.weight_only.selection import (
+    Choice,
+    available_kernels,
+    choose,
+    reuse,
+    slower_than_float,
+    warn_failed,
+)
 
 #: the attribute of a quantized model holding its :class:`WeightOnlyInfo` (``qp.save`` reads it)
 INFO_ATTRIBUTE = WEIGHT_ONLY
@@ -178,6 +185,7 @@ def choose_kernels(model: nn.Module, info: WeightOnlyInfo | None, groups: list[t
             kernel, packed, measured = pick((name,), module.quantized_weight(), dtype)
             module.use_kernel(kernel, packed)
             chosen.append(([name], measured))
+    warn_failed([measured for _, measured in chosen if measured is not None])
     if info is None:
         return changed
     if refused:

@@ -5,13 +5,15 @@ the installed backends register through the ``qplug_weight_only_kernels`` hook. 
 (scheme, weight shape, activation dtype, thread count) every candidate that supports it packs the
 first layer of that shape, is checked against the float64 definition on a few rows, and is timed
 at batch 1 (the decode shape, where weight-only quantization pays); the fastest correct one is
-remembered for the rest of the process. A kernel that raises or misses the tolerance is dropped
-with its reason, so a broken plugin kernel costs speed, never correctness. Every other layer is
-checked too, once, when its weights are packed.
+remembered for the rest of the process. A kernel that raises (in ``supports`` too), misses the
+tolerance or packs to no fewer bytes than the float weight is dropped with its reason and a warning
+naming it and its plugin, so a broken plugin kernel costs speed, never correctness (or memory).
+Every other layer is checked too, once, when its weights are packed.
 
 The winner is then timed against the reference (dequantize, then ``F.linear``) at 4 to 256 rows
-(a prompt, an encoder's batch): where it first loses, the layer takes the reference above the
-last row count it won at (:class:`~qplug_core.kernels.weight_only.RowSplitKernel`). Torch's
+(a prompt, an encoder's batch), and its outputs there are held to the same tolerance: where it
+first loses or misses, the layer takes the reference above the last row count it won at
+(:class:`~qplug_core.kernels.weight_only.RowSplitKernel`). Torch's
 packed ops are decode kernels whose time grows with the rows: chosen at batch 1 alone, they ran
 eight all-MiniLM-L6-v2 sentences 25x (int8) and 69x (int4) slower than float.
 """
@@ -36,11 +38,15 @@ HOOK = "qplug_weight_only_kernels"
 TOLERANCE = 0.03
 _CHECK_ROWS = 3
 _TIMED_RUNS = 5
+#: how far :func:`packed_bytes` looks into a packed form's containers and objects
+_PACKED_DEPTH = 4
 #: a chosen kernel this many times float's one-row time is said to be slower (timing noise below)
 SLOWER = 1.25
 #: the row counts at which the batch-1 winner is raced against dequantize-then-matmul
 SPLIT_ROWS = (4, 16, 64, 256)
 
+#: kernel name -> "plugin P, distribution D" for the plugins' kernels (warnings name who to tell)
+_origins: dict[str, str] = {}
 #: key -> (the batch-1 winner's name, the most rows it takes; None: every count measured)
 _cache: dict[tuple, tuple[str, int | None]] = {}
 _lock = threading.Lock()
@@ -56,6 +62,11 @@ class Choice:
     timings_ms: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     by_rows_ms: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: the bytes of the tensors each candidate's packed form holds (what the layer keeps in memory)
+    packed_bytes: dict[str, int] = field(default_factory=dict)
+    #: the candidates among ``rejected`` that are broken (raised, missed the tolerance, no smaller),
+    #: not merely unsupported, or that were capped at fewer rows for missing it there
+    failed: dict[str, str] = field(default_factory=dict)
     #: float ``F.linear`` on the dequantized weight at batch 1 (ms): what the quantization must beat
     float_ms: float | None = None
 
@@ -74,7 +85,58 @@ def available_kernels(backend: str | Backend | None = None) -> list[WeightOnlyKe
                 if kernel.name not in seen:
                     seen.add(kernel.name)
                     kernels.append(kernel)
+                    _origins[kernel.name] = f"plugin {result.record.name}, distribution {result.record.dist}"
     return kernels
+
+
+def described(kernel: WeightOnlyKernel | str) -> str:
+    """``'name'`` of a kernel, with the plugin and distribution it comes from when known."""
+    name = kernel if isinstance(kernel, str) else _batch_one_name(kernel)
+    origin = _origins.get(name)
+    return f"{name!r} ({origin})" if origin else repr(name)
+
+
+def _supports(kernel: WeightOnlyKernel, weight: QuantizedWeight, dtype: torch.dtype) -> tuple[str | None, bool]:
+    """(why ``kernel`` does not run ``weight`` here or ``None``, whether that is because ``supports``
+    raised: a plugin's driver probe there must not break quantization)."""
+    try:
+        return kernel.supports(weight.scheme, weight.shape, dtype), False
+    except Exception as exc:  # noqa: BLE001 - any plugin error: the kernel loses its turn
+        return f"supports() raised {type(exc).__name__}: {exc}", True
+
+
+def packed_bytes(packed: Any) -> int:
+    """The bytes of the distinct tensors and arrays in ``packed`` (through tuples, lists, dicts and
+    object attributes, a few levels deep): what a kernel keeps per layer, as far as Python sees."""
+    storages: set[int] = set()
+    visited: set[int] = set()
+    total = 0
+    stack: list[tuple[Any, int]] = [(packed, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if id(item) in visited or depth > _PACKED_DEPTH:
+            continue
+        visited.add(id(item))
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            if storage.data_ptr() not in storages:
+                storages.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif hasattr(item, "nbytes") and hasattr(item, "dtype"):  # numpy arrays
+            total += int(item.nbytes)
+        elif isinstance(item, (tuple, list)):
+            stack.extend((part, depth + 1) for part in item)
+        elif isinstance(item, dict):
+            stack.extend((part, depth + 1) for part in item.values())
+        elif hasattr(item, "__dict__") and not isinstance(item, type):
+            stack.extend((part, depth + 1) for part in vars(item).values())
+    return total
+
+
+def float_bytes(weight: QuantizedWeight, dtype: torch.dtype) -> int:
+    """What ``weight`` takes as a float weight of ``dtype`` (float32 for integer activations)."""
+    itemsize = dtype.itemsize if dtype.is_floating_point else 4
+    return weight.shape[0] * weight.shape[1] * itemsize
 
 
 def relative_error(weight: QuantizedWeight, kernel: WeightOnlyKernel, packed: Any) -> float:
@@ -105,18 +167,23 @@ def _time_ms(kernel: WeightOnlyKernel, packed: Any, in_features: int, give_up_ms
 
 
 def _race(first: WeightOnlyKernel, first_packed: Any, second: WeightOnlyKernel, second_packed: Any,
-          in_features: int, rows: int) -> tuple[float, float]:
+          in_features: int, rows: int) -> tuple[float, float, float]:
     """Best times (ms) of two kernels on the same ``rows``, one run of each in turn: a process
     descheduled for a few ms then spoils one sample of one side, not every run of one side (run
-    back to back, a ~20 us kernel's runs all fell in one time slice on a busy machine)."""
+    back to back, a ~20 us kernel's runs all fell in one time slice on a busy machine); and the
+    relative L2 error of the first's output against the second's (``inf``: another shape)."""
     x = torch.randn(rows, in_features)
     best = [float("inf"), float("inf")]
+    outputs: list[torch.Tensor] = [x, x]
     for _ in range(_TIMED_RUNS + 1):
         for side, (kernel, packed) in enumerate(((first, first_packed), (second, second_packed))):
             start = time.perf_counter()
-            kernel.run(packed, x, None)
+            outputs[side] = kernel.run(packed, x, None)
             best[side] = min(best[side], (time.perf_counter() - start) * 1000)
-    return best[0], best[1]
+    got, expected = outputs[0].double(), outputs[1].double()
+    if got.shape != expected.shape:
+        return best[0], best[1], float("inf")
+    return best[0], best[1], float((got - expected).norm() / expected.norm().clamp(min=1e-30))
 
 
 def _key(weight: QuantizedWeight, dtype: torch.dtype, kernels: list[WeightOnlyKernel]) -> tuple:
@@ -164,12 +231,13 @@ def reuse(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: torch
     and checked like any other, or why it cannot run here. ``name`` is looked up among ``kernels``
     (the installed ones) only."""
     if name not in {k.name for k in kernels}:
-        return (f"kernel {name!r} is not installed here, or not among backend='s "
-                f"(available: {', '.join(k.name for k in kernels)})")
+        return (f"kernel {name!r} is not installed here (or not among the kernels of the backend given to "
+                f"qp.load: {', '.join(k.name for k in kernels)}); install the plugin providing it to run the "
+                "recorded kernel")
     kernel = _rebuilt(kernels, name, max_rows)
-    reason = kernel.supports(weight.scheme, weight.shape, dtype)
+    reason, _ = _supports(kernel, weight, dtype)
     if reason is not None:
-        return f"kernel {name!r} does not run here: {reason}"
+        return f"kernel {described(kernel)} does not run here: {reason}"
     packed = _checked_pack(kernel, weight)
     return f"kernel {name!r} failed its check here" if packed is None else (kernel, packed)
 
@@ -183,11 +251,11 @@ def _checked_pack(kernel: WeightOnlyKernel, weight: QuantizedWeight) -> Any:
                  else [(kernel, packed)])
         error = max(relative_error(weight, part, part_packed) for part, part_packed in parts)
     except Exception as exc:  # a plugin kernel must not break quantization: it loses its turn
-        warn_user(f"qplug: weight-only kernel {kernel.name!r} failed on a {weight.shape} weight "
+        warn_user(f"qplug: weight-only kernel {described(kernel)} failed on a {weight.shape} weight "
                   f"({type(exc).__name__}: {exc}); using the next fastest")
         return None
     if not error <= TOLERANCE:
-        warn_user(f"qplug: weight-only kernel {kernel.name!r} is off by {error:.2e} (relative) on a "
+        warn_user(f"qplug: weight-only kernel {described(kernel)} is off by {error:.2e} (relative) on a "
                   f"{weight.shape} weight, tolerance {TOLERANCE}; using the next fastest")
         return None
     return packed
@@ -199,19 +267,26 @@ def _measure(weight: QuantizedWeight, kernels: list[WeightOnlyKernel],
     best: tuple[float, WeightOnlyKernel, Any] | None = None
     # the reference last: it is the slowest, and once another kernel is timed one run shows it
     for kernel in sorted(kernels, key=lambda k: isinstance(k, ReferenceKernel)):
-        reason = kernel.supports(weight.scheme, weight.shape, dtype)
+        reason, raised = _supports(kernel, weight, dtype)
         if reason is not None:
             choice.rejected[kernel.name] = reason
+            if raised:
+                choice.failed[kernel.name] = reason
             continue
         try:
             packed = kernel.pack(weight)
+            size = choice.packed_bytes[kernel.name] = packed_bytes(packed)
             error = relative_error(weight, kernel, packed)
             if not error <= TOLERANCE:
-                choice.rejected[kernel.name] = f"relative error {error:.2e} > {TOLERANCE}"
+                _fail(choice, kernel, f"relative error {error:.2e} > {TOLERANCE}")
+                continue
+            if size >= float_bytes(weight, dtype):
+                _fail(choice, kernel, f"packs to {size:,} bytes, no fewer than the float weight's "
+                                      f"{float_bytes(weight, dtype):,}: the model would not be smaller")
                 continue
             elapsed = _time_ms(kernel, packed, weight.shape[1], 3 * best[0] if best else float("inf"))
         except Exception as exc:  # a kernel that cannot run this shape is not a candidate
-            choice.rejected[kernel.name] = f"{type(exc).__name__}: {exc}"
+            _fail(choice, kernel, f"{type(exc).__name__}: {exc}")
             continue
         choice.timings_ms[kernel.name] = elapsed
         if best is None or elapsed < best[0]:
@@ -223,6 +298,24 @@ def _measure(weight: QuantizedWeight, kernels: list[WeightOnlyKernel],
     if dtype.is_floating_point:
         choice.float_ms = _time_ms(_FloatLinear(), weight.dequantize(dtype), weight.shape[1], 3 * best[0])
     return _split_by_rows(choice, best[2], weight, _reference(kernels), dtype)
+
+
+def _fail(choice: Choice, kernel: WeightOnlyKernel, reason: str) -> None:
+    choice.rejected[kernel.name] = choice.failed[kernel.name] = reason
+
+
+def warn_failed(choices: list[Choice]) -> None:
+    """One warning per broken kernel among ``choices`` (its first reason; the others are in
+    ``choices``): a vendor learns from a user's log that a kernel of theirs was dropped."""
+    first: dict[str, tuple[str, int]] = {}
+    for choice in choices:
+        for name, reason in choice.failed.items():
+            seen = first.get(name)
+            first[name] = (reason, 1) if seen is None else (seen[0], seen[1] + 1)
+    for name, (reason, count) in first.items():
+        where = "a layer shape" if count == 1 else f"{count} layer shapes"
+        warn_user(f"qplug: weight-only kernel {described(name)} was dropped or capped on {where}: {reason}"
+                  + spelled("; .qplug_weight_only.choices has every reason", ""))
 
 
 class _FloatLinear(WeightOnlyKernel):
@@ -249,7 +342,7 @@ def slower_than_float(choices: list[Choice]) -> str:
     if name not in core:  # a plugin's kernel already: small layers, where a call's fixed cost dominates
         hint = f"{name} is the fastest installed; at this layer size its fixed cost per call outweighs what it saves"
     elif refused:
-        hint = f"plugin kernels installed here that do not run this scheme: {refused}"
+        hint = f"plugin kernels installed here that were not used: {refused}"
     else:
         hint = ("a backend plugin registering faster kernels helps (qplug-onnxruntime: ONNX Runtime's "
                 "MatMulNBits)")
@@ -272,16 +365,25 @@ def _reference(kernels: list[WeightOnlyKernel]) -> WeightOnlyKernel:
 def _split_by_rows(choice: Choice, packed: Any, weight: QuantizedWeight, reference: WeightOnlyKernel,
                    dtype: torch.dtype) -> tuple[Choice, Any]:
     """The batch-1 winner raced against the reference at :data:`SPLIT_ROWS`: kept for every row
-    count when it never loses, else split at the last count it won at."""
+    count when it never loses, else split at the last count it won at. Its outputs in the race
+    are held to :data:`TOLERANCE` against the reference's: a kernel wrong from some row count on
+    (a tiling bug) is split below it too, and said so."""
     winner = choice.kernel
     if type(winner) is ReferenceKernel or reference.supports(weight.scheme, weight.shape, dtype):
         return choice, packed
     reference_packed = reference.pack(weight)  # the weight itself: nothing more is held
     won = 1
     for rows in SPLIT_ROWS:
-        winner_ms, reference_ms = _race(winner, packed, reference, reference_packed, weight.shape[1], rows)
-        choice.by_rows_ms[rows] = (winner_ms, reference_ms)
-        if winner_ms > reference_ms:
+        try:
+            winner_ms, reference_ms, error = _race(winner, packed, reference, reference_packed,
+                                                   weight.shape[1], rows)
+            choice.by_rows_ms[rows] = (winner_ms, reference_ms)
+            wrong = None if error <= TOLERANCE else f"relative error {error:.2e} > {TOLERANCE}"
+        except Exception as exc:  # a plugin kernel raising on more rows is as wrong there
+            wrong = f"{type(exc).__name__}: {exc}"
+        if wrong is not None:
+            choice.failed[winner.name] = f"{wrong} at {rows} rows; it runs up to {won} row(s) only"
+        if wrong is not None or winner_ms > reference_ms:
             choice.kernel = RowSplitKernel(winner, reference, won)
             return choice, (packed, reference_packed)
         won = rows
@@ -295,7 +397,7 @@ def _forced(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: tor
     if kernel is None:
         raise ConfigValidationError(f"no weight-only kernel is called {name!r}{did_you_mean(name, by_name)}; "
                                     f"available: {', '.join(by_name)}", field="kernel", value=name)
-    reason = kernel.supports(weight.scheme, weight.shape, dtype)
+    reason, _ = _supports(kernel, weight, dtype)
     if reason is not None:
         raise ConfigValidationError(f"weight-only kernel {name!r} cannot run {weight.scheme} for a "
                                     f"{weight.shape} weight: {reason}", field="kernel", value=name)

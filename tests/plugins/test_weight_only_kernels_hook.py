@@ -66,7 +66,8 @@ def test_hook_qplug_weight_only_kernels(fake_dist):
     measured = qp.quantize_weights(model, bits=4, group_size=32, backend="vendor")
     choice = measured.qplug_weight_only.choices[0]
     assert "not initialised" in choice.rejected["vendor-broken"]
-    assert "vendor-float64" in choice.timings_ms
+    # float64 is twice the float weight: correct, but the "smaller" model would not be
+    assert "no fewer than the float weight's 8,192" in choice.rejected["vendor-float64"]
 
 
 def test_an_unknown_backend_is_named(fake_dist):

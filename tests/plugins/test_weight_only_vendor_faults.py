@@ -1,0 +1,154 @@
+"""A vendor's weight-only kernel with the faults qplug-vnpu's report found (F2, F3, F12, F16): each
+costs speed or a kernel, never the user's quantization or correct outputs, and is named with the
+plugin and distribution in a warning."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.kernels.weight_only import CORE_KERNELS
+from qplug_core.kernels.weight_only_scheme import WeightOnlyScheme, quantize
+from qplug_core.weight_only import selection
+
+VENDOR = '''
+import os
+
+import torch
+import torch.nn.functional as F
+from qplug_core.plugin_api import BackendSpec, WeightOnlyKernel, hookimpl
+
+
+def fault():
+    return os.environ.get("VENDOR_WO_FAULT", "")
+
+
+class Half(WeightOnlyKernel):
+    """Keeps the dequantized weight in float16 (half the float32 weight), multiplies in float32."""
+
+    name = "vendor-wo"
+
+    def supports(self, scheme, shape, activation_dtype):
+        if fault() == "supports_raise":
+            raise RuntimeError("vendor driver not loaded")
+        return None if activation_dtype == torch.float32 else "float32 activations only"
+
+    def pack(self, weight):
+        w = weight.dequantize(torch.float32)
+        return w if fault() == "float32" else w.half()
+
+    def run(self, packed, x, bias):
+        y = F.linear(x, packed.float(), bias)
+        if fault() == "scale":
+            y = y * 1.1
+        if fault().startswith("rows") and x.shape[0] >= int(fault()[4:]):
+            y = y * 2.0  # a tiling bug that shows from some row count on
+        return y
+
+
+@hookimpl
+def qplug_register_backends():
+    return [BackendSpec("vendor", "a weight-only vendor backend")]
+
+
+@hookimpl
+def qplug_weight_only_kernels(backend):
+    return [Half()] if backend == "vendor" else []
+'''
+NAMED = "'vendor-wo' (plugin vendor, distribution qplug-vendor)"
+#: groups of 16: torch's int4 kernel does not take them, so the vendor's races the reference alone
+SCHEME = {"bits": 4, "group_size": 16}
+
+
+@pytest.fixture(autouse=True)
+def vendor(fake_dist, monkeypatch):
+    fake_dist("qplug-vendor", VENDOR)
+    monkeypatch.delenv("VENDOR_WO_FAULT", raising=False)
+    selection.clear_cache()
+    yield
+    selection.clear_cache()
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, 256)).eval()
+
+
+def vendor_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if NAMED in str(w.message)]
+
+
+def assert_like_reference(qmodel: nn.Module, rows: int) -> None:
+    reference = qp.quantize_weights(model(), **SCHEME, kernel="reference")
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    with torch.no_grad():
+        torch.testing.assert_close(qmodel(x), reference(x), rtol=1e-2, atol=1e-2)
+
+
+def test_the_healthy_kernel_is_chosen(monkeypatch):
+    """The premise of the others: the vendor's kernel wins the batch-1 race against the reference."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        qmodel = qp.quantize_weights(model(), **SCHEME, backend="vendor")
+    assert set(qmodel.qplug_weight_only.kernels.values()) <= {"vendor-wo"} and not vendor_warnings(record)
+    choice = qmodel.qplug_weight_only.choices[0]
+    assert choice.packed_bytes["vendor-wo"] == 256 * 512 * 2  # float16
+    assert choice.packed_bytes["reference"] < 256 * 512  # int4 codes, scales and zero points
+
+
+@pytest.mark.parametrize("fault, first_wrong", [("rows4", 4), ("rows16", 16)])
+def test_a_kernel_wrong_from_some_rows_on_serves_fewer_rows_with_a_warning(monkeypatch, fault, first_wrong):
+    monkeypatch.setenv("VENDOR_WO_FAULT", fault)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        qmodel = qp.quantize_weights(model(), **SCHEME, backend="vendor")
+    said = vendor_warnings(record)
+    assert len(said) == 1 and NAMED in said[0] and f"at {first_wrong} rows" in said[0]
+    for choice in qmodel.qplug_weight_only.choices:
+        assert choice.kernel.max_rows < first_wrong
+    for rows in (1, 3, first_wrong, 64):
+        assert_like_reference(qmodel, rows)
+
+
+def test_supports_raising_drops_the_kernel_at_quantize_and_at_load(monkeypatch, tmp_path):
+    path = qp.save(qp.quantize_weights(model(), **SCHEME, backend="vendor"), tmp_path / "wo.safetensors")
+    monkeypatch.setenv("VENDOR_WO_FAULT", "supports_raise")
+    selection.clear_cache()
+    with pytest.warns(UserWarning, match=r"'vendor-wo' \(plugin vendor") as record:
+        qmodel = qp.quantize_weights(model(), **SCHEME, backend="vendor")
+    assert "vendor driver not loaded" in vendor_warnings(record)[0]
+    assert "vendor-wo" not in qmodel.qplug_weight_only.kernels.values()
+    assert "supports() raised RuntimeError" in qmodel.qplug_weight_only.choices[0].rejected["vendor-wo"]
+    assert_like_reference(qmodel, 2)
+    with pytest.warns(UserWarning, match="vendor driver not loaded"):
+        loaded = qp.load(path, model=model())
+    assert "vendor-wo" not in loaded.qplug_weight_only.kernels.values()
+    assert_like_reference(loaded, 2)
+
+
+@pytest.mark.parametrize("fault, reason", [
+    ("scale", "relative error 1.00e-01 > 0.03"),
+    ("float32", "packs to 524,288 bytes, no fewer than the float weight's 524,288"),
+])
+def test_a_dropped_kernel_is_warned_once_naming_its_plugin(monkeypatch, fault, reason):
+    monkeypatch.setenv("VENDOR_WO_FAULT", fault)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        qmodel = qp.quantize_weights(model(), **SCHEME, backend="vendor")
+    said = vendor_warnings(record)
+    assert len(said) == 1 and NAMED in said[0] and "2 layer shapes" in said[0]
+    assert "vendor-wo" not in qmodel.qplug_weight_only.kernels.values()
+    assert qmodel.qplug_weight_only.choices[0].rejected["vendor-wo"].startswith(reason[:30])
+    assert reason in said[0] or fault == "scale"  # the error is measured: its digits vary
+
+
+def test_a_recorded_kernel_missing_here_says_what_to_install():
+    weight = quantize(torch.randn(32, 64), WeightOnlyScheme(bits=4, group_size=32))
+    why = selection.reuse(weight, list(CORE_KERNELS), torch.float32, "vendor-wo", None)
+    assert isinstance(why, str) and "backend='s" not in why
+    assert why.startswith("kernel 'vendor-wo' is not installed here") and "install the plugin" in why

@@ -61,8 +61,13 @@ def cpu_diagnostic(arithmetic: Int8Arithmetic | str, cpu: CpuInt8 | None = None,
     elif measured in (PAIRS_EXACT, PAIRS_SATURATE):
         note = ("measured: a worst-case probe on its kernels "
                 + ("saturated int16 pair sums" if measured == PAIRS_SATURATE else "was exact"))
-    else:
-        note = measured
+    else:  # the plugin's own probe is broken: a bug its vendor wants to see, not an [ok]
+        return Diagnostic(
+            "warning", f"{by_flags.message}; but the plugin's int8_gemm() probe is broken: {measured}, so "
+            "qplug decides from the CPU's flags alone",
+            hint="int8_gemm() must return a callable taking (u8 codes [M, K], s8 weights [N, K]) and returning "
+                 "their integer products [M, N] (int32, or any dtype holding them exactly); tell the plugin's "
+                 "authors")
     return Diagnostic(by_flags.level, f"{by_flags.message} ({note})", hint=by_flags.hint)
 
 

@@ -160,3 +160,29 @@ plugin = P()
            "BackendPatternConfig" in info.reason
     error = next(r for r in plugins.plugin_records() if r.name == "vendor").error
     assert isinstance(error, PluginContractError) and error.hook == "qplug_backend_pattern_configs"
+
+
+@pytest.mark.parametrize("gemm, says", [
+    ("raise RuntimeError('the probe needs the device')", "the probe failed (RuntimeError: the probe needs the device)"),
+    ("return torch.zeros(1)", "the probe failed (RuntimeError: shape '[1, 4]' is invalid"),
+])
+def test_an_int8_gemm_probe_that_raises_or_returns_garbage_is_a_doctor_warning(fake_dist, gemm, says):
+    install(fake_dist, f'''
+from qplug_core.plugin_api import Int8Arithmetic
+
+
+class P(Vendor):
+    int8_arithmetic = Int8Arithmetic.U8S8_INT16_PAIRS_WITHOUT_VNNI
+
+    def int8_gemm(self):
+        def gemm(codes, weights):
+            {gemm}
+        return gemm
+
+
+plugin = P()
+''')
+    doctor = [d for scope, d in environment_diagnostics() if scope == "backend vendor"]
+    broken = [d for d in doctor if "int8_gemm() probe is broken" in d.message]
+    assert len(broken) == 1 and broken[0].level == "warning" and says in broken[0].message
+    assert "[M, N]" in broken[0].hint

@@ -87,7 +87,7 @@ def _qplug_warnings_on_stderr() -> Iterator[None]:
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: Any = None, line: str | None = None) -> None:
         if issubclass(category, plugins.QplugPluginWarning):
-            say(f"qplug: {message}", err=True)
+            say(f"qplug: {str(message).removeprefix('qplug: ')}", err=True)
         elif _from_qplug(filename):
             text = " ".join(str(message).split()).removeprefix("qplug: ")
             say(f"qplug: warning: {text}", err=True)

@@ -118,3 +118,17 @@ def test_fast_paths_do_not_import_torch():
                             cwd=REPO, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip().endswith("torch imported: False")
+
+
+def test_a_plugin_warning_given_with_its_prefix_is_one_qplug_line(capsys):
+    """``qplug report`` printed qp.load's plugin-version warning as ``qplug: qplug: ...``."""
+    import warnings
+
+    from qplug_core.cli.app import _qplug_warnings_on_stderr
+    from qplug_core.registry.plugins import QplugPluginWarning
+
+    with _qplug_warnings_on_stderr():
+        warnings.warn("qplug: m.safetensors was converted with qplug-vnpu 0.1.0 but 0.2.0 is installed",
+                      QplugPluginWarning, stacklevel=1)
+    assert capsys.readouterr().err == ("qplug: m.safetensors was converted with qplug-vnpu 0.1.0 but 0.2.0 "
+                                       "is installed\n")

@@ -133,10 +133,13 @@ def packed_bytes(packed: Any) -> int:
     return total
 
 
-def float_bytes(weight: QuantizedWeight, dtype: torch.dtype) -> int:
-    """What ``weight`` takes as a float weight of ``dtype`` (float32 for integer activations)."""
-    itemsize = dtype.itemsize if dtype.is_floating_point else 4
-    return weight.shape[0] * weight.shape[1] * itemsize
+def _not_smaller(size: int, weight: QuantizedWeight, dtype: torch.dtype) -> str | None:
+    """Why a packed form of ``size`` bytes defeats weight-only quantization, or ``None``: no fewer
+    bytes than the float weight (of ``dtype``; float32 for integer activations)."""
+    float_size = weight.shape[0] * weight.shape[1] * (dtype.itemsize if dtype.is_floating_point else 4)
+    if size < float_size:
+        return None
+    return f"packs to {size:,} bytes, no fewer than the float weight's {float_size:,}: the model would not be smaller"
 
 
 def relative_error(weight: QuantizedWeight, kernel: WeightOnlyKernel, packed: Any) -> float:
@@ -203,7 +206,7 @@ def choose(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: torc
         known = _cache.get(key)
     if known is not None:
         kernel = _rebuilt(kernels, *known)
-        packed = _checked_pack(kernel, weight)
+        packed = _checked_pack(kernel, weight, dtype)
         if packed is not None:
             return kernel, packed, None
     choice, packed = _measure(weight, kernels, dtype)
@@ -238,12 +241,19 @@ def reuse(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: torch
     reason, _ = _supports(kernel, weight, dtype)
     if reason is not None:
         return f"kernel {described(kernel)} does not run here: {reason}"
-    packed = _checked_pack(kernel, weight)
+    packed = _checked_pack(kernel, weight, dtype)
     return f"kernel {name!r} failed its check here" if packed is None else (kernel, packed)
 
 
-def _checked_pack(kernel: WeightOnlyKernel, weight: QuantizedWeight) -> Any:
-    """``kernel.pack(weight)`` when it reproduces the definition on this layer, else ``None``."""
+def _checked_pack(kernel: WeightOnlyKernel, weight: QuantizedWeight, dtype: torch.dtype) -> Any:
+    """``kernel.pack(weight)`` when it still supports this layer, reproduces the definition on it
+    and is smaller than the float weight, else ``None``."""
+    reason, raised = _supports(kernel, weight, dtype)
+    if raised:
+        warn_user(f"qplug: weight-only kernel {described(kernel)} failed on a {weight.shape} weight "
+                  f"({reason}); using the next fastest")
+    if reason is not None:
+        return None
     try:
         packed = kernel.pack(weight)
         # a split kernel runs its few-rows part on up to max_rows rows only: each part is checked
@@ -257,6 +267,11 @@ def _checked_pack(kernel: WeightOnlyKernel, weight: QuantizedWeight) -> Any:
     if not error <= TOLERANCE:
         warn_user(f"qplug: weight-only kernel {described(kernel)} is off by {error:.2e} (relative) on a "
                   f"{weight.shape} weight, tolerance {TOLERANCE}; using the next fastest")
+        return None
+    too_large = _not_smaller(packed_bytes(packed), weight, dtype)
+    if too_large is not None:
+        warn_user(f"qplug: weight-only kernel {described(kernel)} on a {weight.shape} weight {too_large}; "
+                  "using the next fastest")
         return None
     return packed
 
@@ -280,9 +295,9 @@ def _measure(weight: QuantizedWeight, kernels: list[WeightOnlyKernel],
             if not error <= TOLERANCE:
                 _fail(choice, kernel, f"relative error {error:.2e} > {TOLERANCE}")
                 continue
-            if size >= float_bytes(weight, dtype):
-                _fail(choice, kernel, f"packs to {size:,} bytes, no fewer than the float weight's "
-                                      f"{float_bytes(weight, dtype):,}: the model would not be smaller")
+            too_large = _not_smaller(size, weight, dtype)
+            if too_large is not None:
+                _fail(choice, kernel, too_large)
                 continue
             elapsed = _time_ms(kernel, packed, weight.shape[1], 3 * best[0] if best else float("inf"))
         except Exception as exc:  # a kernel that cannot run this shape is not a candidate
@@ -307,14 +322,15 @@ def _fail(choice: Choice, kernel: WeightOnlyKernel, reason: str) -> None:
 def warn_failed(choices: list[Choice]) -> None:
     """One warning per broken kernel among ``choices`` (its first reason; the others are in
     ``choices``): a vendor learns from a user's log that a kernel of theirs was dropped."""
-    first: dict[str, tuple[str, int]] = {}
+    first: dict[str, tuple[str, str, int]] = {}
     for choice in choices:
         for name, reason in choice.failed.items():
+            what = "dropped" if name in choice.rejected else "kept for fewer rows only"
             seen = first.get(name)
-            first[name] = (reason, 1) if seen is None else (seen[0], seen[1] + 1)
-    for name, (reason, count) in first.items():
+            first[name] = (what, reason, 1) if seen is None else (*seen[:2], seen[2] + 1)
+    for name, (what, reason, count) in first.items():
         where = "a layer shape" if count == 1 else f"{count} layer shapes"
-        warn_user(f"qplug: weight-only kernel {described(name)} was dropped or capped on {where}: {reason}"
+        warn_user(f"qplug: weight-only kernel {described(name)} was {what} on {where}: {reason}"
                   + spelled("; .qplug_weight_only.choices has every reason", ""))
 
 
@@ -406,6 +422,10 @@ def _forced(weight: QuantizedWeight, kernels: list[WeightOnlyKernel], dtype: tor
     if not error <= TOLERANCE:
         raise ConfigValidationError(f"weight-only kernel {name!r} is off by {error:.2e} (relative) on a "
                                     f"{weight.shape} weight (tolerance {TOLERANCE})", field="kernel", value=name)
+    too_large = _not_smaller(packed_bytes(packed), weight, dtype)
+    if too_large is not None:  # asked for by name: it runs, but the user hears what it costs
+        warn_user(f"qplug: weight-only kernel {described(kernel)} (kernel={name!r}) on a {weight.shape} weight "
+                  f"{too_large}")
     return kernel, packed, None
 
 

@@ -93,25 +93,10 @@ def _exporter_quiet() -> contextlib.AbstractContextManager[None]:
     return quiet_torch(_QUIET_LOGGERS, stdout=True)
 
 
-def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,
-                  input_names: list[str] | None = None, output_names: list[str] | None = None,
-                  onnxruntime_ops: bool = False, dynamic: dict[int, str] | None = None,
-                  flexible: bool = False, dynamic_linears: str = "matmul_integer"):
-    """The ONNX ``ModelProto`` of a reference-form GraphModule (checked with ``onnx.checker``).
-
-    ``onnxruntime_ops=True`` also uses ONNX Runtime's contrib ops where standard ONNX has no
-    quantized op: dynamic int8 LSTMs become ``com.microsoft.DynamicQuantizeLSTM``. ``dynamic``
-    (``{axis: name}``, :mod:`~qplug_core.onnx_export.dynamic_axes`) makes those axes of every input
-    symbolic, or raises :class:`ExportError`. ``flexible=True`` (a compiled partition) makes axes 0
-    and 1 of every input of size >= 2 symbolic where the graph leaves them free and keeps the rest
-    static (:func:`~qplug_core.onnx_export.dynamic_axes.flexible_shapes`); a graph that ties or
-    bounds those sizes, or that the exporter cannot take with symbolic sizes, is exported with the
-    example's static shapes. ``dynamic_linears="dequantized_weights"`` exports dynamic int8
-    linears as int8 weights into a float MatMul, for a runtime that quantizes their activations
-    itself (OpenVINO); the default is ONNX Runtime's ``DynamicQuantizeLinear`` + ``MatMulInteger``.
-    """
-    import onnx
-
+def _program(gm: fx.GraphModule, example_inputs: tuple, *, opset: int, input_names: list[str] | None,
+             output_names: list[str] | None, onnxruntime_ops: bool, dynamic: dict[int, str] | None,
+             flexible: bool, dynamic_linears: str):
+    """torch.onnx's ``ONNXProgram`` of ``gm`` (unserialized), with the inputs it was exported for."""
     from qplug_core.onnx_export.translation import translation_table
     from qplug_core.onnx_export.weights import with_int8_weights
 
@@ -149,18 +134,75 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
             program = None
         if program is None or not dynamic_axes.free_symbols_only(program.exported_program):
             program = export(None)
-    else:
-        program = export(shapes)
+        return program, example_inputs, shapes is not None
+    return export(shapes), example_inputs, False
+
+
+def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,
+                  input_names: list[str] | None = None, output_names: list[str] | None = None,
+                  onnxruntime_ops: bool = False, dynamic: dict[int, str] | None = None,
+                  flexible: bool = False, dynamic_linears: str = "matmul_integer"):
+    """The ONNX ``ModelProto`` of a reference-form GraphModule (checked with ``onnx.checker``).
+
+    In memory, so at most 2 GB (protobuf's limit): for compiled partitions; :func:`export_onnx`
+    writes bigger models with external data. ``onnxruntime_ops=True`` also uses ONNX Runtime's
+    contrib ops where standard ONNX has no
+    quantized op: dynamic int8 LSTMs become ``com.microsoft.DynamicQuantizeLSTM``. ``dynamic``
+    (``{axis: name}``, :mod:`~qplug_core.onnx_export.dynamic_axes`) makes those axes of every input
+    symbolic, or raises :class:`ExportError`. ``flexible=True`` (a compiled partition) makes axes 0
+    and 1 of every input of size >= 2 symbolic where the graph leaves them free and keeps the rest
+    static (:func:`~qplug_core.onnx_export.dynamic_axes.flexible_shapes`); a graph that ties or
+    bounds those sizes, or that the exporter cannot take with symbolic sizes, is exported with the
+    example's static shapes. ``dynamic_linears="dequantized_weights"`` exports dynamic int8
+    linears as int8 weights into a float MatMul, for a runtime that quantizes their activations
+    itself (OpenVINO); the default is ONNX Runtime's ``DynamicQuantizeLinear`` + ``MatMulInteger``.
+    """
+    import onnx
+
+    program, example_inputs, symbolic = _program(
+        gm, example_inputs, opset=opset, input_names=input_names, output_names=output_names,
+        onnxruntime_ops=onnxruntime_ops, dynamic=dynamic, flexible=flexible, dynamic_linears=dynamic_linears)
     proto = program.model_proto
-    if flexible and shapes is not None:
+    if symbolic:
         dynamic_axes.pin(proto, dynamic_axes.pinned_sizes(program.exported_program))
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:
         raise ExportError(f"the exported ONNX model does not pass onnx.checker: {exc}") from exc
     if dynamic:
-        dynamic_axes.check(proto, example_inputs, dynamic)
+        dynamic_axes.check(program, example_inputs, dynamic)
     return proto
+
+
+#: initializer bytes above which :func:`export_onnx` writes them to ``<path>.data`` beside the
+#: model (ONNX external data): one protobuf message cannot pass 2 GB, graph included
+EXTERNAL_DATA_BYTES = 2**30
+
+
+def _initializer_bytes(program) -> int:
+    return sum(value.const_value.nbytes for value in program.model.graph.initializers.values()
+               if value.const_value is not None)
+
+
+def _write(program, target: Path) -> None:
+    """Write and check ``program`` at ``target``, its initializers in ``<target>.data`` when big.
+
+    Checked from the file (``onnx.checker`` on a path takes external data and models past 2 GB);
+    whatever fails on the way is an :class:`ExportError`.
+    """
+    import onnx
+
+    external = _initializer_bytes(program) > EXTERNAL_DATA_BYTES
+    data = target.with_name(target.name + ".data")
+    try:
+        program.save(str(target), external_data=external)
+    except Exception as exc:  # OSError, protobuf's EncodeError, onnx_ir's ValueError: all "not written"
+        raise ExportError(f"cannot write {target}" + (f" and its external data {data}" if external else "")
+                          + f": {type(exc).__name__}: {exc}") from exc
+    try:
+        onnx.checker.check_model(str(target))
+    except Exception as exc:
+        raise ExportError(f"the exported ONNX model {target} does not pass onnx.checker: {exc}") from exc
 
 
 def export_onnx(qmodel: nn.Module, path: str | os.PathLike[str], example_inputs: Any = None, *,
@@ -177,8 +219,6 @@ def export_onnx(qmodel: nn.Module, path: str | os.PathLike[str], example_inputs:
     :class:`ExportError` when an op cannot be expressed in ONNX, or the graph fixes an axis asked
     to be dynamic.
     """
-    import onnx
-
     from qplug_core.flows.steps import as_input_tuple
 
     target = Path(path)
@@ -187,10 +227,11 @@ def export_onnx(qmodel: nn.Module, path: str | os.PathLike[str], example_inputs:
                                                         f"the directory {target.parent} does not exist"))
     gm = reference_form(qmodel)
     inputs = recorded_inputs(gm) if example_inputs is None else as_input_tuple(example_inputs)
-    proto = to_onnx_proto(gm, inputs, opset=opset, input_names=input_names, output_names=output_names,
-                          dynamic=dynamic_axes.dynamic_axes(dynamic_batch, dynamic_sequence))
-    try:
-        onnx.save(proto, str(target))
-    except OSError as exc:
-        raise ExportError(f"cannot write {target}: {exc.strerror or exc}") from exc
+    dynamic = dynamic_axes.dynamic_axes(dynamic_batch, dynamic_sequence)
+    program, inputs, _ = _program(gm, inputs, opset=opset, input_names=input_names, output_names=output_names,
+                                  onnxruntime_ops=False, dynamic=dynamic, flexible=False,
+                                  dynamic_linears="matmul_integer")
+    if dynamic:
+        dynamic_axes.check(program, inputs, dynamic)
+    _write(program, target)
     return target

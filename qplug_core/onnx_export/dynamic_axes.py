@@ -116,18 +116,18 @@ def pin(proto, pinned: dict[str, int]) -> None:
                 dim.dim_value = pinned[dim.dim_param]
 
 
-def check(proto, example_inputs: tuple, axes: dict[int, str]) -> None:
-    """Raise :class:`ExportError` when an asked-for axis of an input stayed static."""
+def check(program, example_inputs: tuple, axes: dict[int, str]) -> None:
+    """Raise :class:`ExportError` when an asked-for axis of an input of torch.onnx's ``program``
+    stayed static (read from the unserialized model: no 2 GB message is built for it)."""
     tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)]
-    for value, graph_input in zip(tensors, proto.graph.input):
-        dims = graph_input.type.tensor_type.shape.dim
-        static = [name for axis, name in axes.items()
-                  if axis < len(dims) and not dims[axis].dim_param]
+    for value, graph_input in zip(tensors, program.model.graph.inputs):
+        dims = list(graph_input.shape or ())
+        static = [name for axis, name in axes.items() if axis < len(dims) and isinstance(dims[axis], int)]
         if static:
             raise ExportError(f"input {graph_input.name!r}: the model's graph fixes its "
                               f"{' and '.join(static)} size (axis "
                               f"{', '.join(str(a) for a, n in axes.items() if n in static)} stays "
-                              f"{[dims[a].dim_value for a, n in axes.items() if n in static]}); export "
+                              f"{[dims[a] for a, n in axes.items() if n in static]}); export "
                               "it without the dynamic option, or at the size you need")
 
 

@@ -103,6 +103,48 @@ def test_ort_fuses_the_groups_into_int8_kernels(exported, tmp_path):
     assert "Conv" not in ops and "Clip" not in ops
 
 
+def _ort_output(path, x: torch.Tensor) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    """A model with two weights past onnx_ir's 256-byte inline size: 64x64 and 8x64 int8."""
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(4, 64, generator=g),) for _ in range(3)]
+    torch.manual_seed(0)
+    with one_thread(), all_plugins_loaded():
+        return qp.quantize(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval(), data[0], data,
+                           backend="fbgemm"), data[0][0]
+
+
+def test_a_model_past_the_external_data_size_keeps_its_weights_beside_it(mlp, tmp_path, monkeypatch):
+    """A model past 2 GB ended in protobuf's bare EncodeError: big models go to <path>.data."""
+    qmodel, x = mlp
+    monkeypatch.setattr("qplug_core.onnx_export.api.EXTERNAL_DATA_BYTES", 1024)  # this 4.6 KB model is "big"
+    with one_thread(), all_plugins_loaded():
+        path = qp.export_onnx(qmodel, tmp_path / "big.onnx")
+    header = onnx.load(str(path), load_external_data=False)
+    stored = [i for i in header.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
+    assert sorted(list(i.dims) for i in stored) == [[8, 64], [64, 64]]
+    assert (tmp_path / "big.onnx.data").stat().st_size >= 64 * 64 + 8 * 64
+    reference = reference_form(qmodel)
+    with torch.no_grad():
+        expected = reference(x).numpy()
+    step = float(reference.get_submodule(_output_dequantize(reference)).scale)
+    assert np.abs(_ort_output(path, x) - expected).max() <= step * 1.001
+
+
+def test_external_data_it_cannot_write_is_an_export_error(mlp, tmp_path, monkeypatch):
+    (tmp_path / "m.onnx.data").mkdir()
+    monkeypatch.setattr("qplug_core.onnx_export.api.EXTERNAL_DATA_BYTES", 1024)
+    with one_thread(), all_plugins_loaded(), pytest.raises(ExportError, match=r"external data .*m\.onnx\.data"):
+        qp.export_onnx(mlp[0], tmp_path / "m.onnx")
+
+
 def test_a_float_model_is_refused():
     with pytest.raises(ExportError, match="takes a model converted by qplug"):
         qp.export_onnx(Block(), "never.onnx")

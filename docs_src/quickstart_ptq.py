@@ -35,8 +35,9 @@ print(report.kernels)  # {'conv': 'quantized::conv2d', 'pool': 'passthrough', ..
 assert not report.skipped  # nothing stayed float
 
 # How close it is to the float model, layer by layer (SQNR in dB). Compare against the *fused*
-# float model so that `conv` (conv+bn+relu after fusion) is paired with the same computation.
-fused = qp.fuse_fx(model, backend="fbgemm")
+# float model so that `conv` (conv+bn+relu after fusion) is paired with the same computation;
+# with the example inputs, a model only torch.export captures (Hugging Face) is fused as quantize did.
+fused = qp.fuse_fx(model, example_inputs, backend="fbgemm")
 comparison = qp.compare(fused, qmodel, calibration_data)
 comparison.print()
 assert comparison.output_sqnr_db > 30

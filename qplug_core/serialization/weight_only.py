@@ -35,7 +35,7 @@ from qplug_core.kernels.dynamic import DynamicLinear
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
 from qplug_core.kernels.static_int8 import StaticInt8Linear
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
-from qplug_core.serialization import decode_threads_record, kernel_record, per_token_codec
+from qplug_core.serialization import decode_threads_record, kernel_record, meta_models, per_token_codec
 from qplug_core.serialization.files import write_artifact_file
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.api import (
@@ -60,6 +60,8 @@ _FIELDS = ("qweight", "scales", "zero_points", "bias", "input_scale", "weight_in
            "weight_zero_point", "activation_scale", "activation_zero_point")
 DYNAMIC_KIND = "dynamic_linear"
 #: what each module-swap mode is called where the user reads it
+#: document entry: float key -> the key whose tensor it shares (written once)
+_TIED_KEY = "tied"
 _SWAP_MODES = {"weight_only": "weight-only", "w8a8": "W8A8", "dynamic": "per-token dynamic"}
 _WEIGHT_ONLY_KINDS = ("linear", "embedding", "embedding_bag")
 _BAG_MODES = ("sum", "mean", "max")
@@ -153,10 +155,12 @@ def save_swapped(model: nn.Module, target: Path) -> Path:
     prefixes = tuple(f"{name}." for name in kinds)
     with reading_state_dict():  # the quantized layers' weights are written above
         state = model.state_dict()
-    for key, value in state.items():
-        if not key.startswith(prefixes):
-            tensors[_FLOAT + key] = value
+    float_state = {key: value for key, value in state.items() if not key.startswith(prefixes)}
+    tied = _tied_keys(float_state)
+    tensors.update({_FLOAT + key: value for key, value in float_state.items() if key not in tied})
     document = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": mode, "layers": layers, **entries}
+    if tied:
+        document[_TIED_KEY] = tied
     info = getattr(model, INFO_ATTRIBUTE, None)
     if isinstance(info, WeightOnlyInfo) and info.kernel_cpu is not None:
         document[kernel_record.CPU_KEY] = kernel_record.cpu_document(info.kernel_cpu)
@@ -166,6 +170,23 @@ def save_swapped(model: nn.Module, target: Path) -> Path:
     text = json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False)
     write_artifact_file(target, text, tensors)
     return target
+
+
+def _tied_keys(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Key -> the first key holding the very same tensor (tied weights: an LLM's ``lm_head`` and
+    input embedding): the file keeps one copy and ``qp.load`` fills the others from it."""
+    first: dict[tuple, str] = {}
+    tied = {}
+    for key, value in state.items():
+        if not value.numel():
+            continue
+        view = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), value.stride(),
+                value.dtype, value.device)
+        if view in first:
+            tied[key] = first[view]
+        else:
+            first[view] = key
+    return tied
 
 
 def _check_only_linears(model: nn.Module, target: Path) -> None:
@@ -237,6 +258,7 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
         recorded = {} if reselect else _recorded_kernels(layers)
         chosen_on = kernel_record.cpu_from_document(document[kernel_record.CPU_KEY], kernel_record.CPU_KEY) \
             if recorded and kernel_record.CPU_KEY in document else None
+        tied = _tied_from_document(document, tensors)
         threads = [] if reselect else decode_threads_record.from_document(
             document.get(decode_threads_record.KEY, []), decode_threads_record.KEY)
     except Exception as exc:  # a tampered document: wrong types, missing keys
@@ -249,7 +271,7 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
         dtypes = {name: linear_weight(modules[name]).dtype for kind, name, _ in rebuilt if kind == "linear"}
         # the float state before the swap: swapped-in kernels keep their weights packed, outside any
         # state_dict
-        _load_float_state(model, [name for _, name, _ in rebuilt], tensors, source)
+        _load_float_state(model, [name for _, name, _ in rebuilt], tensors, tied, source)
         for kind, name, swapped in rebuilt:
             parent, _, child = name.rpartition(".")
             setattr(modules[parent], child, swapped)
@@ -273,6 +295,19 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
         if isinstance(step, decode_step.DecodeStepThreads):
             step.restore(threads)
     return model
+
+
+def _tied_from_document(document: dict, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """The file's tied float keys (alias -> the key it shares), each naming a tensor the file holds
+    (files written before ``qp.save`` wrote tied weights once have none)."""
+    tied = document.get(_TIED_KEY, {})
+    if not isinstance(tied, dict):
+        raise ValueError(f"{_TIED_KEY} {tied!r} is not a mapping")
+    for alias, kept in tied.items():
+        if not isinstance(kept, str) or _FLOAT + kept not in tensors or _FLOAT + alias in tensors:
+            raise ValueError(f"tied key {alias!r} -> {kept!r} does not name one float tensor of the file "
+                             "in place of a missing one")
+    return dict(tied)
 
 
 def _recorded_kernels(layers: list) -> dict[str, tuple[str, int | None]]:
@@ -479,10 +514,12 @@ def _expected_shape(module: nn.Module, kind: Any) -> tuple[int, int] | None:
 
 
 def _load_float_state(model: nn.Module, layers: list[str], tensors: dict[str, torch.Tensor],
-                      source: Path) -> None:
+                      tied: dict[str, str], source: Path) -> None:
     """The file's float tensors into ``model``, checked first: a file that does not fit leaves the
-    model as it was (``load_state_dict`` copies what fits before it reports what does not)."""
+    model as it was (``load_state_dict`` copies what fits before it reports what does not). A
+    model built on the meta device takes the file's tensors as its own."""
     state = {key[len(_FLOAT):]: value for key, value in tensors.items() if key.startswith(_FLOAT)}
+    state.update({alias: state[kept] for alias, kept in tied.items()})
     own = tuple(f"{name}." for name in layers)
     with reading_state_dict():  # the keys only
         expected = model.state_dict()
@@ -494,22 +531,26 @@ def _load_float_state(model: nn.Module, layers: list[str], tensors: dict[str, to
         raise SerializationError(f"{source} does not fit the model given to qp.load: missing "
                                  f"{missing[:5]}, unexpected {unexpected[:5]}, other shapes {shapes[:5]} (build the "
                                  "model from the same class and config; it was left unchanged)", path=str(source))
-    untied = _tied_but_different(expected, state)
+    untied = _tied_but_different(meta_models.identity(model), expected, state)
     if untied:
         raise SerializationError(f"{source} does not fit the model given to qp.load: the model holds "
                                  f"{' and '.join(untied)} as one shared tensor, but the file has different values "
                                  "for them (the saved model did not tie them): build the model with the config the "
                                  "saved one had (for a Hugging Face model, tie_word_embeddings=False); it was left "
                                  "unchanged", path=str(source))
-    model.load_state_dict(state, strict=False)
+    meta = meta_models.on_meta(model)
+    if meta:
+        meta_models.compute_unsaved_buffers(model, source)
+    model.load_state_dict(state, strict=False, assign=meta)
 
 
-def _tied_but_different(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> list[str]:
+def _tied_but_different(identity: dict[str, int], expected: dict[str, torch.Tensor],
+                        state: dict[str, torch.Tensor]) -> list[str]:
     """The first keys the model shares one tensor between (tied weights) that the file gives different
     values: loading would keep one of them and the model would answer differently from the saved one."""
     shared: dict[int, list[str]] = {}
     for key, tensor in expected.items():
-        if key in state and tensor.numel():
-            shared.setdefault(tensor.data_ptr(), []).append(key)
+        if key in state and key in identity and tensor.numel():
+            shared.setdefault(identity[key], []).append(key)
     return next((keys for keys in shared.values()
                  if any(not torch.equal(state[keys[0]], state[key]) for key in keys[1:])), [])

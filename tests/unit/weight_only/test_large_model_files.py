@@ -1,0 +1,106 @@
+"""What a big model's file costs: tied weights written once (weight-only and W8A8 files; dynamic
+files go through the same writer, but ``qp.quantize_dynamic`` quantizes a tied ``lm_head`` too)
+and tied again at load, and ``qp.load`` into a model built on the meta device."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.errors import SerializationError
+from qplug_core.serialization import weight_only
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPT = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(0))
+QUANTIZE = {"weight_only": lambda m: qp.quantize_weights(m, bits=8),
+            "w8a8": lambda m: qp.quantize_w8a8(m, [PROMPT], alpha=0.5)}
+
+
+def qwen2(tied: bool = True, seed: int = 0, meta: bool = False):
+    """A tiny Qwen2 whose embedding table is most of its bytes, tied to ``lm_head`` like Qwen2-0.5B's."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=tied)
+    torch.manual_seed(seed)
+    if meta:
+        with torch.device("meta"):
+            return Qwen2ForCausalLM(config).eval()
+    return Qwen2ForCausalLM(config).eval()
+
+
+def header(path) -> tuple[list[str], dict]:
+    with safe_open(str(path), framework="pt") as file:
+        return list(file.keys()), json.loads(file.metadata()["qplug"])
+
+
+@pytest.mark.parametrize("mode", list(QUANTIZE))
+def test_tied_weights_are_written_once_and_tied_again_at_load(tmp_path, mode):
+    qmodel = QUANTIZE[mode](qwen2())
+    path = qp.save(qmodel, tmp_path / "m.safetensors")
+    keys, document = header(path)
+    table = qmodel.model.embed_tokens.weight
+    assert "float/model.embed_tokens.weight" in keys and "float/lm_head.weight" not in keys
+    assert document["tied"] == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert path.stat().st_size < 1.5 * table.numel() * table.element_size()  # the table once, not twice
+    loaded = qp.load(path, model=qwen2(seed=1))
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        assert torch.equal(loaded(PROMPT).logits, qmodel(PROMPT).logits)
+
+
+def test_a_file_holding_both_tied_copies_still_loads(tmp_path, monkeypatch):
+    qmodel = qp.quantize_weights(qwen2(), bits=8)
+    monkeypatch.setattr(weight_only, "_tied_keys", lambda state: {})  # the writer before tied keys
+    path = qp.save(qmodel, tmp_path / "old.safetensors")
+    assert "float/lm_head.weight" in header(path)[0]
+    monkeypatch.undo()
+    with torch.no_grad():
+        assert torch.equal(qp.load(path, model=qwen2(seed=1))(PROMPT).logits, qmodel(PROMPT).logits)
+
+
+def test_a_tied_key_naming_no_tensor_of_the_file_is_refused(tmp_path, monkeypatch):
+    qmodel = qp.quantize_weights(qwen2(), bits=8)
+    monkeypatch.setattr(weight_only, "_tied_keys", lambda state: {"lm_head.weight": "model.norm.nothing"})
+    path = qp.save(qmodel, tmp_path / "bad.safetensors")
+    monkeypatch.undo()
+    with pytest.raises(SerializationError, match="tied key 'lm_head.weight'"):
+        qp.load(path, model=qwen2(seed=1))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_load_into_a_model_built_on_the_meta_device(tmp_path, tied):
+    qmodel = qp.quantize_weights(qwen2(tied), bits=8)
+    path = qp.save(qmodel, tmp_path / "m.safetensors")
+    empty = qwen2(tied, meta=True)
+    loaded = qp.load(path, model=empty)
+    assert loaded is empty
+    assert not [n for n, t in (*loaded.named_parameters(), *loaded.named_buffers()) if t.is_meta]
+    assert (loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()) == tied
+    with torch.no_grad():
+        assert torch.equal(loaded(PROMPT).logits, qmodel(PROMPT).logits)
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+        self.register_buffer("factor", torch.full((32,), 2.0), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.factor
+
+
+def test_a_meta_model_whose_unsaved_buffers_nothing_computes_is_refused_by_name(tmp_path):
+    path = qp.save(qp.quantize_weights(_Scaled(), bits=8), tmp_path / "m.safetensors")
+    with torch.device("meta"):
+        empty = _Scaled()
+    with pytest.raises(SerializationError, match="built on the meta device and factor are not saved"):
+        qp.load(path, model=empty)

@@ -89,6 +89,13 @@ class QuantizedWeight:
             return self.zero_points
         return torch.full_like(self.scales, self.scheme.midpoint, dtype=torch.uint8)
 
+    def rows(self, start: int, stop: int) -> QuantizedWeight:
+        """Output rows ``start:stop`` (``0 <= start < N``; views, no copy): the definition of a big
+        weight a block at a time."""
+        zero_points = None if self.zero_points is None else self.zero_points[start:stop]
+        return QuantizedWeight(self.scheme, (min(stop, self.shape[0]) - start, self.shape[1]),
+                               self.data[start:stop], self.scales[start:stop], zero_points)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``(q - zero_point) * scale`` as a dense ``[N, K]`` tensor (the definition)."""
         n, k = self.shape

@@ -1,10 +1,14 @@
-"""What a big model's file costs: tied weights written once (weight-only and W8A8 files; dynamic
+"""What a big model costs: the copy's float weights let go while ``qp.quantize_weights`` swaps,
+the load-time kernel check a block of rows at a time, tied weights written once (weight-only and W8A8 files; dynamic
 files go through the same writer, but ``qp.quantize_dynamic`` quantizes a tied ``lm_head`` too)
 and tied again at load, and ``qp.load`` into a model built on the meta device."""
 
 from __future__ import annotations
 
+import gc
 import json
+import warnings
+import weakref
 
 import pytest
 import torch
@@ -104,3 +108,42 @@ def test_a_meta_model_whose_unsaved_buffers_nothing_computes_is_refused_by_name(
         empty = _Scaled()
     with pytest.raises(SerializationError, match="built on the meta device and factor are not saved"):
         qp.load(path, model=empty)
+
+
+def test_quantize_weights_lets_each_float_weight_of_its_copy_go_as_it_swaps_it(monkeypatch):
+    from qplug_core.weight_only import api
+
+    swap, seen, alive_at_each_swap = api._quantized_module, [], []
+
+    def watched(module, *args):
+        gc.collect()
+        alive_at_each_swap.append(sum(ref() is not None for ref in seen))
+        seen.append(weakref.ref(module.weight))
+        return swap(module, *args)
+
+    monkeypatch.setattr(api, "_quantized_module", watched)
+    qp.quantize_weights(qwen2(tied=False), bits=8)
+    assert len(seen) == 8 and alive_at_each_swap == [0] * 8  # q k v o gate up down, lm_head
+
+
+def test_the_kernel_check_dequantizes_a_block_of_rows_at_a_time(tmp_path, monkeypatch):
+    from qplug_core.kernels.weight_only_scheme import QuantizedWeight
+
+    out = 1025
+    qmodel = qp.quantize_weights(nn.Sequential(nn.Linear(64, out)), bits=4, group_size=32)
+    path = qp.save(qmodel, tmp_path / "m.safetensors")
+    dequantize, rows = QuantizedWeight.dequantize, []
+
+    def counted(weight, dtype=torch.float32):
+        if dtype == torch.float64:  # the check's definition (the reference kernel runs in float32)
+            rows.append(weight.shape[0])
+        return dequantize(weight, dtype)
+
+    monkeypatch.setattr(QuantizedWeight, "dequantize", counted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the recorded kernel passes its check: nothing measured again
+        loaded = qp.load(path, model=nn.Sequential(nn.Linear(64, out)))
+    assert sum(rows) == out and max(rows) < out  # the whole weight, a block of rows at a time
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), qmodel(x))

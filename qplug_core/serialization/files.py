@@ -9,9 +9,10 @@ byte-identical files. Before safetensors parses anything, the first bytes are ch
 pickle (``torch.save``) file, a truncated file or an absurd header length gets a clear error.
 
 The file is opened once (non-blocking, so a FIFO cannot hang the open), checked on that
-descriptor with ``fstat`` (a regular file, its size) and read only through it: safetensors maps
-``/proc/self/fd/N`` (the same open file, whatever the path names by then), or, where that does
-not exist, the bytes read from the descriptor. A path swapped for a FIFO or another file after
+descriptor with ``fstat`` (a regular file, its size) and read only through it: safetensors checks
+the header of ``/proc/self/fd/N`` (the same open file, whatever the path names by then) and each
+tensor is then read from the descriptor into its own storage, or, where that path does not exist,
+safetensors parses the bytes read from the descriptor. A path swapped for a FIFO or another file after
 the check is never opened again.
 """
 
@@ -23,7 +24,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import torch
 from safetensors import safe_open
@@ -149,6 +150,43 @@ def _descriptor_path(fd: int) -> str | None:
     return path if os.path.exists(path) else None
 
 
+#: the safetensors dtype names qplug reads, as torch dtypes
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def _read_tensors(fd: int) -> dict[str, torch.Tensor]:
+    """Every tensor of the file, read from ``fd`` straight into storage of its own: each byte is
+    copied once and nothing is mapped (a mapped file's pages count in the process's resident set
+    beside the copies: loading peaked at twice the file). The header was checked by safetensors."""
+    length = int.from_bytes(_read_exactly(fd, 8), "little")
+    entries = json.loads(_read_exactly(fd, length, 8))
+    tensors = {}
+    for name, entry in entries.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise ValueError(f"tensor {name!r} has dtype {entry['dtype']}, which qplug does not write")
+        tensor = torch.empty(entry["shape"], dtype=dtype)
+        begin, end = entry["data_offsets"]
+        _read_into(fd, tensor.reshape(-1).view(torch.uint8).numpy(), 8 + length + begin, end - begin)
+        tensors[name] = tensor
+    return tensors
+
+
+def _read_into(fd: int, target: Any, offset: int, size: int) -> None:
+    if target.nbytes != size:
+        raise ValueError(f"a tensor of {target.nbytes} bytes has {size} bytes in the file")
+    view, done = memoryview(target), 0
+    while done < size:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if not got:
+            raise ValueError("the file ends inside a tensor")
+        done += got
+
+
 def _owned(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` with storage of its own: safetensors returns views of one buffer, and a graph
     may modify a constant in place (``aten::detach_`` of a folded constant in DeBERTa-v2 raised
@@ -160,8 +198,9 @@ def _contents(fd: int, size: int) -> tuple[dict[str, str], dict[str, torch.Tenso
     """The metadata strings and the tensors, read through ``fd`` only."""
     by_descriptor = _descriptor_path(fd)
     if by_descriptor is not None:
-        with safe_open(by_descriptor, framework="pt", device="cpu") as file:
-            return file.metadata() or {}, {key: _owned(file.get_tensor(key)) for key in file.keys()}
+        with safe_open(by_descriptor, framework="pt", device="cpu") as file:  # checks the header
+            metadata = file.metadata() or {}
+        return metadata, _read_tensors(fd)
     data = _read_exactly(fd, size)
     tensors = {key: _owned(tensor) for key, tensor in safetensors_load(data).items()}
     # safetensors has parsed the header: its metadata is a map of strings

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import warnings
 import weakref
 
@@ -147,3 +148,21 @@ def test_the_kernel_check_dequantizes_a_block_of_rows_at_a_time(tmp_path, monkey
     x = torch.randn(3, 64)
     with torch.no_grad():
         assert torch.equal(loaded(x), qmodel(x))
+
+
+def test_load_reads_each_byte_of_the_tensors_once_into_storage_of_their_own(tmp_path, monkeypatch):
+    qmodel = qp.quantize_weights(qwen2(), bits=8)
+    path = qp.save(qmodel, tmp_path / "m.safetensors")
+    with safe_open(str(path), framework="pt") as file:
+        data = sum(file.get_tensor(key).nbytes for key in file.keys())
+    read, pread, preadv = [], os.pread, os.preadv
+    monkeypatch.setattr(os, "pread", lambda fd, n, offset: read.append(len(got := pread(fd, n, offset))) or got)
+    monkeypatch.setattr(os, "preadv", lambda fd, views, offset: read.append(got := preadv(fd, views, offset)) or got)
+    loaded = qp.load(path, model=qwen2(seed=1))
+    monkeypatch.undo()
+    header = path.stat().st_size - data
+    assert data <= sum(read) < data + 4 * header  # the tensors once (and the header a few times), not mapped
+    table = loaded.model.embed_tokens.weight
+    assert table.untyped_storage().nbytes() == table.nbytes
+    with torch.no_grad():
+        assert torch.equal(loaded(PROMPT).logits, qmodel(PROMPT).logits)

@@ -15,13 +15,15 @@ from typing import Any
 from torch import nn
 
 from qplug_core.errors import ConfigError
-from qplug_core.serialization.files import read_artifact_file
+from qplug_core.serialization.files import read_artifact_document
 from qplug_core.serialization.weight_only import is_swapped_document, swap_mode
 
 
-def saved_document(path: Path) -> dict[str, Any]:
-    """The JSON document of a saved model (what it was saved with, not what runs now)."""
-    return json.loads(read_artifact_file(path)[0])
+def saved_document(path: Path, *, verify: bool = False) -> dict[str, Any]:
+    """The JSON document of a saved model (what it was saved with, not what runs now), read from
+    the file's header as plain data; checked against the file's digest with ``verify`` (loading the
+    model always checks it)."""
+    return json.loads(read_artifact_document(path, verify=verify))
 
 
 def load_saved(path: Path, float_spec: str | None, *, backend: str | None = None,

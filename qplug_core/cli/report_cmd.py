@@ -33,6 +33,8 @@ def report(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema_version 1)."),
     verbose: bool = typer.Option(False, "--verbose", help="List every op left in float, shape and "
                                                           "integer ops too."),
+    verify: bool = typer.Option(False, "--verify", help="Check the file's digest first (one pass over "
+                                                        "the file); loading a model always does."),
 ) -> None:
     """Show a saved model's backend, versions, int8 regions, kernels, float ops and size."""
     import qplug_core as qp
@@ -48,7 +50,7 @@ def report(
                           else "--eval")
     if sensitivity_of is not None and not example_shapes:
         raise UsageError("--sensitivity needs --example-shape", field="--example-shape")
-    document = saved_document(path)  # what it was saved with, not what runs now
+    document = saved_document(path, verify=verify)  # what it was saved with, not what runs now
     if is_swapped_document(document):
         _report_swapped(path, document, float_spec, evaluation, sensitivity_of, as_json)
         return

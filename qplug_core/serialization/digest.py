@@ -21,8 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,19 +37,28 @@ _FORM = re.compile(rf"{_ALGORITHM}:[0-9a-f]{{64}}\Z")
 
 
 def digest_of(document: str, tensors: Mapping[str, torch.Tensor]) -> str:
-    """``sha256:<hex>`` of ``tensors`` (contiguous, on the CPU) and ``document``.
+    """``sha256:<hex>`` of ``tensors`` (contiguous, on the CPU) and ``document``."""
+    layout = {name: (tensor.dtype, list(tensor.shape)) for name, tensor in tensors.items()}
+    return digest_of_parts(document, layout, lambda name: [_raw_bytes(tensors[name])])
+
+
+def digest_of_parts(document: str, layout: Mapping[str, tuple[torch.dtype, list[int]]],
+                    chunks: Callable[[str], Iterable[Any]]) -> str:
+    """``sha256:<hex>`` of tensors given by name -> (dtype, shape) and their bytes in pieces
+    (``chunks(name)``: a file's tensors are hashed a block at a time, never all held at once).
 
     A manifest of every tensor's name, dtype and shape comes first: it fixes how many bytes each
     tensor has, so the tensors' bytes and then the document follow without separators.
     """
-    names = sorted(tensors)
-    manifest = json.dumps([[name, str(tensors[name].dtype), list(tensors[name].shape)] for name in names],
+    names = sorted(layout)
+    manifest = json.dumps([[name, str(layout[name][0]), list(layout[name][1])] for name in names],
                           separators=(",", ":")).encode()
     digest = hashlib.new(_ALGORITHM)
     digest.update(len(manifest).to_bytes(8, "little"))
     digest.update(manifest)
     for name in names:
-        digest.update(_raw_bytes(tensors[name]))
+        for chunk in chunks(name):
+            digest.update(chunk)
     digest.update(document.encode())
     return f"{_ALGORITHM}:{digest.hexdigest()}"
 
@@ -59,9 +69,9 @@ def _raw_bytes(tensor: torch.Tensor) -> np.ndarray:
     return tensor.reshape(-1).view(torch.uint8).numpy()
 
 
-def check_digest(path: Path, stored: str | None, document: str, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Raise :class:`SerializationError` unless the file's digest matches what was read from it
-    (``stored`` None: an older file, see the compatibility rule above)."""
+def check_digest(path: Path, stored: str | None, computed: Callable[[], str]) -> None:
+    """Raise :class:`SerializationError` unless the file's digest matches what was read from it,
+    ``computed()`` (``stored`` None: an older file, see the compatibility rule above)."""
     if stored is None:
         return
     if not _FORM.match(stored):
@@ -69,7 +79,7 @@ def check_digest(path: Path, stored: str | None, document: str, tensors: Mapping
             f"{path} is damaged or was edited: its {DIGEST_KEY} metadata field {stored[:80]!r} is not a "
             f"digest qp.save writes ({_ALGORITHM}: and 64 hex digits); copy the file again from its source, "
             "or save the model again", path=str(path))
-    if stored != digest_of(document, tensors):
+    if stored != computed():
         raise SerializationError(
             f"{path}: the file's contents changed after it was written (damaged in transfer or on disk, or "
             f"edited): its tensors and metadata no longer match the {_ALGORITHM} digest qp.save stored in "

@@ -23,6 +23,7 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -32,7 +33,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file
 
 from qplug_core.errors import SerializationError, UnsafeFileError
-from qplug_core.serialization.digest import DIGEST_KEY, check_digest, digest_of
+from qplug_core.serialization.digest import DIGEST_KEY, check_digest, digest_of, digest_of_parts
 
 #: safetensors metadata key under which the qplug document is stored
 METADATA_KEY = "qplug"
@@ -41,6 +42,8 @@ MAX_HEADER_BYTES = 100_000_000
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 _PICKLE_PROTO = b"\x80"
 _PICKLE_VERSIONS = (b"\x02", b"\x03", b"\x04", b"\x05")
+#: bytes hashed at a time when a file's digest is checked without reading its tensors
+_BLOCK = 1 << 24
 
 
 def write_artifact_file(path: Path, document: str, tensors: dict[str, torch.Tensor]) -> None:
@@ -210,6 +213,67 @@ def _contents(fd: int, size: int) -> tuple[dict[str, str], dict[str, torch.Tenso
 def read_artifact_file(path: Path) -> tuple[str, dict[str, torch.Tensor]]:
     """The qplug document and the tensors of the file at ``path``, checked against the file's
     digest; never unpickles."""
+    with _checked_descriptor(path) as (fd, size):
+        try:
+            metadata, tensors = _contents(fd, size)
+        except Exception as exc:  # safetensors reports every malformed file as a plain exception
+            raise SerializationError(f"{path} is corrupt: {exc}", path=str(path)) from exc
+    document = _document(path, metadata)
+    check_digest(path, metadata.get(DIGEST_KEY), lambda: digest_of(document, tensors))
+    return document, tensors
+
+
+def read_artifact_document(path: Path, *, verify: bool) -> str:
+    """The qplug document of the file at ``path`` from its header alone, as plain JSON text (what
+    describing a file needs: a 1.45 GB file was read, copied and hashed to print its header); with
+    ``verify``, checked against the file's digest in one streamed pass over its tensors."""
+    with _checked_descriptor(path) as (fd, _):
+        try:
+            length = int.from_bytes(_read_exactly(fd, 8), "little")
+            header = json.loads(_read_exactly(fd, length, 8))
+            metadata = header.get("__metadata__") or {}
+            if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+                raise ValueError("its metadata is not a map of strings")
+        except (ValueError, AttributeError, RecursionError) as exc:
+            raise SerializationError(f"{path} is corrupt: {exc}", path=str(path)) from exc
+        document = _document(path, metadata)
+        if verify:
+            check_digest(path, metadata.get(DIGEST_KEY),
+                         lambda: _streamed_digest(path, fd, 8 + length, document, header))
+    return document
+
+
+def _streamed_digest(path: Path, fd: int, start: int, document: str, header: dict) -> str:
+    """The digest of the file's tensors (from byte ``start``) and ``document``, read through ``fd``
+    a block at a time."""
+    entries = {name: entry for name, entry in header.items() if name != "__metadata__"}
+    try:
+        layout = {name: (_DTYPES[entry["dtype"]], list(entry["shape"])) for name, entry in entries.items()}
+        spans = {name: (int(entry["data_offsets"][0]), int(entry["data_offsets"][1]))
+                 for name, entry in entries.items()}
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise SerializationError(f"{path} is corrupt: its header lists a tensor qplug cannot read ({exc!r})",
+                                 path=str(path)) from exc
+
+    def chunks(name: str) -> Iterable[bytes]:
+        begin, end = spans[name]
+        for offset in range(begin, end, _BLOCK):
+            yield _read_exactly(fd, min(_BLOCK, end - offset), start + offset)
+
+    return digest_of_parts(document, layout, chunks)
+
+
+def _document(path: Path, metadata: dict[str, str]) -> str:
+    document = metadata.get(METADATA_KEY)
+    if document is None:
+        raise SerializationError(f"{path} is a safetensors file without qplug metadata; qp.load reads "
+                                 "the files written by qp.save", path=str(path))
+    return document
+
+
+@contextlib.contextmanager
+def _checked_descriptor(path: Path) -> Iterator[tuple[int, int]]:
+    """A descriptor of the regular file at ``path`` and its size, its head and extent checked."""
     try:
         fd, size = _open_regular(path)
     except FileNotFoundError as exc:
@@ -219,18 +283,9 @@ def read_artifact_file(path: Path) -> tuple[str, dict[str, torch.Tensor]]:
     try:
         _check_head(path, _read_exactly(fd, 9), size)
         _check_data_extent(path, fd, size)
-        try:
-            metadata, tensors = _contents(fd, size)
-        except Exception as exc:  # safetensors reports every malformed file as a plain exception
-            raise SerializationError(f"{path} is corrupt: {exc}", path=str(path)) from exc
+        yield fd, size
     finally:
         os.close(fd)
-    document = metadata.get(METADATA_KEY)
-    if document is None:
-        raise SerializationError(f"{path} is a safetensors file without qplug metadata; qp.load reads "
-                                 "the files written by qp.save", path=str(path))
-    check_digest(path, metadata.get(DIGEST_KEY), document, tensors)
-    return document, tensors
 
 
 def _check_data_extent(path: Path, fd: int, size: int) -> None:

@@ -32,6 +32,11 @@ print(tokens.shape)
 with tempfile.TemporaryDirectory() as folder:
     path = qp.save(int4, Path(folder) / "llama-int4.safetensors")
     loaded = qp.load(path, model=LlamaForCausalLM(config).eval())
+    # For a big model, build it on the meta device: nothing is allocated, the file's tensors become its own.
+    with torch.device("meta"):
+        empty = LlamaForCausalLM(config).eval()
+    from_meta = qp.load(path, model=empty)
     with torch.no_grad():
         again = loaded.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        assert torch.equal(from_meta.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0), again)
 assert torch.equal(tokens, again)

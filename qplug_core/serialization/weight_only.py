@@ -531,7 +531,9 @@ def _load_float_state(model: nn.Module, layers: list[str], tensors: dict[str, to
         raise SerializationError(f"{source} does not fit the model given to qp.load: missing "
                                  f"{missing[:5]}, unexpected {unexpected[:5]}, other shapes {shapes[:5]} (build the "
                                  "model from the same class and config; it was left unchanged)", path=str(source))
-    untied = _tied_but_different(meta_models.identity(model), expected, state)
+    groups = _tie_groups(meta_models.identity(model), expected, state)
+    untied = next((keys for keys in groups if any(not torch.equal(state[keys[0]], state[key]) for key in keys[1:])),
+                  [])
     if untied:
         raise SerializationError(f"{source} does not fit the model given to qp.load: the model holds "
                                  f"{' and '.join(untied)} as one shared tensor, but the file has different values "
@@ -541,16 +543,19 @@ def _load_float_state(model: nn.Module, layers: list[str], tensors: dict[str, to
     meta = meta_models.on_meta(model)
     if meta:
         meta_models.compute_unsaved_buffers(model, source)
+        # assigned, each key takes its own tensor: the model's tied keys get one (a file holding both
+        # copies would untie them)
+        state.update({key: state[keys[0]] for keys in groups for key in keys[1:]})
     model.load_state_dict(state, strict=False, assign=meta)
 
 
-def _tied_but_different(identity: dict[str, int], expected: dict[str, torch.Tensor],
-                        state: dict[str, torch.Tensor]) -> list[str]:
-    """The first keys the model shares one tensor between (tied weights) that the file gives different
-    values: loading would keep one of them and the model would answer differently from the saved one."""
+def _tie_groups(identity: dict[str, int], expected: dict[str, torch.Tensor],
+                state: dict[str, torch.Tensor]) -> list[list[str]]:
+    """The keys the file gives that the model shares one tensor between (tied weights), by tensor;
+    if the file gives them different values, loading would keep one of them and the model would
+    answer differently from the saved one."""
     shared: dict[int, list[str]] = {}
     for key, tensor in expected.items():
         if key in state and key in identity and tensor.numel():
             shared.setdefault(identity[key], []).append(key)
-    return next((keys for keys in shared.values()
-                 if any(not torch.equal(state[keys[0]], state[key]) for key in keys[1:])), [])
+    return [keys for keys in shared.values() if len(keys) > 1]

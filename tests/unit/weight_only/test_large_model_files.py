@@ -67,8 +67,11 @@ def test_a_file_holding_both_tied_copies_still_loads(tmp_path, monkeypatch):
     path = qp.save(qmodel, tmp_path / "old.safetensors")
     assert "float/lm_head.weight" in header(path)[0]
     monkeypatch.undo()
-    with torch.no_grad():
-        assert torch.equal(qp.load(path, model=qwen2(seed=1))(PROMPT).logits, qmodel(PROMPT).logits)
+    for model in (qwen2(seed=1), qwen2(meta=True)):
+        loaded = qp.load(path, model=model)
+        assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()  # one table
+        with torch.no_grad():
+            assert torch.equal(loaded(PROMPT).logits, qmodel(PROMPT).logits)
 
 
 def test_a_tied_key_naming_no_tensor_of_the_file_is_refused(tmp_path, monkeypatch):

@@ -272,9 +272,12 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
         # the float state before the swap: swapped-in kernels keep their weights packed, outside any
         # state_dict
         _load_float_state(model, [name for _, name, _ in rebuilt], tensors, tied, source)
+        for key in [key for key in tensors if key.startswith(_FLOAT)]:
+            del tensors[key]  # copied into the model (or now its own): not held while kernels are packed
         for kind, name, swapped in rebuilt:
             parent, _, child = name.rpartition(".")
             setattr(modules[parent], child, swapped)
+            del modules[name]  # the float layer swapped out is let go before kernels are packed
             if info is not None:
                 info.layers[name] = kind
     changed = choose_kernels(model, info if isinstance(info, WeightOnlyInfo) else None, groups, context.kernels(),

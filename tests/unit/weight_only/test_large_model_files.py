@@ -169,3 +169,19 @@ def test_load_reads_each_byte_of_the_tensors_once_into_storage_of_their_own(tmp_
     assert table.untyped_storage().nbytes() == table.nbytes
     with torch.no_grad():
         assert torch.equal(loaded(PROMPT).logits, qmodel(PROMPT).logits)
+
+
+def test_load_lets_the_float_layers_it_replaces_go_before_packing_kernels(tmp_path, monkeypatch):
+    path = qp.save(qp.quantize_weights(qwen2(tied=False), bits=8), tmp_path / "m.safetensors")
+    model = qwen2(tied=False, seed=1)
+    replaced = [weakref.ref(m.weight) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    pack, alive = weight_only.choose_kernels, []
+
+    def watched(*args, **kwargs):
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in replaced))
+        return pack(*args, **kwargs)
+
+    monkeypatch.setattr(weight_only, "choose_kernels", watched)
+    qp.load(path, model=model)
+    assert len(replaced) == 8 and alive == [0]

@@ -163,8 +163,7 @@ def _read_tensors(fd: int) -> dict[str, torch.Tensor]:
     """Every tensor of the file, read from ``fd`` straight into storage of its own: each byte is
     copied once and nothing is mapped (a mapped file's pages count in the process's resident set
     beside the copies: loading peaked at twice the file). The header was checked by safetensors."""
-    length = int.from_bytes(_read_exactly(fd, 8), "little")
-    entries = json.loads(_read_exactly(fd, length, 8))
+    length, entries = _header(fd)
     tensors = {}
     for name, entry in entries.items():
         if name == "__metadata__":
@@ -229,8 +228,7 @@ def read_artifact_document(path: Path, *, verify: bool) -> str:
     ``verify``, checked against the file's digest in one streamed pass over its tensors."""
     with _checked_descriptor(path) as (fd, _):
         try:
-            length = int.from_bytes(_read_exactly(fd, 8), "little")
-            header = json.loads(_read_exactly(fd, length, 8))
+            length, header = _header(fd)
             metadata = header.get("__metadata__") or {}
             if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
                 raise ValueError("its metadata is not a map of strings")
@@ -288,13 +286,18 @@ def _checked_descriptor(path: Path) -> Iterator[tuple[int, int]]:
         os.close(fd)
 
 
+def _header(fd: int) -> tuple[int, Any]:
+    """The header's length and its JSON (not checked: safetensors checks it where tensors are read)."""
+    length = int.from_bytes(_read_exactly(fd, 8), "little")
+    return length, json.loads(_read_exactly(fd, length, 8))
+
+
 def _check_data_extent(path: Path, fd: int, size: int) -> None:
     """Say "truncated" (or "extra bytes") when the tensors the header lists end elsewhere than the
     file: an interrupted copy cuts the tensor data, which safetensors reports as a malformed header.
     A header that does not parse is left to safetensors' own message."""
-    header = int.from_bytes(_read_exactly(fd, 8), "little")
     try:
-        entries = json.loads(_read_exactly(fd, header, 8))
+        header, entries = _header(fd)
         end = 8 + header + max((int(entry["data_offsets"][1]) for name, entry in entries.items()
                                 if name != "__metadata__"), default=0)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
+from qplug_core.errors import PluginContractError
 from qplug_core.flows.kernel_check import MAX_STEPS, ValueRecorder, wrong_channel
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.partition import OperatorSupportBase
@@ -46,6 +47,8 @@ class RegionParity:
     max_steps: int
     #: (dimension, index) of a channel mostly beyond the kernel contract's MAX_STEPS, or None
     wrong_channel: tuple[int, int] | None = None
+    #: mean signed difference in steps: rounding ties go both ways, a zero-point off by one does not
+    bias: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -115,15 +118,21 @@ def _side_by_side(gm: fx.GraphModule, regions: list[tuple[list[fx.Node], list[fx
     return fx.GraphModule(gm, graph)
 
 
-def _compare(name: str, got: torch.Tensor, want: torch.Tensor, steps: int) -> RegionParity:
+def _compare(name: str, got: object, want: torch.Tensor, steps: int) -> RegionParity:
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        what = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+        raise PluginContractError(f"int8 region {name}: the compiled module returned {what}, expected shape "
+                                  f"{tuple(want.shape)}")
     if want.is_floating_point():  # in steps of the output's range / 255
         step = (float(want.max() - want.min()) / 255 if want.numel() else 0.0) or 1.0
-        diff = ((got.float() - want.float()).abs() / step).ceil().to(torch.int64)
+        signed = (got.double() - want.double()) / step
+        diff = signed.abs().ceil().to(torch.int64)
     else:
-        diff = (got.to(torch.int64) - want.to(torch.int64)).abs()
+        signed = (got.to(torch.int64) - want.to(torch.int64)).double()
+        diff = signed.abs().to(torch.int64)
     within = float((diff <= steps).float().mean()) if diff.numel() else 1.0
     return RegionParity(name, diff.numel(), within, int(diff.max()) if diff.numel() else 0,
-                        wrong_channel(diff > MAX_STEPS))
+                        wrong_channel(diff > MAX_STEPS), float(signed.mean()) if diff.numel() else 0.0)
 
 
 @torch.no_grad()

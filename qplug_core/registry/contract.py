@@ -136,9 +136,11 @@ class Delegate:
 
     ``compile(partition, example_inputs)`` receives one partition as a GraphModule in reference
     form (Quantize/Dequantize modules, ``ReferenceWeighted`` layers) and a tuple of tensors it can
-    be called with; it returns the module that replaces it (same inputs, same outputs). It runs
-    at convert and again when ``qp.load`` rebuilds the model. A compile that raises leaves that
-    partition in reference form, with a warning and the reason in the report.
+    be called with, and must not modify the partition (the reference form qplug keeps and saves);
+    it returns the module that replaces it (same inputs, same outputs). It runs at convert and
+    again at the first call of a model ``qp.load`` rebuilt, on that call's inputs. A compile that
+    raises at convert leaves that partition in reference form, with a warning and the reason in
+    the report.
     """
 
     operator_support: OperatorSupportBase

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import warnings
 
@@ -42,6 +43,8 @@ class Compiled(nn.Module):
 
     def forward(self, *args):
         out = self.partition(*args)
+        if OUTPUT_SCALE != 1.0 and out.is_floating_point():
+            out = out * OUTPUT_SCALE
         return out * -1.0 if WRONG else out
 
 
@@ -59,6 +62,8 @@ def _wrong_on_1x1(partition):
 
 class TakesAllButLinear(OperatorSupportBase):
     def is_node_supported(self, submodules, node):
+        if SUPPORT_RAISES:
+            raise RuntimeError("npu driver not loaded")
         module = submodules.get(node.target) if node.op == "call_module" else None
         return not isinstance(getattr(module, "module", module), nn.Linear)
 
@@ -102,6 +107,22 @@ def _compile(partition, example_inputs):
         raise RuntimeError("the SDK rejected the subgraph")
     if WRONG_AFTER_NORM:
         partition = _wrong_after_norm(partition)
+    if ZERO_POINT_SHIFT:  # writes every int8 value one step up: a zero-point off by one
+        import copy
+
+        partition = copy.deepcopy(partition)
+        for module in partition.modules():
+            if type(module).__name__ == "Quantize":
+                module.zero_point += ZERO_POINT_SHIFT
+    if MUTATE:  # folds the biases into its own copy and zeroes them in the partition it was given
+        import copy
+
+        own = copy.deepcopy(partition)
+        with torch.no_grad():
+            for module in partition.modules():
+                if isinstance(module, nn.Conv2d):
+                    module.bias.zero_()
+        partition = own
     return Compiled(_wrong_on_1x1(partition) if WRONG_1X1 else partition, example_inputs)
 
 
@@ -110,6 +131,10 @@ AT_BATCH_1 = ""  # "fail" or "wrong": compiled partitions are Sessions, refused 
 WRONG = False  # an SDK whose compiled subgraph computes the wrong numbers
 WRONG_1X1 = False  # an SDK wrong in its 1x1 convolutions only
 WRONG_AFTER_NORM = False  # an SDK wrong in quantizing a float op's outputs
+OUTPUT_SCALE = 1.0  # an SDK dequantizing its float outputs with the wrong scale
+SUPPORT_RAISES = False  # an operator support probing a driver that is missing
+ZERO_POINT_SHIFT = 0  # an SDK whose quantize writes codes this many steps off
+MUTATE = False  # a graph-rewriting SDK that modifies the partition it is handed
 FLOAT_OUTPUTS = frozenset()  # the weighted ops whose output stays float where no int8 op reads it
 
 
@@ -213,6 +238,52 @@ def test_a_wrong_compiled_partition_breaks_the_kernel_contract_and_keeps_the_ref
     _assert_reference_kept(lowered, reference, data, ("conv", "conv2", "mean"), "broke the kernel contract")
 
 
+def test_a_loaded_partition_is_checked_at_its_first_call_on_every_cpu(fake_dist, tmp_path):
+    """The compile at the first call after qp.load is a new compile (another runtime version,
+    another host): held to the contract on its first inputs even where convert's CPU and this one
+    both have VNNI. A wrong one keeps the reference form, with a warning naming plugin and partition."""
+    fake_dist("qplug-npu", NPU)
+    observed, data = _quantize("npu")
+    reference = qp.convert_to_reference_fx(observed)
+    path = qp.save(qp.convert_fx(observed), tmp_path / "npu.safetensors")
+    importlib.import_module("qplug_npu").WRONG = True  # the serving host's SDK computes wrong numbers
+    loaded = qp.load(path)
+    with pytest.warns(UserWarning, match=r"qplug: backend 'npu': partition delegate_0 compiled by plugin \S*npu\S* "
+                                         r"\(qplug-npu 0.1\) broke the kernel contract on its first inputs after "
+                                         r"qp.load .*reference form kept"), torch.no_grad():
+        assert torch.equal(loaded(*data[1]), reference(*data[1]))
+    report = qp.quantization_report(loaded)
+    assert report.partitions == [] and "broke the kernel contract" in report.reference["conv"]
+
+
+def test_a_compile_modifying_its_partition_leaves_the_saved_reference_form_right(fake_dist, tmp_path):
+    """A compiler zeroing the biases of the partition it was handed (after copying it for itself)
+    corrupted the reference form qp.save writes: the file was wrong everywhere, silently."""
+    fake_dist("qplug-npu", NPU.replace("MUTATE = False", "MUTATE = True"))
+    observed, data = _quantize("npu")
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match=r"qplug: backend 'npu' \(plugin \S*npu\S* \(qplug-npu 0.1\)\)'s compile "
+                                         r"modified the partition it was given \(.*bias.*\); qplug put its values back"):
+        lowered = qp.convert_fx(observed)
+    path = qp.save(lowered, tmp_path / "npu.safetensors")
+    with torch.no_grad():
+        assert torch.equal(lowered(*data[1]), reference(*data[1]))
+        assert torch.equal(qp.load(path, backend="reference")(*data[1]), reference(*data[1]))
+
+
+def test_an_operator_support_that_raises_is_named_as_the_plugin_s_error(fake_dist):
+    """It was a PassError naming a core pass, as if qplug had failed."""
+    from qplug_core.errors import PluginHookError
+
+    fake_dist("qplug-npu", NPU.replace("SUPPORT_RAISES = False", "SUPPORT_RAISES = True"))
+    observed, _ = _quantize("npu")
+    with pytest.raises(PluginHookError, match=r"backend 'npu': the operator support of plugin \S*npu\S* "
+                                              r"\(qplug-npu 0.1\) raised in is_node_supported on node '\w+' "
+                                              r"\(RuntimeError: npu driver not loaded\)") as raised:
+        qp.convert_fx(observed)
+    assert raised.value.dist == "qplug-npu"
+
+
 def _assert_reference_kept(lowered, reference, data, anchors, why):
     """No partition compiled, ``why`` reported for each int8 anchor, the reference form's numbers."""
     report = qp.quantization_report(lowered)
@@ -249,6 +320,43 @@ def _deep(fake_dist, wrong: bool, fail: bool = False, model: nn.Module | None = 
     data = [(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(3)]
     observed = qp.calibrate(qp.prepare_fx((model or Deep()).eval(), None, data[0], backend="npu"), data)
     return observed, data
+
+
+class DeepEnd(Deep):
+    """Deep, its partition's output the float mean (no Linear after it)."""
+
+    def forward(self, x):
+        return self.conv3(torch.relu(self.inner(torch.relu(self.conv(x))))).mean((2, 3))
+
+
+def test_a_multi_region_partition_with_a_wrong_output_scale_keeps_the_reference_form(fake_dist):
+    """Its regions' integer codes are right and its outputs point the right way: only the float
+    value of its output is 1.5x too large, which neither the cosine nor the region check saw."""
+    observed, data = _deep(fake_dist, wrong=False, model=DeepEnd(), npu=NPU.replace("OUTPUT_SCALE = 1.0",
+                                                                                      "OUTPUT_SCALE = 1.5"))
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match=r"partition delegate_0 compiled by plugin \S*npu\S* .*broke the kernel "
+                                         r"contract on the example inputs \(its outputs are off by 50.0% of the "
+                                         r"reference's L2 norm"):
+        lowered = qp.convert_fx(observed)
+    report = qp.quantization_report(lowered)
+    assert report.partitions == []
+    with torch.no_grad():
+        assert torch.equal(lowered(*data[1]), reference(*data[1]))
+
+
+def test_a_partition_one_step_off_on_every_element_is_refused(fake_dist):
+    """One step off on every element is within the steps allowed for rounding, but rounding ties
+    go both ways: a shift of every code the same way is a biased kernel, and was accepted."""
+    observed, data = _deep(fake_dist, wrong=False, model=DeepEnd(), npu=NPU.replace("ZERO_POINT_SHIFT = 0",
+                                                                                      "ZERO_POINT_SHIFT = 1"))
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match=r"int8 region \S+, compiled alone on the reference's own inputs, is within "
+                                         r"1 step .*; off by \+1.00 steps on average \(at most 0.25 either way"):
+        lowered = qp.convert_fx(observed)
+    assert qp.quantization_report(lowered).partitions == []
+    with torch.no_grad():
+        assert torch.equal(lowered(*data[1]), reference(*data[1]))
 
 
 def test_a_region_wrong_inside_a_partition_stays_in_reference_form_and_the_rest_is_compiled(fake_dist, tmp_path):

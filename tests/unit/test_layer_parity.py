@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 import qplug_core as qp
+from qplug_core.errors import PluginContractError
 from qplug_core.kernels.reference import ReferenceWeighted
 from qplug_core.plugin_api import layer_parity
 
@@ -46,3 +48,37 @@ def test_a_region_computed_differently_is_the_one_reported():
     first_weighted = next(n for n in reference.graph.nodes if n.op == "call_module"
                           and isinstance(reference.get_submodule(n.target), ReferenceWeighted))
     assert worst.name == next(iter(first_weighted.users)).name
+
+
+def _shifted(gm, example):
+    """Every quantize writes its codes one step up (a zero-point off by one)."""
+    compiled = copy.deepcopy(gm)
+    for module in compiled.modules():
+        if type(module).__name__ == "Quantize":
+            module.zero_point += 1
+    return compiled
+
+
+def test_a_region_one_step_off_on_every_element_shows_its_bias():
+    """Within one step on every element, as rounding ties are: only the mean says it is biased."""
+    reference, x = _reference()
+    parity = layer_parity(reference, _shifted, x)
+    assert parity.within == 1.0
+    assert all(abs(r.bias - 1.0) < 0.05 for r in parity.regions if r.elements)
+    assert all(r.bias == 0.0 for r in layer_parity(reference, lambda gm, example: copy.deepcopy(gm), x).regions)
+
+
+def test_a_region_of_the_wrong_shape_is_named_with_both_shapes():
+    reference, x = _reference()
+
+    def dropping_a_column(gm, example):
+        compiled = copy.deepcopy(gm)
+
+        def forward(*args):
+            return tuple(out[..., :-1] for out in gm(*args))
+        compiled.forward = forward
+        return compiled
+
+    with pytest.raises(PluginContractError, match=r"int8 region \w+: the compiled module returned shape "
+                                                  r"\(4, \d+(, \d+)*\), expected shape \(4, \d+(, \d+)*\)"):
+        layer_parity(reference, dropping_a_column, x)

@@ -44,8 +44,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from qplug_core.config import ObservationType, QConfigMapping
-from qplug_core.errors import ConfigValidationError
-from qplug_core.flows.report import report_names
+from qplug_core.errors import ConfigError, ConfigValidationError
+from qplug_core.flows.report import QuantizationReport, report_names
 from qplug_core.flows.tags import FROM_FUNCTIONAL, FUSIONS, region_tag
 from qplug_core.kernels.reference import Dequantize
 from qplug_core.nn import intrinsic as nni
@@ -442,7 +442,12 @@ def _build(pattern: Any, qconfigs: dict[str, Any]) -> tuple[Callable[[], nn.Modu
 
 
 def _qconfigs(backend: Backend) -> dict[str, Any]:
-    mapping = backend.default_qconfig_mapping("qat")
+    """The QAT qconfigs the QAT modules of the cases are built with; none for a backend without a
+    default 'qat' mapping (an inference-only runtime): its QAT cases are skipped, saying so."""
+    try:
+        mapping = backend.default_qconfig_mapping("qat")
+    except ConfigError:
+        return {}
     return {"global": mapping.global_qconfig,
             "embedding": mapping.object_type_qconfigs.get(nn.Embedding)}
 
@@ -462,11 +467,16 @@ def cases_for(backend: str | Backend) -> list[PatternCase]:
         if pattern in UNMATCHABLE:
             cases.append(PatternCase(pattern, ident, None, skip_reason=UNMATCHABLE[pattern]))
             continue
+        no_qat = f"backend {chosen.name!r} has no default 'qat' qconfig mapping to build this QAT case with"
         try:
             make, example, batches, mode = _build(pattern, qconfigs)
         except (KeyError, ValueError) as error:
-            cases.append(PatternCase(pattern, ident, None,
-                                     skip_reason=f"no small model known for this pattern ({error!r})"))
+            why = no_qat if not qconfigs and isinstance(error, KeyError) else \
+                f"no small model known for this pattern ({error!r})"
+            cases.append(PatternCase(pattern, ident, None, skip_reason=why))
+            continue
+        if mode == "qat" and not qconfigs:
+            cases.append(PatternCase(pattern, ident, None, skip_reason=no_qat))
             continue
         chain = _chain(pattern)
         case = PatternCase(
@@ -604,6 +614,24 @@ def _sqnr(reference: torch.Tensor, test: torch.Tensor) -> float:
     return float(10 * torch.log10(signal / noise))
 
 
+def _not_delegated(chosen: Backend, result: PatternResult, report: QuantizationReport,
+                   reference: fx.GraphModule) -> list[str]:
+    """For a backend with a delegate: the pattern's int8 anchors its operator support takes (in
+    the reference form) that did not end in a compiled partition. A compiler that always failed,
+    or always broke the contract, left every case in reference form, and the suite passed."""
+    delegate = getattr(chosen, "delegate", None)
+    if delegate is None or not result.quantized:
+        return []
+    name, submodules = report_names(reference.graph), dict(reference.named_modules())
+    taken = {name(n) for n in reference.graph.nodes if n.op in ("call_module", "call_function", "call_method")
+             and delegate.operator_support.is_node_supported(submodules, n)}
+    stuck = {a: report.reference.get(a, "?") for a in result.anchors if a in taken and a not in report.kernels}
+    if not stuck:
+        return []
+    return [f"the delegate of {chosen.name!r} takes {list(stuck)} ({result.region_pattern}) but they did not "
+            f"run in a compiled partition: {list(stuck.values())}"]
+
+
 def check_pattern(backend: str | Backend, case: PatternCase) -> PatternResult:
     """Quantize ``case``'s model with ``backend`` and with the reference form; compare them."""
     from qplug_core.flows import steps as flows  # the flows import this package's siblings: at call time
@@ -648,6 +676,7 @@ def check_pattern(backend: str | Backend, case: PatternCase) -> PatternResult:
         result.problems.append(f"the backend has a kernel for {result.region_pattern} but "
                                f"{missing} stayed in reference form: "
                                f"{[report.reference.get(a, '?') for a in missing]}")
+    result.problems += _not_delegated(chosen, result, report, reference)
 
     with torch.no_grad():
         float_out = as_tuple(copy.deepcopy(model).eval()(*case.example_inputs))

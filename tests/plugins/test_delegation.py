@@ -552,3 +552,34 @@ def test_a_partition_whose_regions_could_not_be_checked_one_by_one_says_so(fake_
         lowered = qp.convert_fx(observed)
     (partition,) = qp.quantization_report(lowered).partitions
     assert partition["note"].startswith("was checked as a whole only")
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_pattern_suite_fails_a_delegate_whose_compile_fails(fake_dist, fail):
+    """A delegate has no kernel table: the suite expected no lowering, so a compiler that never
+    worked passed every case. The nodes its support takes must now run in a compiled partition."""
+    from qplug_core.testing.pattern_cases import cases_for, check_pattern
+
+    fake_dist("qplug-npu", NPU.replace("FAIL = False", f"FAIL = {fail}"))
+    case = next(c for c in cases_for("npu") if c.id == "ReLU <- Conv2d")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        result = check_pattern("npu", case)
+    assert result.problems == ([f"the delegate of 'npu' takes {result.anchors} (ConvReLU2d) but they did not "
+                                f"run in a compiled partition: {list(result.reference.values())}"] if fail else [])
+    assert all(("SDK rejected" in why) == fail for why in result.reference.values())
+
+
+def test_the_pattern_cases_of_a_backend_without_a_qat_default_skip_its_qat_cases(fake_dist):
+    """An inference-only runtime has no QAT default (allowed): building the cases raised
+    ConfigError at collection, and a vendor's whole test module ran nothing."""
+    from qplug_core.testing.pattern_cases import cases_for
+
+    fake_dist("qplug-npu", NPU.replace("return default_qconfig_mapping(mode) if backend == \"npu\" else None",
+                                       "return default_qconfig_mapping(mode) if backend == \"npu\" and mode != \"qat\" "
+                                       "else None"))
+    cases = cases_for("npu")
+    qat = [case for case in cases if case.make_model is None and "'qat'" in case.skip_reason]
+    assert qat and all(case.skip_reason == "backend 'npu' has no default 'qat' qconfig mapping to build this QAT "
+                       "case with" for case in qat)
+    assert any(case.id == "ReLU <- Conv2d" and case.make_model is not None for case in cases)

@@ -578,7 +578,8 @@ def _contract_problem(compiled: Callable[..., Any], reference: fx.GraphModule, i
 def _bias(out: object, ref: object, scale: float | None) -> float:
     """The mean signed difference of ``out`` from ``ref`` in steps (``scale``, or the reference's
     range / 255 as the contract counts float outputs); 0 where they are not tensors to compare."""
-    if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor) or ref.numel() == 0:
+    if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor) or out.shape != ref.shape \
+            or ref.numel() == 0:
         return 0.0
     step = scale or (float(ref.max() - ref.min()) / 255 if ref.is_floating_point() else 1.0) or 1.0
     return float((out.double() - ref.double()).mean()) / step

@@ -45,6 +45,8 @@ class Compiled(nn.Module):
         out = self.partition(*args)
         if OUTPUT_SCALE != 1.0 and out.is_floating_point():
             out = out * OUTPUT_SCALE
+        if TRIM:
+            out = out[..., :-1]
         return out * -1.0 if WRONG else out
 
 
@@ -131,6 +133,7 @@ AT_BATCH_1 = ""  # "fail" or "wrong": compiled partitions are Sessions, refused 
 WRONG = False  # an SDK whose compiled subgraph computes the wrong numbers
 WRONG_1X1 = False  # an SDK wrong in its 1x1 convolutions only
 WRONG_AFTER_NORM = False  # an SDK wrong in quantizing a float op's outputs
+TRIM = False  # an SDK dropping the last column of its outputs
 OUTPUT_SCALE = 1.0  # an SDK dequantizing its float outputs with the wrong scale
 SUPPORT_RAISES = False  # an operator support probing a driver that is missing
 ZERO_POINT_SHIFT = 0  # an SDK whose quantize writes codes this many steps off
@@ -238,7 +241,8 @@ def test_a_wrong_compiled_partition_breaks_the_kernel_contract_and_keeps_the_ref
     _assert_reference_kept(lowered, reference, data, ("conv", "conv2", "mean"), "broke the kernel contract")
 
 
-def test_a_loaded_partition_is_checked_at_its_first_call_on_every_cpu(fake_dist, tmp_path):
+@pytest.mark.parametrize("fault", ["WRONG", "TRIM"])
+def test_a_loaded_partition_is_checked_at_its_first_call_on_every_cpu(fake_dist, tmp_path, fault):
     """The compile at the first call after qp.load is a new compile (another runtime version,
     another host): held to the contract on its first inputs even where convert's CPU and this one
     both have VNNI. A wrong one keeps the reference form, with a warning naming plugin and partition."""
@@ -246,7 +250,7 @@ def test_a_loaded_partition_is_checked_at_its_first_call_on_every_cpu(fake_dist,
     observed, data = _quantize("npu")
     reference = qp.convert_to_reference_fx(observed)
     path = qp.save(qp.convert_fx(observed), tmp_path / "npu.safetensors")
-    importlib.import_module("qplug_npu").WRONG = True  # the serving host's SDK computes wrong numbers
+    setattr(importlib.import_module("qplug_npu"), fault, True)  # the serving host's SDK is wrong
     loaded = qp.load(path)
     with pytest.warns(UserWarning, match=r"qplug: backend 'npu': partition delegate_0 compiled by plugin \S*npu\S* "
                                          r"\(qplug-npu 0.1\) broke the kernel contract on its first inputs after "

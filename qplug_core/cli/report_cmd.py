@@ -36,12 +36,14 @@ def report(
     verify: bool = typer.Option(False, "--verify", help="Check the file's digest first (one pass over "
                                                         "the file); loading a model always does."),
 ) -> None:
-    """Show a saved model's backend, versions, int8 regions, kernels, float ops and size."""
+    """Show a saved model's backend, versions, int8 regions, kernels, float ops and size (from its
+    reference form where its backend is not installed)."""
     import qplug_core as qp
     from qplug_core.cli._common import UsageError, emit_json
     from qplug_core.cli._report import print_report
     from qplug_core.cli._saved import saved_document
     from qplug_core.cli._table import show
+    from qplug_core.errors import BackendNotFoundError
     from qplug_core.serialization.weight_only import is_swapped_document
 
     if (float_spec is None) != (evaluation is None):
@@ -54,12 +56,18 @@ def report(
     if is_swapped_document(document):
         _report_swapped(path, document, float_spec, evaluation, sensitivity_of, as_json)
         return
-    qmodel = qp.load(path)
+    try:
+        qmodel, described_from = qp.load(path), None
+    except BackendNotFoundError as error:  # a support ticket's machine rarely has the vendor's plugin
+        qmodel = qp.load(path, backend="reference")
+        described_from = f"its reference form, not its backend's kernels ({error})"
     facts = {
         "path": str(path), "size_bytes": path.stat().st_size, "backend": document["backend"],
         "saved_with": {**document["versions"],
                        **{p["dist"] or p["name"]: p["version"] for p in document["plugins"]}},
     }
+    if described_from is not None:
+        facts["described_from"] = described_from
     if float_spec is not None and evaluation is not None:
         facts["accuracy"] = _accuracy(qmodel, float_spec, evaluation, document["backend"])
     ranking = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import warnings
 
@@ -587,3 +588,25 @@ def test_the_pattern_cases_of_a_backend_without_a_qat_default_skip_its_qat_cases
     assert qat and all(case.skip_reason == "backend 'npu' has no default 'qat' qconfig mapping to build this QAT "
                        "case with" for case in qat)
     assert any(case.id == "ReLU <- Conv2d" and case.make_model is not None for case in cases)
+
+
+def test_qplug_report_describes_a_delegate_file_without_its_plugin_from_its_reference_form(fake_dist, tmp_path,
+                                                                                            monkeypatch):
+    """An operator inspecting a vendor's file for a support ticket rarely has the vendor's plugin:
+    ``qplug report`` failed with qp.load's "not installed" error."""
+    from typer.testing import CliRunner
+
+    from qplug_core.cli.app import app
+    from qplug_core.registry import plugins
+
+    fake_dist("qplug-npu", NPU)
+    observed, _ = _quantize("npu")
+    path = qp.save(qp.convert_fx(observed), tmp_path / "npu.safetensors")
+    monkeypatch.setenv(plugins.ENV_DISABLE, "npu")
+    plugins.reset()
+    result = CliRunner().invoke(app, ["report", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    facts = json.loads(result.stdout)
+    assert facts["backend"] == "npu" and facts["report"]["backend"] == "reference"
+    assert facts["described_from"].startswith("its reference form, not its backend's kernels (")
+    assert "backend 'npu', which is not installed" in facts["described_from"]

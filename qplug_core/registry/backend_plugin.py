@@ -7,7 +7,8 @@ common case: the shared pattern set with the backend's :class:`DTypeConfigSet`, 
 kernels packed for its engine, and the default qconfig mappings with qparams made safe for its
 kernels' arithmetic on this CPU (``qplug_core.kernels.arithmetic``: 7-bit weights where x86 kernels
 sum u8 x s8 pairs in int16, on CPUs without VNNI). A backend overrides the plain
-methods (``pattern_configs``, ``kernels``, ``qconfig_options``, ``passes``, ...), never the hooks.
+methods (``pattern_configs``, ``kernels``, ``weight_only_kernels``, ``qconfig_options``,
+``passes``, ...), never the hooks.
 Extending *another* backend stays a job for raw ``@hookimpl`` functions.
 """
 
@@ -32,6 +33,7 @@ from qplug_core.registry.hookspecs import hookimpl
 if TYPE_CHECKING:
     from qplug_core.config import BackendPatternConfig, QConfigMapping
     from qplug_core.kernels.base import KernelSpec
+    from qplug_core.kernels.weight_only import WeightOnlyKernel
     from qplug_core.registry.contract import Delegate
 
 
@@ -86,6 +88,10 @@ class BackendPlugin:
         from qplug_core.kernels.table import torch_int8_kernels
 
         return torch_int8_kernels((c.pattern_complex_format for c in self._patterns()), self.engine)
+
+    def weight_only_kernels(self) -> list[WeightOnlyKernel]:
+        """Weight-only kernels (int8/int4 weights, float activations) this backend runs."""
+        return []
 
     def qconfig_options(self, mode: str) -> dict[str, Any] | None:
         """Keyword arguments of ``default_qconfig_mapping`` for ``mode``; ``None``: no default."""
@@ -167,6 +173,10 @@ class BackendPlugin:
     @hookimpl
     def qplug_int8_kernels(self, backend: str) -> dict[Any, KernelSpec]:
         return self.kernels() if backend == self.name else {}
+
+    @hookimpl
+    def qplug_weight_only_kernels(self, backend: str) -> list[WeightOnlyKernel]:
+        return self.weight_only_kernels() if backend == self.name else []
 
     @hookimpl
     def qplug_default_qconfig_mapping(self, backend: str, mode: str) -> QConfigMapping | None:

@@ -2,9 +2,10 @@
 
 Weights are quantized once (qint8, per-tensor or per-channel symmetric, or float16) and packed under
 the target engine; activations are quantized per call inside the ops, so these modules take and
-return float tensors. fbgemm quantizes activations to 7 bits (``reduce_range``) because non-VNNI
-x86 saturates int16 pair sums in ``vpmaddubsw``; qnnpack ignores the flag (and complains), so it
-gets ``False``.
+return float tensors. Whether activations take 7 bits (``reduce_range``) is the flows' choice (the
+calibrated activation range); a direct caller gets the CPU's: 7 bits where the engine's kernels
+sum u8 x s8 pairs in int16 (x86 without VNNI, ``kernels/arithmetic.py``), full 8 bits elsewhere
+(VNNI, qnnpack, which ignores the flag and complains).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from qplug_core.kernels._common import (
     split_fused_relu,
     wrong_input_size,
 )
+from qplug_core.kernels.arithmetic import engine_arithmetic, pair_sums_saturate
 from qplug_core.kernels.base import PackedStateModule, engine_context, quiet_quantized_dtypes
 from qplug_core.kernels.capabilities import engine_capabilities
 from qplug_core.kernels.reference import dynamic_weight_names
@@ -98,8 +100,9 @@ class DynamicKernel(PackedStateModule):
                    weight_qparams: QParams | Mapping[str, QParams] | None = None) -> DynamicKernel:
         """Quantize and pack ``mod``'s weights for ``engine`` (default: the current engine).
 
-        ``reduce_range=None`` picks 7-bit activations on x86 engines (safe without VNNI); the flows
-        pass the calibrated choice. ``weight_qparams`` override the default symmetric weight
+        ``reduce_range=None`` picks 7-bit activations where ``engine``'s kernels sum pairs in
+        int16 on this CPU (x86 without VNNI; ``override_cpu_flags`` decides as another CPU
+        would); the flows pass the calibrated choice. ``weight_qparams`` override the default symmetric weight
         qparams, so a user's weight observer is honoured: a ``QParams`` for a linear, one per weight
         matrix by parameter name for recurrent layers and cells (``{"weight_ih_l0": ..., ...}``);
         a matrix not named keeps the default.
@@ -107,7 +110,7 @@ class DynamicKernel(PackedStateModule):
         engine = engine or torch.backends.quantized.engine
         cls._check(dtype, engine, per_channel)
         if reduce_range is None:
-            reduce_range = engine in ("fbgemm", "x86")
+            reduce_range = pair_sums_saturate(engine_arithmetic(engine))
         given: dict[str, QParams] = (
             {"weight": weight_qparams} if isinstance(weight_qparams, QParams) else dict(weight_qparams or {}))
         unknown = sorted(set(given) - set(dynamic_weight_names(mod)))

@@ -11,6 +11,7 @@ from torch import nn
 
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.kernels.capabilities import engine_capabilities
+from qplug_core.kernels.cpu import override_cpu_flags
 from qplug_core.kernels.reference import rounded_copy
 from qplug_core.kernels.torch_int8 import (
     DynamicGRU,
@@ -58,6 +59,15 @@ def test_dynamic_linear_int8_error_bound(engine, batch, k, n, per_channel, relu,
     s_x = (max(x.max().item(), 0) - min(x.min().item(), 0)) / qmax
     bound = 2 * s_x * w_q.abs().sum(1) + 1e-5
     assert ((mod(x) - ref).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("flags,x86_reduces", [("avx2 fma", True), ("avx2 avx512f avx512bw avx512_vnni", False)])
+def test_dynamic_linear_default_activation_bits_follow_the_cpu(engine, flags, x86_reduces):
+    """Called directly, 7-bit activations only where fbgemm's pair sums saturate (no VNNI)."""
+    with override_cpu_flags(flags):
+        mod = DynamicLinear.from_float(nn.Linear(8, 4), engine=engine)
+    assert mod.reduce_range is (x86_reduces and engine == "fbgemm")
 
 
 @pytest.mark.parametrize("engine", ENGINES)

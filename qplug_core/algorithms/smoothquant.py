@@ -38,20 +38,18 @@ from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError
 from qplug_core.flows.regions import CallCounter, resolve_qconfig
 from qplug_core.kernels.reference import observed_weight_qparams
+from qplug_core.kernels.smoothquant_scale import ALPHAS, held_out_halves, smoothquant_scale
 from qplug_core.nn.channel_scale import ChannelScale
 from qplug_core.observers.tokens import real_tokens
 
 __all__ = ["ALPHAS", "SmoothedInput", "smooth_quant"]
 
-#: migration strengths tried for every input (None: leave the input as it is)
-ALPHAS: tuple[float | None, ...] = (None, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 _SAMPLE_ROWS = 2048
 #: the strength search scores every 8th recorded row: each candidate runs the activation observer
 #: (a histogram by default) over them, and 256 rows spread over the first batches rank the
 #: strengths at an eighth of the cost (with all 2,048 rows the search took half of qp.quantize's
 #: time on all-MiniLM-L6-v2; its held-out embedding figures stay within 0.0002)
 _SEARCH_STRIDE = 8
-_MIN_SCALE = 1e-5
 
 
 @dataclass
@@ -86,12 +84,8 @@ class _InputRecorder:
     def folds(self) -> list[tuple[_Rows, _Rows]]:
         """(fitting, scored) pairs: the first half of the recorded rows (in calibration order)
         against the second and the other way round; a single row is scored on itself."""
-        rows = torch.cat(self.rows)
-        if len(rows) < 2:
-            whole = _Rows.of(rows)
-            return [(whole, whole)]
-        first, second = _Rows.of(rows[: len(rows) // 2]), _Rows.of(rows[len(rows) // 2:])
-        return [(first, second), (second, first)]
+        halves = held_out_halves(torch.cat(self.rows))
+        return [(_Rows.of(fitting), _Rows.of(scored)) for fitting, scored in halves]
 
 
 @dataclass
@@ -147,7 +141,7 @@ def _error(folds: list[tuple[_Rows, _Rows]], layers: list[tuple[nn.Module, Any]]
     the smoothing scale and the activation range fitted on its other rows."""
     num = den = 0.0
     for fitting, scored in folds:
-        scale = None if alpha is None else _scale(fitting.absmax, weights, alpha)
+        scale = None if alpha is None else smoothquant_scale(fitting.absmax, [weights], alpha)
         x, fit = (scored.rows, fitting.rows) if scale is None else (scored.rows / scale, fitting.rows / scale)
         xq = _quantized(x, fit, layers[0][1].activation)
         for layer, qconfig in layers:
@@ -157,13 +151,6 @@ def _error(folds: list[tuple[_Rows, _Rows]], layers: list[tuple[nn.Module, Any]]
             num += float((xq @ wq.T - want).square().sum())
             den += float(want.square().sum())
     return num / max(den, 1e-30)
-
-
-def _scale(absmax: torch.Tensor, weights: torch.Tensor, alpha: float) -> torch.Tensor:
-    w = weights.abs().amax(0)
-    usable = (absmax > 0) & (w > 0)
-    s = absmax.clamp_min(1e-12).pow(alpha) / w.clamp_min(1e-12).pow(1 - alpha)
-    return torch.where(usable, s.clamp_min(_MIN_SCALE), torch.ones_like(s))
 
 
 def smooth_quant(gm: fx.GraphModule, calibration_data: Any, *, qconfig_mapping: QConfigMapping,
@@ -196,7 +183,7 @@ def smooth_quant(gm: fx.GraphModule, calibration_data: Any, *, qconfig_mapping: 
             results.append(SmoothedInput([n.target for n, _ in members], best_alpha, before,
                                          best_error))
             if best_alpha is not None:  # the scale itself from every calibration batch
-                _apply(gm, value, members, layers, _scale(recorder.absmax, weights, best_alpha),
+                _apply(gm, value, members, layers, smoothquant_scale(recorder.absmax, [weights], best_alpha),
                        f"smoothquant_{count}")
     gm.graph.lint()
     gm.recompile()

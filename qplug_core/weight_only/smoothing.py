@@ -17,9 +17,12 @@ channels come from ``v_proj``'s through attention, and with grouped-query attent
 query heads share each value channel, so one scale per channel cannot be exact for all of them;
 per-token activation scales cover it.
 
-``alpha="auto"`` picks the strength per input from :data:`ALPHAS` (including no smoothing) by the
-int8 output error of the layers on recorded calibration rows, with the activation and weight
-quantization that will run.
+``alpha="auto"`` picks the strength per input from the shared grid
+(:data:`~qplug_core.kernels.smoothquant_scale.ALPHAS`, including no smoothing) by the int8 output
+error of the layers with the activation and weight quantization that will run, scored on sampled
+calibration rows the scale (and a static activation range) were not fitted on: half the rows fit,
+the other half are scored, and the other way round, as the graph flow does (its module docstring,
+``algorithms/smoothquant.py``, records why: in-sample, the strongest smoothing always looks best).
 """
 
 from __future__ import annotations
@@ -32,13 +35,11 @@ import torch
 from torch import nn
 
 from qplug_core.errors import CalibrationError
+from qplug_core.kernels.smoothquant_scale import ALPHAS, held_out_halves, smoothquant_scale
 from qplug_core.weight_only.batches import call_model, run_batch
 from qplug_core.weight_only.dataflow import MulPair, NormGroup, trace_inputs
 
-#: strengths ``alpha="auto"`` tries (None: leave the input as it is)
-ALPHAS: tuple[float | None, ...] = (None, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 _SAMPLE_ROWS = 256
-_MIN_SCALE = 1e-5
 #: relative error a norm's output may show after a fold (float32 rounding of w / s)
 _FOLD_TOLERANCE = 1e-5
 
@@ -79,12 +80,14 @@ def norm_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def smooth(model: nn.Module, linears: dict[str, nn.Linear], calibration: Iterable[Any],
-           alpha: float | str, error: Callable[[torch.Tensor, list[nn.Linear], torch.Tensor | None], float],
+           alpha: float | str,
+           error: Callable[[torch.Tensor, list[nn.Linear], torch.Tensor | None, torch.Tensor], float],
            unsmoothed: dict[str, str]) -> list[Smoothed]:
     """Fold SmoothQuant scales into ``model`` (in place; the float function is unchanged); returns
     the inputs a scale was folded into.
 
-    ``error(rows, layers, scale)`` scores a candidate scale for ``alpha="auto"``. Layers whose
+    ``error(rows, layers, scale, fitting)`` scores a candidate scale for ``alpha="auto"`` on
+    ``rows``, the scale and any static activation range fitted on the rows ``fitting``. Layers whose
     input cannot take a folded scale, or where ``"auto"`` found no strength better than none, get
     an entry in ``unsmoothed`` (layer -> reason)."""
     stats = {name: _Statistics() for name in linears}
@@ -122,23 +125,25 @@ def smooth(model: nn.Module, linears: dict[str, nn.Linear], calibration: Iterabl
     return [entry for entry in entries if entry is not None and entry.alpha is not None]
 
 
-def _scale(absmax: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
-    w = torch.cat([weight.detach().float() for weight in weights]).abs().amax(0)
-    usable = (absmax > 0) & (w > 0)
-    s = absmax.clamp_min(1e-12).pow(alpha) / w.clamp_min(1e-12).pow(1 - alpha)
-    return torch.where(usable, s.clamp_min(_MIN_SCALE), torch.ones_like(s))
-
-
 def _pick(layers: list[nn.Linear], statistics: _Statistics, absmax: torch.Tensor, alpha: float | str,
           error: Callable) -> tuple[float | None, torch.Tensor | None, float | None, float | None]:
-    """(strength, scale, error without, error with) for the layers reading one input."""
+    """(strength, scale, error without, error with) for the layers reading one input; the scale
+    itself comes from ``absmax`` (every calibration row), once the strength is chosen."""
     weights = [layer.weight for layer in layers]
     if alpha != "auto":
-        return float(alpha), _scale(absmax, weights, float(alpha)), None, None
-    rows = torch.cat(statistics.rows)
-    scored = [(error(rows, layers, None if a is None else _scale(absmax, weights, a)), a) for a in ALPHAS]
+        return float(alpha), smoothquant_scale(absmax, weights, float(alpha)), None, None
+    halves = held_out_halves(torch.cat(statistics.rows))
+
+    def held_out_error(a: float | None) -> float:
+        total = 0.0
+        for fitting, scored in halves:
+            scale = None if a is None else smoothquant_scale(fitting.abs().amax(0), weights, a)
+            total += error(scored, layers, scale, fitting)
+        return total / len(halves)
+
+    scored = [(held_out_error(a), a) for a in ALPHAS]
     best_error, best = min(scored, key=lambda item: item[0])
-    return best, None if best is None else _scale(absmax, weights, best), scored[0][0], best_error
+    return best, None if best is None else smoothquant_scale(absmax, weights, best), scored[0][0], best_error
 
 
 def _smooth_group(group: NormGroup, modules: dict[str, nn.Module], linears: dict[str, nn.Linear],

@@ -134,8 +134,8 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
     if alpha is not None:
         qmax = 127 if simulate else weight_qmax(gemm)
         info.smoothed = smooth(qmodel, linears, calibration, alpha,
-                               lambda rows, layers, scale: output_error(rows, layers, scale, qmax,
-                                                                        static=activations == "static"),
+                               lambda rows, layers, scale, fitting: output_error(
+                                   rows, layers, scale, qmax, static=activations == "static", fitting=fitting),
                                info.unsmoothed)
     ranges = _input_ranges(qmodel, linears, calibration) if activations == "static" else {}
     shared = SharedInput()
@@ -209,13 +209,14 @@ def _output_head(model: nn.Module) -> str | None:
 
 
 def output_error(rows: torch.Tensor, layers: list[nn.Linear], scale: torch.Tensor | None, qmax: int,
-                 *, static: bool = False) -> float:
+                 *, fitting: torch.Tensor, static: bool = False) -> float:
     """Relative squared error of the layers' int8 outputs on ``rows`` with smoothing ``scale``:
-    per-token (or, ``static``, per-tensor) activations and per-channel weights of ``qmax``, as the
-    swapped modules compute."""
+    per-token (or, ``static``, per-tensor, over the range of the rows ``fitting``)
+    activations and per-channel weights of ``qmax``, as the swapped modules compute."""
     x = rows if scale is None else rows / scale
     if static:
-        x_scale, zero_point = static_activation_qparams(float(x.min()), float(x.max()))
+        fit = fitting if scale is None else fitting / scale
+        x_scale, zero_point = static_activation_qparams(float(fit.min()), float(fit.max()))
         xq = (torch.round(x / x_scale).add_(zero_point).clamp_(0, 255) - zero_point) * x_scale
     else:
         q, token_scale, token_zero_point = per_token_quantize(x)

@@ -15,7 +15,9 @@ from torch import nn
 import qplug_core as qp
 from qplug_core.errors import CalibrationError, ConfigValidationError, SerializationError
 from qplug_core.kernels.per_token import LEVELS, PerTokenDynamicLinear, best_gemm, weight_qmax
-from qplug_core.weight_only.smoothing import smooth
+from qplug_core.kernels.smoothquant_scale import ALPHAS, smoothquant_scale
+from qplug_core.weight_only.smoothing import _pick, _Statistics, smooth
+from qplug_core.weight_only.w8a8 import output_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -229,6 +231,31 @@ def test_auto_strength_never_does_worse_than_no_smoothing_on_its_rows():
     assert qmodel.qplug_w8a8.smoothed
     for entry in qmodel.qplug_w8a8.smoothed:
         assert entry.error_after <= entry.error_before
+
+
+def test_auto_strength_is_scored_on_rows_its_scale_and_range_never_saw():
+    """A channel quiet while half the rows were recorded and spiking in the other half: scored
+    in-sample a strong smoothing looks best; held out, it multiplies the spike past the static
+    range, so a weaker one (here none) wins."""
+    g = torch.Generator().manual_seed(2)
+    layer = nn.Linear(8, 8)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(8, 8, generator=g))
+    rows = torch.randn(64, 8, generator=g)
+    rows[:, 1] *= 30  # a persistent outlier channel: smoothing helps
+    rows[:32, 0] *= 0.01
+    rows[32:, 0] *= 20
+    absmax = rows.abs().amax(0)
+
+    def error(scored, layers, scale, fitting):
+        return output_error(scored, layers, scale, 127, static=True, fitting=fitting)
+
+    in_sample = min((error(rows, [layer], None if a is None else smoothquant_scale(absmax, [layer.weight], a), rows), a)
+                    for a in ALPHAS)[1]
+    statistics = _Statistics()
+    statistics.rows = [rows]
+    chosen = _pick([layer], statistics, absmax, "auto", error)[0]
+    assert in_sample == 0.6 and chosen is None
 
 
 def test_bad_arguments_are_refused_with_the_fix():

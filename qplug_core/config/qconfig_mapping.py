@@ -141,15 +141,6 @@ class QConfigMapping:
             return fallback
         return self.module_name_object_type_order_qconfigs.get((module_path, object_type, index), fallback)
 
-    def qconfig_for(self, module_path: str, object_type: Any, index: int | None = None) -> QConfig | None:
-        """The qconfig of an op of ``object_type`` at ``module_path`` (its ``index``-th such call).
-
-        global < object type < regex on ``module_path`` < module name (``module_path`` or its
-        nearest configured parent) < ``(module_path, object_type, index)``.
-        """
-        qconfig = self._type_or_name(object_type, module_path, self.global_qconfig)
-        return self._order(module_path, object_type, index, qconfig)
-
     def qconfig_for_module(self, name: str, module_type: type, index: int | None = None) -> QConfig | None:
         """A ``call_module`` node: ``index`` counts calls of ``module_type`` in the parent module."""
         qconfig = self._type_or_name(module_type, name, self.global_qconfig)

@@ -31,28 +31,28 @@ def test_builders_chain_and_store():
 
 def test_precedence_levels():
     m = QConfigMapping().set_global(Q[0])
-    assert m.qconfig_for("a.b", nn.Linear) == Q[0]
+    assert m.qconfig_for_module("a.b", nn.Linear) == Q[0]
     m.set_object_type(nn.Linear, Q[1])
-    assert m.qconfig_for("a.b", nn.Linear) == Q[1]
+    assert m.qconfig_for_module("a.b", nn.Linear) == Q[1]
     m.set_module_name_regex(r"a\..*", Q[2])
-    assert m.qconfig_for("a.b", nn.Linear) == Q[2]
+    assert m.qconfig_for_module("a.b", nn.Linear) == Q[2]
     m.set_module_name("a", Q[3])                      # parent prefix applies to a.b
-    assert m.qconfig_for("a.b", nn.Linear) == Q[3]
+    assert m.qconfig_for_module("a.b", nn.Linear) == Q[3]
     m.set_module_name("a.b", None)                    # None = do not quantize, wins at its level
-    assert m.qconfig_for("a.b", nn.Linear) is None
-    m.set_module_name_object_type_order("a.b", nn.Linear, 0, Q[5])
-    assert m.qconfig_for("a.b", nn.Linear, 0) == Q[5]
-    assert m.qconfig_for("a.b", nn.Linear, 1) is None
-    assert m.qconfig_for("ab", nn.Linear) == Q[1]     # "a" is not a dotted parent of "ab"
+    assert m.qconfig_for_module("a.b", nn.Linear) is None
+    m.set_module_name_object_type_order("a", nn.Linear, 0, Q[5])  # the first Linear "a" calls
+    assert m.qconfig_for_module("a.b", nn.Linear, 0) == Q[5]
+    assert m.qconfig_for_module("a.b", nn.Linear, 1) is None
+    assert m.qconfig_for_module("ab", nn.Linear) == Q[1]     # "a" is not a dotted parent of "ab"
 
 
 def test_regex_first_registered_match_wins_and_reset_keeps_order():
     m = QConfigMapping().set_module_name_regex("foo.*bar.*conv[0-9]+", Q[1]).set_module_name_regex("foo.*", Q[2])
-    assert m.qconfig_for("foo.bar.conv0", nn.Conv2d) == Q[1]
-    assert m.qconfig_for("foo.baz.relu", nn.ReLU) == Q[2]
+    assert m.qconfig_for_module("foo.bar.conv0", nn.Conv2d) == Q[1]
+    assert m.qconfig_for_module("foo.baz.relu", nn.ReLU) == Q[2]
     m.set_module_name_regex("foo.*bar.*conv[0-9]+", Q[3])
     assert list(m.module_name_regex_qconfigs) == ["foo.*bar.*conv[0-9]+", "foo.*"]
-    assert m.qconfig_for("foo.bar.conv0", nn.Conv2d) == Q[3]
+    assert m.qconfig_for_module("foo.bar.conv0", nn.Conv2d) == Q[3]
 
 
 def test_node_kinds_follow_torch_ao():
@@ -150,10 +150,7 @@ def test_resolution_matches_torch_ao_helpers(ops, path, obj_type, index, scope_t
     g = ao_mapping.global_qconfig
     adjust = ao._maybe_adjust_qconfig_for_module_type_or_name
     order = ao._maybe_adjust_qconfig_for_module_name_object_type_order
-    # generic: type-or-name, then order on (path, type, index)
-    expected = order(ao_mapping, path, obj_type, index, adjust(ao_mapping, obj_type, path, g))
-    assert ours.qconfig_for(path, obj_type, index) == expected
-    assert ours.qconfig_for(path, obj_type) == adjust(ao_mapping, obj_type, path, g)
+    assert ours.qconfig_for_module(path, obj_type) == adjust(ao_mapping, obj_type, path, g)
     # call_module (as _generate_node_name_to_qconfig): order keyed on the parent path
     parent = path.rpartition(".")[0]
     expected = order(ao_mapping, parent, obj_type, index, adjust(ao_mapping, obj_type, path, g))

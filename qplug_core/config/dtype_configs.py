@@ -23,7 +23,6 @@ __all__ = [
     "default_op_quint8_dtype_config",
     "input_output_only_quint8_dtype_config",
     "reference_dtype_configs",
-    "weight_only_quint4x2_dtype_config",
     "weight_only_quint8_dtype_config",
     "weighted_op_quint8_dtype_config",
 ]
@@ -54,10 +53,6 @@ input_output_only_quint8_dtype_config = DTypeConfig(
 weight_only_quint8_dtype_config = DTypeConfig(
     input_dtype=torch.float, output_dtype=torch.float, weight_dtype=torch.quint8)
 """Weight-only quantization (embedding tables)."""
-
-weight_only_quint4x2_dtype_config = DTypeConfig(
-    input_dtype=torch.float, output_dtype=torch.float, weight_dtype=torch.quint4x2)
-"""4-bit weight-only embedding tables (two values per byte)."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ cached per process.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -51,9 +51,6 @@ class EngineCapabilities:
     #: relu6 / hardtanh / clamp on channels_last quint8 tensors give the float result (torch
     #: 2.13's qnnpack ones do not: MobileNetV2 at -2 dB)
     clamp_channels_last: bool = False
-
-    def as_dict(self) -> dict[str, bool | str]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def _qu8(shape: tuple[int, ...], scale: float = 0.05) -> torch.Tensor:

@@ -166,7 +166,7 @@ def _choice(key: Hashable, threads: int, caller: int) -> ThreadChoice:
 
 
 def single_thread_choices() -> dict[tuple[Hashable, int], bool]:
-    """What was measured: (key, thread count) -> whether one thread runs it."""
+    """What was measured: (key, thread count) -> whether one thread runs it (for tests and bench/)."""
     with _lock:
         return {(key, threads): choice.single for (key, threads, _), choice in _choices.items()
                 if choice.single is not None}

@@ -58,6 +58,8 @@ class CompiledPartition(HoldsPartition, nn.Module):
     #: normal range, zero on any int8 grid and slow to compute: ``partition/denormals.py``); the
     #: runtime's own worker threads are the subclass's to set
     flush_denormals = True
+    #: checks the models compiled for new signatures (None: only their build failures fall back)
+    signature_check: SignatureCheck | None
 
     def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
                  serialize: Callable[[fx.GraphModule, tuple], bytes]):
@@ -68,7 +70,6 @@ class CompiledPartition(HoldsPartition, nn.Module):
         self._routes: dict[tuple, tuple] = {}  # input signature -> the signature compiled for it
         self._single_output = True
         self.__dict__["_routing"] = threading.Lock()
-        #: checks the models compiled for new signatures (None: only their build failures fall back)
         self.__dict__["signature_check"] = None
         self.refused: dict[str, str] = {}  # input signature -> why it runs the reference form
         self._compile(example_inputs)

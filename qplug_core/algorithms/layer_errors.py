@@ -27,6 +27,7 @@ from torch import fx, nn
 from torch.func import functional_call
 
 from qplug_core.algorithms._layers import layer_of
+from qplug_core.algorithms.sensitivity import float_output
 from qplug_core.flows.freed_memory import give_back_freed_memory
 from qplug_core.kernels.per_token import QMAX, per_token_quantize, symmetric_per_channel_int8
 from qplug_core.qparams import QParams, compute_qparams, fake_quantize
@@ -134,8 +135,6 @@ def layer_errors(gm: fx.GraphModule, observed: fx.GraphModule, layers: list[str]
     observer factory, ``dynamic_qconfig`` is the backend's dynamic Linear qconfig,
     ``per_token_qmax`` the per-token GEMM's weight range (7 bits where it sums pairs in int16).
     The float outputs come from the same pass (the scores need them)."""
-    from qplug_core.algorithms.sensitivity import float_output
-
     observed_modules = dict(observed.named_modules(remove_duplicate=False))
     nodes = {n.target: n for n in observed.graph.nodes if n.op == "call_module"}
     float_nodes = {n.target: n for n in gm.graph.nodes if n.op == "call_module"}

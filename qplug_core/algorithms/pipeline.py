@@ -19,6 +19,8 @@ from qplug_core.algorithms.recipes import (
     resolve_recipe,
 )
 from qplug_core.config import QConfigMapping
+from qplug_core.errors import ConfigValidationError
+from qplug_core.flows.weight_bits import backend_defaults
 from qplug_core.ir.copying import deepcopy_sharing
 
 __all__ = ["prepare_algorithms", "prepare_sharing_weights", "quantize_fused"]
@@ -56,13 +58,11 @@ def prepare_algorithms(model: nn.Module, example_inputs: Any, calibration_data: 
 
     ``options`` loses the capture options (they are used here); the rest go to prepare.
     """
-    from qplug_core.errors import ConfigValidationError
     from qplug_core.flows.steps import as_input_tuple, iter_batches
 
     if not isinstance(model, (nn.Module, torch.export.ExportedProgram)):
         raise ConfigValidationError(f"model must be a torch.nn.Module or an ExportedProgram, got "
                                     f"{type(model).__name__}", field="model", value=type(model).__name__)
-    from qplug_core.flows.weight_bits import backend_defaults
 
     # the defaults are resolved here (the recipe needs them): marked so they stay the defaults
     mapping = qconfig_mapping if qconfig_mapping is not None else backend_defaults(backend)

@@ -20,6 +20,9 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from qplug_core.algorithms.bias_correction import correct_bias
+from qplug_core.algorithms.equalization import equalize_cross_layer
+from qplug_core.algorithms.smoothquant import smooth_quant
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, did_you_mean
 from qplug_core.nn.computed_weights import copy_model
@@ -37,17 +40,14 @@ class RecipeContext:
 
 
 def _equalize(gm: fx.GraphModule, ctx: RecipeContext) -> Any:
-    from qplug_core.algorithms.equalization import equalize_cross_layer
     return equalize_cross_layer(gm)
 
 
 def _bias_correction(gm: fx.GraphModule, ctx: RecipeContext) -> Any:
-    from qplug_core.algorithms.bias_correction import correct_bias
     return correct_bias(gm, ctx.calibration, qconfig_mapping=ctx.qconfig_mapping)
 
 
 def _smoothquant(gm: fx.GraphModule, ctx: RecipeContext) -> Any:
-    from qplug_core.algorithms.smoothquant import smooth_quant
     return smooth_quant(gm, ctx.calibration, qconfig_mapping=ctx.qconfig_mapping, backend=ctx.backend)
 
 

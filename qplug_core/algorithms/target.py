@@ -44,6 +44,7 @@ from qplug_core.algorithms.sensitivity import (
 )
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, warn_user
+from qplug_core.flows.regions import CallCounter, resolve_qconfig
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import TARGET, WEIGHT_BITS_DECIDED, WEIGHT_BITS_REUSE
 from qplug_core.flows.weight_bits import converted_weight_ranges
@@ -508,8 +509,6 @@ def _static_weights(gm: fx.GraphModule, mapping: QConfigMapping, layers: list[st
                     converted: dict[str, tuple[int, int]]) -> dict[str, Any]:
     """layer name -> the weight observer factory ``mapping`` gives it, on the integer range its
     weights were ``converted`` to where convert chose another (``flows/weight_bits.py``)."""
-    from qplug_core.flows.regions import CallCounter, resolve_qconfig
-
     modules = dict(gm.named_modules(remove_duplicate=False))
     wanted, counter, found = set(layers), CallCounter(), {}
     for node in gm.graph.nodes:

@@ -12,7 +12,9 @@ from typing import Any
 
 from torch import fx, nn
 
+from qplug_core.flows.pipeline import as_input_tuple, fuse_model
 from qplug_core.flows.report import no_pattern_reason
+from qplug_core.flows.tags import ValueAnnotator
 from qplug_core.partition.partitioner import CapabilityBasedPartitioner, Partition
 from qplug_core.partition.support import OperatorSupportBase
 
@@ -44,9 +46,7 @@ def by_backend(model: nn.Module, backend: Any, example_inputs: Any, *, qconfig_m
     ``model`` is captured and fused as ``prepare_fx`` would (the user's model is not modified).
     With ``fuse=True`` each int8 partition becomes a submodule called through ``call_module``.
     """
-    from qplug_core.flows.pipeline import as_input_tuple, fuse_model
     from qplug_core.flows.regions import RegionPlanner
-    from qplug_core.flows.tags import ValueAnnotator
     from qplug_core.registry.backends import resolve_backend
 
     chosen = resolve_backend(backend)

@@ -41,7 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qplug_core.errors import ConfigError, ConfigValidationError, did_you_mean
+from qplug_core.errors import ConfigError, ConfigValidationError, QplugError, did_you_mean
+from qplug_core.observers.factory import FactoryMixin, ObserverFactory
+from qplug_core.patterns import MatchAllNode
 
 __all__ = [
     "TENSOR_ATTRIBUTES",
@@ -317,9 +319,6 @@ def _defined_in(module_name: str) -> Iterator[Any]:
 
 
 def _core(table: NameTable) -> None:
-    from qplug_core.observers.factory import FactoryMixin
-    from qplug_core.patterns import MatchAllNode
-
     _torch_ops(table)
     _torch_modules(table)
     for source in _CORE_MODULE_SOURCES:
@@ -338,8 +337,6 @@ def _core(table: NameTable) -> None:
 
 
 def _kind_of(obj: Any) -> tuple[Kind, ...]:
-    from qplug_core.observers.factory import FactoryMixin
-
     if isinstance(obj, type) and issubclass(obj, FactoryMixin):
         return (Kind.OBSERVER,)
     if isinstance(obj, type) and issubclass(obj, nn.Module):
@@ -372,8 +369,6 @@ def _add_registered(table: NameTable, obj: Any, kinds: tuple[Kind, ...]) -> None
 
 def _add_backend(table: NameTable, backend: Any) -> None:
     """What one assembled backend registers: pattern configs, kernels, default qconfigs."""
-    from qplug_core.errors import QplugError
-
     for cfg in backend.config.configs:
         pattern = cfg.pattern if cfg.pattern is not None else cfg.pattern_complex_format
         for obj in _pattern_objects(pattern):
@@ -399,8 +394,6 @@ def _add_backend(table: NameTable, backend: Any) -> None:
 
 
 def _mapping_observers(mapping: Any) -> Iterator[type]:
-    from qplug_core.observers.factory import ObserverFactory
-
     tables = (mapping.object_type_qconfigs, mapping.module_name_regex_qconfigs,
               mapping.module_name_qconfigs, mapping.module_name_object_type_order_qconfigs)
     for qconfig in [mapping.global_qconfig, *(q for t in tables for q in t.values())]:
@@ -472,8 +465,6 @@ def set_backend_source(source: Callable[[], tuple[dict, Iterable[Any]]]) -> None
 def name_table() -> NameTable:
     """The whole table: core, registrations and the current plugins' backends (built on first use,
     then cached where the backend source says, so a plugin reload rebuilds it)."""
-    from qplug_core.errors import QplugError
-
     base = _base_table()
     if _backend_source is None or getattr(_building, "active", False):
         return base  # no backend assembled in this process yet, or a plugin decoding while we build

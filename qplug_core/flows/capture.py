@@ -145,8 +145,6 @@ def _require_inputs(example_inputs: tuple[Any, ...] | None, level: str) -> tuple
 
 
 def _raised_export(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphModule:
-    from qplug_core.flows.raise_aten import raise_aten_graph
-
     try:
         with float_like_int8(model):  # a widened export is checked against the model's own answer
             gm = export_module(model, example_inputs)

@@ -66,6 +66,7 @@ from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.fuse import build_submodule
 from qplug_core.partition.lazy import LazyPartition
 from qplug_core.partition.sole import install as install_sole_call
+from qplug_core.registry import plugins
 from qplug_core.registry.contract import Delegate
 
 if TYPE_CHECKING:
@@ -632,8 +633,6 @@ def _channel_note(channel: tuple[int, int] | None) -> str:
 
 
 def _delegate_record(backend_name: str) -> PluginRecord | None:
-    from qplug_core.registry import plugins
-
     result = plugins.collect_first("qplug_delegate", backend=backend_name)
     return result.record if result is not None else None
 

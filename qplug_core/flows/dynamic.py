@@ -29,6 +29,7 @@ from qplug_core.errors import (
     did_you_mean,
     warn_user,
 )
+from qplug_core.flows.capture import capture_for_quantization
 from qplug_core.flows.checks import check_float32, check_model, check_weight_values, refuse_quantized
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.raise_aten import is_aten_graph
@@ -158,8 +159,6 @@ def linear_from_conv1d(module: nn.Module) -> nn.Linear:
 
 
 def _captured(model: Any, capture: str | None, example_inputs: Any) -> nn.Module:
-    from qplug_core.flows.capture import capture_for_quantization
-
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()
     elif isinstance(model, nn.Module):

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 from torch import fx
 
+from qplug_core.errors import warn_user
 from qplug_core.flows.observed import observed_inputs
 from qplug_core.flows.tags import region_tag
 from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, pairs_fit
@@ -61,8 +62,6 @@ def warn_saturating_pairs(backend: str, arithmetic: Int8Arithmetic | str
             return PassResult(gm, False)
         layers = saturating_layers(gm)
         if layers:
-            from qplug_core.errors import warn_user
-
             warn_user(f"{backend}: {cpu_int8().summary()}; its kernels: {arithmetic}; "
                       f"{len(layers)} layer(s) have full 8-bit activations and weights (e.g. "
                       f"{', '.join(layers[:3])}), whose pair sums can saturate and corrupt outputs. "

@@ -19,6 +19,7 @@ import platform
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from qplug_core.config.dtype_configs import DTypeConfigSet
+from qplug_core.errors import ConfigValidationError
 from qplug_core.kernels.arithmetic import (
     Int8Arithmetic,
     backend_arithmetic,
@@ -64,8 +65,6 @@ class BackendPlugin:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if not isinstance(getattr(cls, "name", None), str) or not cls.name:
-            from qplug_core.errors import ConfigValidationError
-
             raise ConfigValidationError(f"{cls.__name__} must set the class attribute name = '...'",
                                         field="name", value=getattr(cls, "name", None))
 

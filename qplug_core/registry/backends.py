@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from qplug_core.config import names
+from qplug_core.config import BackendConfig, names
 from qplug_core.enums import MODES, STAGES, BackendStatus, PluginStatus
 from qplug_core.errors import (
     BackendNotFoundError,
@@ -28,6 +28,9 @@ from qplug_core.errors import (
     spelled,
 )
 from qplug_core.kernels.arithmetic import Int8Arithmetic, backend_arithmetic, engine_arithmetic
+from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY
+from qplug_core.kernels.cpu import cpu_int8
+from qplug_core.patterns import format_pattern, to_complex_format
 from qplug_core.registry import plugins
 from qplug_core.registry.contract import (  # re-exported: the registry's callers import them from here
     ARM_MACHINES,
@@ -117,8 +120,6 @@ class Backend:
         """This backend with another BackendConfig (torch.ao's ``backend_config=``): the same
         kernels, fuser methods and engine, matched against ``config``'s patterns. Patterns the
         backend has no kernel for run in reference form, as usual."""
-        from qplug_core.config import BackendConfig
-
         if not isinstance(config, BackendConfig):
             raise ConfigValidationError(f"with_config needs a BackendConfig, got "
                                         f"{type(config).__name__}", field="config")
@@ -252,16 +253,12 @@ def _torch_ao_twins(config: BackendConfig, kernels: dict[Any, Any]) -> list[str]
 
 def _pattern_key(cfg: Any) -> Any:
     """The complex-format pattern a BackendPatternConfig is filed under by ``BackendConfig``."""
-    from qplug_core.config import BackendConfig
-
     return next(iter(BackendConfig("_key").set_backend_pattern_config(cfg).pattern_to_config()))
 
 
 def _claim(owners: dict[Any, plugins.PluginRecord], key: Any, record: plugins.PluginRecord,
            what: str, backend: str) -> None:
     """Give ``key`` to ``record``; a key claimed twice is an error naming both plugins."""
-    from qplug_core.patterns import format_pattern
-
     if key in owners:
         first = owners[key]
         both = (f"both {first.label} and {record.label}" if first is not record
@@ -298,8 +295,6 @@ def _usable(results: list[plugins.HookResult], backend: Backend) -> list[plugins
 
 
 def _assemble(record: plugins.PluginRecord, spec: BackendSpec) -> Backend:
-    from qplug_core.config import BackendConfig
-
     backend = Backend(spec, BackendConfig(spec.name), contributors=[record])
     for result in _usable(plugins.collect("qplug_backend_pattern_configs", backend=spec.name), backend):
         for cfg in result.value:
@@ -321,9 +316,6 @@ def _assemble(record: plugins.PluginRecord, spec: BackendSpec) -> Backend:
 def _unused_kernels(backend: Backend) -> list[str]:
     """A note per kernel keyed by no pattern config of ``backend``: lowering never looks it up, and
     nothing else would say so (a key in the simple format, a typo'd op)."""
-    from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY
-    from qplug_core.patterns import to_complex_format
-
     declared = backend.config_plugins  # every config's complex-format pattern
     notes = []
     for key, spec in backend.kernels.items():
@@ -343,8 +335,6 @@ def _unused_kernels(backend: Backend) -> list[str]:
 
 def _written(key: Any) -> str:
     """A kernel key as a plugin writes it: ``(ReLU, Linear)``."""
-    from qplug_core.patterns import format_pattern
-
     if isinstance(key, tuple):
         return f"({', '.join(format_pattern(part) for part in key)})"
     return format_pattern(key)
@@ -514,8 +504,6 @@ def environment_diagnostics() -> list[tuple[str, Diagnostic]]:
     """What ``qplug doctor`` reports, as ``(scope, finding)`` pairs: torch and its engines, the
     health of every plugin, each backend's status and its plugins' ``qplug_check_environment``."""
     import torch
-
-    from qplug_core.kernels.cpu import cpu_int8
 
     engines = list(torch.backends.quantized.supported_engines)
     findings = [("torch", Diagnostic("ok", f"torch {torch.__version__} on {platform_name()}")),

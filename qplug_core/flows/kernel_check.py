@@ -54,6 +54,18 @@ def wrong_channel(off: torch.Tensor) -> tuple[int, int] | None:
     return None
 
 
+def float_step(expected: torch.Tensor) -> float:
+    """One quantization step of a float output: its range / 255 (1 where it is constant or empty)."""
+    return (float(expected.max() - expected.min()) / 255 if expected.numel() else 0.0) or 1.0
+
+
+def steps_off(actual: torch.Tensor, expected: torch.Tensor, step: float) -> torch.Tensor:
+    """How many steps of ``step`` each float output is off (int64); within ``k`` steps is
+    ``<= k``, with 1e-6 of slack for float rounding."""
+    return ((actual.float() - expected.float()).abs().sub(1e-6).div(step).ceil().clamp_min(0)
+            .to(torch.int64))
+
+
 def remember_example(gm: fx.GraphModule, example_inputs: tuple) -> None:
     """Keep the example inputs of ``prepare_fx`` for the contract check at convert."""
     gm.meta[EXAMPLE_INPUTS] = tuple(x.detach().clone() if isinstance(x, torch.Tensor) else x
@@ -228,8 +240,8 @@ def output_violation(out: Any, reference: Any, expected_dtype: Any, output_scale
         return f"it returned {int((~torch.isfinite(actual)).sum())} non-finite value(s)"
     if expected.numel() == 0:
         return ""
-    step = output_scale if output_scale else float(expected.max() - expected.min()) / 255 or 1.0
-    off = (actual - expected).abs() > MAX_STEPS * step + 1e-6
+    step = output_scale if output_scale else float_step(expected)
+    off = steps_off(actual, expected, step) > MAX_STEPS
     worst = float((actual - expected).abs().max() / step)
     if off.float().mean() > max_outlier_fraction and int(off.sum()) > min_outliers:
         return (f"{int(off.sum())} of {off.numel()} outputs differ from the reference by more than "

@@ -28,7 +28,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import PluginContractError
-from qplug_core.flows.kernel_check import MAX_STEPS, ValueRecorder, wrong_channel
+from qplug_core.flows.kernel_check import MAX_STEPS, ValueRecorder, float_step, steps_off, wrong_channel
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.partition import OperatorSupportBase
 
@@ -123,10 +123,10 @@ def _compare(name: str, got: object, want: torch.Tensor, steps: int) -> RegionPa
         what = f"shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
         raise PluginContractError(f"int8 region {name}: the compiled module returned {what}, expected shape "
                                   f"{tuple(want.shape)}")
-    if want.is_floating_point():  # in steps of the output's range / 255
-        step = (float(want.max() - want.min()) / 255 if want.numel() else 0.0) or 1.0
+    if want.is_floating_point():  # in steps of the output's range / 255, as the kernel contract
+        step = float_step(want)
         signed = (got.double() - want.double()) / step
-        diff = signed.abs().ceil().to(torch.int64)
+        diff = steps_off(got, want, step)
     else:
         signed = (got.to(torch.int64) - want.to(torch.int64)).double()
         diff = signed.abs().to(torch.int64)

@@ -320,18 +320,30 @@ def skip_patterns(skip: str | Sequence[str]) -> list[re.Pattern]:
                                     f"({exc})", field="skip", value=skip) from exc
 
 
-def tied_output(model: nn.Module) -> str | None:
-    """The name of an output embedding sharing its weight with the input embedding, if any."""
-    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
-    if not (callable(get_in) and callable(get_out)):
+def _embeddings(model: nn.Module, getter: str) -> nn.Module | None:
+    """``model.<getter>()`` (transformers' ``get_input_embeddings`` / ``get_output_embeddings``),
+    or ``None`` where the model has no such method or it raises that it has none."""
+    get = getattr(model, getter, None)
+    if not callable(get):
         return None
     try:
-        first, last = get_in(), get_out()
+        return get()
     except (NotImplementedError, AttributeError):
         return None
-    if first is None or last is None or getattr(last, "weight", None) is not getattr(first, "weight", False):
+
+
+def output_head(model: nn.Module) -> str | None:
+    """The name of the model's output head (``get_output_embeddings()``), if it has one."""
+    head = _embeddings(model, "get_output_embeddings")
+    return None if head is None else next((n for n, m in model.named_modules() if m is head), None)
+
+
+def tied_output(model: nn.Module) -> str | None:
+    """The name of an output embedding sharing its weight with the input embedding, if any."""
+    first, name = _embeddings(model, "get_input_embeddings"), output_head(model)
+    if first is None or name is None:
         return None
-    return next((n for n, m in model.named_modules() if m is last), None)
+    return name if getattr(model.get_submodule(name), "weight", None) is getattr(first, "weight", False) else None
 
 
 def _check_divisible(name: str, module: nn.Module, scheme: WeightOnlyScheme) -> None:

@@ -39,6 +39,7 @@ from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.api import (
     conv1d_class,
     nothing_quantized,
+    output_head,
     own_copy,
     select_layers,
     skip_patterns,
@@ -158,7 +159,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
 def _targets(model: nn.Module, patterns: list[re.Pattern], quantize_head: bool,
              info: W8A8Info) -> dict[str, nn.Linear]:
     """The linears to quantize (transformers' ``Conv1D`` turned into ``nn.Linear`` in the copy)."""
-    head = _output_head(model)
+    head = output_head(model)
     kinds: tuple[type, ...] = (nn.Linear,) + ((conv1d_class(),) if conv1d_class() else ())
     keep = "the output head stays float (quantize_head=True quantizes it)"
     chosen = select_layers(model, kinds, patterns, info.skipped,
@@ -197,15 +198,6 @@ def _input_ranges(model: nn.Module, linears: dict[str, nn.Linear],
         for handle in handles:
             handle.remove()
     return ranges
-
-
-def _output_head(model: nn.Module) -> str | None:
-    get_out = getattr(model, "get_output_embeddings", None)
-    try:
-        head = get_out() if callable(get_out) else None
-    except (NotImplementedError, AttributeError):
-        return None
-    return next((n for n, m in model.named_modules() if m is head), None) if head is not None else None
 
 
 def output_error(rows: torch.Tensor, layers: list[nn.Linear], scale: torch.Tensor | None, qmax: int,

@@ -10,6 +10,8 @@ import torch
 
 import qplug_core as qp
 from qplug_core.errors import PluginContractError
+from qplug_core.flows.kernel_check import float_step, steps_off
+from qplug_core.flows.region_parity import _compare
 from qplug_core.kernels.reference import ReferenceWeighted
 from qplug_core.plugin_api import layer_parity
 
@@ -82,3 +84,12 @@ def test_a_region_of_the_wrong_shape_is_named_with_both_shapes():
     with pytest.raises(PluginContractError, match=r"int8 region \w+: the compiled module returned shape "
                                                   r"\(4, \d+(, \d+)*\), expected shape \(4, \d+(, \d+)*\)"):
         layer_parity(reference, dropping_a_column, x)
+
+
+def test_a_float_output_one_step_off_is_one_step_as_in_the_kernel_contract():
+    """range / 255 added in float32 is a hair over one step; both checks count it as one."""
+    want = torch.randn(4, 16, generator=torch.Generator().manual_seed(0)) * 3
+    got = want + float_step(want)
+    assert int(steps_off(got, want, float_step(want)).max()) == 1
+    parity = _compare("r", got, want, 1)
+    assert parity.within == 1.0 and parity.max_steps == 1

@@ -35,7 +35,7 @@ from qplug_core.algorithms._calibration import run_hooked
 from qplug_core.algorithms._layers import CONVS, layer_of
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError
-from qplug_core.flows import bias_grid
+from qplug_core.flows import bias_grid, tags
 from qplug_core.flows.regions import CallCounter, resolve_qconfig
 from qplug_core.kernels.reference import observed_weight_qparams
 
@@ -204,12 +204,12 @@ class ShiftMeters:
                 layer, shift = meter.layer, meter.mean() * mask
                 if layer.bias is None:
                     layer.bias = nn.Parameter(torch.zeros_like(shift))
-                record, before = meter.record(mask, layer.bias), getattr(layer, bias_grid.RECORD, None)
+                record, before = meter.record(mask, layer.bias), getattr(layer, tags.BIAS_CORRECTION, None)
                 if before is not None:  # corrected again: the bias has lost both shifts
                     record.removed = record.removed + before.removed
                     record.original = before.original
                     record.mask = mask if before.mask is None else mask | before.mask
-                setattr(layer, bias_grid.RECORD, record)
+                setattr(layer, tags.BIAS_CORRECTION, record)
                 layer.bias.sub_(shift)
                 corrections.append(BiasCorrection(name, float(shift.abs().max()), meter.calls,
                                                   int(mask.sum())))

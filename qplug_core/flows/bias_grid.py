@@ -20,9 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qplug_core import qparams as Q
-
-#: the attribute of a corrected layer holding its :class:`BiasRecord`
-RECORD = "_qplug_bias_correction"
+from qplug_core.flows.tags import BIAS_CORRECTION
 
 
 @dataclass
@@ -81,7 +79,7 @@ def regrid(module: nn.Module, qparams: Q.QParams) -> None:
     """Correct the bias of each layer in ``module`` that bias correction recorded for the weight
     grid ``qparams`` (the one convert gives it) instead of the one it was corrected for."""
     for layer in module.modules():
-        record = getattr(layer, RECORD, None)
+        record = getattr(layer, BIAS_CORRECTION, None)
         if record is None or record.columns is None:
             continue
         weight = layer.weight.detach()
@@ -97,11 +95,11 @@ def restore(module: nn.Module) -> None:
     """Give back the shift bias correction removed from each layer in ``module`` that convert
     leaves float (an accuracy target's fallback): it has no int8 weights to correct for."""
     for layer in module.modules():
-        record = getattr(layer, RECORD, None)
+        record = getattr(layer, BIAS_CORRECTION, None)
         if record is not None and record.original is not None:
             with torch.no_grad():
                 layer.bias.copy_(record.original)  # exactly: b - r + r need not round back to b
             record.removed = torch.zeros_like(record.removed)
 
 
-__all__ = ["RECORD", "BiasRecord", "column_shift", "columns", "records_columns", "regrid", "restore"]
+__all__ = ["BiasRecord", "column_shift", "columns", "records_columns", "regrid", "restore"]

@@ -71,6 +71,11 @@ EAGER_CONVERTED = "qplug_eager_converted"
 EAGER_INPUT_REQUANTIZED = "qplug_input_requantized"
 #: a module attribute: why ``qp.quantize_dynamic``'s defaults left this layer float (its report says so)
 DYNAMIC_LEFT_FLOAT = "qplug_dynamic_left_float"
+#: a layer attribute: the :class:`~qplug_core.flows.bias_grid.BiasRecord` of a corrected bias
+BIAS_CORRECTION = "_qplug_bias_correction"
+#: a QConfigMapping attribute: set on a mapping ``flows.weight_bits.backend_defaults`` resolved
+#: (``copy.deepcopy`` keeps it)
+BACKEND_DEFAULTS = "_qplug_backend_defaults"
 #: GraphModule.meta: the capture level used ("symbolic" or "export")
 CAPTURE = "qplug_capture"
 #: GraphModule.meta: submodules left opaque because capture failed, (name, type, reason)

@@ -44,6 +44,7 @@ from qplug_core.errors import first_line
 from qplug_core.flows import calibration_sample
 from qplug_core.flows.observed import ObservedValue, observed_inputs, observed_values
 from qplug_core.flows.tags import (
+    BACKEND_DEFAULTS,
     CONVERSION_NOTES,
     EXAMPLE_INPUTS,
     FOLDED_CLAMP,
@@ -73,8 +74,6 @@ MAX_ROWS = 1024
 MAX_SATURATED_SHARE = 1e-3
 
 
-#: set on a mapping :func:`backend_defaults` resolved (``copy.deepcopy`` keeps it)
-_RESOLVED = "_qplug_backend_defaults"
 
 
 def backend_defaults(backend: Any, mode: str = "static") -> QConfigMapping:
@@ -82,13 +81,13 @@ def backend_defaults(backend: Any, mode: str = "static") -> QConfigMapping:
     pass a mapping to prepare explicitly (a recipe needs it first) passes this one, and it and
     its copies (a target's fallbacks) still get the per-layer choice."""
     mapping = backend.default_qconfig_mapping(mode)
-    setattr(mapping, _RESOLVED, True)
+    setattr(mapping, BACKEND_DEFAULTS, True)
     return mapping
 
 
 def users_own(mapping: QConfigMapping | None) -> bool:
     """Whether ``mapping`` (given to prepare) is the user's: not None, not :func:`backend_defaults`'s."""
-    return mapping is not None and not getattr(mapping, _RESOLVED, False)
+    return mapping is not None and not getattr(mapping, BACKEND_DEFAULTS, False)
 
 
 def converted_weight_ranges(reference: fx.GraphModule) -> dict[str, tuple[int, int]]:

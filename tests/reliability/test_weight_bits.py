@@ -17,7 +17,7 @@ import torch
 from torch import fx, nn
 
 import qplug_core as qp
-from qplug_core.flows import calibration_sample, steps, weight_bits
+from qplug_core.flows import calibration_sample, steps, tags, weight_bits
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import CALIBRATION_SAMPLE, TARGET, WEIGHT_BITS, WEIGHT_BITS_CHOICE
 from qplug_core.kernels import pair_sums
@@ -246,7 +246,6 @@ def test_bias_correction_is_for_the_weights_convert_gives(backend):
     shift of the weights it really has, on the calibration data (not that of the 7-bit ones), on
     each channel whose shift stood out of its noise (the others keep the float bias)."""
     from qplug_core import qparams as Q
-    from qplug_core.flows import bias_grid
 
     qmodel, ranges = quantized(backend, AVX2, recipe=["bias_correction"])
     assert ranges == {"safe": EIGHT_BIT[backend], "hot": (-64, 64)}
@@ -260,7 +259,7 @@ def test_bias_correction_is_for_the_weights_convert_gives(backend):
         weight = getattr(net, name).weight.detach()
 
         linear = next(m for m in converted_layer.modules() if isinstance(m, nn.Linear))
-        mask = getattr(linear, bias_grid.RECORD).mask
+        mask = getattr(linear, tags.BIAS_CORRECTION).mask
         assert float(mask.float().mean()) >= 0.75  # the guard leaves out only shifts within the noise
 
         def corrected(qparams, weight=weight, x=x, name=name, mask=mask):

@@ -13,6 +13,7 @@ from qplug_core import qparams as Q
 from qplug_core.algorithms import correct_bias
 from qplug_core.config.defaults import default_qconfig_mapping
 from qplug_core.errors import CalibrationError, ConfigValidationError
+from qplug_core.flows import tags
 from qplug_core.kernels.reference import observed_weight_qparams
 
 
@@ -246,7 +247,6 @@ def test_a_target_that_takes_a_corrected_layer_to_float_gives_it_the_float_bias(
 def test_qp_quantize_corrects_biases_while_calibrating_and_leaves_the_users_model_alone():
     """The default on a model that is not a transformer: the shifts are measured on the observed
     copy during calibration and removed there, for the grid convert gives each layer."""
-    from qplug_core.flows import bias_grid
     from qplug_core.flows.snapshot import snapshot_of
 
     torch.manual_seed(0)
@@ -263,7 +263,7 @@ def test_qp_quantize_corrects_biases_while_calibrating_and_leaves_the_users_mode
     for name in ("0", "2", "4"):
         converted = reference.get_submodule(name)
         layer = next(m for m in converted.modules() if isinstance(m, (nn.Conv2d, nn.Linear)))
-        correction = getattr(layer, bias_grid.RECORD)
+        correction = getattr(layer, tags.BIAS_CORRECTION)
         assert torch.equal(correction.original, getattr(model, name).bias.detach())
         assert torch.allclose(layer.bias.detach(), correction.original - correction.removed)
         assert float(correction.removed.abs().max()) > 0

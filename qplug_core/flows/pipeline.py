@@ -23,13 +23,13 @@ from qplug_core.flows.fuse import fuse_graph
 from qplug_core.flows.inplace import functionalize_inplace
 from qplug_core.flows.leaves import leaf_module_classes
 from qplug_core.flows.normalize import normalize_functionals
-from qplug_core.flows.raise_aten import remove_inference_noops
 from qplug_core.flows.shared_modules import untie_shared_modules
 from qplug_core.flows.tags import FUSIONS
 from qplug_core.ir.copying import deepcopy_graph
 from qplug_core.nn.computed_weights import without_computed_weights
 from qplug_core.nn.copying import detach_from
 from qplug_core.passes import PassManager
+from qplug_core.passes.remove_noops import remove_inference_noops
 
 if TYPE_CHECKING:
     from qplug_core.registry.backends import Backend

@@ -152,18 +152,6 @@ def _records_training(gm: fx.GraphModule) -> bool:
     return False
 
 
-def remove_inference_noops(gm: fx.GraphModule) -> PassResult:
-    """Remove eval-mode dropout and identity modules (a pass for the symbolic level, in place).
-
-    They compute nothing at inference; left in the graph they would be reported as float ops.
-    """
-    changed = remove_noops(gm, keep_torch_calls=True)
-    if changed:
-        gm.graph.eliminate_dead_code()
-        gm.delete_all_unused_submodules()
-    return PassResult(gm, changed)
-
-
 def _out_of_place(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _OUT_OF_PLACE and _only_reader(node):

@@ -4,7 +4,7 @@ Removed: ``detach`` (function, method and ``aten.detach``/``aten.alias``), ``nn.
 modules, ``nn.Dropout*`` modules in eval mode, ``F.dropout`` / ``aten.dropout`` calls whose
 ``training`` argument is literally False, and ``aten.to.dtype`` to the dtype the value already
 has. ``contiguous`` is kept: it changes memory layout, which kernels downstream may rely on.
-The one rule set for both levels: the symbolic pipeline, the ATen raise
+The one rule set for both levels: the symbolic pipeline (:func:`remove_inference_noops`), the ATen raise
 (``flows/raise_aten.py``) and :class:`RemoveNoOpsPass` all call :func:`remove_noops`.
 """
 
@@ -19,7 +19,7 @@ from torch.fx import GraphModule
 
 from qplug_core.passes.base import PassBase, PassResult
 
-__all__ = ["DROPOUT_MODULES", "RemoveNoOpsPass", "remove_noops"]
+__all__ = ["DROPOUT_MODULES", "RemoveNoOpsPass", "remove_inference_noops", "remove_noops"]
 
 aten = torch.ops.aten
 
@@ -99,3 +99,15 @@ class RemoveNoOpsPass(PassBase):
             graph_module.graph.lint()
             graph_module.recompile()
         return PassResult(graph_module, changed)
+
+
+def remove_inference_noops(gm: GraphModule) -> PassResult:
+    """Remove eval-mode dropout and identity modules (a pass for the symbolic level, in place).
+
+    They compute nothing at inference; left in the graph they would be reported as float ops.
+    """
+    changed = remove_noops(gm, keep_torch_calls=True)
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.delete_all_unused_submodules()
+    return PassResult(gm, changed)

@@ -1,7 +1,8 @@
 """JSON-safe encoding of values and patterns, and checked reading of config documents and files.
 
 :class:`ValueCodec` is the one value codec of config documents and saved files; names of classes
-and functions in either go through :mod:`qplug_core.config.names`.
+and functions in either go through :mod:`qplug_core.config.names`; torch constants (dtypes,
+qschemes, memory formats, layouts) by their names through :func:`decode_torch_constant` here.
 
 Every reader takes the *path* of the value it reads (``configs[3].dtype_configs[0].weight_dtype``)
 so that a bad document is reported where it is wrong, never as a ``KeyError`` from deep inside.
@@ -18,8 +19,8 @@ from typing import Any
 
 import torch
 
-from qplug_core.config.names import Kind, decode_name, decode_torch_constant, encode_name
-from qplug_core.errors import ConfigError, did_you_mean
+from qplug_core.config.names import Kind, decode_name, encode_name
+from qplug_core.errors import ConfigError, ConfigValidationError, did_you_mean
 from qplug_core.observers.factory import ObserverFactory
 
 SCHEMA_VERSION = 1
@@ -45,6 +46,48 @@ MEMORY_FORMAT_TAG = "memory_format"
 LAYOUT_TAG = "layout"
 FACTORY_CLASS_KEY = "class"
 FACTORY_KWARGS_KEY = "kwargs"
+
+
+# -- torch constants ---------------------------------------------------------------------------------
+
+
+def _constants(kind: type) -> dict[str, Any]:
+    table = {f"torch.{attr}": value for attr, value in vars(torch).items() if isinstance(value, kind)}
+    table.update({str(value): value for value in list(table.values())})
+    return table
+
+
+_CONSTANTS: dict[type, dict[str, Any]] = {}
+
+
+def decode_torch_constant(value: Any, kind: type, *, field: str = "") -> Any:
+    """A ``torch.dtype``/``qscheme``/``memory_format``/``layout`` by its name (``torch.qint8``)."""
+    table = _CONSTANTS.get(kind)
+    if table is None:
+        table = _CONSTANTS[kind] = _constants(kind)
+    found = table.get(value) if isinstance(value, str) else None
+    if found is None:
+        label = kind.__name__
+        hint = did_you_mean(value, table) if isinstance(value, str) else ""
+        raise ConfigValidationError(f"{field or '<root>'}: {value!r} is not a torch {label}{hint}; "
+                                    f"write it like {next(iter(table))!r}", field=field, value=value)
+    return found
+
+
+def encode_dtype(dtype: torch.dtype) -> str:
+    return str(dtype)  # "torch.quint8"
+
+
+def decode_dtype(value: Any, *, field: str = "") -> torch.dtype:
+    return decode_torch_constant(value, torch.dtype, field=field)
+
+
+def encode_qscheme(qscheme: torch.qscheme) -> str:
+    return str(qscheme)  # "torch.per_channel_symmetric"
+
+
+def decode_qscheme(value: Any, *, field: str = "") -> torch.qscheme:
+    return decode_torch_constant(value, torch.qscheme, field=field)
 
 
 def where(path: str) -> str:

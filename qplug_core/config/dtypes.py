@@ -12,8 +12,15 @@ from typing import Any
 
 import torch
 
-from qplug_core.config.codec import child, expect, read_fields, unversioned, versioned
-from qplug_core.config.names import decode_dtype, encode_dtype
+from qplug_core.config.codec import (
+    child,
+    decode_dtype,
+    encode_dtype,
+    expect,
+    read_fields,
+    unversioned,
+    versioned,
+)
 from qplug_core.errors import ConfigValidationError
 
 __all__ = ["DTypeConfig", "DTypeWithConstraints", "SUPPORTED_DTYPES", "dtype_range"]

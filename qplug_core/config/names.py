@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qplug_core.errors import ConfigError, ConfigValidationError, QplugError, did_you_mean
+from qplug_core.errors import ConfigError, ConfigValidationError, QplugError
 from qplug_core.observers.factory import FactoryMixin, ObserverFactory
 from qplug_core.patterns import MatchAllNode
 
@@ -50,13 +50,8 @@ __all__ = [
     "UNINITIALISED_PREFIXES",
     "Kind",
     "NameTable",
-    "decode_dtype",
     "decode_name",
-    "decode_qscheme",
-    "decode_torch_constant",
-    "encode_dtype",
     "encode_name",
-    "encode_qscheme",
     "name_table",
     "register_serializable",
     "register_serializable_module",
@@ -545,48 +540,6 @@ def decode_name(name: Any, *, field: str = "", kinds: Iterable[Kind] = ANY_KIND)
     """
     value = _base_table().resolve_or_none(name, kinds) if isinstance(name, str) else None
     return value if value is not None else name_table().resolve(name, field=field, kinds=kinds)
-
-
-# -- torch constants ---------------------------------------------------------------------------------
-
-
-def _constants(kind: type) -> dict[str, Any]:
-    table = {f"torch.{attr}": value for attr, value in vars(torch).items() if isinstance(value, kind)}
-    table.update({str(value): value for value in list(table.values())})
-    return table
-
-
-_CONSTANTS: dict[type, dict[str, Any]] = {}
-
-
-def decode_torch_constant(value: Any, kind: type, *, field: str = "") -> Any:
-    """A ``torch.dtype``/``qscheme``/``memory_format``/``layout`` by its name (``torch.qint8``)."""
-    table = _CONSTANTS.get(kind)
-    if table is None:
-        table = _CONSTANTS[kind] = _constants(kind)
-    found = table.get(value) if isinstance(value, str) else None
-    if found is None:
-        label = kind.__name__
-        hint = did_you_mean(value, table) if isinstance(value, str) else ""
-        raise ConfigValidationError(f"{field or '<root>'}: {value!r} is not a torch {label}{hint}; "
-                                    f"write it like {next(iter(table))!r}", field=field, value=value)
-    return found
-
-
-def encode_dtype(dtype: torch.dtype) -> str:
-    return str(dtype)  # "torch.quint8"
-
-
-def decode_dtype(value: Any, *, field: str = "") -> torch.dtype:
-    return decode_torch_constant(value, torch.dtype, field=field)
-
-
-def encode_qscheme(qscheme: torch.qscheme) -> str:
-    return str(qscheme)  # "torch.per_channel_symmetric"
-
-
-def decode_qscheme(value: Any, *, field: str = "") -> torch.qscheme:
-    return decode_torch_constant(value, torch.qscheme, field=field)
 
 
 def _from_torch_ao(obj: Any) -> bool:

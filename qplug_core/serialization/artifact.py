@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from qplug_core.config.codec import child, expect, read_fields, where
-from qplug_core.config.names import decode_dtype
+from qplug_core.config.codec import child, decode_dtype, expect, read_fields, where
 from qplug_core.errors import ConfigError, SerializationError
 from qplug_core.flows.fuse import FusionRecord
 from qplug_core.flows.snapshot import snapshot_of

@@ -29,8 +29,8 @@ from torch import fx, nn
 from torch.overrides import TorchFunctionMode
 
 from qplug_core import qparams as Q
-from qplug_core.config.codec import child, expect, read_fields, read_pairs, where
-from qplug_core.config.names import Kind, decode_dtype, decode_name, encode_dtype, encode_name
+from qplug_core.config.codec import child, decode_dtype, encode_dtype, expect, read_fields, read_pairs, where
+from qplug_core.config.names import Kind, decode_name, encode_name
 from qplug_core.errors import ConfigError
 from qplug_core.kernels.reference import ReferenceWeighted
 from qplug_core.nn.intrinsic import FusedModule

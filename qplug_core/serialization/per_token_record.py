@@ -20,8 +20,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from qplug_core.config.codec import child, expect, read_fields, where
-from qplug_core.config.names import encode_dtype
+from qplug_core.config.codec import child, encode_dtype, expect, read_fields, where
 from qplug_core.errors import ConfigError
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, PerTokenDynamicLinear
 from qplug_core.serialization import per_token_codec

@@ -15,14 +15,17 @@ from torch import nn
 
 from qplug_core.config import decode_name, encode_name, register_serializable, register_serializable_module
 from qplug_core.config.codec import (
+    decode_dtype,
     decode_pattern,
+    decode_qscheme,
     decode_value,
+    encode_dtype,
     encode_pattern,
+    encode_qscheme,
     encode_value,
     read_fields,
     unversioned,
 )
-from qplug_core.config.names import decode_dtype, decode_qscheme, encode_dtype, encode_qscheme
 from qplug_core.errors import ConfigError
 from qplug_core.observers.factory import ObserverFactory
 from qplug_core.patterns import MatchAllNode

@@ -17,7 +17,9 @@ import typer
 from qplug_core.registry.isolation import stdout_to_stderr
 
 
-class Mode(str, Enum):
+class QuantizeMode(str, Enum):
+    """`qplug quantize --mode` (not :class:`qplug_core.enums.Mode`, the qconfig modes)."""
+
     static = "static"
     dynamic = "dynamic"
     qat_convert = "qat-convert"
@@ -26,7 +28,7 @@ class Mode(str, Enum):
 
 
 #: the modes that swap modules in the user's own model (it keeps its class and generate())
-SWAP_MODES = (Mode.w8a8, Mode.weight_only)
+SWAP_MODES = (QuantizeMode.w8a8, QuantizeMode.weight_only)
 
 
 class Capture(str, Enum):
@@ -45,7 +47,7 @@ EXAMPLE_DTYPES = typer.Option([], "--example-dtype",
 
 
 def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, backend: Any,
-                   mode: Mode, capture: Capture = Capture.auto, bits: int = 8,
+                   mode: QuantizeMode, capture: Capture = Capture.auto, bits: int = 8,
                    group_size: int | None = None) -> Any:
     """The converted model for ``mode``; ``qat-convert`` expects a ``qp.prepare_qat_fx`` model."""
     from torch import fx
@@ -55,13 +57,13 @@ def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, 
     from qplug_core.flows.capture import generates
     from qplug_core.observers import distributed
 
-    if mode is Mode.qat_convert:
+    if mode is QuantizeMode.qat_convert:
         if not isinstance(model, fx.GraphModule):
             raise ConfigError(f"--mode qat-convert needs the trained model qp.prepare_qat_fx returned; "
                               f"the factory returned a plain {type(model).__name__}, which was not "
                               "prepared by qplug (use --mode static for a float model)", field="--mode")
         return qp.convert_fx(model.eval(), backend=backend)
-    if mode is Mode.dynamic:  # weights only ahead of time: no calibration data needed
+    if mode is QuantizeMode.dynamic:  # weights only ahead of time: no calibration data needed
         if capture is Capture.auto and generates(model) and backend.kernels:
             # as qp.quantize_dynamic does: its linears swapped, so it keeps its class and generate()
             # (an encoder-decoder does not trace whole)
@@ -69,9 +71,9 @@ def quantize_model(model: Any, example: tuple, calibration: list[tuple] | None, 
         mapping = qp.get_default_qconfig_mapping(backend, "dynamic")
         return qp.convert_fx(qp.prepare_fx(model, mapping, example, backend=backend,
                                            capture=capture.value), backend=backend)
-    if mode is Mode.w8a8:  # the backends' kernels are picked per layer for this CPU
+    if mode is QuantizeMode.w8a8:  # the backends' kernels are picked per layer for this CPU
         return qp.quantize_w8a8(model, calibration)
-    if mode is Mode.weight_only:
+    if mode is QuantizeMode.weight_only:
         return qp.quantize_weights(model, bits=bits, group_size=group_size)
     if capture is Capture.auto and generates(model):  # the file holds a graph: say what that costs
         capture = Capture.export
@@ -94,7 +96,7 @@ def quantize(
                                          "accuracy on; default: the calibration batches."),
     backend: str = typer.Option(None, "--backend", help="Backend (default: the best one here; "
                                                         "auto: the fastest measured, static only)."),
-    mode: Mode = typer.Option(Mode.static, "--mode", help="static, dynamic, qat-convert (the factory "
+    mode: QuantizeMode = typer.Option(QuantizeMode.static, "--mode", help="static, dynamic, qat-convert (the factory "
                                                           "returns a trained QAT model), or, keeping the "
                                                           "model's own class and generate(): w8a8 "
                                                           "(SmoothQuant, int8 weights and per-token "
@@ -130,7 +132,7 @@ def quantize(
     if mode in SWAP_MODES and backend is not None:
         raise UsageError(f"--mode {mode.value} picks the fastest kernels installed for each layer "
                          "itself; leave out --backend", field="--backend", value=backend)
-    if backend == AUTO and mode is not Mode.static:
+    if backend == AUTO and mode is not QuantizeMode.static:
         raise UsageError(f"--backend auto measures static int8 models only, not --mode "
                          f"{mode.value}; name a backend", field="--backend", value=backend)
     check_writable(out)  # before minutes of quantizing, not after
@@ -140,7 +142,7 @@ def quantize(
         chosen = (None if mode in SWAP_MODES else backend if backend == AUTO
                   else resolve_backend(backend).require_available())
         batches = (load_batches(calibration, specs, names) if calibration
-                   else random_calibration(specs) if mode in (Mode.static, Mode.w8a8) else None)
+                   else random_calibration(specs) if mode in (QuantizeMode.static, QuantizeMode.w8a8) else None)
         held_out = load_batches(evaluation, specs, names, what=EVAL) if evaluation else None  # before the work
         example = _example(specs, batches if calibration else None)
         with distributed.process_group_from_env():  # under torchrun: calibrate on this rank's shard
@@ -162,11 +164,11 @@ def quantize(
     facts: dict[str, Any] = {"model": model_spec, "mode": mode.value, "backend": report.backend,
                              "capture": report.capture, "out": str(path),
                              "size_bytes": path.stat().st_size}
-    if mode is not Mode.qat_convert:  # a QAT factory returns no float original to compare with
+    if mode is not QuantizeMode.qat_convert:  # a QAT factory returns no float original to compare with
         with stdout_to_stderr():  # the comparison runs the user's model again
             facts["accuracy"] = accuracy_document(
                 model, qmodel, held_out or batches or [example], backend=chosen, evaluated_on=evaluated_on,
-                fuse=mode is Mode.static or bool(report.fusions))  # the dynamic flow fuses linear+relu too
+                fuse=mode is QuantizeMode.static or bool(report.fusions))  # the dynamic flow fuses linear+relu too
     print_report(report, facts, as_json, verbose)
 
 

@@ -67,6 +67,7 @@ from qplug_core.registry.contract import (
     Delegate,
     Diagnostic,
     engine_availability,
+    packages_availability,
 )
 from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
 from qplug_core.registry.hookspecs import hookimpl
@@ -122,6 +123,7 @@ __all__ = [
     "BackendSpec",
     "Diagnostic",
     "engine_availability",
+    "packages_availability",
     "Mode",
     "Stage",
     "replaced_settings",

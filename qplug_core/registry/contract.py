@@ -8,6 +8,7 @@ plugin manager and plugins can name them without importing the registry.
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -60,6 +61,16 @@ def engine_availability(engine: str, *, machines: tuple[str, ...] = ()) -> Avail
     if machines and platform.machine().lower() not in machines:
         return Availability(False, f"engine {engine!r} needs a {'/'.join(machines)} CPU, "
                                    f"this is {platform_name()}")
+    return Availability(True)
+
+
+def packages_availability(packages: tuple[str, ...], dist: str) -> Availability:
+    """Availability of a backend whose runtime is the Python ``packages`` (importable, not imported);
+    the reason names the missing ones and ``pip install dist`` (the plugin's distribution)."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if missing:
+        return Availability(False, f"missing Python package(s) {', '.join(missing)}; "
+                                   f"pip install {dist} installs them")
     return Availability(True)
 
 

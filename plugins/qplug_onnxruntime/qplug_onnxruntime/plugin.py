@@ -23,7 +23,6 @@ does for an LSTM ORT cannot take (its tuple output leaving the model, ``proj_siz
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import torch
@@ -43,6 +42,7 @@ from qplug_core.plugin_api import (
     WeightOnlyKernel,
     default_op_quint8_dtype_config,
     input_output_only_quint8_dtype_config,
+    packages_availability,
     weight_only_quint8_dtype_config,
 )
 
@@ -82,11 +82,7 @@ class OrtPlugin(BackendPlugin):
         layer_norm=(input_output_only_quint8_dtype_config,))
 
     def is_available(self) -> Availability:
-        missing = [name for name in _REQUIRED if importlib.util.find_spec(name) is None]
-        if missing:
-            return Availability(False, f"missing Python package(s) {', '.join(missing)}; "
-                                       "pip install qplug-onnxruntime installs them")
-        return Availability(True)
+        return packages_availability(_REQUIRED, "qplug-onnxruntime")
 
     def pattern_configs(self) -> list[BackendPatternConfig]:
         configs = super().pattern_configs()

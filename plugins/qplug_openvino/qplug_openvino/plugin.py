@@ -18,7 +18,6 @@ no faster than fp32 in OpenVINO. Recurrent layers have no int8 form here and sta
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import torch
@@ -35,6 +34,7 @@ from qplug_core.plugin_api import (
     Int8Arithmetic,
     default_op_quint8_dtype_config,
     input_output_only_quint8_dtype_config,
+    packages_availability,
     weight_only_quint8_dtype_config,
 )
 
@@ -82,11 +82,7 @@ class OpenVinoPlugin(BackendPlugin):
         layer_norm=(input_output_only_quint8_dtype_config,))
 
     def is_available(self) -> Availability:
-        missing = [name for name in _REQUIRED if importlib.util.find_spec(name) is None]
-        if missing:
-            return Availability(False, f"missing Python package(s) {', '.join(missing)}; "
-                                       "pip install qplug-openvino installs them")
-        return Availability(True)
+        return packages_availability(_REQUIRED, "qplug-openvino")
 
     def pattern_configs(self) -> list[BackendPatternConfig]:
         # the recurrent patterns have no dtype configs here: not claimed, they stay float layers

@@ -116,7 +116,3 @@ class OrtPlugin(BackendPlugin):
 
 
 plugin = OrtPlugin()
-
-# Installs made before the entry point named ``plugin`` (``qplug_onnxruntime.plugin``, the module)
-# register this module: its hooks are the instance's (reinstalling the package drops the need).
-globals().update({hook: getattr(plugin, hook) for hook in dir(plugin) if hook.startswith("qplug_")})

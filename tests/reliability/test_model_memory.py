@@ -181,10 +181,10 @@ def test_a_target_search_holds_one_float_copy_of_each_weight_besides_the_rounded
         monkeypatch: pytest.MonkeyPatch):
     from qplug_core.flows import finish, steps
 
-    sensitivity = importlib.import_module("qplug_core.algorithms.sensitivity")  # the package names a function so
+    layer_errors = importlib.import_module("qplug_core.algorithms.layer_errors")  # the package names a function so
     counts = _quantize_counting(monkeypatch, [(steps, "finish_conversion", False),  # converted, not lowered
                                               (finish, "lower_graph", True),  # lowered
-                                              (sensitivity, "float_output", False)],  # the layer errors
+                                              (layer_errors, "float_output", False)],  # the layer errors
                                 target=qp.Target(cosine=0.9))
     # the user's, the fused float graph's (the calibrated model shares it) and, once converted, the
     # rounded one, until its layer is lowered; each observed model, converted copy and weight grid

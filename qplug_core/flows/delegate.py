@@ -49,7 +49,9 @@ from qplug_core.flows.kernel_check import (
     MAX_OUTLIER_FRACTION,
     MAX_STEPS,
     ValueRecorder,
+    float_step,
     output_violation,
+    signed_steps,
 )
 from qplug_core.flows.native_stderr import echo, native_stderr, raised
 from qplug_core.flows.python_inputs import python_input_readers
@@ -583,11 +585,9 @@ def _bias(out: object, ref: object, scale: float | None) -> float:
     if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor) or out.shape != ref.shape \
             or ref.numel() == 0:
         return 0.0
-    step = scale or (float(ref.max() - ref.min()) / 255 if ref.is_floating_point() else 1.0) or 1.0
-    diff = out.double() - ref.double()
-    if ref.is_floating_point():  # the contract's 1e-6 of slack (``steps_off``): tiny outputs (a
-        diff = diff.sign() * (diff.abs() - 1e-6).clamp_min(0)  # runtime flushing denormals) are not off
-    return float(diff.mean()) / step
+    if ref.is_floating_point():
+        return float(signed_steps(out, ref, scale or float_step(ref)).mean())
+    return float((out.double() - ref.double()).mean()) / (scale or 1.0)
 
 
 def _scale_problem(out: torch.Tensor, ref: torch.Tensor) -> str:

@@ -59,11 +59,23 @@ def float_step(expected: torch.Tensor) -> float:
     return (float(expected.max() - expected.min()) / 255 if expected.numel() else 0.0) or 1.0
 
 
+#: absolute difference a float output may have before it counts as off at all (float rounding;
+#: outputs a runtime flushes to zero below float32's normal range)
+FLOAT_SLACK = 1e-6
+
+
 def steps_off(actual: torch.Tensor, expected: torch.Tensor, step: float) -> torch.Tensor:
     """How many steps of ``step`` each float output is off (int64); within ``k`` steps is
-    ``<= k``, with 1e-6 of slack for float rounding."""
-    return ((actual.float() - expected.float()).abs().sub(1e-6).div(step).ceil().clamp_min(0)
+    ``<= k``, with :data:`FLOAT_SLACK` for float rounding."""
+    return ((actual.float() - expected.float()).abs().sub(FLOAT_SLACK).div(step).ceil().clamp_min(0)
             .to(torch.int64))
+
+
+def signed_steps(actual: torch.Tensor, expected: torch.Tensor, step: float) -> torch.Tensor:
+    """Each float output's signed difference in steps of ``step`` (float64), past the same
+    :data:`FLOAT_SLACK`: the mean says whether a kernel is biased."""
+    diff = actual.double() - expected.double()
+    return diff.sign() * (diff.abs() - FLOAT_SLACK).clamp_min(0) / step
 
 
 def remember_example(gm: fx.GraphModule, example_inputs: tuple) -> None:

@@ -28,7 +28,14 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import PluginContractError
-from qplug_core.flows.kernel_check import MAX_STEPS, ValueRecorder, float_step, steps_off, wrong_channel
+from qplug_core.flows.kernel_check import (
+    MAX_STEPS,
+    ValueRecorder,
+    float_step,
+    signed_steps,
+    steps_off,
+    wrong_channel,
+)
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.partition import OperatorSupportBase
 
@@ -125,7 +132,7 @@ def _compare(name: str, got: object, want: torch.Tensor, steps: int) -> RegionPa
                                   f"{tuple(want.shape)}")
     if want.is_floating_point():  # in steps of the output's range / 255, as the kernel contract
         step = float_step(want)
-        signed = (got.double() - want.double()) / step
+        signed = signed_steps(got, want, step)
         diff = steps_off(got, want, step)
     else:
         signed = (got.to(torch.int64) - want.to(torch.int64)).double()

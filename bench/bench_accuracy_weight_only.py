@@ -53,7 +53,7 @@ def main() -> None:
         start = time.perf_counter()
         qmodel = qp.quantize_weights(minilm.model, bits=bits, group_size=group_size, symmetric=symmetric,
                                      algorithm=algorithm,
-                                     calibration=None if algorithm == "rtn" else calibration_batches)
+                                     calibration_data=None if algorithm == "rtn" else calibration_batches)
         elapsed = time.perf_counter() - start
         result = agreement(reference, embed(qmodel, batches))
         rows.append([label, f"{result.cosine_mean:.4f}", f"{result.cosine_min:.4f}",

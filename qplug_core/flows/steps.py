@@ -47,6 +47,7 @@ from qplug_core.flows.pipeline import (
 )
 from qplug_core.flows.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.flows.regions import RegionPlanner
+from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.tags import CAPTURE, REPORT, STATE, ValueAnnotator
@@ -237,25 +238,27 @@ def iter_batches(data: Any, model: Any = None) -> Iterable[tuple]:
         yield as_input_tuple(batch, model)
 
 
-def calibrate(model: nn.Module, data: Any, *, progress: bool | None = None) -> nn.Module:
+@renamed_keywords(data="calibration_data")
+def calibrate(model: nn.Module, calibration_data: Any, *, progress: bool | None = None) -> nn.Module:
     """Run calibration batches through an observed model (no gradients); returns the model.
 
     ``progress=None`` shows a rich progress bar only on a terminal (and only on rank 0). Under
     an initialized torch.distributed process group, observers agree across ranks as if one
     process saw every rank's batches together (docs/guide/distributed.md).
     """
-    flow_checks.check_calibratable(model, data)
+    flow_checks.check_calibratable(model, calibration_data)
     show = (sys.stderr.isatty() if progress is None else progress) and distributed.is_rank_zero()
-    total = len(data) if hasattr(data, "__len__") and not isinstance(data, torch.Tensor) else None
+    sized = hasattr(calibration_data, "__len__") and not isinstance(calibration_data, torch.Tensor)
+    total = len(calibration_data) if sized else None
     batches = non_empty = 0
     # observers see the float32 values the int8 model will compute from, whatever autocast is on
     with torch.no_grad(), torch.autocast("cpu", enabled=False), distributed.calibration_session(model) as ranks:
         if show:
             from rich.progress import track
-            iterator = track(iter_batches(data, model), total=total, description="calibrating",
+            iterator = track(iter_batches(calibration_data, model), total=total, description="calibrating",
                              transient=True)
         else:
-            iterator = iter_batches(data, model)
+            iterator = iter_batches(calibration_data, model)
         sample = calibration_sample.start(model)  # a few batches for convert's decisions
         constant = flow_checks.ConstantInputs()
         for batch in ranks.steps(iterator):

@@ -27,6 +27,7 @@ from qplug_core.errors import (
     warn_user,
 )
 from qplug_core.flows.checks import check_model, check_weight_values, refuse_quantized
+from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.cpu import cpu_int8
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, quantize
@@ -73,9 +74,10 @@ class WeightOnlyInfo:
     kernel_cpu: tuple[str, frozenset[str]] | None = None
 
 
+@renamed_keywords(calibration="calibration_data")
 def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None = None,
                      symmetric: bool = True, algorithm: str = "rtn",
-                     calibration: Iterable[Any] | None = None, skip: str | Sequence[str] = (),
+                     calibration_data: Iterable[Any] | None = None, skip: str | Sequence[str] = (),
                      embeddings: bool = False, backend: str | Backend | None = None,
                      kernel: str | None = None) -> nn.Module:
     """A copy of ``model`` (eval mode) whose linear and embedding weights are ``bits``-bit integers.
@@ -85,9 +87,9 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         output channel. It must divide every quantized layer's input features.
     :param symmetric: fixed zero point (``True``) or one zero point per group (``False``).
     :param algorithm: ``"rtn"`` (round to nearest, no data), ``"awq"`` (activation-aware scales
-        and clipping, searched on ``calibration``) or ``"gptq"`` (error feedback through the
+        and clipping, searched on ``calibration_data``) or ``"gptq"`` (error feedback through the
         inputs' Hessian); embeddings always use RTN.
-    :param calibration: batches the model is called with for ``"awq"`` / ``"gptq"``: token-id tensors
+    :param calibration_data: batches the model is called with for ``"awq"`` / ``"gptq"``: token-id tensors
         (``model(batch)``), dicts (``model(**batch)``) or tuples (``model(*batch)``); a bare tensor
         is one batch.
     :param skip: module names or regular expressions (matched against the whole name) of layers to
@@ -113,10 +115,10 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         raise ConfigValidationError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
                                     f"{did_you_mean(str(algorithm), ALGORITHMS)}", field="algorithm",
                                     value=algorithm)
-    if algorithm != "rtn" and calibration is None:
-        raise CalibrationError(f"algorithm={algorithm!r} needs calibration=[batch, ...]: a few token batches of "
+    if algorithm != "rtn" and calibration_data is None:
+        raise CalibrationError(f"algorithm={algorithm!r} needs calibration_data=[batch, ...]: a few token batches of "
                                "the kind of text the model will see (or use algorithm='rtn')")
-    calibration = calibration_batches(calibration)
+    calibration = calibration_batches(calibration_data)
     patterns = skip_patterns(skip)
     refuse_quantized(model)
     check_weight_values(model)

@@ -71,7 +71,7 @@ def record_inputs(model: nn.Module, layers: dict[str, nn.Module], calibration: I
             handle.remove()
     if not batches:
         raise CalibrationError("the data-aware algorithms need calibration data: pass "
-                               "calibration=[batch, ...] (token id tensors, or dicts of model inputs)")
+                               "calibration_data=[batch, ...] (token id tensors, or dicts of model inputs)")
     sharing: dict[tuple[int, ...], list[str]] = {}  # a layer the calibration never reached: RTN
     for name, numbers in readers.items():
         if numbers:

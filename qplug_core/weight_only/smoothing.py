@@ -103,7 +103,7 @@ def smooth(model: nn.Module, linears: dict[str, nn.Linear], calibration: Iterabl
         for handle in handles:
             handle.remove()
     if not batches:
-        raise CalibrationError("W8A8 smoothing needs calibration batches: pass calibration=[batch, ...] "
+        raise CalibrationError("W8A8 smoothing needs calibration batches: pass calibration_data=[batch, ...] "
                                "(token id tensors, or dicts of model inputs), or alpha=None for no smoothing")
     groups, pairs = trace_inputs(model, lambda: call_model(model, batches[0]), linears, norm_modules(model))
     handled: set[str] = set()

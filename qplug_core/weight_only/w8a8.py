@@ -24,6 +24,7 @@ from torch import nn
 from qplug_core.errors import CalibrationError, ConfigValidationError, warn_user
 from qplug_core.flows.checks import check_float32, check_model, check_weight_values, refuse_quantized
 from qplug_core.flows.dynamic import linear_from_conv1d
+from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.tags import W8A8
 from qplug_core.kernels.per_token import (
     PerTokenDynamicLinear,
@@ -70,14 +71,15 @@ class W8A8Info:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
+@renamed_keywords(calibration="calibration_data")
+def quantize_w8a8(model: nn.Module, calibration_data: Iterable[Any] | None = None, *,
                   alpha: float | str | None = "auto", activations: str = "per_token",
                   skip: str | Sequence[str] = (), quantize_head: bool = False,
                   backend: str | Backend | None = None) -> nn.Module:
     """A copy of ``model`` (eval mode) whose linears compute in int8 (weights per channel, activations
     per token).
 
-    :param calibration: batches the model is called with to measure activations for SmoothQuant:
+    :param calibration_data: batches the model is called with to measure activations for SmoothQuant:
         token-id tensors (``model(batch)``), dicts (``model(**batch)``) or tuples
         (``model(*batch)``), a bare tensor being one batch; a few batches of the kind of text the
         model will see.
@@ -86,7 +88,7 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
         smoothing; then per-token activations need no calibration).
     :param activations: ``"per_token"`` (each token's range found at run time: the accurate
         choice for LLMs) or ``"static"`` (one range per linear input, measured on
-        ``calibration`` after smoothing; values outside it are clamped).
+        ``calibration_data`` after smoothing; values outside it are clamped).
     :param skip: module names or regular expressions (matched against the whole name) of linears
         to leave float.
     :param quantize_head: also quantize the output head (``lm_head``); it is left float by default,
@@ -110,14 +112,14 @@ def quantize_w8a8(model: nn.Module, calibration: Iterable[Any] | None = None, *,
     if activations not in ACTIVATIONS:
         raise ConfigValidationError(f"activations must be one of {ACTIVATIONS}, got {activations!r}",
                                     field="activations", value=activations)
-    if activations == "static" and calibration is None:
+    if activations == "static" and calibration_data is None:
         raise CalibrationError("activations='static' measures each linear's input range: pass "
-                               "calibration=[batch, ...]")
-    if alpha is not None and calibration is None:
-        raise CalibrationError("qp.quantize_w8a8 needs calibration=[batch, ...] (a few token batches of the "
+                               "calibration_data=[batch, ...]")
+    if alpha is not None and calibration_data is None:
+        raise CalibrationError("qp.quantize_w8a8 needs calibration_data=[batch, ...] (a few token batches of the "
                                "kind of text the model will see) for SmoothQuant's scales, or alpha=None "
                                "to quantize without smoothing")
-    calibration = calibration_batches(calibration)
+    calibration = calibration_batches(calibration_data)
     chosen = None if backend is None else resolve_backend(backend).require_available()
     if chosen is not None and not chosen.kernels and chosen.delegate is not None:
         raise ConfigValidationError(f"backend {chosen.name!r} compiles whole graphs, and qp.quantize_w8a8 swaps "

@@ -116,7 +116,7 @@ def test_weight_only_int4_group_32_gptq_keeps_the_embeddings_where_rtn_does_not(
     model, batches, reference = minilm
     calibration, _ = split_sentences(read_sentences(SENTENCES))
     gptq = qp.quantize_weights(model.model, bits=4, group_size=32, symmetric=False, algorithm="gptq",
-                               calibration=token_batches(model.tokenizer, calibration))
+                               calibration_data=token_batches(model.tokenizer, calibration))
     rtn = qp.quantize_weights(model.model, bits=4, group_size=32, symmetric=False)
     ours, baseline = agreement(reference, embed(gptq, batches)), agreement(reference, embed(rtn, batches))
     assert ours.cosine_mean >= 0.99 and ours.cosine_min >= 0.975, ours

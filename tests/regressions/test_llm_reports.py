@@ -71,7 +71,7 @@ def test_awq_keeps_a_half_precision_models_dtype(family, dtype):
     GPT-2 raised torch's 'self and mat2 must have the same dtype')."""
     model = (tiny_gpt2() if family == "gpt2" else decoder()).to(dtype)
     calibration = [torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(i)) for i in range(2)]
-    awq = qp.quantize_weights(model, bits=4, group_size=32, algorithm="awq", calibration=calibration,
+    awq = qp.quantize_weights(model, bits=4, group_size=32, algorithm="awq", calibration_data=calibration,
                               kernel="reference")
     with torch.no_grad():
         want, got = model(PROMPTS[0]).logits, awq(PROMPTS[0]).logits
@@ -215,7 +215,7 @@ def test_a_weight_norm_model_quantizes_as_the_plain_one(call, wrap):
         if call == "w8a8":
             return qp.quantize_w8a8(m, alpha=None, backend="reference")
         return qp.quantize_weights(m, bits=4, group_size=32, algorithm=call, kernel="reference",
-                                   calibration=None if call == "rtn" else [x])
+                                   calibration_data=None if call == "rtn" else [x])
 
     qmodel, want = quantize(model), quantize(plain)
     with torch.no_grad():
@@ -250,7 +250,7 @@ def test_awq_keeps_the_qkv_and_gate_up_fusion_and_rtns_accuracy():
     from tests.unit.weight_only.test_w8a8 import batches
 
     model = decoder()
-    awq = qp.quantize_weights(model, bits=4, group_size=32, algorithm="awq", calibration=batches(2),
+    awq = qp.quantize_weights(model, bits=4, group_size=32, algorithm="awq", calibration_data=batches(2),
                               kernel="reference")
     rtn = qp.quantize_weights(model, bits=4, group_size=32, kernel="reference")
     groups = [tuple(f"model.layers.{i}.{names}" for names in group) for i in range(2)

@@ -158,9 +158,9 @@ def test_weight_only_calibrates_without_dropout_and_returns_eval_mode():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.5), nn.Linear(64, 32)).train()
     data = [torch.randn(8, 64) for _ in range(2)]
-    quantized = qp.quantize_weights(model, bits=4, group_size=32, algorithm="gptq", calibration=data)
+    quantized = qp.quantize_weights(model, bits=4, group_size=32, algorithm="gptq", calibration_data=data)
     assert not quantized.training and not any(m.training for m in quantized.modules()) and model.training
-    again = qp.quantize_weights(model.eval(), bits=4, group_size=32, algorithm="gptq", calibration=data)
+    again = qp.quantize_weights(model.eval(), bits=4, group_size=32, algorithm="gptq", calibration_data=data)
     x = torch.randn(4, 64)
     assert torch.equal(quantized(x), again(x))
 
@@ -549,7 +549,7 @@ def test_calibration_a_language_model_cannot_take_says_which_batch_and_why(call)
     def run(batches):
         if call == "w8a8":
             return qp.quantize_w8a8(model, batches)
-        return qp.quantize_weights(model, bits=4, group_size=32, algorithm=call, calibration=batches)
+        return qp.quantize_weights(model, bits=4, group_size=32, algorithm=call, calibration_data=batches)
 
     good = torch.randint(0, 256, (2, 16))
     with pytest.raises(InputMismatchError, match=r"calibration batch 1 does not fit the model: RuntimeError: .*"
@@ -625,7 +625,7 @@ def test_one_batch_tensor_as_calibration_is_one_batch(call):
     def run(calibration):
         if call == "w8a8":
             return qp.quantize_w8a8(model, calibration)
-        return qp.quantize_weights(model, bits=4, group_size=32, algorithm=call, calibration=calibration,
+        return qp.quantize_weights(model, bits=4, group_size=32, algorithm=call, calibration_data=calibration,
                                    kernel="reference")  # the same kernel for both, whatever timing says
 
     batch, x = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (1, 12))

@@ -85,7 +85,7 @@ def test_quantize_weights_takes_a_backend_object_as_its_siblings_do():
 
 
 @pytest.mark.parametrize("call", [
-    lambda data: qp.quantize_weights(net(), algorithm="awq", calibration=data),
+    lambda data: qp.quantize_weights(net(), algorithm="awq", calibration_data=data),
     lambda data: qp.quantize_w8a8(net(), data),
 ], ids=["quantize_weights", "quantize_w8a8"])
 def test_swap_flows_refuse_calibration_that_is_not_batches(call):

@@ -110,7 +110,7 @@ class Projections(nn.Module):
 def test_linears_reading_one_input_run_as_one_matmulnbits_with_the_same_outputs(bits, threads):
     """One session for the three: each output row is the same block-wise dot product."""
     options = dict(bits=bits, group_size=32, kernel="onnxruntime-matmulnbits")
-    fused = qp.quantize_weights(Projections(), calibration=[torch.randn(3, 128)], **options)
+    fused = qp.quantize_weights(Projections(), calibration_data=[torch.randn(3, 128)], **options)
     one_each = qp.quantize_weights(Projections(), **options)  # no example input: one call per layer
     assert fused.qplug_weight_only.fused == [("q", "k", "v")] and one_each.qplug_weight_only.fused == []
     torch.set_num_threads(threads)
@@ -127,7 +127,7 @@ def test_a_copy_builds_sessions_of_its_own_and_pickling_is_refused():
     import pickle
 
     options = dict(bits=4, group_size=32, kernel="onnxruntime-matmulnbits")
-    qmodel = qp.quantize_weights(Projections(), calibration=[torch.randn(3, 128)], **options)
+    qmodel = qp.quantize_weights(Projections(), calibration_data=[torch.randn(3, 128)], **options)
     x = torch.randn(2, 128)
     with torch.no_grad():
         expected = qmodel(x)

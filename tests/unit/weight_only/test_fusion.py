@@ -93,7 +93,7 @@ class Siblings(nn.Module):
 @pytest.mark.parametrize("inference", [False, True])
 def test_each_member_gets_what_its_own_call_would_give(monkeypatch, change, inference):
     x = torch.randn(5, 64)
-    fused = qp.quantize_weights(Siblings(), bits=8, group_size=32, kernel="reference", calibration=[x.clone()])
+    fused = qp.quantize_weights(Siblings(), bits=8, group_size=32, kernel="reference", calibration_data=[x.clone()])
     one_each = separate(monkeypatch, Siblings(), bits=8, group_size=32, kernel="reference")
     assert fused.qplug_weight_only.fused == [("a", "b")]
     fused.change = one_each.change = change
@@ -107,7 +107,7 @@ def test_each_member_gets_what_its_own_call_would_give(monkeypatch, change, infe
 def test_awq_gives_the_linears_of_one_input_one_scale_so_they_stay_joined():
     x = torch.randn(64, 64) * torch.linspace(0.1, 10, 64)
     awq = qp.quantize_weights(Siblings(), bits=4, group_size=32, kernel="reference", algorithm="awq",
-                              calibration=[x])
+                              calibration_data=[x])
     assert awq.qplug_weight_only.fused == [("a", "b")]
     assert torch.equal(awq.a.input_scale, awq.b.input_scale)
     assert not torch.equal(awq.a.input_scale, torch.ones(64))  # a scale was searched
@@ -116,7 +116,7 @@ def test_awq_gives_the_linears_of_one_input_one_scale_so_they_stay_joined():
 def test_layers_with_different_input_scales_stay_apart_and_say_why(monkeypatch):
     x = torch.randn(64, 64) * torch.linspace(0.1, 10, 64)
     qmodel = separate(monkeypatch, Siblings(), bits=4, group_size=32, kernel="reference", algorithm="awq",
-                      calibration=[x])
+                      calibration_data=[x])
     qmodel.b.input_scale = qmodel.b.input_scale * 2  # edited: one call cannot apply both
     dtypes = dict.fromkeys("ab", torch.float32)
     kernels = api.available_kernels(None)
@@ -131,7 +131,7 @@ def test_a_model_without_an_example_input_runs_one_call_per_layer_and_says_why()
     assert qmodel.qplug_weight_only.fused == [] and qmodel.a.fused is None
     assert qmodel.qplug_weight_only.fusion == ("not looked for: the model has no dummy_inputs and calibration "
                                                "is not a list of batches")
-    wrong = qp.quantize_weights(Siblings(), bits=8, kernel="reference", calibration=[torch.randn(5, 7)])
+    wrong = qp.quantize_weights(Siblings(), bits=8, kernel="reference", calibration_data=[torch.randn(5, 7)])
     assert wrong.qplug_weight_only.fused == []
     assert wrong.qplug_weight_only.fusion.startswith("not found: the run on the first calibration batch raised "
                                                      "RuntimeError: mat1 and mat2 shapes cannot be multiplied")
@@ -171,7 +171,7 @@ def test_a_group_naming_what_is_not_a_linear_layer_of_the_file_is_refused(tmp_pa
 
 def test_the_run_that_finds_the_groups_updates_no_statistics_of_a_training_model():
     model = nn.Sequential(nn.BatchNorm1d(64), Siblings()).train()
-    qmodel = qp.quantize_weights(model, bits=8, kernel="reference", calibration=[torch.randn(5, 64) + 3])
+    qmodel = qp.quantize_weights(model, bits=8, kernel="reference", calibration_data=[torch.randn(5, 64) + 3])
     assert qmodel.qplug_weight_only.fused == [("1.a", "1.b")]
     assert not any(m.training for m in qmodel.modules()) and all(m.training for m in model.modules())
     assert torch.equal(qmodel[0].running_mean, model[0].running_mean)  # no statistics updated
@@ -184,7 +184,7 @@ def test_a_forced_kernel_that_refuses_the_stacked_shape_leaves_the_group_apart(m
     monkeypatch.setattr(TorchInt4Kernel, "supports", lambda self, scheme, shape, dtype: (
         "at most 64 output features" if shape[0] > 64 else refuse(self, scheme, shape, dtype)))
     qmodel = qp.quantize_weights(Siblings(), bits=4, group_size=32, kernel="torch-int4pack",
-                                 calibration=[torch.randn(5, 64)])
+                                 calibration_data=[torch.randn(5, 64)])
     assert qmodel.qplug_weight_only.fused == [] and qmodel.a.fused is None
     assert qmodel.qplug_weight_only.fusion == ("looked for on the first calibration batch; not joined: a, b "
                                                "(kernel 'torch-int4pack' does not take their stacked weight)")

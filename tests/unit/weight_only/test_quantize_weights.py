@@ -105,7 +105,7 @@ def test_data_aware_algorithms_beat_rtn_on_held_out_inputs(algorithm):
     layer, data = outlier_layer()
     model = nn.Sequential(layer)
     rtn = qp.quantize_weights(model, bits=4, group_size=32)
-    aware = qp.quantize_weights(model, bits=4, group_size=32, algorithm=algorithm, calibration=data[:16])
+    aware = qp.quantize_weights(model, bits=4, group_size=32, algorithm=algorithm, calibration_data=data[:16])
     held_out = torch.cat(data[16:])
     with torch.no_grad():
         exact = model(held_out)
@@ -117,7 +117,7 @@ def test_data_aware_algorithms_beat_rtn_on_held_out_inputs(algorithm):
 def test_save_and_load_into_a_model_built_from_the_config(tmp_path):
     model = llama()
     qmodel = qp.quantize_weights(model, bits=4, group_size=32, symmetric=False, embeddings=True,
-                                 algorithm="awq", calibration=[PROMPT])
+                                 algorithm="awq", calibration_data=[PROMPT])
     path = qp.save(qmodel, tmp_path / "model.safetensors")
     fresh = llama(seed=1)
     loaded = qp.load(path, model=fresh)

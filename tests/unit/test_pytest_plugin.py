@@ -57,3 +57,16 @@ def test_require_all_fails_skips_for_missing_things(tmp_path, require_all, summa
         assert "FAILED test_sample.py::test_needs_a_distribution" in output
         assert "FAILED test_sample.py::test_needs_a_module" in output
         assert "SKIPPED" in output and "dead config" in output
+
+
+def test_loading_the_plugin_imports_neither_torch_nor_the_pipeline():
+    """pytest loads the plugin in every test session of an environment with qplug-core installed:
+    a project that never uses qplug must not pay torch's import for it."""
+    code = ("import sys, qplug_core.testing.pytest_plugin, qplug_core.testing as kit\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('qplug_core.')))\n"
+            "kit.check_pattern\n"
+            "print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    first, second = result.stdout.splitlines()
+    assert first == "['qplug_core.testing', 'qplug_core.testing.pytest_plugin']"
+    assert second == "True"  # the kit's names still load on use

@@ -30,12 +30,13 @@ from qplug_core.onnx_export.trace_release import forget_last_trace
 DEFAULT_OPSET = 21
 
 
-def reference_form(qmodel: nn.Module) -> fx.GraphModule:
-    """The reference form of a converted model: itself, or rebuilt from its save artifact."""
+def reference_form(qmodel: nn.Module, entry: str = "export_onnx") -> fx.GraphModule:
+    """The reference form of a converted model: itself, or rebuilt from its save artifact
+    (``entry``: the public function asking, which the error names)."""
     from qplug_core.serialization.api import rebuild_reference
 
     if not isinstance(qmodel, fx.GraphModule):
-        raise ExportError(f"export_onnx takes a model converted by qplug in graph mode (a GraphModule), got "
+        raise ExportError(f"{entry} takes a model converted by qplug in graph mode (a GraphModule), got "
                           f"{type(qmodel).__name__}; quantize it with qp.quantize / qp.convert_fx first (for "
                           "dynamic int8, qp.convert_fx(qp.prepare_fx(model, qp.get_default_qconfig_mapping("
                           "backend, mode='dynamic'), example_inputs)) exports; qp.quantize_dynamic, "

@@ -123,12 +123,14 @@ def _input_qparams(gm: fx.GraphModule, node: fx.Node) -> Q.QParams | None:
     return qp if qp.axis is None else None
 
 
-def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False) -> fx.GraphModule:
+def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False,
+                      int32_bias: bool = True) -> fx.GraphModule:
     """A copy of the reference-form ``gm`` whose weighted modules hold integer weights.
 
     ``onnxruntime_ops``: dynamic int8 LSTMs become :class:`DynamicQuantizedLSTM` (ONNX Runtime's
     DynamicQuantizeLSTM, a contrib op); otherwise they stay float LSTMs behind
-    DynamicQuantizeLinear, the closest standard ONNX has.
+    DynamicQuantizeLinear, the closest standard ONNX has. ``int32_bias=False`` keeps every bias
+    float, as PT2E's ``convert_pt2e`` does (the reference form's numbers, unrounded).
     """
     out = deepcopy_graph(gm)
     with_per_token_ops(out)
@@ -147,7 +149,8 @@ def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False) -> f
             out.set_submodule(node.target, DynamicQuantizedLinear(module))
             node.args = (node.args[0].args[0],)  # the dynamic quantize is part of the op now
         elif qp is not None and qp.dtype in Q.STORAGE_DTYPE and not qp.zero_point.is_floating_point():
-            out.set_submodule(node.target, DequantizedWeights(module, _input_qparams(out, node)))
+            input_qparams = _input_qparams(out, node) if int32_bias else None
+            out.set_submodule(node.target, DequantizedWeights(module, input_qparams))
     out.graph.eliminate_dead_code()
     out.recompile()
     return out

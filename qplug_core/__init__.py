@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (kept equal to _
     from qplug_core.one_call import quantize
     from qplug_core.onnx_export import export_onnx
     from qplug_core.patterns import MatchAllNode
+    from qplug_core.pt2_export import export_program
     from qplug_core.registry.backends import Availability, Backend, BackendSpec, get_backend, list_backends
     from qplug_core.registry.hookspecs import hookimpl
     from qplug_core.serialization import load, save
@@ -88,6 +89,7 @@ _EXPORTS: dict[str, str] = {
     "save": "qplug_core.serialization:save",
     "load": "qplug_core.serialization:load",
     "export_onnx": "qplug_core.onnx_export:export_onnx",
+    "export_program": "qplug_core.pt2_export:export_program",
     # configs most users touch
     "QConfig": "qplug_core.config:QConfig",
     "QConfigMapping": "qplug_core.config:QConfigMapping",
@@ -119,7 +121,7 @@ __all__ = [
     "DTypeConfig", "DTypeWithConstraints", "MatchAllNode", "ObservationType", "QConfig",
     "QConfigMapping", "QplugError", "Target", "__version__", "algorithms", "analysis", "calibrate", "compare",
     "config", "convert_fx", "convert_to_reference_fx", "distributed", "eager", "errors",
-    "export_onnx", "fuse_fx", "get_backend", "get_default_qconfig_mapping", "hookimpl",
+    "export_onnx", "export_program", "fuse_fx", "get_backend", "get_default_qconfig_mapping", "hookimpl",
     "list_backends", "load", "matcher", "observers", "partition", "passes", "patterns",
     "prepare_fx", "prepare_qat_fx", "quantization_report", "quantize", "quantize_dynamic",
     "quantize_w8a8", "quantize_weights", "save",

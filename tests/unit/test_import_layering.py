@@ -52,10 +52,11 @@ ALLOWED: dict[str, set[str]] = {
     "eager": {"config", "enums", "errors", "flows", "kernels", "nn", "observers", "qparams", "registry"},
     "algorithms": {"analysis", "config", "errors", "flows", "ir", "kernels", "nn", "observers", "qparams"},
     "onnx_export": {"errors", "flows", "ir", "kernels", "nn", "qparams", "serialization"},
+    "pt2_export": {"errors", "flows", "onnx_export"},
     "one_call": {"algorithms", "config", "errors", "flows", "registry", "weight_only"},
     # the facade imports its exports lazily, by name: see facade_edges()
     FACADE: {"algorithms", "analysis", "config", "eager", "errors", "flows", "matcher", "observers",
-             "one_call", "onnx_export", "partition", "passes", "patterns", "registry",
+             "one_call", "onnx_export", "partition", "pt2_export", "passes", "patterns", "registry",
              "serialization", "weight_only", "zoo"},
     "testing": {"config", "errors", "flows", "kernels", "nn", "partition", "patterns", "registry", FACADE},
     "plugin_api": {"config", "enums", "errors", "flows", "kernels", "nn", "onnx_export", "partition",

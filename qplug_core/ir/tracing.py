@@ -61,7 +61,10 @@ def refuse_export(what: str) -> None:
         raise ModelStateError(
             f"torch.export cannot capture {what}: its int8 weights are packed or held by another "
             "runtime, which fake tensors cannot run. Export the float model instead (qp.quantize "
-            "takes the ExportedProgram's module); " + SHIP_INSTEAD[0].lower() + SHIP_INSTEAD[1:])
+            "takes the ExportedProgram's module), or a graph-mode model's reference form with "
+            "qp.export_program(model, example_inputs) (int8 weights in torch's quantized_decomposed "
+            "ops, what torch.compile, AOTInductor and ExecuTorch take); " + SHIP_INSTEAD[0].lower()
+            + SHIP_INSTEAD[1:])
 
 
 STATE_DICT_MESSAGE = ("this state_dict holds no int8 weights of the model's packed int8 layers or compiled "

@@ -104,3 +104,12 @@ def test_dynamic_layers_stay_qplug_ops_and_say_so():
     with pytest.warns(UserWarning, match=r"still calls qplug\.dynamic_quantized_linear"):
         program = qp.export_program(qmodel, (x,))
     assert torch.allclose(program.module()(x), qmodel(x), atol=1e-5)
+
+
+def test_a_loaded_model_exports_at_its_recorded_input_shapes(converted, tmp_path):
+    qmodel, program, x = converted
+    with all_plugins_loaded():
+        loaded = qp.load(qp.save(qmodel, tmp_path / "block.safetensors"))
+    again = qp.export_program(loaded)  # no example: zeros shaped like the ones it was prepared with
+    with torch.no_grad():
+        assert torch.equal(again.module()(x), program.module()(x))

@@ -124,13 +124,15 @@ def _input_qparams(gm: fx.GraphModule, node: fx.Node) -> Q.QParams | None:
 
 
 def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False,
-                      int32_bias: bool = True) -> fx.GraphModule:
+                      int32_bias: bool = True, dynamic_linears: bool = True) -> fx.GraphModule:
     """A copy of the reference-form ``gm`` whose weighted modules hold integer weights.
 
     ``onnxruntime_ops``: dynamic int8 LSTMs become :class:`DynamicQuantizedLSTM` (ONNX Runtime's
     DynamicQuantizeLSTM, a contrib op); otherwise they stay float LSTMs behind
     DynamicQuantizeLinear, the closest standard ONNX has. ``int32_bias=False`` keeps every bias
     float, as PT2E's ``convert_pt2e`` does (the reference form's numbers, unrounded).
+    ``dynamic_linears=False`` keeps a dynamic int8 linear's activation quantization a node of its
+    own in front of int8 weights, as PT2E writes it, instead of one ``qplug::dynamic_quantized_linear``.
     """
     out = deepcopy_graph(gm)
     with_per_token_ops(out)
@@ -145,7 +147,7 @@ def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False,
             node.args = (node.args[0].args[0], *node.args[1:])  # the op quantizes its input itself
             continue
         qp = module.weight_qparams if isinstance(module, ReferenceWeighted) else None
-        if qp is not None and _is_dynamic_linear(out, node, module):
+        if qp is not None and dynamic_linears and _is_dynamic_linear(out, node, module):
             out.set_submodule(node.target, DynamicQuantizedLinear(module))
             node.args = (node.args[0].args[0],)  # the dynamic quantize is part of the op now
         elif qp is not None and qp.dtype in Q.STORAGE_DTYPE and not qp.zero_point.is_floating_point():

@@ -9,6 +9,8 @@ registered already, as it is wherever those consumers are loaded.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import fx
 
@@ -49,12 +51,35 @@ def _constant(gm: fx.GraphModule, node: object) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) and value.numel() == 1 else None
 
 
+def _dynamic(gm: fx.GraphModule, node: fx.Node) -> None:
+    """``dynamic_fake_quantize(x, qmin, qmax, dtype)`` as PT2E writes dynamic quantization:
+    ``choose_qparams.tensor`` (min/max with 0, float32 eps, as qplug's) then quantize and dequantize
+    with those tensor qparams."""
+    namespace = torch.ops.quantized_decomposed
+    x, quant_min, quant_max, dtype = node.args
+    with gm.graph.inserting_before(node):
+        chosen = gm.graph.call_function(namespace.choose_qparams.tensor,
+                                        (x, quant_min, quant_max, torch.finfo(torch.float32).eps, dtype))
+        scale = gm.graph.call_function(operator.getitem, (chosen, 0))
+        zero_point = gm.graph.call_function(operator.getitem, (chosen, 1))
+        q = gm.graph.call_function(namespace.quantize_per_tensor.tensor,
+                                   (x, scale, zero_point, quant_min, quant_max, dtype))
+        dq = gm.graph.call_function(namespace.dequantize_per_tensor.tensor,
+                                    (q, scale, zero_point, quant_min, quant_max, dtype))
+    node.replace_all_uses_with(dq)
+    gm.graph.erase_node(node)
+
+
 def to_decomposed(gm: fx.GraphModule) -> None:
     """Rewrite ``gm`` (an ``ExportedProgram.module()``) in place: each qplug quantize/dequantize
     becomes its ``quantized_decomposed`` twin, per-tensor qparams read from constants into the
-    call, and the attributes no node reads any more are dropped."""
+    call, dynamic quantization becomes ``choose_qparams`` + quantize/dequantize, and the
+    attributes no node reads any more are dropped."""
     namespace = torch.ops.quantized_decomposed
-    for node in gm.graph.nodes:
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target == _QPLUG.dynamic_fake_quantize.default:
+            _dynamic(gm, node)
+            continue
         names = _OVERLOADS.get(node.target) if node.op == "call_function" else None
         if names is None:
             continue
@@ -73,8 +98,3 @@ def to_decomposed(gm: fx.GraphModule) -> None:
             delattr(gm.get_submodule(owner), leaf)
     gm.recompile()
 
-
-def qplug_ops(program: torch.export.ExportedProgram) -> list[str]:
-    """The qplug ops still called in ``program`` (dynamic quantization has no decomposed form here)."""
-    return sorted({str(node.target) for node in program.graph.nodes if node.op == "call_function"
-                   and getattr(node.target, "namespace", None) == "qplug"})

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.errors import ConfigValidationError, ExportError, warn_user
+from qplug_core.errors import ConfigValidationError, ExportError
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.onnx_export.api import recorded_inputs, reference_form
 from qplug_core.onnx_export.weights import with_int8_weights
-from qplug_core.pt2_export.decomposed import qplug_ops, require_namespace, to_decomposed
+from qplug_core.pt2_export.decomposed import require_namespace, to_decomposed
 
 #: what ``ops=`` takes
 OPS = ("quantized_decomposed", "qplug")
@@ -44,7 +44,7 @@ def export_program(qmodel: nn.Module, example_inputs: Any = None, *, dynamic_sha
     torch.ao); ``ops="qplug"`` keeps ``torch.ops.qplug.*`` (same schemas; ``import qplug_core.ir.qdq_ops``
     before ``torch.export.load``). ``example_inputs`` defaults to zeros shaped like the inputs the
     model was prepared with; ``dynamic_shapes`` goes to ``torch.export.export``. Dynamic int8
-    layers stay qplug ops (a warning names them). Raises :class:`ExportError`.
+    layers become ``choose_qparams`` + quantize/dequantize, as in PT2E. Raises :class:`ExportError`.
     """
     if ops not in OPS:
         raise ConfigValidationError(f"ops must be one of {OPS}, got {ops!r}", field="ops", value=ops)
@@ -52,15 +52,10 @@ def export_program(qmodel: nn.Module, example_inputs: Any = None, *, dynamic_sha
         require_namespace()
     gm = reference_form(qmodel, "export_program")
     inputs = recorded_inputs(gm) if example_inputs is None else as_input_tuple(example_inputs)
-    program = _export(with_int8_weights(gm, int32_bias=False).eval(), inputs, dynamic_shapes)
+    weights = with_int8_weights(gm, int32_bias=False, dynamic_linears=False)
+    program = _export(weights.eval(), inputs, dynamic_shapes)
     if ops == "qplug":
         return program
     module = program.module()
     to_decomposed(module)
-    program = _export(module, inputs, dynamic_shapes)
-    left = qplug_ops(program)
-    if left:
-        warn_user(f"the exported program still calls {', '.join(left)}: dynamic int8 layers have no "
-                  "quantized_decomposed form here. It runs in PyTorch (import qplug_core.ir.qdq_ops "
-                  "before torch.export.load); compilers take those ops as opaque Python calls")
-    return program
+    return _export(module, inputs, dynamic_shapes)

@@ -95,15 +95,20 @@ def test_module_swapped_models_are_refused_naming_the_graph_flows():
         qp.export_program(qmodel, (torch.randn(2, 8),))
 
 
-def test_dynamic_layers_stay_qplug_ops_and_say_so():
+def test_dynamic_layers_are_choose_qparams_and_quantize_dequantize():
     model, x = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval(), torch.randn(2, 8)
     with all_plugins_loaded():
         mapping = qp.get_default_qconfig_mapping("fbgemm", mode="dynamic")
-    with all_plugins_loaded():
         qmodel = qp.convert_fx(qp.prepare_fx(model, mapping, (x,), backend="fbgemm"), backend="fbgemm")
-    with pytest.warns(UserWarning, match=r"still calls qplug\.dynamic_quantized_linear"):
-        program = qp.export_program(qmodel, (x,))
-    assert torch.allclose(program.module()(x), qmodel(x), atol=1e-5)
+    program = qp.export_program(qmodel, (x,))
+    targets = _targets(program)
+    assert {"quantized_decomposed.choose_qparams.tensor", "quantized_decomposed.quantize_per_tensor.tensor",
+            "quantized_decomposed.dequantize_per_channel.default"} <= targets
+    assert not any(t.startswith("qplug.") for t in targets)
+    with torch.no_grad():
+        for scale in (0.1, 1.0, 30.0):  # each call's own range
+            other = scale * torch.randn(2, 8)
+            assert torch.equal(program.module()(other), reference_form(qmodel)(other))
 
 
 def test_a_loaded_model_exports_at_its_recorded_input_shapes(converted, tmp_path):

@@ -19,7 +19,7 @@ int8 = qp.quantize_weights(model, bits=8, group_size=32)
 # GPTQ on a few calibration batches (token ids, or dicts of model inputs).
 calibration = [torch.randint(0, 512, (4, 64)) for _ in range(4)]
 int4 = qp.quantize_weights(model, bits=4, group_size=32, symmetric=False, algorithm="gptq",
-                           calibration=calibration, skip=[r"model\.layers\.0\..*"])
+                           calibration_data=calibration, skip=[r"model\.layers\.0\..*"])
 
 info = int4.qplug_weight_only
 print(type(int4).__name__, len(info.layers), "layers quantized;", "kernels:", set(info.kernels.values()))

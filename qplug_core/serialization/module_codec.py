@@ -15,7 +15,8 @@ How a module is rebuilt depends on its class, never on what the file says:
 
 Tensors are keyed by their dotted path; a tensor shared by two modules is stored once. The weight
 of a ``ReferenceWeighted`` module lies on its int8 grid, so it is stored as the int8 values and
-dequantized on load: bit-exact, and a quarter of the float size.
+dequantized on load: bit-exact, and a quarter of the float size. Int8 weights with the very same
+values (a tied weight quantized alike in two modules) are stored once and read into one tensor.
 """
 
 from __future__ import annotations
@@ -86,28 +87,49 @@ def _under_any(path: str, roots: list[str]) -> bool:
 
 @dataclass
 class TensorTable:
-    """Tensors to store, by key, with their JSON entries (dtype, shape and, for int8 weights, origin)."""
+    """Tensors to store, by key, with their JSON entries (dtype, shape and, for int8 weights, origin).
+
+    A tensor shared by two modules is stored once; so are int8 weights whose values are the very
+    same (tied weights that got the same qparams), whatever float tensors they came from: a tied
+    weight whose modules got different qparams (an LLM's embedding, quint8 per row, and its head,
+    qint8 per channel) has different int8 values, kept both."""
 
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     _keys: dict[int, str] = field(default_factory=dict)
     _int8: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: (dtype, shape, a sample of the values) -> keys of the int8 weights stored with them
+    _int8_keys: dict[tuple, list[str]] = field(default_factory=dict)
 
     def store_as_int8(self, weight: torch.Tensor, values: torch.Tensor) -> None:
+        """``weight``'s next :meth:`add` stores ``values`` (its int8 values) instead."""
         self._int8[id(weight)] = values
 
     def add(self, key: str, tensor: torch.Tensor) -> str:
         """Store ``tensor`` under ``key`` unless it is already stored; return its key."""
+        values = self._int8.pop(id(tensor), None)
+        if values is not None:
+            return self._add_int8(key, values, tensor.dtype)
         known = self._keys.get(id(tensor))
         if known is not None:
             return known
         self._keys[id(tensor)] = key
-        stored = self._int8.get(id(tensor), tensor.detach())
-        entry: dict[str, Any] = {"dtype": encode_dtype(stored.dtype), "shape": list(stored.shape)}
-        if id(tensor) in self._int8:
-            entry[INT8_OF] = encode_dtype(tensor.dtype)
-        self.entries[key] = entry
-        self.tensors[key] = stored
+        self.entries[key] = {"dtype": encode_dtype(tensor.dtype), "shape": list(tensor.shape)}
+        self.tensors[key] = tensor.detach()
+        return key
+
+    def _add_int8(self, key: str, values: torch.Tensor, float_dtype: torch.dtype) -> str:
+        flat = values.reshape(-1)
+        sample = (values.dtype, tuple(values.shape), float_dtype,
+                  tuple(flat[::max(1, flat.numel() // 64)].tolist()))
+        same = self._int8_keys.setdefault(sample, [])
+        known = next((k for k in same if torch.equal(self.tensors[k], values)), None)
+        if known is not None:
+            return known
+        same.append(key)
+        self.entries[key] = {"dtype": encode_dtype(values.dtype), "shape": list(values.shape),
+                             INT8_OF: encode_dtype(float_dtype)}
+        self.tensors[key] = values
         return key
 
 

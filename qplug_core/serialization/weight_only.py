@@ -164,6 +164,7 @@ def save_swapped(model: nn.Module, target: Path) -> Path:
     info = getattr(model, INFO_ATTRIBUTE, None)
     if isinstance(info, WeightOnlyInfo) and info.kernel_cpu is not None:
         document[kernel_record.CPU_KEY] = kernel_record.cpu_document(info.kernel_cpu)
+    decode_step.measure_before_saving(model)
     step = getattr(model, decode_step.ATTRIBUTE, None)
     if isinstance(step, decode_step.DecodeStepThreads) and step.recorded():
         document[decode_threads_record.KEY] = decode_threads_record.to_document(step.recorded())

@@ -16,7 +16,10 @@ It is installed as the model's ``forward`` (an instance attribute wrapping the c
 ``generate()``, the KV cache and ``inspect.signature(model.forward)`` stay as they were, as
 accelerate's hooks do), and kept as ``model.qplug_decode_threads``: its ``choices`` say what was
 measured, and ``model.qplug_decode_threads.enabled = False`` turns it off. ``qp.save`` records the
-choices made (:meth:`DecodeStepThreads.recorded`) and ``qp.load`` starts from them
+choices made (:meth:`DecodeStepThreads.recorded`), first making the batch-1 one on a few decode
+steps of its own when the model has made none at torch's thread count
+(:func:`measure_before_saving`: a model saved straight after quantizing recorded nothing, and every
+load timed its first steps), and ``qp.load`` starts from them
 (:meth:`DecodeStepThreads.restore`) instead of timing the first steps again, except those made at
 more threads than this machine has cores, which are measured here. Only thread counts
 change, so outputs do not (the kernels and torch's ops split work over threads without changing
@@ -34,8 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from qplug_core.errors import warn_user
 from qplug_core.flows.tags import DECODE_THREADS
-from qplug_core.kernels.decode_threads import ThreadChoice, thread_budget
+from qplug_core.kernels.decode_threads import RUNS, ThreadChoice, thread_budget
 
 #: the model attribute holding its :class:`DecodeStepThreads`
 ATTRIBUTE = DECODE_THREADS
@@ -133,3 +137,28 @@ def install(model: nn.Module) -> None:
     step = DecodeStepThreads(model.forward)
     model.forward = step  # type: ignore[method-assign]
     setattr(model, ATTRIBUTE, step)
+
+
+def measure_before_saving(model: nn.Module) -> None:
+    """Make the batch-1 choice of a model that has made none at torch's thread count (one this
+    machine's loads keep: no more threads than its cores), on one-token decode steps of its own:
+    token 0 after a one-token prompt, as many steps as one measurement takes. A model whose forward
+    does not take them is left to measure its first steps, and the user is told."""
+    step = getattr(model, ATTRIBUTE, None)
+    threads = torch.get_num_threads()
+    if (not isinstance(step, DecodeStepThreads) or not step.enabled or not 1 < threads <= usable_cores()
+            or any(count == threads for count, _ in step.choices)):
+        return
+    weight = next(model.parameters(), None)
+    token = torch.zeros((1, 1), dtype=torch.long, device=None if weight is None else weight.device)
+    try:
+        cache_argument = next(name for name in CACHE_ARGUMENTS if name in inspect.signature(step).parameters)
+        with torch.no_grad():
+            output = model(token, use_cache=True)
+            for _ in range(2 * (RUNS + 1)):
+                cache = next(getattr(output, name) for name in CACHE_ARGUMENTS if getattr(output, name, None) is not None)
+                output = model(token, use_cache=True, **{cache_argument: cache})
+    except Exception as exc:  # a forward of the user's own: saving goes on without the choice
+        warn_user(f"qplug: qp.save could not run a one-token decode step of {type(model).__name__} to choose its "
+                  f"decode thread count ({type(exc).__name__}: {exc}); the file records no choice, so each load "
+                  "times its first decode steps")

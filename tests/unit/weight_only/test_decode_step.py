@@ -198,6 +198,40 @@ def test_a_loaded_model_starts_from_the_choice_its_file_records(two_threads, tmp
     assert steps()[1][:8] == [1, 2] * 4  # recorded at 2 threads; this machine has 1 core
 
 
+def test_a_model_saved_straight_after_quantizing_records_a_choice_its_loads_start_from(two_threads, tmp_path,
+                                                                                        monkeypatch):
+    """A model saved before it had decoded recorded no choice, so every load timed its first decode
+    steps; qp.save now makes the batch-1 choice on decode steps of its own."""
+    monkeypatch.setattr(decode_step, "usable_cores", lambda: 2)
+    qmodel = SCHEMES["int8"](decoder())
+    faster_on(qmodel, 1)
+    path = qp.save(qmodel, tmp_path / "model.safetensors")
+    assert json.loads(read_artifact_file(path)[0])["decode_threads"] == [{"threads": 2, "batch": 1, "single": True}]
+    loaded = qp.load(path, model=decoder(seed=4))
+    faster_on(loaded, 2)  # what a measurement here would choose
+    log = thread_log(loaded)
+    with torch.no_grad():
+        tokens = loaded.generate(PROMPTS[0][:1], **GREEDY)
+    assert [threads for count, threads in log if count == 1] == [1] * 15  # every decode step: nothing timed
+    with torch.no_grad():
+        assert torch.equal(tokens, qmodel.generate(PROMPTS[0][:1], **GREEDY))
+
+
+def test_a_forward_that_returns_no_cache_saves_without_a_choice_and_says_so(two_threads, tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.setattr(decode_step, "usable_cores", lambda: 2)
+    qmodel = SCHEMES["int8"](decoder())
+    forward = qmodel.qplug_decode_threads.__wrapped__
+
+    def forward_without_cache_output(*args, cache=None, **kwargs):  # a forward of the user's own
+        return forward(*args, **kwargs).logits
+
+    monkeypatch.setattr(qmodel.qplug_decode_threads, "__wrapped__", forward_without_cache_output)
+    with pytest.warns(UserWarning, match="could not run a one-token decode step of LlamaForCausalLM"):
+        path = qp.save(qmodel, tmp_path / "model.safetensors")
+    assert "decode_threads" not in json.loads(read_artifact_file(path)[0])
+
+
 def test_a_copy_steps_itself_with_a_choice_of_its_own(two_threads):
     qmodel = SCHEMES["w8a8"](decoder())
     generated(qmodel)

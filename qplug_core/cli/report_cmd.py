@@ -34,16 +34,19 @@ def report(
     verbose: bool = typer.Option(False, "--verbose", help="List every op left in float, shape and "
                                                           "integer ops too."),
     verify: bool = typer.Option(False, "--verify", help="Check the file's digest first (one pass over "
-                                                        "the file); loading a model always does."),
+                                                        "the file) and load the model (a graph model "
+                                                        "is otherwise described from its header)."),
 ) -> None:
-    """Show a saved model's backend, versions, int8 regions, kernels, float ops and size (from its
-    reference form where its backend is not installed)."""
+    """Show a saved model's backend, versions, int8 regions, kernels, float ops and size, read from
+    the file's header (--verify and --float load it: from its reference form where its backend is
+    not installed)."""
     import qplug_core as qp
     from qplug_core.cli._common import UsageError, emit_json
     from qplug_core.cli._report import print_report
     from qplug_core.cli._saved import saved_document
     from qplug_core.cli._table import show
     from qplug_core.errors import BackendNotFoundError
+    from qplug_core.serialization.described import describe_saved
     from qplug_core.serialization.weight_only import is_swapped_document
 
     if (float_spec is None) != (evaluation is None):
@@ -56,11 +59,14 @@ def report(
     if is_swapped_document(document):
         _report_swapped(path, document, float_spec, evaluation, sensitivity_of, as_json)
         return
-    try:
-        qmodel, described_from = qp.load(path), None
-    except BackendNotFoundError as error:  # a support ticket's machine rarely has the vendor's plugin
-        qmodel = qp.load(path, backend="reference")
-        described_from = f"its reference form, not its backend's kernels ({error})"
+    qmodel, described_from = None, None
+    if verify or float_spec is not None:  # the model itself: loaded, checked, lowered
+        try:
+            qmodel = qp.load(path)
+        except BackendNotFoundError as error:  # a support ticket's machine rarely has the vendor's plugin
+            qmodel = qp.load(path, backend="reference")
+            described_from = f"its reference form, not its backend's kernels ({error})"
+    report = qp.quantization_report(qmodel) if qmodel is not None else describe_saved(path, document)
     facts = {
         "path": str(path), "size_bytes": path.stat().st_size, "backend": document["backend"],
         "saved_with": {**document["versions"],
@@ -75,10 +81,9 @@ def report(
         ranking = _sensitivity(sensitivity_of, example_shapes, example_dtypes, calibration,
                                document["backend"])
     if as_json and ranking is not None:
-        emit_json({**facts, "report": qp.quantization_report(qmodel).to_dict(),
-                   "sensitivity": ranking.to_dict()})
+        emit_json({**facts, "report": report.to_dict(), "sensitivity": ranking.to_dict()})
         return
-    print_report(qp.quantization_report(qmodel), facts, as_json, verbose)
+    print_report(report, facts, as_json, verbose)
     if ranking is not None:
         show(ranking)
 

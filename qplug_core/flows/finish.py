@@ -56,7 +56,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     """
     if backend.float_outputs:  # a reference form made for another backend (auto) keeps them
         drop_unread_output_grids(gm, backend.float_outputs)
-    regions = _quantized_regions(gm)
+    regions = quantized_regions(gm)
     found: dict[str, LoweringSummary] = {}
     delegated = DelegationSummary()
     delegate = backend.delegate if lower else None
@@ -81,18 +81,9 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     lowering += [lower_to_kernels] if lower and backend.kernels else []
     run_passes(gm, [*lowering, *plugin_passes(backend, Stage.POST_CONVERT)])
     summary = found.get("summary", LoweringSummary())
-    fallback = {**delegated.reference, **summary.reference}
-    opaque = {name: reason for name, _, reason in gm.meta.get(CAPTURE_SKIPPED, [])}
-    report = QuantizationReport(
-        backend=backend.name, mode=_mode_of(mode, regions.values()),
-        fusions=list(gm.meta.get(FUSIONS, [])),
-        quantized={name: pattern for name, (pattern, _) in regions.items()},
-        kernels={**{a: f"delegate:{p}" for a, p in delegated.lowered.items()}, **summary.lowered},
-        reference=fallback, skipped=float_compute_nodes(gm, fallback, opaque, delegated.graphs,
-                                                                  frozenset(p.name for p in delegated.partitions)),
-        capture=gm.meta.get(CAPTURE, "symbolic"),
-        partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside),
-        kept_regions=dict(delegated.kept_regions), notes=list(gm.meta.pop(CONVERSION_NOTES, [])))
+    report = conversion_report(gm, backend.name, mode, regions,
+                               {**{a: f"delegate:{p}" for a, p in delegated.lowered.items()}, **summary.lowered},
+                               {**delegated.reference, **summary.reference}, delegated)
     gm.meta[REPORT] = report
     gm.meta[PARTITION_FORMS] = {p.name: delegated.graphs[p.name] for p in delegated.partitions}  # qp.compare
     refuse_torch_shipping(gm)  # torch.save and torch.jit.script point to qp.save
@@ -107,7 +98,23 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     return report
 
 
-def _quantized_regions(gm: fx.GraphModule) -> dict[str, tuple[str, bool]]:
+def conversion_report(gm: fx.GraphModule, backend: str, mode: str, regions: dict[str, tuple[str, bool]],
+                      kernels: dict[str, str], reference: dict[str, str],
+                      delegated: DelegationSummary) -> QuantizationReport:
+    """The report of ``gm`` (in reference form where ``reference`` says so) lowered to ``kernels``:
+    what convert and load attach, and what ``qplug report`` reads from a file's record."""
+    opaque = {name: reason for name, _, reason in gm.meta.get(CAPTURE_SKIPPED, [])}
+    return QuantizationReport(
+        backend=backend, mode=_mode_of(mode, regions.values()), fusions=list(gm.meta.get(FUSIONS, [])),
+        quantized={name: pattern for name, (pattern, _) in regions.items()}, kernels=kernels,
+        reference=reference, skipped=float_compute_nodes(gm, reference, opaque, delegated.graphs,
+                                                         frozenset(p.name for p in delegated.partitions)),
+        capture=gm.meta.get(CAPTURE, "symbolic"),
+        partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside),
+        kept_regions=dict(delegated.kept_regions), notes=list(gm.meta.pop(CONVERSION_NOTES, [])))
+
+
+def quantized_regions(gm: fx.GraphModule) -> dict[str, tuple[str, bool]]:
     """anchor name (see report_names) -> (pattern name, is dynamic) for every int8 region."""
     report_key = report_names(gm.graph)
     return {report_key(node): (tag.pattern_name, tag.is_dynamic) for node in gm.graph.nodes

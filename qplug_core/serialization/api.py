@@ -168,7 +168,7 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
         backend = _auto_choice(artifact, source)
     chosen = _resolve_backend(artifact, backend, source)
     warn_if_slow_here(chosen.name, chosen.engine)  # who deploys a file is often not who quantized it
-    gm = _rebuild(artifact, source)
+    gm = rebuild_graph(artifact, source)
     gm.meta[FUSIONS] = fusion_records(artifact)
     _make_weights_safe_here(gm, artifact, chosen, source)
     recorded = lowering_of(artifact) if chosen.name == artifact.backend else None
@@ -204,13 +204,13 @@ def rebuild_reference(qmodel: fx.GraphModule) -> fx.GraphModule:
     if not isinstance(artifact, Artifact):
         raise SerializationError("the model's reference form was not recorded at convert: "
                                  "GraphModule.meta has neither a reference snapshot nor an artifact")
-    gm = _rebuild(artifact, Path("<in-memory model>"))
+    gm = rebuild_graph(artifact, Path("<in-memory model>"))
     gm.meta[FUSIONS] = fusion_records(artifact)
     gm.meta[ARTIFACT] = artifact
     return gm
 
 
-def _rebuild(artifact: Artifact, source: Path) -> fx.GraphModule:
+def rebuild_graph(artifact: Artifact, source: Path) -> fx.GraphModule:
     model, tensors = per_token_record.expand(artifact.model, artifact.tensors)
     try:
         graph = decode_graph(model["graph"])  # first: every name is checked before a module is built

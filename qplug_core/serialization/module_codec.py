@@ -265,7 +265,9 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
     """A root module holding every saved module and tensor at its path, and each module's mode.
 
     ``table`` must already match ``tensors`` (same keys, dtypes and shapes). Every tensor must be
-    used and every module tensor supplied; anything else is a :class:`ConfigError`.
+    used and every module tensor supplied; anything else is a :class:`ConfigError`. Meta tensors
+    (a file described from its header: ``qplug report``) give a model on the meta device, whose
+    values are not checked.
     """
     root = nn.Module()
     built: dict[str, tuple[nn.Module, dict[str, Any], str]] = {}
@@ -290,7 +292,8 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
         loader.assign(module, entry, at)
     for target, spec in expect(attributes, dict, "attributes", "a JSON object").items():
         loader.assign_attribute(root, target, spec, child("attributes", target))
-    check_loaded_values(root)
+    if not any(tensor.is_meta for tensor in tensors.values()):
+        check_loaded_values(root)
     for module, entry, _ in built.values():
         if isinstance(module, ReferenceWeighted):  # named by path, as the qparams checks are
             loader.dequantize_weight(module, f"modules[{entry['path']}]")
@@ -426,6 +429,8 @@ class _TensorLoader:
         self.unused = set(table)
         self.parameters: dict[str, nn.Parameter] = {}
         self.pending_int8: dict[tuple[int, str], str] = {}
+        #: ids of the tensors put into modules (a meta one the file did not give is missing)
+        self.given: set[int] = set()
 
     def _tensor(self, key: Any, at: str) -> torch.Tensor:
         if not isinstance(key, str) or key not in self.table:
@@ -437,6 +442,7 @@ class _TensorLoader:
         if key not in self.parameters:
             grad = tensor.is_floating_point() or tensor.is_complex()
             self.parameters[key] = nn.Parameter(tensor, requires_grad=grad)
+            self.given.add(id(self.parameters[key]))
         return self.parameters[key]
 
     def assign(self, module: nn.Module, entry: dict[str, Any], at: str) -> None:
@@ -468,6 +474,7 @@ class _TensorLoader:
                     owner.register_buffer(attr, tensor, persistent=attr not in non_persistent)
                 else:
                     setattr(owner, attr, tensor)
+                self.given.add(id(tensor))
 
     @staticmethod
     def _check_free(owner: nn.Module, attr: str, at: str) -> None:
@@ -506,6 +513,7 @@ class _TensorLoader:
             owner.register_parameter(attr, self._parameter(spec["key"], tensor))
         else:
             owner.register_buffer(attr, tensor)
+            self.given.add(id(tensor))
 
     def dequantize_weight(self, module: ReferenceWeighted, at: str) -> None:
         """Turn the int8 values of ``module``'s weight back into the float weight, bit-exactly."""
@@ -527,7 +535,10 @@ class _TensorLoader:
         if not float_dtype.is_floating_point:
             raise ConfigError(f"{at}: tensor {key!r} would dequantize to {float_dtype}, not a float dtype",
                               field=at, value=key)
-        setattr(owner, attr, nn.Parameter(Q.dequantize(values, qparams).to(float_dtype)))
+        weight = torch.empty(values.shape, dtype=float_dtype, device="meta") if values.is_meta else \
+            Q.dequantize(values, qparams).to(float_dtype)
+        setattr(owner, attr, nn.Parameter(weight))
+        self.given.add(id(getattr(owner, attr)))
 
     def check_complete(self, root: nn.Module) -> None:
         if self.pending_int8:
@@ -539,7 +550,8 @@ class _TensorLoader:
             raise ConfigError(f"tensors {keys[:8]} are not used by any module", field="tensors",
                               value=keys)
         missing = [name for name, t in [*root.named_parameters(remove_duplicate=False),
-                                        *root.named_buffers(remove_duplicate=False)] if t.is_meta]
+                                        *root.named_buffers(remove_duplicate=False)]
+                   if t.is_meta and id(t) not in self.given]
         if missing:
             raise ConfigError(f"tensors {missing[:8]} are missing from the file", field="tensors",
                               value=missing)

@@ -349,6 +349,41 @@ def test_a_bag_model_with_offsets_quantizes_from_its_calibration_file(tmp_path, 
         sys.modules.pop("bagmodels", None)
 
 
+def test_report_of_a_graph_file_reads_its_header_and_loads_only_with_verify(user_models, tmp_path, monkeypatch):
+    """Describing a saved static model loaded it (every tensor read, hashed and lowered: a
+    BERT-base file took seconds and hundreds of MB) to print what its header records."""
+    import os
+
+    import qplug_core as qp
+    from qplug_core.serialization import files
+
+    path = tmp_path / "net.safetensors"
+    assert _quantize(user_models, "build", path).exit_code == 0
+    verified = invoke("report", str(path), "--verify", "--json")
+    assert verified.exit_code == 0, verified.stderr
+    loaded_report = verified.json()["report"]  # loaded: what the model itself reports
+    with path.open("rb") as file:
+        header = 8 + int.from_bytes(file.read(8), "little")
+    read, pread = [], os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, offset: read.append(len(got := pread(fd, n, offset))) or got)
+    monkeypatch.setattr(os, "preadv", None)  # what reads tensors
+    monkeypatch.setattr(files, "safe_open", None)  # nothing maps the file
+    monkeypatch.setattr(qp, "load", None)  # nothing loads it
+    shown = invoke("report", str(path), "--json")
+    monkeypatch.undo()
+    assert shown.exit_code == 0, shown.stderr
+    described = shown.json()["report"]
+    assert described.pop("notes")[-1].startswith("described from the file's header")
+    assert described == {key: value for key, value in loaded_report.items() if key != "notes"}
+    assert sum(read) <= 3 * header  # the header (its length, its checks, the document); no tensor
+
+    damaged = bytearray(path.read_bytes())
+    damaged[-1] ^= 1
+    path.write_bytes(bytes(damaged))
+    assert invoke("report", str(path), "--json").exit_code == 0  # what the header says, unchecked
+    assert_one_line_error(invoke("report", str(path), "--verify"), "contents changed after it was written")
+
+
 def test_report_of_a_module_swap_file_reads_its_header_and_verifies_only_when_asked(user_models, tmp_path,
                                                                                   monkeypatch):
     """Describing a 1.45 GB weight-only file read, copied and hashed all of it (26 s, 3 GB) to print

@@ -593,7 +593,8 @@ def test_the_pattern_cases_of_a_backend_without_a_qat_default_skip_its_qat_cases
 def test_qplug_report_describes_a_delegate_file_without_its_plugin_from_its_reference_form(fake_dist, tmp_path,
                                                                                             monkeypatch):
     """An operator inspecting a vendor's file for a support ticket rarely has the vendor's plugin:
-    ``qplug report`` failed with qp.load's "not installed" error."""
+    ``qplug report`` failed with qp.load's "not installed" error. The header describes the recorded
+    partitions without it; ``--verify`` loads the reference form."""
     from typer.testing import CliRunner
 
     from qplug_core.cli.app import app
@@ -604,7 +605,12 @@ def test_qplug_report_describes_a_delegate_file_without_its_plugin_from_its_refe
     path = qp.save(qp.convert_fx(observed), tmp_path / "npu.safetensors")
     monkeypatch.setenv(plugins.ENV_DISABLE, "npu")
     plugins.reset()
-    result = CliRunner().invoke(app, ["report", str(path), "--json"])
+    described = CliRunner().invoke(app, ["report", str(path), "--json"])  # from the header: no plugin needed
+    assert described.exit_code == 0, described.output
+    facts = json.loads(described.stdout)
+    assert facts["report"]["backend"] == "npu" and "described_from" not in facts
+    assert facts["report"]["kernels"] and all(k.startswith("delegate:") for k in facts["report"]["kernels"].values())
+    result = CliRunner().invoke(app, ["report", str(path), "--json", "--verify"])  # loaded
     assert result.exit_code == 0, result.output
     facts = json.loads(result.stdout)
     assert facts["backend"] == "npu" and facts["report"]["backend"] == "reference"

@@ -402,7 +402,7 @@ class NewSignatureContract:
         self.backend_name = backend_name
 
     def problem(self, reference: fx.GraphModule, candidate: Callable[..., Any], inputs: tuple) -> str:
-        problem, _, _ = _problem(self.delegate, candidate, reference, inputs, self.regions)
+        problem, _, _ = _problem(self.delegate, candidate, reference, inputs, self.regions, self.backend_name)
         return f"the model compiled for them {CONTRACT_BROKEN} ({problem})" if problem else ""
 
     def refused(self, signature: str, reason: str) -> None:
@@ -429,7 +429,7 @@ def _checked(delegate: Delegate, module: nn.Module, reference: fx.GraphModule, i
 
     One that breaks it where int16 pair sums may be why is compiled again with 7-bit weights
     (changed in place on ``reference``'s modules, undone if that fails too)."""
-    problem, wrong, unchecked = _problem(delegate, module, reference, inputs, len(anchors))
+    problem, wrong, unchecked = _problem(delegate, module, reference, inputs, len(anchors), backend_name)
     if not problem:
         return _Verdict(module, note=unchecked)
     safer = make_safer(reference, arithmetic)
@@ -499,7 +499,7 @@ class FirstCallCheck:
 
 
 def _problem(delegate: Delegate, compiled: Callable[..., Any], reference: fx.GraphModule, inputs: tuple,
-             regions: int) -> tuple[str, dict[str, str], str]:
+             regions: int, backend_name: str) -> tuple[str, dict[str, str], str]:
     """Why a compiled partition breaks the contract ('' if it holds), its int8 regions found
     wrong one by one (end node -> problem), and why those could not be checked ('' if they were):
     its outputs first, then its regions where the outputs call for it (drift or a wrong region:
@@ -507,7 +507,7 @@ def _problem(delegate: Delegate, compiled: Callable[..., Any], reference: fx.Gra
     problem, exact, off_scale = _contract_problem(compiled, reference, inputs, regions)
     if problem or exact:
         return problem, {}, ""
-    wrong, unchecked = _wrong_regions(delegate, reference, inputs, regions)
+    wrong, unchecked = _wrong_regions(delegate, reference, inputs, regions, backend_name)
     return ("; ".join(wrong.values()), wrong, unchecked) if wrong else (off_scale, {}, unchecked)
 
 
@@ -519,7 +519,7 @@ def _recompiled(delegate: Delegate, reference: fx.GraphModule, inputs: tuple,
         module = compile_untouched(delegate.compile, reference, inputs, _compiler(backend_name))
     except Exception as exc:  # noqa: BLE001 - reported as the partition's problem
         return None, f"compiling failed ({type(exc).__name__}: {exc})", {}, ""
-    return module, *_problem(delegate, module, reference, inputs, regions)
+    return module, *_problem(delegate, module, reference, inputs, regions, backend_name)
 
 
 def _outputs(value: object) -> list:
@@ -603,16 +603,20 @@ def _scale_problem(out: torch.Tensor, ref: torch.Tensor) -> str:
 
 
 def _wrong_regions(delegate: Delegate, reference: fx.GraphModule, inputs: tuple,
-                   regions: int) -> tuple[dict[str, str], str]:
+                   regions: int, backend_name: str) -> tuple[dict[str, str], str]:
     """The int8 regions of a multi-region partition that disagree with their reference form (end
     node -> why), each compiled alone by ``delegate`` on the reference's own inputs; and why they
     could not be checked ('' if they were).
 
     A check-only module that does not compile or run says nothing about the partition (the
-    partition itself passed the structural check): it is kept, with a note that says so.
+    partition itself passed the structural check): it is kept, with a note that says so. Its
+    modules are the model's, so it is compiled untouched as the partitions are.
     """
+    def compile(check: fx.GraphModule, example: tuple) -> nn.Module:
+        return compile_untouched(delegate.compile, check, example, _compiler(backend_name))
+
     try:
-        parity = layer_parity(reference, delegate.compile, inputs, steps=REGION_STEPS)
+        parity = layer_parity(reference, compile, inputs, steps=REGION_STEPS)
     except Exception as error:  # noqa: BLE001 - the check graph, not the partition, failed
         return {}, (f"was checked as a whole only: its {regions} int8 regions could not be checked one by "
                     f"one ({type(error).__name__}: {first_line(error)})")

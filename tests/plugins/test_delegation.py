@@ -126,6 +126,10 @@ def _compile(partition, example_inputs):
                 if isinstance(module, nn.Conv2d):
                     module.bias.zero_()
         partition = own
+    if SWAP_1X1:  # swaps its 1x1 convolutions for stand-ins of its own in the partition it was handed
+        for module in partition.modules():
+            if getattr(getattr(module, "module", None), "kernel_size", None) == (1, 1):
+                module.module = nn.Identity()
     return Compiled(_wrong_on_1x1(partition) if WRONG_1X1 else partition, example_inputs)
 
 
@@ -139,6 +143,7 @@ OUTPUT_SCALE = 1.0  # an SDK dequantizing its float outputs with the wrong scale
 SUPPORT_RAISES = False  # an operator support probing a driver that is missing
 ZERO_POINT_SHIFT = 0  # an SDK whose quantize writes codes this many steps off
 MUTATE = False  # a graph-rewriting SDK that modifies the partition it is handed
+SWAP_1X1 = False  # an SDK rewriting the modules of the partition it is handed
 FLOAT_OUTPUTS = frozenset()  # the weighted ops whose output stays float where no int8 op reads it
 
 
@@ -276,6 +281,23 @@ def test_a_compile_modifying_its_partition_leaves_the_saved_reference_form_right
         assert torch.equal(qp.load(path, backend="reference")(*data[1]), reference(*data[1]))
 
 
+def test_a_compile_changing_its_partition_s_modules_is_refused_and_they_are_put_back(fake_dist, tmp_path):
+    """The partition's modules are the model's: refused, the compile still left the model's
+    reference form with a stand-in where its 1x1 convolution was."""
+    fake_dist("qplug-npu", NPU.replace("SWAP_1X1 = False", "SWAP_1X1 = True"))
+    observed, data = _quantize("npu")
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match=r"compiling partition delegate_0 failed \(PluginContractError: backend 'npu' "
+                                         r"\(plugin \S*npu\S* \(qplug-npu 0.1\)\)'s compile changed the graph or "
+                                         r"modules of the partition it was given \(qplug put them back\)"):
+        lowered = qp.convert_fx(observed)
+    assert qp.quantization_report(lowered).partitions == []
+    path = qp.save(lowered, tmp_path / "npu.safetensors")
+    with torch.no_grad():
+        assert torch.equal(lowered(*data[1]), reference(*data[1]))
+        assert torch.equal(qp.load(path, backend="reference")(*data[1]), reference(*data[1]))
+
+
 def test_an_operator_support_that_raises_is_named_as_the_plugin_s_error(fake_dist):
     """It was a PassError naming a core pass, as if qplug had failed."""
     from qplug_core.errors import PluginHookError
@@ -390,6 +412,19 @@ def test_a_region_wrong_inside_a_partition_stays_in_reference_form_and_the_rest_
     with torch.no_grad():
         assert torch.equal(loaded(*data[1]), reference(*data[1]))
     assert qp.quantization_report(loaded).kernels == report.kernels
+
+
+def test_a_compile_modifying_its_partition_in_the_region_check_leaves_the_model_right(fake_dist):
+    """The region-by-region check compiles the partition's regions side by side: a compile zeroing
+    the biases of what it was handed there zeroed the model's own (its modules are the model's)."""
+    observed, data = _deep(fake_dist, wrong=True, npu=NPU.replace("MUTATE = False", "MUTATE = True"))
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match=r"compile modified the partition it was given \(.*bias.*\); qplug put its "
+                                         r"values back"):
+        lowered = qp.convert_fx(observed)
+    assert set(qp.quantization_report(lowered).kernels) == {"conv", "conv3", "mean"}
+    with torch.no_grad():
+        assert torch.equal(lowered(*data[1]), reference(*data[1]))
 
 
 class WithNorm(nn.Module):

@@ -142,25 +142,45 @@ class _Refusing(OperatorSupportBase):
     def __init__(self, inner: OperatorSupportBase, gm: fx.GraphModule, kept: dict[fx.Node, str], backend_name: str):
         self.inner, self.backend_name = inner, backend_name
         self.refused = {**python_input_readers(gm), **sparse_value_ops(gm), **kept}
+        #: why the delegate's ``unsupported_reason`` raised, by node (said once, in one warning)
+        self.reasons_failed: dict[str, str] = {}
 
     def is_node_supported(self, submodules, node: fx.Node) -> bool:
-        return node not in self.refused and self._ask("is_node_supported", submodules, node)
-
-    def unsupported_reason(self, submodules, node: fx.Node) -> str | None:
-        return self.refused.get(node) or self._ask("unsupported_reason", submodules, node)
-
-    def _ask(self, method: str, submodules, node: fx.Node) -> Any:
-        """The delegate's answer; one that raises is the plugin's error, not a core pass's."""
+        """The delegate's answer; one that raises is the plugin's error, not a core pass's (no
+        plan can be made without it)."""
+        if node in self.refused:
+            return False
         try:
-            return getattr(self.inner, method)(submodules, node)
+            return self.inner.is_node_supported(submodules, node)
         except QplugError:
             raise
         except Exception as error:
             record = _delegate_record(self.backend_name)
             raise PluginHookError(
                 f"backend {self.backend_name!r}: the operator support of {_delegate_label(self.backend_name)} "
-                f"raised in {method} on node {node.name!r} ({type(error).__name__}: {error})",
+                f"raised in is_node_supported on node {node.name!r} ({type(error).__name__}: {error})",
                 **(record.attribution() if record is not None else {})) from error
+
+    def unsupported_reason(self, submodules, node: fx.Node) -> str | None:
+        """Why a node stays outside. One the delegate's ``unsupported_reason`` raises on loses only
+        the explanation (the node stays outside, as ``is_node_supported`` said): the report says
+        it raised, and :meth:`warn_failed_reasons` names the plugin."""
+        if node in self.refused:
+            return self.refused[node]
+        try:
+            return self.inner.unsupported_reason(submodules, node)
+        except Exception as error:  # noqa: BLE001 - an explanation must not fail the conversion
+            self.reasons_failed[node.name] = why = f"its unsupported_reason raised {type(error).__name__}: {error}"
+            return why
+
+    def warn_failed_reasons(self) -> None:
+        if self.reasons_failed:
+            nodes = list(self.reasons_failed)
+            warn_user(f"qplug: backend {self.backend_name!r}: the operator support of "
+                      f"{_delegate_label(self.backend_name)} raised in unsupported_reason on {len(nodes)} node(s) "
+                      f"({', '.join(map(repr, nodes[:5]))}{' and more' if len(nodes) > 5 else ''}; first: "
+                      f"{self.reasons_failed[nodes[0]].removeprefix('its unsupported_reason raised ')}); they stay "
+                      "in PyTorch, as its is_node_supported said, and the report's reason for each says it raised")
 
 
 def _region_nodes(gm: fx.GraphModule, regions: dict[int, str]) -> dict[fx.Node, str]:
@@ -294,6 +314,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
         refused.update(wrong)  # planned again without them; each round refuses another region
     for why in dict.fromkeys(split.values()):
         warnings.warn(f"qplug: backend {backend_name!r}: {why}", stacklevel=3)
+    support.warn_failed_reasons()
     if example_inputs is not None:
         _warn_refused_layers(gm, outside, refused, report_key)
     summary = _fuse(gm, delegate, partitions, outside, verdicts, report_key, backend_name, arithmetic,

@@ -70,6 +70,11 @@ class TakesAllButLinear(OperatorSupportBase):
         module = submodules.get(node.target) if node.op == "call_module" else None
         return not isinstance(getattr(module, "module", module), nn.Linear)
 
+    def unsupported_reason(self, submodules, node):
+        if REASON_RAISES:
+            raise RuntimeError("npu driver not loaded")
+        return None
+
 
 def _wrong_after_norm(partition):
     """An SDK quantizing LayerNorm's outputs on another grid: wrong in a region holding no int8 op."""
@@ -141,6 +146,7 @@ WRONG_AFTER_NORM = False  # an SDK wrong in quantizing a float op's outputs
 TRIM = False  # an SDK dropping the last column of its outputs
 OUTPUT_SCALE = 1.0  # an SDK dequantizing its float outputs with the wrong scale
 SUPPORT_RAISES = False  # an operator support probing a driver that is missing
+REASON_RAISES = False  # an operator support probing that driver to explain a refusal
 ZERO_POINT_SHIFT = 0  # an SDK whose quantize writes codes this many steps off
 MUTATE = False  # a graph-rewriting SDK that modifies the partition it is handed
 SWAP_1X1 = False  # an SDK rewriting the modules of the partition it is handed
@@ -309,6 +315,25 @@ def test_an_operator_support_that_raises_is_named_as_the_plugin_s_error(fake_dis
                                               r"\(RuntimeError: npu driver not loaded\)") as raised:
         qp.convert_fx(observed)
     assert raised.value.dist == "qplug-npu"
+
+
+def test_an_unsupported_reason_that_raises_costs_the_explanation_only(fake_dist):
+    """It failed the whole conversion: an explanation of a node is_node_supported already refused
+    changes nothing that runs. The partition is compiled as before, the report and one warning say
+    the explanation raised, and name the plugin."""
+    fake_dist("qplug-npu", NPU.replace("REASON_RAISES = False", "REASON_RAISES = True"))
+    observed, data = _quantize("npu")
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match=r"qplug: backend 'npu': the operator support of plugin \S*npu\S* "
+                                         r"\(qplug-npu 0.1\) raised in unsupported_reason on 1 node\(s\) \('fc'; "
+                                         r"first: RuntimeError: npu driver not loaded\)"):
+        lowered = qp.convert_fx(observed)
+    report = qp.quantization_report(lowered)
+    assert [p["module"] for p in report.partitions] == ["Compiled"]
+    assert report.outside["fc"] == ("backend 'npu' does not take Linear: its unsupported_reason raised "
+                                    "RuntimeError: npu driver not loaded")
+    with torch.no_grad():
+        assert torch.equal(lowered(*data[0]), reference(*data[0]))
 
 
 def _assert_reference_kept(lowered, reference, data, anchors, why):

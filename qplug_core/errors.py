@@ -127,6 +127,17 @@ class BackendUnavailableError(BackendError):
     """The backend is installed but cannot run on this machine (engine missing, wrong CPU...)."""
 
 
+class DelegateRuntimeError(BackendError):
+    """A delegated partition's compiled module raised on inputs its reference form cannot take
+    either (the inputs, not the runtime, are wrong); ``plugin``, ``dist`` and ``partition`` say
+    where, and the runtime's exception is the cause."""
+
+    def __init__(self, message: str, *, backend: str | None = None, plugin: str | None = None,
+                 dist: str | None = None, partition: str | None = None):
+        super().__init__(message, backend=backend)
+        self.plugin, self.dist, self.partition = plugin, dist, partition
+
+
 # -- configs and patterns --------------------------------------------------------------------------
 
 

@@ -38,6 +38,7 @@ from qplug_core.flows.delegate import PREFIX
 from qplug_core.flows.held_forms import reference_form
 from qplug_core.flows.tags import PARTITION_FORMS, REPORT
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
+from qplug_core.partition.served import runs
 
 __all__ = ["PartitionComparisons", "partition_comparisons"]
 
@@ -229,5 +230,5 @@ def partition_comparisons(float_model: nn.Module, qmodel: nn.Module,
     inside = {str(n.target): name for name, errors in rows.items()
               for n in errors.reference.graph.nodes if n.op == "call_module"}
     modules = dict(qmodel.named_modules())
-    return PartitionComparisons([errors.row(name, type(modules[name]).__name__) for name, errors in rows.items()],
+    return PartitionComparisons([errors.row(name, type(runs(modules[name])).__name__) for name, errors in rows.items()],
                                 inside, skipped)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import PluginHookError, QplugError, first_line, warn_user
+from qplug_core.errors import DelegateRuntimeError, PluginHookError, QplugError, first_line, warn_user
 from qplug_core.flows.boundary_tuples import unpack_boundary_tuples
 from qplug_core.flows.kernel_check import (
     CONTRACT_BROKEN,
@@ -67,6 +67,7 @@ from qplug_core.partition import CapabilityBasedPartitioner, OperatorSupportBase
 from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.fuse import build_submodule
 from qplug_core.partition.lazy import LazyPartition
+from qplug_core.partition.served import ServedPartition, runs
 from qplug_core.partition.sole import install as install_sole_call
 from qplug_core.registry import plugins
 from qplug_core.registry.contract import Delegate
@@ -380,10 +381,10 @@ def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]
             if verdict.note:
                 warnings.warn(f"qplug: backend {backend_name!r}: partition {partition_name} {verdict.note}",
                               stacklevel=4)
-            module = _checking_new_signatures(verdict.module, gm.meta, delegate, partition_name, len(anchors),
-                                              backend_name)
+            module = _served(verdict.module, partition_gm, gm.meta, delegate, partition_name, len(anchors),
+                             backend_name)
         gm.set_submodule(partition_name, module)
-        summary.partitions.append(PartitionRecord(partition_name, len(nodes), len(anchors), type(module).__name__,
+        summary.partitions.append(PartitionRecord(partition_name, len(nodes), len(anchors), type(runs(module)).__name__,
                                                   "" if loading else verdict.note))
         summary.lowered.update(dict.fromkeys(anchors, partition_name))
     for node in gm.graph.nodes:
@@ -416,7 +417,9 @@ class NewSignatureContract:
     """The convert-time contract for the models a compiled partition builds later, for input
     signatures its models do not take (batch 1 after a batch-256 example): checked on the inputs
     that asked for them, as convert checks the first on the example inputs; a refused signature
-    is named in a warning and in the report's record of the partition."""
+    (also one whose compiled model raised on a call) is named in a warning and in the report's
+    record of the partition. Inputs the reference form cannot take either are the caller's
+    error: a :class:`DelegateRuntimeError` naming the plugin and the partition."""
 
     def __init__(self, meta: dict, delegate: Delegate, name: str, regions: int, backend_name: str):
         self.meta, self.delegate, self.name, self.regions = meta, delegate, name, regions
@@ -435,13 +438,32 @@ class NewSignatureContract:
             if record["name"] == self.name:
                 record.setdefault("reference_inputs", {})[signature] = reason
 
+    def failed(self, signature: str, error: Exception, again: Exception) -> Exception:
+        record = _delegate_record(self.backend_name)
+        return DelegateRuntimeError(
+            f"backend {self.backend_name!r}: partition {self.name} compiled by {_delegate_label(self.backend_name)} "
+            f"raised {type(error).__name__}: {first_line(error)} on inputs of {signature}, and its reference form "
+            f"cannot take them either ({type(again).__name__}: {first_line(again)}): the inputs do not fit the "
+            "model (their shapes, dtypes or values)", backend=self.backend_name,
+            plugin=record.name if record is not None else None, dist=record.dist if record is not None else None,
+            partition=self.name)
 
-def _checking_new_signatures(module: nn.Module, meta: dict, delegate: Delegate, name: str, regions: int,
-                             backend_name: str) -> nn.Module:
-    """``module``, holding the models it compiles for new input signatures to the contract."""
+    def __deepcopy__(self, memo: dict) -> NewSignatureContract:
+        clone = copy.copy(self)
+        clone.meta = copy.deepcopy(self.meta, memo)  # the copied model's meta where it is one
+        return clone
+
+
+def _served(module: nn.Module, reference: fx.GraphModule, meta: dict, delegate: Delegate, name: str, regions: int,
+            backend_name: str) -> nn.Module:
+    """``module`` as the model runs it, once held to the contract: the models it compiles for new
+    input signatures held to it too, and a call it raises on answered by ``reference`` (its own
+    reference form for a ``CompiledPartition``)."""
+    check = NewSignatureContract(meta, delegate, name, regions, backend_name)
     if isinstance(module, CompiledPartition):
-        module.signature_check = NewSignatureContract(meta, delegate, name, regions, backend_name)
-    return module
+        module.signature_check = check
+        return module
+    return ServedPartition(module, reference, check)
 
 
 def _checked(delegate: Delegate, module: nn.Module, reference: fx.GraphModule, inputs: tuple,
@@ -483,9 +505,7 @@ class FirstCallCheck:
 
     @torch.autocast("cpu", enabled=False)  # a first call under the caller's autocast: checked in float32
     def __call__(self, partition: fx.GraphModule, inputs: tuple) -> nn.Module:
-        module = _checking_new_signatures(compile_untouched(self.delegate.compile, partition, inputs,
-                                                            _compiler(self.backend_name)), self.meta, self.delegate,
-                                          self.name, len(self.anchors), self.backend_name)
+        module = compile_untouched(self.delegate.compile, partition, inputs, _compiler(self.backend_name))
         verdict = _checked(self.delegate, module, partition, inputs, self.anchors, self.name,
                            self.backend_name, self.arithmetic, "on its first inputs after qp.load on this CPU")
         reason, note = verdict.reason, verdict.note
@@ -510,8 +530,8 @@ class FirstCallCheck:
                     record["note"] = note
         if verdict.module is not module and isinstance(verdict.module, CompiledPartition):  # weights changed: held anew
             verdict.module.hold(int8_form(partition, {}))
-        return partition if reason else _checking_new_signatures(verdict.module, self.meta, self.delegate,
-                                                                 self.name, len(self.anchors), self.backend_name)
+        return partition if reason else _served(verdict.module, partition, self.meta, self.delegate, self.name,
+                                                len(self.anchors), self.backend_name)
 
     def __deepcopy__(self, memo: dict) -> FirstCallCheck:
         clone = copy.copy(self)

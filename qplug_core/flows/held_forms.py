@@ -20,7 +20,7 @@ from qplug_core.flows.tags import PARTITION_FORMS
 from qplug_core.kernels.held_int8 import Copies, Int8HeldForm, int8_form
 from qplug_core.kernels.reference import weight_of
 from qplug_core.partition.compiled import CompiledPartition
-from qplug_core.partition.lazy import LazyPartition
+from qplug_core.partition.held import HoldsPartition
 
 
 def hold_reference_forms_as_int8(gm: fx.GraphModule, copies: Copies) -> None:
@@ -29,7 +29,7 @@ def hold_reference_forms_as_int8(gm: fx.GraphModule, copies: Copies) -> None:
     hold_weights_as_int8(gm, copies)
     running = {id(module) for module in gm.modules()}
     for module in gm.modules():
-        if isinstance(module, (CompiledPartition, LazyPartition)) and isinstance(module.form, fx.GraphModule):
+        if isinstance(module, HoldsPartition) and isinstance(module.form, fx.GraphModule):
             module.hold(int8_form(module.form, copies, running))
             if isinstance(module, CompiledPartition):
                 read_from_runtime(module.form, module.runtime_int8())

@@ -17,6 +17,11 @@ the inputs that asked for it and compared with the reference form (the pipeline'
 :class:`SignatureCheck`). One that fails either way is dropped, and that signature runs the
 reference form from then on, with one warning: a runtime may fail or compute otherwise at one size
 only (OpenVINO compiles Mish at batch 256 but not at batch 1, and gave an unbatched row a batch axis).
+A compiled model that raises on a call once the pipeline holds the partition to the contract (a
+runtime failing at one size, or on some values, after its model was built) is treated the same:
+the call is answered by the reference form and that signature runs it from then on, with one
+warning (:func:`reference_answer`; where the reference form cannot take the inputs either, the
+pipeline's error names the plugin and the partition).
 """
 
 from __future__ import annotations
@@ -48,6 +53,36 @@ class SignatureCheck(Protocol):
 
     def refused(self, signature: str, reason: str) -> None:
         """Say (a warning, the report) that inputs of ``signature`` run the reference form, and why."""
+
+    def failed(self, signature: str, error: Exception, again: Exception) -> Exception:
+        """The error to raise where the compiled model raised ``error`` on inputs of ``signature``
+        and the reference form raised ``again`` on them too."""
+
+
+def input_signature(inputs) -> tuple:
+    """The shapes and dtypes of ``inputs``, hashable: what a compiled model is built for."""
+    if len(inputs) == 1:  # no comprehension frame: ~0.3 us at batch 1
+        return ((inputs[0].shape, inputs[0].dtype),)
+    return tuple([(t.shape, t.dtype) for t in inputs])  # torch.Size is a tuple: hashable
+
+
+def described_signature(signature: tuple) -> str:
+    return ", ".join(f"{tuple(shape)} {str(dtype).removeprefix('torch.')}" for shape, dtype in signature)
+
+
+def reference_answer(reference: Callable[..., Any], inputs: tuple, error: Exception, check: SignatureCheck) -> Any:
+    """``reference``'s outputs for ``inputs``, on which a compiled model raised ``error``; where
+    the reference form cannot take them either, the inputs are wrong: ``check``'s error, from
+    ``error``."""
+    try:
+        return reference(*inputs)
+    except Exception as again:
+        raise check.failed(described_signature(input_signature(inputs)), error, again) from error
+
+
+def failure_reason(error: Exception) -> str:
+    """Why a signature runs the reference form after its compiled model raised ``error``."""
+    return f"its compiled model raised {type(error).__name__}: {' '.join(str(error).split())[:300]}"
 
 
 class CompiledPartition(HoldsPartition, nn.Module):
@@ -113,11 +148,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
             tensor = tensor.detach()
         return tensor.contiguous().numpy()
 
-    @staticmethod
-    def _signature(inputs) -> tuple:
-        if len(inputs) == 1:  # no comprehension frame: ~0.3 us at batch 1
-            return ((inputs[0].shape, inputs[0].dtype),)
-        return tuple([(t.shape, t.dtype) for t in inputs])  # torch.Size is a tuple: hashable
+    _signature = staticmethod(input_signature)
 
     @torch.autocast("cpu", enabled=False)  # a first call under the caller's autocast: export in float32
     def _compile(self, inputs: tuple[torch.Tensor, ...]) -> Any:
@@ -195,9 +226,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
         except Exception as exc:  # noqa: BLE001 - a runtime failing at one size falls back, as at convert
             return f"compiling it failed ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"
 
-    @staticmethod
-    def _described(signature: tuple) -> str:
-        return ", ".join(f"{tuple(shape)} {str(dtype).removeprefix('torch.')}" for shape, dtype in signature)
+    _described = staticmethod(described_signature)
 
     def recompile(self) -> None:
         """Build every compiled model again (after a change of settings), from the partition
@@ -235,7 +264,28 @@ class CompiledPartition(HoldsPartition, nn.Module):
             route = self._route(inputs)
         if route is REFERENCE_FORM:
             return self.__dict__["_reference_form"](*inputs)
-        return self._call(self._compiled[route], inputs)
+        try:
+            return self._call(self._compiled[route], inputs)
+        except Exception as error:
+            if self.signature_check is None:  # not served by the pipeline (yet: convert checks it)
+                raise
+            return self._answer_by_reference(inputs, error, self.signature_check)
+
+    def _answer_by_reference(self, inputs: tuple[torch.Tensor, ...], error: Exception,
+                             check: SignatureCheck) -> Any:
+        """The reference form's outputs for ``inputs``, on which the compiled model raised; inputs
+        of that signature run it from now on, and ``check`` says so once."""
+        reference = self.__dict__.get("_reference_form") or self.partition
+        outputs = reference_answer(reference, inputs, error, check)
+        signature, reason = self._signature(inputs), failure_reason(error)
+        with self._routing:
+            self.__dict__["_reference_form"] = reference
+            first = self._routes.get(signature) is not REFERENCE_FORM
+            self._routes[signature] = REFERENCE_FORM
+            self.refused[self._described(signature)] = reason
+        if first:
+            check.refused(self._described(signature), reason)
+        return outputs
 
     def _call(self, compiled: Any, inputs: tuple[torch.Tensor, ...]):
         """``compiled``'s outputs for ``inputs``, structured as the partition's."""

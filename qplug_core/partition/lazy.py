@@ -19,7 +19,6 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import BackendError, InputMismatchError
-from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.held import HeldForm, HoldsPartition
 
 Compile = Callable[[fx.GraphModule, tuple[torch.Tensor, ...]], nn.Module]
@@ -60,7 +59,7 @@ class LazyPartition(HoldsPartition, nn.Module):
                 f"converted, but compiling it for these inputs failed ({type(exc).__name__}: {exc}); "
                 "qp.load(path, backend='reference') gives the reference form, which runs anywhere",
                 backend=self.backend) from exc
-        if isinstance(compiled, CompiledPartition) and compiled.form is partition:
+        if isinstance(compiled, HoldsPartition) and compiled.form is partition:
             compiled.hold(self.__dict__["_partition"])  # the form this one holds, not a float copy
         return compiled
 

@@ -43,6 +43,8 @@ class Compiled(nn.Module):
         COMPILED.append(self)
 
     def forward(self, *args):
+        if args[0].shape[0] == RAISES_AT_BATCH:
+            raise RuntimeError(f"the NPU has no kernel for batch {RAISES_AT_BATCH}")
         out = self.partition(*args)
         if OUTPUT_SCALE != 1.0 and out.is_floating_point():
             out = out * OUTPUT_SCALE
@@ -104,6 +106,8 @@ class Session(CompiledPartition):
         return source
 
     def run(self, compiled, inputs):
+        if RUN_RAISES:
+            raise RuntimeError("the NPU lost its device")
         out = self.partition(*inputs)
         return [out * -1.0 if compiled == bytes([1]) and AT_BATCH_1 == "wrong" else out]
 
@@ -150,6 +154,8 @@ REASON_RAISES = False  # an operator support probing that driver to explain a re
 ZERO_POINT_SHIFT = 0  # an SDK whose quantize writes codes this many steps off
 MUTATE = False  # a graph-rewriting SDK that modifies the partition it is handed
 SWAP_1X1 = False  # an SDK rewriting the modules of the partition it is handed
+RAISES_AT_BATCH = 0  # an SDK whose compiled subgraph raises at one batch size
+RUN_RAISES = False  # a runtime whose compiled models raise when they run (set by a test)
 FLOAT_OUTPUTS = frozenset()  # the weighted ops whose output stays float where no int8 op reads it
 
 
@@ -602,6 +608,73 @@ def test_a_new_input_signature_whose_model_fails_or_is_wrong_runs_the_reference_
             assert type(session).builds == builds
             assert torch.equal(lowered(three), reference(three))
     assert type(session).builds == builds + 1  # batch 3 compiled, checked and kept
+
+
+@pytest.mark.parametrize("loaded", [False, True])
+def test_a_compiled_partition_raising_on_a_call_answers_it_with_its_reference_form(fake_dist, tmp_path, loaded):
+    """The SDK's exception reached the user raw, naming neither plugin nor partition, and a server
+    failed the request. The reference form answers instead (the model answers as it would have),
+    that input signature runs it from then on, and one warning and the report say so."""
+    fake_dist("qplug-npu", NPU.replace("RAISES_AT_BATCH = 0", "RAISES_AT_BATCH = 3"))
+    observed, data = _quantize("npu")
+    reference = qp.convert_to_reference_fx(observed)
+    model = qp.convert_fx(observed)
+    if loaded:  # compiled at its first call (batch 2), then served as at convert
+        model = qp.load(qp.save(model, tmp_path / "npu.safetensors"))
+        with torch.no_grad():
+            model(*data[0])
+    three = torch.cat([data[1][0], data[0][0][:1]])
+    with pytest.warns(UserWarning) as caught, torch.no_grad():
+        assert torch.equal(model(three), reference(three))
+    assert [str(w.message) for w in caught if "reference form for inputs" in str(w.message)] == [
+        f"qplug: backend 'npu': partition delegate_0 compiled by plugin {_npu_label()} runs its reference form for "
+        "inputs of (3, 3, 6, 6) float32: its compiled model raised RuntimeError: the NPU has no kernel for batch 3"]
+    [record] = qp.quantization_report(model).partitions
+    assert list(record["reference_inputs"]) == ["(3, 3, 6, 6) float32"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            assert torch.equal(model(three), reference(three))  # decided once: no second warning
+            assert torch.equal(model(*data[1]), reference(*data[1]))  # batch 2 still runs compiled
+
+
+def test_a_runtime_raising_after_its_model_was_built_runs_the_reference_form_for_that_signature(fake_dist):
+    """A CompiledPartition whose runtime raises on a call (after convert checked it) answers with
+    its reference form, as for a signature whose model failed to build."""
+    fake_dist("qplug-npu", NPU.replace('AT_BATCH_1 = ""', 'AT_BATCH_1 = "later"'))
+    observed, data = _quantize("npu")
+    reference = qp.convert_to_reference_fx(observed)
+    lowered = qp.convert_fx(observed)
+    npu = importlib.import_module("qplug_npu")
+    npu.RUN_RAISES = True
+    with pytest.warns(UserWarning, match=r"runs its reference form for inputs of \(2, 3, 6, 6\) float32: its "
+                                         r"compiled model raised RuntimeError: the NPU lost its device"), torch.no_grad():
+        assert torch.equal(lowered(*data[1]), reference(*data[1]))
+    assert list(lowered.delegate_0.refused) == ["(2, 3, 6, 6) float32"]
+
+
+def test_inputs_neither_the_compiled_partition_nor_its_reference_form_take_name_the_plugin(fake_dist):
+    """Inputs the model cannot take: the error is qplug's, names the plugin and the partition, and
+    chains the runtime's own."""
+    from qplug_core.errors import DelegateRuntimeError
+
+    fake_dist("qplug-npu", NPU)
+    observed, _ = _quantize("npu")
+    lowered = qp.convert_fx(observed)
+    with pytest.raises(DelegateRuntimeError, match=r"^backend 'npu': partition delegate_0 compiled by plugin "
+                                                   r"\S*npu\S* \(qplug-npu 0.1\) raised RuntimeError: .* on inputs of "
+                                                   r"\(2, 5, 6, 6\) float32, and its reference form cannot take them "
+                                                   r"either \(RuntimeError: .*\): the inputs do not fit") as raised:
+        with torch.no_grad():
+            lowered(torch.zeros(2, 5, 6, 6))
+    assert (raised.value.partition, raised.value.dist) == ("delegate_0", "qplug-npu")
+    assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+def _npu_label() -> str:
+    from qplug_core.registry import plugins
+
+    return plugins.collect_first("qplug_delegate", backend="npu").record.label
 
 
 def test_a_partition_whose_regions_could_not_be_checked_one_by_one_says_so(fake_dist):

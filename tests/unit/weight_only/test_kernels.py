@@ -11,7 +11,7 @@ from qplug_core.kernels.weight_only import CORE_KERNELS, ReferenceKernel, RowSpl
 from qplug_core.kernels.weight_only_scheme import quantize
 from qplug_core.testing.weight_only import definition
 from qplug_core.weight_only import WeightOnlyLinear, WeightOnlyScheme, selection
-from qplug_core.weight_only.selection import choose, clear_cache, relative_error
+from qplug_core.weight_only.selection import choose, clear_cache, definition_problem
 
 KERNELS = {k.name: k for k in CORE_KERNELS}
 
@@ -96,12 +96,12 @@ class Raises(ReferenceKernel):
 def test_selection_drops_wrong_and_failing_kernels():
     weight = quantize(torch.randn(16, 64, generator=torch.Generator().manual_seed(0)),
                       WeightOnlyScheme(4, 32, symmetric=False))
-    assert relative_error(weight, DropsZeroPoints(), DropsZeroPoints().pack(weight)) > 0.03
+    assert definition_problem(weight, DropsZeroPoints(), DropsZeroPoints().pack(weight)).startswith("relative error")
     kernel, _, choice = choose(weight, [DropsZeroPoints(), Raises(), ReferenceKernel()])
     assert kernel.name == "reference"
     assert "relative error" in choice.rejected["drops-zero-points"]
     assert "unsupported shape" in choice.rejected["raises"]
-    with pytest.raises(ConfigValidationError, match="'drops-zero-points' is off by"):
+    with pytest.raises(ConfigValidationError, match=r"'drops-zero-points' is wrong on a \[out 16, in 64\] weight \(relative error"):
         choose(weight, [DropsZeroPoints()], forced="drops-zero-points")
     with pytest.raises(ConfigValidationError, match="did you mean 'reference'"):
         choose(weight, [ReferenceKernel()], forced="refrence")

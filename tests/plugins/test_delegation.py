@@ -293,16 +293,24 @@ def test_a_compile_modifying_its_partition_leaves_the_saved_reference_form_right
         assert torch.equal(qp.load(path, backend="reference")(*data[1]), reference(*data[1]))
 
 
+def _converted(fake_dist, npu: str, warning: str):
+    """``Net`` converted by the NPU plugin ``npu`` with a warning matching ``warning``: the model,
+    its reference form and the data."""
+    fake_dist("qplug-npu", npu)
+    observed, data = _quantize("npu")
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match=warning):
+        lowered = qp.convert_fx(observed)
+    return lowered, reference, data
+
+
 def test_a_compile_changing_its_partition_s_modules_is_refused_and_they_are_put_back(fake_dist, tmp_path):
     """The partition's modules are the model's: refused, the compile still left the model's
     reference form with a stand-in where its 1x1 convolution was."""
-    fake_dist("qplug-npu", NPU.replace("SWAP_1X1 = False", "SWAP_1X1 = True"))
-    observed, data = _quantize("npu")
-    reference = qp.convert_to_reference_fx(observed)
-    with pytest.warns(UserWarning, match=r"compiling partition delegate_0 failed \(PluginContractError: backend 'npu' "
-                                         r"\(plugin \S*npu\S* \(qplug-npu 0.1\)\)'s compile changed the graph or "
-                                         r"modules of the partition it was given \(qplug put them back\)"):
-        lowered = qp.convert_fx(observed)
+    lowered, reference, data = _converted(
+        fake_dist, NPU.replace("SWAP_1X1 = False", "SWAP_1X1 = True"),
+        r"compiling partition delegate_0 failed \(PluginContractError: backend 'npu' \(plugin \S*npu\S* \(qplug-npu "
+        r"0.1\)\)'s compile changed the graph or modules of the partition it was given \(qplug put them back\)")
     assert qp.quantization_report(lowered).partitions == []
     path = qp.save(lowered, tmp_path / "npu.safetensors")
     with torch.no_grad():
@@ -327,13 +335,10 @@ def test_an_unsupported_reason_that_raises_costs_the_explanation_only(fake_dist)
     """It failed the whole conversion: an explanation of a node is_node_supported already refused
     changes nothing that runs. The partition is compiled as before, the report and one warning say
     the explanation raised, and name the plugin."""
-    fake_dist("qplug-npu", NPU.replace("REASON_RAISES = False", "REASON_RAISES = True"))
-    observed, data = _quantize("npu")
-    reference = qp.convert_to_reference_fx(observed)
-    with pytest.warns(UserWarning, match=r"qplug: backend 'npu': the operator support of plugin \S*npu\S* "
-                                         r"\(qplug-npu 0.1\) raised in unsupported_reason on 1 node\(s\) \('fc'; "
-                                         r"first: RuntimeError: npu driver not loaded\)"):
-        lowered = qp.convert_fx(observed)
+    lowered, reference, data = _converted(
+        fake_dist, NPU.replace("REASON_RAISES = False", "REASON_RAISES = True"),
+        r"qplug: backend 'npu': the operator support of plugin \S*npu\S* \(qplug-npu 0.1\) raised in "
+        r"unsupported_reason on 1 node\(s\) \('fc'; first: RuntimeError: npu driver not loaded\)")
     report = qp.quantization_report(lowered)
     assert [p["module"] for p in report.partitions] == ["Compiled"]
     assert report.outside["fc"] == ("backend 'npu' does not take Linear: its unsupported_reason raised "

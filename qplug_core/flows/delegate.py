@@ -166,7 +166,7 @@ class _Refusing(OperatorSupportBase):
         """Why a node stays outside. One the delegate's ``unsupported_reason`` raises on loses only
         the explanation (the node stays outside, as ``is_node_supported`` said): the report says
         it raised, and :meth:`warn_failed_reasons` names the plugin."""
-        if node in self.refused:
+        if self.refused.get(node):
             return self.refused[node]
         try:
             return self.inner.unsupported_reason(submodules, node)

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import InputMismatchError, warn_user
+from qplug_core.errors import InputMismatchError, QplugError, warn_user
 from qplug_core.ir.tracing import refuse_tracing, warn_state_dict_incomplete
 from qplug_core.partition.denormals import call_flushing_denormals
 from qplug_core.partition.held import HoldsPartition
@@ -266,6 +266,8 @@ class CompiledPartition(HoldsPartition, nn.Module):
             return self.__dict__["_reference_form"](*inputs)
         try:
             return self._call(self._compiled[route], inputs)
+        except QplugError:
+            raise
         except Exception as error:
             if self.signature_check is None:  # not served by the pipeline (yet: convert checks it)
                 raise

@@ -32,13 +32,15 @@ def _dot_product_bound(weight: torch.Tensor, weight_qp: Q.QParams, input_qp: Q.Q
     """Per output channel, the largest ``|sum((x_q - zp_x) * (w_q - zp_w))|`` any input can give.
 
     Raising the weight scale only shrinks each ``|w_q - zp_w|``, so the bound holds after it."""
-    levels = Q.quantize(weight.detach(), weight_qp).to(torch.int64)
-    zero_point = weight_qp.zero_point.to(torch.int64)
+    levels = Q.quantize_in_slices(weight, weight_qp)
+    zero_point = weight_qp.zero_point.to(torch.int16)  # |q - zp| <= 255: int16, not 4x the bytes in int64
     if weight_qp.per_channel:
         shape = [1] * weight.dim()
         shape[weight_qp.axis % weight.dim()] = -1
         zero_point = zero_point.reshape(shape)
-    sums = (levels - zero_point).abs().movedim(output_axis, 0).reshape(weight.shape[output_axis], -1).sum(1)
+    steps = (levels.to(torch.int16) - zero_point).abs()
+    others = [d for d in range(weight.dim()) if d != output_axis]
+    sums = steps.sum(dim=others, dtype=torch.int64) if others else steps.to(torch.int64)
     input_zero_point = int(input_qp.zero_point)
     widest_input = max(input_qp.quant_max - input_zero_point, input_zero_point - input_qp.quant_min)
     return sums.double() * widest_input

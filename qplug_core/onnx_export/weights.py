@@ -11,7 +11,7 @@ moves results by far less than one output step.
 
 from __future__ import annotations
 
-import copy
+from typing import TypeVar
 
 import torch
 from torch import fx, nn
@@ -19,7 +19,7 @@ from torch.func import functional_call
 
 from qplug_core import qparams as Q
 from qplug_core.flows.graph_utils import is_module_call
-from qplug_core.ir.copying import deepcopy_graph
+from qplug_core.ir.copying import deepcopy_sharing
 from qplug_core.ir.qdq_ops import dequantize_op
 from qplug_core.kernels.int32_bias import fit_bias
 from qplug_core.kernels.reference import (
@@ -35,6 +35,7 @@ from qplug_core.onnx_export.lstm import DynamicQuantizedLSTM, dynamic_lstm_probl
 from qplug_core.onnx_export.per_token import with_per_token_ops
 
 _INT32 = Q.quant_range(torch.qint32)
+T = TypeVar("T", bound=nn.Module)
 
 
 class DequantizedWeights(nn.Module):
@@ -42,12 +43,12 @@ class DequantizedWeights(nn.Module):
 
     def __init__(self, reference: ReferenceWeighted, input_qparams: Q.QParams | None):
         super().__init__()
-        self.module = copy.deepcopy(reference.module)
+        self.module = _sharing_tensors(reference.module)  # the weight's float copy was dropped right away
         qp = reference.weight_qparams
         self.weight_name = reference.weight_name
         owner_path, _, _ = self.weight_name.rpartition(".")
         owner = self.module.get_submodule(owner_path) if owner_path else self.module
-        self.register_buffer("qweight", Q.quantize(weight_of(self.module, self.weight_name), qp))
+        self.register_buffer("qweight", Q.quantize_in_slices(weight_of(self.module, self.weight_name), qp))
         self.weight_qparams = _QParamsHolder(qp)
         # a bias int32 cannot hold next to the dot product (a model whose convert did not fit the
         # weight scales, ``kernels/int32_bias.py``) stays float: ORT then leaves the layer unfused
@@ -78,7 +79,7 @@ class DynamicQuantizedLinear(nn.Module):
         linear, qp = reference.module, reference.weight_qparams
         self.relu = isinstance(linear, LinearReLU)
         linear = linear[0] if self.relu else linear
-        self.register_buffer("qweight_t", Q.quantize(linear.weight.detach(), qp).t().contiguous())
+        self.register_buffer("qweight_t", Q.quantize_in_slices(linear.weight, qp).t().contiguous())
         self.register_buffer("weight_scale", qp.scale.detach().to(torch.float32).clone())
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
                                                                   requires_grad=False)
@@ -99,6 +100,13 @@ def _is_dynamic_linear(gm: fx.GraphModule, node: fx.Node, module: ReferenceWeigh
         return False
     dynamic = gm.get_submodule(source.target)
     return (dynamic.dtype, dynamic.quant_min, dynamic.quant_max) == (torch.quint8, 0, 255)
+
+
+def _sharing_tensors(module: T) -> T:
+    """A copy of ``module`` (a model or a layer) holding its parameters and buffers themselves: the
+    export only reads them, and the layers it swaps for int8 ones drop their float weights from
+    the copy. Copied, every float weight of a partition was alive twice while it was exported."""
+    return deepcopy_sharing(module, [*module.parameters(), *module.buffers()])
 
 
 def _placeholder(owner: nn.Module, name: str) -> None:
@@ -134,7 +142,7 @@ def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False,
     ``dynamic_linears=False`` keeps a dynamic int8 linear's activation quantization a node of its
     own in front of int8 weights, as PT2E writes it, instead of one ``qplug::dynamic_quantized_linear``.
     """
-    out = deepcopy_graph(gm)
+    out = _sharing_tensors(gm)
     with_per_token_ops(out)
     submodules = dict(out.named_modules())
     for node in out.graph.nodes:

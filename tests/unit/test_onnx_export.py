@@ -226,3 +226,17 @@ def test_the_exporter_reads_torchlib_once_per_process_and_exports_the_same_model
     first, second = (to_onnx_proto(graph, (torch.randn(2, 4),)) for _ in range(2))
     assert len(reads) == 1
     assert first.SerializeToString() == second.SerializeToString()
+
+
+def test_the_copy_the_exporter_traces_holds_no_copy_of_the_reference_form_s_tensors(exported):
+    """It shares them (the export only reads them): copied, a whole-model partition's float weights
+    were alive twice while it was exported and compiled."""
+    from qplug_core.onnx_export.weights import with_int8_weights
+
+    gm = reference_form(exported[0])
+    own = {**dict(gm.named_parameters()), **dict(gm.named_buffers())}
+    copy = with_int8_weights(gm)
+    kept = {name: t for name, t in [*copy.named_parameters(), *copy.named_buffers()] if name in own and t.numel()}
+    assert kept
+    assert [name for name, t in kept.items() if t.untyped_storage().data_ptr() != own[name].untyped_storage().data_ptr()] \
+        == []

@@ -5,7 +5,10 @@ The partition is the reference form: the check compares the compiled module with
 GraphModule it was given (graph-rewriting compilers do) made the convert-time check compare the
 compiled module with the corrupted form, and the saved file wrong everywhere. So its tensors are
 copied for the call (freed after it: the model keeps one copy), put back where the compile
-changed them, and the plugin is named in a warning. A compile that changes its graph or modules
+changed them, and the plugin is named in a warning. Weights on their layer's int8 grid are kept
+as their int8 values (float again bit-exactly, :func:`~qplug_core.kernels.held_int8.exact_int8`):
+copied in float, a whole-model partition (ViT, BERT) held every float weight twice while it was
+exported and compiled. A compile that changes its graph or modules
 fails, as one that raises does, and both are put back first: the partition's modules are the
 model's own (a ``ReferenceWeighted`` whose fused ReLU a compile swapped out, refused, still ran
 without it in the reference form the model kept). A compile returning anything but a module fails
@@ -16,11 +19,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
 
 from qplug_core.errors import PluginContractError, warn_user
+from qplug_core.kernels.held_int8 import exact_int8, from_int8
+from qplug_core.kernels.reference import ReferenceWeighted, weight_of
 
 Compile = Callable[[fx.GraphModule, tuple], nn.Module]
 
@@ -31,7 +37,7 @@ _SLOTS = ("_modules", "_parameters", "_buffers")
 def compile_untouched(compile: Compile, partition: fx.GraphModule, inputs: tuple, who: str) -> nn.Module:
     """``compile(partition, inputs)``, with ``partition`` as it was before (``who``: the plugin,
     for the messages)."""
-    tensors = {key: value.detach().clone() for key, value in partition.state_dict().items()}
+    kept = _kept_values(partition)
     layout = repr(partition), partition.code
     tree = [(module, {slot: dict(getattr(module, slot)) for slot in _SLOTS}) for module in partition.modules()]
     graph = copy.deepcopy(partition.graph)
@@ -42,7 +48,7 @@ def compile_untouched(compile: Compile, partition: fx.GraphModule, inputs: tuple
         replaced = _put_back_tree(tree)
         if partition.code != layout[1]:
             partition.graph = graph  # recompiles
-        changed = _put_back_values(partition, tensors)
+        changed = _put_back_values(partition, kept)
     if replaced or changed_layout:
         raise PluginContractError(f"{who}'s compile changed the graph or modules of the partition it was given "
                                   "(qplug put them back); compile must not modify its partition (copy it to "
@@ -70,19 +76,44 @@ def _put_back_tree(tree: list[tuple[nn.Module, dict[str, dict]]]) -> bool:
     return replaced
 
 
-def _put_back_values(partition: fx.GraphModule, tensors: dict[str, torch.Tensor]) -> list[str]:
-    """The values ``tensors`` held, put back where the compile changed them in place; the keys it
+def _put_back_values(partition: fx.GraphModule, kept: dict[str, _Kept]) -> list[str]:
+    """The values ``kept`` holds, put back where the compile changed them in place; the keys it
     changed."""
     now = partition.state_dict(keep_vars=True)
-    changed = [key for key, value in tensors.items()
-               if now[key].shape != value.shape or not torch.equal(now[key].detach(), value)]
+    changed = [key for key, value in kept.items()
+               if now[key].shape != value.shape or not torch.equal(now[key].detach(), value.values())]
     with torch.no_grad():
         for key in changed:
-            if now[key].shape == tensors[key].shape:
-                now[key].copy_(tensors[key])
+            if now[key].shape == kept[key].shape:
+                now[key].copy_(kept[key].values())
             else:  # resized in place (``.data = ...``)
-                now[key].data = tensors[key]
+                now[key].data = kept[key].values()
     return changed
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """One tensor's values as they were (read back by ``values``)."""
+
+    shape: torch.Size
+    values: Callable[[], torch.Tensor]
+
+
+def _kept(tensor: torch.Tensor, owner: ReferenceWeighted | None) -> _Kept:
+    """``tensor``'s values: a weight on ``owner``'s int8 grid as its int8 values, the rest cloned."""
+    int8 = exact_int8(owner, tensor) if owner is not None else None
+    if int8 is not None and owner is not None:
+        layer, dtype = owner, tensor.dtype
+        return _Kept(tensor.shape, lambda: from_int8(int8, layer, dtype))
+    clone = tensor.detach().clone()
+    return _Kept(clone.shape, lambda: clone)
+
+
+def _kept_values(partition: fx.GraphModule) -> dict[str, _Kept]:
+    """The values of ``partition``'s tensors, by state-dict key."""
+    owners = {id(weight_of(m.module, m.weight_name)): m for m in partition.modules()
+              if isinstance(m, ReferenceWeighted)}
+    return {key: _kept(value, owners.get(id(value))) for key, value in partition.state_dict(keep_vars=True).items()}
 
 
 __all__ = ["compile_untouched"]

@@ -46,7 +46,7 @@ def float_form(held: fx.GraphModule, int8_weights: Int8Weights) -> fx.GraphModul
     for path, (dtype, requires_grad) in int8_weights.items():
         module = held.get_submodule(path)
         values = weight_of(module.module, module.weight_name)
-        float_weight = Q.dequantize(values, module.weight_qparams).to(dtype)
+        float_weight = from_int8(values, module, dtype)
         memo[id(values)] = nn.Parameter(float_weight, requires_grad=requires_grad)
     return deepcopy_graph(held, memo)
 
@@ -94,12 +94,25 @@ def int8_form(gm: fx.GraphModule, copies: Copies, keep_float: Collection[int] = 
 def _with_int8_weight(module: ReferenceWeighted, weight: torch.Tensor) -> ReferenceWeighted | None:
     """A copy of ``module`` holding ``weight`` as its int8 values, or None where they would not give
     it back bit-exactly (a float16 weight, one changed after convert)."""
-    qparams = module.weight_qparams
-    if qparams.dtype not in Q.STORAGE_DTYPE or not isinstance(weight, nn.Parameter):
+    values = exact_int8(module, weight) if isinstance(weight, nn.Parameter) else None
+    if values is None:
         return None
-    values = torch.empty_like(weight, dtype=Q.STORAGE_DTYPE[qparams.dtype], requires_grad=False)
+    return copy.deepcopy(module, {id(weight): nn.Parameter(values, requires_grad=False)})
+
+
+def exact_int8(module: ReferenceWeighted, weight: torch.Tensor) -> torch.Tensor | None:
+    """``module``'s ``weight`` as its integer values on the module's grid, or None where they would
+    not give it back bit-exactly (:func:`from_int8`): a float16 weight, one changed after convert."""
+    qparams = module.weight_qparams
+    if qparams.dtype not in Q.STORAGE_DTYPE or not weight.is_floating_point():
+        return None
+    values = Q.quantize_in_slices(weight, qparams)
     for part, float_part in zip(Q.slices(values, qparams), Q.slices(weight.detach(), qparams)):
-        part.copy_(Q.quantize(float_part, qparams))  # a slice at a time: temporaries of one slice
         if not torch.equal(Q.dequantize(part, qparams).to(weight.dtype), float_part):
             return None
-    return copy.deepcopy(module, {id(weight): nn.Parameter(values, requires_grad=False)})
+    return values
+
+
+def from_int8(values: torch.Tensor, module: ReferenceWeighted, dtype: torch.dtype) -> torch.Tensor:
+    """The float weight :func:`exact_int8` gave ``values`` of, bit-exactly."""
+    return Q.dequantize(values, module.weight_qparams).to(dtype)

@@ -126,14 +126,15 @@ def _compile(partition, example_inputs):
         for module in partition.modules():
             if type(module).__name__ == "Quantize":
                 module.zero_point += ZERO_POINT_SHIFT
-    if MUTATE:  # folds the biases into its own copy and zeroes them in the partition it was given
-        import copy
+    if MUTATE:  # folds the biases into its own copy and zeroes them in the partition it was given,
+        import copy  # and moves its weights off their int8 grid
 
         own = copy.deepcopy(partition)
         with torch.no_grad():
             for module in partition.modules():
                 if isinstance(module, nn.Conv2d):
                     module.bias.zero_()
+                    module.weight.add_(0.1)
         partition = own
     if SWAP_1X1:  # swaps its 1x1 convolutions for stand-ins of its own in the partition it was handed
         for module in partition.modules():
@@ -280,12 +281,13 @@ def test_a_loaded_partition_is_checked_at_its_first_call_on_every_cpu(fake_dist,
 
 def test_a_compile_modifying_its_partition_leaves_the_saved_reference_form_right(fake_dist, tmp_path):
     """A compiler zeroing the biases of the partition it was handed (after copying it for itself)
-    corrupted the reference form qp.save writes: the file was wrong everywhere, silently."""
+    corrupted the reference form qp.save writes: the file was wrong everywhere, silently. Its
+    weights, moved off their grid too, come back bit-exactly from the int8 values kept for them."""
     fake_dist("qplug-npu", NPU.replace("MUTATE = False", "MUTATE = True"))
     observed, data = _quantize("npu")
     reference = qp.convert_to_reference_fx(observed)
     with pytest.warns(UserWarning, match=r"qplug: backend 'npu' \(plugin \S*npu\S* \(qplug-npu 0.1\)\)'s compile "
-                                         r"modified the partition it was given \(.*bias.*\); qplug put its values back"):
+                                         r"modified the partition it was given \(.*weight.*bias.*\); qplug put its values back"):
         lowered = qp.convert_fx(observed)
     path = qp.save(lowered, tmp_path / "npu.safetensors")
     with torch.no_grad():

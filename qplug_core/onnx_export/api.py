@@ -142,11 +142,13 @@ def _program(gm: fx.GraphModule, example_inputs: tuple, *, opset: int, input_nam
 def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEFAULT_OPSET,
                   input_names: list[str] | None = None, output_names: list[str] | None = None,
                   onnxruntime_ops: bool = False, dynamic: dict[int, str] | None = None,
-                  flexible: bool = False, dynamic_linears: str = "matmul_integer"):
+                  flexible: bool = False, dynamic_linears: str = "matmul_integer", check: bool = True):
     """The ONNX ``ModelProto`` of a reference-form GraphModule (checked with ``onnx.checker``).
 
-    In memory, so at most 2 GB (protobuf's limit): for compiled partitions; :func:`export_onnx`
-    writes bigger models with external data. ``onnxruntime_ops=True`` also uses ONNX Runtime's
+    ``check=False`` leaves the check to the caller: a compiled partition's
+    :func:`~qplug_core.onnx_export.partition_source.onnx_source` checks the model it hands its
+    runtime, from a file past 2 GB (protobuf's limit, which the check in memory has too);
+    :func:`export_onnx` writes bigger models with external data. ``onnxruntime_ops=True`` also uses ONNX Runtime's
     contrib ops where standard ONNX has no
     quantized op: dynamic int8 LSTMs become ``com.microsoft.DynamicQuantizeLSTM``. ``dynamic``
     (``{axis: name}``, :mod:`~qplug_core.onnx_export.dynamic_axes`) makes those axes of every input
@@ -166,10 +168,11 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     proto = program.model_proto
     if symbolic:
         dynamic_axes.pin(proto, dynamic_axes.pinned_sizes(program.exported_program))
-    try:
-        onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as exc:
-        raise ExportError(f"the exported ONNX model does not pass onnx.checker: {exc}") from exc
+    if check:
+        try:
+            onnx.checker.check_model(proto)
+        except onnx.checker.ValidationError as exc:
+            raise ExportError(f"the exported ONNX model does not pass onnx.checker: {exc}") from exc
     if dynamic:
         dynamic_axes.check(program, example_inputs, dynamic)
     return proto

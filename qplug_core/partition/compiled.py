@@ -27,6 +27,7 @@ pipeline's error names the plugin and the partition).
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -39,6 +40,8 @@ from qplug_core.ir.tracing import refuse_tracing, warn_state_dict_incomplete
 from qplug_core.partition.denormals import call_flushing_denormals
 from qplug_core.partition.held import HoldsPartition
 
+#: a serialized partition: bytes, or a file (with its external data) for a large one
+Source = bytes | os.PathLike
 #: the route of an input signature whose compiled model was refused: it runs the reference form
 REFERENCE_FORM = ("reference form",)
 
@@ -86,8 +89,8 @@ def failure_reason(error: Exception) -> str:
 
 
 class CompiledPartition(HoldsPartition, nn.Module):
-    """Runs one partition in a runtime; ``serialize(partition, inputs)`` gives the bytes
-    :meth:`build` compiles (e.g. ``plugin_api.to_onnx_proto(...).SerializeToString()``)."""
+    """Runs one partition in a runtime; ``serialize(partition, inputs)`` gives the bytes (or the
+    file) :meth:`build` compiles (e.g. ``plugin_api.onnx_source(plugin_api.to_onnx_proto(...))``)."""
 
     #: run with denormal floats flushed to zero on the calling thread (values below float32's
     #: normal range, zero on any int8 grid and slow to compute: ``partition/denormals.py``); the
@@ -97,7 +100,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
     signature_check: SignatureCheck | None
 
     def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
-                 serialize: Callable[[fx.GraphModule, tuple], bytes]):
+                 serialize: Callable[[fx.GraphModule, tuple], Source]):
         super().__init__()
         self.__dict__["_partition"] = partition  # not a submodule: it is not part of the state
         self._serialize = serialize
@@ -109,8 +112,10 @@ class CompiledPartition(HoldsPartition, nn.Module):
         self.refused: dict[str, str] = {}  # input signature -> why it runs the reference form
         self._compile(example_inputs)
 
-    def build(self, source: bytes) -> Any:
-        """The runtime's compiled form of one serialized partition (with the settings in force)."""
+    def build(self, source: Source) -> Any:
+        """The runtime's compiled form of one serialized partition (with the settings in force):
+        bytes, or a path to a file with its external data (``plugin_api.onnx_source`` hands a
+        large model over so), removed once this returns."""
         raise NotImplementedError
 
     def run(self, compiled: Any, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
@@ -234,7 +239,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
         weights)."""
         self._compiled = {signature: self.build(self._source(signature)) for signature in self._compiled}
 
-    def _source(self, signature: tuple) -> bytes:
+    def _source(self, signature: tuple) -> Source:
         """The partition serialized for ``signature`` (on zeros of its shapes and dtypes: the
         serialized model depends on those alone)."""
         return self._serialize(self.partition, tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in signature))
@@ -316,14 +321,14 @@ class CompiledPartition(HoldsPartition, nn.Module):
         return clone
 
 
-class Sources(Sequence[bytes]):
+class Sources(Sequence[Source]):
     """:attr:`CompiledPartition.sources`: ``serialize(signature)`` of each signature, called at the
     first read of its item (then kept here, and only here)."""
 
-    def __init__(self, serialize: Callable[[tuple], bytes], signatures: list[tuple]):
+    def __init__(self, serialize: Callable[[tuple], Source], signatures: list[tuple]):
         self._serialize = serialize
         self._signatures = signatures
-        self._read: dict[int, bytes] = {}
+        self._read: dict[int, Source] = {}
 
     def __len__(self) -> int:
         return len(self._signatures)

@@ -1,11 +1,13 @@
 """A deleted delegated model lets go of its int8 weights: exporting a partition left copies of
 them held by torch.export's map of the last traced graph and by onnxscript's rewrite rules (the
 last graph they matched) until the process exported something else; a process quantizing many
-models (a sweep, ``backend="auto"``, a notebook) kept one model's weights too many."""
+models (a sweep, ``backend="auto"``, a notebook) kept one model's weights too many. A large
+partition is compiled from a file (protobuf's 2 GB limit)."""
 
 from __future__ import annotations
 
 import gc
+import tempfile
 import weakref
 
 import pytest
@@ -35,3 +37,30 @@ def test_int8_weights_of_a_deleted_delegated_model_are_collected(plugin_autoload
     del qmodel, model
     gc.collect()
     assert [ref() for ref in weights if ref() is not None] == []
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_a_partition_past_the_file_threshold_compiles_from_external_data(plugin_autoload, backend, monkeypatch,
+                                                                         tmp_path):
+    """A partition whose ONNX model passed 2 GB failed in protobuf's ``SerializeToString``; past
+    ``PARTITION_FILE_BYTES`` (0 here) it is compiled from a file with its weights as external data,
+    answers as the one compiled from bytes does, and the file is gone once it is compiled."""
+    from qplug_core.plugin_api import CompiledPartition, OnnxFile
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 16)).eval()
+    example = (torch.randn(4, 64),)
+    qmodel = qp.quantize(model, example, [example], backend=backend, progress=False)
+    (partition,) = [m for m in qmodel.modules() if isinstance(m, CompiledPartition)]
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        from_bytes = qmodel(x)
+        monkeypatch.setattr("qplug_core.onnx_export.partition_source.PARTITION_FILE_BYTES", 0)
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        partition.recompile()  # serialized again, now to a file
+        gc.collect()
+        assert list(tmp_path.iterdir()) == []  # removed once compiled
+        assert torch.equal(qmodel(x), from_bytes)
+    source = partition.sources[0]
+    assert isinstance(source, OnnxFile)
+    assert (source.path.parent / f"{source.path.name}.data").stat().st_size >= 64 * 48  # the int8 weights

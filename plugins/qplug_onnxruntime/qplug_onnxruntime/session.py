@@ -14,6 +14,7 @@ session compiled for it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,16 +87,18 @@ class SessionSettings:
         options.add_session_config_entry("session.set_denormal_as_zero", "1" if self.flush_denormals else "0")
         return options
 
-    def inference_session(self, model: bytes, *, optimized_model_filepath: str | None = None):
-        """An ``InferenceSession`` of the serialized ``model`` built with these settings
-        (``optimized_model_filepath``: where ORT writes the graph it optimized, to inspect it)."""
+    def inference_session(self, model: bytes | os.PathLike, *, optimized_model_filepath: str | None = None):
+        """An ``InferenceSession`` of ``model`` (serialized, or a file with its external data: a
+        partition's ``OnnxFile``) built with these settings (``optimized_model_filepath``: where
+        ORT writes the graph it optimized, to inspect it)."""
         import onnxruntime as ort
 
         options = self.session_options()
         if optimized_model_filepath is not None:
             options.optimized_model_filepath = optimized_model_filepath
         flushed = denormals_flushed()
-        session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"],
+        session = ort.InferenceSession(model if isinstance(model, bytes) else os.fspath(model), options,
+                                       providers=["CPUExecutionProvider"],
                                        disabled_optimizers=list(self.disabled_optimizers))
         if denormals_flushed() != flushed:  # a one-thread session sets it on the thread building it
             torch.set_flush_denormal(flushed)
@@ -137,7 +140,7 @@ class _Compiled:
     session's own, so those checks cannot fail; an ORT without the native session keeps ``run``.
     """
 
-    def __init__(self, model: bytes, session_settings: SessionSettings):
+    def __init__(self, model: bytes | os.PathLike, session_settings: SessionSettings):
         self.session = session_settings.inference_session(model)
         inputs = self.session.get_inputs()
         self.input_names = [i.name for i in inputs]
@@ -185,7 +188,7 @@ class OrtPartition(CompiledPartition):
             session_settings, num_threads=session_settings.num_threads or torch.get_num_threads())
         super().__init__(partition, example_inputs, to_onnx)
 
-    def build(self, source: bytes) -> _Compiled:
+    def build(self, source: bytes | os.PathLike) -> _Compiled:
         return _Compiled(source, self.session_settings)
 
     def serves(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> bool:

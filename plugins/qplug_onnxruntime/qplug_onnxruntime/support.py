@@ -12,10 +12,14 @@ outputs (a partition's inputs and outputs must be tensors); the report says why 
 from __future__ import annotations
 
 import operator
+from typing import TYPE_CHECKING
 
 from torch import fx, nn
 
 from qplug_core.plugin_api import OperatorSupportBase, computes_tensor
+
+if TYPE_CHECKING:
+    from qplug_core.plugin_api import OnnxFile
 
 _RECURRENT = (nn.RNNBase, nn.RNNCellBase)
 
@@ -55,15 +59,15 @@ class OrtSupport(OperatorSupportBase):
         return dynamic_lstm_problem(submodules, node)
 
 
-def partition_to_onnx(partition: fx.GraphModule, example_inputs: tuple) -> bytes:
-    """The serialized ONNX QDQ model of one reference-form partition (dynamic int8 LSTMs as ORT's
+def partition_to_onnx(partition: fx.GraphModule, example_inputs: tuple) -> bytes | OnnxFile:
+    """The ONNX QDQ model of one reference-form partition (dynamic int8 LSTMs as ORT's
     DynamicQuantizeLSTM, static linears on 3-D inputs as MatMulIntegerToFloat with their bias:
     :mod:`qplug_onnxruntime.bias`), batch and sequence axes symbolic where the graph leaves them
-    free."""
-    from qplug_core.plugin_api import to_onnx_proto
+    free: serialized, or a file with external data when large (``onnx_source``)."""
+    from qplug_core.plugin_api import onnx_source, to_onnx_proto
 
     from qplug_onnxruntime.bias import fuse_linear_biases
 
-    model = to_onnx_proto(partition, example_inputs, onnxruntime_ops=True, flexible=True)
+    model = to_onnx_proto(partition, example_inputs, onnxruntime_ops=True, flexible=True, check=False)
     fuse_linear_biases(model)
-    return model.SerializeToString()
+    return onnx_source(model)

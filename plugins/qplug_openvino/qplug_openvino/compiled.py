@@ -13,6 +13,7 @@ its own). An input of another shape gets a model compiled for it (once per shape
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -109,14 +110,16 @@ def _native_infer(request: Any) -> Callable[[], Any]:
     return lambda: native(request, no_inputs, True, True)  # share_outputs: copied by run, once
 
 
-def _onnx_input_names(source: bytes) -> list[str]:
+def _onnx_input_names(source: bytes | os.PathLike) -> list[str]:
     """The ONNX model's inputs, one per partition input and in its order: their names are the
     exporter's (it renames an input, ``ei`` to ``ei_orig``), so a partition input is found by its
     position among them, not by its FX name (OpenVINO's read model orders its parameters
     otherwise)."""
     import onnx
 
-    return [value.name for value in onnx.load_from_string(source).graph.input]
+    model = (onnx.load_from_string(source) if isinstance(source, bytes)
+             else onnx.load(os.fspath(source), load_external_data=False))
+    return [value.name for value in model.graph.input]
 
 
 def _int8_constants(model: Any) -> list[torch.Tensor]:
@@ -139,12 +142,13 @@ class OpenVinoPartition(CompiledPartition):
         self.compile_settings = compile_settings.resolved()
         super().__init__(partition, example_inputs, to_onnx)
 
-    def build(self, source: bytes) -> _Compiled:
+    def build(self, source: bytes | os.PathLike) -> _Compiled:
+        """``source`` (serialized, or a file with its external data: a partition's ``OnnxFile``) compiled."""
         openvino = import_openvino()
         core = openvino.Core()
         properties = self.compile_settings.properties()
         names = _onnx_input_names(source)  # parsed (weights and all) before the compile, not beside it
-        read = core.read_model(source)
+        read = core.read_model(source if isinstance(source, bytes) else os.fspath(source))
         try:
             model = core.compile_model(read, "CPU", properties)
         except RuntimeError as exc:

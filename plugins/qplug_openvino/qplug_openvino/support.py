@@ -14,9 +14,14 @@ does), except:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import fx, nn
 
 from qplug_core.plugin_api import OperatorSupportBase
+
+if TYPE_CHECKING:
+    from qplug_core.plugin_api import OnnxFile
 
 _RECURRENT = (nn.RNNBase, nn.RNNCellBase)
 
@@ -39,10 +44,11 @@ class OpenVinoSupport(OperatorSupportBase):
         return None
 
 
-def partition_to_onnx(partition: fx.GraphModule, example_inputs: tuple) -> bytes:
-    """The serialized ONNX QDQ model (standard ops) of one reference-form partition; a dynamic
-    linear is its int8 weights into a float MatMul, whose input OpenVINO quantizes at run time
-    (``DYNAMIC_QUANTIZATION_GROUP_SIZE``, :mod:`qplug_openvino.compiled`)."""
-    from qplug_core.plugin_api import to_onnx_proto
+def partition_to_onnx(partition: fx.GraphModule, example_inputs: tuple) -> bytes | OnnxFile:
+    """The ONNX QDQ model (standard ops) of one reference-form partition, serialized or a file with
+    external data when large (``onnx_source``); a dynamic linear is its int8 weights into a float
+    MatMul, whose input OpenVINO quantizes at run time (``DYNAMIC_QUANTIZATION_GROUP_SIZE``,
+    :mod:`qplug_openvino.compiled`)."""
+    from qplug_core.plugin_api import onnx_source, to_onnx_proto
 
-    return to_onnx_proto(partition, example_inputs, dynamic_linears="dequantized_weights").SerializeToString()
+    return onnx_source(to_onnx_proto(partition, example_inputs, dynamic_linears="dequantized_weights", check=False))

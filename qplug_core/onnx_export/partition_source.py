@@ -1,0 +1,71 @@
+"""A compiled partition's ONNX model as its runtime reads it: bytes, or a file when it is large.
+
+One protobuf message cannot pass 2 GB, so a partition whose weights came near that failed in
+``SerializeToString`` (ViT-L/16 and larger as one partition). Above :data:`PARTITION_FILE_BYTES`
+of initializers the model is written to a temporary directory with its initializers as ONNX
+external data beside it and checked from there; the runtime reads it from the path (ONNX Runtime
+and OpenVINO both take one with external data) and the directory goes when the :class:`OnnxFile`
+does, once the model is compiled. Nor does the serialized model then sit in memory beside the
+runtime's own copy while it compiles.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+from qplug_core.errors import ExportError
+
+#: initializer bytes above which a partition's model is handed over as a file with external data
+#: (patched lower by tests; protobuf's limit is 2 GB for the whole message)
+PARTITION_FILE_BYTES = 2**30
+_NAME = "partition.onnx"
+
+
+class OnnxFile(os.PathLike):
+    """An ONNX model written to a temporary directory of its own (its external data beside it),
+    removed when this object is collected."""
+
+    def __init__(self, directory: Path):
+        self.path = directory / _NAME
+        self._cleanup = weakref.finalize(self, shutil.rmtree, directory, True)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"OnnxFile({str(self.path)!r})"
+
+
+def onnx_source(model) -> bytes | OnnxFile:
+    """``model`` (an ``onnx.ModelProto``, checked with ``onnx.checker`` here) serialized, or written
+    to an :class:`OnnxFile` when its initializers pass :data:`PARTITION_FILE_BYTES`."""
+    import onnx
+
+    if sum(t.ByteSize() for t in model.graph.initializer) <= PARTITION_FILE_BYTES:
+        source = model.SerializeToString()
+        _check(onnx, source)
+        return source
+    file = OnnxFile(Path(tempfile.mkdtemp(prefix="qplug-partition-")))
+    try:
+        onnx.save_model(model, file.path, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=f"{_NAME}.data", size_threshold=1024)
+    except Exception as exc:  # OSError, a full disk
+        raise ExportError(f"cannot write the partition's ONNX model to {file.path}: {type(exc).__name__}: "
+                          f"{exc}") from exc
+    _check(onnx, file)
+    return file
+
+
+def _check(onnx, source: bytes | OnnxFile) -> None:
+    """``onnx.checker`` on the model as the runtime will read it (a file: its external data too)."""
+    try:
+        onnx.checker.check_model(source)
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(f"the exported ONNX model does not pass onnx.checker: {exc}") from exc
+
+
+__all__ = ["PARTITION_FILE_BYTES", "OnnxFile", "onnx_source"]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from _harness import machine_line, table
 
-CASES = ("bert", "mlp", "mlp-export")
+CASES = ("bert", "mlp", "mlp-export", "vit", "vit-large")
 
 
 def _rss() -> int:
@@ -59,6 +59,14 @@ def _build(case: str):
         model = BertModel(BertConfig()).eval()
         batches = [(torch.randint(0, 30522, (1, 128)),) for _ in range(8)]
         return model, batches[0], batches, {}
+    if case.startswith("vit"):  # ViT-B/16 (86 M parameters) or ViT-L/16 (304 M), 1x3x224x224
+        from transformers import ViTConfig, ViTModel
+
+        large = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                 "intermediate_size": 4096} if case == "vit-large" else {}
+        model = ViTModel(ViTConfig(**large), add_pooling_layer=False).eval()
+        batches = [(torch.randn(1, 3, 224, 224),) for _ in range(8)]
+        return model, batches[0], batches, {}
     layers = [m for _ in range(12) for m in (nn.Linear(4096, 4096), nn.ReLU())]
     model = nn.Sequential(*layers).eval()
     batches = [(torch.randn(1, 4096),) for _ in range(8)]
@@ -71,6 +79,7 @@ class _Stages:
     def __init__(self) -> None:
         self.stack: list[str] = []
         self.peaks: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}  # wall time in each stage, the stages inside it included
         self.order: list[str] = []
         self._stop = threading.Event()
 
@@ -82,9 +91,11 @@ class _Stages:
             self.stack.append(label)
             if label not in self.order:
                 self.order.append(label)
+            start = time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - start
                 self.stack.pop()
 
         setattr(owner, name, staged)
@@ -106,6 +117,25 @@ class _Stages:
         self._thread.join()
 
 
+def _delegate_stages(backend: str) -> list[tuple[object, str, str]]:
+    """The steps of a delegate's convert: partition export, the runtime's compile, the checks."""
+    from qplug_core import onnx_export
+    from qplug_core.flows import delegate, finish
+
+    stages = [(finish, "delegate_graph", "delegate"), (delegate, "_inputs_of", "delegate: partition inputs"),
+              (onnx_export, "to_onnx_proto", "delegate: ONNX export"),
+              (delegate, "_checked", "delegate: convert-time check"),
+              (delegate, "_wrong_regions", "delegate: region check"),
+              (finish, "hold_reference_forms_as_int8", "hold forms as int8")]
+    if backend == "onnxruntime":
+        from qplug_onnxruntime.session import OrtPartition
+        stages.append((OrtPartition, "build", "delegate: ORT session"))
+    elif backend == "openvino":
+        from qplug_openvino.compiled import OpenVinoPartition
+        stages.append((OpenVinoPartition, "build", "delegate: OpenVINO compile"))
+    return stages
+
+
 def _child(case: str, backend: str) -> None:
     import warnings
 
@@ -124,7 +154,7 @@ def _child(case: str, backend: str) -> None:
                                (steps, "finish_conversion", "lower+check"),
                                (recipes, "copy_model", "copy model"),
                                (target, "layer_errors", "target: layer errors"),
-                               (target, "score", "target: score")]:
+                               (target, "score", "target: score"), *_delegate_stages(backend)]:
         stages.wrap(owner, name, label)
     reference = model(*example)
     del reference
@@ -138,7 +168,7 @@ def _child(case: str, backend: str) -> None:
     kept = _trimmed_rss()
     print(json.dumps({"case": case, "float": float_bytes, "baseline": baseline, "peak": peak,
                       "kept": kept, "seconds": seconds, "capture": qmodel.meta.get("qplug_capture"),
-                      "stages": [(s, stages.peaks.get(s, 0)) for s in stages.order]}))
+                      "stages": [(s, stages.peaks.get(s, 0), stages.seconds.get(s, 0.0)) for s in stages.order]}))
 
 
 def main() -> None:
@@ -160,12 +190,12 @@ def main() -> None:
             continue
         r = json.loads(done.stdout.strip().splitlines()[-1])
         mib, times = 2 ** 20, (lambda b: f"{(b - r['baseline']) / r['float']:.2f}x")
-        rows.append([case, r["capture"], f"{r['float'] / mib:.0f}", f"{(r['peak'] - r['baseline']) / mib:.0f}",
+        rows.append([case, args.backend, r["capture"], f"{r['float'] / mib:.0f}", f"{(r['peak'] - r['baseline']) / mib:.0f}",
                      times(r["peak"]), times(r["kept"]), f"{r['seconds']:.0f}"])
-        stage_rows += [[case, stage, times(peak)] for stage, peak in r["stages"] if peak]
-    print(table(["case", "capture", "float MiB", "peak - base MiB", "peak - base", "kept - base", "s"], rows))
+        stage_rows += [[case, stage, times(peak), f"{seconds:.0f}"] for stage, peak, seconds in r["stages"] if peak]
+    print(table(["case", "backend", "capture", "float MiB", "peak - base MiB", "peak - base", "kept - base", "s"], rows))
     print("peak RSS over the baseline while each stage ran, in float-model bytes:")
-    print(table(["case", "stage", "peak - base"], stage_rows))
+    print(table(["case", "stage", "peak - base", "s"], stage_rows))
 
 
 if __name__ == "__main__":

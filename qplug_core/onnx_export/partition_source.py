@@ -1,7 +1,7 @@
 """A compiled partition's ONNX model as its runtime reads it: bytes, or a file when it is large.
 
 One protobuf message cannot pass 2 GB, so a partition whose weights came near that failed in
-``SerializeToString`` (ViT-L/16 and larger as one partition). Above :data:`PARTITION_FILE_BYTES`
+``SerializeToString`` (some 2 billion int8 weights in one partition). Above :data:`PARTITION_FILE_BYTES`
 of initializers the model is written to a temporary directory with its initializers as ONNX
 external data beside it and checked from there; the runtime reads it from the path (ONNX Runtime
 and OpenVINO both take one with external data) and the directory goes when the :class:`OnnxFile`

@@ -34,7 +34,7 @@ from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlySch
 from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.registry.backends import Backend
 from qplug_core.weight_only import decode_step
-from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, record_inputs, shared_input_scales
+from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, shared_input_scales
 from qplug_core.weight_only.batches import calibration_batches, call_model
 from qplug_core.weight_only.fusion import fuse, shared_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
@@ -47,6 +47,7 @@ from qplug_core.weight_only.selection import (
     slower_than_float,
     warn_failed,
 )
+from qplug_core.weight_only.sequential import calibrate
 
 #: the attribute of a quantized model holding its :class:`WeightOnlyInfo` (``qp.save`` reads it)
 INFO_ATTRIBUTE = WEIGHT_ONLY
@@ -69,6 +70,8 @@ class WeightOnlyInfo:
     fused: list[tuple[str, ...]] = field(default_factory=list)
     #: how those groups were looked for, or why they were not
     fusion: str = ""
+    #: how AWQ / GPTQ recorded their calibration inputs: block by block, or the whole model at once and why
+    calibration: str = ""
     #: (machine, :attr:`~qplug_core.kernels.cpu.CpuInt8.int8_capabilities`) of the CPU the kernels
     #: were chosen on (a loaded file's, which ``qp.save`` writes again); ``None``: not known
     kernel_cpu: tuple[str, frozenset[str]] | None = None
@@ -119,6 +122,8 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         raise CalibrationError(f"algorithm={algorithm!r} needs calibration_data=[batch, ...]: a few token batches of "
                                "the kind of text the model will see (or use algorithm='rtn')")
     calibration = calibration_batches(calibration_data)
+    if algorithm != "rtn":
+        calibration = list(calibration)  # run more than once: block by block, or again for the whole model
     patterns = skip_patterns(skip)
     refuse_quantized(model)
     check_weight_values(model)
@@ -131,27 +136,32 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     for name, module in targets.items():
         _check_divisible(name, module, scheme)
     linears = {n: m for n, m in targets.items() if not isinstance(m, _EMBEDDINGS)}
-    inputs: dict[str, torch.Tensor] = {}
-    if algorithm != "rtn":
-        rows = GPTQ_ROWS if algorithm == "gptq" else MAX_ROWS
-        inputs = record_inputs(qmodel, linears, calibration, rows)
     # found on the float copy, before any kernel is packed: a group packs once, for its stack
     groups, info.fusion = sibling_groups(qmodel, linears, calibration)
-    weights = {name: linear_weight(module) for name, module in linears.items()}
-    input_scales = shared_input_scales(weights, inputs, groups, scheme) if algorithm == "awq" else {}
-    dtypes = {name: weight.dtype for name, weight in weights.items()}
-    del weights, linears, module
+    dtypes = {name: linear_weight(module).dtype for name, module in linears.items()}
+    del linears, module
     modules = dict(qmodel.named_modules())
-    with torch.no_grad():
+
+    def swap(inputs: dict[str, torch.Tensor | None]) -> None:
         # each float layer of the copy (and its recorded inputs) is let go as soon as it is swapped:
         # held to the end, the copy's float weights stayed resident beside the int ones (2.7x fp32)
-        for name in list(targets):
-            swapped = _quantized_module(targets.pop(name), scheme, inputs.pop(name, None), info.algorithm,
+        recorded = {name: x for name, x in inputs.items() if x is not None}
+        weights = {name: linear_weight(targets[name]) for name in recorded}
+        input_scales = shared_input_scales(weights, recorded, groups, scheme) if algorithm == "awq" else {}
+        del weights, recorded
+        for name in [name for name in targets if name in inputs]:
+            swapped = _quantized_module(targets.pop(name), scheme, inputs.pop(name), algorithm,
                                         input_scales.get(name))
             parent, _, child = name.rpartition(".")
             setattr(modules[parent], child, swapped)
             del modules[name]
             info.layers[name] = layer_kind(swapped)
+
+    with torch.no_grad():
+        if algorithm != "rtn":
+            rows = GPTQ_ROWS if algorithm == "gptq" else MAX_ROWS
+            info.calibration = calibrate(qmodel, list(dtypes), calibration, rows, swap)
+        swap(dict.fromkeys(targets))  # RTN: embeddings, and linears the calibration never reached
     choose_kernels(qmodel, info, groups, kernels, dtypes, kernel)
     cpu = cpu_int8()
     info.kernel_cpu = cpu.machine, cpu.int8_capabilities

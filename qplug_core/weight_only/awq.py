@@ -38,54 +38,83 @@ _CLIP_CHUNK = 256
 
 def record_inputs(model: nn.Module, layers: dict[str, nn.Module], calibration: Iterable[Any],
                   max_rows: int = MAX_ROWS) -> dict[str, torch.Tensor]:
-    """Run ``model`` on every calibration batch and keep up to ``max_rows`` input rows per layer.
+    """Run ``model`` on every calibration batch and keep up to ``max_rows`` input rows per layer
+    (:class:`InputRecorder`)."""
+    batches = 0
+    with InputRecorder(layers) as recorder, torch.no_grad():
+        for batch in calibration:
+            run_batch(model, batch, batches)
+            recorder.next_batch()
+            batches += 1
+    if not batches:
+        raise no_calibration()
+    return recorder.kept(max_rows)
+
+
+def no_calibration() -> CalibrationError:
+    """The error of a data-aware algorithm given no calibration batch."""
+    return CalibrationError("the data-aware algorithms need calibration data: pass "
+                            "calibration_data=[batch, ...] (token id tensors, or dicts of model inputs)")
+
+
+class InputRecorder:
+    """While entered, records the inputs of ``layers`` (name -> module) at each call; :meth:`kept`
+    gives up to ``max_rows`` rows per layer, evenly spaced over all the calls.
 
     Linears that read one tensor (q/k/v, gate/up) share one recording and one kept tensor (they
     held a copy each: 2.8x the linears' own bytes on a decoder), and each input's recorded rows are
     let go as soon as its kept rows are taken; the rows kept are the same as one copy per layer.
     """
-    recorded: dict[int, torch.Tensor] = {}  # recording number -> rows of one input tensor
-    readers: dict[str, list[int]] = {name: [] for name in layers}  # layer -> its recordings, in order
-    seen: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}  # this batch: (id, version) -> (tensor, number)
 
-    def hook(name: str):
-        def record(module, args):
+    def __init__(self, layers: dict[str, nn.Module]) -> None:
+        self._layers = layers
+        self._recorded: dict[int, torch.Tensor] = {}  # recording number -> rows of one input tensor
+        self._readers: dict[str, list[int]] = {name: [] for name in layers}  # layer -> its recordings
+        # this batch: (id, version) -> (tensor, number); the tensor is held, so its id is not reused
+        self._seen: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> InputRecorder:
+        self._handles = [module.register_forward_pre_hook(self._hook(name)) for name, module in self._layers.items()]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._seen = [], {}
+
+    def _hook(self, name: str) -> Any:
+        def record(module: nn.Module, args: tuple) -> None:
             x = args[0]
             key = (id(x), x._version)
-            if key not in seen:  # the tensor is held in ``seen``, so its id is not reused this batch
-                seen[key] = (x, len(recorded))
-                recorded[len(recorded)] = x.detach().reshape(-1, x.shape[-1]).float()
-            readers[name].append(seen[key][1])
+            if key not in self._seen:
+                self._seen[key] = (x, len(self._recorded))
+                self._recorded[len(self._recorded)] = x.detach().reshape(-1, x.shape[-1]).float()
+            self._readers[name].append(self._seen[key][1])
         return record
 
-    handles = [module.register_forward_pre_hook(hook(name)) for name, module in layers.items()]
-    batches = 0
-    try:
-        with torch.no_grad():
-            for batch in calibration:
-                run_batch(model, batch, batches)
-                seen.clear()
-                batches += 1
-    finally:
-        for handle in handles:
-            handle.remove()
-    if not batches:
-        raise CalibrationError("the data-aware algorithms need calibration data: pass "
-                               "calibration_data=[batch, ...] (token id tensors, or dicts of model inputs)")
-    sharing: dict[tuple[int, ...], list[str]] = {}  # a layer the calibration never reached: RTN
-    for name, numbers in readers.items():
-        if numbers:
-            sharing.setdefault(tuple(numbers), []).append(name)
-    uses = collections.Counter(number for numbers in sharing for number in numbers)
-    kept = {}
-    for numbers, names in sharing.items():
-        x = _evenly_spaced([recorded[number] for number in numbers], max_rows)
-        kept.update(dict.fromkeys(names, x))
-        for number in numbers:
-            uses[number] -= 1
-            if not uses[number]:
-                del recorded[number]
-    return kept
+    def next_batch(self) -> None:
+        """A new batch starts: a tensor seen before is not the same input any more."""
+        self._seen.clear()
+
+    def kept(self, max_rows: int) -> dict[str, torch.Tensor]:
+        """Up to ``max_rows`` recorded rows per layer the calls reached (one tensor for the layers
+        sharing an input); the recordings are let go."""
+        sharing: dict[tuple[int, ...], list[str]] = {}  # a layer the calibration never reached: RTN
+        for name, numbers in self._readers.items():
+            if numbers:
+                sharing.setdefault(tuple(numbers), []).append(name)
+        uses = collections.Counter(number for numbers in sharing for number in numbers)
+        kept = {}
+        for numbers, names in sharing.items():
+            x = _evenly_spaced([self._recorded[number] for number in numbers], max_rows)
+            kept.update(dict.fromkeys(names, x))
+            for number in numbers:
+                uses[number] -= 1
+                if not uses[number]:
+                    del self._recorded[number]
+        self._recorded.clear()
+        return kept
 
 
 def _evenly_spaced(chunks: list[torch.Tensor], max_rows: int) -> torch.Tensor:

@@ -4,8 +4,9 @@ the layer's calibration inputs.
 
 Groups are aligned with GPTQ's column blocks, so a group's scale and zero point are computed from
 its columns as already updated by the rounding before it (no act-order: the features keep their
-order, and the stored layout is the plain one). Inputs come from the float model (every layer
-calibrated independently), which keeps the algorithm one pass over the calibration data.
+order, and the stored layout is the plain one). Inputs are recorded block by block
+(:mod:`~qplug_core.weight_only.sequential`): a decoder block's linears see the outputs of the
+blocks before it as already quantized, as in GPTQ's reference code.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def _by_blocks(model: nn.Module, prefix: str, blocks: nn.ModuleList, names: Sequ
     if calls.broken is not None:
         return calls.broken
     outside_inputs = recorder.kept(max_rows)
-    hidden = calls.first
+    hidden, calls.first = calls.first, []
     for i, block in enumerate(blocks):
         block_calls, calls.calls[i] = calls.calls[i], []
         if inside[i]:

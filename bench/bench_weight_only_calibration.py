@@ -197,6 +197,7 @@ def main() -> None:
     parser.add_argument("--trees", nargs="+", default=["."])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--algorithms", nargs="+", default=["gptq", "awq"])
     parser.add_argument("rest", nargs="*")
     options = parser.parse_args()
     if options.what == "_child":
@@ -220,7 +221,7 @@ def main() -> None:
                      "RSS built GiB", "peak RSS GiB", "s"], rows))
         return
     if options.what == "memory":
-        for algorithm in ("gptq", "awq"):
+        for algorithm in options.algorithms:
             for _ in range(options.rounds):
                 for tree in options.trees:  # interleaved
                     r = in_subprocess(tree, "memory", algorithm, str(options.layers))

@@ -104,7 +104,7 @@ def run_recording(how: str, layers: int) -> dict:
             "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
-def run_accuracy(family: str, algorithm: str) -> dict:
+def run_accuracy(family: str, algorithm: str, seed: str = "0") -> dict:
     import warnings
 
     import torch
@@ -113,7 +113,7 @@ def run_accuracy(family: str, algorithm: str) -> dict:
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    torch.manual_seed(0)
+    torch.manual_seed(int(seed))
     model = small(family)
     vocab = model.config.vocab_size
     qmodel = qp.quantize_weights(model, bits=4, group_size=32, algorithm=algorithm,
@@ -198,6 +198,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--algorithms", nargs="+", default=["gptq", "awq"])
+    parser.add_argument("--seed", type=int, default=0, help="accuracy: the small models' weights")
     parser.add_argument("rest", nargs="*")
     options = parser.parse_args()
     if options.what == "_child":
@@ -231,9 +232,9 @@ def main() -> None:
                      "peak - built", "quantize s"], rows))
         return
     for family in ("llama", "qwen2"):
-        for algorithm in ("gptq", "awq"):
+        for algorithm in options.algorithms:
             for tree in options.trees:
-                r = in_subprocess(tree, "accuracy", family, algorithm)
+                r = in_subprocess(tree, "accuracy", family, algorithm, str(options.seed))
                 rows.append([family, algorithm, tree, f"{r['agreement']:.4f}", f"{r['cosine']:.5f}", r["calibration"]])
     print(table(["model", "algorithm", "tree", "top-1 agreement", "logits cosine", "calibration"], rows))
 

@@ -66,7 +66,7 @@ def run_memory(algorithm: str, layers: int) -> dict:
     built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     start = time.perf_counter()
     qp.quantize_weights(model, bits=4, group_size=128, algorithm=algorithm,
-                        calibration=tokens(8, 128, model.config.vocab_size, 1))
+                        calibration_data=tokens(8, 128, model.config.vocab_size, 1))
     return {"seconds": time.perf_counter() - start, "built_gib": built,
             "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
@@ -117,7 +117,7 @@ def run_accuracy(family: str, algorithm: str, seed: str = "0") -> dict:
     model = small(family)
     vocab = model.config.vocab_size
     qmodel = qp.quantize_weights(model, bits=4, group_size=32, algorithm=algorithm,
-                                 calibration=tokens(8, 128, vocab, 1))
+                                 calibration_data=tokens(8, 128, vocab, 1))
     agree, cosines = [], []
     with torch.no_grad():
         for ids in tokens(8, 64, vocab, 2):

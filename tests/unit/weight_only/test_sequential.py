@@ -105,7 +105,7 @@ def test_the_recording_holds_one_blocks_inputs_at_a_time():
 
 
 def test_blocks_that_do_not_chain_are_recorded_with_the_whole_model_and_say_so():
-    quantized = qp.quantize_weights(_model(chained=False), bits=4, algorithm="gptq", calibration=_calibration(),
+    quantized = qp.quantize_weights(_model(chained=False), bits=4, algorithm="gptq", calibration_data=_calibration(),
                                     kernel="reference")
     info = quantized.qplug_weight_only
     assert info.calibration.startswith("the whole model at once: the blocks of blocks do not chain (block 1")

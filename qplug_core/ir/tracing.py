@@ -7,13 +7,17 @@ traced onnxruntime model answered every input with its output for the trace's ex
 ``torch.export``, ``torch.jit.script`` and pickle of an int8 model ended in raw torch errors (one
 printed a serialized ONNX model), so they are refused too, each pointing at what ships the model;
 a ``state_dict`` without the int8 weights (packed, or in another runtime) says so once.
+Code torch.compile must run eagerly is marked with :func:`run_eagerly`, which imports dynamo only
+once dynamo is in use.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import threading
-from typing import Any, Iterator, NoReturn
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import torch
 
@@ -31,6 +35,29 @@ PICKLE_MESSAGE = ("a qplug int8 model cannot be pickled (torch.save / pickle.dum
 SCRIPT_MESSAGE = ("torch.jit.script cannot compile a qplug int8 model: its int8 layers are Python code "
                   "around packed weights and other runtimes. Script or export the float model instead; "
                   + SHIP_INSTEAD[0].lower() + SHIP_INSTEAD[1:])
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def run_eagerly(fn: _F) -> _F:
+    """``fn`` as ``@torch.compiler.disable`` makes it (torch.compile runs it eagerly, a graph break
+    around it), but without importing ``torch._dynamo`` where it is applied: that decorator does,
+    which cost every process that imports qplug's pipeline (a server's worker loading a model)
+    +71 MiB RSS and seconds. The disabled form is made at the first call with dynamo loaded; without
+    dynamo nothing is compiling, and ``fn`` runs as it is."""
+    disabled: Callable[..., Any] | None = None
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal disabled
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
 
 
 def refuse_pickle(self: Any, *args: Any) -> NoReturn:

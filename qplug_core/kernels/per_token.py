@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import ConfigValidationError, ModelStateError, warn_user
-from qplug_core.ir.tracing import refuse_tracing
+from qplug_core.ir.tracing import refuse_tracing, run_eagerly
 from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, safe_weight_range
 from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
@@ -472,7 +472,7 @@ class PerTokenDynamicLinear(SwappedLayer):
                 f"bias={self.bias is not None}, {kind}")
 
 
-@torch.compiler.disable
+@run_eagerly
 def _opaque_forward(layer: PerTokenDynamicLinear, x: torch.Tensor) -> torch.Tensor:
     """The layer's forward run eagerly under torch.compile (a graph break around it)."""
     return layer._forward(x)

@@ -36,7 +36,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError, QplugError, warn_user
-from qplug_core.ir.tracing import refuse_tracing, warn_state_dict_incomplete
+from qplug_core.ir.tracing import refuse_tracing, run_eagerly, warn_state_dict_incomplete
 from qplug_core.partition.denormals import call_flushing_denormals
 from qplug_core.partition.held import HoldsPartition
 
@@ -189,7 +189,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
         return (f"of shape {shapes} and dtype {dtypes}: the model's inputs have neither the shape nor the "
                 "dtype it was quantized for")
 
-    @torch.compiler.disable  # under torch.compile, dynamo must not trace the exporter it calls
+    @run_eagerly  # under torch.compile, dynamo must not trace the exporter it calls
     def _route(self, inputs: tuple[torch.Tensor, ...]) -> tuple:
         """The route (a compiled model's signature, or :data:`REFERENCE_FORM`) for a signature not
         seen yet: a model built before that serves it, or a new one. One thread at a time: a

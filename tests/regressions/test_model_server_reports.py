@@ -1,0 +1,60 @@
+"""Serving int8 models from a multi-threaded, multi-process server (ML-platform report s26):
+what a worker pays to load a model, calls from threads while another thread exports, requests
+made under ``torch.autocast``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+
+class _Cnn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.fc = nn.Linear(4 * 6 * 6, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16)).eval()
+
+
+LOAD_AND_CALL = """
+import sys, torch, qplug_core as qp
+from torch import nn
+torch.manual_seed(0)
+mlp = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16)).eval()
+qp.load(sys.argv[1])(torch.randn(2, 1, 8, 8))
+qp.load(sys.argv[2], model=mlp)(torch.randn(2, 32))
+print("dynamo imported:", "torch._dynamo" in sys.modules)
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch: ~3 s
+def test_loading_and_calling_a_model_does_not_import_dynamo(tmp_path):
+    """``qp.load`` of any file imported torch._dynamo (+71-108 MiB RSS and seconds in every worker
+    of a server's pool) through ``@torch.compiler.disable`` evaluated at class definition."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 1, 8, 8)
+    static = qp.quantize(_Cnn().eval(), (x,), [(torch.randn(8, 1, 8, 8),)], backend="fbgemm")
+    static_file = qp.save(static, tmp_path / "static.safetensors")
+    dynamic_file = qp.save(qp.quantize_dynamic(_mlp(), backend="fbgemm"), tmp_path / "dynamic.safetensors")
+    env = {**os.environ, "QPLUG_LOAD_PLUGINS": "fbgemm"}
+    result = subprocess.run([sys.executable, "-c", LOAD_AND_CALL, str(static_file), str(dynamic_file)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip().endswith("dynamo imported: False")
+

@@ -17,9 +17,10 @@ import contextlib
 import functools
 import sys
 import threading
-from typing import Any, Callable, Iterator, NoReturn, TypeVar
+from typing import Any, Callable, Iterator, NoReturn, Sequence, TypeVar
 
 import torch
+from torch import nn
 
 from qplug_core.errors import ModelStateError, SerializationError, warn_user
 
@@ -70,21 +71,40 @@ def refuse_script(self: Any) -> NoReturn:
     raise ModelStateError(SCRIPT_MESSAGE)
 
 
-def refuse_tracing(what: str, why: str = "it computes outside PyTorch") -> None:
+def refuse_tracing(what: str, inputs: Sequence[Any], why: str = "it computes outside PyTorch") -> None:
     """Raise :class:`ModelStateError` when ``torch.jit.trace`` or ``torch.export`` is recording
-    (``what`` runs outside PyTorch, so a trace would hold its answer to the example as a constant)."""
+    this call of ``what`` on ``inputs`` (``what`` runs outside PyTorch, so a trace would hold its
+    answer to the example as a constant)."""
     if torch.jit.is_tracing():
         raise ModelStateError(
             f"torch.jit.trace cannot record {what}: {why}, so the trace would return its answer "
             "for the example input whatever the input. Ship the model with qp.save / qp.load, or as "
             "ONNX with qp.export_onnx")
-    refuse_export(what)
+    refuse_export(what, inputs)
 
 
-def refuse_export(what: str) -> None:
-    """Raise :class:`ModelStateError` when ``torch.export`` traces ``what`` (fake tensors have no
-    data for packed weights or another runtime)."""
-    if torch.compiler.is_exporting():
+#: torch's key of the fake tensor mode among the dispatch modes active on a thread
+_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
+
+
+def being_exported(inputs: Sequence[Any]) -> bool:
+    """Whether torch.export is tracing this call on ``inputs``. ``torch.compiler.is_exporting()``
+    says only that some thread of the process is exporting (a warm-up exporting a hot-reloaded
+    onnxruntime model made every other thread's int8 calls raise), so the evidence is this thread's:
+    dynamo tracing the call (strict export), a fake tensor mode active on it, or inputs that are
+    tensor subclasses (fake or functional tensors; a real input is a plain tensor)."""
+    if not torch.compiler.is_exporting():
+        return False
+    if torch.compiler.is_dynamo_compiling() or torch._C._get_dispatch_mode(_FAKE_MODE) is not None:
+        return True
+    return any(isinstance(x, torch.Tensor) and type(x) is not torch.Tensor and not isinstance(x, nn.Parameter)
+               for x in inputs)
+
+
+def refuse_export(what: str, inputs: Sequence[Any]) -> None:
+    """Raise :class:`ModelStateError` when ``torch.export`` traces this call of ``what`` on
+    ``inputs`` (fake tensors have no data for packed weights or another runtime)."""
+    if being_exported(inputs):
         raise ModelStateError(
             f"torch.export cannot capture {what}: its int8 weights are packed or held by another "
             "runtime, which fake tensors cannot run. Export the float model instead (qp.quantize "

@@ -51,7 +51,7 @@ def _check_kernel_input(x: torch.Tensor, kernel: str) -> None:
     over the input's own range, which NaN or Inf does not have: one sum finds them (~7 us a call).
     torch.export is refused: its fake tensors cannot run the packed weights (an LSTM's, held in a
     list, get here; a linear's own packed attribute fails in torch before the forward runs)."""
-    refuse_export(f"the dynamic int8 layer {kernel}")
+    refuse_export(f"the dynamic int8 layer {kernel}", (x,))
     if x.dtype is not torch.float32:
         raise InputMismatchError(f"int8 {kernel} takes float32 inputs, got {str(x.dtype).removeprefix('torch.')} "
                                  f"of shape {tuple(x.shape)}: pass it .float()")

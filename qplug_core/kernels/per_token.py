@@ -383,8 +383,8 @@ class PerTokenDynamicLinear(SwappedLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_tracing() or torch.compiler.is_compiling():
-            refuse_tracing(type(self).__name__, "it reuses per-thread buffers and packed weights "
-                                                "found by data pointer")
+            refuse_tracing(type(self).__name__, (x,), "it reuses per-thread buffers and packed weights "
+                                                      "found by data pointer")
             return _opaque_forward(self, x)  # torch.compile: inductor failed inside (empty AssertionError)
         return self._forward(x)
 

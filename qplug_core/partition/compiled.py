@@ -261,7 +261,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
     def forward(self, *inputs: torch.Tensor):
         # at batch 1 on a small model the runtime takes ~15 us: every microsecond here counts
         if torch.jit.is_tracing() or torch.compiler.is_exporting():
-            refuse_tracing(f"a partition compiled by {type(self).__name__}")
+            refuse_tracing(f"a partition compiled by {type(self).__name__}", inputs)
         route = self._routes.get(self._signature(inputs))
         if route is None:
             if any(isinstance(x, torch.Tensor) and x.numel() == 0 for x in inputs):

@@ -116,7 +116,7 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel.runs_outside_torch and (torch.jit.is_tracing() or torch.compiler.is_exporting()):
             # before packing, which builds the runtime's copy from the (fake, under export) weights
-            refuse_tracing(f"weight-only kernel {self.kernel.name}")
+            refuse_tracing(f"weight-only kernel {self.kernel.name}", (x,))
         if self.fused is not None:
             group, index = self.fused
             return group.output(index, x)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -58,3 +59,43 @@ def test_loading_and_calling_a_model_does_not_import_dynamo(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip().endswith("dynamo imported: False")
 
+
+class _ExportsSlowly(nn.Module):
+    """A model whose export waits in its forward until told to go on: another thread's calls
+    happen while torch.export is running, every time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started, self.go_on = threading.Event(), threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.started.set()
+        assert self.go_on.wait(60)
+        return x + 1
+
+
+SERVED = {
+    "dynamic": lambda: qp.quantize_dynamic(_mlp(), backend="fbgemm"),
+    "w8a8": lambda: qp.quantize_w8a8(_mlp(), [torch.randn(4, 32)]),
+}
+
+
+@pytest.mark.parametrize("mode", list(SERVED))
+def test_calls_while_another_thread_exports_are_served(mode):
+    """``torch.compiler.is_exporting()`` is true in every thread while one exports (a hot-reloaded
+    onnxruntime model warming up, a user's own export): the other threads' calls of dynamic, W8A8,
+    weight-only and compiled models raised "torch.export cannot capture ...". (Exporting them is still
+    refused: tests/regressions/test_serving_reports.py.)"""
+    model = SERVED[mode]()
+    inputs = [torch.randn(3, 32) for _ in range(20)]
+    expected = [model(x) for x in inputs]
+    exported = _ExportsSlowly()
+    exporting = threading.Thread(target=torch.export.export, args=(exported, (torch.randn(2),)))
+    exporting.start()
+    try:
+        assert exported.started.wait(60)
+        served = [model(x) for x in inputs]
+    finally:
+        exported.go_on.set()
+        exporting.join()
+    assert all(torch.equal(a, b) for a, b in zip(served, expected))

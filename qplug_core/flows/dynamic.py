@@ -35,6 +35,7 @@ from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.raise_aten import is_aten_graph
 from qplug_core.flows.regions import dtype_config_problems, observer_traits
 from qplug_core.flows.tags import DYNAMIC_LEFT_FLOAT
+from qplug_core.ir.autocast_off import compute_in_float32
 from qplug_core.kernels.base import KernelContext, SwappedLayer, TensorArg
 from qplug_core.kernels.dynamic import unbatched_cell_call
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
@@ -424,4 +425,4 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
             break
         result.set_submodule(name, replacement)
     remove_qconfig_attributes(result)
-    return result.eval()
+    return compute_in_float32(result).eval()  # the dynamic kernels take float32, autocast or not

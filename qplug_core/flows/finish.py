@@ -35,6 +35,7 @@ from qplug_core.flows.tags import (
     recorded_example_inputs,
     region_tag,
 )
+from qplug_core.ir.autocast_off import compute_in_float32
 from qplug_core.ir.call_inputs import guard_input_names
 from qplug_core.kernels.base import pin_engine
 from qplug_core.kernels.held_int8 import Copies
@@ -89,6 +90,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     refuse_torch_shipping(gm)  # torch.save and torch.jit.script point to qp.save
     if lowering:  # ops without packed weights dispatch on the global engine: pin the backend's
         pin_engine(gm, backend.engine)
+    compute_in_float32(gm)  # its float ops feed quantize ops: float32 under the caller's autocast too
     # after the engine's hook, whose forward hook restores the engine when this one raises
     guard_input_names(gm)  # a misspelt or missing input: the inputs it takes, not forward()'s TypeError
     guard_exported_inputs(gm)  # what export assumed of an input: one qplug error at the call, not deep inside

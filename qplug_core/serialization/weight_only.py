@@ -29,6 +29,7 @@ from torch import fx, nn
 from qplug_core.config.codec import child
 from qplug_core.errors import ConfigValidationError, SerializationError, warn_user
 from qplug_core.flows.checks import check_float32
+from qplug_core.ir.autocast_off import compute_in_float32
 from qplug_core.ir.tracing import reading_state_dict
 from qplug_core.kernels.cpu import cpu_int8
 from qplug_core.kernels.dynamic import DynamicLinear
@@ -250,6 +251,7 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
     mode = document.get("mode", "weight_only")
     if mode != "weight_only":  # int8 linears with float32 scales: a bf16 model met them at its first call
         check_float32(model, fix="load into model.float()")
+        compute_in_float32(model)  # as quantize_dynamic / quantize_w8a8 made it
     try:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")

@@ -99,3 +99,36 @@ def test_calls_while_another_thread_exports_are_served(mode):
         exported.go_on.set()
         exporting.join()
     assert all(torch.equal(a, b) for a, b in zip(served, expected))
+
+
+class _Attention(nn.Module):
+    """Attention scores between int8 linears: under bf16 autocast the matmul's output is bfloat16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.o = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = torch.matmul(self.q(x), self.k(x).transpose(-1, -2))
+        return self.o(torch.softmax(scores, -1))
+
+
+def _under_autocast(mode: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = _Attention().eval()
+    if mode == "dynamic":
+        return qp.quantize_dynamic(model, backend="fbgemm")
+    return qp.quantize(model, (torch.randn(2, 8, 16),), [(torch.randn(4, 8, 16),)], backend=mode)
+
+
+@pytest.mark.parametrize("mode", ["fbgemm", "qnnpack", "reference", "dynamic"])
+def test_a_call_under_autocast_answers_as_a_plain_call(mode):
+    """A server wrapping requests in ``torch.autocast("cpu", dtype=torch.bfloat16)``: a static model
+    on fbgemm raised torch's "Quantize only works on Float Tensor, got BFloat16", a dynamic one an
+    InputMismatchError saying to pass .float() (the caller had). The int8 model computes in float32."""
+    model = _under_autocast(mode)
+    x = torch.randn(3, 8, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        served = model(x)
+        assert torch.is_autocast_enabled("cpu")  # the caller's autocast is back after the call
+    assert torch.equal(served, model(x))

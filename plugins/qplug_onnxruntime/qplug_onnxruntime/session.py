@@ -78,6 +78,9 @@ class SessionSettings:
         options.intra_op_num_threads = self.num_threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # fatal only: a run that fails raises to the caller, and ORT also printed an error line to
+        # stderr for each one (a server's log got a line per bad request beside its own report)
+        options.log_severity_level = 4
         options.graph_optimization_level = {
             "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

@@ -18,19 +18,29 @@ import qplug_core as qp
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
 
 
-class _Cnn(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(1, 4, 3)
-        self.fc = nn.Linear(4 * 6 * 6, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.conv(x)).flatten(1))
-
-
 def _mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16)).eval()
+
+
+class _Attention(nn.Module):
+    """Attention scores between int8 linears: under bf16 autocast the matmul's output is bfloat16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.o = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = torch.matmul(self.q(x), self.k(x).transpose(-1, -2))
+        return self.o(torch.softmax(scores, -1))
+
+
+def _int8_model(mode: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = _Attention().eval()
+    if mode == "dynamic":
+        return qp.quantize_dynamic(model, backend="fbgemm")
+    return qp.quantize(model, (torch.randn(2, 8, 16),), [(torch.randn(4, 8, 16),)], backend=mode)
 
 
 LOAD_AND_CALL = """
@@ -38,7 +48,7 @@ import sys, torch, qplug_core as qp
 from torch import nn
 torch.manual_seed(0)
 mlp = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16)).eval()
-qp.load(sys.argv[1])(torch.randn(2, 1, 8, 8))
+qp.load(sys.argv[1])(torch.randn(2, 8, 16))
 qp.load(sys.argv[2], model=mlp)(torch.randn(2, 32))
 print("dynamo imported:", "torch._dynamo" in sys.modules)
 """
@@ -48,10 +58,7 @@ print("dynamo imported:", "torch._dynamo" in sys.modules)
 def test_loading_and_calling_a_model_does_not_import_dynamo(tmp_path):
     """``qp.load`` of any file imported torch._dynamo (+71-108 MiB RSS and seconds in every worker
     of a server's pool) through ``@torch.compiler.disable`` evaluated at class definition."""
-    torch.manual_seed(0)
-    x = torch.randn(3, 1, 8, 8)
-    static = qp.quantize(_Cnn().eval(), (x,), [(torch.randn(8, 1, 8, 8),)], backend="fbgemm")
-    static_file = qp.save(static, tmp_path / "static.safetensors")
+    static_file = qp.save(_int8_model("fbgemm"), tmp_path / "static.safetensors")
     dynamic_file = qp.save(qp.quantize_dynamic(_mlp(), backend="fbgemm"), tmp_path / "dynamic.safetensors")
     env = {**os.environ, "QPLUG_LOAD_PLUGINS": "fbgemm"}
     result = subprocess.run([sys.executable, "-c", LOAD_AND_CALL, str(static_file), str(dynamic_file)],
@@ -101,32 +108,12 @@ def test_calls_while_another_thread_exports_are_served(mode):
     assert all(torch.equal(a, b) for a, b in zip(served, expected))
 
 
-class _Attention(nn.Module):
-    """Attention scores between int8 linears: under bf16 autocast the matmul's output is bfloat16."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.q, self.k, self.o = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(8, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scores = torch.matmul(self.q(x), self.k(x).transpose(-1, -2))
-        return self.o(torch.softmax(scores, -1))
-
-
-def _under_autocast(mode: str) -> nn.Module:
-    torch.manual_seed(0)
-    model = _Attention().eval()
-    if mode == "dynamic":
-        return qp.quantize_dynamic(model, backend="fbgemm")
-    return qp.quantize(model, (torch.randn(2, 8, 16),), [(torch.randn(4, 8, 16),)], backend=mode)
-
-
 @pytest.mark.parametrize("mode", ["fbgemm", "qnnpack", "reference", "dynamic"])
 def test_a_call_under_autocast_answers_as_a_plain_call(mode):
     """A server wrapping requests in ``torch.autocast("cpu", dtype=torch.bfloat16)``: a static model
     on fbgemm raised torch's "Quantize only works on Float Tensor, got BFloat16", a dynamic one an
     InputMismatchError saying to pass .float() (the caller had). The int8 model computes in float32."""
-    model = _under_autocast(mode)
+    model = _int8_model(mode)
     x = torch.randn(3, 8, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         served = model(x)

@@ -44,6 +44,7 @@ from qplug_core.flows.regions import weight_name_of
 from qplug_core.flows.tags import EAGER_CONVERTED, EAGER_INPUT_REQUANTIZED, EAGER_STATE
 from qplug_core.kernels._common import activation_qparams
 from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
+from qplug_core.kernels.passthrough import unsupported_passthrough_ops
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.nn.computed_weights import without_computed_weights
 from qplug_core.observers import FakeQuantizeBase, ObserverBase
@@ -78,6 +79,23 @@ class RequantizedInput(nn.Module):
         # a cat of one tensor requantizes it as it lies (channels_last after a conv); the table's
         # dequantize + quantize make a contiguous float copy: 10x slower, measured
         return self.kernel(torch.ops.quantized.cat([x], 1, self.scale, self.zero_point))
+
+
+class DequantizedRun(nn.Module):
+    """Runs ``module`` on its quantized input dequantized, and requantizes the result to the input's
+    qparams: an unobserved op the engine lacks or gets wrong on quantized tensors (torch 2.13's
+    qnnpack relu6 / hardtanh / clamp on channels_last ones, where graph mode keeps the reference
+    form)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_quantized:
+            return self.module(x)
+        y = self.module(x.dequantize())
+        return torch.quantize_per_tensor(y, x.q_scale(), x.q_zero_point(), x.dtype)
 
 
 def _uncalibrated(model: nn.Module) -> list[str]:
@@ -134,6 +152,8 @@ class _Converter:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.kernels = backend.kernels
+        self.unsupported = tuple(op for op in unsupported_passthrough_ops(backend.engine)
+                                 if isinstance(op, type)) if backend.kernels else ()
 
     def _context(self, **fields: Any) -> KernelContext:
         return KernelContext(engine=self.backend.engine, **fields)
@@ -195,6 +215,8 @@ class _Converter:
         if isinstance(module, DeQuantStub):
             kept = "qconfig" in module.__dict__ and module.qconfig is None
             return None if kept else self.stub(module)
+        if isinstance(module, self.unsupported):
+            return DequantizedRun(module)
         if isinstance(module, (ObserverBase, FakeQuantizeBase)) or not isinstance(module._modules.get(OUTPUT_OBSERVER), (ObserverBase, FakeQuantizeBase)):
             return None  # not observed (qconfig None or not quantizable): keep, look inside
         if isinstance(module, QuantStub):
@@ -209,6 +231,8 @@ def _convert_children(parent: nn.Module, converter: _Converter) -> None:
         replacement = converter.swap(child)
         if replacement is None:
             _convert_children(child, converter)
+        elif isinstance(replacement, DequantizedRun):
+            setattr(parent, name, replacement)  # the wrapped module keeps its own hooks
         else:
             setattr(parent, name, _user_hooks(child, replacement).train(False))
 

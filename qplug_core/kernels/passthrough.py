@@ -47,9 +47,19 @@ _ENGINE_DEPENDENT: dict[str, tuple[object, ...]] = {
 def passthrough_ops(engine: str) -> tuple[object, ...]:
     """:data:`PASSTHROUGH_OPS` plus those ``engine`` gets right by probe (not on qnnpack: max_pool3d,
     and relu6 / hardtanh / clamp, wrong on channels_last tensors in torch 2.13)."""
+    return PASSTHROUGH_OPS + _engine_dependent(engine, supported=True)
+
+
+def unsupported_passthrough_ops(engine: str) -> tuple[object, ...]:
+    """The engine-dependent passthrough ops ``engine`` lacks or gets wrong: eager convert, which
+    leaves unobserved modules running on quantized tensors, runs these on dequantized values."""
+    return _engine_dependent(engine, supported=False)
+
+
+def _engine_dependent(engine: str, *, supported: bool) -> tuple[object, ...]:
     caps = engine_capabilities(engine)
-    extra = tuple(op for flag, ops in _ENGINE_DEPENDENT.items() if getattr(caps, flag) for op in ops)
-    return PASSTHROUGH_OPS + extra
+    return tuple(op for flag, ops in _ENGINE_DEPENDENT.items() if getattr(caps, flag) == supported
+                 for op in ops)
 
 
 #: the upsampling modes torch 2.13's quantized CPU tensors have kernels for, and the input ranks each

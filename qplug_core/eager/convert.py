@@ -25,13 +25,8 @@ from qplug_core.config import QConfig
 from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.eager.float_modules import guard_float_modules
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
-from qplug_core.eager.prepare import (
-    INPUT_OBSERVER,
-    OUTPUT_OBSERVER,
-    observe_input,
-    observe_output,
-    require_per_module_kernels,
-)
+from qplug_core.eager.input_observers import INPUT_OBSERVER, observe_input, without_input_observer
+from qplug_core.eager.prepare import OUTPUT_OBSERVER, observe_output, require_per_module_kernels
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import (
     ConfigValidationError,
@@ -128,12 +123,10 @@ def _clean_float(module: nn.Module) -> nn.Module:
     """A copy of an observed float module without its observers and qplug hooks."""
     clean = copy.copy(module)
     clean._modules = {k: v for k, v in module._modules.items() if k != OUTPUT_OBSERVER}
-    clean.__dict__.pop(INPUT_OBSERVER, None)
+    without_input_observer(clean)
     clean.__dict__.pop(EAGER_INPUT_REQUANTIZED, None)
     clean._forward_hooks = type(module._forward_hooks)(
         (k, h) for k, h in module._forward_hooks.items() if h is not observe_output)
-    clean._forward_pre_hooks = type(module._forward_pre_hooks)(
-        (k, h) for k, h in module._forward_pre_hooks.items() if h is not observe_input)
     clean.__dict__.pop("qconfig", None)
     return clean
 

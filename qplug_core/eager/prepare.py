@@ -11,11 +11,11 @@ pattern). Passthrough ops (relu, pooling, dropout) and fixed-qparams ops (sigmoi
 quantized tensors unobserved, as in torch.ao.
 
 Input qparams: eager mode does not know which module produced a module's input, so each observed
-module also gets an input observer (attribute ``activation_pre_process``, fed by a forward
-pre-hook, same observer kind as its output's; not a child module, so not in the state dict). When a module consumes another's output directly both see the same tensors
-and agree exactly; kernels use input qparams only to check the activation dtype and to guard the
-int32 bias against overflow (engines that quantize the bias). The backend's ``post_prepare`` rules
-tune these input observers too (:mod:`qplug_core.eager.backend_rules`).
+module also gets an input observer (:mod:`qplug_core.eager.input_observers`; the qconfig's
+activation observer, a fake quant in QAT). When a module consumes another's output directly both
+see the same tensors and agree exactly; kernels use input qparams only to check the activation
+dtype and to guard the int32 bias against overflow (engines that quantize the bias). The backend's
+``post_prepare`` rules tune these input observers too (:mod:`qplug_core.eager.backend_rules`).
 """
 
 from __future__ import annotations
@@ -32,39 +32,24 @@ from qplug_core.config.qconfig import check_optional_qconfig
 from qplug_core.config.qconfig_mapping import require_mapping
 from qplug_core.eager.backend_rules import apply_post_prepare_rules
 from qplug_core.eager.functional import FloatFunctional
+from qplug_core.eager.input_observers import INPUT_OBSERVER, attach_input_observer
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.eager.torch_ao_modules import adopt_torch_ao_modules
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.flows.checks import check_fake_quantizes, check_model
 from qplug_core.flows.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
-from qplug_core.flows.tags import EAGER_INPUT_REQUANTIZED, EAGER_STATE
+from qplug_core.flows.tags import EAGER_STATE
 from qplug_core.nn.computed_weights import without_computed_weights
 from qplug_core.observers import ObserverBase
 from qplug_core.registry.backends import Backend, resolve_backend
 
 OUTPUT_OBSERVER = "activation_post_process"
-INPUT_OBSERVER = "activation_pre_process"
 _UNSET = object()
 
 
 def observe_output(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
     """Forward hook: the output observer (identity) or fake quant (QAT) replaces the output."""
     return module.activation_post_process(output)
-
-
-def observe_input(module: nn.Module, args: tuple) -> tuple | None:
-    """Forward pre-hook: record the first input's range. The input is left unchanged, except in a
-    QAT model where a backend rule narrowed it: there it is fake-quantized to the narrowed qparams
-    convert will requantize it to."""
-    if not (args and isinstance(args[0], torch.Tensor)):
-        return None
-    module.activation_pre_process(args[0].detach())
-    if module.__dict__.get(EAGER_INPUT_REQUANTIZED) != "qat":
-        return None
-    qparams = module.activation_pre_process.qparams()
-    fake = torch.fake_quantize_per_tensor_affine(args[0], qparams.scale, qparams.zero_point.to(torch.int32),
-                                                 qparams.quant_min, qparams.quant_max)
-    return (fake, *args[1:])
 
 
 def resolve_qconfigs(model: nn.Module, mapping: QConfigMapping) -> dict[str, QConfig | None]:
@@ -112,27 +97,21 @@ def _is_observed_pattern(module: nn.Module, name: str, qconfig: QConfig, backend
         "(with a DeQuantStub/QuantStub around it)", field=name)
 
 
-def _observer(qconfig: QConfig, name: str, role: str, *, plain: bool) -> nn.Module:
+def _observer(qconfig: QConfig, name: str, role: str) -> nn.Module:
     observer = qconfig.activation()
-    if plain:  # input observers only record: use the fake quant's observer itself
-        observer = getattr(observer, "activation_post_process", observer)
     observer.name = f"{role} of module {name!r}"
     return observer
 
 
 def _attach(module: nn.Module, name: str, qconfig: QConfig, *, with_input: bool) -> None:
     module.qconfig = qconfig
-    module.add_module(OUTPUT_OBSERVER, _observer(qconfig, name, "output", plain=False))
+    module.add_module(OUTPUT_OBSERVER, _observer(qconfig, name, "output"))
     if isinstance(module, FloatFunctional):
         return  # its ops call activation_post_process themselves
     # prepended, as torch.ao does: a user's hook sees the module's output after it was observed
     module.register_forward_hook(observe_output, prepend=True)
     if with_input:
-        # a plain attribute, not a child: fused modules are nn.Sequentials, which would run a
-        # child observer on their *output* (the output observer runs there too, harmlessly,
-        # as in torch.ao: it is an identity)
-        module.__dict__[INPUT_OBSERVER] = _observer(qconfig, name, "input", plain=True)
-        module.register_forward_pre_hook(observe_input, prepend=True)
+        attach_input_observer(module, _observer(qconfig, name, "input"))
 
 
 def _plan(model: nn.Module, qconfigs: dict[str, QConfig | None], backend: Backend

@@ -195,13 +195,21 @@ class FixedQParamsFakeQuantize(FakeQuantize):
         self.zero_point.copy_(self.activation_post_process.zero_point)
 
 
+def hidden_fake_quants(mod: nn.Module) -> list[FakeQuantizeBase]:
+    """Fake quants ``mod`` holds as plain attributes rather than children (eager mode's input
+    observers, see :mod:`qplug_core.eager.input_observers`): ``model.apply`` does not visit them."""
+    return [value for value in vars(mod).values() if isinstance(value, FakeQuantizeBase)]
+
+
 def _toggle(method: str) -> Callable[[nn.Module], None]:
     def apply(mod: nn.Module) -> None:
-        if isinstance(mod, FakeQuantizeBase):
-            getattr(mod, method)()
+        for target in (mod, *hidden_fake_quants(mod)):
+            if isinstance(target, FakeQuantizeBase):
+                getattr(target, method)()
 
     apply.__name__ = method
-    apply.__doc__ = f"Call ``{method}()`` on ``mod`` if it is a fake-quant module (for ``model.apply``)."
+    apply.__doc__ = (f"Call ``{method}()`` on ``mod`` if it is a fake-quant module, and on the fake quants "
+                     "it holds as plain attributes (for ``model.apply``).")
     return apply
 
 

@@ -48,9 +48,12 @@ def check_float_module(cls: type, mod: nn.Module) -> None:
             f"got {got.__name__}", field="mod", value=got)
 
 
-def build_weight_fake_quant(qconfig: Any, like: torch.Tensor) -> nn.Module:
-    """``qconfig.weight()`` placed on the weight's device."""
+def build_weight_fake_quant(qconfig: Any, like: torch.Tensor, where: str = "weight") -> nn.Module:
+    """``qconfig.weight()`` placed on the weight's device; one with per-channel parameters
+    (``LearnableFakeQuantize.fit_channels``) sized to the weight's channels."""
     fake_quant = qconfig.weight()
+    if getattr(fake_quant, "is_per_channel", False) and hasattr(fake_quant, "fit_channels"):
+        fake_quant.fit_channels(like.shape[fake_quant.ch_axis], where)
     return fake_quant.to(like.device) if isinstance(fake_quant, nn.Module) else fake_quant
 
 
@@ -87,7 +90,7 @@ class QATModule:
 
     def _init_fake_quant(self, qconfig: Any) -> None:
         self.qconfig = resolve_qconfig(type(self), None, qconfig)
-        self.weight_fake_quant = build_weight_fake_quant(self.qconfig, self.weight)
+        self.weight_fake_quant = build_weight_fake_quant(self.qconfig, self.weight, type(self).__name__)
 
     @staticmethod
     def _root_args(root: nn.Module) -> dict[str, Any]:

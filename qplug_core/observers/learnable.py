@@ -53,6 +53,21 @@ class LearnableFakeQuantize(FakeQuantize):
         self.zero_point = nn.Parameter(torch.zeros(channel_len))
         self.use_grad_scaling = use_grad_scaling
 
+    def fit_channels(self, channels: int, where: str) -> LearnableFakeQuantize:
+        """Size a per-channel scale and zero point for ``channels`` channels: a QConfig cannot know
+        each layer's channel count, the QAT module holding the weight does (``where`` names it)."""
+        if not self.is_per_channel or self.scale.numel() == channels:
+            return self
+        if self.scale.numel() != 1:
+            raise ConfigValidationError(
+                f"{where}: a per-channel LearnableFakeQuantize with channel_len={self.scale.numel()} "
+                f"for a weight with {channels} channels along axis {self.ch_axis}; leave channel_len "
+                "at 1 (qplug sizes it per layer)", field="channel_len", value=self.scale.numel())
+        device = self.scale.device
+        self.scale = nn.Parameter(torch.ones(channels, device=device))
+        self.zero_point = nn.Parameter(torch.zeros(channels, device=device))
+        return self
+
     def enable_param_learning(self) -> LearnableFakeQuantize:
         """Train scale and zero point; stop following the observer."""
         self.disable_observer()

@@ -98,3 +98,40 @@ def test_qat_with_a_shared_pool_and_flatten_fake_quant_is_torch_ao_s():
     torch.manual_seed(0)
     prepared = _prepared()
     assert _train(prepared, 6) == _train(ao, 6)
+
+
+def test_a_per_channel_learnable_weight_fake_quant_is_sized_per_layer():
+    """(s26/qat F6) A QConfig cannot know each layer's channel count: a per-channel
+    ``LearnableFakeQuantize`` weight had one scale for 8 channels and the first forward raised
+    torch's "expanded size of the tensor (1) must match ... (8)"."""
+    from qplug_core.observers import (
+        LearnableFakeQuantize,
+        MovingAverageMinMaxObserver,
+        MovingAveragePerChannelMinMaxObserver,
+    )
+
+    weight = LearnableFakeQuantize.with_args(
+        observer=MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127,
+        dtype=torch.qint8, qscheme=torch.per_channel_symmetric, ch_axis=0)
+    activation = LearnableFakeQuantize.with_args(observer=MovingAverageMinMaxObserver, quant_min=0,
+                                                 quant_max=255, dtype=torch.quint8)
+    mapping = qp.QConfigMapping().set_global(qp.QConfig(activation=activation, weight=weight))
+    torch.manual_seed(0)
+    prepared = qp.prepare_qat_fx(ConvPoolNet(), mapping, (torch.randn(2, 1, 8, 8),), backend="fbgemm")
+    _train(prepared, 2)
+    prepared.apply(lambda m: m.enable_param_learning() if isinstance(m, LearnableFakeQuantize) else None)
+    _train(prepared, 2)
+    scale = prepared.conv.weight_fake_quant.scale
+    assert scale.shape == (8,) and scale.grad is not None and len(set(scale.tolist())) == 8
+
+
+def test_a_per_channel_learnable_weight_with_the_wrong_channel_len_is_refused_at_prepare():
+    from qplug_core.observers import LearnableFakeQuantize, MovingAveragePerChannelMinMaxObserver
+
+    weight = LearnableFakeQuantize.with_args(
+        observer=MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127, dtype=torch.qint8,
+        qscheme=torch.per_channel_symmetric, ch_axis=0, channel_len=4)
+    mapping = qp.get_default_qconfig_mapping("fbgemm", "qat")
+    mapping.set_global(qp.QConfig(activation=mapping.global_qconfig.activation, weight=weight))
+    with pytest.raises(qp.errors.ConfigValidationError, match="channel_len=4 for a weight with 8 channels"):
+        qp.prepare_qat_fx(ConvPoolNet(), mapping, (torch.randn(2, 1, 8, 8),), backend="fbgemm")

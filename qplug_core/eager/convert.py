@@ -37,6 +37,7 @@ from qplug_core.errors import (
 )
 from qplug_core.flows.regions import weight_name_of
 from qplug_core.flows.tags import EAGER_CONVERTED, EAGER_INPUT_REQUANTIZED, EAGER_STATE
+from qplug_core.flows.untrained import unwatch
 from qplug_core.kernels._common import activation_qparams
 from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
 from qplug_core.kernels.passthrough import unsupported_passthrough_ops
@@ -269,6 +270,7 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
             "the qconfig of the unused modules to None.", nodes=missing)
     model, inplace = without_computed_weights(model, inplace=inplace)  # QAT trained them: materialise
     model = model if inplace else copy.deepcopy(model)
+    unwatch(model)
     _convert_children(model, _Converter(chosen))
     if chosen.kernels:
         guard_float_modules(model, chosen.name)

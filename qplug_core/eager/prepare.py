@@ -39,6 +39,7 @@ from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.flows.checks import check_fake_quantizes, check_model
 from qplug_core.flows.regions import QUANTIZED_DTYPES, dtype_config_problems, weight_name_of
 from qplug_core.flows.tags import EAGER_STATE
+from qplug_core.flows.untrained import watch_untrained
 from qplug_core.nn.computed_weights import without_computed_weights
 from qplug_core.observers import ObserverBase
 from qplug_core.registry.backends import Backend, resolve_backend
@@ -177,6 +178,8 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
     apply_post_prepare_rules([(module, module.__dict__[INPUT_OBSERVER]) for module in model.modules()
                               if INPUT_OBSERVER in module.__dict__], chosen, mode)
     setattr(model, EAGER_STATE, {"backend": chosen.name, "mode": mode})
+    if is_qat:
+        watch_untrained(model)
     return model.train(is_qat)
 
 

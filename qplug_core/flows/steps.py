@@ -51,6 +51,7 @@ from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.tags import CAPTURE, REPORT, STATE, ValueAnnotator
+from qplug_core.flows.untrained import unwatch, watch_untrained
 from qplug_core.ir.copying import deepcopy_sharing
 from qplug_core.nn.computed_weights import copy_model
 from qplug_core.nn.copying import detach_from
@@ -190,6 +191,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     guard_exported_inputs(gm)  # a calibration batch export cannot run refused, not run as the example
     guard_input_dtypes(gm, kinds_only=True)  # a float mask for a bool one refused naming the batch
     if is_qat:
+        watch_untrained(gm)
         gm.train()
     return gm
 
@@ -326,6 +328,7 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
     shared = [] if inplace or before else rounded_weights(observed)
     with gc_paused():
         gm = observed if inplace else deepcopy_sharing(observed, shared)
+    unwatch(gm)
 
     def convert(graph_module: fx.GraphModule) -> None:
         convert_graph(graph_module, allow_uncalibrated=allow_uncalibrated)

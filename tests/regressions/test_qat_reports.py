@@ -135,3 +135,33 @@ def test_a_per_channel_learnable_weight_with_the_wrong_channel_len_is_refused_at
     mapping.set_global(qp.QConfig(activation=mapping.global_qconfig.activation, weight=weight))
     with pytest.raises(qp.errors.ConfigValidationError, match="channel_len=4 for a weight with 8 channels"):
         qp.prepare_qat_fx(ConvPoolNet(), mapping, (torch.randn(2, 1, 8, 8),), backend="fbgemm")
+
+
+def _steps(prepared: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(prepared(torch.randn(4, 1, 8, 8)), torch.randint(0, 10, (4,))).backward()
+        optimizer.step()
+
+
+def test_an_optimizer_built_on_the_float_model_before_prepare_qat_is_named_once(recwarn):
+    """(s26/qat F3) torch.ao's prepare_qat_fx reused the float model's parameters; qplug's copy
+    does not, so the torch.ao habit trained nothing, silently."""
+    torch.manual_seed(0)
+    model = ConvPoolNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    prepared = qp.prepare_qat_fx(model, None, (torch.randn(2, 1, 8, 8),), backend="fbgemm")
+    _steps(prepared, optimizer, 30)
+    warned = [str(w.message) for w in recwarn if "none of them changed" in str(w.message)]
+    assert len(warned) == 1 and "build the optimizer on the returned model" in warned[0]
+
+
+@pytest.mark.parametrize("flow", ["graph", "eager"])
+def test_an_optimizer_on_the_qat_model_trains_without_that_warning(recwarn, flow):
+    torch.manual_seed(0)
+    if flow == "graph":
+        prepared = _prepared()
+    else:
+        prepared = qp.eager.prepare_qat(qp.eager.QuantWrapper(ConvPoolNet()), backend="fbgemm")
+    _steps(prepared, torch.optim.SGD(prepared.parameters(), lr=0.05), 30)
+    assert [w for w in recwarn if "none of them changed" in str(w.message)] == []

@@ -25,32 +25,38 @@ from qplug_fbgemm.passes import REDUCED_QUANT_MAX, is_depthwise
 INT16_MAX = 32767
 
 
-def refusing_saturating_depthwise(table: dict[Any, KernelSpec]) -> dict[Any, KernelSpec]:
-    """``table`` with every built kernel first checking :func:`check_depthwise_pairs`."""
-    return {pattern: spec if spec.build is None else dataclasses.replace(spec, build=_checked(spec.build))
+def with_context_step(table: dict[Any, KernelSpec],
+                      step: Callable[[KernelContext], KernelContext]) -> dict[Any, KernelSpec]:
+    """``table`` with every build first passing its context through ``step`` (which may refuse it)."""
+    return {pattern: spec if spec.build is None else dataclasses.replace(spec, build=_stepped(spec.build, step))
             for pattern, spec in table.items()}
 
 
-def _checked(build: Callable[[KernelContext], nn.Module]) -> Callable[[KernelContext], nn.Module]:
-    def checked_build(ctx: KernelContext) -> nn.Module:
-        check_depthwise_pairs(ctx)
-        return build(ctx)
-    return checked_build
+def _stepped(build: Callable[[KernelContext], nn.Module],
+             step: Callable[[KernelContext], KernelContext]) -> Callable[[KernelContext], nn.Module]:
+    def stepped_build(ctx: KernelContext) -> nn.Module:
+        return build(step(ctx))
+    return stepped_build
 
 
-def check_depthwise_pairs(ctx: KernelContext) -> None:
-    """Raise :class:`ConstraintViolationError` where ``ctx`` is a depthwise conv whose input and
+def refusing_saturating_depthwise(table: dict[Any, KernelSpec]) -> dict[Any, KernelSpec]:
+    """``table`` with every built kernel first checking :func:`check_depthwise_pairs`."""
+    return with_context_step(table, check_depthwise_pairs)
+
+
+def check_depthwise_pairs(ctx: KernelContext) -> KernelContext:
+    """``ctx``; raise :class:`ConstraintViolationError` where it is a depthwise conv whose input and
     weight integers can make a pair of products leave int16."""
     if ctx.module is None or not ctx.input_qparams or not is_depthwise(ctx.module):
-        return
+        return ctx
     activation, weight = ctx.input_qparams[0], ctx.weight_qparams
     if weight is None or activation.is_dynamic:
-        return
+        return ctx
     if (activation.dtype, weight.dtype) != (torch.quint8, torch.qint8):  # u8 x s8: what the kernel sums
-        return
+        return ctx
     input_max, weight_max = activation.quant_max, max(-weight.quant_min, weight.quant_max)
     if 2 * input_max * weight_max <= INT16_MAX:
-        return
+        return ctx
     raise ConstraintViolationError(
         f"fbgemm's depthwise convs add pairs of u8 x s8 products in int16, clipped at {INT16_MAX:,} on every "
         f"CPU, and this one's input integers reach {input_max} and its weight integers {weight_max}: a pair "

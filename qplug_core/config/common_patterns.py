@@ -218,6 +218,11 @@ _SHARE_QPARAMS_OPS: tuple[Any, ...] = (
     # unchanged on quantized tensors, so leaving them out would break int8 chains for nothing
     nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.Flatten, "flatten", torch.relu,
     torch.clip, "clip",  # clamp's alias: left out, it was a float island between two int8 layers
+    # a causal conv's zero padding and a TCN's chomp: the pad value 0 quantizes to the zero point
+    # exactly (torch pads a quantized tensor with it); only constant-zero pads and basic slices of
+    # a tensor match (flows/exact_share.py), others stay float with the reason
+    F.pad, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d,
+    nn.ZeroPad3d, operator.getitem,
 )
 """Ops that work on quantized tensors without changing their qparams (pooling, reshapes, relu)."""
 

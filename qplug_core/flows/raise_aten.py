@@ -19,6 +19,7 @@ constant first.
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +53,7 @@ _FUNCTIONS: dict[Any, Callable] = {
     aten.mean.dim: torch.mean, aten.clamp.default: torch.clamp, aten.clip.default: torch.clip,
     aten.unsqueeze.default: torch.unsqueeze, aten.squeeze.dim: torch.squeeze,
     aten.pixel_shuffle.default: F.pixel_shuffle, aten.elu.default: F.elu,
-    aten.relu6.default: F.relu6, aten.narrow.default: torch.narrow,
+    aten.relu6.default: F.relu6, aten.narrow.default: torch.narrow, aten.pad.default: F.pad,
 }
 #: ATen upsample op -> the ``F.interpolate`` mode computing it: the modes fbgemm's and qnnpack's
 #: kernels run on int8 tensors (torch has no quantized 1-d nearest, linear, bicubic or trilinear)
@@ -213,6 +214,8 @@ class _Raiser:
                 node.target = _FUNCTIONS[node.target]
             elif (interpolation := _as_interpolate(node)) is not None:
                 node.target, node.args, node.kwargs = F.interpolate, (node.args[0],), interpolation
+            elif (index := _as_index(node)) is not None:
+                node.target, node.args, node.kwargs = operator.getitem, (node.args[0], index), {}
             elif node.target in _METHODS:
                 node.op, node.target = "call_method", _METHODS[node.target]
 
@@ -454,6 +457,19 @@ def _as_interpolate(node: fx.Node) -> dict[str, Any] | None:
                                      *(v for k, v in node.kwargs.items() if k.startswith("scales")))):
         return None
     return {"size": _arg(node, 1, "output_size"), "scale_factor": scales, "mode": mode, **corners}
+
+
+def _as_index(node: fx.Node) -> tuple | None:
+    """The index ``x[...]`` with which Python writes ``aten.slice.Tensor`` ``node`` (a TCN's chomp
+    ``x[..., :-pad]``), so the shared pattern set's ``getitem`` matches it, or None."""
+    if node.target is not aten.slice.Tensor:
+        return None
+    dim, start, end, step = (_arg(node, i, name, default) for i, name, default in
+                             ((1, "dim", 0), (2, "start", None), (3, "end", None), (4, "step", 1)))
+    if not isinstance(dim, int):
+        return None
+    cut = slice(start, None if end == sys.maxsize else end, None if step == 1 else step)
+    return (slice(None),) * dim + (cut,) if dim >= 0 else (Ellipsis, cut) + (slice(None),) * (-dim - 1)
 
 
 def _plain_kwargs(node: fx.Node) -> bool:

@@ -24,6 +24,7 @@ from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapp
 from qplug_core.config.defaults import FLOAT_IN_STATIC, FLOAT_IN_STATIC_REASON
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, spelled, warn_user
 from qplug_core.flows.checks import mapping_qconfigs
+from qplug_core.flows.exact_share import inexact_share_reason
 from qplug_core.flows.report import NO_PATTERN
 from qplug_core.flows.tags import CALLED_AS, VALUE_KIND
 from qplug_core.ir import module_stack
@@ -251,6 +252,11 @@ class RegionPlanner:
             region.reason = (f"its output is not a float tensor "
                              f"({region.anchor.meta.get(VALUE_KIND)}), so there is nothing to quantize")
             return
+        if region.observation_type == ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT:
+            inexact = inexact_share_reason(region.anchor, self.modules)
+            if inexact is not None:
+                region.reason = inexact
+                return
         problems_by_config = []
         for dtype_config in region.config.dtype_configs:
             key = (id(region.qconfig), id(dtype_config), region.weighted)

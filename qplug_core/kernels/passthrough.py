@@ -9,6 +9,7 @@ their calls (upsampling: :data:`PASSTHROUGH_CHECKS`); the others keep the refere
 from __future__ import annotations
 
 import inspect
+import operator
 from typing import Callable
 
 import torch
@@ -18,6 +19,11 @@ from torch import nn
 from qplug_core.errors import ConstraintViolationError
 from qplug_core.kernels.base import KernelContext
 from qplug_core.kernels.capabilities import engine_capabilities
+
+#: zero padding (planning lets constant-zero pads only, ``flows/exact_share.py``): torch pads a
+#: quantized tensor with its zero point, the exact int8 image of 0
+_PADS = (F.pad, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d,
+         nn.ZeroPad3d)
 
 PASSTHROUGH_OPS: tuple[object, ...] = (
     # pooling (max pooling and averaging keep the input's qparams)
@@ -30,10 +36,11 @@ PASSTHROUGH_OPS: tuple[object, ...] = (
     torch.flatten, nn.Flatten, "flatten", "reshape", "view", "permute", "transpose", "contiguous",
     torch.reshape, torch.permute, torch.transpose, torch.squeeze, torch.unsqueeze,
     "squeeze", "unsqueeze", torch.chunk, torch.split, "chunk", "split", torch.narrow, "narrow",
-    "repeat", "expand", F.pixel_shuffle, nn.PixelShuffle,
+    "repeat", "expand", F.pixel_shuffle, nn.PixelShuffle, operator.getitem,
     F.interpolate, nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d,  # some modes only
     # clipping activations (exact on the integer grid)
     F.relu, torch.relu, nn.ReLU, "relu", F.dropout, nn.Dropout, nn.Identity,
+    *_PADS,
 )
 
 #: passthrough ops some engines lack or get wrong (they run under the model's pinned engine):
@@ -94,7 +101,17 @@ def check_upsampling(ctx: KernelContext) -> None:
             "a quantize")
 
 
+def check_padding(ctx: KernelContext) -> None:
+    """Refuse a pad of a 5-D input: a conv3d's int8 output is channels-last 3-D, and torch 2.13's
+    quantized pad copies contiguous and channels-last 4-D tensors only (it raised RuntimeError)."""
+    if ctx.input_shapes and len(ctx.input_shapes[0]) >= 5:
+        raise ConstraintViolationError(
+            "padding a 5-D int8 tensor raises in torch (its quantized copy takes contiguous and "
+            "channels-last 4-D tensors only), so it runs in float between a dequantize and a quantize")
+
+
 #: passthrough ops that run only some of their calls -> the check refusing the others (KernelSpec.check)
 PASSTHROUGH_CHECKS: dict[object, Callable[[KernelContext], None]] = {
     F.interpolate: check_upsampling, nn.Upsample: check_upsampling,
+    **{pad: check_padding for pad in _PADS},
 }

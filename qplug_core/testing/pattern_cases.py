@@ -197,6 +197,9 @@ _MODULE_DIMS: dict[type, int] = {
     nn.AvgPool1d: 3, nn.AvgPool2d: 4, nn.AvgPool3d: 5,
     nn.MaxPool1d: 3, nn.MaxPool2d: 4, nn.MaxPool3d: 5,
     nn.Upsample: 4, nn.UpsamplingNearest2d: 4, nn.UpsamplingBilinear2d: 4, nn.Flatten: 4,
+    # 3-d pads on 4-D inputs: torch cannot pad a conv3d's channels-last 5-D int8 output (check_padding)
+    nn.ConstantPad1d: 3, nn.ConstantPad2d: 4, nn.ConstantPad3d: 4, nn.ZeroPad1d: 3, nn.ZeroPad2d: 4,
+    nn.ZeroPad3d: 4,
 }
 _MODULE_FACTORIES: dict[type, Callable[[], nn.Module]] = {
     **{_CONV[d]: (lambda d=d: _CONV[d](C, C, 3, padding=1)) for d in _CONV},
@@ -222,6 +225,9 @@ _MODULE_FACTORIES: dict[type, Callable[[], nn.Module]] = {
     nn.UpsamplingNearest2d: lambda: nn.UpsamplingNearest2d(scale_factor=2),
     nn.UpsamplingBilinear2d: lambda: nn.UpsamplingBilinear2d(scale_factor=2),
     nn.Flatten: lambda: nn.Flatten(2),
+    nn.ConstantPad1d: lambda: nn.ConstantPad1d((2, 0), 0.0), nn.ConstantPad2d: lambda: nn.ConstantPad2d(1, 0.0),
+    nn.ConstantPad3d: lambda: nn.ConstantPad3d(1, 0.0), nn.ZeroPad1d: lambda: nn.ZeroPad1d((2, 0)),
+    nn.ZeroPad2d: lambda: nn.ZeroPad2d(1), nn.ZeroPad3d: lambda: nn.ZeroPad3d(1),
 }
 _RNN = {nn.LSTM: lambda: nn.LSTM(8, 8, batch_first=True), nn.GRU: lambda: nn.GRU(8, 8, batch_first=True),
         nn.LSTMCell: lambda: nn.LSTMCell(8, 8), nn.GRUCell: lambda: nn.GRUCell(8, 8),
@@ -272,6 +278,8 @@ _FUNCTION_STEPS: dict[Any, tuple[Callable, int | None]] = {
     torch.squeeze: (lambda b, x: torch.squeeze(x, 2), "squeezable"),
     torch.unsqueeze: (lambda b, x: torch.unsqueeze(x, 2), 3),
     operator.floordiv: (lambda b, x: x // 2, None),
+    F.pad: (lambda b, x: F.pad(x, (2, 0)), None),
+    operator.getitem: (lambda b, x: x[..., :-1], None),
     **{f: ((lambda b, x, f=f: f(x, b.conv_weight, b.conv_bias, padding=1)), d + 2)
        for f, d in {**_FUNC_CONV, **_FUNC_CONVT}.items()},
     F.linear: (lambda b, x: F.linear(x, b.linear_weight, b.linear_bias), 2),

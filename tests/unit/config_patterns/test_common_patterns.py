@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from qplug_core.errors import ConfigValidationError
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat
 
-EXPECTED_TOTAL = 234
+EXPECTED_TOTAL = 242
 _CONVS = [(nni.CONV_BY_DIM[d], nni.BN_BY_DIM[d], getattr(F, f"conv{d}d")) for d in (1, 2, 3)]
 OUR_EXTRAS = {  # deliberate additions over torch.ao (complex format): torch.relu and x.relu()
     # after linears, convs and batch norms as after nn.ReLU / F.relu; ops that run on int8 as is
@@ -30,6 +31,10 @@ OUR_EXTRAS = {  # deliberate additions over torch.ao (complex format): torch.rel
     *((relu, (nn.BatchNorm1d, nn.Linear)) for relu in common.RELU_FORMS), nni.LinearBnReLU1d, qat.LinearBnReLU1d,
     nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.Flatten, "flatten", torch.relu,
     torch.clip, "clip",  # clamp's alias: share qparams as clamp does
+    # a causal conv's zero padding and a TCN's chomp slice: float islands between int8 convs
+    # (constant-zero pads and basic slices only: flows/exact_share.py)
+    F.pad, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d,
+    nn.ZeroPad3d, operator.getitem,
 }
 
 
@@ -90,7 +95,7 @@ CATEGORIES = [  # (our builder, torch.ao builder name, expected number of our co
     (lambda d: [common.cat_config(d)], "_get_cat_config", 1),
     (common.default_op_configs, "_get_default_op_configs", 14),
     (common.fixed_qparams_op_configs, "_get_fixed_qparams_op_configs", 13),
-    (common.share_qparams_op_configs, "_get_share_qparams_op_configs", 67),
+    (common.share_qparams_op_configs, "_get_share_qparams_op_configs", 75),
     (common.tensor_info_op_configs, "_get_tensor_info_op_configs", 2),
     (common.bn_configs, "_get_bn_configs", 12),
     (common.ln_configs, "_get_ln_configs", 2),

@@ -77,11 +77,27 @@ class _Binary(KernelModule):
     def forward(self, a: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         with forward_quiet():
             if self.scalar is None:  # ``b`` is None when both operands are the same tensor
-                return type(self)._tensor_op(a, a if b is None else b, self.scale, self.zero_point)
+                return self._on_fast_layout(a, a if b is None else b)
             y = type(self)._scalar_op(a, self.scalar)
             if y.q_scale() == self.scale and y.q_zero_point() == self.zero_point:
                 return y
             return torch.quantize_per_tensor(y.dequantize(), self.scale, self.zero_point, self.dtype)
+
+    def _on_fast_layout(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """The op on operands in a layout torch's kernels run fast: contiguous, or 4-D channels-last.
+
+        A quantized Conv1d returns its 2-D conv's channels-last result squeezed to 3-D (strides
+        (C*L, 1, C)), the layout the next conv reads fastest; torch's add of such tensors took a
+        strided path 20x slower (847 vs 44 us at 64 x 2000). Viewed as 4-D channels-last they run
+        the fast kernel; any other non-contiguous operand (a slice) is copied contiguous first.
+        """
+        op = type(self)._tensor_op
+        if a.dim() == 3 and b.dim() == 3:
+            a4, b4 = a.unsqueeze(2), b.unsqueeze(2)
+            if a4.is_contiguous(memory_format=torch.channels_last) \
+                    and b4.is_contiguous(memory_format=torch.channels_last):
+                return op(a4, b4, self.scale, self.zero_point).squeeze(2)
+        return op(a.contiguous(), b.contiguous(), self.scale, self.zero_point)
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}, zero_point={self.zero_point}, scalar={self.scalar}"

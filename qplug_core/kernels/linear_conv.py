@@ -274,12 +274,6 @@ class Conv1d(_ConvNd):
 
     _float_type, _dim, _op_flag = nn.Conv1d, 1, "conv1d"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # the op runs as a 2-D conv and returns its channels-last result squeezed to 3-D (strides
-        # (C*L, 1, C)); torch's quantized add and dequantize take a strided path on that layout,
-        # 20x and 8x slower than on a contiguous tensor, so one copy here (~20 us at 64 x 2000) pays
-        return super().forward(x).contiguous()
-
 
 class Conv2d(_ConvNd):
     """``nn.Conv2d`` (+ReLU) -> quantized.conv2d / conv2d_relu."""

@@ -76,6 +76,28 @@ def test_binary_tensor_tensor(engine, kernel_cls, reference, shape, dtype, seed)
     run(kernel_cls, ctx, reference, (a, b), engine)
 
 
+def _conv1d_layout(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a quantized Conv1d returns it: its 2-D conv's channels-last result squeezed to 3-D."""
+    return x.unsqueeze(2).contiguous(memory_format=torch.channels_last).squeeze(2)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("kernel_cls,reference", BINARY)
+@pytest.mark.parametrize("layouts", ["conv1d outputs", "conv1d output and its slice"])
+def test_binary_on_conv1d_layouts_equals_the_reference_in_the_same_layout(engine, kernel_cls, reference, layouts):
+    """Two conv1d outputs go to torch's fast 4-D channels-last kernel (the 3-D strided one was 20x
+    slower), a sliced operand is copied contiguous; values equal the reference, the 3-D shape stays."""
+    a = _conv1d_layout(activation((2, 8, 40), 1))
+    b = _conv1d_layout(activation((2, 8, 42 if "slice" in layouts else 40), 2, scale=0.02))
+    if "slice" in layouts:
+        b = b[..., :-2]
+    assert not a.is_contiguous() and not b.is_contiguous()
+    ctx = KernelContext(pattern="p", module=None, target=torch.add, args=(TensorArg(0), TensorArg(1)),
+                        input_qparams=(qparams(a.q_scale(), a.q_zero_point()),
+                                       qparams(b.q_scale(), b.q_zero_point())))
+    run(kernel_cls, ctx, reference, (a, b), engine)
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("kernel_cls,reference", BINARY)
 @CI

@@ -241,21 +241,3 @@ def test_constraint_refusals():
         Linear.from_context(KernelContext(**{**base, "weight_qparams": bad_len},
                                           module=nn.Linear(2, 3), engine="fbgemm"))
 
-
-@pytest.mark.parametrize("engine", ENGINES)
-def test_conv1d_returns_a_contiguous_tensor_equal_to_the_reference(engine):
-    """The op's result is a squeezed channels-last 2-D conv (strides (C*L, 1, C)), on which torch's
-    quantized add and dequantize run 20x / 8x slower: the kernel hands on a contiguous copy."""
-    conv = nn.Conv1d(8, 16, 3, padding=2, dilation=2)
-    gen = torch.Generator().manual_seed(5)
-    x = random_activation((2, 8, 40), IN_SCALE, IN_ZP, gen)
-    wqp = weight_qparams(conv.weight.detach(), True)
-    expected = F.conv1d(x.dequantize(), fake_quant_weight(conv.weight.detach(), wqp),
-                        conv.bias.detach(), padding=2, dilation=2)
-    ctx = KernelContext(pattern="p", module=conv, target=None, args=(TensorArg(0),),
-                        input_qparams=(qparams(IN_SCALE, IN_ZP),),
-                        output_qparams=output_qparams_covering(expected), weight_qparams=wqp,
-                        engine=engine)
-    out = Conv1d.from_context(ctx)(x)
-    assert out.is_contiguous()
-    assert lsb_diff(out, expected).max().item() <= 1

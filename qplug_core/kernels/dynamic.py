@@ -10,7 +10,7 @@ sum u8 x s8 pairs in int16 (x86 without VNNI, ``kernels/arithmetic.py``), full 8
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -56,6 +56,35 @@ def _check_kernel_input(x: torch.Tensor, kernel: str) -> None:
         raise InputMismatchError(f"int8 {kernel} takes float32 inputs, got {str(x.dtype).removeprefix('torch.')} "
                                  f"of shape {tuple(x.shape)}: pass it .float()")
     refuse_nonfinite_input(x, f"int8 {kernel}", x.detach().sum())
+
+
+class IntegerWeight(NamedTuple):
+    """One int8 weight matrix as plain tensors: what ``qp.save`` writes of a dynamic layer."""
+
+    int8: torch.Tensor
+    scales: torch.Tensor  # float64, one per output channel or one
+    zero_points: torch.Tensor  # int64, shaped like scales
+    per_channel: bool
+
+    def dequantized(self) -> torch.Tensor:
+        """The float weight on its int8 grid: quantizing it with :meth:`qparams` gives ``int8`` back."""
+        shape = (-1, 1) if self.per_channel else ()
+        return (self.int8.double() - self.zero_points.reshape(shape)) * self.scales.reshape(shape)
+
+    def qparams(self) -> QParams:
+        return QParams(self.scales, self.zero_points, torch.qint8, -128, 127,
+                       axis=0 if self.per_channel else None, is_dynamic=True)
+
+
+def unpack_integer(packed: object) -> IntegerWeight:
+    """The int8 weight of a packed qint8 linear weight."""
+    with quiet_quantized_dtypes():
+        weight, _ = _Q.linear_unpack(packed)
+        if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            return IntegerWeight(weight.int_repr(), weight.q_per_channel_scales().double(),
+                                 weight.q_per_channel_zero_points().long(), True)
+        return IntegerWeight(weight.int_repr(), torch.tensor(weight.q_scale(), dtype=torch.float64),
+                             torch.tensor(weight.q_zero_point(), dtype=torch.long), False)
 
 
 class DynamicKernel(PackedStateModule):
@@ -127,6 +156,11 @@ class DynamicKernel(PackedStateModule):
     def _build(self, mod: nn.Module, per_channel: bool, weight_qparams: dict[str, QParams]) -> None:
         raise NotImplementedError
 
+    def _check_int8(self) -> None:
+        if self.dtype != torch.qint8:
+            raise ConfigValidationError(f"{type(self).__name__} holds {self.dtype} weights, not int8 ones",
+                                        field="dtype", value=self.dtype)
+
     def extra_repr(self) -> str:
         return f"dtype={self.dtype}, engine={self.engine!r}, reduce_range={self.reduce_range}"
 
@@ -166,35 +200,23 @@ class DynamicLinear(DynamicKernel):
                 weight = weight.dequantize()
         return weight.float(), None if bias is None else bias.float()
 
-    def integer_weight(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-        """(int8 weight ``[out, in]``, float64 scales, int64 zero points, per channel) of a qint8
-        kernel: what ``qp.save`` writes and :meth:`from_integer` rebuilds the same kernel from."""
-        if self.dtype != torch.qint8:
-            raise ConfigValidationError(f"{type(self).__name__} holds {self.dtype} weights, not int8 ones",
-                                        field="dtype", value=self.dtype)
-        with quiet_quantized_dtypes():
-            weight, _ = _Q.linear_unpack(self._packed)
-            if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-                return (weight.int_repr(), weight.q_per_channel_scales().double(),
-                        weight.q_per_channel_zero_points().long(), True)
-            return (weight.int_repr(), torch.tensor(weight.q_scale(), dtype=torch.float64),
-                    torch.tensor(weight.q_zero_point(), dtype=torch.long), False)
+    def integer_weight(self) -> IntegerWeight:
+        """The int8 weight ``[out, in]`` of a qint8 kernel with its scales: what ``qp.save``
+        writes and :meth:`from_integer` rebuilds the same kernel from."""
+        self._check_int8()
+        return unpack_integer(self._packed)
 
     @classmethod
-    def from_integer(cls, weight_int8: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
-                     bias: torch.Tensor | None, *, per_channel: bool, engine: str,
+    def from_integer(cls, weight: IntegerWeight, bias: torch.Tensor | None, *, engine: str,
                      reduce_range: bool) -> DynamicLinear:
         """The kernel :meth:`integer_weight` came from (its integers are reproduced exactly)."""
-        shape = (-1, 1) if per_channel else ()
-        linear = nn.Linear(weight_int8.shape[1], weight_int8.shape[0], bias=bias is not None)
+        linear = nn.Linear(weight.int8.shape[1], weight.int8.shape[0], bias=bias is not None)
         with torch.no_grad():
-            linear.weight.copy_((weight_int8.double() - zero_points.reshape(shape)) * scales.reshape(shape))
+            linear.weight.copy_(weight.dequantized())
             if bias is not None:
                 linear.bias.copy_(bias)
-        qparams = QParams(scales, zero_points, torch.qint8, -128, 127, axis=0 if per_channel else None,
-                          is_dynamic=True)
-        kernel = cls.from_float(linear, dtype=torch.qint8, engine=engine, per_channel=per_channel,
-                                reduce_range=reduce_range, weight_qparams=qparams)
+        kernel = cls.from_float(linear, dtype=torch.qint8, engine=engine, per_channel=weight.per_channel,
+                                reduce_range=reduce_range, weight_qparams=weight.qparams())
         return kernel  # type: ignore[return-value]
 
     @property
@@ -254,7 +276,7 @@ class _DynamicRNN(DynamicKernel):
                                            f"torch.quantized_lstm", field="proj_size")
         self.num_layers, self.hidden_size, self.input_size = mod.num_layers, mod.hidden_size, mod.input_size
         self.bidirectional, self.batch_first = mod.bidirectional, mod.batch_first
-        params = []
+        params, self._packed_by_name = [], {}
         for layer in range(mod.num_layers):
             for suffix in ("", "_reverse")[: 2 if mod.bidirectional else 1]:
                 names = [f"{kind}_{part}_l{layer}{suffix}" for kind in ("weight", "bias")
@@ -263,12 +285,41 @@ class _DynamicRNN(DynamicKernel):
                 b_ih, b_hh = (_bias(mod, n, w_ih.shape[0]) for n in names[2:])
                 p_ih = self._pack(w_ih, b_ih, per_channel, weight_qparams.get(names[0]))
                 p_hh = self._pack(w_hh, b_hh, per_channel, weight_qparams.get(names[1]))
+                self._packed_by_name.update({names[0]: p_ih, names[1]: p_hh})
                 if self.dtype == torch.float16:
                     params.append(_Q.make_quantized_cell_params_fp16(p_ih, p_hh))
                 else:
                     params.append(_Q.make_quantized_cell_params_dynamic(p_ih, p_hh, b_ih, b_hh,
                                                                         self.reduce_range))
         self._params = params
+
+    #: the float layer's options a saved kernel records (``qp.load`` checks the model's against them)
+    OPTIONS = ("input_size", "hidden_size", "num_layers", "bidirectional", "batch_first")
+
+    def integer_weights(self) -> dict[str, tuple[IntegerWeight, torch.Tensor]]:
+        """Each int8 weight matrix and the float bias packed with it, by the float layer's names
+        (``weight_ih_l0``: ...; a bias-free layer's biases are zeros): what ``qp.save`` writes and
+        :meth:`from_integer` rebuilds the same kernel from."""
+        self._check_int8()
+        with quiet_quantized_dtypes():
+            return {name: (unpack_integer(packed), _Q.linear_unpack(packed)[1].float())
+                    for name, packed in self._packed_by_name.items()}
+
+    @classmethod
+    def from_integer(cls, options: Mapping[str, int | bool], weights: Mapping[str, tuple[IntegerWeight, torch.Tensor]],
+                     *, engine: str, reduce_range: bool) -> _DynamicRNN:
+        """The kernel :meth:`integer_weights` came from (its integers are reproduced exactly), for
+        a float layer of ``options`` (:data:`OPTIONS`)."""
+        mod = cast("type[nn.Module]", cls._float_type)(**options)
+        per_channel = any(weight.per_channel for weight, _ in weights.values())
+        with torch.no_grad():
+            for name, (weight, bias) in weights.items():
+                getattr(mod, name).copy_(weight.dequantized())
+                getattr(mod, name.replace("weight", "bias", 1)).copy_(bias)
+        kernel = cls.from_float(mod, dtype=torch.qint8, engine=engine, per_channel=per_channel,
+                                reduce_range=reduce_range,
+                                weight_qparams={name: weight.qparams() for name, (weight, _) in weights.items()})
+        return kernel  # type: ignore[return-value]
 
     def _recur(self, data: torch.Tensor, batch_sizes: torch.Tensor | None, states: tuple[torch.Tensor, ...]
                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:

@@ -1,10 +1,11 @@
 """Models quantized by module swap in and out of one ``.safetensors`` file: ``qp.quantize_weights``
 (weight-only), ``qp.quantize_w8a8`` and ``qp.quantize_dynamic`` models whose dynamic layers are
-int8 linears.
+int8 linears, LSTMs or GRUs.
 
 The file holds plain tensors (each quantized layer's own: ``qweight`` / ``scales`` /
 ``zero_points`` / ``input_scale`` for weight-only layers, ``weight_int8`` / ``weight_scale`` for
-int8 ones, and ``bias``; the rest of the model's float state under its ``state_dict`` keys, which
+int8 ones, and ``bias``; an int8 LSTM / GRU's per weight matrix, ``weight_ih_l0.weight_int8``
+...; the rest of the model's float state under its ``state_dict`` keys, which
 includes the norms SmoothQuant folded its scales into) and a JSON document listing the quantized
 layers by module name, kind and shape, and what made them. No code and no class name is stored:
 the model is rebuilt by the user (their own class, from its config) and passed to
@@ -32,8 +33,9 @@ from qplug_core.flows.checks import check_float32
 from qplug_core.ir.autocast_off import compute_in_float32
 from qplug_core.ir.tracing import reading_state_dict
 from qplug_core.kernels.cpu import cpu_int8
-from qplug_core.kernels.dynamic import DynamicLinear
+from qplug_core.kernels.dynamic import DynamicGRU, DynamicLinear, DynamicLSTM, IntegerWeight
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
+from qplug_core.kernels.reference import dynamic_weight_names
 from qplug_core.kernels.static_int8 import StaticInt8Linear
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.serialization import decode_threads_record, kernel_record, meta_models, per_token_codec
@@ -60,6 +62,10 @@ MODES = ("weight_only", "w8a8", "dynamic")
 _FIELDS = ("qweight", "scales", "zero_points", "bias", "input_scale", "weight_int8", "weight_scale",
            "weight_zero_point", "activation_scale", "activation_zero_point")
 DYNAMIC_KIND = "dynamic_linear"
+#: a dynamic layer's int8 weight matrix as the file holds it
+_INTEGER_FIELDS = ("weight_int8", "weight_scale", "weight_zero_point")
+#: layer kind of an int8 recurrent layer -> its kernel (the only classes such a kind can build)
+_RNN_KINDS: dict[str, type[DynamicLSTM] | type[DynamicGRU]] = {"dynamic_lstm": DynamicLSTM, "dynamic_gru": DynamicGRU}
 #: what each module-swap mode is called where the user reads it
 #: document entry: float key -> the key whose tensor it shares (written once)
 _TIED_KEY = "tied"
@@ -135,13 +141,15 @@ def swapped_layers(model: nn.Module) -> tuple[str, dict[str, str], dict[str, Any
             kinds[name] = LAYER_KIND
         elif isinstance(module, DynamicLinear):
             kinds[name] = DYNAMIC_KIND
+        else:
+            kinds.update({name: kind for kind, kernel in _RNN_KINDS.items() if type(module) is kernel})
     return "dynamic", kinds, {}
 
 
 def save_swapped(model: nn.Module, target: Path) -> Path:
     mode, kinds, entries = swapped_layers(model)
     if mode == "dynamic":
-        _check_only_linears(model, target)
+        _check_savable(model, target)
     modules = dict(model.named_modules())
     layers, tensors = [], {}
     for name, kind in kinds.items():
@@ -191,17 +199,18 @@ def _tied_keys(state: dict[str, torch.Tensor]) -> dict[str, str]:
     return tied
 
 
-def _check_only_linears(model: nn.Module, target: Path) -> None:
-    """A dynamic model is saved only if every dynamic layer is a linear this file format knows."""
+def _check_savable(model: nn.Module, target: Path) -> None:
+    """A dynamic model is saved only if every dynamic layer is an int8 layer this file format knows."""
+    savable = (DynamicLinear, *_RNN_KINDS.values())
     for name, module in model.named_modules():
         kind = type(module).__name__
-        if _is_dynamic_layer(module) and not (isinstance(module, DynamicLinear) and module.dtype == torch.qint8):
+        if _is_dynamic_layer(module) and not (type(module) in savable and module.dtype == torch.qint8):
             raise SerializationError(
                 f"cannot save to {target}: layer {name!r} is a dynamic {kind}"
-                f"{' with ' + str(module.dtype) + ' weights' if isinstance(module, DynamicLinear) else ''}; "
-                "qp.save writes dynamic models whose dynamic layers are int8 linears (recurrent layers, float16 "
-                "weights and the reference backend's simulation are not saved: save the float model and run "
-                "qp.quantize_dynamic again after loading it)", path=str(target))
+                f"{' with ' + str(module.dtype) + ' weights' if type(module) in savable else ''}; "
+                "qp.save writes dynamic models whose dynamic layers are int8 linears, LSTMs and GRUs (float16 "
+                "weights, recurrent cells and the reference backend's simulation are not saved: save the float "
+                "model and run qp.quantize_dynamic again after loading it)", path=str(target))
 
 
 def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor | None]] | None:
@@ -215,11 +224,19 @@ def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Ten
                           activation_zero_point=module.activation_zero_point)
         return {"shape": [module.out_features, module.in_features], "simulated": module.simulate}, values
     if kind == DYNAMIC_KIND and isinstance(module, DynamicLinear):
-        weight, scales, zero_points, per_channel = module.integer_weight()
-        return ({"shape": list(weight.shape), "per_channel": per_channel, "engine": module.engine,
-                 "reduce_range": module.reduce_range},
-                {"weight_int8": weight, "weight_scale": scales, "weight_zero_point": zero_points,
-                 "bias": module.bias})
+        weight = module.integer_weight()
+        return ({"shape": list(weight.int8.shape), "per_channel": weight.per_channel, "engine": module.engine,
+                 "reduce_range": module.reduce_range}, {**_integer_fields(weight), "bias": module.bias})
+    if kind in _RNN_KINDS and type(module) is _RNN_KINDS[kind]:
+        weights = module.integer_weights()
+        values: dict[str, torch.Tensor | None] = {}
+        for matrix, (weight, bias) in weights.items():
+            values.update({f"{matrix}.{field}": value for field, value in _integer_fields(weight).items()})
+            values[matrix.replace("weight", "bias", 1)] = bias
+        first = next(iter(weights.values()))[0]
+        return ({"shape": list(first.int8.shape), "per_channel": first.per_channel, "engine": module.engine,
+                 "reduce_range": module.reduce_range, "options": {o: getattr(module, o) for o in module.OPTIONS}},
+                values)
     if kind not in _WEIGHT_ONLY_KINDS or not isinstance(module, (WeightOnlyLinear, WeightOnlyEmbedding)):
         return None
     layer: dict[str, Any] = {"shape": list(module.quantized_weight().shape), "scheme": module.scheme.to_dict()}
@@ -230,6 +247,10 @@ def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Ten
     if isinstance(module, WeightOnlyEmbeddingBag):
         layer.update(mode=module.mode, include_last_offset=module.include_last_offset)
     return layer, {f: getattr(module, f, None) for f in ("qweight", "scales", "zero_points", "bias", "input_scale")}
+
+
+def _integer_fields(weight: IntegerWeight) -> dict[str, torch.Tensor | None]:
+    return dict(zip(_INTEGER_FIELDS, (weight.int8, weight.scales, weight.zero_points)))
 
 
 def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
@@ -396,8 +417,9 @@ class _LoadContext:
     def error(self, message: str) -> SerializationError:
         return SerializationError(f"{self.source}: {message}", path=str(self.source))
 
-    def values(self, name: str) -> dict[str, torch.Tensor | None]:
-        return {f: self.tensors.get(f"{_QUANTIZED}{name}/{f}") for f in _FIELDS}
+    def values(self, name: str, fields: tuple[str, ...] = _FIELDS, prefix: str = "") -> dict[str, torch.Tensor | None]:
+        """Layer ``name``'s tensors by field (``prefix``: a recurrent layer's matrix, ``weight_ih_l0.``)."""
+        return {f: self.tensors.get(f"{_QUANTIZED}{name}/{prefix}{f}") for f in fields}
 
     def check(self, tensor: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, layer: str,
               field: str) -> None:
@@ -482,12 +504,19 @@ def _per_token(layer: dict, name: str, shape: tuple[int, int], values: dict, tar
         raise context.error(f"layer {name!r}: {exc}") from exc
 
 
-def _dynamic(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
-             context: _LoadContext) -> nn.Module:
-    engine, per_channel = layer.get("engine"), layer.get("per_channel")
+def _engine(layer: dict, name: str, context: _LoadContext) -> str:
+    """The engine a dynamic layer of the file names, once this torch is known to run it."""
+    engine = layer.get("engine")
     if engine not in _ENGINES or engine not in torch.backends.quantized.supported_engines:
         raise context.error(f"layer {name!r} names engine {engine!r}; this torch runs "
                             f"{[e for e in torch.backends.quantized.supported_engines if e in _ENGINES]}")
+    return engine
+
+
+def _integer_weight(layer: dict, name: str, shape: tuple[int, int], values: dict, context: _LoadContext
+                    ) -> IntegerWeight:
+    """A dynamic layer's int8 weight matrix of ``shape`` from the file, checked."""
+    per_channel = layer.get("per_channel")
     if not isinstance(per_channel, bool):
         raise context.error(f"layer {name!r} is malformed: per_channel {per_channel!r}")
     channels = (shape[0],) if per_channel else ()
@@ -497,15 +526,44 @@ def _dynamic(layer: dict, name: str, shape: tuple[int, int], values: dict, targe
     scale = values["weight_scale"]
     if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
         raise context.error(f"layer {name!r} weight_scale has values that are not finite and positive")
-    return DynamicLinear.from_integer(values["weight_int8"], scale, values["weight_zero_point"], values["bias"],
-                                      per_channel=per_channel, engine=engine,
+    return IntegerWeight(values["weight_int8"], scale, values["weight_zero_point"], per_channel)
+
+
+def _dynamic(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
+             context: _LoadContext) -> nn.Module:
+    return DynamicLinear.from_integer(_integer_weight(layer, name, shape, values, context), values["bias"],
+                                      engine=_engine(layer, name, context),
                                       reduce_range=bool(layer.get("reduce_range", True)))
+
+
+def _dynamic_rnn(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
+                 context: _LoadContext) -> nn.Module:
+    """An int8 LSTM / GRU, for a float layer of the model given with the options the file records."""
+    kernel = _RNN_KINDS[layer["kind"]]
+    options = layer.get("options")
+    expected = {option: getattr(target, option) for option in kernel.OPTIONS}
+    if options != expected:
+        raise context.error(f"layer {name!r} has options {options!r} in the file but {expected} in the model "
+                            "given (is it built from the same class and config?)")
+    if getattr(target, "proj_size", 0):
+        raise context.error(f"layer {name!r} has proj_size={target.proj_size} in the model given; int8 LSTMs "
+                            "have none")
+    weights = {}
+    for matrix in dynamic_weight_names(target):
+        weight = _integer_weight(layer, f"{name}.{matrix}", tuple(getattr(target, matrix).shape),
+                                 context.values(name, _INTEGER_FIELDS, prefix=f"{matrix}."), context)
+        bias_name = matrix.replace("weight", "bias", 1)
+        bias = context.values(name, (bias_name,))[bias_name]
+        context.check(bias, (weight.int8.shape[0],), torch.float32, name, bias_name)
+        weights[matrix] = (weight, bias)
+    return kernel.from_integer(expected, weights, engine=_engine(layer, name, context),
+                               reduce_range=bool(layer.get("reduce_range", True)))
 
 
 #: layer kind -> builder: the only code a name in the file can reach
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     **{kind: _weight_only for kind in _WEIGHT_ONLY_KINDS}, LAYER_KIND: _per_token, STATIC_KIND: _per_token,
-    DYNAMIC_KIND: _dynamic}
+    DYNAMIC_KIND: _dynamic, **{kind: _dynamic_rnn for kind in _RNN_KINDS}}
 
 
 def _expected_shape(module: nn.Module, kind: Any) -> tuple[int, int] | None:
@@ -513,6 +571,8 @@ def _expected_shape(module: nn.Module, kind: Any) -> tuple[int, int] | None:
     linear = isinstance(module, nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
     if kind in ("linear", LAYER_KIND, STATIC_KIND, DYNAMIC_KIND) and linear:
         return tuple(linear_weight(module).shape)  # type: ignore[return-value]
+    if kind in _RNN_KINDS and isinstance(module, _RNN_KINDS[kind]._float_type):
+        return tuple(module.weight_ih_l0.shape)  # type: ignore[return-value]
     if (kind == "embedding" and isinstance(module, nn.Embedding)) or \
             (kind == "embedding_bag" and isinstance(module, nn.EmbeddingBag)):
         return tuple(module.weight.shape)  # type: ignore[return-value]

@@ -185,6 +185,18 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
 
 
+class _Tagger(nn.Module):
+    """An LSTM and a linear head; an ``_inputs`` tensor is one unbatched sequence of 8 steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn, self.head = nn.LSTM(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0])
+
+
 def _inputs(seed: int) -> torch.Tensor:
     return torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
 
@@ -225,6 +237,8 @@ FILE_KINDS = {
     "per-token dynamic": FileKind(lambda: qp.quantize_dynamic(_mlp(), per_token=True), _mlp),
     "dynamic int8 linears": FileKind(lambda: qp.quantize_dynamic(_mlp(), {nn.Linear: DYNAMIC},
                                                                  backend="fbgemm"), _mlp, fbgemm=True),
+    "dynamic int8 lstm": FileKind(lambda: qp.quantize_dynamic(_Tagger().eval(), {nn.LSTM: DYNAMIC},
+                                                              backend="fbgemm"), lambda: _Tagger().eval(), fbgemm=True),
 }
 
 

@@ -418,15 +418,6 @@ def test_save_and_load_a_dynamic_model_with_int8_linears(tmp_path, per_channel):
     assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
 
 
-@pytest.mark.usefixtures("plugin_autoload")
-def test_a_dynamic_lstm_is_refused_with_the_way_out(tmp_path):
-    model = nn.Sequential(nn.Linear(8, 8)).eval()
-    model.rnn = nn.LSTM(8, 8)
-    qmodel = qp.quantize_dynamic(model, backend="fbgemm")
-    with pytest.raises(SerializationError, match="is a dynamic DynamicLSTM.*run qp.quantize_dynamic again"):
-        qp.save(qmodel, tmp_path / "lstm.safetensors")
-
-
 class _TiedLM(nn.Module):
     """An embedding, one linear and an output head sharing the embedding's weight (GPT-2's tie),
     with the accessors transformers' models have."""

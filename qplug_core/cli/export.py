@@ -16,6 +16,10 @@ def export(
     dynamic_sequence: bool = typer.Option(False, "--dynamic-sequence",
                                           help="Axis 1 of every input of rank >= 2 is 'sequence' "
                                                "(token models)."),
+    dynamic_axis: list[str] = typer.Option([], "--dynamic-axis", metavar="AXIS=NAME",
+                                           help="Axis AXIS of every input of higher rank is the symbolic "
+                                                "dimension NAME (repeatable), e.g. --dynamic-axis 2=time for "
+                                                "(batch, channels, time) inputs."),
 ) -> None:
     """Write a saved model's reference form as ONNX QDQ (QuantizeLinear/DequantizeLinear)."""
     import qplug_core as qp
@@ -23,14 +27,23 @@ def export(
     from qplug_core.errors import ExportError
     from qplug_core.serialization.weight_only import is_swapped_document, swap_mode
 
+    named = dict(_axis(text) for text in dynamic_axis)
     document = saved_document(path)
     if is_swapped_document(document):
         raise ExportError(f"{path} holds a {swap_mode(document)} model (quantized by module swap); qplug export "
                           "writes converted graph models (qplug quantize --mode static or dynamic) as ONNX QDQ")
     qmodel = qp.load(path, backend="reference")
     written = qp.export_onnx(qmodel, out, opset=opset, dynamic_batch=dynamic_batch,
-                             dynamic_sequence=dynamic_sequence)
+                             dynamic_sequence=dynamic_sequence, dynamic_axes=named or None)
     typer.echo(f"wrote {written} ({written.stat().st_size} bytes)")
+
+
+def _axis(text: str) -> tuple[int, str]:
+    """``2=time`` -> ``(2, "time")``; anything else is a usage error."""
+    axis, _, name = text.partition("=")
+    if not axis.strip().isdigit() or not name.strip():
+        raise typer.BadParameter(f"{text!r} is not AXIS=NAME (e.g. 2=time)", param_hint="--dynamic-axis")
+    return int(axis), name.strip()
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from qplug_core.errors import ExportError
 from qplug_core.flows.tags import INPUT_SPEC, KERNEL, SPEC_DTYPES, recorded_example_inputs
 from qplug_core.ir.quiet import quiet_torch
 from qplug_core.kernels.per_token import PerTokenDynamicLinear
-from qplug_core.onnx_export import dynamic_axes
+from qplug_core.onnx_export import dynamic_axes as axes
 from qplug_core.onnx_export.torchlib_ops import read_torchlib_once
 from qplug_core.onnx_export.trace_release import forget_last_trace
 
@@ -105,9 +106,9 @@ def _program(gm: fx.GraphModule, example_inputs: tuple, *, opset: int, input_nam
     model = with_int8_weights(gm, onnxruntime_ops=onnxruntime_ops).eval()
     shapes = None
     if dynamic:
-        example_inputs, shapes = dynamic_axes.prepare(example_inputs, dynamic)
+        example_inputs, shapes = axes.prepare(example_inputs, dynamic)
     elif flexible:
-        shapes = dynamic_axes.flexible_shapes(example_inputs)
+        shapes = axes.flexible_shapes(example_inputs)
         shapes = shapes if any(shape is not None for shape in shapes) else None
 
     def export(dynamic_shapes):
@@ -121,10 +122,10 @@ def _program(gm: fx.GraphModule, example_inputs: tuple, *, opset: int, input_nam
                                          dynamic_shapes=dynamic_shapes, external_data=False, verbose=False,
                                          report=False)
         except Exception as exc:
-            if dynamic and dynamic_axes.specialised(exc):
-                raise dynamic_axes.export_failure(exc, dynamic) from exc
+            if dynamic and axes.specialised(exc):
+                raise axes.export_failure(exc, dynamic) from exc
             raise ExportError(f"torch.onnx.export failed on the reference form: {type(exc).__name__}: "
-                              f"{dynamic_axes.torch_message(exc, 800)}") from exc
+                              f"{axes.torch_message(exc, 800)}") from exc
         finally:
             forget_last_trace()
 
@@ -133,7 +134,7 @@ def _program(gm: fx.GraphModule, example_inputs: tuple, *, opset: int, input_nam
             program = export(shapes)
         except ExportError:
             program = None
-        if program is None or not dynamic_axes.free_symbols_only(program.exported_program):
+        if program is None or not axes.free_symbols_only(program.exported_program):
             program = export(None)
         return program, example_inputs, shapes is not None
     return export(shapes), example_inputs, False
@@ -167,14 +168,14 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
         onnxruntime_ops=onnxruntime_ops, dynamic=dynamic, flexible=flexible, dynamic_linears=dynamic_linears)
     proto = program.model_proto
     if symbolic:
-        dynamic_axes.pin(proto, dynamic_axes.pinned_sizes(program.exported_program))
+        axes.pin(proto, axes.pinned_sizes(program.exported_program))
     if check:
         try:
             onnx.checker.check_model(proto)
         except onnx.checker.ValidationError as exc:
             raise ExportError(f"the exported ONNX model does not pass onnx.checker: {exc}") from exc
     if dynamic:
-        dynamic_axes.check(program, example_inputs, dynamic)
+        axes.check(program, example_inputs, dynamic)
     return proto
 
 
@@ -212,13 +213,14 @@ def _write(program, target: Path) -> None:
 def export_onnx(qmodel: nn.Module, path: str | os.PathLike[str], example_inputs: Any = None, *,
                 opset: int = DEFAULT_OPSET, input_names: list[str] | None = None,
                 output_names: list[str] | None = None, dynamic_batch: bool = False,
-                dynamic_sequence: bool = False) -> Path:
+                dynamic_sequence: bool = False, dynamic_axes: Mapping[int, str] | None = None) -> Path:
     """Write ``qmodel`` (converted by qplug, any backend) to ``path`` as an ONNX QDQ model.
 
     ``example_inputs`` defaults to tensors shaped like the ones the model was prepared with; the
     exported model has those static shapes, except axis 0 of every input with ``dynamic_batch``
-    (ONNX dimension ``batch``) and axis 1 of every input of rank >= 2 with ``dynamic_sequence``
-    (``sequence``: token models). The recorded shapes may come from a file (a loaded model), so
+    (ONNX dimension ``batch``), axis 1 of every input of rank >= 2 with ``dynamic_sequence``
+    (``sequence``: token models) and the axes ``dynamic_axes`` names (``{axis: name}``, for every
+    input of higher rank: ``{0: "batch", 2: "time"}`` for a ``(batch, channels, time)`` input). The recorded shapes may come from a file (a loaded model), so
     they are bounded before anything is allocated (:func:`recorded_inputs`). Raises
     :class:`ExportError` when an op cannot be expressed in ONNX, or the graph fixes an axis asked
     to be dynamic.
@@ -229,13 +231,13 @@ def export_onnx(qmodel: nn.Module, path: str | os.PathLike[str], example_inputs:
     if target.is_dir() or not target.parent.is_dir():  # said before the export's seconds, not after
         raise ExportError(f"cannot write {target}: " + ("it is a directory" if target.is_dir() else
                                                         f"the directory {target.parent} does not exist"))
+    dynamic = axes.dynamic_axes(dynamic_batch, dynamic_sequence, dynamic_axes)
     gm = reference_form(qmodel)
     inputs = recorded_inputs(gm) if example_inputs is None else as_input_tuple(example_inputs)
-    dynamic = dynamic_axes.dynamic_axes(dynamic_batch, dynamic_sequence)
     program, inputs, _ = _program(gm, inputs, opset=opset, input_names=input_names, output_names=output_names,
                                   onnxruntime_ops=False, dynamic=dynamic, flexible=False,
                                   dynamic_linears="matmul_integer")
     if dynamic:
-        dynamic_axes.check(program, inputs, dynamic)
+        axes.check(program, inputs, dynamic)
     _write(program, target)
     return target

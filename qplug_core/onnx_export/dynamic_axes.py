@@ -3,7 +3,8 @@
 ``torch.onnx.export`` gives every input the example's static shape unless told which axes vary.
 ``export_onnx(..., dynamic_batch=True)`` makes axis 0 of every tensor input the symbolic dimension
 ``batch``, and ``dynamic_sequence=True`` axis 1 of every input of rank 2 or more ``sequence``
-(token ids and masks of token models). torch.export specialises an axis the example has at size 1
+(token ids and masks of token models); ``dynamic_axes={axis: name}`` names any others (the time
+axis 2 of a ``(batch, channels, time)`` input). torch.export specialises an axis the example has at size 1
 (0/1 specialisation), so such an example is widened to 2 along it first. When the graph fixes an
 axis anyway (a reshape to a literal size), export fails, or the axis stays static: both are an
 :class:`ExportError` naming the input, never a model that silently takes one size only.
@@ -18,6 +19,7 @@ which session answers an input depends on its shapes only, never on the order of
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -28,9 +30,39 @@ BATCH, SEQUENCE = "batch", "sequence"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def dynamic_axes(batch: bool, sequence: bool) -> dict[int, str]:
-    """``{axis: name}`` asked for by ``export_onnx``'s flags."""
-    return {axis: name for axis, name, wanted in ((0, BATCH, batch), (1, SEQUENCE, sequence)) if wanted}
+def dynamic_axes(batch: bool, sequence: bool, named: Mapping[int, str] | None = None) -> dict[int, str]:
+    """``{axis: name}`` asked for by ``export_onnx``'s flags and its ``dynamic_axes`` (``named``),
+    checked: axes are ints >= 0, names non-empty strings, one name per axis and one axis per name
+    (a name shared by two axes would tie their sizes)."""
+    axes = {axis: name for axis, name, wanted in ((0, BATCH, batch), (1, SEQUENCE, sequence)) if wanted}
+    if named is None:
+        return axes
+    if not isinstance(named, Mapping):
+        raise ExportError(f"dynamic_axes takes {{axis: name}} for every input, e.g. {{0: 'batch', 2: 'time'}}, "
+                          f"got {type(named).__name__}")
+    for axis, name in named.items():
+        if isinstance(axis, bool) or not isinstance(axis, int) or axis < 0:
+            raise ExportError(f"dynamic_axes takes {{axis: name}} for every input (an axis is an int >= 0), e.g. "
+                              f"{{0: 'batch', 2: 'time'}}, got the key {axis!r} (torch.onnx's per-input form "
+                              "{input: {axis: name}} is not taken: every input of enough rank gets the axes)")
+        if not isinstance(name, str) or not name:
+            raise ExportError(f"dynamic_axes: axis {axis} needs a name (a non-empty str), got {name!r}")
+        if axes.get(axis, name) != name:
+            raise ExportError(f"dynamic_axes names axis {axis} {name!r}, but "
+                              f"{'dynamic_batch' if axes[axis] == BATCH else 'dynamic_sequence'} names it "
+                              f"{axes[axis]!r}: ask for it once")
+        axes[axis] = name
+    names = list(axes.values())
+    shared = sorted({name for name in names if names.count(name) > 1})
+    if shared:
+        raise ExportError(f"dynamic_axes gives the name(s) {shared} to more than one axis, which would tie their "
+                          "sizes; give every axis its own name")
+    return dict(sorted(axes.items()))
+
+
+def described(axes: Mapping[int, str]) -> str:
+    """``batch (axis 0) and time (axis 2)``: the asked-for axes as an error names them."""
+    return " and ".join(f"{name} (axis {axis})" for axis, name in axes.items())
 
 
 def prepare(example_inputs: tuple, axes: dict[int, str]) -> tuple[tuple, tuple[Any, ...]]:
@@ -122,13 +154,11 @@ def check(program, example_inputs: tuple, axes: dict[int, str]) -> None:
     tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)]
     for value, graph_input in zip(tensors, program.model.graph.inputs):
         dims = list(graph_input.shape or ())
-        static = [name for axis, name in axes.items() if axis < len(dims) and isinstance(dims[axis], int)]
+        static = {axis: name for axis, name in axes.items() if axis < len(dims) and isinstance(dims[axis], int)}
         if static:
-            raise ExportError(f"input {graph_input.name!r}: the model's graph fixes its "
-                              f"{' and '.join(static)} size (axis "
-                              f"{', '.join(str(a) for a, n in axes.items() if n in static)} stays "
-                              f"{[dims[a] for a, n in axes.items() if n in static]}); export "
-                              "it without the dynamic option, or at the size you need")
+            raise ExportError(f"input {graph_input.name!r}: the model's graph fixes its {described(static)} size "
+                              f"(it stays {[dims[a] for a in static]}){_sequence_hint(static)}; export it without "
+                              "that dynamic axis, or at the size you need")
 
 
 def specialised(exc: Exception) -> bool:
@@ -144,13 +174,20 @@ def torch_message(exc: Exception, limit: int) -> str:
     return (summary if found else text)[:limit]
 
 
+def _sequence_hint(axes: Mapping[int, str]) -> str:
+    """Where ``dynamic_sequence`` chose the axis: which one it is, and how to name another."""
+    if axes.get(1) != SEQUENCE:
+        return ""
+    return ("; dynamic_sequence makes axis 1 dynamic (the tokens of a token model): for a (batch, channels, time) "
+            "input name the time axis instead, dynamic_axes={2: 'time'}")
+
+
 def export_failure(exc: Exception, axes: dict[int, str]) -> ExportError:
     """The error for an export that torch refused because a dynamic axis cannot vary."""
-    names = " and ".join(axes.values())
-    return ExportError(f"the model cannot be exported with a dynamic {names} size: its graph fixes it "
-                       f"({torch_message(exc, 600)}); export it without the dynamic option, or at the "
-                       "size you need")
+    return ExportError(f"the model cannot be exported with a dynamic {described(axes)} size: its graph fixes "
+                       f"{'one of them' if len(axes) > 1 else 'it'} ({torch_message(exc, 600)}){_sequence_hint(axes)}; "
+                       "export it without that dynamic axis, or at the size you need")
 
 
-__all__ = ["BATCH", "FLEXIBLE_AXES", "SEQUENCE", "check", "dynamic_axes", "export_failure", "flexible_shapes",
+__all__ = ["BATCH", "FLEXIBLE_AXES", "SEQUENCE", "check", "described", "dynamic_axes", "export_failure", "flexible_shapes",
            "free_symbols_only", "pin", "pinned_sizes", "prepare", "specialised", "torch_message"]

@@ -99,7 +99,7 @@ def test_token_model_takes_other_batch_sizes_and_lengths(tmp_path):
 def test_a_graph_that_fixes_the_batch_is_refused(tmp_path):
     torch.manual_seed(0)
     qmodel = _quantized(FixedBatch(), lambda seed: _images(2, seed))
-    with pytest.raises(ExportError, match=r"dynamic batch size: its graph fixes it|fixes its batch size"):
+    with pytest.raises(ExportError, match=r"dynamic batch \(axis 0\) size: its graph fixes it|fixes its batch \(axis 0\) size"):
         qp.export_onnx(qmodel, tmp_path / "fixed.onnx", dynamic_batch=True)
     assert qp.export_onnx(qmodel, tmp_path / "static.onnx").exists()  # the static export still works
 
@@ -129,3 +129,84 @@ def test_cli_exports_a_dynamic_batch_model_and_prints_one_line(tmp_path):
         ids = torch.randint(0, 100, (batch, length))
         (got,) = session.run(None, {session.get_inputs()[0].name: ids.numpy()})
         assert got.shape == (batch, length, 32)
+
+
+class Conv1dNet(nn.Module):
+    """A (batch, channels, time) model: two Conv1d layers, the time axis kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv1d(6, 16, 5, padding=2), nn.Conv1d(16, 8, 3)
+
+    def forward(self, x):
+        return self.conv2(torch.relu(self.conv1(x)))
+
+
+class FixedLength(Conv1dNet):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8 * 62, 4)  # the time axis flattened into a linear of 64 - 2 steps
+
+    def forward(self, x):
+        return self.fc(super().forward(x).flatten(1))
+
+
+def _signals(length: int, batch: int = 2, seed: int = 0) -> tuple[torch.Tensor]:
+    return (torch.randn(batch, 6, length, generator=torch.Generator().manual_seed(seed)),)
+
+
+def test_a_conv1d_model_takes_other_lengths_along_a_named_time_axis(tmp_path):
+    torch.manual_seed(0)
+    qmodel = _quantized(Conv1dNet(), lambda seed: _signals(64, seed=seed))
+    path = qp.export_onnx(qmodel, tmp_path / "net.onnx", dynamic_axes={0: "batch", 2: "time"})
+    session = _session(path)
+    assert session.get_inputs()[0].shape == ["batch", 6, "time"]
+    reference = reference_form(qmodel)
+    for batch, length in ((1, 48), (3, 100)):
+        (x,) = _signals(length, batch, seed=length)
+        (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        with torch.no_grad():
+            expected = reference(x).numpy()
+        assert got.shape == (batch, 8, length - 2)
+        assert np.abs(got - expected).max() <= _output_step(reference) * 1.001
+
+
+@pytest.mark.parametrize(("model", "options", "message"), [
+    (FixedLength, {"dynamic_axes": {2: "time"}}, r"dynamic time \(axis 2\) size: its graph fixes it .*static shape of 64"),
+    (Conv1dNet, {"dynamic_sequence": True}, r"sequence \(axis 1\) size.*static shape of 6.*dynamic_sequence makes "
+                                            r"axis 1 dynamic.*name the time axis instead, dynamic_axes=\{2: 'time'\}"),
+])
+def test_an_axis_the_graph_fixes_is_refused_naming_it(tmp_path, model, options, message):
+    torch.manual_seed(0)
+    qmodel = _quantized(model(), lambda seed: _signals(64, seed=seed))
+    with pytest.raises(ExportError, match=message):
+        qp.export_onnx(qmodel, tmp_path / "fixed.onnx", **options)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"dynamic_axes": {"x": {2: "time"}}}, r"got the key 'x' \(torch.onnx's per-input form"),
+    ({"dynamic_axes": {-1: "time"}}, r"an axis is an int >= 0"),
+    ({"dynamic_axes": {2: ""}}, r"axis 2 needs a name"),
+    ({"dynamic_axes": {0: "n"}, "dynamic_batch": True}, r"names axis 0 'n', but dynamic_batch names it 'batch'"),
+    ({"dynamic_axes": {1: "time", 2: "time"}}, r"gives the name\(s\) \['time'\] to more than one axis"),
+])
+def test_bad_dynamic_axes_are_refused_before_exporting(tmp_path, options, message):
+    qmodel = _quantized(Conv1dNet(), lambda seed: _signals(16, seed=seed))
+    with pytest.raises(ExportError, match=message):
+        qp.export_onnx(qmodel, tmp_path / "net.onnx", **options)
+
+
+def test_cli_names_dynamic_axes(tmp_path):
+    from typer.testing import CliRunner
+
+    from qplug_core.cli.app import app
+
+    torch.manual_seed(0)
+    saved = qp.save(_quantized(Conv1dNet(), lambda seed: _signals(64, seed=seed)), tmp_path / "net.safetensors")
+    out = tmp_path / "net.onnx"
+    bad = CliRunner().invoke(app, ["export", str(saved), str(out), "--dynamic-axis", "time"])
+    assert bad.exit_code == 2 and "'time' is not AXIS=NAME" in bad.output and not out.exists()
+    result = CliRunner().invoke(app, ["export", str(saved), str(out), "--dynamic-axis", "0=batch",
+                                      "--dynamic-axis", "2=time"])
+    assert result.exit_code == 0, result.output
+    assert _session(out).get_inputs()[0].shape == ["batch", 6, "time"]

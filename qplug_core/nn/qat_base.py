@@ -209,7 +209,7 @@ class QATWithBn(QATModule):
 
     def _pre_activation(self, x: torch.Tensor) -> torch.Tensor:
         bn = self.bn
-        scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+        scale = bn.weight / _running_std(bn)
         weight_shape = (-1,) + (1,) * (self.weight.dim() - 1)
         out_shape = (1, -1) + (1,) * (self.weight.dim() - 2)
         scaled_weight = self.weight_fake_quant(self.weight * scale.reshape(weight_shape))
@@ -224,6 +224,19 @@ class QATWithBn(QATModule):
             self.weight.detach(), None if self.bias is None else self.bias.detach(),
             bn.running_mean, bn.running_var, bn.eps, bn.weight.detach(), bn.bias.detach(),
             linear=isinstance(self, nn.Linear))
+
+
+@torch.compiler.disable
+def _running_std(bn: nn.Module) -> torch.Tensor:
+    """``sqrt(running_var + eps)``, computed eagerly under ``torch.compile``.
+
+    The weight fake-quant between this read and BN's in-place update of ``running_var`` breaks
+    the graph (its observer runs eagerly); AOTAutograd then saves ``running_var`` itself for the
+    backward of the graph before the break, and the update in the graph after it invalidates that
+    ("modified by an inplace operation" at the first backward). A tensor made outside the graph
+    is saved instead. torch.ao's ConvBn avoids it by tracing its fake-quant into one graph.
+    """
+    return torch.sqrt(bn.running_var + bn.eps)
 
 
 def freeze_bn_stats(mod: nn.Module) -> None:

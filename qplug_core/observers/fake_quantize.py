@@ -25,24 +25,36 @@ class FakeQuantizeBase(nn.Module, FactoryMixin):
     """Switches shared by every fake-quant module: observing and fake-quantizing can be toggled.
 
     The switches are buffers (not Python attributes) so that they travel with the state dict.
+    ``forward`` reads their mirrors ``_fake_quantizing`` / ``_observing`` (plain bools, kept in
+    step by the methods below and by ``load_state_dict``): under ``torch.compile`` a test of a
+    buffer is data-dependent and breaks the graph at every call, while a bool is a guard. Change
+    the switches through the methods, not by writing the buffers.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("fake_quant_enabled", torch.tensor([1], dtype=torch.uint8))
         self.register_buffer("observer_enabled", torch.tensor([1], dtype=torch.uint8))
+        self._fake_quantizing = self._observing = True
 
     def enable_fake_quant(self, enabled: bool = True) -> None:
         self.fake_quant_enabled[0] = 1 if enabled else 0
+        self._fake_quantizing = bool(enabled)
 
     def disable_fake_quant(self) -> None:
         self.enable_fake_quant(False)
 
     def enable_observer(self, enabled: bool = True) -> None:
         self.observer_enabled[0] = 1 if enabled else 0
+        self._observing = bool(enabled)
 
     def disable_observer(self) -> None:
         self.enable_observer(False)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        self._fake_quantizing = bool(self.fake_quant_enabled[0])
+        self._observing = bool(self.observer_enabled[0])
 
     def reduce_across_ranks(self, ranks: Ranks) -> None:
         """Make the fake-quant state identical on every rank (see ``ObserverBase.reduce_across_ranks``)."""
@@ -120,7 +132,10 @@ class FakeQuantize(FakeQuantizeBase):
         if self.activation_post_process.has_data:
             self._refresh_qparams()
 
+    @torch.compiler.disable
     def _update_qparams(self, x: torch.Tensor) -> None:
+        """Runs eagerly under ``torch.compile``: one graph break per call instead of one at each
+        data-dependent check of the observer (non-finite values, first batch, per-channel resize)."""
         self.activation_post_process(x.detach())
         self._refresh_qparams()
 
@@ -142,12 +157,12 @@ class FakeQuantize(FakeQuantizeBase):
         """
         if x.numel() == 0:  # nothing to observe or round (an empty batch, a zero-size slice)
             return x
-        if self.observer_enabled[0] == 1:
+        if self._observing:
             self._update_qparams(x)
-        if self.fake_quant_enabled[0] == 0:
+        if not self._fake_quantizing:
             return x
-        if self.observer_enabled[0] == 0 and not self.has_data:
-            raise self._unobserved()
+        if not self._observing:
+            self._require_observed()
         if self.qscheme == torch.per_channel_affine_float_qparams:
             # embedding weights: bounded, so torch's kernel (which rounds x / scale + zp with
             # extra precision) is safe here and keeps outputs identical to torch.ao's
@@ -159,9 +174,12 @@ class FakeQuantize(FakeQuantizeBase):
         return torch.fake_quantize_per_tensor_affine(x, self.scale, self.zero_point,
                                                      self.quant_min, self.quant_max)
 
-    def _unobserved(self) -> UncalibratedObserverError:
+    @torch.compiler.disable
+    def _require_observed(self) -> None:
+        if self.has_data:
+            return
         where = f"{type(self).__name__} {self.name!r}" if self.name else type(self).__name__
-        return UncalibratedObserverError(
+        raise UncalibratedObserverError(
             f"{where} fake-quantizes, but its observer was disabled before it saw any data, so it has "
             "no scale or zero point; enable the observer (enable_observer(), or "
             "model.apply(qplug_core.observers.enable_observer)) for at least one training batch "

@@ -96,10 +96,11 @@ class LearnableFakeQuantize(FakeQuantize):
         """
         observer = self.activation_post_process
         observer.reduce_across_ranks(ranks)
-        if self.observer_enabled[0] == 1 and observer.has_data:
+        if self._observing and observer.has_data:
             self._follow_observer()
 
-    def _update_qparams(self, x: torch.Tensor) -> None:
+    @torch.compiler.disable
+    def _update_qparams(self, x: torch.Tensor) -> None:  # eager under torch.compile, as FakeQuantize's
         self.activation_post_process(x.detach())
         self._follow_observer()
 
@@ -114,9 +115,9 @@ class LearnableFakeQuantize(FakeQuantize):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0:  # as FakeQuantize: the observer skips it, so there is nothing to follow
             return x
-        if self.observer_enabled[0] == 1:
+        if self._observing:
             self._update_qparams(x)
-        if self.fake_quant_enabled[0] == 0:
+        if not self._fake_quantizing:
             return x
         if self.qscheme in SYMMETRIC_SCHEMES:
             self.zero_point.data.zero_()

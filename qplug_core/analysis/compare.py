@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qplug_core.analysis.fused_float import fused_like, unfused_layers
 from qplug_core.analysis.layers import ComparisonReport, batches_of
 from qplug_core.analysis.layers import compare_layers as compare_by_name
 from qplug_core.analysis.partitions import partition_comparisons
@@ -36,13 +37,21 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
     (``sqnr_db``) and against its reference form (``reference_sqnr_db``); the layers inside a
     partition do not run as themselves and move to ``skipped``, as do the partitions without a row
     (kept in reference form at convert, or not measurable), with the reason. Both models run in eval
-    mode without gradients; neither is modified.
+    mode without gradients; neither is modified. A float model that runs separately what the
+    quantized one fused (conv, bn, relu) is compared as ``qp.fuse_fx`` of it, with a warning.
     """
     check_model(float_model, "float_model")
     check_model(quantized_model, "quantized_model")
     batches = list(batches_of(inputs, float_model))
+    unfused = unfused_layers(float_model, quantized_model) if batches else []
+    float_model, not_paired = fused_like(float_model, quantized_model, batches[0], unfused) \
+        if unfused else (float_model, {})
     report = _without_rescaled(compare_by_name(float_model, quantized_model, batches, layers=layers),
                                quantized_model)
+    if not_paired:
+        report = dataclasses.replace(
+            report, layers=[layer for layer in report.layers if layer.name not in not_paired],
+            skipped={**report.skipped, **not_paired})
     if layers is not None:
         return report
     with torch.no_grad(), float_like_int8(float_model), eval_mode(float_model), eval_mode(quantized_model):

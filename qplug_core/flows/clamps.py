@@ -12,6 +12,9 @@ with the same qparams instead, which is what running the clamp as a share-qparam
 
 A dropped clamp is recorded on the converted model (:data:`ABSORBED_CLAMPS`, see :func:`absorbed_clamps`):
 the int8 layer's output is the clamped value, so ``qp.compare`` pairs it with the float value after the clamp.
+So is a kept clamp whose range the layer's own quantize (its ``quant_min..quant_max``) already lies
+in: fbgemm's conv before a ReLU6 before a depthwise conv outputs 0..127 with zero point 0, and
+against the unclamped float conv output its negative half read as a 3 dB layer.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ _CLAMP_MODULES = {f"{cls.__module__}.{cls.__qualname__}": cls.__name__ for cls i
 
 @dataclass(frozen=True)
 class AbsorbedClamp:
-    """A clamp convert dropped because the output range of the layer before it realises it."""
+    """A clamp the output range of the layer before it realises (convert dropped it, or kept it
+    after a quantize of the same narrower range)."""
 
     low: float
     high: float
@@ -106,11 +110,12 @@ def foldable_clamp(region, region_of: dict[fx.Node, object], modules: dict[str, 
     return clamp if clamp_bounds(clamp, modules) is not None else None
 
 
-def _realised_by_saturation(qp: Q.QParams, low: float, high: float) -> bool:
-    """Whether quantizing to ``qp``'s full dtype range already clamps to [low, high]."""
+def _realised_by_saturation(qp: Q.QParams, low: float, high: float, *, full_range: bool = True) -> bool:
+    """Whether quantizing to ``qp``'s full dtype range (or, ``full_range=False``, to its own
+    ``quant_min..quant_max``) already clamps to [low, high]."""
     if qp.axis is not None or qp.dtype not in Q.STORAGE_DTYPE:
         return False
-    qmin, qmax = Q.quant_range(qp.dtype)
+    qmin, qmax = Q.quant_range(qp.dtype) if full_range else (qp.quant_min, qp.quant_max)
     scale, zero_point = float(qp.scale), int(qp.zero_point)
     tolerance = 0.49 * scale  # below half a step, rounding maps the bound and beyond alike
     return (qmin - zero_point) * scale >= low - tolerance and (qmax - zero_point) * scale <= high + tolerance
@@ -132,6 +137,9 @@ def fold_clamps(gm: fx.GraphModule, quantize_cls: type, dequantize_cls: type) ->
             clamp.replace_all_uses_with(clamp.args[0])
             gm.graph.erase_node(clamp)
             continue
+        if _realised_by_saturation(module.qparams, low, high, full_range=False):
+            # kept (fbgemm's 7-bit depthwise inputs), but the layer's own quantize clamps as well
+            _record_absorbed(gm, clamp, low, high, calls)
         producer = clamp.args[0]
         current = producer
         with gm.graph.inserting_before(clamp):

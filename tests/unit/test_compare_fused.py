@@ -1,0 +1,98 @@
+"""qp.compare pairs each int8 layer with the float ops it computes.
+
+An unfused float model's conv was paired with the int8 conv-bn(-relu) (rows of -3..2 dB for 34-44
+dB layers, no warning); and on fbgemm a conv-bn before ReLU6 before a depthwise conv, whose 7-bit
+int8 output already clips at 0, was compared with the unclamped float conv (3 dB for 39 dB).
+Each row is checked against the SQNR computed here in float64 from the same modules.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+
+class Net(nn.Module):
+    """conv-bn-relu -> 1x1 conv-bn -> ReLU6 -> depthwise conv -> linear (MobileNetV2's pattern)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.pw, self.pw_bn, self.act = nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU6()
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.fc = nn.Linear(16 * 4 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.conv(x)))
+        return self.fc(self.dw(self.act(self.pw_bn(self.pw(x)))).flatten(1))
+
+    def references(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What each int8 layer computes, in float64."""
+        net = copy.deepcopy(self).double().requires_grad_(False)
+        conv = torch.relu(net.bn(net.conv(x.double())))
+        pw = torch.clamp(net.pw_bn(net.pw(conv)), 0, 6)
+        return {"conv": conv, "pw": pw}
+
+
+def _sqnr64(reference: torch.Tensor, test: torch.Tensor) -> float:
+    err = reference - test.double()
+    return 10 * math.log10(float(reference.square().sum()) / float(err.square().sum()))
+
+
+def _int8_outputs(qmodel: nn.Module, x: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
+    modules, outputs = dict(qmodel.named_modules()), {}
+    handles = [modules[n].register_forward_hook(
+        lambda m, a, out, n=n: outputs.__setitem__(n, out.dequantize() if out.is_quantized else out))
+        for n in names]
+    with torch.no_grad():
+        qmodel(x)
+    for handle in handles:
+        handle.remove()
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def quantized() -> tuple[Net, nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = Net().eval()
+    for bn in (model.bn, model.pw_bn):
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.bias.data.uniform_(-0.5, 0.5)
+    # ReLU6's input reaching ~5: 7-bit 0..127 covers it, 8-bit 0..255 of that scale would not
+    # cover only 0..6, so convert keeps the ReLU6 (the case that read 3 dB)
+    model.pw_bn.weight.data.fill_(2.5)
+    calibration = [(torch.randn(8, 3, 4, 4),) for _ in range(4)]
+    qmodel = qp.quantize(model, calibration[0], calibration, backend="fbgemm")
+    return model, qmodel, torch.randn(16, 3, 4, 4)
+
+
+def test_unfused_float_model_is_fused_like_the_quantized_one_and_rows_match_float64(quantized):
+    model, qmodel, x = quantized
+    with pytest.warns(UserWarning, match=r"qp\.fuse_fx\(float_model, backend='fbgemm'\)"):
+        report = qp.compare(model, qmodel, (x,))
+    rows = {layer.name: layer for layer in report.layers}
+    int8 = _int8_outputs(qmodel, x, ["conv", "pw"])
+    for name, reference in model.references(x).items():
+        assert rows[name].sqnr_db == pytest.approx(_sqnr64(reference, int8[name]), abs=1e-3), name
+        assert rows[name].sqnr_db > 30, name
+
+
+def test_fused_float_model_gives_the_same_rows_without_a_warning(quantized, recwarn):
+    model, qmodel, x = quantized
+    fused = qp.fuse_fx(model, (x,), backend="fbgemm")
+    report = qp.compare(fused, qmodel, (x,))
+    assert not [w for w in recwarn if "fuse_fx" in str(w.message)]
+    rows = {layer.name: layer for layer in report.layers}
+    assert "act" in dict(qmodel.named_modules())  # the ReLU6 was kept
+    assert rows["pw"].float_type == "Conv2d+ReLU6"
+    int8 = _int8_outputs(qmodel, x, ["pw"])
+    assert rows["pw"].sqnr_db == pytest.approx(_sqnr64(model.references(x)["pw"], int8["pw"]), abs=1e-3)

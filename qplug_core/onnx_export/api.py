@@ -153,8 +153,8 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     contrib ops where standard ONNX has no
     quantized op: dynamic int8 LSTMs become ``com.microsoft.DynamicQuantizeLSTM``. ``dynamic``
     (``{axis: name}``, :mod:`~qplug_core.onnx_export.dynamic_axes`) makes those axes of every input
-    symbolic, or raises :class:`ExportError`. ``flexible=True`` (a compiled partition) makes axes 0
-    and 1 of every input of size >= 2 symbolic where the graph leaves them free and keeps the rest
+    symbolic, or raises :class:`ExportError`. ``flexible=True`` (a compiled partition) makes every
+    axis of every input of size >= 2 symbolic where the graph leaves it free and keeps the rest
     static (:func:`~qplug_core.onnx_export.dynamic_axes.flexible_shapes`); a graph that ties or
     bounds those sizes, or that the exporter cannot take with symbolic sizes, is exported with the
     example's static shapes. ``dynamic_linears="dequantized_weights"`` exports dynamic int8
@@ -168,7 +168,7 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
         onnxruntime_ops=onnxruntime_ops, dynamic=dynamic, flexible=flexible, dynamic_linears=dynamic_linears)
     proto = program.model_proto
     if symbolic:
-        axes.pin(proto, axes.pinned_sizes(program.exported_program))
+        axes.pin(proto, program.exported_program)
     if check:
         try:
             onnx.checker.check_model(proto)

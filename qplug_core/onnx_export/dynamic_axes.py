@@ -9,17 +9,22 @@ axis 2 of a ``(batch, channels, time)`` input). torch.export specialises an axis
 axis anyway (a reshape to a literal size), export fails, or the axis stays static: both are an
 :class:`ExportError` naming the input, never a model that silently takes one size only.
 
-A compiled partition wants the opposite trade (:func:`flexible_shapes`): axes 0 and 1 of its
-inputs symbolic *where the graph leaves them free*, the others (and every axis the graph fixes)
-the example's, so one runtime session serves every batch and sequence length instead of one
-session per shape. An axis of size 1 stays static (torch.export would specialise it anyway), so
-which session answers an input depends on its shapes only, never on the order of the calls.
+A compiled partition wants the opposite trade (:func:`flexible_shapes`): every axis of its
+inputs symbolic *where the graph leaves it free* (batch, sequence, the time axis of a
+``(batch, channels, time)`` signal, an image's height and width) and every axis the graph fixes
+the example's, so one runtime session serves every size instead of one session per shape (a
+session per new audio length cost seconds and ~7 MB each). A symbolic axis keeps the smallest
+size the graph takes (a kernel-3 convolution: 3) in the model's metadata (:data:`MIN_SIZES`,
+:class:`InputShapes`). An axis of size 1 stays static (torch.export would specialise it anyway),
+so which session answers an input depends on its shapes only, never on the order of the calls.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -83,16 +88,16 @@ def prepare(example_inputs: tuple, axes: dict[int, str]) -> tuple[tuple, tuple[A
     return tuple(inputs), tuple(shapes)
 
 
-#: the axes a compiled partition's inputs may vary along (batch and sequence of token models)
-FLEXIBLE_AXES = (0, 1)
+#: the ONNX metadata key of the smallest size of each symbolic input axis (JSON ``{name: size}``)
+MIN_SIZES = "qplug.min_sizes"
 
 
 def flexible_shapes(example_inputs: tuple) -> tuple[Any, ...]:
-    """``dynamic_shapes`` letting torch.export decide axes 0 and 1 of every tensor input of size
-    >= 2 (``Dim.AUTO``: symbolic where the graph allows, the example's size where it fixes it)."""
+    """``dynamic_shapes`` letting torch.export decide every axis of size >= 2 of every tensor
+    input (``Dim.AUTO``: symbolic where the graph allows, the example's size where it fixes it)."""
     from torch.export import Dim
 
-    return tuple({axis: Dim.AUTO for axis in FLEXIBLE_AXES if axis < value.dim() and value.shape[axis] >= 2}
+    return tuple({axis: Dim.AUTO for axis in range(value.dim()) if value.shape[axis] >= 2}
                  or None if isinstance(value, torch.Tensor) else None for value in example_inputs)
 
 
@@ -122,9 +127,10 @@ def pinned_sizes(exported_program) -> dict[str, int]:
 
 def free_symbols_only(exported_program) -> bool:
     """Whether every symbolic input axis of ``exported_program`` is a free size (a plain symbol
-    valid for every size >= 2) or a pinned one (:func:`pinned_sizes`). A size the graph derives
-    from another (``2*s0``) or bounds (a branch on ``s0 > 64``) is not something ONNX input shapes
-    can say, so such a partition is exported with static shapes instead."""
+    valid for every size from a lower bound up: :func:`min_sizes`) or a pinned one
+    (:func:`pinned_sizes`). A size the graph derives from another (``2*s0``) or bounds from above
+    is not something ONNX input shapes can say, so such a partition is exported with static
+    shapes instead."""
     import sympy
     from torch.utils._sympy.numbers import int_oo
 
@@ -133,19 +139,75 @@ def free_symbols_only(exported_program) -> bool:
         if expr.is_number or str(expr) in pinned:
             continue
         bounds = ranges.get(expr)
-        if not isinstance(expr, sympy.Symbol) or bounds is None or not (
-                bounds.lower <= 2 and bounds.upper in (int_oo, sympy.oo)):
+        if not isinstance(expr, sympy.Symbol) or bounds is None or bounds.upper not in (int_oo, sympy.oo):
             return False
     return True
 
 
-def pin(proto, pinned: dict[str, int]) -> None:
+def min_sizes(exported_program) -> dict[str, int]:
+    """The smallest size of each free symbolic input axis (at least 2: torch.export specialises
+    size 1), by name: a branch on ``s0 > 4`` or a kernel-3 convolution raise it."""
+    ranges, pinned = exported_program.range_constraints, pinned_sizes(exported_program)
+    return {str(expr): max(2, int(ranges[expr].lower)) for expr in _user_input_sizes(exported_program)
+            if not expr.is_number and str(expr) not in pinned and expr in ranges}
+
+
+def pin(proto, exported_program) -> None:
     """Write the :func:`pinned_sizes` into ``proto``'s input shapes as the static sizes they are,
-    so the runtime sees (and checks) them as it would after a static export."""
+    so the runtime sees (and checks) them as it would after a static export, and the
+    :func:`min_sizes` of the others into its metadata (:data:`MIN_SIZES`)."""
+    pinned = pinned_sizes(exported_program)
     for graph_input in proto.graph.input:
         for dim in graph_input.type.tensor_type.shape.dim:
             if dim.dim_param in pinned:
                 dim.dim_value = pinned[dim.dim_param]
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = MIN_SIZES, json.dumps(min_sizes(exported_program))
+
+
+#: ONNX's element types of the input dtypes a partition takes (``onnx.TensorProto``'s numbers)
+_ONNX_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int32: 6, torch.int64: 7, torch.bool: 9,
+               torch.float16: 10, torch.float64: 11, torch.bfloat16: 16}
+
+
+@dataclass(frozen=True)
+class InputShapes:
+    """The input element types and shapes of a serialized ONNX model (an int: that size; a name:
+    a symbolic size, the same wherever the name recurs) and the smallest size of each name
+    (:data:`MIN_SIZES`; 2 where the model does not say)."""
+
+    types: tuple[int, ...]
+    shapes: tuple[tuple[int | str, ...], ...]
+    minimums: dict[str, int]
+
+    @classmethod
+    def of(cls, source: bytes) -> InputShapes:
+        import onnx
+
+        model = onnx.load_from_string(source)
+        shapes = tuple(tuple(d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim)
+                       for i in model.graph.input)
+        meta = {entry.key: entry.value for entry in model.metadata_props}
+        types = tuple(i.type.tensor_type.elem_type for i in model.graph.input)
+        return cls(types, shapes, json.loads(meta.get(MIN_SIZES, "{}")))
+
+    def fit(self, inputs: Sequence[torch.Tensor]) -> bool:
+        """Whether ``inputs`` fit: their element types the model's, each fixed size equal, each
+        name one size wherever it recurs and at least its minimum."""
+        if len(inputs) != len(self.shapes):
+            return False
+        seen: dict[str, int] = {}
+        for tensor, kind, shape in zip(inputs, self.types, self.shapes):
+            given = tensor.shape
+            if len(given) != len(shape) or _ONNX_TYPES.get(tensor.dtype) != kind:
+                return False
+            for size, expected in zip(given, shape):
+                if isinstance(expected, str) and expected:
+                    if size < self.minimums.get(expected, 2) or seen.setdefault(expected, size) != size:
+                        return False
+                elif expected != size:  # a fixed size, or 0 (unknown to ONNX): never assumed
+                    return False
+        return True
 
 
 def check(program, example_inputs: tuple, axes: dict[int, str]) -> None:
@@ -189,5 +251,6 @@ def export_failure(exc: Exception, axes: dict[int, str]) -> ExportError:
                        "export it without that dynamic axis, or at the size you need")
 
 
-__all__ = ["BATCH", "FLEXIBLE_AXES", "SEQUENCE", "check", "described", "dynamic_axes", "export_failure", "flexible_shapes",
-           "free_symbols_only", "pin", "pinned_sizes", "prepare", "specialised", "torch_message"]
+__all__ = ["BATCH", "MIN_SIZES", "SEQUENCE", "check", "described", "dynamic_axes", "export_failure",
+           "flexible_shapes", "free_symbols_only", "InputShapes", "min_sizes", "pin", "pinned_sizes", "prepare",
+           "specialised", "torch_message"]

@@ -1,7 +1,8 @@
-"""``to_onnx_proto(..., flexible=True)``, the export of a compiled partition (issue 25): axes 0 and
-1 symbolic where the graph leaves them free, so one runtime session serves every batch size and
-sequence length; a size the graph fixes, ties to another or bounds stays static, never a
-symbolic input that would run a graph traced for other sizes."""
+"""``to_onnx_proto(..., flexible=True)``, the export of a compiled partition (issue 25): every axis
+symbolic where the graph leaves it free, so one runtime session serves every batch size, sequence
+and time length; a size the graph fixes or bounds from above stays static, and a smallest size
+the graph needs is written beside the shapes, never a symbolic input that would run a graph
+traced for other sizes."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ class Branches(nn.Module):
         return torch.relu(x) if x.shape[1] > 4 else x  # traced for long sequences only
 
 
-class Derived(nn.Module):
-    def forward(self, x, y):
-        return x.reshape(x.shape[0], -1) + y  # y's width is x's axes 1 and 2 multiplied
+class Capped(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) if x.shape[1] < 9 else x  # traced for short sequences only
 
 
 def _dims(proto) -> list[list]:
@@ -35,27 +36,33 @@ def _exported(model, inputs):
     return export(model, inputs, dynamic_shapes=dynamic_axes.flexible_shapes(inputs))
 
 
-def test_batch_and_sequence_become_symbols_shared_where_the_graph_ties_them():
+def test_every_free_axis_becomes_a_symbol_shared_where_the_graph_ties_them():
     x, mask = torch.randn(3, 7, 5), torch.ones(3, 7)
     (xb, xs, width), (mb, ms) = _dims(to_onnx_proto(fx.symbolic_trace(Tokens()), (x, mask), flexible=True))
-    assert isinstance(xb, str) and isinstance(xs, str) and width == 5  # axis 2 is never made symbolic
+    assert all(isinstance(size, str) for size in (xb, xs, width))  # the last axis too (a signal's time)
     assert (mb, ms) == (xb, xs)
 
 
 def test_an_axis_of_size_one_stays_static():
     shapes = dynamic_axes.flexible_shapes((torch.randn(1, 7, 5), torch.ones(1, 7), 3))
-    assert [sorted(s) if s else s for s in shapes] == [[1], [1], None]
+    assert [sorted(s) if s else s for s in shapes] == [[1, 2], [1], None]
 
 
-def test_free_sizes_pass_and_bounded_or_derived_ones_do_not():
+def test_free_sizes_pass_with_their_smallest_size_and_sizes_bounded_above_do_not():
     assert dynamic_axes.free_symbols_only(_exported(Tokens(), (torch.randn(3, 7, 5), torch.ones(3, 7))))
-    assert not dynamic_axes.free_symbols_only(_exported(Branches(), (torch.randn(3, 7, 5),)))
-    assert not dynamic_axes.free_symbols_only(_exported(Derived(), (torch.randn(3, 4, 2), torch.randn(3, 8))))
+    branches = _exported(Branches(), (torch.randn(3, 7, 5),))
+    assert dynamic_axes.free_symbols_only(branches)
+    assert sorted(dynamic_axes.min_sizes(branches).values()) == [2, 2, 5]  # batch, width; sequence > 4
+    assert not dynamic_axes.free_symbols_only(_exported(Capped(), (torch.randn(3, 7, 5),)))
 
 
-def test_a_graph_tying_sizes_beyond_equality_is_exported_static():
-    proto = to_onnx_proto(fx.symbolic_trace(Derived()), (torch.randn(3, 4, 2), torch.randn(3, 8)), flexible=True)
-    assert _dims(proto) == [[3, 4, 2], [3, 8]]
+def test_the_smallest_sizes_decide_which_inputs_a_model_takes():
+    conv = fx.symbolic_trace(nn.Conv1d(2, 4, 3))  # no padding: 3 steps at least
+    proto = to_onnx_proto(conv, (torch.randn(3, 2, 16),), flexible=True)
+    shapes = dynamic_axes.InputShapes.of(proto.SerializeToString())
+    assert shapes.fit([torch.randn(2, 2, 3)]) and shapes.fit([torch.randn(4, 2, 1000)])
+    assert not shapes.fit([torch.randn(2, 2, 2)]) and not shapes.fit([torch.randn(2, 3, 16)])
+    assert not shapes.fit([torch.randn(1, 2, 16)]) and not shapes.fit([torch.randn(3, 2, 16).double()])
 
 
 def test_sizes_the_exporter_leaves_symbolic_but_pinned_to_one_value_are_written_static(monkeypatch):

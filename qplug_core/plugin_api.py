@@ -71,7 +71,7 @@ from qplug_core.registry.contract import (
 )
 from qplug_core.registry.cpu_diagnostics import cpu_diagnostic
 from qplug_core.registry.hookspecs import hookimpl
-from qplug_core.registry.plugin_settings import replaced_settings
+from qplug_core.registry.plugin_settings import check_cache_size, replaced_settings
 from qplug_core.registry.plugins import QplugPluginWarning
 
 if TYPE_CHECKING:
@@ -132,6 +132,7 @@ __all__ = [
     "Mode",
     "Stage",
     "replaced_settings",
+    "check_cache_size",
     # what this CPU can do for int8, and the qparams that are safe with a kernel's arithmetic
     "CpuInt8",
     "Gemm",

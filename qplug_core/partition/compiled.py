@@ -11,6 +11,12 @@ compiled models (:meth:`shared`: compiling them again cost one export and one co
 signature, and a second copy of their weights). A subclass gives :meth:`build` (serialized model
 -> the runtime's compiled form) and :meth:`run` (compiled form, inputs -> output tensors).
 
+Models compiled for one signature each are kept up to :attr:`~CompiledPartition.shape_cache_size`
+(8 by default, the plugins' ``configure(shape_cache_size=...)``), least recently used first out:
+a server meeting many shapes the graph fixes (a symbolic size serves all of them with one model)
+frees the models it no longer calls instead of holding one per shape forever; a warning says so
+once.
+
 A model compiled for a new input signature (batch 1 after a batch-256 example) is held to the
 contract the first one was held to at convert: built under the same error handling, run once on
 the inputs that asked for it and compared with the reference form (the pipeline's
@@ -29,6 +35,7 @@ from __future__ import annotations
 import copy
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -98,13 +105,16 @@ class CompiledPartition(HoldsPartition, nn.Module):
     flush_denormals = True
     #: checks the models compiled for new signatures (None: only their build failures fall back)
     signature_check: SignatureCheck | None
+    #: compiled models kept at most, least recently used first out (the plugins set it from
+    #: their ``configure(shape_cache_size=...)``)
+    shape_cache_size = 8
 
     def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
                  serialize: Callable[[fx.GraphModule, tuple], Source]):
         super().__init__()
         self.__dict__["_partition"] = partition  # not a submodule: it is not part of the state
         self._serialize = serialize
-        self._compiled: dict[tuple, Any] = {}
+        self._compiled: OrderedDict[tuple, Any] = OrderedDict()
         self._routes: dict[tuple, tuple] = {}  # input signature -> the signature compiled for it
         self._single_output = True
         self.__dict__["_routing"] = threading.Lock()
@@ -127,6 +137,15 @@ class CompiledPartition(HoldsPartition, nn.Module):
         too: a runtime whose compiled models take symbolic sizes says so here. Default: no, each
         input signature gets a model of its own."""
         return False
+
+    @staticmethod
+    def input_shapes(source: bytes) -> Any:
+        """The input shapes (fixed or symbolic, with their smallest sizes) of a serialized ONNX
+        partition: ``.fit([tensor.shape, ...])`` says whether inputs of those shapes fit, for a
+        runtime's :meth:`serves`."""
+        from qplug_core.onnx_export.dynamic_axes import InputShapes
+
+        return InputShapes.of(source)
 
     def shared(self, compiled: Any) -> Any:
         """What a deep copy runs for ``compiled``: ``compiled`` itself by default, for a runtime
@@ -158,16 +177,39 @@ class CompiledPartition(HoldsPartition, nn.Module):
     @torch.autocast("cpu", enabled=False)  # a first call under the caller's autocast: export in float32
     def _compile(self, inputs: tuple[torch.Tensor, ...]) -> Any:
         partition = self.partition
-        try:
-            with torch.no_grad():  # the output structure (tensor or tuple) the partition returns
-                self._single_output = isinstance(partition(*inputs), torch.Tensor)
-        except RuntimeError as exc:  # inputs its layers cannot take: the caller's, not the runtime's fault
-            raise InputMismatchError(f"{type(self).__name__} cannot take inputs {self._mismatch(inputs)} "
-                                     f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+        # the output structure (tensor or tuple) the partition returns
+        self._single_output = isinstance(self._checked(inputs), torch.Tensor)
         signature = self._signature(inputs)
-        self._compiled[signature] = compiled = self.build(self._serialize(partition, inputs))
+        compiled = self.build(self._serialize(partition, inputs))
+        self._evict(len(self._compiled) + 1 - self.shape_cache_size)
+        self._compiled[signature] = compiled
         self._routes[signature] = signature
         return compiled
+
+    def _evict(self, count: int) -> None:
+        """Let go of the ``count`` least recently used compiled models (and the routes to them)."""
+        if count <= 0:
+            return
+        if "_evicted" not in self.__dict__:
+            self.__dict__["_evicted"] = True
+            warn_user(f"qplug: {type(self).__name__}: more than {self.shape_cache_size} input shapes need a "
+                      "model compiled for each (the graph fixes their sizes); the least recently used are "
+                      "freed and compiled again when called again: warm up the shapes you serve, or raise "
+                      "the plugin's configure(shape_cache_size=...)")
+        for _ in range(count):
+            gone, _ = self._compiled.popitem(last=False)
+            self._routes = {s: r for s, r in self._routes.items() if r != gone}
+
+    def _checked(self, inputs: tuple[torch.Tensor, ...]) -> Any:
+        """The partition's output for ``inputs`` (run once per new signature, before a compiled
+        model is built or reused for them), or :class:`InputMismatchError` for inputs its layers
+        cannot take."""
+        try:
+            with torch.no_grad():
+                return self.partition(*inputs)
+        except RuntimeError as exc:  # the caller's inputs, not the runtime's fault
+            raise InputMismatchError(f"{type(self).__name__} cannot take inputs {self._mismatch(inputs)} "
+                                     f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
 
     def _mismatch(self, inputs: tuple[torch.Tensor, ...]) -> str:
         """What the refused ``inputs`` differ in from the first ones compiled (the example inputs at
@@ -200,6 +242,8 @@ class CompiledPartition(HoldsPartition, nn.Module):
             route = self._routes.get(signature)
             if route is not None:  # another thread compiled it meanwhile
                 return route
+            if self._compiled:
+                self._checked(inputs)  # a symbolic size may take shapes the layers do not
             for compiled_for, compiled in self._compiled.items():
                 if self.serves(compiled, inputs):
                     self._routes[signature] = compiled_for
@@ -237,7 +281,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
         """Build every compiled model again (after a change of settings), from the partition
         serialized again for each signature (one at a time: a serialized model is as large as its
         weights)."""
-        self._compiled = {signature: self.build(self._source(signature)) for signature in self._compiled}
+        self._compiled = OrderedDict((signature, self.build(self._source(signature))) for signature in self._compiled)
 
     def _source(self, signature: tuple) -> Source:
         """The partition serialized for ``signature`` (on zeros of its shapes and dtypes: the
@@ -269,8 +313,13 @@ class CompiledPartition(HoldsPartition, nn.Module):
             route = self._route(inputs)
         if route is REFERENCE_FORM:
             return self.__dict__["_reference_form"](*inputs)
+        compiled = self._compiled.get(route)
+        if compiled is None:  # freed by another thread's new shape meanwhile
+            return self.forward(*inputs)
+        if len(self._compiled) > 1:
+            self._compiled.move_to_end(route)  # C OrderedDict: atomic under the GIL
         try:
-            return self._call(self._compiled[route], inputs)
+            return self._call(compiled, inputs)
         except QplugError:
             raise
         except Exception as error:
@@ -316,7 +365,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
         clone.__dict__["_partition"] = copy.deepcopy(self.form, memo)
         if "_reference_form" in self.__dict__:
             clone.__dict__["_reference_form"] = copy.deepcopy(self.__dict__["_reference_form"], memo)
-        clone._compiled = {signature: self.shared(compiled) for signature, compiled in self._compiled.items()}
+        clone._compiled = OrderedDict((signature, self.shared(compiled)) for signature, compiled in self._compiled.items())
         clone._routes = dict(self._routes)
         return clone
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from qplug_core.errors import ConfigValidationError, did_you_mean
 
-__all__ = ["replaced_settings"]
+__all__ = ["check_cache_size", "replaced_settings"]
 
 Settings = TypeVar("Settings")
 
@@ -26,3 +26,11 @@ def replaced_settings(settings: Settings, changes: dict[str, Any], owner: str = 
         raise ConfigValidationError(f"{owner}() has no setting {unknown!r}{did_you_mean(unknown, names)}; its "
                                     f"settings: {', '.join(names)}", field=unknown, value=changes[unknown])
     return dataclasses.replace(settings, **changes)  # type: ignore[type-var]
+
+
+def check_cache_size(size: Any) -> None:
+    """Refuse a ``shape_cache_size`` setting (compiled models a partition keeps) that is not an
+    int >= 1."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ConfigValidationError(f"shape_cache_size must be an int >= 1 (compiled models kept per partition), "
+                                    f"got {size!r}", field="shape_cache_size", value=size)

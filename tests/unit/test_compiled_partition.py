@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import fx, nn
 
@@ -64,8 +65,23 @@ def test_a_deep_copy_runs_the_same_compiled_models_and_recompiles_on_its_own():
     assert torch.equal(clone(x), partition(x))
     assert clone.form is not partition.form
     clone.recompile()  # e.g. after new settings: the copy's models only
-    assert serialize.calls == [((2, 4),), ((3, 4),)]
+    assert sorted(serialize.calls) == [((2, 4),), ((3, 4),)]
     assert not any(a is b for a, b in zip(clone.compiled, compiled, strict=True))
-    assert all(a is b for a, b in zip(partition.compiled, compiled, strict=True))
+    assert {id(c) for c in partition.compiled} == {id(c) for c in compiled}
     clone(torch.randn(5, 4))  # a new signature compiles for the copy alone
     assert (len(clone.compiled), len(partition.compiled)) == (3, 2)
+
+
+def test_models_past_the_cache_size_free_the_least_recently_used_and_say_so_once():
+    partition, serialize = _compiled_twice()  # (2, 4) then (3, 4)
+    partition.shape_cache_size = 2
+    partition(torch.randn(2, 4))  # (3, 4) is now the least recently used
+    with pytest.warns(UserWarning, match="shape_cache_size") as warned:
+        for batch in (5, 6):
+            x = torch.randn(batch, 4)
+            assert torch.equal(partition(x), partition.form(x))
+    assert len(warned) == 1 and len(partition.compiled) == 2
+    partition(torch.randn(6, 4))
+    partition(torch.randn(3, 4))  # freed: compiled again
+    assert serialize.calls == [((5, 4),), ((6, 4),), ((3, 4),)]
+    assert len(partition.compiled) == 2

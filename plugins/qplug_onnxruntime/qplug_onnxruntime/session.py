@@ -5,10 +5,10 @@ The session is created once (at convert, and again by ``qp.load``) with the sett
 runs the same sessions (ORT's ``run`` takes calls from several threads at once). Inputs go to ORT as numpy
 views of the (contiguous, CPU) torch tensors and outputs come back as torch views of ORT's
 buffers (``torch.from_numpy``), so nothing is copied either way. The partition is exported with
-axes 0 and 1 of its inputs symbolic where its graph leaves them free (``to_onnx_proto(...,
-flexible=True)``), so one session serves every batch size and sequence length >= 2; an input
+every axis of its inputs symbolic where its graph leaves it free (``to_onnx_proto(...,
+flexible=True)``), so one session serves every batch size, sequence or time length >= 2; an input
 the session's shapes do not take (size 1 on a symbolic axis, another size on a fixed one) gets a
-session compiled for it.
+session compiled for it, kept among the partition's ``shape_cache_size`` least recently used.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from torch import fx
 from qplug_core.plugin_api import (
     CompiledPartition,
     ConfigValidationError,
+    check_cache_size,
     denormals_flushed,
     replaced_settings,
 )
@@ -46,12 +47,17 @@ class SessionSettings:
     (names of ORT graph transformers not to run, default :data:`SLOW_FUSIONS`) and
     ``flush_denormals`` (floats below 1.2e-38 computed as zero, on ORT's threads and the calling
     one: Softmax over attention scores makes millions of them, at many times a normal float's
-    cost; ``qplug_core/partition/denormals.py``)."""
+    cost; ``qplug_core/partition/denormals.py``), ``allow_spinning`` (ORT's intra-op threads
+    spin between ops: lowest latency for one caller; several client threads on few cores ran
+    2.8-5x slower than serial with it, 1.2-1.9x without) and ``shape_cache_size`` (sessions a
+    partition keeps for shapes its graph fixes, least recently used first out)."""
 
     num_threads: int | None = None
     graph_optimization: str = "all"
     disabled_optimizers: tuple[str, ...] = SLOW_FUSIONS
     flush_denormals: bool = True
+    allow_spinning: bool = True
+    shape_cache_size: int = 8
 
     def __post_init__(self) -> None:
         if self.num_threads is not None and (not isinstance(self.num_threads, int)
@@ -67,9 +73,11 @@ class SessionSettings:
             raise ConfigValidationError(f"disabled_optimizers must be a tuple of ORT optimizer names, got "
                                         f"{self.disabled_optimizers!r}", field="disabled_optimizers",
                                         value=self.disabled_optimizers)
-        if not isinstance(self.flush_denormals, bool):
-            raise ConfigValidationError(f"flush_denormals must be True or False, got {self.flush_denormals!r}",
-                                        field="flush_denormals", value=self.flush_denormals)
+        for name in ("flush_denormals", "allow_spinning"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigValidationError(f"{name} must be True or False, got {getattr(self, name)!r}",
+                                            field=name, value=getattr(self, name))
+        check_cache_size(self.shape_cache_size)
 
     def session_options(self):
         import onnxruntime as ort
@@ -88,6 +96,7 @@ class SessionSettings:
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[self.graph_optimization]
         # ORT's worker threads; OrtPartition flushes on the calling thread
         options.add_session_config_entry("session.set_denormal_as_zero", "1" if self.flush_denormals else "0")
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.allow_spinning else "0")
         return options
 
     def inference_session(self, model: bytes | os.PathLike, *, optimized_model_filepath: str | None = None):
@@ -127,15 +136,10 @@ def configure(**changes: Any) -> SessionSettings:
     return previous
 
 
-#: ORT's names of the input element types a partition takes
-_ORT_TYPES = {torch.float32: "tensor(float)", torch.float64: "tensor(double)", torch.float16: "tensor(float16)",
-              torch.int64: "tensor(int64)", torch.int32: "tensor(int32)", torch.uint8: "tensor(uint8)",
-              torch.int8: "tensor(int8)", torch.bool: "tensor(bool)"}
-
-
 class _Compiled:
-    """One session, its input and output names, the input shapes it takes (an int: that size; a
-    name: any size >= 2, the same wherever the name recurs), and the call that runs it.
+    """One session, its input and output names, the input types and shapes it takes (an int: that
+    size; a name: any size from its smallest up, the same wherever the name recurs), and the call
+    that runs it.
 
     ``call(output_names, feeds)`` is the session's native ``run`` with one ``RunOptions`` made
     here: ``InferenceSession.run`` checks the feed names in Python and builds default run options
@@ -147,29 +151,16 @@ class _Compiled:
         self.session = session_settings.inference_session(model)
         inputs = self.session.get_inputs()
         self.input_names = [i.name for i in inputs]
-        self.input_types = [i.type for i in inputs]
-        self.input_shapes = [tuple(i.shape) for i in inputs]
+        self.input_shapes = CompiledPartition.input_shapes(model)
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.call = native_run(self.session)
 
     def takes(self, inputs: tuple[torch.Tensor, ...]) -> bool:
         """Whether these inputs fit the session's input types and shapes. A symbolic size only
-        takes >= 2: torch.export specialises size 1, so an input of size 1 there gets a session
-        of its own, exported as a fresh compile of its shapes would be (the session answering an
-        input depends on its shapes alone, as it does after ``qp.load``)."""
-        if len(inputs) != len(self.input_shapes):
-            return False
-        sizes: dict[str, int] = {}
-        for tensor, kind, shape in zip(inputs, self.input_types, self.input_shapes):
-            if _ORT_TYPES.get(tensor.dtype) != kind or tensor.dim() != len(shape):
-                return False
-            for size, expected in zip(tensor.shape, shape):
-                if isinstance(expected, str):
-                    if size < 2 or sizes.setdefault(expected, size) != size:
-                        return False
-                elif expected != size:  # a fixed size, or None (unknown to ORT): never assumed
-                    return False
-        return True
+        takes >= 2 (or the graph's smallest): torch.export specialises size 1, so an input of
+        size 1 there gets a session of its own, exported as a fresh compile of its shapes would
+        be (the session answering an input depends on its shapes alone, as after ``qp.load``)."""
+        return self.input_shapes.fit(inputs)
 
 
 def native_run(session) -> Callable[[list[str], dict], list]:
@@ -189,6 +180,7 @@ class OrtPartition(CompiledPartition):
                  to_onnx: Callable[[fx.GraphModule, tuple], bytes], session_settings: SessionSettings):
         self.session_settings = dataclasses.replace(
             session_settings, num_threads=session_settings.num_threads or torch.get_num_threads())
+        self.shape_cache_size = session_settings.shape_cache_size
         super().__init__(partition, example_inputs, to_onnx)
 
     def build(self, source: bytes | os.PathLike) -> _Compiled:
@@ -214,6 +206,7 @@ class OrtPartition(CompiledPartition):
         """Build every session again with other settings (threads, graph optimizations)."""
         self.session_settings = dataclasses.replace(
             session_settings, num_threads=session_settings.num_threads or torch.get_num_threads())
+        self.shape_cache_size = session_settings.shape_cache_size
         self.recompile()
 
     @property

@@ -5,15 +5,20 @@ the settings in force (:func:`configure`; threads default to ``torch.get_num_thr
 inference precision is pinned to f32: on CPUs with bf16 (AVX512_BF16, AMX) OpenVINO's default
 would run the float ops between the int8 ones in bf16, away from the reference form. Inputs are
 shared with OpenVINO (no copy); outputs are copied out of the request's buffers, which the next
-call overwrites (one request per compiled model, used under a lock: calls from several
-threads take turns; a deep copy of the model runs the same compiled models with requests of
-its own). An input of another shape gets a model compiled for it (once per shape).
+call overwrites. Each call takes an idle infer request of the compiled model, or creates one when
+all are busy, so calls from several threads run at once (one request per concurrent caller,
+kept for the next). The partition is exported with every axis its graph leaves free symbolic
+(dynamic in OpenVINO), so one compiled model serves every batch size and sequence or time
+length >= 2; an input its shapes do not take (size 1 on a symbolic axis, another size on a fixed
+one) gets a model compiled for it, kept among the partition's ``shape_cache_size`` least
+recently used.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import queue
 import threading
 import warnings
 from collections.abc import Callable
@@ -23,7 +28,13 @@ from typing import Any
 import torch
 from torch import fx
 
-from qplug_core.plugin_api import CompiledPartition, ConfigValidationError, replaced_settings, warn_user
+from qplug_core.plugin_api import (
+    CompiledPartition,
+    ConfigValidationError,
+    check_cache_size,
+    replaced_settings,
+    warn_user,
+)
 
 from qplug_openvino.runtime import import_openvino
 
@@ -31,9 +42,11 @@ from qplug_openvino.runtime import import_openvino
 @dataclass(frozen=True)
 class CompileSettings:
     """How partitions are compiled: ``num_threads`` (None: ``torch.get_num_threads()`` at
-    compile time)."""
+    compile time) and ``shape_cache_size`` (models a partition keeps for shapes its graph
+    fixes, least recently used first out)."""
 
     num_threads: int | None = None
+    shape_cache_size: int = 8
     #: features per run-time activation scale of a dynamic linear (int8 weights into a float
     #: MatMul); 0 leaves its input float (weights dequantized in the kernel). Real
     #: all-MiniLM-L6-v2 with 32 of its linears dynamic, 8x128 tokens, 1 thread, Intel Xeon with
@@ -49,6 +62,7 @@ class CompileSettings:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ConfigValidationError(f"dynamic_quantization_group_size must be an int >= 0, got {size!r}",
                                         field="dynamic_quantization_group_size", value=size)
+        check_cache_size(self.shape_cache_size)
 
     def resolved(self) -> CompileSettings:
         return dataclasses.replace(self, num_threads=self.num_threads or torch.get_num_threads())
@@ -82,20 +96,28 @@ def configure(**changes: Any) -> CompileSettings:
 
 @dataclass
 class _Compiled:
-    """The compiled model and infer request of one input signature, and which of the partition's
-    inputs the model reads (OpenVINO drops the parameters nothing uses)."""
+    """The compiled model of one or more input signatures, its idle infer requests, the input
+    shapes it takes, and which of the partition's inputs the model reads (OpenVINO drops the
+    parameters nothing uses)."""
 
     model: Any
-    request: Any
     positions: list[int]
     outputs: int
-    #: runs the request on the tensors set (see :func:`_native_infer`)
-    infer: Callable[[], Any]
+    #: the ONNX model's input types and shapes (``CompiledPartition.input_shapes``)
+    shapes: Any
     #: ``openvino.Tensor``, looked up once
     tensor: Any
     #: the model's int8 constants (:func:`_int8_constants`)
     int8: list[torch.Tensor]
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: (request, its native infer) not running: a caller takes one, or makes one if none is idle
+    idle: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+
+    def request(self) -> tuple[Any, Callable[[], Any]]:
+        try:
+            return self.idle.get_nowait()
+        except queue.Empty:
+            request = self.model.create_infer_request()
+            return request, _native_infer(request)
 
 
 def _native_infer(request: Any) -> Callable[[], Any]:
@@ -140,6 +162,7 @@ class OpenVinoPartition(CompiledPartition):
     def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
                  to_onnx: Callable[[fx.GraphModule, tuple], bytes], compile_settings: CompileSettings):
         self.compile_settings = compile_settings.resolved()
+        self.shape_cache_size = compile_settings.shape_cache_size
         super().__init__(partition, example_inputs, to_onnx)
 
     def build(self, source: bytes | os.PathLike) -> _Compiled:
@@ -159,15 +182,11 @@ class OpenVinoPartition(CompiledPartition):
             warn_user(f"OpenVINO could not compile dynamic linears with inputs quantized at run time on "
                       f"this CPU ({str(exc).strip().splitlines()[-1][:200]}); their inputs stay float "
                       "(int8 weights, dequantized in the kernel)")
-        request = model.create_infer_request()
-        return _Compiled(model, request, [names.index(port.get_any_name()) for port in model.inputs],
-                         len(model.outputs), _native_infer(request), openvino.Tensor, _int8_constants(read))
+        return _Compiled(model, [names.index(port.get_any_name()) for port in model.inputs], len(model.outputs),
+                         self.input_shapes(source), openvino.Tensor, _int8_constants(read))
 
-    def shared(self, compiled: _Compiled) -> _Compiled:
-        """The same compiled model with an infer request (and lock) of its own: a compiled model
-        serves any number of requests, a request one call at a time."""
-        request = compiled.model.create_infer_request()
-        return dataclasses.replace(compiled, request=request, infer=_native_infer(request), lock=threading.Lock())
+    def serves(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> bool:
+        return compiled.shapes.fit(inputs)
 
     def runtime_int8(self) -> list[torch.Tensor]:
         """The int8 constants of the first model compiled (OpenVINO's CPU plugin keeps them, its
@@ -182,23 +201,27 @@ class OpenVinoPartition(CompiledPartition):
     def run(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         # the tensors' buffers go in as they are; the request's dict-building ``infer(feeds)``
         # costs ~50 us more per call (measured), which counts at batch 1
-        request, tensor = compiled.request, compiled.tensor
+        tensor = compiled.tensor
         arrays = [self.as_array(inputs[i]) for i in compiled.positions]
-        with compiled.lock:
+        request, infer = compiled.request()
+        try:
             for port, array in enumerate(arrays):
                 request.set_input_tensor(port, tensor(array, shared_memory=True))
-            compiled.infer()
+            infer()
             return [torch.from_numpy(request.get_output_tensor(port).data.copy())
                     for port in range(compiled.outputs)]
+        finally:
+            compiled.idle.put((request, infer))
 
     def rebuild(self, compile_settings: CompileSettings) -> None:
         """Compile every model again with other settings (threads)."""
         self.compile_settings = compile_settings.resolved()
+        self.shape_cache_size = compile_settings.shape_cache_size
         self.recompile()
 
     @property
     def compiled_models(self) -> list:
-        """The OpenVINO compiled models built so far (one per input signature)."""
+        """The OpenVINO compiled models held (one serves every shape its symbolic sizes take)."""
         return [c.model for c in self.compiled]
 
     def extra_repr(self) -> str:

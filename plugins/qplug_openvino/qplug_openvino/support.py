@@ -46,9 +46,11 @@ class OpenVinoSupport(OperatorSupportBase):
 
 def partition_to_onnx(partition: fx.GraphModule, example_inputs: tuple) -> bytes | OnnxFile:
     """The ONNX QDQ model (standard ops) of one reference-form partition, serialized or a file with
-    external data when large (``onnx_source``); a dynamic linear is its int8 weights into a float
-    MatMul, whose input OpenVINO quantizes at run time (``DYNAMIC_QUANTIZATION_GROUP_SIZE``,
+    external data when large (``onnx_source``), with every axis the graph leaves free symbolic
+    (``flexible``: one compiled model for every size); a dynamic linear is its int8 weights into a
+    float MatMul, whose input OpenVINO quantizes at run time (``DYNAMIC_QUANTIZATION_GROUP_SIZE``,
     :mod:`qplug_openvino.compiled`)."""
     from qplug_core.plugin_api import onnx_source, to_onnx_proto
 
-    return onnx_source(to_onnx_proto(partition, example_inputs, dynamic_linears="dequantized_weights", check=False))
+    return onnx_source(to_onnx_proto(partition, example_inputs, flexible=True,
+                                     dynamic_linears="dequantized_weights", check=False))

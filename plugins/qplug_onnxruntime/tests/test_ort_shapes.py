@@ -1,17 +1,13 @@
-"""New input shapes on onnxruntime: one session serves every size the partition's graph leaves
-free (batch and the time axis of a ``(batch, channels, time)`` signal), sessions for the shapes
-a graph fixes are kept up to ``shape_cache_size`` (least recently used first out), and ORT's
-spinning threads are a setting."""
+"""onnxruntime sessions for shapes a graph fixes are kept up to ``shape_cache_size`` (least
+recently used first out; one session serving every free size: tests/plugins/test_delegated_shapes.py),
+and ORT's spinning threads are a setting."""
 
 from __future__ import annotations
-
-import warnings
 
 import pytest
 import torch
 from torch import fx, nn
 
-import qplug_core as qp
 from qplug_core.plugin_api import ConfigValidationError, to_onnx_proto
 
 from qplug_onnxruntime import SessionSettings, configure
@@ -22,33 +18,7 @@ def signal(batch: int, length: int, seed: int) -> torch.Tensor:
     return torch.cumsum(0.1 * torch.randn(batch, 6, length, generator=torch.Generator().manual_seed(seed)), -1)
 
 
-@pytest.fixture(scope="module")
-def conv1d():
-    """(onnxruntime model, reference form) of a 1-D CNN quantized at batch 2, 64 steps."""
-    model = nn.Sequential(nn.Conv1d(6, 16, 3, padding=1), nn.ReLU(), nn.Conv1d(16, 8, 3)).eval()
-    data = [(signal(2, 64, seed),) for seed in range(3)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        observed = qp.prepare_fx(model, None, data[0], backend="onnxruntime")
-        qp.calibrate(observed, data)
-        reference = qp.convert_to_reference_fx(observed)
-        return qp.convert_fx(observed), reference
-
-
-def test_one_session_serves_every_length_and_batch_the_graph_leaves_free(conv1d):
-    ort_model, reference = conv1d
-    (partition,) = [m for m in ort_model.modules() if isinstance(m, OrtPartition)]
-    with torch.no_grad():
-        for batch, length in ((2, 40), (3, 100), (5, 257), (2, 3)):  # 3: the smallest a kernel-3 conv takes
-            x = signal(batch, length, seed=batch + length)
-            got, expected = ort_model(x), reference(x)
-            assert got.shape == (batch, 8, length - 2)
-            # the last conv writes float (no int8 op reads it): two steps of its range / 255
-            assert (got - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255
-    assert len(partition.sessions) == 1
-    assert [isinstance(size, str) for size in partition.sessions[0].get_inputs()[0].shape] == [True, False, True]
-
-
+@pytest.mark.slow  # ~2-4 s: two static exports and sessions
 def test_sessions_for_shapes_the_graph_fixes_stay_within_the_cache_size():
     graph = fx.symbolic_trace(nn.Sequential(nn.Conv1d(6, 4, 3), nn.ReLU()).eval())
 

@@ -256,6 +256,8 @@ def test_bad_settings_are_refused():
         CompileSettings(num_threads=True)
     with pytest.raises(ConfigValidationError, match="dynamic_quantization_group_size must be an int >= 0"):
         configure(dynamic_quantization_group_size=-1)
+    with pytest.raises(ConfigValidationError, match="shape_cache_size must be an int >= 1"):
+        configure(shape_cache_size=0)
 
 
 def test_another_input_shape_gets_its_own_compiled_model():

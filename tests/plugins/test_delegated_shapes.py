@@ -1,0 +1,71 @@
+"""New input shapes and threads on the compiling backends (speech finding 5, serving F8): one
+compiled model (an ORT session, an OpenVINO compiled model) serves every batch size and time
+length the partition's graph leaves free, with outputs within the contract of the reference
+form at each, and calls from several threads at once answer as serial calls do. Real runtimes on
+the host."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.plugin_api import CompiledPartition
+
+
+@pytest.fixture(params=["onnxruntime", "openvino"], scope="module")
+def conv1d(request):
+    """(backend, its model, the reference form) of a 1-D CNN quantized at batch 2, 64 steps."""
+    if not any(info.name == request.param and info.available for info in qp.list_backends()):
+        pytest.skip(f"{request.param} is not available here")
+    model = nn.Sequential(nn.Conv1d(6, 16, 3, padding=1), nn.ReLU(), nn.Conv1d(16, 8, 3)).eval()
+    data = [(signal(2, 64, seed),) for seed in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        observed = qp.prepare_fx(model, None, data[0], backend=request.param)
+        qp.calibrate(observed, data)
+        reference = qp.convert_to_reference_fx(observed)
+        return request.param, qp.convert_fx(observed), reference
+
+
+def signal(batch: int, length: int, seed: int) -> torch.Tensor:
+    return torch.cumsum(0.1 * torch.randn(batch, 6, length, generator=torch.Generator().manual_seed(seed)), -1)
+
+
+def test_one_compiled_model_serves_every_length_and_batch_the_graph_leaves_free(conv1d):
+    backend, model, reference = conv1d
+    (partition,) = [m for m in model.modules() if isinstance(m, CompiledPartition)]
+    with torch.no_grad():
+        for batch, length in ((2, 40), (3, 100), (5, 257), (2, 3)):  # 3: the smallest a kernel-3 conv takes
+            x = signal(batch, length, seed=batch + length)
+            got, expected = model(x), reference(x)
+            assert got.shape == (batch, 8, length - 2)
+            # the last conv writes float (no int8 op reads it): two steps of its range / 255
+            assert (got - expected).abs().max() <= 2 * float(expected.max() - expected.min()) / 255, backend
+    assert len(partition.compiled) == 1, backend
+
+
+def test_calls_from_several_threads_at_once_answer_as_serial_calls(conv1d):
+    _, model, _ = conv1d
+    xs = [signal(2, 64 + 8 * i, seed=i) for i in range(8)]
+    with torch.no_grad():
+        serial = [model(x) for x in xs]
+    answers: dict[int, list[torch.Tensor]] = {}
+    start = threading.Barrier(4)
+
+    def client(k: int) -> None:
+        start.wait()
+        with torch.no_grad():
+            answers[k] = [model(x) for x in xs[k:] + xs[:k]]
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(4):
+        assert all(torch.equal(got, want) for got, want in zip(answers[k], serial[k:] + serial[:k], strict=True))

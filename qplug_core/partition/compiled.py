@@ -201,8 +201,8 @@ class CompiledPartition(HoldsPartition, nn.Module):
             self._routes = {s: r for s, r in self._routes.items() if r != gone}
 
     def _checked(self, inputs: tuple[torch.Tensor, ...]) -> Any:
-        """The partition's output for ``inputs`` (run once per new signature, before a compiled
-        model is built or reused for them), or :class:`InputMismatchError` for inputs its layers
+        """The partition's output for ``inputs`` (before a model is compiled for them, and when a
+        compiled model failed on them), or :class:`InputMismatchError` for inputs its layers
         cannot take."""
         try:
             with torch.no_grad():
@@ -242,8 +242,6 @@ class CompiledPartition(HoldsPartition, nn.Module):
             route = self._routes.get(signature)
             if route is not None:  # another thread compiled it meanwhile
                 return route
-            if self._compiled:
-                self._checked(inputs)  # a symbolic size may take shapes the layers do not
             for compiled_for, compiled in self._compiled.items():
                 if self.serves(compiled, inputs):
                     self._routes[signature] = compiled_for
@@ -324,6 +322,9 @@ class CompiledPartition(HoldsPartition, nn.Module):
             raise
         except Exception as error:
             if self.signature_check is None:  # not served by the pipeline (yet: convert checks it)
+                # a symbolic size may take shapes the layers do not (a linear after a flatten): the
+                # caller's inputs, said as such, rather than the runtime's raw error
+                self._checked(inputs)
                 raise
             return self._answer_by_reference(inputs, error, self.signature_check)
 

@@ -14,22 +14,32 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.errors import InputMismatchError
 from qplug_core.plugin_api import CompiledPartition
 
 
 @pytest.fixture(params=["onnxruntime", "openvino"], scope="module")
-def conv1d(request):
-    """(backend, its model, the reference form) of a 1-D CNN quantized at batch 2, 64 steps."""
+def backend(request) -> str:
     if not any(info.name == request.param and info.available for info in qp.list_backends()):
         pytest.skip(f"{request.param} is not available here")
-    model = nn.Sequential(nn.Conv1d(6, 16, 3, padding=1), nn.ReLU(), nn.Conv1d(16, 8, 3)).eval()
-    data = [(signal(2, 64, seed),) for seed in range(3)]
+    return request.param
+
+
+def _converted(model: nn.Module, data: list[tuple], backend: str):
+    """(backend, its model, the reference form) from one calibration."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        observed = qp.prepare_fx(model, None, data[0], backend=request.param)
+        observed = qp.prepare_fx(model.eval(), None, data[0], backend=backend)
         qp.calibrate(observed, data)
         reference = qp.convert_to_reference_fx(observed)
-        return request.param, qp.convert_fx(observed), reference
+        return backend, qp.convert_fx(observed), reference
+
+
+@pytest.fixture(scope="module")
+def conv1d(backend):
+    """A 1-D CNN quantized at batch 2, 64 steps."""
+    model = nn.Sequential(nn.Conv1d(6, 16, 3, padding=1), nn.ReLU(), nn.Conv1d(16, 8, 3))
+    return _converted(model, [(signal(2, 64, seed),) for seed in range(3)], backend)
 
 
 def signal(batch: int, length: int, seed: int) -> torch.Tensor:
@@ -69,3 +79,13 @@ def test_calls_from_several_threads_at_once_answer_as_serial_calls(conv1d):
         t.join()
     for k in range(4):
         assert all(torch.equal(got, want) for got, want in zip(answers[k], serial[k:] + serial[:k], strict=True))
+
+
+@pytest.mark.slow  # ~2-5 s: a quantize per backend
+def test_a_size_the_layers_fix_beyond_the_input_shapes_is_the_callers_error(backend):
+    """Height and width stay symbolic (the linear after the flatten ties their product only): the
+    runtime's failure at another image size is an InputMismatchError naming the inputs."""
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    _, converted, _ = _converted(model, [(torch.randn(2, 1, 8, 8),) for _ in range(2)], backend)
+    with torch.no_grad(), pytest.raises(InputMismatchError, match=r"cannot take inputs of shape \(2, 1, 9, 9\)"):
+        converted(torch.randn(2, 1, 9, 9))

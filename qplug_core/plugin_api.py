@@ -47,7 +47,13 @@ from qplug_core.kernels.base import (
 )
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8, override_cpu_flags
 from qplug_core.kernels.pair_sums_probe import PAIRS_EXACT, PAIRS_SATURATE, Gemm, probe_pair_sums
-from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceRecurrent, ReferenceWeighted
+from qplug_core.kernels.reference import (
+    Dequantize,
+    DynamicQuantize,
+    Quantize,
+    ReferenceRecurrent,
+    ReferenceWeighted,
+)
 from qplug_core.kernels.table import torch_int8_kernels
 from qplug_core.kernels.weight_only import WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
@@ -192,6 +198,7 @@ __all__ = [
     "CompiledPartition",
     "call_flushing_denormals",
     "denormals_flushed",
+    "DynamicQuantize",
     "Dequantize",
     "Quantize",
     "ReferenceWeighted",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from torch import fx, nn
 
-from qplug_core.plugin_api import OperatorSupportBase
+from qplug_core.plugin_api import DynamicQuantize, OperatorSupportBase, cpu_int8
 
 if TYPE_CHECKING:
     from qplug_core.plugin_api import OnnxFile
@@ -44,13 +44,21 @@ class OpenVinoSupport(OperatorSupportBase):
         return None
 
 
+def _flexible(partition: fx.GraphModule) -> bool:
+    """Whether the partition is exported with dynamic dimensions. Not when it holds a dynamic
+    linear and the CPU has no VNNI: OpenVINO's FullyConnected quantizing its input at run time,
+    compiled with dynamic shapes for oneDNN held to AVX2, returned empty outputs (shape
+    (0, 0, 256) for (4, 32, 256)); such a partition is compiled per shape."""
+    return cpu_int8().vnni or not any(isinstance(m, DynamicQuantize) for m in partition.modules())
+
+
 def partition_to_onnx(partition: fx.GraphModule, example_inputs: tuple) -> bytes | OnnxFile:
     """The ONNX QDQ model (standard ops) of one reference-form partition, serialized or a file with
     external data when large (``onnx_source``), with every axis the graph leaves free symbolic
-    (``flexible``: one compiled model for every size); a dynamic linear is its int8 weights into a
-    float MatMul, whose input OpenVINO quantizes at run time (``DYNAMIC_QUANTIZATION_GROUP_SIZE``,
-    :mod:`qplug_openvino.compiled`)."""
+    (one compiled model for every size: :func:`_flexible`); a dynamic linear is its int8 weights
+    into a float MatMul, whose input OpenVINO quantizes at run time
+    (``DYNAMIC_QUANTIZATION_GROUP_SIZE``, :mod:`qplug_openvino.compiled`)."""
     from qplug_core.plugin_api import onnx_source, to_onnx_proto
 
-    return onnx_source(to_onnx_proto(partition, example_inputs, flexible=True,
+    return onnx_source(to_onnx_proto(partition, example_inputs, flexible=_flexible(partition),
                                      dynamic_linears="dequantized_weights", check=False))

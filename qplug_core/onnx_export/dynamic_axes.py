@@ -144,6 +144,34 @@ def free_symbols_only(exported_program) -> bool:
     return True
 
 
+def unsound_axes(gm, example_inputs: tuple, exported_program) -> dict[int, set[int]]:
+    """The symbolic axes (input position -> axes) the graph does not take at another size:
+    torch.export leaves a flatten's axes symbolic before a linear that fixes their product (no
+    guard), and a runtime then fails, or computes garbage, at any other size. Each symbol is
+    tried one step larger on the reference form (one run each)."""
+    tensors = [i for i, v in enumerate(example_inputs) if isinstance(v, torch.Tensor)]
+    specs = [spec for spec in exported_program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
+    nodes = {n.name: n for n in exported_program.graph.nodes}
+    axes: dict[str, list[tuple[int, int]]] = {}
+    for position, spec in zip(tensors, specs):
+        for axis, size in enumerate(getattr(nodes[spec.arg.name].meta.get("val"), "shape", ())):
+            if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
+                axes.setdefault(str(size.node.expr), []).append((position, axis))
+    unsound: dict[int, set[int]] = {}
+    for symbol, places in axes.items():
+        grown = list(example_inputs)
+        for position, axis in places:
+            value = grown[position]
+            grown[position] = torch.cat([value, value.narrow(axis, 0, 1)], dim=axis)
+        try:
+            with torch.no_grad():
+                gm(*grown)
+        except Exception:  # noqa: BLE001 - any failure: the graph does not take that size
+            for position, axis in places:
+                unsound.setdefault(position, set()).add(axis)
+    return unsound
+
+
 def min_sizes(exported_program) -> dict[str, int]:
     """The smallest size of each free symbolic input axis (at least 2: torch.export specialises
     size 1), by name: a branch on ``s0 > 4`` or a kernel-3 convolution raise it."""
@@ -253,4 +281,4 @@ def export_failure(exc: Exception, axes: dict[int, str]) -> ExportError:
 
 __all__ = ["BATCH", "MIN_SIZES", "SEQUENCE", "check", "described", "dynamic_axes", "export_failure",
            "flexible_shapes", "free_symbols_only", "InputShapes", "min_sizes", "pin", "pinned_sizes", "prepare",
-           "specialised", "torch_message"]
+           "specialised", "torch_message", "unsound_axes"]

@@ -20,6 +20,7 @@ from torch.nn.utils.parametrize import (
 )
 
 from qplug_core.errors import ConfigValidationError
+from qplug_core.ir.tracing import run_eagerly
 from qplug_core.nn.folding import fold_bn_weights
 from qplug_core.nn.intrinsic import FusedModule
 
@@ -226,7 +227,7 @@ class QATWithBn(QATModule):
             linear=isinstance(self, nn.Linear))
 
 
-@torch.compiler.disable
+@run_eagerly
 def _running_std(bn: nn.Module) -> torch.Tensor:
     """``sqrt(running_var + eps)``, computed eagerly under ``torch.compile``.
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
+from qplug_core.ir.tracing import run_eagerly
 from qplug_core.observers.base import ObserverBase
 from qplug_core.observers.factory import FactoryMixin
 from qplug_core.observers.fixed import FixedQParamsObserver
@@ -132,7 +133,7 @@ class FakeQuantize(FakeQuantizeBase):
         if self.activation_post_process.has_data:
             self._refresh_qparams()
 
-    @torch.compiler.disable
+    @run_eagerly
     def _update_qparams(self, x: torch.Tensor) -> None:
         """Runs eagerly under ``torch.compile``: one graph break per call instead of one at each
         data-dependent check of the observer (non-finite values, first batch, per-channel resize)."""
@@ -174,7 +175,7 @@ class FakeQuantize(FakeQuantizeBase):
         return torch.fake_quantize_per_tensor_affine(x, self.scale, self.zero_point,
                                                      self.quant_min, self.quant_max)
 
-    @torch.compiler.disable
+    @run_eagerly
     def _require_observed(self) -> None:
         if self.has_data:
             return

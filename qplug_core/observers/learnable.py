@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import ConfigValidationError
+from qplug_core.ir.tracing import run_eagerly
 from qplug_core.observers.base import ObserverBase
 from qplug_core.observers.bounds import check_setting
 from qplug_core.observers.fake_quantize import FakeQuantize
@@ -99,7 +100,7 @@ class LearnableFakeQuantize(FakeQuantize):
         if self._observing and observer.has_data:
             self._follow_observer()
 
-    @torch.compiler.disable
+    @run_eagerly
     def _update_qparams(self, x: torch.Tensor) -> None:  # eager under torch.compile, as FakeQuantize's
         self.activation_post_process(x.detach())
         self._follow_observer()

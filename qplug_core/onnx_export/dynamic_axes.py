@@ -22,6 +22,7 @@ so which session answers an input depends on its shapes only, never on the order
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -218,10 +219,15 @@ class InputShapes:
     minimums: dict[str, int]
 
     @classmethod
-    def of(cls, source: bytes) -> InputShapes:
+    def of(cls, source: bytes | os.PathLike) -> InputShapes:
+        """The input shapes of a partition's ONNX model, serialized or a file (its external data,
+        the weights, is not read)."""
         import onnx
 
-        model = onnx.load_from_string(source)
+        if isinstance(source, (bytes, bytearray)):
+            model = onnx.load_from_string(bytes(source))
+        else:
+            model = onnx.load(os.fspath(source), load_external_data=False)
         shapes = tuple(tuple(d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim)
                        for i in model.graph.input)
         meta = {entry.key: entry.value for entry in model.metadata_props}

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
+from typing import Any
 
 from qplug_core.errors import ExportError
 
@@ -68,4 +69,15 @@ def _check(onnx, source: bytes | OnnxFile) -> None:
         raise ExportError(f"the exported ONNX model does not pass onnx.checker: {exc}") from exc
 
 
-__all__ = ["PARTITION_FILE_BYTES", "OnnxFile", "onnx_source"]
+
+
+def onnx_input_shapes(source: bytes | os.PathLike) -> Any:
+    """The input shapes (fixed or symbolic, with their smallest sizes) of a partition's ONNX model
+    (bytes or an :class:`OnnxFile`): ``.fit([tensor, ...])`` says whether inputs fit it, for a
+    runtime's ``CompiledPartition.serves``."""
+    from qplug_core.onnx_export.dynamic_axes import InputShapes
+
+    return InputShapes.of(source)
+
+
+__all__ = ["PARTITION_FILE_BYTES", "OnnxFile", "onnx_input_shapes", "onnx_source"]

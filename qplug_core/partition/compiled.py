@@ -138,15 +138,6 @@ class CompiledPartition(HoldsPartition, nn.Module):
         input signature gets a model of its own."""
         return False
 
-    @staticmethod
-    def input_shapes(source: bytes) -> Any:
-        """The input shapes (fixed or symbolic, with their smallest sizes) of a serialized ONNX
-        partition: ``.fit([tensor.shape, ...])`` says whether inputs of those shapes fit, for a
-        runtime's :meth:`serves`."""
-        from qplug_core.onnx_export.dynamic_axes import InputShapes
-
-        return InputShapes.of(source)
-
     def shared(self, compiled: Any) -> Any:
         """What a deep copy runs for ``compiled``: ``compiled`` itself by default, for a runtime
         whose compiled model takes calls from several threads at once (ONNX Runtime's

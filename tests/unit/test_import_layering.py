@@ -30,14 +30,14 @@ ALLOWED: dict[str, set[str]] = {
     "enums": set(),
     "qparams": {"errors"},
     "patterns": {"errors"},
-    "nn": {"errors"},
+    "nn": {"errors", "ir"},
     "zoo": {"errors"},
     "ir": {"errors", "qparams"},
     "matcher": {"errors", "ir", "patterns"},
     "passes": {"errors", "ir"},
     "partition": {"errors", "ir"},
     # numerics and configuration data
-    "observers": {"errors", "qparams"},
+    "observers": {"errors", "ir", "qparams"},
     "kernels": {"errors", "ir", "nn", "qparams"},
     "config": {"enums", "errors", "nn", "observers", "patterns"},
     # the plugin host, then the pipeline that consults it

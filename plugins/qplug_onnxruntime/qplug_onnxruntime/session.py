@@ -148,10 +148,12 @@ class _Compiled:
     """
 
     def __init__(self, model: bytes | os.PathLike, session_settings: SessionSettings):
+        from qplug_core.plugin_api import onnx_input_shapes
+
         self.session = session_settings.inference_session(model)
         inputs = self.session.get_inputs()
         self.input_names = [i.name for i in inputs]
-        self.input_shapes = CompiledPartition.input_shapes(model)
+        self.input_shapes = onnx_input_shapes(model)
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.call = native_run(self.session)
 

@@ -103,7 +103,7 @@ class _Compiled:
     model: Any
     positions: list[int]
     outputs: int
-    #: the ONNX model's input types and shapes (``CompiledPartition.input_shapes``)
+    #: the ONNX model's input types and shapes (``plugin_api.onnx_input_shapes``)
     shapes: Any
     #: ``openvino.Tensor``, looked up once
     tensor: Any
@@ -167,6 +167,8 @@ class OpenVinoPartition(CompiledPartition):
 
     def build(self, source: bytes | os.PathLike) -> _Compiled:
         """``source`` (serialized, or a file with its external data: a partition's ``OnnxFile``) compiled."""
+        from qplug_core.plugin_api import onnx_input_shapes
+
         openvino = import_openvino()
         core = openvino.Core()
         properties = self.compile_settings.properties()
@@ -183,7 +185,7 @@ class OpenVinoPartition(CompiledPartition):
                       f"this CPU ({str(exc).strip().splitlines()[-1][:200]}); their inputs stay float "
                       "(int8 weights, dequantized in the kernel)")
         return _Compiled(model, [names.index(port.get_any_name()) for port in model.inputs], len(model.outputs),
-                         self.input_shapes(source), openvino.Tensor, _int8_constants(read))
+                         onnx_input_shapes(source), openvino.Tensor, _int8_constants(read))
 
     def serves(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> bool:
         return compiled.shapes.fit(inputs)

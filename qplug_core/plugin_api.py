@@ -83,7 +83,12 @@ from qplug_core.registry.plugins import QplugPluginWarning
 if TYPE_CHECKING:
     from qplug_core.onnx_export import to_onnx_proto
     from qplug_core.onnx_export.lstm import dynamic_lstm_problem
-    from qplug_core.onnx_export.partition_source import OnnxFile, onnx_input_shapes, onnx_source
+    from qplug_core.onnx_export.partition_source import (
+        OnnxFile,
+        onnx_input_shapes,
+        onnx_input_shapes_read,
+        onnx_source,
+    )
     from qplug_core.testing.held_tensors import float_weight_copies
     from qplug_core.testing.layer_parity import LayerParity, layer_parity
     from qplug_core.testing.pattern_suite import BackendPatternSuite
@@ -96,7 +101,8 @@ def __getattr__(name: str) -> Any:
         from qplug_core.onnx_export import to_onnx_proto
 
         return to_onnx_proto
-    if name in ("onnx_source", "onnx_input_shapes", "OnnxFile"):  # a partition's model for its runtime: bytes or a file
+    # a partition's model for its runtime: bytes or a file, and its inputs
+    if name in ("onnx_source", "onnx_input_shapes", "onnx_input_shapes_read", "OnnxFile"):
         from qplug_core.onnx_export import partition_source
 
         return getattr(partition_source, name)
@@ -206,6 +212,7 @@ __all__ = [
     "to_onnx_proto",
     "onnx_source",
     "onnx_input_shapes",
+    "onnx_input_shapes_read",
     "OnnxFile",
     "dynamic_lstm_problem",
     # errors and warnings

@@ -210,29 +210,38 @@ _ONNX_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int32: 6, 
 
 @dataclass(frozen=True)
 class InputShapes:
-    """The input element types and shapes of a serialized ONNX model (an int: that size; a name:
-    a symbolic size, the same wherever the name recurs) and the smallest size of each name
+    """The input names, element types and shapes of a serialized ONNX model (an int: that size; a
+    name: a symbolic size, the same wherever the name recurs) and the smallest size of each name
     (:data:`MIN_SIZES`; 2 where the model does not say)."""
 
+    names: tuple[str, ...]
     types: tuple[int, ...]
     shapes: tuple[tuple[int | str, ...], ...]
     minimums: dict[str, int]
 
     @classmethod
     def of(cls, source: bytes | os.PathLike) -> InputShapes:
-        """The input shapes of a partition's ONNX model, serialized or a file (its external data,
-        the weights, is not read)."""
+        """The inputs of a partition's ONNX model, serialized or a file (its external data, the
+        weights, is not read)."""
         import onnx
 
         if isinstance(source, (bytes, bytearray)):
             model = onnx.load_from_string(bytes(source))
         else:
             model = onnx.load(os.fspath(source), load_external_data=False)
-        shapes = tuple(tuple(d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim)
-                       for i in model.graph.input)
-        meta = {entry.key: entry.value for entry in model.metadata_props}
-        types = tuple(i.type.tensor_type.elem_type for i in model.graph.input)
-        return cls(types, shapes, json.loads(meta.get(MIN_SIZES, "{}")))
+        inputs = [(i.name, i.type.tensor_type.elem_type, [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim])
+                  for i in model.graph.input]
+        return cls.described(inputs, {entry.key: entry.value for entry in model.metadata_props})
+
+    @classmethod
+    def described(cls, inputs: Sequence[tuple[str, int, Sequence[int | str | None]]],
+                  metadata: Mapping[str, str]) -> InputShapes:
+        """From what a runtime already read of the model: (name, ONNX element type, sizes) per
+        input, a size None or 0 where unknown, and the model's metadata; so a runtime that parsed
+        the model does not have the core parse it (weights and all) once more."""
+        return cls(tuple(name for name, _, _ in inputs), tuple(kind for _, kind, _ in inputs),
+                   tuple(tuple(size or 0 for size in sizes) for _, _, sizes in inputs),
+                   json.loads(metadata.get(MIN_SIZES, "{}")))
 
     def fit(self, inputs: Sequence[torch.Tensor]) -> bool:
         """Whether ``inputs`` fit: their element types the model's, each fixed size equal, each

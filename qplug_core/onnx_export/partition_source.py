@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,6 @@ def _check(onnx, source: bytes | OnnxFile) -> None:
         raise ExportError(f"the exported ONNX model does not pass onnx.checker: {exc}") from exc
 
 
-
-
 def onnx_input_shapes(source: bytes | os.PathLike) -> Any:
     """The input shapes (fixed or symbolic, with their smallest sizes) of a partition's ONNX model
     (bytes or an :class:`OnnxFile`): ``.fit([tensor, ...])`` says whether inputs fit it, for a
@@ -80,4 +79,14 @@ def onnx_input_shapes(source: bytes | os.PathLike) -> Any:
     return InputShapes.of(source)
 
 
-__all__ = ["PARTITION_FILE_BYTES", "OnnxFile", "onnx_input_shapes", "onnx_source"]
+def onnx_input_shapes_read(inputs: Sequence[tuple[str, int, Sequence[int | str | None]]],
+                           metadata: Mapping[str, str]) -> Any:
+    """:func:`onnx_input_shapes` from what a runtime read of the model itself: (name, ONNX element
+    type, sizes) per input (a size None or 0 where unknown) and the model's metadata properties,
+    so the model is not parsed once more (for a whole-model partition, a copy of every weight)."""
+    from qplug_core.onnx_export.dynamic_axes import InputShapes
+
+    return InputShapes.described(inputs, metadata)
+
+
+__all__ = ["PARTITION_FILE_BYTES", "OnnxFile", "onnx_input_shapes", "onnx_input_shapes_read", "onnx_source"]

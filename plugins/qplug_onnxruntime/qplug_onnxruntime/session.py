@@ -148,12 +148,14 @@ class _Compiled:
     """
 
     def __init__(self, model: bytes | os.PathLike, session_settings: SessionSettings):
-        from qplug_core.plugin_api import onnx_input_shapes
+        from qplug_core.plugin_api import onnx_input_shapes_read
 
         self.session = session_settings.inference_session(model)
         inputs = self.session.get_inputs()
         self.input_names = [i.name for i in inputs]
-        self.input_shapes = onnx_input_shapes(model)
+        self.input_shapes = onnx_input_shapes_read(
+            [(i.name, _onnx_element_type(i.type), i.shape) for i in inputs],
+            self.session.get_modelmeta().custom_metadata_map)
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.call = native_run(self.session)
 
@@ -163,6 +165,13 @@ class _Compiled:
         size 1 there gets a session of its own, exported as a fresh compile of its shapes would
         be (the session answering an input depends on its shapes alone, as after ``qp.load``)."""
         return self.input_shapes.fit(inputs)
+
+
+def _onnx_element_type(ort_type: str) -> int:
+    """ONNX's number of an ORT input type, ``tensor(float)`` -> ``TensorProto.FLOAT``."""
+    import onnx
+
+    return onnx.TensorProto.DataType.Value(ort_type.removeprefix("tensor(").removesuffix(")").upper())
 
 
 def native_run(session) -> Callable[[list[str], dict], list]:

@@ -45,3 +45,17 @@ def test_spinning_and_the_cache_size_are_settings():
         configure(shape_cache_size=0)
     with pytest.raises(ConfigValidationError, match="allow_spinning must be True or False"):
         SessionSettings(allow_spinning="no")
+
+
+def test_the_shapes_a_session_takes_are_read_from_the_session_as_the_model_states_them():
+    """The session's own reading of its inputs (not a second parse of the model, weights and all)
+    gives what parsing the ONNX model gives: names, types, symbolic sizes and their minimums."""
+    from qplug_core.plugin_api import onnx_input_shapes
+
+    graph = fx.symbolic_trace(nn.Sequential(nn.Conv1d(6, 4, 3), nn.ReLU()).eval())
+    model = to_onnx_proto(graph, (signal(3, 16, 0),), flexible=True).SerializeToString()
+    partition = OrtPartition(graph, (signal(3, 16, 0),), lambda gm, inputs: model, SessionSettings())
+    read = partition.compiled[0].input_shapes
+    assert read == onnx_input_shapes(model)
+    assert all(isinstance(size, str) for size in (read.shapes[0][0], read.shapes[0][2])) and read.minimums
+    assert read.fit([signal(2, 6, 1)]) and not read.fit([signal(2, 2, 1)]) and not read.fit([signal(2, 6, 1).double()])

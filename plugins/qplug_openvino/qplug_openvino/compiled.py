@@ -132,18 +132,6 @@ def _native_infer(request: Any) -> Callable[[], Any]:
     return lambda: native(request, no_inputs, True, True)  # share_outputs: copied by run, once
 
 
-def _onnx_input_names(source: bytes | os.PathLike) -> list[str]:
-    """The ONNX model's inputs, one per partition input and in its order: their names are the
-    exporter's (it renames an input, ``ei`` to ``ei_orig``), so a partition input is found by its
-    position among them, not by its FX name (OpenVINO's read model orders its parameters
-    otherwise)."""
-    import onnx
-
-    model = (onnx.load_from_string(source) if isinstance(source, bytes)
-             else onnx.load(os.fspath(source), load_external_data=False))
-    return [value.name for value in model.graph.input]
-
-
 def _int8_constants(model: Any) -> list[torch.Tensor]:
     """Views of the int8 constants (weights) of ``model``, an ``openvino.Model`` read and then
     compiled: the compiled model holds these same buffers, and a view keeps its constant alive.
@@ -172,7 +160,10 @@ class OpenVinoPartition(CompiledPartition):
         openvino = import_openvino()
         core = openvino.Core()
         properties = self.compile_settings.properties()
-        names = _onnx_input_names(source)  # parsed (weights and all) before the compile, not beside it
+        # parsed (weights and all) before the compile, not beside it; the exporter renames an input
+        # (``ei`` to ``ei_orig``) and OpenVINO orders its parameters otherwise: a partition input
+        # is found by its position among the ONNX model's inputs, not by its FX name
+        shapes = onnx_input_shapes(source)
         read = core.read_model(source if isinstance(source, bytes) else os.fspath(source))
         try:
             model = core.compile_model(read, "CPU", properties)
@@ -184,8 +175,8 @@ class OpenVinoPartition(CompiledPartition):
             warn_user(f"OpenVINO could not compile dynamic linears with inputs quantized at run time on "
                       f"this CPU ({str(exc).strip().splitlines()[-1][:200]}); their inputs stay float "
                       "(int8 weights, dequantized in the kernel)")
-        return _Compiled(model, [names.index(port.get_any_name()) for port in model.inputs], len(model.outputs),
-                         onnx_input_shapes(source), openvino.Tensor, _int8_constants(read))
+        return _Compiled(model, [shapes.names.index(port.get_any_name()) for port in model.inputs],
+                         len(model.outputs), shapes, openvino.Tensor, _int8_constants(read))
 
     def serves(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> bool:
         return compiled.shapes.fit(inputs)

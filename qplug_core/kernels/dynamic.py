@@ -10,7 +10,7 @@ sum u8 x s8 pairs in int16 (x86 without VNNI, ``kernels/arithmetic.py``), full 8
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple, cast
+from typing import Callable, Mapping, NamedTuple
 
 import torch
 from torch import nn
@@ -71,20 +71,45 @@ class IntegerWeight(NamedTuple):
         shape = (-1, 1) if self.per_channel else ()
         return (self.int8.double() - self.zero_points.reshape(shape)) * self.scales.reshape(shape)
 
+    @property
+    def shape(self) -> torch.Size:
+        return self.int8.shape
+
     def qparams(self) -> QParams:
         return QParams(self.scales, self.zero_points, torch.qint8, -128, 127,
                        axis=0 if self.per_channel else None, is_dynamic=True)
 
 
-def unpack_integer(packed: object) -> IntegerWeight:
-    """The int8 weight of a packed qint8 linear weight."""
+class HalfWeight(NamedTuple):
+    """One float16 weight matrix, exactly as packed: what ``qp.save`` writes of a float16 layer."""
+
+    half: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.half.shape
+
+    def dequantized(self) -> torch.Tensor:
+        """The float weight: packing it for float16 gives ``half`` back."""
+        return self.half.float()
+
+
+#: a dynamic layer's weight matrix as plain tensors (``qp.save`` / ``from_stored``)
+StoredWeight = IntegerWeight | HalfWeight
+
+
+def unpack_stored(packed: object, dtype: torch.dtype) -> tuple[StoredWeight, torch.Tensor | None]:
+    """The weight matrix of a packed qint8 or float16 linear weight, and its float bias."""
     with quiet_quantized_dtypes():
-        weight, _ = _Q.linear_unpack(packed)
+        if dtype == torch.float16:
+            weight, bias = _Q.linear_unpack_fp16(packed)
+            return HalfWeight(weight.half()), bias
+        weight, bias = _Q.linear_unpack(packed)
         if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
             return IntegerWeight(weight.int_repr(), weight.q_per_channel_scales().double(),
-                                 weight.q_per_channel_zero_points().long(), True)
+                                 weight.q_per_channel_zero_points().long(), True), bias
         return IntegerWeight(weight.int_repr(), torch.tensor(weight.q_scale(), dtype=torch.float64),
-                             torch.tensor(weight.q_zero_point(), dtype=torch.long), False)
+                             torch.tensor(weight.q_zero_point(), dtype=torch.long), False), bias
 
 
 class DynamicKernel(PackedStateModule):
@@ -156,10 +181,22 @@ class DynamicKernel(PackedStateModule):
     def _build(self, mod: nn.Module, per_channel: bool, weight_qparams: dict[str, QParams]) -> None:
         raise NotImplementedError
 
-    def _check_int8(self) -> None:
-        if self.dtype != torch.qint8:
-            raise ConfigValidationError(f"{type(self).__name__} holds {self.dtype} weights, not int8 ones",
-                                        field="dtype", value=self.dtype)
+    @classmethod
+    def _from_stored(cls, mod: nn.Module, weights: Mapping[str, tuple[StoredWeight, torch.Tensor | None]], *,
+                     engine: str, reduce_range: bool) -> DynamicKernel:
+        """The kernel whose stored weights are ``weights`` (by ``mod``'s weight names, with the bias
+        packed beside each), packed again from ``mod`` once they are its weights and biases: the
+        integers, scales and float16 values are reproduced exactly."""
+        with torch.no_grad():
+            for name, (weight, bias) in weights.items():
+                getattr(mod, name).copy_(weight.dequantized())
+                if bias is not None:
+                    getattr(mod, name.replace("weight", "bias", 1)).copy_(bias)
+        integer = {name: weight for name, (weight, _) in weights.items() if isinstance(weight, IntegerWeight)}
+        return cls.from_float(mod, dtype=torch.qint8 if integer else torch.float16, engine=engine,
+                              per_channel=any(weight.per_channel for weight in integer.values()),
+                              reduce_range=reduce_range,
+                              weight_qparams={name: weight.qparams() for name, weight in integer.items()})
 
     def extra_repr(self) -> str:
         return f"dtype={self.dtype}, engine={self.engine!r}, reduce_range={self.reduce_range}"
@@ -200,23 +237,17 @@ class DynamicLinear(DynamicKernel):
                 weight = weight.dequantize()
         return weight.float(), None if bias is None else bias.float()
 
-    def integer_weight(self) -> IntegerWeight:
-        """The int8 weight ``[out, in]`` of a qint8 kernel with its scales: what ``qp.save``
-        writes and :meth:`from_integer` rebuilds the same kernel from."""
-        self._check_int8()
-        return unpack_integer(self._packed)
+    def stored_weight(self) -> StoredWeight:
+        """The weight ``[out, in]`` as plain tensors (int8 with its scales, or float16): what
+        ``qp.save`` writes and :meth:`from_stored` rebuilds the same kernel from."""
+        return unpack_stored(self._packed, self.dtype)[0]
 
     @classmethod
-    def from_integer(cls, weight: IntegerWeight, bias: torch.Tensor | None, *, engine: str,
-                     reduce_range: bool) -> DynamicLinear:
-        """The kernel :meth:`integer_weight` came from (its integers are reproduced exactly)."""
-        linear = nn.Linear(weight.int8.shape[1], weight.int8.shape[0], bias=bias is not None)
-        with torch.no_grad():
-            linear.weight.copy_(weight.dequantized())
-            if bias is not None:
-                linear.bias.copy_(bias)
-        kernel = cls.from_float(linear, dtype=torch.qint8, engine=engine, per_channel=weight.per_channel,
-                                reduce_range=reduce_range, weight_qparams=weight.qparams())
+    def from_stored(cls, weight: StoredWeight, bias: torch.Tensor | None, *, engine: str,
+                    reduce_range: bool) -> DynamicLinear:
+        """The kernel :meth:`stored_weight` came from."""
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+        kernel = cls._from_stored(linear, {"weight": (weight, bias)}, engine=engine, reduce_range=reduce_range)
         return kernel  # type: ignore[return-value]
 
     @property
@@ -255,7 +286,33 @@ def _bias(mod: nn.Module, name: str, size: int) -> torch.Tensor:
     return torch.zeros(size) if b is None else b.detach().float()
 
 
-class _DynamicRNN(DynamicKernel):
+class _DynamicRecurrent(DynamicKernel):
+    """A recurrent layer or cell: packed weight matrices kept by the float module's names, and the
+    float module's options, which a saved kernel records (``qp.load`` checks the model's against
+    them)."""
+
+    _float_type: type[nn.Module]
+    _packed_by_name: dict[str, object]
+    #: the float module's constructor options that shape the kernel
+    OPTIONS: tuple[str, ...]
+
+    def stored_weights(self) -> dict[str, tuple[StoredWeight, torch.Tensor | None]]:
+        """Each weight matrix and the float bias packed with it, by the float module's names
+        (``weight_ih_l0``: ...; a bias-free LSTM / GRU's biases are zeros, a bias-free cell's
+        None): what ``qp.save`` writes and :meth:`from_stored` rebuilds the same kernel from."""
+        return {name: unpack_stored(packed, self.dtype) for name, packed in self._packed_by_name.items()}
+
+    @classmethod
+    def from_stored(cls, options: Mapping[str, int | bool | str],
+                    weights: Mapping[str, tuple[StoredWeight, torch.Tensor | None]], *, engine: str,
+                    reduce_range: bool) -> _DynamicRecurrent:
+        """The kernel :meth:`stored_weights` came from, for a float module of ``options``
+        (:data:`OPTIONS`)."""
+        kernel = cls._from_stored(cls._float_type(**options), weights, engine=engine, reduce_range=reduce_range)
+        return kernel  # type: ignore[return-value]
+
+
+class _DynamicRNN(_DynamicRecurrent):
     """Stacked, optionally bidirectional LSTM/GRU over ``torch.quantized_lstm`` / ``_gru``.
 
     Takes every input ``nn.LSTM`` / ``nn.GRU`` take (batched, unbatched 2-D, ``PackedSequence``), in
@@ -293,33 +350,7 @@ class _DynamicRNN(DynamicKernel):
                                                                         self.reduce_range))
         self._params = params
 
-    #: the float layer's options a saved kernel records (``qp.load`` checks the model's against them)
     OPTIONS = ("input_size", "hidden_size", "num_layers", "bidirectional", "batch_first")
-
-    def integer_weights(self) -> dict[str, tuple[IntegerWeight, torch.Tensor]]:
-        """Each int8 weight matrix and the float bias packed with it, by the float layer's names
-        (``weight_ih_l0``: ...; a bias-free layer's biases are zeros): what ``qp.save`` writes and
-        :meth:`from_integer` rebuilds the same kernel from."""
-        self._check_int8()
-        with quiet_quantized_dtypes():
-            return {name: (unpack_integer(packed), _Q.linear_unpack(packed)[1].float())
-                    for name, packed in self._packed_by_name.items()}
-
-    @classmethod
-    def from_integer(cls, options: Mapping[str, int | bool], weights: Mapping[str, tuple[IntegerWeight, torch.Tensor]],
-                     *, engine: str, reduce_range: bool) -> _DynamicRNN:
-        """The kernel :meth:`integer_weights` came from (its integers are reproduced exactly), for
-        a float layer of ``options`` (:data:`OPTIONS`)."""
-        mod = cast("type[nn.Module]", cls._float_type)(**options)
-        per_channel = any(weight.per_channel for weight, _ in weights.values())
-        with torch.no_grad():
-            for name, (weight, bias) in weights.items():
-                getattr(mod, name).copy_(weight.dequantized())
-                getattr(mod, name.replace("weight", "bias", 1)).copy_(bias)
-        kernel = cls.from_float(mod, dtype=torch.qint8, engine=engine, per_channel=per_channel,
-                                reduce_range=reduce_range,
-                                weight_qparams={name: weight.qparams() for name, (weight, _) in weights.items()})
-        return kernel  # type: ignore[return-value]
 
     def _recur(self, data: torch.Tensor, batch_sizes: torch.Tensor | None, states: tuple[torch.Tensor, ...]
                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -439,7 +470,7 @@ def unbatched_cell_call(step: Callable, x: torch.Tensor, hx):
     return tuple(o.squeeze(0) for o in out) if isinstance(out, tuple) else out.squeeze(0)
 
 
-class _DynamicCell(DynamicKernel):
+class _DynamicCell(_DynamicRecurrent):
     """One recurrent cell: two dynamic linears (ih, hh) and the float gate maths.
 
     torch's ``quantized_*_cell_dynamic`` ops hard-code ``reduce_range=True``, which makes qnnpack
@@ -451,10 +482,10 @@ class _DynamicCell(DynamicKernel):
         if not isinstance(mod, self._float_type):
             raise ConfigValidationError(f"{type(self).__name__}: expected {self._float_type}, got "
                                         f"{type(mod).__name__}", field="module")
-        self.hidden_size, self.input_size = mod.hidden_size, mod.input_size
-        self._p_ih = self._pack(mod.weight_ih, mod.bias_ih, per_channel, weight_qparams.get("weight_ih"))
-        self._p_hh = self._pack(mod.weight_hh, mod.bias_hh, per_channel, weight_qparams.get("weight_hh"))
-        self._nonlinearity = getattr(mod, "nonlinearity", None)
+        self.hidden_size, self.input_size, self.bias = mod.hidden_size, mod.input_size, mod.bias
+        self._packed_by_name = {name: self._pack(getattr(mod, name), getattr(mod, name.replace("weight", "bias")),
+                                                 per_channel, weight_qparams.get(name))
+                                for name in ("weight_ih", "weight_hh")}
 
     def forward(self, x: torch.Tensor, hx=None):
         """What the float cell takes: a batch ``(N, input_size)`` or one unbatched ``(input_size,)``
@@ -464,6 +495,12 @@ class _DynamicCell(DynamicKernel):
             raise wrong_input_size(type(self).__name__, self.input_size, "feature",
                                    "a 2-D batch or one 1-D input", tuple(x.shape))
         return unbatched_cell_call(self._step, x, hx)
+
+    OPTIONS = ("input_size", "hidden_size", "bias")
+
+    def stored_weights(self) -> dict[str, tuple[StoredWeight, torch.Tensor | None]]:
+        weights = super().stored_weights()  # a bias-free cell packed None, which qnnpack unpacks as zeros
+        return weights if self.bias else {name: (weight, None) for name, (weight, _) in weights.items()}
 
     def _step(self, x: torch.Tensor, hx):
         raise NotImplementedError
@@ -475,7 +512,7 @@ class _DynamicCell(DynamicKernel):
             return _Q.linear_dynamic(x, packed, self.reduce_range)
 
     def _gates(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._linear(x, self._p_ih), self._linear(h, self._p_hh)
+        return self._linear(x, self._packed_by_name["weight_ih"]), self._linear(h, self._packed_by_name["weight_hh"])
 
     def _zeros(self, x: torch.Tensor) -> torch.Tensor:
         return torch.zeros(x.shape[0], self.hidden_size, dtype=x.dtype)
@@ -512,7 +549,12 @@ class RNNCell(_DynamicCell):
     """``nn.RNNCell`` (tanh or relu): ``forward(x, h=None) -> h'``."""
 
     _float_type = nn.RNNCell
+    OPTIONS = ("input_size", "hidden_size", "bias", "nonlinearity")
+
+    def _build(self, mod: nn.Module, per_channel: bool, weight_qparams: dict[str, QParams]) -> None:
+        super()._build(mod, per_channel, weight_qparams)
+        self.nonlinearity = mod.nonlinearity
 
     def _step(self, x: torch.Tensor, hx: torch.Tensor | None) -> torch.Tensor:
         gi, gh = self._gates(x, self._zeros(x) if hx is None else hx)
-        return torch.relu(gi + gh) if self._nonlinearity == "relu" else torch.tanh(gi + gh)
+        return torch.relu(gi + gh) if self.nonlinearity == "relu" else torch.tanh(gi + gh)

@@ -1,11 +1,11 @@
 """Models quantized by module swap in and out of one ``.safetensors`` file: ``qp.quantize_weights``
-(weight-only), ``qp.quantize_w8a8`` and ``qp.quantize_dynamic`` models whose dynamic layers are
-int8 linears, LSTMs or GRUs.
+(weight-only), ``qp.quantize_w8a8`` and ``qp.quantize_dynamic`` models (int8 or float16 linears,
+LSTMs, GRUs and RNN cells; not the reference backend's float simulation).
 
 The file holds plain tensors (each quantized layer's own: ``qweight`` / ``scales`` /
 ``zero_points`` / ``input_scale`` for weight-only layers, ``weight_int8`` / ``weight_scale`` for
-int8 ones, and ``bias``; an int8 LSTM / GRU's per weight matrix, ``weight_ih_l0.weight_int8``
-...; the rest of the model's float state under its ``state_dict`` keys, which
+int8 ones, ``weight_float16`` for float16 dynamic ones, and ``bias``; a dynamic LSTM / GRU /
+cell's per weight matrix, ``weight_ih_l0.weight_int8`` ...; the rest of the model's float state under its ``state_dict`` keys, which
 includes the norms SmoothQuant folded its scales into) and a JSON document listing the quantized
 layers by module name, kind and shape, and what made them. No code and no class name is stored:
 the model is rebuilt by the user (their own class, from its config) and passed to
@@ -32,8 +32,19 @@ from qplug_core.errors import ConfigValidationError, SerializationError, warn_us
 from qplug_core.flows.checks import check_float32
 from qplug_core.ir.autocast_off import compute_in_float32
 from qplug_core.ir.tracing import reading_state_dict
+from qplug_core.kernels.capabilities import engine_capabilities
 from qplug_core.kernels.cpu import cpu_int8
-from qplug_core.kernels.dynamic import DynamicGRU, DynamicLinear, DynamicLSTM, IntegerWeight
+from qplug_core.kernels.dynamic import (
+    DynamicGRU,
+    DynamicLinear,
+    DynamicLSTM,
+    GRUCell,
+    HalfWeight,
+    IntegerWeight,
+    LSTMCell,
+    RNNCell,
+    StoredWeight,
+)
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
 from qplug_core.kernels.reference import dynamic_weight_names
 from qplug_core.kernels.static_int8 import StaticInt8Linear
@@ -60,12 +71,17 @@ _FLOAT = "float/"
 #: what made the model: restored as its info attribute at load
 MODES = ("weight_only", "w8a8", "dynamic")
 _FIELDS = ("qweight", "scales", "zero_points", "bias", "input_scale", "weight_int8", "weight_scale",
-           "weight_zero_point", "activation_scale", "activation_zero_point")
+           "weight_zero_point", "activation_scale", "activation_zero_point", "weight_float16")
 DYNAMIC_KIND = "dynamic_linear"
-#: a dynamic layer's int8 weight matrix as the file holds it
+#: a dynamic layer's weight matrix as the file holds it: int8 with its scales, or float16
 _INTEGER_FIELDS = ("weight_int8", "weight_scale", "weight_zero_point")
-#: layer kind of an int8 recurrent layer -> its kernel (the only classes such a kind can build)
-_RNN_KINDS: dict[str, type[DynamicLSTM] | type[DynamicGRU]] = {"dynamic_lstm": DynamicLSTM, "dynamic_gru": DynamicGRU}
+_HALF_FIELD = "weight_float16"
+#: a dynamic layer's document entry: the dtype of its weights (files without it hold int8 ones)
+_WEIGHT_DTYPES = {"qint8": torch.qint8, "float16": torch.float16}
+#: layer kind of a recurrent layer or cell -> its kernel (the only classes such a kind can build)
+_RECURRENT_KINDS: dict[str, type[DynamicLSTM | DynamicGRU | LSTMCell | GRUCell | RNNCell]] = {
+    "dynamic_lstm": DynamicLSTM, "dynamic_gru": DynamicGRU, "dynamic_lstm_cell": LSTMCell,
+    "dynamic_gru_cell": GRUCell, "dynamic_rnn_cell": RNNCell}
 #: what each module-swap mode is called where the user reads it
 #: document entry: float key -> the key whose tensor it shares (written once)
 _TIED_KEY = "tied"
@@ -103,7 +119,8 @@ def swapped_facts(document: dict[str, Any]) -> dict[str, Any]:
     the mode, the layers by kind, the scheme, smoothing, fusion and the layers left float."""
     layers: dict[str, int] = {}
     for layer in document.get("layers", []):
-        layers[layer["kind"]] = layers.get(layer["kind"], 0) + 1
+        kind = layer["kind"] + (" (float16 weights)" if layer.get("weight_dtype") == "float16" else "")
+        layers[kind] = layers.get(kind, 0) + 1
     facts: dict[str, Any] = {"mode": swap_mode(document), "int8_layers": layers}
     scheme = document.get("scheme")
     if scheme:
@@ -142,7 +159,7 @@ def swapped_layers(model: nn.Module) -> tuple[str, dict[str, str], dict[str, Any
         elif isinstance(module, DynamicLinear):
             kinds[name] = DYNAMIC_KIND
         else:
-            kinds.update({name: kind for kind, kernel in _RNN_KINDS.items() if type(module) is kernel})
+            kinds.update({name: kind for kind, kernel in _RECURRENT_KINDS.items() if type(module) is kernel})
     return "dynamic", kinds, {}
 
 
@@ -200,17 +217,15 @@ def _tied_keys(state: dict[str, torch.Tensor]) -> dict[str, str]:
 
 
 def _check_savable(model: nn.Module, target: Path) -> None:
-    """A dynamic model is saved only if every dynamic layer is an int8 layer this file format knows."""
-    savable = (DynamicLinear, *_RNN_KINDS.values())
+    """A dynamic model is saved only if every dynamic layer runs a kernel this file format knows."""
+    savable = (DynamicLinear, *_RECURRENT_KINDS.values())
     for name, module in model.named_modules():
-        kind = type(module).__name__
-        if _is_dynamic_layer(module) and not (type(module) in savable and module.dtype == torch.qint8):
+        if _is_dynamic_layer(module) and type(module) not in savable:
             raise SerializationError(
-                f"cannot save to {target}: layer {name!r} is a dynamic {kind}"
-                f"{' with ' + str(module.dtype) + ' weights' if type(module) in savable else ''}; "
-                "qp.save writes dynamic models whose dynamic layers are int8 linears, LSTMs and GRUs (float16 "
-                "weights, recurrent cells and the reference backend's simulation are not saved: save the float "
-                "model and run qp.quantize_dynamic again after loading it)", path=str(target))
+                f"cannot save to {target}: layer {name!r} is a dynamic {type(module).__name__}, the reference "
+                "backend's float simulation, which qp.save does not write (it holds float weights): quantize "
+                "with a backend that has dynamic kernels (backend='fbgemm' or 'qnnpack'), or save the float "
+                "model and run qp.quantize_dynamic again after loading it", path=str(target))
 
 
 def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor | None]] | None:
@@ -224,19 +239,16 @@ def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Ten
                           activation_zero_point=module.activation_zero_point)
         return {"shape": [module.out_features, module.in_features], "simulated": module.simulate}, values
     if kind == DYNAMIC_KIND and isinstance(module, DynamicLinear):
-        weight = module.integer_weight()
-        return ({"shape": list(weight.int8.shape), "per_channel": weight.per_channel, "engine": module.engine,
-                 "reduce_range": module.reduce_range}, {**_integer_fields(weight), "bias": module.bias})
-    if kind in _RNN_KINDS and type(module) is _RNN_KINDS[kind]:
-        weights = module.integer_weights()
+        weight = module.stored_weight()
+        return _dynamic_entry(weight, module), {**_weight_fields(weight), "bias": module.bias}
+    if kind in _RECURRENT_KINDS and type(module) is _RECURRENT_KINDS[kind]:
+        weights = module.stored_weights()
         values: dict[str, torch.Tensor | None] = {}
         for matrix, (weight, bias) in weights.items():
-            values.update({f"{matrix}.{field}": value for field, value in _integer_fields(weight).items()})
+            values.update({f"{matrix}.{field}": value for field, value in _weight_fields(weight).items()})
             values[matrix.replace("weight", "bias", 1)] = bias
-        first = next(iter(weights.values()))[0]
-        return ({"shape": list(first.int8.shape), "per_channel": first.per_channel, "engine": module.engine,
-                 "reduce_range": module.reduce_range, "options": {o: getattr(module, o) for o in module.OPTIONS}},
-                values)
+        entry = _dynamic_entry(next(iter(weights.values()))[0], module)
+        return {**entry, "options": {o: getattr(module, o) for o in module.OPTIONS}}, values
     if kind not in _WEIGHT_ONLY_KINDS or not isinstance(module, (WeightOnlyLinear, WeightOnlyEmbedding)):
         return None
     layer: dict[str, Any] = {"shape": list(module.quantized_weight().shape), "scheme": module.scheme.to_dict()}
@@ -249,7 +261,16 @@ def _encode(kind: str, module: Any) -> tuple[dict[str, Any], dict[str, torch.Ten
     return layer, {f: getattr(module, f, None) for f in ("qweight", "scales", "zero_points", "bias", "input_scale")}
 
 
-def _integer_fields(weight: IntegerWeight) -> dict[str, torch.Tensor | None]:
+def _dynamic_entry(weight: StoredWeight, module: DynamicLinear | DynamicLSTM | DynamicGRU | LSTMCell | GRUCell
+                   | RNNCell) -> dict[str, Any]:
+    """A dynamic layer's document entry: its (first) weight matrix's shape, how it is stored, its engine."""
+    stored = {"weight_dtype": "float16"} if isinstance(weight, HalfWeight) else {"per_channel": weight.per_channel}
+    return {"shape": list(weight.shape), **stored, "engine": module.engine, "reduce_range": module.reduce_range}
+
+
+def _weight_fields(weight: StoredWeight) -> dict[str, torch.Tensor | None]:
+    if isinstance(weight, HalfWeight):
+        return {_HALF_FIELD: weight.half}
     return dict(zip(_INTEGER_FIELDS, (weight.int8, weight.scales, weight.zero_points)))
 
 
@@ -505,17 +526,30 @@ def _per_token(layer: dict, name: str, shape: tuple[int, int], values: dict, tar
 
 
 def _engine(layer: dict, name: str, context: _LoadContext) -> str:
-    """The engine a dynamic layer of the file names, once this torch is known to run it."""
+    """The engine a dynamic layer of the file names, once this torch is known to run it (and to pack
+    float16 weights, for a float16 layer)."""
     engine = layer.get("engine")
     if engine not in _ENGINES or engine not in torch.backends.quantized.supported_engines:
         raise context.error(f"layer {name!r} names engine {engine!r}; this torch runs "
                             f"{[e for e in torch.backends.quantized.supported_engines if e in _ENGINES]}")
+    if layer.get("weight_dtype") == "float16" and not engine_capabilities(engine).fp16_dynamic_linear:
+        raise context.error(f"layer {name!r} holds float16 weights, which engine {engine!r} cannot pack on torch "
+                            f"{torch.__version__}")
     return engine
 
 
-def _integer_weight(layer: dict, name: str, shape: tuple[int, int], values: dict, context: _LoadContext
-                    ) -> IntegerWeight:
-    """A dynamic layer's int8 weight matrix of ``shape`` from the file, checked."""
+def _stored_weight(layer: dict, name: str, shape: tuple[int, int], values: dict, context: _LoadContext
+                   ) -> StoredWeight:
+    """A dynamic layer's weight matrix of ``shape`` from the file (int8 or float16), checked."""
+    dtype = _WEIGHT_DTYPES.get(layer.get("weight_dtype", "qint8"))
+    if dtype is None:
+        raise context.error(f"layer {name!r} has weight_dtype {layer.get('weight_dtype')!r}; a dynamic layer's is "
+                            f"one of {list(_WEIGHT_DTYPES)}")
+    if dtype == torch.float16:
+        context.check(values[_HALF_FIELD], shape, torch.float16, name, _HALF_FIELD)
+        if not bool(torch.isfinite(values[_HALF_FIELD]).all()):
+            raise context.error(f"layer {name!r} {_HALF_FIELD} has values that are not finite")
+        return HalfWeight(values[_HALF_FIELD])
     per_channel = layer.get("per_channel")
     if not isinstance(per_channel, bool):
         raise context.error(f"layer {name!r} is malformed: per_channel {per_channel!r}")
@@ -531,15 +565,15 @@ def _integer_weight(layer: dict, name: str, shape: tuple[int, int], values: dict
 
 def _dynamic(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
              context: _LoadContext) -> nn.Module:
-    return DynamicLinear.from_integer(_integer_weight(layer, name, shape, values, context), values["bias"],
-                                      engine=_engine(layer, name, context),
-                                      reduce_range=bool(layer.get("reduce_range", True)))
+    return DynamicLinear.from_stored(_stored_weight(layer, name, shape, values, context), values["bias"],
+                                     engine=_engine(layer, name, context),
+                                     reduce_range=bool(layer.get("reduce_range", True)))
 
 
-def _dynamic_rnn(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
-                 context: _LoadContext) -> nn.Module:
-    """An int8 LSTM / GRU, for a float layer of the model given with the options the file records."""
-    kernel = _RNN_KINDS[layer["kind"]]
+def _dynamic_recurrent(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
+                       context: _LoadContext) -> nn.Module:
+    """A dynamic LSTM / GRU / cell, for a float module of the model given with the options the file records."""
+    kernel = _RECURRENT_KINDS[layer["kind"]]
     options = layer.get("options")
     expected = {option: getattr(target, option) for option in kernel.OPTIONS}
     if options != expected:
@@ -548,22 +582,27 @@ def _dynamic_rnn(layer: dict, name: str, shape: tuple[int, int], values: dict, t
     if getattr(target, "proj_size", 0):
         raise context.error(f"layer {name!r} has proj_size={target.proj_size} in the model given; int8 LSTMs "
                             "have none")
+    # an LSTM / GRU packs zeros for missing biases, a bias-free cell packs none
+    biased = isinstance(target, nn.RNNBase) or bool(target.bias)
     weights = {}
     for matrix in dynamic_weight_names(target):
-        weight = _integer_weight(layer, f"{name}.{matrix}", tuple(getattr(target, matrix).shape),
-                                 context.values(name, _INTEGER_FIELDS, prefix=f"{matrix}."), context)
+        weight = _stored_weight(layer, f"{name}.{matrix}", tuple(getattr(target, matrix).shape),
+                                context.values(name, (*_INTEGER_FIELDS, _HALF_FIELD), prefix=f"{matrix}."), context)
         bias_name = matrix.replace("weight", "bias", 1)
         bias = context.values(name, (bias_name,))[bias_name]
-        context.check(bias, (weight.int8.shape[0],), torch.float32, name, bias_name)
+        if biased:
+            context.check(bias, (weight.shape[0],), torch.float32, name, bias_name)
+        elif bias is not None:
+            raise context.error(f"layer {name!r} has {bias_name} in the file but no bias in the model given")
         weights[matrix] = (weight, bias)
-    return kernel.from_integer(expected, weights, engine=_engine(layer, name, context),
-                               reduce_range=bool(layer.get("reduce_range", True)))
+    return kernel.from_stored(expected, weights, engine=_engine(layer, name, context),
+                              reduce_range=bool(layer.get("reduce_range", True)))
 
 
 #: layer kind -> builder: the only code a name in the file can reach
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     **{kind: _weight_only for kind in _WEIGHT_ONLY_KINDS}, LAYER_KIND: _per_token, STATIC_KIND: _per_token,
-    DYNAMIC_KIND: _dynamic, **{kind: _dynamic_rnn for kind in _RNN_KINDS}}
+    DYNAMIC_KIND: _dynamic, **{kind: _dynamic_recurrent for kind in _RECURRENT_KINDS}}
 
 
 def _expected_shape(module: nn.Module, kind: Any) -> tuple[int, int] | None:
@@ -571,8 +610,8 @@ def _expected_shape(module: nn.Module, kind: Any) -> tuple[int, int] | None:
     linear = isinstance(module, nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
     if kind in ("linear", LAYER_KIND, STATIC_KIND, DYNAMIC_KIND) and linear:
         return tuple(linear_weight(module).shape)  # type: ignore[return-value]
-    if kind in _RNN_KINDS and isinstance(module, _RNN_KINDS[kind]._float_type):
-        return tuple(module.weight_ih_l0.shape)  # type: ignore[return-value]
+    if kind in _RECURRENT_KINDS and isinstance(module, _RECURRENT_KINDS[kind]._float_type):
+        return tuple(getattr(module, dynamic_weight_names(module)[0]).shape)  # type: ignore[return-value]
     if (kind == "embedding" and isinstance(module, nn.Embedding)) or \
             (kind == "embedding_bag" and isinstance(module, nn.EmbeddingBag)):
         return tuple(module.weight.shape)  # type: ignore[return-value]

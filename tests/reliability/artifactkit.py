@@ -83,8 +83,8 @@ def with_bit_flipped(source: Path, target: Path, tensor: str) -> Path:
 
 
 def with_value_scaled(source: Path, target: Path, tensor: str, factor: float) -> Path:
-    """``source`` with the first value of float32 or float64 ``tensor`` multiplied by ``factor``, in
-    its bytes: header and digest untouched."""
+    """``source`` with the first value of float16, float32 or float64 ``tensor`` multiplied by
+    ``factor``, in its bytes: header and digest untouched."""
     raw = bytearray(source.read_bytes())
     start, layout = _start(raw, tensor), _FORMATS[_header(raw)[tensor]["dtype"]]
     (value,) = struct.unpack_from(layout, raw, start)
@@ -93,7 +93,7 @@ def with_value_scaled(source: Path, target: Path, tensor: str, factor: float) ->
     return target
 
 
-_FORMATS = {"F32": "<f", "F64": "<d"}
+_FORMATS = {"F16": "<e", "F32": "<f", "F64": "<d"}
 
 
 def _header(raw: bytes | bytearray) -> dict[str, Any]:

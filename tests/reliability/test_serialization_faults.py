@@ -197,6 +197,18 @@ class _Tagger(nn.Module):
         return self.head(self.rnn(x)[0])
 
 
+class _Cells(nn.Module):
+    """The three RNN cells in a row; an ``_inputs`` tensor is a batch of 8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lstm, self.gru, self.rnn = nn.LSTMCell(16, 32), nn.GRUCell(32, 32, bias=False), nn.RNNCell(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(self.gru(self.lstm(x)[0]))
+
+
 def _inputs(seed: int) -> torch.Tensor:
     return torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
 
@@ -221,6 +233,11 @@ class FileKind:
     fbgemm: bool = False
     #: of the model's inputs
     dtype: torch.dtype = torch.float32
+    #: safetensors dtypes of the quantized weights, of the scales (float16 weights have none: one of
+    #: their values is changed instead), and a word of the scales' names
+    weights: tuple[str, ...] = ("I8", "U8")
+    scales: tuple[str, ...] = ("F32", "F64")
+    scale_word: str = "scale"
 
 
 FILE_KINDS = {
@@ -239,6 +256,14 @@ FILE_KINDS = {
                                                                  backend="fbgemm"), _mlp, fbgemm=True),
     "dynamic int8 lstm": FileKind(lambda: qp.quantize_dynamic(_Tagger().eval(), {nn.LSTM: DYNAMIC},
                                                               backend="fbgemm"), lambda: _Tagger().eval(), fbgemm=True),
+    "dynamic float16 lstm": FileKind(lambda: qp.quantize_dynamic(_Tagger().eval(), dtype=torch.float16, backend="fbgemm"),
+                                     lambda: _Tagger().eval(), fbgemm=True, weights=("F16",), scales=("F16",),
+                                     scale_word="weight"),
+    "dynamic int8 cells": FileKind(lambda: qp.quantize_dynamic(_Cells().eval(), dict.fromkeys((nn.LSTMCell, nn.GRUCell, nn.RNNCell), DYNAMIC),
+                                                               backend="fbgemm"), lambda: _Cells().eval(), fbgemm=True),
+    "dynamic float16 cells": FileKind(lambda: qp.quantize_dynamic(_Cells().eval(), dtype=torch.float16, backend="fbgemm"),
+                                      lambda: _Cells().eval(), fbgemm=True, weights=("F16",), scales=("F16",),
+                                      scale_word="weight"),
 }
 
 
@@ -274,7 +299,7 @@ def _first(path: Path, dtypes: tuple[str, ...], word: str) -> str:
 
 
 def test_a_flipped_weight_bit_is_refused_naming_the_file(saved):
-    weight = _first(saved.path, ("I8", "U8"), "weight")
+    weight = _first(saved.path, saved.kind.weights, "weight")
     damaged = with_bit_flipped(saved.path, saved.path.with_name("flipped.safetensors"), weight)
     with pytest.raises(SerializationError, match=CHANGED) as info:
         saved.load(damaged)
@@ -282,7 +307,7 @@ def test_a_flipped_weight_bit_is_refused_naming_the_file(saved):
 
 
 def test_a_scale_changed_to_another_positive_value_is_refused(saved):
-    scale = _first(saved.path, ("F32", "F64"), "scale")
+    scale = _first(saved.path, saved.kind.scales, saved.kind.scale_word)
     damaged = with_value_scaled(saved.path, saved.path.with_name("scaled.safetensors"), scale, 1.5)
     with pytest.raises(SerializationError, match=CHANGED) as info:
         saved.load(damaged)

@@ -406,12 +406,12 @@ def test_save_and_load_a_dynamic_model_with_int8_linears(tmp_path, per_channel):
     qconfig = dynamic_qconfig(per_channel=per_channel, reduce_range=True)
     qmodel = qp.quantize_dynamic(model, {nn.Linear: qconfig}, backend="fbgemm")
     layer = qmodel.model.layers[0].mlp.down_proj
-    assert isinstance(layer, DynamicLinear) and layer.integer_weight()[3] == per_channel
+    assert isinstance(layer, DynamicLinear) and layer.stored_weight()[3] == per_channel
     path = qp.save(qmodel, tmp_path / "dynamic.safetensors")
     loaded = qp.load(path, model=decoder(seed=3))
     restored = loaded.model.layers[0].mlp.down_proj
     assert isinstance(restored, DynamicLinear)
-    for a, b in zip(layer.integer_weight(), restored.integer_weight()):
+    for a, b in zip(layer.stored_weight(), restored.stored_weight()):
         assert a == b if isinstance(a, bool) else torch.equal(a, b)
     with torch.no_grad():
         assert torch.equal(loaded(PROMPTS[0]).logits, qmodel(PROMPTS[0]).logits)

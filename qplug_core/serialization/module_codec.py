@@ -14,8 +14,10 @@ How a module is rebuilt depends on its class, never on what the file says:
   refused.
 
 Tensors are keyed by their dotted path; a tensor shared by two modules is stored once. The weight
-of a ``ReferenceWeighted`` module lies on its int8 grid, so it is stored as the int8 values and
-dequantized on load: bit-exact, and a quarter of the float size. Int8 weights with the very same
+of a ``ReferenceWeighted`` module, and each weight matrix of a ``ReferenceRecurrent`` one (a
+dynamic LSTM's), lies on its int8 grid, so it is stored as the int8 values and dequantized on
+load: bit-exact, and a quarter of the float size (files written before recurrent weights were
+stored so hold them float, and still load). Int8 weights with the very same
 values (a tied weight quantized alike in two modules) are stored once and read into one tensor.
 """
 
@@ -33,7 +35,7 @@ from qplug_core import qparams as Q
 from qplug_core.config.codec import child, decode_dtype, encode_dtype, expect, read_fields, read_pairs, where
 from qplug_core.config.names import Kind, decode_name, encode_name
 from qplug_core.errors import ConfigError
-from qplug_core.kernels.reference import ReferenceWeighted
+from qplug_core.kernels.reference import ReferenceRecurrent, ReferenceWeighted, weight_of
 from qplug_core.nn.intrinsic import FusedModule
 from qplug_core.serialization.checks import check_loaded_values, check_weight_qparams
 from qplug_core.serialization.graph_codec import check_path
@@ -182,8 +184,8 @@ def _encode_module(path: str, module: nn.Module, table: TensorTable) -> dict[str
     entry: dict[str, Any] = {"path": path, "class": encode_name(cls, field=child(at, "class"), kinds=_MODULE_KINDS),
                              "training": module.training}
     if restores_state(cls):
-        if isinstance(module, ReferenceWeighted):
-            _store_weight_as_int8(module, at, table)
+        for name, qparams in _int8_weights(module):
+            _store_as_int8(weight_of(module.module, name), qparams, child(at, name), table)
         entry["attrs"] = {k: FILE_VALUES.encode(v, child(child(at, "attrs"), k))
                           for k, v in sorted(vars(module).items()) if k not in _BOOKKEEPING}
         params = module.named_parameters(recurse=False, remove_duplicate=False)
@@ -199,17 +201,26 @@ def _encode_module(path: str, module: nn.Module, table: TensorTable) -> dict[str
     return {k: v for k, v in entry.items() if v != [] and v != {}}
 
 
-def _store_weight_as_int8(module: ReferenceWeighted, at: str, table: TensorTable) -> None:
-    qparams = module.weight_qparams
-    if qparams.dtype not in Q.STORAGE_DTYPE:
-        return
-    weight = module.weight.detach()
-    values = Q.quantize(weight, qparams)
-    if not torch.equal(Q.dequantize(values, qparams).to(weight.dtype), weight):
+def _int8_weights(module: nn.Module) -> list[tuple[str, Q.QParams]]:
+    """The weights of a reference module stored as their int8 values, by name in its ``module``,
+    with their qparams (a float16 or float weight is stored as it is)."""
+    return [(name, qparams) for name, qparams in _weight_qparams(module).items() if qparams.dtype in Q.STORAGE_DTYPE]
+
+
+def _weight_qparams(module: nn.Module) -> dict[str, Q.QParams]:
+    """A reference module's recorded weight qparams, by weight name in its ``module``."""
+    if isinstance(module, ReferenceWeighted):
+        return {module.weight_name: module.weight_qparams}
+    return module.weight_qparams if isinstance(module, ReferenceRecurrent) else {}
+
+
+def _store_as_int8(weight: torch.Tensor, qparams: Q.QParams, at: str, table: TensorTable) -> None:
+    values = Q.quantize(weight.detach(), qparams)
+    if not torch.equal(Q.dequantize(values, qparams).to(weight.dtype), weight.detach()):
         raise ConfigError(f"{at}: the weight does not lie on the int8 grid of its recorded qparams "
                           "(was it changed after convert?), so its int8 values cannot reproduce it; "
                           "convert the model again before saving", field=at)
-    table.store_as_int8(module.weight, values)
+    table.store_as_int8(weight, values)
 
 
 def _constructor_parameters(cls: type) -> list[inspect.Parameter]:
@@ -295,8 +306,8 @@ def decode_modules(entries: Any, attributes: Any, table: dict[str, dict[str, Any
     if not any(tensor.is_meta for tensor in tensors.values()):
         check_loaded_values(root)
     for module, entry, _ in built.values():
-        if isinstance(module, ReferenceWeighted):  # named by path, as the qparams checks are
-            loader.dequantize_weight(module, f"modules[{entry['path']}]")
+        for name, qparams in _weight_qparams(module).items():  # named by path, as the qparams checks are
+            loader.dequantize_weight(module, name, qparams, f"modules[{entry['path']}]")
     loader.check_complete(root)
     modes = sorted(built.values(), key=lambda item: item[1]["path"].count("."))
     return root, [(module, entry["training"]) for module, entry, _ in modes]
@@ -507,7 +518,7 @@ class _TensorLoader:
         self._check_free(owner, attr, at)
         tensor = self._tensor(spec["key"], child(at, "key"))
         if INT8_OF in self.table[spec["key"]]:
-            raise ConfigError(f"{at}: an int8-stored tensor can only be a ReferenceWeighted weight",
+            raise ConfigError(f"{at}: an int8-stored tensor can only be a reference module's weight",
                               field=at)
         if expect(spec["parameter"], bool, child(at, "parameter"), "true or false"):
             owner.register_parameter(attr, self._parameter(spec["key"], tensor))
@@ -515,16 +526,17 @@ class _TensorLoader:
             owner.register_buffer(attr, tensor)
             self.given.add(id(tensor))
 
-    def dequantize_weight(self, module: ReferenceWeighted, at: str) -> None:
-        """Turn the int8 values of ``module``'s weight back into the float weight, bit-exactly."""
-        qparams = module.weight_qparams
-        owner, attr = _owner(module.module, module.weight_name, child(at, "weight_name"))
+    def dequantize_weight(self, module: ReferenceWeighted | ReferenceRecurrent, name: str, qparams: Q.QParams,
+                          at: str) -> None:
+        """Turn the int8 values of ``module``'s weight ``name`` back into the float weight, bit-exactly."""
+        owner, attr = _owner(module.module, name, child(at, "weight_name"))
         key = self.pending_int8.pop((id(owner), attr), None)
         storage = Q.STORAGE_DTYPE.get(qparams.dtype)
         if key is None:
-            if storage is not None:
-                raise ConfigError(f"{at}: the {qparams.dtype} weight {module.weight_name!r} must be "
-                                  "stored as its int8 values", field=at)
+            # files written before recurrent weights were stored as int8 hold them float
+            if storage is not None and isinstance(module, ReferenceWeighted):
+                raise ConfigError(f"{at}: the {qparams.dtype} weight {name!r} must be stored as its int8 "
+                                  "values", field=at)
             return
         values = self.tensors[key]
         check_weight_qparams(qparams, tuple(values.shape), child(at, "weight_qparams_holder"))
@@ -543,7 +555,7 @@ class _TensorLoader:
     def check_complete(self, root: nn.Module) -> None:
         if self.pending_int8:
             keys = sorted(self.pending_int8.values())
-            raise ConfigError(f"int8-stored tensors {keys} are not the weight of any ReferenceWeighted "
+            raise ConfigError(f"int8-stored tensors {keys} are not the weight of any reference "
                               "module", field="tensors", value=keys)
         if self.unused:
             keys = sorted(self.unused)

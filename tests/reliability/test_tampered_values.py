@@ -162,6 +162,28 @@ def test_tampered_recurrent_weight_qparams_are_refused_naming_the_field(edit, fi
     assert str(path) in message and field in message and detail in message, message
 
 
+def test_recurrent_weights_are_stored_as_int8_and_older_float_files_load(recurrent_file):
+    """The LSTM's weight matrices lie on their int8 grids and are stored so (the file held them
+    float, 4x the bytes of what ONNX Runtime and the kernels run); files written then still load."""
+    from safetensors import safe_open
+
+    matrices = [f"rnn.module.{name}" for name in ("weight_ih_l0", "weight_hh_l0")]
+    with safe_open(str(recurrent_file), "pt") as f:
+        assert [f.get_slice(key).get_dtype() for key in matrices] == ["I8", "I8"]
+    loaded = load(recurrent_file)
+
+    def as_written_before(document, tensors):
+        for key in matrices:
+            tensors[key] = loaded.get_parameter(key).detach().clone()
+            document["model"]["tensors"][key] = {"dtype": "torch.float32", "shape": list(tensors[key].shape)}
+
+    older = load(rewrite(recurrent_file, as_written_before))
+    x = torch.randn(5, 2, 4)
+    assert torch.equal(older(x), loaded(x))
+    for key in matrices:
+        assert torch.equal(older.get_parameter(key), loaded.get_parameter(key))
+
+
 # -- files that are not regular files --------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ from qplug_core.errors import ConfigValidationError, SerializationError, warn_us
 from qplug_core.flows.checks import check_float32
 from qplug_core.ir.autocast_off import compute_in_float32
 from qplug_core.ir.tracing import reading_state_dict
+from qplug_core.kernels.arithmetic import engine_arithmetic, pair_sums_saturate, pairs_fit
 from qplug_core.kernels.capabilities import engine_capabilities
 from qplug_core.kernels.cpu import cpu_int8
 from qplug_core.kernels.dynamic import (
@@ -313,6 +314,8 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
     modules = dict(model.named_modules())
     with torch.no_grad():
         rebuilt = [(layer["kind"], *_rebuild_layer(layer, modules, context)) for layer in layers]
+        if context.narrowed:
+            _warn_narrowed(source, context.narrowed)
         dtypes = {name: linear_weight(modules[name]).dtype for kind, name, _ in rebuilt if kind == "linear"}
         # the float state before the swap: swapped-in kernels keep their weights packed, outside any
         # state_dict
@@ -429,6 +432,8 @@ class _LoadContext:
         self.source, self.tensors, self.backend, self.info = source, tensors, backend, info
         self.shared = SharedInput()
         self._kernels: list | None = None
+        #: dynamic layers whose activations load at 7 bits, not the file's 8 (:func:`_reduce_range`)
+        self.narrowed: list[str] = []
 
     def kernels(self) -> list:
         if self._kernels is None:
@@ -563,11 +568,32 @@ def _stored_weight(layer: dict, name: str, shape: tuple[int, int], values: dict,
     return IntegerWeight(values["weight_int8"], scale, values["weight_zero_point"], per_channel)
 
 
+def _reduce_range(layer: dict, name: str, engine: str, weights: list[StoredWeight], context: _LoadContext) -> bool:
+    """The file's activation range for a dynamic layer, narrowed to 7 bits where ``engine``'s kernels
+    would saturate their int16 pair sums with it on this CPU: a file saved where they sum in int32
+    (VNNI) and loaded on an x86 CPU without VNNI would otherwise clip its sums without a word."""
+    saved = bool(layer.get("reduce_range", True))
+    integers = [weight for weight in weights if isinstance(weight, IntegerWeight)]
+    if saved or not integers or not pair_sums_saturate(engine_arithmetic(engine)):
+        return saved
+    if pairs_fit(255, max(int(weight.int8.abs().max()) for weight in integers)):
+        return saved
+    context.narrowed.append(name)
+    return True
+
+
+def _warn_narrowed(source: Path, names: list[str]) -> None:
+    shown = ", ".join(repr(name) for name in names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    warn_user(f"qplug: {source}: {len(names)} dynamic int8 layer(s) ({shown}) were saved with 8-bit activations, "
+              f"whose products the kernels here sum in int16 pairs, which can saturate ({cpu_int8().summary()}); "
+              "they quantize activations to 7 bits here, so outputs differ slightly from the saving process's")
+
+
 def _dynamic(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
              context: _LoadContext) -> nn.Module:
-    return DynamicLinear.from_stored(_stored_weight(layer, name, shape, values, context), values["bias"],
-                                     engine=_engine(layer, name, context),
-                                     reduce_range=bool(layer.get("reduce_range", True)))
+    weight, engine = _stored_weight(layer, name, shape, values, context), _engine(layer, name, context)
+    return DynamicLinear.from_stored(weight, values["bias"], engine=engine,
+                                     reduce_range=_reduce_range(layer, name, engine, [weight], context))
 
 
 def _dynamic_recurrent(layer: dict, name: str, shape: tuple[int, int], values: dict, target: nn.Module,
@@ -595,8 +621,9 @@ def _dynamic_recurrent(layer: dict, name: str, shape: tuple[int, int], values: d
         elif bias is not None:
             raise context.error(f"layer {name!r} has {bias_name} in the file but no bias in the model given")
         weights[matrix] = (weight, bias)
-    return kernel.from_stored(expected, weights, engine=_engine(layer, name, context),
-                              reduce_range=bool(layer.get("reduce_range", True)))
+    engine = _engine(layer, name, context)
+    reduce_range = _reduce_range(layer, name, engine, [weight for weight, _ in weights.values()], context)
+    return kernel.from_stored(expected, weights, engine=engine, reduce_range=reduce_range)
 
 
 #: layer kind -> builder: the only code a name in the file can reach

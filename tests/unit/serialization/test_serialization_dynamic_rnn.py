@@ -13,8 +13,10 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.errors import SerializationError
+from qplug_core.kernels.cpu import override_cpu_flags
 
 pytestmark = pytest.mark.usefixtures("plugin_autoload")
+VNNI = "avx512f avx512bw avx512vl avx512_vnni avx2 fma"
 
 
 class Tagger(nn.Module):
@@ -46,7 +48,8 @@ def test_a_dynamic_rnn_model_loads_with_the_same_integers_and_outputs(tmp_path, 
     qmodel = qp.quantize_dynamic(Tagger(rnn, **options).eval(), qconfig and {rnn: qconfig, nn.Linear: qconfig},
                                  backend=backend)
     path = qp.save(qmodel, tmp_path / "tagger.safetensors")
-    loaded = qp.load(path, model=Tagger(rnn, seed=3, **options).eval())
+    with override_cpu_flags(VNNI):  # where 8-bit activations stay 8-bit (else: the last test)
+        loaded = qp.load(path, model=Tagger(rnn, seed=3, **options).eval())
     assert type(loaded.rnn) is type(qmodel.rnn) and loaded.rnn.engine == qmodel.rnn.engine
     assert loaded.rnn.reduce_range == qmodel.rnn.reduce_range
     saved, restored = qmodel.rnn.stored_weights(), loaded.rnn.stored_weights()
@@ -238,3 +241,26 @@ def test_float16_weights_on_an_engine_that_cannot_pack_them_are_refused(half_cel
     with pytest.raises(SerializationError, match="layer 'gru' holds float16 weights, which engine 'qnnpack' "
                                                  "cannot pack"):
         qp.load(_edited(half_cells, _layer("gru", engine="qnnpack")), model=Cells(bias=False).eval())
+
+
+def test_8_bit_activations_load_as_7_bits_where_the_kernels_sum_pairs_in_int16(tmp_path):
+    """A file saved where fbgemm sums in int32 (VNNI) held 8-bit activations, which an x86 CPU
+    without VNNI sums in saturating int16 pairs: its layers load with 7-bit activations, saying so."""
+    from qplug_core.config.defaults import dynamic_qconfig
+
+    full = dynamic_qconfig(per_channel=False, reduce_range=False)
+    qmodel = qp.quantize_dynamic(Cells().eval(), dict.fromkeys((nn.LSTMCell, nn.GRUCell, nn.RNNCell), full),
+                                 backend="fbgemm")
+    path = qp.save(qmodel, tmp_path / "cells.safetensors")
+    x = torch.randn(4, 16)
+    with override_cpu_flags("avx2 fma"), pytest.warns(UserWarning, match=r"3 dynamic int8 layer\(s\) \('lstm', "
+                                                                          r"'gru', 'rnn'\) were saved with 8-bit"):
+        narrowed = qp.load(path, model=Cells().eval())
+    assert all(narrowed.get_submodule(name).reduce_range for name in ("lstm", "gru", "rnn"))
+    with torch.no_grad():
+        assert torch.allclose(narrowed(x), qmodel(x), atol=0.05) and not torch.equal(narrowed(x), qmodel(x))
+    with override_cpu_flags(VNNI):
+        kept = qp.load(path, model=Cells().eval())
+    assert not any(kept.get_submodule(name).reduce_range for name in ("lstm", "gru", "rnn"))
+    with torch.no_grad():
+        assert torch.equal(kept(x), qmodel(x))

@@ -16,6 +16,7 @@ import warnings
 import onnx
 import pytest
 import torch
+from safetensors import safe_open
 from torch import nn
 
 import qplug_core as qp
@@ -158,6 +159,9 @@ def test_save_and_load_rebuild_the_session(tmp_path):
     model, x = Classifier(num_layers=2).eval(), torch.randn(2, 5, 12)
     ort_model, _ = _quantized(model, (x,))
     qp.save(ort_model, tmp_path / "lstm.qplug")
+    with safe_open(str(tmp_path / "lstm.qplug"), "pt") as f:  # int8, as ORT runs them (float: 4x the file)
+        matrices = [key for key in f.keys() if key.startswith("rnn.module.weight_")]  # noqa: SIM118
+        assert len(matrices) == 4 and {f.get_slice(key).get_dtype() for key in matrices} == {"I8"}
     loaded = qp.load(tmp_path / "lstm.qplug")
     with torch.no_grad():  # the first call compiles the partition
         assert torch.equal(loaded(x), ort_model(x))

@@ -39,7 +39,16 @@ def _lookup(packed: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
                                                  False, per_sample_weights, None, include_last_offset)
 
 
-class Embedding(nn.Module):
+class _PackedTable(nn.Module):
+    packed_weight: torch.Tensor
+
+    @property
+    def num_embeddings(self) -> int:
+        """The table's rows, as ``nn.Embedding`` says (what a failed call's ids are checked against)."""
+        return self.packed_weight.shape[0]
+
+
+class Embedding(_PackedTable):
     """``nn.Embedding`` lookups of 8-bit rows: each index is a bag of one, summed."""
 
     def __init__(self, packed: torch.Tensor, embedding_dim: int):
@@ -62,7 +71,7 @@ class Embedding(nn.Module):
         return out.reshape(*indices.shape, self.embedding_dim)
 
 
-class EmbeddingBag(nn.Module):
+class EmbeddingBag(_PackedTable):
     """``nn.EmbeddingBag`` (mode sum or mean) over 8-bit rows.
 
     The op only sums and has no padding argument. ``padding_idx`` entries add nothing because that

@@ -80,12 +80,21 @@ def described_signature(signature: tuple) -> str:
     return ", ".join(f"{tuple(shape)} {str(dtype).removeprefix('torch.')}" for shape, dtype in signature)
 
 
+def quiet_call(form: Callable[..., Any], inputs: tuple) -> Any:
+    """``form(*inputs)``, where a reference form raising on the caller's inputs is made qplug's
+    error about them: called as a plain module, so that torch.fx prints no generated code of
+    qplug's partition on stderr (at every such request of a server)."""
+    if isinstance(form, fx.GraphModule):
+        return nn.Module.__call__(form, *inputs)
+    return form(*inputs)
+
+
 def reference_answer(reference: Callable[..., Any], inputs: tuple, error: Exception, check: SignatureCheck) -> Any:
     """``reference``'s outputs for ``inputs``, on which a compiled model raised ``error``; where
     the reference form cannot take them either, the inputs are wrong: ``check``'s error, from
     ``error``."""
     try:
-        return reference(*inputs)
+        return quiet_call(reference, inputs)
     except Exception as again:
         raise check.failed(described_signature(input_signature(inputs)), error, again) from error
 
@@ -197,8 +206,8 @@ class CompiledPartition(HoldsPartition, nn.Module):
         cannot take."""
         try:
             with torch.no_grad():
-                return self.partition(*inputs)
-        except RuntimeError as exc:  # the caller's inputs, not the runtime's fault
+                return quiet_call(self.partition, inputs)
+        except (RuntimeError, IndexError) as exc:  # the caller's inputs (ids of rank 1), not the runtime's fault
             raise InputMismatchError(f"{type(self).__name__} cannot take inputs {self._mismatch(inputs)} "
                                      f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
 

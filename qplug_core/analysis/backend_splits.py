@@ -13,7 +13,7 @@ from typing import Any
 from torch import fx, nn
 
 from qplug_core.flows.pipeline import as_input_tuple, fuse_model
-from qplug_core.flows.report import no_pattern_reason
+from qplug_core.flows.report import no_pattern_reason, pattern_op_keys
 from qplug_core.flows.tags import ValueAnnotator
 from qplug_core.partition.partitioner import CapabilityBasedPartitioner, Partition
 from qplug_core.partition.support import OperatorSupportBase
@@ -64,7 +64,8 @@ def by_backend(model: nn.Module, backend: Any, example_inputs: Any, *, qconfig_m
                 reasons[node.name] = f"backend {chosen.name!r} has no kernel for {region.pattern_name}"
             else:
                 reasons[node.name] = region.reason
-    float_nodes = {n.name: reasons[n.name] if n.name in reasons else no_pattern_reason(n)
+    pattern_ops = pattern_op_keys(chosen.config)
+    float_nodes = {n.name: reasons[n.name] if n.name in reasons else no_pattern_reason(n, pattern_ops)
                    for n in gm.graph.nodes if n.op in _COMPUTE_OPS and n.name not in int8}
     order = [n.name for n in gm.graph.nodes if n.name in int8]
     partitioner = CapabilityBasedPartitioner(gm, _NodeSet(int8), allows_single_node_partition=True)

@@ -23,7 +23,7 @@ from qplug_core.flows.input_faults import explain_input_faults
 from qplug_core.flows.lower import LoweringSummary, lower_graph
 from qplug_core.flows.pickle_guard import refuse_torch_shipping
 from qplug_core.flows.pipeline import plugin_passes, run_passes
-from qplug_core.flows.report import QuantizationReport, float_compute_nodes, report_names
+from qplug_core.flows.report import QuantizationReport, float_compute_nodes, pattern_op_keys, report_names
 from qplug_core.flows.snapshot import hold_weight_as_int8
 from qplug_core.flows.tags import (
     CAPTURE,
@@ -85,7 +85,8 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     summary = found.get("summary", LoweringSummary())
     report = conversion_report(gm, backend.name, mode, regions,
                                {**{a: f"delegate:{p}" for a, p in delegated.lowered.items()}, **summary.lowered},
-                               {**delegated.reference, **summary.reference}, delegated)
+                               {**delegated.reference, **summary.reference}, delegated,
+                               pattern_op_keys(backend.config))
     gm.meta[REPORT] = report
     gm.meta[PARTITION_FORMS] = {p.name: delegated.graphs[p.name] for p in delegated.partitions}  # qp.compare
     refuse_torch_shipping(gm)  # torch.save and torch.jit.script point to qp.save
@@ -104,15 +105,17 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
 
 def conversion_report(gm: fx.GraphModule, backend: str, mode: str, regions: dict[str, tuple[str, bool]],
                       kernels: dict[str, str], reference: dict[str, str],
-                      delegated: DelegationSummary) -> QuantizationReport:
+                      delegated: DelegationSummary, pattern_ops: frozenset[str]) -> QuantizationReport:
     """The report of ``gm`` (in reference form where ``reference`` says so) lowered to ``kernels``:
-    what convert and load attach, and what ``qplug report`` reads from a file's record."""
+    what convert and load attach, and what ``qplug report`` reads from a file's record.
+    ``pattern_ops`` names what the backend's patterns name (:func:`pattern_op_keys`)."""
     opaque = {name: reason for name, _, reason in gm.meta.get(CAPTURE_SKIPPED, [])}
     return QuantizationReport(
         backend=backend, mode=_mode_of(mode, regions.values()), fusions=list(gm.meta.get(FUSIONS, [])),
         quantized={name: pattern for name, (pattern, _) in regions.items()}, kernels=kernels,
         reference=reference, skipped=float_compute_nodes(gm, reference, opaque, delegated.graphs,
-                                                         frozenset(p.name for p in delegated.partitions)),
+                                                         frozenset(p.name for p in delegated.partitions),
+                                                         pattern_ops),
         capture=gm.meta.get(CAPTURE, "symbolic"),
         partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside),
         kept_regions=dict(delegated.kept_regions), notes=list(gm.meta.pop(CONVERSION_NOTES, [])))

@@ -430,6 +430,20 @@ class _Raiser:
         return not any(c.startswith(prefix) or path.startswith(c + ".") for c in self.claimed)
 
 
+#: ATen op -> the name the shared patterns give the op computing it, where the two names differ
+_PATTERN_NAMES = {"addmm": "linear", "mm": "matmul", "bmm": "matmul", "floor_divide": "floordiv",
+                  "constant_pad_nd": "pad", "select": "getitem", "slice": "getitem"}
+
+
+def pattern_level_name(op: str) -> str:
+    """The name the shared patterns give what ATen op ``op`` (overload stripped) computes, so a
+    report can tell an op qplug does not raise from one no pattern names: ``gelu`` -> ``gelu``,
+    ``addmm`` -> ``linear``, ``upsample_bicubic2d`` -> ``interpolate``."""
+    if op.lstrip("_").startswith("upsample"):
+        return "interpolate"
+    return _PATTERN_NAMES.get(op, op)
+
+
 def _arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
     if len(node.args) > index:
         return node.args[index]

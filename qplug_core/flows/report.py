@@ -8,6 +8,7 @@ integer plumbing is one line with the most frequent op names, unless ``verbose``
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
@@ -17,18 +18,23 @@ from torch import fx
 
 from qplug_core.flows.fuse import FusionRecord
 from qplug_core.flows.op_kinds import COMPUTE, base_name, op_kind
+from qplug_core.flows.raise_aten import pattern_level_name
 from qplug_core.flows.tags import BOUNDARY, KERNEL, OBSERVER, VALUE_KIND, region_tag
 from qplug_core.kernels.reference import ReferenceRecurrent, ReferenceWeighted
+from qplug_core.patterns import is_match_all
 
 if TYPE_CHECKING:
     from rich.text import Text
 
+    from qplug_core.config import BackendConfig
+
 _NON_COMPUTE_FUNCTIONS = {"getattr", "getitem", "size", "dim"}
 #: why an op stays float when no pattern matches it
 NO_PATTERN = "no quantization pattern of the backend matches this op"
-#: ... when it is an ATen op that capture left as torch.export wrote it: the patterns name modules
-#: and functionals, and saying only that none matches read as if the backend had no pattern for
-#: ``F.interpolate`` when its ATen form simply had no mapping
+#: ... when it is an ATen op that capture left as torch.export wrote it while the backend's patterns
+#: name its module or functional form: saying only that none matches read as if the backend had no
+#: pattern for ``F.interpolate`` when its ATen form simply had no mapping (an ATen op no pattern
+#: names, ``gelu`` on fbgemm, gets :data:`NO_PATTERN`, as at the symbolic level)
 UNMAPPED_ATEN = ("no quantization pattern of the backend matches this op: it is an ATen op from "
                  "torch.export that qplug does not map to the module or functional the patterns name")
 #: the ``capture`` of a report read from a module-swap model's record (no graph was captured)
@@ -106,17 +112,46 @@ def describe_op(node: fx.Node, gm: fx.GraphModule) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
 
-def no_pattern_reason(node: fx.Node) -> str:
-    """Why ``node``, which no pattern matched, stays float."""
-    aten = node.op == "call_function" and str(node.target).startswith("aten.")
-    return UNMAPPED_ATEN if aten else NO_PATTERN
+def op_key(name: str) -> str:
+    """One spelling of an op's name at both capture levels: ``GroupNorm``, ``group_norm`` and
+    ``group_norm.default`` -> ``groupnorm``; ``InstanceNorm2d`` -> ``instancenorm``."""
+    key = "".join(c for c in base_name(name).lower() if c.isalnum())
+    return re.sub(r"(?<=[a-z])[123n]d$", "", key)
+
+
+def pattern_op_keys(config: BackendConfig) -> frozenset[str]:
+    """The :func:`op_key` of every op ``config``'s patterns name (anchors and fused members)."""
+    keys: set[str] = set()
+
+    def visit(element: Any) -> None:
+        if isinstance(element, tuple):
+            for item in element:
+                visit(item)
+        elif not is_match_all(element):
+            keys.add(op_key(element if isinstance(element, str) else getattr(element, "__name__", "")))
+
+    for pattern_config in config.configs:
+        visit(pattern_config.pattern_complex_format)
+    return frozenset(keys - {""})
+
+
+def no_pattern_reason(node: fx.Node, pattern_ops: frozenset[str] = frozenset()) -> str:
+    """Why ``node``, which no pattern matched, stays float; ``pattern_ops`` (see
+    :func:`pattern_op_keys`) tells an ATen op capture did not raise to a form the backend's
+    patterns name from one they do not name at all."""
+    if node.op != "call_function" or not str(node.target).startswith("aten."):
+        return NO_PATTERN
+    name = pattern_level_name(base_name(getattr(node.target, "__name__", "")))
+    return UNMAPPED_ATEN if op_key(name) in pattern_ops else NO_PATTERN
 
 
 def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | None = None,
                         opaque_modules: dict[str, str] | None = None,
                         partitions: dict[str, fx.GraphModule] | None = None,
-                        compiled: frozenset[str] = frozenset()) -> list[SkippedNode]:
-    """Every op that still computes in float, with the reason recorded by prepare or lowering.
+                        compiled: frozenset[str] = frozenset(),
+                        pattern_ops: frozenset[str] = frozenset()) -> list[SkippedNode]:
+    """Every op that still computes in float, with the reason recorded by prepare or lowering
+    (an op no pattern matched: :func:`no_pattern_reason` with ``pattern_ops``).
 
     ``fallback_reasons`` (anchor name as :func:`report_names` gives it -> reason) marks int8
     regions that lowering or delegation left in reference form: they compute in float between
@@ -136,7 +171,8 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
     skipped = []
     for node in gm.graph.nodes:
         if node.op == "call_module" and partitions and node.target in partitions:
-            inside = float_compute_nodes(partitions[node.target], fallback_reasons, opaque)
+            inside = float_compute_nodes(partitions[node.target], fallback_reasons, opaque,
+                                         pattern_ops=pattern_ops)
             where = str(node.target) if node.target in compiled else ""
             skipped += [replace(entry, partition=where) for entry in inside]
             continue
@@ -150,7 +186,7 @@ def float_compute_nodes(gm: fx.GraphModule, fallback_reasons: dict[str, str] | N
         if node.op == "call_module" and node.target in opaque:
             reason = opaque[node.target]
         elif tag is None:
-            reason = no_pattern_reason(node)
+            reason = no_pattern_reason(node, pattern_ops)
         elif not tag.quantized:
             reason = tag.reason
         elif fallback_reasons and anchors.get(tag.region_id) in fallback_reasons:

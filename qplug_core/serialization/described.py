@@ -16,12 +16,13 @@ from typing import Any
 import torch
 
 from qplug_core.config.codec import decode_dtype
-from qplug_core.errors import ConfigError, SerializationError
+from qplug_core.errors import ConfigError, QplugError, SerializationError
 from qplug_core.flows.delegate import DelegationSummary
 from qplug_core.flows.finish import conversion_report, quantized_regions
-from qplug_core.flows.report import QuantizationReport
+from qplug_core.flows.report import QuantizationReport, pattern_op_keys
 from qplug_core.flows.tags import FUSIONS
 from qplug_core.flows.target_rungs import name_rungs
+from qplug_core.registry.backends import get_backend
 from qplug_core.serialization.api import rebuild_graph
 from qplug_core.serialization.artifact import TARGET_RUNGS_KEY, from_document, fusion_records, lowering_of
 
@@ -47,9 +48,19 @@ def describe_saved(path: Path, document: dict[str, Any]) -> QuantizationReport:
     kernels = {} if record is None else record.kernels
     report = conversion_report(gm, artifact.backend, artifact.model["mode"], quantized_regions(gm), kernels,
                                {} if record is None else record.reference,
-                               DelegationSummary(kept_regions={} if record is None else record.regions))
+                               DelegationSummary(kept_regions={} if record is None else record.regions),
+                               _pattern_ops(artifact.backend))
     name_rungs(report, artifact.model.get(TARGET_RUNGS_KEY, {}))
     report.notes.append(HEADER_ONLY if record is not None else
                         f"{HEADER_ONLY}; this file records no lowering (written by an older qplug), so its "
                         "kernels are not listed")
     return report
+
+
+def _pattern_ops(backend: str) -> frozenset[str]:
+    """What the file's backend's patterns name, as the load's report reads them; none when that
+    backend is not installed (an ATen op no pattern matched then reads "no pattern matches")."""
+    try:
+        return pattern_op_keys(get_backend(backend).config)
+    except QplugError:
+        return frozenset()

@@ -216,6 +216,9 @@ class _Raiser:
                 node.target, node.args, node.kwargs = F.interpolate, (node.args[0],), interpolation
             elif (index := _as_index(node)) is not None:
                 node.target, node.args, node.kwargs = operator.getitem, (node.args[0], index), {}
+            elif node.target is aten.constant_pad_nd.default:  # what F.pad and ZeroPad1d decompose to
+                node.target, node.kwargs = F.pad, {}
+                node.args = (node.args[0], node.args[1], "constant", _arg(node, 2, "value", 0.0))
             elif node.target in _METHODS:
                 node.op, node.target = "call_method", _METHODS[node.target]
 
@@ -475,15 +478,19 @@ def _as_interpolate(node: fx.Node) -> dict[str, Any] | None:
 
 def _as_index(node: fx.Node) -> tuple | None:
     """The index ``x[...]`` with which Python writes ``aten.slice.Tensor`` ``node`` (a TCN's chomp
-    ``x[..., :-pad]``), so the shared pattern set's ``getitem`` matches it, or None."""
-    if node.target is not aten.slice.Tensor:
+    ``x[..., :-pad]``) or ``aten.select.int`` (``x[:, 0]``), so the shared pattern set's ``getitem``
+    matches it, or None."""
+    if node.target is aten.slice.Tensor:
+        dim, start, end, step = (_arg(node, i, name, default) for i, name, default in
+                                 ((1, "dim", 0), (2, "start", None), (3, "end", None), (4, "step", 1)))
+        item: Any = slice(start, None if end == sys.maxsize else end, None if step == 1 else step)
+    elif node.target is aten.select.int:
+        dim, item = _arg(node, 1, "dim"), _arg(node, 2, "index")
+    else:
         return None
-    dim, start, end, step = (_arg(node, i, name, default) for i, name, default in
-                             ((1, "dim", 0), (2, "start", None), (3, "end", None), (4, "step", 1)))
     if not isinstance(dim, int):
         return None
-    cut = slice(start, None if end == sys.maxsize else end, None if step == 1 else step)
-    return (slice(None),) * dim + (cut,) if dim >= 0 else (Ellipsis, cut) + (slice(None),) * (-dim - 1)
+    return (slice(None),) * dim + (item,) if dim >= 0 else (Ellipsis, item) + (slice(None),) * (-dim - 1)
 
 
 def _plain_kwargs(node: fx.Node) -> bool:

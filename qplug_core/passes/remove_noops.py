@@ -2,14 +2,16 @@
 
 Removed: ``detach`` (function, method and ``aten.detach``/``aten.alias``), ``nn.Identity``
 modules, ``nn.Dropout*`` modules in eval mode, ``F.dropout`` / ``aten.dropout`` calls whose
-``training`` argument is literally False, and ``aten.to.dtype`` to the dtype the value already
-has. ``contiguous`` is kept: it changes memory layout, which kernels downstream may rely on.
+``training`` argument is literally False, ``aten.to.dtype`` to the dtype the value already
+has, and ``aten.slice.Tensor`` over a whole dimension (``x[:, :, -1]`` exports a ``[0:]`` slice of
+dim 0 before the select). ``contiguous`` is kept: it changes memory layout, which kernels downstream may rely on.
 The one rule set for both levels: the symbolic pipeline (:func:`remove_inference_noops`), the ATen raise
 (``flows/raise_aten.py``) and :class:`RemoveNoOpsPass` all call :func:`remove_noops`.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -65,7 +67,8 @@ def _noop_input(modules: dict[str, nn.Module], node: fx.Node) -> fx.Node | None:
     elif node.op == "call_function":
         noop = (node.target in _IDENTITY_FUNCTIONS
                 or (node.target in _DROPOUT_FUNCTIONS and _training_is_false(node))
-                or (node.target is aten.to.dtype and _same_dtype(node)))
+                or (node.target is aten.to.dtype and _same_dtype(node))
+                or (node.target is aten.slice.Tensor and _whole_slice(node)))
     else:
         noop = False
     source = _first_input(node) if noop else None
@@ -88,6 +91,13 @@ def _same_dtype(node: fx.Node) -> bool:
         return False
     value = node.args[0].meta.get("val")
     return isinstance(value, torch.Tensor) and value.dtype == node.args[1]
+
+
+def _whole_slice(node: fx.Node) -> bool:
+    """``aten.slice.Tensor(x, dim, 0, <max>, 1)``: every element of ``x``, a view as ``aten.alias`` is."""
+    start, end, step = (node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+                        for i, name, default in ((2, "start", None), (3, "end", None), (4, "step", 1)))
+    return start in (None, 0) and end in (None, sys.maxsize) and step == 1
 
 
 class RemoveNoOpsPass(PassBase):

@@ -7,6 +7,8 @@ with the reason.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -52,6 +54,43 @@ def test_a_causal_tcn_block_is_int8_end_to_end_and_equals_its_reference_form(cap
     assert "0 compute op(s) left in float (100% int8)" in report, report
     step = float(expected.max() - expected.min()) / 255
     assert (got - expected).abs().max() <= step * 1.01
+
+
+class CausalHead(nn.Module):
+    """A causal conv whose last time step a linear head reads (``y[:, :, -1]``: ``aten.select``)."""
+
+    def __init__(self, pad=lambda x: F.pad(x, (2, 0))):
+        super().__init__()
+        self.pad = pad
+        self.inp = nn.Conv1d(4, 4, 1)
+        self.conv = nn.Conv1d(4, 8, 3)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(self.pad(self.inp(x))))[:, :, -1])
+
+
+def _lowered(model, capture, data):
+    with one_thread():
+        observed = qp.prepare_fx(model, None, data[0], backend="fbgemm", capture=capture)
+        qp.calibrate(observed, data)
+        return qp.convert_to_reference_fx(observed), qp.convert_fx(observed)
+
+
+@pytest.mark.slow  # three exports: 5-13 s on the shared 2-core machine
+def test_export_capture_raises_selects_and_constant_pads_to_the_int8_ops_symbolic_tracing_gives(plugin_autoload):
+    """``aten.select.int`` and ``aten.constant_pad_nd`` (what ``torch.constant_pad_nd`` and a
+    decomposed program's pads are) stayed float at the ATen level: dequantize -> op -> quantize."""
+    data = _data()
+    symbolic = qp.quantization_report(_lowered(CausalHead().eval(), "symbolic", data)[1])
+    for pad in (lambda x: F.pad(x, (2, 0)), lambda x: torch.constant_pad_nd(x, (2, 0))):
+        reference, lowered = _lowered(CausalHead(pad).eval(), "export", data)
+        report = qp.quantization_report(lowered)
+        assert "0 compute op(s) left in float (100% int8)" in str(report), report
+        assert Counter(report.kernels.values()) == Counter(symbolic.kernels.values())
+        with torch.no_grad():
+            expected, got = reference(*data[1]), lowered(*data[1])
+        assert (got - expected).abs().max() <= float(expected.max() - expected.min()) / 255 * 1.01
 
 
 @pytest.mark.parametrize("pad, reason", [

@@ -19,6 +19,7 @@ from torch import fx
 
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, warn_user
 from qplug_core.flows import kernel_check as kernel_contract
+from qplug_core.flows.conv1d_layout import keep_conv1d_layouts
 from qplug_core.flows.graph_utils import is_module_call
 from qplug_core.flows.report import report_names
 from qplug_core.flows.tags import CONVERSION_NOTES, KERNEL, REGION, ROOT, VALUE_KIND, region_tag
@@ -100,6 +101,7 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
     _warn_without_kernel(backend, without_kernel)
     _swap_boundaries(gm, backend)
     gm.graph.eliminate_dead_code()
+    keep_conv1d_layouts(gm)
     gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()

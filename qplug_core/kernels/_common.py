@@ -71,6 +71,16 @@ def _quiet_op() -> Iterator[None]:
         yield
 
 
+def conv1d_layout(x: torch.Tensor) -> torch.Tensor | None:
+    """``x`` as the 4-D channels-last tensor it is a view of when it has a quantized Conv1d's
+    output layout (3-D, strides (C*L, 1, C): the 2-D conv's result squeezed), else None; torch's
+    quantized kernels run fast on the 4-D view and take a strided path on the 3-D one."""
+    if x.dim() != 3:
+        return None
+    view = x.unsqueeze(2)
+    return view if view.is_contiguous(memory_format=torch.channels_last) else None
+
+
 def activation_qparams(qp: QParams | None, what: str) -> tuple[float, int, torch.dtype]:
     """(scale, zero_point, dtype) of a per-tensor quint8/qint8 activation as Python numbers."""
     if qp is None:

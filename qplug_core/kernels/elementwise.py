@@ -18,6 +18,7 @@ from qplug_core.errors import ConfigValidationError, ConstraintViolationError
 from qplug_core.kernels._common import (
     SELF_TEST_INPUT,
     KernelModule,
+    conv1d_layout,
     ctx_param,
     forward_quiet,
     input_dtype,
@@ -92,11 +93,9 @@ class _Binary(KernelModule):
         the fast kernel; any other non-contiguous operand (a slice) is copied contiguous first.
         """
         op = type(self)._tensor_op
-        if a.dim() == 3 and b.dim() == 3:
-            a4, b4 = a.unsqueeze(2), b.unsqueeze(2)
-            if a4.is_contiguous(memory_format=torch.channels_last) \
-                    and b4.is_contiguous(memory_format=torch.channels_last):
-                return op(a4, b4, self.scale, self.zero_point).squeeze(2)
+        a4, b4 = conv1d_layout(a), conv1d_layout(b)
+        if a4 is not None and b4 is not None:
+            return op(a4, b4, self.scale, self.zero_point).squeeze(2)
         return op(a.contiguous(), b.contiguous(), self.scale, self.zero_point)
 
     def extra_repr(self) -> str:

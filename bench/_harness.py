@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import gc
@@ -155,3 +156,17 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     out = [line(header), "-" * len(line(header))]
     out += [line(r) for r in rows]
     return "\n".join(out)
+
+
+def run_models(doc: str, models: list[str], run: Callable[[str, list[int], int], list[list[str]]],
+               header: list[str]) -> None:
+    """The ``main()`` of a bench over named models and batch sizes (``--models``, ``--batches``,
+    ``--rounds``): one thread, the machine line, then one table of every model's rows."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=models, choices=models)
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4])
+    parser.add_argument("--rounds", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(machine_line())
+    print(table(header, [row for name in args.models for row in run(name, args.batches, args.rounds)]))

@@ -13,11 +13,9 @@ bit-identical.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.nn.functional as F
-from _harness import interleaved, machine_line, median, quiet, table
+from _harness import interleaved, median, quiet, run_models
 from torch import nn
 
 import qplug_core as qp
@@ -86,16 +84,8 @@ def run(name: str, batches: list[int], rounds: int) -> list[list[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4])
-    parser.add_argument("--rounds", type=int, default=20)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    print(machine_line())
-    rows = [row for name in args.models for row in run(name, args.batches, args.rounds)]
-    print(table(["model", "batch", "boundaries kept", "contiguous ms", "kept ms", "contiguous/kept",
-                 "identical"], rows))
+    run_models(__doc__, list(MODELS), run, ["model", "batch", "boundaries kept", "contiguous ms", "kept ms",
+                                            "contiguous/kept", "identical"])
 
 
 if __name__ == "__main__":

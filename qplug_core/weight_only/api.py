@@ -36,6 +36,7 @@ from qplug_core.registry.backends import Backend
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, shared_input_scales
 from qplug_core.weight_only.batches import calibration_batches, call_model
+from qplug_core.weight_only.float_convolutions import float_convolutions_warning
 from qplug_core.weight_only.fusion import fuse, shared_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
 from qplug_core.weight_only.modules import WeightOnlyEmbedding, WeightOnlyEmbeddingBag, WeightOnlyLinear
@@ -165,9 +166,9 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     choose_kernels(qmodel, info, groups, kernels, dtypes, kernel)
     cpu = cpu_int8()
     info.kernel_cpu = cpu.machine, cpu.int8_capabilities
-    slow = slower_than_float(info.choices)
-    if slow:
-        warn_user(slow)
+    for warning in (slower_than_float(info.choices), float_convolutions_warning(model)):
+        if warning:
+            warn_user(warning)
     setattr(qmodel, INFO_ATTRIBUTE, info)
     decode_step.install(qmodel.eval())  # the swapped layers too: the whole copy in eval mode
     return qmodel

@@ -26,6 +26,7 @@ from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.eager.float_modules import guard_float_modules
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
 from qplug_core.eager.input_observers import INPUT_OBSERVER, observe_input, without_input_observer
+from qplug_core.eager.kernel_check import Swap, check_kernels, recorded_example
 from qplug_core.eager.prepare import OUTPUT_OBSERVER, observe_output, require_per_module_kernels
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import (
@@ -152,15 +153,13 @@ class _Converter:
     def _context(self, **fields: Any) -> KernelContext:
         return KernelContext(engine=self.backend.engine, **fields)
 
-    def stub(self, stub: nn.Module) -> nn.Module:
+    def stub(self, name: str, stub: nn.Module) -> Swap:
         if isinstance(stub, DeQuantStub):
-            if not self.kernels:
-                return nn.Identity()
-            return self._dequantize()
+            reference: nn.Module = nn.Identity()
+            return Swap(name, self._dequantize() if self.kernels else reference, reference)
         qparams = stub.activation_post_process.qparams()
-        if not self.kernels:
-            return SimulatedOutput(None, qparams)
-        return self._quantize(qparams)
+        reference = SimulatedOutput(None, qparams)
+        return Swap(name, self._quantize(qparams) if self.kernels else reference, reference)
 
     def _dequantize(self) -> nn.Module:
         return self.kernels[DEQUANTIZE_KEY].build(self._context(pattern=DEQUANTIZE_KEY, module=None, target=None))
@@ -169,66 +168,74 @@ class _Converter:
         return self.kernels[QUANTIZE_KEY].build(self._context(
             pattern=QUANTIZE_KEY, module=None, target=None, output_qparams=qparams))
 
-    def functional(self, functional: FloatFunctional) -> nn.Module:
+    def functional(self, name: str, functional: FloatFunctional) -> Swap:
         qparams = functional.activation_post_process.qparams()
+        simulated = FloatFunctional()
+        simulated.activation_post_process = SimulatedOutput(None, qparams)
         if not self.kernels:
-            simulated = FloatFunctional()
-            simulated.activation_post_process = SimulatedOutput(None, qparams)
-            return simulated
+            return Swap(name, simulated, simulated)
         specs = {op: self.kernels.get(pattern) for op, pattern in OP_PATTERNS.items()}
-        return QFunctional(specs, qparams, self.backend.engine, self.backend.name)
+        return Swap(name, QFunctional(specs, qparams, self.backend.engine, self.backend.name), simulated)
 
-    def op(self, module: nn.Module) -> nn.Module:
+    def in_reference_form(self, reference: nn.Module, output_qparams: QParams) -> nn.Module:
+        """A module's reference computation between the backend's dequantize and quantize."""
+        return nn.Sequential(self._dequantize(), reference, self._quantize(output_qparams)).eval()
+
+    def op(self, name: str, module: nn.Module) -> Swap:
         output_qparams = module.activation_post_process.qparams()
         input_qparams = module.__dict__[INPUT_OBSERVER].qparams()
+        requantized = module.__dict__.get(EAGER_INPUT_REQUANTIZED)  # a backend rule chose the input qparams
         float_module, weight_qparams = _float_and_weight_qparams(_clean_float(module), module.qconfig)
+        reference: nn.Module = SimulatedOutput(
+            float_module if weight_qparams is None
+            else ReferenceWeighted(float_module, weight_qparams, weight_name_of(float_module)), output_qparams)
+        if requantized:
+            reference = nn.Sequential(SimulatedOutput(None, input_qparams), reference)
         if not self.kernels:
-            if weight_qparams is not None:
-                float_module = ReferenceWeighted(float_module, weight_qparams,
-                                                 weight_name_of(float_module))
-            return SimulatedOutput(float_module, output_qparams)
+            return Swap(name, reference, reference)
+        swap = Swap(name, reference, reference, output_qparams)
         pattern = type(float_module)
         try:
             kernel = self.kernels[pattern].build(self._context(
                 pattern=pattern, module=float_module, target=None, args=(TensorArg(0),),
                 input_qparams=(input_qparams,), output_qparams=output_qparams,
                 weight_qparams=weight_qparams))
-            if module.__dict__.get(EAGER_INPUT_REQUANTIZED):  # a backend rule chose these input qparams
-                return RequantizedInput(kernel, input_qparams)
-            return kernel
+            swap.int8 = RequantizedInput(kernel, input_qparams) if requantized else kernel
         except ConstraintViolationError as refusal:  # the kernel cannot compute it exactly: as lowering does
             warn_user(f"qplug: backend {self.backend.name!r}: kernel {self.kernels[pattern].op} refused a "
                       f"{pattern.__name__}: {refusal}; it runs in reference form between a dequantize and "
                       "a quantize")
-            if weight_qparams is not None:
-                float_module = ReferenceWeighted(float_module, weight_qparams, weight_name_of(float_module))
-            return nn.Sequential(self._dequantize(), float_module, self._quantize(output_qparams))
+            swap.int8, swap.output_qparams = self.in_reference_form(reference, output_qparams), None
+        return swap
 
-    def swap(self, module: nn.Module) -> nn.Module | None:
-        """The replacement of ``module``, or None to keep it (and look inside)."""
+    def swap(self, name: str, module: nn.Module) -> Swap | None:
+        """The replacement of ``module`` (qualified ``name``), or None to keep it (and look inside)."""
         if isinstance(module, DeQuantStub):
             kept = "qconfig" in module.__dict__ and module.qconfig is None
-            return None if kept else self.stub(module)
+            return None if kept else self.stub(name, module)
         if isinstance(module, self.unsupported):
-            return DequantizedRun(module)
+            run = DequantizedRun(module)
+            return Swap(name, run, run)
         if isinstance(module, (ObserverBase, FakeQuantizeBase)) or not isinstance(module._modules.get(OUTPUT_OBSERVER), (ObserverBase, FakeQuantizeBase)):
             return None  # not observed (qconfig None or not quantizable): keep, look inside
         if isinstance(module, QuantStub):
-            return self.stub(module)
+            return self.stub(name, module)
         if isinstance(module, FloatFunctional):
-            return self.functional(module)
-        return self.op(module)
+            return self.functional(name, module)
+        return self.op(name, module)
 
 
-def _convert_children(parent: nn.Module, converter: _Converter) -> None:
+def _convert_children(parent: nn.Module, converter: _Converter, prefix: str, swaps: list[Swap]) -> None:
+    """Swap the modules under ``parent`` (qualified name ``prefix``), noting each in ``swaps``."""
     for name, child in list(parent.named_children()):
-        replacement = converter.swap(child)
-        if replacement is None:
-            _convert_children(child, converter)
-        elif isinstance(replacement, DequantizedRun):
-            setattr(parent, name, replacement)  # the wrapped module keeps its own hooks
-        else:
-            setattr(parent, name, _user_hooks(child, replacement).train(False))
+        swap = converter.swap(f"{prefix}{name}", child)
+        if swap is None:
+            _convert_children(child, converter, f"{prefix}{name}.", swaps)
+            continue
+        if not isinstance(swap.int8, DequantizedRun):  # the wrapped module keeps its own hooks
+            _user_hooks(child, swap.int8).train(False)
+        setattr(parent, name, swap.int8)
+        swaps.append(swap)
 
 
 def _check_quant_stub(model: nn.Module) -> None:
@@ -271,8 +278,11 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     model, inplace = without_computed_weights(model, inplace=inplace)  # QAT trained them: materialise
     model = model if inplace else copy.deepcopy(model)
     unwatch(model)
-    _convert_children(model, _Converter(chosen))
+    example = recorded_example(model)
+    converter, swaps = _Converter(chosen), []
+    _convert_children(model, converter, "", swaps)
     if chosen.kernels:
+        check_kernels(model, swaps, example, chosen, converter.in_reference_form)
         guard_float_modules(model, chosen.name)
     delattr(model, EAGER_STATE)
     setattr(model, EAGER_CONVERTED, chosen.name)  # qp.save says what to do instead of saving it

@@ -33,6 +33,7 @@ from qplug_core.config.qconfig_mapping import require_mapping
 from qplug_core.eager.backend_rules import apply_post_prepare_rules
 from qplug_core.eager.functional import FloatFunctional
 from qplug_core.eager.input_observers import INPUT_OBSERVER, attach_input_observer
+from qplug_core.eager.kernel_check import record_example
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.eager.torch_ao_modules import adopt_torch_ao_modules
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
@@ -178,6 +179,7 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
     apply_post_prepare_rules([(module, module.__dict__[INPUT_OBSERVER]) for module in model.modules()
                               if INPUT_OBSERVER in module.__dict__], chosen, mode)
     setattr(model, EAGER_STATE, {"backend": chosen.name, "mode": mode})
+    record_example(model)
     if is_qat:
         watch_untrained(model)
     return model.train(is_qat)

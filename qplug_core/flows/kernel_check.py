@@ -112,7 +112,8 @@ class ContractRun:
     failed: str = ""
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors in ``value`` (nested tuples, lists and dicts), in order."""
     found: list[torch.Tensor] = []
     fx.node.map_aggregate(value, lambda v: found.append(v) if isinstance(v, torch.Tensor) else None)
     return found
@@ -121,7 +122,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def _versions(value: Any) -> tuple[int, ...] | None:
     """The version counters of the tensors in ``value`` (each in-place write bumps its tensor's and
     its views'); None when one has none (made under ``torch.inference_mode``)."""
-    tensors = _tensors(value)
+    tensors = tensors_in(value)
     if any(t.is_inference() for t in tensors):
         return None
     return tuple(t._version for t in tensors)
@@ -195,7 +196,8 @@ def record(gm: fx.GraphModule, probes: dict[int, RegionProbe]) -> ContractRun:
     return run
 
 
-def _as_float(value: torch.Tensor) -> torch.Tensor:
+def as_float(value: torch.Tensor) -> torch.Tensor:
+    """``value`` as a float tensor (a quantized one dequantized)."""
     return value.dequantize() if value.is_quantized else value
 
 
@@ -247,7 +249,7 @@ def output_violation(out: Any, reference: Any, expected_dtype: Any, output_scale
         return f"it returned shape {tuple(out.shape)}, expected {tuple(reference.shape)}"
     if out.dtype != expected_dtype:
         return f"it returned dtype {out.dtype}, expected {expected_dtype}"
-    actual, expected = _as_float(out).float(), _as_float(reference).float()
+    actual, expected = as_float(out).float(), as_float(reference).float()
     if not torch.isfinite(actual).all():
         return f"it returned {int((~torch.isfinite(actual)).sum())} non-finite value(s)"
     if expected.numel() == 0:

@@ -64,6 +64,9 @@ DECODE_THREADS = "qplug_decode_threads"
 ARTIFACT = "qplug_artifact"
 #: attribute of an eager-mode model prepared by ``qp.eager.prepare``
 EAGER_STATE = "qplug_eager_state"
+#: attribute of an eager-mode model prepared by ``qp.eager.prepare``: (args, kwargs) of its first
+#: call, a few rows of each batched tensor, on which convert checks its kernels (eager/kernel_check.py)
+EAGER_EXAMPLE = "qplug_eager_example"
 #: attribute of an eager-mode model converted by ``qp.eager.convert``: the backend's name
 EAGER_CONVERTED = "qplug_eager_converted"
 #: an eager module attribute: a backend rule chose its input qparams, convert requantizes to them

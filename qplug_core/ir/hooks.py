@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import fx, nn
 
-__all__ = ["drop_pre_hooks", "keep_in_copies"]
+__all__ = ["copy_forward_hooks", "drop_pre_hooks", "keep_in_copies"]
 
 #: the module attributes that hold forward hooks and how they are called
 _FORWARD_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
@@ -39,9 +39,14 @@ class _ForwardHooksOnCopy:
         self.model = model
 
     def __call__(self, copy: fx.GraphModule) -> None:
-        for attr in _FORWARD_HOOKS:
-            if hasattr(self.model, attr):
-                setattr(copy, attr, type(getattr(self.model, attr))(getattr(self.model, attr)))
+        copy_forward_hooks(self.model, copy)
+
+
+def copy_forward_hooks(source: nn.Module, target: nn.Module) -> None:
+    """Make ``target`` call the forward hooks ``source`` calls (the same hook objects), and no others."""
+    for attr in _FORWARD_HOOKS:
+        if hasattr(source, attr):
+            setattr(target, attr, type(getattr(source, attr))(getattr(source, attr)))
 
 
 def keep_in_copies(model: nn.Module) -> None:

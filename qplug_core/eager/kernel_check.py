@@ -1,0 +1,195 @@
+"""Eager convert checks its kernels as graph mode does (:mod:`qplug_core.flows.kernel_check`).
+
+Eager mode has no graph and no example inputs, so prepare records the first call of the prepared
+model (:func:`record_example`: a few rows of each batched tensor, so memory stays bounded), and
+convert, after swapping, runs the int8 model on it and:
+
+* holds each module's kernel to the kernel contract, on the int8 input it got there, against its
+  reference computation (dequantize -> float module with int8 weights -> quantize to the module's
+  output qparams); a kernel that breaks it is replaced by that computation, with a warning naming
+  the module, the engine and how far off it was;
+* compares the int8 model's outputs with its reference form's (each swapped module replaced by
+  its reference computation) within a multi-region partition's drift (graph mode's delegate
+  check). What eager mode cannot see as a module shows only here: an ``F.relu6`` called in
+  ``forward`` runs torch 2.13's qnnpack clamp, wrong on channels_last int8 tensors. A model off
+  by more gets a warning with its SQNR against the reference form.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import fx, nn
+
+from qplug_core.errors import first_line, warn_user
+from qplug_core.flows.delegate import MAX_RELATIVE_L2
+from qplug_core.flows.kernel_check import CONTRACT_BROKEN, as_float, tensors_in, violation
+from qplug_core.flows.tags import EAGER_EXAMPLE
+from qplug_core.ir.hooks import copy_forward_hooks, drop_pre_hooks
+from qplug_core.kernels.base import engine_context
+from qplug_core.kernels.passthrough import unsupported_passthrough_ops
+from qplug_core.qparams import QParams
+
+#: rows (first dimension) of each batched tensor of the first call kept for the check
+EXAMPLE_ROWS = 2
+
+
+@dataclass
+class Swap:
+    """A module convert replaced (qualified name): its int8 module, its reference computation (what
+    the reference backend gives: float values on the int8 grid) and, for a kernel to check, the
+    output qparams the kernel quantizes to."""
+
+    name: str
+    int8: nn.Module
+    reference: nn.Module
+    output_qparams: QParams | None = None
+
+
+def _rows(value: Any, batch: int | None) -> Any:
+    def keep(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        v = v.detach()
+        return (v[:EXAMPLE_ROWS] if v.dim() and v.shape[0] == batch else v).clone()
+    return fx.node.map_aggregate(value, keep)
+
+
+def _record_first_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    if EAGER_EXAMPLE in model.__dict__:
+        return
+    first = next((t for t in tensors_in((args, kwargs)) if t.dim()), None)
+    batch = None if first is None else first.shape[0]
+    model.__dict__[EAGER_EXAMPLE] = (_rows(args, batch), _rows(kwargs, batch))
+
+
+def record_example(model: nn.Module) -> None:
+    """Keep the first call of prepared ``model`` for convert's check (one dict lookup per call)."""
+    model.register_forward_pre_hook(_record_first_call, with_kwargs=True)
+
+
+def recorded_example(model: nn.Module) -> tuple[tuple, dict] | None:
+    """The recorded first call of ``model`` (None if it never ran), taken off it with its hook."""
+    drop_pre_hooks(model, lambda hook: hook is _record_first_call)
+    return model.__dict__.pop(EAGER_EXAMPLE, None)
+
+
+def _kernel_inputs(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dict]
+                   ) -> tuple[dict[str, torch.Tensor], Any]:
+    """Each checked module's first input (a copy) in one run of ``model`` on ``example``, and the
+    model's output."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def keeper(name: str) -> Callable[[nn.Module, tuple], None]:
+        def keep(module: nn.Module, args: tuple) -> None:
+            if name not in seen and args and isinstance(args[0], torch.Tensor):
+                seen[name] = args[0].clone()
+        return keep
+
+    handles = [s.int8.register_forward_pre_hook(keeper(s.name), prepend=True) for s in swaps]
+    try:
+        output = model(*example[0], **example[1])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen, output
+
+
+def _with_hooks_of(source: nn.Module, module: nn.Module) -> nn.Module:
+    """A shallow copy of ``module`` calling ``source``'s forward hooks (the user's, from convert)."""
+    if module is source:
+        return module
+    twin = copy.copy(module)
+    copy_forward_hooks(source, twin)
+    return twin
+
+
+def _reference_form(model: nn.Module, swaps: list[Swap]) -> nn.Module:
+    """``model`` with each swapped module replaced by its reference computation (weights shared)."""
+    memo: dict[int, Any] = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    for swap in swaps:
+        current = model.get_submodule(swap.name)
+        memo[id(current)] = _with_hooks_of(current, swap.reference)
+    return copy.deepcopy(model, memo)
+
+
+def _drift(out: Any, reference: Any) -> tuple[str, float]:
+    """Why the int8 model's outputs ``out`` are off its reference form's ('' if within a deep
+    partition's drift), and their SQNR against them in dB."""
+    got, want = tensors_in(out), tensors_in(reference)
+    if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want)):
+        return "its outputs differ in number or shape from its reference form's", -math.inf
+    floats = [(as_float(g).double().flatten(), as_float(w).double().flatten()) for g, w in zip(got, want)]
+    if not floats:
+        return "", math.inf
+    actual, expected = torch.cat([g for g, _ in floats]), torch.cat([w for _, w in floats])
+    noise, signal = float((actual - expected).norm()), float(expected.norm())
+    if noise == 0:
+        return "", math.inf
+    relative = noise / signal if signal else math.inf
+    sqnr = -20 * math.log10(relative) if signal else -math.inf
+    cosine = float(torch.nn.functional.cosine_similarity(actual, expected, dim=0)) if signal else 0.0
+    if not cosine > 0 or relative > MAX_RELATIVE_L2:
+        return (f"its outputs are {sqnr:.1f} dB SQNR from its reference form's (error {relative:.0%} of "
+                f"their L2 norm, at most {MAX_RELATIVE_L2:.0%})"), sqnr
+    return "", sqnr
+
+
+def _unseen_ops_hint(engine: str | None) -> str:
+    ops = [op for op in unsupported_passthrough_ops(engine) if not isinstance(op, type)] if engine else []
+    if not ops:
+        return ""
+    names = ", ".join(getattr(op, "__name__", str(op)) for op in ops)
+    return (f". On {engine!r}, torch gets these wrong on int8 tensors, or lacks them: {names}; called in "
+            "forward() they run on int8 tensors unseen by eager convert (F.relu6 / F.hardtanh / torch.clamp "
+            "are wrong on channels_last ones): use the modules (nn.ReLU6, nn.Hardtanh), which convert runs "
+            "on dequantized values, or graph mode (qp.quantize)")
+
+
+def check_kernels(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dict] | None,
+                  backend: Any, in_reference_form: Callable[[nn.Module, QParams], nn.Module]) -> None:
+    """Check converted ``model`` on ``example`` (see the module docstring); a module whose kernel
+    breaks the contract becomes ``in_reference_form(swap)`` in ``model``."""
+    label = f"qplug: backend {backend.name!r} (engine {backend.engine!r})"
+    if example is None:
+        warn_user(f"{label}: the int8 kernels were not checked against their reference form: the prepared "
+                  "model never ran (its observers were loaded); run one batch through it before convert")
+        return
+    checked = [s for s in swaps if s.output_qparams is not None]
+    with torch.no_grad(), engine_context(backend.engine):
+        try:
+            inputs, output = _kernel_inputs(model, checked, example)
+        except Exception as error:  # noqa: BLE001 - the user's first call will say it again
+            warn_user(f"{label}: the int8 model raised {type(error).__name__} on a slice of its first "
+                      f"calibration batch ({first_line(error)[:160]}); its kernels went in unchecked")
+            return
+        replaced = 0
+        for swap in checked:
+            qparams = swap.output_qparams
+            if qparams is None or swap.name not in inputs:
+                continue  # not run on the example (a branch not taken)
+            fallback = in_reference_form(swap.reference, qparams)
+            copy_forward_hooks(swap.int8, fallback)
+            expected = fallback(inputs[swap.name])
+            step = float(qparams.scale) if qparams.scale.numel() == 1 else None
+            problem = violation(swap.int8, (inputs[swap.name],), {}, expected, expected.dtype, step)
+            if problem:
+                model.set_submodule(swap.name, fallback)
+                swap.int8, replaced = fallback, replaced + 1
+                warn_user(f"{label}, module {swap.name!r}: its int8 kernel {CONTRACT_BROKEN} on a slice of "
+                          f"the first calibration batch ({problem}); it runs in reference form between "
+                          "a dequantize and a quantize")
+        del inputs
+        if replaced:
+            output = model(*example[0], **example[1])
+        reference = _reference_form(model, swaps)(*example[0], **example[1])
+    problem, _ = _drift(output, reference)
+    if problem:
+        warn_user(f"{label}: the int8 model is wrong on a slice of its first calibration batch: {problem}, "
+                  "while each int8 module agrees with its own reference computation, so an op eager convert "
+                  "does not see as a module (called in forward(), or a FloatFunctional's) answers "
+                  f"otherwise on this engine{_unseen_ops_hint(backend.engine)}")

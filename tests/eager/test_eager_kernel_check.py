@@ -1,0 +1,121 @@
+"""Eager convert checks its kernels as graph mode does: each int8 module against its reference
+computation on a slice of the first calibration batch, and the whole int8 model against its
+reference form. A wrong kernel runs in reference form with a warning; an op called in ``forward()``
+that the engine gets wrong (``F.relu6`` on qnnpack: torch 2.13's clamp on channels_last int8
+tensors) is no longer silent; right kernels stay, on every backend and CPU, without a word."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.analysis import sqnr
+from qplug_core.eager import DeQuantStub, FloatFunctional, QuantStub
+from qplug_core.kernels.cpu import override_cpu_flags
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+X = 2 * torch.randn(4, 4, 6, 6, generator=torch.Generator().manual_seed(1))
+
+
+class Net(nn.Module):
+    """conv-bn-relu, a depthwise conv, a ReLU6 module (or ``activation`` called in forward), a
+    residual add and a linear layer: every kind of module eager convert swaps."""
+
+    def __init__(self, activation=None) -> None:
+        super().__init__()
+        self.quant, self.dequant, self.skip = QuantStub(), DeQuantStub(), FloatFunctional()
+        self.conv, self.bn, self.relu = nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()
+        self.depthwise, self.relu6 = nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU6()
+        self.fc = nn.Linear(8 * 6 * 6, 5)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn(self.conv(self.quant(x))))
+        y = self.depthwise(x)
+        y = self.relu6(y) if self.activation is None else self.activation(y)
+        return self.dequant(self.fc(torch.flatten(self.skip.add(x, y), 1)))
+
+
+def _observed(backend, activation=None) -> nn.Module:
+    torch.manual_seed(0)
+    fused = qp.eager.fuse_modules(Net(activation).eval(), [["conv", "bn", "relu"]])
+    observed = qp.eager.prepare(fused, backend=backend)
+    with torch.no_grad():
+        observed(X)
+    return observed
+
+
+def _converted(backend, activation=None, convert_with=None) -> tuple[nn.Module, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        converted = qp.eager.convert(_observed(backend, activation), backend=convert_with)
+    return converted, [str(w.message) for w in caught if str(w.message).startswith("qplug:")]
+
+
+@pytest.mark.parametrize("activation", [F.relu6, lambda t: F.hardtanh(t, 0.0, 6.0), lambda t: torch.clamp(t, 0, 6)],
+                         ids=["relu6", "hardtanh", "clamp"])
+def test_a_clamp_called_in_forward_on_qnnpack_is_no_longer_silently_wrong(activation):
+    converted, messages = _converted("qnnpack", activation)
+    with torch.no_grad():
+        off = sqnr(_converted("reference", activation)[0](X), converted(X))
+    assert off < 20  # torch's clamp on channels_last int8 tensors: still wrong, but said
+    assert len(messages) == 1
+    assert "engine 'qnnpack'" in messages[0] and "dB SQNR from its reference form" in messages[0]
+    assert "relu6" in messages[0] and "nn.ReLU6" in messages[0]  # the fix
+
+
+class _Negated(nn.Module):
+    """A third-party kernel that gets the sign wrong."""
+
+    def __init__(self, kernel: nn.Module) -> None:
+        super().__init__()
+        self.kernel = kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.kernel(x)
+        return torch.quantize_per_tensor(-out.dequantize(), out.q_scale(), out.q_zero_point(), out.dtype)
+
+
+def test_a_wrong_kernel_runs_in_reference_form_with_a_warning_naming_the_module():
+    fbgemm = qp.get_backend("fbgemm")
+    spec = fbgemm.kernels[nn.Linear]
+    wrong = dataclasses.replace(fbgemm, kernels={
+        **fbgemm.kernels, nn.Linear: dataclasses.replace(spec, build=lambda ctx: _Negated(spec.build(ctx)))})
+    converted, messages = _converted("fbgemm", convert_with=wrong)
+    assert len(messages) == 1
+    assert "module 'fc'" in messages[0] and "engine 'fbgemm'" in messages[0]
+    assert "broke the kernel contract" in messages[0] and "up to" in messages[0]
+    assert not isinstance(converted.fc, _Negated)
+    with torch.no_grad():
+        assert sqnr(_converted("reference")[0](X), converted(X)) > 30
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack"])
+@pytest.mark.parametrize("cpu", ["host", "avx2 fma"])
+def test_right_kernels_stay_int8_without_a_warning(backend, cpu):
+    if cpu == "host":
+        converted, messages = _converted(backend)
+    else:  # decide as a CPU without VNNI would (7-bit inputs on fbgemm)
+        with override_cpu_flags(cpu):
+            converted, messages = _converted(backend)
+    assert messages == []
+    for name in ("conv", "depthwise", "fc"):  # the kernels, not their reference form
+        assert not isinstance(converted.get_submodule(name), nn.Sequential), name
+    with torch.no_grad():
+        assert sqnr(_converted("reference")[0](X), converted(X)) > 25
+
+
+def test_a_model_that_never_ran_since_prepare_says_its_kernels_went_unchecked():
+    calibrated = _observed("fbgemm")
+    torch.manual_seed(0)
+    fresh = qp.eager.prepare(qp.eager.fuse_modules(Net().eval(), [["conv", "bn", "relu"]]), backend="fbgemm")
+    fresh.load_state_dict(calibrated.state_dict())  # observers resumed from a checkpoint
+    with pytest.warns(UserWarning, match="were not checked against their reference form: the prepared model never ran"):
+        qp.eager.convert(fresh)

@@ -10,7 +10,9 @@ table's ``quantize``/``dequantize`` kernels and FloatFunctional a :class:`QFunct
 
 The reference backend has no kernels: modules become :class:`SimulatedOutput` (weights rounded to
 the int8 grid, output quantized and dequantized) and every value stays a float tensor, so the
-result runs anywhere and is the oracle for the int8 backends.
+result runs anywhere and is the oracle for the int8 backends. With kernels, each swapped module
+also gets that simulated form as its reference computation, against which
+:mod:`qplug_core.eager.kernel_check` checks the converted model.
 """
 
 from __future__ import annotations
@@ -258,7 +260,8 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     """Observed (or QAT-trained) model -> int8 model in eval mode.
 
     ``backend=None`` uses the backend the model was prepared for. Raises
-    :class:`UncalibratedObserverError` naming every module whose observers never saw data.
+    :class:`UncalibratedObserverError` naming every module whose observers never saw data. The
+    kernels are checked on the prepared model's first call (:mod:`qplug_core.eager.kernel_check`).
     """
     state = getattr(model, EAGER_STATE, None) if isinstance(model, nn.Module) else None
     if state is None:
@@ -281,6 +284,7 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     example = recorded_example(model)
     converter, swaps = _Converter(chosen), []
     _convert_children(model, converter, "", swaps)
+    model.eval()  # a Dropout left in training mode would make the check's two runs differ
     if chosen.kernels:
         check_kernels(model, swaps, example, chosen, converter.in_reference_form)
         guard_float_modules(model, chosen.name)

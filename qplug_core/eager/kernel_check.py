@@ -1,11 +1,11 @@
 """Eager convert checks its kernels as graph mode does (:mod:`qplug_core.flows.kernel_check`).
 
 Eager mode has no graph and no example inputs, so prepare records the first call of the prepared
-model (:func:`record_example`: a few rows of each batched tensor, so memory stays bounded), and
+model (:func:`record_example`: one row of each batched tensor, so memory stays bounded), and
 convert, after swapping, runs the int8 model on it and:
 
-* holds each module's kernel to the kernel contract, on the int8 input it got there, against its
-  reference computation (dequantize -> float module with int8 weights -> quantize to the module's
+* holds each module's kernel to the kernel contract, on the int8 input it got there (one run
+  keeps every module's input and output), against its reference computation (dequantize -> float module with int8 weights -> quantize to the module's
   output qparams); a kernel that breaks it is replaced by that computation, with a warning naming
   the module, the engine and how far off it was;
 * compares the int8 model's outputs with its reference form's (each swapped module replaced by
@@ -27,15 +27,16 @@ from torch import fx, nn
 
 from qplug_core.errors import first_line, warn_user
 from qplug_core.flows.delegate import MAX_RELATIVE_L2
-from qplug_core.flows.kernel_check import CONTRACT_BROKEN, as_float, tensors_in, violation
+from qplug_core.flows.kernel_check import CONTRACT_BROKEN, as_float, output_violation, tensors_in
 from qplug_core.flows.tags import EAGER_EXAMPLE
 from qplug_core.ir.hooks import copy_forward_hooks, drop_pre_hooks
 from qplug_core.kernels.base import engine_context
 from qplug_core.kernels.passthrough import unsupported_passthrough_ops
 from qplug_core.qparams import QParams
 
-#: rows (first dimension) of each batched tensor of the first call kept for the check
-EXAMPLE_ROWS = 2
+#: rows (first dimension) of each batched tensor of the first call kept for the check: the check
+#: costs about two int8 and two reference-form forward passes of them
+EXAMPLE_ROWS = 1
 
 
 @dataclass
@@ -78,19 +79,21 @@ def recorded_example(model: nn.Module) -> tuple[tuple, dict] | None:
     return model.__dict__.pop(EAGER_EXAMPLE, None)
 
 
-def _kernel_inputs(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dict]
-                   ) -> tuple[dict[str, torch.Tensor], Any]:
-    """Each checked module's first input (a copy) in one run of ``model`` on ``example``, and the
-    model's output."""
-    seen: dict[str, torch.Tensor] = {}
+def _kernel_calls(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dict]
+                  ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], Any]:
+    """Each checked module's first (input, output) in one run of ``model`` on ``example`` (copies:
+    a later in-place op must not change them; the output as the module returned it, before the
+    user's forward hooks), and the model's output."""
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def keeper(name: str) -> Callable[[nn.Module, tuple], None]:
-        def keep(module: nn.Module, args: tuple) -> None:
-            if name not in seen and args and isinstance(args[0], torch.Tensor):
-                seen[name] = args[0].clone()
+    def keeper(name: str) -> Callable[[nn.Module, tuple, Any], None]:
+        def keep(module: nn.Module, args: tuple, output: Any) -> None:
+            if name not in seen and args and isinstance(args[0], torch.Tensor) \
+                    and isinstance(output, torch.Tensor):
+                seen[name] = args[0].clone(), output.clone()
         return keep
 
-    handles = [s.int8.register_forward_pre_hook(keeper(s.name), prepend=True) for s in swaps]
+    handles = [s.int8.register_forward_hook(keeper(s.name), prepend=True) for s in swaps]
     try:
         output = model(*example[0], **example[1])
     finally:
@@ -162,34 +165,35 @@ def check_kernels(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dic
     checked = [s for s in swaps if s.output_qparams is not None]
     with torch.no_grad(), engine_context(backend.engine):
         try:
-            inputs, output = _kernel_inputs(model, checked, example)
+            calls, output = _kernel_calls(model, checked, example)
         except Exception as error:  # noqa: BLE001 - the user's first call will say it again
-            warn_user(f"{label}: the int8 model raised {type(error).__name__} on a slice of its first "
-                      f"calibration batch ({first_line(error)[:160]}); its kernels went in unchecked")
+            warn_user(f"{label}: the int8 model raised {type(error).__name__} on one row of the prepared "
+                      f"model's first call ({first_line(error)[:160]}); its kernels went in unchecked")
             return
         replaced = 0
         for swap in checked:
             qparams = swap.output_qparams
-            if qparams is None or swap.name not in inputs:
+            if qparams is None or swap.name not in calls:
                 continue  # not run on the example (a branch not taken)
             fallback = in_reference_form(swap.reference, qparams)
-            copy_forward_hooks(swap.int8, fallback)
-            expected = fallback(inputs[swap.name])
+            given, got = calls[swap.name]
+            expected = fallback(given)
             step = float(qparams.scale) if qparams.scale.numel() == 1 else None
-            problem = violation(swap.int8, (inputs[swap.name],), {}, expected, expected.dtype, step)
+            problem = output_violation(got, expected, expected.dtype, step)
             if problem:
+                copy_forward_hooks(swap.int8, fallback)
                 model.set_submodule(swap.name, fallback)
                 swap.int8, replaced = fallback, replaced + 1
-                warn_user(f"{label}, module {swap.name!r}: its int8 kernel {CONTRACT_BROKEN} on a slice of "
-                          f"the first calibration batch ({problem}); it runs in reference form between "
+                warn_user(f"{label}, module {swap.name!r}: its int8 kernel {CONTRACT_BROKEN} on one row of "
+                          f"the prepared model's first call ({problem}); it runs in reference form between "
                           "a dequantize and a quantize")
-        del inputs
+        del calls
         if replaced:
             output = model(*example[0], **example[1])
         reference = _reference_form(model, swaps)(*example[0], **example[1])
     problem, _ = _drift(output, reference)
     if problem:
-        warn_user(f"{label}: the int8 model is wrong on a slice of its first calibration batch: {problem}, "
+        warn_user(f"{label}: the int8 model is wrong on one row of the prepared model's first call: {problem}, "
                   "while each int8 module agrees with its own reference computation, so an op eager convert "
                   "does not see as a module (called in forward(), or a FloatFunctional's) answers "
                   f"otherwise on this engine{_unseen_ops_hint(backend.engine)}")

@@ -1,5 +1,5 @@
 """Eager convert checks its kernels as graph mode does: each int8 module against its reference
-computation on a slice of the first calibration batch, and the whole int8 model against its
+computation on one row of the prepared model's first call, and the whole int8 model against its
 reference form. A wrong kernel runs in reference form with a warning; an op called in ``forward()``
 that the engine gets wrong (``F.relu6`` on qnnpack: torch 2.13's clamp on channels_last int8
 tensors) is no longer silent; right kernels stay, on every backend and CPU, without a word."""
@@ -119,3 +119,25 @@ def test_a_model_that_never_ran_since_prepare_says_its_kernels_went_unchecked():
     fresh.load_state_dict(calibrated.state_dict())  # observers resumed from a checkpoint
     with pytest.warns(UserWarning, match="were not checked against their reference form: the prepared model never ran"):
         qp.eager.convert(fresh)
+
+
+class _DropoutNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = QuantStub(), DeQuantStub()
+        self.fc1, self.drop, self.fc2 = nn.Linear(16, 32), nn.Dropout(0.5), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.fc2(self.drop(self.fc1(self.quant(x)))))
+
+
+def test_a_qat_model_converted_in_training_mode_is_checked_as_the_eval_model_it_becomes():
+    torch.manual_seed(0)
+    trained = qp.eager.prepare_qat(_DropoutNet().train(), backend="fbgemm")
+    for _ in range(3):
+        trained(torch.randn(8, 16))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        converted = qp.eager.convert(trained)  # a Dropout in training mode raised on int8 tensors
+    assert [str(w.message) for w in caught if str(w.message).startswith("qplug:")] == []
+    assert not converted.training

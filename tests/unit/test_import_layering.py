@@ -49,7 +49,7 @@ ALLOWED: dict[str, set[str]] = {
     # above the pipeline
     "serialization": {"config", "errors", "flows", "ir", "kernels", "nn", "qparams", "registry", "weight_only"},
     "analysis": {"errors", "flows", "ir", "kernels", "partition", "registry", "serialization"},
-    "eager": {"config", "enums", "errors", "flows", "kernels", "nn", "observers", "qparams", "registry"},
+    "eager": {"config", "enums", "errors", "flows", "ir", "kernels", "nn", "observers", "qparams", "registry"},
     "algorithms": {"analysis", "config", "errors", "flows", "ir", "kernels", "nn", "observers", "qparams"},
     "onnx_export": {"errors", "flows", "ir", "kernels", "nn", "qparams", "serialization"},
     "pt2_export": {"errors", "flows", "onnx_export"},

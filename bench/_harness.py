@@ -5,6 +5,7 @@
 * :func:`torch_ao` imports ``torch.ao.quantization`` for the comparison only (runtime code never
   does), with its deprecation warnings silenced; ``None`` when torch no longer ships it.
 * :func:`machine_line` prints what the figures were measured on, with the load average.
+* :func:`json_child` runs a bench's child in a fresh process (another qplug_core tree, say).
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import contextlib
 import ctypes
 import gc
 import io
+import json
 import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -87,6 +91,18 @@ def rss_bytes() -> int:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def json_child(script: str, pythonpath: list[Path], *args: str) -> dict:
+    """The last line ``python script *args`` prints, read as JSON, from a fresh process importing
+    from ``pythonpath`` (two versions of qplug_core cannot share a process); exits with the tail
+    of its stderr if it failed."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in pythonpath))
+    done = subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True,
+                          cwd=tempfile.gettempdir())
+    if done.returncode:
+        sys.exit(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -70,15 +68,6 @@ def write_file(directory: Path, backend: str) -> Path:
     return qp.save(qmodel, directory / "resnet18.safetensors")
 
 
-def run(core: Path | None, *args: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(core) if core else str(REPO))
-    done = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True,
-                          cwd=tempfile.gettempdir())
-    if done.returncode:
-        sys.exit(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", type=Path, help="directory holding an older qplug_core/ (required)")
@@ -95,7 +84,7 @@ def main() -> None:
     if args.before is None:
         parser.error("--before DIR is required")
     sys.path.insert(0, str(REPO / "bench"))
-    from _harness import machine_line
+    from _harness import json_child, machine_line
 
     print(machine_line())
     path = write_file(Path(tempfile.mkdtemp()), args.backend)
@@ -105,13 +94,14 @@ def main() -> None:
     for r in range(args.rounds):
         order = list(variants)[r % 2:] + list(variants)[:r % 2]
         for name in order:
-            medians[name].append(run(variants[name], "--child", str(path), str(args.loads))["median"])
+            medians[name].append(json_child(__file__, [variants[name] or REPO], "--child", str(path),
+                                            str(args.loads))["median"])
     for name, values in medians.items():
         print(f"qp.load {name:6s}: median {statistics.median(values) * 1e3:8.1f} ms  "
               f"(per-round medians {', '.join(f'{v * 1e3:.0f}' for v in values)})")
     ratio = statistics.median(medians["after"]) / statistics.median(medians["before"])
     print(f"after / before: {ratio:.3f}")
-    tables = [run(None, "--table-child") for _ in range(3)]
+    tables = [json_child(__file__, [REPO], "--table-child") for _ in range(3)]
     print(f"name table: {tables[0]['entries']} entries ({tables[0]['core_entries']} core); build "
           f"core {statistics.median(t['core_s'] for t in tables) * 1e3:.0f} ms, backends "
           f"{statistics.median(t['backends_s'] for t in tables) * 1e3:.0f} ms (median of 3 processes)")

@@ -35,7 +35,7 @@ from qplug_core.kernels.passthrough import unsupported_passthrough_ops
 from qplug_core.qparams import QParams
 
 #: rows (first dimension) of each batched tensor of the first call kept for the check: the check
-#: costs about two int8 and two reference-form forward passes of them
+#: costs about one int8 and two reference-form forward passes of them
 EXAMPLE_ROWS = 1
 
 

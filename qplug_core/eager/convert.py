@@ -285,9 +285,9 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     converter, swaps = _Converter(chosen), []
     _convert_children(model, converter, "", swaps)
     model.eval()  # a Dropout left in training mode would make the check's two runs differ
-    if chosen.kernels:
-        check_kernels(model, swaps, example, chosen, converter.in_reference_form)
+    if chosen.kernels:  # guarded first: the check's run names a float layer an int8 tensor reaches
         guard_float_modules(model, chosen.name)
+        check_kernels(model, swaps, example, chosen, converter.in_reference_form)
     delattr(model, EAGER_STATE)
     setattr(model, EAGER_CONVERTED, chosen.name)  # qp.save says what to do instead of saving it
     remove_qconfig_attributes(model)

@@ -1,7 +1,8 @@
 """Eager convert checks its kernels as graph mode does (:mod:`qplug_core.flows.kernel_check`).
 
 Eager mode has no graph and no example inputs, so prepare records the first call of the prepared
-model (:func:`record_example`: one row of each batched tensor, so memory stays bounded), and
+model (:func:`record_example`: one row of each batched tensor unless it is small, so memory stays
+bounded), and
 convert, after swapping, runs the int8 model on it and:
 
 * holds each module's kernel to the kernel contract, on the int8 input it got there (one run
@@ -25,7 +26,7 @@ from typing import Any, Callable
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import first_line, warn_user
+from qplug_core.errors import QplugError, first_line, warn_user
 from qplug_core.flows.delegate import MAX_RELATIVE_L2
 from qplug_core.flows.kernel_check import CONTRACT_BROKEN, as_float, output_violation, tensors_in
 from qplug_core.flows.tags import EAGER_EXAMPLE
@@ -34,8 +35,10 @@ from qplug_core.kernels.base import engine_context
 from qplug_core.kernels.passthrough import unsupported_passthrough_ops
 from qplug_core.qparams import QParams
 
-#: rows (first dimension) of each batched tensor of the first call kept for the check: the check
-#: costs about one int8 and two reference-form forward passes of them
+#: the first call is kept whole up to this many bytes of tensors ...
+EXAMPLE_BYTES = 1 << 20
+#: ... else this many rows (first dimension) of each batched tensor: the check costs about one int8
+#: and two reference-form forward passes of them
 EXAMPLE_ROWS = 1
 
 
@@ -63,8 +66,10 @@ def _rows(value: Any, batch: int | None) -> Any:
 def _record_first_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
     if EAGER_EXAMPLE in model.__dict__:
         return
-    first = next((t for t in tensors_in((args, kwargs)) if t.dim()), None)
-    batch = None if first is None else first.shape[0]
+    tensors = tensors_in((args, kwargs))
+    first = next((t for t in tensors if t.dim()), None)
+    small = sum(t.numel() * t.element_size() for t in tensors) <= EXAMPLE_BYTES
+    batch = None if first is None or small else first.shape[0]
     model.__dict__[EAGER_EXAMPLE] = (_rows(args, batch), _rows(kwargs, batch))
 
 
@@ -143,6 +148,18 @@ def _drift(out: Any, reference: Any) -> str:
     return ""
 
 
+def _raised(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dict], error: Exception) -> str:
+    """What the int8 model raising ``error`` on ``example`` says: the int8 model is broken, or the
+    example (rows of the first call) is not an input the model takes (its reference form raises too)."""
+    what = f"{type(error).__name__}: " + (str(error) if isinstance(error, QplugError) else first_line(error)[:160])
+    try:
+        _reference_form(model, swaps)(*example[0], **example[1])
+    except Exception:  # noqa: BLE001 - any failure says the example does not fit the model
+        return (f"the prepared model's first call, as kept for the check (one row of each batched tensor "
+                f"beyond {EXAMPLE_BYTES >> 20} MiB), does not run through its reference form either ({what})")
+    return f"the int8 model raised on the prepared model's first call, which its reference form runs ({what})"
+
+
 def _unseen_ops_hint(engine: str | None) -> str:
     ops = [op for op in unsupported_passthrough_ops(engine) if not isinstance(op, type)] if engine else []
     if not ops:
@@ -168,8 +185,7 @@ def check_kernels(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dic
         try:
             calls, output = _kernel_calls(model, checked, example)
         except Exception as error:  # noqa: BLE001 - the user's first call will say it again
-            warn_user(f"{label}: the int8 model raised {type(error).__name__} on one row of the prepared "
-                      f"model's first call ({first_line(error)[:160]}); its kernels went in unchecked")
+            warn_user(f"{label}: {_raised(model, swaps, example, error)}; its kernels went in unchecked")
             return
         replaced = 0
         for swap in checked:

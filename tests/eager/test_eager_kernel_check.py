@@ -141,3 +141,13 @@ def test_a_qat_model_converted_in_training_mode_is_checked_as_the_eval_model_it_
         converted = qp.eager.convert(trained)  # a Dropout in training mode raised on int8 tensors
     assert [str(w.message) for w in caught if str(w.message).startswith("qplug:")] == []
     assert not converted.training
+
+
+def test_a_converted_model_that_cannot_run_its_first_call_says_so_at_convert():
+    model = Net().eval()
+    model.fc.qconfig = None  # left float, without a DeQuantStub in front: int8 tensors reach it
+    observed = qp.eager.prepare(model, backend="fbgemm")
+    with torch.no_grad():
+        observed(X)
+    with pytest.warns(UserWarning, match=r"which its reference form runs \(ModelStateError: module 'fc' "):
+        qp.eager.convert(observed)

@@ -2,13 +2,12 @@
 
 Eager mode has no graph and no example inputs, so prepare records the first call of the prepared
 model (:func:`record_example`: one row of each batched tensor unless it is small, so memory stays
-bounded), and
-convert, after swapping, runs the int8 model on it and:
+bounded), and convert, after swapping, runs the int8 model on it and:
 
 * holds each module's kernel to the kernel contract, on the int8 input it got there (one run
-  keeps every module's input and output), against its reference computation (dequantize -> float module with int8 weights -> quantize to the module's
-  output qparams); a kernel that breaks it is replaced by that computation, with a warning naming
-  the module, the engine and how far off it was;
+  keeps every module's input and output), against its reference computation (dequantize -> float
+  module with int8 weights -> quantize to the module's output qparams); a kernel that breaks it is
+  replaced by that computation, with a warning naming the module, the engine and how far off it was;
 * compares the int8 model's outputs with its reference form's (each swapped module replaced by
   its reference computation) within a multi-region partition's drift (graph mode's delegate
   check). What eager mode cannot see as a module shows only here: an ``F.relu6`` called in

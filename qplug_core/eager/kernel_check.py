@@ -163,7 +163,7 @@ def _unseen_ops_hint(engine: str | None) -> str:
     ops = [op for op in unsupported_passthrough_ops(engine) if not isinstance(op, type)] if engine else []
     if not ops:
         return ""
-    names = ", ".join(getattr(op, "__name__", str(op)) for op in ops)
+    names = ", ".join(dict.fromkeys(getattr(op, "__name__", str(op)) for op in ops))  # torch.clamp and "clamp"
     return (f". On {engine!r}, torch gets these wrong on int8 tensors, or lacks them: {names}; called in "
             "forward() they run on int8 tensors unseen by eager convert (F.relu6 / F.hardtanh / torch.clamp "
             "are wrong on channels_last ones): use the modules (nn.ReLU6, nn.Hardtanh), which convert runs "
@@ -200,7 +200,7 @@ def check_kernels(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dic
                 copy_forward_hooks(swap.int8, fallback)
                 model.set_submodule(swap.name, fallback)
                 swap.int8, replaced = fallback, replaced + 1
-                warn_user(f"{label}, module {swap.name!r}: its int8 kernel {CONTRACT_BROKEN} on one row of "
+                warn_user(f"{label}, module {swap.name!r}: its int8 kernel {CONTRACT_BROKEN} on "
                           f"the prepared model's first call ({problem}); it runs in reference form between "
                           "a dequantize and a quantize")
         del calls
@@ -209,7 +209,7 @@ def check_kernels(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dic
         reference = _reference_form(model, swaps)(*example[0], **example[1])
     problem = _drift(output, reference)
     if problem:
-        warn_user(f"{label}: the int8 model is wrong on one row of the prepared model's first call: {problem}, "
+        warn_user(f"{label}: the int8 model is wrong on the prepared model's first call: {problem}, "
                   "while each int8 module agrees with its own reference computation, so an op eager convert "
                   "does not see as a module (called in forward(), or a FloatFunctional's) answers "
                   f"otherwise on this engine{_unseen_ops_hint(backend.engine)}")

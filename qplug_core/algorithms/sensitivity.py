@@ -27,6 +27,7 @@ from rich.table import Table
 from torch import fx, nn
 
 from qplug_core.algorithms._layers import layer_of
+from qplug_core.analysis.plain_text import plain_text
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError
 from qplug_core.flows.float_reference import float_like_int8
@@ -322,6 +323,10 @@ class SensitivityReport:
 
     def print(self, console: Console | None = None) -> None:
         (console or Console()).print(self)
+
+    def __str__(self) -> str:
+        """The table as ``print(report)`` shows it (80 columns), not the dataclass fields."""
+        return plain_text(self)
 
 
 def _cells(score: OutputScore, with_metric: bool) -> list[str]:

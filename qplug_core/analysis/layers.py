@@ -22,7 +22,6 @@ listed in ``skipped`` with the reason it could not be.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -36,6 +35,7 @@ from rich.text import Text
 from torch import nn
 
 from qplug_core.analysis.functional import FunctionalRecorder, functional_layers, never_called
+from qplug_core.analysis.plain_text import plain_text
 from qplug_core.errors import (
     ConfigError,
     ConfigValidationError,
@@ -238,9 +238,7 @@ class ComparisonReport:
 
     def __str__(self) -> str:
         """The table as ``print(report)`` shows it (80 columns), not the dataclass fields."""
-        out = io.StringIO()
-        Console(file=out, width=80, color_system=None).print(self)
-        return out.getvalue().rstrip("\n")
+        return plain_text(self)
 
 
 def _sqnr_style(db: float) -> str:

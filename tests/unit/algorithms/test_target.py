@@ -71,6 +71,9 @@ def test_sensitivity_names_the_layer_that_hurts():
     assert worst_alone_int8.name == "fc1"
     assert report.layers[0].alone_float.sqnr_db > report.all_int8.sqnr_db + 10
     assert report.to_dict()["layers"][0]["name"] == "fc1"
+    text = str(report)  # print(report) shows the table, not the dataclass fields
+    assert text.startswith("per-layer sensitivity (all int8: SQNR") and "LayerSensitivity(" not in text
+    assert any(line.strip(" │|").startswith("fc1") for line in text.splitlines())
 
 
 def test_sensitivity_prints_the_users_metric_beside_ours():

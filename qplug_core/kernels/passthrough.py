@@ -92,7 +92,13 @@ def check_upsampling(ctx: KernelContext) -> None:
             f"upsampling {how} has no int8 kernel in torch (quantized tensors take mode 'nearest', "
             "'nearest-exact', 'area' or 'bilinear' without antialias), so it runs in float between a "
             "dequantize and a quantize")
-    rank = len(ctx.input_shapes[0]) if ctx.input_shapes else None
+    shape = tuple(ctx.input_shapes[0]) if ctx.input_shapes else None
+    if mode == "bilinear" and shape is not None and len(shape) == 4 and shape[2:] == (1, 1):
+        raise ConstraintViolationError(
+            "bilinear upsampling of a 1x1 map (a global-pool branch, as in DeepLab's ASPP) is wrong in "
+            "torch's int8 kernel (up to 250 steps off on fbgemm, x86 and qnnpack, torch 2.13), so it runs in "
+            "float between a dequantize and a quantize")
+    rank = len(shape) if shape is not None else None
     if rank is not None and rank not in ranks:
         taken = " and ".join(f"{r - 2}-d" for r in ranks)
         raise ConstraintViolationError(

@@ -252,3 +252,24 @@ def test_check_upsampling_refuses_what_torch_cannot_run_on_quantized_tensors(eng
         assert str(refusal.value) == (
             "upsampling mode 'nearest' in 1-d (a 3-d input) has no int8 kernel in torch (quantized tensors "
             "take it in 2-d and 3-d only), so it runs in float between a dequantize and a quantize")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("size", [(1, 1), (1, 3), (2, 2)])
+def test_check_upsampling_refuses_bilinear_from_a_1x1_map_exactly_where_torch_is_wrong(engine, size):
+    """DeepLab's global-pool branch: torch's int8 bilinear from a 1x1 map is up to 250 steps off;
+    convert's contract caught it with a warning that read like a plugin bug. torch is the oracle."""
+    x = activation((1, 8, *size), 3)
+    with engine_context(engine):
+        got = F.interpolate(x, size=(6, 6), mode="bilinear").int_repr().int()
+    expected = torch.quantize_per_tensor(F.interpolate(x.dequantize(), size=(6, 6), mode="bilinear"),
+                                         x.q_scale(), x.q_zero_point(), x.dtype).int_repr().int()
+    wrong = bool((got - expected).abs().max() > 1)
+    ctx = KernelContext(pattern=F.interpolate, module=None, target=F.interpolate, args=(TensorArg(0),),
+                        kwargs={"size": (6, 6), "mode": "bilinear"}, input_shapes=(tuple(x.shape),))
+    assert wrong == (size == (1, 1))
+    if wrong:
+        with pytest.raises(ConstraintViolationError, match="bilinear upsampling of a 1x1 map"):
+            check_upsampling(ctx)
+    else:
+        check_upsampling(ctx)

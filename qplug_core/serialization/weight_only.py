@@ -146,7 +146,7 @@ def swapped_layers(model: nn.Module) -> tuple[str, dict[str, str], dict[str, Any
     info = getattr(model, INFO_ATTRIBUTE, None)
     if isinstance(info, WeightOnlyInfo):
         return "weight_only", dict(info.layers), {"algorithm": info.algorithm, "scheme": info.scheme.to_dict(),
-                                                  "skipped": info.skipped,
+                                                  "skipped": info.skipped, "calibration": info.calibration,
                                                   "fused": [list(names) for names in info.fused]}
     w8a8 = getattr(model, W8A8_ATTRIBUTE, None)
     if isinstance(w8a8, W8A8Info):
@@ -404,8 +404,11 @@ def _fused_groups(document: dict, layers: list) -> list[tuple[str, ...]]:
 def _info(mode: str, document: dict, backend: str | None) -> WeightOnlyInfo | W8A8Info | None:
     skipped = {str(k): str(v) for k, v in dict(document.get("skipped", {})).items()}
     if mode == "weight_only":
+        calibration = document.get("calibration", "")  # files written before it was saved: ""
+        if not isinstance(calibration, str):
+            raise ValueError(f"calibration {calibration!r} is not a string")
         return WeightOnlyInfo(WeightOnlyScheme.from_dict(document["scheme"]), str(document["algorithm"]),
-                              skipped=skipped, fusion="as saved")
+                              skipped=skipped, fusion="as saved", calibration=calibration)
     if mode == "w8a8":
         alpha = document.get("alpha")
         if not (alpha is None or alpha == "auto" or isinstance(alpha, float)):

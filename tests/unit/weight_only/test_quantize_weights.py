@@ -122,6 +122,7 @@ def test_save_and_load_into_a_model_built_from_the_config(tmp_path):
     fresh = llama(seed=1)
     loaded = qp.load(path, model=fresh)
     assert loaded is fresh and loaded.qplug_weight_only.layers == qmodel.qplug_weight_only.layers
+    assert loaded.qplug_weight_only.calibration == "block by block: 2 blocks of model.layers"
     original, restored = dict(qmodel.named_modules()), dict(loaded.named_modules())
     for name in qmodel.qplug_weight_only.layers:
         for field in ("qweight", "scales", "zero_points", "input_scale"):

@@ -2,11 +2,13 @@
 reference code, AutoGPTQ, AutoAWQ and llm-compressor do it.
 
 Recording the inputs of every linear of the model in one pass holds them all at once (24x one
-block's on a Qwen2-0.5B). Here the model runs once on the calibration batches only to capture
-each block's arguments (the hidden states of the first block; the attention mask, position
-embeddings... every block takes); then, one block at a time, the block runs on its inputs to
-record its linears' inputs, its linears are quantized, and the quantized block runs again to make
-the next block's inputs: later blocks are calibrated on what the quantized model computes.
+block's on a Qwen2-0.5B). Here the model runs once on the calibration batches, up to the end of
+its last block, to capture each block's arguments (the hidden states of the first block; the
+attention mask, position embeddings... every block takes) and the first block's linears' inputs;
+then, one block at a time, the block runs on its inputs to record its linears' inputs, its
+linears are quantized, and the quantized block runs again to make the next block's inputs: later
+blocks, and the linears after the blocks (an untied ``lm_head``), are calibrated on what the
+quantized model computes.
 
 The blocks are the ``nn.ModuleList`` of same-class modules holding the most quantized linears
 (``model.model.layers`` of a Hugging Face decoder, ``encoder.layer`` of BERT), and only if the
@@ -55,32 +57,115 @@ def calibrate(model: nn.Module, names: Sequence[str], calibration: Sequence[Any]
 def _by_blocks(model: nn.Module, prefix: str, blocks: nn.ModuleList, names: Sequence[str],
                calibration: Sequence[Any], max_rows: int, quantize: Quantize) -> str | None:
     """Calibrate block by block; or, before quantizing anything, say why the blocks do not chain.
-    Linears outside the blocks (an untied ``lm_head``) are recorded in the float run."""
+
+    The float run stops after the last block (an LLM's head, most of a whole run, is not
+    computed) and records block 0's linears on the way, whose inputs it computes exactly. Linears
+    outside the blocks that ran before that stop are calibrated on its float inputs; those after it
+    (an untied ``lm_head``) on the quantized last block's outputs (:func:`_record_after`)."""
     inside = [[n for n in names if n.startswith(f"{prefix}.{i}.")] for i in range(len(blocks))]
     outside = [n for n in names if not n.startswith(f"{prefix}.")]
     calls = _BlockCalls(blocks)
-    with calls, InputRecorder(_modules(model, outside)) as recorder:
+    with calls, InputRecorder(_modules(model, [*inside[0], *outside])) as recorder, _StopAfter(blocks[-1]):
         for index, batch in enumerate(calibration):
-            run_batch(model, batch, index)
+            _run_until_stopped(model, batch, index)
             calls.next_batch()
             recorder.next_batch()
     if calls.broken is not None:
         return calls.broken
-    outside_inputs = recorder.kept(max_rows)
+    recorded = recorder.kept(max_rows)
+    after = [n for n in outside if n not in recorded]
+    quantize(recorded)
+    del recorded
     hidden, calls.first = calls.first, []
     for i, block in enumerate(blocks):
         block_calls, calls.calls[i] = calls.calls[i], []
-        if inside[i]:
+        if i and inside[i]:
             with InputRecorder(_modules(model, inside[i])) as recorder:
                 for call, states in zip(block_calls, hidden, strict=True):
                     call.run(block, states)
                     recorder.next_batch()
             quantize(recorder.kept(max_rows))
-        if i + 1 < len(blocks):  # the block as quantized makes the next one's inputs
+        if i + 1 < len(blocks) or after:  # the block as quantized makes the next one's inputs
             hidden = [call.run(block, states) for call, states in zip(block_calls, hidden, strict=True)]
-    if outside_inputs:
-        quantize(outside_inputs)
+    if after:
+        quantize(_record_after(model, blocks, _modules(model, after), hidden, calls.outputs, calibration, max_rows))
     return None
+
+
+def _record_after(model: nn.Module, blocks: nn.ModuleList, layers: dict[str, nn.Module], hidden: list[torch.Tensor],
+                  outputs: list[Any], calibration: Sequence[Any], max_rows: int) -> dict[str, torch.Tensor]:
+    """The inputs of ``layers`` (after the blocks) when the last block outputs ``hidden`` (one per
+    batch): the model runs again with every block giving that output at once (``outputs``: the
+    float run's last outputs, as :func:`_without_hidden` kept them), and stops as soon as each
+    of ``layers`` has read its input (before the head's matmul)."""
+    current: list[Any] = []
+    for block in blocks:  # an instance attribute: the block keeps its own attributes (attention_type...)
+        block.forward = lambda *args, **kwargs: current[0]
+    try:
+        with InputRecorder(layers) as recorder:
+            for index, batch in enumerate(calibration):
+                current[:] = [_with_hidden(outputs[index], hidden[index])]
+                with _StopWhenRead(layers):
+                    _run_until_stopped(model, batch, index)
+                recorder.next_batch()
+    finally:
+        for block in blocks:
+            del block.forward
+    return recorder.kept(max_rows)
+
+
+class _Stop(BaseException):
+    """Raised by a hook once a run has computed what calibration needs of it, and caught by
+    :func:`_run_until_stopped`. Not an ``Exception``: a model's own ``except Exception`` (and
+    :func:`run_batch`'s) must not take it for an error."""
+
+
+def _run_until_stopped(model: nn.Module, batch: Any, index: int) -> None:
+    try:
+        run_batch(model, batch, index)
+    except _Stop:
+        pass
+
+
+class _StopAfter:
+    """While entered, each call of ``module`` ends the model's run once it returns."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self._module = module
+
+    def __enter__(self) -> None:
+        self._handle = self._module.register_forward_hook(self._stop)
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.remove()
+
+    @staticmethod
+    def _stop(module: nn.Module, args: tuple, output: Any) -> None:
+        raise _Stop
+
+
+class _StopWhenRead:
+    """While entered (for one run), the run ends once each of ``layers`` has been called (its
+    input recorded by an :class:`InputRecorder` entered before)."""
+
+    def __init__(self, layers: dict[str, nn.Module]) -> None:
+        self._layers = layers
+        self._waiting: set[str] = set(layers)
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> None:
+        self._handles = [module.register_forward_pre_hook(self._hook(name)) for name, module in self._layers.items()]
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _hook(self, name: str) -> Callable:
+        def read(module: nn.Module, args: tuple) -> None:
+            self._waiting.discard(name)
+            if not self._waiting:
+                raise _Stop
+        return read
 
 
 def repeated_blocks(model: nn.Module, names: Sequence[str]) -> tuple[str, nn.ModuleList] | None:
@@ -121,14 +206,26 @@ def _hidden_output(output: Any) -> Any:
     return output[0] if isinstance(output, (tuple, list)) and output else output
 
 
+def _without_hidden(output: Any) -> tuple | None:
+    """A block's output with its hidden states left out (``None``: the output is the hidden states)."""
+    return (None, *output[1:]) if isinstance(output, (tuple, list)) and output else None
+
+
+def _with_hidden(rest: tuple | None, hidden: torch.Tensor) -> Any:
+    """The block output :func:`_without_hidden` kept, with ``hidden`` as its hidden states."""
+    return hidden if rest is None else (hidden, *rest[1:])
+
+
 class _BlockCalls:
-    """While entered, keeps every block's calls (:class:`_Call`) of each batch, and the first
-    block's hidden states; :attr:`broken` says why the blocks do not chain, once seen."""
+    """While entered, keeps every block's calls (:class:`_Call`) of each batch, the first block's
+    hidden states and the last block's outputs (:func:`_without_hidden`); :attr:`broken` says why
+    the blocks do not chain, once seen."""
 
     def __init__(self, blocks: nn.ModuleList) -> None:
         self._blocks = blocks
         self.calls: list[list[_Call]] = [[] for _ in blocks]
         self.first: list[torch.Tensor] = []
+        self.outputs: list[tuple | None] = []
         self.broken: str | None = None
         self._next = 0
         self._last: Any = None  # the previous block's output in this batch
@@ -150,8 +247,11 @@ class _BlockCalls:
             if self.broken is None:
                 self._take(i, args, kwargs)
             if self.broken is not None:
-                self.calls, self.first = [[] for _ in self._blocks], []
+                self._forget()
         return hook
+
+    def _forget(self) -> None:
+        self.calls, self.first, self.outputs = [[] for _ in self._blocks], [], []
 
     def _take(self, i: int, args: tuple, kwargs: dict) -> None:
         if args and isinstance(args[0], torch.Tensor):
@@ -180,12 +280,14 @@ class _BlockCalls:
 
     def _after(self, block: nn.Module, args: tuple, output: Any) -> None:
         self._last = output
+        if block is self._blocks[-1] and self.broken is None:
+            self.outputs.append(_without_hidden(output))
 
     def next_batch(self) -> None:
         """A batch ended: every block must have run on it."""
         if self.broken is None and self._next not in (0, len(self._blocks)):
             self.broken = f"only blocks 0-{self._next - 1} of {len(self._blocks)} ran"
-            self.calls, self.first = [[] for _ in self._blocks], []
+            self._forget()
         if self.broken is None and self._next == 0:
             self.broken = "the blocks did not run"
         self._next, self._last = 0, None

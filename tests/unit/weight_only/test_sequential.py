@@ -110,3 +110,45 @@ def test_blocks_that_do_not_chain_are_recorded_with_the_whole_model_and_say_so()
     info = quantized.qplug_weight_only
     assert info.calibration.startswith("the whole model at once: the blocks of blocks do not chain (block 1")
     assert set(NAMES) <= set(info.layers)
+
+
+def _calls(module: nn.Module, counts: dict[str, int], name: str):
+    def count(*_: object) -> None:
+        counts[name] = counts.get(name, 0) + 1
+    return module.register_forward_hook(count)
+
+
+def test_the_float_run_stops_after_the_last_block_and_each_block_runs_twice():
+    """The head (an LLM's 151936-wide lm_head) is not computed when nothing after the blocks is
+    recorded; block 0 is recorded in the float run, and the last block's output is not made."""
+    model, counts = _model(), {}
+    handles = [_calls(model.head, counts, "head"), *(_calls(b, counts, f"block {i}") for i, b in enumerate(model.blocks))]
+    calibrate(model, NAMES, _calibration(), 1000, _rtn_in_place(model, [], []))
+    for handle in handles:
+        handle.remove()
+    batches = len(_calibration())
+    assert counts == {"block 0": 2 * batches, "block 1": 2 * batches}  # was 3 each, and the head once a batch
+
+
+def test_a_linear_after_the_blocks_is_calibrated_on_the_quantized_blocks_outputs():
+    model, seen = _model(), []
+    reference = copy.deepcopy(model).double()
+    counts: dict[str, int] = {}
+    handle = _calls(model.head, counts, "head")
+    how = calibrate(model, [*NAMES, "head"], _calibration(), 1000, _rtn_in_place(model, seen, []))
+    handle.remove()
+
+    with torch.no_grad():  # the definition in float64: both blocks with their rounded weights
+        hs = [reference.embed(ids) for ids in _calibration()]
+        gates = [torch.sigmoid(h.mean(-1, keepdim=True)) for h in hs]
+        unquantized = [reference.blocks[1](reference.blocks[0](h, gate=g), gate=g) for h, g in zip(hs, gates)]
+        for layer in (m for m in reference.blocks.modules() if isinstance(m, nn.Linear)):
+            layer.weight.copy_(quantize(layer.weight.float(), SCHEME).dequantize().double())
+        want = [reference.blocks[1](reference.blocks[0](h, gate=g), gate=g) for h, g in zip(hs, gates)]
+
+    assert how == "block by block: 2 blocks of blocks"
+    assert [sorted(inputs) for inputs in seen][-1] == ["head"]
+    got = seen[-1]["head"].double()
+    torch.testing.assert_close(got, torch.cat(want).reshape(-1, WIDTH), atol=1e-5, rtol=1e-5)
+    assert (got - torch.cat(unquantized).reshape(-1, WIDTH)).abs().max() > 1e-2  # not the float model's inputs
+    assert counts == {}  # its inputs recorded, the run stopped before its matmul

@@ -64,6 +64,22 @@ class ReferenceKernel(WeightOnlyKernel):
         return F.linear(x, packed.dequantize(x.dtype), bias)
 
 
+class DequantizedKernel(ReferenceKernel):
+    """The reference kernel on a weight dequantized once, at packing, to ``dtype``: for a layer run
+    on many batches in a row (calibration runs each quantized block again on every batch; the
+    reference kernel dequantizing at each call made that run 2.4x a float one), at the cost of a
+    float copy of the weight while it is packed. Not a selectable kernel."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self._dtype = dtype
+
+    def pack(self, weight):
+        return weight.dequantize(self._dtype)
+
+    def run(self, packed, x, bias):
+        return F.linear(x, packed, bias)
+
+
 def _torch_op_reason(op: str, activation_dtype: torch.dtype) -> str | None:
     """Why torch's ``aten.<op>`` cannot run here (activation dtype, an older torch), or ``None``."""
     if activation_dtype not in (torch.float32, torch.bfloat16, torch.float16):

@@ -30,6 +30,7 @@ from qplug_core.flows.checks import check_model, check_weight_values, refuse_qua
 from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.cpu import cpu_int8
+from qplug_core.kernels.weight_only import DequantizedKernel, ReferenceKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, quantize
 from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.registry.backends import Backend
@@ -142,13 +143,18 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     dtypes = {name: linear_weight(module).dtype for name, module in linears.items()}
     del linears, module
     modules = dict(qmodel.named_modules())
+    dequantized: list[WeightOnlyLinear] = []  # the block calibrated last, which runs again on every batch
 
     def swap(inputs: dict[str, torch.Tensor | None]) -> None:
         # each float layer of the copy (and its recorded inputs) is let go as soon as it is swapped:
         # held to the end, the copy's float weights stayed resident beside the int ones (2.7x fp32)
+        for layer in dequantized:  # its block has run again: its float copies go
+            layer.use_kernel(ReferenceKernel(), layer.quantized_weight())
+        dequantized.clear()
         recorded = {name: x for name, x in inputs.items() if x is not None}
         weights = {name: linear_weight(targets[name]) for name in recorded}
         input_scales = shared_input_scales(weights, recorded, groups, scheme) if algorithm == "awq" else {}
+        calibrated = set(recorded)
         del weights, recorded
         for name in [name for name in targets if name in inputs]:
             swapped = _quantized_module(targets.pop(name), scheme, inputs.pop(name), algorithm,
@@ -157,6 +163,10 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
             setattr(modules[parent], child, swapped)
             del modules[name]
             info.layers[name] = layer_kind(swapped)
+            if name in calibrated and isinstance(swapped, WeightOnlyLinear):  # dequantized once the float one is gone
+                kernel = DequantizedKernel(dtypes[name])
+                swapped.use_kernel(kernel, kernel.pack(swapped.quantized_weight()))
+                dequantized.append(swapped)
 
     with torch.no_grad():
         if algorithm != "rtn":

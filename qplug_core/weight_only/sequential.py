@@ -3,9 +3,9 @@ reference code, AutoGPTQ, AutoAWQ and llm-compressor do it.
 
 Recording the inputs of every linear of the model in one pass holds them all at once (24x one
 block's on a Qwen2-0.5B). Here the model runs once on the calibration batches, up to the end of
-its last block, to capture each block's arguments (the hidden states of the first block; the
-attention mask, position embeddings... every block takes) and the first block's linears' inputs;
-then, one block at a time, the block runs on its inputs to record its linears' inputs, its
+its last block and computing only the first, to capture each block's arguments (the hidden states
+of the first block; the attention mask, position embeddings... every block takes) and the first
+block's linears' inputs; then, one block at a time, the block runs on its inputs to record its linears' inputs, its
 linears are quantized, and the quantized block runs again to make the next block's inputs: later
 blocks, and the linears after the blocks (an untied ``lm_head``), are calibrated on what the
 quantized model computes.
@@ -58,14 +58,18 @@ def _by_blocks(model: nn.Module, prefix: str, blocks: nn.ModuleList, names: Sequ
                calibration: Sequence[Any], max_rows: int, quantize: Quantize) -> str | None:
     """Calibrate block by block; or, before quantizing anything, say why the blocks do not chain.
 
-    The float run stops after the last block (an LLM's head, most of a whole run, is not
-    computed) and records block 0's linears on the way, whose inputs it computes exactly. Linears
-    outside the blocks that ran before that stop are calibrated on its float inputs; those after it
-    (an untied ``lm_head``) on the quantized last block's outputs (:func:`_record_after`)."""
+    The float run computes block 0 only, recording its linears, whose inputs it computes exactly;
+    the later blocks pass their inputs on (:meth:`_BlockCalls.passed_on`) and the run stops after
+    the last (an LLM's head, most of a whole run, is not computed): only the arguments of each
+    block are wanted of it. Linears outside the blocks that ran before that stop are calibrated on
+    its inputs; those after it (an untied ``lm_head``) on the quantized last block's outputs
+    (:func:`_record_after`)."""
     inside = [[n for n in names if n.startswith(f"{prefix}.{i}.")] for i in range(len(blocks))]
     outside = [n for n in names if not n.startswith(f"{prefix}.")]
     calls = _BlockCalls(blocks)
-    with calls, InputRecorder(_modules(model, [*inside[0], *outside])) as recorder, _StopAfter(blocks[-1]):
+    later = blocks[1:] if len({id(block) for block in blocks}) == len(blocks) else []
+    with calls, InputRecorder(_modules(model, [*inside[0], *outside])) as recorder, _StopAfter(blocks[-1]), \
+            _answering(later, calls.passed_on):
         for index, batch in enumerate(calibration):
             _run_until_stopped(model, batch, index)
             calls.next_batch()
@@ -99,19 +103,26 @@ def _record_after(model: nn.Module, blocks: nn.ModuleList, layers: dict[str, nn.
     float run's last outputs, as :func:`_without_hidden` kept them), and stops as soon as each
     of ``layers`` has read its input (before the head's matmul)."""
     current: list[Any] = []
-    for block in blocks:  # an instance attribute: the block keeps its own attributes (attention_type...)
-        block.forward = lambda *args, **kwargs: current[0]
+    with _answering(blocks, lambda *args, **kwargs: current[0]), InputRecorder(layers) as recorder:
+        for index, batch in enumerate(calibration):
+            current[:] = [_with_hidden(outputs[index], hidden[index])]
+            with _StopWhenRead(layers):
+                _run_until_stopped(model, batch, index)
+            recorder.next_batch()
+    return recorder.kept(max_rows)
+
+
+@contextlib.contextmanager
+def _answering(blocks: Sequence[nn.Module], answer: Callable[..., Any]) -> Iterator[None]:
+    """Each of ``blocks`` returns ``answer(*args, **kwargs)`` instead of computing (its hooks still
+    run); set on the instance, so the model still reads the block's own attributes (``attention_type``)."""
+    for block in blocks:
+        block.forward = answer
     try:
-        with InputRecorder(layers) as recorder:
-            for index, batch in enumerate(calibration):
-                current[:] = [_with_hidden(outputs[index], hidden[index])]
-                with _StopWhenRead(layers):
-                    _run_until_stopped(model, batch, index)
-                recorder.next_batch()
+        yield
     finally:
         for block in blocks:
             del block.forward
-    return recorder.kept(max_rows)
 
 
 class _Stop(BaseException):
@@ -229,6 +240,8 @@ class _BlockCalls:
         self.broken: str | None = None
         self._next = 0
         self._last: Any = None  # the previous block's output in this batch
+        self._rest: tuple | None = None  # block 0's output in this batch without its hidden states
+        self._slot: int | str = 0  # where the block called last took its hidden states
         self._handles: list[Any] = []
 
     def __enter__(self) -> _BlockCalls:
@@ -271,6 +284,7 @@ class _BlockCalls:
             self._last = None
             self.broken = f"block {i} does not read exactly block {i - 1}'s hidden states"
             return
+        self._slot = slot
         kept_args = tuple(None if j == slot else a for j, a in enumerate(args))
         kept_kwargs = {k: (None if k == slot else v) for k, v in kwargs.items()}
         self.calls[i].append(_Call(kept_args, kept_kwargs, slot))
@@ -280,8 +294,18 @@ class _BlockCalls:
 
     def _after(self, block: nn.Module, args: tuple, output: Any) -> None:
         self._last = output
+        if block is self._blocks[0]:
+            self._rest = _without_hidden(output)
         if block is self._blocks[-1] and self.broken is None:
             self.outputs.append(_without_hidden(output))
+
+    def passed_on(self, *args: Any, **kwargs: Any) -> Any:
+        """What a later block answers in the float run instead of computing (:func:`_answering`):
+        its hidden states as they came in, in block 0's output. Only the arguments of each block
+        are wanted of that run, and where the blocks chain they do not depend on its outputs."""
+        if self.broken is not None:  # the whole model will be recorded: nothing more is wanted
+            raise _Stop
+        return _with_hidden(self._rest, args[0] if self._slot == 0 else kwargs["hidden_states"])
 
     def next_batch(self) -> None:
         """A batch ended: every block must have run on it."""

@@ -118,16 +118,21 @@ def _calls(module: nn.Module, counts: dict[str, int], name: str):
     return module.register_forward_hook(count)
 
 
-def test_the_float_run_stops_after_the_last_block_and_each_block_runs_twice():
-    """The head (an LLM's 151936-wide lm_head) is not computed when nothing after the blocks is
-    recorded; block 0 is recorded in the float run, and the last block's output is not made."""
+def test_the_blocks_run_only_where_calibration_needs_them_and_the_head_not_at_all():
+    """The float run computes block 0 (recording it) and stops after the last block: the head (an
+    LLM's 151936-wide lm_head) is not computed when nothing after the blocks is recorded, later
+    blocks only pass their inputs on, and the last block's quantized output is not made."""
     model, counts = _model(), {}
-    handles = [_calls(model.head, counts, "head"), *(_calls(b, counts, f"block {i}") for i, b in enumerate(model.blocks))]
-    calibrate(model, NAMES, _calibration(), 1000, _rtn_in_place(model, [], []))
+    handles = [_calls(model.head, counts, "head"),
+               *(_calls(block.up, counts, f"block {i}") for i, block in enumerate(model.blocks))]
+    how = calibrate(model, NAMES, _calibration(), 1000, _rtn_in_place(model, [], []))
     for handle in handles:
         handle.remove()
     batches = len(_calibration())
-    assert counts == {"block 0": 2 * batches, "block 1": 2 * batches}  # was 3 each, and the head once a batch
+    assert how == "block by block: 2 blocks of blocks"
+    # block 0: the float run, then quantized to make block 1's inputs; block 1: its recording.
+    # It was 3 and 2 runs, and the head once a batch.
+    assert counts == {"block 0": 2 * batches, "block 1": batches}
 
 
 def test_a_linear_after_the_blocks_is_calibrated_on_the_quantized_blocks_outputs():

@@ -66,7 +66,7 @@ def _by_blocks(model: nn.Module, prefix: str, blocks: nn.ModuleList, names: Sequ
     (:func:`_record_after`)."""
     inside = [[n for n in names if n.startswith(f"{prefix}.{i}.")] for i in range(len(blocks))]
     outside = [n for n in names if not n.startswith(f"{prefix}.")]
-    calls = _BlockCalls(blocks)
+    calls = _BlockCalls(blocks, _modules(model, outside))
     later = blocks[1:] if len({id(block) for block in blocks}) == len(blocks) else []
     with calls, InputRecorder(_modules(model, [*inside[0], *outside])) as recorder, _StopAfter(blocks[-1]), \
             _answering(later, calls.passed_on):
@@ -230,10 +230,11 @@ def _with_hidden(rest: tuple | None, hidden: torch.Tensor) -> Any:
 class _BlockCalls:
     """While entered, keeps every block's calls (:class:`_Call`) of each batch, the first block's
     hidden states and the last block's outputs (:func:`_without_hidden`); :attr:`broken` says why
-    the blocks do not chain, once seen."""
+    the blocks do not chain, once seen (a linear ``outside`` them called between two of them breaks
+    the chain too)."""
 
-    def __init__(self, blocks: nn.ModuleList) -> None:
-        self._blocks = blocks
+    def __init__(self, blocks: nn.ModuleList, outside: dict[str, nn.Module]) -> None:
+        self._blocks, self._outside = blocks, outside
         self.calls: list[list[_Call]] = [[] for _ in blocks]
         self.first: list[torch.Tensor] = []
         self.outputs: list[tuple | None] = []
@@ -248,6 +249,8 @@ class _BlockCalls:
         for i, block in enumerate(self._blocks):
             self._handles.append(block.register_forward_pre_hook(self._before(i), with_kwargs=True))
             self._handles.append(block.register_forward_hook(self._after))
+        for name, module in self._outside.items():
+            self._handles.append(module.register_forward_pre_hook(self._between(name)))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -260,6 +263,13 @@ class _BlockCalls:
             if self.broken is None:
                 self._take(i, args, kwargs)
             if self.broken is not None:
+                self._forget()
+        return hook
+
+    def _between(self, name: str) -> Callable:
+        def hook(module: nn.Module, args: tuple) -> None:  # the blocks after the first do not compute here
+            if self.broken is None and self._next:
+                self.broken = f"{name}, outside the blocks, runs between them"
                 self._forget()
         return hook
 

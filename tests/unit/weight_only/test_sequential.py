@@ -157,3 +157,25 @@ def test_a_linear_after_the_blocks_is_calibrated_on_the_quantized_blocks_outputs
     torch.testing.assert_close(got, torch.cat(want).reshape(-1, WIDTH), atol=1e-5, rtol=1e-5)
     assert (got - torch.cat(unquantized).reshape(-1, WIDTH)).abs().max() > 1e-2  # not the float model's inputs
     assert counts == {}  # its inputs recorded, the run stopped before its matmul
+
+
+class _Between(Decoder):
+    """A linear outside the blocks runs between them: the chain is not only the blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        gate = torch.sigmoid(h.mean(-1, keepdim=True))
+        h = self.blocks[0](h, gate=gate)
+        side = self.mix(h)  # block 1 still reads exactly block 0's output
+        return self.head(self.blocks[1](h, gate=gate)) + side.mean()
+
+
+def test_a_linear_between_the_blocks_gives_the_whole_model_recording():
+    torch.manual_seed(0)
+    model = _Between().eval()
+    how = calibrate(model, [*NAMES, "mix"], _calibration(), 1000, _rtn_in_place(model, [], []))
+    assert how == "the whole model at once: the blocks of blocks do not chain (mix, outside the blocks, runs between them)"

@@ -5,7 +5,7 @@ on small config-built Llama and Qwen2 models, top-1 token agreement and logits c
 on held-out sequences; and AWQ's scale search on all output rows against a subsample of them.
 
     python bench/bench_weight_only_calibration.py memory --layers 4 --trees /tmp/base .
-    python bench/bench_weight_only_calibration.py recording --layers 24
+    python bench/bench_weight_only_calibration.py recording --layers 2 --rounds 3 --trees /tmp/base .
     python bench/bench_weight_only_calibration.py accuracy --trees /tmp/base .
     python bench/bench_weight_only_calibration.py awq-search
 """
@@ -214,12 +214,18 @@ def main() -> None:
         return
     rows = []
     if options.what == "recording":
-        for how in ("whole", "blocks"):
-            r = in_subprocess(".", "recording", how, str(options.layers))
-            rows.append([how, f"{r['recorded_gib']:.3f}", f"{r['built_gib']:.2f}", f"{r['peak_gib']:.2f}",
-                         f"{r['seconds']:.1f}"])
-        print(table([f"GPTQ recording, Qwen2-0.5B shape, {options.layers} layers", "recorded GiB (most at once)",
-                     "RSS built GiB", "peak RSS GiB", "s"], rows))
+        seconds: dict[str, list[float]] = {}
+        for _ in range(options.rounds):
+            for how, tree in [("whole", options.trees[0])] + [("blocks", tree) for tree in options.trees]:
+                r = in_subprocess(tree, "recording", how, str(options.layers))  # interleaved
+                seconds.setdefault(f"{how} {tree}", []).append(r["seconds"])
+                rows.append([how, tree, f"{r['recorded_gib']:.3f}", f"{r['built_gib']:.2f}", f"{r['peak_gib']:.2f}",
+                             f"{r['peak_gib'] - r['built_gib']:.2f}", f"{r['seconds']:.1f}"])
+        print(table([f"GPTQ recording, Qwen2-0.5B shape, {options.layers} layers", "tree", "recorded GiB (most at once)",
+                     "RSS built GiB", "peak RSS GiB", "peak - built", "s"], rows))
+        whole = sorted(seconds.pop(f"whole {options.trees[0]}"))[options.rounds // 2]
+        print("\n".join(f"{how}: median {sorted(s)[options.rounds // 2] / whole:.2f}x the whole-model recording's time"
+                        for how, s in seconds.items()))
         return
     if options.what == "memory":
         for algorithm in options.algorithms:

@@ -6,7 +6,7 @@ on held-out sequences; and AWQ's scale search on all output rows against a subsa
 
     python bench/bench_weight_only_calibration.py memory --layers 4 --trees /tmp/base .
     python bench/bench_weight_only_calibration.py recording --layers 2 --rounds 3 --trees /tmp/base .
-    python bench/bench_weight_only_calibration.py accuracy --trees /tmp/base .
+    python bench/bench_weight_only_calibration.py accuracy --kernel reference --trees /tmp/base .
     python bench/bench_weight_only_calibration.py awq-search
 """
 
@@ -104,7 +104,7 @@ def run_recording(how: str, layers: int) -> dict:
             "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
-def run_accuracy(family: str, algorithm: str, seed: str = "0") -> dict:
+def run_accuracy(family: str, algorithm: str, seed: str = "0", kernel: str = "") -> dict:
     import warnings
 
     import torch
@@ -117,7 +117,7 @@ def run_accuracy(family: str, algorithm: str, seed: str = "0") -> dict:
     model = small(family)
     vocab = model.config.vocab_size
     qmodel = qp.quantize_weights(model, bits=4, group_size=32, algorithm=algorithm,
-                                 calibration_data=tokens(8, 128, vocab, 1))
+                                 calibration_data=tokens(8, 128, vocab, 1), kernel=kernel or None)
     agree, cosines = [], []
     with torch.no_grad():
         for ids in tokens(8, 64, vocab, 2):
@@ -199,6 +199,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--algorithms", nargs="+", default=["gptq", "awq"])
     parser.add_argument("--seed", type=int, default=0, help="accuracy: the small models' weights")
+    parser.add_argument("--kernel", default="", help="accuracy: force this kernel (\"reference\" compares the "
+                        "calibration alone: kernels picked by timing round differently from run to run)")
     parser.add_argument("rest", nargs="*")
     options = parser.parse_args()
     if options.what == "_child":
@@ -240,7 +242,7 @@ def main() -> None:
     for family in ("llama", "qwen2"):
         for algorithm in options.algorithms:
             for tree in options.trees:
-                r = in_subprocess(tree, "accuracy", family, algorithm, str(options.seed))
+                r = in_subprocess(tree, "accuracy", family, algorithm, str(options.seed), options.kernel)
                 rows.append([family, algorithm, tree, f"{r['agreement']:.4f}", f"{r['cosine']:.5f}", r["calibration"]])
     print(table(["model", "algorithm", "tree", "top-1 agreement", "logits cosine", "calibration"], rows))
 

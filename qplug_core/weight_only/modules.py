@@ -21,6 +21,7 @@ from qplug_core.errors import ModelStateError
 from qplug_core.ir.tracing import refuse_tracing
 from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.decode_threads import run_within_budget
+from qplug_core.kernels.embedding import bag_lookup, fused_rows
 from qplug_core.kernels.per_token import version_counter
 from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, unpack
@@ -185,17 +186,32 @@ class WeightOnlyEmbedding(_QuantizedWeightHolder):
 
 
 class WeightOnlyEmbeddingBag(WeightOnlyEmbedding):
-    """An ``nn.EmbeddingBag`` over a quantized table: the rows of the bags' entries are dequantized,
-    then torch's own bag reduction runs over them, so every mode, offsets, ``per_sample_weights``
-    and ``padding_idx`` mean what they mean in ``nn.EmbeddingBag``."""
+    """An ``nn.EmbeddingBag`` over a quantized table. Sum and mean bags over one scale per row run
+    torch's fused 8-bit / 4-bit bag op on a copy of the table in its layout
+    (:func:`~qplug_core.kernels.embedding.fused_rows`: the looked-up rows are never made float);
+    other bags dequantize their entries' rows and run torch's own bag reduction over them. Either
+    way offsets, ``per_sample_weights`` and ``padding_idx`` mean what they mean in ``nn.EmbeddingBag``."""
 
     def __init__(self, weight: QuantizedWeight, mode: str, include_last_offset: bool = False,
                  padding_idx: int | None = None):
         super().__init__(weight, padding_idx)
         self.mode, self.include_last_offset = mode, include_last_offset
+        self.packing = DerivedPacking()
+
+    def fused_table(self) -> torch.Tensor | None:
+        """The table in the fused op's layout, or ``None`` where that op does not compute this bag
+        (mode max, groups within a row, ...) or a trace records the computation (it stays plain torch)."""
+        if self.mode == "max" or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return None
+        return self.packing.get(lambda: (self.qweight, self.scales, self.zero_points),
+                                lambda: fused_rows(self.quantized_weight(), self.padding_idx))
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        table = self.fused_table()
+        if table is not None:
+            return bag_lookup(table, self.scheme.bits, self.mode, self.include_last_offset, self.padding_idx,
+                              ids, offsets, per_sample_weights)
         rows = super().forward(ids.reshape(-1))
         entries = torch.arange(ids.numel(), device=ids.device).view(ids.shape)
         padding = None

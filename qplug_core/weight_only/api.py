@@ -83,7 +83,7 @@ class WeightOnlyInfo:
 def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None = None,
                      symmetric: bool = True, algorithm: str = "rtn",
                      calibration_data: Iterable[Any] | None = None, skip: str | Sequence[str] = (),
-                     embeddings: bool = False, backend: str | Backend | None = None,
+                     embeddings: bool = False, linears: bool = True, backend: str | Backend | None = None,
                      kernel: str | None = None) -> nn.Module:
     """A copy of ``model`` (eval mode) whose linear and embedding weights are ``bits``-bit integers.
 
@@ -104,6 +104,9 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         linear weights):
         it saves memory but no time (rows are looked up, not multiplied), and int4 tables cost
         accuracy on small models, so it is opt-in.
+    :param linears: quantize the ``nn.Linear`` (and ``Conv1D``) layers; ``linears=False`` with
+        ``embeddings=True`` quantizes only the tables (a recommendation model's small MLPs gain
+        nothing from weight-only int8, and ``group_size`` then applies to the tables alone).
     :param backend: take kernels from this backend only (and the core's), by name or as a
         ``Backend`` (``qp.get_backend(...)``); ``None``: every installed backend.
     :param kernel: force a kernel by name (``"reference"``, ``"torch-int8pack"``,
@@ -116,6 +119,10 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     """
     check_model(model)
     scheme = WeightOnlyScheme(bits=bits, group_size=group_size, symmetric=symmetric)
+    if not (linears or embeddings):
+        raise ConfigValidationError("linears=False and embeddings=False leave nothing to quantize: pass "
+                                    "embeddings=True to quantize only the embedding tables", field="linears",
+                                    value=linears)
     if algorithm not in ALGORITHMS:
         raise ConfigValidationError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}"
                                     f"{did_you_mean(str(algorithm), ALGORITHMS)}", field="algorithm",
@@ -132,11 +139,12 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     kernels = available_kernels(backend)
     qmodel = own_copy(model).eval()  # as every flow returns it; no dropout in what GPTQ/AWQ fit to
     info = WeightOnlyInfo(scheme, algorithm)
-    targets = _targets(qmodel, patterns, embeddings, info)
+    targets = _targets(qmodel, patterns, linears, embeddings, info)
     if not targets:
-        raise nothing_quantized("nn.Linear" + (" or nn.Embedding(Bag)" if embeddings else ""), info.skipped)
+        raise nothing_quantized(" or ".join(["nn.Linear"] * linears + ["nn.Embedding(Bag)"] * embeddings),
+                                info.skipped)
     for name, module in targets.items():
-        _check_divisible(name, module, scheme)
+        _check_divisible(name, module, scheme, embeddings)
     linears = {n: m for n, m in targets.items() if not isinstance(m, _EMBEDDINGS)}
     # found on the float copy, before any kernel is packed: a group packs once, for its stack
     groups, info.fusion = sibling_groups(qmodel, linears, calibration)
@@ -264,9 +272,11 @@ def layer_kind(module: nn.Module) -> str:
     return "embedding" if isinstance(module, WeightOnlyEmbedding) else "linear"
 
 
-def _targets(model: nn.Module, patterns: list[re.Pattern], embeddings: bool,
+def _targets(model: nn.Module, patterns: list[re.Pattern], linears: bool, embeddings: bool,
              info: WeightOnlyInfo) -> dict[str, nn.Module]:
-    kinds: tuple[type, ...] = (nn.Linear,) + ((conv1d_class(),) if conv1d_class() else ())
+    kinds: tuple[type, ...] = ()
+    if linears:
+        kinds += (nn.Linear,) + ((conv1d_class(),) if conv1d_class() else ())
     if embeddings:
         kinds += _EMBEDDINGS
     modules = dict(model.named_modules())
@@ -369,13 +379,16 @@ def tied_output(model: nn.Module) -> str | None:
     return name if getattr(model.get_submodule(name), "weight", None) is getattr(first, "weight", False) else None
 
 
-def _check_divisible(name: str, module: nn.Module, scheme: WeightOnlyScheme) -> None:
-    features = module.embedding_dim if isinstance(module, _EMBEDDINGS) else linear_weight(module).shape[1]
+def _check_divisible(name: str, module: nn.Module, scheme: WeightOnlyScheme, embeddings: bool) -> None:
+    table = isinstance(module, _EMBEDDINGS)
+    features = module.embedding_dim if table else linear_weight(module).shape[1]
     size = scheme.group_size
     if size is not None and features % size:
+        tables_only = " (or quantize only the tables with linears=False)" if embeddings and not table else ""
         raise ConfigValidationError(
             f"group_size {size} does not divide the {features} input features of layer {name!r}; pick a "
-            + spelled(f"divisor of it or leave the layer float with skip=[{name!r}]", "divisor of it for --group-size"),
+            + spelled(f"divisor of it or leave the layer float with skip=[{name!r}]{tables_only}",
+                      "divisor of it for --group-size"),
             field="group_size", value=size)
 
 

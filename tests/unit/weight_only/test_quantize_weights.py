@@ -158,3 +158,33 @@ def test_a_model_whose_weights_are_mostly_in_convolutions_is_told_they_stay_floa
     qp.quantize_weights(mlp.eval())
     told = [str(w.message) for w in recwarn if "convolution(s) hold" in str(w.message)]
     assert len(told) == 1 and "2 convolution(s) hold 85% of its weights" in told[0] and "qp.quantize" in told[0]
+
+
+class _Recommender(nn.Module):
+    """A DLRM in small: a table of 32-wide rows beside linears of 13 and 20 input features."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.EmbeddingBag(100, 32, mode="sum")
+        self.bot = nn.Linear(13, 32)
+        self.top = nn.Linear(64, 1)
+
+    def forward(self, dense, ids, offsets):
+        return self.top(torch.cat([self.bot(dense), self.table(ids, offsets)], dim=1))
+
+
+def test_linears_false_quantizes_only_the_tables_and_checks_the_group_size_on_them_alone():
+    torch.manual_seed(0)
+    model = _Recommender().eval()
+    with pytest.raises(ConfigValidationError, match=r"13 input features of layer 'bot'.*linears=False"):
+        qp.quantize_weights(model, bits=4, group_size=32, embeddings=True)
+    qmodel = qp.quantize_weights(model, bits=4, group_size=32, embeddings=True, linears=False)
+    assert qmodel.qplug_weight_only.layers == {"table": "embedding_bag"}
+    assert type(qmodel.bot) is nn.Linear and type(qmodel.top) is nn.Linear
+    dense, ids, offsets = torch.randn(4, 13), torch.randint(0, 100, (12,)), torch.tensor([0, 3, 6, 9])
+    expected = model.top(torch.cat([model.bot(dense), nn.functional.embedding_bag(
+        ids, qmodel.table.quantized_weight().dequantize(), offsets, mode="sum")], dim=1))
+    with torch.no_grad():
+        torch.testing.assert_close(qmodel(dense, ids, offsets), expected, rtol=0, atol=2e-3)  # 4-bit: float16 scales
+    with pytest.raises(ConfigValidationError, match="embeddings=True to quantize only the embedding tables"):
+        qp.quantize_weights(model, linears=False)

@@ -78,8 +78,8 @@ def bag_lookup(packed: torch.Tensor, bits: int, mode: str, include_last_offset: 
     packed as zeros.
 
     The ops only sum and have no padding argument. ``padding_idx`` entries add nothing because that
-    row is zeros (``nn.EmbeddingBag`` never reads it), and ``mean`` is a weighted sum with weights
-    1/(entries not padding).
+    row is zeros (``nn.EmbeddingBag`` never reads it), and ``mean`` divides each bag's sum by its
+    entries not padding (an empty bag stays zeros).
     """
     include_last = include_last_offset
     if indices.dim() == 2:  # fixed-size bags, one per row
@@ -90,16 +90,20 @@ def bag_lookup(packed: torch.Tensor, bits: int, mode: str, include_last_offset: 
             per_sample_weights = per_sample_weights.reshape(-1)
     elif offsets is None:
         raise ConfigValidationError("EmbeddingBag: 1-D indices need offsets", field="offsets")
-    if mode == "mean":
-        if per_sample_weights is not None:
-            raise ConfigValidationError("EmbeddingBag: per_sample_weights need mode='sum'",
-                                        field="per_sample_weights")
-        ends = offsets[1:] if include_last else torch.cat([offsets[1:], offsets.new_tensor([indices.numel()])])
-        starts = offsets[: ends.numel()]
-        sizes = ends - starts
-        counts = sizes if padding_idx is None else _entries_kept(indices != padding_idx, starts, ends)
-        per_sample_weights = torch.repeat_interleave(1.0 / counts.clamp(min=1).float(), sizes)
-    return _lookup(packed, indices, offsets.to(indices.dtype), per_sample_weights, include_last, bits)
+    if mode == "mean" and per_sample_weights is not None:
+        raise ConfigValidationError("EmbeddingBag: per_sample_weights need mode='sum'", field="per_sample_weights")
+    sums = _lookup(packed, indices, offsets.to(indices.dtype), per_sample_weights, include_last, bits)
+    if mode != "mean":
+        return sums
+    if include_last:
+        bounds = offsets
+    else:
+        bounds = torch.cat([offsets, offsets.new_full((1,), indices.numel())])
+    if padding_idx is None:
+        counts = bounds.diff()
+    else:
+        counts = _entries_kept(indices != padding_idx, bounds[:-1], bounds[1:])
+    return sums.div_(counts.clamp_(min=1).unsqueeze(1))
 
 
 class _PackedTable(nn.Module):

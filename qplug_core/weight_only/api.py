@@ -102,8 +102,9 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
         is always left float: quantizing one copy would untie them.
     :param embeddings: also quantize ``nn.Embedding`` and ``nn.EmbeddingBag`` tables (rows grouped like
         linear weights):
-        it saves memory but no time (rows are looked up, not multiplied), and int4 tables cost
-        accuracy on small models, so it is opt-in.
+        it saves memory (sum/mean bags with one scale per row run torch's fused bag ops, about as
+        fast as float; other lookups are slower), and int4 tables cost accuracy on small models, so
+        it is opt-in.
     :param linears: quantize the ``nn.Linear`` (and ``Conv1D``) layers; ``linears=False`` with
         ``embeddings=True`` quantizes only the tables (a recommendation model's small MLPs gain
         nothing from weight-only int8, and ``group_size`` then applies to the tables alone).

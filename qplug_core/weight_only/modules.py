@@ -200,10 +200,10 @@ class WeightOnlyEmbeddingBag(WeightOnlyEmbedding):
 
     def fused_table(self) -> torch.Tensor | None:
         """The table in the fused op's layout, or ``None`` where that op does not compute this bag
-        (mode max, groups within a row, a table off the CPU, ...) or a trace records the computation
-        (it stays plain torch)."""
-        if (self.mode == "max" or self.qweight.device.type != "cpu" or torch.jit.is_tracing()
-                or torch.compiler.is_compiling()):
+        (mode max, groups within a row, a table off the CPU or cast from float32, ...) or a trace
+        records the computation (it stays plain torch)."""
+        if (self.mode == "max" or self.qweight.device.type != "cpu" or self.scales.dtype != torch.float32
+                or torch.jit.is_tracing() or torch.compiler.is_compiling()):
             return None
         return self.packing.get(lambda: (self.qweight, self.scales, self.zero_points),
                                 lambda: fused_rows(self.quantized_weight(), self.padding_idx))

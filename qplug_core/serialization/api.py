@@ -37,7 +37,7 @@ from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
-from qplug_core.serialization import clamp_record, functional_record, per_token_record
+from qplug_core.serialization import clamp_record, functional_record, per_token_record, tree_record
 from qplug_core.serialization.artifact import (
     AUTO_KEY,
     INT16_PAIRS_KEY,
@@ -218,6 +218,8 @@ def rebuild_graph(artifact: Artifact, source: Path) -> fx.GraphModule:
         check_receivers(graph, root)  # the objects the names reach, as capture checked them
         gm = fx.GraphModule(root, graph, class_name="GraphModule")
         gm.graph.lint()
+        if tree_record.KEY in model:
+            tree_record.install(gm, model[tree_record.KEY], f"model.{tree_record.KEY}")
     except ConfigError as exc:
         raise SerializationError(f"{source} is not a valid qplug artifact: {exc}", path=str(source)) from exc
     except Exception as exc:  # fx rejects a graph that does not fit its modules with plain errors

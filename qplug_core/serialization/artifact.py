@@ -35,7 +35,7 @@ from qplug_core.flows.target_rungs import RUNGS
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend
-from qplug_core.serialization import clamp_record, functional_record, per_token_record
+from qplug_core.serialization import clamp_record, functional_record, per_token_record, tree_record
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.lowering_record import KEY as LOWERING_KEY
 from qplug_core.serialization.lowering_record import LoweringRecord
@@ -60,10 +60,10 @@ INT16_PAIRS_KEY = "weights_for_int16_pairs"
 #: where each layer an accuracy target took out of static int8 runs (layer -> rung)
 TARGET_RUNGS_KEY = "target_rungs"
 #: the optional keys, the clamps convert absorbed into layers' int8 output ranges (clamp_record), the
-#: float weights of layers made from functional calls (functional_record) and the per-token layers'
-#: int8 weights (per_token_record)
+#: float weights of layers made from functional calls (functional_record), the per-token layers'
+#: int8 weights (per_token_record) and an exported model's input and output structure (tree_record)
 OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY, INT16_PAIRS_KEY, TARGET_RUNGS_KEY,
-                       clamp_record.KEY, functional_record.KEY, per_token_record.KEY)
+                       clamp_record.KEY, functional_record.KEY, per_token_record.KEY, tree_record.KEY)
 CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: distribution names (PEP 508) and versions (PEP 440 characters) of a file's ``versions``
@@ -128,6 +128,9 @@ def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference",
         model[clamp_record.KEY] = clamp_record.to_document(gm.meta[ABSORBED_CLAMPS])
     if gm.meta.get(FUNCTIONAL_WEIGHTS):
         model[functional_record.KEY] = functional_record.to_document(gm.meta[FUNCTIONAL_WEIGHTS])
+    structure = tree_record.to_document(gm)
+    if structure is not None:
+        model[tree_record.KEY] = structure
     return Artifact(name, plugins, model, table.tensors)
 
 

@@ -4,7 +4,7 @@ One ``nn.Linear`` called twice in ``forward`` is one ``call_module`` target used
 the first call with the ReLU after it replaced the module both calls share (the second call then
 ran the ReLU too), and lowering found the module already replaced by the first call's kernel. Each
 extra call of a module with parameters or buffers gets a copy (``fc`` stays, ``fc_call1`` is
-added), so it is fused, observed and lowered on its own; the copies hold equal int8 weights.
+added; ``tower.0`` in a Sequential gets ``tower_0_call1``), so it is fused, observed and lowered on its own; the copies hold equal int8 weights.
 Stateless modules (a ``ReLU`` reused across a ResNet block) stay shared: they compute the same
 either way, and torch.ao leaves them so.
 
@@ -28,10 +28,22 @@ from qplug_core.passes import PassResult
 
 
 def _free_name(existing: set[str], base: str, index: int) -> str:
-    name = f"{base}_call{index}"
+    """``fc_call1`` beside ``fc``. A module inside a Sequential (``tower.0``) gets its copy beside
+    the container, ``tower_0_call1``: ``tower.0_call1`` would be no attribute path ``qp.save``
+    accepts (a part must be an identifier or an index)."""
+    parts = base.split(".")
+    tail = len(parts)
+    while tail > 0 and parts[tail - 1].isdigit():
+        tail -= 1
+    if tail == len(parts):
+        stem = base
+    else:
+        owner = parts[tail - 1] if tail else "module"
+        stem = ".".join([*parts[:max(tail - 1, 0)], "_".join([owner, *parts[tail:]])])
+    name = f"{stem}_call{index}"
     while name in existing:
         index += 1
-        name = f"{base}_call{index}"
+        name = f"{stem}_call{index}"
     existing.add(name)
     return name
 

@@ -223,6 +223,8 @@ _SHARE_QPARAMS_OPS: tuple[Any, ...] = (
     # a tensor match (flows/exact_share.py), others stay float with the reason
     F.pad, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d,
     nn.ZeroPad3d, operator.getitem,
+    # CSP / C2f blocks (YOLO): the pieces are views of the int8 values, read with getitem
+    torch.chunk, torch.split, "chunk", "split",
 )
 """Ops that work on quantized tensors without changing their qparams (pooling, reshapes, relu)."""
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import fx, nn
 
+from qplug_core.flows.split_pieces import NOT_READ_BY_INDEX, is_split, read_by_index, split_of
 from qplug_core.flows.tags import VALUE_KIND
 
 _CONSTANT_PADS = (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d)  # ZeroPadNd subclass these
@@ -37,10 +38,12 @@ def _pad_value_and_mode(node: fx.Node) -> tuple[Any, Any]:
 
 def inexact_share_reason(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
     """Why the share-qparams op at ``node`` would change values if it kept its input's qparams, or
-    None when it keeps them exactly (every op other than a pad or a getitem does)."""
+    None when it keeps them exactly (every op other than a pad, a getitem or a split does)."""
     if node.op == "call_module" and isinstance(modules.get(str(node.target)), _CONSTANT_PADS):
         value = modules[str(node.target)].value
         return None if value == 0 else f"it pads with {value}, not 0: not exact on its input's int8 grid"
+    if is_split(node) and not read_by_index(node):
+        return NOT_READ_BY_INDEX
     if node.op != "call_function":
         return None
     if node.target is F.pad:
@@ -50,7 +53,7 @@ def inexact_share_reason(node: fx.Node, modules: dict[str, nn.Module]) -> str | 
         if value not in (None, 0):
             return f"it pads with {value}, not 0: not exact on its input's int8 grid"
         return None
-    if node.target is operator.getitem:
+    if node.target is operator.getitem and split_of(node) is None:  # a split's piece is exact
         source, index = node.args[0], node.args[1]
         if not isinstance(source, fx.Node) or source.meta.get(VALUE_KIND, "float_tensor") != "float_tensor":
             return "it reads an item of a tuple or list, not a slice of a tensor"

@@ -22,6 +22,7 @@ from qplug_core.flows import kernel_check as kernel_contract
 from qplug_core.flows.conv1d_layout import keep_conv1d_layouts
 from qplug_core.flows.graph_utils import is_module_call
 from qplug_core.flows.report import report_names
+from qplug_core.flows.split_pieces import is_split, split_of
 from qplug_core.flows.tags import CONVERSION_NOTES, KERNEL, REGION, ROOT, VALUE_KIND, region_tag
 from qplug_core.ir import module_stack
 from qplug_core.kernels.base import (
@@ -182,10 +183,14 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
                   contract: kernel_contract.ContractRun) -> str:
     """Put ``spec``'s kernel in place of the region; '' if done, else why the region stays reference."""
     anchor = nodes.anchor
+    split = split_of(anchor)
+    if split is not None and not _input_boundaries(gm, split):
+        return ""  # a piece of a split lowered before it: it reads the int8 piece already
     compute, boundaries, output_quantize = _region_io(gm, nodes, tag)
     if _quantized_input(tag) and _unquantized_input(compute, boundaries):
         return _NOT_QUANTIZED
-    if spec.passthrough and (output_quantize is None or len(boundaries) != 1):
+    outputs = _piece_quantizes(gm, anchor) if is_split(anchor) else [output_quantize]
+    if spec.passthrough and (None in outputs or len(boundaries) != 1):
         return _NOT_QUANTIZED  # its op runs on one quantized input, its output keeps those qparams
     root = _root(nodes)
     module = gm.get_submodule(root.target) if root is not None else None
@@ -221,7 +226,7 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     if problem:
         return problem
     if spec.passthrough:
-        _drop_boundaries(nodes, boundaries[0], output_quantize)
+        _drop_boundaries(nodes, boundaries[0], outputs)
         return ""
     kernel_name = root.target if root is not None else _free_module_name(gm, compute, spec.op)
     gm.set_submodule(kernel_name, kernel)
@@ -300,7 +305,12 @@ def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: tor
         args, kwargs = fx.map_arg(probe.call, lambda n: quantized.get(n, values[n]))
     reference, scale = values[nodes.anchor], None
     _, _, output_quantize = _region_io(gm, nodes, tag)
-    if output_quantize is not None:
+    if is_split(nodes.anchor):  # its pieces, each quantized as its read's quantize does (one observer)
+        output_quantize = _piece_quantizes(gm, nodes.anchor)[0]
+        quantize = gm.get_submodule(output_quantize.target)
+        reference = tuple(_backend_quantize(gm, backend, output_quantize, piece, quantize(piece))
+                          for piece in reference)
+    elif output_quantize is not None:
         quantize = gm.get_submodule(output_quantize.target)
         reference = _backend_quantize(gm, backend, output_quantize, reference, quantize(reference))
         scale = float(quantize.qparams.scale) if quantize.qparams.scale.numel() == 1 else None
@@ -447,11 +457,18 @@ class _PassthroughOp(torch.nn.Module):
             return self.target(*args, **kwargs)
 
 
-def _drop_boundaries(nodes: _RegionNodes, boundary: fx.Node, output_quantize: fx.Node) -> None:
-    """Lower a passthrough region: its op reads the quantized tensor and its output is used as is."""
+def _drop_boundaries(nodes: _RegionNodes, boundary: fx.Node, output_quantizes: list) -> None:
+    """Lower a passthrough region: its op reads the quantized tensor and its output (a split's
+    pieces) is used as is."""
     for member in nodes.members:
         member.replace_input_with(boundary, boundary.args[0])
-    output_quantize.replace_all_uses_with(nodes.anchor)
+    for quantize in output_quantizes:
+        quantize.replace_all_uses_with(quantize.args[0])
+
+
+def _piece_quantizes(gm: fx.GraphModule, split: fx.Node) -> list[fx.Node | None]:
+    """The quantize after each piece read of a split (None where one is missing)."""
+    return [_single_user(piece, gm, Quantize) for piece in split.users]
 
 
 def _swap_boundaries(gm: fx.GraphModule, backend) -> None:

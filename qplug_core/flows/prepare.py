@@ -17,6 +17,7 @@ from qplug_core.config import ObservationType
 from qplug_core.flows.clamps import clamp_bounds, foldable_clamp
 from qplug_core.flows.observer_copies import ObserverCopies
 from qplug_core.flows.regions import QUANTIZED_DTYPES, Region
+from qplug_core.flows.split_pieces import is_split
 from qplug_core.flows.tags import FOLDED_CLAMP, OBSERVER, REGION, ROOT, VALUE_KIND, RegionTag
 from qplug_core.observers import (
     FakeQuantize,
@@ -108,7 +109,8 @@ class ObserverInserter:
         for member in region.match.nodes:
             for value, read in reads.items():
                 member.replace_input_with(value, read)
-        self._add_observer_node(region.anchor, observer.target, "shared", reroute=True)
+        if not is_split(region.anchor):  # a tuple of pieces: each piece read shares it instead
+            self._add_observer_node(region.anchor, observer.target, "shared", reroute=True)
 
     def _output_observer(self, region: Region) -> nn.Module:
         constraints = region.dtype_config.output_dtype_with_constraints

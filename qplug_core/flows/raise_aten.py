@@ -40,6 +40,8 @@ aten = torch.ops.aten
 _FUNCTIONS: dict[Any, Callable] = {
     aten.relu.default: F.relu, aten.add.Tensor: operator.add, aten.mul.Tensor: operator.mul,
     aten.cat.default: torch.cat, aten.hardtanh.default: F.hardtanh,
+    aten.chunk.default: torch.chunk, aten.split.Tensor: torch.split,  # CSP / C2f blocks
+    aten.split_with_sizes.default: torch.split,
     aten.hardswish.default: F.hardswish, aten.hardsigmoid.default: F.hardsigmoid,
     aten.sigmoid.default: torch.sigmoid, aten.tanh.default: torch.tanh,
     aten.leaky_relu.default: F.leaky_relu, aten.matmul.default: torch.matmul,

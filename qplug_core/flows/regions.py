@@ -26,6 +26,7 @@ from qplug_core.errors import ConfigValidationError, ConstraintViolationError, s
 from qplug_core.flows.checks import mapping_qconfigs
 from qplug_core.flows.exact_share import inexact_share_reason
 from qplug_core.flows.report import NO_PATTERN
+from qplug_core.flows.split_pieces import is_split, split_of
 from qplug_core.flows.tags import CALLED_AS, VALUE_KIND
 from qplug_core.ir import module_stack
 from qplug_core.kernels.reference import weight_of
@@ -236,7 +237,8 @@ class RegionPlanner:
         members = set(match.nodes)
         inputs: list[fx.Node] = []
         for member in match.nodes:
-            for arg in member.all_input_nodes:
+            split = split_of(member)  # a piece shares the observer of the tensor cut into pieces
+            for arg in split.all_input_nodes if split is not None else member.all_input_nodes:
                 if arg not in members and arg not in inputs and _is_float_tensor(arg):
                     inputs.append(arg)
         return inputs
@@ -248,7 +250,8 @@ class RegionPlanner:
         if region.observation_type == ObservationType.INPUT_OUTPUT_NOT_OBSERVED:
             region.reason = "op works on any dtype; nothing to observe"
             return
-        if not region.weighted and not _is_float_tensor(region.anchor):  # x.size(1) + 0
+        pieces = is_split(region.anchor) and bool(region.inputs)  # a tuple of float tensors
+        if not region.weighted and not _is_float_tensor(region.anchor) and not pieces:  # x.size(1) + 0
             region.reason = (f"its output is not a float tensor "
                              f"({region.anchor.meta.get(VALUE_KIND)}), so there is nothing to quantize")
             return

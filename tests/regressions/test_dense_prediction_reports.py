@@ -37,3 +37,50 @@ def test_a_shared_sequential_head_is_saved_and_loaded(tmp_path):
     with torch.no_grad():
         before, after = quantized(data[2]), loaded(data[2])
     assert type(after) is list and all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+class ConvBnHardswish(nn.Module):
+    def __init__(self, inputs: int, outputs: int, kernel: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(inputs, outputs, kernel, padding=kernel // 2, bias=False)
+        self.bn = nn.BatchNorm2d(outputs)
+        self.act = nn.Hardswish()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+
+class C2f(nn.Module):
+    """Ultralytics' C2f block (Hardswish variant): cv1, cut in two, a bottleneck on the last piece,
+    cat of all pieces, cv2. ``y[0], y[1]`` instead of ``list(...)`` keeps it symbolically traceable."""
+
+    def __init__(self, split: bool) -> None:
+        super().__init__()
+        self.stem = ConvBnHardswish(3, 8, 3)
+        self.cv1, self.m, self.cv2 = ConvBnHardswish(8, 16), ConvBnHardswish(8, 8, 3), ConvBnHardswish(24, 8)
+        self.split = split
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.cv1(self.stem(x))
+        pieces = y.split((8, 8), 1) if self.split else y.chunk(2, 1)
+        return self.cv2(torch.cat([pieces[0], pieces[1], self.m(pieces[1])], 1))
+
+
+@pytest.mark.parametrize(("capture", "split"), [("symbolic", True), pytest.param("export", False, marks=pytest.mark.slow)],
+                         ids=["symbolic-split", "export-chunk"])  # export: ~3 s
+def test_a_c2f_block_cuts_its_int8_tensor_without_dequantizing(capture, split):
+    """F2: chunk / split had no pattern (and no ATen mapping under export), so every C2f
+    dequantized after cv1 and kept its activation float ("its output feeds no int8 op")."""
+    torch.manual_seed(0)
+    model = C2f(split).eval()
+    data = [torch.randn(1, 3, 16, 16) for _ in range(3)]
+    int8 = qp.quantize(model, data[0], data[:2], backend="fbgemm", capture=capture)
+    reference = qp.quantize(model, data[0], data[:2], backend="reference", capture=capture)
+    report = qp.quantization_report(int8)
+    cut = next(node for node in report.kernels if node.startswith(("split", "chunk")))
+    assert report.kernels[cut] == "passthrough"
+    (last,) = report.skipped  # only cv2's activation, the model's output, stays float
+    assert "its output feeds no int8 op" in last.reason
+    with torch.no_grad():
+        assert qp.sqnr(reference(data[2]), int8(data[2])) > 40
+

@@ -19,7 +19,7 @@ from qplug_core.errors import ConfigValidationError
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat
 
-EXPECTED_TOTAL = 242
+EXPECTED_TOTAL = 246
 _CONVS = [(nni.CONV_BY_DIM[d], nni.BN_BY_DIM[d], getattr(F, f"conv{d}d")) for d in (1, 2, 3)]
 OUR_EXTRAS = {  # deliberate additions over torch.ao (complex format): torch.relu and x.relu()
     # after linears, convs and batch norms as after nn.ReLU / F.relu; ops that run on int8 as is
@@ -35,6 +35,7 @@ OUR_EXTRAS = {  # deliberate additions over torch.ao (complex format): torch.rel
     # (constant-zero pads and basic slices only: flows/exact_share.py)
     F.pad, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d,
     nn.ZeroPad3d, operator.getitem,
+    torch.chunk, torch.split, "chunk", "split",  # CSP / C2f blocks: pieces read by index (flows/split_pieces.py)
 }
 
 
@@ -95,7 +96,7 @@ CATEGORIES = [  # (our builder, torch.ao builder name, expected number of our co
     (lambda d: [common.cat_config(d)], "_get_cat_config", 1),
     (common.default_op_configs, "_get_default_op_configs", 14),
     (common.fixed_qparams_op_configs, "_get_fixed_qparams_op_configs", 13),
-    (common.share_qparams_op_configs, "_get_share_qparams_op_configs", 75),
+    (common.share_qparams_op_configs, "_get_share_qparams_op_configs", 79),
     (common.tensor_info_op_configs, "_get_tensor_info_op_configs", 2),
     (common.bn_configs, "_get_bn_configs", 12),
     (common.ln_configs, "_get_ln_configs", 2),

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
-from qplug_core.errors import ConfigValidationError, TraceError, first_line
+from qplug_core.errors import ConfigValidationError, TraceError, first_line, warn_user
 from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.raise_aten import is_aten_graph, raise_aten_graph
 from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED
-from qplug_core.ir.capture import capture_module, export_module
+from qplug_core.ir.capture import capture_module, export_module, is_image
 
 __all__ = ["CAPTURE_LEVELS", "capture_for_quantization", "generates"]
 
@@ -71,15 +71,42 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
             raise TraceError(f"{symbolic_error} Or pass example_inputs so that qplug can capture the "
                              "model with torch.export.", module=symbolic_error.module) from symbolic_error
         try:
-            return _tagged(_raised_export(model, example_inputs), "export")
+            exported = _tagged(_raised_export(model, example_inputs), "export")
         except TraceError as export_error:
             return _partly_opaque(model, trace, symbolic_error, export_error)
+        _warn_fixed_image_sizes(model, example_inputs, symbolic_error)
+        return exported
     if example_inputs is not None and _has_composite_leaves(traced):
         try:  # their projections are only visible (and quantizable) in the exported graph
             return _tagged(_raised_export(model, example_inputs), "export")
         except TraceError:
             pass
     return _tagged(traced, "symbolic")
+
+
+def _warn_fixed_image_sizes(model: nn.Module, example_inputs: tuple[Any, ...], why: TraceError) -> None:
+    """Say at quantize time what the export fallback fixed: a detector quantized at 256x256 refused
+    its first request of another size, with nothing said before."""
+    images = [f"{name} {value.shape[2]}x{value.shape[3]}" for name, value in _named(model, example_inputs)
+              if is_image(value)]
+    if images:
+        reason = first_line(why).split(". ")[0]  # torch's advice on tracing follows: not the point here
+        warn_user(f"qplug: {type(model).__name__} does not trace symbolically ({reason}), so capture='auto' "
+                  f"used torch.export, which keeps the height and width of image inputs at the example's "
+                  f"({', '.join(images)}): a call with another size raises InputMismatchError. To take other "
+                  "sizes, export the model yourself with dynamic height and width, e.g. "
+                  "torch.export.export(model, example_inputs, dynamic_shapes=({2: 32 * Dim('h'), 3: 32 * Dim('w')},)) "
+                  "for a network that downsamples 32x, and pass the ExportedProgram to qp.quantize "
+                  "(docs/guide/export.md)")
+
+
+def _named(model: nn.Module, values: tuple[Any, ...]) -> list[tuple[str, Any]]:
+    """``values`` with the forward parameter each one is given as (``input 2`` past the signature)."""
+    try:
+        names = list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        names = []
+    return [(repr(names[i]) if i < len(names) else f"input {i}", value) for i, value in enumerate(values)]
 
 
 def _symbolic(model: nn.Module, trace: dict[str, Any]) -> GraphModule:

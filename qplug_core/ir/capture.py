@@ -191,13 +191,18 @@ def _export(model: nn.Module, inputs: tuple[Any, ...], dynamic: Any) -> GraphMod
 _SPATIAL_RANK = 4
 
 
+def is_image(value: Any) -> bool:
+    """A float input of rank 4 or more, whose sizes after the batch the export capture fixes."""
+    return isinstance(value, torch.Tensor) and value.dim() >= _SPATIAL_RANK and (
+        value.dtype.is_floating_point or value.is_complex())
+
+
 def _auto(inputs: tuple[Any, ...]) -> torch.export.ShapesCollection:
     """Every dimension of every tensor input dynamic where the model allows it, but an image's."""
     dynamic = torch.export.ShapesCollection()
     for value in inputs:
         if isinstance(value, torch.Tensor) and value.dim():
-            image = value.dim() >= _SPATIAL_RANK and (value.dtype.is_floating_point or value.is_complex())
-            dynamic[value] = dict.fromkeys(range(1 if image else value.dim()), torch.export.Dim.AUTO)
+            dynamic[value] = dict.fromkeys(range(1 if is_image(value) else value.dim()), torch.export.Dim.AUTO)
     return dynamic
 
 

@@ -84,3 +84,27 @@ def test_a_c2f_block_cuts_its_int8_tensor_without_dequantizing(capture, split):
     with torch.no_grad():
         assert qp.sqnr(reference(data[2]), int8(data[2])) > 40
 
+
+class UltralyticsC2f(C2f):
+    """C2f as Ultralytics writes it: ``list(...)`` of the pieces, which symbolic tracing cannot iterate."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = list(self.cv1(self.stem(x)).chunk(2, 1))
+        y.append(self.m(y[-1]))
+        return self.cv2(torch.cat(y, 1))
+
+
+@pytest.mark.slow  # one torch.export: 3-9 s on a loaded 2-core machine
+def test_the_export_fallback_says_at_quantize_time_that_image_sizes_are_fixed():
+    """F1: capture="auto" fell back to torch.export without a word, and the detector quantized at
+    16x16 refused its first call at 24x24."""
+    torch.manual_seed(0)
+    data = [torch.randn(1, 3, 16, 16) for _ in range(2)]
+    with pytest.warns(UserWarning) as caught:
+        int8 = qp.quantize(UltralyticsC2f(split=False).eval(), data[0], data, backend="reference")
+    said = [str(w.message) for w in caught if "image inputs" in str(w.message)]
+    assert len(said) == 1
+    assert "Proxy object cannot be iterated" in said[0] and "('x' 16x16)" in said[0]
+    assert "dynamic_shapes=" in said[0]
+    with pytest.raises(qp.errors.InputMismatchError, match="captured with 16"):
+        int8(torch.randn(1, 3, 24, 24))

@@ -36,7 +36,7 @@ def to_document(gm: fx.GraphModule) -> dict[str, Any] | None:
     doc = {"args": list(info.orig_args), "in": _encode(info.in_spec, "input", changed),
            "out": None if info.out_spec is None else _encode(info.out_spec, "output", changed)}
     if changed:
-        warn_user(f"qp.save: files hold only tuples, lists and dicts around a model's tensors; "
+        warn_user(f"qplug: qp.save keeps only tuples, lists and dicts around a model's tensors; "
                   f"{'; '.join(changed[:4])}: the loaded model takes or returns a tuple there")
     return doc
 

@@ -171,12 +171,14 @@ class WeightOnlyEmbedding(_QuantizedWeightHolder):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         scheme, k = self.scheme, self.embedding_dim
         groups = self.scales.shape[1]
-        q = unpack(self.qweight[ids], scheme.bits, k).to(torch.int16)
-        scales = self.scales[ids]
+        # F.embedding refuses ids < 0 and >= num_embeddings as nn.Embedding does (indexing wrapped -1
+        # to the last row)
+        q = unpack(F.embedding(ids, self.qweight), scheme.bits, k).to(torch.int16)
+        scales = F.embedding(ids, self.scales)
         if self.zero_points is None:
             zp: Any = scheme.midpoint
         else:
-            zp = self.zero_points[ids].to(torch.int16)[..., None]
+            zp = F.embedding(ids, self.zero_points).to(torch.int16)[..., None]
         q = q.view(*ids.shape, groups, k // groups)
         return ((q - zp).to(scales.dtype) * scales[..., None]).view(*ids.shape, k)
 

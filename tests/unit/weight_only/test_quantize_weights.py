@@ -188,3 +188,25 @@ def test_linears_false_quantizes_only_the_tables_and_checks_the_group_size_on_th
         torch.testing.assert_close(qmodel(dense, ids, offsets), expected, rtol=0, atol=2e-3)  # 4-bit: float16 scales
     with pytest.raises(ConfigValidationError, match="embeddings=True to quantize only the embedding tables"):
         qp.quantize_weights(model, linears=False)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_tables_refuse_the_ids_the_float_tables_refuse(bits):
+    class Tables(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lookup, self.bag = nn.Embedding(10, 8), nn.EmbeddingBag(10, 8, mode="sum")
+
+        def forward(self, ids):
+            return self.lookup(ids).sum(1) + self.bag(ids)
+
+    model = Tables().eval()
+    qmodel = qp.quantize_weights(model, bits=bits, embeddings=True)
+    good = torch.tensor([[0, 9, 3]])
+    assert torch.allclose(qmodel(good), model(good), atol=0.05 if bits == 8 else 0.5)
+    for bad in (-1, 10):  # -1 gave the last row: indexing counts it from the end
+        ids = torch.tensor([[0, bad, 3]])
+        with pytest.raises((IndexError, RuntimeError)):
+            model(ids)
+        with pytest.raises(IndexError, match="out of range"):
+            qmodel(ids)

@@ -175,6 +175,8 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     program, example_inputs, symbolic = _program(
         gm, example_inputs, opset=opset, input_names=input_names, output_names=output_names,
         onnxruntime_ops=onnxruntime_ops, dynamic=dynamic, flexible=flexible, dynamic_linears=dynamic_linears)
+    if dynamic:
+        axes.untie(program.model, dynamic)
     proto = program.model_proto
     if symbolic:
         axes.pin(proto, program.exported_program)
@@ -248,5 +250,6 @@ def export_onnx(qmodel: nn.Module, path: str | os.PathLike[str], example_inputs:
                                   dynamic_linears="matmul_integer")
     if dynamic:
         axes.check(program, inputs, dynamic)
+        axes.untie(program.model, dynamic)
     _write(program, target)
     return target

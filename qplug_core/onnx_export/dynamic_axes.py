@@ -73,14 +73,17 @@ def described(axes: Mapping[int, str]) -> str:
 
 def prepare(example_inputs: tuple, axes: dict[int, str]) -> tuple[tuple, tuple[Any, ...]]:
     """The example inputs to export with (widened to 2 along a size-1 dynamic axis) and the
-    ``dynamic_shapes`` of ``torch.onnx.export`` (axis -> name per tensor input)."""
+    ``dynamic_shapes`` of ``torch.onnx.export`` (axis -> name per tensor input, made unique per
+    input; :func:`untie` gives the names asked for back)."""
     inputs, shapes = [], []
+    tensors = 0
     for value in example_inputs:
         if not isinstance(value, torch.Tensor):
             inputs.append(value)
             shapes.append(None)
             continue
-        mine = {axis: name for axis, name in axes.items() if axis < value.dim()}
+        mine = {axis: f"{name}{_OF_INPUT}{tensors}" for axis, name in axes.items() if axis < value.dim()}
+        tensors += 1
         for axis in mine:
             if value.shape[axis] == 1:
                 value = torch.cat([value] * 2, dim=axis)
@@ -275,6 +278,34 @@ def check(program, example_inputs: tuple, axes: dict[int, str]) -> None:
                               "that dynamic axis, or at the size you need")
 
 
+#: what :func:`prepare` puts between an axis's name and its input's position
+_OF_INPUT = "__input"
+
+
+def untie(model, axes: dict[int, str]) -> None:
+    """Name the symbolic sizes of ``model`` (the exporter's ``onnx_ir`` model) as asked: an axis
+    takes its asked-for name where its size is the first input's of that name, else
+    ``<name>_<input>`` (an EmbeddingBag's ids, the bag entries, beside the offsets, one per bag).
+    One name for both made ONNX Runtime take them as one size (it reused one buffer for both and
+    failed at run time), so :func:`prepare` asks torch for a name per input, tied where the graph
+    ties the sizes."""
+    import onnx_ir as ir
+
+    inputs = {f"{_OF_INPUT}{position}": value.name for position, value in enumerate(model.graph.inputs)}
+    pattern = re.compile("(" + "|".join(re.escape(name) for name in axes.values()) + f")({_OF_INPUT}\\d+)")
+    named: dict[str, str] = {}
+    for value in model.graph.inputs:  # in input order: the first input of a size names it
+        for dim in value.shape or ():
+            for found in pattern.finditer(str(dim) if not isinstance(dim, int) else ""):
+                taken = found.group(1) in named.values()
+                named.setdefault(found.group(0), f"{found.group(1)}_{inputs[found.group(2)]}" if taken
+                                 else found.group(1))
+    for value in [*model.graph.inputs, *model.graph.outputs, *(v for node in model.graph for v in node.outputs)]:
+        if value.shape is not None and any(not isinstance(dim, int) for dim in value.shape):
+            value.shape = ir.Shape([pattern.sub(lambda m: named.get(m.group(0), m.group(0)), str(dim))
+                                    if not isinstance(dim, int) else dim for dim in value.shape])
+
+
 def specialised(exc: Exception) -> bool:
     """Whether torch.export refused a dynamic axis because the graph fixes it."""
     text = f"{exc} {exc.__cause__}"
@@ -305,4 +336,4 @@ def export_failure(exc: Exception, axes: dict[int, str]) -> ExportError:
 
 __all__ = ["BATCH", "MIN_SIZES", "SEQUENCE", "check", "described", "dynamic_axes", "export_failure",
            "flexible_shapes", "free_symbols_only", "InputShapes", "min_sizes", "pin", "pinned_sizes", "prepare",
-           "specialised", "torch_message", "unsound_axes"]
+           "specialised", "torch_message", "unsound_axes", "untie"]

@@ -1,7 +1,7 @@
 """Give a reference-form model int8 weights (and int32 biases) behind dequantize ops, for export.
 
 ``ReferenceWeighted`` runs a float module whose weights lie on the int8 grid: exported as is, they
-would become float initializers. :func:`with_int8_weights` swaps each one for
+would become float initializers (embedding tables: :mod:`qplug_core.onnx_export.tables`). :func:`with_int8_weights` swaps each one for
 :class:`DequantizedWeights`, which holds the integer weight and dequantizes it in ``forward``
 (one DequantizeLinear on an int8 initializer in ONNX). When the layer's input comes from a per-tensor
 dequantize, the bias is stored as int32 with scale ``input_scale * weight_scale`` and zero point 0,
@@ -33,6 +33,7 @@ from qplug_core.kernels.reference import (
 from qplug_core.nn.intrinsic import LinearReLU
 from qplug_core.onnx_export.lstm import DynamicQuantizedLSTM, dynamic_lstm_problem
 from qplug_core.onnx_export.per_token import with_per_token_ops
+from qplug_core.onnx_export.tables import Int8Table, int8_table_problem
 
 _INT32 = Q.quant_range(torch.qint32)
 T = TypeVar("T", bound=nn.Module)
@@ -141,6 +142,7 @@ def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False,
     float, as PT2E's ``convert_pt2e`` does (the reference form's numbers, unrounded).
     ``dynamic_linears=False`` keeps a dynamic int8 linear's activation quantization a node of its
     own in front of int8 weights, as PT2E writes it, instead of one ``qplug::dynamic_quantized_linear``.
+    Embedding tables with per-row qparams become :class:`~qplug_core.onnx_export.tables.Int8Table`.
     """
     out = _sharing_tensors(gm)
     with_per_token_ops(out)
@@ -158,6 +160,8 @@ def with_int8_weights(gm: fx.GraphModule, *, onnxruntime_ops: bool = False,
         if qp is not None and dynamic_linears and _is_dynamic_linear(out, node, module):
             out.set_submodule(node.target, DynamicQuantizedLinear(module))
             node.args = (node.args[0].args[0],)  # the dynamic quantize is part of the op now
+        elif qp is not None and int8_table_problem(module) is None:
+            out.set_submodule(node.target, Int8Table(module))
         elif qp is not None and qp.dtype in Q.STORAGE_DTYPE and not qp.zero_point.is_floating_point():
             input_qparams = _input_qparams(out, node) if int32_bias else None
             out.set_submodule(node.target, DequantizedWeights(module, input_qparams))

@@ -46,6 +46,7 @@ from qplug_core.errors import InputMismatchError, QplugError, warn_user
 from qplug_core.ir.tracing import refuse_tracing, run_eagerly, warn_state_dict_incomplete
 from qplug_core.partition.denormals import call_flushing_denormals
 from qplug_core.partition.held import HoldsPartition
+from qplug_core.partition.id_bounds import IdBounds
 
 #: a serialized partition: bytes, or a file (with its external data) for a large one
 Source = bytes | os.PathLike
@@ -129,6 +130,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
         self.__dict__["_routing"] = threading.Lock()
         self.__dict__["signature_check"] = None
         self.refused: dict[str, str] = {}  # input signature -> why it runs the reference form
+        self.__dict__["_id_bounds"] = IdBounds.of(partition)  # a runtime takes ids a table refuses
         self._compile(example_inputs)
 
     def build(self, source: Source) -> Any:
@@ -304,6 +306,9 @@ class CompiledPartition(HoldsPartition, nn.Module):
         # at batch 1 on a small model the runtime takes ~15 us: every microsecond here counts
         if torch.jit.is_tracing() or torch.compiler.is_exporting():
             refuse_tracing(f"a partition compiled by {type(self).__name__}", inputs)
+        id_bounds = self.__dict__.get("_id_bounds")
+        if id_bounds is not None:
+            id_bounds.check(inputs)
         route = self._routes.get(self._signature(inputs))
         if route is None:
             if any(isinstance(x, torch.Tensor) and x.numel() == 0 for x in inputs):

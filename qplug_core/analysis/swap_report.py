@@ -2,15 +2,15 @@
 made; a model quantized by module swap (``qp.quantize_weights``, ``qp.quantize_w8a8``, and so
 ``qp.quantize`` on a decoder LLM) gets one read from its own record, in the same type, so that it
 prints, compares and serialises as a graph's does. ``qp.quantize_dynamic``'s module swap keeps no
-record: its report is read from the modules (the int8 kernels, and the layers it could swap that
-are still float).
+record: its report is read from the modules (the int8 kernels, the layers it could swap that
+are still float, and the embedding tables, which it has no kernel for).
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from qplug_core.flows.dynamic import DYNAMIC_TYPES, SimulatedDynamic
+from qplug_core.flows.dynamic import DYNAMIC_TYPES, FLOAT_TABLE, TABLE_TYPES, SimulatedDynamic
 from qplug_core.flows.report import MODULE_SWAP, QuantizationReport, SkippedNode
 from qplug_core.flows.steps import quantization_report as graph_report
 from qplug_core.flows.tags import DYNAMIC_LEFT_FLOAT, W8A8, WEIGHT_ONLY
@@ -77,9 +77,10 @@ def _dynamic_report(model: nn.Module) -> QuantizationReport:
     attention = tuple(f"{name}." for name, module in model.named_modules()
                       if isinstance(module, nn.MultiheadAttention))
     skipped = [SkippedNode(name, type(module).__name__, _IN_ATTENTION if name.startswith(attention)
+                           else FLOAT_TABLE if isinstance(module, TABLE_TYPES)
                            else module.__dict__.get(DYNAMIC_LEFT_FLOAT, _NOT_NAMED))
                for name, module in model.named_modules()
-               if isinstance(module, DYNAMIC_TYPES) and not name.startswith(inside)]
+               if isinstance(module, DYNAMIC_TYPES + TABLE_TYPES) and not name.startswith(inside)]
     engines = sorted({module.engine for module in kernels.values() if isinstance(module, DynamicKernel)}
                      | {"reference" for module in kernels.values() if isinstance(module, SimulatedDynamic)})
     return QuantizationReport(backend=", ".join(engines) or "per-layer kernels", mode="dynamic",

@@ -54,6 +54,11 @@ from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
 DYNAMIC_TYPES: tuple[type[nn.Module], ...] = (
     nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.RNNCell, nn.GRUCell)
 _DTYPES = (torch.qint8, torch.float16)
+#: embedding tables, which dynamic mode leaves float (it has no kernel for them)
+TABLE_TYPES: tuple[type[nn.Module], ...] = (nn.Embedding, nn.EmbeddingBag)
+#: why a table stays float, and the ways to quantize it (the report's reason, the warning's end)
+FLOAT_TABLE = ("left float: dynamic mode has no embedding kernel; qp.quantize_weights(model, "
+               "embeddings=True) stores the table as 8-bit rows (weights only), as qp.quantize (static) does")
 
 
 class SimulatedDynamic(SwappedLayer):
@@ -320,6 +325,19 @@ def _warn_float_attention(named: dict[str, nn.Module], swaps: list) -> None:
                       f"so no module swap reaches them; {_ATTENTION_ROUTES}", stacklevel=3)
 
 
+def _warn_float_tables(named: dict[str, nn.Module]) -> None:
+    """One warning when float embedding tables hold most of the model's weights (a recommendation
+    model's: 99.6% of a DLRM's), as static mode warns for the layers it keeps float; the report
+    alone said "100% quantized" of such a model."""
+    tables = [name for name, module in named.items() if type_before_parametrizations(module) in TABLE_TYPES]
+    total = sum(p.numel() for p in named[""].parameters())
+    share = sum(p.numel() for name in tables for p in named[name].parameters()) / max(total, 1)
+    if share > 0.5:
+        shown = ", ".join(repr(n) for n in tables[:4]) + (" ..." if len(tables) > 4 else "")
+        warn_user(f"qp.quantize_dynamic: {share:.1%} of the model's weights stay float, in its "
+                  f"{len(tables)} embedding table(s) ({shown}): {FLOAT_TABLE.removeprefix('left float: ')}")
+
+
 def _replacements(swaps: list[tuple[str, nn.Module, QConfig]], backend: Backend, per_token: bool, *,
                   chosen_by_default: bool) -> tuple[list[tuple[str, nn.Module]], dict[str, str]]:
     """The dynamic module for each selected one, and why each layer left float is (name -> why). A
@@ -374,7 +392,8 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     backend's dynamic kernels.
 
     A model with nothing to convert raises :class:`NothingQuantizedError` (naming what it holds
-    instead) unless ``allow_float=True``. ``nn.MultiheadAttention`` computes with its weights
+    instead) unless ``allow_float=True``. Embedding tables stay float (listed in the report; a
+    warning when they hold most of the weights). ``nn.MultiheadAttention`` computes with its weights
     directly, so module swapping leaves it float (with a warning); the graph flows quantize it.
     """
     if not isinstance(model, torch.export.ExportedProgram):  # checked here: the delegate takes it whole
@@ -416,6 +435,7 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
     if not replacements and not allow_float:
         raise _nothing_converted(named)
     _warn_float_attention(named, swaps)
+    _warn_float_tables(named)
     result = model if inplace else copy.deepcopy(model)
     for name, why in left_float.items():  # on the result's layer: the user's model stays untouched
         result.get_submodule(name).__dict__[DYNAMIC_LEFT_FLOAT] = why

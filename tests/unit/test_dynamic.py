@@ -344,3 +344,25 @@ def test_a_non_finite_input_is_one_qplug_error_on_every_backend(backend, bad, pl
         quantized(x)
     finite = torch.randn(3, 8)
     assert torch.isfinite(quantized(finite)).all()
+
+
+def test_embedding_tables_left_float_are_reported_and_warned_of_when_they_hold_most_weights(plugin_autoload):
+    class Recommender(nn.Module):
+        def __init__(self, rows: int):
+            super().__init__()
+            self.ids, self.bag = nn.Embedding(rows, 16), nn.EmbeddingBag(rows, 16)
+            self.fc = nn.Linear(32, 4)
+
+        def forward(self, ids, bag_ids):
+            return self.fc(torch.cat([self.ids(ids), self.bag(bag_ids)], 1))
+
+    with pytest.warns(UserWarning, match=r"9\d\.\d% of the model's weights stay float, in its 2 embedding table\(s\) "
+                                         r"\('ids', 'bag'\).*qp.quantize_weights\(model, embeddings=True\)"):
+        qmodel = qp.quantize_dynamic(Recommender(rows=1000), backend="fbgemm")
+    report = qp.quantization_report(qmodel)
+    assert list(report.quantized) == ["fc"]
+    assert {(s.node, s.op) for s in report.skipped} == {("ids", "Embedding"), ("bag", "EmbeddingBag")}
+    assert all("no embedding kernel" in s.reason for s in report.skipped)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # small tables beside the linears: reported, not warned of
+        qp.quantize_dynamic(Recommender(rows=2), backend="fbgemm")

@@ -182,11 +182,15 @@ def cat_config(dtype_configs: Sequence[DTypeConfig]) -> BackendPatternConfig:
 _DEFAULT_OPS: tuple[Any, ...] = (
     nn.ELU, nn.LeakyReLU, nn.Hardswish, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
     nn.Dropout, nn.PReLU, F.elu, F.hardswish, F.leaky_relu, F.dropout,
+    # beyond torch.ao's list: without them every Conv-BN-SiLU (YOLO, EfficientNet, diffusion
+    # UNets) dequantizes and the cat/pool/add behind it stay float; the GroupNorm module has a
+    # kernel like F.group_norm (the default mapping still keeps norms float by qconfig None)
+    nn.SiLU, F.silu, nn.GroupNorm,
 )
 
 
 def default_op_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternConfig]:
-    """Ops with their own output observer: elu, hardswish, leaky relu, instance/group norm, ..."""
+    """Ops with their own output observer: elu, hardswish, silu, leaky relu, instance/group norm, ..."""
     return [
         *(_config(op, dtype_configs) for op in _DEFAULT_OPS),
         _config(F.group_norm, dtype_configs, input_type_to_index={"weight": 2, "bias": 3}),

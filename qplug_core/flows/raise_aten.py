@@ -43,6 +43,7 @@ _FUNCTIONS: dict[Any, Callable] = {
     aten.chunk.default: torch.chunk, aten.split.Tensor: torch.split,  # CSP / C2f blocks
     aten.split_with_sizes.default: torch.split,
     aten.hardswish.default: F.hardswish, aten.hardsigmoid.default: F.hardsigmoid,
+    aten.silu.default: F.silu,
     aten.sigmoid.default: torch.sigmoid, aten.tanh.default: torch.tanh,
     aten.leaky_relu.default: F.leaky_relu, aten.matmul.default: torch.matmul,
     aten.flatten.using_ints: torch.flatten, aten.transpose.int: torch.transpose,
@@ -72,7 +73,7 @@ _OUT_OF_PLACE: dict[Any, Any] = {
     aten.tanh_.default: aten.tanh.default, aten.clamp_.default: aten.clamp.default,
     aten.clip_.default: aten.clip.default,
     aten.leaky_relu_.default: aten.leaky_relu.default, aten.elu_.default: aten.elu.default,
-    aten.hardsigmoid_.default: aten.hardsigmoid.default,
+    aten.hardsigmoid_.default: aten.hardsigmoid.default, aten.silu_.default: aten.silu.default,
 }
 #: ATen op -> Tensor method name (the shared patterns list reshapes as methods)
 _METHODS = {aten.view.default: "view", aten.reshape.default: "reshape",
@@ -244,6 +245,8 @@ class _Raiser:
             return self._embedding(node)
         if target is aten.layer_norm.default:
             return self._layer_norm(node)
+        if target is aten.group_norm.default:
+            return self._group_norm(node)
         if target is aten.prelu.default:  # the shared patterns have the module form only
             return self._prelu(node)
         if target is aten.batch_norm.default:
@@ -323,19 +326,40 @@ class _Raiser:
         module.weight = _parameter(weight)
         return module, node.args[0], [weight_node]
 
-    def _layer_norm(self, node):
-        x, shape = node.args[0], node.args[1]
+    def _norm_affine(self, node):
+        """(weight node, bias node, weight, bias) at args 2 and 3 of a layer/group norm, or None
+        when one of them is computed rather than a stored tensor."""
         weight_node, bias_node = _arg(node, 2, "weight"), _arg(node, 3, "bias")
         weight, bias = self._tensor(weight_node), self._tensor(bias_node)
         if (weight_node is not None and weight is None) or (bias_node is not None and bias is None):
             return None
-        module = nn.LayerNorm(list(shape), eps=_arg(node, 4, "eps", 1e-5),
-                              elementwise_affine=weight is not None, bias=bias is not None)
+        return weight_node, bias_node, weight, bias
+
+    def _with_affine(self, module, x, affine):
+        weight_node, bias_node, weight, bias = affine
         if weight is not None:
             module.weight = _parameter(weight)
         if bias is not None:
             module.bias = _parameter(bias)
         return module, x, [n for n in (weight_node, bias_node) if n is not None]
+
+    def _layer_norm(self, node):
+        affine = self._norm_affine(node)
+        if affine is None:
+            return None
+        module = nn.LayerNorm(list(node.args[1]), eps=_arg(node, 4, "eps", 1e-5),
+                              elementwise_affine=affine[2] is not None, bias=affine[3] is not None)
+        return self._with_affine(module, node.args[0], affine)
+
+    def _group_norm(self, node):
+        """The shared patterns name the module (UNets and VAEs write ``nn.GroupNorm``)."""
+        affine = self._norm_affine(node)
+        x_value = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+        if affine is None or (affine[2] is None) != (affine[3] is None) or x_value is None:
+            return None
+        module = nn.GroupNorm(node.args[1], x_value.shape[1], eps=_arg(node, 4, "eps", 1e-5),
+                              affine=affine[2] is not None)
+        return self._with_affine(module, node.args[0], affine)
 
     def _batch_norm(self, node, weight_node, bias_node, mean_node, var_node, *, training: bool,
                     momentum, eps):

@@ -33,7 +33,8 @@ _DYNAMIC = {nn.Linear: K.DynamicLinear, nn.LSTM: K.DynamicLSTM, nn.GRU: K.Dynami
 _NORMS = {nn.BatchNorm2d: K.BatchNorm2d, nn.BatchNorm3d: K.BatchNorm3d, nn.LayerNorm: K.LayerNorm,
           nn.GroupNorm: K.GroupNorm, nn.InstanceNorm1d: K.InstanceNorm,
           nn.InstanceNorm2d: K.InstanceNorm, nn.InstanceNorm3d: K.InstanceNorm}
-_UNARY = {nn.Hardswish: K.Hardswish, F.hardswish: K.Hardswish, nn.ELU: K.ELU, F.elu: K.ELU,
+_UNARY = {nn.Hardswish: K.Hardswish, F.hardswish: K.Hardswish, nn.SiLU: K.SiLU, F.silu: K.SiLU,
+          nn.ELU: K.ELU, F.elu: K.ELU,
           nn.LeakyReLU: K.LeakyReLU, F.leaky_relu: K.LeakyReLU,
           nn.Sigmoid: K.Sigmoid, torch.sigmoid: K.Sigmoid, F.sigmoid: K.Sigmoid, "sigmoid": K.Sigmoid,
           nn.Tanh: K.Tanh, torch.tanh: K.Tanh, F.tanh: K.Tanh, "tanh": K.Tanh,

@@ -32,6 +32,7 @@ from qplug_core.kernels.elementwise import (
     Mul,
     MulReLU,
     Sigmoid,
+    SiLU,
     Softmax,
     Tanh,
 )
@@ -59,7 +60,7 @@ STATIC_KERNELS = {
     "cat": Cat,
     "batch_norm2d": BatchNorm2d, "batch_norm3d": BatchNorm3d, "layer_norm": LayerNorm,
     "group_norm": GroupNorm, "instance_norm": InstanceNorm,
-    "hardswish": Hardswish, "elu": ELU, "leaky_relu": LeakyReLU, "sigmoid": Sigmoid,
+    "hardswish": Hardswish, "silu": SiLU, "elu": ELU, "leaky_relu": LeakyReLU, "sigmoid": Sigmoid,
     "softmax": Softmax, "tanh": Tanh, "hardsigmoid": Hardsigmoid,
 }
 
@@ -70,7 +71,7 @@ __all__ = [
     "Quantize", "Dequantize", "Linear", "Conv1d", "Conv2d", "Conv3d",
     "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
     "Add", "AddReLU", "Mul", "MulReLU", "Matmul", "Cat", "BatchNorm2d", "BatchNorm3d", "LayerNorm",
-    "GroupNorm", "InstanceNorm", "Hardswish", "ELU", "LeakyReLU", "Sigmoid", "Softmax", "Tanh",
+    "GroupNorm", "InstanceNorm", "Hardswish", "SiLU", "ELU", "LeakyReLU", "Sigmoid", "Softmax", "Tanh",
     "Hardsigmoid",
     "DynamicLinear", "DynamicLSTM", "DynamicGRU", "LSTMCell", "GRUCell", "RNNCell",
     "Embedding", "EmbeddingBag",

@@ -20,10 +20,10 @@ class TestPatterns(BackendPatternSuite):
     only = frozenset({
         "Conv1d", "Conv2d", "Conv3d", "ReLU <- BatchNorm2d <- Conv2d", "nni.ConvBnReLU2d",
         "ConvTranspose2d", "Linear", "ReLU <- Linear", "F.linear", "operator.add",
-        "ReLU <- operator.add", "operator.mul", "torch.matmul", "torch.cat", "Hardswish", "Sigmoid",
+        "ReLU <- operator.add", "operator.mul", "torch.matmul", "torch.cat", "Hardswish", "SiLU", "Sigmoid",
         "Softmax", "LeakyReLU", "PReLU", "ReLU6", "torch.clamp", "AdaptiveAvgPool2d", "AvgPool2d",
         "MaxPool2d", "F.interpolate", "PixelShuffle", "torch.flatten", "torch.mean", ".permute()",
-        ".reshape()", "BatchNorm2d", "InstanceNorm2d", "LayerNorm", "Embedding", "Hardtanh",
+        ".reshape()", "BatchNorm2d", "InstanceNorm2d", "GroupNorm", "LayerNorm", "Embedding", "Hardtanh",
     })
     _CLAMP = ("a clamp between two int8 values (not after a conv, where qplug folds it into the "
               "output range) is requantized by OpenVINO one step away from the reference on ~17% of "

@@ -19,7 +19,7 @@ from qplug_core.errors import ConfigValidationError
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat
 
-EXPECTED_TOTAL = 246
+EXPECTED_TOTAL = 249
 _CONVS = [(nni.CONV_BY_DIM[d], nni.BN_BY_DIM[d], getattr(F, f"conv{d}d")) for d in (1, 2, 3)]
 OUR_EXTRAS = {  # deliberate additions over torch.ao (complex format): torch.relu and x.relu()
     # after linears, convs and batch norms as after nn.ReLU / F.relu; ops that run on int8 as is
@@ -36,6 +36,9 @@ OUR_EXTRAS = {  # deliberate additions over torch.ao (complex format): torch.rel
     F.pad, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d,
     nn.ZeroPad3d, operator.getitem,
     torch.chunk, torch.split, "chunk", "split",  # CSP / C2f blocks: pieces read by index (flows/split_pieces.py)
+    # own-observer ops with int8 kernels: SiLU (YOLO, EfficientNet, diffusion UNets) and the
+    # GroupNorm module (torch.ao lists only F.group_norm)
+    nn.SiLU, F.silu, nn.GroupNorm,
 }
 
 
@@ -94,7 +97,7 @@ CATEGORIES = [  # (our builder, torch.ao builder name, expected number of our co
     (common.linear_configs, "_get_linear_configs", 22),
     (common.binary_op_configs, "_get_binary_op_configs", 17),
     (lambda d: [common.cat_config(d)], "_get_cat_config", 1),
-    (common.default_op_configs, "_get_default_op_configs", 14),
+    (common.default_op_configs, "_get_default_op_configs", 17),
     (common.fixed_qparams_op_configs, "_get_fixed_qparams_op_configs", 13),
     (common.share_qparams_op_configs, "_get_share_qparams_op_configs", 79),
     (common.tensor_info_op_configs, "_get_tensor_info_op_configs", 2),

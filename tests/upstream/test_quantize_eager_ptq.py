@@ -10,9 +10,7 @@ without it qplug would use the backend's default mapping); ``QuantWrapper`` / ``
 ``nnq.LayerNorm`` / ``nnq.GroupNorm`` / ``nnq.InstanceNorm*d`` / ``nnq.Embedding`` -> qplug's
 kernel modules (``qplug_core.kernels.torch_int8``); ``checkNoQconfig`` as upstream.
 Deliberate differences: qplug's convert refuses observers that saw no data
-(``UncalibratedObserverError``), so cases that convert without calibrating calibrate first; eager
-``nn.GroupNorm`` stays float (qplug's backend configs, like torch.ao's FX configs, have only the
-functional ``F.group_norm`` pattern); a converted model's ``load_state_dict`` raises ``ModelStateError`` (packed
+(``UncalibratedObserverError``), so cases that convert without calibrating calibrate first; a converted model's ``load_state_dict`` raises ``ModelStateError`` (packed
 weights are not in the state_dict; torch.ao keeps them there) and ``qp.save`` / ``qp.load`` is the
 round trip (docs/migrating.md).
 """
@@ -200,23 +198,19 @@ def test_activations():
 
 
 def test_normalization():
-    """Upstream: every norm becomes its nnq twin and the model runs. qplug quantizes LayerNorm and
-    the InstanceNorms; nn.GroupNorm stays float (documented difference), so the int8 LayerNorm
-    output reaches a float GroupNorm and the model fails as an eager torch.ao model does when a
-    quantized tensor meets a float op (no graph: eager mode cannot insert a dequantize), with a
-    ModelStateError naming the layer instead of torch's "QuantizedCPU" RuntimeError."""
+    """Upstream: every norm becomes its nnq twin and the model runs (nn.GroupNorm too, now that the
+    backend configs have its module pattern)."""
     model = NormalizationTestModel()
     model.qconfig = default_qconfig("fbgemm")
     model = qp.eager.prepare(model, qp.QConfigMapping(), backend="fbgemm")
     eval_fn(model, calib_data())
     model = qp.eager.convert(model)
     assert type(model.layer_norm) is K.LayerNorm
-    assert type(model.group_norm) is nn.GroupNorm  # upstream: nnq.GroupNorm
+    assert type(model.group_norm) is K.GroupNorm
     for name in ("instance_norm1d", "instance_norm2d", "instance_norm3d"):
         assert type(getattr(model, name)) is K.InstanceNorm
     check_no_qconfig(model)
-    with pytest.raises(ModelStateError, match=r"module 'group_norm' \(GroupNorm\) stayed float"):
-        eval_fn(model, calib_data())
+    eval_fn(model, calib_data())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

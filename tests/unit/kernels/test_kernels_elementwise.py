@@ -34,6 +34,7 @@ from qplug_core.kernels.torch_int8 import (
     Mul,
     MulReLU,
     Sigmoid,
+    SiLU,
     Softmax,
     Tanh,
 )
@@ -121,7 +122,7 @@ def test_cat(engine, shape, dim, n, seed):
     run(Cat, ctx, lambda *t: torch.cat(t, dim), xs, engine)
 
 
-UNARY = [(Hardswish, nn.Hardswish()), (ELU, nn.ELU(0.5)), (LeakyReLU, nn.LeakyReLU(0.2)),
+UNARY = [(Hardswish, nn.Hardswish()), (SiLU, nn.SiLU()), (ELU, nn.ELU(0.5)), (LeakyReLU, nn.LeakyReLU(0.2)),
          (Softmax, nn.Softmax(dim=-1))]
 
 

@@ -274,3 +274,13 @@ def test_check_upsampling_refuses_bilinear_from_a_1x1_map_exactly_where_torch_is
             check_upsampling(ctx)
     else:
         check_upsampling(ctx)
+
+
+def test_silu_keeps_a_conv1d_output_layout_and_its_values():
+    """A Conv1d's int8 output (channels-last 4-D squeezed) stays in that layout for the next conv."""
+    x = activation((2, 8, 1, 9), 0).contiguous(memory_format=torch.channels_last).squeeze(2)
+    ctx = KernelContext(pattern="p", module=nn.SiLU(), target=nn.SiLU, args=(TensorArg(0),),
+                        input_qparams=(qparams(x.q_scale(), x.q_zero_point()),))
+    run(SiLU, ctx, nn.SiLU(), (x,), "fbgemm", max_lsb=0)
+    ctx.output_qparams = output_qparams_covering(F.silu(x.dequantize()), x.dtype)
+    assert SiLU.from_context(ctx)(x).stride() == x.stride()

@@ -4,8 +4,8 @@ A quantized Conv1d returns its 2-D conv's channels-last result squeezed to 3-D (
 (C*L, 1, C)). The Dequantize after it made it contiguous for the float code that follows (a
 transposing copy), the Quantize before the next conv quantized the contiguous float on torch's
 strided path, and that conv transposed it back. Where only elementwise float ops lie between two
-int8 Conv1d (Wav2Vec2's feature extractor: conv -> GELU -> conv; a Conformer's dw -> SiLU -> pw2),
-nothing needs contiguity: both boundaries keep the layout (1 x 64 x 2000, fbgemm, AMD EPYC Zen 4:
+int8 Conv1d (Wav2Vec2's feature extractor: conv -> GELU -> conv; SiLU is an int8 op whose kernel
+keeps the layout itself), nothing needs contiguity: both boundaries keep the layout (1 x 64 x 2000, fbgemm, AMD EPYC Zen 4:
 dequantize 87 -> 12 us, quantize 118 -> 19 us, the next conv 248 -> 117 us; values identical).
 """
 

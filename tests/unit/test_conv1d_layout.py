@@ -21,7 +21,7 @@ from qplug_core.kernels.boundary import Dequantize, Quantize
 from qplug_core.testing import one_thread
 
 
-class GeluSiluStack(nn.Module):
+class GeluMishStack(nn.Module):
     def __init__(self, tail=lambda y: y):
         super().__init__()
         self.tail = tail
@@ -29,7 +29,7 @@ class GeluSiluStack(nn.Module):
         self.c = nn.Conv1d(16, 8, 3)
 
     def forward(self, x):
-        return self.tail(self.c(F.silu(self.b(F.gelu(self.a(x))))))
+        return self.tail(self.c(F.mish(self.b(F.gelu(self.a(x))))))
 
 
 def _quantized(model):
@@ -44,9 +44,9 @@ def _kept(model) -> dict[str, bool]:
 
 
 def test_the_boundaries_between_int8_conv1d_keep_the_layout_and_give_the_same_values(plugin_autoload):
-    int8, x = _quantized(GeluSiluStack())
+    int8, x = _quantized(GeluMishStack())
     assert _kept(int8) == {"x_quantize_0": False, "a_dequantize_1": True, "gelu_quantize_2": True,
-                           "b_dequantize_3": True, "silu_quantize_4": True, "c_dequantize_5": False}
+                           "b_dequantize_3": True, "mish_quantize_4": True, "c_dequantize_5": False}
     contiguous = copy.deepcopy(int8)
     for module in contiguous.modules():
         if type(module) in (Dequantize, Quantize):
@@ -58,7 +58,7 @@ def test_the_boundaries_between_int8_conv1d_keep_the_layout_and_give_the_same_va
 
 def test_an_island_that_reaches_anything_but_an_elementwise_op_and_a_conv_stays_contiguous(plugin_autoload):
     """``view`` needs contiguity: the island after ``c`` reaches one (the two before it do not)."""
-    int8, x = _quantized(GeluSiluStack(tail=lambda y: F.gelu(y).view(y.shape[0], -1)))
+    int8, x = _quantized(GeluMishStack(tail=lambda y: F.gelu(y).view(y.shape[0], -1)))
     kept = _kept(int8)
     assert kept["b_dequantize_3"] and not kept["c_dequantize_5"]
     with torch.no_grad():

@@ -182,3 +182,18 @@ def test_gradient_accumulation_and_another_models_optimizer_do_not_warn(recwarn)
         own.step()
         own.zero_grad()
     assert [w for w in recwarn if "build the optimizer on the returned model" in str(w.message)] == []
+
+
+def test_qat_models_add_one_optimizer_hook_per_process_however_many_are_prepared():
+    """(s27 review) each QAT prepare registered a global optimizer-step hook, removed only by a
+    step: models converted to a copy or deleted left theirs, run by every step of the process; and
+    adding or removing one while another thread's optimizer stepped broke that step."""
+    from torch.optim.optimizer import _global_optimizer_pre_hooks
+
+    from qplug_core.flows import untrained
+
+    for _ in range(3):
+        prepared = _prepared()
+        prepared(torch.randn(2, 1, 8, 8))
+        qp.convert_fx(prepared.eval())
+    assert [h for h in _global_optimizer_pre_hooks.values() if h is untrained._step] == [untrained._step]

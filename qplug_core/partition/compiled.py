@@ -36,7 +36,9 @@ import copy
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 import torch
@@ -52,6 +54,22 @@ from qplug_core.partition.id_bounds import IdBounds
 Source = bytes | os.PathLike
 #: the route of an input signature whose compiled model was refused: it runs the reference form
 REFERENCE_FORM = ("reference form",)
+#: serialized models the next partition built in this context compiles instead of serializing
+#: its partition for those signatures (:func:`built_from`), taken by its first compile
+_PRESET: ContextVar[list[tuple[tuple, Source]] | None] = ContextVar("preset_sources", default=None)
+
+
+@contextmanager
+def built_from(sources: Sequence[tuple[tuple, Source]]) -> Iterator[None]:
+    """The :class:`CompiledPartition` built in this block starts from ``sources`` (input
+    signature, serialized model for it: what ``qp.save`` stored, checked at load) instead of
+    serializing its partition (an export: seconds, and torch.onnx imported): its first compile
+    builds each of them; inputs none of them serves are compiled as always."""
+    token = _PRESET.set(list(sources))
+    try:
+        yield
+    finally:
+        _PRESET.reset(token)
 
 
 class SignatureCheck(Protocol):
@@ -182,11 +200,31 @@ class CompiledPartition(HoldsPartition, nn.Module):
         # the output structure (tensor or tuple) the partition returns
         self._single_output = isinstance(self._checked(inputs), torch.Tensor)
         signature = self._signature(inputs)
+        stored = self._build_stored(inputs)
+        if stored is not None:
+            self._routes[signature] = stored
+            return self._compiled[stored]
         compiled = self.build(self._serialize(partition, inputs))
         self._evict(len(self._compiled) + 1 - self.shape_cache_size)
         self._compiled[signature] = compiled
         self._routes[signature] = signature
         return compiled
+
+    def _build_stored(self, inputs: tuple[torch.Tensor, ...]) -> tuple | None:
+        """Build the models :func:`built_from` hands this partition (once: they are taken); the
+        signature of the one that serves ``inputs``, None if none does."""
+        preset = _PRESET.get()
+        if not preset:
+            return None
+        stored = preset[:self.shape_cache_size]
+        preset.clear()
+        signature, served = self._signature(inputs), None
+        for compiled_for, source in stored:
+            self._compiled[compiled_for] = compiled = self.build(source)
+            self._routes[compiled_for] = compiled_for
+            if served is None and (compiled_for == signature or self.serves(compiled, inputs)):
+                served = compiled_for
+        return served
 
     def _evict(self, count: int) -> None:
         """Let go of the ``count`` least recently used compiled models (and the routes to them)."""
@@ -296,6 +334,11 @@ class CompiledPartition(HoldsPartition, nn.Module):
         is as large as its weights), so the sequence is lazy instead: ``len()`` and reading one
         item of several cost no other export."""
         return Sources(self._source, list(self._compiled))
+
+    @property
+    def signatures(self) -> list[tuple]:
+        """The input signatures compiled for so far, in the order of :attr:`sources`."""
+        return list(self._compiled)
 
     @property
     def compiled(self) -> list[Any]:

@@ -64,7 +64,7 @@ from qplug_core.flows.tags import BOUNDARY, KERNEL, REPORT, region_tag
 from qplug_core.flows.untouched_partition import compile_untouched
 from qplug_core.kernels.held_int8 import int8_form
 from qplug_core.partition import CapabilityBasedPartitioner, OperatorSupportBase, fuse_by_partitions
-from qplug_core.partition.compiled import CompiledPartition
+from qplug_core.partition.compiled import CompiledPartition, built_from
 from qplug_core.partition.fuse import build_submodule
 from qplug_core.partition.lazy import LazyPartition
 from qplug_core.partition.served import ServedPartition, runs
@@ -85,6 +85,8 @@ MAX_BIAS_STEPS = 0.25
 #: a multi-region partition's float outputs: error L2 norm relative to the reference's (drift
 #: measured on the in-tree ONNX Runtime and OpenVINO delegates: see ``_scale_problem``)
 MAX_RELATIVE_L2 = 0.2
+#: partition -> (input signature, serialized ONNX model) of each model a file stores for it
+StoredModels = dict[str, list[tuple[tuple, bytes]]]
 #: the prefix of the submodules holding compiled partitions (``delegate_0``, ...)
 PREFIX = "delegate_"
 _CALLS = ("call_module", "call_function", "call_method")
@@ -264,14 +266,18 @@ def _inputs_of(gm: fx.GraphModule, partitions: list[list[fx.Node]], example_inpu
 
 def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple | None,
                    backend_name: str, keep_reference: dict[str, str] | None = None,
-                   arithmetic: Any = None, keep_regions: dict[str, str] | None = None) -> DelegationSummary:
+                   arithmetic: Any = None, keep_regions: dict[str, str] | None = None,
+                   stored: StoredModels | None = None) -> DelegationSummary:
     """Partition ``gm`` (reference form) for ``delegate`` and compile its int8 partitions, in place.
 
     ``example_inputs=None`` (``qp.load``): nothing runs now, each partition is compiled at its
     first call (:class:`~qplug_core.partition.lazy.LazyPartition`). ``keep_reference`` (int8
     anchor -> why, recorded at convert) names regions left in reference form then: they are
     left out of the partitions again, as are the regions ``keep_regions`` names (end node -> why:
-    those the check below kept out then). ``arithmetic``: how the backend's kernels sum products
+    those the check below kept out then), and ``stored`` (partition -> the ONNX models ``qp.save``
+    stored for it) is what each builds its first models from instead of exporting, where they
+    pass :func:`~qplug_core.onnx_export.stored_model.stored_model_problem`'s checks (a warning names
+    a partition whose models do not: it is exported again). ``arithmetic``: how the backend's kernels sum products
     (``Backend.arithmetic``): a partition that breaks the contract where they sum pairs in int16
     is compiled once more with 7-bit weights (``flows/safer_weights.py``) before it is given up.
 
@@ -319,7 +325,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     if example_inputs is not None:
         _warn_refused_layers(gm, outside, refused, report_key)
     summary = _fuse(gm, delegate, partitions, outside, verdicts, report_key, backend_name, arithmetic,
-                    loading=example_inputs is None)
+                    loading=example_inputs is None, stored=stored or {})
     summary.kept_regions = kept_regions
     return summary
 
@@ -357,9 +363,9 @@ def _compiled(delegate: Delegate, gm: fx.GraphModule, nodes: list[fx.Node], valu
 
 def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]], outside: dict[str, str],
           verdicts: dict[frozenset[str], _Verdict], name: _Namer, backend_name: str, arithmetic: Any, *,
-          loading: bool) -> DelegationSummary:
+          loading: bool, stored: StoredModels) -> DelegationSummary:
     """Fuse the planned ``partitions`` into ``gm`` and swap in their compiled modules (their lazy
-    ones when ``loading``); the summary of what runs where."""
+    ones when ``loading``, built from their ``stored`` models); the summary of what runs where."""
     summary = DelegationSummary(outside=dict(outside))
     members = [(nodes, _int8_anchors(nodes, name), verdicts.get(frozenset(n.name for n in nodes)))
                for nodes in partitions]
@@ -370,7 +376,9 @@ def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]
         summary.graphs[partition_name] = partition_gm
         if loading:  # compiled at the first call, checked where it may saturate
             module: nn.Module = LazyPartition(
-                partition_gm, FirstCallCheck(gm.meta, delegate, partition_name, anchors, backend_name, arithmetic),
+                partition_gm, FirstCallCheck(gm.meta, delegate, partition_name, anchors, backend_name, arithmetic,
+                                             _usable(stored.get(partition_name, []), partition_gm, partition_name,
+                                                     backend_name)),
                 name=partition_name, backend=backend_name)
         else:
             assert verdict is not None
@@ -399,6 +407,22 @@ def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]
     _drop_taken_submodules(gm, summary.graphs.values())
     install_sole_call(gm)  # one partition: calls go straight to it (batch-1 overhead)
     return summary
+
+
+def _usable(stored: list[tuple[tuple, bytes]], partition: fx.GraphModule, name: str, backend_name: str
+            ) -> list[tuple[tuple, bytes]]:
+    """The ``stored`` models of ``partition`` if every one passes the checks, else none (and a
+    warning: the partition is exported again from its reference form at its first call)."""
+    from qplug_core.onnx_export.stored_model import stored_model_problem
+
+    for signature, source in stored:
+        problem = stored_model_problem(source, partition, signature)
+        if problem:
+            warn_user(f"qplug: backend {backend_name!r}: the ONNX model the file stores for partition {name} is "
+                      f"not used: {problem}; the partition is exported again from its reference form at its "
+                      "first call (seconds; the file may be damaged or tampered with)")
+            return []
+    return stored
 
 
 def _drop_taken_submodules(gm: fx.GraphModule, partitions: Iterable[fx.GraphModule]) -> None:
@@ -505,13 +529,16 @@ class FirstCallCheck:
     The check costs one reference-form run per partition, at its first call."""
 
     def __init__(self, meta: dict, delegate: Delegate, name: str, anchors: list[str],
-                 backend_name: str, arithmetic: Any):
+                 backend_name: str, arithmetic: Any, stored: list[tuple[tuple, bytes]] | None = None):
         self.meta, self.delegate, self.name, self.anchors = meta, delegate, name, anchors
         self.backend_name, self.arithmetic = backend_name, arithmetic
+        self.stored = stored or []  # the models the file stores for it, built instead of exporting
 
     @torch.autocast("cpu", enabled=False)  # a first call under the caller's autocast: checked in float32
     def __call__(self, partition: fx.GraphModule, inputs: tuple) -> nn.Module:
-        module = compile_untouched(self.delegate.compile, partition, inputs, _compiler(self.backend_name))
+        stored, self.stored = self.stored, []  # once: a compile made safer below exports its changed weights
+        with built_from(stored):
+            module = compile_untouched(self.delegate.compile, partition, inputs, _compiler(self.backend_name))
         verdict = _checked(self.delegate, module, partition, inputs, self.anchors, self.name,
                            self.backend_name, self.arithmetic, "on its first inputs after qp.load on this CPU")
         reason, note = verdict.reason, verdict.note

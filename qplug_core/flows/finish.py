@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from torch import fx
 
 from qplug_core.enums import Stage
-from qplug_core.flows.delegate import DelegationSummary, delegate_graph
+from qplug_core.flows.delegate import DelegationSummary, StoredModels, delegate_graph
 from qplug_core.flows.exported_inputs import guard_exported_inputs
 from qplug_core.flows.float_outputs import drop_unread_output_grids
 from qplug_core.flows.freed_memory import give_back_freed_memory
@@ -47,14 +47,16 @@ if TYPE_CHECKING:
 
 def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower: bool = True,
                       loading: bool = False, keep_reference: dict[str, str] | None = None,
-                      keep_regions: dict[str, str] | None = None) -> QuantizationReport:
+                      keep_regions: dict[str, str] | None = None,
+                      stored: StoredModels | None = None) -> QuantizationReport:
     """Lower a reference-form model to ``backend`` (post_convert passes too) and attach its report.
 
     Shared by convert_fx and qp.load, which rebuilds the reference form from a file: ``loading``
     runs nothing (delegated partitions compile at their first call, on the caller's inputs, never
     on shapes a file records) and ``keep_reference`` (int8 anchor -> why, as recorded at convert)
     keeps those regions in reference form, as ``keep_regions`` (end node -> why) keeps the regions
-    a delegate's check kept out of its partitions then.
+    a delegate's check kept out of its partitions then; ``stored`` (partition -> its ONNX models
+    the file holds) is what delegated partitions build their first models from.
     """
     if backend.float_outputs:  # a reference form made for another backend (auto) keeps them
         drop_unread_output_grids(gm, backend.float_outputs)
@@ -69,7 +71,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         example = None if loading else (graph_module.meta.get(EXAMPLE_INPUTS)
                                         or recorded_example_inputs(graph_module))
         delegated = delegate_graph(graph_module, delegate, example, backend.name, keep_reference,
-                                   backend.arithmetic, keep_regions)
+                                   backend.arithmetic, keep_regions, stored)
 
     copies: Copies = {}  # int8 copies of the snapshot's weights, shared by every reference form
 

@@ -37,7 +37,13 @@ from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
-from qplug_core.serialization import clamp_record, functional_record, per_token_record, tree_record
+from qplug_core.serialization import (
+    clamp_record,
+    functional_record,
+    partition_models,
+    per_token_record,
+    tree_record,
+)
 from qplug_core.serialization.artifact import (
     AUTO_KEY,
     INT16_PAIRS_KEY,
@@ -172,10 +178,14 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     gm.meta[FUSIONS] = fusion_records(artifact)
     _make_weights_safe_here(gm, artifact, chosen, source)
     recorded = lowering_of(artifact) if chosen.name == artifact.backend else None
+    stored = partition_models.stored_models(artifact.model, artifact.tensors) if recorded else {}
+    if recorded is None:  # another backend's ONNX models are not this one's
+        model_doc, tensors = partition_models.without(artifact.model, artifact.tensors)
+        artifact = replace(artifact, model=model_doc, tensors=tensors)
     try:
         report = finish_conversion(gm, chosen, mode=artifact.model["mode"], loading=True,
                                    keep_reference=recorded.reference if recorded else None,
-                                   keep_regions=recorded.regions if recorded else None)
+                                   keep_regions=recorded.regions if recorded else None, stored=stored)
     except QplugError:
         raise
     except Exception as exc:  # a tampered graph must not crash deep inside lowering
@@ -211,7 +221,7 @@ def rebuild_reference(qmodel: fx.GraphModule) -> fx.GraphModule:
 
 
 def rebuild_graph(artifact: Artifact, source: Path) -> fx.GraphModule:
-    model, tensors = per_token_record.expand(artifact.model, artifact.tensors)
+    model, tensors = per_token_record.expand(*partition_models.without(artifact.model, artifact.tensors))
     try:
         graph = decode_graph(model["graph"])  # first: every name is checked before a module is built
         root, modes = decode_modules(model["modules"], model["attributes"], model["tensors"], tensors)

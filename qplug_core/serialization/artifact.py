@@ -35,7 +35,13 @@ from qplug_core.flows.target_rungs import RUNGS
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend
-from qplug_core.serialization import clamp_record, functional_record, per_token_record, tree_record
+from qplug_core.serialization import (
+    clamp_record,
+    functional_record,
+    partition_models,
+    per_token_record,
+    tree_record,
+)
 from qplug_core.serialization.graph_codec import encode_graph
 from qplug_core.serialization.lowering_record import KEY as LOWERING_KEY
 from qplug_core.serialization.lowering_record import LoweringRecord
@@ -61,9 +67,11 @@ INT16_PAIRS_KEY = "weights_for_int16_pairs"
 TARGET_RUNGS_KEY = "target_rungs"
 #: the optional keys, the clamps convert absorbed into layers' int8 output ranges (clamp_record), the
 #: float weights of layers made from functional calls (functional_record), the per-token layers'
-#: int8 weights (per_token_record) and an exported model's input and output structure (tree_record)
+#: int8 weights (per_token_record), an exported model's input and output structure (tree_record) and
+#: the ONNX models of compiled partitions (partition_models)
 OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY, INT16_PAIRS_KEY, TARGET_RUNGS_KEY,
-                       clamp_record.KEY, functional_record.KEY, per_token_record.KEY, tree_record.KEY)
+                       clamp_record.KEY, functional_record.KEY, per_token_record.KEY, tree_record.KEY,
+                       partition_models.KEY)
 CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
 #: distribution names (PEP 508) and versions (PEP 440 characters) of a file's ``versions``
@@ -162,6 +170,8 @@ def artifact_of(qmodel: object) -> Artifact | str | None:
         artifact = replace(artifact, model={**artifact.model, TARGET_RUNGS_KEY: dict(snapshot.target_rungs)})
     if qmodel.meta.get(AUTO_RANKING):
         artifact = replace(artifact, model={**artifact.model, AUTO_KEY: list(qmodel.meta[AUTO_RANKING])})
+    model, tensors = partition_models.record(artifact.model, artifact.tensors, qmodel)
+    artifact = replace(artifact, model=model, tensors=tensors)
     report = qmodel.meta.get(REPORT)  # how convert lowered it: what load must rebuild
     return artifact if report is None else with_lowering(artifact, LoweringRecord.of(report))
 
@@ -219,6 +229,8 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     _check_tensors(expect(model["tensors"], dict, "model.tensors", "a JSON object"), tensors)
     if per_token_record.KEY in model:
         per_token_record.check(model[per_token_record.KEY], model, tensors, child("model", per_token_record.KEY))
+    if partition_models.KEY in model:
+        partition_models.check(model[partition_models.KEY], tensors, child("model", partition_models.KEY))
     nodes = len(expect(model["graph"], list, "model.graph", "a JSON list"))
     if LOWERING_KEY in model:
         LoweringRecord.from_document(model[LOWERING_KEY], child("model", LOWERING_KEY), nodes)

@@ -140,7 +140,8 @@ def test_save_load_rebuilds_the_sessions_from_the_reference_form(digits, tmp_pat
     x = inputs("digits_cnn", seed=7)
     with torch.no_grad():
         assert torch.equal(loaded(*x), ort_model(*x))
-    assert len(partitions(loaded)) == 1 and len(partitions(loaded)[0].sessions) == 1
+    # built from the ONNX models the file stores, one per signature the saved model had compiled
+    assert len(partitions(loaded)) == 1 and len(partitions(loaded)[0].sessions) == len(partitions(ort_model)[0].sessions)
     assert float_weight_copies(loaded, shapes) == []
     assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
 

@@ -1,0 +1,117 @@
+"""The ONNX models of a delegated model's compiled partitions, kept in its file beside the reference form.
+
+A loaded onnxruntime or OpenVINO model compiled each partition at its first call from the reference
+form: an export (the digits CNN's first call took 7.0 s on onnxruntime, 14.4 s on openvino, and a
+worker held torch.onnx and onnxscript, ~237 MiB, for a 38 KB model). ``qp.save`` stores the ONNX
+model each compiled partition was built from, for each input signature it was compiled for, as
+uint8 tensors under ``partition_models/<partition>/<i>`` (covered by the file's digest); the record
+(partition -> the CPU's VNNI at save and, per model, its tensor and input signature) is plain data.
+``qp.load`` hands them to the first call (``flows/delegate.FirstCallCheck``), which builds the
+runtime's models from them instead of exporting, once each has passed the checks of
+:mod:`qplug_core.onnx_export.stored_model`. Files without the record load as they did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from qplug_core.config.codec import child, encode_dtype, expect, read_fields, where
+from qplug_core.errors import ConfigError, warn_user
+from qplug_core.flows.tags import SPEC_DTYPES
+from qplug_core.kernels.cpu import cpu_int8
+from qplug_core.partition.compiled import CompiledPartition
+from qplug_core.partition.served import runs
+
+KEY = "partition_models"
+_PREFIX = "partition_models/"
+_ENTRY = ("vnni", "models")
+_MODEL = ("tensor", "inputs")
+_INPUT = ("shape", "dtype")
+#: a stored model's signature: (shape, dtype) of each input, as ``CompiledPartition`` keys it
+Signature = tuple[tuple[torch.Size, torch.dtype], ...]
+
+
+def record(model: dict[str, Any], tensors: dict[str, torch.Tensor], qmodel: nn.Module
+           ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``model`` and ``tensors`` with the ONNX models of ``qmodel``'s compiled partitions (each
+    one serialized again for the signatures it was compiled for: the runtime keeps none); a
+    partition too large for one protobuf message (a file with external data) is left out."""
+    entries, table, tensors = {}, dict(model["tensors"]), dict(tensors)
+    for name, module in qmodel.named_children():
+        compiled = runs(module)
+        if not isinstance(compiled, CompiledPartition):
+            continue
+        models = []
+        for i, (signature, source) in enumerate(zip(compiled.signatures, compiled.sources)):
+            if not isinstance(source, bytes):
+                continue
+            key = f"{_PREFIX}{name}/{i}"
+            tensors[key] = torch.frombuffer(bytearray(source), dtype=torch.uint8)
+            table[key] = {"dtype": encode_dtype(torch.uint8), "shape": [len(source)]}
+            models.append({"tensor": key, "inputs": [{"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
+                                                     for shape, dtype in signature]})
+        if models:
+            entries[name] = {"vnni": cpu_int8().vnni, "models": models}
+    return ({**model, "tensors": table, KEY: entries}, tensors) if entries else (model, tensors)
+
+
+def check(doc: Any, tensors: dict[str, torch.Tensor], path: str) -> None:
+    """The record of a file whose tensors match its table: each model a 1-D uint8 tensor of its
+    own with input shapes and dtypes; raises :class:`ConfigError` naming the bad field."""
+    seen: set[str] = set()
+    for name, entry in expect(doc, dict, path, "a JSON object").items():
+        at = child(path, name)
+        read_fields(entry, at, _ENTRY, required=_ENTRY)
+        expect(entry["vnni"], bool, child(at, "vnni"), "true or false")
+        for i, stored in enumerate(expect(entry["models"], list, child(at, "models"), "a JSON list")):
+            here = child(child(at, "models"), i)
+            read_fields(stored, here, _MODEL, required=_MODEL)
+            key = expect(stored["tensor"], str, child(here, "tensor"), "a tensor name")
+            tensor = tensors.get(key)
+            if not key.startswith(_PREFIX) or key in seen or tensor is None or tensor.dtype != torch.uint8 \
+                    or tensor.dim() != 1:
+                raise ConfigError(f"{where(child(here, 'tensor'))}: {key!r} is not a stored partition model's "
+                                  "tensor of its own (1-D uint8)", field=child(here, "tensor"), value=key)
+            seen.add(key)
+            for j, spec in enumerate(expect(stored["inputs"], list, child(here, "inputs"), "a JSON list")):
+                _check_input(spec, child(child(here, "inputs"), j))
+
+
+def _check_input(spec: Any, path: str) -> None:
+    read_fields(spec, path, _INPUT, required=_INPUT)
+    for k, size in enumerate(expect(spec["shape"], list, child(path, "shape"), "a list of sizes")):
+        if expect(size, int, child(child(path, "shape"), k), "a size") < 0:
+            raise ConfigError(f"{where(child(path, 'shape'))}: negative size {size}", field=path, value=size)
+    if spec["dtype"] not in SPEC_DTYPES:
+        raise ConfigError(f"{where(child(path, 'dtype'))}: {spec['dtype']!r} is not one of "
+                          f"{', '.join(SPEC_DTYPES)}", field=child(path, "dtype"), value=spec["dtype"])
+
+
+def without(model: dict[str, Any], tensors: dict[str, torch.Tensor]
+            ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The reference form alone: ``model`` and ``tensors`` without the stored models."""
+    if KEY not in model:
+        return model, tensors
+    keep = {key: value for key, value in model.items() if key != KEY}
+    keep["tensors"] = {key: entry for key, entry in model["tensors"].items() if not key.startswith(_PREFIX)}
+    return keep, {key: tensor for key, tensor in tensors.items() if not key.startswith(_PREFIX)}
+
+
+def stored_models(model: dict[str, Any], tensors: dict[str, torch.Tensor]
+                  ) -> dict[str, list[tuple[Signature, bytes]]]:
+    """Partition -> (input signature, serialized ONNX model) of each model stored for it, where
+    this CPU's VNNI is what it was at save (an export may depend on it: OpenVINO compiles a dynamic
+    linear per shape without it); the others are exported again at the first call, as a warning
+    says."""
+    vnni, entries = cpu_int8().vnni, model.get(KEY, {})
+    other = [name for name, entry in entries.items() if entry["vnni"] != vnni]
+    if other:
+        warn_user(f"qplug: the file's stored ONNX models ({', '.join(other)}) were exported on a CPU "
+                  f"{'without' if vnni else 'with'} VNNI, so they are not used here: each is exported again "
+                  "at its first call (seconds)")
+    return {name: [(tuple((torch.Size(spec["shape"]), SPEC_DTYPES[spec["dtype"]]) for spec in stored["inputs"]),
+                    tensors[stored["tensor"]].numpy().tobytes()) for stored in entry["models"]]
+            for name, entry in entries.items() if name not in other}

@@ -1,0 +1,135 @@
+"""A delegated model's file stores its partitions' ONNX models; ``qp.load`` builds from them, checked.
+
+The first call of a loaded onnxruntime/openvino model exported each partition again (7.0 s and
+14.4 s for the digits CNN). Now it builds the runtime's models from the ONNX models ``qp.save``
+stored, without the exporter; a stored model that is not what qplug's exporter writes for that
+partition (docs/security.md) is not built: a warning says so at load and the partition is
+exported from the reference form as before. Files without stored models load as they did.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import onnx
+import pytest
+import torch
+from artifactkit import rewrite
+
+import qplug_core as qp
+
+pytestmark = [pytest.mark.usefixtures("one_thread", "plugin_autoload"), pytest.mark.slow]  # ~25 s: two converts
+
+KEY = "partition_models/delegate_0/0"
+
+
+def _images(seed: int, batch: int) -> tuple[torch.Tensor]:
+    return qp.zoo.example_inputs("digits_cnn", batch=batch, seed=seed)
+
+
+@pytest.fixture(scope="module", params=["onnxruntime", "openvino"])
+def saved(request, tmp_path_factory):
+    """(model, its file): converted on batch 2 (a model serving every batch >= 2), called on
+    batch 1 too (a model for it), so the file stores both."""
+    pytest.importorskip(f"qplug_{request.param}")
+    with qp.testing.all_plugins_loaded(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        calibration = [_images(seed, 2) for seed in range(2)]
+        model = qp.quantize(qp.zoo.get_model("digits_cnn", seed=0), calibration[0], calibration,
+                            backend=request.param)
+        with torch.no_grad():
+            model(*_images(0, 1))
+        path = qp.save(model, tmp_path_factory.mktemp(request.param) / "digits.safetensors")
+    return model, path
+
+
+@pytest.fixture
+def no_export(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.onnx.export was called")
+
+    monkeypatch.setattr(torch.onnx, "export", refuse)
+
+
+def test_a_loaded_model_answers_as_the_saved_one_without_exporting(saved, no_export):
+    model, path = saved
+    loaded = qp.load(path)
+    with torch.no_grad():
+        for batch in (1, 4, 7):
+            x = _images(10 + batch, batch)
+            assert torch.equal(loaded(*x), model(*x)), batch
+
+
+def _edited(edit):
+    """An edit of the stored model's bytes, for ``artifactkit.rewrite``."""
+    def rewritten(document, tensors):
+        source = edit(tensors[KEY].numpy().tobytes())
+        tensors[KEY] = torch.frombuffer(bytearray(source), dtype=torch.uint8)
+        document["model"]["tensors"][KEY]["shape"] = [len(source)]
+    return rewritten
+
+
+def _proto_edit(change):
+    def edit(source: bytes) -> bytes:
+        model = onnx.load_model_from_string(source)
+        change(model)
+        return model.SerializeToString()
+    return edit
+
+
+def _custom_domain(model) -> None:
+    model.opset_import.append(onnx.helper.make_opsetid("evil.ops", 1))
+    model.graph.node[0].domain = "evil.ops"
+
+
+def _extra_input(model) -> None:
+    model.graph.input.append(onnx.helper.make_tensor_value_info("extra", onnx.TensorProto.FLOAT, [1]))
+
+
+def _external_weights(model) -> None:
+    tensor = model.graph.initializer[0]
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="secrets.bin")
+
+
+TAMPERED = {
+    "garbage": (lambda source: b"\x08\x07garbage" * 64, r"it is not a valid ONNX model \(DecodeError: "),
+    "custom domain": (_proto_edit(_custom_domain), r"it names op domains qplug's exporter does not write \(evil.ops\)"),
+    "input count": (_proto_edit(_extra_input), r"it has 2 input\(s\) and 1 output\(s\) where the partition has 1 and 1"),
+    "external data": (_proto_edit(_external_weights), "it reads tensors from external files"),
+}
+
+
+@pytest.mark.parametrize("case", TAMPERED)
+def test_a_tampered_stored_model_is_not_built_and_a_warning_says_so(saved, case):
+    edit, problem = TAMPERED[case]
+    tampered = rewrite(saved[1], _edited(edit))
+    with pytest.warns(UserWarning, match=f"stores for partition delegate_0 is not used: {problem}.*; the partition "
+                                         "is exported again from its reference form"):
+        qp.load(tampered)
+
+
+def test_a_tampered_model_is_exported_again_and_answers_as_the_saved_one(saved):
+    model, path = saved
+    with pytest.warns(UserWarning, match="is not used"):
+        loaded = qp.load(rewrite(path, _edited(_proto_edit(_custom_domain))))
+    x = _images(3, 4)
+    with torch.no_grad():
+        assert torch.equal(loaded(*x), model(*x))
+
+
+def test_a_file_without_stored_models_loads_and_exports_as_before(saved):
+    model, path = saved
+
+    def older(document, tensors) -> None:
+        for key in [k for k in tensors if k.startswith("partition_models/")]:
+            del tensors[key], document["model"]["tensors"][key]
+        del document["model"]["partition_models"]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = qp.load(rewrite(path, older))
+    x = _images(5, 4)
+    with torch.no_grad():
+        assert torch.equal(loaded(*x), model(*x))

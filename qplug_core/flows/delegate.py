@@ -57,7 +57,7 @@ from qplug_core.flows.native_stderr import echo, native_stderr, raised
 from qplug_core.flows.python_inputs import python_input_readers
 from qplug_core.flows.region_parity import layer_parity, region_of
 from qplug_core.flows.report import describe_op, float_compute_nodes, report_names
-from qplug_core.flows.safer_weights import make_safer
+from qplug_core.flows.safer_weights import make_safer, may_saturate
 from qplug_core.flows.shape_ints import recompute_boundary_ints
 from qplug_core.flows.sparse_values import sparse_value_ops
 from qplug_core.flows.tags import BOUNDARY, KERNEL, REPORT, region_tag
@@ -526,7 +526,10 @@ class FirstCallCheck:
     version on another host, so convert's check says nothing about it. One that breaks the
     contract is given up for its reference form (where its kernels may saturate int16 pair sums,
     ``flows/safer_weights.may_saturate``, it is first made safer), and the model's report says so.
-    The check costs one reference-form run per partition, at its first call."""
+    The check costs one reference-form run per partition, at its first call (and the import of
+    torch._dynamo its ops' first call brings: ~2 s, ~70 MiB). A partition that runs the models
+    the file stores (those convert checked, on a CPU of the same VNNI) is checked only where its
+    kernels may saturate int16 pair sums here."""
 
     def __init__(self, meta: dict, delegate: Delegate, name: str, anchors: list[str],
                  backend_name: str, arithmetic: Any, stored: list[tuple[tuple, bytes]] | None = None):
@@ -539,6 +542,9 @@ class FirstCallCheck:
         stored, self.stored = self.stored, []  # once: a compile made safer below exports its changed weights
         with built_from(stored):
             module = compile_untouched(self.delegate.compile, partition, inputs, _compiler(self.backend_name))
+        if getattr(module, "from_stored", False) and not may_saturate(partition, self.arithmetic):
+            return _served(module, partition, self.meta, self.delegate, self.name, len(self.anchors),
+                           self.backend_name)
         verdict = _checked(self.delegate, module, partition, inputs, self.anchors, self.name,
                            self.backend_name, self.arithmetic, "on its first inputs after qp.load on this CPU")
         reason, note = verdict.reason, verdict.note

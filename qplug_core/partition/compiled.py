@@ -136,6 +136,8 @@ class CompiledPartition(HoldsPartition, nn.Module):
     #: compiled models kept at most, least recently used first out (the plugins set it from
     #: their ``configure(shape_cache_size=...)``)
     shape_cache_size = 8
+    #: whether its first inputs run a model :func:`built_from` handed it (not one compiled here)
+    from_stored = False
 
     def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
                  serialize: Callable[[fx.GraphModule, tuple], Source]):
@@ -197,13 +199,16 @@ class CompiledPartition(HoldsPartition, nn.Module):
     @torch.autocast("cpu", enabled=False)  # a first call under the caller's autocast: export in float32
     def _compile(self, inputs: tuple[torch.Tensor, ...]) -> Any:
         partition = self.partition
-        # the output structure (tensor or tuple) the partition returns
-        self._single_output = isinstance(self._checked(inputs), torch.Tensor)
         signature = self._signature(inputs)
         stored = self._build_stored(inputs)
-        if stored is not None:
+        if stored is not None:  # the output structure from the graph: running the reference form
+            # imports torch._dynamo (its custom ops' first call), ~2 s and ~70 MiB
+            self._single_output = isinstance(_output_node(partition).args[0], fx.Node)
             self._routes[signature] = stored
+            self.from_stored = True
             return self._compiled[stored]
+        # the output structure (tensor or tuple) the partition returns
+        self._single_output = isinstance(self._checked(inputs), torch.Tensor)
         compiled = self.build(self._serialize(partition, inputs))
         self._evict(len(self._compiled) + 1 - self.shape_cache_size)
         self._compiled[signature] = compiled
@@ -417,6 +422,10 @@ class CompiledPartition(HoldsPartition, nn.Module):
         clone._compiled = OrderedDict((signature, self.shared(compiled)) for signature, compiled in self._compiled.items())
         clone._routes = dict(self._routes)
         return clone
+
+
+def _output_node(partition: fx.GraphModule) -> fx.Node:
+    return next(node for node in reversed(partition.graph.nodes) if node.op == "output")
 
 
 class Sources(Sequence[Source]):

@@ -137,9 +137,10 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
 
     The model is rebuilt as it was saved: what ran on kernels or compiled partitions then does
     again, what stayed in reference form stays so, or the load is refused naming the ops
-    (:class:`SerializationError`). Nothing runs at load: a delegating backend (onnxruntime)
-    compiles each partition at its first call, for the shapes it is called with, so no size
-    recorded in the file is ever allocated. ``backend`` overrides that backend; ``backend="reference"`` gives the reference form, which
+    (:class:`SerializationError`). Nothing runs at load: a delegating backend (onnxruntime,
+    openvino) builds each partition at its first call, from the ONNX models the file stores for it
+    (checked at load; without them, or where they fail a check, exported from the reference form
+    for the shapes it is called with), so no size recorded in the file is ever allocated. ``backend`` overrides that backend; ``backend="reference"`` gives the reference form, which
     runs anywhere. Nothing is ever unpickled: a pickle (``torch.save``) file raises
     :class:`UnsafeFileError` and there is no opt-in, because a pickle cannot carry a qplug model
     without running code. A damaged or tampered file raises :class:`SerializationError` naming it

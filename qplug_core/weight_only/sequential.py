@@ -95,14 +95,19 @@ def _by_blocks(model: nn.Module, prefix: str, blocks: nn.ModuleList, names: Sequ
 @contextlib.contextmanager
 def _answering(blocks: Sequence[nn.Module], answer: Callable[..., Any]) -> Iterator[None]:
     """Each of ``blocks`` returns ``answer(*args, **kwargs)`` instead of computing (its hooks still
-    run); set on the instance, so the model still reads the block's own attributes (``attention_type``)."""
+    run); set on the instance, so the model still reads the block's own attributes (``attention_type``),
+    and a ``forward`` the instance had (a wrapper) is put back after."""
+    own = [block.__dict__.get("forward") for block in blocks]  # a wrapper set on the instance (accelerate's hooks)
     for block in blocks:
         block.forward = answer
     try:
         yield
     finally:
-        for block in blocks:
-            del block.forward
+        for block, forward in zip(blocks, own):
+            if forward is None:
+                del block.forward
+            else:
+                block.forward = forward
 
 
 class _Stop(BaseException):

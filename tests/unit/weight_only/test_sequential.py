@@ -155,3 +155,14 @@ def test_a_linear_after_the_blocks_is_calibrated_on_the_float_models_inputs_and_
     torch.testing.assert_close(seen[0]["head"].double(), torch.cat(want).reshape(-1, WIDTH), atol=1e-5, rtol=1e-5)
     batches = len(_calibration())  # block 1 computes in the float run too, for the head's inputs
     assert counts == {"block 0": 2 * batches, "block 1": 2 * batches}  # and the head's matmul never
+
+
+def test_a_forward_the_blocks_had_on_the_instance_is_theirs_again_after_calibration():
+    """(s27 review) the pass-through ended with ``del block.forward``, which also deleted a forward
+    set on the instance before (accelerate's offload hooks, a user's wrapper)."""
+    model = _model()
+    wrapped = model.blocks[1].forward
+    model.blocks[1].forward = lambda *args, **kwargs: wrapped(*args, **kwargs)
+    own = model.blocks[1].forward
+    calibrate(model, NAMES, _calibration(), 1000, _rtn_in_place(model, [], []))
+    assert model.blocks[1].__dict__.get("forward") is own and "forward" not in model.blocks[0].__dict__

@@ -40,10 +40,41 @@ def input_fault(gm: fx.GraphModule, args: tuple, kwargs: dict, error: Exception)
     if not _failed_running(error):
         return None
     given = dict(_given_inputs(gm, args, kwargs))
-    why = (_wrong_ranks(given) or _out_of_table(gm, given) or _unequal_sizes(given) or _wrong_dtypes(given))
+    why = (_wrong_ranks(given) or _out_of_table(gm, given)
+           or (_unequal_sizes(given) if _about_sizes(error) else "") or _wrong_dtypes(given))
     if not why:
         return None
-    return InputMismatchError(f"{why} (the int8 model raised {type(error).__name__}: {first_line(error)[:300]})")
+    return _mismatch(f"{why} (the int8 model raised {type(error).__name__}: {first_line(error)[:300]})", error)
+
+
+#: words of torch's and the runtimes' messages about tensors whose sizes do not fit together
+_SIZE_WORDS = ("size", "shape", "dimension", "broadcast", "must match", "mat1 and mat2")
+
+
+def _about_sizes(error: BaseException) -> bool:
+    """Whether ``error`` (or its cause) speaks of sizes: two inputs whose sizes merely matched in the
+    example do not explain a failure that says something else (a NaN check, a bug)."""
+    text = f"{error} {error.__cause__ or ''}".lower()
+    return any(word in text for word in _SIZE_WORDS)
+
+
+#: (builtin error type) -> an InputMismatchError that is also one, made once
+_BOTH: dict[type, type] = {}
+
+
+def _mismatch(message: str, error: Exception) -> InputMismatchError:
+    """The :class:`InputMismatchError` for ``error``, also of ``error``'s builtin type (``IndexError``,
+    ``RuntimeError``...), so a caller's ``except RuntimeError`` catches it as it caught torch's."""
+    kind = type(error)
+    if kind.__module__ != "builtins" or not issubclass(kind, Exception):
+        return InputMismatchError(message)
+    if kind not in _BOTH:
+        try:
+            _BOTH[kind] = type(InputMismatchError.__name__, (InputMismatchError, kind),
+                               {"__module__": InputMismatchError.__module__})
+        except TypeError:  # a builtin whose instances are laid out otherwise (OSError)
+            _BOTH[kind] = InputMismatchError
+    return _BOTH[kind](message)
 
 
 def _failed_running(error: Exception) -> bool:

@@ -9,6 +9,8 @@ min/max per id tensor) and raises :class:`InputMismatchError` for the ones the t
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import fx, nn
 
@@ -61,7 +63,7 @@ class IdBounds:
             table = _table(partition, node)
             first = node.args[0] if node.args else None
             if table is None or not isinstance(first, fx.Node) \
-                    or any(n.op == "call_module" for n in _ancestors(first)):
+                    or not all(_passes_values(n) for n in _ancestors(first)):
                 continue
             ids.append(first)
             tables.append((_source(first), str(node.target), table.num_embeddings))
@@ -79,6 +81,19 @@ class IdBounds:
                     f"input {name!r} holds ids from {low} to {high}, but the table {table!r} it indexes has "
                     f"{rows} rows (ids 0 to {rows - 1}): map missing or unknown ids to a row of the table "
                     "before calling the model (the float model raises on them too)")
+
+
+#: ops that hand on (part of) an input's values as ids: slices, views, integer casts
+_VALUE_OPS = frozenset({operator.getitem, torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze,
+                        "__getitem__", "view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous",
+                        "long", "int", "to"})
+
+
+def _passes_values(node: fx.Node) -> bool:
+    """Whether ``node`` is an input or hands on an input's values. Ids computed otherwise (the
+    positions ``arange(ids.shape[1])`` of a token model, a layer's output) are not the caller's
+    ids: an out-of-range one is a sequence too long, which the failed call names."""
+    return node.op == "placeholder" or (node.op in ("call_function", "call_method") and node.target in _VALUE_OPS)
 
 
 def _ancestors(node: fx.Node) -> set[fx.Node]:

@@ -108,3 +108,18 @@ def test_a_failure_the_inputs_do_not_explain_is_raised_as_it_was():
     assert caught.value.__cause__ is None
     with pytest.raises(InputMismatchError, match="holds ids from"):  # recompile() kept the explanation
         qmodel(ids + VOCAB, mask)
+
+
+def test_a_failure_is_not_blamed_on_sizes_that_only_happened_to_match_and_keeps_its_type():
+    """(s27 review) a NaN check failing at batch 2, where batch and width were both 8 in the example,
+    was re-raised as "give them equal sizes", and a caller's ``except RuntimeError`` missed it."""
+    qmodel = copy.deepcopy(_int8("fbgemm", "symbolic"))
+    output = next(node for node in qmodel.graph.nodes if node.op == "output")
+    with qmodel.graph.inserting_before(output):
+        output.args = (qmodel.graph.call_function(_a_bug, (output.args[0],)),)
+    qmodel.recompile()
+    with pytest.raises(RuntimeError, match="^a bug in a step of the graph$"):
+        qmodel(ids, mask[:1])  # batch 2 and 1 (broadcast), equal in the example; the bug says nothing of sizes
+    with pytest.raises(IndexError) as caught:  # explained, and still what torch raised
+        _int8("fbgemm", "symbolic")(ids[0], mask[0])
+    assert isinstance(caught.value, InputMismatchError)

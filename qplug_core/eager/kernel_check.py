@@ -17,13 +17,16 @@ bounded), and convert, after swapping, runs the int8 model on it and:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch import fx, nn
+from torch import nn
+from torch.utils._pytree import tree_map
 
 from qplug_core.errors import QplugError, first_line, warn_user
 from qplug_core.flows.delegate import MAX_RELATIVE_L2
@@ -59,7 +62,7 @@ def _rows(value: Any, batch: int | None) -> Any:
             return v
         v = v.detach()
         return (v[:EXAMPLE_ROWS] if v.dim() and v.shape[0] == batch else v).clone()
-    return fx.node.map_aggregate(value, keep)
+    return tree_map(keep, value)  # the call's own containers (a model may write into its dict input)
 
 
 def _record_first_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -170,6 +173,25 @@ def _unseen_ops_hint(engine: str | None) -> str:
             "on dequantized values, or graph mode (qp.quantize)")
 
 
+@contextlib.contextmanager
+def _buffers_kept(model: nn.Module) -> Iterator[Callable[[], None]]:
+    """Gives a function that puts the model's buffers back as they were here, called before each of
+    the check's runs and after them: a stateful model's frame counter or cache sees each run start
+    from the same state, and leaves convert as calibration left it (state in plain attributes is
+    the model's own)."""
+    saved = [(module, name, buffer, buffer.clone()) for module in model.modules()
+             for name, buffer in module._buffers.items() if buffer is not None and not buffer.is_quantized]
+
+    def restore() -> None:
+        for module, name, buffer, values in saved:
+            module._buffers[name] = buffer  # the same tensor (kernels may hold it), its values back
+            buffer.copy_(values)
+    try:
+        yield restore
+    finally:
+        restore()
+
+
 def check_kernels(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dict] | None,
                   backend: Any, in_reference_form: Callable[[nn.Module, QParams], nn.Module]) -> None:
     """Check converted ``model`` on ``example`` (see the module docstring); a module whose kernel
@@ -180,7 +202,7 @@ def check_kernels(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dic
                   "model never ran (its observers were loaded); run one batch through it before convert")
         return
     checked = [s for s in swaps if s.output_qparams is not None]
-    with torch.no_grad(), engine_context(backend.engine):
+    with torch.no_grad(), engine_context(backend.engine), _buffers_kept(model) as restore:
         try:
             calls, output = _kernel_calls(model, checked, example)
         except Exception as error:  # noqa: BLE001 - the user's first call will say it again
@@ -205,7 +227,9 @@ def check_kernels(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dic
                           "a dequantize and a quantize")
         del calls
         if replaced:
+            restore()
             output = model(*example[0], **example[1])
+        restore()
         reference = _reference_form(model, swaps)(*example[0], **example[1])
     problem = _drift(output, reference)
     if problem:

@@ -151,3 +151,38 @@ def test_a_converted_model_that_cannot_run_its_first_call_says_so_at_convert():
         observed(X)
     with pytest.warns(UserWarning, match=r"which its reference form runs \(ModelStateError: module 'fc' "):
         qp.eager.convert(observed)
+
+
+class _Streaming(nn.Module):
+    """Keeps the last frame it saw and counts frames in buffers, and reads a dict input it writes into."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant, self.fc = QuantStub(), DeQuantStub(), nn.Linear(8, 8)
+        self.register_buffer("cache", torch.zeros(1, 8))
+        self.register_buffer("frames", torch.zeros((), dtype=torch.long))
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        x = batch["x"]
+        batch["seen"] = True  # a model may write into its own input
+        out = self.dequant(self.fc(self.quant(x))) + self.cache
+        self.cache.copy_(x[-1:].detach())
+        self.frames += x.shape[0]
+        return out
+
+
+def test_the_check_leaves_a_stateful_model_as_calibration_left_it_and_replays_a_writable_call():
+    """(s27 review) the check's two runs wrote the streaming state of the model convert returned
+    (with inplace=True, the user's model); and it replayed the first call as torch.fx's read-only
+    dict, so a model writing into its input was 'an example that does not fit', its kernels unchecked."""
+    torch.manual_seed(0)
+    observed = qp.eager.prepare(_Streaming().eval(), backend="fbgemm")
+    with torch.no_grad():
+        observed({"x": torch.randn(4, 8)})
+        observed.cache.zero_()
+        observed.frames.zero_()  # the stream reset before convert
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        converted = qp.eager.convert(observed)
+    assert [str(w.message) for w in caught if str(w.message).startswith("qplug:")] == []
+    assert int(converted.frames) == 0 and not converted.cache.any()

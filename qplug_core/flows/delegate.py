@@ -276,7 +276,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     left out of the partitions again, as are the regions ``keep_regions`` names (end node -> why:
     those the check below kept out then), and ``stored`` (partition -> the ONNX models ``qp.save``
     stored for it) is what each builds its first models from instead of exporting, where they
-    pass :func:`~qplug_core.onnx_export.stored_model.stored_model_problem`'s checks (a warning names
+    pass :func:`~qplug_core.partition.stored_model.stored_model_problem`'s checks (a warning names
     a partition whose models do not: it is exported again). ``arithmetic``: how the backend's kernels sum products
     (``Backend.arithmetic``): a partition that breaks the contract where they sum pairs in int16
     is compiled once more with 7-bit weights (``flows/safer_weights.py``) before it is given up.
@@ -413,7 +413,7 @@ def _usable(stored: list[tuple[tuple, bytes]], partition: fx.GraphModule, name: 
             ) -> list[tuple[tuple, bytes]]:
     """The ``stored`` models of ``partition`` if every one passes the checks, else none (and a
     warning: the partition is exported again from its reference form at its first call)."""
-    from qplug_core.onnx_export.stored_model import stored_model_problem
+    from qplug_core.partition.stored_model import stored_model_problem
 
     for signature, source in stored:
         problem = stored_model_problem(source, partition, signature)

@@ -8,7 +8,7 @@ uint8 tensors under ``partition_models/<partition>/<i>`` (covered by the file's 
 (partition -> the CPU's VNNI at save and, per model, its tensor and input signature) is plain data.
 ``qp.load`` hands them to the first call (``flows/delegate.FirstCallCheck``), which builds the
 runtime's models from them instead of exporting, once each has passed the checks of
-:mod:`qplug_core.onnx_export.stored_model`. Files without the record load as they did.
+:mod:`qplug_core.partition.stored_model`. Files without the record load as they did.
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ ALLOWED: dict[str, set[str]] = {
     # weight-only quantization: module swap beside the graph pipeline, kernels chosen per CPU
     "weight_only": {"errors", "flows", "ir", "kernels", "nn", "registry"},
     # above the pipeline
-    "serialization": {"config", "errors", "flows", "ir", "kernels", "nn", "qparams", "registry", "weight_only"},
+    "serialization": {"config", "errors", "flows", "ir", "kernels", "nn", "partition", "qparams", "registry",
+                      "weight_only"},
     "analysis": {"errors", "flows", "ir", "kernels", "partition", "registry", "serialization"},
     "eager": {"config", "enums", "errors", "flows", "ir", "kernels", "nn", "observers", "qparams", "registry"},
     "algorithms": {"analysis", "config", "errors", "flows", "ir", "kernels", "nn", "observers", "qparams"},

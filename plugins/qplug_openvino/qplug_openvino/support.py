@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from torch import fx, nn
 
 from qplug_core.plugin_api import DynamicQuantize, OperatorSupportBase, cpu_int8
@@ -48,8 +49,28 @@ def _flexible(partition: fx.GraphModule) -> bool:
     """Whether the partition is exported with dynamic dimensions. Not when it holds a dynamic
     linear and the CPU has no VNNI: OpenVINO's FullyConnected quantizing its input at run time,
     compiled with dynamic shapes for oneDNN held to AVX2, returned empty outputs (shape
-    (0, 0, 256) for (4, 32, 256)); such a partition is compiled per shape."""
-    return cpu_int8().vnni or not any(isinstance(m, DynamicQuantize) for m in partition.modules())
+    (0, 0, 256) for (4, 32, 256)). Nor when it concatenates and upsamples (:func:`_upsamples`).
+    Such a partition is compiled per shape."""
+    dynamic_linear = any(isinstance(m, DynamicQuantize) for m in partition.modules())
+    return (cpu_int8().vnni or not dynamic_linear) and not (_upsamples(partition) and _concatenates(partition))
+
+
+def _upsamples(partition: fx.GraphModule) -> bool:
+    """Whether an interpolate is among ``partition``'s ops. OpenVINO 2026.4's CPU plugin computes
+    a Concat wrong in a model with symbolic height and width that upsamples (an ONNX Resize to
+    sizes read from a Shape): a UNet skip concat came out 6 dB from ONNX Runtime's on the same
+    file (static shapes: 50 dB; the whole UNet 33 dB vs float, its reference form 53)."""
+    return any(name == "interpolate" or name.startswith("upsample") for name in _op_names(partition))
+
+
+def _concatenates(partition: fx.GraphModule) -> bool:
+    return any(name in ("cat", "concat", "concatenate") for name in _op_names(partition))
+
+
+def _op_names(partition: fx.GraphModule) -> set[str]:
+    """The functions ``partition`` calls, by bare name (``cat`` for ``torch.cat`` and ``aten.cat``)."""
+    return {target._opname if isinstance(target := node.target, torch._ops.OpOverload)
+            else getattr(target, "__name__", "") for node in partition.graph.nodes if node.op == "call_function"}
 
 
 def partition_to_onnx(partition: fx.GraphModule, example_inputs: tuple) -> bytes | OnnxFile:

@@ -48,13 +48,21 @@ from torch import fx, nn
 from qplug_core.errors import BackendUnavailableError, QplugError, notify
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.kernel_check import CONTRACT_BROKEN, output_violation
+from qplug_core.flows.rounding_noise import MAX_NOISE_RATIO, rounding_noise
 from qplug_core.flows.snapshot import ReferenceSnapshot, keep_snapshot, snapshot_of
+from qplug_core.flows.steps import iter_batches
 from qplug_core.flows.tags import AUTO_RANKING, RECIPE, REPORT, SNAPSHOT, STATE, TARGET
 from qplug_core.kernels.per_token import swap_in_per_token
 from qplug_core.registry.backends import AUTO, Backend, get_backend, list_backends
 
 #: the SQNR recorded for outputs identical to the reference form's (JSON has no infinity)
 IDENTICAL_DB = 200.0
+#: a candidate this many dB below the most accurate one against the reference form ...
+ACCURACY_MARGIN_DB = 10.0
+#: ... whose error is also beyond MAX_NOISE_RATIO times the reference form's own activation-rounding
+#: noise (where that is measured, ``flows/rounding_noise.py``) is rejected: much less accurate
+#: calibration batches (evenly spread) the candidates are scored on besides the example inputs
+MAX_CHECK_BATCHES = 8
 #: rounds of the interleaved measurement: at least, at most, and the time they may take
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_SECONDS = 5, 25, 2.0
 #: words of the reasons a region keeps the reference form because a kernel computed wrong numbers
@@ -71,8 +79,9 @@ SAMPLE_SECONDS, MAX_INNER = 1e-3, 100
 class Trial:
     """One backend tried by ``backend="auto"``: ``status`` is ``"chosen"``, ``"slower"``,
     ``"rejected"`` or ``"not tried"``; ``median_ms`` on the example inputs; ``sqnr_db`` of its
-    outputs against the reference form's there (:data:`IDENTICAL_DB` when equal); ``reason``
-    in words."""
+    outputs against the reference form's (the worst output, its error summed over the example
+    inputs and ``sqnr_batches - 1`` calibration batches; :data:`IDENTICAL_DB` when equal);
+    ``reason`` in words."""
 
     backend: str
     status: str
@@ -81,6 +90,8 @@ class Trial:
     sqnr_db: float | None = None
     #: the backend whose default qparams the reference form was calibrated with
     base: bool = False
+    #: how many batches ``sqnr_db`` was measured on (the example inputs first)
+    sqnr_batches: int = 0
 
 
 def candidates() -> tuple[list[Backend], list[Trial]]:
@@ -180,19 +191,24 @@ def _base_for(backend: Backend, bases: list[Calibrated]) -> Calibrated:
     return next((b for b in bases if b.backend.float_outputs == backend.float_outputs), bases[0])
 
 
-def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial], example_inputs: tuple
-           ) -> fx.GraphModule:
+def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial], example_inputs: tuple,
+           batches: list[tuple] | None = None) -> fx.GraphModule:
     """Finish a base's reference form on each of ``others`` (:func:`_base_for`), check each
-    candidate against its base's reference form, time them all with the bases, and return the
-    fastest that keeps the contract, its report listing the trials."""
-    snapshots, expected = {}, {}
+    candidate against its base's reference form (on the example inputs, and scored on
+    ``batches`` too: :func:`check_batches`), time them all with the bases, and return the fastest
+    that keeps the contract and is not much less accurate than the others (:func:`_inaccurate`),
+    its report listing the trials."""
+    checks = [example_inputs, *(batches or [])]
+    snapshots, expected, noise_db = {}, {}, {}
     for base in bases:
         snapshot = snapshot_of(base.model)
         if snapshot is None:
             raise BackendUnavailableError("backend='auto' needs a converted model with its reference form")
         snapshots[base.backend.name] = snapshot
+        reference = snapshot.graph_module
         with torch.no_grad():
-            expected[base.backend.name] = snapshot.graph_module(*example_inputs)
+            expected[base.backend.name] = [reference(*inputs) for inputs in checks]
+        noise_db[base.backend.name] = _rounding_db(reference, example_inputs, expected[base.backend.name][0])
     finished: dict[str, tuple[fx.GraphModule, list[warnings.WarningMessage]]] = {
         base.backend.name: (base.model, list(base.warnings)) for base in bases}
     base_of = {base.backend.name: base.backend.name for base in bases}
@@ -209,12 +225,15 @@ def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial],
                 continue
         finished[backend.name] = (model, caught)
     for name, (model, _) in list(finished.items()):
-        problem, sqnr = _problem(model, example_inputs, expected[base_of[name]])
+        problem, sqnr = _problem(model, checks, expected[base_of[name]])
         if problem:
-            trials[name] = Trial(name, "rejected", problem, sqnr_db=sqnr)
+            trials[name] = Trial(name, "rejected", problem, sqnr_db=sqnr, sqnr_batches=len(checks))
             del finished[name]
         else:
-            trials[name] = Trial(name, "timed", "", sqnr_db=sqnr)
+            trials[name] = Trial(name, "timed", "", sqnr_db=sqnr, sqnr_batches=len(checks))
+    for name, why in _inaccurate(trials, {name: noise_db[base_of[name]] for name in finished}).items():
+        trials[name] = dataclasses.replace(trials[name], status="rejected", reason=why)
+        del finished[name]
     trials = {name: dataclasses.replace(t, base=base_of.get(name) == name) for name, t in trials.items()}
     if not finished:
         first = bases[0]
@@ -287,39 +306,91 @@ def finish_on(snapshot: ReferenceSnapshot, backend: Backend, base_model: fx.Grap
     return gm
 
 
-def _problem(model: nn.Module, inputs: tuple, expected: Any) -> tuple[str, float | None]:
-    """Why ``model`` must not be chosen ('' if it may), and its SQNR against the reference form."""
+def _problem(model: nn.Module, checks: list[tuple], expected: list) -> tuple[str, float | None]:
+    """Why ``model`` must not be chosen ('' if it may), and its SQNR against the reference form
+    (``expected``: its outputs on each of ``checks``, the example inputs first)."""
     report = model.meta.get(REPORT) if isinstance(model, fx.GraphModule) else None
     broken = [reason for reason in getattr(report, "reference", {}).values()
               if any(marker in reason for marker in _WRONG_KERNEL)]
-    try:
-        with torch.no_grad():
-            got = model(*inputs)
-    except Exception as error:  # noqa: BLE001 - a candidate that raises is not a candidate
-        return f"it raised {type(error).__name__} on the example inputs: {error}", None
-    outputs, references = _flat(got), _flat(expected)
-    if len(outputs) != len(references):
-        return f"it returned {len(outputs)} outputs, the reference form {len(references)}", None
-    sqnrs = []
-    for i, (out, ref) in enumerate(zip(outputs, references)):
-        dtype = ref.dtype if isinstance(ref, torch.Tensor) else None
-        problem = output_violation(out, ref, dtype, None, max_outlier_fraction=1.0)
-        if not problem and isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.numel():
-            cosine = float(torch.nn.functional.cosine_similarity(
-                out.double().flatten(), ref.double().flatten(), dim=0))
-            if bool(ref.any()) and not cosine > 0:
-                problem = f"its outputs point away from the reference form's (cosine {cosine:.2f})"
-            noise = float((out.double() - ref.double()).pow(2).sum())
-            signal = float(ref.double().pow(2).sum())
-            sqnrs.append(IDENTICAL_DB if noise == 0 else min(IDENTICAL_DB, 10 * math.log10(
-                signal / noise) if signal > 0 else -IDENTICAL_DB))
-        if problem:
-            return f"output {i}: {problem}", None
-    sqnr = min(sqnrs) if sqnrs else None
+    energy: dict[int, list[float]] = {}  # output -> [signal, noise] summed over the batches
+    for batch, (inputs, reference) in enumerate(zip(checks, expected)):
+        where = "the example inputs" if batch == 0 else f"calibration batch {batch - 1} of those kept"
+        try:
+            with torch.no_grad():
+                got = model(*inputs)
+        except Exception as error:  # noqa: BLE001 - a candidate that raises is not a candidate
+            return f"it raised {type(error).__name__} on {where}: {error}", None
+        outputs, references = _flat(got), _flat(reference)
+        if len(outputs) != len(references):
+            return f"it returned {len(outputs)} outputs, the reference form {len(references)}", None
+        for i, (out, ref) in enumerate(zip(outputs, references)):
+            dtype = ref.dtype if isinstance(ref, torch.Tensor) else None
+            problem = output_violation(out, ref, dtype, None, max_outlier_fraction=1.0)
+            if not problem and isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.numel():
+                cosine = float(torch.nn.functional.cosine_similarity(
+                    out.double().flatten(), ref.double().flatten(), dim=0))
+                if bool(ref.any()) and not cosine > 0:
+                    problem = f"its outputs point away from the reference form's (cosine {cosine:.2f})"
+                sums = energy.setdefault(i, [0.0, 0.0])
+                sums[0] += float(ref.double().pow(2).sum())
+                sums[1] += float((out.double() - ref.double()).pow(2).sum())
+            if problem:
+                return f"output {i}" + (f" on {where}" if batch else "") + f": {problem}", None
+    sqnr = min(_db(signal, noise) for signal, noise in energy.values()) if energy else None
     if broken:
         return (f"{len(broken)} region(s) kept the reference form because its kernels or "
                 f"partitions broke the kernel contract: {broken[0]}"), sqnr
     return "", sqnr
+
+
+def _db(signal: float, noise: float) -> float:
+    if noise == 0:
+        return IDENTICAL_DB
+    return min(IDENTICAL_DB, 10 * math.log10(signal / noise)) if signal > 0 else -IDENTICAL_DB
+
+
+def _rounding_db(reference: fx.GraphModule, inputs: tuple, expected: Any) -> float | None:
+    """The reference form's SQNR against itself run without activation rounding (its worst float
+    output, on ``inputs``): its own quantization noise; None where that cannot be run."""
+    outputs = _flat(expected)
+    noise = rounding_noise(reference, inputs, outputs)
+    measured = [_db(float(ref.double().pow(2).sum()), n * n) for ref, n in zip(outputs, noise) if n is not None]
+    return min(measured) if measured else None
+
+
+def _inaccurate(trials: dict[str, Trial], noise_db: dict[str, float | None]) -> dict[str, str]:
+    """The candidates still in the running (``noise_db``: each one's reference form's own
+    rounding SQNR) that are much less accurate than the most accurate of them, with why: more
+    than :data:`ACCURACY_MARGIN_DB` below it against the reference form and, where the reference
+    form's own noise is measured, an error beyond :data:`MAX_NOISE_RATIO` times that noise. A
+    runtime rounding otherwise than the reference form stays within both; a compile that loses
+    20 dB (OpenVINO's UNet concat with symbolic sizes) does not."""
+    scored = {name: db for name in noise_db if (db := trials[name].sqnr_db) is not None}
+    if not scored:
+        return {}
+    best = max(scored, key=scored.__getitem__)
+    allowance = 20 * math.log10(MAX_NOISE_RATIO)
+    inaccurate = {}
+    for name, db in scored.items():
+        own = noise_db[name]
+        if db < scored[best] - ACCURACY_MARGIN_DB and (own is None or db < own - allowance):
+            inaccurate[name] = (
+                f"much less accurate: {db:.1f} dB against the reference form, {scored[best] - db:.1f} dB "
+                f"below {best} (at most {ACCURACY_MARGIN_DB:g})"
+                + ("" if own is None else f", beyond {MAX_NOISE_RATIO:g}x the reference form's own "
+                   f"activation-rounding noise ({own:.1f} dB)"))
+    return inaccurate
+
+
+def check_batches(calibration_data: Any, model: nn.Module) -> list[tuple]:
+    """Up to :data:`MAX_CHECK_BATCHES` calibration batches, evenly spread, the candidates are
+    scored on besides the example inputs: read again from a list or tuple; none from a one-pass
+    iterable (a generator; a DataLoader, which would load its data once more), which calibration
+    read already."""
+    if not isinstance(calibration_data, (list, tuple)):
+        return []
+    stride = max(1, math.ceil(len(calibration_data) / MAX_CHECK_BATCHES))
+    return list(iter_batches(calibration_data[::stride], model))
 
 
 def _flat(value: Any) -> list:
@@ -366,4 +437,4 @@ def _record(model: fx.GraphModule, trials: list[Trial], ranking: list[str]) -> f
     return model
 
 
-__all__ = ["AUTO", "Trial", "base_backend", "candidates", "choose", "finish_on", "measure"]
+__all__ = ["AUTO", "Trial", "base_backend", "candidates", "check_batches", "choose", "finish_on", "measure"]

@@ -3,7 +3,9 @@
 Three third-party backends really installed as distributions (``fake_dist``) compile every int8
 partition: ``quick`` runs it as it is, ``sleepy`` sleeps 50 ms per call (it can only win if the
 measurement is broken), ``liar`` returns the partition's outputs negated (fast, and wrong: the
-convert-time check catches it and it must never win). No time is asserted, only the choice.
+convert-time check catches it and it must never win), ``clipper`` saturates its outputs at the
+range of the example it compiled on (right there, far less accurate on larger calibration batches:
+it must lose to an accurate one). No time is asserted, only the choice.
 """
 
 from __future__ import annotations
@@ -24,17 +26,21 @@ from torch import nn
 from qplug_core.plugin_api import (BackendSpec, Delegate, DTypeConfigSet, OperatorSupportBase,
                                    default_qconfig_mapping, hookimpl)
 
-NAME, SLEEP, WRONG = {name!r}, {sleep!r}, {wrong!r}
+NAME, SLEEP, WRONG, SATURATES = {name!r}, {sleep!r}, {wrong!r}, {saturates!r}
 
 
 class Compiled(nn.Module):
-    def __init__(self, partition):
+    def __init__(self, partition, example):
         super().__init__()
         self.partition = partition
+        # a fixed-point float output: its range set at compile time, from the example's outputs
+        self.bound = float(partition(*example).abs().max()) if SATURATES else None
 
     def forward(self, *args):
         time.sleep(SLEEP)
         out = self.partition(*args)
+        if self.bound is not None:
+            out = out.clamp(-self.bound, self.bound)
         return -out if WRONG else out
 
 
@@ -62,15 +68,16 @@ def qplug_default_qconfig_mapping(backend, mode):
 def qplug_delegate(backend):
     if backend != NAME:
         return None
-    return Delegate(operator_support=TakesAll(), compile=lambda gm, example: Compiled(gm))
+    return Delegate(operator_support=TakesAll(), compile=lambda gm, example: Compiled(gm, example))
 '''
 
 
 def _install(fake_dist, *names: str) -> None:
-    specs = {"quick": (0.0, False), "sleepy": (0.05, False), "liar": (0.0, True)}
+    specs = {"quick": (0.0, False, False), "sleepy": (0.05, False, False), "liar": (0.0, True, False),
+             "clipper": (0.0, False, True)}
     for name in names:
-        sleep, wrong = specs[name]
-        fake_dist(f"qplug-{name}", BACKEND.format(name=name, sleep=sleep, wrong=wrong))
+        sleep, wrong, saturates = specs[name]
+        fake_dist(f"qplug-{name}", BACKEND.format(name=name, sleep=sleep, wrong=wrong, saturates=saturates))
 
 
 def Net() -> nn.Module:
@@ -110,6 +117,23 @@ def test_auto_keeps_the_fastest_backend_that_kept_the_contract(fake_dist, capsys
     with torch.no_grad():
         for (x,) in data:
             assert torch.equal(qmodel(x), own(x))
+
+
+def test_a_backend_much_less_accurate_on_the_calibration_batches_is_rejected(fake_dist):
+    """``clipper`` keeps the contract on the example inputs, where it is exact; on the calibration
+    batches (4x larger) it saturates. Each candidate's SQNR against the reference form is measured
+    on those too, and one far below the most accurate (and beyond the reference form's own
+    rounding noise) never wins, however fast."""
+    _install(fake_dist, "quick", "clipper")
+    data = _data()
+    data = [data[0], *[(4 * x,) for (x,) in data[1:]]]
+    qmodel, _ = _auto(Net().eval(), data)
+    trials = {t["backend"]: t for t in qp.quantization_report(qmodel).auto}
+    assert trials["quick"]["status"] == "chosen" and trials["quick"]["sqnr_db"] == 200.0
+    assert trials["clipper"]["status"] == "rejected" and trials["clipper"]["sqnr_db"] < 30
+    assert trials["clipper"]["reason"].startswith("much less accurate: ")
+    assert "below quick" in trials["clipper"]["reason"]
+    assert trials["quick"]["sqnr_batches"] == trials["clipper"]["sqnr_batches"] == 4  # the example and 3 batches
 
 
 def test_a_wrong_backend_never_wins_even_alone(fake_dist):

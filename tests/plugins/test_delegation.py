@@ -398,21 +398,25 @@ class DeepEnd(Deep):
         return self.conv3(torch.relu(self.inner(torch.relu(self.conv(x))))).mean((2, 3))
 
 
+def _refused_whole(observed, data, match: str) -> None:
+    """Converting ``observed`` warns ``match`` and keeps the reference form: no partition compiled."""
+    reference = qp.convert_to_reference_fx(observed)
+    with pytest.warns(UserWarning, match=match):
+        lowered = qp.convert_fx(observed)
+    assert qp.quantization_report(lowered).partitions == []
+    with torch.no_grad():
+        assert torch.equal(lowered(*data[1]), reference(*data[1]))
+
+
 def test_a_multi_region_partition_with_a_wrong_output_scale_keeps_the_reference_form(fake_dist):
     """Its regions' integer codes are right and its outputs point the right way: only the float
     value of its output is 1.5x too large, which neither the cosine nor the region check saw (the
     error is hundreds of times the reference form's own rounding noise)."""
     observed, data = _deep(fake_dist, wrong=False, model=DeepEnd(), npu=NPU.replace("OUTPUT_SCALE = 1.0",
                                                                                       "OUTPUT_SCALE = 1.5"))
-    reference = qp.convert_to_reference_fx(observed)
-    with pytest.warns(UserWarning, match=r"partition delegate_0 compiled by plugin \S*npu\S* .*broke the kernel "
-                                         r"contract on the example inputs \(its outputs are off by \d+\.\dx the "
-                                         r"reference form's own activation-rounding noise"):
-        lowered = qp.convert_fx(observed)
-    report = qp.quantization_report(lowered)
-    assert report.partitions == []
-    with torch.no_grad():
-        assert torch.equal(lowered(*data[1]), reference(*data[1]))
+    _refused_whole(observed, data, r"partition delegate_0 compiled by plugin \S*npu\S* .*broke the kernel contract "
+                                   r"on the example inputs \(its outputs are off by \d+\.\dx the reference form's own "
+                                   r"activation-rounding noise")
 
 
 def test_a_multi_region_partition_far_less_accurate_than_its_reference_form_is_refused(fake_dist):
@@ -421,18 +425,13 @@ def test_a_multi_region_partition_far_less_accurate_than_its_reference_form_is_r
     its reference form had 53), but many times the reference form's own activation-rounding noise."""
     observed, data = _deep(fake_dist, wrong=False, model=DeepEnd(), npu=NPU.replace("OUTPUT_BITS = 8",
                                                                                       "OUTPUT_BITS = 5"))
-    reference = qp.convert_to_reference_fx(observed)
     with torch.no_grad():
-        expected = reference(*data[0])
+        expected = qp.convert_to_reference_fx(observed)(*data[0])
     step = float(expected.max() - expected.min()) / 31
     assert float((torch.round(expected / step) * step - expected).norm() / expected.norm()) < 0.2
-    with pytest.warns(UserWarning, match=r"partition delegate_0 compiled by plugin \S*npu\S* .*broke the kernel "
-                                         r"contract on the example inputs \(its outputs are off by \d+\.\dx the "
-                                         r"reference form's own activation-rounding noise .*at most 2x"):
-        lowered = qp.convert_fx(observed)
-    assert qp.quantization_report(lowered).partitions == []
-    with torch.no_grad():
-        assert torch.equal(lowered(*data[1]), reference(*data[1]))
+    _refused_whole(observed, data, r"partition delegate_0 compiled by plugin \S*npu\S* .*broke the kernel contract "
+                                   r"on the example inputs \(its outputs are off by \d+\.\dx the reference form's own "
+                                   r"activation-rounding noise .*at most 2x")
 
 
 def test_a_partition_one_step_off_on_every_element_is_refused(fake_dist):
@@ -719,14 +718,9 @@ def test_a_wrong_partition_whose_regions_could_not_be_checked_one_by_one_is_refu
                       "    if len(example_inputs) > 1:  # the region by region check's graph\n"
                       "        raise RuntimeError('the SDK takes graphs of one input')\n")
     observed, data = _deep(fake_dist, wrong=True, npu=npu)
-    reference = qp.convert_to_reference_fx(observed)
-    with pytest.warns(UserWarning, match=r"partition delegate_0 .*broke the kernel contract .*activation-rounding "
-                                         r"noise .*; it was checked as a whole only: its \d+ int8 regions could not "
-                                         r"be checked one by one \(RuntimeError: the SDK takes graphs"):
-        lowered = qp.convert_fx(observed)
-    assert qp.quantization_report(lowered).partitions == []
-    with torch.no_grad():
-        assert torch.equal(lowered(*data[1]), reference(*data[1]))
+    _refused_whole(observed, data, r"partition delegate_0 .*broke the kernel contract .*activation-rounding noise .*; "
+                                   r"it was checked as a whole only: its \d+ int8 regions could not be checked one by "
+                                   r"one \(RuntimeError: the SDK takes graphs")
 
 
 @pytest.mark.parametrize("fail", [False, True])

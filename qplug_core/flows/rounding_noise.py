@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from qplug_core import qparams as Q
+from qplug_core.ir.quiet import quiet_torch
 from qplug_core.kernels.reference import Dequantize, Quantize
 
 #: a compiled form's error may be at most this many times the reference form's own
@@ -69,8 +70,8 @@ def rounding_noise(reference: fx.GraphModule, inputs: tuple, expected: list) -> 
     form's outputs on ``inputs``) minus the same partition run without rounding. None for an
     integer output, and for all of them where the partition cannot run so (a quantize whose result
     it reads as integers)."""
-    try:
-        with torch.no_grad():
+    try:  # quietly: a traced submodule that raises prints its code to stderr before it re-raises
+        with torch.no_grad(), quiet_torch((), stderr=True):
             unrounded = _Unrounded(reference).run(*inputs)
     except Exception:  # noqa: BLE001 - no noise to measure: the caller says what it holds instead
         return [None] * len(expected)

@@ -41,7 +41,8 @@ def test_a_drifting_new_signature_is_kept_without_compiling_its_regions_again():
     reference, inputs = _reference()
     expected = reference(*inputs)
     step = float(expected.max() - expected.min()) / 255
-    drifting = expected + 3 * step * torch.sign(torch.randn(expected.shape, generator=torch.Generator().manual_seed(1)))
+    some = torch.rand(expected.shape, generator=torch.Generator().manual_seed(1)) < 0.05
+    drifting = expected + 3 * step * some  # beyond one kernel's contract, within the partition's
     delegate = _Compiles()
     assert _contract(delegate).problem(reference, lambda *x: drifting, inputs) == ""
     assert delegate.asked == 0
@@ -52,4 +53,4 @@ def test_a_wrong_new_signature_is_still_refused_on_its_outputs():
     expected = reference(*inputs)
     delegate = _Compiles()
     assert "point away" in _contract(delegate).problem(reference, lambda *x: -expected, inputs)
-    assert "L2 norm" in _contract(delegate).problem(reference, lambda *x: 1.5 * expected, inputs)
+    assert "rounding noise" in _contract(delegate).problem(reference, lambda *x: 1.5 * expected, inputs)

@@ -39,8 +39,8 @@ class IdBounds:
     """The ids of a partition's tables, computed from its inputs by the ops that lead to them
     (the inputs themselves, or slices: ``x_cat[:, 2]``) and checked against each table's rows."""
 
-    def __init__(self, partition: fx.GraphModule, ids: list[fx.Node], tables: list[tuple[str, str, int]]):
-        self._tables = tables  # (input name, table name, rows) per id tensor
+    def __init__(self, partition: fx.GraphModule, ids: list[fx.Node], tables: list[tuple[str, str, int, bool]]):
+        self._tables = tables  # (input name, table name, rows, ids handed on as given) per id tensor
         placeholders = [n for n in partition.graph.nodes if n.op == "placeholder"]
         if all(n in placeholders for n in ids):  # inputs as they are: no graph to run (batch 1 counts)
             self._positions: list[int] | None = [placeholders.index(n) for n in ids]
@@ -63,24 +63,36 @@ class IdBounds:
             table = _table(partition, node)
             first = node.args[0] if node.args else None
             if table is None or not isinstance(first, fx.Node) \
-                    or not all(_passes_values(n) for n in _ancestors(first)):
+                    or any(n.op == "call_module" for n in _ancestors(first)):
                 continue
             ids.append(first)
-            tables.append((_source(first), str(node.target), table.num_embeddings))
+            handed_on = all(_passes_values(n) for n in _ancestors(first))
+            tables.append((_source(first), str(node.target), table.num_embeddings, handed_on))
         return cls(partition, ids, tables) if ids else None
 
     def check(self, inputs: tuple[torch.Tensor, ...]) -> None:
         """Raise :class:`InputMismatchError` for an id the float table would refuse."""
-        read = self._read(*inputs) if self._positions is None else [inputs[i] for i in self._positions]
-        for ids, (name, table, rows) in zip(read, self._tables):
+        if self._positions is None:
+            try:  # forward, not the call: a GraphModule's call prints its code to stderr as it fails
+                read = self._read.forward(*inputs)
+            except Exception:  # noqa: BLE001 - inputs the ops cannot take: the partition's call says why
+                return
+        else:
+            read = [inputs[i] for i in self._positions]
+        for ids, (name, table, rows, handed_on) in zip(read, self._tables):
             if ids.numel() == 0 or ids.is_floating_point():
                 continue
             low, high = (int(v) for v in torch.aminmax(ids))
-            if low < 0 or high >= rows:
+            if (low < 0 or high >= rows) and handed_on:
                 raise InputMismatchError(
                     f"input {name!r} holds ids from {low} to {high}, but the table {table!r} it indexes has "
                     f"{rows} rows (ids 0 to {rows - 1}): map missing or unknown ids to a row of the table "
                     "before calling the model (the float model raises on them too)")
+            if low < 0 or high >= rows:
+                raise InputMismatchError(
+                    f"input {name!r} is too long for the table {table!r}: the ids the model computes from it "
+                    f"(its positions, say) run from {low} to {high}, and the table has {rows} rows; truncate or "
+                    "split the input (the float model raises on it too)")
 
 
 #: ops that hand on (part of) an input's values as ids: slices, views, integer casts
@@ -91,8 +103,8 @@ _VALUE_OPS = frozenset({operator.getitem, torch.flatten, torch.reshape, torch.sq
 
 def _passes_values(node: fx.Node) -> bool:
     """Whether ``node`` is an input or hands on an input's values. Ids computed otherwise (the
-    positions ``arange(ids.shape[1])`` of a token model, a layer's output) are not the caller's
-    ids: an out-of-range one is a sequence too long, which the failed call names."""
+    positions ``arange(ids.shape[1])`` of a token model) are not the caller's ids: an out-of-range
+    one is an input too long for the table, and is named so."""
     return node.op == "placeholder" or (node.op in ("call_function", "call_method") and node.target in _VALUE_OPS)
 
 

@@ -60,8 +60,9 @@ BAD_REQUESTS = {
     "ids beyond the vocabulary": ((ids + VOCAB, mask), rf"input 'input_ids' holds ids from \d+ to \d+, but the "
                                                        rf"table 'words' it indexes has {VOCAB} rows"),
     "negative ids": ((ids - 2 * VOCAB, mask), rf"input 'input_ids' holds ids from -\d+ to -\d+, .* {VOCAB} rows"),
-    "longer than the position table": ((long_ids, long_mask), rf"input .*'input_ids'.* length {POSITIONS + 2} "
-                                                              rf".*position table 'positions' has {POSITIONS} rows"),
+    "longer than the position table": ((long_ids, long_mask), rf"input .*'input_ids'.* (length {POSITIONS + 2} "
+                                                              rf".*position table 'positions'|too long for the "
+                                                              rf"table 'positions'.*) has {POSITIONS} rows"),
     "mask shorter than its ids": ((ids, mask[:, :-1]), r"input 'input_ids'.*'attention_mask'.* equal"),
 }
 

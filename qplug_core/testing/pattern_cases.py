@@ -282,6 +282,8 @@ _FUNCTION_STEPS: dict[Any, tuple[Callable, int | None]] = {
     operator.floordiv: (lambda b, x: x // 2, None),
     F.pad: (lambda b, x: F.pad(x, (2, 0)), None),
     operator.getitem: (lambda b, x: x[..., :-1], None),
+    torch.chunk: (lambda b, x: torch.chunk(x, 2, 1)[1], None),  # a piece read by index (a C2f block)
+    torch.split: (lambda b, x: torch.split(x, 2, 1)[0], None),
     **{f: ((lambda b, x, f=f: f(x, b.conv_weight, b.conv_bias, padding=1)), d + 2)
        for f, d in {**_FUNC_CONV, **_FUNC_CONVT}.items()},
     F.linear: (lambda b, x: F.linear(x, b.linear_weight, b.linear_bias), 2),
@@ -306,6 +308,7 @@ _METHOD_STEPS: dict[str, tuple[Callable, int | str | None]] = {
     "sigmoid": (lambda b, x: x.sigmoid(), None), "sigmoid_": (lambda b, x: x.sigmoid_(), None),
     "tanh": (lambda b, x: x.tanh(), None), "tanh_": (lambda b, x: x.tanh_(), None),
     "size": (lambda b, x: x.view(x.size(0), x.size(1), -1), 4),
+    "chunk": (lambda b, x: x.chunk(2, 1)[1], None), "split": (lambda b, x: x.split(2, 1)[0], None),
 }
 
 

@@ -204,11 +204,16 @@ def test_normalization():
     model.qconfig = default_qconfig("fbgemm")
     model = qp.eager.prepare(model, qp.QConfigMapping(), backend="fbgemm")
     eval_fn(model, calib_data())
-    model = qp.eager.convert(model)
+    with pytest.warns(UserWarning, match="module 'instance_norm1d': its int8 kernel broke the kernel contract"):
+        model = qp.eager.convert(model)
     assert type(model.layer_norm) is K.LayerNorm
     assert type(model.group_norm) is K.GroupNorm
-    for name in ("instance_norm1d", "instance_norm2d", "instance_norm3d"):
+    for name in ("instance_norm2d", "instance_norm3d"):
         assert type(getattr(model, name)) is K.InstanceNorm
+    # upstream's instance_norm1d normalizes a constant (the group norm's output repeated along L):
+    # its output range is ~0 (scale 1.2e-7) and fbgemm's kernel is up to 122 of those steps off, so
+    # qplug's check at convert keeps its reference form (torch.ao keeps the kernel, unchecked)
+    assert type(model.instance_norm1d) is nn.Sequential
     check_no_qconfig(model)
     eval_fn(model, calib_data())
 

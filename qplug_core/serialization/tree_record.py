@@ -1,27 +1,37 @@
 """The input and output structure of a torch.export-captured model, as data in a saved file.
 
 Such a graph takes and returns flat tensors; export's pytree calling code turns a list or dict
-output (a detector's ``{"cls": [...], "box": [...]}``) back into its structure. A file stores the
-graph, not that code, so the structure is recorded here as plain JSON and the code rebuilt at load.
-Only tuples, lists, dicts and leaves are written and read: no type is resolved by name. Any other
-container (a namedtuple, a dataclass) is saved as a tuple of its children, with a warning.
+output (a detector's ``{"cls": [...], "box": [...]}``, a transformer's ``ModelOutput``) back into
+its structure. A file stores the graph, not that code, so the structure is recorded here as plain
+JSON and the code rebuilt at load. Tuples, lists, dicts and leaves are written as they are; a
+namedtuple as its class name and field names (load makes a namedtuple class of them, no name is
+looked up); an OrderedDict or a ``ModelOutput`` by a name that only
+:mod:`~qplug_core.serialization.output_types` resolves (else the loaded model returns a dict, with a
+warning). Any other container (a dataclass) is saved as a tuple of its children, with a warning.
 """
 
 from __future__ import annotations
 
+import functools
+from collections import namedtuple
 from typing import Any
 
 import torch.utils._pytree as pytree
 from torch import fx
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 
-from qplug_core.config.codec import child, expect, read_tagged, where
+from qplug_core.config.codec import child, expect, read_fields, read_tagged, where
 from qplug_core.errors import ConfigError, warn_user
-from qplug_core.serialization.values import check_identifier
+from qplug_core.serialization import output_types
+from qplug_core.serialization.values import check_identifier, check_public
 
 KEY = "pytree"
 _FIELDS = ("args", "in", "out")
-_CONTAINERS: dict[str, type] = {"tuple": tuple, "list": list, "dict": dict}
+_SEQUENCES: dict[str, type] = {"tuple": tuple, "list": list}
+#: keyed containers: ``{"dict": [[key, structure], ...]}``, and of a named class
+#: ``{"mapping" | "namedtuple": {"type": name, "items": [[key, structure], ...]}}``
+_NAMED = ("mapping", "namedtuple")
+_TAGS = (*_SEQUENCES, "dict", *_NAMED)
 #: deeper structures are no model's inputs or outputs (and would exhaust Python's recursion)
 _MAX_DEPTH = 32
 
@@ -36,23 +46,33 @@ def to_document(gm: fx.GraphModule) -> dict[str, Any] | None:
     doc = {"args": list(info.orig_args), "in": _encode(info.in_spec, "input", changed),
            "out": None if info.out_spec is None else _encode(info.out_spec, "output", changed)}
     if changed:
-        warn_user(f"qplug: qp.save keeps only tuples, lists and dicts around a model's tensors; "
-                  f"{'; '.join(changed[:4])}: the loaded model takes or returns a tuple there")
+        warn_user(f"qplug: qp.save keeps tuples, lists, dicts, namedtuples, OrderedDicts and "
+                  f"transformers.modeling_outputs classes around a model's tensors; the loaded model "
+                  f"takes or returns {'; '.join(changed[:4])}")
     return doc
 
 
 def _encode(spec: pytree.TreeSpec, at: str, changed: list[str]) -> Any:
-    """A leaf as null, a container as ``{"tuple"|"list": [...]}`` or ``{"dict": [[key, ...], ...]}``."""
+    """A leaf as null, a sequence as ``{"tuple"|"list": [...]}``, a keyed container as in :data:`_NAMED`."""
     if spec.is_leaf():
         return None
-    children = spec.children()
+    if spec.type in (tuple, list):
+        return {spec.type.__name__: [_encode(c, f"{at}[{i}]", changed) for i, c in enumerate(spec.children())]}
+    is_namedtuple = isinstance(spec.context, type) and pytree.is_namedtuple_class(spec.context)
+    name = spec.context.__name__ if is_namedtuple else output_types.name_of(spec.type)
+    if spec.type is not dict and name is None:
+        changed.append(f"{at} as a tuple (it is a {spec.type.__name__})")
+        return {"tuple": [_encode(c, f"{at}[{i}]", changed) for i, c in enumerate(spec.children())]}
+    keys = list(spec.context._fields if is_namedtuple else spec.context)
+    items = [[key, _encode(c, f"{at}[{key!r}]", changed)] for key, c in zip(keys, spec.children())]
     if spec.type is dict:
-        return {"dict": [[key, _encode(c, f"{at}[{key!r}]", changed)] for key, c in zip(spec.context, children)]}
-    if spec.type not in (tuple, list):
-        shown = spec.context if isinstance(spec.context, type) else spec.type  # a namedtuple's class
-        changed.append(f"{at} is a {getattr(shown, '__name__', shown)}")
-    kind = "list" if spec.type is list else "tuple"
-    return {kind: [_encode(c, f"{at}[{i}]", changed) for i, c in enumerate(children)]}
+        return {"dict": items}
+    if is_namedtuple:
+        return {"namedtuple": {"type": name, "items": items}}
+    resolved, why = output_types.resolve(name, keys, at)
+    if resolved is not spec.type:
+        changed.append(f"{at} as a dict ({name}: {why})")
+    return {"mapping": {"type": name, "items": items}}
 
 
 def install(gm: fx.GraphModule, doc: Any, path: str) -> None:
@@ -64,8 +84,9 @@ def install(gm: fx.GraphModule, doc: Any, path: str) -> None:
                           field=path, value=sorted(fields))
     names = [check_identifier(name, child(child(path, "args"), i), "argument name")
              for i, name in enumerate(expect(doc["args"], list, child(path, "args"), "a JSON list"))]
-    in_spec = _decode(doc["in"], child(path, "in"), 0)
-    out_spec = None if doc["out"] is None else _decode(doc["out"], child(path, "out"), 0)
+    built_plain: list[str] = []
+    in_spec = _decode(doc["in"], child(path, "in"), 0, built_plain)
+    out_spec = None if doc["out"] is None else _decode(doc["out"], child(path, "out"), 0, built_plain)
     _check_inputs(in_spec, names, child(path, "in"))
     placeholders = sum(node.op == "placeholder" for node in gm.graph.nodes)
     _check_leaves(in_spec, placeholders, child(path, "in"), "inputs")
@@ -76,28 +97,58 @@ def install(gm: fx.GraphModule, doc: Any, path: str) -> None:
     gm.graph.set_codegen(_PyTreeCodeGen(_PyTreeInfo(names, in_spec, out_spec)))
     gm._in_spec, gm._out_spec = in_spec, out_spec
     gm.recompile()
+    if built_plain:
+        warn_user(f"qplug: the file names output classes qp.load does not build; the loaded model takes or "
+                  f"returns {'; '.join(built_plain[:4])}")
 
 
-def _decode(doc: Any, path: str, depth: int) -> pytree.TreeSpec:
+def _decode(doc: Any, path: str, depth: int, built_plain: list[str]) -> pytree.TreeSpec:
+    """The spec ``doc`` writes; a named class that does not resolve becomes a dict, noted in
+    ``built_plain``."""
     if doc is None:
         return pytree.treespec_leaf()
     if depth >= _MAX_DEPTH:
         raise ConfigError(f"{where(path)}: nested deeper than {_MAX_DEPTH} containers", field=path, value=depth)
-    tag, payload = read_tagged(doc, path, _CONTAINERS)
+    tag, payload = read_tagged(doc, path, _TAGS)
     at = child(path, tag)
-    items = expect(payload, list, at, "a JSON list")
-    if tag != "dict":
-        return pytree.TreeSpec(_CONTAINERS[tag], None, [_decode(c, child(at, i), depth + 1)
-                                                        for i, c in enumerate(items)])
+    if tag in _SEQUENCES:
+        items = expect(payload, list, at, "a JSON list")
+        return pytree.TreeSpec(_SEQUENCES[tag], None, [_decode(c, child(at, i), depth + 1, built_plain)
+                                                       for i, c in enumerate(items)])
+    if tag == "dict":
+        return pytree.TreeSpec(dict, *_decode_items(payload, at, depth, built_plain))
+    fields = read_fields(payload, at, ("type", "items"), required=("type", "items"))
+    name = expect(fields["type"], str, child(at, "type"), "a class name")
+    keys, children = _decode_items(fields["items"], child(at, "items"), depth, built_plain)
+    if tag == "namedtuple":
+        check_identifier(name, child(at, "type"), "namedtuple name")
+        for i, key in enumerate(keys):
+            check_public(key, child(child(child(at, "items"), i), 0), "namedtuple field")
+        return pytree.TreeSpec(namedtuple, _namedtuple_class(name, tuple(keys)), children)
+    cls, why = output_types.resolve(name, keys, child(at, "type"))
+    if cls is None:
+        built_plain.append(f"{path} as a dict ({name}: {why})")
+        cls = dict
+    return pytree.TreeSpec(cls, keys, children)
+
+
+def _decode_items(doc: Any, path: str, depth: int, built_plain: list[str]) -> tuple[list[Any], list[pytree.TreeSpec]]:
+    """``[[key, structure], ...]`` with distinct string or integer keys, as keys and specs."""
     keys, children = [], []
-    for i, item in enumerate(items):
-        pair = expect(item, list, child(at, i), "a [key, structure] pair")
+    for i, item in enumerate(expect(doc, list, path, "a JSON list")):
+        pair = expect(item, list, child(path, i), "a [key, structure] pair")
         if len(pair) != 2 or not isinstance(pair[0], (str, int)) or isinstance(pair[0], bool) or pair[0] in keys:
-            raise ConfigError(f"{where(child(at, i))}: expected a [key, structure] pair with a new string or "
-                              f"integer key, got {pair!r}", field=child(at, i), value=pair)
+            raise ConfigError(f"{where(child(path, i))}: expected a [key, structure] pair with a new string or "
+                              f"integer key, got {pair!r}", field=child(path, i), value=pair)
         keys.append(pair[0])
-        children.append(_decode(pair[1], child(child(at, i), 1), depth + 1))
-    return pytree.TreeSpec(dict, keys, children)
+        children.append(_decode(pair[1], child(child(path, i), 1), depth + 1, built_plain))
+    return keys, children
+
+
+@functools.lru_cache(maxsize=64)
+def _namedtuple_class(name: str, fields: tuple[str, ...]) -> type:
+    """One class per name and fields, so that two loaded models' outputs have the same type."""
+    return namedtuple(name, fields)  # type: ignore[misc]
 
 
 def _check_inputs(spec: pytree.TreeSpec, names: list[str], path: str) -> None:

@@ -58,10 +58,12 @@ def _encode(spec: pytree.TreeSpec, at: str, changed: list[str]) -> Any:
         return None
     if spec.type in (tuple, list):
         return {spec.type.__name__: [_encode(c, f"{at}[{i}]", changed) for i, c in enumerate(spec.children())]}
-    is_namedtuple = isinstance(spec.context, type) and pytree.is_namedtuple_class(spec.context)
+    is_namedtuple = isinstance(spec.context, type) and pytree.is_namedtuple_class(spec.context) \
+        and not any(field.startswith("_") for field in spec.context._fields)  # load takes public fields
     name = spec.context.__name__ if is_namedtuple else output_types.name_of(spec.type)
     if spec.type is not dict and name is None:
-        changed.append(f"{at} as a tuple (it is a {spec.type.__name__})")
+        shown = spec.context if isinstance(spec.context, type) else spec.type  # a namedtuple's class
+        changed.append(f"{at} as a tuple (it is a {getattr(shown, '__name__', shown)})")
         return {"tuple": [_encode(c, f"{at}[{i}]", changed) for i, c in enumerate(spec.children())]}
     keys = list(spec.context._fields if is_namedtuple else spec.context)
     items = [[key, _encode(c, f"{at}[{key!r}]", changed)] for key, c in zip(keys, spec.children())]

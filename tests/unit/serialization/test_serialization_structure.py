@@ -18,6 +18,7 @@ from qplug_core.errors import SerializationError
 from tests.reliability.artifactkit import rewrite
 
 Boxes = namedtuple("Boxes", ["cls", "box"])
+Renamed = namedtuple("Renamed", ["cls", "def"], rename=True)  # fields cls, _1
 
 
 class Heads(nn.Module):
@@ -37,6 +38,8 @@ class Heads(nn.Module):
             return {"cls": [self.cls(h)], "box": [self.box(h), self.box(h) * 2]}
         if self.kind == "odict":
             return OrderedDict([("cls", self.cls(h)), ("box", self.box(h))])
+        if self.kind == "renamed":
+            return Renamed(self.cls(h), self.box(h))
         return Boxes(self.cls(h), self.box(h))
 
 
@@ -71,6 +74,14 @@ def test_a_namedtuple_output_comes_back_as_a_namedtuple_of_the_same_name_and_fie
         before, after = quantized(x), loaded(x)
     assert type(after).__name__ == "Boxes" and after._fields == ("cls", "box")
     assert torch.equal(after.box, before.box) and _same_leaves(before, after)
+
+
+def test_a_namedtuple_with_a_private_field_is_saved_as_a_tuple_with_a_warning(tmp_path):
+    quantized, x = _quantized("renamed")
+    with pytest.warns(UserWarning, match=r"returns output as a tuple \(it is a Renamed\)"):
+        path = qp.save(quantized, tmp_path / "heads.safetensors")
+    with torch.no_grad():
+        assert type(qp.load(path)(x)) is tuple
 
 
 @pytest.mark.slow  # ~4 s: torch.export of a one-layer BERT

@@ -44,16 +44,26 @@ MODELS = [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
           for name in qp.zoo.list_models() if name != "resnet50"]
 
 
-def _compiler(level: str):
+def _compiler(level: str, exported: dict):
+    """Sessions at graph optimization ``level`` of the ONNX models in ``exported`` (by the
+    side-by-side graph's code: both levels check the same graph, exported once)."""
     settings = SessionSettings(num_threads=1, graph_optimization=level)
-    return lambda partition, example: OrtPartition(partition, example, partition_to_onnx, settings)
+
+    def to_onnx(partition, example):
+        if partition.code not in exported:
+            exported[partition.code] = partition_to_onnx(partition, example)
+        return exported[partition.code]
+
+    return lambda partition, example: OrtPartition(partition, example, to_onnx, settings)
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_every_int8_region_matches_the_reference_form_within_one_step(name):
     _, _, reference = _pair(name)
+    exported: dict = {}
     for level in LEVELS:
-        parity = layer_parity(reference, _compiler(level), inputs(name, 10), operator_support=OrtSupport())
+        parity = layer_parity(reference, _compiler(level, exported), inputs(name, 10),
+                              operator_support=OrtSupport())
         assert parity.regions, f"{name}: no int8 region was checked"
         assert parity.worst.within >= 0.99, f"{name}, graph optimization {level!r}: {parity.worst}"
         assert parity.within >= 0.999, f"{name}, graph optimization {level!r}: {parity.within:.4%}"

@@ -208,6 +208,25 @@ class InputMismatchError(QplugError):
     """The example or calibration inputs do not fit the model (wrong count, shape or dtype)."""
 
 
+#: (builtin error type) -> an InputMismatchError that is also one, made once
+_ALSO_BUILTIN: dict[type, type] = {}
+
+
+def input_mismatch(message: str, builtin: type[BaseException]) -> InputMismatchError:
+    """An :class:`InputMismatchError` also of the builtin type ``builtin`` (``IndexError``,
+    ``RuntimeError``...) where the float model raises that type, so a caller's ``except
+    RuntimeError`` catches ours as it caught torch's; of no other type for a non-builtin one."""
+    if builtin.__module__ != "builtins" or not issubclass(builtin, Exception):
+        return InputMismatchError(message)
+    if builtin not in _ALSO_BUILTIN:
+        try:
+            _ALSO_BUILTIN[builtin] = type(InputMismatchError.__name__, (InputMismatchError, builtin),
+                                          {"__module__": InputMismatchError.__module__})
+        except TypeError:  # a builtin whose instances are laid out otherwise (OSError)
+            _ALSO_BUILTIN[builtin] = InputMismatchError
+    return _ALSO_BUILTIN[builtin](message)
+
+
 class ModelStateError(QplugError):
     """The model is in a state the requested step cannot use (e.g. converting a QAT model in train mode)."""
 

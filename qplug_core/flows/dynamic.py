@@ -38,6 +38,7 @@ from qplug_core.flows.tags import DYNAMIC_LEFT_FLOAT
 from qplug_core.ir.autocast_off import compute_in_float32
 from qplug_core.kernels.base import KernelContext, SwappedLayer, TensorArg
 from qplug_core.kernels.dynamic import unbatched_cell_call
+from qplug_core.kernels.layer_faults import ExplainedLayer, Fault, first_input, name_layers, wrong_width
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
 from qplug_core.kernels.reference import (
     DynamicQuantize,
@@ -61,7 +62,7 @@ FLOAT_TABLE = ("left float: dynamic mode has no embedding kernel; qp.quantize_we
                "embeddings=True) stores the table as 8-bit rows (weights only), as qp.quantize (static) does")
 
 
-class SimulatedDynamic(SwappedLayer):
+class SimulatedDynamic(ExplainedLayer, SwappedLayer):
     """Reference dynamic module: weights rounded once (int8 grid or float16), inputs quantized per
     call with per-batch min/max qparams (cells: the hidden state too, as the int8 cells do).
 
@@ -88,6 +89,11 @@ class SimulatedDynamic(SwappedLayer):
         if hx is not None and isinstance(self.module, nn.RNNCellBase):
             hx = (self.input_quantize(hx[0]), hx[1]) if isinstance(hx, tuple) else self.input_quantize(hx)
         return self.module(x) if isinstance(self.module, nn.Linear) else self.module(x, hx)
+
+    def input_fault(self, args: tuple, kwargs: dict) -> Fault | None:
+        x = first_input(args, kwargs, "x")
+        features = self.module.in_features if isinstance(self.module, nn.Linear) else self.module.input_size
+        return wrong_width(x.data if isinstance(x, PackedSequence) else x, features)
 
     @property
     def weight(self) -> FloatWeightView:
@@ -445,4 +451,5 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
             break
         result.set_submodule(name, replacement)
     remove_qconfig_attributes(result)
+    name_layers(result)
     return compute_in_float32(result).eval()  # the dynamic kernels take float32, autocast or not

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 from torch import fx
 
-from qplug_core.errors import BackendError, InputMismatchError, QplugError, first_line
+from qplug_core.errors import BackendError, InputMismatchError, QplugError, first_line, input_mismatch
 from qplug_core.flows.table_lookups import TableLookup, table_lookups
 from qplug_core.flows.tags import INPUT_SPEC, SPEC_DTYPES
 from qplug_core.ir.call_inputs import input_paths
@@ -44,7 +44,8 @@ def input_fault(gm: fx.GraphModule, args: tuple, kwargs: dict, error: Exception)
            or (_unequal_sizes(given) if _about_sizes(error) else "") or _wrong_dtypes(given))
     if not why:
         return None
-    return _mismatch(f"{why} (the int8 model raised {type(error).__name__}: {first_line(error)[:300]})", error)
+    return input_mismatch(f"{why} (the int8 model raised {type(error).__name__}: {first_line(error)[:300]})",
+                          type(error))
 
 
 #: words of torch's and the runtimes' messages about tensors whose sizes do not fit together
@@ -56,25 +57,6 @@ def _about_sizes(error: BaseException) -> bool:
     example do not explain a failure that says something else (a NaN check, a bug)."""
     text = f"{error} {error.__cause__ or ''}".lower()
     return any(word in text for word in _SIZE_WORDS)
-
-
-#: (builtin error type) -> an InputMismatchError that is also one, made once
-_BOTH: dict[type, type] = {}
-
-
-def _mismatch(message: str, error: Exception) -> InputMismatchError:
-    """The :class:`InputMismatchError` for ``error``, also of ``error``'s builtin type (``IndexError``,
-    ``RuntimeError``...), so a caller's ``except RuntimeError`` catches it as it caught torch's."""
-    kind = type(error)
-    if kind.__module__ != "builtins" or not issubclass(kind, Exception):
-        return InputMismatchError(message)
-    if kind not in _BOTH:
-        try:
-            _BOTH[kind] = type(InputMismatchError.__name__, (InputMismatchError, kind),
-                               {"__module__": InputMismatchError.__module__})
-        except TypeError:  # a builtin whose instances are laid out otherwise (OSError)
-            _BOTH[kind] = InputMismatchError
-    return _BOTH[kind](message)
 
 
 def _failed_running(error: Exception) -> bool:

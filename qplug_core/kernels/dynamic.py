@@ -29,6 +29,14 @@ from qplug_core.kernels._common import (
 from qplug_core.kernels.arithmetic import engine_arithmetic, pair_sums_saturate
 from qplug_core.kernels.base import PackedStateModule, engine_context, quiet_quantized_dtypes
 from qplug_core.kernels.capabilities import engine_capabilities
+from qplug_core.kernels.layer_faults import (
+    ExplainedLayer,
+    Fault,
+    first_input,
+    wrong_dtype,
+    wrong_rank,
+    wrong_width,
+)
 from qplug_core.kernels.reference import dynamic_weight_names
 from qplug_core.kernels.weight_view import FloatWeightView
 from qplug_core.qparams import QParams
@@ -112,7 +120,7 @@ def unpack_stored(packed: object, dtype: torch.dtype) -> tuple[StoredWeight, tor
                              torch.tensor(weight.q_zero_point(), dtype=torch.long), False), bias
 
 
-class DynamicKernel(PackedStateModule):
+class DynamicKernel(ExplainedLayer, PackedStateModule):
     """Shared ``from_float`` checks and weight packing of the dynamic modules."""
 
     _float_type: type[nn.Module] | tuple[type[nn.Module], ...]
@@ -225,6 +233,10 @@ class DynamicLinear(DynamicKernel):
             if x.dim() == 1:  # nn.Linear takes one vector; the ops take batches only
                 return self._op(x.unsqueeze(0), self._packed).squeeze(0)
             return self._op(x, self._packed)
+
+    def input_fault(self, args: tuple, kwargs: dict) -> Fault | None:
+        x = first_input(args, kwargs, "x")
+        return wrong_dtype(x, torch.float32) or wrong_width(x, self._in_features)
 
     def _unpacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(float weight on its int8 / float16 grid, float bias), unpacked at each read: a float copy
@@ -376,6 +388,13 @@ class _DynamicRNN(_DynamicRecurrent):
             return out, states
         return out.squeeze(batch_dim), tuple(state.squeeze(1) for state in states)
 
+    def input_fault(self, args: tuple, kwargs: dict) -> Fault | None:
+        x = first_input(args, kwargs, "x")
+        data = x.data if isinstance(x, PackedSequence) else x
+        # nn.LSTM / nn.GRU check the dtype and the rank first, in Python (ValueError), then the width
+        return (wrong_dtype(data, torch.float32, ValueError) or wrong_rank(x, (2, 3))
+                or wrong_width(data, self.input_size))
+
     def _check_input(self, data: torch.Tensor, packed: bool) -> None:
         """Refuse ``data`` (a tensor input, or a PackedSequence's data) unless it is float32, 3-D or 2-D
         (packed: 2-D) and ``input_size`` wide."""
@@ -497,6 +516,10 @@ class _DynamicCell(_DynamicRecurrent):
         return unbatched_cell_call(self._step, x, hx)
 
     OPTIONS = ("input_size", "hidden_size", "bias")
+
+    def input_fault(self, args: tuple, kwargs: dict) -> Fault | None:
+        x = first_input(args, kwargs, "x")
+        return wrong_dtype(x, torch.float32) or wrong_rank(x, (1, 2)) or wrong_width(x, self.input_size)
 
     def stored_weights(self) -> dict[str, tuple[StoredWeight, torch.Tensor | None]]:
         weights = super().stored_weights()  # a bias-free cell packed None, which qnnpack unpacks as zeros

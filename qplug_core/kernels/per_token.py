@@ -36,6 +36,7 @@ from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, sa
 from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 from qplug_core.kernels.decode_threads import run_with_fastest_threads
+from qplug_core.kernels.layer_faults import ExplainedLayer, Fault, first_input, wrong_width
 from qplug_core.kernels.weight_view import FloatWeightView
 
 __all__ = ["PER_TOKEN_LAYERS", "QMAX", "PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_is_exact",
@@ -321,7 +322,7 @@ def _warn_if_slower_than_float(gemm: str) -> None:
                   "keep these layers float, or use per-tensor dynamic (per_token=False)")
 
 
-class PerTokenDynamicLinear(SwappedLayer):
+class PerTokenDynamicLinear(ExplainedLayer, SwappedLayer):
     """``nn.Linear`` computed as int8 x int8 -> int32 with per-token and per-channel scales.
 
     ``gemm`` picks the integer product: ``"onednn"`` (uint8 activations, packed weights) or
@@ -380,6 +381,9 @@ class PerTokenDynamicLinear(SwappedLayer):
         weight, scale = symmetric_per_channel_int8(linear.weight,
                                                    QMAX if simulate else weight_qmax(gemm))
         return cls(weight, scale, linear.bias, simulate=simulate, shared=shared, gemm=gemm)
+
+    def input_fault(self, args: tuple, kwargs: dict) -> Fault | None:
+        return wrong_width(first_input(args, kwargs, "x"), self.in_features)  # other float dtypes it takes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_tracing() or torch.compiler.is_compiling():

@@ -46,6 +46,7 @@ from qplug_core.kernels.dynamic import (
     RNNCell,
     StoredWeight,
 )
+from qplug_core.kernels.layer_faults import name_layers
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput, best_gemm
 from qplug_core.kernels.reference import dynamic_weight_names
 from qplug_core.kernels.static_int8 import StaticInt8Linear
@@ -345,6 +346,7 @@ def load_swapped(document: dict, tensors: dict[str, torch.Tensor], source: Path,
         step = getattr(model, decode_step.ATTRIBUTE, None)
         if isinstance(step, decode_step.DecodeStepThreads):
             step.restore(threads)
+    name_layers(model)
     return model
 
 

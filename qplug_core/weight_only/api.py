@@ -30,6 +30,7 @@ from qplug_core.flows.checks import check_model, check_weight_values, refuse_qua
 from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.tags import WEIGHT_ONLY
 from qplug_core.kernels.cpu import cpu_int8
+from qplug_core.kernels.layer_faults import name_layers
 from qplug_core.kernels.weight_only import DequantizedKernel, ReferenceKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, quantize
 from qplug_core.nn.computed_weights import copy_model, without_computed_weights
@@ -190,6 +191,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
             warn_user(warning)
     setattr(qmodel, INFO_ATTRIBUTE, info)
     decode_step.install(qmodel.eval())  # the swapped layers too: the whole copy in eval mode
+    name_layers(qmodel)
     return qmodel
 
 

@@ -22,6 +22,7 @@ from qplug_core.ir.tracing import refuse_tracing
 from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.decode_threads import run_within_budget
 from qplug_core.kernels.embedding import bag_lookup, fused_rows
+from qplug_core.kernels.layer_faults import ExplainedLayer, Fault, first_input, ids_outside, wrong_width
 from qplug_core.kernels.per_token import version_counter
 from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, unpack
@@ -60,7 +61,7 @@ def _key(sources: tuple[torch.Tensor | None, ...]) -> tuple:
     return tuple(None if t is None else (id(t), version_counter(t)) for t in sources)
 
 
-class _QuantizedWeightHolder(SwappedLayer):
+class _QuantizedWeightHolder(ExplainedLayer, SwappedLayer):
     def _store(self, weight: QuantizedWeight) -> None:
         self.scheme = weight.scheme
         self.register_buffer("qweight", weight.data)
@@ -124,6 +125,15 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
         packed = self.packing.get(self.weight_tensors, lambda: self.kernel.pack(self.quantized_weight()))
         return run_linear(self.kernel, packed, x, self.bias, self.input_scale, self.out_features, self.scheme)
 
+    def input_fault(self, args: tuple, kwargs: dict) -> Fault | None:
+        x = first_input(args, kwargs, "x")
+        fault = wrong_width(x, self.in_features)
+        if fault is None and isinstance(x, torch.Tensor):
+            reason = self.kernel.supports(self.scheme, self._shape(), x.dtype)
+            if reason:  # the float layer refuses another dtype than its weight's too
+                return RuntimeError, f"runs kernel {self.kernel.name!r}, which cannot take this input: {reason}"
+        return fault
+
     @property
     def weight(self) -> FloatWeightView:
         """The dequantized weight ``[out, in]`` for model code that reads it (T5 checks its dtype in
@@ -182,6 +192,12 @@ class WeightOnlyEmbedding(_QuantizedWeightHolder):
         q = q.view(*ids.shape, groups, k // groups)
         return ((q - zp).to(scales.dtype) * scales[..., None]).view(*ids.shape, k)
 
+    #: what nn.Embedding raises for an id outside its table (nn.EmbeddingBag: RuntimeError)
+    _OUTSIDE: type[Exception] = IndexError
+
+    def input_fault(self, args: tuple, kwargs: dict) -> Fault | None:
+        return ids_outside(first_input(args, kwargs, "ids"), self.num_embeddings, self._OUTSIDE)
+
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, bits={self.scheme.bits}, "
                 f"group_size={self.scheme.group_size}, symmetric={self.scheme.symmetric}")
@@ -193,6 +209,8 @@ class WeightOnlyEmbeddingBag(WeightOnlyEmbedding):
     (:func:`~qplug_core.kernels.embedding.fused_rows`: the looked-up rows are never made float);
     other bags dequantize their entries' rows and run torch's own bag reduction over them. Either
     way offsets, ``per_sample_weights`` and ``padding_idx`` mean what they mean in ``nn.EmbeddingBag``."""
+
+    _OUTSIDE = RuntimeError
 
     def __init__(self, weight: QuantizedWeight, mode: str, include_last_offset: bool = False,
                  padding_idx: int | None = None):

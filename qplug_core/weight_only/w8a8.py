@@ -27,6 +27,7 @@ from qplug_core.flows.dynamic import linear_from_conv1d
 from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.tags import W8A8
 from qplug_core.ir.autocast_off import compute_in_float32
+from qplug_core.kernels.layer_faults import name_layers
 from qplug_core.kernels.per_token import (
     PerTokenDynamicLinear,
     SharedInput,
@@ -157,6 +158,7 @@ def quantize_w8a8(model: nn.Module, calibration_data: Iterable[Any] | None = Non
     setattr(qmodel, W8A8_ATTRIBUTE, info)
     compute_in_float32(qmodel)  # an int8 model computes in float32, autocast or not
     decode_step.install(qmodel.eval())  # the swapped layers too: the whole copy in eval mode
+    name_layers(qmodel)
     return qmodel
 
 

@@ -1,0 +1,105 @@
+"""A module-swapped model's failed call names the layer and the input at fault, and raises the float
+model's builtin error type too (``qplug_core/kernels/layer_faults.py``).
+
+``qp.quantize_dynamic`` / ``qp.quantize_weights`` models handed back fbgemm's, torch's or ONNX
+Runtime's messages naming no layer, and qplug's own refusals escaped ``except RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.errors import InputMismatchError
+
+pytestmark = pytest.mark.usefixtures("plugin_autoload")
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.bag = nn.EmbeddingBag(50, 16, mode="sum")
+        self.enc = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+        self.lstm = nn.LSTM(16, 16, batch_first=True)
+        self.cell = nn.GRUCell(16, 16)
+
+
+@pytest.fixture(scope="module")
+def float_net() -> Net:
+    torch.manual_seed(0)
+    return Net().eval()
+
+
+def _raised(call) -> Exception:
+    with pytest.raises(Exception) as info:
+        call()
+    return info.value
+
+
+def _check(float_call, int8_call, layer: str, says: str) -> None:
+    """The int8 call raises InputMismatchError naming ``layer`` and saying ``says``, also of the
+    builtin type the float call raises."""
+    builtin = type(_raised(float_call))
+    error = _raised(int8_call)
+    assert isinstance(error, InputMismatchError) and isinstance(error, builtin), type(error).__mro__
+    assert f"layer {layer!r}" in str(error) and says in str(error)
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "qnnpack", "reference"])
+def test_a_wrong_feature_size_names_the_dynamic_layer(float_net, backend):
+    int8 = qp.quantize_dynamic(float_net, backend=backend)
+    x = torch.randn(2, 12)
+    _check(lambda: float_net.enc(x), lambda: int8.enc(x), "enc.0", "takes inputs with 16 features")
+    _check(lambda: float_net.lstm(torch.randn(2, 5, 12)), lambda: int8.lstm(torch.randn(2, 5, 12)), "lstm",
+           "got shape (2, 5, 12)")
+    _check(lambda: float_net.cell(x), lambda: int8.cell(x), "cell", "16 features")
+
+
+def test_a_float64_input_names_the_dynamic_layer_as_the_float_one_refuses_it(float_net):
+    int8 = qp.quantize_dynamic(float_net, backend="fbgemm")
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    _check(lambda: float_net.lstm(x), lambda: int8.lstm(x), "lstm", "float32 inputs, got float64")  # ValueError
+    _check(lambda: float_net.enc(x), lambda: int8.enc(x), "enc.0", "float32 inputs, got float64")  # RuntimeError
+
+
+def test_a_per_token_layer_given_a_wrong_feature_size_is_named(float_net):
+    int8 = qp.quantize_dynamic(float_net, backend="fbgemm", per_token=True)
+    _check(lambda: float_net.enc(torch.randn(3, 8)), lambda: int8.enc(torch.randn(3, 8)), "enc.0",
+           "16 features")
+
+
+@pytest.mark.parametrize("bits, kernel", [(8, "torch-int8pack"), (4, "reference")])
+def test_an_id_outside_a_weight_only_table_names_it_as_the_float_table_fails(float_net, bits, kernel):
+    """The float table raises IndexError, the float bag RuntimeError: so do ours, naming the layer
+    (the kernel is forced: measuring them is not the point here)."""
+    int8 = qp.quantize_weights(float_net, bits=bits, embeddings=True, kernel=kernel)
+    ids = torch.tensor([[1, 2, 60]])
+    _check(lambda: float_net.emb(ids), lambda: int8.emb(ids), "emb", "ids from 1 to 60, but its table has 50 rows")
+    _check(lambda: float_net.bag(ids), lambda: int8.bag(ids), "bag", "ids from 1 to 60")
+    minus = torch.tensor([3, -1])
+    _check(lambda: float_net.emb(minus), lambda: int8.emb(minus), "emb", "ids from -1 to 3")
+    x = torch.randn(2, 12)
+    _check(lambda: float_net.enc(x), lambda: int8.enc(x), "enc.0", "16 features")
+
+
+def test_a_saved_and_loaded_dynamic_model_still_names_its_layers(float_net, tmp_path):
+    int8 = qp.quantize_dynamic(float_net, backend="fbgemm")
+    qp.save(int8, tmp_path / "m.qplug")
+    loaded = qp.load(tmp_path / "m.qplug", model=Net().eval())
+    with pytest.raises(RuntimeError, match=r"layer 'enc\.0' \(DynamicLinear\)"):
+        loaded.enc(torch.randn(2, 12))
+
+
+def test_refusals_the_float_model_does_not_share_keep_their_type_and_gain_the_name(float_net):
+    """NaN: the float layer answers NaN, so qplug's refusal stays of its own type only; a layer built
+    on its own has no name to give, and says its class."""
+    int8 = qp.quantize_dynamic(float_net, backend="fbgemm")
+    error = _raised(lambda: int8.enc(torch.full((2, 16), float("nan"))))
+    assert type(error) is InputMismatchError and "layer 'enc.0' (DynamicLinear): " in str(error)
+    assert "NaN" in str(error)
+    alone = type(int8.enc[0]).from_float(nn.Linear(16, 4))
+    with pytest.raises(RuntimeError, match=r"^DynamicLinear: int8 DynamicLinear takes inputs with 16"):
+        alone(torch.randn(2, 3))

@@ -59,11 +59,16 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
         return _tagged(_symbolic(model, trace), "symbolic")
     if level == "export":
         return _tagged(_raised_export(model, _require_inputs(example_inputs, level)), "export")
-    if example_inputs is not None and any(value is None for value in example_inputs):
+    nones = [name for name, value in _named(model, example_inputs or ()) if value is None]
+    if nones:
         try:  # symbolic tracing takes a None given as an input for a tensor: `if mask is not None` is
-            return _tagged(_raised_export(model, example_inputs), "export")  # traced the wrong way
-        except TraceError:
-            pass
+            exported = _tagged(_raised_export(model, example_inputs), "export")  # traced the wrong way
+        except TraceError as error:
+            _warn_none_inputs(model, nones, error)
+        else:
+            _warn_none_inputs(model, nones, None)
+            _warn_fixed_image_sizes(model, example_inputs, f"its example input {nones[0]} is None")
+            return exported
     try:
         traced = _symbolic(model, trace)
     except TraceError as symbolic_error:
@@ -74,24 +79,66 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
             exported = _tagged(_raised_export(model, example_inputs), "export")
         except TraceError as export_error:
             return _partly_opaque(model, trace, symbolic_error, export_error)
-        _warn_fixed_image_sizes(model, example_inputs, symbolic_error)
+        # torch's advice on tracing follows its first sentence: not the point here
+        _warn_fixed_image_sizes(model, example_inputs,
+                                f"it does not trace symbolically ({first_line(symbolic_error).split('. ')[0]})")
         return exported
-    if example_inputs is not None and _has_composite_leaves(traced):
+    composite = _composite_leaves(traced) if example_inputs is not None else []
+    if composite:
         try:  # their projections are only visible (and quantizable) in the exported graph
-            return _tagged(_raised_export(model, example_inputs), "export")
-        except TraceError:
-            pass
+            exported = _tagged(_raised_export(model, example_inputs), "export")
+        except TraceError as error:
+            _warn_float_composites(model, composite, error)
+        else:
+            _warn_fixed_image_sizes(model, example_inputs, f"it holds {_listed(composite)}, whose projections "
+                                                           "only an exported graph shows")
+            return exported
     return _tagged(traced, "symbolic")
 
 
-def _warn_fixed_image_sizes(model: nn.Module, example_inputs: tuple[Any, ...], why: TraceError) -> None:
-    """Say at quantize time what the export fallback fixed: a detector quantized at 256x256 refused
-    its first request of another size, with nothing said before."""
+def _listed(modules: list[tuple[str, str]], most: int = 3) -> str:
+    """``nn.TransformerEncoderLayer 'enc.layers.0', ...`` for (name, type name) pairs."""
+    shown = ", ".join(f"{kind} {name!r}" for name, kind in modules[:most])
+    return shown + (f" and {len(modules) - most} more" if len(modules) > most else "")
+
+
+def _short(error: Exception) -> str:
+    """An error's first line, cut where torch's long advice would follow."""
+    return first_line(error)[:300]
+
+
+def _warn_none_inputs(model: nn.Module, nones: list[str], export_error: TraceError | None) -> None:
+    """Say which capture a None example input led to: symbolic tracing would take it for a tensor."""
+    inputs = ", ".join(nones)
+    why = (f"example input {inputs} of {type(model).__name__} is None, which symbolic tracing would take for a "
+           "tensor (tracing `if ... is not None` branches the way the model does not run)")
+    if export_error is None:
+        warn_user(f"qplug: the {why}, so capture='auto' used torch.export (report.capture is 'export'). Pass "
+                  "capture='export' to choose it, or leave the argument out of example_inputs so that "
+                  "symbolic tracing takes its default as a constant")
+    else:
+        warn_user(f"qplug: the {why}, but torch.export could not capture the model ({_short(export_error)}), so "
+                  "capture='auto' traced it symbolically all the same. Leave the argument out of "
+                  "example_inputs so that symbolic tracing takes its default as a constant, or pass "
+                  "capture='symbolic' to choose this")
+
+
+def _warn_float_composites(model: nn.Module, composite: list[tuple[str, str]], export_error: TraceError) -> None:
+    """Say that attention / transformer modules stay float: only the exported graph shows their
+    projections, and torch.export failed."""
+    warn_user(f"qplug: {type(model).__name__} holds {_listed(composite)}, whose linear projections only a "
+              f"torch.export capture can quantize, but torch.export could not capture it ({_short(export_error)}); "
+              "capture='auto' traced it symbolically and these modules stay float. Pass capture='symbolic' to "
+              "choose this, or capture='export' to see the export fail")
+
+
+def _warn_fixed_image_sizes(model: nn.Module, example_inputs: tuple[Any, ...], why: str) -> None:
+    """Say at quantize time what an export capture fixed: a detector quantized at 256x256 refused
+    its first request of another size, with nothing said before. ``why``: why auto exported."""
     images = [f"{name} {value.shape[2]}x{value.shape[3]}" for name, value in _named(model, example_inputs)
               if is_image(value)]
     if images:
-        reason = first_line(why).split(". ")[0]  # torch's advice on tracing follows: not the point here
-        warn_user(f"qplug: {type(model).__name__} does not trace symbolically ({reason}), so capture='auto' "
+        warn_user(f"qplug: {type(model).__name__}: {why}, so capture='auto' "
                   f"used torch.export, which keeps the height and width of image inputs at the example's "
                   f"({', '.join(images)}): a call with another size raises InputMismatchError. To take other "
                   "sizes, export the model yourself with dynamic height and width, e.g. "
@@ -151,10 +198,11 @@ _COMPOSITE_LEAVES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.Trans
                      nn.TransformerEncoder, nn.TransformerDecoder, nn.Transformer)
 
 
-def _has_composite_leaves(gm: GraphModule) -> bool:
+def _composite_leaves(gm: GraphModule) -> list[tuple[str, str]]:
+    """(name, type name) of each composite leaf the traced graph calls."""
     modules = dict(gm.named_modules(remove_duplicate=False))
-    return any(node.op == "call_module" and isinstance(modules[node.target], _COMPOSITE_LEAVES)
-               for node in gm.graph.nodes)
+    return [(str(node.target), type(modules[node.target]).__name__) for node in gm.graph.nodes
+            if node.op == "call_module" and isinstance(modules[node.target], _COMPOSITE_LEAVES)]
 
 
 def _tagged(gm: GraphModule, level: str) -> GraphModule:
@@ -200,6 +248,11 @@ def _partly_opaque(model: nn.Module, trace: dict, symbolic_error: TraceError,
             continue
         gm.meta[CAPTURE] = "symbolic"
         gm.meta[CAPTURE_SKIPPED] = skipped
+        opaque = [name for name, _, _ in skipped]
+        warn_user(f"qplug: neither symbolic tracing nor torch.export captures {type(model).__name__} whole "
+                  f"({_short(export_error)}), so capture='auto' keeps {_listed([(n, t) for n, t, _ in skipped])} float, "
+                  "as opaque calls (report.skipped gives each reason). Pass capture='symbolic' with "
+                  f"non_traceable_module_names={opaque!r} to choose this")
         return gm
     raise TraceError(f"neither symbolic tracing nor torch.export can capture "
                      f"{type(model).__name__}: {error}; {export_error}",

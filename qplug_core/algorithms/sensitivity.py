@@ -1,11 +1,20 @@
 """Per-layer sensitivity: how much output error each weighted layer causes when int8.
 
-Two measurements per layer (or per group of layers), each a full quantization with the
-backend's own flow and kernels, scored on the model's output against float:
+Two figures per layer (or per group of layers), scored on the model's output against float:
 
-* **alone int8**: only this layer's weights and input are int8 (every other weighted layer
-  float) -- the error the layer *causes*;
-* **alone float**: every other layer int8, this one left out -- what keeping it float *buys*.
+* **alone int8**: only this layer int8 (weights, input and output on their grids; every other
+  op float) -- the error the layer *causes*;
+* **alone float**: every other op int8, this layer's weights float (and its input and output
+  where no int8 neighbour needs them rounded) -- what keeping it float *buys*.
+
+Both come from ONE calibration: the model is quantized once (its all-int8 score is the backend's
+own converted model), and its reference form's layers become switches (:mod:`.layer_switches`),
+so each figure is one forward pass over the evaluation data, not a quantization (two per layer
+took 671 s on a small diffusion UNet). ``exact=True`` measures as before: a full quantization
+with the backend's flow and kernels for every figure. It differs where leaving neighbours float
+changes a value's grid (a ReLU6 folded into a conv's output grid only while the next layer is
+int8, fbgemm's 7-bit depthwise inputs) and in alone int8, where it keeps every op without
+weights (add, matmul) int8 too.
 
 Layers are named as in the fused float model (``qp.fuse_fx``); ``group="role"`` ties the layers
 that play the same part in repeated blocks (``encoder.layer.*.output.dense``) so a 6-block
@@ -32,6 +41,7 @@ from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError
 from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.regions import CallCounter, resolve_qconfig
+from qplug_core.flows.tags import WEIGHT_BITS_DECIDED, WEIGHT_BITS_REUSE
 from qplug_core.observers.tokens import token_mask
 
 __all__ = ["LayerSensitivity", "OutputScore", "SensitivityReport", "sensitivity"]
@@ -339,14 +349,16 @@ def _cells(score: OutputScore, with_metric: bool) -> list[str]:
 def sensitivity(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
                 backend: Any = None, qconfig_mapping: QConfigMapping | None = None,
                 data: Any = None, recipe: Any = "none", group: str = "layer",
-                metric: Any = None) -> SensitivityReport:
+                metric: Any = None, exact: bool = False) -> SensitivityReport:
     """Rank ``model``'s weighted layers by the output error each causes when int8.
 
     ``data`` are the evaluation batches (default: the calibration data); ``recipe`` runs first as
-    in :func:`qp.quantize`; ``metric`` adds a user score (:data:`METRIC_SIGNATURE`). Costs two
-    quantizations per layer (or role group): use a small calibration set.
+    in :func:`qp.quantize`; ``metric`` adds a user score (:data:`METRIC_SIGNATURE`). Costs one
+    quantization and two forward passes over ``data`` per layer (or role group), the layers
+    switched in the reference form (:mod:`.layer_switches`); ``exact=True`` quantizes twice per
+    layer with the backend's own flow and kernels instead (the old measurement: slow).
     """
-    from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
+    from qplug_core.algorithms.pipeline import prepare_algorithms
     from qplug_core.flows.steps import resolve_backend
 
     if metric is not None:
@@ -358,19 +370,61 @@ def sensitivity(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
                                                for b in data]
     reference, masks = float_outputs(gm, evaluation), padding_masks(gm, evaluation)
 
-    def run(m: QConfigMapping) -> OutputScore:
-        return score(quantize_fused(gm, inputs, batches, chosen, m, progress=False), evaluation,
-                     reference, metric, masks)
+    def scored(qmodel: nn.Module) -> OutputScore:
+        return score(qmodel, evaluation, reference, metric, masks)
 
     names = quantized_layers(gm, mapping)
+    groups = group_layers(names, group)
+    measure = _quantized_per_layer if exact else _switched_per_layer
+    report = measure(gm, inputs, batches, chosen, mapping, names, groups, scored)
+    report.layers.sort(key=lambda s: -s.alone_float.sqnr_db)
+    return report
+
+
+def _switched_per_layer(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend: Any,
+                        mapping: QConfigMapping, names: list[str], groups: list[list[str]],
+                        scored: Any) -> SensitivityReport:
+    """One calibration: all int8 on the backend's kernels, then each group switched alone int8 in
+    the float graph and alone float in the reference form of the same calibrated observers."""
+    from qplug_core.algorithms.layer_switches import flipped, with_switches
+    from qplug_core.algorithms.pipeline import prepare_sharing_weights
+    from qplug_core.flows.steps import calibrate, convert_fx, convert_to_reference_fx
+
+    calibrated = prepare_sharing_weights(gm, mapping, inputs, backend)
+    calibrate(calibrated, batches, progress=False)
+    all_int8 = convert_fx(calibrated, backend=backend)
+    report = SensitivityReport(scored(all_int8))
+    if WEIGHT_BITS_DECIDED in all_int8.meta:  # the reference weights on the backend's weight bits
+        calibrated.meta[WEIGHT_BITS_REUSE] = all_int8.meta[WEIGHT_BITS_DECIDED]
+    del all_int8
+    int8_form = convert_to_reference_fx(calibrated, inplace=True)
+    float_side, to_int8 = with_switches(gm, int8_form, gm, names, int8=False)
+    int8_side, to_float = with_switches(int8_form, int8_form, gm, names, int8=True)
+    for layers in groups:
+        with flipped([s for name in layers for s in to_int8.get(name, [])]):
+            alone_int8 = scored(float_side)
+        with flipped([s for name in layers for s in to_float.get(name, [])]):
+            alone_float = scored(int8_side)
+        report.layers.append(LayerSensitivity(role_name(layers), tuple(layers), alone_int8, alone_float))
+    return report
+
+
+def _quantized_per_layer(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend: Any,
+                         mapping: QConfigMapping, names: list[str], groups: list[list[str]],
+                         scored: Any) -> SensitivityReport:
+    """Two full quantizations per group with the backend's flow and kernels (``exact=True``)."""
+    from qplug_core.algorithms.pipeline import quantize_fused
+
+    def run(m: QConfigMapping) -> OutputScore:
+        return scored(quantize_fused(gm, inputs, batches, backend, m, progress=False))
+
     report = SensitivityReport(run(mapping))
-    for layers in group_layers(names, group):
+    for layers in groups:
         alone_int8 = copy.deepcopy(mapping)
         for name in names:
             if name not in layers:
                 alone_int8.set_module_name(name, None)
         report.layers.append(LayerSensitivity(
             role_name(layers), tuple(layers), run(alone_int8),
-            run(with_fallback(mapping, layers, "float", chosen, gm))))
-    report.layers.sort(key=lambda s: -s.alone_float.sqnr_db)
+            run(with_fallback(mapping, layers, "float", backend, gm))))
     return report

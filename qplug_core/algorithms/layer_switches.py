@@ -141,7 +141,7 @@ def with_switches(target: fx.GraphModule, reference: fx.GraphModule, float_gm: f
             call = (calls[name][k:k + 1] or [_Call(None, None, False, False)])[0]
             switch = LayerSwitch(float_gm.get_submodule(name), reference.get_submodule(name), call,
                                  int8=int8, float_pairs=in_reference)
-            path = f"qplug_switch_{i}_{k}"
+            path = f"sensitivity_switch_{i}_{k}"
             result.add_submodule(path, switch)
             # in the reference form the switch reads the value before its input's pair and
             # stands for its output's pair: it applies them itself

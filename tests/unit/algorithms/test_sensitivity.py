@@ -44,7 +44,7 @@ def _images(n: int = 2):
     return [(torch.randn(4, 3, 8, 8, generator=g),) for _ in range(n)]
 
 
-@pytest.mark.slow  # exact=True: nine quantizations, ~3 s on a shared core
+@pytest.mark.slow  # exact=True: nine quantizations, 3-10 s on a shared core
 def test_one_calibration_gives_the_figures_of_a_quantization_per_layer(plugin_autoload):
     model, data = _SmallCNN().eval(), _images()
     fast = qp.sensitivity(model, data[0], data, backend="fbgemm")

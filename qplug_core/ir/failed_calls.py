@@ -10,6 +10,10 @@ frame, so torch prints no generated code for it; an error it leaves alone is re-
 ``recompile()`` keeps the class's ``_wrapped_call``, and a module whose code is not generated yet
 (``ir/deferred_code.py``) has none: its first ``recompile()`` finds the function as the class's
 ``__call__`` and wraps it. Deep copies (a new class each) get it again.
+
+qplug's own calls of a GraphModule that may fail on a caller's inputs (a partition's reference form,
+the read of a table's ids) go through :func:`quiet_call` instead, which skips that printout and
+leaves the error to its caller.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torch import fx
+from torch import fx, nn
 
-__all__ = ["Explain", "explain_failures"]
+__all__ = ["Explain", "explain_failures", "quiet_call"]
 
 #: ``(model, args, kwargs, error) -> the error to raise instead`` (from ``error``), or None
 Explain = Callable[[fx.GraphModule, tuple, dict, Exception], "Exception | None"]
@@ -67,3 +71,12 @@ class _ExplainCopies:
 
     def __call__(self, copy: fx.GraphModule) -> None:
         explain_failures(copy, self.explain)
+
+
+def quiet_call(form: Callable[..., Any], inputs: tuple) -> Any:
+    """``form(*inputs)``; a GraphModule is called as a plain module (its hooks run), so that a
+    failure prints none of its generated code on stderr (at every such request of a server): the
+    caller handles the error."""
+    if isinstance(form, fx.GraphModule):
+        return nn.Module.__call__(form, *inputs)
+    return form(*inputs)

@@ -45,6 +45,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError, QplugError, warn_user
+from qplug_core.ir.failed_calls import quiet_call
 from qplug_core.ir.tracing import refuse_tracing, run_eagerly, warn_state_dict_incomplete
 from qplug_core.partition.denormals import call_flushing_denormals
 from qplug_core.partition.held import HoldsPartition
@@ -97,15 +98,6 @@ def input_signature(inputs) -> tuple:
 
 def described_signature(signature: tuple) -> str:
     return ", ".join(f"{tuple(shape)} {str(dtype).removeprefix('torch.')}" for shape, dtype in signature)
-
-
-def quiet_call(form: Callable[..., Any], inputs: tuple) -> Any:
-    """``form(*inputs)``, where a reference form raising on the caller's inputs is made qplug's
-    error about them: called as a plain module, so that torch.fx prints no generated code of
-    qplug's partition on stderr (at every such request of a server)."""
-    if isinstance(form, fx.GraphModule):
-        return nn.Module.__call__(form, *inputs)
-    return form(*inputs)
 
 
 def reference_answer(reference: Callable[..., Any], inputs: tuple, error: Exception, check: SignatureCheck) -> Any:

@@ -15,6 +15,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError
+from qplug_core.ir.failed_calls import quiet_call
 
 _TABLES = (nn.Embedding, nn.EmbeddingBag)
 
@@ -73,8 +74,8 @@ class IdBounds:
     def check(self, inputs: tuple[torch.Tensor, ...]) -> None:
         """Raise :class:`InputMismatchError` for an id the float table would refuse."""
         if self._positions is None:
-            try:  # forward, not the call: a GraphModule's call prints its code to stderr as it fails
-                read = self._read.forward(*inputs)
+            try:
+                read = quiet_call(self._read, inputs)
             except Exception:  # noqa: BLE001 - inputs the ops cannot take: the partition's call says why
                 return
         else:

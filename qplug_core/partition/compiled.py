@@ -346,10 +346,11 @@ class CompiledPartition(HoldsPartition, nn.Module):
         # at batch 1 on a small model the runtime takes ~15 us: every microsecond here counts
         if torch.jit.is_tracing() or torch.compiler.is_exporting():
             refuse_tracing(f"a partition compiled by {type(self).__name__}", inputs)
+        signature = self._signature(inputs)
         id_bounds = self.__dict__.get("_id_bounds")
         if id_bounds is not None:
-            id_bounds.check(inputs)
-        route = self._routes.get(self._signature(inputs))
+            id_bounds.check(inputs, signature)
+        route = self._routes.get(signature)
         if route is None:
             if any(isinstance(x, torch.Tensor) and x.numel() == 0 for x in inputs):
                 return self.partition(*inputs)  # an empty batch: OpenVINO refuses to compile size 0

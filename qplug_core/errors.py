@@ -61,11 +61,20 @@ def notify(message: str) -> None:
 
 
 def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
-    """Warn at the first frame outside qplug, so the warning points at the user's call."""
+    """Warn at the first frame outside qplug (the core, its plugins), torch and the code torch.fx
+    generates, so the warning points at the user's call: a delegated partition's warnings pass
+    through the model's generated forward, torch's module calls and dynamo's wrappers."""
     frame, level = sys._getframe(1), 2
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(("qplug_core", "qplug_")):
+    while frame.f_back is not None and _inner(frame):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def _inner(frame: Any) -> bool:
+    """Whether ``frame`` runs qplug's or torch's code (a GraphModule's generated forward counts)."""
+    name = frame.f_globals.get("__name__") or ""
+    return name.startswith(("qplug_", "torch.")) or name == "torch" \
+        or frame.f_code.co_filename.startswith("<eval_with_key>")
 
 
 class QplugError(Exception):

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -322,7 +321,7 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
         split.update(wrong)
         refused.update(wrong)  # planned again without them; each round refuses another region
     for why in dict.fromkeys(split.values()):
-        warnings.warn(f"qplug: backend {backend_name!r}: {why}", stacklevel=3)
+        warn_user(f"qplug: backend {backend_name!r}: {why}")
     support.warn_failed_reasons()
     if example_inputs is not None:
         _warn_refused_layers(gm, outside, refused, report_key)
@@ -345,8 +344,8 @@ def _warn_refused_layers(gm: fx.GraphModule, outside: dict[str, str], refused: d
     if new:
         listed = "; ".join(new[:5]) + (f"; and {len(new) - 5} more" if len(new) > 5 else "")
         listed += f"; {', '.join(named)} (named above)" if named else ""
-        warnings.warn(f"qplug: {len(layers)} int8 layer(s) run in PyTorch in reference form (int8 rounding "
-                      f"simulated in float, slower than the backend's own): {listed}", stacklevel=4)
+        warn_user(f"qplug: {len(layers)} int8 layer(s) run in PyTorch in reference form (int8 rounding "
+                  f"simulated in float, slower than the backend's own): {listed}")
 
 
 def _compiled(delegate: Delegate, gm: fx.GraphModule, nodes: list[fx.Node], values: dict[fx.Node, Any],
@@ -385,12 +384,11 @@ def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]
         else:
             assert verdict is not None
             if verdict.reason:
-                warnings.warn(f"qplug: backend {backend_name!r}: {verdict.reason}", stacklevel=4)
+                warn_user(f"qplug: backend {backend_name!r}: {verdict.reason}")
                 summary.reference.update(dict.fromkeys(anchors, verdict.reason))
                 continue
             if verdict.note:
-                warnings.warn(f"qplug: backend {backend_name!r}: partition {partition_name} {verdict.note}",
-                              stacklevel=4)
+                warn_user(f"qplug: backend {backend_name!r}: partition {partition_name} {verdict.note}")
             module = _served(verdict.module, partition_gm, gm.meta, delegate, partition_name, len(anchors),
                              backend_name)
         gm.set_submodule(partition_name, module)
@@ -551,8 +549,8 @@ class FirstCallCheck:
                            self.backend_name, self.arithmetic, "on its first inputs after qp.load on this CPU")
         reason, note = verdict.reason, verdict.note
         if reason or note:
-            warnings.warn(f"qplug: backend {self.backend_name!r}: "
-                          + (reason or f"partition {self.name} {note}"), stacklevel=4)
+            warn_user(f"qplug: backend {self.backend_name!r}: "
+                      + (reason or f"partition {self.name} {note}"))
         report = self.meta.get(REPORT)
         if report is not None and reason:
             for anchor in self.anchors:

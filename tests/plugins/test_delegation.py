@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import re
 import warnings
@@ -639,6 +640,25 @@ def test_a_new_input_signature_whose_model_fails_or_is_wrong_runs_the_reference_
             assert type(session).builds == builds
             assert torch.equal(lowered(three), reference(three))
     assert type(session).builds == builds + 1  # batch 3 compiled, checked and kept
+
+
+@pytest.mark.parametrize("when", ["new input signature", "first call after qp.load"])
+def test_a_warning_raised_while_a_partition_runs_points_at_the_user_s_call(fake_dist, tmp_path, when):
+    """It pointed at torch's module call (``torch/nn/modules/module.py``) or dynamo's wrapper: the
+    user could not tell which of their calls met a refused signature or a partition that failed its
+    check after qp.load."""
+    fake_dist("qplug-npu", NPU.replace('AT_BATCH_1 = ""', 'AT_BATCH_1 = "wrong"') if when == "new input signature"
+              else NPU)
+    observed, data = _quantize("npu")
+    model, x = qp.convert_fx(observed), data[1][0][:1]  # batch 1: computed wrongly
+    if when == "first call after qp.load":
+        model, x = qp.load(qp.save(model, tmp_path / "npu.safetensors")), data[1][0]
+        importlib.import_module("qplug_npu").WRONG = True  # the serving host's SDK is wrong
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        model(x)
+    assert [(w.filename, w.lineno) for w in caught if "qplug: backend 'npu'" in str(w.message)] == [(__file__, line)]
 
 
 @pytest.mark.parametrize("loaded", [False, True])

@@ -70,6 +70,7 @@ from qplug_core.partition.fuse import build_submodule
 from qplug_core.partition.lazy import LazyPartition
 from qplug_core.partition.served import ServedPartition, runs
 from qplug_core.partition.sole import install as install_sole_call
+from qplug_core.partition.stored_model import StoredPartition
 from qplug_core.registry import plugins
 from qplug_core.registry.contract import Delegate
 
@@ -86,8 +87,8 @@ MAX_BIAS_STEPS = 0.25
 #: a multi-region partition's float outputs: error L2 norm relative to the reference's, where
 #: the reference form's own rounding noise cannot be measured (``_scale_problem``)
 MAX_RELATIVE_L2 = 0.2
-#: partition -> (input signature, serialized ONNX model) of each model a file stores for it
-StoredModels = dict[str, list[tuple[tuple, bytes]]]
+#: partition -> the ONNX models a file stores for it
+StoredModels = dict[str, StoredPartition]
 #: the prefix of the submodules holding compiled partitions (``delegate_0``, ...)
 PREFIX = "delegate_"
 _CALLS = ("call_module", "call_function", "call_method")
@@ -378,7 +379,7 @@ def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]
         if loading:  # compiled at the first call, checked where it may saturate
             module: nn.Module = LazyPartition(
                 partition_gm, FirstCallCheck(gm.meta, delegate, partition_name, anchors, backend_name, arithmetic,
-                                             _usable(stored.get(partition_name, []), partition_gm, partition_name,
+                                             _usable(stored.get(partition_name), partition_gm, partition_name,
                                                      backend_name)),
                 name=partition_name, backend=backend_name)
         else:
@@ -409,19 +410,19 @@ def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]
     return summary
 
 
-def _usable(stored: list[tuple[tuple, bytes]], partition: fx.GraphModule, name: str, backend_name: str
-            ) -> list[tuple[tuple, bytes]]:
-    """The ``stored`` models of ``partition`` if every one passes the checks, else none (and a
-    warning: the partition is exported again from its reference form at its first call)."""
+def _usable(stored: StoredPartition | None, partition: fx.GraphModule, name: str, backend_name: str
+            ) -> StoredPartition | None:
+    """``stored`` if every one of its models passes the checks, else None (and a warning: the
+    partition is exported again from its reference form at its first call)."""
     from qplug_core.partition.stored_model import stored_model_problem
 
-    for signature, source in stored:
+    for signature, source in stored.models if stored is not None else ():
         problem = stored_model_problem(source, partition, signature)
         if problem:
             warn_user(f"qplug: backend {backend_name!r}: the ONNX model the file stores for partition {name} is "
                       f"not used: {problem}; the partition is exported again from its reference form at its "
                       "first call (seconds; the file may be damaged or tampered with)")
-            return []
+            return None
     return stored
 
 
@@ -529,20 +530,21 @@ class FirstCallCheck:
     The check costs one reference-form run per partition, at its first call (and the import of
     torch._dynamo its ops' first call brings: ~2 s, ~70 MiB). A partition that runs the models
     the file stores (those convert checked, on a CPU of the same VNNI) is checked only where its
-    kernels may saturate int16 pair sums here."""
+    kernels may saturate int16 pair sums here, or where the file records another version of the
+    runtime than the one building them here."""
 
     def __init__(self, meta: dict, delegate: Delegate, name: str, anchors: list[str],
-                 backend_name: str, arithmetic: Any, stored: list[tuple[tuple, bytes]] | None = None):
+                 backend_name: str, arithmetic: Any, stored: StoredPartition | None = None):
         self.meta, self.delegate, self.name, self.anchors = meta, delegate, name, anchors
         self.backend_name, self.arithmetic = backend_name, arithmetic
-        self.stored = stored or []  # the models the file stores for it, built instead of exporting
+        self.stored = stored  # the models the file stores for it, built instead of exporting
 
     @torch.autocast("cpu", enabled=False)  # a first call under the caller's autocast: checked in float32
     def __call__(self, partition: fx.GraphModule, inputs: tuple) -> nn.Module:
-        stored, self.stored = self.stored, []  # once: a compile made safer below exports its changed weights
-        with built_from(stored):
+        stored, self.stored = self.stored, None  # once: a compile made safer below exports its changed weights
+        with built_from(stored.models if stored is not None else []):
             module = compile_untouched(self.delegate.compile, partition, inputs, _compiler(self.backend_name))
-        if getattr(module, "from_stored", False) and not may_saturate(partition, self.arithmetic):
+        if self._as_checked_at_save(module, partition, stored):
             return _served(module, partition, self.meta, self.delegate, self.name, len(self.anchors),
                            self.backend_name)
         verdict = _checked(self.delegate, module, partition, inputs, self.anchors, self.name,
@@ -571,6 +573,14 @@ class FirstCallCheck:
             verdict.module.hold(int8_form(partition, {}))
         return partition if reason else _served(verdict.module, partition, self.meta, self.delegate, self.name,
                                                 len(self.anchors), self.backend_name)
+
+    def _as_checked_at_save(self, module: nn.Module, partition: fx.GraphModule, stored: StoredPartition | None
+                            ) -> bool:
+        """Whether ``module`` runs the models the file stores as convert checked them: built from
+        them by the runtime version that checked them (where the file records it), on a CPU whose
+        int16 pair sums cannot saturate."""
+        return (stored is not None and isinstance(module, CompiledPartition) and module.from_stored
+                and stored.runtime in (None, module.runtime()) and not may_saturate(partition, self.arithmetic))
 
     def __deepcopy__(self, memo: dict) -> FirstCallCheck:
         clone = copy.copy(self)

@@ -168,6 +168,13 @@ class CompiledPartition(HoldsPartition, nn.Module):
         one caller (OpenVINO's infer request) gives the copy its own around the same model."""
         return compiled
 
+    def runtime(self) -> tuple[str, str] | None:
+        """The runtime that builds and runs the compiled models and its version (``("onnxruntime",
+        "1.23.2")``): ``qp.save`` records it beside the models it stores, and a first call after
+        ``qp.load`` under another version holds them to the contract again. Default: None (not
+        said; stored models are run as the file's CPU class allows)."""
+        return None
+
     def runtime_int8(self) -> list[torch.Tensor]:
         """int8 tensors the runtime keeps for its compiled models as they are (views of its own
         memory, never written): a reference form held with int8 weights takes the ones equal to

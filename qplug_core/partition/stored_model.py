@@ -1,4 +1,5 @@
-"""Checks on an ONNX model read from a file before a runtime builds it (``qp.load``'s stored partitions).
+"""What a file stores for a compiled partition, and the checks on an ONNX model read from it before
+a runtime builds it (``qp.load``'s stored partitions).
 
 A runtime runs what a model names: a custom op domain loads a library's kernel, a tensor with
 external data reads a file at a path the model gives. A stored partition model is data only if it
@@ -12,6 +13,7 @@ and give as many tensors as its partition's reference form, of the dtypes it was
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,6 +21,16 @@ from torch import fx
 
 #: op domains qplug's exporter emits besides the standard one ("" or "ai.onnx")
 DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
+
+
+@dataclass(frozen=True)
+class StoredPartition:
+    """The ONNX models a file stores for one partition (input signature, serialized model) and the
+    runtime that compiled and checked them at save (name, version; None in files older than that
+    record, or from a plugin that does not say): a first call on another version is checked again."""
+
+    models: list[tuple[tuple, bytes]]
+    runtime: tuple[str, str] | None = None
 
 
 def stored_model_problem(source: bytes, partition: fx.GraphModule, signature: Sequence[tuple[Any, torch.dtype]]

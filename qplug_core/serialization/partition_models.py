@@ -5,10 +5,12 @@ form: an export (the digits CNN's first call took 7.0 s on onnxruntime, 14.4 s o
 worker held torch.onnx and onnxscript, ~237 MiB, for a 38 KB model). ``qp.save`` stores the ONNX
 model each compiled partition was built from, for each input signature it was compiled for, as
 uint8 tensors under ``partition_models/<partition>/<i>`` (covered by the file's digest); the record
-(partition -> the CPU's VNNI at save and, per model, its tensor and input signature) is plain data.
-``qp.load`` hands them to the first call (``flows/delegate.FirstCallCheck``), which builds the
-runtime's models from them instead of exporting, once each has passed the checks of
-:mod:`qplug_core.partition.stored_model`. Files without the record load as they did.
+(partition -> the CPU's VNNI at save, the runtime's name and version where its plugin says them,
+and, per model, its tensor and input signature) is plain data. ``qp.load`` hands them to the first
+call (``flows/delegate.FirstCallCheck``), which builds the runtime's models from them instead of
+exporting, once each has passed the checks of :mod:`qplug_core.partition.stored_model`, and holds
+them to the contract again where the runtime's version is not the recorded one. Files without the
+record load as they did; files without the runtime load as before it was recorded.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from qplug_core.flows.tags import SPEC_DTYPES
 from qplug_core.kernels.cpu import cpu_int8
 from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.served import runs
+from qplug_core.partition.stored_model import StoredPartition
 
 KEY = "partition_models"
 _PREFIX = "partition_models/"
 _ENTRY = ("vnni", "models")
+_RUNTIME = ("name", "version")
 _MODEL = ("tensor", "inputs")
 _INPUT = ("shape", "dtype")
 #: a stored model's signature: (shape, dtype) of each input, as ``CompiledPartition`` keys it
@@ -54,7 +58,9 @@ def record(model: dict[str, Any], tensors: dict[str, torch.Tensor], qmodel: nn.M
             models.append({"tensor": key, "inputs": [{"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
                                                      for shape, dtype in signature]})
         if models:
-            entries[name] = {"vnni": cpu_int8().vnni, "models": models}
+            runtime = compiled.runtime()
+            entries[name] = {"vnni": cpu_int8().vnni, "models": models,
+                             **({"runtime": dict(zip(_RUNTIME, runtime))} if runtime else {})}
     return ({**model, "tensors": table, KEY: entries}, tensors) if entries else (model, tensors)
 
 
@@ -64,8 +70,12 @@ def check(doc: Any, tensors: dict[str, torch.Tensor], path: str) -> None:
     seen: set[str] = set()
     for name, entry in expect(doc, dict, path, "a JSON object").items():
         at = child(path, name)
-        read_fields(entry, at, _ENTRY, required=_ENTRY)
+        read_fields(entry, at, (*_ENTRY, "runtime"), required=_ENTRY)
         expect(entry["vnni"], bool, child(at, "vnni"), "true or false")
+        if "runtime" in entry:
+            read_fields(entry["runtime"], child(at, "runtime"), _RUNTIME, required=_RUNTIME)
+            for key in _RUNTIME:
+                expect(entry["runtime"][key], str, child(child(at, "runtime"), key), "a string")
         for i, stored in enumerate(expect(entry["models"], list, child(at, "models"), "a JSON list")):
             here = child(child(at, "models"), i)
             read_fields(stored, here, _MODEL, required=_MODEL)
@@ -100,18 +110,19 @@ def without(model: dict[str, Any], tensors: dict[str, torch.Tensor]
     return keep, {key: tensor for key, tensor in tensors.items() if not key.startswith(_PREFIX)}
 
 
-def stored_models(model: dict[str, Any], tensors: dict[str, torch.Tensor]
-                  ) -> dict[str, list[tuple[Signature, bytes]]]:
-    """Partition -> (input signature, serialized ONNX model) of each model stored for it, where
-    this CPU's VNNI is what it was at save (an export may depend on it: OpenVINO compiles a dynamic
-    linear per shape without it); the others are exported again at the first call, as a warning
-    says."""
+def stored_models(model: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, StoredPartition]:
+    """Partition -> the models stored for it (input signature, serialized ONNX model) and the
+    runtime recorded with them, where this CPU's VNNI is what it was at save (an export may depend
+    on it: OpenVINO compiles a dynamic linear per shape without it); the others are exported again
+    at the first call, as a warning says."""
     vnni, entries = cpu_int8().vnni, model.get(KEY, {})
     other = [name for name, entry in entries.items() if entry["vnni"] != vnni]
     if other:
         warn_user(f"qplug: the file's stored ONNX models ({', '.join(other)}) were exported on a CPU "
                   f"{'without' if vnni else 'with'} VNNI, so they are not used here: each is exported again "
                   "at its first call (seconds)")
-    return {name: [(tuple((torch.Size(spec["shape"]), SPEC_DTYPES[spec["dtype"]]) for spec in stored["inputs"]),
-                    tensors[stored["tensor"]].numpy().tobytes()) for stored in entry["models"]]
+    return {name: StoredPartition(
+                [(tuple((torch.Size(spec["shape"]), SPEC_DTYPES[spec["dtype"]]) for spec in stored["inputs"]),
+                  tensors[stored["tensor"]].numpy().tobytes()) for stored in entry["models"]],
+                (entry["runtime"]["name"], entry["runtime"]["version"]) if "runtime" in entry else None)
             for name, entry in entries.items() if name not in other}

@@ -119,6 +119,42 @@ def test_a_tampered_model_is_exported_again_and_answers_as_the_saved_one(saved):
         assert torch.equal(loaded(*x), model(*x))
 
 
+def _negated_weights(model) -> None:
+    """Every int8 weight negated: a model that still passes every check at load and computes wrong."""
+    for tensor in model.graph.initializer:
+        if tensor.data_type == onnx.TensorProto.INT8:
+            negated = -onnx.numpy_helper.to_array(tensor).clip(-127, 127)
+            tensor.CopyFrom(onnx.numpy_helper.from_array(negated, tensor.name))
+
+
+@pytest.mark.parametrize("runtime", ["as saved", "another version", "not recorded"])
+def test_a_stored_model_is_checked_at_its_first_call_where_the_runtime_version_differs(saved, runtime):
+    """The stored model is the one convert checked, by the runtime that compiled it then: a first
+    call on another version of that runtime (recorded as ``runtime`` beside the models) is held to
+    the contract again; a file recording none (written before) is trusted as before, as is one
+    whose recorded version is this one (docs/security.md). Weights edited to be wrong show which."""
+    model, path = saved
+
+    def edit(document, tensors) -> None:
+        _edited(_proto_edit(_negated_weights))(document, tensors)
+        entry = document["model"]["partition_models"]["delegate_0"]
+        if runtime == "another version":
+            entry["runtime"]["version"] += "-older"
+        elif runtime == "not recorded":
+            del entry["runtime"]
+
+    loaded, x = qp.load(rewrite(path, edit)), _images(6, 4)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        error = (loaded(*x) - model(*x)).norm() / model(*x).norm()
+    checked = [str(w.message) for w in caught if "on its first inputs after qp.load" in str(w.message)]
+    if runtime == "another version":  # its reference form answers: within the int8 noise of the saved model
+        assert len(checked) == 1 and "broke the kernel contract" in checked[0] and "reference form kept" in checked[0]
+        assert error < 0.1
+    else:
+        assert not checked and error > 0.5
+
+
 def test_a_file_without_stored_models_loads_and_exports_as_before(saved):
     model, path = saved
 

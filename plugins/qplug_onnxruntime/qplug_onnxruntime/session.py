@@ -200,6 +200,11 @@ class OrtPartition(CompiledPartition):
     def serves(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> bool:
         return compiled.takes(inputs)
 
+    def runtime(self) -> tuple[str, str]:
+        import onnxruntime as ort
+
+        return "onnxruntime", ort.__version__
+
     def run(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         # numpy views of the torch buffers in, torch views of ORT's output buffers out: no copies
         # (measured faster than IOBinding into preallocated outputs, which ORT copies into)

@@ -181,6 +181,9 @@ class OpenVinoPartition(CompiledPartition):
     def serves(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> bool:
         return compiled.shapes.fit(inputs)
 
+    def runtime(self) -> tuple[str, str]:
+        return "openvino", import_openvino().get_version()  # with its build: "2026.4.1-22982-..."
+
     def runtime_int8(self) -> list[torch.Tensor]:
         """The int8 constants of the first model compiled (OpenVINO's CPU plugin keeps them, its
         graph's source, beside the repacked weights its kernels read), handed over once: the

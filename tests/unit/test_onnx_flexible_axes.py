@@ -28,6 +28,17 @@ class Capped(nn.Module):
         return torch.relu(x) if x.shape[1] < 9 else x  # traced for short sequences only
 
 
+class Patches(nn.Module):
+    """A ViT's patch embedding: the table added to the patches fixes their count, in the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.pos = nn.Conv2d(1, 4, 4, stride=4), nn.Parameter(torch.randn(1, 4, 4))
+
+    def forward(self, x):
+        return self.conv(x).flatten(2).transpose(1, 2) + self.pos
+
+
 def _dims(proto) -> list[list]:
     return [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in proto.graph.input]
 
@@ -72,6 +83,8 @@ def test_axes_the_layers_fix_without_a_guard_are_exported_static(capfd):
     head = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
     (dims,) = _dims(to_onnx_proto(fx.symbolic_trace(head), (torch.randn(2, 1, 8, 8),), flexible=True))
     assert isinstance(dims[0], str) and dims[1:] == [1, 8, 8]
+    (dims,) = _dims(to_onnx_proto(fx.symbolic_trace(Patches()), (torch.randn(2, 1, 8, 8),), flexible=True))
+    assert isinstance(dims[0], str) and dims[1:] == [1, 8, 8]  # the position table fixes the patches
     assert "FX-traced Module" not in capfd.readouterr().err
 
 

@@ -158,6 +158,11 @@ class Matmul(_Binary):
     _tensor_op = _Q.matmul
     _reference = staticmethod(torch.matmul)
 
+    def _on_fast_layout(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Contiguous operands: the add's 4-D view of two Conv1d outputs changes which dims a
+        matmul multiplies ((N, C, L) @ (N, L, M) raised a size mismatch)."""
+        return _Q.matmul(a.contiguous(), b.contiguous(), self.scale, self.zero_point)
+
     @classmethod
     def _self_test_case(cls, engine: str):
         ctx, reference, _ = super()._self_test_case(engine)

@@ -31,6 +31,7 @@ from qplug_core.kernels.torch_int8 import (
     InstanceNorm,
     LayerNorm,
     LeakyReLU,
+    Matmul,
     Mul,
     MulReLU,
     Sigmoid,
@@ -97,6 +98,16 @@ def test_binary_on_conv1d_layouts_equals_the_reference_in_the_same_layout(engine
                         input_qparams=(qparams(a.q_scale(), a.q_zero_point()),
                                        qparams(b.q_scale(), b.q_zero_point())))
     run(kernel_cls, ctx, reference, (a, b), engine)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_matmul_of_two_conv1d_outputs_multiplies_them_as_3d(engine):
+    """The add's 4-D view of Conv1d outputs is no matmul operand: (N, C, L) @ (N, L, M) stays 3-D."""
+    a, b = _conv1d_layout(activation((2, 8, 6), 1)), _conv1d_layout(activation((2, 6, 5), 2, scale=0.02))
+    ctx = KernelContext(pattern="p", module=None, target=torch.matmul, args=(TensorArg(0), TensorArg(1)),
+                        input_qparams=(qparams(a.q_scale(), a.q_zero_point()),
+                                       qparams(b.q_scale(), b.q_zero_point())))
+    run(Matmul, ctx, torch.matmul, (a, b), engine)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

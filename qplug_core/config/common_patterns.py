@@ -153,6 +153,7 @@ def linear_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternC
 # -- binary ops, cat -------------------------------------------------------------------------------
 
 _BINARY_OPS = (operator.add, torch.add, operator.mul, torch.mul)
+_MATMUL_OPS = (torch.matmul, operator.matmul)
 _RELU_FORMS = (nn.ReLU, F.relu, torch.relu)
 _BINARY_OBSERVATION = {
     0: _OWN_OBSERVER,  # two scalars: not a tensor op, left to dtype inference in prepare
@@ -162,13 +163,15 @@ _BINARY_OBSERVATION = {
 
 
 def binary_op_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternConfig]:
-    """add/mul (operator and torch forms), each alone and followed by a relu; plus matmul."""
+    """add/mul (operator and torch forms), each alone and followed by a relu; plus matmul, also
+    written ``a @ b`` (torch.ao has no pattern for that one: symbolic capture records
+    ``operator.matmul``, torch.export ``torch.matmul``, and both spellings are quantized alike)."""
     configs = [
         _config(pattern, dtype_configs).set_num_tensor_args_to_observation_type(_BINARY_OBSERVATION)
         for op in _BINARY_OPS
         for pattern in (*((op, relu) for relu in _RELU_FORMS), op)
     ]
-    configs.append(_config(torch.matmul, dtype_configs))
+    configs.extend(_config(op, dtype_configs) for op in _MATMUL_OPS)
     return configs
 
 

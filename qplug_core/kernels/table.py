@@ -24,6 +24,7 @@ from qplug_core.nn.intrinsic import FusedModule
 _RELU = (nn.ReLU, F.relu, torch.relu, "relu", "relu_")
 _ADD = (operator.add, torch.add, "add")
 _MUL = (operator.mul, torch.mul, "mul")
+_MATMUL = (torch.matmul, operator.matmul)
 _WEIGHTED = {nn.Linear: K.Linear, nn.Conv1d: K.Conv1d, nn.Conv2d: K.Conv2d, nn.Conv3d: K.Conv3d,
              nn.ConvTranspose1d: K.ConvTranspose1d, nn.ConvTranspose2d: K.ConvTranspose2d,
              nn.ConvTranspose3d: K.ConvTranspose3d}
@@ -116,7 +117,7 @@ def _kernel_for(pattern: Any, passthrough: tuple, engine: str) -> KernelSpec | N
         return _spec("quantized::mul", K.Mul, engine)
     if pattern is torch.cat:
         return _spec("quantized::cat", K.Cat, engine)
-    if pattern is torch.matmul:
+    if pattern in _MATMUL:
         return _spec("quantized::matmul", K.Matmul, engine)
     if pattern in _UNARY:
         kernel = _UNARY[pattern]

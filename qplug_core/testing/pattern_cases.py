@@ -245,6 +245,7 @@ _FUNCTION_STEPS: dict[Any, tuple[Callable, int | None]] = {
     **{op: ((lambda b, x, op=op: op(x, _other(b, x))), None)
        for op in (operator.add, torch.add, operator.mul, torch.mul)},
     torch.matmul: (lambda b, x: torch.matmul(x, _other(b, x)), 4),
+    operator.matmul: (lambda b, x: x @ _other(b, x), 4),
     torch.cat: (lambda b, x: torch.cat([x, _other(b, x)], 1), None),
     torch.stack: (lambda b, x: torch.stack([x, _other(b, x)], 1), 4),
     F.elu: (lambda b, x: F.elu(x), None), F.hardswish: (lambda b, x: F.hardswish(x), None),
@@ -433,8 +434,8 @@ def _build(pattern: Any, qconfigs: dict[str, Any]) -> tuple[Callable[[], nn.Modu
             pre = _CONV[2](C, C, 3, padding=1)
         else:
             pre = _pre_for(dims)
-        if any(op in (operator.add, torch.add, operator.mul, torch.mul, torch.matmul, torch.cat,
-                      torch.stack) for op in chain):
+        if any(op in (operator.add, torch.add, operator.mul, torch.mul, torch.matmul, operator.matmul,
+                      torch.cat, torch.stack) for op in chain):
             modules["other"] = nn.Linear(8, 8) if dims == 2 else _CONV[dims - 2](C, C, 1)
         body = _Body(steps, modules, tensors)
         with torch.no_grad():

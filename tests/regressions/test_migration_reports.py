@@ -188,3 +188,35 @@ def test_a_failed_export_attempt_prints_nothing(capfd):
     assert "branching" in {entry.node for entry in qp.quantization_report(qmodel).skipped}
     err = capfd.readouterr().err
     assert "def forward" not in err and "Unable to find user code" not in err, err
+
+
+class Scores(nn.Module):
+    """Attention scores between two int8 linears, written ``q @ k.T`` or ``torch.matmul``."""
+
+    def __init__(self, spelling: str) -> None:
+        super().__init__()
+        self.q, self.k, self.out, self.spelling = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(8, 4), spelling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k = self.q(x), self.k(x).transpose(-1, -2)
+        return self.out(q @ k if self.spelling == "@" else torch.matmul(q, k))
+
+
+def test_a_matmul_written_with_the_at_operator_is_int8_under_symbolic_capture():
+    """``q @ k`` stayed float under the default capture (symbolic tracing records operator.matmul,
+    which had no pattern) while torch.export's torch.matmul was int8: both spellings are int8 now,
+    with the same numbers."""
+    torch.manual_seed(0)
+    data = [(torch.randn(2, 8, 16),) for _ in range(4)]
+    results = {}
+    for spelling in ("@", "torch.matmul"):
+        torch.manual_seed(1)
+        model = Scores(spelling).eval()
+        prepared = qp.prepare_fx(model, None, data[0], backend="fbgemm")
+        qp.calibrate(prepared, data, progress=False)
+        int8 = qp.convert_fx(prepared)
+        results[spelling] = (int8(*data[1]), qp.quantization_report(int8).kernels)
+    (at, at_kernels), (call, call_kernels) = results["@"], results["torch.matmul"]
+    assert "quantized::matmul" in at_kernels.values()
+    assert sorted(at_kernels.values()) == sorted(call_kernels.values())
+    assert torch.equal(at, call)

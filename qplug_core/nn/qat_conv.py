@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qplug_core.ir.torch_ao_apply import TORCH_AO_CONV_FUSED, AnswersTorchAoApply
 from qplug_core.nn import intrinsic as nni
-from qplug_core.nn.qat_base import QATModule, QATWithBn
+from qplug_core.nn.qat_base import QATModule, QATWithBn, freeze_bn_stats, update_bn_stats
 
 __all__ = [
     "Conv1d", "Conv2d", "Conv3d",
@@ -73,8 +74,14 @@ class _QATConv(QATModule):
         return conv_forward(self, x, weight, bias)
 
 
-class _QATConvBn(QATWithBn, _QATConv):
-    """Conv + BatchNorm trained together (see :class:`QATWithBn` for the algorithm)."""
+class _QATConvBn(AnswersTorchAoApply, QATWithBn, _QATConv):
+    """Conv + BatchNorm trained together (see :class:`QATWithBn` for the algorithm).
+
+    ``model.apply(torch.ao.nn.intrinsic.qat.freeze_bn_stats)`` (or ``update_bn_stats``) runs qplug's
+    namesake here, as torch.ao's does on its ConvBn classes (and, like it, not on LinearBn1d).
+    """
+
+    TORCH_AO_TWINS = {f"{TORCH_AO_CONV_FUSED}.{fn.__name__}": fn for fn in (freeze_bn_stats, update_bn_stats)}
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = False,

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from qplug_core.errors import ConfigValidationError, UncalibratedObserverError
+from qplug_core.ir.torch_ao_apply import TORCH_AO_FAKE_QUANTIZE, AnswersTorchAoApply
 from qplug_core.ir.tracing import run_eagerly
 from qplug_core.observers.base import ObserverBase
 from qplug_core.observers.factory import FactoryMixin
@@ -22,14 +23,15 @@ from qplug_core.observers.ranks import Ranks, refuse_reduction
 from qplug_core.qparams import PER_CHANNEL_SCHEMES, QParams, fake_quantize
 
 
-class FakeQuantizeBase(nn.Module, FactoryMixin):
+class FakeQuantizeBase(AnswersTorchAoApply, nn.Module, FactoryMixin):
     """Switches shared by every fake-quant module: observing and fake-quantizing can be toggled.
 
     The switches are buffers (not Python attributes) so that they travel with the state dict.
     ``forward`` reads their mirrors ``_fake_quantizing`` / ``_observing`` (plain bools, kept in
     step by the methods below and by ``load_state_dict``): under ``torch.compile`` a test of a
     buffer is data-dependent and breaks the graph at every call, while a bool is a guard. Change
-    the switches through the methods, not by writing the buffers.
+    the switches through the methods, not by writing the buffers. ``model.apply`` with torch.ao's
+    switches (``torch.ao.quantization.disable_observer`` ...) runs qplug's namesakes below.
     """
 
     def __init__(self) -> None:
@@ -236,3 +238,8 @@ enable_fake_quant = _toggle("enable_fake_quant")
 disable_fake_quant = _toggle("disable_fake_quant")
 enable_observer = _toggle("enable_observer")
 disable_observer = _toggle("disable_observer")
+
+FakeQuantizeBase.TORCH_AO_TWINS = {
+    f"{TORCH_AO_FAKE_QUANTIZE}.{fn.__name__}": fn
+    for fn in (enable_fake_quant, disable_fake_quant, enable_observer, disable_observer)
+}

@@ -23,6 +23,7 @@ from qplug_core.errors import (
     warn_user,
 )
 from qplug_core.flows.tags import CALIBRATION_FAILED, REPORT, STATE
+from qplug_core.flows.torch_ao_models import refuse_torch_ao_models
 from qplug_core.kernels._common import KernelModule
 from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize
@@ -60,6 +61,7 @@ def check_preparable(model: Any) -> Any:
     if isinstance(model, torch.export.ExportedProgram):
         return model  # a program holds no qplug state: its .module() is checked at prepare
     check_model(model)
+    refuse_torch_ao_models(model)
     meta = getattr(model, "meta", None) or {}
     quantized = _modules_of(model, _QUANTIZED)
     if quantized or REPORT in meta:
@@ -78,6 +80,7 @@ def refuse_quantized(model: nn.Module) -> None:
     """Raise :class:`ModelStateError` for a model qplug already quantized (swapped layers: weight-only,
     W8A8, dynamic; or a converted graph): quantizing it again would quantize nothing, only the layers
     the first quantization kept float on purpose, or the rounded weights a second time."""
+    refuse_torch_ao_models(model)
     quantized = [(name or "<model>", type(m).__name__) for name, m in model.named_modules()
                  if isinstance(m, _QUANTIZED)]
     if quantized or REPORT in (getattr(model, "meta", None) or {}):
@@ -136,6 +139,7 @@ def check_calibration_data(data: Any, name: str = "calibration_data") -> None:
 def check_calibratable(model: Any, data: Any) -> None:
     """``qp.calibrate`` needs a prepared model: a float one would run and change nothing."""
     check_model(model)
+    refuse_torch_ao_models(model)
     check_calibration_data(data)
     prepared = STATE in (getattr(model, "meta", None) or {})  # may hold none: all ops float
     if not prepared and not _modules_of(model, _OBSERVERS):

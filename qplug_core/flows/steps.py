@@ -51,6 +51,7 @@ from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.tags import CAPTURE, REPORT, STATE, ValueAnnotator
+from qplug_core.flows.torch_ao_models import refuse_torch_ao_models
 from qplug_core.flows.untrained import unwatch, watch_untrained
 from qplug_core.ir.copying import deepcopy_sharing
 from qplug_core.nn.computed_weights import copy_model
@@ -101,6 +102,7 @@ def _requests_quantization(mapping: QConfigMapping) -> bool:
 
 
 def _state(gm: fx.GraphModule) -> dict[str, Any]:
+    refuse_torch_ao_models(gm)
     state = getattr(gm, "meta", {}).get(STATE)
     if state is None and any(isinstance(m, (ObserverBase, FakeQuantizeBase)) for m in gm.modules()):
         # torch.fx rebuilds a pickled GraphModule from its code: the graph's metadata is gone

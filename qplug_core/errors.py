@@ -163,6 +163,13 @@ class ConfigValidationError(ConfigError):
     """A config value fails validation when the object is built."""
 
 
+class UnsupportedKeywordError(ConfigValidationError, TypeError):
+    """A keyword qplug does not take (torch.ao's ``prepare_custom_config=``...), with qplug's way instead.
+
+    Also a ``TypeError``, which Python raises for an unexpected keyword, so code catching it keeps working.
+    """
+
+
 class DuplicatePatternError(ConfigError):
     """A pattern is registered twice for one backend (pass ``replace=True`` to override)."""
 

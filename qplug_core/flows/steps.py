@@ -51,6 +51,7 @@ from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
 from qplug_core.flows.tags import CAPTURE, REPORT, STATE, ValueAnnotator
+from qplug_core.flows.torch_ao_keywords import refuses_torch_ao_keywords
 from qplug_core.flows.torch_ao_models import refuse_torch_ao_models
 from qplug_core.flows.untrained import unwatch, watch_untrained
 from qplug_core.ir.copying import deepcopy_sharing
@@ -123,6 +124,7 @@ def get_default_qconfig_mapping(backend: str | Backend | None = None, mode: str 
     return get_backend(backend).default_qconfig_mapping(mode)
 
 
+@refuses_torch_ao_keywords("fuse_custom_config", "backend_config")
 def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Backend | None = None,
             is_qat: bool = False, inplace: bool = False, capture: str = "auto",
             non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
@@ -198,6 +200,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     return gm
 
 
+@refuses_torch_ao_keywords("prepare_custom_config", "backend_config", "_equalization_config", "preserved_attributes")
 def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, example_inputs: Any = None,
                *, backend: str | Backend | None = None, inplace: bool = False,
                keep_isolated_ops_float: bool = True, on_unsupported: str = "warn",
@@ -219,6 +222,7 @@ def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, 
                     non_traceable_module_classes=non_traceable_module_classes)
 
 
+@refuses_torch_ao_keywords("prepare_custom_config", "backend_config", "_equalization_config", "preserved_attributes")
 def prepare_qat_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None,
                    example_inputs: Any = None, *, backend: str | Backend | None = None,
                    inplace: bool = False, keep_isolated_ops_float: bool = True,
@@ -369,6 +373,7 @@ def raise_nothing_quantized(report: QuantizationReport, backend: Backend | None 
         problems[0] if problems else None)
 
 
+@refuses_torch_ao_keywords("convert_custom_config", "backend_config", "is_reference", "qconfig_mapping", "preserved_attributes")
 def convert_to_reference_fx(observed: fx.GraphModule, *, allow_uncalibrated: bool = False,
                             inplace: bool = False, strict: bool = False,
                             allow_float: bool = False) -> fx.GraphModule:
@@ -381,6 +386,7 @@ def convert_to_reference_fx(observed: fx.GraphModule, *, allow_uncalibrated: boo
                     allow_float=allow_float)
 
 
+@refuses_torch_ao_keywords("convert_custom_config", "backend_config", "is_reference", "qconfig_mapping", "preserved_attributes")
 def convert_fx(observed: fx.GraphModule, *, backend: str | Backend | None = None,
                allow_uncalibrated: bool = False, inplace: bool = False, strict: bool = False,
                allow_float: bool = False) -> fx.GraphModule:

@@ -27,7 +27,8 @@ from qplug_core.config.codec import (
 )
 from qplug_core.config.dtypes import DTypeConfig
 from qplug_core.config.names import Kind, decode_name, encode_name
-from qplug_core.errors import ConfigError, ConfigValidationError, PatternError, did_you_mean
+from qplug_core.errors import ConfigError, ConfigValidationError, PatternError, did_you_mean, warn_user
+from qplug_core.nn import qat as qplug_qat
 from qplug_core.patterns import describe, format_pattern, to_complex_format, validate_pattern
 
 __all__ = ["BackendPatternConfig", "ObservationType"]
@@ -231,11 +232,26 @@ class BackendPatternConfig:
         return self
 
     def set_qat_module(self, qat_module: type[nn.Module] | None) -> BackendPatternConfig:
+        """The QAT class prepare_qat swaps the matched module for (its ``from_float``); qplug's own
+        QAT classes only: torch.ao's test for torch.ao's fused classes, which qplug's prepare never has."""
         self._qat_module = _check_module_class(qat_module, "qat_module")
+        if qat_module is not None and qat_module.__module__.startswith("torch.ao."):
+            twin = getattr(qplug_qat, qat_module.__name__, None)
+            fix = f"use qplug_core.nn.qat.{qat_module.__name__}" if twin else "use a QAT class of qplug_core.nn.qat"
+            raise ConfigValidationError(
+                f"qat_module is torch.ao's {qat_module.__module__}.{qat_module.__qualname__}, whose from_float "
+                f"takes torch.ao's fused modules, not qplug's: {fix} (or leave qat_module unset)",
+                field="qat_module", value=qat_module)
         return self
 
     def set_reference_quantized_module(self, module: type[nn.Module] | None) -> BackendPatternConfig:
+        """Kept for torch.ao's configs (and ``to_dict``), but unused: qplug's convert builds one generic
+        reference form for every pattern, so a class given here is ignored, with a warning."""
         self._reference_quantized_module = _check_module_class(module, "reference_quantized_module")
+        if module is not None:
+            warn_user(f"BackendPatternConfig.set_reference_quantized_module({module.__module__}."
+                      f"{module.__qualname__}) has no effect: qplug's convert builds one generic reference form "
+                      "for every pattern (the backend's kernels then replace it); drop the call")
         return self
 
     def set_fused_module(self, fused_module: type[nn.Module] | None) -> BackendPatternConfig:

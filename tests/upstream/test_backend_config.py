@@ -34,6 +34,10 @@ from qplug_core.config import (
 from qplug_core.errors import ConfigError
 from qplug_core.nn.fuser_methods import fuse_linear_relu
 
+# upstream sets reference_quantized_module throughout; qplug warns that it is unused (tested in
+# tests/unit/config/test_config_pattern_config.py)
+pytestmark = pytest.mark.filterwarnings("ignore:BackendPatternConfig.set_reference_quantized_module")
+
 
 class ReferenceLinear(torch.nn.Linear):
     """Stands for upstream's ``nnqr.Linear`` (torch.ao classes are outside qplug's allowlist)."""

@@ -19,12 +19,14 @@ INT8 = DTypeConfig(torch.quint8, torch.quint8, torch.qint8, torch.float)
 
 def test_builder_methods_return_self_and_store():
     c = BackendPatternConfig()
-    same = (c.set_pattern((nn.Conv2d, nn.ReLU)).set_observation_type(ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT)
-            .add_dtype_config(INT8).set_root_module(nn.Conv2d).set_qat_module(nn.Conv2d)
-            .set_reference_quantized_module(nn.Conv2d).set_fused_module(nn.Sequential).set_fuser_method(fuse2)
-            .set_root_node_getter(root_getter).set_extra_inputs_getter(root_getter)
-            .set_num_tensor_args_to_observation_type({1: ObservationType.INPUT_OUTPUT_NOT_OBSERVED})
-            .set_input_type_to_index({"weight": 1}))
+    with pytest.warns(UserWarning, match=r"set_reference_quantized_module\(torch\.nn\.modules\.conv\.Conv2d\) "
+                                         "has no effect: qplug's convert builds one generic reference form"):
+        same = (c.set_pattern((nn.Conv2d, nn.ReLU)).set_observation_type(ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT)
+                .add_dtype_config(INT8).set_root_module(nn.Conv2d).set_qat_module(nn.Conv2d)
+                .set_reference_quantized_module(nn.Conv2d).set_fused_module(nn.Sequential).set_fuser_method(fuse2)
+                .set_root_node_getter(root_getter).set_extra_inputs_getter(root_getter)
+                .set_num_tensor_args_to_observation_type({1: ObservationType.INPUT_OUTPUT_NOT_OBSERVED})
+                .set_input_type_to_index({"weight": 1}))
     assert same is c
     assert c.pattern == (nn.Conv2d, nn.ReLU) and c.pattern_complex_format == (nn.ReLU, nn.Conv2d)
     assert c.observation_type is ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT
@@ -34,6 +36,14 @@ def test_builder_methods_return_self_and_store():
     assert c.fuser_method is fuse2 and c.root_node_getter is root_getter and c.extra_inputs_getter is root_getter
     assert c.num_tensor_args_to_observation_type == {1: ObservationType.INPUT_OUTPUT_NOT_OBSERVED}
     assert c.input_type_to_index == {"weight": 1}
+
+
+def test_a_torch_ao_qat_module_is_refused_naming_qplugs():
+    ao_qat = pytest.importorskip("torch.ao.nn.intrinsic.qat")
+    with pytest.raises(ConfigValidationError, match=r"qat_module is torch\.ao's torch\.ao\.nn\.intrinsic\.qat\..*"
+                                                    r"LinearReLU.*use qplug_core\.nn\.qat\.LinearReLU") as info:
+        BackendPatternConfig(nn.Linear).set_qat_module(ao_qat.LinearReLU)
+    assert info.value.field == "qat_module"
 
 
 def test_defaults_and_set_dtype_configs_replaces():
@@ -156,8 +166,7 @@ def test_validate_requires_pattern():
 @pytest.mark.parametrize("config", [
     BackendPatternConfig(nn.Linear),
     BackendPatternConfig((nn.Conv2d, nn.BatchNorm2d, nn.ReLU)).add_dtype_config(INT8).set_fuser_method(fuse3)
-    .set_fused_module(nn.Sequential).set_root_module(nn.Conv2d).set_qat_module(nn.Conv2d)
-    .set_reference_quantized_module(nn.Conv2d),
+    .set_fused_module(nn.Sequential).set_root_module(nn.Conv2d).set_qat_module(nn.Conv2d),
     BackendPatternConfig().set_pattern_complex_format((nn.ReLU, (operator.add, MatchAllNode, (nn.BatchNorm2d, nn.Conv2d))))
     .set_fuser_method(fuse2).set_root_node_getter(root_getter).set_extra_inputs_getter(root_getter),
     BackendPatternConfig("reshape").set_observation_type(ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT)

@@ -178,6 +178,7 @@ class QConfigMapping:
 
     @classmethod
     def from_dict(cls, doc: Any) -> QConfigMapping:
+        _refuse_torch_ao_dict(doc)
         data = read_fields(unversioned(doc), "", _KEYS)
         mapping = cls()
         if GLOBAL_KEY in data:
@@ -251,3 +252,18 @@ def require_mapping(mapping: Any) -> QConfigMapping:
         return mapping
     got = from_torch_ao(mapping) or type(mapping).__name__
     raise ConfigValidationError(f"qconfig_mapping must be a QConfigMapping, got {got}", field="qconfig_mapping")
+
+
+#: torch.ao's QConfigMapping dict keeps the global qconfig under this key (qplug's documents: "global")
+_TORCH_AO_GLOBAL_KEY = ""
+
+
+def _refuse_torch_ao_dict(doc: Any) -> None:
+    """torch.ao's ``QConfigMapping.to_dict()`` (Python objects, the global under ``""``) is not qplug's
+    JSON document: say so, instead of "missing 'schema_version'" and then "unknown key ''"."""
+    if isinstance(doc, dict) and _TORCH_AO_GLOBAL_KEY in doc:
+        raise ConfigValidationError(
+            "this is torch.ao's QConfigMapping dict (the global qconfig under key '', Python classes and "
+            "QConfigs as values); qplug's QConfigMapping.from_dict reads the JSON document its to_dict() "
+            "writes. Build the mapping with qp.QConfigMapping().set_global(...).set_object_type(...)"
+            ".set_module_name(...) (docs/migrating.md)", field=_TORCH_AO_GLOBAL_KEY, value=doc)

@@ -115,6 +115,15 @@ def test_bad_documents(doc, field):
     assert info.value.field == field
 
 
+@pytest.mark.parametrize("doc", [
+    {"": None, "object_type": [(nn.Linear, None)]},  # hand-written in torch.ao's format
+    {"schema_version": 1, "": None},
+])
+def test_a_torch_ao_format_dict_is_named_as_such(doc):
+    with pytest.raises(ConfigValidationError, match=r"this is torch\.ao's QConfigMapping dict .*set_global"):
+        QConfigMapping.from_dict(doc)
+
+
 # -- torch.ao as the oracle ------------------------------------------------------------------------
 
 PATHS = ["", "a", "a.b", "a.b.c", "ab", "a.bc", "x.a.b"]

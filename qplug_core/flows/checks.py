@@ -27,6 +27,7 @@ from qplug_core.flows.torch_ao_models import refuse_torch_ao_models
 from qplug_core.kernels._common import KernelModule
 from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.reference import Dequantize, DynamicQuantize, Quantize
+from qplug_core.nn.intrinsic import FusedModule
 from qplug_core.observers.base import ObserverBase
 from qplug_core.observers.fake_quantize import FakeQuantizeBase
 
@@ -238,13 +239,34 @@ def check_calibration_finished(observed: nn.Module) -> None:
 def warn_unknown_module_names(mapping: Any, model: nn.Module) -> None:
     """``set_module_name('fcc', ...)`` on a model without ``fcc`` would silently do nothing."""
     names = [name for name, _ in model.named_modules() if name]
-    wanted = list(mapping.module_name_qconfigs)
-    wanted += [name for name, _, _ in mapping.module_name_object_type_order_qconfigs]
     present = set(names)
-    for name in dict.fromkeys(wanted):
+    for name in _named_in_mapping(mapping):
         if name not in present:
             warn_user(f"QConfigMapping names module {name!r}, which this {type(model).__name__} does "
                       f"not have{did_you_mean(name, names)}; that setting is ignored")
+
+
+def _named_in_mapping(mapping: Any) -> list[str]:
+    wanted = list(mapping.module_name_qconfigs)
+    wanted += [name for name, _, _ in mapping.module_name_object_type_order_qconfigs]
+    return list(dict.fromkeys(wanted))
+
+
+def warn_fused_away_module_names(mapping: Any, model_names: set[str], fused: nn.Module) -> None:
+    """``set_module_name('layer1.relu1', None)`` on a ReLU fused into ``layer1.conv1`` is ignored (the
+    fused module follows its own name's rules, as in torch.ao): say so, naming where to set it."""
+    now = dict(fused.named_modules())
+    for name in _named_in_mapping(mapping):
+        if name not in model_names or name in now or any(n.startswith(name + ".") for n in now):
+            continue
+        parent = name.rpartition(".")[0]
+        merged = [f"{n!r} ({type(m).__name__})" for n, m in now.items()
+                  if isinstance(m, FusedModule) and n.rpartition(".")[0] == parent]
+        if not merged:  # not fused away (a capture that keeps no modules, a module never called)
+            continue
+        warn_user(f"QConfigMapping names module {name!r}, which fusion merged into {' or '.join(merged)}; "
+                  "a fused module follows the rules for its own name, so this setting is ignored: set it on "
+                  "the fused module's name")
 
 
 def mapping_qconfigs(mapping: QConfigMapping) -> list[QConfig]:

@@ -162,6 +162,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
             "(x,) with x one batch (only a mapping that keeps every op float needs none)",
             field="example_inputs")
     flow_checks.warn_unknown_module_names(mapping, model)
+    model_names = {name for name, _ in model.named_modules()}
     if is_qat:
         flow_checks.check_fake_quantizes(flow_checks.mapping_qconfigs(mapping), "prepare_qat_fx")
     inputs = as_input_tuple(example_inputs, model)
@@ -173,6 +174,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
                     non_traceable_module_names=non_traceable_module_names,
                     non_traceable_module_classes=non_traceable_module_classes, recompile=False)
     _check_device(gm, chosen)
+    flow_checks.warn_fused_away_module_names(mapping, model_names, gm)
 
     def annotate(graph_module: fx.GraphModule) -> PassResult:
         if _requests_quantization(mapping):  # else no observer to place: prepare only fuses

@@ -177,6 +177,19 @@ def test_observer_kwargs_of_the_wrong_type_in_a_document(kwargs, fragment):
         QConfigMapping.from_dict(mapping_doc)
 
 
+def test_set_module_name_naming_a_fused_away_module_warns_where_to_set_it():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).eval()
+    mapping = qp.get_default_qconfig_mapping(BACKEND).set_module_name("2", None)
+    with pytest.warns(UserWarning, match=re.escape("QConfigMapping names module '2', which fusion merged into "
+                                                   "'0' (ConvReLU2d); a fused module follows the rules for its "
+                                                   "own name, so this setting is ignored")):
+        qp.prepare_fx(model, mapping, (torch.randn(1, 3, 6, 6),), backend=BACKEND)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fused module's own name: no warning
+        qp.prepare_fx(model, qp.get_default_qconfig_mapping(BACKEND).set_module_name("0", None),
+                      (torch.randn(1, 3, 6, 6),), backend=BACKEND)
+
+
 def test_set_module_name_naming_a_missing_module_warns_with_the_close_match():
     mapping = qp.get_default_qconfig_mapping(BACKEND).set_module_name("fcc", None)
     with pytest.warns(UserWarning, match=re.escape("QConfigMapping names module 'fcc', which this Net "

@@ -46,6 +46,8 @@ from qplug_core.observers import ObserverBase
 from qplug_core.registry.backends import Backend, resolve_backend
 
 OUTPUT_OBSERVER = "activation_post_process"
+#: where the output observer holds the module's input observer (see :func:`qplug_core.observers.fake_quantize.hidden_fake_quants`)
+PAIRED_INPUT_OBSERVER = "paired_input_observer"
 _UNSET = object()
 
 
@@ -113,7 +115,11 @@ def _attach(module: nn.Module, name: str, qconfig: QConfig, *, with_input: bool)
     # prepended, as torch.ao does: a user's hook sees the module's output after it was observed
     module.register_forward_hook(observe_output, prepend=True)
     if with_input:
-        attach_input_observer(module, _observer(qconfig, name, "input"))
+        observer = _observer(qconfig, name, "input")
+        attach_input_observer(module, observer)
+        # no child, so model.apply(torch.ao.quantization.disable_observer) would miss it; the output
+        # fake quant (a child, which runs qplug's namesake) switches it with itself
+        vars(module._modules[OUTPUT_OBSERVER])[PAIRED_INPUT_OBSERVER] = observer
 
 
 def _plan(model: nn.Module, qconfigs: dict[str, QConfig | None], backend: Backend

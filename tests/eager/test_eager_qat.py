@@ -4,6 +4,8 @@ dict carries it, so a frozen model answers the same every pass and a checkpoint 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -60,6 +62,22 @@ def test_disable_observer_freezes_the_input_fake_quant_of_a_depthwise_conv():
         first = frozen(_batch(9) * 0.2)  # narrower than training's: a live observer narrows
         second = frozen(_batch(9) * 0.2)
     assert torch.equal(first, second)
+
+
+def test_torch_ao_switches_freeze_the_same_states_as_qplugs_input_fake_quants_included():
+    ao_qat = pytest.importorskip("torch.ao.nn.intrinsic.qat")
+    aq = pytest.importorskip("torch.ao.quantization")
+    by_qplug = _prepared()
+    _train(by_qplug, range(3))
+    by_ao = copy.deepcopy(by_qplug)
+    _frozen(by_qplug).train()
+    by_ao.apply(aq.disable_observer)
+    by_ao.apply(ao_qat.freeze_bn_stats)
+    for model in (by_qplug, by_ao):
+        model(_batch(9) * 5)  # a training-mode batch far wider than before: any live state moves
+    assert by_ao.state_dict().keys() == by_qplug.state_dict().keys()
+    for key, value in by_qplug.state_dict().items():
+        assert torch.equal(by_ao.state_dict()[key], value), key
 
 
 def test_a_mid_qat_checkpoint_restores_the_input_observers():

@@ -18,7 +18,7 @@ from torch import fx, nn
 
 from qplug_core.algorithms.bias_correction import BiasCorrection, corrected_after_calibration
 from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
-from qplug_core.algorithms.recipes import RecipeRecord, looks_like_transformer
+from qplug_core.algorithms.recipes import RecipeRecord, looks_like_transformer, transformer_verdict
 from qplug_core.algorithms.target import TARGET_MISSED, TRANSFORMER_TARGET, Target, meet_target
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, did_you_mean, notify, spelled, warn_user
@@ -27,7 +27,7 @@ from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
 from qplug_core.flows.capture import generates
 from qplug_core.flows.pipeline import as_input_tuple
-from qplug_core.flows.tags import RECIPE
+from qplug_core.flows.tags import RECIPE, REPORT, TARGET
 from qplug_core.flows.weight_bits import backend_defaults, users_own
 from qplug_core.registry.backends import Backend, get_backend, resolve_backend
 from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
@@ -237,6 +237,8 @@ def _quantize_correcting_bias(model: Any, example_inputs: Any, calibration_data:
                                    qconfig_mapping=qconfig_mapping, while_calibrating=measure, **options)
     qmodel.meta[RECIPE] = RecipeRecord("auto: bias_correction", ("bias_correction",),
                                        {"bias_correction": corrections})
+    _say_recipe(qmodel, f"auto: bias correction, no accuracy target: not a transformer "
+                        f"({transformer_verdict(model)[1]}); target=qp.Target(...) asks for one")
     return qmodel
 
 
@@ -245,6 +247,7 @@ def quantize_with_algorithms(model: nn.Module, example_inputs: Any, calibration_
                              target: Any, progress: bool | None, strict: bool,
                              prepare_options: dict[str, Any], allow_float: bool = False) -> fx.GraphModule:
     options = dict(prepare_options)
+    given = target is not None
     if recipe == "auto" and target is None and not strict and looks_like_transformer(model):
         # strict=True asks for every op in int8: a target that may keep layers out conflicts
         target = TRANSFORMER_TARGET
@@ -257,4 +260,28 @@ def quantize_with_algorithms(model: nn.Module, example_inputs: Any, calibration_
         qmodel = meet_target(gm, inputs, batches, backend, mapping, target, progress=progress,
                              strict=strict, prepare_options=options)
     qmodel.meta[RECIPE] = record
+    parts = [record.name]
+    if target is not None:
+        parts.append(("the given " if given else "") + _target_text(qmodel))
+    if recipe == "auto":
+        transformer, why = transformer_verdict(model)
+        parts.append(f"{'a' if transformer else 'not a'} transformer ({why})")
+    _say_recipe(qmodel, "; ".join(parts))
     return qmodel
+
+
+def _target_text(qmodel: fx.GraphModule) -> str:
+    """The accuracy target searched, and whether it was met."""
+    result = qmodel.meta[TARGET]
+    target = result.target
+    criteria = ", ".join(f"{name}={getattr(target, name)}" for name in ("cosine", "min_cosine", "sqnr", "neighbours")
+                         if getattr(target, name) is not None)
+    kept = f"{len(result.float_layers)} layer(s) kept out of static int8" if result.float_layers else "all int8"
+    return f"target ({criteria}) {'met' if result.met else 'missed'}, {kept}"
+
+
+def _say_recipe(qmodel: fx.GraphModule, text: str) -> None:
+    """The report names the recipe and target applied, and why (a ViT got the CNN default silently)."""
+    report = qmodel.meta.get(REPORT)
+    if report is not None:
+        report.recipe = text

@@ -303,6 +303,8 @@ def finish_on(snapshot: ReferenceSnapshot, backend: Backend, base_model: fx.Grap
     for key in (RECIPE, TARGET):
         if key in base_model.meta:
             gm.meta[key] = base_model.meta[key]
+    if REPORT in base_model.meta:
+        gm.meta[REPORT].recipe = base_model.meta[REPORT].recipe
     return gm
 
 

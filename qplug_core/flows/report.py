@@ -77,6 +77,8 @@ class QuantizationReport:
     record: dict[str, Any] = field(default_factory=dict)
     #: what the conversion could not check or decide, and why (e.g. the kernel contract not run)
     notes: list[str] = field(default_factory=list)
+    #: ``qp.quantize``: the accuracy recipe and target applied, and why ('' for other flows)
+    recipe: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -332,6 +334,7 @@ def report_lines(report: QuantizationReport, *, verbose: bool = False,
             f"qplug quantization report: backend {report.backend}, {report.mode}, {report.capture} capture")
     notes = [line for note in report.notes for line in _wrap(f"note: {note}", width, "  ", "    ")]
     return [*_wrap(head, width), *notes, *_auto_lines(report, width), *_wrap(int8_share_line(report), width),
+            *(_wrap(f"recipe: {report.recipe}", width, "  ", "    ") if report.recipe else []),
             *fact_lines(report.record, width, "  "), *_kernel_lines(report, width),
             *_float_lines(report, width, verbose)]
 

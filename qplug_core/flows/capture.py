@@ -15,9 +15,10 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qplug_core.errors import ConfigValidationError, TraceError, first_line, warn_user
+from qplug_core.flows.fixed_keywords import fixed_keywords
 from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.raise_aten import is_aten_graph, raise_aten_graph
-from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED
+from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED, FIXED_KEYWORDS
 from qplug_core.ir.capture import capture_module, export_module, is_image
 
 __all__ = ["CAPTURE_LEVELS", "capture_for_quantization", "generates"]
@@ -52,6 +53,17 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
         return _tagged(raise_aten_graph(model).graph_module, "export")
     if isinstance(model, GraphModule):
         return _tagged(model, "symbolic")
+    gm = _capture_module(model, example_inputs, level, leaf_modules, non_traceable_module_names,
+                         non_traceable_module_classes, generate_code)
+    if example_inputs is not None:
+        gm.meta[FIXED_KEYWORDS] = fixed_keywords(model, len(example_inputs))
+    return gm
+
+
+def _capture_module(model: nn.Module, example_inputs: tuple[Any, ...] | None, level: str,
+                    leaf_modules: Sequence[type[nn.Module]], non_traceable_module_names: Sequence[str],
+                    non_traceable_module_classes: Sequence[type[nn.Module]], generate_code: bool) -> GraphModule:
+    """:func:`capture_for_quantization` of a module (not yet a graph)."""
     trace = {"leaf_modules": leaf_modules, "non_traceable_module_names": non_traceable_module_names,
              "non_traceable_module_classes": non_traceable_module_classes,
              "generate_code": generate_code, "concrete_args": defaults_not_given(model, example_inputs)}

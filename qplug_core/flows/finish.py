@@ -30,6 +30,7 @@ from qplug_core.flows.tags import (
     CAPTURE_SKIPPED,
     CONVERSION_NOTES,
     EXAMPLE_INPUTS,
+    FIXED_KEYWORDS,
     FUSIONS,
     PARTITION_FORMS,
     REPORT,
@@ -96,7 +97,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         pin_engine(gm, backend.engine)
     compute_in_float32(gm)  # its float ops feed quantize ops: float32 under the caller's autocast too
     # after the engine's hook, whose forward hook restores the engine when this one raises
-    guard_input_names(gm)  # a misspelt or missing input: the inputs it takes, not forward()'s TypeError
+    guard_input_names(gm, gm.meta.get(FIXED_KEYWORDS, {}))  # a misspelt or missing input: the inputs it takes, not forward()'s TypeError
     guard_exported_inputs(gm)  # what export assumed of an input: one qplug error at the call, not deep inside
     guard_input_dtypes(gm)  # a float16 input, a float mask for a bool one: one qplug error, not a runtime's
     explain_input_faults(gm)  # a call that fails inside (an id beyond the vocabulary): the input at fault

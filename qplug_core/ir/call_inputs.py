@@ -135,14 +135,17 @@ def _leaf_paths(spec: Any, path: InputPath, paths: list[InputPath | None]) -> No
         _leaf_paths(child, InputPath(path.position, path.argument, (*path.keys, key)), paths)
 
 
-def guard_input_names(gm: fx.GraphModule) -> None:
-    """Refuse, with :func:`check_call`'s error, a call of ``gm`` its generated forward cannot bind."""
+def guard_input_names(gm: fx.GraphModule, fixed: dict[str, list[Any]]) -> None:
+    """Refuse, with :func:`check_call`'s error, a call of ``gm`` its generated forward cannot bind;
+    a keyword the capture ``fixed`` (keyword -> the values it stands for) is dropped when given one
+    of them."""
     drop_pre_hooks(gm, lambda hook: isinstance(hook, _InputNames))  # a copy's graph may take others
     parameters = list(inspect.signature(type(gm).forward).parameters.values())[1:]  # after self
     if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in parameters):  # else it binds what it is given
         names = tuple(p.name for p in parameters)
         required = sum(p.default is p.empty for p in parameters)
-        gm.register_forward_pre_hook(_InputNames(names, required), with_kwargs=True)
+        kept = {key: values for key, values in fixed.items() if key not in names}
+        gm.register_forward_pre_hook(_InputNames(names, required, kept), with_kwargs=True)
         keep_in_copies(gm)
 
 
@@ -150,14 +153,32 @@ class _InputNames:
     """Forward pre-hook: the call binds to ``names``; ``tails[i]`` is the set of names a call giving
     ``i`` inputs by position gives by name when it gives all of them."""
 
-    def __init__(self, names: tuple[str, ...], required: int) -> None:
-        self.names, self.required = names, required
+    def __init__(self, names: tuple[str, ...], required: int, fixed: dict[str, list[Any]]) -> None:
+        self.names, self.required, self.fixed = names, required, fixed
         self.tails = [frozenset(names[count:]) for count in range(len(names) + 1)]
 
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
         if kwargs:
             if len(args) < len(self.tails) and kwargs.keys() == self.tails[len(args)]:
-                return
+                return None
+            if not kwargs.keys().isdisjoint(self.fixed):
+                kwargs = {key: value for key, value in kwargs.items() if not self._fixed(key, value)}
+                check_call(self.names, args, kwargs, self.required)
+                return args, kwargs
         elif len(args) == len(self.names):
-            return
+            return None
         check_call(self.names, args, kwargs, self.required)
+        return None
+
+    def _fixed(self, key: str, value: Any) -> bool:
+        """Whether ``key`` is a keyword the capture fixed at ``value``; another value raises."""
+        if key not in self.fixed:
+            return False
+        accepted = self.fixed[key]
+        if any(type(value) is type(a) and value == a for a in accepted):
+            return True
+        raise InputMismatchError(
+            f"the int8 model was captured with {key}={accepted[0]!r}: that value was fixed at capture "
+            f"(its graph has no input {key!r}), so it cannot answer a call with {key}={value!r}. To "
+            f"quantize with another, capture a wrapper whose forward calls the model with {key}={value!r} "
+            f"(a Hugging Face model: or set model.config.{key} before qp.quantize); docs/guide/export.md")

@@ -29,6 +29,7 @@ from qplug_core.flows.tags import (
     CAPTURE,
     EAGER_CONVERTED,
     EAGER_STATE,
+    FIXED_KEYWORDS,
     FUNCTIONAL_WEIGHTS,
     FUSIONS,
 )
@@ -46,6 +47,7 @@ from qplug_core.serialization import (
 )
 from qplug_core.serialization.artifact import (
     AUTO_KEY,
+    FIXED_KEYWORDS_KEY,
     INT16_PAIRS_KEY,
     TARGET_RUNGS_KEY,
     Artifact,
@@ -231,6 +233,7 @@ def rebuild_graph(artifact: Artifact, source: Path) -> fx.GraphModule:
         gm.graph.lint()
         if tree_record.KEY in model:
             tree_record.install(gm, model[tree_record.KEY], f"model.{tree_record.KEY}")
+        gm.meta[FIXED_KEYWORDS] = model.get(FIXED_KEYWORDS_KEY, {})
     except ConfigError as exc:
         raise SerializationError(f"{source} is not a valid qplug artifact: {exc}", path=str(source)) from exc
     except Exception as exc:  # fx rejects a graph that does not fit its modules with plain errors

@@ -24,7 +24,9 @@ from qplug_core.flows.tags import (
     ABSORBED_CLAMPS,
     ARTIFACT,
     AUTO_RANKING,
+    BAKED_TYPES,
     CAPTURE,
+    FIXED_KEYWORDS,
     FUNCTIONAL_WEIGHTS,
     FUSIONS,
     KERNEL,
@@ -47,6 +49,7 @@ from qplug_core.serialization.lowering_record import KEY as LOWERING_KEY
 from qplug_core.serialization.lowering_record import LoweringRecord
 from qplug_core.serialization.module_codec import TENSOR_KEYS, TensorTable, encode_modules
 from qplug_core.serialization.receivers import check_receivers
+from qplug_core.serialization.values import check_identifier
 
 FORMAT = "qplug"
 SCHEMA_VERSION = 1
@@ -65,11 +68,14 @@ AUTO_KEY = "auto_ranking"
 INT16_PAIRS_KEY = "weights_for_int16_pairs"
 #: where each layer an accuracy target took out of static int8 runs (layer -> rung)
 TARGET_RUNGS_KEY = "target_rungs"
+#: forward keywords the capture fixed -> the values a call may give them (flows/fixed_keywords.py)
+FIXED_KEYWORDS_KEY = "fixed_keywords"
 #: the optional keys, the clamps convert absorbed into layers' int8 output ranges (clamp_record), the
 #: float weights of layers made from functional calls (functional_record), the per-token layers'
 #: int8 weights (per_token_record), an exported model's input and output structure (tree_record) and
 #: the ONNX models of compiled partitions (partition_models)
 OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY, INT16_PAIRS_KEY, TARGET_RUNGS_KEY,
+                       FIXED_KEYWORDS_KEY,
                        clamp_record.KEY, functional_record.KEY, per_token_record.KEY, tree_record.KEY,
                        partition_models.KEY)
 CAPTURES = ("symbolic", "export")
@@ -136,6 +142,8 @@ def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference",
         model[clamp_record.KEY] = clamp_record.to_document(gm.meta[ABSORBED_CLAMPS])
     if gm.meta.get(FUNCTIONAL_WEIGHTS):
         model[functional_record.KEY] = functional_record.to_document(gm.meta[FUNCTIONAL_WEIGHTS])
+    if gm.meta.get(FIXED_KEYWORDS):
+        model[FIXED_KEYWORDS_KEY] = {key: list(values) for key, values in gm.meta[FIXED_KEYWORDS].items()}
     structure = tree_record.to_document(gm)
     if structure is not None:
         model[tree_record.KEY] = structure
@@ -222,6 +230,8 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
         if rung not in RUNGS:
             raise ConfigError(f"{where(child(path, name))}: {rung!r} is not one of {', '.join(RUNGS)}",
                               field=path, value=rung)
+    _check_fixed_keywords(expect(model.get(FIXED_KEYWORDS_KEY, {}), dict, f"model.{FIXED_KEYWORDS_KEY}",
+                                 "a JSON object"), f"model.{FIXED_KEYWORDS_KEY}")
     expect(model["training"], bool, "model.training", "true or false")
     expect(model["mode"], str, "model.mode", "a quantization mode")
     for i, fusion in enumerate(expect(model["fusions"], list, "model.fusions", "a JSON list")):
@@ -239,6 +249,16 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
     if functional_record.KEY in model:
         functional_record.from_document(model[functional_record.KEY], child("model", functional_record.KEY), nodes)
     return Artifact(backend, plugins, model, tensors)
+
+
+def _check_fixed_keywords(fixed: dict[str, Any], path: str) -> None:
+    """``{"return_dict": [true, null]}``: identifiers -> lists of plain constants, the first one used."""
+    for name, values in fixed.items():
+        check_identifier(name, child(path, name), "keyword")
+        if not expect(values, list, child(path, name), "a JSON list"):
+            raise ConfigError(f"{where(child(path, name))}: no value", field=path, value=values)
+        for i, value in enumerate(values):
+            expect(value, BAKED_TYPES, child(child(path, name), i), "true, false, a number or null")
 
 
 def _check_text(value: Any, pattern: re.Pattern[str], path: str, what: str) -> None:

@@ -1,7 +1,8 @@
 """Defects a vision-transformer user found (2026-12-07, s28/vit): each test is that user's own call.
 
 F1: the patch-embedding conv made every ViT, Swin and CLIP "not a transformer", so ``qp.quantize``
-gave it the CNN default (bias correction, no accuracy target) without saying so.
+gave it the CNN default (bias correction, no accuracy target) without saying so. F4: a call naming
+an option at the value the capture used (``return_dict=True``) was refused.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 import qplug_core as qp
 from qplug_core.algorithms.recipes import looks_like_transformer
 from qplug_core.algorithms.target import TRANSFORMER_TARGET
+from qplug_core.errors import InputMismatchError
 from qplug_core.zoo.mobilenet import mobilenet_v2
 from qplug_core.zoo.resnet import resnet18
 
@@ -103,3 +105,23 @@ def test_a_cnn_report_says_it_got_bias_correction_and_why():
     text = " ".join(str(qp.quantization_report(quantized)).split())
     assert "recipe: auto: bias correction, no accuracy target: not a transformer (" in text
     assert "no attention" in text
+
+
+def _check_call_options(model: nn.Module, quantized: nn.Module, x: torch.Tensor) -> None:
+    expected = quantized(x).logits
+    same = quantized(pixel_values=x, return_dict=True, output_attentions=False, output_hidden_states=False)
+    assert torch.equal(same.logits, expected)
+    assert torch.equal(quantized(x, return_dict=None).logits, expected)  # None: the config's value
+    with pytest.raises(InputMismatchError, match="captured with output_hidden_states=False: that value was fixed"):
+        quantized(pixel_values=x, output_hidden_states=True)
+    with pytest.raises(InputMismatchError, match="no input named 'pixel_value'"):
+        quantized(pixel_value=x, return_dict=True)
+    with torch.no_grad():
+        assert torch.nn.functional.cosine_similarity(model(x).logits.flatten(), expected.flatten(), dim=0) > 0.99
+
+
+def test_call_options_at_the_captured_value_are_taken_also_after_load(tmp_path):
+    model, quantized, batches = _quantized_vit()
+    _check_call_options(model, quantized, batches[1][0])
+    qp.save(quantized, tmp_path / "vit.safetensors")
+    _check_call_options(model, qp.load(tmp_path / "vit.safetensors"), batches[1][0])

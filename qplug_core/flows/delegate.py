@@ -55,7 +55,7 @@ from qplug_core.flows.kernel_check import (
 )
 from qplug_core.flows.native_stderr import echo, native_stderr, raised
 from qplug_core.flows.python_inputs import python_input_readers
-from qplug_core.flows.region_parity import layer_parity, region_of
+from qplug_core.flows.region_parity import layer_parity, region_of, reusing_exports
 from qplug_core.flows.report import describe_op, float_compute_nodes, report_names
 from qplug_core.flows.rounding_noise import MAX_NOISE_RATIO, rounding_noise
 from qplug_core.flows.safer_weights import make_safer, may_saturate
@@ -354,13 +354,14 @@ def _compiled(delegate: Delegate, gm: fx.GraphModule, nodes: list[fx.Node], valu
     """``nodes`` compiled as one partition on the inputs the example gave them, and checked."""
     partition, inputs, _ = build_submodule(gm, nodes, name)
     example = tuple(values[n] for n in inputs)
-    try:
-        module = compile_untouched(delegate.compile, partition, example, _compiler(backend_name))
-    except Exception as exc:  # one partition failing must not fail the conversion
-        return _Verdict(partition, reason=f"compiling partition {name} failed ({type(exc).__name__}: {exc}); "
-                                          "reference form kept")
-    return _checked(delegate, module, partition, example, _int8_anchors(nodes, report_key), name,
-                    backend_name, arithmetic, "on the example inputs")
+    with reusing_exports():  # its check graph is cut from the model its compile exported
+        try:
+            module = compile_untouched(delegate.compile, partition, example, _compiler(backend_name))
+        except Exception as exc:  # one partition failing must not fail the conversion
+            return _Verdict(partition, reason=f"compiling partition {name} failed ({type(exc).__name__}: {exc}); "
+                                              "reference form kept")
+        return _checked(delegate, module, partition, example, _int8_anchors(nodes, report_key), name,
+                        backend_name, arithmetic, "on the example inputs")
 
 
 def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]], outside: dict[str, str],
@@ -542,13 +543,14 @@ class FirstCallCheck:
     @torch.autocast("cpu", enabled=False)  # a first call under the caller's autocast: checked in float32
     def __call__(self, partition: fx.GraphModule, inputs: tuple) -> nn.Module:
         stored, self.stored = self.stored, None  # once: a compile made safer below exports its changed weights
-        with built_from(stored.models if stored is not None else []):
-            module = compile_untouched(self.delegate.compile, partition, inputs, _compiler(self.backend_name))
-        if self._as_checked_at_save(module, partition, stored):
-            return _served(module, partition, self.meta, self.delegate, self.name, len(self.anchors),
-                           self.backend_name)
-        verdict = _checked(self.delegate, module, partition, inputs, self.anchors, self.name,
-                           self.backend_name, self.arithmetic, "on its first inputs after qp.load on this CPU")
+        with reusing_exports():
+            with built_from(stored.models if stored is not None else []):
+                module = compile_untouched(self.delegate.compile, partition, inputs, _compiler(self.backend_name))
+            if self._as_checked_at_save(module, partition, stored):
+                return _served(module, partition, self.meta, self.delegate, self.name, len(self.anchors),
+                               self.backend_name)
+            verdict = _checked(self.delegate, module, partition, inputs, self.anchors, self.name,
+                               self.backend_name, self.arithmetic, "on its first inputs after qp.load on this CPU")
         reason, note = verdict.reason, verdict.note
         if reason or note:
             warn_user(f"qplug: backend {self.backend_name!r}: "

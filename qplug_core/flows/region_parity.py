@@ -12,7 +12,8 @@ each region is checked alone, as a kernel test would check it. A weighted op on 
 output stays float (``BackendSpec.float_outputs``: no int8 op reads it) ends a region too; its
 float output is compared in steps of its range / 255, as the kernel contract counts float outputs.
 
-All regions go into one side-by-side graph (each with its own inputs), compiled once.
+All regions go into one side-by-side graph (each with its own inputs), compiled once (an ONNX
+model of it is cut from the partition's where that was exported: ``onnx_export/region_models.py``).
 
 It lives in the pipeline because convert runs it too: a delegated partition of several int8
 regions is checked region by region this way on the example inputs (``flows/delegate.py``);
@@ -21,8 +22,11 @@ the plugin testing kit re-exports it (``plugin_api.layer_parity``) for a backend
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -36,12 +40,34 @@ from qplug_core.flows.kernel_check import (
     steps_off,
     wrong_channel,
 )
+from qplug_core.flows.tags import CHECK_REGIONS
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.partition import OperatorSupportBase
 
-__all__ = ["LayerParity", "RegionParity", "layer_parity", "region_of"]
+__all__ = ["LayerParity", "RegionParity", "layer_parity", "region_of", "reusing_exports"]
 
 _INTEGER = (torch.uint8, torch.int8, torch.int16, torch.int32)
+
+
+#: partition id -> what a serializer exported for it, kept for its check graph (by
+#: ``onnx_export/region_models.py``), while :func:`reusing_exports` is in force
+_EXPORTS: ContextVar[dict[int, Any] | None] = ContextVar("partition_exports", default=None)
+
+
+@contextmanager
+def reusing_exports() -> Iterator[None]:
+    """The check graphs compiled in this block may be cut from what their partition's compile
+    exported in it (one export of the partition instead of two); all of it is let go at its end."""
+    token = _EXPORTS.set({})
+    try:
+        yield
+    finally:
+        _EXPORTS.reset(token)
+
+
+def partition_exports() -> dict[int, Any] | None:
+    """The exports :func:`reusing_exports` keeps (None outside it)."""
+    return _EXPORTS.get()
 
 
 @dataclass(frozen=True)
@@ -122,7 +148,9 @@ def _side_by_side(gm: fx.GraphModule, regions: list[tuple[list[fx.Node], list[fx
             env[node] = graph.node_copy(node, env.__getitem__)
         outputs.append(env[members[-1]])
     graph.output(tuple(outputs))
-    return fx.GraphModule(gm, graph)
+    check = fx.GraphModule(gm, graph)
+    check.meta[CHECK_REGIONS] = (gm, [([n.name for n in inputs], members[-1].name) for inputs, members in regions])
+    return check
 
 
 def _compare(name: str, got: object, want: torch.Tensor, steps: int) -> RegionParity:

@@ -50,6 +50,10 @@ SNAPSHOT = "qplug_reference_snapshot"
 #: GraphModule.meta key: each compiled partition's reference form, by submodule name, as fused into
 #: the model: the nodes its delegate compiled, with the same inputs and outputs (qp.compare runs it)
 PARTITION_FORMS = "qplug_partition_forms"
+#: GraphModule.meta key of a region-by-region check graph (``flows/region_parity.py``): (the partition it
+#: was cut from, [(its input node names, its output node name) per region]), so its ONNX model is cut
+#: from the partition's (``onnx_export/region_models.py``)
+CHECK_REGIONS = "qplug_check_regions"
 #: GraphModule.meta key: layer (module path) -> the clamp its int8 output range holds
 #: (``flows.clamps.AbsorbedClamp``: qp.compare pairs the layer with the float value after it)
 ABSORBED_CLAMPS = "qplug_absorbed_clamps"

@@ -172,21 +172,29 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     """
     import onnx
 
-    program, example_inputs, symbolic = _program(
-        gm, example_inputs, opset=opset, input_names=input_names, output_names=output_names,
-        onnxruntime_ops=onnxruntime_ops, dynamic=dynamic, flexible=flexible, dynamic_linears=dynamic_linears)
-    if dynamic:
-        axes.untie(program.model, dynamic)
-    proto = program.model_proto
-    if symbolic:
-        axes.pin(proto, program.exported_program)
+    from qplug_core.onnx_export import region_models
+
+    options = (opset, onnxruntime_ops, dynamic_linears)
+    named = input_names is not None or output_names is not None or bool(dynamic)
+    proto = None if named else region_models.cut(gm, example_inputs, options)  # a check graph's model
+    if proto is None:
+        program, example_inputs, symbolic = _program(
+            gm, example_inputs, opset=opset, input_names=input_names, output_names=output_names,
+            onnxruntime_ops=onnxruntime_ops, dynamic=dynamic, flexible=flexible, dynamic_linears=dynamic_linears)
+        if dynamic:
+            axes.untie(program.model, dynamic)
+        proto = program.model_proto
+        if symbolic:
+            axes.pin(proto, program.exported_program)
+        if dynamic:
+            axes.check(program, example_inputs, dynamic)
+        if not named:
+            region_models.remember(gm, example_inputs, options, program.exported_program, proto)
     if check:
         try:
             onnx.checker.check_model(proto)
         except onnx.checker.ValidationError as exc:
             raise ExportError(f"the exported ONNX model does not pass onnx.checker: {exc}") from exc
-    if dynamic:
-        axes.check(program, example_inputs, dynamic)
     return proto
 
 

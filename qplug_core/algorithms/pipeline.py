@@ -48,7 +48,8 @@ def quantize_fused(gm: fx.GraphModule, example_inputs: Any, batches: list[tuple]
 
     observed = prepare_sharing_weights(gm, mapping, example_inputs, backend, prepare_options)
     calibrate(observed, batches, progress=progress)
-    return convert_fx(observed, backend=backend, inplace=True, strict=strict, allow_float=allow_float)
+    return convert_fx(observed, backend=backend, inplace=True, strict=strict, allow_float=allow_float,
+                      progress=progress)
 
 
 def prepare_algorithms(model: nn.Module, example_inputs: Any, calibration_data: Any, backend: Any,

@@ -17,7 +17,8 @@ whose outputs are not within that contract (roundings drift through a deep parti
 region is wrong) is checked region by region (:mod:`qplug_core.flows.region_parity`: each region
 compiled by the same compile function, side by side in one check-only module, fed the reference
 partition's own integer inputs): each region's integers within one step of the reference's on
->= 99% of its elements. That costs one more compile, so only where the outputs call for it. One
+>= 99% of its elements. That costs one more compile, so only where the outputs call for it (its
+ONNX model cut from the partition's where that was exported: ``onnx_export/region_models.py``). One
 that fails either where the backend's kernels sum u8 x s8 pairs in int16 (ONNX Runtime's fused
 U8S8 kernels on a CPU without VNNI under 8-bit weights) is compiled and checked once more with
 7-bit weights (:mod:`qplug_core.flows.safer_weights`; a warning and the report's partition note
@@ -54,6 +55,7 @@ from qplug_core.flows.kernel_check import (
     signed_steps,
 )
 from qplug_core.flows.native_stderr import echo, native_stderr, raised
+from qplug_core.flows.progress import Steps
 from qplug_core.flows.python_inputs import python_input_readers
 from qplug_core.flows.region_parity import layer_parity, region_of, reusing_exports
 from qplug_core.flows.report import describe_op, float_compute_nodes, report_names
@@ -269,7 +271,7 @@ def _inputs_of(gm: fx.GraphModule, partitions: list[list[fx.Node]], example_inpu
 def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple | None,
                    backend_name: str, keep_reference: dict[str, str] | None = None,
                    arithmetic: Any = None, keep_regions: dict[str, str] | None = None,
-                   stored: StoredModels | None = None) -> DelegationSummary:
+                   stored: StoredModels | None = None, progress: bool | None = False) -> DelegationSummary:
     """Partition ``gm`` (reference form) for ``delegate`` and compile its int8 partitions, in place.
 
     ``example_inputs=None`` (``qp.load``): nothing runs now, each partition is compiled at its
@@ -290,7 +292,8 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     from the start (``keep_reference``), and only the same plan at both ends lets load rebuild the
     partitions the file recorded (planned around the failed partition's nodes, a Wav2Vec2 on
     OpenVINO was grouped otherwise at load, which refused the file). The partitions are fused into
-    ``gm`` once the plan holds.
+    ``gm`` once the plan holds. ``progress`` says each partition compiled and checked
+    (:class:`~qplug_core.flows.progress.Steps`).
     """
     report_key = report_names(gm.graph)  # the report's names, taken before partitions are fused
     refused = {**_region_nodes(gm, _region_ids(gm, keep_reference or {}, report_key)),
@@ -298,29 +301,33 @@ def delegate_graph(gm: fx.GraphModule, delegate: Delegate, example_inputs: tuple
     verdicts: dict[frozenset[str], _Verdict] = {}  # by the names of a partition's nodes
     split: dict[fx.Node, str] = {}  # regions found wrong now, left out of the partitions around them
     kept_regions = dict(keep_regions or {})  # their end nodes, for the file
-    while True:
-        support = _Refusing(delegate.operator_support, gm, refused, backend_name)
-        partitions, outside = _int8_partitions(gm, support, delegate, backend_name, report_key)
-        partitions = unpack_boundary_tuples(gm, recompute_boundary_ints(gm, partitions))
-        if example_inputs is None:
-            break
-        values = _inputs_of(gm, partitions, example_inputs)
-        wrong: dict[fx.Node, str] = {}
-        for i, nodes in enumerate(partitions):
-            key = frozenset(n.name for n in nodes)
-            if key not in verdicts:
-                verdicts[key] = _compiled(delegate, gm, nodes, values, f"{PREFIX}{i}", report_key, backend_name,
-                                          arithmetic)
-            wrong.update(_nodes_of_ends(gm, verdicts[key].wrong_regions))
-            kept_regions.update(verdicts[key].wrong_regions)
-            if verdicts[key].reason and not verdicts[key].wrong_regions:  # failed whole: planned again
-                # without its regions, as qp.load plans (from the record)
-                anchors = dict.fromkeys(_int8_anchors(nodes, report_key), verdicts[key].reason)
-                wrong.update(_region_nodes(gm, _region_ids(gm, anchors, report_key)))
-        if not wrong.keys() - refused.keys():
-            break
-        split.update(wrong)
-        refused.update(wrong)  # planned again without them; each round refuses another region
+    with Steps(f"{backend_name}: compiling and checking partitions",
+               progress if example_inputs is not None else False) as steps:
+        while True:
+            support = _Refusing(delegate.operator_support, gm, refused, backend_name)
+            partitions, outside = _int8_partitions(gm, support, delegate, backend_name, report_key)
+            partitions = unpack_boundary_tuples(gm, recompute_boundary_ints(gm, partitions))
+            if example_inputs is None:
+                break
+            values = _inputs_of(gm, partitions, example_inputs)
+            wrong: dict[fx.Node, str] = {}
+            keys = [frozenset(n.name for n in nodes) for nodes in partitions]
+            steps.add(len(set(keys) - verdicts.keys()))
+            for i, (nodes, key) in enumerate(zip(partitions, keys)):
+                if key not in verdicts:
+                    verdicts[key] = _compiled(delegate, gm, nodes, values, f"{PREFIX}{i}", report_key, backend_name,
+                                              arithmetic)
+                    steps.done(f"partition {PREFIX}{i} ({len(nodes)} nodes)")
+                wrong.update(_nodes_of_ends(gm, verdicts[key].wrong_regions))
+                kept_regions.update(verdicts[key].wrong_regions)
+                if verdicts[key].reason and not verdicts[key].wrong_regions:  # failed whole: planned again
+                    # without its regions, as qp.load plans (from the record)
+                    anchors = dict.fromkeys(_int8_anchors(nodes, report_key), verdicts[key].reason)
+                    wrong.update(_region_nodes(gm, _region_ids(gm, anchors, report_key)))
+            if not wrong.keys() - refused.keys():
+                break
+            split.update(wrong)
+            refused.update(wrong)  # planned again without them; each round refuses another region
     for why in dict.fromkeys(split.values()):
         warn_user(f"qplug: backend {backend_name!r}: {why}")
     support.warn_failed_reasons()

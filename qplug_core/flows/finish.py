@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower: bool = True,
                       loading: bool = False, keep_reference: dict[str, str] | None = None,
                       keep_regions: dict[str, str] | None = None,
-                      stored: StoredModels | None = None) -> QuantizationReport:
+                      stored: StoredModels | None = None, progress: bool | None = False) -> QuantizationReport:
     """Lower a reference-form model to ``backend`` (post_convert passes too) and attach its report.
 
     Shared by convert_fx and qp.load, which rebuilds the reference form from a file: ``loading``
@@ -57,7 +57,8 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     on shapes a file records) and ``keep_reference`` (int8 anchor -> why, as recorded at convert)
     keeps those regions in reference form, as ``keep_regions`` (end node -> why) keeps the regions
     a delegate's check kept out of its partitions then; ``stored`` (partition -> its ONNX models
-    the file holds) is what delegated partitions build their first models from.
+    the file holds) is what delegated partitions build their first models from. ``progress``
+    shows the delegated partitions compiled and checked (``flows/progress.py``).
     """
     if backend.float_outputs:  # a reference form made for another backend (auto) keeps them
         drop_unread_output_grids(gm, backend.float_outputs)
@@ -72,7 +73,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         example = None if loading else (graph_module.meta.get(EXAMPLE_INPUTS)
                                         or recorded_example_inputs(graph_module))
         delegated = delegate_graph(graph_module, delegate, example, backend.name, keep_reference,
-                                   backend.arithmetic, keep_regions, stored)
+                                   backend.arithmetic, keep_regions, stored, progress=progress)
 
     copies: Copies = {}  # int8 copies of the snapshot's weights, shared by every reference form
 

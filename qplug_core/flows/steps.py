@@ -7,7 +7,6 @@ modified, and records what it did in ``GraphModule.meta`` for the next step and 
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterable
 from typing import Any, ContextManager
 
@@ -46,6 +45,7 @@ from qplug_core.flows.pipeline import (
     run_passes,
 )
 from qplug_core.flows.prepare import ObserverInserter, swap_qat_modules, tag_regions
+from qplug_core.flows.progress import shown
 from qplug_core.flows.regions import RegionPlanner
 from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.report import QuantizationReport, top_reasons
@@ -257,7 +257,7 @@ def calibrate(model: nn.Module, calibration_data: Any, *, progress: bool | None 
     process saw every rank's batches together (docs/guide/distributed.md).
     """
     flow_checks.check_calibratable(model, calibration_data)
-    show = (sys.stderr.isatty() if progress is None else progress) and distributed.is_rank_zero()
+    show = shown(progress)
     sized = hasattr(calibration_data, "__len__") and not isinstance(calibration_data, torch.Tensor)
     total = len(calibration_data) if sized else None
     batches = non_empty = 0
@@ -325,7 +325,7 @@ def _check_device(gm: fx.GraphModule, backend: Backend) -> None:
 
 
 def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_uncalibrated: bool,
-             inplace: bool, strict: bool, allow_float: bool = False) -> fx.GraphModule:
+             inplace: bool, strict: bool, allow_float: bool = False, progress: bool | None = False) -> fx.GraphModule:
     """Convert to the reference form, keep it (what qp.save writes), then lower and report."""
     state = _state(observed)
     flow_checks.check_not_converted(observed)
@@ -348,7 +348,7 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
     # delegate's export traced bfloat16 casts (fbgemm raised; ONNX Runtime compiled nothing)
     with torch.autocast("cpu", enabled=False):
         run_passes(gm, [*before, convert])
-        report = finish_conversion(gm, backend, mode=state["mode"], lower=lower)
+        report = finish_conversion(gm, backend, mode=state["mode"], lower=lower, progress=progress)
     if strict and report.skipped:
         listed = "; ".join(f"{s.node} ({s.op}): {s.reason}" for s in report.skipped[:5])
         raise ConfigValidationError(f"strict=True but {len(report.skipped)} op(s) stay float: {listed}",
@@ -391,18 +391,20 @@ def convert_to_reference_fx(observed: fx.GraphModule, *, allow_uncalibrated: boo
 @refuses_torch_ao_keywords("convert_custom_config", "backend_config", "is_reference", "qconfig_mapping", "preserved_attributes")
 def convert_fx(observed: fx.GraphModule, *, backend: str | Backend | None = None,
                allow_uncalibrated: bool = False, inplace: bool = False, strict: bool = False,
-               allow_float: bool = False) -> fx.GraphModule:
+               allow_float: bool = False, progress: bool | None = None) -> fx.GraphModule:
     """Observed model -> int8 model running the backend's kernels (reference form where none exists).
 
     ``backend=None`` uses the backend the model was prepared for. ``strict=True`` raises when any
     compute op is left in float; a result with no int8 region at all raises
-    :class:`NothingQuantizedError` unless ``allow_float=True``.
+    :class:`NothingQuantizedError` unless ``allow_float=True``. ``progress`` shows the delegated
+    partitions compiled and checked on stderr (``None``: on a terminal only; a line each where
+    stderr is not one and ``progress=True``).
     """
     state = _state(observed)
     chosen = get_backend(backend if backend is not None else state["backend"]).require_available()
     _check_device(observed, chosen)
     return _convert(observed, chosen, lower=True, allow_uncalibrated=allow_uncalibrated,
-                    inplace=inplace, strict=strict, allow_float=allow_float)
+                    inplace=inplace, strict=strict, allow_float=allow_float, progress=progress)
 
 
 def quantization_report(model: fx.GraphModule) -> QuantizationReport:
@@ -442,4 +444,5 @@ def quantize_static(model: nn.Module, example_inputs: Any, calibration_data: Any
     observed = prepare_fx(model, qconfig_mapping, example_inputs, backend=chosen, **prepare_options)
     with contextlib.nullcontext() if while_calibrating is None else while_calibrating(observed):
         calibrate(observed, calibration_data, progress=progress)
-    return convert_fx(observed, backend=chosen, inplace=True, strict=strict, allow_float=allow_float)
+    return convert_fx(observed, backend=chosen, inplace=True, strict=strict, allow_float=allow_float,
+                      progress=progress)

@@ -6,12 +6,12 @@ graph. Exporting that graph was a second ``torch.onnx.export`` of the whole part
 larger part of a delegated convert (an FPN detector on onnxruntime: 104 of the 152 s its one
 partition took to compile and check, AMD EPYC Zen 4 under load). The partition's ONNX model holds
 every region already. So while a partition is compiled and checked (``reusing_exports`` in
-``flows/region_parity.py``), the
-ONNX model last exported for it is kept with the names of its int8 values (each ``Quantize``
-module is one ``qplug.quantize_per_*`` op of the exported program, in graph order), and the check
-graph's model is cut from it: each region's nodes from the values it reads to the value it
-writes, fed static inputs. A region it cannot cut so (a float output of a weighted op at its
-edge, a shape read from outside it) has its check graph exported as before.
+``flows/region_parity.py``), the ONNX model last exported for it is kept with the names of its
+inputs, int8 values (each ``Quantize`` module is one ``qplug.quantize_per_*`` op of the exported
+program, in graph order) and outputs, and the check graph's model is cut from it: each region's
+nodes from the values it reads to the value it writes, fed static inputs. A region it cannot cut
+so (a float output of a weighted op inside the partition at its edge, a value read from outside
+it) has its check graph exported as before.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
 from qplug_core.flows.region_parity import partition_exports
 from qplug_core.flows.tags import CHECK_REGIONS
@@ -73,8 +74,8 @@ def cut(gm: fx.GraphModule, example_inputs: tuple, options: Hashable) -> Any:
 
 
 def _value_names(gm: fx.GraphModule, exported_program: Any, proto: Any) -> dict[str, str]:
-    """fx node name -> ONNX value name of ``gm``'s inputs and ``Quantize`` outputs, as far as the
-    exported program tells them apart (none where the counts differ)."""
+    """fx node name -> ONNX value name of ``gm``'s inputs, ``Quantize`` outputs and outputs, as far
+    as the exported program tells them apart (none of a kind where their counts differ)."""
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     initializers = {t.name for t in proto.graph.initializer}
     inputs = [i.name for i in proto.graph.input if i.name not in initializers]
@@ -86,6 +87,11 @@ def _value_names(gm: fx.GraphModule, exported_program: Any, proto: Any) -> dict[
     produced = {out for node in proto.graph.node for out in node.output}
     if len(quantizes) == len(ops):
         names.update((node, op) for node, op in zip(quantizes, ops) if op in produced)
+    returned = [n.name for n in pytree.tree_leaves(next(iter(gm.graph.find_nodes(op="output"))).args)
+                if isinstance(n, fx.Node)]  # the model's outputs: a float output of a weighted op too
+    if len(returned) == len(proto.graph.output) and len(set(returned)) == len(returned):
+        names.update((node, output.name) for node, output in zip(returned, proto.graph.output)
+                     if output.name in produced and node not in names)
     return names
 
 

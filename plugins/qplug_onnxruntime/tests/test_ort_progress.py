@@ -24,7 +24,7 @@ class TwoPartitions(nn.Module):
         return self.conv2(y.transpose(1, 2))
 
 
-@pytest.mark.filterwarnings("ignore:qplug: .* stay float")
+@pytest.mark.filterwarnings("ignore:.*weights stay float:UserWarning")
 @pytest.mark.parametrize("progress", [True, None])
 def test_convert_says_each_partition_compiled_and_checked(capfd, progress):
     torch.manual_seed(0)

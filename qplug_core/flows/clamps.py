@@ -96,7 +96,11 @@ def clamp_bounds(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[float, f
 def foldable_clamp(region, region_of: dict[fx.Node, object], modules: dict[str, nn.Module]
                    ) -> fx.Node | None:
     """The clamp node to fold into ``region``'s output, if the region is a static quantized
-    weighted op whose only user is a quantized clamp region reading it."""
+    weighted op whose only user is a clamp region of its own reading it.
+
+    Whether the clamp region is quantized does not matter: an int8 output grid spanning the
+    unclamped range (up to hundreds before a ReLU6) is far coarser than [0, 6] whatever reads the
+    clamp, so a clamp left float because its reader is float is folded all the same."""
     if not (region.weighted and region.quantizes_output):
         return None
     users = list(region.anchor.users)
@@ -104,8 +108,7 @@ def foldable_clamp(region, region_of: dict[fx.Node, object], modules: dict[str, 
         return None
     clamp = users[0]
     clamp_region = region_of.get(clamp)
-    if clamp_region is None or not clamp_region.quantized or clamp_region.anchor is not clamp \
-            or len(clamp_region.match.nodes) != 1:
+    if clamp_region is None or clamp_region.anchor is not clamp or len(clamp_region.match.nodes) != 1:
         return None
     return clamp if clamp_bounds(clamp, modules) is not None else None
 

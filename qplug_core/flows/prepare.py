@@ -49,12 +49,14 @@ class ObserverInserter:
         modules = dict(self.gm.named_modules(remove_duplicate=False))
         for region in regions:
             if region.quantized:
-                self._observe_region(region, foldable_clamp(region, region_of, modules), modules)
+                clamp = foldable_clamp(region, region_of, modules)
+                self._observe_region(region, clamp, modules)
+                if clamp is not None:  # also when left float for its float reader: it is folded
+                    region_of[clamp].reason = "folded into its producer's output range (see qplug_core.flows.clamps)"
 
     def _observe_region(self, region: Region, clamp: fx.Node | None, modules: dict[str, nn.Module]
                         ) -> None:
         if FOLDED_CLAMP in region.anchor.meta:
-            region.reason = "folded into its producer's output range (see qplug_core.flows.clamps)"
             return
         if region.observation_type == ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT:
             self._share_input_observer(region)

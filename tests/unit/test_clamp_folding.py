@@ -166,3 +166,45 @@ def test_a_clamp_whose_low_bound_is_above_zero_is_kept():
         got = reference(*data[0])
     assert len(_clamp_calls(reference)) == 1 and absorbed_clamps(reference) == {}
     assert qp.sqnr(expected, got) > 25
+
+
+def _dead_channel_relu6():
+    """conv -> ReLU6 -> conv whose first conv has a dead channel (bias -300): its output spans
+    [-300, 4] before the ReLU6, the ReLU6's [0, 6] after."""
+    torch.manual_seed(0)
+    model = ConvClamp(nn.ReLU6()).eval()
+    with torch.no_grad():
+        model.conv.bias[0] = -300.0
+    return model
+
+
+def _next_input(model, data) -> torch.Tensor:
+    """What the layer ``next`` reads in ``model`` (an int8 model's int8 layer or its float one)."""
+    seen = []
+    handle = model.get_submodule("next").register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    with torch.no_grad():
+        model(*data)
+    handle.remove()
+    return seen[0]
+
+
+@pytest.mark.parametrize("backend", ["reference", "fbgemm"])
+def test_a_float_reader_keeps_the_clamped_output_grid(backend, plugin_autoload):
+    """Leaving the layer after a ReLU6 float must not widen the conv's int8 output to its
+    unclamped range (it did: 4 dB against 30 dB all int8): the conv outputs on the same [0, 6]
+    grid whatever reads the ReLU6, as torch.ao keeps a producer's grid whatever its reader."""
+    data, model = _data(), _dead_channel_relu6()
+    mapping = qp.get_default_qconfig_mapping(backend=backend)
+    with one_thread():
+        all_int8 = qp.quantize(model, data[0], data, backend=backend, qconfig_mapping=mapping)
+        next_float = qp.quantize(model, data[0], data, backend=backend,
+                                 qconfig_mapping=mapping.set_module_name("next", None))
+        with torch.no_grad():
+            expected = model(*data[0])
+            assert qp.sqnr(expected, next_float(*data[0])) >= qp.sqnr(expected, all_int8(*data[0]))
+        assert _clamp_calls(next_float) == [] and list(absorbed_clamps(next_float)) == ["conv"]
+        read_float, read_int8 = _next_input(next_float, data[0]), _next_input(all_int8, data[0])
+    if backend == "reference":  # fbgemm's int8 layer reads a quantized tensor: compare the values
+        assert torch.equal(read_float, read_int8)
+    else:
+        assert torch.equal(read_float, read_int8.dequantize())

@@ -12,8 +12,7 @@ own converted model), and its reference form's layers become switches (:mod:`.la
 so each figure is one forward pass over the evaluation data, not a quantization (two per layer
 took 671 s on a small diffusion UNet). ``exact=True`` measures as before: a full quantization
 with the backend's flow and kernels for every figure. It differs where leaving neighbours float
-changes a value's grid (a ReLU6 folded into a conv's output grid only while the next layer is
-int8, fbgemm's 7-bit depthwise inputs) and in alone int8, where it keeps every op without
+changes a value's grid (fbgemm's 7-bit depthwise inputs) and in alone int8, where it keeps every op without
 weights (add, matmul) int8 too.
 
 Layers are named as in the fused float model (``qp.fuse_fx``); ``group="role"`` ties the layers

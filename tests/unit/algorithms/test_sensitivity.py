@@ -21,8 +21,7 @@ TOLERANCE_DB = 0.25
 
 class _SmallCNN(nn.Module):
     """conv -> relu -> conv -> relu -> 1x1 conv -> linear; conv2's weights spread over channels as
-    trained ones do, fc's input has a channel 30x the rest. No ReLU6: one folded into conv1's
-    output grid only while conv2 is int8 is what ``exact=True`` sees and one calibration cannot."""
+    trained ones do, fc's input has a channel 30x the rest."""
 
     def __init__(self) -> None:
         super().__init__()

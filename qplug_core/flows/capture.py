@@ -17,7 +17,7 @@ from torch.fx import GraphModule
 from qplug_core.errors import ConfigValidationError, TraceError, first_line, warn_user
 from qplug_core.flows.fixed_keywords import fixed_keywords
 from qplug_core.flows.float_reference import float_like_int8
-from qplug_core.flows.raise_aten import is_aten_graph, raise_aten_graph
+from qplug_core.flows.raise_aten import exported_module, is_aten_graph, raise_aten_graph
 from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED, FIXED_KEYWORDS
 from qplug_core.ir.capture import capture_module, export_module, is_image
 
@@ -48,7 +48,7 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
         raise ConfigValidationError(f"capture must be one of {CAPTURE_LEVELS}, got {level!r}",
                                     field="capture", value=level)
     if isinstance(model, torch.export.ExportedProgram):
-        model = model.module()
+        model = exported_module(model)
     if is_aten_graph(model):
         return _tagged(raise_aten_graph(model).graph_module, "export")
     if isinstance(model, GraphModule):

@@ -23,6 +23,7 @@ from qplug_core.flows.fuse import fuse_graph
 from qplug_core.flows.inplace import functionalize_inplace
 from qplug_core.flows.leaves import leaf_module_classes
 from qplug_core.flows.normalize import normalize_functionals
+from qplug_core.flows.raise_aten import exported_module
 from qplug_core.flows.shared_modules import untie_shared_modules
 from qplug_core.flows.tags import FUSIONS
 from qplug_core.ir.copying import deepcopy_graph
@@ -122,7 +123,7 @@ def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inpl
     (weight_norm, parametrizations) are baked into plain ones on qplug's copy, or kept trainable
     for QAT (nn/computed_weights.py), before capture, so that every flow quantizes them alike."""
     if isinstance(model, torch.export.ExportedProgram):
-        model = model.module()
+        model = exported_module(model)
         inplace = True
     if not isinstance(model, nn.Module):
         raise ConfigValidationError(f"model must be a torch.nn.Module or an ExportedProgram, got "

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from qplug_core.flows.normalize import record_functional_weight
+from qplug_core.flows.tags import EXPORT_RANGES
 from qplug_core.ir import module_stack
 from qplug_core.ir.attributes import fetch_attribute
 from qplug_core.ir.hooks import drop_pre_hooks
@@ -97,6 +98,17 @@ def is_aten_graph(gm: nn.Module) -> bool:
     """Whether ``gm`` is a GraphModule of ATen ops (what ``ExportedProgram.module()`` returns)."""
     return isinstance(gm, fx.GraphModule) and any(
         n.op == "call_function" and str(n.target).startswith("aten.") for n in gm.graph.nodes)
+
+
+def exported_module(program: torch.export.ExportedProgram) -> fx.GraphModule:
+    """``program.module()`` (a fresh module: the program is never modified), its
+    ``range_constraints`` in ``meta[EXPORT_RANGES]``, where a copy of the module keeps them (qplug
+    copies a model before changing it): the user's program is checked for all its guards
+    (:mod:`qplug_core.flows.input_relations`), qplug's own capture (its batch widened to 2 for
+    export) for fixed and equal sizes only."""
+    gm = program.module()
+    gm.meta[EXPORT_RANGES] = dict(program.range_constraints)
+    return gm
 
 
 def raise_aten_graph(gm: fx.GraphModule) -> PassResult:

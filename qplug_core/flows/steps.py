@@ -46,6 +46,7 @@ from qplug_core.flows.pipeline import (
 )
 from qplug_core.flows.prepare import ObserverInserter, swap_qat_modules, tag_regions
 from qplug_core.flows.progress import shown
+from qplug_core.flows.raise_aten import exported_module
 from qplug_core.flows.regions import RegionPlanner
 from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.report import QuantizationReport, top_reasons
@@ -144,7 +145,7 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
              keep_isolated_ops_float, on_unsupported, capture, non_traceable_module_names,
              non_traceable_module_classes) -> fx.GraphModule:
     if isinstance(model, torch.export.ExportedProgram):
-        model = model.module()  # a fresh module: the program itself is never modified
+        model = exported_module(model)  # a fresh module: the program itself is never modified
     flow_checks.check_preparable(model)
     flow_checks.check_float32(model)
     flow_checks.check_weight_values(model)

@@ -120,6 +120,9 @@ CALIBRATION_SAMPLE = "qplug_calibration_sample"
 #: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example
 #: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
 INPUT_SPEC = "qplug_input_spec"
+#: GraphModule.meta key: an exported program's ``range_constraints`` (size expression -> its
+#: range), kept when its guards are dropped for :mod:`qplug_core.flows.input_relations` (not saved)
+EXPORT_RANGES = "qplug_export_ranges"
 #: node.meta key on a placeholder torch.export built into the graph as a constant (a Python int,
 #: float or bool argument, or None: export takes none as an input): the example's value, which
 #: every call must give (:mod:`qplug_core.flows.exported_inputs`)

@@ -27,6 +27,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError
+from qplug_core.flows.input_relations import SizeRelations
 from qplug_core.flows.tags import BAKED_INPUT, INPUT_SPEC
 from qplug_core.ir.call_inputs import MISSING, InputPath, input_paths
 from qplug_core.ir.hooks import drop_pre_hooks, keep_in_copies
@@ -74,15 +75,17 @@ class _Constant(_Input):
 class _InputCheck:
     """Forward pre-hook: the tensor inputs of an exported capture have the example's rank and
     fixed sizes, the dims that share one export symbol (``shared``: groups of ``(tensor, dim)``)
-    are equal, and the Python numbers export built in are given the example's value."""
+    are equal, their sizes keep the other ``relations`` export guarded (not after ``qp.load``),
+    and the Python numbers export built in are given the example's value."""
 
     def __init__(self, tensors: list[_Tensor], constants: list[_Constant],
-                 shared: list[list[tuple[_Tensor, int]]]) -> None:
+                 shared: list[list[tuple[_Tensor, int]]], relations: SizeRelations | None) -> None:
         self.tensors, self.constants, self.shared = tensors, constants, shared
+        self.relations = relations
 
     @classmethod
     def of(cls, gm: fx.GraphModule) -> _InputCheck:
-        tensors, constants = [], []
+        tensors, constants, nodes = [], [], []
         symbols: dict[str, list[tuple[_Tensor, int]]] = {}
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for path, node in zip(input_paths(gm), placeholders):
@@ -94,10 +97,12 @@ class _InputCheck:
             elif "fixed" in spec:  # only export decides which sizes are fixed
                 tensor = _Tensor(path, tuple(spec["shape"]), tuple(spec["fixed"]))
                 tensors.append(tensor)
+                nodes.append(node)
                 for dim, symbol in enumerate(spec.get("symbols", ())):
                     if symbol is not None:
                         symbols.setdefault(symbol, []).append((tensor, dim))
-        return cls(tensors, constants, [dims for dims in symbols.values() if len(dims) > 1])
+        return cls(tensors, constants, [dims for dims in symbols.values() if len(dims) > 1],
+                   SizeRelations.of(gm, nodes, [tensor.name for tensor in tensors]))
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         given: dict[_Tensor, torch.Tensor] = {}
@@ -109,6 +114,8 @@ class _InputCheck:
             sizes = [(tensor, dim, given[tensor].shape[dim]) for tensor, dim in dims if tensor in given]
             if len({size for _, _, size in sizes}) > 1:
                 raise InputMismatchError(_unequal(sizes))
+        if self.relations is not None and len(given) == len(self.tensors):
+            self.relations.check([given[tensor].shape for tensor in self.tensors])
         for constant in self.constants:
             value = constant.path.value(args, kwargs)
             if value is not MISSING and (isinstance(value, torch.Tensor) or value != constant.value):

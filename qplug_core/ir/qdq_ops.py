@@ -31,20 +31,46 @@ which runtime code must not import, and defining that namespace here would clash
 definition (a second ``TORCH_LIBRARY``) as soon as torch._inductor imports it. ONNX export maps
 these ops to QuantizeLinear/DequantizeLinear through a custom translation table
 (:mod:`qplug_core.onnx_export`).
+
+Why not ``torch.library.custom_op``: it wraps each kernel in ``torch._disable_dynamo``, which
+imports ``torch._dynamo`` (with sympy, torch.distributed...) at the op's first call, seconds before
+the first answer of a reference model in a fresh process. :func:`_operator` registers the same
+schema, tag, kernel and autograd entry through ``torch.library`` without that wrapper.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 from qplug_core import qparams as Q
-from qplug_core.errors import InputMismatchError
+from qplug_core.errors import InputMismatchError, ModelStateError
 
 #: storage dtype -> quantized dtype identifier (the inverse of ``qparams.STORAGE_DTYPE``)
 QUANTIZED_DTYPE = {storage: quantized for quantized, storage in Q.STORAGE_DTYPE.items()}
+
+_LIB = torch.library.Library("qplug", "DEF")
+_Fn = TypeVar("_Fn", bound=Callable[..., object])
+
+
+def _operator(fn: _Fn) -> _Fn:
+    """Define ``qplug::<fn's name>`` with the schema of ``fn``'s annotations, computed by ``fn`` on
+    every device (its fake kernel is registered beside it with ``torch.library.register_fake``)."""
+    name = fn.__name__
+    _LIB.define(name + torch.library.infer_schema(fn, mutates_args=()),
+                tags=(torch.Tag.pt2_compliant_tag,))
+    _LIB.impl(name, fn, "CompositeExplicitAutograd")
+
+    def backward(ctx, *grads):
+        raise ModelStateError(f"qplug::{name} has no gradient: the reference form is for inference "
+                              "(train with qp.prepare_qat_fx, whose fake quantization has one)")
+
+    torch.library.register_autograd(f"qplug::{name}", backward, lib=_LIB)
+    return fn
 
 
 def _qparams(scale: Tensor, zero_point: Tensor, dtype: torch.dtype, quant_min: int, quant_max: int,
@@ -52,25 +78,25 @@ def _qparams(scale: Tensor, zero_point: Tensor, dtype: torch.dtype, quant_min: i
     return Q.QParams(scale, zero_point, QUANTIZED_DTYPE[dtype], quant_min, quant_max, axis)
 
 
-@torch.library.custom_op("qplug::quantize_per_tensor", mutates_args=())
+@_operator
 def quantize_per_tensor(input: Tensor, scale: Tensor, zero_point: Tensor, quant_min: int,
                         quant_max: int, dtype: torch.dtype) -> Tensor:
     return Q.quantize(input, _qparams(scale, zero_point, dtype, quant_min, quant_max, None))
 
 
-@torch.library.custom_op("qplug::dequantize_per_tensor", mutates_args=())
+@_operator
 def dequantize_per_tensor(input: Tensor, scale: Tensor, zero_point: Tensor, quant_min: int,
                           quant_max: int, dtype: torch.dtype) -> Tensor:
     return Q.dequantize(input, _qparams(scale, zero_point, dtype, quant_min, quant_max, None))
 
 
-@torch.library.custom_op("qplug::quantize_per_channel", mutates_args=())
+@_operator
 def quantize_per_channel(input: Tensor, scales: Tensor, zero_points: Tensor, axis: int,
                          quant_min: int, quant_max: int, dtype: torch.dtype) -> Tensor:
     return Q.quantize(input, _qparams(scales, zero_points, dtype, quant_min, quant_max, axis))
 
 
-@torch.library.custom_op("qplug::dequantize_per_channel", mutates_args=())
+@_operator
 def dequantize_per_channel(input: Tensor, scales: Tensor, zero_points: Tensor, axis: int,
                            quant_min: int, quant_max: int, dtype: torch.dtype) -> Tensor:
     return Q.dequantize(input, _qparams(scales, zero_points, dtype, quant_min, quant_max, axis))
@@ -93,7 +119,7 @@ def refuse_nonfinite_input(x: Tensor, where: str, summary: Tensor) -> None:
         "float model would answer NaN or Inf). Check the data before the call (torch.isfinite(x).all())")
 
 
-@torch.library.custom_op("qplug::dynamic_fake_quantize", mutates_args=())
+@_operator
 def dynamic_fake_quantize(input: Tensor, quant_min: int, quant_max: int, dtype: torch.dtype) -> Tensor:
     """Per-call (dynamic) activation quantization, simulated: qparams from this tensor's min/max
     (affine, 0 included), then quantize and dequantize; what dynamic int8 kernels do inside."""
@@ -108,7 +134,7 @@ def dynamic_fake_quantize(input: Tensor, quant_min: int, quant_max: int, dtype: 
     return Q.fake_quantize(input, Q.QParams(scale, zero_point, qdtype, quant_min, quant_max))
 
 
-@torch.library.custom_op("qplug::dynamic_quantized_linear", mutates_args=())
+@_operator
 def dynamic_quantized_linear(input: Tensor, weight_t: Tensor, weight_scale: Tensor,
                              bias: Tensor | None) -> Tensor:
     """``linear(dynamic_fake_quantize(input), dequantize(weight))`` with symmetric int8 weights
@@ -119,7 +145,7 @@ def dynamic_quantized_linear(input: Tensor, weight_t: Tensor, weight_scale: Tens
     return torch.nn.functional.linear(x, weight.t(), bias)
 
 
-@torch.library.custom_op("qplug::dynamic_quantized_lstm", mutates_args=())
+@_operator
 def dynamic_quantized_lstm(input: Tensor, weight_t: Tensor, weight_scale: Tensor, recurrent_t: Tensor,
                            recurrent_scale: Tensor, bias: Tensor, initial_h: Tensor | None,
                            initial_c: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -157,7 +183,7 @@ def dynamic_quantized_lstm(input: Tensor, weight_t: Tensor, weight_scale: Tensor
     return torch.stack(ys, 1), torch.stack(hs), torch.stack(cs)
 
 
-@dynamic_quantized_lstm.register_fake
+@torch.library.register_fake("qplug::dynamic_quantized_lstm", lib=_LIB)
 def _(input, weight_t, weight_scale, recurrent_t, recurrent_scale, bias, initial_h, initial_c):
     dirs, hidden = weight_t.shape[0], recurrent_t.shape[1]
     state = input.new_empty((dirs, input.shape[1], hidden), dtype=torch.float32)
@@ -165,32 +191,32 @@ def _(input, weight_t, weight_scale, recurrent_t, recurrent_scale, bias, initial
             state, torch.empty_like(state))
 
 
-@dynamic_quantized_linear.register_fake
+@torch.library.register_fake("qplug::dynamic_quantized_linear", lib=_LIB)
 def _(input, weight_t, weight_scale, bias):
     return input.new_empty((*input.shape[:-1], weight_t.shape[1]), dtype=torch.float32)
 
 
-@dynamic_fake_quantize.register_fake
+@torch.library.register_fake("qplug::dynamic_fake_quantize", lib=_LIB)
 def _(input, quant_min, quant_max, dtype):
     return torch.empty_like(input, dtype=torch.float32)
 
 
-@quantize_per_tensor.register_fake
+@torch.library.register_fake("qplug::quantize_per_tensor", lib=_LIB)
 def _(input, scale, zero_point, quant_min, quant_max, dtype):
     return torch.empty_like(input, dtype=dtype)
 
 
-@quantize_per_channel.register_fake
+@torch.library.register_fake("qplug::quantize_per_channel", lib=_LIB)
 def _(input, scales, zero_points, axis, quant_min, quant_max, dtype):
     return torch.empty_like(input, dtype=dtype)
 
 
-@dequantize_per_tensor.register_fake
+@torch.library.register_fake("qplug::dequantize_per_tensor", lib=_LIB)
 def _(input, scale, zero_point, quant_min, quant_max, dtype):
     return torch.empty_like(input, dtype=torch.float32)
 
 
-@dequantize_per_channel.register_fake
+@torch.library.register_fake("qplug::dequantize_per_channel", lib=_LIB)
 def _(input, scales, zero_points, axis, quant_min, quant_max, dtype):
     return torch.empty_like(input, dtype=torch.float32)
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from qplug_core import qparams as Q
+from qplug_core.errors import ModelStateError
 from qplug_core.ir import qdq_ops
 from qplug_core.kernels.reference import Dequantize, Quantize
 
@@ -44,3 +48,38 @@ def test_bad_qparams_raise_qplugs_error_through_the_op():
     bad = Q.QParams(torch.tensor([0.1, 0.2]), torch.tensor([0, 0]), torch.qint8, -128, 127, axis=1)
     with pytest.raises(Q.ConfigValidationError, match="2 scales / 2 zero points for 3 channels"):
         qdq_ops.quantize_op(torch.randn(2, 3), bad)
+
+
+#: a reference dynamic model's first call, then every other qplug op once, in a fresh process
+FIRST_CALLS = """
+import sys, torch
+import qplug_core as qp
+ops, x = torch.ops.qplug, torch.randn(4, 3)
+qp.quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(3, 3)), backend="reference")(x)
+s, z, sc, zc = torch.tensor(0.1), torch.tensor(0), torch.ones(3), torch.zeros(3, dtype=torch.int64)
+ops.dequantize_per_tensor(ops.quantize_per_tensor(x, s, z, 0, 255, torch.uint8), s, z, 0, 255, torch.uint8)
+ops.dequantize_per_channel(ops.quantize_per_channel(x, sc, zc, 1, -128, 127, torch.int8), sc, zc, 1,
+                           -128, 127, torch.int8)
+w, ws = torch.ones(3, 8, dtype=torch.int8), torch.ones(8)
+ops.dynamic_quantized_linear(x, w, ws, None)
+ops.dynamic_quantized_lstm(x[:, None], w[None], ws[None], w[None, :2], ws[None], torch.zeros(1, 16),
+                           None, None)
+print(sorted(m for m in ("torch._dynamo", "torch._inductor", "sympy") if m in sys.modules))
+"""
+
+
+@pytest.mark.slow  # a fresh process: torch's import alone takes ~2 s of CPU here
+def test_first_calls_of_the_ops_import_no_compiler():
+    """torch.library.custom_op's kernels imported torch._dynamo at their first call: the first
+    answer of a reference model in a fresh process took seconds."""
+    result = subprocess.run([sys.executable, "-c", FIRST_CALLS], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.split() == ["[]"]
+
+
+def test_backward_through_an_op_says_there_is_no_gradient():
+    x = torch.randn(2, 3, requires_grad=True)
+    y = torch.ops.qplug.dynamic_fake_quantize(x, 0, 255, torch.uint8)
+    assert torch.equal(y, torch.ops.qplug.dynamic_fake_quantize(x.detach(), 0, 255, torch.uint8))
+    with pytest.raises(ModelStateError, match="qplug::dynamic_fake_quantize has no gradient"):
+        y.sum().backward()

@@ -8,6 +8,8 @@ and messages say what failed, where, and how to fix it.
 
 from __future__ import annotations
 
+import builtins
+
 import contextlib
 import contextvars
 import difflib
@@ -234,13 +236,31 @@ def input_mismatch(message: str, builtin: type[BaseException]) -> InputMismatchE
     RuntimeError`` catches ours as it caught torch's; of no other type for a non-builtin one."""
     if builtin.__module__ != "builtins" or not issubclass(builtin, Exception):
         return InputMismatchError(message)
+    return _also_builtin(builtin)(message)
+
+
+_ALSO_PREFIX = "InputMismatchError_"
+
+
+def _also_builtin(builtin: type[Exception]) -> type[InputMismatchError]:
+    """The class of :func:`input_mismatch`'s errors for ``builtin``, made once, with a qualified
+    name pickle finds (:func:`__getattr__`): the error crosses to a worker pool's parent."""
     if builtin not in _ALSO_BUILTIN:
         try:
             _ALSO_BUILTIN[builtin] = type(InputMismatchError.__name__, (InputMismatchError, builtin),
-                                          {"__module__": InputMismatchError.__module__})
+                                          {"__module__": __name__, "__qualname__": _ALSO_PREFIX + builtin.__name__})
         except TypeError:  # a builtin whose instances are laid out otherwise (OSError)
             _ALSO_BUILTIN[builtin] = InputMismatchError
-    return _ALSO_BUILTIN[builtin](message)
+    return _ALSO_BUILTIN[builtin]
+
+
+def __getattr__(name: str) -> type:
+    """``InputMismatchError_RuntimeError`` and its kin, for pickle in a process that has not made
+    them yet (builtin exception types only)."""
+    builtin = getattr(builtins, name.removeprefix(_ALSO_PREFIX), None) if name.startswith(_ALSO_PREFIX) else None
+    if isinstance(builtin, type) and issubclass(builtin, Exception):
+        return _also_builtin(builtin)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ModelStateError(QplugError):

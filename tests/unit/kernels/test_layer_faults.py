@@ -103,3 +103,20 @@ def test_refusals_the_float_model_does_not_share_keep_their_type_and_gain_the_na
     alone = type(int8.enc[0]).from_float(nn.Linear(16, 4))
     with pytest.raises(RuntimeError, match=r"^DynamicLinear: int8 DynamicLinear takes inputs with 16"):
         alone(torch.randn(2, 3))
+
+
+def test_the_error_crosses_to_a_process_that_never_made_its_class(float_net):
+    """A worker pool's parent unpickles the worker's error: the class made for the builtin type is
+    found by name there too (it was a class pickle could not find: ``MaybeEncodingError``)."""
+    import pickle
+    import subprocess
+    import sys
+
+    int8 = qp.quantize_dynamic(float_net, backend="fbgemm")
+    error = _raised(lambda: int8.enc(torch.randn(2, 12)))
+    read = ("import pickle, sys; e = pickle.loads(sys.stdin.buffer.read()); "
+            "from qplug_core.errors import InputMismatchError; "
+            "print(isinstance(e, InputMismatchError), isinstance(e, RuntimeError), e.layer, str(e) == sys.argv[1])")
+    done = subprocess.run([sys.executable, "-c", read, str(error)], input=pickle.dumps(error),
+                          capture_output=True, check=True)
+    assert done.stdout.decode().split() == ["True", "True", "enc.0", "True"], done.stderr.decode()[-500:]

@@ -17,13 +17,16 @@ from qplug_core.errors import ModelStateError
 _OBSERVED = ("torch.ao.quantization.observer", "torch.ao.quantization.fake_quantize",
              "torch.ao.nn.qat.", "torch.ao.nn.intrinsic.qat.")
 _QUANTIZED = ("torch.ao.nn.quantized.", "torch.ao.nn.intrinsic.quantized.", "torch.ao.nn.sparse.quantized.")
+#: float helpers that live among torch.ao's int8 modules: a float model written for torch.ao's
+#: eager mode holds them (its skip adds), and qplug quantizes it like any other
+_FLOAT_HELPERS = frozenset({"FloatFunctional", "FXFloatFunctional"})
 
 
 def _held(model: nn.Module, prefixes: tuple[str, ...]) -> list[str]:
     found = []
     for name, module in model.named_modules():
         cls = type(module)
-        if cls.__module__.startswith(prefixes):
+        if cls.__module__.startswith(prefixes) and cls.__name__ not in _FLOAT_HELPERS:
             found.append(f"{name or '<model>'}: {cls.__module__}.{cls.__qualname__}")
     return found
 

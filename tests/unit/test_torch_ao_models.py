@@ -42,3 +42,22 @@ def test_a_torch_ao_converted_model_is_refused_by_name(call):
     prepared(*EXAMPLE)
     with pytest.raises(ModelStateError, match=r"quantized by torch\.ao.*torch\.ao\.nn\.intrinsic\.quantized"):
         call(quantize_fx.convert_fx(prepared))
+
+
+class SkipAdd(nn.Module):
+    """A float model written for torch.ao's eager mode: its skip add is a ``FloatFunctional``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+        self.skip = torch.ao.nn.quantized.FloatFunctional()
+
+    def forward(self, x):
+        return self.skip.add(self.conv(x), x)
+
+
+def test_a_float_model_with_torch_aos_float_functional_is_quantized():
+    """``FloatFunctional`` is float and lives among torch.ao's int8 modules: not a converted model."""
+    model = SkipAdd().eval()
+    quantized = qp.quantize(model, EXAMPLE, [EXAMPLE], backend="fbgemm", recipe="none")
+    assert torch.nn.functional.cosine_similarity(quantized(*EXAMPLE).flatten(), model(*EXAMPLE).flatten(), 0) > 0.99

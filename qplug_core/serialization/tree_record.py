@@ -12,7 +12,7 @@ warning). Any other container (a dataclass) is saved as a tuple of its children,
 
 from __future__ import annotations
 
-import functools
+import threading
 from collections import namedtuple
 from typing import Any
 
@@ -147,10 +147,27 @@ def _decode_items(doc: Any, path: str, depth: int, built_plain: list[str]) -> tu
     return keys, children
 
 
-@functools.lru_cache(maxsize=64)
+#: the namedtuple classes loads made, by name and fields, for the process's lifetime
+_NAMEDTUPLES: dict[tuple[str, tuple[str, ...]], type] = {}
+_NAMEDTUPLES_MADE = threading.Lock()
+
+
 def _namedtuple_class(name: str, fields: tuple[str, ...]) -> type:
-    """One class per name and fields, so that two loaded models' outputs have the same type."""
-    return namedtuple(name, fields)  # type: ignore[misc]
+    """One class per name and fields, so that two loaded models' outputs have the same type; its
+    instances pickle as name, fields and values (pickle finds no class made at load by its name:
+    a worker pool's outputs)."""
+    with _NAMEDTUPLES_MADE:
+        made = _NAMEDTUPLES.get((name, fields))
+        if made is None:
+            made = namedtuple(name, fields)  # type: ignore[misc]
+            made.__reduce__ = lambda self: (_namedtuple_of, (name, fields, tuple(self)))  # type: ignore[method-assign]
+            _NAMEDTUPLES[name, fields] = made
+    return made
+
+
+def _namedtuple_of(name: str, fields: tuple[str, ...], values: tuple) -> tuple:
+    """A pickled output of a loaded model, rebuilt (:func:`_namedtuple_class`)."""
+    return _namedtuple_class(name, fields)(*values)
 
 
 def _check_inputs(spec: pytree.TreeSpec, names: list[str], path: str) -> None:

@@ -5,6 +5,8 @@ came back returning a flat tuple. So did OrderedDicts, namedtuples and Hugging F
 
 from __future__ import annotations
 
+import pickle
+import subprocess
 import sys
 from collections import OrderedDict, namedtuple
 
@@ -74,6 +76,11 @@ def test_a_namedtuple_output_comes_back_as_a_namedtuple_of_the_same_name_and_fie
         before, after = quantized(x), loaded(x)
     assert type(after).__name__ == "Boxes" and after._fields == ("cls", "box")
     assert torch.equal(after.box, before.box) and _same_leaves(before, after)
+    assert type(qp.load(tmp_path / "heads.safetensors")(x)) is type(after)  # one class per name and fields
+    # a worker pool's output crosses to its parent, which made no such class
+    read = "import pickle, sys; b = pickle.loads(sys.stdin.buffer.read()); print(type(b).__name__, b._fields)"
+    done = subprocess.run([sys.executable, "-c", read], input=pickle.dumps(after), capture_output=True, check=True)
+    assert done.stdout.decode().strip() == "Boxes ('cls', 'box')", done.stderr.decode()[-500:]
 
 
 def test_a_namedtuple_with_a_private_field_is_saved_as_a_tuple_with_a_warning(tmp_path):

@@ -9,7 +9,6 @@ and messages say what failed, where, and how to fix it.
 from __future__ import annotations
 
 import builtins
-
 import contextlib
 import contextvars
 import difflib

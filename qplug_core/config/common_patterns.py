@@ -153,7 +153,7 @@ def linear_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternC
 # -- binary ops, cat -------------------------------------------------------------------------------
 
 _BINARY_OPS = (operator.add, torch.add, operator.mul, torch.mul)
-_MATMUL_OPS = (torch.matmul, operator.matmul)
+_MATMUL_OPS = (torch.matmul, operator.matmul, "matmul", torch.bmm, "bmm")
 _RELU_FORMS = (nn.ReLU, F.relu, torch.relu)
 _BINARY_OBSERVATION = {
     0: _OWN_OBSERVER,  # two scalars: not a tensor op, left to dtype inference in prepare
@@ -163,9 +163,11 @@ _BINARY_OBSERVATION = {
 
 
 def binary_op_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternConfig]:
-    """add/mul (operator and torch forms), each alone and followed by a relu; plus matmul, also
-    written ``a @ b`` (torch.ao has no pattern for that one: symbolic capture records
-    ``operator.matmul``, torch.export ``torch.matmul``, and both spellings are quantized alike)."""
+    """add/mul (operator and torch forms), each alone and followed by a relu; plus matmul and bmm
+    in each spelling symbolic capture records: ``torch.matmul``, ``a @ b`` (``operator.matmul``),
+    ``a.matmul(b)``, ``torch.bmm`` and ``a.bmm(b)`` (torch.ao has a pattern for ``torch.matmul``
+    only and leaves the others float; torch.export records ``torch.matmul`` or ``torch.bmm``, so
+    every spelling is quantized alike at both capture levels)."""
     configs = [
         _config(pattern, dtype_configs).set_num_tensor_args_to_observation_type(_BINARY_OBSERVATION)
         for op in _BINARY_OPS

@@ -1,4 +1,4 @@
-"""Element-wise and activation kernels: add/mul(+relu), matmul, cat, hardswish, silu, elu, leaky_relu,
+"""Element-wise and activation kernels: add/mul(+relu), matmul, bmm, cat, hardswish, silu, elu, leaky_relu,
 softmax, and the fixed-qparams sigmoid/tanh/hardsigmoid.
 
 These ops carry no packed state, so torch dispatches them by the *global* engine at run time
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from qplug_core.errors import ConfigValidationError, ConstraintViolationError
+from qplug_core.errors import ConfigValidationError, ConstraintViolationError, input_mismatch
 from qplug_core.kernels._common import (
     SELF_TEST_INPUT,
     KernelModule,
@@ -167,6 +167,22 @@ class Matmul(_Binary):
     def _self_test_case(cls, engine: str):
         ctx, reference, _ = super()._self_test_case(engine)
         return ctx, reference, ((2, 3, 4), (2, 4, 5))
+
+
+class Bmm(Matmul):
+    """``torch.bmm`` on quantized.matmul, which broadcasts and takes any rank: operands torch.bmm
+    refuses (not 3-D, other batch sizes) are refused here too, not multiplied as a matmul would."""
+
+    _reference = staticmethod(torch.bmm)
+
+    def _on_fast_layout(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        # not while torch.jit.trace records the call (as the linear's check): its sizes are traced values
+        if not torch.jit.is_tracing() and (a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0]
+                                           or a.shape[2] != b.shape[1]):
+            raise input_mismatch(
+                f"int8 bmm takes two 3-D tensors (b, n, m) and (b, m, p), as torch.bmm does; got shapes "
+                f"{tuple(a.shape)} and {tuple(b.shape)}", RuntimeError)
+        return super()._on_fast_layout(a, b)
 
 
 class Cat(KernelModule):

@@ -246,6 +246,8 @@ _FUNCTION_STEPS: dict[Any, tuple[Callable, int | None]] = {
        for op in (operator.add, torch.add, operator.mul, torch.mul)},
     torch.matmul: (lambda b, x: torch.matmul(x, _other(b, x)), 4),
     operator.matmul: (lambda b, x: x @ _other(b, x), 4),
+    # (N, C, L) @ (N, L, C): the conv1d's channels-last output transposed is a contiguous (N, L, C)
+    torch.bmm: (lambda b, x: torch.bmm(x, _other(b, x).transpose(1, 2)), 3),
     torch.cat: (lambda b, x: torch.cat([x, _other(b, x)], 1), None),
     torch.stack: (lambda b, x: torch.stack([x, _other(b, x)], 1), 4),
     F.elu: (lambda b, x: F.elu(x), None), F.hardswish: (lambda b, x: F.hardswish(x), None),
@@ -310,7 +312,12 @@ _METHOD_STEPS: dict[str, tuple[Callable, int | str | None]] = {
     "tanh": (lambda b, x: x.tanh(), None), "tanh_": (lambda b, x: x.tanh_(), None),
     "size": (lambda b, x: x.view(x.size(0), x.size(1), -1), 4),
     "chunk": (lambda b, x: x.chunk(2, 1)[1], None), "split": (lambda b, x: x.split(2, 1)[0], None),
+    "matmul": (lambda b, x: x.matmul(_other(b, x)), 4),
+    "bmm": (lambda b, x: x.bmm(_other(b, x).transpose(1, 2)), 3),
 }
+#: ops whose step reads a second int8 operand (``b.other``)
+_TWO_OPERANDS = (operator.add, torch.add, operator.mul, torch.mul, torch.matmul, operator.matmul, "matmul",
+                 torch.bmm, "bmm", torch.cat, torch.stack)
 
 
 def _module_dims(op: type) -> int | None:
@@ -434,8 +441,7 @@ def _build(pattern: Any, qconfigs: dict[str, Any]) -> tuple[Callable[[], nn.Modu
             pre = _CONV[2](C, C, 3, padding=1)
         else:
             pre = _pre_for(dims)
-        if any(op in (operator.add, torch.add, operator.mul, torch.mul, torch.matmul, operator.matmul,
-                      torch.cat, torch.stack) for op in chain):
+        if any(op in _TWO_OPERANDS for op in chain):
             modules["other"] = nn.Linear(8, 8) if dims == 2 else _CONV[dims - 2](C, C, 1)
         body = _Body(steps, modules, tensors)
         with torch.no_grad():

@@ -24,6 +24,7 @@ from qplug_core.kernels.torch_int8 import (
     AddReLU,
     BatchNorm2d,
     BatchNorm3d,
+    Bmm,
     Cat,
     GroupNorm,
     Hardsigmoid,
@@ -108,6 +109,24 @@ def test_matmul_of_two_conv1d_outputs_multiplies_them_as_3d(engine):
                         input_qparams=(qparams(a.q_scale(), a.q_zero_point()),
                                        qparams(b.q_scale(), b.q_zero_point())))
     run(Matmul, ctx, torch.matmul, (a, b), engine)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("shapes", [((2, 2, 3, 4), (2, 2, 4, 5)), ((1, 3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5))],
+                         ids=["4-D", "other batch sizes", "a 2-D operand"])
+def test_bmm_multiplies_what_torch_bmm_does_and_refuses_the_rest_as_it_does(engine, shapes):
+    """quantized.matmul broadcasts and takes any rank; the int8 bmm must not answer where torch.bmm
+    raises (a RuntimeError either way)."""
+    a, b = activation((2, 3, 4), 1), activation((2, 4, 5), 2, scale=0.02)
+    ctx = KernelContext(pattern="p", module=None, target=torch.bmm, args=(TensorArg(0), TensorArg(1)),
+                        input_qparams=(qparams(a.q_scale(), a.q_zero_point()),
+                                       qparams(b.q_scale(), b.q_zero_point())))
+    run(Bmm, ctx, torch.bmm, (a, b), engine)
+    wrong = activation(shapes[0], 3), activation(shapes[1], 4)
+    with pytest.raises(RuntimeError):
+        torch.bmm(*(x.dequantize() for x in wrong))
+    with engine_context(engine), pytest.raises(RuntimeError, match=r"int8 bmm takes two 3-D tensors"):
+        Bmm.from_context(ctx)(*wrong)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -4,6 +4,7 @@ call, with torch.ao's numbers or the error a user relies on."""
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -190,33 +191,59 @@ def test_a_failed_export_attempt_prints_nothing(capfd):
     assert "def forward" not in err and "Unable to find user code" not in err, err
 
 
+#: how a model may write the attention scores ``q @ k``, each recorded otherwise by symbolic capture
+SPELLINGS = {"torch.matmul": lambda q, k: torch.matmul(q, k), "@": lambda q, k: q @ k,
+             ".matmul": lambda q, k: q.matmul(k), "torch.bmm": lambda q, k: torch.bmm(q, k),
+             ".bmm": lambda q, k: q.bmm(k)}
+
+
 class Scores(nn.Module):
-    """Attention scores between two int8 linears, written ``q @ k.T`` or ``torch.matmul``."""
+    """Attention scores between two int8 linears, written with one of :data:`SPELLINGS`."""
 
     def __init__(self, spelling: str) -> None:
         super().__init__()
         self.q, self.k, self.out, self.spelling = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(8, 4), spelling
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k = self.q(x), self.k(x).transpose(-1, -2)
-        return self.out(q @ k if self.spelling == "@" else torch.matmul(q, k))
+        return self.out(SPELLINGS[self.spelling](self.q(x), self.k(x).transpose(-1, -2)))
 
 
-def test_a_matmul_written_with_the_at_operator_is_int8_under_symbolic_capture():
-    """``q @ k`` stayed float under the default capture (symbolic tracing records operator.matmul,
-    which had no pattern) while torch.export's torch.matmul was int8: both spellings are int8 now,
-    with the same numbers."""
-    torch.manual_seed(0)
-    data = [(torch.randn(2, 8, 16),) for _ in range(4)]
-    results = {}
-    for spelling in ("@", "torch.matmul"):
-        torch.manual_seed(1)
-        model = Scores(spelling).eval()
-        prepared = qp.prepare_fx(model, None, data[0], backend="fbgemm")
-        qp.calibrate(prepared, data, progress=False)
-        int8 = qp.convert_fx(prepared)
-        results[spelling] = (int8(*data[1]), qp.quantization_report(int8).kernels)
-    (at, at_kernels), (call, call_kernels) = results["@"], results["torch.matmul"]
-    assert "quantized::matmul" in at_kernels.values()
-    assert sorted(at_kernels.values()) == sorted(call_kernels.values())
-    assert torch.equal(at, call)
+_SCORES_DATA = [(torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(i)),) for i in range(4)]
+
+
+@functools.lru_cache(maxsize=None)
+def _int8_scores(spelling: str, backend: str):
+    """(float model, int8 model, its report) of :class:`Scores` written ``spelling``, default capture."""
+    torch.manual_seed(1)
+    model = Scores(spelling).eval()
+    int8 = qp.quantize(model, _SCORES_DATA[0], _SCORES_DATA, backend=backend, progress=False)
+    return model, int8, qp.quantization_report(int8)
+
+
+@pytest.mark.parametrize("backend", ["fbgemm", "reference"])
+@pytest.mark.parametrize("spelling, pattern", [("@", "operator.matmul"), (".matmul", ".matmul()"),
+                                               ("torch.bmm", "torch.bmm"), (".bmm", ".bmm()")])
+def test_each_spelling_of_a_matmul_is_int8_like_torch_matmul(spelling, pattern, backend):
+    """Under the default (symbolic) capture ``q @ k`` (operator.matmul), ``q.matmul(k)``,
+    ``torch.bmm`` and ``q.bmm(k)`` had no pattern ("no quantization pattern of the backend matches
+    this op") and stayed float while ``torch.matmul`` was int8 (torch.export gave ``aten.matmul`` for
+    the first two, int8, and an unraised ``aten.bmm``, float): every spelling is int8 now, with the
+    same numbers."""
+    _, int8, report = _int8_scores(spelling, backend)
+    _, expected_int8, expected = _int8_scores("torch.matmul", backend)
+    assert not report.skipped
+    assert pattern in report.quantized.values() and len(report.quantized) == len(expected.quantized)
+    assert sorted(report.kernels.values()) == sorted(expected.kernels.values())
+    with torch.no_grad():
+        assert torch.equal(int8(*_SCORES_DATA[1]), expected_int8(*_SCORES_DATA[1]))
+
+
+@pytest.mark.parametrize("spelling", ["torch.bmm", ".bmm"])
+def test_an_int8_bmm_refuses_a_4d_input_as_torch_bmm_does(spelling):
+    """quantized.matmul takes any rank; the int8 bmm raises where the float model's torch.bmm does."""
+    model, int8, _ = _int8_scores(spelling, "fbgemm")
+    x = torch.randn(1, 2, 8, 16)
+    with pytest.raises(RuntimeError, match="3D"):
+        model(x)
+    with pytest.raises(RuntimeError, match="int8 bmm takes two 3-D tensors"):
+        int8(x)

@@ -31,6 +31,7 @@ from torch import fx
 from qplug_core.plugin_api import (
     CompiledPartition,
     ConfigValidationError,
+    QplugError,
     check_cache_size,
     replaced_settings,
     warn_user,
@@ -132,6 +133,21 @@ def _native_infer(request: Any) -> Callable[[], Any]:
     return lambda: native(request, no_inputs, True, True)  # share_outputs: copied by run, once
 
 
+def _input_positions(ports: list, names: tuple[str, ...]) -> list[int]:
+    """The position among the ONNX model's inputs ``names`` of each compiled input port. A port
+    has every name of the tensors OpenVINO merged into it, and ``get_any_name()`` may be another
+    one: at batch 1 the class token's ``expand`` to the batch is a no-op, removed, and the port
+    reads ``{'expand', 'vit_embeddings_cls_token'}``. Inputs nothing reads are dropped (no port);
+    where no name matches, all inputs kept keep the ONNX model's order."""
+    positions = [[i for i, name in enumerate(names) if name in port.get_names()] for port in ports]
+    if all(len(found) == 1 for found in positions):
+        return [found[0] for found in positions]
+    if len(ports) == len(names):
+        return list(range(len(names)))
+    raise QplugError(f"OpenVINO's compiled model has inputs {[sorted(port.get_names()) for port in ports]}, which "
+                     f"cannot be matched to the partition's inputs {list(names)}")
+
+
 def _int8_constants(model: Any) -> list[torch.Tensor]:
     """Views of the int8 constants (weights) of ``model``, an ``openvino.Model`` read and then
     compiled: the compiled model holds these same buffers, and a view keeps its constant alive.
@@ -175,8 +191,8 @@ class OpenVinoPartition(CompiledPartition):
             warn_user(f"OpenVINO could not compile dynamic linears with inputs quantized at run time on "
                       f"this CPU ({str(exc).strip().splitlines()[-1][:200]}); their inputs stay float "
                       "(int8 weights, dequantized in the kernel)")
-        return _Compiled(model, [shapes.names.index(port.get_any_name()) for port in model.inputs],
-                         len(model.outputs), shapes, openvino.Tensor, _int8_constants(read))
+        return _Compiled(model, _input_positions(model.inputs, shapes.names), len(model.outputs), shapes,
+                         openvino.Tensor, _int8_constants(read))
 
     def serves(self, compiled: _Compiled, inputs: tuple[torch.Tensor, ...]) -> bool:
         return compiled.shapes.fit(inputs)

@@ -128,7 +128,9 @@ class CompiledPartition(HoldsPartition, nn.Module):
     #: compiled models kept at most, least recently used first out (the plugins set it from
     #: their ``configure(shape_cache_size=...)``)
     shape_cache_size = 8
-    #: whether its first inputs run a model :func:`built_from` handed it (not one compiled here)
+    #: whether it starts from the models :func:`built_from` handed it (not one compiled here); inputs
+    #: none of them serves are compiled at their first call, as a new signature (held to the
+    #: contract, the reference form where that fails), not at construction (where a failure raises)
     from_stored = False
 
     def __init__(self, partition: fx.GraphModule, example_inputs: tuple[torch.Tensor, ...],
@@ -143,7 +145,8 @@ class CompiledPartition(HoldsPartition, nn.Module):
         self.__dict__["signature_check"] = None
         self.refused: dict[str, str] = {}  # input signature -> why it runs the reference form
         self.__dict__["_id_bounds"] = IdBounds.of(partition)  # a runtime takes ids a table refuses
-        self._compile(example_inputs)
+        if not self._build_stored(example_inputs):
+            self._compile(example_inputs)
 
     def build(self, source: Source) -> Any:
         """The runtime's compiled form of one serialized partition (with the settings in force):
@@ -199,13 +202,6 @@ class CompiledPartition(HoldsPartition, nn.Module):
     def _compile(self, inputs: tuple[torch.Tensor, ...]) -> Any:
         partition = self.partition
         signature = self._signature(inputs)
-        stored = self._build_stored(inputs)
-        if stored is not None:  # the output structure from the graph: running the reference form
-            # imports torch._dynamo (its custom ops' first call), ~2 s and ~70 MiB
-            self._single_output = isinstance(_output_node(partition).args[0], fx.Node)
-            self._routes[signature] = stored
-            self.from_stored = True
-            return self._compiled[stored]
         # the output structure (tensor or tuple) the partition returns
         self._single_output = isinstance(self._checked(inputs), torch.Tensor)
         compiled = self.build(self._serialize(partition, inputs))
@@ -214,21 +210,27 @@ class CompiledPartition(HoldsPartition, nn.Module):
         self._routes[signature] = signature
         return compiled
 
-    def _build_stored(self, inputs: tuple[torch.Tensor, ...]) -> tuple | None:
-        """Build the models :func:`built_from` hands this partition (once: they are taken); the
-        signature of the one that serves ``inputs``, None if none does."""
+    def _build_stored(self, inputs: tuple[torch.Tensor, ...]) -> bool:
+        """Build the models :func:`built_from` hands this partition (once: they are taken) and route
+        ``inputs`` to the one that serves them; whether there were any. Inputs none serves (batch 1
+        where the stored model's batch is symbolic from 2) are left to their first call: compiled
+        there as a new signature, a failure runs the reference form as it does in memory."""
         preset = _PRESET.get()
         if not preset:
-            return None
+            return False
         stored = preset[:self.shape_cache_size]
         preset.clear()
-        signature, served = self._signature(inputs), None
+        signature = self._signature(inputs)
         for compiled_for, source in stored:
             self._compiled[compiled_for] = compiled = self.build(source)
             self._routes[compiled_for] = compiled_for
-            if served is None and (compiled_for == signature or self.serves(compiled, inputs)):
-                served = compiled_for
-        return served
+            if signature not in self._routes and self.serves(compiled, inputs):
+                self._routes[signature] = compiled_for
+        # the output structure from the graph: running the reference form imports torch._dynamo
+        # (its custom ops' first call), ~2 s and ~70 MiB
+        self._single_output = isinstance(_output_node(self.partition).args[0], fx.Node)
+        self.from_stored = True
+        return True
 
     def _evict(self, count: int) -> None:
         """Let go of the ``count`` least recently used compiled models (and the routes to them)."""

@@ -7,6 +7,9 @@ file can make as large as it likes (a 6.7 KB file asking for zeros of shape [167
 compiled at convert, and the partition is compiled from the user's own first inputs. A compile
 that fails then raises (the model was compiled when it was converted, so falling back would make
 the loaded model answer differently from the saved one) and says how to load the reference form.
+Where the file stores the partition's compiled models, those are what is built at the first call;
+first inputs none of them serves (batch 1 where they take batch 2 and up) are then compiled as a
+new signature, as in memory: a failure runs the reference form for it, with the same warning.
 """
 
 from __future__ import annotations

@@ -381,12 +381,16 @@ def _lowered_and_reference(model: torch.nn.Module, example: torch.Tensor):
         return qp.convert_fx(observed), reference
 
 
-def test_a_batch_size_openvino_cannot_compile_runs_the_reference_form_with_a_warning():
+@pytest.mark.parametrize("loaded", [False, True])
+def test_a_batch_size_openvino_cannot_compile_runs_the_reference_form_with_a_warning(tmp_path, loaded):
     """Mish compiles at batch 64 but not at batch 1 ('Supported precisions set is not available
-    for Mish operation'): the first batch-1 call raised OpenVINO's RuntimeError in production."""
+    for Mish operation'): the first batch-1 call raised OpenVINO's RuntimeError in production, and
+    a loaded model whose first call was batch 1 raised BackendError (in memory: the reference form)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Mish(), torch.nn.Linear(32, 1))
     ov_model, reference = _lowered_and_reference(model, torch.randn(64, 8))
+    if loaded:
+        ov_model = qp.load(qp.save(ov_model, tmp_path / "mish.safetensors"))
     row = torch.randn(1, 8)
     with pytest.warns(UserWarning, match=r"partition delegate_0 compiled by plugin \S*openvino\S* \(.*\) runs its "
                                          r"reference form for inputs of \(1, 8\) float32: compiling it failed "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import warnings
 
+import pytest
 import torch
 from ov_testkit import output_step
 from torch import nn
@@ -43,6 +44,7 @@ def _compiled(model: nn.Module) -> OpenVinoPartition:
     return partition
 
 
+@pytest.mark.slow  # one quantize, a save and a load with compiles at batch 1: 67-250 s on this shared machine
 def test_vit_calibrated_at_batch_2_answers_batch_1_compiled_also_after_load(tmp_path):
     torch.manual_seed(0)
     calibration = [(_images(2, seed),) for seed in range(4)]

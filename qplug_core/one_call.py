@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from qplug_core.algorithms.architecture import looks_like_transformer, transformer_verdict
 from qplug_core.algorithms.bias_correction import BiasCorrection, corrected_after_calibration
 from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
-from qplug_core.algorithms.recipes import RecipeRecord, looks_like_transformer, transformer_verdict
+from qplug_core.algorithms.recipes import RecipeRecord
 from qplug_core.algorithms.target import TARGET_MISSED, TRANSFORMER_TARGET, Target, meet_target
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, did_you_mean, notify, spelled, warn_user

@@ -4,7 +4,7 @@
 in order on the fused float graph (each changes weights so the float function is unchanged, or
 moves biases using the calibration data), then prepares, calibrates and converts as usual.
 ``recipe="auto"`` picks by model: a transformer (``nn.Linear`` and ``nn.LayerNorm`` beside
-attention or in every block, convs only as a patchify stem or a small share: :func:`transformer_verdict`) gets SmoothQuant and, unless a target is given, ``TRANSFORMER_TARGET`` (``Target(cosine=0.998,
+attention or in every block, convs only as a stem or a small share: :func:`~qplug_core.algorithms.architecture.transformer_verdict`) gets SmoothQuant and, unless a target is given, ``TRANSFORMER_TARGET`` (``Target(cosine=0.998,
 min_cosine=0.995, neighbours=0.95)``) on the calibration data. Anything else gets no pass here:
 ``qp.quantize`` corrects its biases while it calibrates (``one_call.corrects_bias_by_default``),
 and cross-layer equalization only pays off with per-tensor weights (see docs/guide/accuracy.md for
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from qplug_core.algorithms.architecture import looks_like_transformer
 from qplug_core.algorithms.bias_correction import correct_bias
 from qplug_core.algorithms.equalization import equalize_cross_layer
 from qplug_core.algorithms.smoothquant import smooth_quant
@@ -74,103 +75,6 @@ class RecipeRecord:
     name: str
     steps: tuple[str, ...]
     results: dict[str, Any] = field(default_factory=dict)
-
-
-def looks_like_transformer(model: Any) -> bool:
-    """Whether ``recipe="auto"`` treats ``model`` as a transformer (:func:`transformer_verdict`)."""
-    return transformer_verdict(model)[0]
-
-
-def transformer_verdict(model: Any) -> tuple[bool, str]:
-    """(transformer?, why in words): linear layers and LayerNorms of blocks with attention, the case
-    SmoothQuant is for. Attention is a softmax, ``nn.MultiheadAttention`` or a module named
-    ``*Attention`` (Hugging Face's hide the softmax in their forward); two LayerNorms (an encoder
-    has two a block) count as blocks too. One LayerNorm in an MLP (a tabular model) is not a
-    transformer: it got SmoothQuant and the transformer target, whose per-sample cosines of a
-    one-logit output took every linear out of static int8. Convolutions disqualify unless there is
-    attention and they are a patchify stem (stride = kernel: a linear on patches, ViT, Swin, CLIP) or
-    hold under a quarter of the weighted layers' parameters (Whisper's, wav2vec2's front end): a
-    CNN with a linear head or ConvNeXt's LayerNorm blocks (no attention) stays a CNN. An
-    ``ExportedProgram`` (or its ``.module()``) is read by its ATen ops, its modules being
-    flattened: the same BERT quantized from its program got no SmoothQuant and another int8 model."""
-    if isinstance(model, torch.export.ExportedProgram):
-        model = model.graph_module
-    if not isinstance(model, nn.Module):
-        return False, "not an nn.Module"
-    modules = list(model.modules())
-    types = {type(m) for m in modules}
-    calls = ([n for n in model.graph.nodes if n.op in ("call_function", "call_method")]
-             if isinstance(model, fx.GraphModule) else [])
-    targets = [n.target for n in calls]
-    layer_norms = sum(type(m) is nn.LayerNorm for m in modules) + sum(t in _ATEN_LAYER_NORMS for t in targets)
-    attention = (bool(types & {nn.MultiheadAttention, nn.Softmax}) or any(t in _SOFTMAXES for t in targets)
-                 or any(t.__name__.endswith("Attention") for t in types))
-    layers = [*_module_layers(modules), *_aten_layers(calls)]
-    if not any(kind == "linear" for kind, _, _ in layers):
-        return False, "no nn.Linear"
-    if not (layer_norms >= 2 or (layer_norms == 1 and attention)):
-        return False, f"{layer_norms} LayerNorm(s){' beside attention' if attention else ', no attention'}"
-    convs = [(patchify, size) for kind, patchify, size in layers if kind == "conv"]
-    if not convs:
-        return True, f"nn.Linear, {layer_norms} LayerNorm(s){', attention' if attention else ''}, no convs"
-    total = sum(size for _, _, size in layers)
-    share = sum(size for patchify, size in convs if not patchify) / total
-    if not attention:
-        return False, f"{len(convs)} conv(s) and no attention"
-    if share >= _CONV_SHARE:
-        return False, f"{len(convs)} conv(s) holding {share:.0%} of the weighted layers' parameters"
-    others = sum(not patchify for patchify, _ in convs)
-    stem = (f"{len(convs) - others} patchify conv(s)" if not others else
-            f"{others} conv(s) holding {share:.0%} of the weighted layers' parameters")
-    return True, f"nn.Linear, {layer_norms} LayerNorm(s), attention, {stem}"
-
-
-#: convs that are no patchify stem disqualify from this share of the weighted layers' parameters
-_CONV_SHARE = 0.25
-
-
-def _module_layers(modules: list[nn.Module]) -> list[tuple[str, bool, int]]:
-    """(kind, patchify, parameter count) of each ``nn.Linear`` and convolution module."""
-    layers = []
-    for m in modules:
-        if type(m) is nn.Linear:
-            layers.append(("linear", False, m.weight.numel()))
-        elif isinstance(m, nn.modules.conv._ConvNd):
-            layers.append(("conv", _patchify(m.kernel_size, m.stride), m.weight.numel()))
-    return layers
-
-
-def _aten_layers(calls: list[fx.Node]) -> list[tuple[str, bool, int]]:
-    """:func:`_module_layers` of an exported graph's ATen linears and convolutions."""
-    layers = []
-    for node in calls:
-        if node.target not in _ATEN_CONVS and node.target != aten.linear.default:
-            continue
-        weight = node.args[1].meta.get("val") if isinstance(node.args[1], fx.Node) else None
-        size = weight.numel() if isinstance(weight, torch.Tensor) else 0
-        if node.target == aten.linear.default:
-            layers.append(("linear", False, size))
-            continue
-        stride = node.args[3] if len(node.args) > 3 else node.kwargs.get("stride", 1)
-        kernel = tuple(weight.shape[2:]) if isinstance(weight, torch.Tensor) else ()
-        layers.append(("conv", _patchify(kernel, stride), size))
-    return layers
-
-
-def _patchify(kernel: Any, stride: Any) -> bool:
-    """A kernel larger than one that strides by its own size: a linear on non-overlapping patches."""
-    kernel = tuple(kernel)
-    stride = tuple(stride) if isinstance(stride, (tuple, list)) else (stride,) * len(kernel)
-    return bool(kernel) and kernel == stride and any(k > 1 for k in kernel)
-
-
-aten = torch.ops.aten
-_ATEN_LAYER_NORMS = {aten.layer_norm.default, aten.native_layer_norm.default}
-_ATEN_CONVS = {aten.convolution.default, aten.conv1d.default, aten.conv2d.default, aten.conv3d.default,
-               aten.conv_transpose1d.default, aten.conv_transpose2d.input, aten.conv_transpose3d.input}
-#: a softmax or fused attention in a graph (a symbolic trace's functions and methods, or ATen ops)
-_SOFTMAXES = {torch.softmax, torch.nn.functional.softmax, "softmax", aten._softmax.default, aten.softmax.int,
-              torch.nn.functional.scaled_dot_product_attention, aten.scaled_dot_product_attention.default}
 
 
 def resolve_recipe(recipe: str | tuple | list, model: nn.Module) -> tuple[str, tuple[str, ...]]:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.algorithms.recipes import looks_like_transformer
+from qplug_core.algorithms.architecture import looks_like_transformer
 from qplug_core.errors import InputMismatchError
 from qplug_core.weight_only import WeightOnlyEmbeddingBag
 

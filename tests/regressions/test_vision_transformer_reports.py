@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.algorithms.recipes import looks_like_transformer
+from qplug_core.algorithms.architecture import looks_like_transformer
 from qplug_core.algorithms.target import TRANSFORMER_TARGET
 from qplug_core.errors import InputMismatchError
 from qplug_core.zoo.mobilenet import mobilenet_v2

@@ -156,10 +156,10 @@ def test_a_backend_config_naming_torch_aos_fused_classes_says_they_have_no_kerne
     with pytest.warns(UserWarning, match=r"BackendConfig 'migrated' names torch.ao's LinearReLU: backend "
                                          r"'fbgemm' keys its kernels by qplug's classes"):
         qp.get_backend("fbgemm").with_config(config)
-    qat = qp.BackendConfig("qat").set_backend_pattern_config(
-        qp.BackendPatternConfig(nn.Linear).add_dtype_config(dtypes).set_qat_module(ao_nnqat.Linear))
-    with pytest.raises(ConfigError, match=r"torch.ao's classes are not in it: use qplug's of the same name"):
-        qat.to_dict()
+    # refused where it is set (it was taken, and only to_dict said so)
+    with pytest.raises(ConfigError, match=r"qat_module is torch.ao's torch.ao.nn.qat.modules.linear.Linear.*"
+                                          r"use qplug_core.nn.qat.Linear"):
+        qp.BackendPatternConfig(nn.Linear).add_dtype_config(dtypes).set_qat_module(ao_nnqat.Linear)
 
 
 class Branching(nn.Module):

@@ -187,8 +187,10 @@ def test_a_kernel_slower_than_float_at_one_row_is_said():
     speed must not come back slower without a word. Within 1.25x of float is timing noise."""
     clear_cache()
     weight = quantize(torch.randn(512, 512, generator=torch.Generator().manual_seed(4)), WeightOnlyScheme(4, 32))
-    _, _, alone = choose(weight, [ReferenceKernel()])
-    assert alone.timings_ms["reference"] > 2 * alone.float_ms, alone
+    _, _, measured = choose(weight, [ReferenceKernel()])
+    assert measured.timings_ms["reference"] > 0 and measured.float_ms > 0, measured  # both timed
+    # the verdict from timings (measured ones depend on the machine's load: the message is tested here)
+    alone = selection.Choice(ReferenceKernel(), {"reference": 20.0}, float_ms=1.0)
     as_fast = selection.Choice(Dequantized(), {"dequantized-once": 1.2}, float_ms=1.0)
     assert selection.slower_than_float([as_fast]) == ""
     message = selection.slower_than_float([as_fast, alone])

@@ -130,7 +130,8 @@ BAKED_INPUT = "qplug_baked_input"
 #: the Python values export builds in for an argument (a SymInt is an input's size, not an argument)
 BAKED_TYPES = (bool, int, float, type(None))
 #: GraphModule.meta: forward keyword the capture left at its value -> the values a call may still
-#: give it, the one the capture used first (``return_dict=True``; :mod:`qplug_core.flows.fixed_keywords`)
+#: give it, the one the capture used first, then None when that value came from the model's config
+#: (``return_dict=True``; :mod:`qplug_core.flows.fixed_keywords`, :mod:`qplug_core.ir.fixed_values`)
 FIXED_KEYWORDS = "qplug_fixed_keywords"
 #: dtypes an input spec may name (what ``input_spec``/``example_from_spec`` round-trip)
 SPEC_DTYPES = {str(d).removeprefix("torch."): d for d in (

@@ -21,6 +21,7 @@ from typing import Any
 from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError
+from qplug_core.ir.fixed_values import fixed_refusal, same_value
 from qplug_core.ir.hooks import drop_pre_hooks, keep_in_copies
 
 __all__ = ["MISSING", "InputPath", "bind_inputs", "check_call", "guard_input_names", "input_paths"]
@@ -174,11 +175,6 @@ class _InputNames:
         """Whether ``key`` is a keyword the capture fixed at ``value``; another value raises."""
         if key not in self.fixed:
             return False
-        accepted = self.fixed[key]
-        if any(type(value) is type(a) and value == a for a in accepted):
+        if any(same_value(value, fixed) for fixed in self.fixed[key]):
             return True
-        raise InputMismatchError(
-            f"the int8 model was captured with {key}={accepted[0]!r}: that value was fixed at capture "
-            f"(its graph has no input {key!r}), so it cannot answer a call with {key}={value!r}. To "
-            f"quantize with another, capture a wrapper whose forward calls the model with {key}={value!r} "
-            f"(a Hugging Face model: or set model.config.{key} before qp.quantize); docs/guide/export.md")
+        raise InputMismatchError(fixed_refusal(key, value, self.fixed[key], self.names))

@@ -91,9 +91,9 @@ def _capture_module(model: nn.Module, example_inputs: tuple[Any, ...] | None, le
             exported = _tagged(_raised_export(model, example_inputs), "export")
         except TraceError as export_error:
             return _partly_opaque(model, trace, symbolic_error, export_error)
-        # torch's advice on tracing follows its first sentence: not the point here
-        _warn_fixed_image_sizes(model, example_inputs,
-                                f"it does not trace symbolically ({first_line(symbolic_error).split('. ')[0]})")
+        # where, not the tracer's own error text: torch.export runs instead, so it is not the user's to fix
+        where = f"its submodule {symbolic_error.module!r}" if symbolic_error.module else "its forward"
+        _warn_fixed_image_sizes(model, example_inputs, f"{where} does not trace symbolically")
         return exported
     composite = _composite_leaves(traced) if example_inputs is not None else []
     if composite:
@@ -171,6 +171,12 @@ def _named(model: nn.Module, values: tuple[Any, ...]) -> list[tuple[str, Any]]:
 def _symbolic(model: nn.Module, trace: dict[str, Any]) -> GraphModule:
     """Symbolic tracing; the parameters taken as constants are dropped from the signature, so a
     call passing another value raises (fx's own check is dead code to the passes after)."""
+    bound = _code_parameters(type(model).forward)
+    unbound = [name for name in trace["concrete_args"] or {} if bound is not None and name not in bound]
+    if unbound:  # fx gave Hugging Face's forward(*args, **kwargs) wrapper kwargs=None: "... no attribute 'pop'"
+        raise TraceError(f"cannot trace {type(model).__name__} symbolically: a decorator runs its forward as "
+                         f"forward(*args, **kwargs), which cannot take {', '.join(unbound)} at their defaults "
+                         "as constants; capture='export' takes it")
     gm = capture_module(model, **trace)
     constants = len(trace["concrete_args"] or {})
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -203,6 +209,13 @@ def defaults_not_given(model: nn.Module, example_inputs: tuple[Any, ...] | None)
     defaults = {p.name: p.default for p in parameters[given:]
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is not p.empty}
     return defaults or None
+
+
+def _code_parameters(forward: Any) -> tuple[str, ...] | None:
+    """The parameters of the code fx runs for ``forward`` (a decorator's, not the function it wraps);
+    None when it has no code."""
+    code = getattr(forward, "__code__", None)
+    return code.co_varnames[:code.co_argcount + code.co_kwonlyargcount] if code is not None else None
 
 
 #: torch.nn modules that symbolic tracing keeps as leaves although they hold linear projections

@@ -11,12 +11,14 @@ gets fixed (``tests/regressions/test_dense_prediction_reports.py``).
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
 import torch
 from torch import nn
 
+from qplug_core.errors import TraceError
 from qplug_core.flows.capture import capture_for_quantization
 from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED
 
@@ -124,3 +126,43 @@ def test_the_documented_export_fallback_says_nothing():
 def test_a_model_that_traces_with_no_none_input_says_nothing():
     gm, said = _captured(OptionalMask(), (torch.randn(4, 16),))  # mask left out: its default, traced as a constant
     assert gm.meta[CAPTURE] == "symbolic" and said == []
+
+
+def _options_popped(forward):
+    """Hugging Face's call-option decorator: the code fx runs takes (self, *args, **kwargs)."""
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        kwargs.pop("return_dict", None)
+        return forward(self, *args, **kwargs)
+    return wrapper
+
+
+class DecoratedConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    @_options_popped
+    def forward(self, pixel_values, scale=None):
+        return self.conv(pixel_values)
+
+
+class DecoratedChunks(DecoratedConv):
+    @_options_popped
+    def forward(self, pixel_values, scale=None):
+        a, b = list(self.conv(pixel_values).chunk(2, 1))  # a Proxy cannot be iterated: torch.export takes it
+        return a * b
+
+
+def test_a_decorated_forward_refused_by_symbolic_tracing_says_why():
+    with pytest.raises(TraceError, match=r"cannot trace DecoratedConv symbolically: a decorator runs its forward "
+                                         r"as forward\(\*args, \*\*kwargs\), which cannot take scale"):
+        capture_for_quantization(DecoratedConv().eval(), (torch.randn(1, 3, 8, 8),), level="symbolic")
+
+
+@pytest.mark.slow  # one torch.export that succeeds: 2-8 s on the shared machine
+def test_an_export_fallback_warning_names_where_not_the_tracer_error():
+    gm, said = _captured(DecoratedChunks(), (torch.randn(1, 3, 8, 8),))
+    assert gm.meta[CAPTURE] == "export" and len(said) == 1
+    assert said[0].startswith("qplug: DecoratedChunks: its forward does not trace symbolically, so capture='auto'")
+    assert "TraceError" not in said[0] and "Proxy" not in said[0]

@@ -171,13 +171,14 @@ def _named(model: nn.Module, values: tuple[Any, ...]) -> list[tuple[str, Any]]:
 def _symbolic(model: nn.Module, trace: dict[str, Any]) -> GraphModule:
     """Symbolic tracing; the parameters taken as constants are dropped from the signature, so a
     call passing another value raises (fx's own check is dead code to the passes after)."""
-    bound = _code_parameters(type(model).forward)
-    unbound = [name for name in trace["concrete_args"] or {} if bound is not None and name not in bound]
-    if unbound:  # fx gave Hugging Face's forward(*args, **kwargs) wrapper kwargs=None: "... no attribute 'pop'"
-        raise TraceError(f"cannot trace {type(model).__name__} symbolically: a decorator runs its forward as "
-                         f"forward(*args, **kwargs), which cannot take {', '.join(unbound)} at their defaults "
-                         "as constants; capture='export' takes it")
-    gm = capture_module(model, **trace)
+    try:
+        gm = capture_module(model, **trace)
+    except TraceError as error:  # fx's own failure inside: "... 'NoneType' object has no attribute 'pop'"
+        if error.module is None and _decorated_varargs(type(model).forward):
+            raise TraceError(f"cannot trace {type(model).__name__} symbolically: a decorator wraps its forward, "
+                             "which takes *args or **kwargs, and torch.fx cannot trace that pair; "
+                             "capture='export' takes it") from error
+        raise
     constants = len(trace["concrete_args"] or {})
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     dropped = [n for n in placeholders[len(placeholders) - constants:] if constants
@@ -211,11 +212,16 @@ def defaults_not_given(model: nn.Module, example_inputs: tuple[Any, ...] | None)
     return defaults or None
 
 
-def _code_parameters(forward: Any) -> tuple[str, ...] | None:
-    """The parameters of the code fx runs for ``forward`` (a decorator's, not the function it wraps);
-    None when it has no code."""
-    code = getattr(forward, "__code__", None)
-    return code.co_varnames[:code.co_argcount + code.co_kwonlyargcount] if code is not None else None
+def _decorated_varargs(forward: Any) -> bool:
+    """Whether ``forward`` is a decorator's wrapper (Hugging Face's call options) around a function
+    taking *args or **kwargs: fx reads the inner function's parameters but runs the wrapper, and
+    fails inside with whatever error the wrapper's code then meets."""
+    inner = inspect.unwrap(forward)
+    code = getattr(inner, "__code__", None)
+    return inner is not forward and code is not None and bool(code.co_flags & _VARARGS)
+
+
+_VARARGS = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
 
 
 #: torch.nn modules that symbolic tracing keeps as leaves although they hold linear projections

@@ -129,7 +129,7 @@ def test_a_model_that_traces_with_no_none_input_says_nothing():
 
 
 def _options_popped(forward):
-    """Hugging Face's call-option decorator: the code fx runs takes (self, *args, **kwargs)."""
+    """Hugging Face's call-option decorator, around a forward taking **kwargs: torch.fx fails inside."""
     @functools.wraps(forward)
     def wrapper(self, *args, **kwargs):
         kwargs.pop("return_dict", None)
@@ -143,20 +143,20 @@ class DecoratedConv(nn.Module):
         self.conv = nn.Conv2d(3, 4, 3)
 
     @_options_popped
-    def forward(self, pixel_values, scale=None):
+    def forward(self, pixel_values, scale=None, **kwargs):
         return self.conv(pixel_values)
 
 
 class DecoratedChunks(DecoratedConv):
     @_options_popped
-    def forward(self, pixel_values, scale=None):
+    def forward(self, pixel_values, scale=None, **kwargs):
         a, b = list(self.conv(pixel_values).chunk(2, 1))  # a Proxy cannot be iterated: torch.export takes it
         return a * b
 
 
 def test_a_decorated_forward_refused_by_symbolic_tracing_says_why():
-    with pytest.raises(TraceError, match=r"cannot trace DecoratedConv symbolically: a decorator runs its forward "
-                                         r"as forward\(\*args, \*\*kwargs\), which cannot take scale"):
+    with pytest.raises(TraceError, match=r"cannot trace DecoratedConv symbolically: a decorator wraps its forward, "
+                                         r"which takes \*args or \*\*kwargs, and torch.fx cannot trace that pair"):
         capture_for_quantization(DecoratedConv().eval(), (torch.randn(1, 3, 8, 8),), level="symbolic")
 
 

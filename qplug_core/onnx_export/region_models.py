@@ -8,10 +8,11 @@ partition took to compile and check, AMD EPYC Zen 4 under load). The partition's
 every region already. So while a partition is compiled and checked (``reusing_exports`` in
 ``flows/region_parity.py``), the ONNX model last exported for it is kept with the names of its
 inputs, int8 values (each ``Quantize`` module is one ``qplug.quantize_per_*`` op of the exported
-program, in graph order) and outputs, and the check graph's model is cut from it: each region's
-nodes from the values it reads to the value it writes, fed static inputs. A region it cannot cut
-so (a float output of a weighted op inside the partition at its edge, a value read from outside
-it) has its check graph exported as before.
+program, in graph order), float outputs of weighted ops (BERT's FFN output dense on onnxruntime:
+the exported linear / conv whose weight is the module's) and outputs, and the check graph's model
+is cut from it: each region's nodes from the values it reads to the value it writes, fed static
+inputs. A region it cannot cut so (an end it has no ONNX name for, a value read from outside it)
+has its check graph exported as before.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from torch.utils import _pytree as pytree
 
 from qplug_core.flows.region_parity import partition_exports
 from qplug_core.flows.tags import CHECK_REGIONS
-from qplug_core.kernels.reference import Quantize
+from qplug_core.kernels.reference import Quantize, ReferenceWeighted
 
 _QUANTIZE_OPS = ("quantize_per_tensor", "quantize_per_channel")
+#: the exported ops an int8-weight module's output comes from (its weight their second argument)
+_WEIGHTED_OPS = ("linear", "conv1d", "conv2d", "conv3d", "convolution")
 
 
 @dataclass
@@ -74,8 +77,9 @@ def cut(gm: fx.GraphModule, example_inputs: tuple, options: Hashable) -> Any:
 
 
 def _value_names(gm: fx.GraphModule, exported_program: Any, proto: Any) -> dict[str, str]:
-    """fx node name -> ONNX value name of ``gm``'s inputs, ``Quantize`` outputs and outputs, as far
-    as the exported program tells them apart (none of a kind where their counts differ)."""
+    """fx node name -> ONNX value name of ``gm``'s inputs, ``Quantize`` outputs, weighted ops' outputs
+    and outputs, as far as the exported program tells them apart (none of a kind where their counts
+    differ)."""
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     initializers = {t.name for t in proto.graph.initializer}
     inputs = [i.name for i in proto.graph.input if i.name not in initializers]
@@ -87,12 +91,34 @@ def _value_names(gm: fx.GraphModule, exported_program: Any, proto: Any) -> dict[
     produced = {out for node in proto.graph.node for out in node.output}
     if len(quantizes) == len(ops):
         names.update((node, op) for node, op in zip(quantizes, ops) if op in produced)
+    names.update((node, op) for node, op in _weighted_outputs(gm, exported_program).items()
+                 if op in produced and node not in names)
     returned = [n.name for n in pytree.tree_leaves(next(iter(gm.graph.find_nodes(op="output"))).args)
                 if isinstance(n, fx.Node)]  # the model's outputs: a float output of a weighted op too
     if len(returned) == len(proto.graph.output) and len(set(returned)) == len(returned):
         names.update((node, output.name) for node, output in zip(returned, proto.graph.output)
                      if output.name in produced and node not in names)
     return names
+
+
+def _weighted_outputs(gm: fx.GraphModule, exported_program: Any) -> dict[str, str]:
+    """fx node name -> exported op name of each int8-weight module's output (a float output of a
+    weighted op ends a region with no ``Quantize`` after it): the one linear / conv of the exported
+    program whose weight is dequantized from that module's own weight."""
+    signature = exported_program.graph_signature
+    owners = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
+    by_module: dict[str, list[str]] = {}
+    for op in exported_program.graph.nodes:
+        if op.op != "call_function" or getattr(op.target, "_opname", None) not in _WEIGHTED_OPS or len(op.args) < 2:
+            continue
+        weight = op.args[1]
+        if isinstance(weight, fx.Node) and weight.op == "call_function" and weight.args \
+                and getattr(weight.target, "namespace", None) == "qplug" and isinstance(weight.args[0], fx.Node):
+            owner = owners.get(weight.args[0].name, "")
+            by_module.setdefault(owner.rpartition(".")[0], []).append(op.name)
+    return {n.name: by_module[str(n.target)][0] for n in gm.graph.nodes
+            if n.op == "call_module" and isinstance(gm.get_submodule(str(n.target)), ReferenceWeighted)
+            and len(by_module.get(str(n.target), ())) == 1}
 
 
 def _cut(proto: Any, regions: list[tuple[list[str], str]], example_inputs: tuple, shapes: dict[str, list[int]]) -> Any:

@@ -44,7 +44,7 @@ def compile_partition(partition, example_inputs):
 
 @hookimpl
 def qplug_register_backends():
-    return [BackendSpec("driftort", "ONNX Runtime whose partitions drift")]
+    return [BackendSpec("driftort", "ONNX Runtime whose partitions drift", float_outputs={"linear"})]
 
 
 @hookimpl
@@ -68,18 +68,25 @@ def drifting(fake_dist):
     return fake_dist("qplug-driftort", SDK)
 
 
-def _observed() -> tuple[torch.fx.GraphModule, list[tuple[torch.Tensor]]]:
+CONVS = (nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1)), (2, 3, 10, 10))
+#: on 3-D input (batch x tokens) the first linear's output stays float (GELU reads it): a region
+#: ending in a weighted op's float output inside the partition (BERT's FFN on onnxruntime)
+FLOAT_OUTPUT = (nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)), (2, 5, 16))
+
+
+def _observed(model: nn.Module, shape: tuple[int, ...]) -> tuple[torch.fx.GraphModule, list[tuple[torch.Tensor]]]:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
-    data = [(torch.randn(2, 3, 10, 10),) for _ in range(2)]
+    model = model.eval()
+    data = [(torch.randn(shape),) for _ in range(2)]
     return qp.calibrate(qp.prepare_fx(model, None, data[0], backend="driftort"), data), data
 
 
-def test_a_partition_checked_region_by_region_is_exported_once(drifting, monkeypatch):
+@pytest.mark.parametrize("case", [CONVS, FLOAT_OUTPUT], ids=["convs", "float_output"])
+def test_a_partition_checked_region_by_region_is_exported_once(drifting, monkeypatch, case):
     exports = []
     export = torch.onnx.export
     monkeypatch.setattr(torch.onnx, "export", lambda *args, **kwargs: exports.append(1) or export(*args, **kwargs))
-    observed, data = _observed()
+    observed, data = _observed(*case)
     reference = qp.convert_to_reference_fx(observed)
     lowered = qp.convert_fx(observed)
     sdk = sys.modules["qplug_driftort"]

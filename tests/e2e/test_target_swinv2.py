@@ -53,9 +53,12 @@ def test_swinv2_meets_its_target_without_a_fast_per_token_gemm_by_taking_the_wea
 
     model = build_family("swinv2")
     calibration = [family_inputs("swinv2", seed=s) for s in range(1, 9)]
+    # the recipe SwinV2 had before it counted as a transformer: with SmoothQuant (its default now)
+    # this ladder ends short of the target even with every layer out, on the int8 matmuls and adds
+    # of smoothed activations, and says so (session 28's note)
     with override_cpu_flags("fpu sse2 avx avx2 fma"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        qmodel = qp.quantize(model, calibration[0], calibration, backend="fbgemm",
+        qmodel = qp.quantize(model, calibration[0], calibration, backend="fbgemm", recipe="bias_correction",
                              target=qp.Target(cosine=0.998), progress=False)
     said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert not [m for m in said if "accuracy target not met" in m]

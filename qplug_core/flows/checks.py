@@ -264,7 +264,7 @@ def warn_fused_away_module_names(mapping: Any, model_names: set[str], fused: nn.
                   if isinstance(m, FusedModule) and n.rpartition(".")[0] == parent]
         if not merged:  # not fused away (a capture that keeps no modules, a module never called)
             continue
-        warn_user(f"QConfigMapping names module {name!r}, which fusion merged into {' or '.join(merged)}; "
+        warn_user(f"qplug: QConfigMapping names module {name!r}, which fusion merged into {' or '.join(merged)}; "
                   "a fused module follows the rules for its own name, so this setting is ignored: set it on "
                   "the fused module's name")
 

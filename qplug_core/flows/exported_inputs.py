@@ -21,16 +21,18 @@ none of this (its inputs stay inputs, its sizes stay sizes) and gets no hook.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx, nn
 
 from qplug_core.errors import InputMismatchError
-from qplug_core.flows.input_relations import SizeRelations
-from qplug_core.flows.tags import BAKED_INPUT, INPUT_SPEC
+from qplug_core.flows.tags import BAKED_INPUT, EXPORT_RANGES, INPUT_SPEC
 from qplug_core.ir.call_inputs import MISSING, InputPath, input_paths
 from qplug_core.ir.hooks import drop_pre_hooks, keep_in_copies
+
+if TYPE_CHECKING:
+    from qplug_core.flows.input_relations import SizeRelations
 
 __all__ = ["guard_exported_inputs"]
 
@@ -101,8 +103,12 @@ class _InputCheck:
                 for dim, symbol in enumerate(spec.get("symbols", ())):
                     if symbol is not None:
                         symbols.setdefault(symbol, []).append((tensor, dim))
-        return cls(tensors, constants, [dims for dims in symbols.values() if len(dims) > 1],
-                   SizeRelations.of(gm, nodes, [tensor.name for tensor in tensors]))
+        relations = None
+        if EXPORT_RANGES in gm.meta:  # a program the user exported; its check reads sympy (0.3 s to import)
+            from qplug_core.flows.input_relations import SizeRelations
+
+            relations = SizeRelations.of(gm, nodes, [tensor.name for tensor in tensors])
+        return cls(tensors, constants, [dims for dims in symbols.values() if len(dims) > 1], relations)
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         given: dict[_Tensor, torch.Tensor] = {}

@@ -45,6 +45,7 @@ from qplug_core.flows.pipeline import (
     run_passes,
 )
 from qplug_core.flows.prepare import ObserverInserter, swap_qat_modules, tag_regions
+from qplug_core.flows.preserved_attributes import preserve
 from qplug_core.flows.progress import shown
 from qplug_core.flows.raise_aten import exported_module
 from qplug_core.flows.regions import RegionPlanner
@@ -128,24 +129,30 @@ def get_default_qconfig_mapping(backend: str | Backend | None = None, mode: str 
 @refuses_torch_ao_keywords("fuse_custom_config", "backend_config")
 def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Backend | None = None,
             is_qat: bool = False, inplace: bool = False, capture: str = "auto",
-            non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
+            non_traceable_module_names=(), non_traceable_module_classes=(),
+            preserved_attributes=()) -> fx.GraphModule:
     """Capture ``model`` and fuse it with the backend's fusion patterns (conv-bn-relu, ...).
 
     ``capture``: "symbolic" (torch.fx tracing), "export" (torch.export, needs ``example_inputs``)
     or "auto" (symbolic when the whole model traces, else export); ``model`` may also be an
     ``ExportedProgram`` or its ``.module()``. ``gm.meta["qplug_capture"]`` says which was used.
+    ``preserved_attributes``: names of ``model``'s attributes ``forward`` does not use (capture
+    drops them) to set on the result, as torch.ao's ``set_preserved_attributes``.
     """
     inputs = None if example_inputs is None else as_input_tuple(example_inputs, model)
-    return fuse_model(model, resolve_backend(backend), inputs, is_qat=is_qat, inplace=inplace,
-                      capture=capture, non_traceable_module_names=non_traceable_module_names,
-                      non_traceable_module_classes=non_traceable_module_classes)
+    gm = fuse_model(model, resolve_backend(backend), inputs, is_qat=is_qat, inplace=inplace,
+                    capture=capture, non_traceable_module_names=non_traceable_module_names,
+                    non_traceable_module_classes=non_traceable_module_classes)
+    preserve(gm, model, preserved_attributes, copy_modules=not inplace)
+    return gm
 
 
 def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace,
              keep_isolated_ops_float, on_unsupported, capture, non_traceable_module_names,
-             non_traceable_module_classes) -> fx.GraphModule:
+             non_traceable_module_classes, preserved_attributes) -> fx.GraphModule:
     if isinstance(model, torch.export.ExportedProgram):
         model = exported_module(model)  # a fresh module: the program itself is never modified
+    source, copy_modules = model, not inplace  # preserved attributes are read off the user's model
     flow_checks.check_preparable(model)
     flow_checks.check_float32(model)
     flow_checks.check_weight_values(model)
@@ -197,18 +204,19 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     remember_example(gm, inputs)
     guard_exported_inputs(gm)  # a calibration batch export cannot run refused, not run as the example
     guard_input_dtypes(gm, kinds_only=True)  # a float mask for a bool one refused naming the batch
+    preserve(gm, source, preserved_attributes, copy_modules=copy_modules)
     if is_qat:
         watch_untrained(gm)
         gm.train()
     return gm
 
 
-@refuses_torch_ao_keywords("prepare_custom_config", "backend_config", "_equalization_config", "preserved_attributes")
+@refuses_torch_ao_keywords("prepare_custom_config", "backend_config", "_equalization_config")
 def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, example_inputs: Any = None,
                *, backend: str | Backend | None = None, inplace: bool = False,
                keep_isolated_ops_float: bool = True, on_unsupported: str = "warn",
                capture: str = "auto", non_traceable_module_names=(),
-               non_traceable_module_classes=()) -> fx.GraphModule:
+               non_traceable_module_classes=(), preserved_attributes=()) -> fx.GraphModule:
     """Fuse and insert observers for static post-training quantization; returns the observed model.
 
     ``example_inputs`` (a tuple of positional inputs of ``forward``) is required: the model runs
@@ -217,26 +225,32 @@ def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, 
     ``qconfig_mapping=None`` uses the backend's default static mapping. A qconfig the backend
     cannot honour leaves that op in float with a warning (``on_unsupported="raise"`` makes it a
     :class:`ConstraintViolationError`, ``"skip"`` only records it in the report).
+    ``preserved_attributes`` names attributes of ``model`` to set on the observed model (and,
+    through convert, on the int8 one) though ``forward`` does not use them, as torch.ao's
+    ``set_preserved_attributes``.
     """
     return _prepare(model, qconfig_mapping, example_inputs, backend=backend, is_qat=False,
                     inplace=inplace, keep_isolated_ops_float=keep_isolated_ops_float,
                     on_unsupported=on_unsupported, capture=capture,
                     non_traceable_module_names=non_traceable_module_names,
-                    non_traceable_module_classes=non_traceable_module_classes)
+                    non_traceable_module_classes=non_traceable_module_classes,
+                    preserved_attributes=preserved_attributes)
 
 
-@refuses_torch_ao_keywords("prepare_custom_config", "backend_config", "_equalization_config", "preserved_attributes")
+@refuses_torch_ao_keywords("prepare_custom_config", "backend_config", "_equalization_config")
 def prepare_qat_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None,
                    example_inputs: Any = None, *, backend: str | Backend | None = None,
                    inplace: bool = False, keep_isolated_ops_float: bool = True,
                    on_unsupported: str = "warn", capture: str = "auto",
-                   non_traceable_module_names=(), non_traceable_module_classes=()) -> fx.GraphModule:
+                   non_traceable_module_names=(), non_traceable_module_classes=(),
+                   preserved_attributes=()) -> fx.GraphModule:
     """Like :func:`prepare_fx` for quantization-aware training: fake-quant everywhere, QAT modules."""
     return _prepare(model, qconfig_mapping, example_inputs, backend=backend, is_qat=True,
                     inplace=inplace, keep_isolated_ops_float=keep_isolated_ops_float,
                     on_unsupported=on_unsupported, capture=capture,
                     non_traceable_module_names=non_traceable_module_names,
-                    non_traceable_module_classes=non_traceable_module_classes)
+                    non_traceable_module_classes=non_traceable_module_classes,
+                    preserved_attributes=preserved_attributes)
 
 
 def iter_batches(data: Any, model: Any = None) -> Iterable[tuple]:
@@ -326,7 +340,8 @@ def _check_device(gm: fx.GraphModule, backend: Backend) -> None:
 
 
 def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_uncalibrated: bool,
-             inplace: bool, strict: bool, allow_float: bool = False, progress: bool | None = False) -> fx.GraphModule:
+             inplace: bool, strict: bool, allow_float: bool = False, progress: bool | None = False,
+             preserved_attributes: Any = ()) -> fx.GraphModule:
     """Convert to the reference form, keep it (what qp.save writes), then lower and report."""
     state = _state(observed)
     flow_checks.check_not_converted(observed)
@@ -356,6 +371,7 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
                                     field="strict")
     if not report.quantized and not allow_float:
         raise_nothing_quantized(report, backend)
+    preserve(gm, observed, preserved_attributes, copy_modules=not inplace)
     return gm
 
 
@@ -376,36 +392,43 @@ def raise_nothing_quantized(report: QuantizationReport, backend: Backend | None 
         problems[0] if problems else None)
 
 
-@refuses_torch_ao_keywords("convert_custom_config", "backend_config", "is_reference", "qconfig_mapping", "preserved_attributes")
+@refuses_torch_ao_keywords("convert_custom_config", "backend_config", "is_reference", "qconfig_mapping",
+                           "_remove_qconfig", defaults={"is_reference": True})
 def convert_to_reference_fx(observed: fx.GraphModule, *, allow_uncalibrated: bool = False,
                             inplace: bool = False, strict: bool = False,
-                            allow_float: bool = False) -> fx.GraphModule:
+                            allow_float: bool = False, preserved_attributes=()) -> fx.GraphModule:
     """Observed model -> reference int8 model (q/dq around float ops) that runs anywhere.
 
     A result with no int8 region raises :class:`NothingQuantizedError` unless ``allow_float``.
+    ``preserved_attributes`` as for :func:`convert_fx`.
     """
     return _convert(observed, get_backend("reference"), lower=False,
                     allow_uncalibrated=allow_uncalibrated, inplace=inplace, strict=strict,
-                    allow_float=allow_float)
+                    allow_float=allow_float, preserved_attributes=preserved_attributes)
 
 
-@refuses_torch_ao_keywords("convert_custom_config", "backend_config", "is_reference", "qconfig_mapping", "preserved_attributes")
+@refuses_torch_ao_keywords("convert_custom_config", "backend_config", "is_reference", "qconfig_mapping",
+                           "_remove_qconfig", "keep_original_weights")
 def convert_fx(observed: fx.GraphModule, *, backend: str | Backend | None = None,
                allow_uncalibrated: bool = False, inplace: bool = False, strict: bool = False,
-               allow_float: bool = False, progress: bool | None = None) -> fx.GraphModule:
+               allow_float: bool = False, progress: bool | None = None,
+               preserved_attributes=()) -> fx.GraphModule:
     """Observed model -> int8 model running the backend's kernels (reference form where none exists).
 
     ``backend=None`` uses the backend the model was prepared for. ``strict=True`` raises when any
     compute op is left in float; a result with no int8 region at all raises
     :class:`NothingQuantizedError` unless ``allow_float=True``. ``progress`` shows the delegated
     partitions compiled and checked on stderr (``None``: on a terminal only; a line each where
-    stderr is not one and ``progress=True``).
+    stderr is not one and ``progress=True``). The attributes the observed model keeps
+    (``preserved_attributes=`` at prepare) stay on the result, with those ``preserved_attributes``
+    names here, read off ``observed``.
     """
     state = _state(observed)
     chosen = get_backend(backend if backend is not None else state["backend"]).require_available()
     _check_device(observed, chosen)
     return _convert(observed, chosen, lower=True, allow_uncalibrated=allow_uncalibrated,
-                    inplace=inplace, strict=strict, allow_float=allow_float, progress=progress)
+                    inplace=inplace, strict=strict, allow_float=allow_float, progress=progress,
+                    preserved_attributes=preserved_attributes)
 
 
 def quantization_report(model: fx.GraphModule) -> QuantizationReport:

@@ -19,8 +19,10 @@ from qplug_core.errors import (
     QplugError,
     SerializationError,
     did_you_mean,
+    warn_user,
 )
 from qplug_core.flows.finish import finish_conversion
+from qplug_core.flows.preserved_attributes import preserved_names
 from qplug_core.flows.safer_weights import make_safer
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import (
@@ -109,6 +111,9 @@ def save(qmodel: nn.Module, path: str | os.PathLike[str]) -> Path:
             "quantize it with qplug first. qp.quantize_dynamic's captured graphs (capture=... or an "
             "ExportedProgram) are not saved: they need no calibration, so save the float model and "
             "run qp.quantize_dynamic again after loading it (its module-swapped models are saved)", path=str(target))
+    if kept := preserved_names(qmodel):
+        warn_user(f"qplug: qp.save writes the quantized model, not the attributes it keeps from "
+                  f"preserved_attributes ({', '.join(kept)}): set them again on the model qp.load returns")
     document = json.dumps(to_document(artifact), sort_keys=True, separators=(",", ":"), allow_nan=False)
     write_artifact_file(target, document, artifact.tensors)
     return target

@@ -153,7 +153,7 @@ def linear_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternC
 # -- binary ops, cat -------------------------------------------------------------------------------
 
 _BINARY_OPS = (operator.add, torch.add, operator.mul, torch.mul)
-_MATMUL_OPS = (torch.matmul, operator.matmul, "matmul", torch.bmm, "bmm")
+_MATMUL_OPS = (torch.matmul, operator.matmul, "matmul", torch.bmm, "bmm", torch.mm, "mm")
 _RELU_FORMS = (nn.ReLU, F.relu, torch.relu)
 _BINARY_OBSERVATION = {
     0: _OWN_OBSERVER,  # two scalars: not a tensor op, left to dtype inference in prepare
@@ -163,11 +163,12 @@ _BINARY_OBSERVATION = {
 
 
 def binary_op_configs(dtype_configs: Sequence[DTypeConfig]) -> list[BackendPatternConfig]:
-    """add/mul (operator and torch forms), each alone and followed by a relu; plus matmul and bmm
-    in each spelling symbolic capture records: ``torch.matmul``, ``a @ b`` (``operator.matmul``),
-    ``a.matmul(b)``, ``torch.bmm`` and ``a.bmm(b)`` (torch.ao has a pattern for ``torch.matmul``
-    only and leaves the others float; torch.export records ``torch.matmul`` or ``torch.bmm``, so
-    every spelling is quantized alike at both capture levels)."""
+    """add/mul (operator and torch forms), each alone and followed by a relu; plus matmul, bmm and
+    mm in each spelling symbolic capture records: ``torch.matmul``, ``a @ b`` (``operator.matmul``),
+    ``a.matmul(b)``, ``torch.bmm``, ``a.bmm(b)``, ``torch.mm`` and ``a.mm(b)`` (torch.ao has a
+    pattern for ``torch.matmul`` only and leaves the others float; torch.export records
+    ``torch.matmul``, ``torch.bmm`` or ``torch.mm``, so every spelling is quantized alike at both
+    capture levels)."""
     configs = [
         _config(pattern, dtype_configs).set_num_tensor_args_to_observation_type(_BINARY_OBSERVATION)
         for op in _BINARY_OPS

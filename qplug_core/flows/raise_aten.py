@@ -47,6 +47,7 @@ _FUNCTIONS: dict[Any, Callable] = {
     aten.silu.default: F.silu,
     aten.sigmoid.default: torch.sigmoid, aten.tanh.default: torch.tanh,
     aten.leaky_relu.default: F.leaky_relu, aten.matmul.default: torch.matmul, aten.bmm.default: torch.bmm,
+    aten.mm.default: torch.mm,
     aten.flatten.using_ints: torch.flatten, aten.transpose.int: torch.transpose,
     aten.adaptive_avg_pool1d.default: torch.adaptive_avg_pool1d,
     aten.adaptive_avg_pool2d.default: F.adaptive_avg_pool2d,

@@ -27,7 +27,7 @@ from qplug_core.flows.checks import mapping_qconfigs
 from qplug_core.flows.exact_share import inexact_share_reason
 from qplug_core.flows.report import NO_PATTERN
 from qplug_core.flows.split_pieces import is_split, split_of
-from qplug_core.flows.tags import CALLED_AS, VALUE_KIND
+from qplug_core.flows.tags import CALLED_AS, LAYOUT, VALUE_KIND
 from qplug_core.ir import module_stack
 from qplug_core.kernels.reference import weight_of
 from qplug_core.matcher import Match, find_matches
@@ -254,6 +254,11 @@ class RegionPlanner:
         if not region.weighted and not _is_float_tensor(region.anchor) and not pieces:  # x.size(1) + 0
             region.reason = (f"its output is not a float tensor "
                              f"({region.anchor.meta.get(VALUE_KIND)}), so there is nothing to quantize")
+            return
+        sparse = next((n for n in (region.anchor, *region.inputs) if LAYOUT in n.meta), None)
+        if sparse is not None:  # torch.mm(adjacency, x) in a GNN: observers cannot take its min/max
+            region.reason = (f"{sparse.name!r} is a {sparse.meta[LAYOUT].removeprefix('torch.')} tensor; "
+                             "int8 kernels take strided (dense) tensors only")
             return
         if region.observation_type == ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT:
             inexact = inexact_share_reason(region.anchor, self.modules)

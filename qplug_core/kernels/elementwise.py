@@ -1,4 +1,4 @@
-"""Element-wise and activation kernels: add/mul(+relu), matmul, bmm, cat, hardswish, silu, elu, leaky_relu,
+"""Element-wise and activation kernels: add/mul(+relu), matmul, bmm, mm, cat, hardswish, silu, elu, leaky_relu,
 softmax, and the fixed-qparams sigmoid/tanh/hardsigmoid.
 
 These ops carry no packed state, so torch dispatches them by the *global* engine at run time
@@ -163,10 +163,13 @@ class Matmul(_Binary):
         matmul multiplies ((N, C, L) @ (N, L, M) raised a size mismatch)."""
         return _Q.matmul(a.contiguous(), b.contiguous(), self.scale, self.zero_point)
 
+    #: the operand shapes the self-test multiplies
+    _self_test_shapes: tuple[tuple[int, ...], ...] = ((2, 3, 4), (2, 4, 5))
+
     @classmethod
     def _self_test_case(cls, engine: str):
         ctx, reference, _ = super()._self_test_case(engine)
-        return ctx, reference, ((2, 3, 4), (2, 4, 5))
+        return ctx, reference, cls._self_test_shapes
 
 
 class Bmm(Matmul):
@@ -174,15 +177,25 @@ class Bmm(Matmul):
     refuses (not 3-D, other batch sizes) are refused here too, not multiplied as a matmul would."""
 
     _reference = staticmethod(torch.bmm)
+    #: the op's name, the rank of both operands and their shapes, as torch's error would say
+    _name, _rank, _shapes = "bmm", 3, "(b, n, m) and (b, m, p)"
 
     def _on_fast_layout(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         # not while torch.jit.trace records the call (as the linear's check): its sizes are traced values
-        if not torch.jit.is_tracing() and (a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0]
-                                           or a.shape[2] != b.shape[1]):
+        if not torch.jit.is_tracing() and (a.dim() != self._rank or b.dim() != self._rank
+                                           or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]):
             raise input_mismatch(
-                f"int8 bmm takes two 3-D tensors (b, n, m) and (b, m, p), as torch.bmm does; got shapes "
-                f"{tuple(a.shape)} and {tuple(b.shape)}", RuntimeError)
+                f"int8 {self._name} takes two {self._rank}-D tensors {self._shapes}, as torch.{self._name} "
+                f"does; got shapes {tuple(a.shape)} and {tuple(b.shape)}", RuntimeError)
         return super()._on_fast_layout(a, b)
+
+
+class Mm(Bmm):
+    """``torch.mm`` on quantized.matmul: two 2-D operands only, as torch.mm takes."""
+
+    _reference = staticmethod(torch.mm)
+    _name, _rank, _shapes = "mm", 2, "(n, m) and (m, p)"
+    _self_test_shapes = ((3, 4), (4, 5))
 
 
 class Cat(KernelModule):

@@ -26,6 +26,7 @@ _ADD = (operator.add, torch.add, "add")
 _MUL = (operator.mul, torch.mul, "mul")
 _MATMUL = (torch.matmul, operator.matmul, "matmul")
 _BMM = (torch.bmm, "bmm")
+_MM = (torch.mm, "mm")
 _WEIGHTED = {nn.Linear: K.Linear, nn.Conv1d: K.Conv1d, nn.Conv2d: K.Conv2d, nn.Conv3d: K.Conv3d,
              nn.ConvTranspose1d: K.ConvTranspose1d, nn.ConvTranspose2d: K.ConvTranspose2d,
              nn.ConvTranspose3d: K.ConvTranspose3d}
@@ -122,6 +123,8 @@ def _kernel_for(pattern: Any, passthrough: tuple, engine: str) -> KernelSpec | N
         return _spec("quantized::matmul", K.Matmul, engine)
     if pattern in _BMM:
         return _spec("quantized::matmul", K.Bmm, engine)
+    if pattern in _MM:
+        return _spec("quantized::matmul", K.Mm, engine)
     if pattern in _UNARY:
         kernel = _UNARY[pattern]
         return _spec(f"quantized::{kernel.__name__.lower()}", kernel, engine)

@@ -248,6 +248,8 @@ _FUNCTION_STEPS: dict[Any, tuple[Callable, int | None]] = {
     operator.matmul: (lambda b, x: x @ _other(b, x), 4),
     # (N, C, L) @ (N, L, C): the conv1d's channels-last output transposed is a contiguous (N, L, C)
     torch.bmm: (lambda b, x: torch.bmm(x, _other(b, x).transpose(1, 2)), 3),
+    # (N, F) @ (F, N): a linear's output and the other linear's, transposed
+    torch.mm: (lambda b, x: torch.mm(x, _other(b, x).t()), 2),
     torch.cat: (lambda b, x: torch.cat([x, _other(b, x)], 1), None),
     torch.stack: (lambda b, x: torch.stack([x, _other(b, x)], 1), 4),
     F.elu: (lambda b, x: F.elu(x), None), F.hardswish: (lambda b, x: F.hardswish(x), None),
@@ -314,10 +316,11 @@ _METHOD_STEPS: dict[str, tuple[Callable, int | str | None]] = {
     "chunk": (lambda b, x: x.chunk(2, 1)[1], None), "split": (lambda b, x: x.split(2, 1)[0], None),
     "matmul": (lambda b, x: x.matmul(_other(b, x)), 4),
     "bmm": (lambda b, x: x.bmm(_other(b, x).transpose(1, 2)), 3),
+    "mm": (lambda b, x: x.mm(_other(b, x).t()), 2),
 }
 #: ops whose step reads a second int8 operand (``b.other``)
 _TWO_OPERANDS = (operator.add, torch.add, operator.mul, torch.mul, torch.matmul, operator.matmul, "matmul",
-                 torch.bmm, "bmm", torch.cat, torch.stack)
+                 torch.bmm, "bmm", torch.mm, "mm", torch.cat, torch.stack)
 
 
 def _module_dims(op: type) -> int | None:

@@ -194,7 +194,7 @@ def test_a_failed_export_attempt_prints_nothing(capfd):
 #: how a model may write the attention scores ``q @ k``, each recorded otherwise by symbolic capture
 SPELLINGS = {"torch.matmul": lambda q, k: torch.matmul(q, k), "@": lambda q, k: q @ k,
              ".matmul": lambda q, k: q.matmul(k), "torch.bmm": lambda q, k: torch.bmm(q, k),
-             ".bmm": lambda q, k: q.bmm(k)}
+             ".bmm": lambda q, k: q.bmm(k), "torch.mm": lambda q, k: torch.mm(q, k), ".mm": lambda q, k: q.mm(k)}
 
 
 class Scores(nn.Module):
@@ -209,14 +209,16 @@ class Scores(nn.Module):
 
 
 _SCORES_DATA = [(torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(i)),) for i in range(4)]
+_SCORES_DATA_2D = [(x[0],) for (x,) in _SCORES_DATA]  # for torch.mm: one (8, 16) matrix
 
 
 @functools.lru_cache(maxsize=None)
-def _int8_scores(spelling: str, backend: str):
-    """(float model, int8 model, its report) of :class:`Scores` written ``spelling``, default capture."""
+def _int8_scores(spelling: str, backend: str, capture: str = "auto", rank: int = 3):
+    """(float model, int8 model, its report) of :class:`Scores` written ``spelling``, on ``rank``-D inputs."""
     torch.manual_seed(1)
     model = Scores(spelling).eval()
-    int8 = qp.quantize(model, _SCORES_DATA[0], _SCORES_DATA, backend=backend, progress=False)
+    data = _SCORES_DATA if rank == 3 else _SCORES_DATA_2D
+    int8 = qp.quantize(model, data[0], data, backend=backend, progress=False, capture=capture)
     return model, int8, qp.quantization_report(int8)
 
 
@@ -247,3 +249,46 @@ def test_an_int8_bmm_refuses_a_4d_input_as_torch_bmm_does(spelling):
         model(x)
     with pytest.raises(RuntimeError, match="int8 bmm takes two 3-D tensors"):
         int8(x)
+
+
+@pytest.mark.parametrize("capture", ["symbolic", "export"])
+@pytest.mark.parametrize("spelling, pattern", [("torch.mm", "torch.mm"), (".mm", ".mm()")])
+def test_an_mm_between_activations_is_int8_like_torch_matmul(spelling, pattern, capture):
+    """``torch.mm(q, k)`` / ``q.mm(k)`` between two activations had no pattern (torch.ao has none
+    either) and stayed float under both captures (torch.export's ``aten.mm`` was not raised): int8
+    now, with torch.matmul's numbers; the int8 mm refuses what torch.mm refuses."""
+    model, int8, report = _int8_scores(spelling, "fbgemm", capture, rank=2)
+    _, expected_int8, expected = _int8_scores("torch.matmul", "fbgemm", capture, rank=2)
+    assert not report.skipped
+    assert (pattern if capture == "symbolic" else "torch.mm") in report.quantized.values()
+    assert sorted(report.kernels.values()) == sorted(expected.kernels.values())
+    x = _SCORES_DATA_2D[1]
+    with torch.no_grad():
+        assert torch.equal(int8(*x), expected_int8(*x))
+    if capture == "symbolic":  # an exported graph keeps the sizes it was exported with
+        with pytest.raises(RuntimeError, match="int8 mm takes two 2-D tensors"):
+            int8(_SCORES_DATA[1][0])
+
+
+class Propagate(nn.Module):
+    """A GNN layer: ``torch.mm(adjacency, x)`` with a sparse adjacency between two int8 linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, adjacency: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.mm(adjacency, self.l1(x)))
+
+
+def test_an_mm_with_a_sparse_operand_stays_float_saying_why():
+    """With the mm pattern the sparse adjacency got an observer, which cannot take its min/max
+    (calibration failed with torch's "aminmax ... SparseCPU"): the op stays float, with the reason."""
+    g = torch.Generator().manual_seed(0)
+    adjacency = torch.sparse_coo_tensor(torch.randint(0, 10, (2, 30), generator=g), torch.rand(30, generator=g),
+                                        (10, 10), check_invariants=True)
+    model, x = Propagate().eval(), torch.randn(10, 8, generator=g)
+    int8 = qp.quantize(model, (adjacency, x), [(adjacency, x)], backend="fbgemm", capture="symbolic")
+    reasons = {entry.node: entry.reason for entry in qp.quantization_report(int8).skipped}
+    assert reasons["mm"] == "'adjacency' is a sparse_coo tensor; int8 kernels take strided (dense) tensors only"
+    torch.testing.assert_close(int8(adjacency, x), model(adjacency, x), atol=0.05, rtol=0)

@@ -28,8 +28,8 @@ def test_backend_is_listed_with_real_availability(session):
     expected = ("fbgemm" in torch.backends.quantized.supported_engines
                 and platform.machine().lower() in X86_MACHINES)
     assert info.available is expected
-    # 253: 249 + a @ b, a.matmul(b), torch.bmm, a.bmm(b)
-    assert info.n_pattern_configs == 253 and info.engine == "fbgemm"
+    # 255: 249 + a @ b, a.matmul(b), torch.bmm, a.bmm(b), torch.mm, a.mm(b)
+    assert info.n_pattern_configs == 255 and info.engine == "fbgemm"
     assert qp.get_backend("fbgemm").engine == "fbgemm"
 
 

@@ -13,7 +13,7 @@ def test_backend_is_listed_with_real_availability(qplug_only):
     info = next(i for i in qp.list_backends() if i.name == "qnnpack")
     assert [(r.dist, r.name) for r in info.contributors] == [("qplug-qnnpack", "qnnpack")]
     assert info.available is ("qnnpack" in torch.backends.quantized.supported_engines)
-    assert info.n_pattern_configs == 253  # 249 + a @ b, a.matmul(b), torch.bmm, a.bmm(b)
+    assert info.n_pattern_configs == 255  # 249 + a @ b, a.matmul(b), torch.bmm, a.bmm(b), torch.mm, a.mm(b)
 
 
 def test_weights_stay_in_the_kernels_symmetric_range(qplug_only):

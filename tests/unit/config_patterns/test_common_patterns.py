@@ -19,7 +19,7 @@ from qplug_core.errors import ConfigValidationError
 from qplug_core.nn import intrinsic as nni
 from qplug_core.nn import qat
 
-EXPECTED_TOTAL = 253  # 249 + operator.matmul (``a @ b``), "matmul", torch.bmm and "bmm" (symbolic capture)
+EXPECTED_TOTAL = 255  # 249 + operator.matmul (``a @ b``), "matmul", torch.bmm, "bmm", torch.mm and "mm" (symbolic capture)
 _CONVS = [(nni.CONV_BY_DIM[d], nni.BN_BY_DIM[d], getattr(F, f"conv{d}d")) for d in (1, 2, 3)]
 OUR_EXTRAS = {  # deliberate additions over torch.ao (complex format): torch.relu and x.relu()
     # after linears, convs and batch norms as after nn.ReLU / F.relu; ops that run on int8 as is
@@ -39,9 +39,10 @@ OUR_EXTRAS = {  # deliberate additions over torch.ao (complex format): torch.rel
     # own-observer ops with int8 kernels: SiLU (YOLO, EfficientNet, diffusion UNets) and the
     # GroupNorm module (torch.ao lists only F.group_norm)
     nn.SiLU, F.silu, nn.GroupNorm,
-    # ``a @ b``, ``a.matmul(b)``, ``torch.bmm`` and ``a.bmm(b)`` as symbolic capture records them
-    # (torch.ao names torch.matmul only; torch.export records torch.matmul or torch.bmm)
-    operator.matmul, "matmul", torch.bmm, "bmm",
+    # ``a @ b``, ``a.matmul(b)``, ``torch.bmm``, ``a.bmm(b)``, ``torch.mm`` and ``a.mm(b)`` as symbolic
+    # capture records them (torch.ao names torch.matmul only; torch.export records torch.matmul, torch.bmm
+    # or torch.mm)
+    operator.matmul, "matmul", torch.bmm, "bmm", torch.mm, "mm",
 }
 
 
@@ -98,7 +99,7 @@ def _ao_complex(pattern):
 CATEGORIES = [  # (our builder, torch.ao builder name, expected number of our configs)
     (common.conv_configs, "_get_conv_configs", 75),
     (common.linear_configs, "_get_linear_configs", 22),
-    (common.binary_op_configs, "_get_binary_op_configs", 21),  # + operator.matmul, "matmul", torch.bmm, "bmm"
+    (common.binary_op_configs, "_get_binary_op_configs", 23),  # + operator.matmul, "matmul", bmm and mm forms
     (lambda d: [common.cat_config(d)], "_get_cat_config", 1),
     (common.default_op_configs, "_get_default_op_configs", 17),
     (common.fixed_qparams_op_configs, "_get_fixed_qparams_op_configs", 13),

@@ -213,12 +213,12 @@ _SCORES_DATA_2D = [(x[0],) for (x,) in _SCORES_DATA]  # for torch.mm: one (8, 16
 
 
 @functools.lru_cache(maxsize=None)
-def _int8_scores(spelling: str, backend: str, capture: str = "auto", rank: int = 3):
+def _int8_scores(spelling: str, backend: str, rank: int = 3):
     """(float model, int8 model, its report) of :class:`Scores` written ``spelling``, on ``rank``-D inputs."""
     torch.manual_seed(1)
     model = Scores(spelling).eval()
     data = _SCORES_DATA if rank == 3 else _SCORES_DATA_2D
-    int8 = qp.quantize(model, data[0], data, backend=backend, progress=False, capture=capture)
+    int8 = qp.quantize(model, data[0], data, backend=backend, progress=False)
     return model, int8, qp.quantization_report(int8)
 
 
@@ -251,23 +251,22 @@ def test_an_int8_bmm_refuses_a_4d_input_as_torch_bmm_does(spelling):
         int8(x)
 
 
-@pytest.mark.parametrize("capture", ["symbolic", "export"])
 @pytest.mark.parametrize("spelling, pattern", [("torch.mm", "torch.mm"), (".mm", ".mm()")])
-def test_an_mm_between_activations_is_int8_like_torch_matmul(spelling, pattern, capture):
+def test_an_mm_between_activations_is_int8_like_torch_matmul(spelling, pattern):
     """``torch.mm(q, k)`` / ``q.mm(k)`` between two activations had no pattern (torch.ao has none
-    either) and stayed float under both captures (torch.export's ``aten.mm`` was not raised): int8
-    now, with torch.matmul's numbers; the int8 mm refuses what torch.mm refuses."""
-    model, int8, report = _int8_scores(spelling, "fbgemm", capture, rank=2)
-    _, expected_int8, expected = _int8_scores("torch.matmul", "fbgemm", capture, rank=2)
+    either) and stayed float (torch.export's ``aten.mm`` was not raised: the backends' pattern suites
+    check the export level): int8 now, with torch.matmul's numbers; the int8 mm refuses what
+    torch.mm refuses."""
+    _, int8, report = _int8_scores(spelling, "fbgemm", rank=2)
+    _, expected_int8, expected = _int8_scores("torch.matmul", "fbgemm", rank=2)
     assert not report.skipped
-    assert (pattern if capture == "symbolic" else "torch.mm") in report.quantized.values()
+    assert pattern in report.quantized.values()
     assert sorted(report.kernels.values()) == sorted(expected.kernels.values())
     x = _SCORES_DATA_2D[1]
     with torch.no_grad():
         assert torch.equal(int8(*x), expected_int8(*x))
-    if capture == "symbolic":  # an exported graph keeps the sizes it was exported with
-        with pytest.raises(RuntimeError, match="int8 mm takes two 2-D tensors"):
-            int8(_SCORES_DATA[1][0])
+    with pytest.raises(RuntimeError, match="int8 mm takes two 2-D tensors"):
+        int8(_SCORES_DATA[1][0])
 
 
 class Propagate(nn.Module):

@@ -36,6 +36,7 @@ from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.input_dtypes import guard_input_dtypes
 from qplug_core.flows.int16_pairs import warn_saturating_pairs
 from qplug_core.flows.kernel_check import remember_example
+from qplug_core.flows.narrowed_ranges import reporting_narrowed
 from qplug_core.flows.pipeline import (
     as_input_tuple,
     eval_mode,
@@ -197,10 +198,13 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
         ObserverInserter(graph_module, is_qat=is_qat).insert(regions)
         tag_regions(regions)
 
-    run_passes(gm, [annotate, observe, warn_saturating_pairs(chosen.name, chosen.arithmetic),
-                    *plugin_passes(chosen, Stage.POST_PREPARE)])
+    users_own = weight_bits.users_own(qconfig_mapping)
+    default = chosen.default_qconfig_mapping(mode) if users_own else None
+    backend_passes = reporting_narrowed(chosen.name, plugin_passes(chosen, Stage.POST_PREPARE), users_own=users_own,
+                                        default_qconfig=None if default is None else default.global_qconfig)
+    run_passes(gm, [annotate, observe, warn_saturating_pairs(chosen.name, chosen.arithmetic), *backend_passes])
     gm.meta[STATE] = {"backend": chosen.name, "mode": mode}
-    weight_bits.mark(gm, chosen, mode, user_mapping=weight_bits.users_own(qconfig_mapping))
+    weight_bits.mark(gm, chosen, mode, user_mapping=users_own)
     remember_example(gm, inputs)
     guard_exported_inputs(gm)  # a calibration batch export cannot run refused, not run as the example
     guard_input_dtypes(gm, kinds_only=True)  # a float mask for a bool one refused naming the batch

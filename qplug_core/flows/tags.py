@@ -98,7 +98,8 @@ AUTO_RANKING = "qplug_auto_ranking"
 #: GraphModule.meta: the example inputs prepare ran, replayed by the kernel contract at convert
 EXAMPLE_INPUTS = "qplug_example_inputs"
 #: GraphModule.meta: what convert could not check or decide, and why (the kernel contract not run,
-#: the 8-bit weight search skipped); moved into the report's ``notes`` when the conversion finishes
+#: the 8-bit weight search skipped), or where a backend's prepare pass overrode the user's qconfig;
+#: moved into the report's ``notes`` when the conversion finishes
 CONVERSION_NOTES = "qplug_conversion_notes"
 #: GraphModule.meta: the 8-bit weight range convert may give a layer whose int16 pair sums cannot
 #: saturate (set at prepare when a backend's defaults are 7-bit only for that), and the decisions

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import warnings
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.errors import BackendNotFoundError, ConfigError, ConfigValidationError, ModelStateError
+from qplug_core.observers import MinMaxObserver, PerChannelMinMaxObserver
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
 
@@ -291,3 +293,51 @@ def test_an_mm_with_a_sparse_operand_stays_float_saying_why():
     reasons = {entry.node: entry.reason for entry in qp.quantization_report(int8).skipped}
     assert reasons["mm"] == "'adjacency' is a sparse_coo tensor; int8 kernels take strided (dense) tensors only"
     torch.testing.assert_close(int8(adjacency, x), model(adjacency, x), atol=0.05, rtol=0)
+
+
+def _depthwise_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=8),
+                         nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+
+
+_DEPTHWISE_DATA = [(torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(i)),) for i in range(2)]
+
+
+def test_an_explicit_8_bit_observer_made_7_bit_for_a_depthwise_conv_is_reported():
+    """fbgemm gives a depthwise conv's input 7 bits whatever the qconfig says; a user who asked 8
+    bits (torch.ao honours it) was not told: one warning and a report note name the layer and why."""
+    qconfig = qp.QConfig(activation=MinMaxObserver.with_args(reduce_range=False),
+                         weight=PerChannelMinMaxObserver.with_args(dtype=torch.qint8,
+                                                                   qscheme=torch.per_channel_symmetric))
+    with pytest.warns(UserWarning, match=r"qplug: fbgemm gave the input of 1 layer\(s\) 7 bits \(codes 0\.\.127\) "
+                                         r"where your qconfig asks 8 \(0\.\.255\): '2'\. Why \(fbgemm's prepare pass "
+                                         r"limit_depthwise_input_range\): fbgemm's depthwise kernels sum u8 x s8 pairs "
+                                         r"in int16, saturating") as caught:
+        observed = qp.prepare_fx(_depthwise_net(), qp.QConfigMapping().set_global(qconfig), _DEPTHWISE_DATA[0],
+                                 backend="fbgemm")
+    assert sum("gave the input of" in str(w.message) for w in caught) == 1
+    int8 = qp.convert_fx(qp.calibrate(observed, _DEPTHWISE_DATA))
+    assert any("7 bits (codes 0..127) where your qconfig asks 8" in note for note in qp.quantization_report(int8).notes)
+
+    ao = pytest.importorskip("torch.ao.quantization")
+    quantize_fx = pytest.importorskip("torch.ao.quantization.quantize_fx")
+    ao_qconfig = ao.QConfig(activation=ao.MinMaxObserver.with_args(reduce_range=False),
+                            weight=ao.PerChannelMinMaxObserver.with_args(dtype=torch.qint8,
+                                                                         qscheme=torch.per_channel_symmetric))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation
+        ao_observed = quantize_fx.prepare_fx(_depthwise_net(), ao.QConfigMapping().set_global(ao_qconfig),
+                                             _DEPTHWISE_DATA[0])
+        for batch in _DEPTHWISE_DATA:
+            ao_observed(*batch)
+        ao_int8 = quantize_fx.convert_fx(ao_observed)
+    # the conv feeding the depthwise one: torch.ao's 8-bit grid, qplug's 7-bit one (what the warning says)
+    assert int8.get_submodule("0").scale / ao_int8.get_submodule("0").scale == pytest.approx(255 / 127)
+
+
+@pytest.mark.parametrize("mapping", [None, "default written out"])
+def test_the_backends_own_7_bit_depthwise_inputs_are_not_reported(mapping, recwarn):
+    default = qp.get_default_qconfig_mapping("fbgemm") if mapping else None
+    qp.prepare_fx(_depthwise_net(), default, _DEPTHWISE_DATA[0], backend="fbgemm")
+    assert not [w for w in recwarn if "gave the input of" in str(w.message)]

@@ -43,7 +43,10 @@ def _reduce(observer: nn.Module) -> bool:
 
 
 def limit_depthwise_input_range(gm: fx.GraphModule) -> PassResult:
-    """Give every observed value that feeds a depthwise conv 7-bit qparams (see module docstring)."""
+    """fbgemm's depthwise kernels sum u8 x s8 pairs in int16, saturating on 8-bit inputs on any CPU.
+
+    Gives every observed value that feeds a depthwise conv 7-bit qparams (see module docstring);
+    the first line is the reason the core reports to a user whose own qconfig asked for more."""
     modified = False
     modules = dict(gm.named_modules(remove_duplicate=False))  # one walk, not a lookup per node
     for node in gm.graph.nodes:

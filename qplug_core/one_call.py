@@ -27,6 +27,7 @@ from qplug_core.flows import auto
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
 from qplug_core.flows.capture import generates
+from qplug_core.flows.method_views import method_view
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.tags import RECIPE, REPORT, TARGET
 from qplug_core.flows.weight_bits import backend_defaults, users_own
@@ -63,6 +64,7 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     option) still gives the captured ``GraphModule``, with a warning that it cannot generate.
     """
     _check_options(prepare_options)
+    model = method_view(model)
     if generates(model):
         measured = backend is None or backend == auto.AUTO  # W8A8 picks its kernels per CPU itself
         chosen = None if measured else resolve_backend(backend).require_available()

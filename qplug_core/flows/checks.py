@@ -9,6 +9,7 @@ module names in the mapping exist. The flows call them with one line each.
 from __future__ import annotations
 
 import collections.abc
+import inspect
 from typing import Any
 
 import torch
@@ -39,6 +40,9 @@ def check_model(model: Any, field: str = "model") -> nn.Module:
         return model
     if isinstance(model, type) and issubclass(model, nn.Module):
         hint = f"got the class {model.__name__}; pass an instance: {model.__name__}(...)"
+    elif inspect.ismethod(model) and isinstance(model.__self__, nn.Module):
+        hint = (f"got the method {type(model.__self__).__name__}.{model.__name__}; qp.quantize takes it (the "
+                "method is captured as forward), other entry points an nn.Module whose forward calls it")
     elif callable(model):
         hint = (f"got the function {getattr(model, '__name__', model)!r}; wrap the computation in "
                 "an nn.Module (or call your factory and pass the model it returns)")

@@ -1,0 +1,70 @@
+"""qp.quantize of a bound method or a functools.partial: the method's computation in int8, the
+user's model untouched (qplug_core/flows/method_views.py). CLIP's get_image_features and
+get_text_features are asserted by docs_src/export_methods.py (tests/docs)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.errors import ConfigValidationError, InputMismatchError
+
+pytestmark = pytest.mark.usefixtures("plugin_autoload", "one_thread")
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+
+
+class _TwoHeads(nn.Module):
+    """forward and a second method sharing a trunk, as a retrieval model's towers do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.head, self.other = nn.Linear(16, 16), nn.Linear(16, 4), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.trunk(x)))
+
+    def embed(self, x, scale: float = 1.0):
+        return self.other(torch.relu(self.trunk(x))) * scale
+
+
+@pytest.fixture(scope="module")
+def two_heads():
+    torch.manual_seed(0)
+    return _TwoHeads().eval(), [(torch.randn(4, 16),) for _ in range(3)]
+
+
+def test_a_bound_method_is_quantized_as_forward(two_heads):
+    model, batches = two_heads
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    q = qp.quantize(model.embed, batches[0], batches, backend="fbgemm")
+    x = batches[1][0]
+    assert q(x).shape == (4, 8)
+    assert _cosine(q(x), model.embed(x)) > 0.999
+    assert qp.quantization_report(q).kernels["other"] == "quantized::linear"
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert type(model) is _TwoHeads and model(x).shape == (4, 4)  # the user's model as it was
+
+
+@pytest.mark.slow  # a partial's forward takes *args: captured by torch.export (2-4 s here)
+def test_a_partial_fixes_its_keywords_and_the_int8_model_takes_them(two_heads):
+    model, batches = two_heads
+    q = qp.quantize(functools.partial(model.embed, scale=2.0), batches[0], batches, backend="fbgemm")
+    x = batches[1][0]
+    assert _cosine(q(x, scale=2.0), model.embed(x, scale=2.0)) > 0.999
+    with pytest.raises(InputMismatchError, match=r"functools.partial\(model, scale=1.0\)"):
+        q(x, scale=1.0)
+    with pytest.raises(ConfigValidationError, match="keyword arguments only"):
+        qp.quantize(functools.partial(model.embed, batches[0][0]), (), batches, backend="fbgemm")
+
+
+def test_other_entry_points_say_that_qp_quantize_takes_a_method(two_heads):
+    model, batches = two_heads
+    with pytest.raises(ConfigValidationError, match=r"_TwoHeads.embed; qp.quantize takes it"):
+        qp.prepare_fx(model.embed, None, batches[0], backend="fbgemm")

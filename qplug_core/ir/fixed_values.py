@@ -3,6 +3,8 @@
 ``q(x, scale=1)`` on a model captured with ``scale=1.0`` is the call the float model answers the
 same, so it is taken; ``q(**tokenizer(text))`` giving ``token_type_ids`` where the capture left it at
 ``None`` needs that tensor to be an input of the int8 model, which only ``example_inputs`` makes it.
+Another constant is captured by quantizing ``functools.partial(model, key=value)``
+(:mod:`qplug_core.flows.method_views`), which the message spells out with the call's own value.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ def fixed_refusal(key: str, value: Any, accepted: list[Any], inputs: tuple[str, 
     if used is None and isinstance(value, torch.Tensor):
         return (f"{head}. To make {key} an input of the int8 model, add it to example_inputs (in forward's "
                 "parameter order) and to each calibration batch before qp.quantize; docs/guide/export.md")
-    wrapper = f"capture a wrapper whose forward calls the model with {key}={_shown(value)}"
+    partial = (f"pass functools.partial(model, {key}={_shown(value)}) to qp.quantize in place of the model "
+               f"(the int8 model then takes {key}={_shown(value)})")
     if len(accepted) > 1:
-        return f"{head}. To quantize with it, set model.config.{key} before qp.quantize or {wrapper}; docs/guide/export.md"
+        return f"{head}. To quantize with it, set model.config.{key} before qp.quantize or {partial}; docs/guide/export.md"
     if used is None:
         return (f"{head}; what the model does for None is known only by running it, so qplug takes only "
-                f"{key}=None (or leaving it out). To quantize with {_shown(value)}, {wrapper}; docs/guide/export.md")
-    return f"{head}. To quantize with it, {wrapper}; docs/guide/export.md"
+                f"{key}=None (or leaving it out). To quantize with {_shown(value)}, {partial}; docs/guide/export.md")
+    return f"{head}. To quantize with it, {partial}; docs/guide/export.md"
 
 
 def _shown(value: Any) -> str:

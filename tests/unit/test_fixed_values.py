@@ -55,3 +55,5 @@ def test_other_values_are_refused_with_advice_that_fits(models, side):
     with pytest.raises(InputMismatchError, match="known only by running it") as interpolate:
         q(x, interpolate=False)
     assert "model.config" not in str(interpolate.value)
+    # how to capture the value the call gives (None and False are not provably the same to a model)
+    assert "pass functools.partial(model, interpolate=False) to qp.quantize" in str(interpolate.value)

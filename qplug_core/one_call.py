@@ -64,8 +64,8 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     option) still gives the captured ``GraphModule``, with a warning that it cannot generate.
     """
     _check_options(prepare_options)
-    model = method_view(model)
-    if generates(model):
+    view = method_view(model)  # a method or partial: no generate() path, its graph is what was asked
+    if view is model and generates(model):
         measured = backend is None or backend == auto.AUTO  # W8A8 picks its kernels per CPU itself
         chosen = None if measured else resolve_backend(backend).require_available()
         compiles = chosen is not None and not chosen.kernels and chosen.delegate is not None
@@ -79,6 +79,7 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
                        "--mode w8a8 or --mode weight-only")
         warn_user(f"qp.quantize captures {type(model).__name__} as a graph, which has no generate() and no KV "
                   f"cache; {keep} keep the model and generate()")
+    model = view
     if not (isinstance(backend, str) and backend == auto.AUTO):  # auto measures every backend itself
         named = get_backend(backend)
         warn_if_slow_here(named.name, named.engine)

@@ -3,6 +3,8 @@ advice, the same in memory and after qp.load (qplug_core/ir/fixed_values.py)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -57,3 +59,15 @@ def test_other_values_are_refused_with_advice_that_fits(models, side):
     assert "model.config" not in str(interpolate.value)
     # how to capture the value the call gives (None and False are not provably the same to a model)
     assert "pass functools.partial(model, interpolate=False) to qp.quantize" in str(interpolate.value)
+
+
+def test_the_advised_partial_gives_an_int8_model_taking_the_value(plugin_autoload):
+    torch.manual_seed(0)
+    model = _Scaled().eval()
+    batches = [(torch.randn(2, 8),) for _ in range(2)]
+    q = qp.quantize(functools.partial(model, interpolate=False), batches[0], batches, backend="fbgemm")
+    x = batches[1][0]
+    assert torch.equal(q(x, interpolate=False), q(x))
+    assert torch.nn.functional.cosine_similarity(q(x).flatten(), model(x, interpolate=False).flatten(), 0) > 0.999
+    with pytest.raises(InputMismatchError, match="interpolate was fixed at False"):
+        q(x, interpolate=None)

@@ -26,7 +26,7 @@ import copy
 import inspect
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -40,7 +40,7 @@ from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError
 from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.regions import CallCounter, resolve_qconfig
-from qplug_core.flows.tags import WEIGHT_BITS_DECIDED, WEIGHT_BITS_REUSE
+from qplug_core.flows.tags import CALLED_AS, WEIGHT_BITS_DECIDED, WEIGHT_BITS_REUSE
 from qplug_core.observers.tokens import token_mask
 
 __all__ = ["LayerSensitivity", "OutputScore", "SensitivityReport", "sensitivity"]
@@ -243,18 +243,52 @@ def sample_cosines(want: list[torch.Tensor], got: list[torch.Tensor]) -> torch.T
                       for w, g in zip(want, got)])
 
 
+def _layer_qconfigs(gm: fx.GraphModule, mapping: QConfigMapping) -> dict[str, Any]:
+    """Each weighted layer's qconfig under ``mapping``, by its name in ``gm``, in graph order."""
+    modules = dict(gm.named_modules(remove_duplicate=False))
+    counter, qconfigs = CallCounter(), {}
+    for node in gm.graph.nodes:
+        if layer_of(gm, node) is not None and node.target not in qconfigs:
+            qconfigs[node.target] = resolve_qconfig(mapping, node, modules, counter)
+    return qconfigs
+
+
 def quantized_layers(gm: fx.GraphModule, mapping: QConfigMapping) -> list[str]:
     """Names of the weighted layers ``mapping`` quantizes statically, in graph order."""
-    modules = dict(gm.named_modules(remove_duplicate=False))
-    counter, names = CallCounter(), []
+    return [name for name, qconfig in _layer_qconfigs(gm, mapping).items()
+            if qconfig is not None and qconfig.weight is not None
+            and not getattr(qconfig.activation(), "is_dynamic", False)]
+
+
+def calls_apart(mapping: QConfigMapping, gm: fx.GraphModule) -> QConfigMapping:
+    """A copy of ``mapping`` naming each later call of a shared layer (its copy in ``gm``,
+    ``mid_call1``) with the qconfig it has: a rule then set for the module's name (``mid``) changes
+    its first call only, as a rule for the copy changes only that call."""
+    result, qconfigs = copy.deepcopy(mapping), _layer_qconfigs(gm, mapping)
     for node in gm.graph.nodes:
-        if layer_of(gm, node) is None or node.target in names:
-            continue
-        qconfig = resolve_qconfig(mapping, node, modules, counter)
-        if qconfig is not None and qconfig.weight is not None and not getattr(
-                qconfig.activation(), "is_dynamic", False):
-            names.append(node.target)
-    return names
+        if CALLED_AS in node.meta and node.target in qconfigs:
+            result.set_module_name(node.target, qconfigs[node.target])
+    return result
+
+
+def call_names(gm: fx.GraphModule) -> dict[str, str]:
+    """Each weighted layer's name in a report, by its name in ``gm``: the module's path, and for a
+    module called more than once in ``forward`` (each call quantized on its own) the call's number,
+    ``mid (call 2)`` (:data:`CALLS_NOTE`)."""
+    paths = {node.target: node.meta.get(CALLED_AS, node.target)
+             for node in gm.graph.nodes if layer_of(gm, node) is not None}
+    calls: dict[str, int] = {}
+    named = {}
+    for target, path in paths.items():
+        calls[path] = calls.get(path, 0) + 1
+        named[target] = (path, calls[path])
+    return {target: path if calls[path] == 1 else f"{path} (call {index})"
+            for target, (path, index) in named.items()}
+
+
+#: what a report says of a layer named ``mid (call 2)``
+CALLS_NOTE = ("'name (call k)': the k-th call of a module forward calls more than once; each call is "
+              "quantized, and measured, on its own")
 
 
 def group_layers(names: list[str], group: str) -> list[list[str]]:
@@ -280,7 +314,7 @@ def with_fallback(mapping: QConfigMapping, layers: list[str], fallback: str, bac
     if fallback not in FALLBACKS:
         raise ConfigValidationError(f"fallback must be one of {FALLBACKS}, got {fallback!r}",
                                     field="fallback", value=fallback)
-    result = copy.deepcopy(mapping)
+    result = calls_apart(mapping, gm)
     dynamic = None
     if fallback == "dynamic" and layers:  # asked only when used: a backend may have no dynamic defaults
         dynamic = backend.default_qconfig_mapping("dynamic").qconfig_for_module("", nn.Linear)
@@ -321,7 +355,9 @@ class SensitivityReport:
         with_metric = self.all_int8.metric is not None  # the user's own score, beside ours
         metric = f", metric {self.all_int8.metric:.4g}" if with_metric else ""
         table = Table(title=f"per-layer sensitivity (all int8: SQNR {self.all_int8.sqnr_db:.1f} dB, "
-                            f"cosine {self.all_int8.cosine_mean:.4f}{metric})", title_justify="left")
+                            f"cosine {self.all_int8.cosine_mean:.4f}{metric})", title_justify="left",
+                      caption=CALLS_NOTE if any(" (call " in s.name for s in self.layers) else None,
+                      caption_justify="left")
         table.add_column("layer", overflow="fold")
         for side in ("int8", "float"):
             for column in ("SQNR", "cos", *(("metric",) if with_metric else ())):
@@ -373,10 +409,14 @@ def sensitivity(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
         return score(qmodel, evaluation, reference, metric, masks)
 
     names = quantized_layers(gm, mapping)
-    groups = group_layers(names, group)
+    shown = call_names(gm)
+    target_of = {shown[name]: name for name in names}
+    groups = [[target_of[n] for n in g] for g in group_layers([shown[name] for name in names], group)]
     measure = _quantized_per_layer if exact else _switched_per_layer
     report = measure(gm, inputs, batches, chosen, mapping, names, groups, scored)
-    report.layers.sort(key=lambda s: -s.alone_float.sqnr_db)
+    report.layers = sorted((replace(s, name=role_name([shown[n] for n in s.layers]),
+                                    layers=tuple(shown[n] for n in s.layers)) for s in report.layers),
+                           key=lambda s: -s.alone_float.sqnr_db)
     return report
 
 
@@ -419,7 +459,7 @@ def _quantized_per_layer(gm: fx.GraphModule, inputs: tuple, batches: list[tuple]
 
     report = SensitivityReport(run(mapping))
     for layers in groups:
-        alone_int8 = copy.deepcopy(mapping)
+        alone_int8 = calls_apart(mapping, gm)
         for name in names:
             if name not in layers:
                 alone_int8.set_module_name(name, None)

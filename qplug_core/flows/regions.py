@@ -137,7 +137,9 @@ def resolve_qconfig(mapping: QConfigMapping, node: fx.Node, modules: dict[str, n
         if (isinstance(module, nn.Sequential) and len(module)
                 and object_type not in mapping.object_type_qconfigs):
             object_type = type(module[0])
-        path = node.meta.get(CALLED_AS, node.target)  # a shared module's copy: the path the user wrote
+        # a shared module's later call: the path the user wrote, unless a rule names this call's copy
+        # (qp.sensitivity and targets switch one call of a shared layer)
+        path = node.target if node.target in mapping.module_name_qconfigs else node.meta.get(CALLED_AS, node.target)
         parent = path.rpartition(".")[0]
         return mapping.qconfig_for_module(path, object_type, counter.next(parent, object_type))
     scope_path, scope_type = module_stack.innermost(node)

@@ -78,3 +78,32 @@ def test_one_calibration_and_two_forward_passes_per_layer(monkeypatch, plugin_au
     assert layers == 4
     # exact=True (as before): 1 + 2 x layers of each
     assert counts == {"calibrate": 1, "convert_fx": 1, "convert_to_reference_fx": 1, "score": 1 + 2 * layers}
+
+
+class _Reused(nn.Module):
+    """One linear called twice in forward: each call is a layer of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.mid = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.mid(torch.relu(self.mid(torch.relu(self.inp(x)))))
+
+
+def test_a_layer_called_twice_is_named_by_its_module_and_call_in_both_measurements(plugin_autoload):
+    """exact=True raised NothingQuantizedError (a rule for the second call's copy was not read), and
+    the report named that call ``mid_call1``, a name the model does not have."""
+    model, data = _Reused().eval(), [(torch.randn(4, 8, generator=torch.Generator().manual_seed(i)),)
+                                     for i in range(2)]
+    fast = qp.sensitivity(model, data[0], data, backend="fbgemm")
+    exact = qp.sensitivity(model, data[0], data, backend="fbgemm", exact=True)
+    names = {"inp", "mid (call 1)", "mid (call 2)"}
+    assert {s.name for s in fast.layers} == {s.name for s in exact.layers} == names
+    by_name = {s.name: s for s in exact.layers}
+    for s in fast.layers:
+        assert s.layers == (s.name,)
+        assert abs(s.alone_int8.sqnr_db - by_name[s.name].alone_int8.sqnr_db) < TOLERANCE_DB, s.name
+        assert abs(s.alone_float.sqnr_db - by_name[s.name].alone_float.sqnr_db) < TOLERANCE_DB, s.name
+    assert "'name (call k)': the k-th call of a module forward calls more than once" in str(fast)

@@ -64,11 +64,12 @@ def notify(message: str) -> None:
 def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
     """Warn at the first frame outside qplug (the core, its plugins), torch and the code torch.fx
     generates, so the warning points at the user's call: a delegated partition's warnings pass
-    through the model's generated forward, torch's module calls and dynamo's wrappers."""
+    through the model's generated forward, torch's module calls and dynamo's wrappers. The message
+    starts with ``qplug:`` (added where it does not), which users filter qplug's warnings on."""
     frame, level = sys._getframe(1), 2
     while frame.f_back is not None and _inner(frame):
         frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level)
+    warnings.warn(message if message.startswith("qplug:") else f"qplug: {message}", category, stacklevel=level)
 
 
 def _inner(frame: Any) -> bool:

@@ -45,7 +45,7 @@ from warnings import WarningMessage
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import BackendUnavailableError, QplugError, notify
+from qplug_core.errors import BackendUnavailableError, QplugError, notify, warn_user
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.kernel_check import CONTRACT_BROKEN, output_violation
 from qplug_core.flows.rounding_noise import MAX_NOISE_RATIO, rounding_noise
@@ -170,6 +170,8 @@ def _holding(held_back: Callable[[str], bool]) -> Iterator[list[warnings.Warning
 
 
 def _reissue(message: warnings.WarningMessage) -> None:
+    # not warn_user: a held warning was given once already, through it or by torch, and keeps the
+    # text and the place in the user's code it was given at
     warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
 
 
@@ -238,8 +240,8 @@ def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial],
     if not finished:
         first = bases[0]
         fallback = finish_on(snapshots[first.backend.name], get_backend("reference"), first.model)
-        warnings.warn("qplug: backend='auto': no installed backend kept the kernel contract on this "
-                      "model; it runs in reference form (see the report's auto section)", stacklevel=3)
+        warn_user("qplug: backend='auto': no installed backend kept the kernel contract on this "
+                  "model; it runs in reference form (see the report's auto section)")
         return _record(fallback, [*trials.values(), *untried], ["reference"])
     medians, dropped = measure({name: model for name, (model, _) in finished.items()}, example_inputs)
     misses = {name: _target_misses(model) for name, (model, _) in finished.items()}

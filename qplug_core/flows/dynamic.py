@@ -9,7 +9,6 @@ rounds the weights to their grid and quantizes inputs per batch with float ops.
 from __future__ import annotations
 
 import copy
-import warnings
 from typing import Any
 
 import torch
@@ -92,8 +91,11 @@ class SimulatedDynamic(ExplainedLayer, SwappedLayer):
 
     def input_fault(self, args: tuple, kwargs: dict) -> Fault | None:
         x = first_input(args, kwargs, "x")
+        data = x.data if isinstance(x, PackedSequence) else x
         features = self.module.in_features if isinstance(self.module, nn.Linear) else self.module.input_size
-        return wrong_width(x.data if isinstance(x, PackedSequence) else x, features)
+        # nn.LSTM / nn.GRU refuse another dtype in Python (ValueError), linears and cells in torch
+        dtype_error = ValueError if isinstance(self.module, nn.RNNBase) else RuntimeError
+        return wrong_dtype(data, torch.float32, dtype_error) or wrong_width(data, features)
 
     @property
     def weight(self) -> FloatWeightView:

@@ -8,7 +8,6 @@ Bias stays float, as the ops take it.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Callable
 
 import torch
@@ -19,6 +18,7 @@ from qplug_core.errors import (
     ConfigValidationError,
     ConstraintViolationError,
     InputMismatchError,
+    warn_user,
 )
 from qplug_core.kernels._common import (
     SELF_TEST_INPUT,
@@ -54,7 +54,7 @@ def fit_bias_scale(mod: nn.Module, wqp: QParams, input_qp: QParams, caps: Engine
         return wqp
     fitted, changed = fit_bias(mod, wqp, input_qp)
     if changed:
-        warnings.warn(f"{overflow_note(op, changed)} on engine {caps.engine!r}", RuntimeWarning, stacklevel=3)
+        warn_user(f"{overflow_note(op, changed)} on engine {caps.engine!r}", RuntimeWarning)
     return fitted
 
 

@@ -8,7 +8,6 @@ pattern. Assembly happens once per plugin manager (see :func:`qplug_core.registr
 from __future__ import annotations
 
 import difflib
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -26,6 +25,7 @@ from qplug_core.errors import (
     did_you_mean,
     notify,
     spelled,
+    warn_user,
 )
 from qplug_core.kernels.arithmetic import Int8Arithmetic, backend_arithmetic, engine_arithmetic
 from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY
@@ -125,11 +125,11 @@ class Backend:
                                         f"{type(config).__name__}", field="config")
         foreign = _torch_ao_twins(config, self.kernels)
         if foreign:
-            warnings.warn(
+            warn_user(
                 f"qplug: BackendConfig {config.name!r} names torch.ao's {', '.join(foreign)}: backend "
                 f"{self.name!r} keys its kernels by qplug's classes of these names (qplug_core.nn.intrinsic), "
                 "so those regions would run in reference form; use qplug's classes (and fuser methods "
-                "building them)", stacklevel=2)
+                "building them)")
         return replace(self, config=config)
 
     def require_available(self) -> Backend:
@@ -405,9 +405,8 @@ def _default_backend_name() -> str:
     if choice is not None:
         if choice.value in available:
             return choice.value
-        warnings.warn(f"plugin {choice.record.label} selected backend {choice.value!r}, which is not "
-                      f"available here ({', '.join(available)}); ignoring it",
-                      plugins.QplugPluginWarning, stacklevel=3)
+        warn_user(f"plugin {choice.record.label} selected backend {choice.value!r}, which is not "
+                  f"available here ({', '.join(available)}); ignoring it", plugins.QplugPluginWarning)
     if "reference" in available or not available:
         return "reference"
     return available[0]

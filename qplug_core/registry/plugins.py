@@ -66,6 +66,8 @@ class QplugPluginWarning(UserWarning):
 
 def warn_plugin(message: str) -> None:
     """A :class:`QplugPluginWarning`: one line on stderr (a pseudo location, no source line)."""
+    # not warn_user: a plugin skipped while plugins load is no fault of the line that loaded them
+    # (often an import), so the warning points at no line of the user's code
     warnings.warn_explicit(message, QplugPluginWarning, filename="qplug", lineno=0)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -300,10 +299,10 @@ def _make_weights_safe_here(gm: fx.GraphModule, artifact: Artifact, backend: Bac
     safer = make_safer(gm, backend.arithmetic)
     if safer is not None:
         shown = ", ".join(safer.layers[:4]) + (f" and {len(safer.layers) - 4} more" if len(safer.layers) > 4 else "")
-        warnings.warn(f"qplug: {source} was converted where int8 products accumulate in int32 (VNNI); "
-                      f"here backend {backend.name!r}'s kernels sum u8 x s8 pairs in int16, which its "
-                      f"8-bit weights can saturate: loaded with 7-bit weights in {shown}; quantize "
-                      "again on this CPU to choose the bits per layer on data", stacklevel=3)
+        warn_user(f"qplug: {source} was converted where int8 products accumulate in int32 (VNNI); "
+                  f"here backend {backend.name!r}'s kernels sum u8 x s8 pairs in int16, which its "
+                  f"8-bit weights can saturate: loaded with 7-bit weights in {shown}; quantize "
+                  "again on this CPU to choose the bits per layer on data")
 
 
 def _auto_choice(artifact: Artifact, source: Path) -> str:
@@ -318,15 +317,15 @@ def _auto_choice(artifact: Artifact, source: Path) -> str:
             missing.append(f"{name!r} ({str(exc).split(';')[0]})")
             continue
         if name != artifact.backend:
-            warnings.warn(f"qplug: {source} was quantized with backend='auto', which chose "
-                          f"{artifact.backend!r}; not available here: {', '.join(missing)}; using "
-                          f"{name!r}, the fastest of the others it measured", stacklevel=4)
+            warn_user(f"qplug: {source} was quantized with backend='auto', which chose "
+                      f"{artifact.backend!r}; not available here: {', '.join(missing)}; using "
+                      f"{name!r}, the fastest of the others it measured")
         return name
     fallback = get_backend(None).name
-    warnings.warn(f"qplug: {source} was quantized with backend='auto', which chose "
-                  f"{artifact.backend!r}; none of the backends it measured is available here "
-                  f"({', '.join(missing) or 'none recorded'}); using {fallback!r}, this machine's "
-                  "default, which was not measured for this model", stacklevel=4)
+    warn_user(f"qplug: {source} was quantized with backend='auto', which chose "
+              f"{artifact.backend!r}; none of the backends it measured is available here "
+              f"({', '.join(missing) or 'none recorded'}); using {fallback!r}, this machine's "
+              "default, which was not measured for this model")
     return fallback
 
 
@@ -350,7 +349,7 @@ def _check_plugin_versions(artifact: Artifact, chosen: Backend, source: Path) ->
                        "the original exactly)")
         else:
             continue
-        warnings.warn(f"qplug: {message}", plugins.QplugPluginWarning, stacklevel=4)
+        warn_user(message, plugins.QplugPluginWarning)
 
 
 def _valid_version(text: str | None) -> bool:

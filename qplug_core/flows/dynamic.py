@@ -37,7 +37,15 @@ from qplug_core.flows.tags import DYNAMIC_LEFT_FLOAT
 from qplug_core.ir.autocast_off import compute_in_float32
 from qplug_core.kernels.base import KernelContext, SwappedLayer, TensorArg
 from qplug_core.kernels.dynamic import unbatched_cell_call
-from qplug_core.kernels.layer_faults import ExplainedLayer, Fault, first_input, name_layers, wrong_width
+from qplug_core.kernels.layer_faults import (
+    ExplainedLayer,
+    Fault,
+    dtype_refusal,
+    first_input,
+    name_layers,
+    wrong_dtype,
+    wrong_width,
+)
 from qplug_core.kernels.per_token import PerTokenDynamicLinear, SharedInput
 from qplug_core.kernels.reference import (
     DynamicQuantize,
@@ -76,6 +84,9 @@ class SimulatedDynamic(ExplainedLayer, SwappedLayer):
         self.input_quantize = input_quantize
 
     def forward(self, x: torch.Tensor | PackedSequence, hx: Any = None) -> Any:
+        data = x.data if isinstance(x, PackedSequence) else x
+        if data.dtype is not torch.float32:  # the input quantize took any dtype; the float32 layer does not
+            raise dtype_refusal(f"simulated dynamic {type(self.module).__name__}", data, torch.float32)
         if self.input_quantize is None:
             return self.module(x) if isinstance(self.module, nn.Linear) else self.module(x, hx)
         # a PackedSequence (which nn.LSTM / nn.GRU take) keeps its batch sizes; its data is the input
@@ -328,9 +339,9 @@ def _warn_float_attention(named: dict[str, nn.Module], swaps: list) -> None:
     attention = [n for n, m in named.items() if isinstance(m, nn.MultiheadAttention)]
     if attention:
         shown = ", ".join(repr(n) for n in attention[:3]) + (" ..." if len(attention) > 3 else "")
-        warnings.warn(f"qp.quantize_dynamic: {len(attention)} nn.MultiheadAttention module(s) keep "
-                      f"float projections ({shown}): attention computes with its weights directly, "
-                      f"so no module swap reaches them; {_ATTENTION_ROUTES}", stacklevel=3)
+        warn_user(f"qp.quantize_dynamic: {len(attention)} nn.MultiheadAttention module(s) keep "
+                  f"float projections ({shown}): attention computes with its weights directly, "
+                  f"so no module swap reaches them; {_ATTENTION_ROUTES}")
 
 
 def _warn_float_tables(named: dict[str, nn.Module]) -> None:

@@ -32,6 +32,7 @@ from qplug_core.kernels.capabilities import engine_capabilities
 from qplug_core.kernels.layer_faults import (
     ExplainedLayer,
     Fault,
+    dtype_refusal,
     first_input,
     wrong_dtype,
     wrong_rank,
@@ -61,8 +62,7 @@ def _check_kernel_input(x: torch.Tensor, kernel: str) -> None:
     list, get here; a linear's own packed attribute fails in torch before the forward runs)."""
     refuse_export(f"the dynamic int8 layer {kernel}", (x,))
     if x.dtype is not torch.float32:
-        raise InputMismatchError(f"int8 {kernel} takes float32 inputs, got {str(x.dtype).removeprefix('torch.')} "
-                                 f"of shape {tuple(x.shape)}: pass it .float()")
+        raise dtype_refusal(f"int8 {kernel}", x, torch.float32)
     refuse_nonfinite_input(x, f"int8 {kernel}", x.detach().sum())
 
 

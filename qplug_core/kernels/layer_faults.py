@@ -14,15 +14,15 @@ the float layer raises for that fault. An error no fault explains is raised as i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from qplug_core.errors import InputMismatchError, QplugError, first_line, input_mismatch
 
-__all__ = ["ExplainedLayer", "Fault", "first_input", "ids_outside", "name_layers", "wrong_dtype", "wrong_rank",
-           "wrong_width"]
+__all__ = ["ExplainedLayer", "Fault", "dtype_refusal", "explained_error", "first_input", "ids_outside", "name_layers",
+           "not_ids", "wrong_dtype", "wrong_rank", "wrong_width"]
 
 #: (the builtin error type the float layer raises for the fault, what is wrong with the input)
 Fault = tuple[type[Exception], str]
@@ -48,25 +48,38 @@ class ExplainedLayer(nn.Module):
         return None
 
     def _explained(self, args: tuple, kwargs: dict, error: Exception) -> InputMismatchError | None:
-        own = isinstance(error, InputMismatchError)  # the kernel's own refusal of the input
-        if (isinstance(error, QplugError) and not own) or getattr(error, "layer", None) is not None:
-            return None  # qplug refusing something else (a cast model, a trace), or a layer inside explained it
-        try:
-            fault = self.input_fault(args, kwargs)
-        except Exception:  # noqa: BLE001 - an explanation that fails hides nothing: the error stands
-            fault = None
-        label = f"layer {self.layer_name!r} ({type(self).__name__})" if self.layer_name else type(self).__name__
-        if own:  # its words stand, with the layer's name (and the float layer's type where it fails too)
-            message = f"{label}: {error}"
-            instead = input_mismatch(message, fault[0]) if fault else InputMismatchError(message)
-        elif fault is None:
-            return None
-        else:
-            builtin, why = fault
-            instead = input_mismatch(f"{label} {why} (it raised {type(error).__name__}: "
-                                     f"{first_line(error)[:200]})", builtin)
-        instead.layer = self.layer_name or type(self).__name__  # type: ignore[attr-defined]
-        return instead
+        return explained_error(self, self.layer_name, error, lambda: self.input_fault(args, kwargs))
+
+
+def explained_error(layer: nn.Module, name: str | None, error: Exception, fault: Callable[[], Fault | None]
+                    ) -> InputMismatchError | None:
+    """The error ``layer`` (called ``name`` in its model) raises instead of ``error``, given what is
+    wrong with the call's inputs (``fault()``), or None to raise ``error`` as it is."""
+    own = isinstance(error, InputMismatchError)  # the kernel's own refusal of the input
+    if (isinstance(error, QplugError) and not own) or getattr(error, "layer", None) is not None:
+        return None  # qplug refusing something else (a cast model, a trace), or a layer inside explained it
+    try:
+        found = fault()
+    except Exception:  # noqa: BLE001 - an explanation that fails hides nothing: the error stands
+        found = None
+    label = f"layer {name!r} ({type(layer).__name__})" if name else type(layer).__name__
+    if own:  # its words stand, with the layer's name (and the float layer's type where it fails too)
+        message = f"{label}: {error}"
+        instead = input_mismatch(message, found[0] if found else _builtin_of(error))
+    elif found is None:
+        return None
+    else:
+        builtin, why = found
+        instead = input_mismatch(f"{label} {why} (it raised {type(error).__name__}: "
+                                 f"{first_line(error)[:200]})", builtin)
+    instead.layer = name or type(layer).__name__  # type: ignore[attr-defined]
+    return instead
+
+
+def _builtin_of(error: Exception) -> type[Exception]:
+    """The builtin error type ``error`` also is (:func:`input_mismatch`), else its own type."""
+    return next((c for c in type(error).__mro__ if c.__module__ == "builtins" and c is not Exception
+                 and issubclass(c, Exception)), type(error))
 
 
 def name_layers(model: nn.Module) -> None:
@@ -107,6 +120,23 @@ def wrong_dtype(x: Any, dtype: torch.dtype, builtin: type[Exception] = RuntimeEr
     wanted = str(dtype).removeprefix("torch.")
     return builtin, (f"takes {wanted} inputs, got {str(x.dtype).removeprefix('torch.')} of shape "
                      f"{_shape(x)}: pass it .to(torch.{wanted}), as the float model takes it")
+
+
+def dtype_refusal(kernel: str, x: torch.Tensor, dtype: torch.dtype) -> InputMismatchError:
+    """The refusal of ``x`` (not of ``dtype``) by ``kernel``, which computes for ``dtype`` only, as the
+    float layer it replaced takes only that one: raise it after comparing dtypes, all a fitting call
+    pays (its layer adds its name and the float layer's error type, :class:`ExplainedLayer`)."""
+    fault = wrong_dtype(x, dtype)
+    return InputMismatchError(f"{kernel} {fault[1] if fault else ''}")
+
+
+def not_ids(ids: Any) -> Fault | None:
+    """The fault of a tensor not of int64 or int32 ids, which torch's embeddings refuse with a
+    RuntimeError (None if it is of those)."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype in (torch.int64, torch.int32):
+        return None
+    return RuntimeError, (f"takes int64 or int32 ids, got {str(ids.dtype).removeprefix('torch.')} of shape "
+                          f"{_shape(ids)}: pass token ids, as the float model takes them")
 
 
 def ids_outside(ids: Any, rows: int, builtin: type[Exception]) -> Fault | None:

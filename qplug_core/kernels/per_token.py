@@ -36,7 +36,14 @@ from qplug_core.kernels.arithmetic import Int8Arithmetic, pair_sums_saturate, sa
 from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.cpu import CpuInt8, cpu_int8
 from qplug_core.kernels.decode_threads import run_with_fastest_threads
-from qplug_core.kernels.layer_faults import ExplainedLayer, Fault, first_input, wrong_width
+from qplug_core.kernels.layer_faults import (
+    ExplainedLayer,
+    Fault,
+    dtype_refusal,
+    first_input,
+    wrong_dtype,
+    wrong_width,
+)
 from qplug_core.kernels.weight_view import FloatWeightView
 
 __all__ = ["PER_TOKEN_LAYERS", "QMAX", "PerTokenDynamicLinear", "SharedInput", "best_gemm", "onednn_is_exact",
@@ -383,7 +390,8 @@ class PerTokenDynamicLinear(ExplainedLayer, SwappedLayer):
         return cls(weight, scale, linear.bias, simulate=simulate, shared=shared, gemm=gemm)
 
     def input_fault(self, args: tuple, kwargs: dict) -> Fault | None:
-        return wrong_width(first_input(args, kwargs, "x"), self.in_features)  # other float dtypes it takes
+        x = first_input(args, kwargs, "x")
+        return wrong_dtype(x, torch.float32) or wrong_width(x, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_tracing() or torch.compiler.is_compiling():
@@ -397,8 +405,8 @@ class PerTokenDynamicLinear(ExplainedLayer, SwappedLayer):
             raise ModelStateError(f"this int8 model was cast to {self.weight_scale.dtype} after quantizing: its "
                                   "int8 linears compute in float32 and take float32 scales; quantize the float32 "
                                   "model again and keep it float32")
-        if x.dtype != torch.float32:
-            x = x.float()
+        if x.dtype is not torch.float32:  # as the float32 nn.Linear it replaced, which computed in float32
+            raise dtype_refusal("int8 per-token linear", x, torch.float32)
         if self._token_path and x.numel() == self.in_features:
             return self._one_token(x)
         unsigned = not self.simulate and self.gemm == "onednn"

@@ -215,6 +215,8 @@ def choose_kernels(model: nn.Module, info: WeightOnlyInfo | None, groups: list[t
             changed.update(dict.fromkeys(names, reused))
         return choose(weight, kernels, dtype, forced=forced)
 
+    for name, dtype in dtypes.items():
+        modules[name].activation_dtype = dtype
     joined, refused = fuse(model, groups, dtypes, pick)
     chosen: list[tuple[list[str], Choice | None]] = [(list(names), measured) for names, measured in joined]
     for name, dtype in dtypes.items():

@@ -22,7 +22,16 @@ from qplug_core.ir.tracing import refuse_tracing
 from qplug_core.kernels.base import SwappedLayer
 from qplug_core.kernels.decode_threads import run_within_budget
 from qplug_core.kernels.embedding import bag_lookup, fused_rows
-from qplug_core.kernels.layer_faults import ExplainedLayer, Fault, first_input, ids_outside, wrong_width
+from qplug_core.kernels.layer_faults import (
+    ExplainedLayer,
+    Fault,
+    dtype_refusal,
+    first_input,
+    ids_outside,
+    not_ids,
+    wrong_dtype,
+    wrong_width,
+)
 from qplug_core.kernels.per_token import version_counter
 from qplug_core.kernels.weight_only import ReferenceKernel, WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme, unpack
@@ -115,7 +124,15 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
         :class:`~qplug_core.weight_only.fusion.FusedLinears`); the layer's own packed weight goes."""
         self.kernel, self.packing, self.fused = group.kernel, DerivedPacking(), (group, index)
 
+    #: the dtype its float layer computed in, the only one that layer took (set with its kernel:
+    #: :func:`~qplug_core.weight_only.api.choose_kernels`); None: not known, not checked
+    activation_dtype: torch.dtype | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dtype is not self.activation_dtype and self.activation_dtype is not None
+                and not torch.is_autocast_enabled("cpu")):  # under autocast the float layer takes it too
+            # kernels cast (ONNX Runtime's to float32) or compute in the input's dtype (the reference)
+            raise dtype_refusal(f"weight-only kernel {self.kernel.name!r}", x, self.activation_dtype)
         if self.kernel.runs_outside_torch and (torch.jit.is_tracing() or torch.compiler.is_exporting()):
             # before packing, which builds the runtime's copy from the (fake, under export) weights
             refuse_tracing(f"weight-only kernel {self.kernel.name}", (x,))
@@ -127,6 +144,9 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
 
     def input_fault(self, args: tuple, kwargs: dict) -> Fault | None:
         x = first_input(args, kwargs, "x")
+        if self.activation_dtype is not None and not torch.is_autocast_enabled("cpu") \
+                and wrong_dtype(x, self.activation_dtype):
+            return wrong_dtype(x, self.activation_dtype)
         fault = wrong_width(x, self.in_features)
         if fault is None and isinstance(x, torch.Tensor):
             reason = self.kernel.supports(self.scheme, self._shape(), x.dtype)
@@ -196,7 +216,8 @@ class WeightOnlyEmbedding(_QuantizedWeightHolder):
     _OUTSIDE: type[Exception] = IndexError
 
     def input_fault(self, args: tuple, kwargs: dict) -> Fault | None:
-        return ids_outside(first_input(args, kwargs, "ids"), self.num_embeddings, self._OUTSIDE)
+        ids = first_input(args, kwargs, "ids")
+        return not_ids(ids) or ids_outside(ids, self.num_embeddings, self._OUTSIDE)
 
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, bits={self.scheme.bits}, "

@@ -60,7 +60,7 @@ class MatMulNBitsKernel(WeightOnlyKernel):
         # ~0.03 ms of ORT for a 1024 x 1024 layer at decode: every microsecond around it counts
         if x.requires_grad:
             x = x.detach()
-        if x.dtype != torch.float32:
+        if x.dtype != torch.float32:  # the caller's autocast (its layer refuses other dtypes otherwise)
             x = x.float()
         y = torch.from_numpy(packed.runner()(_OUTPUTS, {"A": x.contiguous().numpy()})[0])
         return y if bias is None else y + bias

@@ -7,6 +7,8 @@ Runtime's messages naming no layer, and qplug's own refusals escaped ``except Ru
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -120,3 +122,46 @@ def test_the_error_crosses_to_a_process_that_never_made_its_class(float_net):
     done = subprocess.run([sys.executable, "-c", read, str(error)], input=pickle.dumps(error),
                           capture_output=True, check=True)
     assert done.stdout.decode().split() == ["True", "True", "enc.0", "True"], done.stderr.decode()[-500:]
+
+
+@pytest.fixture(scope="module")
+def other_dtype_takers(float_net) -> dict[str, Net]:
+    """The layers that took inputs of another dtype than float32 (per-token and reference dynamic
+    computed in float32, weight-only on ONNX Runtime cast to float32, its reference kernel computed
+    in the input's dtype) where the float model refuses them."""
+    return {"per-token": qp.quantize_dynamic(float_net, backend="fbgemm", per_token=True),
+            "reference dynamic": qp.quantize_dynamic(float_net, backend="reference"),
+            **{f"weight-only {kernel}": qp.quantize_weights(float_net, bits=4, kernel=kernel)
+               for kernel in ("reference", "onnxruntime-matmulnbits")}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16, torch.int64])
+def test_an_input_of_another_dtype_is_refused_naming_the_layer_as_the_float_one_refuses_it(
+        float_net, other_dtype_takers, dtype):
+    x = torch.randn(2, 16).to(dtype)
+    says = f"takes float32 inputs, got {str(dtype).removeprefix('torch.')} of shape (2, 16)"
+    for int8 in other_dtype_takers.values():
+        _check(lambda: float_net.enc(x), lambda: int8.enc(x), "enc.0", says)  # RuntimeError
+    sequence = torch.randn(2, 5, 16).to(dtype)
+    int8 = other_dtype_takers["reference dynamic"]
+    _check(lambda: float_net.lstm(sequence), lambda: int8.lstm(sequence), "lstm", "takes float32 inputs")  # ValueError
+
+
+def test_a_weight_only_layer_takes_the_dtype_its_float_layer_computed_in(float_net):
+    """A bfloat16 model's layers take bfloat16 and refuse float32; under autocast the float layer
+    takes another dtype, and so do they."""
+    bf16 = qp.quantize_weights(copy.deepcopy(float_net).bfloat16(), bits=4, kernel="reference")
+    assert bf16.enc(torch.randn(2, 16).bfloat16()).dtype == torch.bfloat16
+    x = torch.randn(2, 16)
+    _check(lambda: copy.deepcopy(float_net).bfloat16().enc(x), lambda: bf16.enc(x), "enc.0",
+           "takes bfloat16 inputs, got float32")
+    int4 = qp.quantize_weights(float_net, bits=4, kernel="onnxruntime-matmulnbits")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert int4.enc(torch.randn(2, 16).bfloat16()).shape == (2, 16)
+
+
+def test_ids_of_a_float_dtype_name_the_weight_only_table_as_the_float_table_refuses_them(float_net):
+    int8 = qp.quantize_weights(float_net, bits=4, embeddings=True, kernel="reference")
+    ids = torch.tensor([[1.0, 2.0]])
+    _check(lambda: float_net.emb(ids), lambda: int8.emb(ids), "emb", "takes int64 or int32 ids, got float32")
+    _check(lambda: float_net.bag(ids), lambda: int8.bag(ids), "bag", "takes int64 or int32 ids, got float32")

@@ -25,6 +25,7 @@ from torch import nn
 
 from qplug_core.config import QConfig
 from qplug_core.config.qconfig import remove_qconfig_attributes
+from qplug_core.eager.failed_layers import name_failures
 from qplug_core.eager.float_modules import guard_float_modules
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
 from qplug_core.eager.input_observers import INPUT_OBSERVER, observe_input, without_input_observer
@@ -43,6 +44,7 @@ from qplug_core.flows.tags import EAGER_CONVERTED, EAGER_INPUT_REQUANTIZED, EAGE
 from qplug_core.flows.untrained import unwatch
 from qplug_core.kernels._common import activation_qparams
 from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
+from qplug_core.kernels.layer_faults import dtype_refusal
 from qplug_core.kernels.passthrough import unsupported_passthrough_ops
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.nn.computed_weights import without_computed_weights
@@ -61,6 +63,8 @@ class SimulatedOutput(nn.Module):
         self.dequantize = Dequantize(qparams)
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.module is None and args[0].dtype is not torch.float32:  # a stub: as the int8 quantize kernels
+            raise dtype_refusal("quantize (reference form)", args[0], torch.float32)
         y = self.module(*args, **kwargs) if self.module is not None else args[0]
         return self.dequantize(self.quantize(y))
 
@@ -288,6 +292,7 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     if chosen.kernels:  # guarded first: the check's run names a float layer an int8 tensor reaches
         guard_float_modules(model, chosen.name)
         check_kernels(model, swaps, example, chosen, converter.in_reference_form)
+    name_failures(model, {swap.name for swap in swaps})  # the modules in place after the check
     delattr(model, EAGER_STATE)
     setattr(model, EAGER_CONVERTED, chosen.name)  # qp.save says what to do instead of saving it
     remove_qconfig_attributes(model)

@@ -132,6 +132,7 @@ class WeightOnlyLinear(_QuantizedWeightHolder):
         if (x.dtype is not self.activation_dtype and self.activation_dtype is not None
                 and not torch.is_autocast_enabled("cpu")):  # under autocast the float layer takes it too
             # kernels cast (ONNX Runtime's to float32) or compute in the input's dtype (the reference)
+            self.quantized_weight()  # but a model cast after quantizing says that first (ModelStateError)
             raise dtype_refusal(f"weight-only kernel {self.kernel.name!r}", x, self.activation_dtype)
         if self.kernel.runs_outside_torch and (torch.jit.is_tracing() or torch.compiler.is_exporting()):
             # before packing, which builds the runtime's copy from the (fake, under export) weights

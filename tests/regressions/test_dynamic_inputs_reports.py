@@ -143,7 +143,7 @@ def test_a_dynamic_linear_takes_one_vector_as_nn_linear_does(engine):
     (torch.randn(2, 17), r"int8 DynamicLinear takes inputs with 16 features \(last dimension\), got shape \(2, 17\)"),
     (torch.randn(()), r"int8 DynamicLinear takes inputs with 16 features \(last dimension\), got shape \(\)"),
     (torch.randn(2, 16).double(), r"int8 DynamicLinear takes float32 inputs, got float64 of shape \(2, 16\): "
-                                  r"pass it .float\(\)"),
+                                  r"pass it .to\(torch.float32\)"),
 ])
 def test_an_input_the_float_linear_refuses_is_refused_by_name_and_shape(engine, x, says):
     """qnnpack answered a 17-feature input to a 16-feature linear; the others were raw kernel errors."""

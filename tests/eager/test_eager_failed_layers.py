@@ -74,4 +74,4 @@ def test_a_wrong_shape_names_the_int8_layer_and_copies_keep_naming_it(converted)
     copied = copy.deepcopy(int8)
     with pytest.raises(InputMismatchError, match=r"^layer 'fc' \(.*\): int8 Linear takes inputs with 144 features"):
         copied(torch.randn(2, 3, 9, 9))
-    torch.testing.assert_close(copy.deepcopy(int8)(torch.ones(1, 3, 8, 8)), int8(torch.ones(1, 3, 8, 8)))
+    assert torch.equal(copied(torch.ones(1, 3, 8, 8)), int8(torch.ones(1, 3, 8, 8)))  # (assert_close imports 4 s)

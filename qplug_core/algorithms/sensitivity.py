@@ -437,15 +437,28 @@ def _switched_per_layer(gm: fx.GraphModule, inputs: tuple, batches: list[tuple],
         calibrated.meta[WEIGHT_BITS_REUSE] = all_int8.meta[WEIGHT_BITS_DECIDED]
     del all_int8
     int8_form = convert_to_reference_fx(calibrated, inplace=True)
-    float_side, to_int8 = with_switches(gm, int8_form, gm, names, int8=False)
+    alone = alone_int8_scores(gm, int8_form, names, groups, scored)
     int8_side, to_float = with_switches(int8_form, int8_form, gm, names, int8=True)
-    for layers in groups:
-        with flipped([s for name in layers for s in to_int8.get(name, [])]):
-            alone_int8 = scored(float_side)
+    for layers, alone_int8 in zip(groups, alone):
         with flipped([s for name in layers for s in to_float.get(name, [])]):
             alone_float = scored(int8_side)
         report.layers.append(LayerSensitivity(role_name(layers), tuple(layers), alone_int8, alone_float))
     return report
+
+
+def alone_int8_scores(gm: fx.GraphModule, int8_form: fx.GraphModule, names: list[str],
+                      groups: list[list[str]], scored: Any) -> list[OutputScore]:
+    """The score of the fused float graph ``gm`` with each group alone int8 (its grids and rounded
+    weights from ``int8_form``, the reference form of the calibrated model): one pass over the
+    data per group, which sees what a local error cannot, how much later layers amplify it."""
+    from qplug_core.algorithms.layer_switches import flipped, with_switches
+
+    float_side, to_int8 = with_switches(gm, int8_form, gm, names, int8=False)
+    scores = []
+    for layers in groups:
+        with flipped([s for name in layers for s in to_int8.get(name, [])]):
+            scores.append(scored(float_side))
+    return scores
 
 
 def _quantized_per_layer(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend: Any,

@@ -33,6 +33,7 @@ from qplug_core.algorithms.layer_errors import LayerError, layer_errors
 from qplug_core.algorithms.sensitivity import (
     GROUPS,
     OutputScore,
+    alone_int8_scores,
     check_metric,
     group_layers,
     is_embedding_output,
@@ -311,6 +312,10 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         taken = search.take_out()
         if not result.met and len(taken) == len(layers):
             search.escalate(taken)
+        if search.best.out_of_static == len(layers) or not result.met:
+            def scored(m: nn.Module) -> OutputScore:
+                return score(m, evaluation, reference, None, masks, embedding=embedding)
+            search.take_out_in_order(_alone_int8_cosines(gm, calibrated, all_int8, layers, scored))
     best = search.best
     qmodel, result.final, final_mapping, result.decisions = best.qmodel, best.score, best.mapping, best.decisions
     result.quantizations = count
@@ -366,11 +371,14 @@ class _Search:
                         f"local static int8 error {self.group_static(sub):.2e}; as {rung}: "
                         f"{_group_error([self.by_name[n] for n in sub], rung):.2e}{why}")
 
-    def _try(self, taken: dict[str, str], decisions: list[Decision]) -> None:
+    def _try(self, taken: dict[str, str], decisions: list[Decision]) -> bool:
+        """Convert and score one try, keep it if it is the best so far; whether it met the target."""
         qmodel, final, mapping = self.run(taken)
-        self.result.met = not self.target.misses(final)
+        met = not self.target.misses(final)
         self.best = self.best.or_better(_Try(qmodel, final, mapping, decisions, len(taken),
-                                             self.target.shortfall(final)), self.result.met)
+                                             self.target.shortfall(final)))
+        self.result.met = self.result.met or met
+        return met
 
     def take_out(self) -> dict[str, str]:
         """Take the worst 1, 2, 4, ... groups out of static int8 until the target is met; the
@@ -379,8 +387,6 @@ class _Search:
         worse = sum(1 for g in ranked if self.group_static(g) > median)
         taken: dict[str, str] = {}
         for k in _sizes(worse, len(ranked)):
-            if self.result.met:
-                break
             out = ranked[:k]
             gone = {n for g in out for n in g}
             # a fallback must leave a layer no worse than the worst one staying in static int8;
@@ -398,8 +404,9 @@ class _Search:
             self.furthest = len(taken)
             bar = (f"worst layer left in static int8: {staying:.2e}" if staying is not None
                    else f"no layer left in static int8; median layer {median:.2e}")
-            self._try(taken, [self.decision(sub, rung, f" ({bar})")
-                              for g in out for rung, sub in _by_rung(g, taken)])
+            if self._try(taken, [self.decision(sub, rung, f" ({bar})")
+                                 for g in out for rung, sub in _by_rung(g, taken)]):
+                break
         return taken
 
     def escalate(self, taken: dict[str, str]) -> None:
@@ -410,12 +417,36 @@ class _Search:
                       key=lambda n: -self.by_name[n].errors.get(taken[n], 0.0))
         for k in (k for k in _sizes(len(rest), len(rest)) if k < len(rest)):
             escalated = {**taken, **{n: "float" for n in rest[:k]}}
-            self._try(escalated, [self.decision(sub, rung, "" if before == rung else (
-                f"; float once every layer was out of static int8 and the target still missed "
-                f"(as {before}: {_group_error([self.by_name[n] for n in sub], before):.2e})"))
-                for g in self.ranked for (rung, before), sub in _by_rung(g, escalated, taken)])
-            if self.result.met:
+            if self._try(escalated, [self.decision(sub, rung, "" if before == rung else (
+                    f"; float once every layer was out of static int8 and the target still missed "
+                    f"(as {before}: {_group_error([self.by_name[n] for n in sub], before):.2e})"))
+                    for g in self.ranked for (rung, before), sub in _by_rung(g, escalated, taken)]):
                 break
+
+    def take_out_in_order(self, cosines: dict[str, float]) -> None:
+        """The search again when the local errors ended with every layer out of static int8 (or
+        still missing): the layers ranked by the output's cosine with each alone static int8,
+        lowest first, and the first k of them float, k from where those cosines' losses, added,
+        predict the target's cosine, then galloping to the fewest that meet it (short of all:
+        that is the float model). Local errors do not see amplification: SwinV2's patch embedding
+        has a local error like any other layer's but costs the output more than the whole target
+        allows, and its first stage's layers 5x what its second's do."""
+        order = sorted(self.layers, key=lambda n: cosines[n])
+        losses = [1.0 - cosines[n] for n in order]
+        want = self.target.cosine
+        last = len(order) - 1
+        first = next((k for k in range(1, last) if want is None or 1.0 - sum(losses[k:]) >= want), last)
+        missed, met, k, step = 0, last + 1, first, 1
+        while met - missed > 1:
+            out = order[:k]
+            if self._try(dict.fromkeys(out, "float"), [self.decision(
+                    [n], "float", f" (output cosine {cosines[n]:.5f} with it alone static int8)") for n in out]):
+                met, k = k, k - step
+            else:
+                missed, k = k, k + step
+            step *= 2
+            if not missed < k < met:
+                k = (missed + met) // 2
 
 
 @dataclass
@@ -429,13 +460,27 @@ class _Try:
     out_of_static: int  # layers out of static int8: fewer run faster
     shortfall: tuple[int, float]
 
-    def or_better(self, other: _Try, met: bool) -> _Try:
-        """``other`` if it met the target or comes closer to it than this one, or as close with
-        fewer layers out of static int8; else this one (the best model found is returned when
-        the target is missed)."""
-        if met or (other.shortfall, other.out_of_static) < (self.shortfall, self.out_of_static):
+    def or_better(self, other: _Try) -> _Try:
+        """``other`` if it comes closer to the target than this one (a try that meets it is as
+        close as can be), or as close with fewer layers out of static int8; else this one (the
+        best model found is returned when the target is missed)."""
+        if (other.shortfall, other.out_of_static) < (self.shortfall, self.out_of_static):
             return other
         return self
+
+
+def _alone_int8_cosines(gm: fx.GraphModule, calibrated: fx.GraphModule, all_int8: fx.GraphModule,
+                        layers: list[str], scored: Callable[[nn.Module], OutputScore]) -> dict[str, float]:
+    """layer -> the output cosine of the float model with that layer alone static int8 (on the
+    weight bits convert chose): one pass over the data per layer (:mod:`.layer_switches`)."""
+    from qplug_core.flows.steps import convert_to_reference_fx
+
+    if WEIGHT_BITS_DECIDED in all_int8.meta:
+        calibrated.meta[WEIGHT_BITS_REUSE] = all_int8.meta[WEIGHT_BITS_DECIDED]
+    int8_form = convert_to_reference_fx(calibrated)
+    calibrated.meta.pop(WEIGHT_BITS_REUSE, None)
+    scores = alone_int8_scores(gm, int8_form, layers, [[n] for n in layers], scored)
+    return {n: s.cosine_mean for n, s in zip(layers, scores)}
 
 
 def _sizes(first: int, total: int) -> list[int]:

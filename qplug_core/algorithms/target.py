@@ -312,10 +312,11 @@ def meet_target(gm: fx.GraphModule, inputs: tuple, batches: list[tuple], backend
         taken = search.take_out()
         if not result.met and len(taken) == len(layers):
             search.escalate(taken)
-        if search.best.out_of_static == len(layers) or not result.met:
+        if target.cosine is not None and (search.best.out_of_static == len(layers) or not result.met):
             def scored(m: nn.Module) -> OutputScore:
                 return score(m, evaluation, reference, None, masks, embedding=embedding)
-            search.take_out_in_order(_alone_int8_cosines(gm, calibrated, all_int8, layers, scored))
+            search.take_out_in_order(_alone_int8_cosines(gm, calibrated, all_int8, layers, scored),
+                                     target.cosine)
     best = search.best
     qmodel, result.final, final_mapping, result.decisions = best.qmodel, best.score, best.mapping, best.decisions
     result.quantizations = count
@@ -423,19 +424,18 @@ class _Search:
                     for g in self.ranked for (rung, before), sub in _by_rung(g, escalated, taken)]):
                 break
 
-    def take_out_in_order(self, cosines: dict[str, float]) -> None:
+    def take_out_in_order(self, cosines: dict[str, float], want: float) -> None:
         """The search again when the local errors ended with every layer out of static int8 (or
-        still missing): the layers ranked by the output's cosine with each alone static int8,
-        lowest first, and the first k of them float, k from where those cosines' losses, added,
-        predict the target's cosine, then galloping to the fewest that meet it (short of all:
-        that is the float model). Local errors do not see amplification: SwinV2's patch embedding
-        has a local error like any other layer's but costs the output more than the whole target
-        allows, and its first stage's layers 5x what its second's do."""
+        still missing), for a target with a cosine ``want``: the layers ranked by the output's
+        cosine with each alone static int8, lowest first, and the first k of them float, k from
+        where those cosines' losses, added, predict ``want``, then galloping to the fewest that
+        meet it (short of all: that is the float model). Local errors do not see amplification:
+        SwinV2's patch embedding has a local error like any other layer's but costs the output
+        more than the whole target allows, and its first stage's layers 5x what its second's do."""
         order = sorted(self.layers, key=lambda n: cosines[n])
         losses = [1.0 - cosines[n] for n in order]
-        want = self.target.cosine
         last = len(order) - 1
-        first = next((k for k in range(1, last) if want is None or 1.0 - sum(losses[k:]) >= want), last)
+        first = next((k for k in range(1, last) if 1.0 - sum(losses[k:]) >= want), last)
         missed, met, k, step = 0, last + 1, first, 1
         while met - missed > 1:
             out = order[:k]

@@ -6,7 +6,9 @@ model over the evaluation data measures every weighted layer's local error under
 under each fallback (:mod:`.layer_errors`, using the calibrated observers), layers (or role groups,
 see :mod:`.sensitivity`) are ranked by that error, and the worst 1, 2, 4, ... groups are taken out
 until the converted model meets the target. Each try reuses the calibrated observers
-(:mod:`.reuse`): prepare and convert, no calibration.
+(:mod:`.reuse`): prepare and convert, no calibration. For a cosine target, a search that ends
+with every layer out (or missing) runs again ranked by the output's cosine with each layer alone
+static int8 (:mod:`.layer_switches`, one pass per layer), which sees what later layers amplify.
 
 "Taken out" means the first rung of this CPU's fallback ladder (:mod:`.fallbacks`: per-token
 dynamic where its int8 GEMM is fast, per-tensor dynamic, float) whose local error is as small as a

@@ -69,8 +69,9 @@ def holdings(qmodel: torch.nn.Module) -> dict[str, float]:
             int8_bytes += size
     compiled = [m for m in qmodel.modules() if isinstance(m, CompiledPartition)]
     return {"float tensors": float_bytes / MIB, "int8 tensors": int8_bytes / MIB,
-            # kept by trees before the reference forms were held in int8 (``--before``-style runs)
-            "onnx bytes": sum(len(s) for m in compiled for s in vars(m).get("_sources", {}).values()) / MIB,
+            # the sources kept in memory (a large one is kept in a temporary file instead)
+            "onnx bytes": sum(len(s) for m in compiled for s in vars(m).get("_sources", {}).values()
+                              if isinstance(s, bytes)) / MIB,
             "compiled": sum(len(m.compiled) for m in compiled)}
 
 

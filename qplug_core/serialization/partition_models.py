@@ -40,17 +40,20 @@ Signature = tuple[tuple[torch.Size, torch.dtype], ...]
 
 def record(model: dict[str, Any], tensors: dict[str, torch.Tensor], qmodel: nn.Module
            ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """``model`` and ``tensors`` with the ONNX models of ``qmodel``'s compiled partitions (each
-    one serialized again for the signatures it was compiled for: the runtime keeps none); a
-    partition too large for one protobuf message (a file with external data) is left out."""
+    """``model`` and ``tensors`` with the ONNX models of ``qmodel``'s compiled partitions (the
+    sources each kept for the signatures it was compiled for: no export); a partition too large
+    for one protobuf message (a file with external data) is left out."""
+    from qplug_core.onnx_export.partition_source import whole_model  # at save only: ~0.14 s to import
+
     entries, table, tensors = {}, dict(model["tensors"]), dict(tensors)
     for name, module in qmodel.named_children():
         compiled = runs(module)
         if not isinstance(compiled, CompiledPartition):
             continue
         models = []
-        for i, (signature, source) in enumerate(zip(compiled.signatures, compiled.sources)):
-            if not isinstance(source, bytes):
+        for i, (signature, kept) in enumerate(zip(compiled.signatures, compiled.sources)):
+            source = whole_model(kept)
+            if source is None:
                 continue
             key = f"{_PREFIX}{name}/{i}"
             tensors[key] = torch.frombuffer(bytearray(source), dtype=torch.uint8)

@@ -1,15 +1,20 @@
-"""CompiledPartition's serialized models and deep copies: ``sources`` serializes an item only when
-it is read (it re-exported every signature at each read), and a deep copy runs the models
-already compiled (it exported and compiled each signature again)."""
+"""CompiledPartition's serialized models and deep copies: each compiled model's source is kept
+beside it (a rebuild and ``qp.save`` exported every signature again), a large one in a temporary
+file, and a deep copy runs the models already compiled, from the same sources (it exported and
+compiled each signature again)."""
 
 from __future__ import annotations
 
 import copy
+import gc
+import os
 
 import pytest
 import torch
 from torch import fx, nn
 
+from qplug_core.onnx_export.partition_source import OnnxFile, whole_model
+from qplug_core.partition import compiled as compiled_module
 from qplug_core.partition.compiled import CompiledPartition
 
 
@@ -45,14 +50,33 @@ def _compiled_twice() -> tuple[Runtime, Counting]:
     return partition, serialize
 
 
-def test_sources_serialize_an_item_at_its_first_read_only():
+def test_recompile_builds_the_kept_sources_again_without_serializing():
     partition, serialize = _compiled_twice()
-    sources = partition.sources
-    assert len(sources) == 2 and serialize.calls == []
-    assert sources[1] == sources[-1] == b"((3, 4),)"
-    assert serialize.calls == [((3, 4),)]  # read three times, serialized once
-    assert list(sources) == [b"((2, 4),)", b"((3, 4),)"]
-    assert serialize.calls == [((3, 4),), ((2, 4),)]
+    built = partition.compiled
+    assert partition.sources == [b"((2, 4),)", b"((3, 4),)"]
+    partition.recompile()  # e.g. after new settings
+    assert serialize.calls == []
+    assert [c["source"] for c in partition.compiled] == [b"((2, 4),)", b"((3, 4),)"]
+    assert not any(a is b for a, b in zip(partition.compiled, built, strict=True))
+
+
+def test_a_large_source_is_kept_in_a_file_removed_with_the_last_partition_holding_it(monkeypatch):
+    monkeypatch.setattr(compiled_module, "SOURCE_BYTES_IN_MEMORY", 8)
+    partition, serialize = _compiled_twice()
+    kept = partition.sources
+    assert all(isinstance(source, OnnxFile) for source in kept)
+    assert [c["source"] for c in partition.compiled] == kept  # built from the file, not from bytes
+    assert [whole_model(source) for source in kept] == [b"((2, 4),)", b"((3, 4),)"]
+    clone = copy.deepcopy(partition)
+    assert all(a is b for a, b in zip(clone.sources, kept, strict=True))
+    directory = os.path.dirname(kept[0])
+    del partition, kept
+    gc.collect()
+    assert os.path.isdir(directory)  # the copy holds it
+    del clone
+    gc.collect()
+    assert not os.path.exists(directory)
+    assert serialize.calls == []
 
 
 def test_a_deep_copy_runs_the_same_compiled_models_and_recompiles_on_its_own():
@@ -64,8 +88,9 @@ def test_a_deep_copy_runs_the_same_compiled_models_and_recompiles_on_its_own():
     x = torch.randn(2, 4)
     assert torch.equal(clone(x), partition(x))
     assert clone.form is not partition.form
-    clone.recompile()  # e.g. after new settings: the copy's models only
-    assert sorted(serialize.calls) == [((2, 4),), ((3, 4),)]
+    assert all(a is b for a, b in zip(clone.sources, partition.sources, strict=True))
+    clone.recompile()  # e.g. after new settings: the copy's models only, from the sources shared
+    assert serialize.calls == []
     assert not any(a is b for a, b in zip(clone.compiled, compiled, strict=True))
     assert {id(c) for c in partition.compiled} == {id(c) for c in compiled}
     clone(torch.randn(5, 4))  # a new signature compiles for the copy alone
@@ -82,6 +107,7 @@ def test_models_past_the_cache_size_free_the_least_recently_used_and_say_so_once
             assert torch.equal(partition(x), partition.form(x))
     assert len(warned) == 1 and len(partition.compiled) == 2
     partition(torch.randn(6, 4))
+    assert partition.sources == [b"((5, 4),)", b"((6, 4),)"]  # freed with their models
     partition(torch.randn(3, 4))  # freed: compiled again
     assert serialize.calls == [((5, 4),), ((6, 4),), ((3, 4),)]
     assert len(partition.compiled) == 2

@@ -146,6 +146,34 @@ def test_save_load_rebuilds_the_sessions_from_the_reference_form(digits, tmp_pat
     assert qp.save(loaded, tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
 
 
+def test_a_save_stores_the_kept_sources_without_exporting(digits, tmp_path, monkeypatch):
+    """Each session's ONNX model is kept beside it: each ``qp.save`` exported every signature
+    again (MobileNetV2: ~14 s CPU each), as a rebuild did."""
+    _, ort_model, _ = digits
+    (partition,) = partitions(ort_model)
+    exports, export = [], partition._serialize
+    monkeypatch.setattr(partition, "_serialize", lambda *args: exports.append(1) or export(*args))
+    x = inputs("digits_cnn", seed=8)
+    with torch.no_grad():
+        path = qp.save(ort_model, tmp_path / "digits.safetensors")
+        assert torch.equal(qp.load(path)(*x), ort_model(*x))
+    assert exports == []
+
+
+def test_a_large_source_is_kept_in_a_file_the_session_is_built_from(digits, tmp_path, monkeypatch):
+    from qplug_core.partition import compiled
+
+    _, ort_model, _ = digits
+    path = qp.save(ort_model, tmp_path / "digits.safetensors")
+    monkeypatch.setattr(compiled, "SOURCE_BYTES_IN_MEMORY", 1024)  # the digits CNN's model: ~40 KB
+    x = inputs("digits_cnn", seed=9)
+    with torch.no_grad():
+        loaded = qp.load(path)
+        assert torch.equal(loaded(*x), ort_model(*x))
+    (partition,) = partitions(loaded)
+    assert partition.from_stored and {type(source).__name__ for source in partition.sources} == {"OnnxFile"}
+
+
 def test_a_file_from_a_vnni_cpu_loaded_without_vnni_is_checked_on_real_sessions(tmp_path):
     """Converted with VNNI's qparams (8-bit weights), loaded where ORT's U8S8 kernels sum pairs
     in int16: the first call checks the real session against the reference form (and would
@@ -207,8 +235,8 @@ def test_deepcopy_shares_the_sessions_without_exporting_and_rebuilds_its_own(dig
     with torch.no_grad():
         assert torch.equal(clone(*x), ort_model(*x))
         session = partition.sessions[0]
-        copied.rebuild(SessionSettings(num_threads=1))  # the copy's sessions only
-        assert len(exports) == len(copied.compiled) and copied.sessions[0] is not session and partition.sessions[0] is session
+        copied.rebuild(SessionSettings(num_threads=1))  # the copy's sessions only, from the sources kept
+        assert exports == [] and copied.sessions[0] is not session and partition.sessions[0] is session
         assert torch.equal(clone(*x), ort_model(*x))
 
 

@@ -44,7 +44,10 @@ def test_a_partition_past_the_file_threshold_compiles_from_external_data(plugin_
                                                                          tmp_path):
     """A partition whose ONNX model passed 2 GB failed in protobuf's ``SerializeToString``; past
     ``PARTITION_FILE_BYTES`` (0 here) it is compiled from a file with its weights as external data,
-    answers as the one compiled from bytes does, and the file is gone once it is compiled."""
+    answers as the one compiled from bytes does, and the file, kept for rebuilds, is gone with the
+    partition."""
+    import copy
+
     from qplug_core.plugin_api import CompiledPartition, OnnxFile
 
     torch.manual_seed(0)
@@ -52,15 +55,18 @@ def test_a_partition_past_the_file_threshold_compiles_from_external_data(plugin_
     example = (torch.randn(4, 64),)
     qmodel = qp.quantize(model, example, [example], backend=backend, progress=False)
     (partition,) = [m for m in qmodel.modules() if isinstance(m, CompiledPartition)]
-    x = torch.randn(8, 64)
+    x = torch.randn(1, 64)  # batch 1: a model of its own (the example's batch axis is symbolic from 2)
     with torch.no_grad():
-        from_bytes = qmodel(x)
+        from_bytes = copy.deepcopy(qmodel)(x)
         monkeypatch.setattr("qplug_core.onnx_export.partition_source.PARTITION_FILE_BYTES", 0)
         monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-        partition.recompile()  # serialized again, now to a file
-        gc.collect()
-        assert list(tmp_path.iterdir()) == []  # removed once compiled
         assert torch.equal(qmodel(x), from_bytes)
-    source = partition.sources[0]
-    assert isinstance(source, OnnxFile)
+    source = partition.sources[-1]
+    assert isinstance(source, OnnxFile) and len(partition.sources) == 2
     assert (source.path.parent / f"{source.path.name}.data").stat().st_size >= 64 * 48  # the int8 weights
+    partition.recompile()  # built again from the file kept
+    with torch.no_grad():
+        assert torch.equal(qmodel(x), from_bytes)
+    del qmodel, partition, source
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []

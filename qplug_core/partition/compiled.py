@@ -6,8 +6,9 @@ outside the module tree (to serialize it for another input shape), the compiled 
 input signatures each serves (one each, or many where the serialized model has symbolic sizes:
 :meth:`serves`), the serialized model each was built from (:attr:`~CompiledPartition.sources`:
 what :meth:`recompile` builds again after a change of settings and ``qp.save`` stores, instead of
-an export each time, ~14 s CPU for MobileNetV2; kept in memory up to :data:`SOURCE_BYTES_IN_MEMORY`,
-in a temporary file above it, so that a large model's weights are not held once more in RAM), the
+an export each time, ~14 s CPU for MobileNetV2; up to :data:`SOURCE_BYTES_IN_MEMORY` of them in
+memory, the others in temporary files, so that a large model's weights, or those of many
+signatures, are not held once more in RAM), the
 output structure (tensor or tuple), a deep copy that runs the same compiled models (:meth:`shared`:
 compiling them again cost one export and one compile per signature, and a second copy of their
 weights) and shares their sources. A subclass gives :meth:`build` (serialized model -> the
@@ -57,7 +58,7 @@ from qplug_core.partition.id_bounds import IdBounds
 Source = bytes | os.PathLike
 #: the route of an input signature whose compiled model was refused: it runs the reference form
 REFERENCE_FORM = ("reference form",)
-#: serialized bytes a compiled partition keeps in memory for each model; a larger source is kept
+#: serialized bytes a compiled partition keeps in memory for its models; a source past it is kept
 #: in a temporary file (patched lower by tests)
 SOURCE_BYTES_IN_MEMORY = 2**23
 #: serialized models the next partition built in this context compiles instead of serializing
@@ -210,7 +211,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
         signature = self._signature(inputs)
         # the output structure (tensor or tuple) the partition returns
         self._single_output = isinstance(self._checked(inputs), torch.Tensor)
-        source = _kept(self._serialize(partition, inputs))
+        source = self._kept(self._serialize(partition, inputs))
         compiled = self.build(source)
         self._evict(len(self._compiled) + 1 - self.shape_cache_size)
         self._compiled[signature] = compiled
@@ -230,7 +231,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
         preset.clear()
         signature = self._signature(inputs)
         for compiled_for, stored_source in stored:
-            self._sources[compiled_for] = source = _kept(stored_source)
+            self._sources[compiled_for] = source = self._kept(stored_source)
             self._compiled[compiled_for] = compiled = self.build(source)
             self._routes[compiled_for] = compiled_for
             if signature not in self._routes and self.serves(compiled, inputs):
@@ -332,6 +333,17 @@ class CompiledPartition(HoldsPartition, nn.Module):
 
     _described = staticmethod(described_signature)
 
+    def _kept(self, source: Source) -> Source:
+        """``source`` as this partition keeps it: in a file of its own where the bytes it keeps in
+        memory would pass :data:`SOURCE_BYTES_IN_MEMORY` (the runtime holds the weights already)."""
+        if not isinstance(source, bytes):
+            return source
+        if len(source) + sum(len(s) for s in self._sources.values() if isinstance(s, bytes)) <= SOURCE_BYTES_IN_MEMORY:
+            return source
+        from qplug_core.onnx_export.partition_source import kept_file  # the package's import: ~0.14 s
+
+        return kept_file(source)
+
     def recompile(self) -> None:
         """Build every compiled model again (after a change of settings) from the source it was
         built from: no export."""
@@ -431,13 +443,3 @@ class CompiledPartition(HoldsPartition, nn.Module):
 
 def _output_node(partition: fx.GraphModule) -> fx.Node:
     return next(node for node in reversed(partition.graph.nodes) if node.op == "output")
-
-
-def _kept(source: Source) -> Source:
-    """``source`` as a compiled partition keeps it: in a file of its own past
-    :data:`SOURCE_BYTES_IN_MEMORY` (the runtime holds its weights already)."""
-    if not isinstance(source, bytes) or len(source) <= SOURCE_BYTES_IN_MEMORY:
-        return source
-    from qplug_core.onnx_export.partition_source import kept_file  # the package's import: ~0.14 s
-
-    return kept_file(source)

@@ -60,17 +60,17 @@ def test_recompile_builds_the_kept_sources_again_without_serializing():
     assert not any(a is b for a, b in zip(partition.compiled, built, strict=True))
 
 
-def test_a_large_source_is_kept_in_a_file_removed_with_the_last_partition_holding_it(monkeypatch):
-    monkeypatch.setattr(compiled_module, "SOURCE_BYTES_IN_MEMORY", 8)
+def test_sources_past_the_bytes_kept_in_memory_are_kept_in_a_file_removed_with_the_last_holder(monkeypatch):
+    monkeypatch.setattr(compiled_module, "SOURCE_BYTES_IN_MEMORY", 12)  # each source: 9 bytes
     partition, serialize = _compiled_twice()
-    kept = partition.sources
-    assert all(isinstance(source, OnnxFile) for source in kept)
-    assert [c["source"] for c in partition.compiled] == kept  # built from the file, not from bytes
-    assert [whole_model(source) for source in kept] == [b"((2, 4),)", b"((3, 4),)"]
+    in_memory, in_file = partition.sources
+    assert in_memory == b"((2, 4),)" and isinstance(in_file, OnnxFile)
+    assert partition.compiled[1]["source"] is in_file  # built from the file, not from bytes
+    assert whole_model(in_file) == b"((3, 4),)"
     clone = copy.deepcopy(partition)
-    assert all(a is b for a, b in zip(clone.sources, kept, strict=True))
-    directory = os.path.dirname(kept[0])
-    del partition, kept
+    assert clone.sources[1] is in_file
+    directory = os.path.dirname(in_file)
+    del partition, in_file
     gc.collect()
     assert os.path.isdir(directory)  # the copy holds it
     del clone

@@ -6,21 +6,18 @@ of initializers the model is written to a temporary directory with its initializ
 external data beside it and checked from there; the runtime reads it from the path (ONNX Runtime
 and OpenVINO both take one with external data) and the directory goes when the :class:`OnnxFile`
 does, once the model is compiled. Nor does the serialized model then sit in memory beside the
-runtime's own copy while it compiles. A compiled partition keeps its source for rebuilds and
-``qp.save``; a large one in bytes is kept in a file of its own (:func:`kept_file`) for the same reason.
+runtime's own copy while it compiles.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from qplug_core.errors import ExportError
+from qplug_core.partition.source_file import SourceFile, temporary_directory
 
 #: initializer bytes above which a partition's model is handed over as a file with external data
 #: (patched lower by tests; protobuf's limit is 2 GB for the whole message)
@@ -28,20 +25,12 @@ PARTITION_FILE_BYTES = 2**30
 _NAME = "partition.onnx"
 
 
-class OnnxFile(os.PathLike):
-    """An ONNX model written to a temporary directory of its own (its external data beside it,
-    where ``external_data``), removed when this object is collected."""
+class OnnxFile(SourceFile):
+    """An ONNX model written to a temporary directory of its own (its external data beside it),
+    removed when this object is collected."""
 
-    def __init__(self, directory: Path, *, external_data: bool = True):
-        self.path = directory / _NAME
-        self.external_data = external_data
-        self._cleanup = weakref.finalize(self, shutil.rmtree, directory, True)
-
-    def __fspath__(self) -> str:
-        return str(self.path)
-
-    def __repr__(self) -> str:
-        return f"OnnxFile({str(self.path)!r})"
+    def __init__(self, directory: Path):
+        super().__init__(directory / _NAME, external_data=True)
 
 
 def onnx_source(model) -> bytes | OnnxFile:
@@ -53,7 +42,7 @@ def onnx_source(model) -> bytes | OnnxFile:
         source = model.SerializeToString()
         _check(onnx, source)
         return source
-    file = OnnxFile(_directory())
+    file = OnnxFile(temporary_directory())
     try:
         onnx.save_model(model, file.path, save_as_external_data=True, all_tensors_to_one_file=True,
                         location=f"{_NAME}.data", size_threshold=1024)
@@ -62,30 +51,6 @@ def onnx_source(model) -> bytes | OnnxFile:
                           f"{exc}") from exc
     _check(onnx, file)
     return file
-
-
-def kept_file(source: bytes) -> OnnxFile:
-    """``source`` (a serialized model) written to an :class:`OnnxFile` of its own, in one file."""
-    file = OnnxFile(_directory(), external_data=False)
-    try:
-        file.path.write_bytes(source)
-    except OSError as exc:  # a full disk
-        raise ExportError(f"cannot write the partition's serialized model to {file.path}: {exc}") from exc
-    return file
-
-
-def whole_model(source: bytes | os.PathLike) -> bytes | None:
-    """``source`` as one serialized message (what ``qp.save`` stores): bytes as they are, a file
-    holding the whole model read back; None for a model with external data (past protobuf's limit)."""
-    if isinstance(source, bytes):
-        return source
-    if isinstance(source, OnnxFile) and not source.external_data:
-        return source.path.read_bytes()
-    return None
-
-
-def _directory() -> Path:
-    return Path(tempfile.mkdtemp(prefix="qplug-partition-"))
 
 
 def _check(onnx, source: bytes | OnnxFile) -> None:
@@ -115,5 +80,4 @@ def onnx_input_shapes_read(inputs: Sequence[tuple[str, int, Sequence[int | str |
     return InputShapes.described(inputs, metadata)
 
 
-__all__ = ["PARTITION_FILE_BYTES", "OnnxFile", "kept_file", "onnx_input_shapes", "onnx_input_shapes_read", "onnx_source",
-           "whole_model"]
+__all__ = ["PARTITION_FILE_BYTES", "OnnxFile", "onnx_input_shapes", "onnx_input_shapes_read", "onnx_source"]

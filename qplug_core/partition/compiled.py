@@ -53,6 +53,7 @@ from qplug_core.ir.tracing import refuse_tracing, run_eagerly, warn_state_dict_i
 from qplug_core.partition.denormals import call_flushing_denormals
 from qplug_core.partition.held import HoldsPartition
 from qplug_core.partition.id_bounds import IdBounds
+from qplug_core.partition.source_file import kept_file
 
 #: a serialized partition: bytes, or a file (with its external data) for a large one
 Source = bytes | os.PathLike
@@ -340,8 +341,6 @@ class CompiledPartition(HoldsPartition, nn.Module):
             return source
         if len(source) + sum(len(s) for s in self._sources.values() if isinstance(s, bytes)) <= SOURCE_BYTES_IN_MEMORY:
             return source
-        from qplug_core.onnx_export.partition_source import kept_file  # the package's import: ~0.14 s
-
         return kept_file(source)
 
     def recompile(self) -> None:

@@ -26,6 +26,7 @@ from qplug_core.flows.tags import SPEC_DTYPES
 from qplug_core.kernels.cpu import cpu_int8
 from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.served import runs
+from qplug_core.partition.source_file import whole_model
 from qplug_core.partition.stored_model import StoredPartition
 
 KEY = "partition_models"
@@ -43,8 +44,6 @@ def record(model: dict[str, Any], tensors: dict[str, torch.Tensor], qmodel: nn.M
     """``model`` and ``tensors`` with the ONNX models of ``qmodel``'s compiled partitions (the
     sources each kept for the signatures it was compiled for: no export); a partition too large
     for one protobuf message (a file with external data) is left out."""
-    from qplug_core.onnx_export.partition_source import whole_model  # at save only: ~0.14 s to import
-
     entries, table, tensors = {}, dict(model["tensors"]), dict(tensors)
     for name, module in qmodel.named_children():
         compiled = runs(module)

@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import fx, nn
 
-from qplug_core.onnx_export.partition_source import OnnxFile, whole_model
 from qplug_core.partition import compiled as compiled_module
 from qplug_core.partition.compiled import CompiledPartition
+from qplug_core.partition.source_file import SourceFile, whole_model
 
 
 class Counting:
@@ -64,7 +64,7 @@ def test_sources_past_the_bytes_kept_in_memory_are_kept_in_a_file_removed_with_t
     monkeypatch.setattr(compiled_module, "SOURCE_BYTES_IN_MEMORY", 12)  # each source: 9 bytes
     partition, serialize = _compiled_twice()
     in_memory, in_file = partition.sources
-    assert in_memory == b"((2, 4),)" and isinstance(in_file, OnnxFile)
+    assert in_memory == b"((2, 4),)" and isinstance(in_file, SourceFile)
     assert partition.compiled[1]["source"] is in_file  # built from the file, not from bytes
     assert whole_model(in_file) == b"((3, 4),)"
     clone = copy.deepcopy(partition)

@@ -161,17 +161,15 @@ def test_a_save_stores_the_kept_sources_without_exporting(digits, tmp_path, monk
 
 
 def test_a_large_source_is_kept_in_a_file_the_session_is_built_from(digits, tmp_path, monkeypatch):
-    from qplug_core.partition import compiled
-
     _, ort_model, _ = digits
     path = qp.save(ort_model, tmp_path / "digits.safetensors")
-    monkeypatch.setattr(compiled, "SOURCE_BYTES_IN_MEMORY", 1024)  # the digits CNN's model: ~40 KB
+    monkeypatch.setattr("qplug_core.partition.compiled.SOURCE_BYTES_IN_MEMORY", 1024)  # the digits CNN's: ~40 KB
     x = inputs("digits_cnn", seed=9)
     with torch.no_grad():
         loaded = qp.load(path)
         assert torch.equal(loaded(*x), ort_model(*x))
     (partition,) = partitions(loaded)
-    assert partition.from_stored and {type(source).__name__ for source in partition.sources} == {"OnnxFile"}
+    assert partition.from_stored and {type(source).__name__ for source in partition.sources} == {"SourceFile"}
 
 
 def test_a_file_from_a_vnni_cpu_loaded_without_vnni_is_checked_on_real_sessions(tmp_path):

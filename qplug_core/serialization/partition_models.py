@@ -6,7 +6,8 @@ worker held torch.onnx and onnxscript, ~237 MiB, for a 38 KB model). ``qp.save``
 model each compiled partition was built from, for each input signature it was compiled for, as
 uint8 tensors under ``partition_models/<partition>/<i>`` (covered by the file's digest); the record
 (partition -> the CPU's VNNI at save, the runtime's name and version where its plugin says them,
-and, per model, its tensor and input signature) is plain data. ``qp.load`` hands them to the first
+and, per model, its tensor, input signature and the initializers whose bytes are the reference
+form's tensors: :mod:`~qplug_core.serialization.shared_initializers`) is plain data. ``qp.load`` hands them to the first
 call (``flows/delegate.FirstCallCheck``), which builds the runtime's models from them instead of
 exporting, once each has passed the checks of :mod:`qplug_core.partition.stored_model`, and holds
 them to the contract again where the runtime's version is not the recorded one. Files without the
@@ -28,12 +29,14 @@ from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.served import runs
 from qplug_core.partition.source_file import whole_model
 from qplug_core.partition.stored_model import StoredPartition
+from qplug_core.serialization.shared_initializers import left_out, put_back
 
 KEY = "partition_models"
 _PREFIX = "partition_models/"
 _ENTRY = ("vnni", "models")
 _RUNTIME = ("name", "version")
 _MODEL = ("tensor", "inputs")
+_SHARED = "shared"
 _INPUT = ("shape", "dtype")
 #: a stored model's signature: (shape, dtype) of each input, as ``CompiledPartition`` keys it
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
@@ -44,6 +47,7 @@ def record(model: dict[str, Any], tensors: dict[str, torch.Tensor], qmodel: nn.M
     """``model`` and ``tensors`` with the ONNX models of ``qmodel``'s compiled partitions (the
     sources each kept for the signatures it was compiled for: no export); a partition too large
     for one protobuf message (a file with external data) is left out."""
+    reference = {key: tensor for key, tensor in tensors.items() if not key.startswith(_PREFIX)}
     entries, table, tensors = {}, dict(model["tensors"]), dict(tensors)
     for name, module in qmodel.named_children():
         compiled = runs(module)
@@ -54,11 +58,13 @@ def record(model: dict[str, Any], tensors: dict[str, torch.Tensor], qmodel: nn.M
             source = whole_model(kept)
             if source is None:
                 continue
+            source, shared = left_out(source, reference)
             key = f"{_PREFIX}{name}/{i}"
             tensors[key] = torch.frombuffer(bytearray(source), dtype=torch.uint8)
             table[key] = {"dtype": encode_dtype(torch.uint8), "shape": [len(source)]}
             models.append({"tensor": key, "inputs": [{"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
-                                                     for shape, dtype in signature]})
+                                                     for shape, dtype in signature],
+                           **({_SHARED: shared} if shared else {})})
         if models:
             runtime = compiled.runtime()
             entries[name] = {"vnni": cpu_int8().vnni, "models": models,
@@ -80,7 +86,7 @@ def check(doc: Any, tensors: dict[str, torch.Tensor], path: str) -> None:
                 expect(entry["runtime"][key], str, child(child(at, "runtime"), key), "a string")
         for i, stored in enumerate(expect(entry["models"], list, child(at, "models"), "a JSON list")):
             here = child(child(at, "models"), i)
-            read_fields(stored, here, _MODEL, required=_MODEL)
+            read_fields(stored, here, (*_MODEL, _SHARED), required=_MODEL)
             key = expect(stored["tensor"], str, child(here, "tensor"), "a tensor name")
             tensor = tensors.get(key)
             if not key.startswith(_PREFIX) or key in seen or tensor is None or tensor.dtype != torch.uint8 \
@@ -88,6 +94,10 @@ def check(doc: Any, tensors: dict[str, torch.Tensor], path: str) -> None:
                 raise ConfigError(f"{where(child(here, 'tensor'))}: {key!r} is not a stored partition model's "
                                   "tensor of its own (1-D uint8)", field=child(here, "tensor"), value=key)
             seen.add(key)
+            for initializer, held in expect(stored.get(_SHARED, {}), dict, child(here, _SHARED), "a JSON object").items():
+                if not isinstance(held, str) or held.startswith(_PREFIX) or held not in tensors:
+                    raise ConfigError(f"{where(child(child(here, _SHARED), initializer))}: {held!r} is not a tensor of "
+                                      "the file's reference form", field=child(here, _SHARED), value=held)
             for j, spec in enumerate(expect(stored["inputs"], list, child(here, "inputs"), "a JSON list")):
                 _check_input(spec, child(child(here, "inputs"), j))
 
@@ -125,6 +135,7 @@ def stored_models(model: dict[str, Any], tensors: dict[str, torch.Tensor]) -> di
                   "at its first call (seconds)")
     return {name: StoredPartition(
                 [(tuple((torch.Size(spec["shape"]), SPEC_DTYPES[spec["dtype"]]) for spec in stored["inputs"]),
-                  tensors[stored["tensor"]].numpy().tobytes()) for stored in entry["models"]],
+                  put_back(tensors[stored["tensor"]].numpy().tobytes(), stored.get(_SHARED, {}), tensors))
+                 for stored in entry["models"]],
                 (entry["runtime"]["name"], entry["runtime"]["version"]) if "runtime" in entry else None)
             for name, entry in entries.items() if name not in other}

@@ -23,6 +23,7 @@ from qplug_core.flows.input_faults import explain_input_faults
 from qplug_core.flows.lower import LoweringSummary, lower_graph
 from qplug_core.flows.pickle_guard import refuse_torch_shipping
 from qplug_core.flows.pipeline import plugin_passes, run_passes
+from qplug_core.flows.region_parity import is_float_output
 from qplug_core.flows.report import QuantizationReport, float_compute_nodes, pattern_op_keys, report_names
 from qplug_core.flows.snapshot import hold_weight_as_int8
 from qplug_core.flows.tags import (
@@ -63,6 +64,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     if backend.float_outputs:  # a reference form made for another backend (auto) keeps them
         drop_unread_output_grids(gm, backend.float_outputs)
     regions = quantized_regions(gm)
+    unrounded = float_outputs(gm)
     found: dict[str, LoweringSummary] = {}
     delegated = DelegationSummary()
     delegate = backend.delegate if lower else None
@@ -90,7 +92,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     report = conversion_report(gm, backend.name, mode, regions,
                                {**{a: f"delegate:{p}" for a, p in delegated.lowered.items()}, **summary.lowered},
                                {**delegated.reference, **summary.reference}, delegated,
-                               pattern_op_keys(backend.config))
+                               pattern_op_keys(backend.config), unrounded)
     gm.meta[REPORT] = report
     gm.meta[PARTITION_FORMS] = {p.name: delegated.graphs[p.name] for p in delegated.partitions}  # qp.compare
     refuse_torch_shipping(gm)  # torch.save and torch.jit.script point to qp.save
@@ -109,10 +111,12 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
 
 def conversion_report(gm: fx.GraphModule, backend: str, mode: str, regions: dict[str, tuple[str, bool]],
                       kernels: dict[str, str], reference: dict[str, str],
-                      delegated: DelegationSummary, pattern_ops: frozenset[str]) -> QuantizationReport:
+                      delegated: DelegationSummary, pattern_ops: frozenset[str],
+                      unrounded: list[str]) -> QuantizationReport:
     """The report of ``gm`` (in reference form where ``reference`` says so) lowered to ``kernels``:
     what convert and load attach, and what ``qplug report`` reads from a file's record.
-    ``pattern_ops`` names what the backend's patterns name (:func:`pattern_op_keys`)."""
+    ``pattern_ops`` names what the backend's patterns name (:func:`pattern_op_keys`);
+    ``unrounded``, the int8 layers whose output stays float (:func:`float_outputs`)."""
     opaque = {name: reason for name, _, reason in gm.meta.get(CAPTURE_SKIPPED, [])}
     return QuantizationReport(
         backend=backend, mode=_mode_of(mode, regions.values()), fusions=list(gm.meta.get(FUSIONS, [])),
@@ -122,7 +126,18 @@ def conversion_report(gm: fx.GraphModule, backend: str, mode: str, regions: dict
                                                          pattern_ops),
         capture=gm.meta.get(CAPTURE, "symbolic"),
         partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside),
-        kept_regions=dict(delegated.kept_regions), notes=list(gm.meta.pop(CONVERSION_NOTES, [])))
+        kept_regions=dict(delegated.kept_regions), notes=list(gm.meta.pop(CONVERSION_NOTES, [])),
+        float_outputs=list(unrounded))
+
+
+def float_outputs(gm: fx.GraphModule) -> list[str]:
+    """The int8 layers (report names) whose output stays float: their backend dequantizes into
+    them (``BackendSpec.float_outputs``), where a backend without float outputs, or
+    ``backend="reference"``, rounds them to an 8-bit grid. Said in the report, since that grid is
+    most of the difference between two backends' outputs (a regressor's head: 6x the error on
+    held-out rows beyond its calibrated range)."""
+    name = report_names(gm.graph)
+    return [name(node) for node in gm.graph.nodes if is_float_output(gm, node)]
 
 
 def quantized_regions(gm: fx.GraphModule) -> dict[str, tuple[str, bool]]:

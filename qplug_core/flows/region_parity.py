@@ -44,7 +44,7 @@ from qplug_core.flows.tags import CHECK_REGIONS
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.partition import OperatorSupportBase
 
-__all__ = ["LayerParity", "RegionParity", "layer_parity", "region_of", "reusing_exports"]
+__all__ = ["LayerParity", "RegionParity", "is_float_output", "layer_parity", "region_of", "reusing_exports"]
 
 _INTEGER = (torch.uint8, torch.int8, torch.int16, torch.int32)
 
@@ -104,8 +104,9 @@ def _is_integer_output(gm: fx.GraphModule, node: fx.Node) -> bool:
     return node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), Quantize)
 
 
-def _is_float_output(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """A weighted op reading a dequantized int8 value whose output no Quantize takes."""
+def is_float_output(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """A weighted op reading a dequantized int8 value whose output no Quantize takes (a backend's
+    ``float_outputs``: the report names them, ``flows/finish.py``)."""
     if not (node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), ReferenceWeighted)):
         return False
     source = node.args[0] if node.args else None
@@ -129,7 +130,7 @@ def region_of(gm: fx.GraphModule, end: fx.Node) -> tuple[list[fx.Node], list[fx.
             continue
         members.add(node)
         for arg in node.all_input_nodes:
-            if arg.op == "placeholder" or _is_integer_output(gm, arg) or _is_float_output(gm, arg):
+            if arg.op == "placeholder" or _is_integer_output(gm, arg) or is_float_output(gm, arg):
                 inputs.add(arg)
             elif arg.op != "get_attr":
                 stack.append(arg)
@@ -188,7 +189,7 @@ def layer_parity(reference: fx.GraphModule,
         value = values.get(node)
         if not isinstance(value, torch.Tensor) or not (
                 (_is_integer_output(reference, node) and value.dtype in _INTEGER)
-                or _is_float_output(reference, node)):
+                or is_float_output(reference, node)):
             continue
         region_inputs, members = region_of(reference, node)
         if operator_support is not None and not all(

@@ -79,6 +79,8 @@ class QuantizationReport:
     notes: list[str] = field(default_factory=list)
     #: ``qp.quantize``: the accuracy recipe and target applied, and why ('' for other flows)
     recipe: str = ""
+    #: int8 layers whose output stays float: the backend dequantizes into it (``float_outputs``)
+    float_outputs: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -294,6 +296,12 @@ def _kernel_lines(report: QuantizationReport, width: int) -> list[str]:
         kinds = Counter(f.fused_type for f in report.fusions).most_common()
         lines += _wrap(f"fusions: {len(report.fusions)} ("
                        + ", ".join(f"{k} {n}" for k, n in kinds) + ")", width, "  ", "    ")
+    if report.float_outputs:
+        names = ", ".join(report.float_outputs[:5]) + (" and more" if len(report.float_outputs) > 5 else "")
+        lines += _wrap(f"float outputs: {len(report.float_outputs)} int8 layer(s) write float, not "
+                       f"an 8-bit grid (the backend dequantizes into them; backend='reference' and "
+                       f"backends without float outputs round them, so outputs differ by that "
+                       f"rounding): {names}", width, "  ", "    ")
     if report.partitions:
         modules = Counter(p["module"] for p in report.partitions).most_common()
         lines += _wrap(f"compiled partitions: {len(report.partitions)} ("

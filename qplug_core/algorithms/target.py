@@ -77,7 +77,8 @@ def _is_finite_real(value: object) -> bool:
 class Target:
     """What the quantized model's output must reach against float, on ``data`` (default: the
     calibration data): mean per-sample ``cosine``, worst-sample ``min_cosine`` (an output of one
-    value a sample: both the cosine of all samples' values as one vector), output ``sqnr`` in dB,
+    value a sample: both the cosine of all samples' values as one vector, less the float
+    outputs' mean), output ``sqnr`` in dB,
     and/or ``metric(reference_outputs, quantized_outputs) >= minimum``; for a sentence encoder also
     ``neighbours``, the fraction of samples whose nearest other sample (by embedding cosine) is unchanged (ignored for other outputs, which have no neighbours). When the model
     has an ``attention_mask`` input (Hugging Face's convention), padded tokens are left out of

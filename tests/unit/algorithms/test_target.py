@@ -545,3 +545,36 @@ def test_a_missed_target_with_no_layer_the_search_can_rank_warns_and_returns_the
     result = qmodel.meta[TARGET]
     assert not result.met and result.decisions == [] and result.quantizations == 1
     assert qp.quantization_report(qmodel).quantized  # the all-int8 model, not float
+
+
+class _Kelvin(nn.Module):
+    """A regressor whose outputs sit near a constant (a temperature in kelvin: ~300 +- 1): the
+    output's per-tensor grid must hold 0, so its 256 levels span 0..301 and one step is ~1.2 K,
+    about the outputs' whole spread, while being 0.4% of their size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.head = nn.Linear(16, 32), nn.Linear(32, 1)
+        with torch.no_grad():
+            self.head.bias.fill_(300.0)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.fc1(x)))
+
+
+def test_a_regressor_near_a_constant_is_scored_on_its_spread_not_its_size():
+    # field report s29 (FT-Transformer): cosine 0.9994 over one regression output a sample met
+    # cosine=0.998 at 4e-3 of the outputs' variance; uncentred, this model's all-int8 form scored
+    # ~0.99999 with an error about as large as the spread itself
+    data = _data()
+    model = _Kelvin().eval()
+    qmodel = qp.quantize(model, data[0], data, backend="reference", target=qp.Target(cosine=0.998))
+    result = qmodel.meta[TARGET]
+    assert result.all_int8.cosine_mean < 0.9
+    assert result.met and "head" in result.float_layers
+    with torch.no_grad():
+        held = _data(6)[4:]
+        want = torch.cat([model(*b) for b in held])
+        got = torch.cat([qmodel(*b) for b in held])
+    assert float(((got - want) ** 2).mean() / want.var()) < 0.01

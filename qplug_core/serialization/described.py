@@ -18,7 +18,7 @@ import torch
 from qplug_core.config.codec import decode_dtype
 from qplug_core.errors import ConfigError, QplugError, SerializationError
 from qplug_core.flows.delegate import DelegationSummary
-from qplug_core.flows.finish import conversion_report, quantized_regions
+from qplug_core.flows.finish import conversion_report, float_outputs, quantized_regions
 from qplug_core.flows.report import QuantizationReport, pattern_op_keys
 from qplug_core.flows.tags import FUSIONS
 from qplug_core.flows.target_rungs import name_rungs
@@ -49,7 +49,7 @@ def describe_saved(path: Path, document: dict[str, Any]) -> QuantizationReport:
     report = conversion_report(gm, artifact.backend, artifact.model["mode"], quantized_regions(gm), kernels,
                                {} if record is None else record.reference,
                                DelegationSummary(kept_regions={} if record is None else record.regions),
-                               _pattern_ops(artifact.backend))
+                               _pattern_ops(artifact.backend), float_outputs(gm))
     name_rungs(report, artifact.model.get(TARGET_RUNGS_KEY, {}))
     report.notes.append(HEADER_ONLY if record is not None else
                         f"{HEADER_ONLY}; this file records no lowering (written by an older qplug), so its "

@@ -38,6 +38,7 @@ from qplug_core.flows.tags import (
     recorded_example_inputs,
     region_tag,
 )
+from qplug_core.flows.work_share import work_by_name
 from qplug_core.ir.autocast_off import compute_in_float32
 from qplug_core.ir.call_inputs import guard_input_names
 from qplug_core.kernels.base import pin_engine
@@ -65,6 +66,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         drop_unread_output_grids(gm, backend.float_outputs)
     regions = quantized_regions(gm)
     unrounded = float_outputs(gm)
+    work = work_by_name(gm)  # of the reference form: lowering replaces the ops that hold it
     found: dict[str, LoweringSummary] = {}
     delegated = DelegationSummary()
     delegate = backend.delegate if lower else None
@@ -92,7 +94,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     report = conversion_report(gm, backend.name, mode, regions,
                                {**{a: f"delegate:{p}" for a, p in delegated.lowered.items()}, **summary.lowered},
                                {**delegated.reference, **summary.reference}, delegated,
-                               pattern_op_keys(backend.config), unrounded)
+                               pattern_op_keys(backend.config), unrounded, work)
     gm.meta[REPORT] = report
     gm.meta[PARTITION_FORMS] = {p.name: delegated.graphs[p.name] for p in delegated.partitions}  # qp.compare
     refuse_torch_shipping(gm)  # torch.save and torch.jit.script point to qp.save
@@ -112,11 +114,12 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
 def conversion_report(gm: fx.GraphModule, backend: str, mode: str, regions: dict[str, tuple[str, bool]],
                       kernels: dict[str, str], reference: dict[str, str],
                       delegated: DelegationSummary, pattern_ops: frozenset[str],
-                      unrounded: list[str]) -> QuantizationReport:
+                      unrounded: list[str], work: dict[str, list[int | None]]) -> QuantizationReport:
     """The report of ``gm`` (in reference form where ``reference`` says so) lowered to ``kernels``:
     what convert and load attach, and what ``qplug report`` reads from a file's record.
     ``pattern_ops`` names what the backend's patterns name (:func:`pattern_op_keys`);
-    ``unrounded``, the int8 layers whose output stays float (:func:`float_outputs`)."""
+    ``unrounded``, the int8 layers whose output stays float (:func:`float_outputs`); ``work``
+    what each op of the reference form holds (:func:`work_by_name`)."""
     opaque = {name: reason for name, _, reason in gm.meta.get(CAPTURE_SKIPPED, [])}
     return QuantizationReport(
         backend=backend, mode=_mode_of(mode, regions.values()), fusions=list(gm.meta.get(FUSIONS, [])),
@@ -127,7 +130,7 @@ def conversion_report(gm: fx.GraphModule, backend: str, mode: str, regions: dict
         capture=gm.meta.get(CAPTURE, "symbolic"),
         partitions=[asdict(p) for p in delegated.partitions], outside=dict(delegated.outside),
         kept_regions=dict(delegated.kept_regions), notes=list(gm.meta.pop(CONVERSION_NOTES, [])),
-        float_outputs=list(unrounded))
+        float_outputs=list(unrounded), work=work)
 
 
 def float_outputs(gm: fx.GraphModule) -> list[str]:

@@ -22,6 +22,7 @@ from qplug_core.flows.finish import conversion_report, float_outputs, quantized_
 from qplug_core.flows.report import QuantizationReport, pattern_op_keys
 from qplug_core.flows.tags import FUSIONS
 from qplug_core.flows.target_rungs import name_rungs
+from qplug_core.flows.work_share import work_by_name
 from qplug_core.registry.backends import get_backend
 from qplug_core.serialization.api import rebuild_graph
 from qplug_core.serialization.artifact import TARGET_RUNGS_KEY, from_document, fusion_records, lowering_of
@@ -49,7 +50,7 @@ def describe_saved(path: Path, document: dict[str, Any]) -> QuantizationReport:
     report = conversion_report(gm, artifact.backend, artifact.model["mode"], quantized_regions(gm), kernels,
                                {} if record is None else record.reference,
                                DelegationSummary(kept_regions={} if record is None else record.regions),
-                               _pattern_ops(artifact.backend), float_outputs(gm))
+                               _pattern_ops(artifact.backend), float_outputs(gm), work_by_name(gm))
     name_rungs(report, artifact.model.get(TARGET_RUNGS_KEY, {}))
     report.notes.append(HEADER_ONLY if record is not None else
                         f"{HEADER_ONLY}; this file records no lowering (written by an older qplug), so its "

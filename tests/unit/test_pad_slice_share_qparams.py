@@ -51,7 +51,7 @@ def test_a_causal_tcn_block_is_int8_end_to_end_and_equals_its_reference_form(cap
         lowered = qp.convert_fx(observed)
         report = str(qp.quantization_report(lowered))
         expected, got = reference(*data[1]), lowered(*data[1])
-    assert "0 compute op(s) left in float (100% int8)" in report, report
+    assert "100% of weights (0 compute op(s) left in float)" in report, report
     step = float(expected.max() - expected.min()) / 255
     assert (got - expected).abs().max() <= step * 1.01
 
@@ -86,7 +86,7 @@ def test_export_capture_raises_selects_and_constant_pads_to_the_int8_ops_symboli
     for pad in (lambda x: F.pad(x, (2, 0)), lambda x: torch.constant_pad_nd(x, (2, 0))):
         reference, lowered = _lowered(CausalHead(pad).eval(), "export", data)
         report = qp.quantization_report(lowered)
-        assert "0 compute op(s) left in float (100% int8)" in str(report), report
+        assert "int8: 100% of MACs, 100% of weights (0 compute op(s) left in float)" in str(report), report
         assert Counter(report.kernels.values()) == Counter(symbolic.kernels.values())
         with torch.no_grad():
             expected, got = reference(*data[1]), lowered(*data[1])

@@ -5,11 +5,17 @@ qnnpack is ARM's backend (on x86 it warns); onnxruntime takes the graph route (`
 and keeps GRUs float.
 
     taskset -c 0 python bench/bench_dynamic_rnn.py [--hidden 256 512] [--kinds lstm gru] [--rounds 30]
+        [--backends fbgemm qnnpack onnxruntime] [--clock thread]
+
+``--clock thread`` times each call in CPU seconds of the calling thread (``time.thread_time``):
+exact at one thread for torch's kernels and a one-thread ONNX Runtime session, and free of the
+slices other processes take on a loaded machine (wall seconds are the default).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 import warnings
 
 import torch
@@ -36,6 +42,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 512])
     parser.add_argument("--kinds", nargs="+", default=["lstm", "gru"])
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--backends", nargs="+", default=["fbgemm", "qnnpack", "onnxruntime"])
+    parser.add_argument("--clock", choices=["wall", "thread"], default="wall")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # qnnpack's "built for ARM" warning: the point of its column
@@ -44,8 +52,9 @@ def main() -> None:
         for hidden in args.hidden:
             torch.manual_seed(0)
             model = Tagger(kind, hidden).eval()
-            int8 = {backend: qp.quantize_dynamic(model, backend=backend) for backend in ("fbgemm", "qnnpack")}
-            if kind == "lstm":
+            int8 = {backend: qp.quantize_dynamic(model, backend=backend)
+                    for backend in args.backends if backend != "onnxruntime"}
+            if kind == "lstm" and "onnxruntime" in args.backends:
                 int8["onnxruntime"] = qp.quantize_dynamic(model, backend="onnxruntime",
                                                           example_inputs=(torch.randn(2, 100, 40),))
             for batch, frames in SHAPES:
@@ -56,7 +65,8 @@ def main() -> None:
                                for name, q in int8.items()}
                     times = {name: median(samples) for name, samples in interleaved(
                         {"float": lambda m=model: m(x), **{n: (lambda q=q: q(x)) for n, q in int8.items()}},
-                        args.rounds, warmup=3).items()}
+                        args.rounds, warmup=3,
+                        clock=time.thread_time if args.clock == "thread" else time.perf_counter).items()}
                 print(f"{kind.upper()} 2x{hidden} {batch}x{frames}: float {times['float'] * 1e3:.2f} ms; " + "; ".join(
                     f"{name} {times[name] * 1e3:.2f} ms = {times['float'] / times[name]:.2f}x (cos {cosines[name]:.5f})"
                     for name in int8), flush=True)

@@ -334,6 +334,11 @@ def _nothing_converted(named: dict[str, nn.Module]) -> NothingQuantizedError:
         + ". Pass allow_float=True to accept the float model.", reasons=reasons)
 
 
+#: fbgemm's dynamic LSTM is slower than float below this hidden size (``bench/bench_dynamic_rnn.py
+#: --clock thread``, Zen 4 with VNNI: 0.25-0.96x at hidden 32-128, 1.00-1.52x at 192); its GRU is not
+SLOW_LSTM_HIDDEN = 192
+
+
 def _warn_float_attention(named: dict[str, nn.Module], swaps: list) -> None:
     """Say when ``nn.MultiheadAttention`` projections stay float beside converted layers."""
     attention = [n for n, m in named.items() if isinstance(m, nn.MultiheadAttention)]
@@ -355,6 +360,21 @@ def _warn_float_tables(named: dict[str, nn.Module]) -> None:
         shown = ", ".join(repr(n) for n in tables[:4]) + (" ..." if len(tables) > 4 else "")
         warn_user(f"qp.quantize_dynamic: {share:.1%} of the model's weights stay float, in its "
                   f"{len(tables)} embedding table(s) ({shown}): {FLOAT_TABLE.removeprefix('left float: ')}")
+
+
+def _warn_slow_lstms(named: dict[str, nn.Module], replacements: list[tuple[str, nn.Module]],
+                     engine: str | None) -> None:
+    """Say when fbgemm's dynamic LSTM kernel is slower than the float LSTM it replaces (as qnnpack
+    on x86 is told): docs read "dynamic quantization suits LSTMs", and forecasting LSTMs are small."""
+    small = [f"{name or 'the model'!r} (hidden {named[name].hidden_size})" for name, _ in replacements
+             if engine == "fbgemm" and type_before_parametrizations(named[name]) is nn.LSTM
+             and named[name].hidden_size < SLOW_LSTM_HIDDEN]
+    if small:
+        shown = ", ".join(small[:3]) + (" ..." if len(small) > 3 else "")
+        warn_user(f"qp.quantize_dynamic: fbgemm's dynamic int8 LSTM is slower than the float one below "
+                  f"{SLOW_LSTM_HIDDEN} hidden units (0.25-0.96x at hidden 32-128, one thread): {shown}. "
+                  "backend='onnxruntime' with example_inputs= runs it int8 in ONNX Runtime, 1.4-2.9x "
+                  "faster than float at those sizes (docs/guide/dynamic.md, 'Speed of recurrent layers')")
 
 
 def _replacements(swaps: list[tuple[str, nn.Module, QConfig]], backend: Backend, per_token: bool, *,
@@ -455,6 +475,7 @@ def quantize_dynamic(model: nn.Module, qconfig_spec: Any = None, dtype: torch.dt
         raise _nothing_converted(named)
     _warn_float_attention(named, swaps)
     _warn_float_tables(named)
+    _warn_slow_lstms(named, replacements, chosen.engine)
     result = model if inplace else copy.deepcopy(model)
     for name, why in left_float.items():  # on the result's layer: the user's model stays untouched
         result.get_submodule(name).__dict__[DYNAMIC_LEFT_FLOAT] = why

@@ -15,6 +15,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qplug_core.errors import ConfigValidationError, TraceError, first_line, warn_user
+from qplug_core.flows.capture_failure import both_failed
 from qplug_core.flows.fixed_keywords import fixed_keywords
 from qplug_core.flows.float_reference import float_like_int8
 from qplug_core.flows.raise_aten import exported_module, is_aten_graph, raise_aten_graph
@@ -267,9 +268,9 @@ def _partly_opaque(model: nn.Module, trace: dict, symbolic_error: TraceError,
     skipped: list[tuple[str, str, str]] = []
     error = symbolic_error
     while error.module and len(skipped) < _MAX_OPAQUE_MODULES:
-        module_type = type(model.get_submodule(error.module)).__name__
-        reason = (f"capture failed: symbolic tracing: {first_line(error.__cause__ or error)}; "
-                  f"{export_error}")
+        module = model.get_submodule(error.module)
+        module_type = type(module).__name__
+        reason = f"capture failed: {both_failed(module, error.__cause__ or error, export_error)}"
         skipped.append((error.module, module_type, reason))
         names.append(error.module)
         try:
@@ -285,8 +286,8 @@ def _partly_opaque(model: nn.Module, trace: dict, symbolic_error: TraceError,
                   "as opaque calls (report.skipped gives each reason). Pass capture='symbolic' with "
                   f"non_traceable_module_names={opaque!r} to choose this")
         return gm
-    raise TraceError(f"neither symbolic tracing nor torch.export can capture "
-                     f"{type(model).__name__}: {error}; {export_error}",
+    raise TraceError(f"neither torch.export nor symbolic tracing can capture "
+                     f"{type(model).__name__}: {both_failed(model, error, export_error)}",
                      module=error.module) from export_error
 
 

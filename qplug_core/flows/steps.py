@@ -71,8 +71,10 @@ _ON_UNSUPPORTED = ("warn", "raise", "skip")
 
 
 def _annotate(gm: fx.GraphModule, example_inputs: tuple) -> None:
-    n_inputs = sum(node.op == "placeholder" for node in gm.graph.nodes)
-    if len(example_inputs) > n_inputs:
+    placeholders = [str(node.target) for node in gm.graph.nodes if node.op == "placeholder"]
+    n_inputs = len(placeholders)
+    takes_any = any(name.startswith("*") and not name.startswith("**") for name in placeholders)  # *args
+    if len(example_inputs) > n_inputs and not takes_any:
         raise InputMismatchError(
             f"{len(example_inputs)} example inputs given but the model's forward takes {n_inputs}; "
             "pass example_inputs as a tuple with one entry per positional input of forward")

@@ -22,7 +22,12 @@ not point the way the reference form's do, is *rejected*: it never wins, however
 are timed on the example inputs in one interleaved measurement (every round calls each once, the
 order rotating; at batch 1 on a small model each sample is the mean of calls lasting ~1 ms);
 one far slower than the best after two rounds (``qnnpack`` on x86, the
-reference form) is dropped early to keep the measurement short. The fastest median wins; with an
+reference form) is dropped early to keep the measurement short, and the report says only that it
+was over :data:`DROP_RATIO` times slower (two samples on a loaded machine read 17x for 2x). When
+every candidate does all its work on the calling thread and never waits (torch's kernels and
+ONNX Runtime at one thread), calls are timed in CPU seconds of that thread, which the slices
+other processes take do not inflate; otherwise (OpenVINO's or ONNX Runtime's own threads, a
+runtime waiting on a device) in wall seconds. The fastest median wins; with an
 accuracy target, the fastest of those whose search met it (a candidate's is its base's), if any.
 
 The report (``qp.quantization_report(model).auto``) lists every backend tried with its median,
@@ -44,6 +49,11 @@ from warnings import WarningMessage
 
 import torch
 from torch import fx, nn
+
+try:  # the calling thread's context switches (Unix): see _on_calling_thread
+    import resource
+except ImportError:  # pragma: no cover - Windows
+    resource = None  # type: ignore[assignment]
 
 from qplug_core.errors import BackendUnavailableError, QplugError, notify, warn_user
 from qplug_core.flows.finish import finish_conversion
@@ -243,7 +253,7 @@ def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial],
         warn_user("qplug: backend='auto': no installed backend kept the kernel contract on this "
                   "model; it runs in reference form (see the report's auto section)")
         return _record(fallback, [*trials.values(), *untried], ["reference"])
-    medians, dropped = measure({name: model for name, (model, _) in finished.items()}, example_inputs)
+    medians, dropped, on_thread = measure({name: model for name, (model, _) in finished.items()}, example_inputs)
     misses = {name: _target_misses(model) for name, (model, _) in finished.items()}
     # with an accuracy target, the backends whose search met it first: the user asked for it
     ranking = sorted(medians, key=lambda name: (bool(misses[name]), medians[name]))
@@ -255,8 +265,10 @@ def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial],
             runner_up = next(iter(peers[1:]), None)
             why = (f"fastest of {len(peers)} that kept the contract"
                    + (" and met the accuracy target" if len(peers) < len(ranking) else "")
-                   + (f", {medians[runner_up] / medians[name]:.2f}x faster than {runner_up}"
-                      if runner_up else "")
+                   + (f", over {DROP_RATIO:g}x faster than {runner_up} (not timed further)"
+                      if runner_up in dropped else
+                      f", {medians[runner_up] / medians[name]:.2f}x faster than {runner_up}" if runner_up else "")
+                   + ("; timed in CPU time of the calling thread, where every backend ran" if on_thread else "")
                    + (f"; no backend met the accuracy target ({misses[name]})" if misses[name] else ""))
             trials[name] = dataclasses.replace(trial, status="chosen", reason=why)
         elif misses[name] and not misses[winner]:
@@ -264,10 +276,10 @@ def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial],
                 f"missed the accuracy target ({misses[name]}), which {winner} met; "
                 f"{medians[name] / medians[winner]:.2f}x the chosen backend's time"))
         else:
-            ratio = medians[name] / medians[winner]
             trials[name] = dataclasses.replace(trial, status="slower", reason=(
-                f"{ratio:.2f}x the fastest" + (f" after {DROP_AFTER} rounds: not timed further"
-                                               if name in dropped else "")))
+                f"over {DROP_RATIO:g}x the fastest in the first {DROP_AFTER} rounds (best call each): "
+                "not timed further"
+                if name in dropped else f"{medians[name] / medians[winner]:.2f}x the fastest"))
     winner_base = next(base for base in bases if base.backend.name == base_of[winner])
     for message in [*winner_base.target_warnings, *finished[winner][1]]:  # the winner's reach the user
         _reissue(message)
@@ -403,10 +415,12 @@ def _flat(value: Any) -> list:
     return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
-def measure(models: dict[str, Callable], inputs: tuple) -> tuple[dict[str, float], set[str]]:
+def measure(models: dict[str, Callable], inputs: tuple) -> tuple[dict[str, float], set[str], bool]:
     """Median seconds per call of each model on ``inputs``, interleaved (each round calls every
-    model once, the order rotating), and the names dropped after the first round for being more
-    than :data:`DROP_RATIO` times slower than the fastest after :data:`DROP_AFTER` rounds."""
+    model once, the order rotating); the names dropped for being more than :data:`DROP_RATIO`
+    times slower than the fastest after :data:`DROP_AFTER` rounds (their best sample stands for
+    their median); and whether calls were timed in CPU seconds of the calling thread
+    (:func:`_on_calling_thread` of every model), not wall seconds."""
     names = list(models)
     samples: dict[str, list[float]] = {name: [] for name in names}
     with torch.no_grad():
@@ -416,6 +430,8 @@ def measure(models: dict[str, Callable], inputs: tuple) -> tuple[dict[str, float
             t0 = time.perf_counter()
             models[name](*inputs)
             warm[name] = time.perf_counter() - t0
+        on_thread = all(_on_calling_thread(models[name], inputs) for name in names)
+        clock = time.thread_time if on_thread else time.perf_counter
         inner = max(1, min(MAX_INNER, int(SAMPLE_SECONDS / max(min(warm.values()), 1e-9))))
         started = time.perf_counter()
         rounds = 0
@@ -424,17 +440,33 @@ def measure(models: dict[str, Callable], inputs: tuple) -> tuple[dict[str, float
                                       and time.perf_counter() - started < BUDGET_SECONDS):
             for name in active[rounds % len(active):] + active[:rounds % len(active)]:
                 model = models[name]
-                t0 = time.perf_counter()
+                t0 = clock()
                 for _ in range(inner):
                     model(*inputs)
-                samples[name].append((time.perf_counter() - t0) / inner)
+                samples[name].append((clock() - t0) / inner)
             rounds += 1
             if rounds == DROP_AFTER:
                 fastest = {name: min(samples[name]) for name in active}
                 best = min(fastest.values())
                 active = [name for name in active if fastest[name] <= DROP_RATIO * best]
-    medians = {name: sorted(times)[len(times) // 2] for name, times in samples.items()}
-    return medians, set(names) - set(active)
+    medians = {name: sorted(times)[len(times) // 2] if name in active else min(times)
+               for name, times in samples.items()}
+    return medians, set(names) - set(active), on_thread
+
+
+def _on_calling_thread(model: Callable, inputs: tuple) -> bool:
+    """Whether one call of ``model`` did all its work on the calling thread and never waited: no
+    voluntary context switch of the thread (a sleep, a lock, worker threads to join) and no CPU time
+    spent by the process's other threads. Its thread's CPU time is then its wall time minus the
+    slices other processes took (where the OS cannot tell: False, and wall time is used)."""
+    if resource is None or not hasattr(resource, "RUSAGE_THREAD"):
+        return False
+    switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+    thread, process = time.thread_time(), time.process_time()
+    model(*inputs)
+    thread, process = time.thread_time() - thread, time.process_time() - process
+    waited = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - switches
+    return waited == 0 and process <= 1.1 * thread + 1e-4
 
 
 def _record(model: fx.GraphModule, trials: list[Trial], ranking: list[str]) -> fx.GraphModule:

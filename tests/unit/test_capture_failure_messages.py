@@ -70,7 +70,8 @@ def test_the_torch_export_error_comes_first_then_symbolic_tracings(plugin_autolo
 
 def test_a_submodule_neither_captures_leads_the_nothing_quantized_reasons_with_torch_export(plugin_autoload):
     x = torch.randn(2, 4)
-    with pytest.raises(NothingQuantizedError) as caught:
+    with (pytest.raises(NothingQuantizedError) as caught,
+          pytest.warns(UserWarning, match="keeps ValueBranch 'inner' float")):
         qp.quantize(Wrapper().eval(), (x,), [(x,)], backend="fbgemm", recipe="none", progress=False)
     assert "Top reasons ops stayed float: capture failed: torch.export could not capture" in str(caught.value)
     assert _MODULE_SWAP.format("1 Linear") in str(caught.value)

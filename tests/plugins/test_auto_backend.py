@@ -10,6 +10,7 @@ it must lose to an accurate one). No time is asserted, only the choice.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -107,10 +108,13 @@ def test_auto_keeps_the_fastest_backend_that_kept_the_contract(fake_dist, capsys
     assert trials["quick"]["status"] == "chosen"
     assert trials["quick"]["reason"].startswith("fastest of 2 that kept the contract")
     assert trials["sleepy"]["status"] == "slower" and trials["sleepy"]["median_ms"] >= 50
-    # two samples give a bound, not a ratio (a loaded machine made 2x read 17x)
-    assert trials["sleepy"]["reason"] == ("over 3x the fastest in the first 2 rounds (best call each): "
-                                                "not timed further")
-    assert ", over 3x faster than sleepy (not timed further)" in trials["quick"]["reason"]
+    # dropped after two rounds: a bound, not a ratio (a loaded machine made 2x read 17x); a
+    # machine too loaded for a 3x gap times it in full and gives the ratio
+    bound = "over 3x the fastest in the first 2 rounds (best call each): not timed further"
+    if trials["sleepy"]["reason"] == bound:
+        assert ", over 3x faster than sleepy (not timed further)" in trials["quick"]["reason"]
+    else:
+        assert re.fullmatch(r"\d+\.\d\dx the fastest", trials["sleepy"]["reason"]), trials["sleepy"]["reason"]
     assert trials["liar"]["status"] == "rejected"
     assert "broke the kernel contract" in trials["liar"]["reason"]
     assert trials["reference"]["status"] == "not tried"

@@ -33,6 +33,7 @@ from qplug_core.kernels.base import (
     TensorArg,
     engine_context,
 )
+from qplug_core.kernels.passthrough import dense_batch_stride, reads_batch_stride
 from qplug_core.kernels.reference import (
     Dequantize,
     DynamicQuantize,
@@ -226,7 +227,7 @@ def _lower_region(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _Re
     if problem:
         return problem
     if spec.passthrough:
-        _drop_boundaries(nodes, boundaries[0], outputs)
+        _drop_boundaries(gm, nodes, boundaries[0], outputs, kernel.batch_stride_read)
         return ""
     kernel_name = root.target if root is not None else _free_module_name(gm, compute, spec.op)
     gm.set_submodule(kernel_name, kernel)
@@ -447,8 +448,12 @@ class _PassthroughOp(torch.nn.Module):
         super().__init__()
         self.kind, self.target, self.engine = node.op, node.target, engine
         self.module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        #: its int8 input goes through ``dense_batch_stride`` (a node lowering inserts before it)
+        self.batch_stride_read = reads_batch_stride(self.module if self.module is not None else node.target)
 
     def forward(self, *args, **kwargs):
+        if self.batch_stride_read:
+            args = (dense_batch_stride(args[0]), *args[1:])
         with engine_context(self.engine):
             if self.module is not None:
                 return self.module(*args, **kwargs)
@@ -457,11 +462,16 @@ class _PassthroughOp(torch.nn.Module):
             return self.target(*args, **kwargs)
 
 
-def _drop_boundaries(nodes: _RegionNodes, boundary: fx.Node, output_quantizes: list) -> None:
-    """Lower a passthrough region: its op reads the quantized tensor and its output (a split's
-    pieces) is used as is."""
+def _drop_boundaries(gm: fx.GraphModule, nodes: _RegionNodes, boundary: fx.Node, output_quantizes: list,
+                     batch_stride_read: bool) -> None:
+    """Lower a passthrough region: its op reads the quantized tensor (through ``dense_batch_stride``
+    for an op whose kernel misreads some batch-1 views) and its output (a split's pieces) is used as is."""
+    source = boundary.args[0]
+    if batch_stride_read:
+        with gm.graph.inserting_after(boundary):
+            source = gm.graph.call_function(dense_batch_stride, (source,))
     for member in nodes.members:
-        member.replace_input_with(boundary, boundary.args[0])
+        member.replace_input_with(boundary, source)
     for quantize in output_quantizes:
         quantize.replace_all_uses_with(quantize.args[0])
 

@@ -116,6 +116,29 @@ def check_padding(ctx: KernelContext) -> None:
             "channels-last 4-D tensors only), so it runs in float between a dequantize and a quantize")
 
 
+#: passthrough ops whose int8 kernels in torch 2.13 (fbgemm, x86, qnnpack) misread a batch-1 tensor
+#: torch calls channels-last while its batch stride is not that of a dense one: tokens transposed
+#: and reshaped into a map, as SegFormer's decoder feeds ``F.interpolate`` (up to 255 steps off)
+_BATCH_STRIDE_FUNCTIONS = (F.interpolate, F.max_pool2d, F.max_pool3d, F.avg_pool2d, F.avg_pool3d,
+                           F.adaptive_avg_pool2d, F.adaptive_avg_pool3d)
+_BATCH_STRIDE_MODULES = (nn.Upsample, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool2d, nn.AvgPool3d,
+                         nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)
+
+
+def reads_batch_stride(op: object) -> bool:
+    """Whether passthrough ``op`` (a function, or a module instance) must get its input through
+    :func:`dense_batch_stride`."""
+    return op in _BATCH_STRIDE_FUNCTIONS or isinstance(op, _BATCH_STRIDE_MODULES)
+
+
+def dense_batch_stride(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with a batch of one given the batch stride of a dense tensor: the same elements, no copy
+    (a size-1 dim's stride addresses nothing), which those kernels read right."""
+    if x.dim() >= 4 and x.size(0) == 1 and x.stride(0) != x.numel() and x.numel():
+        return x.as_strided(x.size(), (x.numel(), *x.stride()[1:]))
+    return x
+
+
 #: passthrough ops that run only some of their calls -> the check refusing the others (KernelSpec.check)
 PASSTHROUGH_CHECKS: dict[object, Callable[[KernelContext], None]] = {
     F.interpolate: check_upsampling, nn.Upsample: check_upsampling,

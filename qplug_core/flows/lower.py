@@ -470,6 +470,7 @@ def _drop_boundaries(gm: fx.GraphModule, nodes: _RegionNodes, boundary: fx.Node,
     if batch_stride_read:
         with gm.graph.inserting_after(boundary):
             source = gm.graph.call_function(dense_batch_stride, (source,))
+        source.meta[KERNEL] = "passthrough"  # part of the op's int8 run, no float compute
     for member in nodes.members:
         member.replace_input_with(boundary, source)
     for quantize in output_quantizes:

@@ -2,7 +2,8 @@
 
 A third-party kernel is code qplug cannot review. Before lowering puts one into the graph, it runs
 it on the inputs that its region saw when the reference form ran on the example inputs given to
-``prepare_fx`` (kept in ``GraphModule.meta``), and compares with the reference form's output:
+``prepare_fx`` (kept in ``GraphModule.meta``), laid out as that run made them (a kernel can be wrong
+on one layout only: a batch-1 view of transposed tokens), and compares with the reference form's output:
 
 * same shape, a finite result, and the dtype the graph expects there (the backend's quantized
   dtype after a quantized output, float otherwise);
@@ -94,6 +95,9 @@ class RegionProbe:
     sources: dict[fx.Node, fx.Node] = field(default_factory=dict)
     #: the arguments of a float-input kernel, as in the reference form
     call: tuple[tuple, dict] = ((), {})
+    #: dequantize boundary -> the float node its integers were quantized from: the lowered model
+    #: passes its kernel a tensor laid out as that value (a view, when only views lie between)
+    layouts: dict[fx.Node, fx.Node] = field(default_factory=dict)
 
     def nodes(self) -> list[fx.Node]:
         found: list[fx.Node] = [self.reference_output, *self.sources, *self.sources.values()]
@@ -107,6 +111,8 @@ class ContractRun:
 
     probes: dict[int, RegionProbe] = field(default_factory=dict)  # by region id
     values: dict[fx.Node, Any] = field(default_factory=dict)
+    #: the strides of the probes' ``layouts`` nodes (their values are not kept: one more activation each)
+    strides: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
     available: bool = False
     #: why the reference form did not run on the example inputs ('' if it ran or had nothing to run)
     failed: str = ""
@@ -135,11 +141,29 @@ def _copied(value: Any) -> Any:
 def _twin(tensor: torch.Tensor) -> torch.Tensor:
     """A copy with the same strides (a column slice stays strided, an expanded tensor expanded):
     a kernel is checked on the layout the model gives it, which ``clone()`` would make contiguous."""
-    if tensor.is_quantized or tensor.layout != torch.strided:
+    if tensor.is_quantized:
+        return with_strides(tensor.clone(), tensor.stride())
+    if tensor.layout != torch.strided:
         return tensor.clone()
     storage = tensor.untyped_storage().clone()
     return torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
         storage, tensor.storage_offset(), tensor.size(), tensor.stride())
+
+
+def with_strides(tensor: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """``tensor``'s values laid out with ``stride``, the layout recorded where the model made them:
+    kernels can be wrong on one layout only (torch's int8 upsampling and pooling misread a batch-1
+    view whose batch stride is not that of a dense tensor). A layout with gaps (a slice) gets its
+    dims' order only; so does a quantized tensor with per-channel scales (torch re-strides only
+    per-tensor ones)."""
+    if tuple(tensor.stride()) == tuple(stride) or tensor.dim() != len(stride) or tensor.dim() == 0:
+        return tensor
+    order = sorted(range(tensor.dim()), key=lambda d: -stride[d])
+    dense = tensor.permute(order).contiguous().permute([order.index(d) for d in range(tensor.dim())])
+    per_tensor = not tensor.is_quantized or tensor.qscheme() == torch.per_tensor_affine
+    if per_tensor and all(dense.stride(d) == stride[d] for d in range(tensor.dim()) if tensor.size(d) > 1):
+        return dense.as_strided(tensor.size(), stride)  # they differ on size-1 dims only
+    return dense
 
 
 class ValueRecorder(fx.Interpreter):
@@ -153,9 +177,12 @@ class ValueRecorder(fx.Interpreter):
     the run (in-place writes, through views too) are copied when produced in one more run.
     """
 
-    def __init__(self, gm: fx.GraphModule, wanted: set[fx.Node], values: dict[fx.Node, Any]) -> None:
+    def __init__(self, gm: fx.GraphModule, wanted: set[fx.Node], values: dict[fx.Node, Any],
+                 strides: dict[fx.Node, tuple[int, ...]] | None = None) -> None:
         super().__init__(gm)
         self.wanted, self.values = wanted, values
+        #: the nodes whose strides alone are kept (filled in by the run: their keys)
+        self.strides = strides if strides is not None else {}
         self.copied: set[fx.Node] = set()
         self.versions: dict[fx.Node, tuple[int, ...]] = {}
 
@@ -170,6 +197,8 @@ class ValueRecorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
+        if n in self.strides and isinstance(result, torch.Tensor):
+            self.strides[n] = tuple(result.stride())
         if n in self.wanted:
             versions = None if n in self.copied else _versions(result)
             if versions is None:
@@ -187,9 +216,10 @@ def record(gm: fx.GraphModule, probes: dict[int, RegionProbe]) -> ContractRun:
     if example is None or not probes:
         return run
     wanted = {n for p in probes.values() for n in p.nodes()}
+    run.strides = {n: () for p in probes.values() for n in p.layouts.values()}
     try:
         with torch.no_grad():
-            ValueRecorder(gm, wanted, run.values).run(*example)
+            ValueRecorder(gm, wanted, run.values, run.strides).run(*example)
     except Exception as error:  # noqa: BLE001 - the example no longer fits (a plugin pass changed the graph)
         return ContractRun(probes, failed=f"{type(error).__name__}: {first_line(error)}")
     run.available = True

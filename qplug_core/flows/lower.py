@@ -268,11 +268,13 @@ def _unbuildable(spec: KernelSpec, ctx: KernelContext, error: ConfigValidationEr
 
 def _probe(gm: fx.GraphModule, nodes: _RegionNodes, tag, passthrough: bool) -> kernel_contract.RegionProbe:
     compute, boundaries, _ = _region_io(gm, nodes, tag)
+    sources = {b: b.args[0] for b in boundaries}
+    layouts = {b: s.args[0] for b, s in sources.items() if is_module_call(gm, s, Quantize)}
     if passthrough:  # the op's own arguments, its int8 input given as the backend's tensor
-        return kernel_contract.RegionProbe(nodes.anchor, sources={b: b.args[0] for b in boundaries},
+        return kernel_contract.RegionProbe(nodes.anchor, sources=sources, layouts=layouts,
                                            call=(compute.args, dict(compute.kwargs)))
     if boundaries:
-        return kernel_contract.RegionProbe(nodes.anchor, sources={b: b.args[0] for b in boundaries})
+        return kernel_contract.RegionProbe(nodes.anchor, sources=sources, layouts=layouts)
     return kernel_contract.RegionProbe(nodes.anchor, call=(compute.args, dict(compute.kwargs)))
 
 
@@ -298,7 +300,7 @@ def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: tor
         return ""
     values = contract.values
     quantized = {b: values[source] if is_module_call(gm, b, DynamicQuantize)
-                 else _backend_quantize(gm, backend, b, values[b], values[source])
+                 else _as_passed(_backend_quantize(gm, backend, b, values[b], values[source]), probe, b, contract)
                  for b, source in probe.sources.items()}
     if quantized and not spec.passthrough:  # an int8 kernel takes its quantized inputs alone
         args, kwargs = tuple(quantized.values()), {}
@@ -325,6 +327,16 @@ def _contract_problem(gm: fx.GraphModule, backend, spec: KernelSpec, kernel: tor
         return ""
     return _kernel_failed(backend, spec, tag, nodes,
                           f"{kernel_contract.CONTRACT_BROKEN} on the example inputs ({problem})")
+
+
+def _as_passed(value: torch.Tensor, probe: kernel_contract.RegionProbe, boundary: fx.Node,
+               contract: kernel_contract.ContractRun) -> torch.Tensor:
+    """A region's quantized input laid out as the lowered model passes it: as the float value its
+    integers were quantized from, recorded on the example (a backend's quantize lays out anew, and
+    the views between two kernels keep their input's layout)."""
+    source = probe.layouts.get(boundary)
+    stride = contract.strides.get(source) if source is not None else None
+    return kernel_contract.with_strides(value, stride) if stride else value
 
 
 def _kernel_failed(backend, spec: KernelSpec, tag, nodes: _RegionNodes, what: str) -> str:

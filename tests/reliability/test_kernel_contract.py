@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.flows import kernel_check as kernel_contract
+from qplug_core.plugin_api import BackendPlugin, KernelSpec
 from qplug_core.registry import plugins
 
 pytestmark = pytest.mark.usefixtures("installed_backends")
@@ -194,6 +196,16 @@ def test_a_kernel_is_checked_on_the_layout_the_model_gives_it():
         == "it raised RuntimeError: Expect indices to be contiguous"
 
 
+def test_a_quantized_input_keeps_even_the_batch_stride_of_a_view():
+    """SegFormer's decoder passes its upsampling a batch-1 view of transposed tokens with batch
+    stride C, which torch's kernel misreads; a quantized copy (``clone()``, a backend's quantize)
+    is laid out anew, so the check is given the recorded strides exactly."""
+    tokens = torch.quantize_per_tensor(torch.randn(1, 20, 8), 0.05, 128, torch.quint8)
+    view = tokens.transpose(1, 2).reshape(1, 8, 4, 5)
+    for copy in (kernel_contract._copied(view), kernel_contract.with_strides(view.contiguous(), view.stride())):
+        assert copy.stride() == view.stride() == (8, 1, 40, 8) and torch.equal(copy.int_repr(), view.int_repr())
+
+
 class AddOfFarApartScales(nn.Module):
     """``c(a(x) + b(x))`` with ``b`` 1e5 times larger: the add's A-to-output scale ratio (~1e-5) is
     below the 2**-14 QNNPACK's add accepts, while x86's add takes any ratio."""
@@ -297,3 +309,82 @@ def test_a_contract_and_weight_search_that_cannot_run_say_so_in_a_warning_and_th
     assert [note.split(":")[0] for note in report.notes] == ["8-bit weight search not run",
                                                              "kernel contract not checked"]
     assert "7-bit weights" in report.notes[0] and "note: kernel contract not checked" in str(report)
+
+
+class RawUpsample(nn.Module):
+    """torch's own int8 upsampling, called on its input as given (without lowering's
+    ``dense_batch_stride``): wrong on a batch-1 map of transposed tokens."""
+
+    def __init__(self, kwargs: dict) -> None:
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.interpolate(q, **self.kwargs)
+
+
+class RawUpsampling(BackendPlugin):
+    """fbgemm, with its upsampling as a plugin would write it: a kernel module calling torch's."""
+
+    name = "rawup"
+    description = "fbgemm with torch's int8 upsampling called as is"
+    engine = "fbgemm"
+
+    def kernels(self):
+        table = super().kernels()
+        table[torch.nn.functional.interpolate] = KernelSpec("test::raw_upsample",
+                                                            build=lambda ctx: RawUpsample(ctx.kwargs))
+        return table
+
+
+class TokensUpsampled(nn.Module):
+    """SegFormer's decoder: tokens through a linear, transposed and reshaped into a map, upsampled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.fuse = nn.Linear(8, 8), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grid = self.proj(x.flatten(2).transpose(1, 2)).transpose(1, 2).reshape(x.shape)
+        return self.fuse(torch.nn.functional.interpolate(grid, size=(12, 12), mode="bilinear"))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_kernel_is_checked_on_the_view_the_model_passes_it(register_plugin, batch):
+    """The check re-quantized each region's input afresh, contiguous; the model passes the
+    upsampling a view of transposed tokens, which torch's kernel misreads at batch 1 (up to 255
+    steps off): a plugin kernel calling it passed the check and made SegFormer's logits noise.
+    The check now lays each input out as the example run did: at batch 1 it catches the kernel."""
+    register_plugin(RawUpsampling(), "rawup")
+    torch.manual_seed(0)
+    data = [(torch.randn(batch, 8, 6, 6),) for _ in range(2)]
+    observed = qp.calibrate(qp.prepare_fx(TokensUpsampled().eval(), None, data[0], backend="rawup"), data)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lowered = qp.convert_fx(observed)
+    kernels = qp.quantization_report(lowered).kernels
+    broke = [str(w.message) for w in caught if kernel_contract.CONTRACT_BROKEN in str(w.message)]
+    if batch == 2:  # laid out as torch's kernel reads right: kept
+        assert "test::raw_upsample" in kernels.values() and not broke
+        return
+    assert "test::raw_upsample" not in kernels.values()
+    assert len(broke) == 1 and "kernel test::raw_upsample of plugin 'rawup' (qplug-rawup 0.1)" in broke[0]
+    reference = qp.convert_to_reference_fx(observed)
+    with torch.no_grad():
+        expected = reference(*data[1])
+        # rounding of the upsampling in float and the conv after it: 2 steps; the kernel's: over 100
+        assert (lowered(*data[1]) - expected).abs().max() <= 4 * one_step(expected)
+
+
+def test_auto_rejects_a_backend_whose_kernel_misreads_the_view_the_model_passes(register_plugin):
+    """``backend="auto"`` finishes every candidate through the same check: the plugin's upsampling,
+    wrong on the decoder's batch-1 view, makes its backend rejected, whatever its speed."""
+    register_plugin(RawUpsampling(), "rawup")
+    torch.manual_seed(0)
+    data = [(torch.randn(1, 8, 6, 6),) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantized = qp.quantize(TokensUpsampled().eval(), data[0], data, backend="auto", progress=False)
+    trials = {t["backend"]: t for t in qp.quantization_report(quantized).auto}
+    assert trials["rawup"]["status"] == "rejected" and kernel_contract.CONTRACT_BROKEN in trials["rawup"]["reason"]
+    assert trials["fbgemm"]["status"] in ("chosen", "slower")

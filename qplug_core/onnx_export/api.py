@@ -169,10 +169,13 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
     example's static shapes. ``dynamic_linears="dequantized_weights"`` exports dynamic int8
     linears as int8 weights into a float MatMul, for a runtime that quantizes their activations
     itself (OpenVINO); the default is ONNX Runtime's ``DynamicQuantizeLinear`` + ``MatMulInteger``.
+    The exporter's notes for readers (node stack traces, ``value_info``) are left out unless
+    ``QPLUG_DEBUG=1`` (:mod:`~qplug_core.onnx_export.annotations`).
     """
     import onnx
 
     from qplug_core.onnx_export import region_models
+    from qplug_core.onnx_export.annotations import strip_annotations
 
     options = (opset, onnxruntime_ops, dynamic_linears)
     named = input_names is not None or output_names is not None or bool(dynamic)
@@ -190,6 +193,7 @@ def to_onnx_proto(gm: fx.GraphModule, example_inputs: tuple, *, opset: int = DEF
             axes.check(program, example_inputs, dynamic)
         if not named:
             region_models.remember(gm, example_inputs, options, program.exported_program, proto)
+        strip_annotations(proto)
     if check:
         try:
             onnx.checker.check_model(proto)

@@ -46,6 +46,9 @@ class _Exported:
     #: the sizes of the inputs it was exported on, by ONNX name (a shape read from one is a constant
     #: in the check model, which runs on the same inputs' values)
     shapes: dict[str, list[int]]
+    #: the ONNX type of each value with one (``value_info``, outputs, inputs), copied: the
+    #: partition's model leaves its ``value_info`` out (``annotations.strip_annotations``)
+    types: dict[str, Any]
 
 
 def remember(gm: fx.GraphModule, example_inputs: tuple, options: Hashable, exported_program: Any, proto: Any) -> None:
@@ -57,7 +60,7 @@ def remember(gm: fx.GraphModule, example_inputs: tuple, options: Hashable, expor
     values = _value_names(gm, exported_program, proto)
     shapes = {values[n.name]: list(value.shape) for n, value in zip(gm.graph.find_nodes(op="placeholder"), example_inputs)
               if n.name in values and isinstance(value, torch.Tensor)}
-    exports[id(gm)] = _Exported(gm, options, proto, values, shapes)
+    exports[id(gm)] = _Exported(gm, options, proto, values, shapes, _value_types(proto.graph))
 
 
 def cut(gm: fx.GraphModule, example_inputs: tuple, options: Hashable) -> Any:
@@ -73,7 +76,18 @@ def cut(gm: fx.GraphModule, example_inputs: tuple, options: Hashable) -> Any:
     named = [([exported.values.get(n) for n in inputs], exported.values.get(end)) for inputs, end in ends]
     if any(end is None or None in inputs for inputs, end in named):
         return None
-    return _cut(exported.proto, named, example_inputs, exported.shapes)
+    return _cut(exported.proto, named, example_inputs, exported.shapes, exported.types)
+
+
+def _value_types(graph: Any) -> dict[str, Any]:
+    """The ONNX type of every value ``graph`` declares one for, by name (copies)."""
+    import onnx
+
+    types = {}
+    for value in (*graph.value_info, *graph.output, *graph.input):
+        types[value.name] = onnx.TypeProto()
+        types[value.name].CopyFrom(value.type)
+    return types
 
 
 def _value_names(gm: fx.GraphModule, exported_program: Any, proto: Any) -> dict[str, str]:
@@ -121,11 +135,12 @@ def _weighted_outputs(gm: fx.GraphModule, exported_program: Any) -> dict[str, st
             and len(by_module.get(str(n.target), ())) == 1}
 
 
-def _cut(proto: Any, regions: list[tuple[list[str], str]], example_inputs: tuple, shapes: dict[str, list[int]]) -> Any:
+def _cut(proto: Any, regions: list[tuple[list[str], str]], example_inputs: tuple, shapes: dict[str, list[int]],
+         types: dict[str, Any]) -> Any:
     """One model of every region (input value names, output value name) of ``proto``, each with
     its own inputs (static, shaped like ``example_inputs`` in order) and its output; the shape of
     a model input it does not read (an upsample to another input's size) a constant, as ``shapes``
-    has it. None where a region reaches another value it does not read, or the model keeps its
+    has it, and its output of the type ``types`` names. None where a region reaches another value it does not read, or the model keeps its
     data elsewhere."""
     import onnx
     from onnx import helper
@@ -138,7 +153,6 @@ def _cut(proto: Any, regions: list[tuple[list[str], str]], example_inputs: tuple
     all_nodes = list(graph.node)
     producer = {out: i for i, node in enumerate(all_nodes) for out in node.output}
     initializers = {t.name: t for t in graph.initializer}
-    types = {v.name: v.type for v in (*graph.value_info, *graph.output, *graph.input)}
     nodes, inputs, outputs, used = [], [], [], {}
     examples = iter(example_inputs)
     for i, (reads, end) in enumerate(regions):

@@ -1,0 +1,61 @@
+"""A compiled partition's ONNX model leaves out torch.onnx's notes for readers (node stack traces,
+``value_info``): they were half of a small model's stored partition (a TCN's 281 kB -> 139 kB),
+once per compiled signature in every ``qp.save`` file. ``QPLUG_DEBUG=1`` keeps them."""
+
+from __future__ import annotations
+
+import warnings
+
+import onnx
+import pytest
+import torch
+from safetensors import safe_open
+from torch import fx, nn
+
+import qplug_core as qp
+from qplug_core.onnx_export import to_onnx_proto
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+
+class _Causal(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = nn.Conv1d(2, 8, 3, padding=2), nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)[:, :, :-2])[:, :, -1])
+
+
+def _notes(model: onnx.ModelProto) -> list[str]:
+    """Where ``model`` carries a note for readers."""
+    found = [f"node {n.name}: {[p.key for p in n.metadata_props]}" for n in model.graph.node if n.metadata_props]
+    found += [f"node {n.name}: doc_string" for n in model.graph.node if n.doc_string]
+    return found + [f"value_info {v.name}" for v in model.graph.value_info]
+
+
+@pytest.mark.slow  # ~6 s alone (a quantize on onnxruntime, a save and a load)
+def test_a_stored_partition_model_has_no_exporter_notes(tmp_path):
+    pytest.importorskip("qplug_onnxruntime")
+    torch.manual_seed(0)
+    model, x = _Causal().eval(), torch.randn(1, 2, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qmodel = qp.quantize(model, (x,), [(torch.randn(1, 2, 16),) for _ in range(2)], backend="onnxruntime")
+    path = qp.save(qmodel, tmp_path / "causal.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        blobs = [f.get_tensor(k).numpy().tobytes() for k in f.keys() if k.startswith("partition_models/")]  # noqa: SIM118
+    assert blobs
+    for blob in blobs:
+        stored = onnx.load_model_from_string(blob)
+        assert _notes(stored) == []
+        assert [p.key for p in stored.metadata_props] == ["qplug.min_sizes"]  # qplug's own note stays
+    longer = torch.randn(1, 2, 23)
+    with torch.no_grad():  # built from the stored model, it answers as the saved one
+        assert torch.equal(qp.load(path)(longer), qmodel(longer))
+
+
+def test_qplug_debug_keeps_them(monkeypatch):
+    monkeypatch.setenv("QPLUG_DEBUG", "1")
+    kept = _notes(to_onnx_proto(fx.symbolic_trace(_Causal().eval()), (torch.randn(1, 2, 16),)))
+    assert any("pkg.torch.onnx.stack_trace" in note for note in kept) and any("value_info" in n for n in kept)

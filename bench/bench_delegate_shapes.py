@@ -1,7 +1,9 @@
 """Delegated partitions at new input shapes: what a serving user pays for a length or batch size
 the model has not seen (first call), what the compiled models hold (RSS over ``--shapes`` new
 shapes, the compiled models kept), and how 4 client threads share one model against serial calls
-(interleaved, same total number of calls).
+(interleaved, same total number of calls). On openvino also: the partition's dynamic model
+against one compiled static for the example's shape (compile time; calls at that shape,
+interleaved, process CPU time), the choice plugins/qplug_openvino/README.md documents.
 
 A 1-D CNN ``(batch, 6, time)`` quantized at time 512 is called at batch 1 with new time lengths
 160, 168, ... then with new batch sizes 2, 3, ...
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import threading
+import time
 import warnings
 
 import torch
@@ -40,6 +43,28 @@ def _signal(batch: int, length: int, seed: int) -> torch.Tensor:
 
 def _held(model: nn.Module) -> int:
     return sum(len(m.compiled) for m in model.modules() if isinstance(m, CompiledPartition))
+
+
+def _static_against_dynamic(q: nn.Module, x: torch.Tensor, rounds: int) -> None:
+    """OpenVINO: the partition's compiled (dynamic) model against the same ONNX model compiled
+    with ``x``'s static shape, called on ``x`` in OpenVINO directly (no qplug around either)."""
+    from qplug_openvino.runtime import import_openvino
+
+    openvino = import_openvino()
+    (partition,) = [m for m in q.modules() if isinstance(m, CompiledPartition)]
+    core, properties = openvino.Core(), partition.compile_settings.properties()
+    static = core.read_model(partition.sources[0])
+    static.reshape({static.inputs[0]: openvino.PartialShape(list(x.shape))})
+    seconds, compiled = timed(lambda: core.compile_model(static, "CPU", properties))
+    requests = {"dynamic": partition.compiled_models[0].create_infer_request(),
+                "static": compiled.create_infer_request()}
+    array = x.numpy()
+    times = interleaved({name: lambda r=r: r.infer({0: array}) for name, r in requests.items()}, rounds,
+                        warmup=2, inner=50, clock=time.process_time)
+    d, s = median(times["dynamic"]), median(times["static"])
+    print(f"static model for {tuple(x.shape)}: compile {seconds * 1e3:.0f} ms; per call dynamic {d * 1e6:.0f} us, "
+          f"static {s * 1e6:.0f} us (dynamic / static = {d / s:.2f}x, process CPU, medians of {rounds} "
+          f"interleaved rounds of 50 calls)")
 
 
 def main() -> None:
@@ -85,6 +110,8 @@ def main() -> None:
         s, t = median(times["serial"]), median(times["4 threads"])
         print(f"{calls} calls at batch 4 x 512: serial {s * 1e3:.1f} ms, 4 threads {t * 1e3:.1f} ms "
               f"(serial / 4 threads = {s / t:.2f}x, medians of {args.rounds} interleaved rounds)")
+        if args.backend == "openvino":
+            _static_against_dynamic(q, _signal(1, 512, 5), args.rounds)
 
 
 if __name__ == "__main__":

@@ -271,6 +271,35 @@ def test_another_input_shape_gets_its_own_compiled_model():
     assert (got - expected).abs().max() <= output_step(expected) * 1.001
 
 
+class _CausalConv(torch.nn.Module):
+    """A one-step forecaster over a growing window (tsaudio F10): causal conv, last step, head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = torch.nn.Conv1d(2, 8, 3, padding=2), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)[:, :, :-2])[:, :, -1])
+
+
+@pytest.mark.slow  # 5-9 s: one convert (export, compile, check)
+def test_new_sequence_lengths_run_in_the_one_compiled_model(monkeypatch):
+    """tsaudio F10: a forecaster rolled out over growing windows compiles nothing after convert."""
+    torch.manual_seed(0)
+    ov_model, reference = _lowered_and_reference(_CausalConv(), torch.randn(1, 2, 16))
+    (partition,) = partitions(ov_model)
+    compiles, compile_model = [], openvino.Core.compile_model
+    monkeypatch.setattr(openvino.Core, "compile_model",  # calls through: OpenVINO compiles as always
+                        lambda core, *args: compiles.append(args[-1]) or compile_model(core, *args))
+    with torch.no_grad():
+        for length in (16, 23, 40):
+            x = torch.randn(1, 2, length)
+            # float outputs (the head's): OpenVINO's float sums in another order
+            torch.testing.assert_close(ov_model(x), reference(x), atol=2e-3, rtol=0, msg=f"length {length}")
+    assert compiles == [] and len(partition.compiled_models) == 1
+    assert partition.compiled_models[0].inputs[0].get_partial_shape()[2].is_dynamic
+
+
 def test_save_load_compiles_again_from_the_reference_form(tmp_path):
     model, ov_model, reference = quantized_pair("digits_cnn")
     # the reference forms kept (snapshot, the partition's own, qp.compare's) hold int8 weights, read

@@ -34,7 +34,7 @@ def _notes(model: onnx.ModelProto) -> list[str]:
     return found + [f"value_info {v.name}" for v in model.graph.value_info]
 
 
-@pytest.mark.slow  # ~6 s alone (a quantize on onnxruntime, a save and a load)
+@pytest.mark.slow  # 18 s in a fresh process (torch.onnx warms up; a quantize, a save, a load)
 def test_a_stored_partition_model_has_no_exporter_notes(tmp_path):
     pytest.importorskip("qplug_onnxruntime")
     torch.manual_seed(0)

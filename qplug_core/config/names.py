@@ -121,7 +121,8 @@ _CORE_OBSERVER_SOURCES = (
 )
 _CORE_FUSER_SOURCES = ("qplug_core.nn.fuser_methods",)
 _ATEN_NAME = re.compile(r"aten::([a-z_][a-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)\Z")
-#: schema argument names of aten ops that take a path
+#: schema argument names of aten ops that take a path (when the argument is a string: einsum's
+#: ``path`` is a contraction order, a list of ints)
 _FILE_ARGUMENTS = frozenset({"filename", "path", "file"})
 
 
@@ -256,9 +257,14 @@ def _aten_op(name: str) -> Any:
         return None
     private = op_name.startswith("_") and not (op_name.startswith("__") and op_name.endswith("__"))
     if (private or _denied(op_name)  # dunder names are Python's operators (aten::__and__): public
-            or any(a.name in _FILE_ARGUMENTS for a in schema.arguments)):
+            or any(_takes_file(a) for a in schema.arguments)):
         return None
     return op if isinstance(op, torch._ops.OpOverload) and _aten_name(op) == name else None
+
+
+def _takes_file(argument: torch._C.Argument) -> bool:
+    optional_str = torch._C.OptionalType(torch._C.StringType.get())
+    return argument.name in _FILE_ARGUMENTS and argument.type.isSubtypeOf(optional_str)
 
 
 # -- building the table ----------------------------------------------------------------------------

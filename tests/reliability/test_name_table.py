@@ -37,6 +37,8 @@ def test_a_name_only_resolves_for_the_use_it_is_registered_for():
 def test_aten_overloads_resolve_by_their_exact_name_only():
     assert decode_name("aten::add.Tensor", kinds=(Kind.OP,)) is torch.ops.aten.add.Tensor
     assert encode_name(torch.ops.aten.relu.default, kinds=(Kind.OP,)) == "aten::relu.default"
+    # einsum's ``path`` is a list of ints (a contraction order): not a file argument
+    assert decode_name("aten::einsum.default", kinds=(Kind.OP,)) is torch.ops.aten.einsum.default
     for name in ("aten::add", "aten::add.NoSuchOverload", "aten::_softmax.default", "aten::from_file.default",
                  "aten::add.Tensor.__call__", "prim::Print.default", "quantized::linear.default"):
         with pytest.raises(ConfigValidationError, match="unknown or disallowed"):

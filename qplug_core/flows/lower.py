@@ -77,6 +77,7 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
         warn_user(f"qplug: {note}; qp.compare(float_model, qmodel, data) measures the result")
         gm.meta.setdefault(CONVERSION_NOTES, []).append(note)
     without_kernel: dict[str, str] = {}  # weighted layer -> its pattern, when the backend has no kernel
+    refused: dict[str, str] = {}  # region -> why its kernel refused it
     for tag, nodes in regions:
         spec = backend.kernels.get(tag.pattern)
         name = nodes.name = report_key(nodes.anchor)
@@ -93,7 +94,7 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
             summary.reference[name] = problem
             continue
         root = _root(nodes)
-        problem = _why_not_lowered(gm, backend, spec, tag, nodes, contract)
+        problem = _why_not_lowered(gm, backend, spec, tag, nodes, contract, refused)
         if problem:
             summary.reference[name] = problem
         else:
@@ -101,6 +102,7 @@ def lower_graph(gm: fx.GraphModule, backend, keep_reference: dict[str, str] | No
             if replaced is not None and root is not None and root.op == "call_module":
                 replaced(str(root.target))
     _warn_without_kernel(backend, without_kernel)
+    _warn_refused(backend, refused)
     _swap_boundaries(gm, backend)
     gm.graph.eliminate_dead_code()
     keep_conv1d_layouts(gm)
@@ -123,6 +125,15 @@ def _warn_without_kernel(backend, layers: dict[str, str]) -> None:
         warn_user(f"qplug: backend {backend.name!r} has no int8 kernel for these layers, which run in "
                   f"reference form (int8-rounded weights, float compute): {named}. Use a backend with such "
                   "kernels, or set their qconfig to None to keep them float")
+
+
+def _warn_refused(backend, refused: dict[str, str]) -> None:
+    """One warning for the regions whose kernel refused them (a UNet's up-convolutions), not one
+    per region: each runs the reference form's float compute, which the warning says."""
+    if refused:
+        named = "; ".join(f"node {name!r}: {why}" for name, why in refused.items())
+        warn_user(f"qplug: backend {backend.name!r} runs {len(refused)} region(s) in reference form "
+                  f"(int8-rounded values, float compute) because their kernel refused them: {named}")
 
 
 def _quantized_regions(gm: fx.GraphModule):
@@ -353,8 +364,9 @@ def _quantized_output(tag) -> bool:
 
 
 def _why_not_lowered(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: _RegionNodes,
-                     contract: kernel_contract.ContractRun) -> str:
-    """Lower one region; an empty string when it now runs the kernel, else why it stays reference."""
+                     contract: kernel_contract.ContractRun, refused: dict[str, str]) -> str:
+    """Lower one region; an empty string when it now runs the kernel, else why it stays reference
+    (also recorded in ``refused`` when the kernel refused it, for one warning about all)."""
     runtime = [] if spec.passthrough else _runtime_operands(nodes)
     inputs = [a.name for a in runtime if a.op == "placeholder"]
     if inputs:  # nn.LSTM given a PackedSequence: no quantize op in the graph can reach its data
@@ -369,8 +381,7 @@ def _why_not_lowered(gm: fx.GraphModule, backend, spec: KernelSpec, tag, nodes: 
     try:
         return _lower_region(gm, backend, spec, tag, nodes, contract)
     except ConstraintViolationError as refusal:  # the kernel refused this instance (before any edit)
-        warn_user(f"qplug: backend {backend.name!r}, node {nodes.name!r}: {refusal}; "
-                  "it stays in reference form")
+        refused[nodes.name] = str(refusal)
         return str(refusal)
 
 

@@ -338,9 +338,9 @@ class _ConvTransposeNd(_ConvNd):
                           else expected, cls.__name__, kernel.engine)
         except BackendUnavailableError as error:
             raise ConstraintViolationError(
-                f"{cls.__name__} {tuple(mod.weight.shape)} kernel_size={mod.kernel_size}: engine "
-                f"{kernel.engine!r}'s kernel gives wrong results for this layer ({error}); it runs "
-                "in reference form instead", field="engine", value=kernel.engine) from error
+                f"{cls.__name__} {tuple(mod.weight.shape)} kernel_size={mod.kernel_size}: the kernel "
+                f"of engine {kernel.engine!r} gives wrong results for this layer ({error})",
+                field="engine", value=kernel.engine) from error
 
     @classmethod
     def _pack(cls, mod: nn.Module, qweight: torch.Tensor) -> object:

@@ -482,14 +482,31 @@ def test_16_unet_upsampling_is_as_good_as_the_reference_form():
     batches = _batches((2, 3, 32, 32), n=8)
     observed = _quantize(model, batches)
     reference = qp.convert_to_reference_fx(observed)
-    with pytest.warns(UserWarning, match="wrong results for this layer"):
+    with pytest.warns(UserWarning) as caught:
         lowered = qp.convert_fx(observed)
+    refusals = [str(w.message) for w in caught if "wrong results for this layer" in str(w.message)]
+    assert len(refusals) == 1 and "node 'up2'" in refusals[0]
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(9))
     assert qp.sqnr(model(x), lowered(x)) > qp.sqnr(model(x), reference(x)) - 1.5
     assert qp.sqnr(model(x), lowered(x)) > 30
     comparison = qp.compare(model, lowered, x, layers=["up2"])
     assert comparison.layers[0].sqnr_db > 30
     assert "up2" in qp.quantization_report(lowered).reference
+
+
+def test_16_refused_layers_are_named_in_one_warning():
+    """A decoder with several up-convolutions fbgemm gets wrong warned once per layer, each message
+    ending twice ("runs in reference form instead; it stays in reference form")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.ConvTranspose2d(32, 16, 2, 2), nn.ConvTranspose2d(16, 16, 2, 2)).eval()
+    observed = _quantize(model, _batches((1, 32, 8, 8)))
+    with pytest.warns(UserWarning) as caught:
+        lowered = qp.convert_fx(observed)
+    refusals = [str(w.message) for w in caught if "refused" in str(w.message)]
+    assert len(refusals) == 1 and "runs 2 region(s) in reference form" in refusals[0]
+    assert "node '0'" in refusals[0] and "node '1'" in refusals[0]
+    assert refusals[0].count("reference form") == 1
+    assert sorted(qp.quantization_report(lowered).reference) == ["0", "1"]
 
 
 # -- 17. numbers do not depend on the global engine -------------------------------------------------

@@ -177,3 +177,32 @@ def test_prelu_is_an_int8_region_at_the_export_level_too():
     assert quantized["export"] == quantized["symbolic"] == {"0": "Conv2d", "1": "PReLU", "2": "Conv2d"}
     with torch.no_grad():
         torch.testing.assert_close(levels["export"](*data[1]), levels["symbolic"](*data[1]))
+
+
+class _FrozenBatchNorm2d(nn.Module):
+    """DETR's (and torchvision's) BatchNorm with fixed statistics: ``x * scale + shift`` of buffers."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.register_buffer("weight", torch.rand(channels) + 0.5)
+        self.register_buffer("bias", torch.randn(channels))
+        self.register_buffer("running_mean", torch.randn(channels))
+        self.register_buffer("running_var", torch.rand(channels) + 0.5)
+
+    def forward(self, x):
+        scale = self.weight.reshape(1, -1, 1, 1) * (self.running_var.reshape(1, -1, 1, 1) + 1e-5).rsqrt()
+        return x * scale + (self.bias.reshape(1, -1, 1, 1) - self.running_mean.reshape(1, -1, 1, 1) * scale)
+
+
+def test_a_frozen_batch_norm_after_a_conv_folds_into_it():
+    """Exported, a frozen BatchNorm was an int8 mul and add per conv, broadcasting kernels slower
+    than the conv: DETR on fbgemm ran slower than float. It folds into the conv as a BatchNorm does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), _FrozenBatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3), _FrozenBatchNorm2d(8)).eval()
+    quantized = _quantize(model, capture="export")
+    report = qp.quantization_report(quantized)
+    assert {f.module_name: f.fused_type for f in report.fusions} == {"0": "ConvReLU2d", "3": "Conv2d"}
+    assert not any("mul" in name or "add" in name for name in report.quantized)
+    x = _data(9)
+    assert qp.sqnr(model(*x), quantized(*x)) > 30

@@ -122,6 +122,26 @@ def test_torch_transformer_encoder_projections_run_int8_by_default():
         assert _cosine(model(*batches[4]), quantized(*batches[4])) >= 0.999
 
 
+class _UpsamplingNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.down, self.head = nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.head(F.interpolate(self.down(x), scale_factor=2.0, mode="nearest"))
+
+
+def test_the_flop_share_counts_through_int8_upsampling():
+    """The FLOP helper raised "Invalid dtype!" on CNNs whose F.interpolate fbgemm runs int8 (YOLO,
+    FPN): torch's flop counter tried upsampling's Python decomposition on a quantized tensor."""
+    torch.manual_seed(0)
+    model = _UpsamplingNet().eval()
+    batches = [(torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(s)),) for s in range(3)]
+    quantized = qp.quantize(model, batches[0], batches, backend="fbgemm")
+    share = int8_flop_share(model, quantized, batches[0])
+    assert share.share == 1.0 and set(share.by_module) == {"down", "head"}
+
+
 @pytest.mark.parametrize("name", ["gpt2", "wav2vec2"])
 def test_models_quantized_from_exported_graphs_save_and_load(name, tmp_path):
     model = build_hf_model(name)

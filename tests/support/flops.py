@@ -38,7 +38,19 @@ def _attention_flops(query_shape, key_shape, value_shape, *args: Any, out_shape=
     return 2 * heads * q_len * k_len * head_dim + 2 * heads * q_len * k_len * v_dim
 
 
-_CPU_ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops}
+def _no_flops(*args: Any, **kwargs: Any) -> int:
+    return 0
+
+
+#: FlopCounterMode runs an overload it has no formula for through torch's Python decomposition,
+#: which refuses quantized inputs ("Invalid dtype!": fbgemm keeps F.interpolate int8). Resampling
+#: does no matmul/conv work: its overloads get a formula of 0 so that they run as they are.
+_RESAMPLING = {getattr(packet, overload): _no_flops for packet in (
+    aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d,
+    aten._upsample_nearest_exact1d, aten._upsample_nearest_exact2d, aten._upsample_nearest_exact3d,
+    aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_bicubic2d, aten.upsample_trilinear3d)
+    for overload in packet.overloads()}
+_FORMULAS = {aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops, **_RESAMPLING}
 
 
 @dataclass
@@ -65,7 +77,7 @@ def kernel_module_names(quantized: fx.GraphModule) -> list[str]:
 
 
 def _flops_by_module(model: nn.Module, inputs: tuple) -> tuple[int, dict[str, int]]:
-    counter = FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION)
+    counter = FlopCounterMode(display=False, custom_mapping=_FORMULAS)
     # grad mode on: without it nn.TransformerEncoderLayer takes a fused fast path whose FLOPs
     # FlopCounterMode cannot see (the computation is the same)
     with torch.enable_grad(), counter:

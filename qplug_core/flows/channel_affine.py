@@ -1,48 +1,52 @@
-"""A conv's output times a per-channel constant plus another, as the eval-mode BatchNorm it is.
+"""A conv's output times a per-channel constant plus another, folded into the conv.
 
 Frozen BatchNorms (DETR's, ConditionalDETR's and MaskFormer's ``FrozenBatchNorm2d``, torchvision's)
 compute ``x * scale + shift`` with buffers; export folds those to two constants, and the graph
-keeps an int8 ``mul`` and ``add`` after every conv: two broadcasting kernels, each slower than the
-conv itself (DETR ran slower than float), and two more roundings. Written as
-``aten.batch_norm(x, scale, shift, mean=0, var=1, eps=0)`` the pair is the BatchNorm the raise pass
-makes a module of and fusion folds into the conv, as it does a real one.
+kept an int8 ``mul`` and ``add`` after every conv: two broadcasting kernels, each slower than the
+conv itself (DETR ran slower than float), and two more roundings. The pair is a constant affine
+map per output channel, so it folds into the conv's weight and bias as an eval-mode BatchNorm does
+(:mod:`qplug_core.nn.folding`), in training graphs too: nothing in it is learned or updated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+import operator
 
 import torch
-from torch import fx
+from torch import fx, nn
 
 from qplug_core.ir.attributes import fetch_attribute
 
-__all__ = ["channel_affines_as_batch_norm"]
+__all__ = ["fold_channel_affines"]
 
-aten = torch.ops.aten
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
-def channel_affines_as_batch_norm(gm: fx.GraphModule, after: Collection[Any]) -> None:
-    """Rewrite ``add(mul(y, scale), shift)`` into ``aten.batch_norm`` where ``y`` is the output of
-    one of the ops in ``after`` read by that ``mul`` alone and both constants hold one value per
-    channel (dim 1) of ``y``, of ``y``'s dtype."""
+def fold_channel_affines(gm: fx.GraphModule) -> None:
+    """Fold ``add(mul(conv(x), scale), shift)`` into the conv where the conv module is called once,
+    its output is read by that ``mul`` alone and both constants hold one value per output channel
+    (dim 1) of the conv's output, of its dtype. The conv gets new parameters (the user's stay)."""
+    calls: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            calls[str(node.target)] = calls.get(str(node.target), 0) + 1
     for mul in list(gm.graph.nodes):
-        if mul.op != "call_function" or mul.target is not aten.mul.Tensor or mul.kwargs:
+        if mul.op != "call_function" or mul.target is not operator.mul or mul.kwargs:
             continue
         y, scale = _tensor_and_constant(gm, mul.args)
-        if (y is None or y.op != "call_function" or y.target not in after or len(y.users) != 1
-                or len(mul.users) != 1):
+        if (y is None or y.op != "call_module" or calls.get(str(y.target)) != 1 or len(y.users) != 1
+                or len(mul.users) != 1 or not isinstance(conv := gm.get_submodule(str(y.target)), _CONVS)):
             continue
         add = next(iter(mul.users))
-        if add.op != "call_function" or add.target is not aten.add.Tensor or add.kwargs:
+        if add.op != "call_function" or add.target is not operator.add or add.kwargs:
             continue
         _, shift = _tensor_and_constant(gm, add.args, tensor=mul)
         channels = _channels(y)
         scale, shift = _per_channel(scale, y, channels), _per_channel(shift, y, channels)
         if scale is None or shift is None:
             continue
-        _replace(gm, mul, add, y, (scale, shift, torch.zeros_like(scale), torch.ones_like(scale)))
+        _fold(conv, scale, shift)
+        _erase(gm, mul, add, y)
 
 
 def _tensor_and_constant(gm: fx.GraphModule, args: tuple, tensor: fx.Node | None = None
@@ -74,21 +78,16 @@ def _per_channel(constant: torch.Tensor | None, y: fx.Node, channels: int | None
     return constant.detach().reshape(-1).expand(channels).clone()
 
 
-def _replace(gm: fx.GraphModule, mul: fx.Node, add: fx.Node, y: fx.Node,
-             buffers: tuple[torch.Tensor, ...]) -> None:
+def _fold(conv: nn.Module, scale: torch.Tensor, shift: torch.Tensor) -> None:
+    weight = conv.weight.detach() * scale.reshape(-1, *(1,) * (conv.weight.dim() - 1))
+    bias = shift if conv.bias is None else conv.bias.detach() * scale + shift
+    conv.weight = nn.Parameter(weight, requires_grad=conv.weight.requires_grad)
+    conv.bias = nn.Parameter(bias, requires_grad=conv.weight.requires_grad)
+
+
+def _erase(gm: fx.GraphModule, mul: fx.Node, add: fx.Node, y: fx.Node) -> None:
     graph = gm.graph
-    names = []
-    for role, value in zip(("weight", "bias", "mean", "var"), buffers):
-        name, i = f"_channel_affine_{role}", 1
-        while hasattr(gm, name):
-            name, i = f"_channel_affine_{role}_{i}", i + 1
-        gm.register_buffer(name, value)
-        names.append(name)
-    with graph.inserting_before(add):
-        attrs = [graph.get_attr(name) for name in names]
-        bn = graph.call_function(aten.batch_norm.default, (y, *attrs, False, 0.1, 0.0, False))
-    bn.meta = dict(add.meta)
-    add.replace_all_uses_with(bn)
+    add.replace_all_uses_with(y)
     constants = dict.fromkeys(a for a in (*mul.args, *add.args) if isinstance(a, fx.Node) and a.op == "get_attr")
     graph.erase_node(add)
     graph.erase_node(mul)

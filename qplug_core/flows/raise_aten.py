@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from qplug_core.flows.channel_affine import channel_affines_as_batch_norm
+from qplug_core.flows.channel_affine import fold_channel_affines
 from qplug_core.flows.normalize import record_functional_weight
 from qplug_core.flows.tags import EXPORT_RANGES
 from qplug_core.ir import module_stack
@@ -127,8 +127,8 @@ def raise_aten_graph(gm: fx.GraphModule) -> PassResult:
     _remove_noops(gm)
     _out_of_place(gm)  # before folding: an in-place op on a folded constant would mutate it
     ConstantFoldingPass()(gm)
-    channel_affines_as_batch_norm(gm, after=_CONV)  # frozen BatchNorms: folded into the conv
     _Raiser(gm).run()
+    fold_channel_affines(gm)  # frozen BatchNorms: folded into the conv before them
     _remove_noops(gm)
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()

@@ -196,13 +196,17 @@ class _FrozenBatchNorm2d(nn.Module):
 
 def test_a_frozen_batch_norm_after_a_conv_folds_into_it():
     """Exported, a frozen BatchNorm was an int8 mul and add per conv, broadcasting kernels slower
-    than the conv: DETR on fbgemm ran slower than float. It folds into the conv as a BatchNorm does."""
+    than the conv: DETR on fbgemm ran slower than float. It folds into the conv as a BatchNorm does,
+    and the float model keeps its own weights."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), _FrozenBatchNorm2d(8), nn.ReLU(),
                           nn.Conv2d(8, 8, 3), _FrozenBatchNorm2d(8)).eval()
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
     quantized = _quantize(model, capture="export")
+    assert all(torch.equal(value, weights[name]) for name, value in model.state_dict().items())
     report = qp.quantization_report(quantized)
-    assert {f.module_name: f.fused_type for f in report.fusions} == {"0": "ConvReLU2d", "3": "Conv2d"}
+    assert {f.module_name: f.fused_type for f in report.fusions} == {"0": "ConvReLU2d"}
+    assert sorted(report.kernels) == ["0", "3"]
     assert not any("mul" in name or "add" in name for name in report.quantized)
     x = _data(9)
     assert qp.sqnr(model(*x), quantized(*x)) > 30

@@ -210,3 +210,14 @@ def test_a_frozen_batch_norm_after_a_conv_folds_into_it():
     assert not any("mul" in name or "add" in name for name in report.quantized)
     x = _data(9)
     assert qp.sqnr(model(*x), quantized(*x)) > 30
+
+
+def test_a_frozen_batch_norm_folds_in_a_training_graph_too():
+    """QAT: a frozen BatchNorm stays frozen (made a BatchNorm module, QAT normalised by batch statistics)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), _FrozenBatchNorm2d(8), nn.ReLU()).train()
+    x = _data(9)
+    qat = qp.prepare_qat_fx(model, qp.get_default_qconfig_mapping("fbgemm", "qat"), x, backend="fbgemm",
+                            capture="export")
+    with torch.no_grad():
+        assert qp.sqnr(model(*x), qat.train()(*x)) > 30

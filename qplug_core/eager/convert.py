@@ -6,7 +6,9 @@ give ``to_float()``), the weight qparams (the qconfig's weight observer run on t
 QAT weight fake quant's), the output qparams (``activation_post_process``) and the input qparams
 (``activation_pre_process``, see :mod:`qplug_core.eager.prepare`); where a backend rule chose
 those input qparams, the kernel's input is requantized to them first. QuantStub/DeQuantStub become the
-table's ``quantize``/``dequantize`` kernels and FloatFunctional a :class:`QFunctional`.
+table's ``quantize``/``dequantize`` kernels and FloatFunctional a :class:`QFunctional`. Unobserved
+modules (pooling, upsampling, relu) stay and run on the int8 tensors they get; upsampling and
+pooling modules get them with a dense batch stride, as lowering gives them in graph mode.
 
 The reference backend has no kernels: modules become :class:`SimulatedOutput` (weights rounded to
 the int8 grid, output quantized and dequantized) and every value stays a float tensor, so the
@@ -45,7 +47,7 @@ from qplug_core.flows.untrained import unwatch
 from qplug_core.kernels._common import activation_qparams
 from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
 from qplug_core.kernels.layer_faults import dtype_refusal
-from qplug_core.kernels.passthrough import unsupported_passthrough_ops
+from qplug_core.kernels.passthrough import dense_batch_stride, reads_batch_stride, unsupported_passthrough_ops
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.nn.computed_weights import without_computed_weights
 from qplug_core.observers import FakeQuantizeBase, ObserverBase
@@ -99,6 +101,15 @@ class DequantizedRun(nn.Module):
             return self.module(x)
         y = self.module(x.dequantize())
         return torch.quantize_per_tensor(y, x.q_scale(), x.q_zero_point(), x.dtype)
+
+
+def _dense_batch_stride_input(module: nn.Module, args: tuple) -> tuple | None:
+    """Forward pre-hook of an upsampling or pooling module left running on int8 tensors: its input
+    through ``dense_batch_stride``, as lowering does in graph mode (torch's int8 kernels misread a
+    batch-1 view of transposed tokens reshaped into a map)."""
+    if args and getattr(args[0], "is_quantized", False):
+        return (dense_batch_stride(args[0]), *args[1:])
+    return None
 
 
 def _uncalibrated(model: nn.Module) -> list[str]:
@@ -222,6 +233,9 @@ class _Converter:
         if isinstance(module, self.unsupported):
             run = DequantizedRun(module)
             return Swap(name, run, run)
+        if self.kernels and reads_batch_stride(module):  # unobserved: it runs on the int8 tensor it gets
+            module.register_forward_pre_hook(_dense_batch_stride_input)
+            return None
         if isinstance(module, (ObserverBase, FakeQuantizeBase)) or not isinstance(module._modules.get(OUTPUT_OBSERVER), (ObserverBase, FakeQuantizeBase)):
             return None  # not observed (qconfig None or not quantizable): keep, look inside
         if isinstance(module, QuantStub):

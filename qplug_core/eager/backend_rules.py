@@ -8,16 +8,19 @@ the module and tune that observer as they would in graph mode.
 Eager mode does not know which module produced an input, so it cannot narrow the producer's output
 observer as graph mode does. A module whose input observer a rule changed is marked instead, and
 convert requantizes its input to that observer's qparams in front of the kernel; a QAT model
-fake-quantizes that input to them, so training sees the integers the kernel will get.
+fake-quantizes that input to them, so training sees the integers the kernel will get. Where a rule
+narrowed the range the user's own qconfig asked for (not the backend's default), one warning per
+rule names the modules, as graph mode's :mod:`qplug_core.flows.narrowed_ranges` does.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from torch import fx, nn
 
 from qplug_core.enums import Stage
+from qplug_core.flows.narrowed_ranges import warn_narrowed
 from qplug_core.flows.pipeline import plugin_passes
 from qplug_core.flows.tags import EAGER_INPUT_REQUANTIZED, OBSERVER
 from qplug_core.registry.backends import Backend
@@ -39,17 +42,26 @@ def _one_call_graph(module: nn.Module, input_observer: nn.Module) -> fx.GraphMod
     return fx.GraphModule(root, graph)
 
 
-def apply_post_prepare_rules(modules: Iterable[tuple[nn.Module, nn.Module]], backend: Backend,
+def apply_post_prepare_rules(modules: Iterable[tuple[str, nn.Module, nn.Module]], backend: Backend,
                              mode: str) -> None:
-    """Run ``backend``'s post-prepare passes on each (module, input observer); mark the modules
-    whose input observer they changed with the prepare ``mode`` (see the module docstring)."""
+    """Run ``backend``'s post-prepare passes on each (name, module, input observer); mark the
+    modules whose input observer they changed with the prepare ``mode`` and warn where that
+    overrode the user's own qconfig (see the module docstring)."""
     passes = plugin_passes(backend, Stage.POST_PREPARE)
     if not passes:
         return
-    for module, input_observer in modules:
-        before = _range(input_observer)
+    default = getattr(backend.default_qconfig_mapping(mode).global_qconfig, "activation", None)
+    narrowed: dict[Callable, list[tuple[str, tuple, tuple]]] = {}  # pass -> (name, old, new) of each module
+    for name, module, input_observer in modules:
         graph_module = _one_call_graph(module, input_observer)
         for pass_ in passes:
+            before = _range(input_observer)
             pass_(graph_module)
-        if _range(input_observer) != before:
-            module.__dict__[EAGER_INPUT_REQUANTIZED] = mode
+            after = _range(input_observer)
+            if after != before:
+                module.__dict__[EAGER_INPUT_REQUANTIZED] = mode
+                if module.qconfig.activation != default:
+                    narrowed.setdefault(pass_, []).append((name, before[1:], after[1:]))
+    for pass_, layers in narrowed.items():
+        _, old, new = layers[0]
+        warn_narrowed(backend.name, pass_, old, new, [name for name, _, _ in layers])

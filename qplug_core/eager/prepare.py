@@ -182,7 +182,7 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
                 module = qat_class.from_float(module, qconfig)
                 model.set_submodule(name, module)
         _attach(module, name, qconfig, with_input=with_input)
-    apply_post_prepare_rules([(module, module.__dict__[INPUT_OBSERVER]) for module in model.modules()
+    apply_post_prepare_rules([(name, module, module.__dict__[INPUT_OBSERVER]) for name, module in model.named_modules()
                               if INPUT_OBSERVER in module.__dict__], chosen, mode)
     setattr(model, EAGER_STATE, {"backend": chosen.name, "mode": mode})
     record_example(model)

@@ -33,6 +33,19 @@ def _bits(bounds: tuple[int, int]) -> int:
     return math.ceil(math.log2(bounds[1] - bounds[0] + 1))
 
 
+def warn_narrowed(backend: str, pass_: Callable, old: tuple[int, int], new: tuple[int, int],
+                  layers: list[str]) -> str:
+    """Warn once that ``backend``'s prepare pass ``pass_`` gave the inputs of ``layers`` the range
+    ``new`` where the user's qconfig asked ``old`` (graph and eager mode); the text, for a report."""
+    why = (pass_.__doc__ or pass_.__name__).strip().splitlines()[0]
+    listed = ", ".join(map(repr, layers[:5])) + (f" and {len(layers) - 5} more" if len(layers) > 5 else "")
+    text = (f"{backend} gave the input of {len(layers)} layer(s) {_bits(new)} bits (codes {new[0]}..{new[1]}) "
+            f"where your qconfig asks {_bits(old)} ({old[0]}..{old[1]}): {listed}. Why ({backend}'s "
+            f"prepare pass {pass_.__name__}): {why}")
+    warn_user(f"qplug: {text}")
+    return text
+
+
 def reporting_narrowed(backend: str, passes: list[Callable], *, users_own: bool, default_qconfig: Any
                        ) -> list[Callable]:
     """``passes`` (the backend's post-prepare passes), each followed by a check that warns once
@@ -65,17 +78,11 @@ def _watched(backend: str, pass_: Callable, default_qconfig: Any) -> list[Callab
                 layers += [str(user.target) for user in found.node.users if user.op == "call_module"]
         if asked:
             (old, new), *_ = asked.items()
-            why = (pass_.__doc__ or pass_.__name__).strip().splitlines()[0]
-            listed = ", ".join(map(repr, layers[:5])) + (f" and {len(layers) - 5} more" if len(layers) > 5 else "")
-            text = (f"{backend} gave the input of {len(layers)} layer(s) {_bits(new)} bits (codes {new[0]}..{new[1]}) "
-                    f"where your qconfig asks {_bits(old)} ({old[0]}..{old[1]}): {listed}. Why ({backend}'s "
-                    f"prepare pass {pass_.__name__}): {why}")
-            warn_user(f"qplug: {text}")
-            gm.meta.setdefault(CONVERSION_NOTES, []).append(text)
+            gm.meta.setdefault(CONVERSION_NOTES, []).append(warn_narrowed(backend, pass_, old, new, layers))
         return PassResult(gm, False)
 
     remember.__name__, check.__name__ = f"before_{pass_.__name__}", f"narrowed_by_{pass_.__name__}"
     return [remember, pass_, check]
 
 
-__all__ = ["reporting_narrowed"]
+__all__ = ["reporting_narrowed", "warn_narrowed"]

@@ -12,6 +12,7 @@ from torch import nn
 import qplug_core as qp
 from qplug_core.analysis import sqnr
 from qplug_core.eager import DeQuantStub, QuantStub
+from qplug_core.observers import MinMaxObserver, PerChannelMinMaxObserver
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
 
@@ -30,13 +31,14 @@ class DepthwiseNet(nn.Module):
         return self.dequant(self.fc(torch.flatten(x, 1)))
 
 
-def _converted(backend: str, prepared_for: str | None = None) -> nn.Module:
+def _converted(backend: str, prepared_for: str | None = None, mapping: qp.QConfigMapping | None = None
+               ) -> nn.Module:
     torch.manual_seed(0)
     model = DepthwiseNet().eval()
     with torch.no_grad():
         model.depthwise.weight.abs_()  # positive weights on non-negative inputs: pairs add up
     fused = qp.eager.fuse_modules(model, [["conv", "relu"]])
-    observed = qp.eager.prepare(fused, backend=prepared_for or backend)
+    observed = qp.eager.prepare(fused, mapping, backend=prepared_for or backend)
     with torch.no_grad():
         for seed in range(4):
             observed(torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(seed)))
@@ -62,6 +64,23 @@ def test_a_depthwise_conv_prepared_for_fbgemm_runs_on_its_kernel_with_7_bit_inpu
     assert int(_depthwise_input_integers(on_fbgemm, x).max()) <= 127
     with torch.no_grad():
         assert float(sqnr(reference(x), on_fbgemm(x))) > 30  # ~20 dB when the kernel ran saturated
+
+
+def test_an_explicit_8_bit_observer_made_7_bit_for_a_depthwise_conv_is_reported():
+    """As in graph mode: a user who asked 8 bits is told once, naming the module and why."""
+    qconfig = qp.QConfig(activation=MinMaxObserver.with_args(reduce_range=False),
+                         weight=PerChannelMinMaxObserver.with_args(dtype=torch.qint8,
+                                                                   qscheme=torch.per_channel_symmetric))
+    with pytest.warns(UserWarning, match=r"qplug: fbgemm gave the input of 1 layer\(s\) 7 bits \(codes 0\.\.127\) "
+                                         r"where your qconfig asks 8 \(0\.\.255\): 'depthwise'\. Why \(fbgemm's prepare "
+                                         r"pass limit_depthwise_input_range\): fbgemm's depthwise kernels") as caught:
+        _converted("fbgemm", mapping=qp.QConfigMapping().set_global(qconfig))
+    assert sum("gave the input of" in str(w.message) for w in caught) == 1
+
+
+def test_the_backends_own_7_bit_depthwise_inputs_are_not_reported_when_written_out(recwarn):
+    _converted("fbgemm", mapping=qp.get_default_qconfig_mapping("fbgemm"))
+    assert not [w for w in recwarn if "gave the input of" in str(w.message)]
 
 
 def test_a_depthwise_conv_prepared_for_another_backend_runs_in_reference_form_with_a_warning():

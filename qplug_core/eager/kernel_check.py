@@ -162,15 +162,22 @@ def _raised(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dict], er
     return f"the int8 model raised on the prepared model's first call, which its reference form runs ({what})"
 
 
+#: what eager convert cannot do for F.interpolate and the pooling functions called in ``forward()``
+_BATCH_STRIDE_HINT = (". F.interpolate and the 2-d/3-d pooling functions called in forward() misread a batch-1 "
+                      "view of transposed tokens reshaped into a map on int8 tensors: use the modules "
+                      "(nn.Upsample, nn.MaxPool2d, nn.AdaptiveAvgPool2d, ...), whose input convert gives a dense "
+                      "batch stride, or graph mode (qp.quantize)")
+
+
 def _unseen_ops_hint(engine: str | None) -> str:
     ops = [op for op in unsupported_passthrough_ops(engine) if not isinstance(op, type)] if engine else []
     if not ops:
-        return ""
+        return _BATCH_STRIDE_HINT
     names = ", ".join(dict.fromkeys(getattr(op, "__name__", str(op)) for op in ops))  # torch.clamp and "clamp"
     return (f". On {engine!r}, torch gets these wrong on int8 tensors, or lacks them: {names}; called in "
             "forward() they run on int8 tensors unseen by eager convert (F.relu6 / F.hardtanh / torch.clamp "
             "are wrong on channels_last ones): use the modules (nn.ReLU6, nn.Hardtanh), which convert runs "
-            "on dequantized values, or graph mode (qp.quantize)")
+            f"on dequantized values, or graph mode (qp.quantize){_BATCH_STRIDE_HINT}")
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import qplug_core as qp
@@ -34,9 +35,18 @@ RESIZES = {
 }
 
 
+class _Interpolate(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, scale_factor=2.0, mode="nearest")
+
+
+def _module(resize: str) -> nn.Module:
+    return _Interpolate() if resize == "functional" else RESIZES[resize]()
+
+
 def _converted(resize: str, backend: str) -> nn.Module:
     torch.manual_seed(0)
-    observed = qp.eager.prepare(qp.eager.QuantWrapper(TokensToMap(RESIZES[resize]()).eval()), backend=backend)
+    observed = qp.eager.prepare(qp.eager.QuantWrapper(TokensToMap(_module(resize)).eval()), backend=backend)
     with torch.no_grad():
         for seed in range(3):
             observed(torch.randn(1, 16, 8, 8, generator=torch.Generator().manual_seed(seed)))
@@ -56,3 +66,12 @@ def test_a_map_of_transposed_tokens_is_resized_in_int8_right_at_batch_1(resize, 
             step = 2 * float(expected.abs().max()) / 255
             # int8 averaging rounds its mean (up to 3 steps after the 1x1 conv)
             assert float((int8(x) - expected).abs().max()) <= 4 * step
+
+
+def test_an_interpolate_called_in_forward_is_named_in_the_checks_warning():
+    """Eager convert cannot reach a function called in forward(): its check's drift warning says
+    which functions misread the view and what to use instead."""
+    with pytest.warns(UserWarning, match=r"the int8 model is wrong on the prepared model's first call.*"
+                                         r"F\.interpolate and the 2-d/3-d pooling functions .* use the modules "
+                                         r"\(nn\.Upsample"):
+        _converted("functional", "fbgemm")

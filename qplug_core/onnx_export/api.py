@@ -107,8 +107,8 @@ def _program(gm: fx.GraphModule, example_inputs: tuple, *, opset: int, input_nam
     shapes = None
     if dynamic:
         example_inputs, shapes = axes.prepare(example_inputs, dynamic)
-    elif flexible:
-        shapes = axes.flexible_shapes(example_inputs)
+    elif flexible:  # the axes the graph takes at other sizes, decided before the export
+        shapes = axes.flexible_shapes(example_inputs, axes.free_axes(gm, example_inputs))
         shapes = shapes if any(shape is not None for shape in shapes) else None
 
     def export(dynamic_shapes):
@@ -134,15 +134,6 @@ def _program(gm: fx.GraphModule, example_inputs: tuple, *, opset: int, input_nam
             program = export(shapes)
         except ExportError:
             program = None
-        if program is not None and axes.free_symbols_only(program.exported_program):
-            unsound = axes.unsound_axes(gm, example_inputs, program.exported_program)
-            if unsound:  # those axes fixed, the others still symbolic
-                shapes = tuple({a: d for a, d in shape.items() if a not in unsound.get(i, ())} or None
-                               if shape else shape for i, shape in enumerate(shapes))
-                try:
-                    program = export(shapes) if any(shape for shape in shapes) else None
-                except ExportError:
-                    program = None
         if program is None or not axes.free_symbols_only(program.exported_program):
             program = export(None)
         return program, example_inputs, shapes is not None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,13 +97,15 @@ def prepare(example_inputs: tuple, axes: dict[int, str]) -> tuple[tuple, tuple[A
 MIN_SIZES = "qplug.min_sizes"
 
 
-def flexible_shapes(example_inputs: tuple) -> tuple[Any, ...]:
+def flexible_shapes(example_inputs: tuple, free: Sequence[set[int]] | None = None) -> tuple[Any, ...]:
     """``dynamic_shapes`` letting torch.export decide every axis of size >= 2 of every tensor
-    input (``Dim.AUTO``: symbolic where the graph allows, the example's size where it fixes it)."""
+    input (``Dim.AUTO``: symbolic where the graph allows, the example's size where it fixes it),
+    or only those ``free`` names (axes by input position: :func:`free_axes`)."""
     from torch.export import Dim
 
-    return tuple({axis: Dim.AUTO for axis in range(value.dim()) if value.shape[axis] >= 2}
-                 or None if isinstance(value, torch.Tensor) else None for value in example_inputs)
+    return tuple({axis: Dim.AUTO for axis in range(value.dim())
+                  if value.shape[axis] >= 2 and (free is None or axis in free[position])}
+                 or None if isinstance(value, torch.Tensor) else None for position, value in enumerate(example_inputs))
 
 
 def _user_input_sizes(exported_program):
@@ -149,26 +151,22 @@ def free_symbols_only(exported_program) -> bool:
     return True
 
 
-def unsound_axes(gm, example_inputs: tuple, exported_program) -> dict[int, set[int]]:
-    """The symbolic axes (input position -> axes) the graph does not take at another size:
-    torch.export leaves a flatten's axes symbolic before a linear that fixes their product (no
-    guard), and a runtime then fails, or computes garbage, at any other size. The reference form
-    runs once with every symbol doubled, and only if that fails once per symbol."""
-    tensors = [i for i, v in enumerate(example_inputs) if isinstance(v, torch.Tensor)]
-    specs = [spec for spec in exported_program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
-    nodes = {n.name: n for n in exported_program.graph.nodes}
-    pinned = pinned_sizes(exported_program)  # static in all but name: written as such
-    axes: dict[str, list[tuple[int, int]]] = {}
-    for position, spec in zip(tensors, specs):
-        for axis, size in enumerate(getattr(nodes[spec.arg.name].meta.get("val"), "shape", ())):
-            if isinstance(size, torch.SymInt) and not size.node.expr.is_number and str(size.node.expr) not in pinned:
-                axes.setdefault(str(size.node.expr), []).append((position, axis))
+def free_axes(gm, example_inputs: tuple) -> list[set[int]]:
+    """The axes of size >= 2 of each input (by position) the reference form ``gm`` also takes at
+    twice the size, found before it is exported so that one export suffices: torch.export leaves
+    a flatten's axes symbolic before a linear that fixes their product (no guard), and a runtime
+    then fails, or computes garbage, at any other size (finding that after the export exported
+    the digits CNN twice). One run doubles every axis (the usual case: all free); where that
+    fails, the axes of each size are doubled together (the graph may tie them: a mask's batch to
+    the tokens'), and where that fails, those of each axis index; a run that fails stops at the
+    op that fixes the size (a conv's channels: its first layer)."""
+    places = [(position, axis) for position, value in enumerate(example_inputs) if isinstance(value, torch.Tensor)
+              for axis in range(value.dim()) if value.shape[axis] >= 2]
 
-    def takes(symbols: list[str]) -> bool:
-        doubled = list(example_inputs)  # twice the size keeps a stride's ratio between symbols
-        for symbol in symbols:
-            for position, axis in axes[symbol]:
-                doubled[position] = torch.cat([doubled[position]] * 2, dim=axis)
+    def takes(doubled_places: list[tuple[int, int]]) -> bool:
+        doubled = list(example_inputs)  # twice the size keeps a stride's ratio between sizes
+        for position, axis in doubled_places:
+            doubled[position] = torch.cat([doubled[position]] * 2, dim=axis)
         try:  # quietly: torch.fx prints each failed call's generated code on stderr (a ViT: 10 times)
             with torch.no_grad():
                 quiet_call(gm, tuple(doubled))
@@ -176,14 +174,26 @@ def unsound_axes(gm, example_inputs: tuple, exported_program) -> dict[int, set[i
             return False
         return True
 
-    unsound: dict[int, set[int]] = {}
-    if takes(list(axes)):  # one run when every symbol is free (the usual case)
-        return unsound
-    for symbol in axes:
-        if not takes([symbol]):
-            for position, axis in axes[symbol]:
-                unsound.setdefault(position, set()).add(axis)
-    return unsound
+    def grouped(group: list[tuple[int, int]], key: Callable[[tuple[int, int]], int]) -> list[list[tuple[int, int]]]:
+        groups: dict[int, list[tuple[int, int]]] = {}
+        for place in group:
+            groups.setdefault(key(place), []).append(place)
+        return list(groups.values())
+
+    found = [places]
+    if places and not takes(places):
+        found = []
+        for group in grouped(places, lambda place: example_inputs[place[0]].shape[place[1]]):
+            if takes(group):
+                found.append(group)
+            elif len(by_axis := grouped(group, lambda place: place[1])) > 1:
+                found += [axes for axes in by_axis if takes(axes)]
+        if len(found) > 1 and not takes([place for group in found for place in group]):
+            found = []  # free one at a time but not together (a reshape fixing their product): all static
+    free: list[set[int]] = [set() for _ in example_inputs]
+    for position, axis in (place for group in found for place in group):
+        free[position].add(axis)
+    return free
 
 
 def min_sizes(exported_program) -> dict[str, int]:
@@ -336,5 +346,5 @@ def export_failure(exc: Exception, axes: dict[int, str]) -> ExportError:
 
 
 __all__ = ["BATCH", "MIN_SIZES", "SEQUENCE", "check", "described", "dynamic_axes", "export_failure",
-           "flexible_shapes", "free_symbols_only", "InputShapes", "min_sizes", "pin", "pinned_sizes", "prepare",
-           "specialised", "torch_message", "unsound_axes", "untie"]
+           "flexible_shapes", "free_axes", "free_symbols_only", "InputShapes", "min_sizes", "pin", "pinned_sizes",
+           "prepare", "specialised", "torch_message", "untie"]

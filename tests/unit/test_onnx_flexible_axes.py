@@ -39,6 +39,17 @@ class Patches(nn.Module):
         return self.conv(x).flatten(2).transpose(1, 2) + self.pos
 
 
+class Masked(nn.Module):
+    """Tokens of width 8 (a linear fixes it) times their mask: batch and sequence tied across inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        return self.linear(x) * mask.unsqueeze(-1)
+
+
 def _dims(proto) -> list[list]:
     return [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in proto.graph.input]
 
@@ -76,16 +87,28 @@ def test_the_smallest_sizes_decide_which_inputs_a_model_takes():
     assert not shapes.fit([torch.randn(1, 2, 16)]) and not shapes.fit([torch.randn(3, 2, 16).double()])
 
 
-def test_axes_the_layers_fix_without_a_guard_are_exported_static(capfd):
+def test_axes_the_layers_fix_without_a_guard_are_exported_static_in_one_export(capfd, monkeypatch):
     """torch.export keeps height and width symbolic before a linear that fixes their product; the
-    probe at doubled sizes that finds it out fails quietly (torch.fx printed the graph's code on
-    stderr at each such probe: ten times during a ViT's quantize on onnxruntime)."""
+    probe at doubled sizes that finds it out runs before the export (after it, it cost a second
+    export) and fails quietly (torch.fx printed the graph's code on stderr at each such probe:
+    ten times during a ViT's quantize on onnxruntime)."""
+    exports = []
+    export_once = torch.onnx.export
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: exports.append(k["dynamic_shapes"]) or export_once(*a, **k))
     head = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
     (dims,) = _dims(to_onnx_proto(fx.symbolic_trace(head), (torch.randn(2, 1, 8, 8),), flexible=True))
     assert isinstance(dims[0], str) and dims[1:] == [1, 8, 8]
     (dims,) = _dims(to_onnx_proto(fx.symbolic_trace(Patches()), (torch.randn(2, 1, 8, 8),), flexible=True))
     assert isinstance(dims[0], str) and dims[1:] == [1, 8, 8]  # the position table fixes the patches
+    assert [sorted(shape) for shape, in exports] == [[0], [0]]  # one export each, only the batch symbolic
     assert "FX-traced Module" not in capfd.readouterr().err
+
+
+def test_axes_tied_by_the_graph_are_probed_together():
+    """A mask's batch and sequence vary with the tokens' (one size each, doubled together); a
+    width the layers fix stays static, without fixing the sizes it shares a value with."""
+    gm = fx.symbolic_trace(Masked())
+    assert dynamic_axes.free_axes(gm, (torch.randn(3, 8, 8), torch.ones(3, 8))) == [{0, 1}, {0, 1}]
 
 
 def test_sizes_the_exporter_leaves_symbolic_but_pinned_to_one_value_are_written_static(monkeypatch):

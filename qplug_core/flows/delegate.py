@@ -6,7 +6,10 @@ Instead of (or besides) per-op kernels, such a backend gives a
 takes, and a ``compile`` function turning one partition (a GraphModule in reference form, plus
 example inputs) into one module. The core groups the supported nodes with
 ``CapabilityBasedPartitioner``, keeps only partitions holding int8 work, fuses each into a
-submodule and swaps in the compiled module. Everything else stays in PyTorch (so do the ops reading
+submodule and swaps in the compiled module. The parameters, buffers and folded constants a
+partition reads are read inside its submodule (``attributes_inside``), so the runtime gets them as
+constants of its model (a ViT's class token and position table: initializers ORT can fold), not as
+inputs fed at every call. Everything else stays in PyTorch (so do the ops reading
 a model input that is not a tensor: :mod:`qplug_core.flows.python_inputs`), and the report lists
 the partitions and every node left outside with the reason.
 
@@ -257,11 +260,12 @@ def _int8_partitions(gm: fx.GraphModule, support: _Refusing, delegate: Delegate,
 
 def _inputs_of(gm: fx.GraphModule, partitions: list[list[fx.Node]], example_inputs: tuple
                ) -> dict[fx.Node, Any]:
-    """The values every partition reads, from one run of ``gm`` on the example inputs."""
+    """The values every partition is fed (not the attributes it reads inside), from one run of ``gm``
+    on the example inputs."""
     wanted = set()
     for nodes in partitions:
         members = set(nodes)
-        wanted |= {a for n in nodes for a in n.all_input_nodes if a not in members}
+        wanted |= {a for n in nodes for a in n.all_input_nodes if a not in members and a.op != "get_attr"}
     values: dict[fx.Node, Any] = {}
     with torch.no_grad():
         ValueRecorder(gm, wanted, values).run(*example_inputs)
@@ -359,7 +363,7 @@ def _warn_refused_layers(gm: fx.GraphModule, outside: dict[str, str], refused: d
 def _compiled(delegate: Delegate, gm: fx.GraphModule, nodes: list[fx.Node], values: dict[fx.Node, Any],
               name: str, report_key: _Namer, backend_name: str, arithmetic: Any) -> _Verdict:
     """``nodes`` compiled as one partition on the inputs the example gave them, and checked."""
-    partition, inputs, _ = build_submodule(gm, nodes, name)
+    partition, inputs, _ = build_submodule(gm, nodes, name, attributes_inside=True)
     example = tuple(values[n] for n in inputs)
     with reusing_exports():  # its check graph is cut from the model its compile exported
         try:
@@ -379,7 +383,7 @@ def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]
     summary = DelegationSummary(outside=dict(outside))
     members = [(nodes, _int8_anchors(nodes, name), verdicts.get(frozenset(n.name for n in nodes)))
                for nodes in partitions]
-    fuse_by_partitions(gm, partitions, prefix=PREFIX)
+    fuse_by_partitions(gm, partitions, prefix=PREFIX, attributes_inside=True)
     for i, (nodes, anchors, verdict) in enumerate(members):
         partition_name = f"{PREFIX}{i}"
         partition_gm = gm.get_submodule(partition_name)

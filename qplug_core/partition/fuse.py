@@ -7,6 +7,11 @@ all of its inputs and before all users of its outputs, which no single original 
 guarantees. The groups must be disjoint and must not form a dependency cycle (a path leaving a
 group and coming back into it); both are checked and refused with a :class:`GraphError`, as
 torch.fx refuses them, because fusing such a group cannot give a valid graph.
+
+``attributes_inside=True`` (a partition a runtime compiles) reads the attributes a group reads
+(parameters, buffers, folded constants: ``get_attr`` nodes, which no partition holds) inside its
+submodule instead of taking them as inputs: they are then constants of the compiled model, not
+tensors fed to it at every call.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from qplug_core.ir.cycles import forms_cycle
 __all__ = ["build_submodule", "fuse_by_partitions", "stable_topological_sort"]
 
 
-def build_submodule(gm: GraphModule, nodes: list[Node], name: str
+def build_submodule(gm: GraphModule, nodes: list[Node], name: str, *, attributes_inside: bool = False
                     ) -> tuple[GraphModule, list[Node], list[Node]]:
     """``nodes`` (in graph order) as a GraphModule of their own, with the outside values they
-    read (its placeholders, in order) and the ones of them read outside (its outputs); ``gm`` is
-    left as it is."""
+    read (its placeholders, in order; the attributes among them read inside it instead with
+    ``attributes_inside``) and the ones of them read outside (its outputs); ``gm`` is left as it
+    is (the submodule shares its attributes)."""
     members = set(nodes)
     inputs: dict[Node, None] = {}
     for node in nodes:
@@ -37,12 +43,16 @@ def build_submodule(gm: GraphModule, nodes: list[Node], name: str
     sub = Graph()
     env: dict[Node, Node] = {}
     for a in inputs:
-        env[a] = sub.placeholder(a.name)
-        env[a].meta.update(a.meta)
+        if attributes_inside and a.op == "get_attr":
+            env[a] = sub.node_copy(a)  # its name kept: the exported model's name of the constant
+        else:
+            env[a] = sub.placeholder(a.name)
+            env[a].meta.update(a.meta)
     for node in nodes:
         env[node] = sub.node_copy(node, env.__getitem__)
     sub.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[o] for o in outputs))
-    return GraphModule(gm, sub, class_name=name), list(inputs), outputs
+    taken = [a for a in inputs if env[a].op == "placeholder"]
+    return GraphModule(gm, sub, class_name=name), taken, outputs
 
 
 def _refuse_cycle(i: int, group: Sequence[Node]) -> None:
@@ -93,8 +103,9 @@ def stable_topological_sort(graph: Graph) -> None:
 
 
 def fuse_by_partitions(gm: GraphModule, partitions: Sequence[Sequence[Node]],
-                       prefix: str = "fused_") -> GraphModule:
-    """Fuse each group of nodes of ``gm`` into a submodule ``<prefix><i>``; edits ``gm`` in place."""
+                       prefix: str = "fused_", *, attributes_inside: bool = False) -> GraphModule:
+    """Fuse each group of nodes of ``gm`` into a submodule ``<prefix><i>``; edits ``gm`` in place
+    (``attributes_inside``: see the module docstring; an attribute node left unread goes)."""
     graph = gm.graph
     _check_partitions(partitions)
     position = {n: i for i, n in enumerate(graph.nodes)}
@@ -108,7 +119,7 @@ def fuse_by_partitions(gm: GraphModule, partitions: Sequence[Sequence[Node]],
                              "and get_attr nodes only.", node=bad[0])
         _refuse_cycle(i, nodes)  # earlier fusions can close a cycle through this group
         name = f"{prefix}{i}"
-        sub, inputs, outputs = build_submodule(gm, nodes, name)
+        sub, inputs, outputs = build_submodule(gm, nodes, name, attributes_inside=attributes_inside)
         gm.add_submodule(name, sub)
         with graph.inserting_after(nodes[-1]):
             call = graph.call_module(name, tuple(inputs))
@@ -125,8 +136,12 @@ def fuse_by_partitions(gm: GraphModule, partitions: Sequence[Sequence[Node]],
                     item = graph.call_function(operator.getitem, (call, k))
                     item.meta.update(out.meta)
                     out.replace_all_uses_with(item, delete_user_cb=outside)
+        read = {a for node in nodes for a in node.all_input_nodes if a.op == "get_attr" and a not in members}
         for node in reversed(nodes):
             graph.erase_node(node)
+        for node in read:
+            if not node.users:
+                graph.erase_node(node)
     stable_topological_sort(graph)
     graph.lint()
     gm.recompile()

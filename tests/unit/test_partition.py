@@ -215,3 +215,42 @@ def test_indexing_a_tensor_with_index_tensors_is_partitioned_and_returns():
     worker.join(timeout=10)
     assert not worker.is_alive(), "propose_partitions did not return within 10 s"
     assert names(found[0]) == [{"transpose", "bmm", "getitem", "top"}]
+
+
+class ReadsAttributes(nn.Module):
+    """A class token and position table read by the fused ops; a scale also read outside them."""
+
+    def __init__(self):
+        super().__init__()
+        self.cls, self.pos = nn.Parameter(torch.randn(1, 4)), nn.Parameter(torch.randn(3, 4))
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x):
+        y = torch.cat([self.cls, x], 0) + self.pos
+        return torch.relu(y * self.scale) - self.scale
+
+
+def test_attributes_inside_makes_read_attributes_constants_of_the_submodule_not_inputs():
+    from qplug_core.partition import fuse_by_partitions
+
+    gm = fx.symbolic_trace(ReadsAttributes())
+    x = torch.randn(2, 4)
+    expected = gm(x)
+    fused_ops = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.sub]
+    fuse_by_partitions(gm, [fused_ops], attributes_inside=True)
+    (call,) = gm.graph.find_nodes(op="call_module", target="fused_0")
+    assert [a.name for a in call.args] == ["x"]  # not cls, pos or scale: read inside
+    sub = gm.get_submodule("fused_0")
+    assert [n.name for n in sub.graph.find_nodes(op="placeholder")] == ["x"]
+    assert sub.cls is gm.cls and sub.scale is gm.scale  # shared, not copied
+    assert {n.target for n in gm.graph.find_nodes(op="get_attr")} == {"scale"}  # still read by the subtraction
+    assert torch.equal(gm(x), expected)
+
+
+def test_attributes_are_inputs_of_a_fused_submodule_by_default_as_in_torch_fx():
+    from qplug_core.partition import fuse_by_partitions
+
+    gm = fx.symbolic_trace(ReadsAttributes())
+    fuse_by_partitions(gm, [[n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.sub]])
+    (call,) = gm.graph.find_nodes(op="call_module", target="fused_0")
+    assert sorted(a.name for a in call.args) == ["cls", "pos", "scale", "x"]

@@ -40,7 +40,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -425,17 +425,22 @@ def _fuse(gm: fx.GraphModule, delegate: Delegate, partitions: list[list[fx.Node]
 def _usable(stored: StoredPartition | None, partition: fx.GraphModule, name: str, backend_name: str
             ) -> StoredPartition | None:
     """``stored`` if every one of its models passes the checks, else None (and a warning: the
-    partition is exported again from its reference form at its first call)."""
+    partition is exported again from its reference form at its first call); models of older files,
+    fed the partition's attributes as inputs, take them as initializers first."""
+    from qplug_core.partition.attribute_inputs import attributes_as_initializers
     from qplug_core.partition.stored_model import stored_model_problem
 
-    for signature, source in stored.models if stored is not None else ():
+    if stored is None:
+        return None
+    models = [attributes_as_initializers(source, signature, partition) for signature, source in stored.models]
+    for signature, source in models:
         problem = stored_model_problem(source, partition, signature)
         if problem:
             warn_user(f"qplug: backend {backend_name!r}: the ONNX model the file stores for partition {name} is "
                       f"not used: {problem}; the partition is exported again from its reference form at its "
                       "first call (seconds; the file may be damaged or tampered with)")
             return None
-    return stored
+    return replace(stored, models=models)
 
 
 def _drop_taken_submodules(gm: fx.GraphModule, partitions: Iterable[fx.GraphModule]) -> None:

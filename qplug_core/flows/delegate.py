@@ -260,12 +260,11 @@ def _int8_partitions(gm: fx.GraphModule, support: _Refusing, delegate: Delegate,
 
 def _inputs_of(gm: fx.GraphModule, partitions: list[list[fx.Node]], example_inputs: tuple
                ) -> dict[fx.Node, Any]:
-    """The values every partition is fed (not the attributes it reads inside), from one run of ``gm``
-    on the example inputs."""
+    """The values every partition reads, from one run of ``gm`` on the example inputs."""
     wanted = set()
     for nodes in partitions:
         members = set(nodes)
-        wanted |= {a for n in nodes for a in n.all_input_nodes if a not in members and a.op != "get_attr"}
+        wanted |= {a for n in nodes for a in n.all_input_nodes if a not in members}
     values: dict[fx.Node, Any] = {}
     with torch.no_grad():
         ValueRecorder(gm, wanted, values).run(*example_inputs)

@@ -11,7 +11,9 @@ torch.fx refuses them, because fusing such a group cannot give a valid graph.
 ``attributes_inside=True`` (a partition a runtime compiles) reads the attributes a group reads
 (parameters, buffers, folded constants: ``get_attr`` nodes, which no partition holds) inside its
 submodule instead of taking them as inputs: they are then constants of the compiled model, not
-tensors fed to it at every call.
+tensors fed to it at every call. An attribute the group slices to a size computed from its inputs
+(a position-id table cut to the sequence length) stays an input: as a constant it would bound
+that size from above, and the exporter would then fix it (a session per sequence length).
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from __future__ import annotations
 import operator
 from typing import Sequence
 
+import torch
 from torch.fx import Graph, GraphModule, Node
 
 from qplug_core.errors import GraphError
 from qplug_core.ir.cycles import forms_cycle
 
 __all__ = ["build_submodule", "fuse_by_partitions", "stable_topological_sort"]
+
+aten = torch.ops.aten
 
 
 def build_submodule(gm: GraphModule, nodes: list[Node], name: str, *, attributes_inside: bool = False
@@ -43,7 +48,7 @@ def build_submodule(gm: GraphModule, nodes: list[Node], name: str, *, attributes
     sub = Graph()
     env: dict[Node, Node] = {}
     for a in inputs:
-        if attributes_inside and a.op == "get_attr":
+        if attributes_inside and a.op == "get_attr" and not _sliced_to_a_size(a):
             env[a] = sub.node_copy(a)  # its name kept: the exported model's name of the constant
         else:
             env[a] = sub.placeholder(a.name)
@@ -53,6 +58,22 @@ def build_submodule(gm: GraphModule, nodes: list[Node], name: str, *, attributes
     sub.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[o] for o in outputs))
     taken = [a for a in inputs if env[a].op == "placeholder"]
     return GraphModule(gm, sub, class_name=name), taken, outputs
+
+
+def _sliced_to_a_size(node: Node) -> bool:
+    """Whether a node slices ``node`` with a bound computed in the graph (``t[:, :n]``,
+    ``aten.slice(t, 1, 0, n)`` with ``n`` a node)."""
+    for user in node.users:
+        if user.target is operator.getitem and user.args[0] is node:
+            index = user.args[1] if isinstance(user.args[1], tuple) else (user.args[1],)
+            bounds = [b for s in index if isinstance(s, slice) for b in (s.start, s.stop, s.step)]
+        elif user.target is aten.slice.Tensor and user.args[0] is node:
+            bounds = list(user.args[2:])
+        else:
+            continue
+        if any(isinstance(bound, Node) for bound in bounds):
+            return True
+    return False
 
 
 def _refuse_cycle(i: int, group: Sequence[Node]) -> None:

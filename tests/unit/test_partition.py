@@ -254,3 +254,22 @@ def test_attributes_are_inputs_of_a_fused_submodule_by_default_as_in_torch_fx():
     fuse_by_partitions(gm, [[n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.sub]])
     (call,) = gm.graph.find_nodes(op="call_module", target="fused_0")
     assert sorted(a.name for a in call.args) == ["cls", "pos", "scale", "x"]
+
+
+def test_an_attribute_sliced_to_an_input_size_stays_an_input():
+    """A position-id table cut to the sequence length, as Hugging Face embeddings do: as a constant
+    it would bound that size from above, and the exporter would fix it."""
+    from qplug_core.partition import fuse_by_partitions
+
+    root = nn.Module()
+    root.register_buffer("ids", torch.arange(8).unsqueeze(0))
+    graph = fx.Graph()
+    x, ids = graph.placeholder("x"), graph.get_attr("ids")
+    length = graph.call_function(operator.getitem, (graph.call_function(getattr, (x, "shape")), 1))
+    sliced = graph.call_function(operator.getitem, (ids, (slice(None), slice(None, length))))
+    graph.output(graph.call_function(operator.add, (x, sliced)))
+    gm = fx.GraphModule(root, graph)
+    fuse_by_partitions(gm, [[n for n in gm.graph.nodes if n.op == "call_function"]], attributes_inside=True)
+    (call,) = gm.graph.find_nodes(op="call_module", target="fused_0")
+    assert [a.name for a in call.args] == ["x", "ids"]
+    assert torch.equal(gm(torch.zeros(1, 5)), torch.arange(5.0).unsqueeze(0))

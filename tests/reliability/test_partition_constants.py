@@ -45,11 +45,13 @@ def _images(seed: int) -> tuple[torch.Tensor]:
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     pytest.importorskip("qplug_onnxruntime")
-    torch.manual_seed(0)
+    with torch.random.fork_rng():  # the global generator as the next module's tests find it
+        torch.manual_seed(0)
+        float_model = PatchTokens().eval()
     with qp.testing.all_plugins_loaded(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         calibration = [_images(seed) for seed in range(2)]
-        model = qp.quantize(PatchTokens().eval(), calibration[0], calibration, backend="onnxruntime", recipe="none")
+        model = qp.quantize(float_model, calibration[0], calibration, backend="onnxruntime", recipe="none")
         path = qp.save(model, tmp_path_factory.mktemp("constants") / "tokens.safetensors")
     return model, path
 

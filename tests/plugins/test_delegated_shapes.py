@@ -53,8 +53,11 @@ def _converted(model: nn.Module, data: list[tuple], backend: str):
 
 @pytest.fixture(scope="module")
 def conv1d(backend):
-    """A 1-D CNN quantized at batch 2, 64 steps."""
-    model = nn.Sequential(nn.Conv1d(6, 16, 3, padding=1), nn.ReLU(), nn.Conv1d(16, 8, 3))
+    """A 1-D CNN quantized at batch 2, 64 steps; its weights seeded (drawn from whatever state the
+    tests before left, one draw in ~12 put the float last conv 4 steps from its reference form)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv1d(6, 16, 3, padding=1), nn.ReLU(), nn.Conv1d(16, 8, 3))
     return _converted(model, [(signal(2, 64, seed),) for seed in range(3)], backend)
 
 

@@ -27,6 +27,7 @@ from qplug_core.flows import auto
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
 from qplug_core.flows.capture import generates
+from qplug_core.flows.image_sizes import calibrated_sizes
 from qplug_core.flows.method_views import method_view
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.flows.tags import RECIPE, REPORT, TARGET
@@ -62,6 +63,10 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     instead (SmoothQuant on ``calibration_data``, int8 weights and per-token int8 activations,
     the same model class back, with ``generate()``); ``capture="export"`` (or any graph-mode
     option) still gives the captured ``GraphModule``, with a warning that it cannot generate.
+
+    A torch.export capture keeps image heights and widths dynamic when ``calibration_data`` (a
+    list) holds images of several sizes and the exported graph answers each as the model does;
+    ``dynamic_shapes=`` (torch.export's format, a prepare option) gives the dynamic sizes instead.
     """
     _check_options(prepare_options)
     view = method_view(model)  # a method or partial: no generate() path, its graph is what was asked
@@ -83,10 +88,19 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     if not (isinstance(backend, str) and backend == auto.AUTO):  # auto measures every backend itself
         named = get_backend(backend)
         warn_if_slow_here(named.name, named.engine)
-    with kv_cache_off(model) if generates(model) else contextlib.nullcontext():
+    with kv_cache_off(model) if generates(model) else contextlib.nullcontext(), \
+            calibrated_sizes(_listed_batches(calibration_data, model)):
         return _quantize_graph(model, example_inputs, calibration_data, backend=backend,
                                qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
                                allow_float=allow_float, recipe=recipe, target=target, **prepare_options)
+
+
+def _listed_batches(calibration_data: Any, model: nn.Module) -> list[tuple]:
+    """The calibration batches of a list or tuple, whose image sizes an export capture may keep
+    dynamic (:mod:`qplug_core.flows.image_sizes`); none of an iterator, which calibration reads once."""
+    if not isinstance(calibration_data, (list, tuple)):
+        return []
+    return list(flows.iter_batches(calibration_data, model))
 
 
 #: the keyword arguments qp.quantize passes on to prepare_fx (capture, on_unsupported, ...)

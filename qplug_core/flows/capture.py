@@ -18,9 +18,16 @@ from qplug_core.errors import ConfigValidationError, TraceError, first_line, war
 from qplug_core.flows.capture_failure import both_failed
 from qplug_core.flows.fixed_keywords import fixed_keywords
 from qplug_core.flows.float_reference import float_like_int8
+from qplug_core.flows.image_sizes import image_sizes, sizes_seen
 from qplug_core.flows.raise_aten import exported_module, is_aten_graph, raise_aten_graph
 from qplug_core.flows.tags import CAPTURE, CAPTURE_SKIPPED, FIXED_KEYWORDS
-from qplug_core.ir.capture import capture_module, export_module, is_image
+from qplug_core.ir.capture import (
+    capture_module,
+    export_images_dynamic,
+    export_module,
+    export_with_shapes,
+    is_image,
+)
 
 __all__ = ["CAPTURE_LEVELS", "capture_for_quantization", "generates"]
 
@@ -33,7 +40,7 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
                              level: str = "auto", leaf_modules: Sequence[type[nn.Module]] = (),
                              non_traceable_module_names: Sequence[str] = (),
                              non_traceable_module_classes: Sequence[type[nn.Module]] = (),
-                             generate_code: bool = True) -> GraphModule:
+                             generate_code: bool = True, dynamic_shapes: Any = None) -> GraphModule:
     """The GraphModule the flows quantize, at the pattern set's level whatever the capture.
 
     ``level="auto"`` traces symbolically when the whole model traces (and no example input is
@@ -44,10 +51,13 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
     ``.module()`` is accepted as is. ``meta[CAPTURE]`` says which level was used.
     ``generate_code=False``: a traced graph's ``forward`` is generated at first use, for a caller
     whose passes rewrite the graph and recompile (:mod:`qplug_core.ir.deferred_code`).
+    ``dynamic_shapes`` (torch.export's format) is passed to an export capture as given; without
+    it, images of several sizes in the calibration data (:mod:`.image_sizes`) are tried dynamic.
     """
     if level not in CAPTURE_LEVELS:
         raise ConfigValidationError(f"capture must be one of {CAPTURE_LEVELS}, got {level!r}",
                                     field="capture", value=level)
+    _check_dynamic_shapes(dynamic_shapes, example_inputs)
     if isinstance(model, torch.export.ExportedProgram):
         model = exported_module(model)
     if is_aten_graph(model):
@@ -55,7 +65,7 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
     if isinstance(model, GraphModule):
         return _tagged(model, "symbolic")
     gm = _capture_module(model, example_inputs, level, leaf_modules, non_traceable_module_names,
-                         non_traceable_module_classes, generate_code)
+                         non_traceable_module_classes, generate_code, dynamic_shapes)
     if example_inputs is not None:
         gm.meta[FIXED_KEYWORDS] = fixed_keywords(model, len(example_inputs))
     return gm
@@ -63,7 +73,8 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
 
 def _capture_module(model: nn.Module, example_inputs: tuple[Any, ...] | None, level: str,
                     leaf_modules: Sequence[type[nn.Module]], non_traceable_module_names: Sequence[str],
-                    non_traceable_module_classes: Sequence[type[nn.Module]], generate_code: bool) -> GraphModule:
+                    non_traceable_module_classes: Sequence[type[nn.Module]], generate_code: bool,
+                    dynamic_shapes: Any) -> GraphModule:
     """:func:`capture_for_quantization` of a module (not yet a graph)."""
     trace = {"leaf_modules": leaf_modules, "non_traceable_module_names": non_traceable_module_names,
              "non_traceable_module_classes": non_traceable_module_classes,
@@ -71,17 +82,17 @@ def _capture_module(model: nn.Module, example_inputs: tuple[Any, ...] | None, le
     if level == "symbolic":
         return _tagged(_symbolic(model, trace), "symbolic")
     if level == "export":
-        return _tagged(_raised_export(model, _require_inputs(example_inputs, level)), "export")
+        return _tagged(_raised_export(model, _require_inputs(example_inputs, level), dynamic_shapes)[0], "export")
     nones = [name for name, value in _named(model, example_inputs or ()) if value is None]
     if nones:
         try:  # symbolic tracing takes a None given as an input for a tensor: `if mask is not None` is
-            exported = _tagged(_raised_export(model, example_inputs), "export")  # traced the wrong way
+            exported, fixed = _raised_export(model, example_inputs, dynamic_shapes)  # traced the wrong way
         except TraceError as error:
             _warn_none_inputs(model, nones, error)
         else:
             _warn_none_inputs(model, nones, None)
-            _warn_fixed_image_sizes(model, example_inputs, f"its example input {nones[0]} is None")
-            return exported
+            _warn_fixed_image_sizes(model, example_inputs, f"its example input {nones[0]} is None", fixed)
+            return _tagged(exported, "export")
     try:
         traced = _symbolic(model, trace)
     except TraceError as symbolic_error:
@@ -89,23 +100,23 @@ def _capture_module(model: nn.Module, example_inputs: tuple[Any, ...] | None, le
             raise TraceError(f"{symbolic_error} Or pass example_inputs so that qplug can capture the "
                              "model with torch.export.", module=symbolic_error.module) from symbolic_error
         try:
-            exported = _tagged(_raised_export(model, example_inputs), "export")
+            exported, fixed = _raised_export(model, example_inputs, dynamic_shapes)
         except TraceError as export_error:
             return _partly_opaque(model, trace, symbolic_error, export_error)
         # where, not the tracer's own error text: torch.export runs instead, so it is not the user's to fix
         where = f"its submodule {symbolic_error.module!r}" if symbolic_error.module else "its forward"
-        _warn_fixed_image_sizes(model, example_inputs, f"{where} does not trace symbolically")
-        return exported
+        _warn_fixed_image_sizes(model, example_inputs, f"{where} does not trace symbolically", fixed)
+        return _tagged(exported, "export")
     composite = _composite_leaves(traced) if example_inputs is not None else []
     if composite:
         try:  # their projections are only visible (and quantizable) in the exported graph
-            exported = _tagged(_raised_export(model, example_inputs), "export")
+            exported, fixed = _raised_export(model, example_inputs, dynamic_shapes)
         except TraceError as error:
             _warn_float_composites(model, composite, error)
         else:
             _warn_fixed_image_sizes(model, example_inputs, f"it holds {_listed(composite)}, whose projections "
-                                                           "only an exported graph shows")
-            return exported
+                                                           "only an exported graph shows", fixed)
+            return _tagged(exported, "export")
     return _tagged(traced, "symbolic")
 
 
@@ -145,19 +156,25 @@ def _warn_float_composites(model: nn.Module, composite: list[tuple[str, str]], e
               "choose this, or capture='export' to see the export fail")
 
 
-def _warn_fixed_image_sizes(model: nn.Module, example_inputs: tuple[Any, ...], why: str) -> None:
+def _warn_fixed_image_sizes(model: nn.Module, example_inputs: tuple[Any, ...], why: str,
+                            fixed: str | None) -> None:
     """Say at quantize time what an export capture fixed: a detector quantized at 256x256 refused
-    its first request of another size, with nothing said before. ``why``: why auto exported."""
+    its first request of another size, with nothing said before. ``why``: why auto exported;
+    ``fixed``: why the images' height and width stay the example's (None: they do not)."""
     images = [f"{name} {value.shape[2]}x{value.shape[3]}" for name, value in _named(model, example_inputs)
               if is_image(value)]
-    if images:
-        warn_user(f"qplug: {type(model).__name__}: {why}, so capture='auto' "
-                  f"used torch.export, which keeps the height and width of image inputs at the example's "
-                  f"({', '.join(images)}): a call with another size raises InputMismatchError. To take other "
-                  "sizes, export the model yourself with dynamic height and width, e.g. "
-                  "torch.export.export(model, example_inputs, dynamic_shapes=({2: 32 * Dim('h'), 3: 32 * Dim('w')},)) "
-                  "for a network that downsamples 32x, and pass the ExportedProgram to qp.quantize "
-                  "(docs/guide/export.md)")
+    if images and fixed is not None:
+        way = ("ViT-style position table: quantize once per size" if _position_table(model) else
+               "calibrate with each size to serve, or pass dynamic_shapes=")
+        warn_user(f"qplug: {type(model).__name__}: {why}, so capture='auto' used torch.export, fixing image "
+                  f"sizes ({fixed}): it takes {', '.join(images)} only. Other sizes: {way} (docs/guide/export.md)")
+
+
+def _position_table(model: nn.Module) -> bool:
+    """Whether ``model`` holds a learned position table (ViT, YOLOS, DPT): it fixes the patch
+    grid, so no dynamic height and width can take another size."""
+    return any(name.endswith(("position_embeddings", "pos_embed", "pos_embedding"))
+               for name, _ in model.named_parameters())
 
 
 def _named(model: nn.Module, values: tuple[Any, ...]) -> list[tuple[str, Any]]:
@@ -251,14 +268,45 @@ def _require_inputs(example_inputs: tuple[Any, ...] | None, level: str) -> tuple
     return example_inputs
 
 
-def _raised_export(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphModule:
-    try:
-        with float_like_int8(model):  # a widened export is checked against the model's own answer
-            gm = export_module(model, example_inputs)
-    except Exception as e:
-        raise TraceError(f"torch.export could not capture {type(model).__name__}: "
-                         f"{type(e).__name__}: {first_line(e)}") from e
-    return raise_aten_graph(gm).graph_module
+def _raised_export(model: nn.Module, example_inputs: tuple[Any, ...],
+                   dynamic_shapes: Any = None) -> tuple[GraphModule, str | None]:
+    """The exported graph, raised, and why its images' height and width stay the example's (None
+    when they do not, or there are none): the user's ``dynamic_shapes`` are taken as given; without
+    them the sizes are dynamic if the calibration data holds several and the graph answers each."""
+    seen = sizes_seen()
+    sizes = {image_sizes(inputs) for inputs in (example_inputs, *seen)} - {()}
+    gm, fixed = None, ("one size calibrated" if seen else "one size given") if sizes else None
+    with float_like_int8(model):  # a widened export is checked against the model's own answer
+        if dynamic_shapes is not None:
+            gm, fixed = export_with_shapes(model, example_inputs, dynamic_shapes), None
+        elif len(sizes) > 1:
+            try:
+                gm, fixed = export_images_dynamic(model, example_inputs, seen), None
+            except TraceError as error:
+                fixed = f"the {len(sizes)} sizes calibrated could not stay dynamic: {error}"
+        if gm is None:
+            try:
+                gm = export_module(model, example_inputs)
+            except Exception as e:
+                raise TraceError(f"torch.export could not capture {type(model).__name__}: "
+                                 f"{type(e).__name__}: {first_line(e)}") from e
+    return raise_aten_graph(gm).graph_module, fixed
+
+
+def _check_dynamic_shapes(dynamic_shapes: Any, example_inputs: tuple[Any, ...] | None) -> None:
+    """``dynamic_shapes`` in torch.export's form: one entry per example input (or a dict by name)."""
+    if dynamic_shapes is None:
+        return
+    count = None if example_inputs is None else len(example_inputs)
+    if isinstance(dynamic_shapes, dict) or (isinstance(dynamic_shapes, (tuple, list))
+                                            and len(dynamic_shapes) == count):
+        return
+    raise ConfigValidationError(
+        f"dynamic_shapes must be what torch.export.export takes: a tuple with one entry per example input "
+        f"({count}), each None or a dict {{dim: Dim}}, or a dict by forward parameter name; got "
+        f"{type(dynamic_shapes).__name__}"
+        + (f" of {len(dynamic_shapes)}" if isinstance(dynamic_shapes, (tuple, list)) else "")
+        + ", e.g. dynamic_shapes=({2: 32 * Dim('h'), 3: 32 * Dim('w')},)", field="dynamic_shapes")
 
 
 def _partly_opaque(model: nn.Module, trace: dict, symbolic_error: TraceError,

@@ -117,7 +117,7 @@ def gc_paused() -> Iterator[None]:
 
 def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inplace: bool,
             capture: str = "auto", is_qat: bool = False, non_traceable_module_names=(),
-            non_traceable_module_classes=()) -> fx.GraphModule:
+            non_traceable_module_classes=(), dynamic_shapes: Any = None) -> fx.GraphModule:
     """The model as a GraphModule at the level ``capture`` asks for (see ``capture_for_quantization``);
     an ``ExportedProgram`` is taken through a fresh ``.module()``, never modified. Computed weights
     (weight_norm, parametrizations) are baked into plain ones on qplug's copy, or kept trainable
@@ -132,7 +132,7 @@ def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inpl
     options = {"level": capture, "leaf_modules": leaf_module_classes(),
                "non_traceable_module_names": non_traceable_module_names,
                "non_traceable_module_classes": non_traceable_module_classes,
-               "generate_code": False}  # fuse_model's passes rewrite the graph, then recompile
+               "generate_code": False, "dynamic_shapes": dynamic_shapes}  # fuse_model's passes rewrite the graph, then recompile
     # captured in float32 whatever autocast the caller has on: torch.export records autocast's casts
     with gc_paused(), torch.autocast("cpu", enabled=False):
         if inplace or isinstance(model, fx.GraphModule):  # a graph is returned as is: copy it whole
@@ -147,14 +147,15 @@ def capture_graph(model: nn.Module, example_inputs: tuple | None = None, *, inpl
 def fuse_model(model: nn.Module, chosen: Backend, example_inputs: tuple | None = None, *,
                is_qat: bool = False, inplace: bool = False, capture: str = "auto",
                non_traceable_module_names=(), non_traceable_module_classes=(),
-               recompile: bool = True) -> fx.GraphModule:
+               recompile: bool = True, dynamic_shapes: Any = None) -> fx.GraphModule:
     """Capture ``model`` and fuse it with ``chosen``'s fusion patterns (the body of ``fuse_fx``).
 
     ``recompile=False`` (prepare, whose own passes recompile once at the end) leaves
     ``forward`` as traced: the caller must recompile before running the module."""
     gm = capture_graph(model, example_inputs, inplace=inplace, capture=capture, is_qat=is_qat,
                        non_traceable_module_names=non_traceable_module_names,
-                       non_traceable_module_classes=non_traceable_module_classes)
+                       non_traceable_module_classes=non_traceable_module_classes,
+                       dynamic_shapes=dynamic_shapes)
 
     def fuse(graph_module: fx.GraphModule) -> None:
         graph_module.meta[FUSIONS] = fuse_graph(graph_module, chosen, is_qat=is_qat)

@@ -152,7 +152,7 @@ def fuse_fx(model: nn.Module, example_inputs: Any = None, *, backend: str | Back
 
 def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace,
              keep_isolated_ops_float, on_unsupported, capture, non_traceable_module_names,
-             non_traceable_module_classes, preserved_attributes) -> fx.GraphModule:
+             non_traceable_module_classes, preserved_attributes, dynamic_shapes) -> fx.GraphModule:
     if isinstance(model, torch.export.ExportedProgram):
         model = exported_module(model)  # a fresh module: the program itself is never modified
     source, copy_modules = model, not inplace  # preserved attributes are read off the user's model
@@ -183,7 +183,8 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     # the passes below recompile once at the end; nothing before them runs ``forward``
     gm = fuse_model(model, chosen, inputs, is_qat=is_qat, inplace=inplace, capture=capture,
                     non_traceable_module_names=non_traceable_module_names,
-                    non_traceable_module_classes=non_traceable_module_classes, recompile=False)
+                    non_traceable_module_classes=non_traceable_module_classes, recompile=False,
+                    dynamic_shapes=dynamic_shapes)
     _check_device(gm, chosen)
     flow_checks.warn_fused_away_module_names(mapping, model_names, gm)
 
@@ -222,7 +223,8 @@ def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, 
                *, backend: str | Backend | None = None, inplace: bool = False,
                keep_isolated_ops_float: bool = True, on_unsupported: str = "warn",
                capture: str = "auto", non_traceable_module_names=(),
-               non_traceable_module_classes=(), preserved_attributes=()) -> fx.GraphModule:
+               non_traceable_module_classes=(), preserved_attributes=(),
+               dynamic_shapes: Any = None) -> fx.GraphModule:
     """Fuse and insert observers for static post-training quantization; returns the observed model.
 
     ``example_inputs`` (a tuple of positional inputs of ``forward``) is required: the model runs
@@ -233,14 +235,15 @@ def prepare_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = None, 
     :class:`ConstraintViolationError`, ``"skip"`` only records it in the report).
     ``preserved_attributes`` names attributes of ``model`` to set on the observed model (and,
     through convert, on the int8 one) though ``forward`` does not use them, as torch.ao's
-    ``set_preserved_attributes``.
+    ``set_preserved_attributes``. ``dynamic_shapes`` (torch.export's format, e.g.
+    ``({2: 32 * Dim("h"), 3: 32 * Dim("w")},)``) is passed to a torch.export capture as given.
     """
     return _prepare(model, qconfig_mapping, example_inputs, backend=backend, is_qat=False,
                     inplace=inplace, keep_isolated_ops_float=keep_isolated_ops_float,
                     on_unsupported=on_unsupported, capture=capture,
                     non_traceable_module_names=non_traceable_module_names,
                     non_traceable_module_classes=non_traceable_module_classes,
-                    preserved_attributes=preserved_attributes)
+                    preserved_attributes=preserved_attributes, dynamic_shapes=dynamic_shapes)
 
 
 @refuses_torch_ao_keywords("prepare_custom_config", "backend_config", "_equalization_config")
@@ -249,14 +252,14 @@ def prepare_qat_fx(model: nn.Module, qconfig_mapping: QConfigMapping | None = No
                    inplace: bool = False, keep_isolated_ops_float: bool = True,
                    on_unsupported: str = "warn", capture: str = "auto",
                    non_traceable_module_names=(), non_traceable_module_classes=(),
-                   preserved_attributes=()) -> fx.GraphModule:
+                   preserved_attributes=(), dynamic_shapes: Any = None) -> fx.GraphModule:
     """Like :func:`prepare_fx` for quantization-aware training: fake-quant everywhere, QAT modules."""
     return _prepare(model, qconfig_mapping, example_inputs, backend=backend, is_qat=True,
                     inplace=inplace, keep_isolated_ops_float=keep_isolated_ops_float,
                     on_unsupported=on_unsupported, capture=capture,
                     non_traceable_module_names=non_traceable_module_names,
                     non_traceable_module_classes=non_traceable_module_classes,
-                    preserved_attributes=preserved_attributes)
+                    preserved_attributes=preserved_attributes, dynamic_shapes=dynamic_shapes)
 
 
 def iter_batches(data: Any, model: Any = None) -> Iterable[tuple]:

@@ -28,7 +28,8 @@ from qplug_core.ir.deferred_code import graph_module_without_code
 from qplug_core.ir.quiet import quiet_torch
 from qplug_core.ir.thread_confined import ThreadConfinedTracer
 
-__all__ = ["QplugTracer", "capture_aten", "capture_module", "export_module"]
+__all__ = ["QplugTracer", "capture_aten", "capture_module", "export_images_dynamic", "export_module",
+           "export_with_shapes"]
 
 
 
@@ -197,13 +198,44 @@ def is_image(value: Any) -> bool:
         value.dtype.is_floating_point or value.is_complex())
 
 
-def _auto(inputs: tuple[Any, ...]) -> torch.export.ShapesCollection:
-    """Every dimension of every tensor input dynamic where the model allows it, but an image's."""
+def _auto(inputs: tuple[Any, ...], *, images: bool = False) -> torch.export.ShapesCollection:
+    """Every dimension of every tensor input dynamic where the model allows it, but an image's
+    (``images=True``: an image's too)."""
     dynamic = torch.export.ShapesCollection()
     for value in inputs:
         if isinstance(value, torch.Tensor) and value.dim():
-            dynamic[value] = dict.fromkeys(range(1 if is_image(value) else value.dim()), torch.export.Dim.AUTO)
+            fixed = is_image(value) and not images
+            dynamic[value] = dict.fromkeys(range(1 if fixed else value.dim()), torch.export.Dim.AUTO)
     return dynamic
+
+
+def export_images_dynamic(model: nn.Module, example_inputs: tuple[Any, ...],
+                          seen: Sequence[tuple[Any, ...]]) -> GraphModule:
+    """:func:`export_module` with the images' height and width dynamic too (``Dim.AUTO``), for
+    inputs of several image sizes ``seen`` (calibration batches): kept only if the exported graph
+    answers each of them as the model does, else :class:`TraceError` says why (the caller then
+    exports with the example's sizes, which :func:`export_module` keeps for their capture cost).
+    """
+    widened = tuple(_widened(value) for value in example_inputs)
+    try:
+        exported = _export(model, widened, _auto(widened, images=True))
+    except Exception as e:
+        raise TraceError(f"{type(e).__name__}: {first_line(e)[:200]}") from e
+    for inputs in seen:
+        if not _answers_alike(model, exported, inputs):
+            sizes = "x".join(str(n) for n in next(v for v in inputs if is_image(v)).shape[2:])
+            raise TraceError(f"the graph exported with dynamic height and width does not answer a {sizes} "
+                             "image as the model does")
+    return exported
+
+
+def export_with_shapes(model: nn.Module, example_inputs: tuple[Any, ...], dynamic_shapes: Any) -> GraphModule:
+    """:func:`export_module` with the user's own ``dynamic_shapes`` (torch.export's format), as given."""
+    try:
+        return _export(model, example_inputs, dynamic_shapes)
+    except Exception as e:
+        raise TraceError(f"torch.export could not capture {type(model).__name__} with the dynamic_shapes "
+                         f"given: {type(e).__name__}: {first_line(e)[:300]}") from e
 
 
 def _widened_dims(value: Any) -> tuple[int, ...]:

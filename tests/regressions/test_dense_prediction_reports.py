@@ -102,9 +102,9 @@ def test_the_export_fallback_says_at_quantize_time_that_image_sizes_are_fixed():
     data = [torch.randn(1, 3, 16, 16) for _ in range(2)]
     with pytest.warns(UserWarning) as caught:
         int8 = qp.quantize(UltralyticsC2f(split=False).eval(), data[0], data, backend="reference")
-    said = [str(w.message) for w in caught if "image inputs" in str(w.message)]
+    said = [str(w.message) for w in caught if "fixing image sizes" in str(w.message)]
     assert len(said) == 1
-    assert "its forward does not trace symbolically" in said[0] and "('x' 16x16)" in said[0]
-    assert "dynamic_shapes=" in said[0]
+    assert "its forward does not trace symbolically" in said[0] and "'x' 16x16 only" in said[0]
+    assert "dynamic_shapes=" in said[0] and "calibrate with each size" in said[0]
     with pytest.raises(qp.errors.InputMismatchError, match="captured with 16"):
         int8(torch.randn(1, 3, 24, 24))

@@ -7,6 +7,7 @@ float conv+bn+relu, not the bare conv.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from qplug_core.cli._common import number
@@ -31,7 +32,10 @@ def accuracy_document(float_model: nn.Module, qmodel: nn.Module, batches: list[t
     reference, compared_against = float_model, "float model"
     if fuse:
         try:  # post-training quantization fused the model in eval mode: so does this (on its own copy)
-            with eval_mode(float_model):
+            with eval_mode(float_model), warnings.catch_warnings():
+                # the quantize call captured the same model and said it all: the CLI printed its
+                # capture warning twice, the second one naming the comparison's one batch
+                warnings.filterwarnings("ignore", message="qplug:")
                 reference = qp.fuse_fx(float_model, batches[0], backend=backend)
             compared_against = "fused float model (qp.fuse_fx)"
         except QplugError:  # not capturable: the outputs still compare, layer pairs are coarser

@@ -46,6 +46,18 @@ def mlp():
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, 10)).eval()
 
 
+class SizeBranch(Net):
+    """Branches on its input's size: symbolic tracing fails, torch.export takes it."""
+
+    def forward(self, x):
+        return super().forward(x) if x.shape[2] > 0 else x
+
+
+def size_branch():
+    torch.manual_seed(0)
+    return SizeBranch().eval()
+
+
 def broken():
     raise RuntimeError("weights.bin is missing")
 

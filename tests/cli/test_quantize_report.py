@@ -73,6 +73,14 @@ def test_a_warning_of_qplugs_is_one_qplug_line_not_a_python_warning(user_models,
     assert "UserWarning" not in result.stderr and "typer" not in result.stderr, result.stderr
 
 
+@pytest.mark.slow  # two torch.exports (quantize, and the fused float model compared with)
+def test_the_export_capture_warning_is_printed_once(user_models, tmp_path):
+    """The comparison's own capture of the model printed it a second time."""
+    result = _quantize(user_models, "size_branch", tmp_path / "net.safetensors")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.count("does not trace symbolically") == 1, result.stderr
+
+
 @pytest.mark.parametrize("mode,factory", [("dynamic", "build"), ("qat-convert", "qat")])
 def test_dynamic_and_qat_convert(user_models, tmp_path, mode, factory):
     result = _quantize(user_models, factory, tmp_path / "net.safetensors", "--mode", mode, "--json")

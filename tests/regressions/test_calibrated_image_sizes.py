@@ -80,3 +80,24 @@ def test_dynamic_shapes_of_another_form_are_refused_before_capture():
     data = _images((32, 32))
     with pytest.raises(qp.errors.ConfigValidationError, match=r"one entry per example input \(1\).*got tuple of 2"):
         qp.quantize(BranchOnSize().eval(), data[0], data, backend="fbgemm", dynamic_shapes=({2: Dim("h")}, None))
+
+
+class PositionTable(nn.Module):
+    """YOLOS/DPT style: a learned table per patch fixes the grid; no dynamic size can take another."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, 8, 4, stride=4)
+        self.position_embeddings = nn.Parameter(torch.randn(1, 8, 8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.patch(x) + self.position_embeddings if x.shape[2] > 0 else x
+
+
+@pytest.mark.slow  # one torch.export
+def test_a_position_table_is_told_to_quantize_once_per_size():
+    data = _images((32, 32))
+    with pytest.warns(UserWarning, match="fixing image sizes") as caught:
+        qp.quantize(PositionTable().eval(), data[0], data, backend="reference")
+    said = next(str(w.message) for w in caught if "fixing image sizes" in str(w.message))
+    assert "ViT-style position table: quantize once per size" in said and "dynamic_shapes" not in said

@@ -57,7 +57,7 @@ def capture_for_quantization(model: nn.Module, example_inputs: tuple[Any, ...] |
     if level not in CAPTURE_LEVELS:
         raise ConfigValidationError(f"capture must be one of {CAPTURE_LEVELS}, got {level!r}",
                                     field="capture", value=level)
-    _check_dynamic_shapes(dynamic_shapes, example_inputs)
+    _check_dynamic_shapes(dynamic_shapes, example_inputs, model, level)
     if isinstance(model, torch.export.ExportedProgram):
         model = exported_module(model)
     if is_aten_graph(model):
@@ -293,10 +293,16 @@ def _raised_export(model: nn.Module, example_inputs: tuple[Any, ...],
     return raise_aten_graph(gm).graph_module, fixed
 
 
-def _check_dynamic_shapes(dynamic_shapes: Any, example_inputs: tuple[Any, ...] | None) -> None:
-    """``dynamic_shapes`` in torch.export's form: one entry per example input (or a dict by name)."""
+def _check_dynamic_shapes(dynamic_shapes: Any, example_inputs: tuple[Any, ...] | None, model: Any,
+                          level: str) -> None:
+    """``dynamic_shapes`` in torch.export's form (one entry per example input, or a dict by name),
+    for a module qplug exports: a graph or program given, or symbolic tracing asked for, exports nothing."""
     if dynamic_shapes is None:
         return
+    if level == "symbolic" or isinstance(model, (torch.export.ExportedProgram, GraphModule)):
+        given = "capture='symbolic'" if level == "symbolic" else f"a captured {type(model).__name__}"
+        raise ConfigValidationError(f"dynamic_shapes is passed to torch.export, which {given} does not run; "
+                                    "give an nn.Module with capture='auto' or 'export'", field="dynamic_shapes")
     count = None if example_inputs is None else len(example_inputs)
     if isinstance(dynamic_shapes, dict) or (isinstance(dynamic_shapes, (tuple, list))
                                             and len(dynamic_shapes) == count):

@@ -101,3 +101,13 @@ def test_a_position_table_is_told_to_quantize_once_per_size():
         qp.quantize(PositionTable().eval(), data[0], data, backend="reference")
     said = next(str(w.message) for w in caught if "fixing image sizes" in str(w.message))
     assert "ViT-style position table: quantize once per size" in said and "dynamic_shapes" not in said
+
+
+def test_dynamic_shapes_for_a_capture_that_exports_nothing_are_refused():
+    shapes = ({2: Dim("h")},)
+    data = _images((32, 32))
+    with pytest.raises(qp.errors.ConfigValidationError, match="capture='symbolic' does not run"):
+        qp.prepare_fx(nn.Conv2d(3, 4, 3), None, data[0], capture="symbolic", dynamic_shapes=shapes)
+    graph = torch.fx.symbolic_trace(nn.Conv2d(3, 4, 3))
+    with pytest.raises(qp.errors.ConfigValidationError, match="a captured GraphModule does not run"):
+        qp.prepare_fx(graph, None, data[0], dynamic_shapes=shapes)

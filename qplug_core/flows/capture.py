@@ -164,15 +164,17 @@ def _warn_fixed_image_sizes(model: nn.Module, example_inputs: tuple[Any, ...], w
     images = [f"{name} {value.shape[2]}x{value.shape[3]}" for name, value in _named(model, example_inputs)
               if is_image(value)]
     if images and fixed is not None:
-        way = ("ViT-style position table: quantize once per size" if _position_table(model) else
+        way = ("calibrate with each size to serve; a ViT-style position table that does not interpolate "
+               "fixes it: quantize once per size" if _position_table(model) else
                "calibrate with each size to serve, or pass dynamic_shapes=")
         warn_user(f"qplug: {type(model).__name__}: {why}, so capture='auto' used torch.export, fixing image "
                   f"sizes ({fixed}): it takes {', '.join(images)} only. Other sizes: {way} (docs/guide/export.md)")
 
 
 def _position_table(model: nn.Module) -> bool:
-    """Whether ``model`` holds a learned position table (ViT, YOLOS, DPT): it fixes the patch
-    grid, so no dynamic height and width can take another size."""
+    """Whether ``model`` holds a learned position table (ViT, YOLOS, DPT): unless the model
+    interpolates it to the call's patch grid (YOLOS does, ViT at its own size does not), it fixes
+    the grid and no dynamic height and width can take another size."""
     return any(name.endswith(("position_embeddings", "pos_embed", "pos_embedding"))
                for name, _ in model.named_parameters())
 

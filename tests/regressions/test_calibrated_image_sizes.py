@@ -83,7 +83,8 @@ def test_dynamic_shapes_of_another_form_are_refused_before_capture():
 
 
 class PositionTable(nn.Module):
-    """YOLOS/DPT style: a learned table per patch fixes the grid; no dynamic size can take another."""
+    """ViT/DPT style: a learned table per patch, not interpolated, fixes the grid: no dynamic size
+    can take another."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -100,7 +101,8 @@ def test_a_position_table_is_told_to_quantize_once_per_size():
     with pytest.warns(UserWarning, match="fixing image sizes") as caught:
         qp.quantize(PositionTable().eval(), data[0], data, backend="reference")
     said = next(str(w.message) for w in caught if "fixing image sizes" in str(w.message))
-    assert "ViT-style position table: quantize once per size" in said and "dynamic_shapes" not in said
+    assert "position table that does not interpolate fixes it: quantize once per size" in said
+    assert "dynamic_shapes" not in said
 
 
 def test_dynamic_shapes_for_a_capture_that_exports_nothing_are_refused():

@@ -205,7 +205,7 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
         calibrated.append(auto.Calibrated(qmodel, base, held, missed))
     others = [b for b in backends if b.name not in {base.name for base in bases}]
     return auto.choose(calibrated, others, untried, as_input_tuple(example_inputs, model),
-                       auto.check_batches(calibration_data, model))
+                       auto.check_batches(calibration_data, model), float_model=model)
 
 
 def _reiterable(model: nn.Module, calibration_data: Any, target: Any) -> tuple[list[tuple], Any]:

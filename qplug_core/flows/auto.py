@@ -30,8 +30,13 @@ other processes take do not inflate; otherwise (OpenVINO's or ONNX Runtime's own
 runtime waiting on a device) in wall seconds. The fastest median wins; with an
 accuracy target, the fastest of those whose search met it (a candidate's is its base's), if any.
 
+The float model is timed in the same rounds, under the same clock, as a yardstick (never
+dropped, never a reason to drop): when the winner is slower than it, a warning says so and what may
+help (:mod:`~qplug_core.flows.float_baseline`); the int8 model is still returned.
+
 The report (``qp.quantization_report(model).auto``) lists every backend tried with its median,
-its SQNR against the reference form and why it won, lost or was rejected; the ranking goes into
+its SQNR against the reference form and why it won, lost or was rejected, and the float model's
+median (the row :data:`~qplug_core.flows.float_baseline.BASELINE`); the ranking goes into
 the saved file, and ``qp.load`` lowers to the first backend of it installed there (warning when it
 is not the one measured best).
 """
@@ -57,6 +62,7 @@ except ImportError:  # pragma: no cover - Windows
 
 from qplug_core.errors import BackendUnavailableError, QplugError, notify, warn_user
 from qplug_core.flows.finish import finish_conversion
+from qplug_core.flows.float_baseline import BASELINE, float_for_timing, warn_if_slower
 from qplug_core.flows.kernel_check import CONTRACT_BROKEN, output_violation
 from qplug_core.flows.rounding_noise import MAX_NOISE_RATIO, rounding_noise
 from qplug_core.flows.snapshot import ReferenceSnapshot, keep_snapshot, snapshot_of
@@ -88,7 +94,7 @@ SAMPLE_SECONDS, MAX_INNER = 1e-3, 100
 @dataclass(frozen=True)
 class Trial:
     """One backend tried by ``backend="auto"``: ``status`` is ``"chosen"``, ``"slower"``,
-    ``"rejected"`` or ``"not tried"``; ``median_ms`` on the example inputs; ``sqnr_db`` of its
+    ``"rejected"`` or ``"not tried"`` (``"baseline"`` for the float model's row); ``median_ms`` on the example inputs; ``sqnr_db`` of its
     outputs against the reference form's (the worst output, its error summed over the example
     inputs and ``sqnr_batches - 1`` calibration batches; :data:`IDENTICAL_DB` when equal);
     ``reason`` in words."""
@@ -204,12 +210,13 @@ def _base_for(backend: Backend, bases: list[Calibrated]) -> Calibrated:
 
 
 def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial], example_inputs: tuple,
-           batches: list[tuple] | None = None) -> fx.GraphModule:
+           batches: list[tuple] | None = None, float_model: Any = None) -> fx.GraphModule:
     """Finish a base's reference form on each of ``others`` (:func:`_base_for`), check each
     candidate against its base's reference form (on the example inputs, and scored on
-    ``batches`` too: :func:`check_batches`), time them all with the bases, and return the fastest
-    that keeps the contract and is not much less accurate than the others (:func:`_inaccurate`),
-    its report listing the trials."""
+    ``batches`` too: :func:`check_batches`), time them all with the bases and ``float_model``
+    (the yardstick: :mod:`~qplug_core.flows.float_baseline`), and return the fastest that keeps
+    the contract and is not much less accurate than the others (:func:`_inaccurate`), its report
+    listing the trials and the float model's time."""
     checks = [example_inputs, *(batches or [])]
     snapshots, expected, noise_db = {}, {}, {}
     for base in bases:
@@ -253,7 +260,13 @@ def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial],
         warn_user("qplug: backend='auto': no installed backend kept the kernel contract on this "
                   "model; it runs in reference form (see the report's auto section)")
         return _record(fallback, [*trials.values(), *untried], ["reference"])
-    medians, dropped, on_thread = measure({name: model for name, (model, _) in finished.items()}, example_inputs)
+    timed: dict[str, Callable] = {name: model for name, (model, _) in finished.items()}
+    with float_for_timing(float_model, example_inputs) as (yardstick, not_timed):
+        if yardstick is not None:
+            timed[BASELINE] = yardstick
+        medians, dropped, on_thread = measure(timed, example_inputs,
+                                              baseline=BASELINE if yardstick is not None else None)
+    float_median = medians.pop(BASELINE, None)
     misses = {name: _target_misses(model) for name, (model, _) in finished.items()}
     # with an accuracy target, the backends whose search met it first: the user asked for it
     ranking = sorted(medians, key=lambda name: (bool(misses[name]), medians[name]))
@@ -285,7 +298,14 @@ def choose(bases: list[Calibrated], others: list[Backend], untried: list[Trial],
         _reissue(message)
     notify(f"backend='auto' chose {winner!r} ({trials[winner].reason}; qp.quantization_report "
            "lists every backend tried)")
-    order = {"chosen": 0, "slower": 1, "rejected": 2, "not tried": 3}
+    if float_median is not None:
+        ratio = medians[winner] / float_median
+        trials[BASELINE] = Trial(BASELINE, "baseline", f"the float model, timed in the same rounds: "
+                                 f"{winner} runs at {ratio:.2f}x its time", median_ms=float_median * 1e3)
+        warn_if_slower(winner, ratio, float_model, example_inputs)
+    elif float_model is not None:
+        trials[BASELINE] = Trial(BASELINE, "baseline", not_timed)
+    order = {"chosen": 0, "baseline": 1, "slower": 2, "rejected": 3, "not tried": 4}
     listed = sorted(trials.values(), key=lambda t: (order[t.status], t.median_ms or 0.0))
     # a file holds the winner's reference form: only the backends measured on that one run it as
     # measured (one finished from another base, e.g. qnnpack beside onnxruntime's float-output
@@ -415,12 +435,14 @@ def _flat(value: Any) -> list:
     return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
-def measure(models: dict[str, Callable], inputs: tuple) -> tuple[dict[str, float], set[str], bool]:
+def measure(models: dict[str, Callable], inputs: tuple, baseline: str | None = None
+            ) -> tuple[dict[str, float], set[str], bool]:
     """Median seconds per call of each model on ``inputs``, interleaved (each round calls every
     model once, the order rotating); the names dropped for being more than :data:`DROP_RATIO`
     times slower than the fastest after :data:`DROP_AFTER` rounds (their best sample stands for
     their median); and whether calls were timed in CPU seconds of the calling thread
-    (:func:`_on_calling_thread` of every model), not wall seconds."""
+    (:func:`_on_calling_thread` of every model), not wall seconds. The model named ``baseline``
+    is a yardstick: timed in every round, never dropped, and no candidate is dropped for it."""
     names = list(models)
     samples: dict[str, list[float]] = {name: [] for name in names}
     with torch.no_grad():
@@ -432,7 +454,9 @@ def measure(models: dict[str, Callable], inputs: tuple) -> tuple[dict[str, float
             warm[name] = time.perf_counter() - t0
         on_thread = all(_on_calling_thread(models[name], inputs) for name in names)
         clock = time.thread_time if on_thread else time.perf_counter
-        inner = max(1, min(MAX_INNER, int(SAMPLE_SECONDS / max(min(warm.values()), 1e-9))))
+        # the candidates' speed sets it: a fast yardstick must not multiply a slow candidate's calls
+        quickest = min(seconds for name, seconds in warm.items() if name != baseline)
+        inner = max(1, min(MAX_INNER, int(SAMPLE_SECONDS / max(quickest, 1e-9))))
         started = time.perf_counter()
         rounds = 0
         active = names
@@ -446,9 +470,9 @@ def measure(models: dict[str, Callable], inputs: tuple) -> tuple[dict[str, float
                 samples[name].append((clock() - t0) / inner)
             rounds += 1
             if rounds == DROP_AFTER:
-                fastest = {name: min(samples[name]) for name in active}
+                fastest = {name: min(samples[name]) for name in active if name != baseline}
                 best = min(fastest.values())
-                active = [name for name in active if fastest[name] <= DROP_RATIO * best]
+                active = [name for name in active if name == baseline or fastest[name] <= DROP_RATIO * best]
     medians = {name: sorted(times)[len(times) // 2] if name in active else min(times)
                for name, times in samples.items()}
     return medians, set(names) - set(active), on_thread

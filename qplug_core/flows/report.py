@@ -381,7 +381,8 @@ def report_lines(report: QuantizationReport, *, verbose: bool = False,
 
 def _auto_lines(report: QuantizationReport, width: int) -> list[str]:
     """backend="auto": each backend tried, its median on the example inputs and why."""
-    lines = _wrap(f"backend='auto' tried {len(report.auto)} backend(s):", width) if report.auto else []
+    tried = [trial for trial in report.auto if trial["status"] != "baseline"]  # the float model's row
+    lines = _wrap(f"backend='auto' tried {len(tried)} backend(s):", width) if report.auto else []
     for trial in report.auto:
         timing = f"{trial['median_ms']:.3g} ms" if trial.get("median_ms") is not None else "-"
         db = trial.get("sqnr_db")

@@ -11,6 +11,7 @@ it must lose to an accurate one). No time is asserted, only the choice.
 from __future__ import annotations
 
 import re
+import time
 import warnings
 
 import pytest
@@ -155,6 +156,40 @@ def test_a_wrong_backend_never_wins_even_alone(fake_dist):
     reference = qp.quantize(model, data[0], data, backend="reference")
     with torch.no_grad():
         assert torch.equal(qmodel(data[1][0]), reference(data[1][0]))
+
+
+class SlowFloat(nn.Module):
+    """Net whose float forward also sleeps 30 ms: its captured graph has no sleep, so any int8
+    candidate running that graph is faster by tens of ms, whatever the machine's load."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = Net()
+
+    def forward(self, x):
+        time.sleep(0.03)
+        return self.net(x)
+
+
+def test_auto_warns_when_the_chosen_backend_is_slower_than_the_float_model(fake_dist):
+    _install(fake_dist, "sleepy")  # 50 ms per call against a sub-ms float model
+    qmodel, caught = _auto(Net().eval(), _data())
+    report = qp.quantization_report(qmodel)
+    assert report.backend == "sleepy"  # the user asked for int8: it is returned
+    (baseline,) = [t for t in report.auto if t["backend"] == "float (baseline)"]
+    assert baseline["status"] == "baseline" and baseline["median_ms"] is not None
+    assert "backend='auto' tried 2 backend(s)" in str(report)  # sleepy and reference: not the float row
+    (slower,) = [w for w in caught if "the float model's time" in w]
+    assert re.match(r"qplug: backend='auto': the fastest int8 backend \(sleepy\) runs this model at "
+                    r"\d+\.\d\dx the float model's time on these inputs; ", slower), slower
+
+
+def test_auto_does_not_warn_when_int8_is_faster_than_the_float_model(fake_dist):
+    _install(fake_dist, "quick")
+    qmodel, caught = _auto(SlowFloat().eval(), _data())
+    (baseline,) = [t for t in qp.quantization_report(qmodel).auto if t["backend"] == "float (baseline)"]
+    assert baseline["median_ms"] >= 30
+    assert not [w for w in caught if "the float model's time" in w]
 
 
 def test_save_and_load_keep_the_choice_and_fall_back_with_a_warning(fake_dist, monkeypatch, tmp_path):

@@ -28,3 +28,10 @@ def test_a_candidate_that_waits_puts_the_measurement_on_wall_time_and_is_dropped
     medians, dropped, on_thread = measure({"busy": _busy(2e-4), "sleepy": lambda: time.sleep(0.02)}, ())
     assert not on_thread  # its sleep costs no CPU: in CPU time it would have looked fastest
     assert dropped == {"sleepy"} and medians["sleepy"] >= 0.02 > DROP_RATIO * medians["busy"]
+
+
+def test_the_float_baseline_is_timed_every_round_and_drops_no_candidate():
+    """A yardstick far faster than the candidates: they are compared with each other, not with it."""
+    medians, dropped, _ = measure({"float": _busy(1e-5), "a": _busy(1e-4), "b": _busy(1.2e-4)}, (),
+                                  baseline="float")
+    assert not dropped and set(medians) == {"float", "a", "b"}

@@ -30,7 +30,11 @@ __all__ = ["BASELINE", "float_for_timing", "warn_if_slower"]
 def float_for_timing(model: Any, inputs: tuple) -> Iterator[tuple[Callable | None, str]]:
     """``model`` as it runs for inference, to be timed beside the candidates: in eval mode, every
     flag put back after (torch's exported modules, which refuse ``eval()``, as they are; an
-    ``ExportedProgram`` through a fresh ``.module()``); or None, and why, if it fails on ``inputs``."""
+    ``ExportedProgram`` through a fresh ``.module()``); or None, and why, if it fails on ``inputs``
+    (None and '' when there is no ``model``)."""
+    if model is None:
+        yield None, ""
+        return
     if isinstance(model, torch.export.ExportedProgram):
         model = exported_module(model)
     with contextlib.ExitStack() as stack:

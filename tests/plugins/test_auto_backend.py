@@ -180,7 +180,7 @@ def test_auto_warns_when_the_chosen_backend_is_slower_than_the_float_model(fake_
     assert baseline["status"] == "baseline" and baseline["median_ms"] is not None
     assert "backend='auto' tried 2 backend(s)" in str(report)  # sleepy and reference: not the float row
     (slower,) = [w for w in caught if "the float model's time" in w]
-    assert re.match(r"qplug: backend='auto': the fastest int8 backend \(sleepy\) runs this model at "
+    assert re.match(r"qplug: backend='auto': the int8 backend chosen \(sleepy\) runs this model at "
                     r"\d+\.\d\dx the float model's time on these inputs; ", slower), slower
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from qplug_core.errors import PatternError, PluginHookError, QplugError
+from qplug_core.ir import module_stack
 from qplug_core.matcher import Match, find_matches
 from qplug_core.patterns import MatchAllNode, format_pattern
 from qplug_core.registry.plugins import ENV_DISABLE, PluginRecord
@@ -31,6 +32,9 @@ class FusionRecord:
     pattern: str
     fused_type: str
     nodes: tuple[str, ...]
+    #: the float module whose forward ran the anchor (``act`` for a ReLU module that export captured
+    #: as ``F.relu``); qp.compare knows that module is computed by the fused layer
+    anchor_module: str = ""
 
 
 @dataclass(frozen=True)
@@ -138,8 +142,10 @@ def _apply_fusion(gm, modules, match: Match, fusion: _Fusion, is_qat: bool,
     for node in match.nodes:  # pre-order, anchor first: every member's users inside the match go first
         if node is not fused_node and not node.users:
             graph.erase_node(node)
+    anchor = match.anchor
     return FusionRecord(root.target, format_pattern(match.pattern), type(fused).__name__,
-                        tuple(n.name for n in match.nodes))
+                        tuple(n.name for n in match.nodes),
+                        str(anchor.target) if anchor.op == "call_module" else module_stack.innermost(anchor)[0])
 
 
 def _fuser_failed(fusion: _Fusion, pattern: Any, error: Exception) -> PluginHookError:

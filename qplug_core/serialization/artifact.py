@@ -185,7 +185,8 @@ def artifact_of(qmodel: object) -> Artifact | str | None:
 
 
 def fusion_records(artifact: Artifact) -> list[FusionRecord]:
-    return [FusionRecord(f["module_name"], f["pattern"], f["fused_type"], tuple(f["nodes"]))
+    return [FusionRecord(f["module_name"], f["pattern"], f["fused_type"], tuple(f["nodes"]),
+                         str(f.get("anchor_module", "")))
             for f in artifact.model["fusions"]]
 
 
@@ -295,10 +296,11 @@ def _read_plugin(doc: Any, path: str) -> dict[str, str | None]:
 
 
 def _read_fusion(doc: Any, path: str) -> None:
-    read_fields(doc, path, ("module_name", "pattern", "fused_type", "nodes"),
+    read_fields(doc, path, ("module_name", "pattern", "fused_type", "nodes", "anchor_module"),
                 required=("module_name", "pattern", "fused_type", "nodes"))
-    for key in ("module_name", "pattern", "fused_type"):
-        expect(doc[key], str, child(path, key), "a string")
+    for key in ("module_name", "pattern", "fused_type", "anchor_module"):
+        if key in doc:
+            expect(doc[key], str, child(path, key), "a string")
     for i, node in enumerate(expect(doc["nodes"], list, child(path, "nodes"), "a JSON list")):
         expect(node, str, child(child(path, "nodes"), i), "a node name")
 

@@ -6,18 +6,39 @@ kept an int8 ``mul`` and ``add`` after every conv: two broadcasting kernels, eac
 conv itself (DETR ran slower than float), and two more roundings. The pair is a constant affine
 map per output channel, so it folds into the conv's weight and bias as an eval-mode BatchNorm does
 (:mod:`qplug_core.nn.folding`), in training graphs too: nothing in it is learned or updated.
+Each fold is recorded (:data:`FOLDED_AFFINES`): the conv's output is now the value after the affine,
+so ``qp.compare`` pairs it with that float value, not the float conv's own.
 """
 
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
 
+from qplug_core.flows.tags import FOLDED_AFFINES
+from qplug_core.ir import module_stack
 from qplug_core.ir.attributes import fetch_attribute
 
-__all__ = ["fold_channel_affines"]
+__all__ = ["FoldedAffine", "fold_channel_affines"]
+
+
+@dataclass(frozen=True)
+class FoldedAffine:
+    """``x * scale + shift`` per output channel, folded into a conv's weights."""
+
+    scale: torch.Tensor
+    shift: torch.Tensor
+    #: the float module that computed it (a ``FrozenBatchNorm2d``), ``""`` when not a module of its own
+    module: str
+    op: str = "affine"
+
+    def apply(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` as the float model has it after the affine (channels on dim 1)."""
+        shape = (-1, *(1,) * (value.dim() - 2))
+        return value * self.scale.reshape(shape).to(value.dtype) + self.shift.reshape(shape).to(value.dtype)
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -46,6 +67,9 @@ def fold_channel_affines(gm: fx.GraphModule) -> None:
         if scale is None or shift is None:
             continue
         _fold(conv, scale, shift)
+        path, _ = module_stack.innermost(mul)
+        gm.meta.setdefault(FOLDED_AFFINES, {})[str(y.target)] = FoldedAffine(
+            scale, shift, path if path != module_stack.innermost(y)[0] else "")
         _erase(gm, mul, add, y)
 
 

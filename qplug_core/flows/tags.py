@@ -57,6 +57,9 @@ CHECK_REGIONS = "qplug_check_regions"
 #: GraphModule.meta key: layer (module path) -> the clamp its int8 output range holds
 #: (``flows.clamps.AbsorbedClamp``: qp.compare pairs the layer with the float value after it)
 ABSORBED_CLAMPS = "qplug_absorbed_clamps"
+#: GraphModule.meta key: conv (module path) -> the per-channel affine (a frozen BatchNorm) folded into
+#: its weights (``flows.channel_affine.FoldedAffine``: qp.compare pairs the conv with the float value after it)
+FOLDED_AFFINES = "qplug_folded_affines"
 #: attribute of a model quantized by ``qp.quantize_weights``: what was done (WeightOnlyInfo)
 WEIGHT_ONLY = "qplug_weight_only"
 #: attribute of a model quantized by ``qp.quantize_w8a8``: what was done (W8A8Info)

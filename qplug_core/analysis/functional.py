@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from qplug_core.flows.clamps import AbsorbedClamp
+from qplug_core.analysis.followers import Followers
 from qplug_core.flows.normalize import functional_weights
 
 #: the calls a quantized layer can be made from -> the position of their weight argument
@@ -73,12 +73,13 @@ def _tensor_at(model: nn.Module, path: str) -> torch.Tensor | None:
 
 class FunctionalRecorder(TorchFunctionMode):
     """Copies the output of each conv/linear/matmul call on one of ``weights`` (layer -> float weight),
-    call by call, the layer's absorbed clamp (``clamps``) applied: what ``_Recorder`` does for modules."""
+    call by call, the ops after it that the int8 layer computes (``followers``) applied: what
+    ``_Recorder`` does for modules."""
 
-    def __init__(self, weights: Mapping[str, torch.Tensor], clamps: Mapping[str, AbsorbedClamp],
+    def __init__(self, weights: Mapping[str, torch.Tensor], followers: Mapping[str, Followers],
                  outputs: dict[str, list[torch.Tensor]]) -> None:
         super().__init__()
-        self._layers = [(weight, layer, clamps.get(layer)) for layer, weight in weights.items()]
+        self._layers = [(weight, layer, followers.get(layer)) for layer, weight in weights.items()]
         #: shared with the module recorder, so that the rows keep the float model's call order
         self.outputs = outputs
         self.functions: dict[str, str] = {}
@@ -89,10 +90,10 @@ class FunctionalRecorder(TorchFunctionMode):
         position = _WEIGHT_ARGUMENT.get(func)
         if position is not None and self._layers:
             weight = args[position] if len(args) > position else kwargs.get("weight")
-            for tensor, layer, clamp in self._layers:
+            for tensor, layer, after in self._layers:
                 if weight is tensor:
                     snapshot = output.detach().clone()
-                    self.outputs.setdefault(layer, []).append(snapshot if clamp is None else clamp.apply(snapshot))
+                    self.outputs.setdefault(layer, []).append(snapshot if after is None else after.apply(snapshot))
                     self.functions[layer] = _printed(func)
         return output
 

@@ -10,8 +10,10 @@ A fused kernel (``conv1`` computing conv+bn+relu) is compared against the float 
 name, which computes only its first op; pass the *fused* float model (``fuse_fx`` output) for
 pairs that compute the same thing. A layer whose int8 output range holds a clamp convert dropped
 (ReLU6 after a conv, see :mod:`qplug_core.flows.clamps`) is compared against the float value after
-that clamp, its float type naming it (``Conv2d+ReLU6``). Float leaf modules with no counterpart (not
-the children of a fused module the quantized model computes whole, nor an absorbed clamp) are listed
+that clamp, its float type naming it (``Conv2d+ReLU6``); so is a layer that computes a ReLU fused
+into it or a frozen BatchNorm folded into it, where the float model runs them after it
+(:mod:`qplug_core.analysis.followers`: ``Linear+ReLU``, ``Conv2d+affine``). Float leaf modules with no counterpart (not
+the children of a fused module the quantized model computes whole, nor an op a layer computes) are listed
 in ``ComparisonReport.float_only`` as a hint.
 
 A layer the quantized model made from a functional call (``F.conv2d(x, self.w)`` became
@@ -34,6 +36,7 @@ from rich.table import Table
 from rich.text import Text
 from torch import nn
 
+from qplug_core.analysis.followers import Followers, layer_followers
 from qplug_core.analysis.functional import FunctionalRecorder, functional_layers, never_called
 from qplug_core.analysis.plain_text import plain_text
 from qplug_core.errors import (
@@ -283,23 +286,23 @@ class _Recorder:
     """Forward hooks that copy the first output tensor of each named module, call by call.
 
     Copies are taken at hook time because later in-place ops (``out += identity``, ReLU with
-    ``inplace=True``) would otherwise rewrite what was recorded. ``clamps`` (name -> clamp) are
-    applied to the copies of those modules: the float side of a layer that absorbed a clamp.
+    ``inplace=True``) would otherwise rewrite what was recorded. ``followers`` (name -> the ops after
+    it its int8 layer computes) are applied to the copies of those modules: the float side of that layer.
     """
 
     def __init__(self, model: nn.Module, names: Iterable[str],
-                 clamps: Mapping[str, AbsorbedClamp] | None = None) -> None:
+                 followers: Mapping[str, Followers] | None = None) -> None:
         self.outputs: dict[str, list[torch.Tensor]] = {}
         modules = dict(model.named_modules())
-        clamps = clamps or {}
-        self._handles = [modules[n].register_forward_hook(self._hook(n, clamps.get(n))) for n in names]
+        followers = followers or {}
+        self._handles = [modules[n].register_forward_hook(self._hook(n, followers.get(n))) for n in names]
 
-    def _hook(self, name: str, clamp: AbsorbedClamp | None) -> Any:
+    def _hook(self, name: str, after: Followers | None) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             t = first_tensor(output)
             if t is not None and (t.is_quantized or t.is_floating_point()):
                 snapshot = t.dequantize() if t.is_quantized else t.detach().clone()
-                self.outputs.setdefault(name, []).append(snapshot if clamp is None else clamp.apply(snapshot))
+                self.outputs.setdefault(name, []).append(snapshot if after is None else after.apply(snapshot))
         return hook
 
     def remove(self) -> None:
@@ -309,8 +312,8 @@ class _Recorder:
 
 @contextmanager
 def _recording(model: nn.Module, names: Iterable[str],
-               clamps: Mapping[str, AbsorbedClamp] | None = None) -> Iterator[_Recorder]:
-    recorder = _Recorder(model, names, clamps)
+               followers: Mapping[str, Followers] | None = None) -> Iterator[_Recorder]:
+    recorder = _Recorder(model, names, followers)
     try:
         yield recorder
     finally:
@@ -386,13 +389,13 @@ class _LayerErrors:
             self.shapes.setdefault(name, tuple(ref[0].shape))
 
     def comparisons(self, float_model: nn.Module, quantized_model: nn.Module,
-                    clamps: Mapping[str, AbsorbedClamp], functions: Mapping[str, str]) -> list[LayerComparison]:
+                    followers: Mapping[str, Followers], functions: Mapping[str, str]) -> list[LayerComparison]:
         """The rows; ``functions``: the float function (``F.conv2d``) of each layer made from a call."""
         float_modules = dict(float_model.named_modules())
         quant_modules = dict(quantized_model.named_modules())
         return [LayerComparison(
             name=name, float_type=(functions.get(name) or type(float_modules[name]).__name__)
-            + (f"+{clamps[name].op}" if name in clamps else ""),
+            + (followers[name].ops if name in followers else ""),
             quant_type=_quant_type(float_modules.get(name), quant_modules[name]), sqnr_db=s.sqnr_db,
             max_abs_err=s.max_abs, rel_l2_err=s.rel_l2_err, cosine=s.cosine,
             shape=self.shapes[name], num_outputs=self.num_outputs[name])
@@ -436,7 +439,7 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
     names = _select_layers(float_model, quantized_model, layers, functional)
     functional = {name: weight for name, weight in functional.items() if name in names}
     clamps = absorbed_clamps(quantized_model)
-    clamped = _clamped_outputs(quantized_model, clamps)
+    followers = layer_followers(float_model, quantized_model, _clamped_outputs(quantized_model, clamps))
     errors = _LayerErrors()
     if layers is None:
         errors.skipped.update(unpaired)
@@ -447,8 +450,8 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
         stack.enter_context(float_like_int8(float_model))
         stack.enter_context(eval_mode(float_model))
         stack.enter_context(eval_mode(quantized_model))
-        ref_rec = stack.enter_context(_recording(float_model, [n for n in names if n not in functional], clamped))
-        calls = FunctionalRecorder(functional, clamped, ref_rec.outputs)
+        ref_rec = stack.enter_context(_recording(float_model, [n for n in names if n not in functional], followers))
+        calls = FunctionalRecorder(functional, followers, ref_rec.outputs)
         test_rec = stack.enter_context(_recording(quantized_model, names))
         for args in batches_of(inputs, float_model):
             with calls if functional else nullcontext():  # the mode costs a Python call per torch call
@@ -469,10 +472,11 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
         if errors.skipped.get(name) == NOT_RUN_BY_FLOAT:
             errors.skipped[name] = never_called(name, quantized_model)
     return ComparisonReport(
-        layers=errors.comparisons(float_model, quantized_model, clamped, calls.functions),
+        layers=errors.comparisons(float_model, quantized_model, followers, calls.functions),
         output_sqnr_db=output.sqnr_db, output_cosine=output.cosine,
         output_max_abs_err=output.max_abs, num_batches=num_batches, skipped=errors.skipped,
-        float_only=_float_only(float_model, quantized_model, {c.module for c in clamps.values()}))
+        float_only=_float_only(float_model, quantized_model, {c.module for c in clamps.values()}.union(
+            *(after.modules for after in followers.values()))))
 
 
 def _clamped_outputs(quantized_model: nn.Module, clamps: Mapping[str, AbsorbedClamp]
@@ -488,7 +492,7 @@ def _float_only(float_model: nn.Module, quantized_model: nn.Module, absorbed: se
     """Float leaf modules without a counterpart in the quantized model. The children of a float
     module that the quantized model replaces whole, keeping none of its children (a fused
     ``ConvReLU2d`` lowered to one kernel, when the reference is the fused float model), have one:
-    that module, compared as a unit; so has a clamp in ``absorbed``: the layer whose range holds it."""
+    that module, compared as a unit; so has a module in ``absorbed``: the layer that computes it."""
     float_modules = dict(float_model.named_modules())
     quant_modules = dict(quantized_model.named_modules())
 

@@ -96,3 +96,57 @@ def test_fused_float_model_gives_the_same_rows_without_a_warning(quantized, recw
     assert rows["pw"].float_type == "Conv2d+ReLU6"
     int8 = _int8_outputs(qmodel, x, ["pw"])
     assert rows["pw"].sqnr_db == pytest.approx(_sqnr64(model.references(x)["pw"], int8["pw"]), abs=1e-3)
+
+
+class AffineNet(nn.Module):
+    """conv -> per-channel mul/add (a frozen BatchNorm as export captures it) -> fc1 -> ReLU -> fc2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.scale = nn.Parameter(torch.rand(1, 8, 1, 1) + 0.5)
+        self.shift = nn.Parameter(torch.randn(1, 8, 1, 1))
+        self.fc1, self.act, self.fc2 = nn.Linear(8 * 16, 32), nn.ReLU(), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1((self.conv(x) * self.scale + self.shift).flatten(1))))
+
+    def references(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What each int8 layer computes, in float64."""
+        net = copy.deepcopy(self).double().requires_grad_(False)
+        conv = net.conv(x.double()) * net.scale + net.shift
+        return {"conv": conv, "fc1": torch.relu(net.fc1(conv.flatten(1)))}
+
+
+@pytest.fixture(scope="module")
+def affine_net() -> tuple[AffineNet, list[tuple[torch.Tensor]], torch.Tensor]:
+    torch.manual_seed(0)
+    return AffineNet().eval(), [(torch.randn(8, 3, 4, 4),) for _ in range(4)], torch.randn(16, 3, 4, 4)
+
+
+def test_export_rows_cover_the_fused_relu_and_the_folded_affine(affine_net, recwarn):
+    # before: the bare float conv and fc1 were paired with int8 layers computing conv*scale+shift and
+    # relu(fc1): -6.4 dB and 2.6 dB, and the ReLU module was listed as absent from the int8 model
+    model, calibration, x = affine_net
+    qmodel = qp.quantize(model, calibration[0], calibration, backend="fbgemm", capture="export")
+    report = qp.compare(model, qmodel, (x,))
+    assert not [w for w in recwarn if "fuse_fx" in str(w.message)]
+    rows = {layer.name: layer for layer in report.layers}
+    assert (rows["conv"].float_type, rows["fc1"].float_type) == ("Conv2d+affine", "Linear+ReLU")
+    int8 = _int8_outputs(qmodel, x, ["conv", "fc1"])
+    for name, reference in model.references(x).items():
+        assert rows[name].sqnr_db == pytest.approx(_sqnr64(reference, int8[name]), abs=1e-3), name
+        assert rows[name].sqnr_db > 30, name
+    assert "act" not in report.float_only
+
+
+def test_symbolic_rows_pair_the_fused_float_model_without_applying_the_relu_twice(affine_net):
+    model, calibration, x = affine_net
+    qmodel = qp.quantize(model, calibration[0], calibration, backend="fbgemm", capture="symbolic")
+    with pytest.warns(UserWarning, match=r"qp\.fuse_fx\(float_model, backend='fbgemm'\)"):
+        report = qp.compare(model, qmodel, (x,))
+    rows = {layer.name: layer for layer in report.layers}
+    assert rows["fc1"].float_type == "LinearReLU"  # the fused float module, no follower added
+    int8 = _int8_outputs(qmodel, x, ["fc1"])
+    assert rows["fc1"].sqnr_db == pytest.approx(_sqnr64(model.references(x)["fc1"], int8["fc1"]), abs=1e-3)
+    assert report.float_only == []

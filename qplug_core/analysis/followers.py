@@ -77,8 +77,10 @@ def layer_followers(float_model: nn.Module, quantized_model: nn.Module,
     float_modules = dict(float_model.named_modules())
     meta = _meta(quantized_model)
     steps: dict[str, list[AbsorbedClamp | FoldedAffine]] = {}
+    folded_in_float = _meta(float_model).get(FOLDED_AFFINES, {})  # qp.fuse_fx of it folds them too
     for name, affine in meta.get(FOLDED_AFFINES, {}).items():
-        steps.setdefault(name, []).append(affine)
+        if name not in folded_in_float:
+            steps.setdefault(name, []).append(affine)
     for record in meta.get(FUSIONS, []):
         relu = _fused_relu(record, float_modules)
         if relu is not None:

@@ -158,7 +158,10 @@ def fuse_model(model: nn.Module, chosen: Backend, example_inputs: tuple | None =
                        dynamic_shapes=dynamic_shapes)
 
     def fuse(graph_module: fx.GraphModule) -> None:
-        graph_module.meta[FUSIONS] = fuse_graph(graph_module, chosen, is_qat=is_qat)
+        # a graph fused before (qp.quantize's SmoothQuant prepares the fused graph again) keeps its
+        # records: qp.compare reads them to pair each fused layer with the float ops it computes
+        graph_module.meta[FUSIONS] = [*graph_module.meta.get(FUSIONS, []),
+                                      *fuse_graph(graph_module, chosen, is_qat=is_qat)]
 
     run_passes(gm, [remove_inference_noops, untie_shared_modules, functionalize_inplace,
                     *plugin_passes(chosen, Stage.PRE_FUSE), normalize_functionals, fuse],

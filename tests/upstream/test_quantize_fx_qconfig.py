@@ -274,7 +274,7 @@ def test_mul_add_fp16_config():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         prepared = qp.prepare_fx(model, mapping, example_inputs, backend="fbgemm")
-    assert [str(w.message).split(":")[0] for w in caught] == [
+    assert [str(w.message).removeprefix("qplug: ").split(":")[0] for w in caught] == [
         "operator.mul at node 'mul' stays float", "operator.add at node 'add' stays float"]
     quantized = qp.convert_fx(prepared)
     x = torch.rand(5, 5)

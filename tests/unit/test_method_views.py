@@ -33,6 +33,12 @@ class _TwoHeads(nn.Module):
     def embed(self, x, scale: float = 1.0):
         return self.other(torch.relu(self.trunk(x))) * scale
 
+    def proba(self, x):  # a method built on forward, as predict_proba is
+        return torch.softmax(self(x), dim=-1)
+
+    def proba_of_forward(self, x):
+        return torch.softmax(self.forward(x), dim=-1)
+
 
 @pytest.fixture(scope="module")
 def two_heads():
@@ -50,6 +56,24 @@ def test_a_bound_method_is_quantized_as_forward(two_heads):
     assert qp.quantization_report(q).kernels["other"] == "quantized::linear"
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert type(model) is _TwoHeads and model(x).shape == (4, 4)  # the user's model as it was
+
+
+@pytest.mark.parametrize("method", ["proba", "proba_of_forward"])
+def test_a_method_calling_forward_reaches_the_models_forward(two_heads, method):
+    model, batches = two_heads  # the view's forward is the method: self(x) in it used to recurse
+    q = qp.quantize(getattr(model, method), batches[0], batches, backend="fbgemm")
+    x = batches[1][0]
+    expected = getattr(model, method)(x)
+    assert torch.allclose(q(x).sum(-1), torch.ones(4), atol=1e-5)
+    assert _cosine(q(x), expected) > 0.999 and (q(x) - expected).abs().max() < 0.02
+    assert qp.quantization_report(q).kernels["head"] == "quantized::linear"
+
+
+def test_a_partial_keyword_the_method_does_not_take_is_named(two_heads):
+    model, batches = two_heads
+    with pytest.raises(ConfigValidationError, match=r"_TwoHeads.embed\(\) has no parameter 'scal' "
+                                                    r"\(did you mean 'scale'\?\)"):
+        qp.quantize(functools.partial(model.embed, scal=2.0), batches[0], batches, backend="fbgemm")
 
 
 @pytest.mark.slow  # a partial's forward takes *args: captured by torch.export (2-4 s here)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from torch import nn
 
 from qplug_core.flows.tags import BAKED_TYPES
@@ -32,8 +33,9 @@ def fixed_keywords(model: nn.Module, given: int) -> dict[str, list[Any]]:
     config = getattr(model, "config", None)
     fixed: dict[str, list[Any]] = {}
     for p in parameters[given:]:
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and _constant(p.default):
-            fixed[p.name] = _used(p.default, getattr(config, p.name, None))
+        default = _number(p.default)
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and _constant(default):
+            fixed[p.name] = _used(default, getattr(config, p.name, None))
     if config is not None and any(p.kind is p.VAR_KEYWORD for p in parameters):
         for name in CONFIG_OPTIONS:
             if name not in fixed and _constant(getattr(config, name, inspect.Parameter.empty)):
@@ -44,6 +46,12 @@ def fixed_keywords(model: nn.Module, given: int) -> dict[str, list[Any]]:
 def _used(default: Any, configured: Any) -> list[Any]:
     """A None default stands for the config's value (Hugging Face's convention)."""
     return [configured, None] if default is None and configured is not None and _constant(configured) else [default]
+
+
+def _number(value: Any) -> Any:
+    """A 0-dim tensor as its number (``functools.partial(model, scale=torch.tensor(2.0))``: export
+    builds it in as a constant, and :func:`~qplug_core.ir.fixed_values.same_value` compares so)."""
+    return value.item() if isinstance(value, torch.Tensor) and value.dim() == 0 else value
 
 
 def _constant(value: Any) -> bool:

@@ -92,3 +92,14 @@ def test_other_entry_points_say_that_qp_quantize_takes_a_method(two_heads):
     model, batches = two_heads
     with pytest.raises(ConfigValidationError, match=r"_TwoHeads.embed; qp.quantize takes it"):
         qp.prepare_fx(model.embed, None, batches[0], backend="fbgemm")
+
+
+@pytest.mark.slow  # captured by torch.export, as every partial (2-4 s here)
+def test_a_partial_fixing_a_0_dim_tensor_takes_a_call_giving_it(two_heads):
+    model, batches = two_heads
+    q = qp.quantize(functools.partial(model.embed, scale=torch.tensor(2.0)), batches[0], batches, backend="fbgemm")
+    x = batches[1][0]
+    assert torch.equal(q(x, scale=torch.tensor(2.0)), q(x))
+    assert _cosine(q(x), model.embed(x, scale=torch.tensor(2.0))) > 0.999
+    with pytest.raises(InputMismatchError, match="scale was fixed at 2.0"):
+        q(x, scale=torch.tensor(3.0))

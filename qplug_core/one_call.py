@@ -8,6 +8,7 @@ through :mod:`qplug_core.algorithms`, anything else straight to the flow.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import inspect
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from qplug_core.flows import auto
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
 from qplug_core.flows.capture import generates
+from qplug_core.flows.final_check import check_final_model
 from qplug_core.flows.image_sizes import calibrated_sizes
 from qplug_core.flows.method_views import method_view
 from qplug_core.flows.pipeline import as_input_tuple
@@ -90,9 +92,16 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
         warn_if_slow_here(named.name, named.engine)
     with kv_cache_off(model) if generates(model) else contextlib.nullcontext(), \
             calibrated_sizes(_listed_batches(calibration_data, model)):
-        return _quantize_graph(model, example_inputs, calibration_data, backend=backend,
-                               qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
-                               allow_float=allow_float, recipe=recipe, target=target, **prepare_options)
+        qmodel = _quantize_graph(model, example_inputs, calibration_data, backend=backend,
+                                 qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
+                                 allow_float=allow_float, recipe=recipe, target=target, **prepare_options)
+        if not _INSIDE_AUTO.get():  # auto checks the model it returns, not each base
+            check_final_model(qmodel, model, calibration_data)
+    return qmodel
+
+
+#: set while backend="auto" quantizes its bases (each a qp.quantize call of its own)
+_INSIDE_AUTO: contextvars.ContextVar[bool] = contextvars.ContextVar("qplug_inside_auto", default=False)
 
 
 def _listed_batches(calibration_data: Any, model: nn.Module) -> list[tuple]:
@@ -199,9 +208,13 @@ def _quantize_auto(model: nn.Module, example_inputs: Any, calibration_data: Any,
     for base in bases:
         # its kernels' warnings, and its target search's miss, count only if it (or a backend
         # finished from it) wins
-        with auto.held_warnings(base.name) as held, auto.held_target_warnings(TARGET_MISSED) as missed:
-            qmodel = quantize(model, example_inputs, calibration_data, backend=base,
-                              qconfig_mapping=qconfig_mapping, **options)
+        inside = _INSIDE_AUTO.set(True)
+        try:
+            with auto.held_warnings(base.name) as held, auto.held_target_warnings(TARGET_MISSED) as missed:
+                qmodel = quantize(model, example_inputs, calibration_data, backend=base,
+                                  qconfig_mapping=qconfig_mapping, **options)
+        finally:
+            _INSIDE_AUTO.reset(inside)
         calibrated.append(auto.Calibrated(qmodel, base, held, missed))
     others = [b for b in backends if b.name not in {base.name for base in bases}]
     return auto.choose(calibrated, others, untried, as_input_tuple(example_inputs, model),

@@ -61,6 +61,7 @@ except ImportError:  # pragma: no cover - Windows
     resource = None  # type: ignore[assignment]
 
 from qplug_core.errors import BackendUnavailableError, QplugError, notify, warn_user
+from qplug_core.flows.final_check import output_tensors, sqnr_db
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.float_baseline import BASELINE, float_for_timing, warn_if_slower
 from qplug_core.flows.kernel_check import CONTRACT_BROKEN, output_violation
@@ -71,8 +72,6 @@ from qplug_core.flows.tags import AUTO_RANKING, RECIPE, REPORT, SNAPSHOT, STATE,
 from qplug_core.kernels.per_token import swap_in_per_token
 from qplug_core.registry.backends import AUTO, Backend, get_backend, list_backends
 
-#: the SQNR recorded for outputs identical to the reference form's (JSON has no infinity)
-IDENTICAL_DB = 200.0
 #: a candidate this many dB below the most accurate one against the reference form ...
 ACCURACY_MARGIN_DB = 10.0
 #: ... whose error is also beyond MAX_NOISE_RATIO times the reference form's own activation-rounding
@@ -356,13 +355,12 @@ def _problem(model: nn.Module, checks: list[tuple], expected: list) -> tuple[str
                 got = model(*inputs)
         except Exception as error:  # noqa: BLE001 - a candidate that raises is not a candidate
             return f"it raised {type(error).__name__} on {where}: {error}", None
-        outputs, references = _flat(got), _flat(reference)
+        outputs, references = output_tensors(got), output_tensors(reference)
         if len(outputs) != len(references):
             return f"it returned {len(outputs)} outputs, the reference form {len(references)}", None
         for i, (out, ref) in enumerate(zip(outputs, references)):
-            dtype = ref.dtype if isinstance(ref, torch.Tensor) else None
-            problem = output_violation(out, ref, dtype, None, max_outlier_fraction=1.0)
-            if not problem and isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.numel():
+            problem = output_violation(out, ref, ref.dtype, None, max_outlier_fraction=1.0)
+            if not problem and ref.is_floating_point() and ref.numel():
                 cosine = float(torch.nn.functional.cosine_similarity(
                     out.double().flatten(), ref.double().flatten(), dim=0))
                 if bool(ref.any()) and not cosine > 0:
@@ -372,25 +370,19 @@ def _problem(model: nn.Module, checks: list[tuple], expected: list) -> tuple[str
                 sums[1] += float((out.double() - ref.double()).pow(2).sum())
             if problem:
                 return f"output {i}" + (f" on {where}" if batch else "") + f": {problem}", None
-    sqnr = min(_db(signal, noise) for signal, noise in energy.values()) if energy else None
+    sqnr = min(sqnr_db(signal, noise) for signal, noise in energy.values()) if energy else None
     if broken:
         return (f"{len(broken)} region(s) kept the reference form because its kernels or "
                 f"partitions broke the kernel contract: {broken[0]}"), sqnr
     return "", sqnr
 
 
-def _db(signal: float, noise: float) -> float:
-    if noise == 0:
-        return IDENTICAL_DB
-    return min(IDENTICAL_DB, 10 * math.log10(signal / noise)) if signal > 0 else -IDENTICAL_DB
-
-
 def _rounding_db(reference: fx.GraphModule, inputs: tuple, expected: Any) -> float | None:
     """The reference form's SQNR against itself run without activation rounding (its worst float
     output, on ``inputs``): its own quantization noise; None where that cannot be run."""
-    outputs = _flat(expected)
+    outputs = list(expected) if isinstance(expected, (tuple, list)) else [expected]  # as rounding_noise reads its own
     noise = rounding_noise(reference, inputs, outputs)
-    measured = [_db(float(ref.double().pow(2).sum()), n * n) for ref, n in zip(outputs, noise) if n is not None]
+    measured = [sqnr_db(float(ref.double().pow(2).sum()), n * n) for ref, n in zip(outputs, noise) if n is not None]
     return min(measured) if measured else None
 
 
@@ -429,10 +421,6 @@ def check_batches(calibration_data: Any, model: nn.Module) -> list[tuple]:
         return []
     stride = max(1, math.ceil(len(calibration_data) / MAX_CHECK_BATCHES))
     return list(iter_batches(calibration_data[::stride], model))
-
-
-def _flat(value: Any) -> list:
-    return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
 def measure(models: dict[str, Callable], inputs: tuple, baseline: str | None = None

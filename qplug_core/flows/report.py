@@ -84,6 +84,9 @@ class QuantizationReport:
     #: op or region (report name) -> [weight elements, MACs or None]: what the int8 share weighs
     #: (``flows/work_share.py``; empty for a module-swap model)
     work: dict[str, list[int | None]] = field(default_factory=dict)
+    #: ``qp.quantize``: the model returned and its reference form against the float model on a
+    #: calibration batch (cosine, sqnr_db, reference_cosine, reference_sqnr_db; flows/final_check.py)
+    final_check: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -375,6 +378,7 @@ def report_lines(report: QuantizationReport, *, verbose: bool = False,
     notes = [line for note in report.notes for line in _wrap(f"note: {note}", width, "  ", "    ")]
     return [*_wrap(head, width), *notes, *_auto_lines(report, width), *_wrap(int8_share_line(report), width),
             *(_wrap(f"recipe: {report.recipe}", width, "  ", "    ") if report.recipe else []),
+            *_final_check_lines(report, width),
             *fact_lines(report.record, width, "  "), *_kernel_lines(report, width),
             *_float_lines(report, width, verbose)]
 
@@ -392,6 +396,15 @@ def _auto_lines(report: QuantizationReport, width: int) -> list[str]:
         lines += _wrap(f"{trial['backend']}{base}: {trial['status']}, {timing}{sqnr}: "
                        f"{trial['reason']}", width, "  ", "    ")
     return lines
+
+
+def _final_check_lines(report: QuantizationReport, width: int) -> list[str]:
+    check = report.final_check
+    if not check:
+        return []
+    return _wrap(f"final model vs float on a calibration batch: cosine {check['cosine']:.4f}, SQNR "
+                 f"{check['sqnr_db']:.1f} dB; reference form: cosine {check['reference_cosine']:.4f}, SQNR "
+                 f"{check['reference_sqnr_db']:.1f} dB", width, "  ", "    ")
 
 
 def report_text(report: QuantizationReport, *, verbose: bool = False, width: int = WIDTH) -> Text:

@@ -85,8 +85,9 @@ class QuantizationReport:
     #: (``flows/work_share.py``; empty for a module-swap model)
     work: dict[str, list[int | None]] = field(default_factory=dict)
     #: ``qp.quantize``: the model returned and its reference form against the float model on a
-    #: calibration batch (cosine, sqnr_db, reference_cosine, reference_sqnr_db; flows/final_check.py)
-    final_check: dict[str, float] = field(default_factory=dict)
+    #: calibration batch (cosine, sqnr_db, reference_cosine, reference_sqnr_db: None where the
+    #: final model is above 20 dB and its reference form was not run; flows/final_check.py)
+    final_check: dict[str, float | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -402,9 +403,10 @@ def _final_check_lines(report: QuantizationReport, width: int) -> list[str]:
     check = report.final_check
     if not check:
         return []
+    reference = ("not run (the final model is above 20 dB)" if check["reference_sqnr_db"] is None else
+                 f"cosine {check['reference_cosine']:.4f}, SQNR {check['reference_sqnr_db']:.1f} dB")
     return _wrap(f"final model vs float on a calibration batch: cosine {check['cosine']:.4f}, SQNR "
-                 f"{check['sqnr_db']:.1f} dB; reference form: cosine {check['reference_cosine']:.4f}, SQNR "
-                 f"{check['reference_sqnr_db']:.1f} dB", width, "  ", "    ")
+                 f"{check['sqnr_db']:.1f} dB; reference form: {reference}", width, "  ", "    ")
 
 
 def report_text(report: QuantizationReport, *, verbose: bool = False, width: int = WIDTH) -> Text:

@@ -263,3 +263,23 @@ def test_auto_on_the_installed_backends_matches_the_winners_own_quantize(plugin_
                 assert torch.equal(qmodel(x), own(x))
             else:
                 assert qp.sqnr(own(x), qmodel(x)) > 35
+
+
+class DictNet(nn.Module):
+    """Returns a dict, as a Hugging Face model returns its ``ModelOutput`` (SegFormer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Net()
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.net(x)}
+
+
+def test_a_model_returning_a_dict_gets_every_candidates_sqnr_and_its_final_check(fake_dist):
+    """auto scored ``[output]`` as one non-tensor: ``sqnr_db`` None for every candidate."""
+    _install(fake_dist, "quick", "clipper")
+    qmodel, _ = _auto(DictNet().eval(), _data())
+    report = qp.quantization_report(qmodel)
+    assert all(t["sqnr_db"] is not None for t in report.auto if t["status"] != "not tried"), report.auto
+    assert report.final_check["cosine"] > 0.99  # the model returned, against float, checked once

@@ -101,7 +101,7 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
 
 
 #: set while backend="auto" quantizes its bases (each a qp.quantize call of its own)
-_INSIDE_AUTO: contextvars.ContextVar[bool] = contextvars.ContextVar("qplug_inside_auto", default=False)
+_INSIDE_AUTO: contextvars.ContextVar[bool] = contextvars.ContextVar("inside_auto", default=False)
 
 
 def _listed_batches(calibration_data: Any, model: nn.Module) -> list[tuple]:

@@ -16,20 +16,21 @@ record load as they did; files without the runtime load as before it was recorde
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
 from torch import nn
 
 from qplug_core.config.codec import child, encode_dtype, expect, read_fields, where
-from qplug_core.errors import ConfigError, warn_user
+from qplug_core.errors import ConfigError, SerializationError, warn_user
 from qplug_core.flows.tags import SPEC_DTYPES
 from qplug_core.kernels.cpu import cpu_int8
 from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.served import runs
 from qplug_core.partition.source_file import whole_model
 from qplug_core.partition.stored_model import StoredPartition
-from qplug_core.serialization.shared_initializers import left_out, put_back
+from qplug_core.serialization.shared_initializers import left_out, put_back, room
 
 KEY = "partition_models"
 _PREFIX = "partition_models/"
@@ -133,9 +134,22 @@ def stored_models(model: dict[str, Any], tensors: dict[str, torch.Tensor]) -> di
         warn_user(f"qplug: the file's stored ONNX models ({', '.join(other)}) were exported on a CPU "
                   f"{'without' if vnni else 'with'} VNNI, so they are not used here: each is exported again "
                   "at its first call (seconds)")
-    return {name: StoredPartition(
-                [(tuple((torch.Size(spec["shape"]), SPEC_DTYPES[spec["dtype"]]) for spec in stored["inputs"]),
-                  put_back(tensors[stored["tensor"]].numpy().tobytes(), stored.get(_SHARED, {}), tensors))
-                 for stored in entry["models"]],
-                (entry["runtime"]["name"], entry["runtime"]["version"]) if "runtime" in entry else None)
-            for name, entry in entries.items() if name not in other}
+    limit = room(without(model, tensors)[1])
+    rooms: dict[int, Counter[tuple]] = {}  # signature index -> the slots left to fill for it
+    stored = {}
+    for name, entry in entries.items():
+        if name in other:
+            continue
+        try:
+            models = [(tuple((torch.Size(spec["shape"]), SPEC_DTYPES[spec["dtype"]]) for spec in record["inputs"]),
+                       put_back(tensors[record["tensor"]].numpy().tobytes(), record.get(_SHARED, {}), tensors,
+                                rooms.setdefault(i, Counter(limit))))
+                      for i, record in enumerate(entry["models"])]
+        except SerializationError as exc:
+            warn_user(f"qplug: the ONNX model the file stores for partition {name} is not used: {exc}; the "
+                      "partition is exported again from its reference form at its first call (seconds; the file "
+                      "may be damaged or tampered with)")
+            continue
+        runtime = (entry["runtime"]["name"], entry["runtime"]["version"]) if "runtime" in entry else None
+        stored[name] = StoredPartition(models, runtime)
+    return stored

@@ -4,14 +4,22 @@ The ONNX model ``qp.save`` stores for a compiled partition carries the int8 weig
 reference form holds already, byte for byte (MobileNetV2 on onnxruntime: 3.4 of its 4.1 MiB ONNX
 model, a 7.9 MiB file where fbgemm's is 3.8 MiB). Each such initializer is stored empty, with the
 key of the file's tensor holding its bytes (:func:`left_out`); ``qp.load`` puts the bytes back
-(:func:`put_back`) before the stored model's checks, so an initializer whose tensor is missing or
-does not fit stays empty and the model fails ``onnx.checker`` (it is exported again, with the
-warning every refused stored model gets). Files written before hold every initializer inline.
+(:func:`put_back`) before the stored model's checks. A hostile file could name one weight for
+thousands of empty slots (a 1 MiB file took GBs), so every name must be an empty slot of the
+model's, once, of the tensor's dtype and shape, and the slots of one dtype and shape filled for one
+signature across the file's partitions are at most the reference form's tensors of that dtype and
+shape (an honest file's partitions hold distinct layers; two byte-equal layers name one tensor,
+but the reference form holds both): else :class:`SerializationError`, and the partition is exported
+again. Files written before hold every initializer inline.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
+
+from qplug_core.errors import SerializationError
 
 #: initializers below this size stay in the model (scales, zero points: not worth a name)
 SHARED_BYTES = 1024
@@ -41,9 +49,18 @@ def left_out(source: bytes, tensors: dict[str, torch.Tensor]) -> tuple[bytes, di
     return (model.SerializeToString(), shared) if shared else (source, {})
 
 
-def put_back(source: bytes, shared: dict[str, str], tensors: dict[str, torch.Tensor]) -> bytes:
-    """``source`` with each initializer :func:`left_out` left empty holding its tensor's bytes again;
-    one whose tensor is missing or of another dtype or shape stays empty."""
+def room(tensors: dict[str, torch.Tensor]) -> Counter[tuple]:
+    """(ONNX type, shape) -> how many slots the stored models of one signature may fill with
+    tensors of that type and shape: the file's reference tensors of it (see the module's doc)."""
+    return Counter((_onnx_type(t), tuple(t.shape)) for t in tensors.values()
+                   if _onnx_type(t) is not None and t.numel() * t.element_size() >= SHARED_BYTES)
+
+
+def put_back(source: bytes, shared: dict[str, str], tensors: dict[str, torch.Tensor], left: Counter[tuple]) -> bytes:
+    """``source`` with each initializer :func:`left_out` left empty holding its tensor's bytes again,
+    taking the slots it fills from ``left`` (:func:`room`); :class:`SerializationError` if ``shared``
+    names anything else than empty slots of the tensors' dtypes and shapes, once each, or more than
+    ``left`` holds."""
     if not shared:  # a file written before, or a model holding none of the reference form's tensors
         return source
     import onnx
@@ -52,13 +69,27 @@ def put_back(source: bytes, shared: dict[str, str], tensors: dict[str, torch.Ten
         model = onnx.load_model_from_string(source)
     except Exception:  # noqa: BLE001 - a DecodeError: the stored model's checks say so
         return source
+    slots = Counter(initializer.name for initializer in model.graph.initializer)
+    if any(slots[name] != 1 for name in shared):
+        raise SerializationError("its shared weights name initializers it does not hold once")
     for initializer in model.graph.initializer:
-        tensor = tensors.get(shared.get(initializer.name, ""))
-        if (tensor is not None and not initializer.raw_data
-                and initializer.data_location == onnx.TensorProto.DEFAULT
-                and (_onnx_type(tensor), tuple(tensor.shape)) == (initializer.data_type, tuple(initializer.dims))):
-            initializer.raw_data = _bytes(tensor)
-    return model.SerializeToString()
+        if initializer.name not in shared:
+            continue
+        tensor = tensors[shared[initializer.name]]
+        kind = (_onnx_type(tensor), tuple(tensor.shape))
+        if (initializer.raw_data or initializer.data_location != onnx.TensorProto.DEFAULT
+                or kind != (initializer.data_type, tuple(initializer.dims))):
+            raise SerializationError(f"initializer {initializer.name[:100]!r} is not an empty slot for the "
+                                     "reference tensor it names (dtype, shape)")
+        if left[kind] <= 0:
+            raise SerializationError("its shared weights fill more initializers than the reference form holds "
+                                     f"tensors of dtype and shape {kind}")
+        left[kind] -= 1
+        initializer.raw_data = _bytes(tensor)
+    try:
+        return model.SerializeToString()
+    except Exception as exc:  # noqa: BLE001 - an EncodeError: past protobuf's 2 GB
+        raise SerializationError(f"it cannot be serialized once its shared weights are put back ({exc})") from exc
 
 
 def _onnx_type(tensor: torch.Tensor) -> int | None:

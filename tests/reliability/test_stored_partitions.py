@@ -225,6 +225,26 @@ def test_a_weight_named_after_a_tensor_that_does_not_fit_is_not_built(saved):
         for record in document["model"]["partition_models"]["delegate_0"]["models"]:
             record["shared"] = dict.fromkeys(record["shared"], smaller)
 
-    with pytest.warns(UserWarning, match="is not used: it is not a valid ONNX model .*should contain one and only "
-                                         "one value field"):
+    with pytest.warns(UserWarning, match="is not used: initializer .* is not an empty slot for the reference "
+                                         "tensor it names"):
         qp.load(rewrite(saved[1], misnamed))
+
+
+def test_a_file_naming_one_weight_for_many_empty_slots_is_refused_before_they_are_filled(saved):
+    """A hostile file: 1000 empty initializers, each named after one of the file's weights (a few
+    bytes each in the file, the weight's size each once filled: a 1 MiB file took GBs at load)."""
+    def amplified(document, tensors) -> None:
+        record = document["model"]["partition_models"]["delegate_0"]["models"][0]
+        key = next(iter(record["shared"].values()))
+        source = onnx.load_model_from_string(tensors[record["tensor"]].numpy().tobytes())
+        for i in range(1000):
+            source.graph.initializer.append(onnx.TensorProto(name=f"slot_{i}", data_type=onnx.TensorProto.INT8,
+                                                             dims=list(tensors[key].shape)))
+            record["shared"][f"slot_{i}"] = key
+        data = source.SerializeToString()
+        tensors[record["tensor"]] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        document["model"]["tensors"][record["tensor"]]["shape"] = [len(data)]
+
+    with pytest.warns(UserWarning, match="partition delegate_0 is not used: its shared weights fill more "
+                                         "initializers than the reference form holds"):
+        qp.load(rewrite(saved[1], amplified))

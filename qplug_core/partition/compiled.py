@@ -7,8 +7,9 @@ input signatures each serves (one each, or many where the serialized model has s
 :meth:`serves`), the serialized model each was built from (:attr:`~CompiledPartition.sources`:
 what :meth:`recompile` builds again after a change of settings and ``qp.save`` stores, instead of
 an export each time, ~14 s CPU for MobileNetV2; up to :data:`SOURCE_BYTES_IN_MEMORY` of them in
-memory, the others in temporary files, so that a large model's weights, or those of many
-signatures, are not held once more in RAM), the
+memory across the process, the others in temporary files, so that a large model's weights, or those
+of many partitions or signatures, are not held once more in RAM; where a file cannot be written
+either, none: the partition runs, and a rebuild or ``qp.save`` exports again), the
 output structure (tensor or tuple), a deep copy that runs the same compiled models (:meth:`shared`:
 compiling them again cost one export and one compile per signature, and a second copy of their
 weights) and shares their sources. A subclass gives :meth:`build` (serialized model -> the
@@ -47,20 +48,20 @@ from typing import Any, Protocol
 import torch
 from torch import fx, nn
 
-from qplug_core.errors import InputMismatchError, QplugError, warn_user
+from qplug_core.errors import ExportError, InputMismatchError, QplugError, warn_user
 from qplug_core.ir.failed_calls import quiet_call
 from qplug_core.ir.tracing import refuse_tracing, run_eagerly, warn_state_dict_incomplete
 from qplug_core.partition.denormals import call_flushing_denormals
 from qplug_core.partition.held import HoldsPartition
 from qplug_core.partition.id_bounds import IdBounds
-from qplug_core.partition.source_file import kept_file
+from qplug_core.partition.source_file import InMemory, kept_file
 
 #: a serialized partition: bytes, or a file (with its external data) for a large one
 Source = bytes | os.PathLike
 #: the route of an input signature whose compiled model was refused: it runs the reference form
 REFERENCE_FORM = ("reference form",)
-#: serialized bytes a compiled partition keeps in memory for its models; a source past it is kept
-#: in a temporary file (patched lower by tests)
+#: serialized bytes the compiled partitions of the process keep in memory for their models; a source
+#: past it is kept in a temporary file (patched lower by tests)
 SOURCE_BYTES_IN_MEMORY = 2**23
 #: serialized models the next partition built in this context compiles instead of serializing
 #: its partition for those signatures (:func:`built_from`), taken by its first compile
@@ -147,6 +148,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
         self._serialize = serialize
         self._compiled: OrderedDict[tuple, Any] = OrderedDict()
         self._sources: dict[tuple, Source] = {}  # signature compiled for -> the source it was built from
+        self.__dict__["_in_memory"] = InMemory()  # the bytes of _sources, against SOURCE_BYTES_IN_MEMORY
         self._routes: dict[tuple, tuple] = {}  # input signature -> the signature compiled for it
         self._single_output = True
         self.__dict__["_routing"] = threading.Lock()
@@ -212,11 +214,14 @@ class CompiledPartition(HoldsPartition, nn.Module):
         signature = self._signature(inputs)
         # the output structure (tensor or tuple) the partition returns
         self._single_output = isinstance(self._checked(inputs), torch.Tensor)
-        source = self._kept(self._serialize(partition, inputs))
-        compiled = self.build(source)
+        source = self._serialize(partition, inputs)
         self._evict(len(self._compiled) + 1 - self.shape_cache_size)
-        self._compiled[signature] = compiled
-        self._sources[signature] = source
+        try:
+            compiled = self.build(self._keep(signature, source))
+        except BaseException:
+            self._forget(signature)
+            raise
+        self._compiled[signature] = compiled  # after its source: `sources` reads both
         self._routes[signature] = signature
         return compiled
 
@@ -232,8 +237,11 @@ class CompiledPartition(HoldsPartition, nn.Module):
         preset.clear()
         signature = self._signature(inputs)
         for compiled_for, stored_source in stored:
-            self._sources[compiled_for] = source = self._kept(stored_source)
-            self._compiled[compiled_for] = compiled = self.build(source)
+            try:
+                self._compiled[compiled_for] = compiled = self.build(self._keep(compiled_for, stored_source))
+            except BaseException:
+                self._forget(compiled_for)
+                raise
             self._routes[compiled_for] = compiled_for
             if signature not in self._routes and self.serves(compiled, inputs):
                 self._routes[signature] = compiled_for
@@ -255,7 +263,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
                       "the plugin's configure(shape_cache_size=...)")
         for _ in range(count):
             gone, _ = self._compiled.popitem(last=False)
-            self._sources.pop(gone, None)
+            self._forget(gone)
             self._routes = {s: r for s, r in self._routes.items() if r != gone}
 
     def _checked(self, inputs: tuple[torch.Tensor, ...]) -> Any:
@@ -307,7 +315,7 @@ class CompiledPartition(HoldsPartition, nn.Module):
             reason = self._admit(inputs)
             if reason:
                 self._compiled.pop(signature, None)
-                self._sources.pop(signature, None)
+                self._forget(signature)
                 self.__dict__["_reference_form"] = self.partition  # runs it from now on: built once
                 self._routes[signature] = REFERENCE_FORM
                 self.refused[self._described(signature)] = reason
@@ -334,30 +342,61 @@ class CompiledPartition(HoldsPartition, nn.Module):
 
     _described = staticmethod(described_signature)
 
-    def _kept(self, source: Source) -> Source:
-        """``source`` as this partition keeps it: in a file of its own where the bytes it keeps in
-        memory would pass :data:`SOURCE_BYTES_IN_MEMORY` (the runtime holds the weights already)."""
-        if not isinstance(source, bytes):
-            return source
-        if len(source) + sum(len(s) for s in self._sources.values() if isinstance(s, bytes)) <= SOURCE_BYTES_IN_MEMORY:
-            return source
-        return kept_file(source)
+    def _keep(self, signature: tuple, source: Source) -> Source:
+        """Keep ``source`` as ``signature``'s and return it as kept: in a file of its own where the
+        bytes kept in memory would pass :data:`SOURCE_BYTES_IN_MEMORY` (the runtime holds the weights
+        already); not at all where the file cannot be written (a full ``/tmp``: one warning), so
+        that a rebuild or ``qp.save`` exports it again, rather than losing the runtime's model."""
+        if isinstance(source, bytes) and not self._in_memory.take(len(source), SOURCE_BYTES_IN_MEMORY):
+            try:
+                source = kept_file(source)
+            except ExportError as exc:
+                if "_unkept" not in self.__dict__:
+                    self.__dict__["_unkept"] = True
+                    warn_user(f"qplug: {type(self).__name__}: {exc}; the partition runs without it, and is "
+                              "exported again where it is rebuilt or saved (set TMPDIR to a disk with room)")
+                return source
+        self._sources[signature] = source
+        return source
+
+    def _forget(self, signature: tuple) -> None:
+        """Let go of ``signature``'s kept source (its bytes no longer count against the budget)."""
+        source = self._sources.pop(signature, None)
+        if isinstance(source, bytes):
+            self._in_memory.give(len(source))
+
+    def _source(self, signature: tuple) -> Source:
+        """``signature``'s kept source, or the partition serialized again for it where none was kept."""
+        source = self._sources.get(signature)
+        if source is None:
+            source = self._serialize(self.partition, tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in signature))
+        return source
 
     def recompile(self) -> None:
         """Build every compiled model again (after a change of settings) from the source it was
-        built from: no export."""
-        self._compiled = OrderedDict((signature, self.build(self._sources[signature])) for signature in self._compiled)
+        built from: no export (but where no source could be kept)."""
+        with self._routing:
+            self._compiled = OrderedDict((signature, self.build(self._source(signature))) for signature in self._compiled)
+
+    def kept_sources(self) -> list[tuple[tuple, Source]]:
+        """(input signature, serialized model) of each signature compiled so far (one snapshot), in
+        the order of :attr:`signatures`: bytes, or a file (a large model); one whose source could
+        not be kept is serialized again."""
+        with self._routing:
+            signatures = list(self._compiled)
+            return [(signature, self._source(signature)) for signature in signatures]
 
     @property
     def sources(self) -> list[Source]:
         """The serialized model of each input signature compiled so far, in the order of
-        :attr:`signatures`: bytes, or a file (a large model)."""
-        return [self._sources[signature] for signature in self._compiled]
+        :attr:`signatures` (:meth:`kept_sources`)."""
+        return [source for _, source in self.kept_sources()]
 
     @property
     def signatures(self) -> list[tuple]:
         """The input signatures compiled for so far, in the order of :attr:`sources`."""
-        return list(self._compiled)
+        with self._routing:
+            return list(self._compiled)
 
     @property
     def compiled(self) -> list[Any]:
@@ -436,6 +475,8 @@ class CompiledPartition(HoldsPartition, nn.Module):
             clone.__dict__["_reference_form"] = copy.deepcopy(self.__dict__["_reference_form"], memo)
         clone._compiled = OrderedDict((signature, self.shared(compiled)) for signature, compiled in self._compiled.items())
         clone._sources = dict(self._sources)  # the same sources (bytes, files), not copies
+        clone.__dict__["_in_memory"] = InMemory()  # counts them again: the original may go first
+        clone._in_memory.hold(sum(len(s) for s in clone._sources.values() if isinstance(s, bytes)))
         clone._routes = dict(self._routes)
         return clone
 

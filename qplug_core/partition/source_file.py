@@ -2,8 +2,10 @@
 
 A model past protobuf's 2 GB limit is handed to the runtime as a file with its weights as external
 data beside it (``onnx_export``'s ``OnnxFile``); and a partition keeps each model's source for
-rebuilds and ``qp.save`` (``partition/compiled.py``), in a file once the bytes it keeps in memory
-would hold a large model's weights once more beside the runtime's copy (:func:`kept_file`).
+rebuilds and ``qp.save`` (``partition/compiled.py``), in a file once the bytes every partition of
+the process keeps in memory would pass a budget (:class:`InMemory`; OpenVINO does not keep the
+bytes it compiled, so a kept source is a second copy of its weights: 24 partitions under a
+per-partition cap kept 97 MiB beside 96 MiB of int8 weights) (:func:`kept_file`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import weakref
 from pathlib import Path
 
@@ -37,17 +40,62 @@ class SourceFile(os.PathLike):
         return f"{type(self).__name__}({str(self.path)!r})"
 
 
+_LOCK = threading.Lock()
+_IN_MEMORY = [0]  # bytes of kept sources every InMemory of the process counts
+
+
+class InMemory:
+    """The kept sources' bytes one holder (a compiled partition) counts against the process-wide
+    budget, given back as it lets them go or when it is collected."""
+
+    def __init__(self) -> None:
+        self._held = [0]
+        weakref.finalize(self, _give_back, self._held, [])
+
+    def take(self, size: int, budget: int) -> bool:
+        """Count ``size`` bytes if every holder's stay within ``budget``; whether they were counted."""
+        with _LOCK:
+            if _IN_MEMORY[0] + size > budget:
+                return False
+            _IN_MEMORY[0] += size
+            self._held[0] += size
+            return True
+
+    def hold(self, size: int) -> None:
+        """Count ``size`` bytes, past the budget or not (a deep copy's share of its original's)."""
+        with _LOCK:
+            _IN_MEMORY[0] += size
+            self._held[0] += size
+
+    def give(self, size: int) -> None:
+        _give_back(self._held, [size])
+
+
+def _give_back(held: list[int], part: list[int]) -> None:
+    """Give back ``part[0]`` of ``held``'s bytes (all of them where ``part`` is empty)."""
+    with _LOCK:
+        size = part[0] if part else held[0]
+        held[0] -= size
+        _IN_MEMORY[0] -= size
+
+
+def in_memory() -> int:
+    """Bytes of kept sources held in memory in this process."""
+    return _IN_MEMORY[0]
+
+
 def temporary_directory() -> Path:
     return Path(tempfile.mkdtemp(prefix="qplug-partition-"))
 
 
 def kept_file(source: bytes) -> SourceFile:
-    """``source`` (a serialized model) written whole to a :class:`SourceFile`."""
-    file = SourceFile(temporary_directory() / _KEPT_NAME, external_data=False)
+    """``source`` (a serialized model) written whole to a :class:`SourceFile`; :class:`ExportError`
+    where it cannot be written (a full disk)."""
     try:
+        file = SourceFile(temporary_directory() / _KEPT_NAME, external_data=False)
         file.path.write_bytes(source)
-    except OSError as exc:  # a full disk
-        raise ExportError(f"cannot write the partition's serialized model to {file.path}: {exc}") from exc
+    except OSError as exc:
+        raise ExportError(f"cannot write the partition's serialized model to {tempfile.gettempdir()}: {exc}") from exc
     return file
 
 
@@ -61,4 +109,4 @@ def whole_model(source: bytes | os.PathLike) -> bytes | None:
     return None
 
 
-__all__ = ["SourceFile", "kept_file", "temporary_directory", "whole_model"]
+__all__ = ["InMemory", "SourceFile", "in_memory", "kept_file", "temporary_directory", "whole_model"]

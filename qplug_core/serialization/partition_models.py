@@ -55,7 +55,7 @@ def record(model: dict[str, Any], tensors: dict[str, torch.Tensor], qmodel: nn.M
         if not isinstance(compiled, CompiledPartition):
             continue
         models = []
-        for i, (signature, kept) in enumerate(zip(compiled.signatures, compiled.sources)):
+        for i, (signature, kept) in enumerate(compiled.kept_sources()):
             source = whole_model(kept)
             if source is None:
                 continue

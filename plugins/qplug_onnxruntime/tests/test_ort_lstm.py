@@ -20,6 +20,7 @@ from safetensors import safe_open
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.partition.source_file import whole_model
 from qplug_core.plugin_api import PAIRS_SATURATE, override_cpu_flags, probe_pair_sums
 
 from qplug_onnxruntime.session import OrtPartition
@@ -96,7 +97,7 @@ def _oracle(lstm: nn.LSTM, x: torch.Tensor, state=None):
 
 def _ort_ops(qmodel) -> collections.Counter:
     (partition,) = [m for m in qmodel.modules() if isinstance(m, OrtPartition)]
-    (source,) = partition.sources
+    (source,) = map(whole_model, partition.sources)  # bytes, or a file
     return collections.Counter((n.domain, n.op_type) for n in onnx.load_from_string(source).graph.node)
 
 
@@ -141,7 +142,7 @@ def test_ort_runs_qplugs_int8_weights():
     model, x = Classifier(num_layers=1).eval(), torch.randn(2, 5, 12)
     ort_model, reference = _quantized(model, (x,))
     (partition,) = [m for m in ort_model.modules() if isinstance(m, OrtPartition)]
-    (source,) = partition.sources
+    (source,) = map(whole_model, partition.sources)  # bytes, or a file
     graph = onnx.load_from_string(source).graph
     (node,) = [n for n in graph.node if n.op_type == "DynamicQuantizeLSTM"]
     initializers = {i.name: torch.from_numpy(onnx.numpy_helper.to_array(i).copy()) for i in graph.initializer}
@@ -236,7 +237,7 @@ def test_the_cpus_weight_grid_runs_in_ort_with_its_own_integers(flags):
         return
     assert report.kernels["rnn"].startswith("delegate:")
     (partition,) = [m for m in ort_model.modules() if isinstance(m, OrtPartition)]
-    graph = onnx.load_from_string(partition.sources[0]).graph
+    graph = onnx.load_from_string(whole_model(partition.sources[0])).graph
     weights = [onnx.numpy_helper.to_array(t) for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
     top = max(int(abs(w.astype("int32")).max()) for w in weights)
     assert top == (64 if flags == "avx2 fma" else 127)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.partition.source_file import whole_model
 from qplug_core.plugin_api import PAIRS_SATURATE, ConfigValidationError, override_cpu_flags, probe_pair_sums
 
 from qplug_onnxruntime.session import OrtPartition
@@ -70,7 +71,7 @@ def test_a_compiling_backend_has_no_per_token_rung(flags):
 
 def _session_ops(qmodel) -> collections.Counter:
     (partition,) = [m for m in qmodel.modules() if isinstance(m, OrtPartition)]
-    return collections.Counter(n.op_type for n in onnx.load_from_string(partition.sources[0]).graph.node)
+    return collections.Counter(n.op_type for n in onnx.load_from_string(whole_model(partition.sources[0])).graph.node)
 
 
 def _held_out_cosine(model, qmodel, x) -> torch.Tensor:

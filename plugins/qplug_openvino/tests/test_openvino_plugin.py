@@ -18,6 +18,7 @@ import torch
 from ov_testkit import inputs, output_step, quantized_pair
 
 import qplug_core as qp
+from qplug_core.partition.source_file import whole_model
 from qplug_core.plugin_api import ConfigValidationError, float_weight_copies, override_cpu_flags
 
 from qplug_openvino import CompileSettings, configure, settings
@@ -141,7 +142,7 @@ def test_dynamic_linears_run_in_openvino_with_their_inputs_quantized_per_group(t
     (partition,) = partitions(qmodel)
     # int8 weights into a float MatMul, not ONNX's DynamicQuantizeLinear + MatMulInteger (no
     # faster than fp32 in OpenVINO)
-    graph = onnx.load_from_string(partition.sources[0]).graph
+    graph = onnx.load_from_string(whole_model(partition.sources[0])).graph
     assert [n.op_type for n in graph.node if n.op_type in ("MatMul", "MatMulInteger", "DynamicQuantizeLinear",
                                                              "DequantizeLinear")] == ["DequantizeLinear", "MatMul"] * 2
     compiled = partition.compiled_models[0]

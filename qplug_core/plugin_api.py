@@ -62,6 +62,7 @@ from qplug_core.nn.intrinsic import FusedModule
 from qplug_core.partition import OperatorSupportBase
 from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.denormals import call_flushing_denormals, denormals_flushed
+from qplug_core.partition.source_file import whole_model
 from qplug_core.passes.base import PassResult
 from qplug_core.qparams import QParams
 from qplug_core.registry.backend_plugin import BackendPlugin
@@ -214,6 +215,7 @@ __all__ = [
     "onnx_input_shapes",
     "onnx_input_shapes_read",
     "OnnxFile",
+    "whole_model",
     "dynamic_lstm_problem",
     # errors and warnings
     "ConfigValidationError",

@@ -10,6 +10,8 @@ reference form is a kernel or runtime at fault, and says so.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,9 +21,10 @@ import torch
 from torch import fx, nn
 
 from qplug_core.errors import warn_user
-from qplug_core.flows.pipeline import as_input_tuple
+from qplug_core.flows.pipeline import as_input_tuple, eval_mode
 from qplug_core.flows.snapshot import ReferenceSnapshot, snapshot_of
 from qplug_core.flows.tags import REPORT
+from qplug_core.kernels.base import holding_engine
 from qplug_core.kernels.per_token import swap_in_per_token
 
 #: the SQNR recorded for outputs identical to the float model's (JSON has no infinity)
@@ -98,14 +101,17 @@ def check_final_model(qmodel: nn.Module, model: nn.Module, calibration_data: Any
         report.notes.append("the final model was not run against the float model: the calibration data "
                             "was a one-pass iterable (pass a list to have it checked)")
         return
-    training = model.training
     with torch.no_grad():
-        expected = model.eval()(*batch)  # as it was calibrated: dropout off
-        model.train(training)
-        final = score(qmodel(*batch), expected)
+        with contextlib.ExitStack() as modes:
+            with contextlib.suppress(NotImplementedError):  # torch's exported modules have no mode
+                modes.enter_context(eval_mode(model))  # as it was calibrated: dropout off
+            expected = model(*_fresh(batch))
+        with holding_engine():
+            final = score(qmodel(*_fresh(batch)), expected)
         # the reference form (rebuilt, and slower than both) only where the final model is noisy
         # enough for it to matter: over half of the check's time on resnet18
-        reference = score(_reference_form(snapshot)(*batch), expected) if final and final.sqnr_db < NOISY_DB else None
+        reference = (score(_reference_form(snapshot)(*_fresh(batch)), expected)
+                     if final and final.sqnr_db < NOISY_DB else None)
     if final is None:
         return
     report.final_check = {"cosine": final.cosine, "sqnr_db": final.sqnr_db,
@@ -116,6 +122,12 @@ def check_final_model(qmodel: nn.Module, model: nn.Module, calibration_data: Any
                   f"worse than its reference form against the float model on a calibration batch ({final}; "
                   f"reference form: {reference}): a kernel or runtime of {report.backend!r} computes otherwise "
                   "than the reference form; qp.compare(model, qmodel, inputs) shows the layer where it starts")
+
+
+def _fresh(batch: tuple) -> tuple:
+    """A copy of the user's calibration batch for each run: a model that writes into its input
+    must not change the user's data."""
+    return tuple(value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value) for value in batch)
 
 
 def _reference_form(snapshot: ReferenceSnapshot) -> fx.GraphModule:

@@ -64,6 +64,16 @@ def engine_context(engine: str | None) -> Iterator[None]:
             torch.backends.quantized.engine = previous
 
 
+@contextlib.contextmanager
+def holding_engine() -> Iterator[None]:
+    """Hold the global quantized engine for a block that runs a model whose forward pins its own
+    engine (:func:`pin_engine`): qp.quantize's check run of the model it returns, in several threads
+    at once (fbgemm and qnnpack models), restored each other's engines out of order and left the
+    process on another engine than the user's."""
+    with _ENGINE_LOCK:
+        yield
+
+
 _INT_RANGE = {torch.quint8: (0, 255), torch.qint8: (-128, 127)}
 
 

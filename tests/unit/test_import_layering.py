@@ -49,7 +49,7 @@ ALLOWED: dict[str, set[str]] = {
     # above the pipeline
     "serialization": {"config", "errors", "flows", "ir", "kernels", "nn", "partition", "qparams", "registry",
                       "weight_only"},
-    "analysis": {"errors", "flows", "ir", "kernels", "partition", "registry", "serialization"},
+    "analysis": {"errors", "flows", "ir", "kernels", "partition", "patterns", "registry", "serialization"},
     "eager": {"config", "enums", "errors", "flows", "ir", "kernels", "nn", "observers", "qparams", "registry"},
     "algorithms": {"analysis", "config", "errors", "flows", "ir", "kernels", "nn", "observers", "qparams"},
     "onnx_export": {"errors", "flows", "ir", "kernels", "nn", "partition", "qparams", "serialization"},

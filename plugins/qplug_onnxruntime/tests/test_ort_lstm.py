@@ -20,8 +20,7 @@ from safetensors import safe_open
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.partition.source_file import whole_model
-from qplug_core.plugin_api import PAIRS_SATURATE, override_cpu_flags, probe_pair_sums
+from qplug_core.plugin_api import PAIRS_SATURATE, override_cpu_flags, probe_pair_sums, whole_model
 
 from qplug_onnxruntime.session import OrtPartition
 

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.partition.source_file import whole_model
-from qplug_core.plugin_api import CompiledPartition, QplugError
+from qplug_core.plugin_api import CompiledPartition, QplugError, whole_model
 
 
 class Tables(nn.Module):

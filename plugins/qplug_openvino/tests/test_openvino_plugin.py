@@ -18,8 +18,7 @@ import torch
 from ov_testkit import inputs, output_step, quantized_pair
 
 import qplug_core as qp
-from qplug_core.partition.source_file import whole_model
-from qplug_core.plugin_api import ConfigValidationError, float_weight_copies, override_cpu_flags
+from qplug_core.plugin_api import ConfigValidationError, float_weight_copies, override_cpu_flags, whole_model
 
 from qplug_openvino import CompileSettings, configure, settings
 from qplug_openvino.compiled import OpenVinoPartition

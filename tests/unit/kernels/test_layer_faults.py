@@ -15,6 +15,7 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.errors import InputMismatchError
+from qplug_core.registry import plugins
 
 pytestmark = pytest.mark.usefixtures("plugin_autoload")
 
@@ -128,11 +129,15 @@ def test_the_error_crosses_to_a_process_that_never_made_its_class(float_net):
 def other_dtype_takers(float_net) -> dict[str, Net]:
     """The layers that took inputs of another dtype than float32 (per-token and reference dynamic
     computed in float32, weight-only on ONNX Runtime cast to float32, its reference kernel computed
-    in the input's dtype) where the float model refuses them."""
-    return {"per-token": qp.quantize_dynamic(float_net, backend="fbgemm", per_token=True),
-            "reference dynamic": qp.quantize_dynamic(float_net, backend="reference"),
-            **{f"weight-only {kernel}": qp.quantize_weights(float_net, bits=4, kernel=kernel)
-               for kernel in ("reference", "onnxruntime-matmulnbits")}}
+    in the input's dtype) where the float model refuses them. Every plugin loaded as
+    ``plugin_autoload`` loads them (a function fixture, set up after this module one)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(plugins.ENV_LOAD, raising=False)
+        plugins.reset()
+        return {"per-token": qp.quantize_dynamic(float_net, backend="fbgemm", per_token=True),
+                "reference dynamic": qp.quantize_dynamic(float_net, backend="reference"),
+                **{f"weight-only {kernel}": qp.quantize_weights(float_net, bits=4, kernel=kernel)
+                   for kernel in ("reference", "onnxruntime-matmulnbits")}}
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16, torch.int64])

@@ -41,6 +41,7 @@ from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
 from qplug_core.serialization import (
     clamp_record,
+    format_features,
     functional_record,
     partition_models,
     per_token_record,
@@ -165,6 +166,7 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     except (ValueError, RecursionError) as exc:
         raise SerializationError(f"{source} is not a valid qplug artifact: {type(exc).__name__}: {exc}",
                                  path=str(source)) from exc
+    document, tensors = format_features.accept(document, tensors, source)
     if is_swapped_document(document):
         return load_swapped(document, tensors, source, model,
                             backend.name if isinstance(backend, Backend) else backend, reselect)

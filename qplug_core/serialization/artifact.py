@@ -39,6 +39,7 @@ from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend
 from qplug_core.serialization import (
     clamp_record,
+    format_features,
     functional_record,
     partition_models,
     per_token_record,
@@ -208,7 +209,12 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
         raise ConfigError(f"unsupported schema_version {version!r}: this qplug-core reads version "
                           f"{SCHEMA_VERSION}; upgrade qplug-core to load files written by a newer one",
                           field="schema_version", value=version)
-    read_fields(doc, "", TOP_KEYS, required=TOP_KEYS)
+    read_fields(doc, "", (*TOP_KEYS, format_features.KEY), required=TOP_KEYS)
+    unread = sorted(set(expect(doc.get(format_features.KEY, {}), dict, format_features.KEY, "a JSON object"))
+                    - format_features.KNOWN)
+    if unread:  # qp.load and qplug report leave them out first (format_features.accept)
+        raise ConfigError(f"{format_features.KEY}: {unread[:8]} are not features this qplug-core reads",
+                          field=format_features.KEY, value=unread)
     backend = expect(doc["backend"], str, "backend", "a backend name")
     plugins = tuple(_read_plugin(p, child("plugins", i))
                     for i, p in enumerate(expect(doc["plugins"], list, "plugins", "a JSON list")))

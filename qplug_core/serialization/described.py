@@ -24,6 +24,7 @@ from qplug_core.flows.tags import FUSIONS
 from qplug_core.flows.target_rungs import name_rungs
 from qplug_core.flows.work_share import work_by_name
 from qplug_core.registry.backends import get_backend
+from qplug_core.serialization import format_features
 from qplug_core.serialization.api import rebuild_graph
 from qplug_core.serialization.artifact import TARGET_RUNGS_KEY, from_document, fusion_records, lowering_of
 
@@ -36,6 +37,7 @@ HEADER_ONLY = ("described from the file's header (no tensor read, no kernel buil
 def describe_saved(path: Path, document: dict[str, Any]) -> QuantizationReport:
     """The report of the graph model whose file's document is ``document``, as loading it on its
     backend would give (the lowering as recorded at convert)."""
+    document, _ = format_features.accept(document, {}, path)
     try:
         tensors = {key: torch.empty(entry["shape"], dtype=decode_dtype(entry["dtype"], field=key), device="meta")
                    for key, entry in document["model"]["tensors"].items()}

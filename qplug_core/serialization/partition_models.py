@@ -16,7 +16,6 @@ record load as they did; files without the runtime load as before it was recorde
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import torch
@@ -30,7 +29,7 @@ from qplug_core.partition.compiled import CompiledPartition
 from qplug_core.partition.served import runs
 from qplug_core.partition.source_file import whole_model
 from qplug_core.partition.stored_model import StoredPartition
-from qplug_core.serialization.shared_initializers import left_out, put_back, room
+from qplug_core.serialization.shared_initializers import Room, left_out, put_back
 
 KEY = "partition_models"
 _PREFIX = "partition_models/"
@@ -134,17 +133,15 @@ def stored_models(model: dict[str, Any], tensors: dict[str, torch.Tensor]) -> di
         warn_user(f"qplug: the file's stored ONNX models ({', '.join(other)}) were exported on a CPU "
                   f"{'without' if vnni else 'with'} VNNI, so they are not used here: each is exported again "
                   "at its first call (seconds)")
-    limit = room(without(model, tensors)[1])
-    rooms: dict[int, Counter[tuple]] = {}  # signature index -> the slots left to fill for it
+    room = Room(without(model, tensors)[1])
     stored = {}
     for name, entry in entries.items():
         if name in other:
             continue
         try:
             models = [(tuple((torch.Size(spec["shape"]), SPEC_DTYPES[spec["dtype"]]) for spec in record["inputs"]),
-                       put_back(tensors[record["tensor"]].numpy().tobytes(), record.get(_SHARED, {}), tensors,
-                                rooms.setdefault(i, Counter(limit))))
-                      for i, record in enumerate(entry["models"])]
+                       put_back(tensors[record["tensor"]].numpy().tobytes(), record.get(_SHARED, {}), tensors, room))
+                      for record in entry["models"]]
         except SerializationError as exc:
             warn_user(f"qplug: the ONNX model the file stores for partition {name} is not used: {exc}; the "
                       "partition is exported again from its reference form at its first call (seconds; the file "

@@ -6,11 +6,12 @@ model, a 7.9 MiB file where fbgemm's is 3.8 MiB). Each such initializer is store
 key of the file's tensor holding its bytes (:func:`left_out`); ``qp.load`` puts the bytes back
 (:func:`put_back`) before the stored model's checks. A hostile file could name one weight for
 thousands of empty slots (a 1 MiB file took GBs), so every name must be an empty slot of the
-model's, once, of the tensor's dtype and shape, and the slots of one dtype and shape filled for one
-signature across the file's partitions are at most the reference form's tensors of that dtype and
-shape (an honest file's partitions hold distinct layers; two byte-equal layers name one tensor,
-but the reference form holds both): else :class:`SerializationError`, and the partition is exported
-again. Files written before hold every initializer inline.
+model's, once, of the tensor's dtype and shape; one model fills each dtype and shape at most as
+often as the reference form holds it (an honest model holds distinct layers: two byte-equal layers
+name one tensor, but the reference form holds both), and the models of one file fill at most
+:data:`FILL_FACTOR` times the reference form's weights in all (:class:`Room`): else
+:class:`SerializationError`, before a byte is filled, and the partition is exported again. Files
+written before hold every initializer inline.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from qplug_core.errors import SerializationError
 
 #: initializers below this size stay in the model (scales, zero points: not worth a name)
 SHARED_BYTES = 1024
+#: the stored models of a file fill at most this many times its reference form's weights: an
+#: honest file fills each partition's weights once per input signature it was compiled for (two
+#: for a model called at batch 2 and 1 before it was saved)
+FILL_FACTOR = 4
 
 
 def left_out(source: bytes, tensors: dict[str, torch.Tensor]) -> tuple[bytes, dict[str, str]]:
@@ -49,18 +54,38 @@ def left_out(source: bytes, tensors: dict[str, torch.Tensor]) -> tuple[bytes, di
     return (model.SerializeToString(), shared) if shared else (source, {})
 
 
-def room(tensors: dict[str, torch.Tensor]) -> Counter[tuple]:
-    """(ONNX type, shape) -> how many slots the stored models of one signature may fill with
-    tensors of that type and shape: the file's reference tensors of it (see the module's doc)."""
-    return Counter((_onnx_type(t), tuple(t.shape)) for t in tensors.values()
-                   if _onnx_type(t) is not None and t.numel() * t.element_size() >= SHARED_BYTES)
+class Room:
+    """What the stored models of one file may still fill: each model, the reference form's tensors
+    of each dtype and shape as often as the reference form holds them (a model holds distinct
+    layers; a weight tied across partitions is in each partition's model), and all of them, at
+    most :data:`FILL_FACTOR` times the bytes of those tensors (a file of 1.2 MiB could fill one
+    weight into each of K stored models for one partition: K times its weights)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        shareable = [t for t in tensors.values()
+                     if _onnx_type(t) is not None and t.numel() * t.element_size() >= SHARED_BYTES]
+        self.per_model = Counter((_onnx_type(t), tuple(t.shape)) for t in shareable)
+        self.bytes_left = FILL_FACTOR * sum(t.numel() * t.element_size() for t in shareable)
+
+    def take(self, kinds: Counter[tuple], size: int) -> None:
+        """Count one model filling ``kinds`` ((ONNX type, shape) -> slots) of ``size`` bytes in
+        all; :class:`SerializationError`, counting nothing, past what the file may fill."""
+        over = [kind for kind, slots in kinds.items() if slots > self.per_model[kind]]
+        if over:
+            raise SerializationError("its shared weights fill more initializers than the reference form holds "
+                                     f"tensors of dtype and shape {over[0]}")
+        if size > self.bytes_left:
+            raise SerializationError(f"its shared weights would fill {size} bytes where the file's stored models "
+                                     f"may fill {self.bytes_left} more (at most {FILL_FACTOR} times the reference "
+                                     "form's weights in all: more input signatures than that are compiled again)")
+        self.bytes_left -= size
 
 
-def put_back(source: bytes, shared: dict[str, str], tensors: dict[str, torch.Tensor], left: Counter[tuple]) -> bytes:
+def put_back(source: bytes, shared: dict[str, str], tensors: dict[str, torch.Tensor], room: Room) -> bytes:
     """``source`` with each initializer :func:`left_out` left empty holding its tensor's bytes again,
-    taking the slots it fills from ``left`` (:func:`room`); :class:`SerializationError` if ``shared``
-    names anything else than empty slots of the tensors' dtypes and shapes, once each, or more than
-    ``left`` holds."""
+    counted against ``room`` before any is filled; :class:`SerializationError` if ``shared`` names
+    anything else than empty slots of the tensors' dtypes and shapes, once each, or more than the
+    room holds."""
     if not shared:  # a file written before, or a model holding none of the reference form's tensors
         return source
     import onnx
@@ -72,19 +97,16 @@ def put_back(source: bytes, shared: dict[str, str], tensors: dict[str, torch.Ten
     slots = Counter(initializer.name for initializer in model.graph.initializer)
     if any(slots[name] != 1 for name in shared):
         raise SerializationError("its shared weights name initializers it does not hold once")
-    for initializer in model.graph.initializer:
-        if initializer.name not in shared:
-            continue
-        tensor = tensors[shared[initializer.name]]
-        kind = (_onnx_type(tensor), tuple(tensor.shape))
+    filled = [(initializer, tensors[shared[initializer.name]]) for initializer in model.graph.initializer
+              if initializer.name in shared]
+    for initializer, tensor in filled:
         if (initializer.raw_data or initializer.data_location != onnx.TensorProto.DEFAULT
-                or kind != (initializer.data_type, tuple(initializer.dims))):
+                or (_onnx_type(tensor), tuple(tensor.shape)) != (initializer.data_type, tuple(initializer.dims))):
             raise SerializationError(f"initializer {initializer.name[:100]!r} is not an empty slot for the "
                                      "reference tensor it names (dtype, shape)")
-        if left[kind] <= 0:
-            raise SerializationError("its shared weights fill more initializers than the reference form holds "
-                                     f"tensors of dtype and shape {kind}")
-        left[kind] -= 1
+    room.take(Counter((_onnx_type(t), tuple(t.shape)) for _, t in filled),
+              sum(t.numel() * t.element_size() for _, t in filled))
+    for initializer, tensor in filled:
         initializer.raw_data = _bytes(tensor)
     try:
         return model.SerializeToString()

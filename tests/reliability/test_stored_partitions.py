@@ -248,3 +248,21 @@ def test_a_file_naming_one_weight_for_many_empty_slots_is_refused_before_they_ar
     with pytest.warns(UserWarning, match="partition delegate_0 is not used: its shared weights fill more "
                                          "initializers than the reference form holds"):
         qp.load(rewrite(saved[1], amplified))
+
+
+def test_a_file_storing_one_partitions_model_many_times_is_refused_before_they_are_filled(saved):
+    """A hostile file: the stored model copied for 100 input signatures of one partition, each filled
+    with every shared weight (each copy a few KiB in the file): at most 4x the reference form's
+    weights are filled in all, so the partition is exported again, as for other invalid models."""
+    def copied(document, tensors) -> None:
+        entry = document["model"]["partition_models"]["delegate_0"]
+        record = entry["models"][0]
+        for i in range(100):
+            key = f"partition_models/delegate_0/copy_{i}"
+            tensors[key] = tensors[record["tensor"]].clone()
+            document["model"]["tensors"][key] = dict(document["model"]["tensors"][record["tensor"]])
+            entry["models"].append({**record, "tensor": key})
+
+    with pytest.warns(UserWarning, match=r"partition delegate_0 is not used: its shared weights would fill \d+ bytes "
+                                         r"where the file's stored models may fill \d+ more"):
+        qp.load(rewrite(saved[1], copied))

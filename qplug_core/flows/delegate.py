@@ -426,14 +426,18 @@ def _usable(stored: StoredPartition | None, partition: fx.GraphModule, name: str
     """``stored`` if every one of its models passes the checks, else None (and a warning: the
     partition is exported again from its reference form at its first call); models of older files,
     fed the partition's attributes as inputs, take them as initializers first."""
-    from qplug_core.partition.attribute_inputs import attributes_as_initializers
-    from qplug_core.partition.stored_model import stored_model_problem
+    from qplug_core.partition.attribute_inputs import attribute_bytes, attributes_as_initializers
+    from qplug_core.partition.stored_model import FILL_FACTOR, stored_model_problem
 
     if stored is None:
         return None
-    models = [attributes_as_initializers(source, signature, partition) for signature, source in stored.models]
-    for signature, source in models:
-        problem = stored_model_problem(source, partition, signature)
+    models, room = [], FILL_FACTOR * attribute_bytes(partition)  # older models take them in: bounded in all
+    for signature, source in stored.models:
+        signature, built = attributes_as_initializers(source, signature, partition)
+        room -= max(0, len(built) - len(source))
+        problem = stored_model_problem(built, partition, signature) if room >= 0 else (
+            f"its models take the partition's attributes in as initializers more than {FILL_FACTOR} times over")
+        models.append((signature, built))
         if problem:
             warn_user(f"qplug: backend {backend_name!r}: the ONNX model the file stores for partition {name} is "
                       f"not used: {problem}; the partition is exported again from its reference form at its "

@@ -58,6 +58,12 @@ def attributes_as_initializers(source: bytes, signature: Sequence[tuple[Any, tor
     return tuple(spec for _, spec in kept), model.SerializeToString()
 
 
+def attribute_bytes(partition: fx.GraphModule) -> int:
+    """The bytes of the tensors ``partition`` reads as attributes (what one model takes in)."""
+    tensors = (_attribute(partition, str(node.target)) for node in partition.graph.nodes if node.op == "get_attr")
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
 def _attribute(module: torch.nn.Module, target: str) -> torch.Tensor | None:
     """The tensor at the dotted ``target`` of ``module``, or None."""
     value: Any = module
@@ -66,4 +72,4 @@ def _attribute(module: torch.nn.Module, target: str) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
-__all__ = ["attributes_as_initializers"]
+__all__ = ["attribute_bytes", "attributes_as_initializers"]

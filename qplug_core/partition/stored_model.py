@@ -19,6 +19,11 @@ from typing import Any
 import torch
 from torch import fx
 
+#: the stored models of a file fill at most this many times the weights they are filled from (the
+#: file's reference form's; a partition's attributes, for older files' models): an honest file
+#: fills each partition's weights once per input signature it was compiled for (two for a model
+#: called at batch 2 and 1 before it was saved); a hostile one could name them from many models
+FILL_FACTOR = 4
 #: op domains qplug's exporter emits besides the standard one ("" or "ai.onnx")
 DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
 

@@ -21,13 +21,10 @@ from collections import Counter
 import torch
 
 from qplug_core.errors import SerializationError
+from qplug_core.partition.stored_model import FILL_FACTOR
 
 #: initializers below this size stay in the model (scales, zero points: not worth a name)
 SHARED_BYTES = 1024
-#: the stored models of a file fill at most this many times its reference form's weights: an
-#: honest file fills each partition's weights once per input signature it was compiled for (two
-#: for a model called at batch 2 and 1 before it was saved)
-FILL_FACTOR = 4
 
 
 def left_out(source: bytes, tensors: dict[str, torch.Tensor]) -> tuple[bytes, dict[str, str]]:

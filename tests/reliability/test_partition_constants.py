@@ -91,3 +91,22 @@ def test_a_file_whose_stored_model_takes_the_constants_as_inputs_loads_without_e
         with torch.no_grad():
             for seed in (5, 6):
                 assert torch.equal(loaded(*_images(seed)), model(*_images(seed)))
+
+
+def test_a_file_whose_stored_models_take_the_constants_many_times_over_is_not_built(saved):
+    """A hostile file: the older model copied for 100 input signatures (a few KiB each), each given
+    the partition's constants as initializers at load: at most 4 times them in all, then the
+    partition is exported again with the usual warning."""
+    def copied(document, tensors) -> None:
+        _constants_as_inputs(document, tensors)
+        models = document["model"]["partition_models"]["delegate_0"]["models"]
+        for i in range(100):
+            key = f"partition_models/delegate_0/copy_{i}"
+            tensors[key] = tensors[KEY].clone()
+            document["model"]["tensors"][key] = dict(document["model"]["tensors"][KEY])
+            models.append({**models[0], "tensor": key})
+
+    _, path = saved
+    with pytest.warns(UserWarning, match="stores for partition delegate_0 is not used: its models take the partition's "
+                                         "attributes in as initializers more than 4 times over"):
+        qp.load(rewrite(path, copied))

@@ -4,19 +4,25 @@ Every key a newer qplug-core wrote made an older one refuse the whole file, opti
 writer now declares what it adds beyond format 1 in the document's ``features``
 (``serialization/format_features.py``); these files are today's, with such declarations and keys
 added by hand as a newer writer would add them. Files declaring none (all files written so far)
-load as they did: ``test_name_table.py`` loads one written by 9ff4cea, the others here today's.
+load as they did: ``test_name_table.py`` loads one written by 9ff4cea, the last test here a
+delegated one written by 6e4e0d1 (the format as it stood when the rule came).
 """
 
 from __future__ import annotations
 
+import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from artifactkit import reference_model, rewrite
+from safetensors.torch import load_file
 
+from qplug_core import zoo
 from qplug_core.cli.app import app
 from qplug_core.errors import SerializationError
+from qplug_core.kernels.cpu import cpu_int8
 from qplug_core.serialization import load, save
 from qplug_core.serialization.format_features import Feature
 
@@ -101,3 +107,50 @@ def test_a_malformed_declaration_is_refused(saved, declaration):
 
     with pytest.raises(SerializationError, match=r"is not a valid qplug artifact: features\.histograms"):
         load(rewrite(saved, edit))
+
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture
+def delegated(tmp_path, monkeypatch, one_thread, plugin_autoload):
+    """The digits CNN on onnxruntime, saved by main at 6e4e0d1 after calls at batch 2 and 1 (a
+    copy): two stored models holding the reference form's weights by name (``shared``) and the
+    runtime that checked them (``runtime``), no ``features``; torch.onnx.export refused."""
+    pytest.importorskip("qplug_onnxruntime")
+    if not cpu_int8().vnni:
+        pytest.skip("its stored models were exported on a CPU with VNNI: not used here (test_load_on_another_cpu.py)")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.onnx.export was called")
+
+    monkeypatch.setattr(torch.onnx, "export", refuse)
+    return Path(shutil.copy(DATA / "digits_cnn_onnxruntime_written_by_6e4e0d1.safetensors", tmp_path))
+
+
+def _answers_as_saved(loaded) -> None:
+    with torch.no_grad():
+        output = loaded(*zoo.example_inputs("digits_cnn", batch=4, seed=9))
+    assert torch.equal(output, load_file(DATA / "digits_cnn_onnxruntime_written_by_6e4e0d1.expected.safetensors")["output"])
+
+
+def test_a_delegated_file_written_by_6e4e0d1_builds_its_stored_models_and_answers_as_saved(delegated):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _answers_as_saved(load(delegated))
+
+
+def test_an_unknown_optional_key_inside_each_stored_model_is_left_out(delegated):
+    """A feature adding a key to every stored model (``*`` paths): the models are built as before."""
+    feature = Feature(required=False, since="0.9.0", keys=("model.partition_models.*.models.*.checksum",),
+                      lost="the stored models' checksums: they are not checked before they are built")
+
+    def edit(document, tensors) -> None:
+        _with_feature("model_checksums", feature)(document, tensors)
+        for entry in document["model"]["partition_models"].values():
+            for stored in entry["models"]:
+                stored["checksum"] = "sha256:00"
+
+    with pytest.warns(UserWarning, match="model_checksums \\(since 0.9.0\\): the stored models' checksums"):
+        loaded = load(rewrite(delegated, edit))
+    _answers_as_saved(loaded)

@@ -62,14 +62,13 @@ except ImportError:  # pragma: no cover - Windows
 
 from qplug_core.errors import BackendUnavailableError, QplugError, notify, warn_user
 from qplug_core.flows.final_check import output_tensors, sqnr_db
-from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.float_baseline import BASELINE, float_for_timing, warn_if_slower
 from qplug_core.flows.kernel_check import CONTRACT_BROKEN, output_violation
+from qplug_core.flows.refinish import finish_on
 from qplug_core.flows.rounding_noise import MAX_NOISE_RATIO, rounding_noise
-from qplug_core.flows.snapshot import ReferenceSnapshot, keep_snapshot, snapshot_of
+from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.steps import iter_batches
-from qplug_core.flows.tags import AUTO_RANKING, RECIPE, REPORT, SNAPSHOT, STATE, TARGET
-from qplug_core.kernels.per_token import swap_in_per_token
+from qplug_core.flows.tags import AUTO_RANKING, REPORT, TARGET
 from qplug_core.registry.backends import AUTO, Backend, get_backend, list_backends
 
 #: a candidate this many dB below the most accurate one against the reference form ...
@@ -319,26 +318,6 @@ def _target_misses(model: fx.GraphModule) -> str:
     if result is None or result.met:
         return ""
     return "; ".join(result.target.misses(result.final))
-
-
-def finish_on(snapshot: ReferenceSnapshot, backend: Backend, base_model: fx.GraphModule
-              ) -> fx.GraphModule:
-    """A deep copy of ``snapshot``'s reference form lowered (or delegated) to ``backend``, as
-    ``qp.quantize(backend=...)`` would leave it: its own snapshot, report and per-token layers."""
-    gm = snapshot.graph_module
-    keep_snapshot(gm, backend)
-    finish_conversion(gm, backend, mode=gm.meta.get(STATE, {}).get("mode", "static"))
-    if snapshot.per_token_layers:
-        swap_in_per_token(gm, list(snapshot.per_token_layers), simulate=not backend.kernels)
-        kept = snapshot_of(gm)
-        if kept is not None:  # keep_snapshot put it there: qp.save must swap them in at load too
-            gm.meta[SNAPSHOT] = dataclasses.replace(kept, per_token_layers=snapshot.per_token_layers)
-    for key in (RECIPE, TARGET):
-        if key in base_model.meta:
-            gm.meta[key] = base_model.meta[key]
-    if REPORT in base_model.meta:
-        gm.meta[REPORT].recipe = base_model.meta[REPORT].recipe
-    return gm
 
 
 def _problem(model: nn.Module, checks: list[tuple], expected: list) -> tuple[str, float | None]:

@@ -40,6 +40,7 @@ from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
 from qplug_core.serialization import (
+    check_record,
     clamp_record,
     format_features,
     functional_record,
@@ -206,6 +207,7 @@ def load(path: str | os.PathLike[str], *, backend: str | Backend | None = None,
     except ConfigError as exc:
         raise SerializationError(f"{source}: {exc}", path=str(source)) from exc
     name_rungs(report, artifact.model.get(TARGET_RUNGS_KEY, {}))
+    report.final_check = dict(artifact.model.get(check_record.KEY, {}))  # checked when the document was read
     if recorded is not None:
         recorded.check_rebuilt(report, source)
     name, contributors = backend_identity(chosen)

@@ -38,6 +38,7 @@ from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend
 from qplug_core.serialization import (
+    check_record,
     clamp_record,
     format_features,
     functional_record,
@@ -71,12 +72,12 @@ INT16_PAIRS_KEY = "weights_for_int16_pairs"
 TARGET_RUNGS_KEY = "target_rungs"
 #: forward keywords the capture fixed -> the values a call may give them (flows/fixed_keywords.py)
 FIXED_KEYWORDS_KEY = "fixed_keywords"
-#: the optional keys, the clamps convert absorbed into layers' int8 output ranges (clamp_record), the
+#: the optional keys, the final check's scores (check_record), the clamps convert absorbed into layers' int8 output ranges (clamp_record), the
 #: float weights of layers made from functional calls (functional_record), the per-token layers'
 #: int8 weights (per_token_record), an exported model's input and output structure (tree_record) and
 #: the ONNX models of compiled partitions (partition_models)
 OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY, INT16_PAIRS_KEY, TARGET_RUNGS_KEY,
-                       FIXED_KEYWORDS_KEY,
+                       FIXED_KEYWORDS_KEY, check_record.KEY,
                        clamp_record.KEY, functional_record.KEY, per_token_record.KEY, tree_record.KEY,
                        partition_models.KEY)
 CAPTURES = ("symbolic", "export")
@@ -182,7 +183,12 @@ def artifact_of(qmodel: object) -> Artifact | str | None:
     model, tensors = partition_models.record(artifact.model, artifact.tensors, qmodel)
     artifact = replace(artifact, model=model, tensors=tensors)
     report = qmodel.meta.get(REPORT)  # how convert lowered it: what load must rebuild
-    return artifact if report is None else with_lowering(artifact, LoweringRecord.of(report))
+    if report is None:
+        return artifact
+    if report.final_check:
+        artifact = replace(artifact, model={**artifact.model,
+                                            check_record.KEY: check_record.to_document(report.final_check)})
+    return with_lowering(artifact, LoweringRecord.of(report))
 
 
 def fusion_records(artifact: Artifact) -> list[FusionRecord]:
@@ -253,6 +259,8 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
         LoweringRecord.from_document(model[LOWERING_KEY], child("model", LOWERING_KEY), nodes)
     if clamp_record.KEY in model:
         clamp_record.from_document(model[clamp_record.KEY], child("model", clamp_record.KEY), nodes)
+    if check_record.KEY in model:
+        check_record.from_document(model[check_record.KEY], child("model", check_record.KEY))
     if functional_record.KEY in model:
         functional_record.from_document(model[functional_record.KEY], child("model", functional_record.KEY), nodes)
     return Artifact(backend, plugins, model, tensors)

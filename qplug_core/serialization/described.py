@@ -24,7 +24,7 @@ from qplug_core.flows.tags import FUSIONS
 from qplug_core.flows.target_rungs import name_rungs
 from qplug_core.flows.work_share import work_by_name
 from qplug_core.registry.backends import get_backend
-from qplug_core.serialization import format_features
+from qplug_core.serialization import check_record, format_features
 from qplug_core.serialization.api import rebuild_graph
 from qplug_core.serialization.artifact import TARGET_RUNGS_KEY, from_document, fusion_records, lowering_of
 
@@ -54,6 +54,7 @@ def describe_saved(path: Path, document: dict[str, Any]) -> QuantizationReport:
                                DelegationSummary(kept_regions={} if record is None else record.regions),
                                _pattern_ops(artifact.backend), float_outputs(gm), work_by_name(gm))
     name_rungs(report, artifact.model.get(TARGET_RUNGS_KEY, {}))
+    report.final_check = dict(artifact.model.get(check_record.KEY, {}))
     report.notes.append(HEADER_ONLY if record is not None else
                         f"{HEADER_ONLY}; this file records no lowering (written by an older qplug), so its "
                         "kernels are not listed")

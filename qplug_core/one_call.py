@@ -21,10 +21,16 @@ from qplug_core.algorithms.architecture import looks_like_transformer, transform
 from qplug_core.algorithms.bias_correction import BiasCorrection, corrected_after_calibration
 from qplug_core.algorithms.pipeline import prepare_algorithms, quantize_fused
 from qplug_core.algorithms.recipes import RecipeRecord
-from qplug_core.algorithms.target import TARGET_MISSED, TRANSFORMER_TARGET, Target, meet_target
+from qplug_core.algorithms.target import (
+    TARGET_MISSED,
+    TRANSFORMER_TARGET,
+    Target,
+    meet_target,
+    scored_embedding,
+)
 from qplug_core.config import QConfigMapping
 from qplug_core.errors import ConfigValidationError, did_you_mean, notify, spelled, warn_user
-from qplug_core.flows import auto
+from qplug_core.flows import auto, first_batch
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows import steps as flows
 from qplug_core.flows.capture import generates
@@ -91,12 +97,14 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
         named = get_backend(backend)
         warn_if_slow_here(named.name, named.engine)
     with kv_cache_off(model) if generates(model) else contextlib.nullcontext(), \
-            calibrated_sizes(_listed_batches(calibration_data, model)):
+            calibrated_sizes(_listed_batches(calibration_data, model)), first_batch.recording() as kept:
         qmodel = _quantize_graph(model, example_inputs, calibration_data, backend=backend,
                                  qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
                                  allow_float=allow_float, recipe=recipe, target=target, **prepare_options)
         if not _INSIDE_AUTO.get():  # auto checks the model it returns, not each base
-            check_final_model(qmodel, model, calibration_data)
+            first_batch.take(qmodel)
+            qmodel = check_final_model(qmodel, model, calibration_data, kept[0] if kept else None,
+                                       scored_embedding(qmodel))
     return qmodel
 
 

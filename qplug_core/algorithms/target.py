@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx, nn
 
 from qplug_core.algorithms.fallbacks import fallback_ladder, name_fallbacks, per_token_qmax, run_per_token
@@ -40,6 +41,7 @@ from qplug_core.algorithms.sensitivity import (
     group_layers,
     is_embedding_output,
     padding_masks,
+    pooled_embedding,
     quantized_layers,
     role_name,
     score,
@@ -51,8 +53,9 @@ from qplug_core.flows.regions import CallCounter, resolve_qconfig
 from qplug_core.flows.snapshot import snapshot_of
 from qplug_core.flows.tags import TARGET, WEIGHT_BITS_DECIDED, WEIGHT_BITS_REUSE
 from qplug_core.flows.weight_bits import converted_weight_ranges
+from qplug_core.observers.tokens import token_mask
 
-__all__ = ["TARGET", "TARGET_MISSED", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_target"]
+__all__ = ["TARGET", "TARGET_MISSED", "TRANSFORMER_TARGET", "Target", "TargetResult", "meet_target", "scored_embedding"]
 
 #: how the warning of a target the search could not meet begins
 TARGET_MISSED = "qplug: accuracy target not met"
@@ -199,6 +202,22 @@ class TargetResult:
     @property
     def float_layers(self) -> list[str]:
         return [name for d in self.decisions for name in d.layers]
+
+
+def scored_embedding(qmodel: nn.Module) -> tuple[str, Callable[[torch.Tensor, tuple], torch.Tensor | None]] | None:
+    """What the accuracy target of ``qmodel`` scored in place of its first output, for the final
+    check to report too: the mean-pooled, L2-normalised embedding of a sentence encoder (with
+    the function computing it from the output and its batch); None where the target scored the
+    output itself, or there was no target."""
+    result = getattr(qmodel, "meta", {}).get(TARGET)
+    if result is None or result.target.score == "output":
+        return None
+
+    def pooled(output: torch.Tensor, batch: tuple) -> torch.Tensor | None:
+        mask = token_mask(qmodel, batch)
+        return pooled_embedding(output, mask) if is_embedding_output([output], [mask]) else None
+
+    return "pooled embedding", pooled
 
 
 def _parse(data: Any) -> list[tuple] | None:

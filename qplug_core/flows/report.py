@@ -84,10 +84,13 @@ class QuantizationReport:
     #: op or region (report name) -> [weight elements, MACs or None]: what the int8 share weighs
     #: (``flows/work_share.py``; empty for a module-swap model)
     work: dict[str, list[int | None]] = field(default_factory=dict)
-    #: ``qp.quantize``: the model returned and its reference form against the float model on a
-    #: calibration batch (cosine, sqnr_db, reference_cosine, reference_sqnr_db: None where the
-    #: final model is above 20 dB and its reference form was not run; flows/final_check.py)
-    final_check: dict[str, float | None] = field(default_factory=dict)
+    #: ``qp.quantize``, ``qp.convert_fx``: the model returned and its reference form against the
+    #: float model on a calibration batch (output: the name of the worst float output, which the
+    #: scores are of; cosine, sqnr_db, reference_cosine, reference_sqnr_db: None where the final
+    #: model is above 20 dB and its reference form was not run; derived, derived_cosine: where an
+    #: accuracy target scored a derived output, such as a sentence encoder's pooled embedding, its
+    #: name and its mean cosine over the batch; flows/final_check.py)
+    final_check: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -403,10 +406,15 @@ def _final_check_lines(report: QuantizationReport, width: int) -> list[str]:
     check = report.final_check
     if not check:
         return []
-    reference = ("not run (the final model is above 20 dB)" if check["reference_sqnr_db"] is None else
+    reference = ("not run (the final model is above 20 dB)" if check.get("reference_sqnr_db") is None else
                  f"cosine {check['reference_cosine']:.4f}, SQNR {check['reference_sqnr_db']:.1f} dB")
-    return _wrap(f"final model vs float on a calibration batch: cosine {check['cosine']:.4f}, SQNR "
-                 f"{check['sqnr_db']:.1f} dB; reference form: {reference}", width, "  ", "    ")
+    output = f" ({check['output']}, the worst output)" if check.get("output", "output") != "output" else ""
+    lines = _wrap(f"final model vs float on a calibration batch{output}: cosine {check['cosine']:.4f}, SQNR "
+                  f"{check['sqnr_db']:.1f} dB; reference form: {reference}", width, "  ", "    ")
+    if check.get("derived"):
+        lines += _wrap(f"{check['derived']} (what the accuracy target scores): cosine "
+                       f"{check['derived_cosine']:.4f}, the mean over the batch", width, "    ", "      ")
+    return lines
 
 
 def report_text(report: QuantizationReport, *, verbose: bool = False, width: int = WIDTH) -> Text:

@@ -28,10 +28,11 @@ from qplug_core.errors import (
     spelled,
     warn_user,
 )
-from qplug_core.flows import calibration_sample, weight_bits
+from qplug_core.flows import calibration_sample, first_batch, weight_bits
 from qplug_core.flows import checks as flow_checks
 from qplug_core.flows.convert import convert_graph, rounded_weights
 from qplug_core.flows.exported_inputs import guard_exported_inputs
+from qplug_core.flows.final_check import check_converted
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.input_dtypes import guard_input_dtypes
 from qplug_core.flows.int16_pairs import warn_saturating_pairs
@@ -53,7 +54,7 @@ from qplug_core.flows.regions import RegionPlanner
 from qplug_core.flows.renamed_keywords import renamed_keywords
 from qplug_core.flows.report import QuantizationReport, top_reasons
 from qplug_core.flows.snapshot import keep_snapshot
-from qplug_core.flows.tags import CAPTURE, REPORT, STATE, ValueAnnotator
+from qplug_core.flows.tags import CAPTURE, FIRST_BATCH, REPORT, STATE, ValueAnnotator
 from qplug_core.flows.torch_ao_keywords import refuses_torch_ao_keywords
 from qplug_core.flows.torch_ao_models import refuse_torch_ao_models
 from qplug_core.flows.untrained import unwatch, watch_untrained
@@ -215,6 +216,8 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     if is_qat:
         watch_untrained(gm)
         gm.train()
+    else:
+        first_batch.watch(gm)  # its first calibration batch and float output: the final check's
     return gm
 
 
@@ -362,6 +365,8 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
     with gc_paused():
         gm = observed if inplace else deepcopy_sharing(observed, shared)
     unwatch(gm)
+    first_batch.unwatch(gm)
+    kept = first_batch.take(gm)  # not in the snapshot: back on the model after, for the final check
 
     def convert(graph_module: fx.GraphModule) -> None:
         convert_graph(graph_module, allow_uncalibrated=allow_uncalibrated)
@@ -381,6 +386,8 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
     if not report.quantized and not allow_float:
         raise_nothing_quantized(report, backend)
     preserve(gm, observed, preserved_attributes, copy_modules=not inplace)
+    if kept is not None and lower:  # a reference form is not checked against itself
+        gm.meta[FIRST_BATCH] = kept
     return gm
 
 
@@ -435,9 +442,10 @@ def convert_fx(observed: fx.GraphModule, *, backend: str | Backend | None = None
     state = _state(observed)
     chosen = get_backend(backend if backend is not None else state["backend"]).require_available()
     _check_device(observed, chosen)
-    return _convert(observed, chosen, lower=True, allow_uncalibrated=allow_uncalibrated,
-                    inplace=inplace, strict=strict, allow_float=allow_float, progress=progress,
-                    preserved_attributes=preserved_attributes)
+    qmodel = _convert(observed, chosen, lower=True, allow_uncalibrated=allow_uncalibrated,
+                      inplace=inplace, strict=strict, allow_float=allow_float, progress=progress,
+                      preserved_attributes=preserved_attributes)
+    return check_converted(qmodel)
 
 
 def quantization_report(model: fx.GraphModule) -> QuantizationReport:

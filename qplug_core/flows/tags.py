@@ -121,6 +121,11 @@ FROM_FUNCTIONAL = "qplug_from_functional"
 FUNCTIONAL_WEIGHTS = "qplug_functional_weights"
 #: GraphModule.meta: a few calibration batches kept for convert's decisions (flows/calibration_sample.py)
 CALIBRATION_SAMPLE = "qplug_calibration_sample"
+#: GraphModule.meta: the first calibration batch and the float output calibration computed for it,
+#: what the final check scores the converted model on (flows/first_batch.py)
+FIRST_BATCH = "qplug_first_batch"
+#: ... and the inputs of the observed model's first call, held while that call runs
+FIRST_CALL_INPUTS = "qplug_first_call_inputs"
 #: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example
 #: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
 INPUT_SPEC = "qplug_input_spec"

@@ -1,0 +1,125 @@
+"""The first calibration batch and the float output calibration computed for it, for the final check.
+
+An observed model computes what the float model computes (its observers only watch), so the
+output calibration already produced for its first batch is the float output the final check
+(:mod:`qplug_core.flows.final_check`) scores the converted model against: kept, the check costs one
+forward of the converted model instead of one more of the float model too.
+
+The observed model records its first call itself (``qp.calibrate`` or the user's own loop, as
+torch.ao's flow calibrates), into its meta (``qp.convert_fx`` checks the model it returns on it) and,
+while ``qp.quantize`` runs, into its recording too: its algorithms convert models calibrated from
+copied observers, and ``backend="auto"`` calibrates its bases in nested calls; the first record made
+inside wins. The inputs are copied before the forward (a model may write into its input), the
+outputs after it (nothing later may change them); then the hooks go. A QAT model's output is
+fake-quantized, not float: it records nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import copy
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from qplug_core.flows.tags import FIRST_BATCH, FIRST_CALL_INPUTS
+
+
+@dataclass(frozen=True, eq=False)
+class FirstBatch:
+    """``inputs`` and ``keywords`` (copied) and the float ``output`` (tensors copied; a mapping
+    such as a Hugging Face ``ModelOutput`` as a dict, sequences as lists)."""
+
+    inputs: tuple
+    output: Any
+    keywords: dict[str, Any] = field(default_factory=dict)
+
+    def call(self, model: Any) -> Any:
+        """``model`` run on a fresh copy of the inputs."""
+        return model(*fresh(self.inputs), **{key: fresh((value,))[0] for key, value in self.keywords.items()})
+
+    def __deepcopy__(self, memo: dict) -> FirstBatch:  # convert's copy of the observed model shares it
+        return self
+
+
+_RECORDING: contextvars.ContextVar[list[FirstBatch] | None] = contextvars.ContextVar("first_batch", default=None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[FirstBatch]]:
+    """Collect the first record made inside (into the open recording if there is one)."""
+    outer = _RECORDING.get()
+    if outer is not None:
+        yield outer
+        return
+    found: list[FirstBatch] = []
+    token = _RECORDING.set(found)
+    try:
+        yield found
+    finally:
+        _RECORDING.reset(token)
+
+
+def is_recording() -> bool:
+    """Whether a ``qp.quantize`` call is running (it checks the model it returns itself)."""
+    return _RECORDING.get() is not None
+
+
+def fresh(batch: tuple) -> tuple:
+    """A copy of a batch: a model that writes into its input must not change the user's data."""
+    return tuple(value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value) for value in batch)
+
+
+def watch(model: fx.GraphModule) -> None:
+    """Record the first call of ``model`` (a static observed graph) once it returns."""
+    model.register_forward_pre_hook(_before, with_kwargs=True)
+    model.register_forward_hook(_after, with_kwargs=True)
+
+
+def unwatch(model: fx.GraphModule) -> None:
+    """Remove the hooks of :func:`watch` (from convert's copy of an observed model, too)."""
+    for hooks, with_kwargs in ((model._forward_pre_hooks, model._forward_pre_hooks_with_kwargs),
+                               (model._forward_hooks, model._forward_hooks_with_kwargs)):
+        for key in [key for key, hook in hooks.items() if hook in (_before, _after)]:
+            del hooks[key]
+            with_kwargs.pop(key, None)
+    model.meta.pop(FIRST_CALL_INPUTS, None)
+
+
+def _before(model: fx.GraphModule, args: tuple, kwargs: dict[str, Any]) -> None:
+    model.meta[FIRST_CALL_INPUTS] = (fresh(args), {key: fresh((value,))[0] for key, value in kwargs.items()})
+
+
+def _after(model: fx.GraphModule, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+    pending = model.meta.get(FIRST_CALL_INPUTS)
+    unwatch(model)
+    if pending is None:
+        return
+    record = FirstBatch(pending[0], _copied(output), pending[1])
+    model.meta[FIRST_BATCH] = record
+    found = _RECORDING.get()
+    if found is not None and not found:
+        found.append(record)
+
+
+def take(model: Any) -> FirstBatch | None:
+    """The record kept in ``model``, removed (a converted model does not hold the user's data)."""
+    record = getattr(model, "meta", {}).pop(FIRST_BATCH, None) if isinstance(model, fx.GraphModule) else None
+    return record if isinstance(record, FirstBatch) else None
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, Mapping):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_copied(item) for item in value]
+    return None
+
+
+__all__ = ["FirstBatch", "fresh", "is_recording", "recording", "take", "unwatch", "watch"]

@@ -24,12 +24,14 @@ def batches(batch: int, n: int = 2) -> list[tuple[torch.Tensor]]:
     return [(torch.randn(batch, 8, 6, 6, generator=gen),) for _ in range(n)]
 
 
-def quantized(backend: str, calibration_batch: int):
+def quantized(backend: str, calibration_batch: int, **options):
     torch.manual_seed(0)
+    model = TokensUpsampled().eval()
+    model.labels = ["cat", "dog"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        qmodel = qp.quantize(TokensUpsampled().eval(), batches(2)[0], batches(calibration_batch),
-                             backend=backend, recipe="none")
+        qmodel = qp.quantize(model, batches(2)[0], batches(calibration_batch), backend=backend, recipe="none",
+                             **options)
     return qmodel, [str(w.message) for w in caught if "reference form against the float model" in str(w.message)]
 
 
@@ -38,9 +40,10 @@ def test_a_kernel_wrong_on_a_calibration_batch_is_kept_in_reference_form_and_rec
     upsampling misreads the view): the contract run again on that batch keeps the upsampling in
     reference form, the model returned is rechecked, and a warning says what was done."""
     register_plugin(RawUpsampling(), "rawup")
-    qmodel, warned = quantized("rawup", calibration_batch=1)
+    qmodel, warned = quantized("rawup", calibration_batch=1, preserved_attributes=["labels"])
     report = qp.quantization_report(qmodel)
     check = report.final_check
+    assert qmodel.labels == ["cat", "dog"]  # the user's attributes are on the model returned
     assert abs(check["reference_sqnr_db"] - check["sqnr_db"]) < 1 and check["cosine"] > 0.99
     assert len(warned) == 1 and "backend 'rawup'" in warned[0] and "interpolate" in warned[0]
     assert "run in reference form now" in warned[0]

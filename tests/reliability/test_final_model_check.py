@@ -35,7 +35,7 @@ def quantized(backend: str, calibration_batch: int, **options):
     return qmodel, [str(w.message) for w in caught if "reference form against the float model" in str(w.message)]
 
 
-def test_a_kernel_wrong_on_a_calibration_batch_is_kept_in_reference_form_and_rechecked(register_plugin):
+def test_a_kernel_wrong_on_a_calibration_batch_is_kept_in_reference_form_and_rechecked(register_plugin, tmp_path):
     """The example inputs at batch 2 (the kernel contract passes), the data at batch 1 (torch's
     upsampling misreads the view): the contract run again on that batch keeps the upsampling in
     reference form, the model returned is rechecked, and a warning says what was done."""
@@ -51,6 +51,9 @@ def test_a_kernel_wrong_on_a_calibration_batch_is_kept_in_reference_form_and_rec
     x = batches(1)[0]
     with torch.no_grad():
         assert qp.sqnr(float_model()(*x), qmodel(*x)) > 20  # the model returned is the mended one
+    with pytest.warns(UserWarning, match="preserved_attributes"):
+        qp.save(qmodel, tmp_path / "m.safetensors")  # and its file loads as mended
+    assert "interpolate" in qp.quantization_report(qp.load(tmp_path / "m.safetensors")).reference
 
 
 def float_model() -> torch.nn.Module:

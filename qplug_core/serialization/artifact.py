@@ -199,9 +199,11 @@ def fusion_records(artifact: Artifact) -> list[FusionRecord]:
 
 def to_document(artifact: Artifact) -> dict[str, Any]:
     """The JSON document stored in the file's metadata (environment versions as of now)."""
-    return {"format": FORMAT, "schema_version": SCHEMA_VERSION, "backend": artifact.backend,
-            "plugins": list(artifact.plugins), "model": artifact.model,
-            "versions": {"qplug-core": plugins.core_version() or "0+unknown", "torch": torch.__version__}}
+    document = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "backend": artifact.backend,
+                "plugins": list(artifact.plugins), "model": artifact.model,
+                "versions": {"qplug-core": plugins.core_version() or "0+unknown", "torch": torch.__version__}}
+    features = format_features.declarations(artifact.model)
+    return {**document, format_features.KEY: features} if features else document
 
 
 def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:

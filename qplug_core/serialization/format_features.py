@@ -27,9 +27,6 @@ from qplug_core.errors import ConfigError, SerializationError, warn_user
 from qplug_core.registry.plugins import core_version
 
 KEY = "features"
-#: the features this qplug-core reads: none yet beyond format 1 as it writes it (a new feature adds
-#: its name here and writes its declaration)
-KNOWN: frozenset[str] = frozenset()
 _FIELDS = ("required", "since", "keys", "tensors", "lost")
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
 _VERSION = re.compile(r"[A-Za-z0-9.+!_-]{1,64}\Z")
@@ -67,6 +64,21 @@ class Feature:
         tensors = tuple(_text(prefix, child(child(path, "tensors"), i))
                         for i, prefix in enumerate(_bounded_list(doc.get("tensors", []), child(path, "tensors"))))
         return cls(required, since, keys, tensors, _text(doc.get("lost", ""), child(path, "lost"), empty=True))
+
+
+#: the features this qplug-core writes (each declared in a file that holds its keys) and reads
+WRITTEN: dict[str, Feature] = {
+    "final_check": Feature(required=False, since="0.1.0", keys=("model.final_check",),
+                           lost="the final check's scores: the report shows no 'final model vs float' line"),
+}
+KNOWN: frozenset[str] = frozenset(WRITTEN)
+
+
+def declarations(model: dict[str, Any]) -> dict[str, Any]:
+    """The ``features`` object for a document whose ``model`` is ``model``: the written features
+    whose top-level keys it holds (empty where it holds none, so such files read as format 1)."""
+    return {name: feature.to_document() for name, feature in WRITTEN.items()
+            if any(key.split(".")[1] in model for key in feature.keys)}
 
 
 def accept(document: Any, tensors: dict[str, torch.Tensor], source: Path) -> tuple[Any, dict[str, torch.Tensor]]:

@@ -121,8 +121,26 @@ def test_the_check_is_saved_and_loaded_with_the_report_and_older_files_still_loa
     loaded = qp.load(tmp_path / "m.safetensors")
     assert qp.quantization_report(loaded).final_check == qp.quantization_report(qmodel).final_check
     assert "final model vs float on a calibration batch" in str(qp.quantization_report(loaded))
-    older = rewrite(tmp_path / "m.safetensors", lambda document, _: document["model"].pop("final_check"))
+    def written_before_the_check_was_kept(document, _) -> None:
+        document["model"].pop("final_check")
+        document.pop("features")
+
+    older = rewrite(tmp_path / "m.safetensors", written_before_the_check_was_kept)
     assert qp.quantization_report(qp.load(older)).final_check == {}
+
+
+def test_a_reader_without_the_final_check_feature_loads_the_file_without_it(tmp_path, monkeypatch):
+    """The check's scores are the file format's first declared optional feature: a qplug-core that
+    does not know them (its ``KNOWN`` without them) loads the model, warns what it leaves out."""
+    from qplug_core.serialization import format_features
+
+    qmodel, _ = quantized("fbgemm", calibration_batch=2)
+    qp.save(qmodel, tmp_path / "m.safetensors")
+    monkeypatch.setattr(format_features, "KNOWN", frozenset())
+    with pytest.warns(UserWarning, match=r"final_check \(since 0\.1\.0\): the final check's scores"):
+        loaded = qp.load(tmp_path / "m.safetensors")
+    assert qp.quantization_report(loaded).final_check == {}
+    assert torch.equal(loaded(*batches(2)[0]), qmodel(*batches(2)[0]))
 
 
 @pytest.mark.parametrize("edit", [{"cosine": "1; import os"}, {"output": "x\nnote: all good"},

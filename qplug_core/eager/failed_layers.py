@@ -4,16 +4,20 @@ Eager convert puts the backend's kernels (plugin classes) into the user's own mo
 call met the kernel's words (qplug's "int8 Conv2d takes inputs with 3 channels", torch's "Quantize
 only works on Float Tensor, got Double") naming no layer, where the module-swapped layers
 (:class:`~qplug_core.kernels.layer_faults.ExplainedLayer`) name theirs. :func:`name_failures`
-wraps each swapped module's ``forward`` on the instance (its class is the backend's, shared by
-other models): nothing runs while calls succeed; a refusal by qplug's kernel, or a float input of
-another dtype than float32 (what quantizing takes, as the float layer after the stub takes only
-its weight's dtype), is raised as :class:`~qplug_core.errors.InputMismatchError` naming the layer
-(:func:`~qplug_core.kernels.layer_faults.explained_error`); any other error is raised as it was.
+wraps the model's own ``forward`` on the instance, once: a wrapper on every swapped layer cost a
+small batch-1 CNN ~0.5 us per layer per call (``bench/bench_eager_call_overhead.py``), and nothing
+needs to run while calls succeed. When a call fails, the traceback says which swapped layer was
+being called and with what (its ``nn.Module`` call frame); a refusal by qplug's kernel, or a float
+input of another dtype than float32 (what quantizing takes, as the float layer after the stub
+takes only its weight's dtype), is raised as :class:`~qplug_core.errors.InputMismatchError` naming
+the layer (:func:`~qplug_core.kernels.layer_faults.explained_error`); any other error is raised as
+it was. A swapped layer called on its own, not through the model, does not name itself.
 """
 
 from __future__ import annotations
 
 import functools
+import traceback
 from typing import Any
 
 import torch
@@ -23,23 +27,36 @@ from qplug_core.kernels.layer_faults import ExplainedLayer, Fault, explained_err
 
 __all__ = ["name_failures"]
 
+#: the frame of a module's call: its locals hold the module (``self``) and what its forward got (``args``)
+_MODULE_CALL = nn.Module._call_impl.__code__
+
 
 def name_failures(model: nn.Module, names: set[str]) -> None:
-    """Make the modules of ``model`` called ``names`` (its swapped ones) name themselves when a call fails."""
-    for name, module in model.named_modules():
-        if name in names and not isinstance(module, ExplainedLayer) and "forward" not in vars(module):
-            # a partial of a module-level function: the model still deep-copies and pickles
-            module.forward = functools.partial(_named_forward, module, name)
+    """Make a failed call of ``model`` name the module among ``names`` (its swapped ones) that failed."""
+    if names and "forward" not in vars(model):
+        # a partial of a module-level function: the model still deep-copies and pickles
+        model.forward = functools.partial(_named_forward, model, frozenset(names))
 
 
-def _named_forward(module: nn.Module, name: str, *args: Any, **kwargs: Any) -> Any:
+def _named_forward(model: nn.Module, names: frozenset[str], *args: Any, **kwargs: Any) -> Any:
     try:
-        return type(module).forward(module, *args, **kwargs)
+        return type(model).forward(model, *args, **kwargs)
     except Exception as error:
-        instead = explained_error(module, name, error, lambda: _float_input_fault(args))
+        instead = _named_error(model, names, error)
         if instead is None:
             raise
         raise instead from error
+
+
+def _named_error(model: nn.Module, names: frozenset[str], error: Exception) -> Exception | None:
+    """``error`` naming the swapped layer whose call raised it, or None to raise it as it is."""
+    layers = {id(m): (n, m) for n, m in model.named_modules() if n in names and not isinstance(m, ExplainedLayer)}
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        if frame.f_code is _MODULE_CALL and id(frame.f_locals.get("self")) in layers:
+            name, module = layers[id(frame.f_locals["self"])]
+            args = frame.f_locals.get("args", ())
+            return explained_error(module, name, error, lambda: _float_input_fault(args))
+    return None
 
 
 def _float_input_fault(args: tuple) -> Fault | None:

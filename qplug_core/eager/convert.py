@@ -8,7 +8,9 @@ QAT weight fake quant's), the output qparams (``activation_post_process``) and t
 those input qparams, the kernel's input is requantized to them first. QuantStub/DeQuantStub become the
 table's ``quantize``/``dequantize`` kernels and FloatFunctional a :class:`QFunctional`. Unobserved
 modules (pooling, upsampling, relu) stay and run on the int8 tensors they get; upsampling and
-pooling modules get them with a dense batch stride, as lowering gives them in graph mode.
+pooling modules get them with a dense batch stride where they can need it, as lowering gives them
+in graph mode (:mod:`qplug_core.eager.batch_stride`). A failed call names the swapped layer that
+raised (:mod:`qplug_core.eager.failed_layers`).
 
 The reference backend has no kernels: modules become :class:`SimulatedOutput` (weights rounded to
 the int8 grid, output quantized and dequantized) and every value stays a float tensor, so the
@@ -27,6 +29,7 @@ from torch import nn
 
 from qplug_core.config import QConfig
 from qplug_core.config.qconfig import remove_qconfig_attributes
+from qplug_core.eager.batch_stride import keep_needed_restrides, restride
 from qplug_core.eager.failed_layers import name_failures
 from qplug_core.eager.float_modules import guard_float_modules
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
@@ -47,7 +50,7 @@ from qplug_core.flows.untrained import unwatch
 from qplug_core.kernels._common import activation_qparams
 from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
 from qplug_core.kernels.layer_faults import dtype_refusal
-from qplug_core.kernels.passthrough import dense_batch_stride, reads_batch_stride, unsupported_passthrough_ops
+from qplug_core.kernels.passthrough import reads_batch_stride, unsupported_passthrough_ops
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.nn.computed_weights import without_computed_weights
 from qplug_core.observers import FakeQuantizeBase, ObserverBase
@@ -101,15 +104,6 @@ class DequantizedRun(nn.Module):
             return self.module(x)
         y = self.module(x.dequantize())
         return torch.quantize_per_tensor(y, x.q_scale(), x.q_zero_point(), x.dtype)
-
-
-def _dense_batch_stride_input(module: nn.Module, args: tuple) -> tuple | None:
-    """Forward pre-hook of an upsampling or pooling module left running on int8 tensors: its input
-    through ``dense_batch_stride``, as lowering does in graph mode (torch's int8 kernels misread a
-    batch-1 view of transposed tokens reshaped into a map)."""
-    if args and getattr(args[0], "is_quantized", False):
-        return (dense_batch_stride(args[0]), *args[1:])
-    return None
 
 
 def _uncalibrated(model: nn.Module) -> list[str]:
@@ -166,6 +160,8 @@ class _Converter:
         self.kernels = backend.kernels
         self.unsupported = tuple(op for op in unsupported_passthrough_ops(backend.engine)
                                  if isinstance(op, type)) if backend.kernels else ()
+        #: the upsampling and pooling modules given a dense batch stride (:func:`restride`)
+        self.restrided: list[nn.Module] = []
 
     def _context(self, **fields: Any) -> KernelContext:
         return KernelContext(engine=self.backend.engine, **fields)
@@ -234,7 +230,8 @@ class _Converter:
             run = DequantizedRun(module)
             return Swap(name, run, run)
         if self.kernels and reads_batch_stride(module):  # unobserved: it runs on the int8 tensor it gets
-            module.register_forward_pre_hook(_dense_batch_stride_input)
+            restride(module)
+            self.restrided.append(module)
             return None
         if isinstance(module, (ObserverBase, FakeQuantizeBase)) or not isinstance(module._modules.get(OUTPUT_OBSERVER), (ObserverBase, FakeQuantizeBase)):
             return None  # not observed (qconfig None or not quantizable): keep, look inside
@@ -306,6 +303,7 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     if chosen.kernels:  # guarded first: the check's run names a float layer an int8 tensor reaches
         guard_float_modules(model, chosen.name)
         check_kernels(model, swaps, example, chosen, converter.in_reference_form)
+        keep_needed_restrides(model, converter.restrided, example, chosen.engine)
     name_failures(model, {swap.name for swap in swaps})  # the modules in place after the check
     delattr(model, EAGER_STATE)
     setattr(model, EAGER_CONVERTED, chosen.name)  # qp.save says what to do instead of saving it

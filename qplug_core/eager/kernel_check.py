@@ -65,13 +65,18 @@ def _rows(value: Any, batch: int | None) -> Any:
     return tree_map(keep, value)  # the call's own containers (a model may write into its dict input)
 
 
+def _batch(tensors: list[torch.Tensor]) -> int | None:
+    """The batch size of a call's ``tensors``: the first dimension of the first one with dimensions."""
+    first = next((t for t in tensors if t.dim()), None)
+    return None if first is None else first.shape[0]
+
+
 def _record_first_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
     if EAGER_EXAMPLE in model.__dict__:
         return
     tensors = tensors_in((args, kwargs))
-    first = next((t for t in tensors if t.dim()), None)
     small = sum(t.numel() * t.element_size() for t in tensors) <= EXAMPLE_BYTES
-    batch = None if first is None or small else first.shape[0]
+    batch = None if small else _batch(tensors)
     model.__dict__[EAGER_EXAMPLE] = (_rows(args, batch), _rows(kwargs, batch))
 
 
@@ -197,6 +202,14 @@ def _buffers_kept(model: nn.Module) -> Iterator[Callable[[], None]]:
         yield restore
     finally:
         restore()
+
+
+def run_one_row(model: nn.Module, example: tuple[tuple, dict], engine: str | None) -> None:
+    """Run converted ``model`` on one row of each batched tensor of ``example`` (the recorded first
+    call) as the check runs it: without grad, under ``engine``, its buffers put back after."""
+    batch = _batch(tensors_in(example))
+    with torch.no_grad(), engine_context(engine), _buffers_kept(model):
+        model(*_rows(example[0], batch), **_rows(example[1], batch))
 
 
 def check_kernels(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dict] | None,

@@ -59,6 +59,7 @@ def test_a_map_of_transposed_tokens_is_resized_in_int8_right_at_batch_1(resize, 
     int8, reference = _converted(resize, "fbgemm"), _converted(resize, "reference")
     assert not [str(w.message) for w in recwarn if str(w.message).startswith("qplug: ")]
     assert isinstance(int8.module.resize, type(RESIZES[resize]()))  # the user's module, kept as is
+    assert len(int8.module.resize._forward_pre_hooks) == 1  # the restride: a batch-1 view reaches it
     for batch in (1, 2):
         x = torch.randn(batch, 16, 8, 8, generator=torch.Generator().manual_seed(9))
         with torch.no_grad():

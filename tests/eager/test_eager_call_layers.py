@@ -1,0 +1,45 @@
+"""An eager-converted model's layers run as torch.ao's eager int8 modules do: without a hook or a
+wrapper of qplug's on each (``bench/bench_eager_call_overhead.py`` times what those cost). The root
+holds the engine pin and names a failed layer; pooling modules keep their restride pre-hook only
+where a batch-1 view reaches them (``test_eager_batch_stride.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+from qplug_core.errors import InputMismatchError
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.relu1, self.pool = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)
+        self.conv2, self.gap, self.fc = nn.Conv2d(8, 8, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.gap(self.conv2(self.pool(self.relu1(self.conv1(x))))), 1))
+
+
+def _per_call_layers(module: nn.Module) -> list[str]:
+    return [*(f"pre-hook {h}" for h in module._forward_pre_hooks.values()),
+            *(f"hook {h}" for h in module._forward_hooks.values()),
+            *(["forward on the instance"] if "forward" in vars(module) else [])]
+
+
+def test_the_layers_of_a_converted_cnn_carry_no_hooks_or_wrappers_and_a_failure_still_names_its_layer():
+    torch.manual_seed(0)
+    observed = qp.eager.prepare(qp.eager.QuantWrapper(SmallCNN().eval()), backend="fbgemm")
+    with torch.no_grad():
+        for seed in range(2):  # batch 4: the first call is kept whole, the restride probe takes a row
+            observed(torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(seed)))
+    int8 = qp.eager.convert(observed)
+    assert {name: _per_call_layers(m) for name, m in int8.named_modules() if name and _per_call_layers(m)} == {}
+    assert len(int8._forward_pre_hooks) == len(int8._forward_hooks) == 1  # the engine pin
+    assert "forward" in vars(int8)  # names a failed layer
+    with pytest.raises(InputMismatchError, match=r"^layer 'module\.conv1' \(.*\): int8 Conv2d takes inputs with 3"):
+        int8(torch.randn(1, 5, 8, 8))

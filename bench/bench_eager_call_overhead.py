@@ -21,11 +21,11 @@ import time
 
 import torch
 from _harness import interleaved, machine_line, median, quiet, table, torch_ao
+from bench_eager_convert import eager_mobilenet_parts
 from torch import nn
 
 import qplug_core as qp
 from qplug_core.zoo.digits import DigitsCNN
-from qplug_core.zoo.mobilenet import Conv2dNormActivation, InvertedResidual, mobilenet_v2
 from qplug_core.zoo.resnet import BasicBlock, resnet18
 
 #: per-call layers qplug may add, by the name of the function the hook or wrapper calls
@@ -84,11 +84,6 @@ class EagerDigits(DigitsCNN):
         return self.fc(torch.flatten(x, 1))
 
 
-class EagerInvertedResidual(InvertedResidual):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.skip.add(x, self.conv(x)) if self.use_res_connect else self.conv(x)
-
-
 class EagerBasicBlock(BasicBlock):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
@@ -100,20 +95,6 @@ def _digits(functional: type[nn.Module]) -> tuple[nn.Module, list[list[str]]]:
     model = DigitsCNN()
     model.__class__, model.skip = EagerDigits, functional()
     return model, [["conv1", "bn1", "relu1"], ["conv2", "bn2"], ["conv3", "bn3", "relu3"]]
-
-
-def _mobilenet(functional: type[nn.Module]) -> tuple[nn.Module, list[list[str]]]:
-    model, groups = mobilenet_v2(), []
-    for name, module in model.named_modules():
-        if isinstance(module, InvertedResidual):
-            module.__class__ = EagerInvertedResidual
-            if module.use_res_connect:
-                module.skip = functional()
-            last = len(module.conv) - 2  # the projection conv, then its BatchNorm
-            groups.append([f"{name}.conv.{last}", f"{name}.conv.{last + 1}"])
-        elif isinstance(module, Conv2dNormActivation):
-            groups.append([f"{name}.0", f"{name}.1"])
-    return model, groups
 
 
 def _resnet(functional: type[nn.Module]) -> tuple[nn.Module, list[list[str]]]:
@@ -134,7 +115,7 @@ MODELS = {
     "tokens_upsample": (lambda functional: (TokensToMap(), []), (1, 16, 8, 8)),
     "digits_cnn": (_digits, (1, 1, 8, 8)),
     "resnet18": (_resnet, (1, 3, 64, 64)),
-    "mobilenet_v2": (_mobilenet, (1, 3, 64, 64)),
+    "mobilenet_v2": (eager_mobilenet_parts, (1, 3, 64, 64)),
 }
 
 

@@ -27,14 +27,11 @@ PLUGINS = [REPO / "plugins" / name for name in ("qplug_fbgemm", "qplug_qnnpack",
                                                  "qplug_openvino")]
 
 
-def eager_mobilenet():
-    """The zoo's MobileNetV2 in eager form: QuantWrapper, residual adds through FloatFunctional,
-    conv-bn fused (ReLU6 stays a module)."""
+def eager_mobilenet_parts(functional):
+    """The zoo's MobileNetV2 in eager form, residual adds through ``functional()`` (qplug's or
+    torch.ao's FloatFunctional class), and its conv-bn fusion groups (ReLU6 stays a module)."""
     import torch
-    from torch import nn
 
-    import qplug_core as qp
-    from qplug_core.eager import FloatFunctional, QuantWrapper
     from qplug_core.zoo.mobilenet import Conv2dNormActivation, InvertedResidual, mobilenet_v2
 
     class EagerInvertedResidual(InvertedResidual):
@@ -48,12 +45,24 @@ def eager_mobilenet():
         if isinstance(module, InvertedResidual):
             module.__class__ = EagerInvertedResidual
             if module.use_res_connect:
-                module.skip = FloatFunctional()
+                module.skip = functional()
             last = len(module.conv) - 2  # the projection conv, then its BatchNorm
-            groups.append([f"module.{name}.conv.{last}", f"module.{name}.conv.{last + 1}"])
+            groups.append([f"{name}.conv.{last}", f"{name}.conv.{last + 1}"])
         elif isinstance(module, Conv2dNormActivation):
-            groups.append([f"module.{name}.0", f"module.{name}.1"])
-    return qp.eager.fuse_modules(QuantWrapper(model).eval(), groups), nn
+            groups.append([f"{name}.0", f"{name}.1"])
+    return model, groups
+
+
+def eager_mobilenet():
+    """The zoo's MobileNetV2 in eager form: QuantWrapper, residual adds through FloatFunctional,
+    conv-bn fused (ReLU6 stays a module)."""
+    from torch import nn
+
+    import qplug_core as qp
+    from qplug_core.eager import FloatFunctional, QuantWrapper
+
+    model, groups = eager_mobilenet_parts(FloatFunctional)
+    return qp.eager.fuse_modules(QuantWrapper(model).eval(), [[f"module.{m}" for m in g] for g in groups]), nn
 
 
 def child(backend: str, converts: int) -> None:

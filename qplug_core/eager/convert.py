@@ -9,8 +9,8 @@ those input qparams, the kernel's input is requantized to them first. QuantStub/
 table's ``quantize``/``dequantize`` kernels and FloatFunctional a :class:`QFunctional`. Unobserved
 modules (pooling, upsampling, relu) stay and run on the int8 tensors they get; upsampling and
 pooling modules get them with a dense batch stride where they can need it, as lowering gives them
-in graph mode (:mod:`qplug_core.eager.batch_stride`). A failed call names the swapped layer that
-raised (:mod:`qplug_core.eager.failed_layers`).
+in graph mode (:mod:`qplug_core.eager.batch_stride`). The model's call runs under the backend's
+engine and names the swapped layer a failure came from (:mod:`qplug_core.eager.root_call`).
 
 The reference backend has no kernels: modules become :class:`SimulatedOutput` (weights rounded to
 the int8 grid, output quantized and dequantized) and every value stays a float tensor, so the
@@ -30,12 +30,12 @@ from torch import nn
 from qplug_core.config import QConfig
 from qplug_core.config.qconfig import remove_qconfig_attributes
 from qplug_core.eager.batch_stride import keep_needed_restrides, restride
-from qplug_core.eager.failed_layers import name_failures
 from qplug_core.eager.float_modules import guard_float_modules
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
 from qplug_core.eager.input_observers import INPUT_OBSERVER, observe_input, without_input_observer
 from qplug_core.eager.kernel_check import Swap, check_kernels, recorded_example
 from qplug_core.eager.prepare import OUTPUT_OBSERVER, observe_output, require_per_module_kernels
+from qplug_core.eager.root_call import own_call
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.errors import (
     ConfigValidationError,
@@ -48,7 +48,7 @@ from qplug_core.flows.regions import weight_name_of
 from qplug_core.flows.tags import EAGER_CONVERTED, EAGER_INPUT_REQUANTIZED, EAGER_STATE
 from qplug_core.flows.untrained import unwatch
 from qplug_core.kernels._common import activation_qparams
-from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg, pin_engine
+from qplug_core.kernels.base import DEQUANTIZE_KEY, QUANTIZE_KEY, KernelContext, TensorArg
 from qplug_core.kernels.layer_faults import dtype_refusal
 from qplug_core.kernels.passthrough import reads_batch_stride, unsupported_passthrough_ops
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
@@ -304,10 +304,8 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
         guard_float_modules(model, chosen.name)
         check_kernels(model, swaps, example, chosen, converter.in_reference_form)
         keep_needed_restrides(model, converter.restrided, example, chosen.engine)
-    name_failures(model, {swap.name for swap in swaps})  # the modules in place after the check
     delattr(model, EAGER_STATE)
     setattr(model, EAGER_CONVERTED, chosen.name)  # qp.save says what to do instead of saving it
     remove_qconfig_attributes(model)
-    if chosen.kernels:
-        pin_engine(model, chosen.engine)
+    own_call(model, {swap.name for swap in swaps}, chosen.engine if chosen.kernels else None)
     return model.eval()

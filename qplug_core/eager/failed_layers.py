@@ -3,53 +3,35 @@
 Eager convert puts the backend's kernels (plugin classes) into the user's own model, so a failing
 call met the kernel's words (qplug's "int8 Conv2d takes inputs with 3 channels", torch's "Quantize
 only works on Float Tensor, got Double") naming no layer, where the module-swapped layers
-(:class:`~qplug_core.kernels.layer_faults.ExplainedLayer`) name theirs. :func:`name_failures`
-wraps the model's own ``forward`` on the instance, once: a wrapper on every swapped layer cost a
-small batch-1 CNN ~0.5 us per layer per call (``bench/bench_eager_call_overhead.py``), and nothing
-needs to run while calls succeed. When a call fails, the traceback says which swapped layer was
-being called and with what (its ``nn.Module`` call frame); a refusal by qplug's kernel, or a float
-input of another dtype than float32 (what quantizing takes, as the float layer after the stub
-takes only its weight's dtype), is raised as :class:`~qplug_core.errors.InputMismatchError` naming
-the layer (:func:`~qplug_core.kernels.layer_faults.explained_error`); any other error is raised as
-it was. A swapped layer called on its own, not through the model, does not name itself.
+(:class:`~qplug_core.kernels.layer_faults.ExplainedLayer`) name theirs. A wrapper on every swapped
+layer cost a small batch-1 CNN ~0.5 us per layer per call (``bench/bench_eager_call_overhead.py``)
+and nothing needs to run while calls succeed, so the model's own call catches the error
+(:mod:`qplug_core.eager.root_call`) and :func:`named_error` reads its traceback: the ``nn.Module``
+call frames say which swapped layer was being called and with what. A refusal by qplug's kernel,
+or a float input of another dtype than float32 (what quantizing takes, as the float layer after the
+stub takes only its weight's dtype), is raised as :class:`~qplug_core.errors.InputMismatchError`
+naming the layer (:func:`~qplug_core.kernels.layer_faults.explained_error`); any other error is
+raised as it was. A swapped layer called on its own, not through the model, does not name itself.
 """
 
 from __future__ import annotations
 
-import functools
 import traceback
-from typing import Any
 
 import torch
 from torch import nn
 
 from qplug_core.kernels.layer_faults import ExplainedLayer, Fault, explained_error, wrong_dtype
 
-__all__ = ["name_failures"]
+__all__ = ["named_error"]
 
 #: the frame of a module's call: its locals hold the module (``self``) and what its forward got (``args``)
 _MODULE_CALL = nn.Module._call_impl.__code__
 
 
-def name_failures(model: nn.Module, names: set[str]) -> None:
-    """Make a failed call of ``model`` name the module among ``names`` (its swapped ones) that failed."""
-    if names and "forward" not in vars(model):
-        # a partial of a module-level function: the model still deep-copies and pickles
-        model.forward = functools.partial(_named_forward, model, frozenset(names))
-
-
-def _named_forward(model: nn.Module, names: frozenset[str], *args: Any, **kwargs: Any) -> Any:
-    try:
-        return type(model).forward(model, *args, **kwargs)
-    except Exception as error:
-        instead = _named_error(model, names, error)
-        if instead is None:
-            raise
-        raise instead from error
-
-
-def _named_error(model: nn.Module, names: frozenset[str], error: Exception) -> Exception | None:
-    """``error`` naming the swapped layer whose call raised it, or None to raise it as it is."""
+def named_error(model: nn.Module, names: frozenset[str], error: Exception) -> Exception | None:
+    """``error`` of a call of ``model`` naming the module among ``names`` (its swapped ones) whose call
+    raised it, or None to raise it as it is."""
     layers = {id(m): (n, m) for n, m in model.named_modules() if n in names and not isinstance(m, ExplainedLayer)}
     for frame, _ in traceback.walk_tb(error.__traceback__):
         if frame.f_code is _MODULE_CALL and id(frame.f_locals.get("self")) in layers:

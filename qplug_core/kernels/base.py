@@ -157,6 +157,22 @@ class PackedStateModule(SwappedLayer):
 _PINNED = threading.local()
 
 
+def enter_engine(engine: str) -> None:
+    """Switch the global engine to ``engine`` for a pinned model's call; :func:`leave_engine` after it
+    (also on errors) restores the caller's (nested pinned models restore each other's)."""
+    previous = torch.backends.quantized.engine
+    _PINNED.__dict__.setdefault("stack", []).append(previous)
+    if previous != engine:
+        torch.backends.quantized.engine = engine
+
+
+def leave_engine() -> None:
+    """Restore the engine the caller had before the matching :func:`enter_engine`."""
+    previous = _PINNED.stack.pop()
+    if torch.backends.quantized.engine != previous:
+        torch.backends.quantized.engine = previous
+
+
 class _EnterEngine:
     """Forward pre-hook: switch the global engine to ``engine`` for the model's forward."""
 
@@ -164,17 +180,12 @@ class _EnterEngine:
         self.engine = engine
 
     def __call__(self, module: nn.Module, args: Any) -> None:
-        previous = torch.backends.quantized.engine
-        _PINNED.__dict__.setdefault("stack", []).append(previous)
-        if previous != self.engine:
-            torch.backends.quantized.engine = self.engine
+        enter_engine(self.engine)
 
 
 def _leave_engine(module: nn.Module, args: Any, output: Any) -> None:
     """Forward hook (always called, also on errors): restore the caller's engine."""
-    previous = _PINNED.stack.pop()
-    if torch.backends.quantized.engine != previous:
-        torch.backends.quantized.engine = previous
+    leave_engine()
 
 
 def pin_engine(model: nn.Module, engine: str | None) -> nn.Module:

@@ -1,7 +1,7 @@
 """An eager-converted model's layers run as torch.ao's eager int8 modules do: without a hook or a
-wrapper of qplug's on each (``bench/bench_eager_call_overhead.py`` times what those cost). The root
-holds the engine pin and names a failed layer; pooling modules keep their restride pre-hook only
-where a batch-1 view reaches them (``test_eager_batch_stride.py``)."""
+wrapper of qplug's on each (``bench/bench_eager_call_overhead.py`` times what those cost). The
+model's own call, wrapped once, runs under its engine and names a failed layer; pooling modules
+keep their restride pre-hook only where a batch-1 view reaches them (``test_eager_batch_stride.py``)."""
 
 from __future__ import annotations
 
@@ -31,15 +31,27 @@ def _per_call_layers(module: nn.Module) -> list[str]:
             *(["forward on the instance"] if "forward" in vars(module) else [])]
 
 
-def test_the_layers_of_a_converted_cnn_carry_no_hooks_or_wrappers_and_a_failure_still_names_its_layer():
+def test_a_converted_cnn_carries_one_wrapper_on_its_call_and_none_on_its_layers():
     torch.manual_seed(0)
     observed = qp.eager.prepare(qp.eager.QuantWrapper(SmallCNN().eval()), backend="fbgemm")
     with torch.no_grad():
         for seed in range(2):  # batch 4: the first call is kept whole, the restride probe takes a row
             observed(torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(seed)))
     int8 = qp.eager.convert(observed)
-    assert {name: _per_call_layers(m) for name, m in int8.named_modules() if name and _per_call_layers(m)} == {}
-    assert len(int8._forward_pre_hooks) == len(int8._forward_hooks) == 1  # the engine pin
-    assert "forward" in vars(int8)  # names a failed layer
-    with pytest.raises(InputMismatchError, match=r"^layer 'module\.conv1' \(.*\): int8 Conv2d takes inputs with 3"):
-        int8(torch.randn(1, 5, 8, 8))
+    layers = {name: _per_call_layers(m) for name, m in int8.named_modules()}
+    assert layers.pop("") == ["forward on the instance"]
+    assert {name: found for name, found in layers.items() if found} == {}
+
+    seen = []
+    int8.module.pool.register_forward_pre_hook(lambda m, args: seen.append(torch.backends.quantized.engine))
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "qnnpack"
+    with torch.no_grad():
+        try:
+            int8(torch.randn(1, 3, 8, 8))
+            assert seen == ["fbgemm"]  # pooling dispatches on the global engine: the model's, in its call
+            with pytest.raises(InputMismatchError, match=r"^layer 'module\.conv1' \(.*\): int8 Conv2d takes inputs"):
+                int8(torch.randn(1, 5, 8, 8))
+            assert torch.backends.quantized.engine == "qnnpack"  # the caller's, also after a failed call
+        finally:
+            torch.backends.quantized.engine = previous

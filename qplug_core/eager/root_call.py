@@ -1,0 +1,48 @@
+"""An eager-converted model's own call: under the backend's engine, naming the layer a failure came from.
+
+Both are needed on every call of the model, and one wrapper of its ``forward`` on the instance does
+them: ops without packed weights (pooling, add, cat, clamp on quantized tensors) dispatch on the
+global engine, so the call runs under the backend's (:func:`~qplug_core.kernels.base.enter_engine`,
+the caller's restored after it, also on errors), and an error is raised as
+:func:`~qplug_core.eager.failed_layers.named_error` gives it. The engine-pin hooks graph-mode
+models keep (:func:`~qplug_core.kernels.base.pin_engine`) take torch's hooked call path, ~3 us per
+call, the most qplug added to a small batch-1 CNN (``bench/bench_eager_call_overhead.py``); the
+wrapper costs ~0.3 us. A model with its own ``forward`` on the instance keeps it, and gets the hooks.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from torch import nn
+
+from qplug_core.eager.failed_layers import named_error
+from qplug_core.kernels.base import enter_engine, leave_engine, pin_engine
+
+__all__ = ["own_call"]
+
+
+def own_call(model: nn.Module, names: set[str], engine: str | None) -> None:
+    """Make calls of converted ``model`` run under ``engine`` (None: the caller's) and name the
+    module among ``names`` (its swapped ones) that failed."""
+    if "forward" in vars(model):
+        pin_engine(model, engine)
+    elif names or engine is not None:
+        # a partial of a module-level function: the model still deep-copies and pickles
+        model.forward = functools.partial(_call, model, frozenset(names), engine)
+
+
+def _call(model: nn.Module, names: frozenset[str], engine: str | None, *args: Any, **kwargs: Any) -> Any:
+    if engine is not None:
+        enter_engine(engine)
+    try:
+        return type(model).forward(model, *args, **kwargs)
+    except Exception as error:
+        instead = named_error(model, names, error)
+        if instead is None:
+            raise
+        raise instead from error
+    finally:
+        if engine is not None:
+            leave_engine()

@@ -7,9 +7,11 @@ fused alike, calibrated on the same batches and converted for fbgemm by ``qp.eag
 ``torch.ao.quantization.convert`` (the floor: torch's own eager int8 modules). qplug's model is
 timed as converted and with each kind of per-call layer it added stripped (found by the hook or
 wrapper function's name, so the script also runs against an older tree): the instance ``forward``
-wrappers naming a failed layer, the pre-hooks giving pooling / upsampling modules a dense batch
-stride, the root's engine-pin hooks, and all of them ("bare"). Batch 1, 1 thread, interleaved in
-rotating order, CPU time (``time.process_time``); medians in us per call and ratios to torch.ao.
+wrappers naming a failed layer on each swapped layer (before session 30), the pre-hooks giving
+pooling / upsampling modules a dense batch stride, the root's engine-pin hooks (before session 30)
+or the wrapper of the model's call pinning the engine and naming a failed layer, and all of them
+("bare"). Batch 1, 1 thread, interleaved in rotating order, CPU time (``time.process_time``);
+medians in us per call and ratios to torch.ao.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from qplug_core.zoo.digits import DigitsCNN
 from qplug_core.zoo.resnet import BasicBlock, resnet18
 
 #: per-call layers qplug may add, by the name of the function the hook or wrapper calls
-LAYERS = {"layer names": ("_named_forward",), "restride": ("_dense_batch_stride_input", "_restrided_forward"),
-          "engine pin": ("_EnterEngine", "_leave_engine")}
+LAYERS = {"layer names": ("_named_forward",), "restride": ("_dense_batch_stride_input",),
+          "engine pin": ("_EnterEngine", "_leave_engine"), "model call (engine, names)": ("_model_call",)}
 
 
 class SmallCNN(nn.Module):

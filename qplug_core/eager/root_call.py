@@ -30,10 +30,10 @@ def own_call(model: nn.Module, names: set[str], engine: str | None) -> None:
         pin_engine(model, engine)
     elif names or engine is not None:
         # a partial of a module-level function: the model still deep-copies and pickles
-        model.forward = functools.partial(_call, model, frozenset(names), engine)
+        model.forward = functools.partial(_model_call, model, frozenset(names), engine)
 
 
-def _call(model: nn.Module, names: frozenset[str], engine: str | None, *args: Any, **kwargs: Any) -> Any:
+def _model_call(model: nn.Module, names: frozenset[str], engine: str | None, *args: Any, **kwargs: Any) -> Any:
     if engine is not None:
         enter_engine(engine)
     try:

@@ -55,3 +55,23 @@ def test_a_converted_cnn_carries_one_wrapper_on_its_call_and_none_on_its_layers(
             assert torch.backends.quantized.engine == "qnnpack"  # the caller's, also after a failed call
         finally:
             torch.backends.quantized.engine = previous
+
+
+class PoolsBatches(nn.Module):
+    """Pools only batches of more than one: the one-row run convert makes does not reach the pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = qp.eager.QuantStub(), qp.eager.DeQuantStub()
+        self.conv, self.pool = nn.Conv2d(3, 4, 1), nn.MaxPool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(self.quant(x))
+        return self.dequant(self.pool(y) if y.shape[0] > 1 else y)
+
+
+def test_a_pooling_module_the_one_row_run_does_not_reach_keeps_its_restride():
+    observed = qp.eager.prepare(PoolsBatches().eval(), backend="fbgemm")
+    with torch.no_grad():
+        observed(torch.randn(4, 3, 4, 4))
+    assert len(qp.eager.convert(observed).pool._forward_pre_hooks) == 1

@@ -7,7 +7,7 @@ the caller's restored after it, also on errors), and an error is raised as
 :func:`~qplug_core.eager.failed_layers.named_error` gives it. The engine-pin hooks graph-mode
 models keep (:func:`~qplug_core.kernels.base.pin_engine`) take torch's hooked call path, ~3 us per
 call, the most qplug added to a small batch-1 CNN (``bench/bench_eager_call_overhead.py``); the
-wrapper costs ~0.3 us. A model with its own ``forward`` on the instance keeps it, and gets the hooks.
+wrapper costs ~1.5 us. A model with its own ``forward`` on the instance keeps it, and gets the hooks.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from qplug_core.eager.failed_layers import named_error
-from qplug_core.kernels.base import enter_engine, leave_engine, pin_engine
+from qplug_core.kernels.base import engine_number, enter_engine, leave_engine, pin_engine
 
 __all__ = ["own_call"]
 
@@ -30,10 +30,11 @@ def own_call(model: nn.Module, names: set[str], engine: str | None) -> None:
         pin_engine(model, engine)
     elif names or engine is not None:
         # a partial of a module-level function: the model still deep-copies and pickles
-        model.forward = functools.partial(_model_call, model, frozenset(names), engine)
+        model.forward = functools.partial(_model_call, model, frozenset(names),
+                                          None if engine is None else engine_number(engine))
 
 
-def _model_call(model: nn.Module, names: frozenset[str], engine: str | None, *args: Any, **kwargs: Any) -> Any:
+def _model_call(model: nn.Module, names: frozenset[str], engine: int | None, *args: Any, **kwargs: Any) -> Any:
     if engine is not None:
         enter_engine(engine)
     try:

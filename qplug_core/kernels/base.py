@@ -157,30 +157,37 @@ class PackedStateModule(SwappedLayer):
 _PINNED = threading.local()
 
 
-def enter_engine(engine: str) -> None:
-    """Switch the global engine to ``engine`` for a pinned model's call; :func:`leave_engine` after it
-    (also on errors) restores the caller's (nested pinned models restore each other's)."""
-    previous = torch.backends.quantized.engine
+def engine_number(engine: str) -> int:
+    """torch's number for quantized ``engine`` (what :func:`enter_engine` takes)."""
+    return torch.backends.quantized._get_qengine_id(engine)
+
+
+def enter_engine(number: int) -> None:
+    """Switch the global quantized engine to the one ``number`` names (:func:`engine_number`) for a
+    pinned model's call; :func:`leave_engine` after it (also on errors) restores the caller's (nested
+    pinned models restore each other's). torch's C getter and setter take numbers: its ``engine``
+    property maps them to names in Python, ~2 us per call of a small eager model for two reads."""
+    previous = torch._C._get_qengine()
     _PINNED.__dict__.setdefault("stack", []).append(previous)
-    if previous != engine:
-        torch.backends.quantized.engine = engine
+    if previous != number:
+        torch._C._set_qengine(number)
 
 
 def leave_engine() -> None:
     """Restore the engine the caller had before the matching :func:`enter_engine`."""
     previous = _PINNED.stack.pop()
-    if torch.backends.quantized.engine != previous:
-        torch.backends.quantized.engine = previous
+    if torch._C._get_qengine() != previous:
+        torch._C._set_qengine(previous)
 
 
 class _EnterEngine:
     """Forward pre-hook: switch the global engine to ``engine`` for the model's forward."""
 
     def __init__(self, engine: str) -> None:
-        self.engine = engine
+        self.engine, self.number = engine, engine_number(engine)
 
     def __call__(self, module: nn.Module, args: Any) -> None:
-        enter_engine(self.engine)
+        enter_engine(self.number)
 
 
 def _leave_engine(module: nn.Module, args: Any, output: Any) -> None:

@@ -2,7 +2,7 @@
 
 Both are needed on every call of the model, and one wrapper of its ``forward`` on the instance does
 them: ops without packed weights (pooling, add, cat, clamp on quantized tensors) dispatch on the
-global engine, so the call runs under the backend's (:func:`~qplug_core.kernels.base.enter_engine`,
+global engine, so the call runs under a lease on the backend's (:mod:`~qplug_core.kernels.engine_lease`,
 the caller's restored after it, also on errors), and an error is raised as
 :func:`~qplug_core.eager.failed_layers.named_error` gives it. The engine-pin hooks graph-mode
 models keep (:func:`~qplug_core.kernels.base.pin_engine`) take torch's hooked call path, ~3 us per
@@ -18,7 +18,8 @@ from typing import Any
 from torch import nn
 
 from qplug_core.eager.failed_layers import named_error
-from qplug_core.kernels.base import engine_number, enter_engine, leave_engine, pin_engine
+from qplug_core.kernels import engine_lease
+from qplug_core.kernels.base import pin_engine
 
 __all__ = ["own_call"]
 
@@ -30,13 +31,12 @@ def own_call(model: nn.Module, names: set[str], engine: str | None) -> None:
         pin_engine(model, engine)
     elif names or engine is not None:
         # a partial of a module-level function: the model still deep-copies and pickles
-        model.forward = functools.partial(_model_call, model, frozenset(names),
-                                          None if engine is None else engine_number(engine))
+        model.forward = functools.partial(_model_call, model, frozenset(names), engine)
 
 
-def _model_call(model: nn.Module, names: frozenset[str], engine: int | None, *args: Any, **kwargs: Any) -> Any:
+def _model_call(model: nn.Module, names: frozenset[str], engine: str | None, *args: Any, **kwargs: Any) -> Any:
     if engine is not None:
-        enter_engine(engine)
+        engine_lease.acquire(engine)
     try:
         return type(model).forward(model, *args, **kwargs)
     except Exception as error:
@@ -46,4 +46,4 @@ def _model_call(model: nn.Module, names: frozenset[str], engine: int | None, *ar
         raise instead from error
     finally:
         if engine is not None:
-            leave_engine()
+            engine_lease.release()

@@ -31,7 +31,6 @@ from qplug_core.flows.refinish import finish_on
 from qplug_core.flows.report import QuantizationReport
 from qplug_core.flows.snapshot import ReferenceSnapshot, snapshot_of
 from qplug_core.flows.tags import REPORT, SNAPSHOT
-from qplug_core.kernels.base import holding_engine
 from qplug_core.kernels.per_token import swap_in_per_token
 from qplug_core.registry.backends import get_backend
 
@@ -193,8 +192,7 @@ def _scores(qmodel: fx.GraphModule, snapshot: ReferenceSnapshot, kept: FirstBatc
     """The final model's score, its reference form's (only where the final model is noisy enough
     for it to matter: that run was over half of the check's time on resnet18), and its output."""
     with torch.no_grad():
-        with holding_engine():
-            got = kept.call(qmodel)
+        got = kept.call(qmodel)
         final = score(got, kept.output)
         reference = (score(kept.call(_reference_form(snapshot)), kept.output)
                      if reference_too and final and final.sqnr_db < NOISY_DB else None)

@@ -27,14 +27,12 @@ from torch import nn
 from qplug_core.errors import ConfigValidationError, ModelStateError
 from qplug_core.ir.hooks import keep_in_copies
 from qplug_core.ir.tracing import refuse_pickle, refuse_script, warn_state_dict_incomplete
+from qplug_core.kernels import engine_lease
 from qplug_core.qparams import QParams
 
 #: torch >= 2.13 deprecates tensors with dtypes quint8/qint8/qint32; the kernels we wrap still need
 #: them, so the warning is silenced exactly around the calls that create such tensors.
 _QUANTIZED_DTYPE_WARNING = r".*quantized tensor creation functions.*deprecated.*|.*quint8.*deprecated.*"
-
-_ENGINE_LOCK = threading.RLock()
-
 
 @contextlib.contextmanager
 def quiet_quantized_dtypes() -> Iterator[None]:
@@ -49,29 +47,18 @@ def engine_context(engine: str | None) -> Iterator[None]:
     """Run a block (weight packing) under ``engine`` and restore the user's engine afterwards.
 
     Packed weights remember the engine they were packed for, so running them needs no switch;
-    only packing does. ``None`` leaves the engine alone.
+    only packing does. ``None`` leaves the engine alone. Threads needing another engine wait
+    until the block ends (:mod:`~qplug_core.kernels.engine_lease`).
     """
     if engine is None:
         yield
         return
-    with _ENGINE_LOCK:
-        previous = torch.backends.quantized.engine
-        torch.backends.quantized.engine = engine
-        try:
-            with quiet_quantized_dtypes():
-                yield
-        finally:
-            torch.backends.quantized.engine = previous
-
-
-@contextlib.contextmanager
-def holding_engine() -> Iterator[None]:
-    """Hold the global quantized engine for a block that runs a model whose forward pins its own
-    engine (:func:`pin_engine`): qp.quantize's check run of the model it returns, in several threads
-    at once (fbgemm and qnnpack models), restored each other's engines out of order and left the
-    process on another engine than the user's."""
-    with _ENGINE_LOCK:
-        yield
+    engine_lease.acquire(engine)
+    try:
+        with quiet_quantized_dtypes():
+            yield
+    finally:
+        engine_lease.release()
 
 
 _INT_RANGE = {torch.quint8: (0, 255), torch.qint8: (-128, 127)}
@@ -154,45 +141,28 @@ class PackedStateModule(SwappedLayer):
             "float model and quantize it again.")
 
 
-_PINNED = threading.local()
-
-
-def engine_number(engine: str) -> int:
-    """torch's number for quantized ``engine`` (what :func:`enter_engine` takes)."""
-    return torch.backends.quantized._get_qengine_id(engine)
-
-
-def enter_engine(number: int) -> None:
-    """Switch the global quantized engine to the one ``number`` names (:func:`engine_number`) for a
-    pinned model's call; :func:`leave_engine` after it (also on errors) restores the caller's (nested
-    pinned models restore each other's). torch's C getter and setter take numbers: its ``engine``
-    property maps them to names in Python, ~2 us per call of a small eager model for two reads."""
-    previous = torch._C._get_qengine()
-    _PINNED.__dict__.setdefault("stack", []).append(previous)
-    if previous != number:
-        torch._C._set_qengine(number)
-
-
-def leave_engine() -> None:
-    """Restore the engine the caller had before the matching :func:`enter_engine`."""
-    previous = _PINNED.stack.pop()
-    if torch._C._get_qengine() != previous:
-        torch._C._set_qengine(previous)
+#: .models: the pinned models whose forward this thread is in, innermost last
+_ENTERED = threading.local()
 
 
 class _EnterEngine:
-    """Forward pre-hook: switch the global engine to ``engine`` for the model's forward."""
+    """Forward pre-hook: hold a lease on ``engine`` for the model's forward."""
 
     def __init__(self, engine: str) -> None:
-        self.engine, self.number = engine, engine_number(engine)
+        self.engine = engine
 
     def __call__(self, module: nn.Module, args: Any) -> None:
-        enter_engine(self.number)
+        engine_lease.acquire(self.engine)
+        _ENTERED.__dict__.setdefault("models", []).append(module)
 
 
 def _leave_engine(module: nn.Module, args: Any, output: Any) -> None:
-    """Forward hook (always called, also on errors): restore the caller's engine."""
-    leave_engine()
+    """Forward hook (always called, also on errors): end the lease the pre-hook took, if it took one
+    (a pre-hook before it may have raised)."""
+    entered = getattr(_ENTERED, "models", None)
+    if entered and entered[-1] is module:
+        entered.pop()
+        engine_lease.release()
 
 
 def pin_engine(model: nn.Module, engine: str | None) -> nn.Module:
@@ -200,8 +170,9 @@ def pin_engine(model: nn.Module, engine: str | None) -> nn.Module:
 
     Ops without packed weights (clamp, hardtanh, pooling, add, cat on quantized tensors) dispatch
     on the *global* engine at call time, so a model converted for fbgemm gave other numbers (and
-    ran slower) once someone set qnnpack. Two hooks on the root set and restore the engine: two
-    attribute writes per call, and nested pinned models restore each other's engine.
+    ran slower) once someone set qnnpack. Two hooks on the root hold a lease on the engine for the
+    forward (:mod:`~qplug_core.kernels.engine_lease`): threads running models of the same engine run
+    together, one needing another engine waits, and the caller's engine is back once none runs.
     """
     if engine is None or any(isinstance(h, _EnterEngine) for h in model._forward_pre_hooks.values()):
         return model

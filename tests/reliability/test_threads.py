@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.errors import InputMismatchError
+from qplug_core.kernels.base import pin_engine
 from qplug_core.registry import plugins
 
 pytestmark = pytest.mark.usefixtures("installed_backends")
@@ -31,8 +33,9 @@ def qplug_register_backends():
 """
 
 
-def in_threads(jobs: list[Callable[[], Any]]) -> list[Any]:
-    """Run the jobs in threads released together; an exception is returned, not lost."""
+def in_threads(jobs: list[Callable[[], Any]], timeout: float = 120) -> list[Any]:
+    """Run the jobs in threads released together; an exception is returned, not lost, and a job
+    still running after ``timeout`` seconds (deadlocked) leaves None and does not hold up the exit."""
     barrier, results = threading.Barrier(len(jobs)), [None] * len(jobs)
 
     def run(i: int) -> None:
@@ -42,11 +45,11 @@ def in_threads(jobs: list[Callable[[], Any]]) -> list[Any]:
         except Exception as error:  # noqa: BLE001 - the test inspects it
             results[i] = error
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(jobs))]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=120)
+        thread.join(timeout=timeout)
     return results
 
 
@@ -124,3 +127,109 @@ def test_threads_serving_a_new_batch_size_answer_as_one_thread(backend, tmp_path
             expected = [copy.deepcopy(served)(x[i * batch:(i + 1) * batch]) for i in range(4)]
             assert all(torch.equal(g, e) for g, e in zip(got, expected))
     assert sys.stdout is stdout
+
+
+class AddCatPool(nn.Module):
+    """Quantized add, cat and pooling, ops without packed weights, which dispatch on the global
+    engine at call time: run under the other engine, both models answer otherwise on some images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.a, self.b, self.pool = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1), nn.AvgPool2d(2)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.pool(torch.cat([self.a(x) + x, self.b(x)], dim=1))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+CNN = AddCatPool().eval()
+IMAGES = [torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+
+
+def lowered(backend: str) -> nn.Module:
+    observed = qp.prepare_fx(CNN, qp.get_default_qconfig_mapping(backend=backend), IMAGES[:1], backend=backend)
+    for x in IMAGES:
+        observed(x)
+    return qp.convert_fx(observed, backend=backend)
+
+
+def serve(model: nn.Module, expected: list[torch.Tensor], rounds: int = 30) -> bool:
+    """Whether ``rounds`` passes over the images all answer bit for bit as ``expected``."""
+    return all(torch.equal(model(x), e) for _ in range(rounds) for x, e in zip(IMAGES, expected))
+
+
+@pytest.fixture(scope="module")
+def two_engines() -> dict[str, tuple[nn.Module, list[torch.Tensor]]]:
+    """An fbgemm and a qnnpack model of the CNN, with their one-thread answers."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv(plugins.ENV_LOAD, "qplug-fbgemm,qplug-qnnpack")
+        plugins.reset()
+        models = {backend: lowered(backend) for backend in ("fbgemm", "qnnpack")}
+    return {backend: (model, [model(x) for x in IMAGES]) for backend, model in models.items()}
+
+
+def test_fbgemm_and_qnnpack_models_served_in_threads_answer_as_one_thread(two_engines):
+    """One thread's forward ran its add under the engine another thread's forward had switched to,
+    and the two restored each other's engine out of order: the process was left on qnnpack."""
+    engine, interval = torch.backends.quantized.engine, sys.getswitchinterval()
+    jobs = ["fbgemm", "fbgemm", "qnnpack"]  # one fbgemm model in two threads, a qnnpack one beside
+    sys.setswitchinterval(1e-6)  # threads take turns between any two ops, not every 5 ms
+    try:
+        assert in_threads([lambda b=b: serve(*two_engines[b]) for b in jobs]) == [True] * 3
+    finally:
+        sys.setswitchinterval(interval)
+    assert torch.backends.quantized.engine == engine
+
+
+def test_threads_running_one_engine_run_its_models_together(two_engines):
+    """Threads needing the same engine share it: neither waits for the other to leave the model."""
+    model, expected = two_engines["fbgemm"]
+    both_inside = threading.Barrier(2, timeout=10)  # broken if the lease let one thread in at a time
+
+    def meet(*_: Any) -> None:
+        both_inside.wait()
+
+    handle = model.head.register_forward_hook(meet)
+    try:
+        assert in_threads([lambda: serve(model, expected[:1], rounds=1)] * 2) == [True, True]
+    finally:
+        handle.remove()
+
+
+class Outer(nn.Module):
+    """Runs a qnnpack model inside its own forward, which is pinned to fbgemm."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[str]]:
+        engines = [torch.backends.quantized.engine]
+        y = self.inner(x)
+        return y, [*engines, torch.backends.quantized.engine]
+
+
+def test_pinned_models_nested_in_two_threads_answer_as_one_thread(two_engines):
+    """Each thread holds fbgemm and then needs qnnpack inside: two threads doing so at once must not
+    wait for each other, the inner model runs its engine and the outer gets its own back."""
+    inner, expected = two_engines["qnnpack"]
+    outer, engine = pin_engine(Outer(inner), "fbgemm"), torch.backends.quantized.engine
+
+    def nest() -> bool:
+        calls = [outer(x) for _ in range(5) for x in IMAGES]
+        return all(torch.equal(y, e) and engines == ["fbgemm"] * 2
+                   for (y, engines), e in zip(calls, expected * 5))
+
+    assert in_threads([nest, nest], timeout=30) == [True, True]
+    assert torch.backends.quantized.engine == engine
+
+
+def test_a_forward_that_raises_gives_its_engine_back(two_engines):
+    fbgemm, engine = two_engines["fbgemm"][0], torch.backends.quantized.engine
+    with pytest.raises(InputMismatchError, match="3 channels"):  # raised inside forward, by the conv
+        fbgemm(torch.randn(1, 4, 16, 16))
+    assert torch.backends.quantized.engine == engine
+    assert in_threads([lambda: serve(*two_engines["qnnpack"], rounds=1)], timeout=30) == [True]

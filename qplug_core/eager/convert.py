@@ -229,11 +229,10 @@ class _Converter:
         if isinstance(module, self.unsupported):
             run = DequantizedRun(module)
             return Swap(name, run, run)
-        if self.kernels and reads_batch_stride(module):  # unobserved: it runs on the int8 tensor it gets
-            restride(module)
-            self.restrided.append(module)
-            return None
         if isinstance(module, (ObserverBase, FakeQuantizeBase)) or not isinstance(module._modules.get(OUTPUT_OBSERVER), (ObserverBase, FakeQuantizeBase)):
+            if self.kernels and reads_batch_stride(module):  # it runs on the int8 tensor it gets
+                restride(module)
+                self.restrided.append(module)
             return None  # not observed (qconfig None or not quantizable): keep, look inside
         if isinstance(module, QuantStub):
             return self.stub(name, module)

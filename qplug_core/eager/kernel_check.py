@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_map
 
 from qplug_core.errors import QplugError, first_line, warn_user
 from qplug_core.flows.delegate import MAX_RELATIVE_L2
-from qplug_core.flows.kernel_check import CONTRACT_BROKEN, as_float, output_violation, tensors_in
+from qplug_core.flows.kernel_check import CONTRACT_BROKEN, as_float, laid_out_copy, output_violation, tensors_in
 from qplug_core.flows.tags import EAGER_EXAMPLE
 from qplug_core.ir.hooks import copy_forward_hooks, drop_pre_hooks
 from qplug_core.kernels.base import engine_context
@@ -93,16 +93,17 @@ def recorded_example(model: nn.Module) -> tuple[tuple, dict] | None:
 
 def _kernel_calls(model: nn.Module, swaps: list[Swap], example: tuple[tuple, dict]
                   ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], Any]:
-    """Each checked module's first (input, output) in one run of ``model`` on ``example`` (copies:
-    a later in-place op must not change them; the output as the module returned it, before the
-    user's forward hooks), and the model's output."""
+    """Each checked module's first (input, output) in one run of ``model`` on ``example`` (copies
+    laid out as the originals, as graph mode's check keeps them: a later in-place op must not
+    change them; the output as the module returned it, before the user's forward hooks), and the
+    model's output."""
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def keeper(name: str) -> Callable[[nn.Module, tuple, Any], None]:
         def keep(module: nn.Module, args: tuple, output: Any) -> None:
             if name not in seen and args and isinstance(args[0], torch.Tensor) \
                     and isinstance(output, torch.Tensor):
-                seen[name] = args[0].clone(), output.clone()
+                seen[name] = laid_out_copy(args[0]), laid_out_copy(output)
         return keep
 
     handles = [s.int8.register_forward_hook(keeper(s.name), prepend=True) for s in swaps]

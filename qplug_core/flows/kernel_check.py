@@ -135,10 +135,10 @@ def _versions(value: Any) -> tuple[int, ...] | None:
 
 
 def _copied(value: Any) -> Any:
-    return fx.node.map_aggregate(value, lambda v: _twin(v) if isinstance(v, torch.Tensor) else v)
+    return fx.node.map_aggregate(value, lambda v: laid_out_copy(v) if isinstance(v, torch.Tensor) else v)
 
 
-def _twin(tensor: torch.Tensor) -> torch.Tensor:
+def laid_out_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A copy with the same strides (a column slice stays strided, an expanded tensor expanded):
     a kernel is checked on the layout the model gives it, which ``clone()`` would make contiguous."""
     if tensor.is_quantized:

@@ -17,7 +17,7 @@ from torch import nn
 
 import qplug_core as qp
 from qplug_core.flows import kernel_check as kernel_contract
-from qplug_core.plugin_api import BackendPlugin, KernelSpec
+from qplug_core.plugin_api import BackendPatternConfig, BackendPlugin, KernelSpec, ObservationType
 from qplug_core.registry import plugins
 
 pytestmark = pytest.mark.usefixtures("installed_backends")
@@ -388,3 +388,77 @@ def test_auto_rejects_a_backend_whose_kernel_misreads_the_view_the_model_passes(
     trials = {t["backend"]: t for t in qp.quantization_report(quantized).auto}
     assert trials["rawup"]["status"] == "rejected" and kernel_contract.CONTRACT_BROKEN in trials["rawup"]["reason"]
     assert trials["fbgemm"]["status"] in ("chosen", "slower")
+
+
+class RawUpsampleModule(nn.Module):
+    """torch's own int8 upsampling of the float module (``nn.Upsample``), requantized to the
+    module's output qparams: what a plugin quantizing upsampling with its own observer would run."""
+
+    def __init__(self, ctx) -> None:
+        super().__init__()
+        self.upsample, self.qparams = ctx.module, ctx.output_qparams
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        y = self.upsample(q).dequantize()
+        return torch.quantize_per_tensor(y, float(self.qparams.scale), int(self.qparams.zero_point), q.dtype)
+
+
+class RawUpsamplingModules(BackendPlugin):
+    """fbgemm, quantizing ``nn.Upsample`` with an observer of its own and the kernel above, so that
+    eager mode swaps it and checks the kernel."""
+
+    name = "rawupm"
+    description = "fbgemm with nn.Upsample run by torch's int8 upsampling as is"
+    engine = "fbgemm"
+
+    def pattern_configs(self):
+        shared = super().pattern_configs()
+        upsample = BackendPatternConfig(nn.Upsample).set_observation_type(
+            ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT)
+        for dtype_config in next(c for c in shared if c.pattern is nn.Linear).dtype_configs:
+            upsample.add_dtype_config(dtype_config)
+        return [*(c for c in shared if c.pattern is not nn.Upsample), upsample]
+
+    def kernels(self):
+        return {**super().kernels(), nn.Upsample: KernelSpec("test::raw_upsample_module", build=RawUpsampleModule)}
+
+
+class TokensUpsampledByAModule(nn.Module):
+    """:class:`TokensUpsampled` with its upsampling as a module, for eager mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant, self.dequant = qp.eager.QuantStub(), qp.eager.DeQuantStub()
+        self.proj, self.fuse = nn.Linear(8, 8), nn.Conv2d(8, 4, 1)
+        self.resize = nn.Upsample(size=(12, 12), mode="bilinear")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grid = self.proj(self.quant(x).flatten(2).transpose(1, 2)).transpose(1, 2).reshape(x.shape)
+        return self.dequant(self.fuse(self.resize(grid)))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_eager_convert_checks_a_kernel_on_the_view_the_model_passes_it(register_plugin, batch):
+    """Eager mode's twin of the test above. Eager convert took every upsampling module for one left
+    running on the int8 tensors it gets, so one a plugin quantizes with its own kernel kept its
+    observers and the converted model raised at every call; it is now swapped for the kernel, which
+    the check runs on the view the model passes it: at batch 1 it catches the kernel."""
+    register_plugin(RawUpsamplingModules(), "rawupm")
+    torch.manual_seed(0)
+    data = [torch.randn(batch, 8, 6, 6) for _ in range(2)]
+    float_model = TokensUpsampledByAModule().eval()
+    observed = {backend: qp.eager.prepare(float_model, backend=backend) for backend in ("rawupm", "reference")}
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for model in observed.values():
+            model(data[0])
+        converted = {backend: qp.eager.convert(model) for backend, model in observed.items()}
+    broke = [str(w.message) for w in caught if kernel_contract.CONTRACT_BROKEN in str(w.message)]
+    kept = type(converted["rawupm"].resize) is RawUpsampleModule
+    assert (kept, len(broke)) == ((False, 1) if batch == 1 else (True, 0))
+    assert not broke or "module 'resize'" in broke[0]
+    with torch.no_grad():
+        expected = converted["reference"](data[1])
+        # the reference backend does not round the upsampling's output, this plugin does (on its own
+        # grid): 2-8 steps; the kernel's misreading: about 150
+        assert (converted["rawupm"](data[1]) - expected).abs().max() <= 16 * one_step(expected)

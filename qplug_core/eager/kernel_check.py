@@ -30,7 +30,13 @@ from torch.utils._pytree import tree_map
 
 from qplug_core.errors import QplugError, first_line, warn_user
 from qplug_core.flows.delegate import MAX_RELATIVE_L2
-from qplug_core.flows.kernel_check import CONTRACT_BROKEN, as_float, laid_out_copy, output_violation, tensors_in
+from qplug_core.flows.kernel_check import (
+    CONTRACT_BROKEN,
+    as_float,
+    laid_out_copy,
+    output_violation,
+    tensors_in,
+)
 from qplug_core.flows.tags import EAGER_EXAMPLE
 from qplug_core.ir.hooks import copy_forward_hooks, drop_pre_hooks
 from qplug_core.kernels.base import engine_context

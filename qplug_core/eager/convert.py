@@ -9,8 +9,10 @@ those input qparams, the kernel's input is requantized to them first. QuantStub/
 table's ``quantize``/``dequantize`` kernels and FloatFunctional a :class:`QFunctional`. Unobserved
 modules (pooling, upsampling, relu) stay and run on the int8 tensors they get; upsampling and
 pooling modules get them with a dense batch stride where they can need it, as lowering gives them
-in graph mode (:mod:`qplug_core.eager.batch_stride`). The model's call runs under the backend's
-engine and names the swapped layer a failure came from (:mod:`qplug_core.eager.root_call`).
+in graph mode (:mod:`qplug_core.eager.batch_stride`), and one whose call the backend's passthrough
+check refuses runs on dequantized values (:mod:`qplug_core.eager.passthrough_checks`). The model's
+call runs under the backend's engine and names the swapped layer a failure came from
+(:mod:`qplug_core.eager.root_call`).
 
 The reference backend has no kernels: modules become :class:`SimulatedOutput` (weights rounded to
 the int8 grid, output quantized and dequantized) and every value stays a float tensor, so the
@@ -34,6 +36,7 @@ from qplug_core.eager.float_modules import guard_float_modules
 from qplug_core.eager.functional import OP_PATTERNS, FloatFunctional, QFunctional
 from qplug_core.eager.input_observers import INPUT_OBSERVER, observe_input, without_input_observer
 from qplug_core.eager.kernel_check import Swap, check_kernels, recorded_example
+from qplug_core.eager.passthrough_checks import noted_input_shapes, refusal
 from qplug_core.eager.prepare import OUTPUT_OBSERVER, observe_output, require_per_module_kernels
 from qplug_core.eager.root_call import own_call
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
@@ -155,9 +158,11 @@ def _user_hooks(source: nn.Module, target: nn.Module) -> nn.Module:
 
 
 class _Converter:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, input_shapes: dict[str, set[tuple[int, ...]]]) -> None:
         self.backend = backend
         self.kernels = backend.kernels
+        #: the input shapes prepare noted for passthrough modules with a check, and why a check refused one
+        self.input_shapes, self.refused = input_shapes, {}
         self.unsupported = tuple(op for op in unsupported_passthrough_ops(backend.engine)
                                  if isinstance(op, type)) if backend.kernels else ()
         #: the upsampling and pooling modules given a dense batch stride (:func:`restride`)
@@ -221,6 +226,30 @@ class _Converter:
             swap.int8, swap.output_qparams = self.in_reference_form(reference, output_qparams), None
         return swap
 
+    def unobserved(self, name: str, module: nn.Module) -> Swap | None:
+        """Keep an unobserved module (qconfig None or not quantizable; None: look inside), which
+        runs on the int8 tensors it gets, unless its passthrough check refuses a call noted at
+        prepare: then it runs on dequantized values."""
+        if not self.kernels:
+            return None
+        why = refusal(self.kernels.get(type(module)), module, self.input_shapes[name],
+                      self.backend.engine) if name in self.input_shapes else ""
+        if why:
+            self.refused[name] = why
+            run = DequantizedRun(module)
+            return Swap(name, run, run)
+        if reads_batch_stride(module):
+            restride(module)
+            self.restrided.append(module)
+        return None
+
+    def warn_refused(self) -> None:
+        """One warning naming every module a passthrough check refused."""
+        if self.refused:
+            named = "; ".join(f"module {name!r}: {why}" for name, why in self.refused.items())
+            warn_user(f"qplug: backend {self.backend.name!r} runs {len(self.refused)} module(s) in float "
+                      f"between a dequantize and a quantize because their int8 kernel refused them: {named}")
+
     def swap(self, name: str, module: nn.Module) -> Swap | None:
         """The replacement of ``module`` (qualified ``name``), or None to keep it (and look inside)."""
         if isinstance(module, DeQuantStub):
@@ -230,10 +259,7 @@ class _Converter:
             run = DequantizedRun(module)
             return Swap(name, run, run)
         if isinstance(module, (ObserverBase, FakeQuantizeBase)) or not isinstance(module._modules.get(OUTPUT_OBSERVER), (ObserverBase, FakeQuantizeBase)):
-            if self.kernels and reads_batch_stride(module):  # it runs on the int8 tensor it gets
-                restride(module)
-                self.restrided.append(module)
-            return None  # not observed (qconfig None or not quantizable): keep, look inside
+            return self.unobserved(name, module)
         if isinstance(module, QuantStub):
             return self.stub(name, module)
         if isinstance(module, FloatFunctional):
@@ -296,8 +322,9 @@ def convert(model: nn.Module, *, backend: str | Backend | None = None,
     model = model if inplace else copy.deepcopy(model)
     unwatch(model)
     example = recorded_example(model)
-    converter, swaps = _Converter(chosen), []
+    converter, swaps = _Converter(chosen, noted_input_shapes(model)), []
     _convert_children(model, converter, "", swaps)
+    converter.warn_refused()
     model.eval()  # a Dropout left in training mode would make the check's two runs differ
     if chosen.kernels:  # guarded first: the check's run names a float layer an int8 tensor reaches
         guard_float_modules(model, chosen.name)

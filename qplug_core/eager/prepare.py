@@ -34,6 +34,7 @@ from qplug_core.eager.backend_rules import apply_post_prepare_rules
 from qplug_core.eager.functional import FloatFunctional
 from qplug_core.eager.input_observers import INPUT_OBSERVER, attach_input_observer
 from qplug_core.eager.kernel_check import record_example
+from qplug_core.eager.passthrough_checks import note_input_shapes
 from qplug_core.eager.stubs import DeQuantStub, QuantStub
 from qplug_core.eager.torch_ao_modules import adopt_torch_ao_modules
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError
@@ -172,7 +173,8 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
     model, inplace = without_computed_weights(model, inplace=inplace, trainable=is_qat)
     model = model if inplace else copy.deepcopy(model)
     adopt_torch_ao_modules(model)
-    plan = _plan(model, resolve_qconfigs(model, mapping), chosen)
+    qconfigs = resolve_qconfigs(model, mapping)
+    plan = _plan(model, qconfigs, chosen)
     if is_qat:
         check_fake_quantizes([qconfig for _, _, qconfig, _ in plan], "prepare_qat")
     for name, module, qconfig, with_input in plan:
@@ -184,6 +186,10 @@ def _prepare(model: nn.Module, qconfig_mapping: QConfigMapping | None, backend: 
         _attach(module, name, qconfig, with_input=with_input)
     apply_post_prepare_rules([(name, module, module.__dict__[INPUT_OBSERVER]) for name, module in model.named_modules()
                               if INPUT_OBSERVER in module.__dict__], chosen, mode)
+    observed = {name for name, *_ in plan}
+    for name, module in model.named_modules():
+        if qconfigs.get(name) is not None and name not in observed:  # it may run on int8 tensors
+            note_input_shapes(module)
     setattr(model, EAGER_STATE, {"backend": chosen.name, "mode": mode})
     record_example(model)
     if is_qat:

@@ -74,6 +74,9 @@ EAGER_STATE = "qplug_eager_state"
 #: attribute of an eager-mode model prepared by ``qp.eager.prepare``: (args, kwargs) of its first
 #: call, a few rows of each batched tensor, on which convert checks its kernels (eager/kernel_check.py)
 EAGER_EXAMPLE = "qplug_eager_example"
+#: an eager module attribute from prepare to convert: the input shapes a passthrough module whose
+#: calls an int8 kernel may refuse (upsampling) was called with (eager/passthrough_checks.py)
+EAGER_INPUT_SHAPES = "qplug_eager_input_shapes"
 #: attribute of an eager-mode model converted by ``qp.eager.convert``: the backend's name
 EAGER_CONVERTED = "qplug_eager_converted"
 #: an eager module attribute: a backend rule chose its input qparams, convert requantizes to them

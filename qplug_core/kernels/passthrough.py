@@ -142,5 +142,6 @@ def dense_batch_stride(x: torch.Tensor) -> torch.Tensor:
 #: passthrough ops that run only some of their calls -> the check refusing the others (KernelSpec.check)
 PASSTHROUGH_CHECKS: dict[object, Callable[[KernelContext], None]] = {
     F.interpolate: check_upsampling, nn.Upsample: check_upsampling,
+    nn.UpsamplingNearest2d: check_upsampling, nn.UpsamplingBilinear2d: check_upsampling,
     **{pad: check_padding for pad in _PADS},
 }

@@ -76,3 +76,46 @@ def test_an_interpolate_called_in_forward_is_named_in_the_checks_warning():
                                          r"F\.interpolate and the 2-d/3-d pooling functions .* use the modules "
                                          r"\(nn\.Upsample"):
         _converted("functional", "fbgemm")
+
+
+class GlobalPoolBranch(nn.Module):
+    """DeepLab's ASPP pooling branch: a global average pool and a projection (here a linear layer,
+    whose output torch reads wrong), upsampled back to the map and concatenated with it."""
+
+    def __init__(self, upsample: nn.Module) -> None:
+        super().__init__()
+        self.conv, self.pool, self.proj = nn.Conv2d(8, 8, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Linear(8, 8)
+        self.up, self.cat, self.fuse = upsample, qp.eager.FloatFunctional(), nn.Conv2d(16, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        pooled = self.proj(self.pool(y).flatten(1)).reshape(-1, 8, 1, 1)
+        return self.fuse(self.cat.cat([y, self.up(pooled)], 1))
+
+
+UPSAMPLINGS = {
+    "bilinear from 1x1": (lambda: nn.Upsample(size=(6, 6), mode="bilinear"), "bilinear upsampling of a 1x1 map"),
+    "UpsamplingBilinear2d from 1x1": (lambda: nn.UpsamplingBilinear2d(size=(6, 6)), "bilinear upsampling of a 1x1 map"),
+    "bicubic": (lambda: nn.Upsample(size=(6, 6), mode="bicubic"), "upsampling mode 'bicubic' has no int8 kernel"),
+}
+
+
+@pytest.mark.parametrize("upsampling", sorted(UPSAMPLINGS))
+def test_an_upsampling_torch_gets_wrong_in_int8_runs_in_float_with_a_warning(upsampling):
+    """Graph mode's passthrough check refuses these calls (torch's int8 bilinear from a 1x1 map is
+    up to 250 steps off; bicubic has no int8 kernel and raised at every call); eager convert left
+    the module on int8 tensors. It now asks the same check, on the shapes seen in calibration."""
+    make, reason = UPSAMPLINGS[upsampling]
+    torch.manual_seed(0)
+    float_model = qp.eager.QuantWrapper(GlobalPoolBranch(make()).eval())
+    x, models = torch.randn(2, 8, 6, 6, generator=torch.Generator().manual_seed(0)), {}
+    with pytest.warns(UserWarning, match=rf"qplug: backend 'fbgemm' runs 1 module\(s\) in float between a "
+                                         rf"dequantize and a quantize .*: module 'module\.up': {reason}"):
+        for backend in ("fbgemm", "reference"):
+            observed = qp.eager.prepare(float_model, backend=backend)
+            with torch.no_grad():
+                observed(x)
+            models[backend] = qp.eager.convert(observed)
+    with torch.no_grad():  # on the calibration batch: a global pool's range differs much between images
+        expected = models["reference"](x)
+        assert float((models["fbgemm"](x) - expected).abs().max()) <= 4 * 2 * float(expected.abs().max()) / 255

@@ -133,7 +133,9 @@ def stored_models(model: dict[str, Any], tensors: dict[str, torch.Tensor]) -> di
         warn_user(f"qplug: the file's stored ONNX models ({', '.join(other)}) were exported on a CPU "
                   f"{'without' if vnni else 'with'} VNNI, so they are not used here: each is exported again "
                   "at its first call (seconds)")
-    room = Room(without(model, tensors)[1])
+    if not entries:
+        return {}
+    room = Room(without(model, tensors)[1])  # Room() imports onnx (seconds): only for a file with stored models
     stored = {}
     for name, entry in entries.items():
         if name in other:

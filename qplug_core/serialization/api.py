@@ -31,6 +31,7 @@ from qplug_core.flows.tags import (
     EAGER_CONVERTED,
     EAGER_STATE,
     FIXED_KEYWORDS,
+    FOLDED_AFFINES,
     FUNCTIONAL_WEIGHTS,
     FUSIONS,
 )
@@ -40,6 +41,7 @@ from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
 from qplug_core.registry.cpu_diagnostics import warn_if_slow_here
 from qplug_core.serialization import (
+    affine_record,
     check_record,
     clamp_record,
     format_features,
@@ -242,6 +244,10 @@ def rebuild_graph(artifact: Artifact, source: Path) -> fx.GraphModule:
         if tree_record.KEY in model:
             tree_record.install(gm, model[tree_record.KEY], f"model.{tree_record.KEY}")
         gm.meta[FIXED_KEYWORDS] = model.get(FIXED_KEYWORDS_KEY, {})
+        if affine_record.KEY in model:
+            gm.meta[FOLDED_AFFINES] = affine_record.from_document(model[affine_record.KEY], affine_record.KEY,
+                                                                  len(model["graph"]))
+            affine_record.check_convs(gm.meta[FOLDED_AFFINES], gm, affine_record.KEY)
     except ConfigError as exc:
         raise SerializationError(f"{source} is not a valid qplug artifact: {exc}", path=str(source)) from exc
     except Exception as exc:  # fx rejects a graph that does not fit its modules with plain errors

@@ -27,6 +27,7 @@ from qplug_core.flows.tags import (
     BAKED_TYPES,
     CAPTURE,
     FIXED_KEYWORDS,
+    FOLDED_AFFINES,
     FUNCTIONAL_WEIGHTS,
     FUSIONS,
     KERNEL,
@@ -38,6 +39,7 @@ from qplug_core.kernels.per_token import PER_TOKEN_LAYERS
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend
 from qplug_core.serialization import (
+    affine_record,
     check_record,
     clamp_record,
     format_features,
@@ -72,13 +74,14 @@ INT16_PAIRS_KEY = "weights_for_int16_pairs"
 TARGET_RUNGS_KEY = "target_rungs"
 #: forward keywords the capture fixed -> the values a call may give them (flows/fixed_keywords.py)
 FIXED_KEYWORDS_KEY = "fixed_keywords"
-#: the optional keys, the final check's scores (check_record), the clamps convert absorbed into layers' int8 output ranges (clamp_record), the
-#: float weights of layers made from functional calls (functional_record), the per-token layers'
-#: int8 weights (per_token_record), an exported model's input and output structure (tree_record) and
-#: the ONNX models of compiled partitions (partition_models)
+#: the optional keys, the final check's scores (check_record), the clamps convert absorbed into
+#: layers' int8 output ranges (clamp_record), the per-channel affines folded into convs
+#: (affine_record), the float weights of layers made from functional calls (functional_record), the
+#: per-token layers' int8 weights (per_token_record), an exported model's input and output structure
+#: (tree_record) and the ONNX models of compiled partitions (partition_models)
 OPTIONAL_MODEL_KEYS = ("capture", PER_TOKEN_LAYERS, LOWERING_KEY, AUTO_KEY, INT16_PAIRS_KEY, TARGET_RUNGS_KEY,
-                       FIXED_KEYWORDS_KEY, check_record.KEY,
-                       clamp_record.KEY, functional_record.KEY, per_token_record.KEY, tree_record.KEY,
+                       FIXED_KEYWORDS_KEY, check_record.KEY, clamp_record.KEY, affine_record.KEY,
+                       functional_record.KEY, per_token_record.KEY, tree_record.KEY,
                        partition_models.KEY)
 CAPTURES = ("symbolic", "export")
 PLUGIN_KEYS = ("name", "dist", "version")
@@ -142,6 +145,8 @@ def capture_artifact(gm: fx.GraphModule, backend: str | Backend = "reference",
              "capture": gm.meta.get(CAPTURE, "symbolic")}
     if gm.meta.get(ABSORBED_CLAMPS):
         model[clamp_record.KEY] = clamp_record.to_document(gm.meta[ABSORBED_CLAMPS])
+    if gm.meta.get(FOLDED_AFFINES):
+        model[affine_record.KEY] = affine_record.to_document(gm.meta[FOLDED_AFFINES])
     if gm.meta.get(FUNCTIONAL_WEIGHTS):
         model[functional_record.KEY] = functional_record.to_document(gm.meta[FUNCTIONAL_WEIGHTS])
     if gm.meta.get(FIXED_KEYWORDS):
@@ -263,6 +268,8 @@ def from_document(doc: Any, tensors: dict[str, torch.Tensor]) -> Artifact:
         clamp_record.from_document(model[clamp_record.KEY], child("model", clamp_record.KEY), nodes)
     if check_record.KEY in model:
         check_record.from_document(model[check_record.KEY], child("model", check_record.KEY))
+    if affine_record.KEY in model:
+        affine_record.from_document(model[affine_record.KEY], child("model", affine_record.KEY), nodes)
     if functional_record.KEY in model:
         functional_record.from_document(model[functional_record.KEY], child("model", functional_record.KEY), nodes)
     return Artifact(backend, plugins, model, tensors)

@@ -396,6 +396,15 @@ def _absorbed(layer: str = "fc", **fields: Any) -> Callable[[dict, dict], None]:
     return edit
 
 
+def _folded(conv: str = "fc", **fields: Any) -> Callable[[dict, dict], None]:
+    """A folded-affine record (flows/channel_affine.py) for ``conv`` (3 output channels), with
+    ``fields`` replaced."""
+    def edit(document, tensors):
+        entry = {"scale": [1.0, 2.0, 0.5], "shift": [0.0, 1.0, -1.0], "module": "bn", **fields}
+        document["model"]["folded_affines"] = {conv: entry}
+    return edit
+
+
 def _functional(record: Any) -> Callable[[dict, dict], None]:
     """A functional-weight record (flows/normalize.py): layer -> the float weight's path."""
     def edit(document, tensors):
@@ -442,6 +451,13 @@ TAMPERING = {
     "absorbed clamp bound infinite": (_absorbed(low=float("-inf")), "not a finite number"),
     "absorbed clamp bounds reversed": (_absorbed(low=7.0), "above high bound"),
     "absorbed clamp op as code": (_absorbed(op="relu6(); import os"), "not an op name"),
+    "code in a folded affine's conv": (_folded('fc")(__import__("os").mkdir("pwned")'), "not a dotted path"),
+    "dunder folded affine module": (_folded(module="__class__"), "not a dotted path"),
+    "folded affine scale infinite": (_folded(scale=[1.0, float("inf"), 1.0]), "not a finite number"),
+    "folded affine scales and shifts differ": (_folded(shift=[0.0]), "3 scales for 1 shifts"),
+    "folded affine of another channel count": (_folded(scale=[1.0] * 5, shift=[0.0] * 5),
+                                               r"5 values for a conv of weight shape \(3, 4\)"),
+    "folded affine of no module": (_folded("nosuch"), "3 values for no conv"),
     "code in a functional layer": (_functional({'fc")(__import__("os").mkdir("pwned")': "w"}), "not a dotted path"),
     "dunder functional weight": (_functional({"fc": "__class__.__init__"}), "not a dotted path"),
     "functional weight not a string": (_functional({"fc": ["w"]}), "not a dotted path"),

@@ -66,6 +66,7 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any, *,
         report, layers=[*(layer for layer in report.layers if layer.name not in inside),
                         *partitions.rows],
         float_only=[name for name in report.float_only if name not in inside],
+        float_only_kinds={name: kind for name, kind in report.float_only_kinds.items() if name not in inside},
         skipped={**report.skipped, **{name: f"inside compiled partition {partition}: measured "
                                              "as part of it" for name, partition in inside.items()},
                  **partitions.skipped})

@@ -36,6 +36,8 @@ from rich.table import Table
 from rich.text import Text
 from torch import nn
 
+from qplug_core.analysis.absent import NOT_FOUND, absent_kinds
+from qplug_core.analysis.absent import summary as absent_summary
 from qplug_core.analysis.followers import Followers, layer_followers
 from qplug_core.analysis.functional import FunctionalRecorder, functional_layers, never_called
 from qplug_core.analysis.plain_text import plain_text
@@ -173,7 +175,9 @@ class ComparisonReport:
 
     ``layers`` follows the float model's execution order. ``skipped`` maps names present in both
     models (or layers made from a functional call) whose outputs could not be paired to the reason;
-    ``float_only`` lists float leaf modules missing from the quantized model (usually fused away).
+    ``float_only`` lists float leaf modules missing from the quantized model, ``float_only_kinds``
+    what each became (:func:`qplug_core.analysis.absent.absent_kinds`: a no-op at inference, fused
+    into a layer, run as a function).
     """
 
     layers: list[LayerComparison]
@@ -183,6 +187,7 @@ class ComparisonReport:
     num_batches: int
     skipped: dict[str, str] = field(default_factory=dict)
     float_only: list[str] = field(default_factory=list)
+    float_only_kinds: dict[str, str] = field(default_factory=dict)
 
     def worst(self, n: int = 5) -> list[LayerComparison]:
         """The ``n`` layers with the lowest SQNR (NaN counts as worst)."""
@@ -199,6 +204,7 @@ class ComparisonReport:
             "layers": [layer.to_dict() for layer in self.layers],
             "skipped": dict(self.skipped),
             "float_only": list(self.float_only),
+            "float_only_kinds": dict(self.float_only_kinds),
         }
 
     def __rich__(self) -> RenderableType:
@@ -230,9 +236,12 @@ class ComparisonReport:
             notes.append(Text(f"{len(self.skipped)} layer(s) not compared "
                               "(see .skipped)", style="dim"))
         if self.float_only:
-            notes.append(Text(f"{len(self.float_only)} float module(s) absent from the quantized "
-                              "model (fused?); compare against the fused float model for exact "
-                              "pairs", style="yellow"))
+            kinds = {name: self.float_only_kinds.get(name, NOT_FOUND) for name in self.float_only}
+            unknown = NOT_FOUND in kinds.values()
+            notes.append(Text(f"{len(self.float_only)} float module(s) without a counterpart in the quantized "
+                              f"model: {absent_summary(kinds)}"
+                              + ("; compare against the fused float model for exact pairs" if unknown else ""),
+                              style="yellow" if unknown else "dim"))
         return Group(table, summary, *notes)
 
     def print(self, console: Console | None = None) -> None:
@@ -471,12 +480,13 @@ def compare_layers(float_model: nn.Module, quantized_model: nn.Module, inputs: A
     for name in functional:
         if errors.skipped.get(name) == NOT_RUN_BY_FLOAT:
             errors.skipped[name] = never_called(name, quantized_model)
+    float_only = _float_only(float_model, quantized_model, {c.module for c in clamps.values()}.union(
+        *(after.modules for after in followers.values())))
     return ComparisonReport(
         layers=errors.comparisons(float_model, quantized_model, followers, calls.functions),
         output_sqnr_db=output.sqnr_db, output_cosine=output.cosine,
         output_max_abs_err=output.max_abs, num_batches=num_batches, skipped=errors.skipped,
-        float_only=_float_only(float_model, quantized_model, {c.module for c in clamps.values()}.union(
-            *(after.modules for after in followers.values()))))
+        float_only=float_only, float_only_kinds=absent_kinds(float_model, quantized_model, float_only))
 
 
 def _clamped_outputs(quantized_model: nn.Module, clamps: Mapping[str, AbsorbedClamp]

@@ -210,3 +210,36 @@ def test_a_loaded_model_pairs_its_convs_with_the_float_value_after_the_folded_af
     rows = [(layer.name, layer.float_type, layer.sqnr_db) for layer in after.layers]
     assert rows == [(layer.name, layer.float_type, layer.sqnr_db) for layer in before.layers]
     assert rows[0][:2] == ("conv", "Conv2d+affine") and rows[0][2] > 30
+
+
+class DropoutResidual(nn.Module):
+    """Dropout and Identity (nothing in eval mode), a GELU module, and a ReLU after a residual add
+    (fused with it into the int8 add_relu)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop, self.ident = nn.Dropout(0.1), nn.Identity()
+        self.fc1, self.gelu, self.fc2, self.act = nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8), nn.ReLU()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.act(self.fc2(self.gelu(self.fc1(self.ident(self.drop(x))))) + x))
+
+
+@pytest.mark.parametrize("capture", ["symbolic", "export"])
+def test_the_summary_says_what_each_float_module_without_a_counterpart_became(capture):
+    # before: "4 float module(s) absent from the quantized model (fused?)", for a Dropout and an
+    # Identity that do nothing at inference, a GELU that export runs as a function and one real fusion
+    torch.manual_seed(0)
+    model, x = DropoutResidual().eval(), torch.randn(16, 8)
+    qmodel = qp.quantize(model, (x,), [(x,)], backend="fbgemm", capture=capture, progress=False)
+    report = qp.compare(model, qmodel, (x,))
+    gelu = {"gelu": "run as a function"} if capture == "export" else {}  # symbolic keeps the module
+    assert report.float_only_kinds == {"drop": "no-op at inference", "ident": "no-op at inference", **gelu,
+                                       "act": "fused into add_relu"}
+    assert report.float_only == list(report.float_only_kinds)
+    summary = " ".join(str(report).split())
+    assert (f"{len(report.float_only)} float module(s) without a counterpart in the quantized model: no-op at "
+            "inference: drop, ident; " + ("run as a function: gelu; " if gelu else "") + "fused into add_relu: act"
+            ) in summary
+    assert "fused?" not in summary

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from qplug_core.config.codec import child, expect, read_fields, where
+from qplug_core.config.codec import child, expect, where
 from qplug_core.errors import ConfigError
 from qplug_core.flows.channel_affine import FoldedAffine
-from qplug_core.serialization.graph_codec import check_path
+from qplug_core.serialization.graph_codec import check_path, layer_entries
 
 KEY = "folded_affines"
 _FIELDS = ("scale", "shift", "module")
@@ -33,15 +33,8 @@ def to_document(affines: Mapping[str, FoldedAffine]) -> dict[str, Any]:
 def from_document(doc: Any, path: str, max_entries: int) -> dict[str, FoldedAffine]:
     """The checked record: conv and module paths, as many finite scales as shifts, no more
     entries than the graph has nodes; raises :class:`ConfigError` naming the bad field."""
-    entries = expect(doc, dict, path, "a JSON object")
-    if len(entries) > max_entries:
-        raise ConfigError(f"{where(path)}: {len(entries)} entries for a graph of {max_entries} nodes",
-                          field=path, value=len(entries))
     affines = {}
-    for conv, entry in entries.items():
-        at = child(path, conv)
-        check_path(conv, at, "conv")
-        read_fields(entry, at, _FIELDS, required=_FIELDS)
+    for conv, entry, at in layer_entries(doc, path, max_entries, _FIELDS):
         scale, shift = (_numbers(entry[key], child(at, key)) for key in ("scale", "shift"))
         if len(scale) != len(shift):
             raise ConfigError(f"{where(at)}: {len(scale)} scales for {len(shift)} shifts", field=at, value=len(shift))

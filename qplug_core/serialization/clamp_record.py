@@ -13,10 +13,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from qplug_core.config.codec import child, expect, read_fields, where
+from qplug_core.config.codec import child, expect, where
 from qplug_core.errors import ConfigError
 from qplug_core.flows.clamps import AbsorbedClamp
-from qplug_core.serialization.graph_codec import check_path
+from qplug_core.serialization.graph_codec import check_path, layer_entries
 
 KEY = "absorbed_clamps"
 _FIELDS = ("low", "high", "op", "module")
@@ -36,15 +36,8 @@ def _bound(value: float) -> float | None:
 def from_document(doc: Any, path: str, max_entries: int) -> dict[str, AbsorbedClamp]:
     """The checked record: layer and module paths, finite bounds in order, no more entries than
     the graph has nodes; raises :class:`ConfigError` naming the bad field."""
-    entries = expect(doc, dict, path, "a JSON object")
-    if len(entries) > max_entries:
-        raise ConfigError(f"{where(path)}: {len(entries)} entries for a graph of {max_entries} nodes",
-                          field=path, value=len(entries))
     clamps = {}
-    for layer, entry in entries.items():
-        at = child(path, layer)
-        check_path(layer, at, "layer")
-        read_fields(entry, at, _FIELDS, required=_FIELDS)
+    for layer, entry, at in layer_entries(doc, path, max_entries, _FIELDS):
         low = _read_bound(entry["low"], child(at, "low"), -math.inf)
         high = _read_bound(entry["high"], child(at, "high"), math.inf)
         if not low <= high:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterator
 from typing import Any
 
 from torch import fx
@@ -84,6 +85,22 @@ def check_path(path: Any, at: str, what: str) -> str:
         raise ConfigError(f"{where(at)}: {what} {path!r} is not a dotted path of identifiers or "
                           "indices", field=at, value=path)
     return path
+
+
+def layer_entries(doc: Any, path: str, max_entries: int, fields: tuple[str, ...]
+                  ) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """``(layer path, entry, where)`` of a record keyed by layer paths (a saved model's clamps,
+    folded affines), each entry checked to hold exactly ``fields``; no more entries than the graph
+    has nodes. Raises :class:`ConfigError` naming the bad field."""
+    entries = expect(doc, dict, path, "a JSON object")
+    if len(entries) > max_entries:
+        raise ConfigError(f"{where(path)}: {len(entries)} entries for a graph of {max_entries} nodes",
+                          field=path, value=len(entries))
+    for layer, entry in entries.items():
+        at = child(path, layer)
+        check_path(layer, at, "layer")
+        read_fields(entry, at, fields, required=fields)
+        yield layer, entry, at
 
 
 def encode_graph(graph: fx.Graph, path: str = "graph") -> list[dict[str, Any]]:

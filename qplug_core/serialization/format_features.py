@@ -70,6 +70,9 @@ class Feature:
 WRITTEN: dict[str, Feature] = {
     "final_check": Feature(required=False, since="0.1.0", keys=("model.final_check",),
                            lost="the final check's scores: the report shows no 'final model vs float' line"),
+    "folded_affines": Feature(required=False, since="0.1.0", keys=("model.folded_affines",),
+                              lost="the per-channel affines folded into convs: qp.compare pairs those convs "
+                                   "with their float output before the affine"),
 }
 KNOWN: frozenset[str] = frozenset(WRITTEN)
 

@@ -148,6 +148,11 @@ class EmbeddingBag(_PackedTable):
         self.register_buffer("packed_weight", packed)
         self.mode, self.include_last_offset, self.padding_idx = mode, include_last_offset, padding_idx
 
+    @property
+    def embedding_dim(self) -> int:
+        """The row width, as ``nn.EmbeddingBag`` says: each packed row ends in its float32 scale and bias."""
+        return self.packed_weight.shape[1] - 8
+
     @classmethod
     def from_float(cls, mod: nn.EmbeddingBag, *, engine: str | None = None) -> EmbeddingBag:
         if mod.mode not in ("sum", "mean"):

@@ -71,6 +71,10 @@ class _PackedWeightKernel(KernelModule, PackedStateModule):
 
     #: the input dimension holding the features or channels the weight takes
     _input_axis = 1
+    #: the float module's read-only geometry the kernel answers too, as torch.ao's quantized modules
+    #: do: model code reads it (Whisper's ``generate()`` reads ``conv1.stride``, heads ``in_features``)
+    _GEOMETRY: tuple[str, ...] = ("in_channels", "out_channels", "kernel_size", "stride", "padding",
+                                  "dilation", "groups", "padding_mode")
 
     def __init__(self, packed: object, op: Callable[..., torch.Tensor], scale: float,
                  zero_point: int, engine: str, input_size: int):
@@ -159,7 +163,10 @@ class _PackedWeightKernel(KernelModule, PackedStateModule):
         wqp = fit_bias_scale(mod, wqp, ctx.input_qparams[0], caps, name)
         with engine_context(engine):
             packed = cls._pack(mod, quantize_weight(mod.weight, wqp))
-        return cls(packed, cls._select_op(relu), scale, zp, engine, cls._input_size(mod))
+        kernel = cls(packed, cls._select_op(relu), scale, zp, engine, cls._input_size(mod))
+        for name in cls._GEOMETRY:
+            setattr(kernel, name, getattr(mod, name))
+        return kernel
 
     @classmethod
     def _self_test_module(cls) -> tuple[nn.Module, tuple[int, ...]]:
@@ -183,6 +190,7 @@ class Linear(_PackedWeightKernel):
     _float_type = nn.Linear
     _per_channel_flag = "per_channel_linear"
     _input_axis = -1
+    _GEOMETRY = ("in_features", "out_features")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # nn.Linear takes one unbatched row (in_features,); the quantized ops take batches only
@@ -300,6 +308,7 @@ class _ConvTransposeNd(_ConvNd):
 
     _channel_axis = 1
     _per_channel_flag = "per_channel_conv_transpose"
+    _GEOMETRY = _ConvNd._GEOMETRY + ("output_padding",)
 
     @classmethod
     def from_context(cls, ctx: KernelContext) -> _PackedWeightKernel:

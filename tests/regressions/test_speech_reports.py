@@ -1,0 +1,65 @@
+"""Defects a speech user found (2026-12-08, s30/asr): each test is the user's own call on a tiny
+config-built Whisper, with the result or the message the user relies on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qplug_core as qp
+
+pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
+
+transformers = pytest.importorskip("transformers")
+
+_MELS, _FRAMES = 16, 32
+
+
+def whisper():
+    torch.manual_seed(0)
+    config = transformers.WhisperConfig(
+        vocab_size=64, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=_MELS,
+        max_source_positions=_FRAMES // 2, max_target_positions=16, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, decoder_start_token_id=1)
+    model = transformers.WhisperForConditionalGeneration(config).eval()
+    model.generation_config.forced_decoder_ids = None
+    return model
+
+
+def features(seed: int) -> torch.Tensor:
+    return torch.randn(1, _MELS, _FRAMES, generator=torch.Generator().manual_seed(seed))
+
+
+_GEOMETRY = {nn.Conv1d: ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups",
+                         "padding_mode"),
+             nn.Linear: ("in_features", "out_features")}
+
+
+def geometry(module: nn.Module, kind: type[nn.Module]) -> dict[str, object]:
+    return {name: getattr(module, name) for name in _GEOMETRY[kind]}
+
+
+@pytest.mark.slow  # ~4 s: one export capture and one load
+def test_whisper_generates_with_an_int8_encoder_put_back(tmp_path):
+    """Whisper's ``generate()`` reads ``encoder.conv1.stride`` (before: AttributeError 'Conv1d' object has
+    no attribute 'stride'); the int8 convs and linears answer the float modules' geometry, also once
+    saved and loaded."""
+    model = whisper()
+    calibration = [features(seed) for seed in range(2)]
+    encoder = qp.quantize(model.model.encoder, (calibration[0],), calibration, backend="fbgemm")
+    path = tmp_path / "encoder.safetensors"
+    qp.save(encoder, path)
+    float_modules = dict(model.model.encoder.named_modules())
+    for quantized in (encoder, qp.load(path)):
+        swapped = {name: module for name, module in quantized.named_modules()
+                   if type(module).__module__ == "qplug_core.kernels.linear_conv"}
+        assert {"conv1", "conv2"} <= set(swapped)
+        for name, module in swapped.items():
+            kind = nn.Conv1d if isinstance(float_modules[name], nn.Conv1d) else nn.Linear
+            assert geometry(module, kind) == geometry(float_modules[name], kind), name
+    model.model.encoder = encoder
+    with torch.no_grad():
+        tokens = model.generate(features(5), max_new_tokens=4, do_sample=False)
+    assert tokens.shape[0] == 1 and tokens.shape[1] >= 2

@@ -84,9 +84,10 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
         compiles = chosen is not None and not chosen.kernels and chosen.delegate is not None
         if not (qconfig_mapping is not None or target is not None or recipe != "auto"
                 or _graph_options(prepare_options) or strict or compiles):
+            unused = "" if example_inputs is None else "; example_inputs are not used: module swap measures on calibration_data"
             notify(f"{type(model).__name__} generates text: quantized by module swap (qp.quantize_w8a8: "
                    "SmoothQuant, int8 weights, per-token int8 activations) so it keeps generate(); pass "
-                   "capture='export' for a captured graph instead")
+                   f"capture='export' for a captured graph instead{unused}")
             return quantize_w8a8(model, calibration_data, backend=None if chosen is None else chosen.name)
         keep = spelled("qp.quantize_w8a8(model, calibration) or qp.quantize_weights(model)",
                        "--mode w8a8 or --mode weight-only")

@@ -132,7 +132,7 @@ def quantize_weights(model: nn.Module, *, bits: int = 8, group_size: int | None 
     if algorithm != "rtn" and calibration_data is None:
         raise CalibrationError(f"algorithm={algorithm!r} needs calibration_data=[batch, ...]: a few token batches of "
                                "the kind of text the model will see (or use algorithm='rtn')")
-    calibration = calibration_batches(calibration_data)
+    calibration = calibration_batches(calibration_data, model)
     if algorithm != "rtn":
         calibration = list(calibration)  # run more than once: block by block, or again for the whole model
     patterns = skip_patterns(skip)

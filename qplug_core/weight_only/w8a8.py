@@ -121,7 +121,7 @@ def quantize_w8a8(model: nn.Module, calibration_data: Iterable[Any] | None = Non
         raise CalibrationError("qp.quantize_w8a8 needs calibration_data=[batch, ...] (a few token batches of the "
                                "kind of text the model will see) for SmoothQuant's scales, or alpha=None "
                                "to quantize without smoothing")
-    calibration = calibration_batches(calibration_data)
+    calibration = calibration_batches(calibration_data, model)
     chosen = None if backend is None else resolve_backend(backend).require_available()
     if chosen is not None and not chosen.kernels and chosen.delegate is not None:
         raise ConfigValidationError(f"backend {chosen.name!r} compiles whole graphs, and qp.quantize_w8a8 swaps "

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
+from qplug_core.errors import InputMismatchError
 
 pytestmark = pytest.mark.usefixtures("one_thread", "plugin_autoload")
 
@@ -63,3 +64,31 @@ def test_whisper_generates_with_an_int8_encoder_put_back(tmp_path):
     with torch.no_grad():
         tokens = model.generate(features(5), max_new_tokens=4, do_sample=False)
     assert tokens.shape[0] == 1 and tokens.shape[1] >= 2
+
+
+def test_quantize_gives_whisper_batches_the_decoder_start_token(capsys):
+    """``qp.quantize(whisper, (features,), [features, ...])`` routed to W8A8 called ``model(features)``,
+    which has no decoder input, and blamed "the model takes token ids"; the batches now get the
+    decoder start token, as ``generate()`` starts the decoder, and a notice says so and that
+    ``example_inputs`` are not used on that route."""
+    model = whisper()
+    calibration = [features(seed) for seed in range(2)]
+    quantized = qp.quantize(model, (calibration[0],), calibration)
+    said = capsys.readouterr().err
+    assert "decoder_input_ids=[[1]] (the decoder start token)" in said
+    assert "example_inputs are not used" in said
+    assert quantized.qplug_w8a8.layers and type(quantized) is type(model)
+    with torch.no_grad():
+        tokens = quantized.generate(features(5), max_new_tokens=4, do_sample=False)
+    assert tokens.shape[0] == 1 and tokens.shape[1] >= 2
+
+
+def test_a_batch_whisper_cannot_take_gets_no_token_id_advice():
+    """Whisper has input embeddings (its decoder's) but takes float ``input_features``: the error names
+    an encoder-decoder's dict keys instead of "the model takes token ids"."""
+    wrong = torch.randn(1, _MELS + 1, _FRAMES)  # one mel bin too many
+    with pytest.raises(InputMismatchError) as raised:
+        qp.quantize_w8a8(whisper(), [wrong])
+    assert "token ids" not in str(raised.value)
+    assert "is an encoder-decoder: give dicts {'input_features': ..., 'decoder_input_ids': ...}" in str(raised.value)
+

@@ -130,7 +130,8 @@ def test_a_model_without_an_example_input_runs_one_call_per_layer_and_says_why()
     qmodel = qp.quantize_weights(Siblings(), bits=8, kernel="reference")
     assert qmodel.qplug_weight_only.fused == [] and qmodel.a.fused is None
     assert qmodel.qplug_weight_only.fusion == ("not looked for: the model has no dummy_inputs and calibration "
-                                               "is not a list of batches")
+                                               "is not a list of batches; pass calibration_data=[batch] to let "
+                                               "qplug find the layers reading one input (q/k/v)")
     wrong = qp.quantize_weights(Siblings(), bits=8, kernel="reference", calibration_data=[torch.randn(5, 7)])
     assert wrong.qplug_weight_only.fused == []
     assert wrong.qplug_weight_only.fusion.startswith("not found: the run on the first calibration batch raised "

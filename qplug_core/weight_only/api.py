@@ -37,7 +37,7 @@ from qplug_core.nn.computed_weights import copy_model, without_computed_weights
 from qplug_core.registry.backends import Backend
 from qplug_core.weight_only import decode_step
 from qplug_core.weight_only.awq import GPTQ_ROWS, MAX_ROWS, awq_quantize, shared_input_scales
-from qplug_core.weight_only.batches import calibration_batches, call_model
+from qplug_core.weight_only.batches import calibration_batches, call_model, decoder_started
 from qplug_core.weight_only.float_convolutions import float_convolutions_warning
 from qplug_core.weight_only.fusion import fuse, shared_inputs
 from qplug_core.weight_only.gptq import gptq_quantize
@@ -239,23 +239,43 @@ def choose_kernels(model: nn.Module, info: WeightOnlyInfo | None, groups: list[t
     return changed
 
 
+#: what a user can do when the layers reading one input were not looked for or not found
+_SIBLINGS_ADVICE = "pass calibration_data=[batch] to let qplug find the layers reading one input (q/k/v)"
+
+
 def sibling_groups(model: nn.Module, linears: dict[str, nn.Module], calibration: Iterable[Any]
                    ) -> tuple[list[tuple[str, ...]], str]:
     """The ``linears`` of ``model`` that read one input, found by running it once on its own
-    ``dummy_inputs`` (Hugging Face models) or the first calibration batch of a list, and how they
-    were looked for; none when neither exists or the run fails (the layers then run one kernel
-    call each). ``model`` is in eval mode (quantize_weights' copy): the run updates no running
-    statistics."""
-    source = "the model's dummy_inputs"
-    try:
-        example = getattr(model, "dummy_inputs", None)
-        if example is None and isinstance(calibration, (list, tuple)) and calibration:
-            example, source = calibration[0], "the first calibration batch"
-        if example is None:
-            return [], "not looked for: the model has no dummy_inputs and calibration is not a list of batches"
-        return shared_inputs(lambda: call_model(model, example), linears), f"looked for on {source}"
-    except Exception as exc:  # a model whose dummy input does not fit it: nothing joined, nothing lost
-        return [], f"not found: the run on {source} raised {type(exc).__name__}: {exc}"
+    ``dummy_inputs`` (Hugging Face models) or, where there are none or they do not fit, the first
+    calibration batch of a list, and how they were looked for; none when neither works (the layers
+    then run one kernel call each, and the line says how to help). ``model`` is in eval mode
+    (quantize_weights' copy): the run updates no running statistics."""
+    first = calibration[0] if isinstance(calibration, (list, tuple)) and calibration else None
+    dummy, skipped = _dummy_inputs(model)
+    examples = [(source, example) for source, example in (
+        ("the model's dummy_inputs", dummy), ("the first calibration batch", first)) if example is not None]
+    failures = [skipped] if skipped else []
+    for source, example in examples:
+        try:
+            return shared_inputs(lambda: call_model(model, example), linears), f"looked for on {source}"
+        except Exception as exc:  # an example that does not fit: nothing joined, nothing lost
+            failures.append(f"the run on {source} raised {type(exc).__name__}: {exc}")
+    advice = "" if first is not None else f"; {_SIBLINGS_ADVICE}"
+    if not examples:
+        why = skipped or "the model has no dummy_inputs"
+        return [], f"not looked for: {why} and calibration is not a list of batches{advice}"
+    return [], f"not found: {'; '.join(failures)}{advice}"
+
+
+def _dummy_inputs(model: nn.Module) -> tuple[Any, str]:
+    """The model's ``dummy_inputs`` (an encoder-decoder's with its decoder start token), or None and
+    why they are not used: Whisper's are token ids, its main input is float ``input_features``."""
+    dummy = getattr(model, "dummy_inputs", None)
+    main = getattr(model, "main_input_name", None)
+    if dummy is not None and hasattr(dummy, "keys") and isinstance(main, str) and main not in dummy:
+        return None, (f"{type(model).__name__}'s dummy_inputs ({', '.join(map(str, dummy.keys()))}) do not hold "
+                      f"its main input {main!r}")
+    return (None if dummy is None else decoder_started(model, dummy)), ""
 
 
 def conv1d_class() -> type | None:

@@ -92,3 +92,19 @@ def test_a_batch_whisper_cannot_take_gets_no_token_id_advice():
     assert "token ids" not in str(raised.value)
     assert "is an encoder-decoder: give dicts {'input_features': ..., 'decoder_input_ids': ...}" in str(raised.value)
 
+
+def test_quantize_weights_looks_for_whisper_siblings_on_the_calibration_batch():
+    """Whisper's ``dummy_inputs`` are token ids, which its forward cannot take: the report showed the
+    AttributeError of that run; the first calibration batch is used instead, and without one the line
+    says how to help."""
+    model = whisper()
+    alone = qp.quantize_weights(model, bits=8, group_size=32, kernel="reference").qplug_weight_only
+    assert alone.fused == []
+    assert alone.fusion == ("not looked for: WhisperForConditionalGeneration's dummy_inputs (input_ids) do not "
+                            "hold its main input 'input_features' and calibration is not a list of batches; pass "
+                            "calibration_data=[batch] to let qplug find the layers reading one input (q/k/v)")
+    helped = qp.quantize_weights(model, bits=8, group_size=32, kernel="reference",
+                                 calibration_data=[features(0)]).qplug_weight_only
+    assert helped.fusion == "looked for on the first calibration batch"
+    attention = {f"model.encoder.layers.0.self_attn.{name}_proj" for name in "qkv"}
+    assert any(attention <= set(group) for group in helped.fused), helped.fused

@@ -288,17 +288,21 @@ def int8_share_line(report: QuantizationReport) -> str:
 
 def _work_shares(report: QuantizationReport, compute: list[SkippedNode]) -> list[str]:
     """``["97% of MACs", "96% of weights"]``: the int8 regions' share of the work of the regions
-    and float compute ops (a region left in reference form counts as float)."""
+    and float compute ops (a region left in reference form counts as float). Where some op's
+    shapes are unknown and some ops are float, the MACs share says so rather than vanish: ">99% of
+    weights" alone read as all int8 for a conformer whose attention matmuls stayed float."""
     int8 = [report.work[name] for name in report.quantized if name in report.work and name not in report.reference]
     floats = [report.work[name] for name in {e.node for e in compute} | set(report.reference) if name in report.work]
-    shares = []
+    shares, unknown = [], ""
     for index, unit in ((1, "MACs"), (0, "weights")):
-        if any(work[index] is None for work in int8 + floats):
+        missing = sum(work[index] is None for work in int8 + floats)
+        if missing:  # with nothing float, all of it is int8 anyway
+            unknown = f"{unit} unknown for {missing} op(s) without shapes" if floats else ""
             continue
         done, left = sum(w[index] or 0 for w in int8), sum(w[index] or 0 for w in floats)
         if done + left:
             shares.append(f"{_percent(done, done + left)} of {unit}")
-    return shares
+    return shares + [unknown] if shares and unknown else shares
 
 
 def _percent(part: int, whole: int) -> str:

@@ -37,7 +37,7 @@ from qplug_core.flows.capture import generates
 from qplug_core.flows.final_check import check_final_model
 from qplug_core.flows.image_sizes import calibrated_sizes
 from qplug_core.flows.method_views import method_view
-from qplug_core.flows.pipeline import as_input_tuple
+from qplug_core.flows.pipeline import as_input_tuple, bound_batches, bound_to_forward
 from qplug_core.flows.tags import RECIPE, REPORT, TARGET
 from qplug_core.flows.weight_bits import backend_defaults, users_own
 from qplug_core.registry.backends import Backend, get_backend, resolve_backend
@@ -66,11 +66,19 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     contract (:mod:`qplug_core.flows.auto`; the report's ``auto`` lists what was tried).
 
     A generating Hugging Face model (a ``PreTrainedModel`` with ``generate()``, such as
-    ``LlamaForCausalLM``) is not captured: a graph has no ``generate()`` and no KV cache. With the
-    default options it is quantized by :func:`qp.quantize_w8a8 <qplug_core.quantize_w8a8>`
-    instead (SmoothQuant on ``calibration_data``, int8 weights and per-token int8 activations,
-    the same model class back, with ``generate()``); ``capture="export"`` (or any graph-mode
-    option) still gives the captured ``GraphModule``, with a warning that it cannot generate.
+    ``LlamaForCausalLM`` or ``WhisperForConditionalGeneration``) is not captured: a graph has no
+    ``generate()`` and no KV cache. With ``backend=None``, ``"auto"`` or a backend with kernels
+    (fbgemm, qnnpack) and the default options it is quantized by
+    :func:`qp.quantize_w8a8 <qplug_core.quantize_w8a8>` instead (SmoothQuant on ``calibration_data``,
+    int8 weights and per-token int8 activations, the same model class back, with ``generate()``;
+    ``example_inputs`` are not used). A delegating backend (``"onnxruntime"``, ``"openvino"``)
+    compiles graphs, so there, as with ``capture="export"`` (or any graph-mode option), the model
+    is captured: a ``GraphModule`` that cannot generate, with a warning saying so.
+
+    Batches (``example_inputs`` and each calibration batch) are a tensor, a tuple of positional
+    inputs or a dict of keyword inputs on either route: a captured graph takes positional inputs,
+    so a dict whose keys are ``forward()``'s parameters is bound to them by name (parameters between
+    them at their defaults), from a list or an iterator of batches.
 
     A torch.export capture keeps image heights and widths dynamic when ``calibration_data`` (a
     list) holds images of several sizes and the exported graph answers each as the model does;
@@ -94,6 +102,7 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
         warn_user(f"qp.quantize captures {type(model).__name__} as a graph, which has no generate() and no KV "
                   f"cache; {keep} keep the model and generate()")
     model = view
+    example_inputs, calibration_data = bound_to_forward(example_inputs, model), bound_batches(calibration_data, model)
     if not (isinstance(backend, str) and backend == auto.AUTO):  # auto measures every backend itself
         named = get_backend(backend)
         warn_if_slow_here(named.name, named.engine)

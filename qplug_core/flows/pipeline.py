@@ -55,6 +55,34 @@ def as_input_tuple(example_inputs: Any, model: Any = None) -> tuple:
     return (example_inputs,)
 
 
+def bound_to_forward(inputs: Any, model: Any) -> Any:
+    """A dict of keyword inputs whose keys are ``model.forward``'s positional parameters, as the
+    tuple forward takes (the parameters between them at their defaults: Whisper's
+    ``{"input_features", "decoder_input_ids"}`` is ``(features, None, ids)``), so that ``qp.quantize``
+    takes the batches of its W8A8 route on its graph route too; anything else unchanged (a dict
+    that does not bind is refused later by :func:`as_input_tuple`, with advice)."""
+    params = _positional_parameters(model) if hasattr(inputs, "keys") and len(inputs) else None
+    if params is None or not set(inputs.keys()) <= set(params):
+        return inputs
+    defaults = inspect.signature(model.forward).parameters
+    values = []
+    for name in params[:max(params.index(key) for key in inputs.keys()) + 1]:
+        if name not in inputs and defaults[name].default is inspect.Parameter.empty:
+            return inputs
+        values.append(inputs[name] if name in inputs else defaults[name].default)
+    return tuple(values)
+
+
+def bound_batches(data: Any, model: Any) -> Any:
+    """:func:`bound_to_forward` on each batch of a list or an iterator (read once either way);
+    other data unchanged (a re-iterable loader is read again by some flows)."""
+    if isinstance(data, (list, tuple)):
+        return [bound_to_forward(batch, model) for batch in data]
+    if isinstance(data, Iterator):
+        return (bound_to_forward(batch, model) for batch in data)
+    return data
+
+
 def _dict_advice(keys: list[str], model: Any) -> str:
     """How to pass a dict ``batch`` to this forward(): its values in forward()'s order when they are
     its arguments, the dict wrapped whole when forward() takes one argument, else either one."""

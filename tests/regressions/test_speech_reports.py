@@ -44,14 +44,14 @@ def geometry(module: nn.Module, kind: type[nn.Module]) -> dict[str, object]:
     return {name: getattr(module, name) for name in _GEOMETRY[kind]}
 
 
-@pytest.mark.slow  # ~4 s: one export capture and one load
+@pytest.mark.slow  # one torch.export capture and one load
 def test_whisper_generates_with_an_int8_encoder_put_back(tmp_path):
     """Whisper's ``generate()`` reads ``encoder.conv1.stride`` (before: AttributeError 'Conv1d' object has
     no attribute 'stride'); the int8 convs and linears answer the float modules' geometry, also once
     saved and loaded."""
     model = whisper()
     calibration = [features(seed) for seed in range(2)]
-    encoder = qp.quantize(model.model.encoder, (calibration[0],), calibration, backend="fbgemm")
+    encoder = qp.quantize(model.model.encoder, (calibration[0],), calibration, backend="fbgemm", recipe="none")
     path = tmp_path / "encoder.safetensors"
     qp.save(encoder, path)
     float_modules = dict(model.model.encoder.named_modules())
@@ -126,10 +126,10 @@ class FeaturesToTokens(nn.Module):
         return self.head(torch.relu(memory + self.tokens(decoder_input_ids)))
 
 
-@pytest.mark.slow  # ~8 s each on the shared machine: a torch.export or an ONNX export (the fast case: test_embedding_tabular_reports)
 @pytest.mark.parametrize("backend, keys", [
     ("fbgemm", ("input_features", "decoder_input_ids")),  # attention_mask left at its default
-    ("onnxruntime", ("decoder_input_ids", "attention_mask", "input_features")),  # in another order
+    pytest.param("onnxruntime", ("decoder_input_ids", "attention_mask", "input_features"),  # in another order
+                 marks=pytest.mark.slow),  # ~7 s on the shared machine: an ONNX export
 ])
 def test_dict_batches_of_an_encoder_decoder_fit_every_backend(backend, keys):
     """Whisper's dict batches ``{"input_features", "decoder_input_ids"}`` worked on qp.quantize's W8A8

@@ -59,8 +59,12 @@ def bound_to_forward(inputs: Any, model: Any) -> Any:
     """A dict of keyword inputs whose keys are ``model.forward``'s positional parameters, as the
     tuple forward takes (the parameters between them at their defaults: Whisper's
     ``{"input_features", "decoder_input_ids"}`` is ``(features, None, ids)``), so that ``qp.quantize``
-    takes the batches of its W8A8 route on its graph route too; anything else unchanged (a dict
-    that does not bind is refused later by :func:`as_input_tuple`, with advice)."""
+    takes the batches of its W8A8 route on its graph route too, also wrapped in a 1-tuple as
+    ``example_inputs`` often are; anything else unchanged (a dict that does not bind is refused
+    later by :func:`as_input_tuple`, with advice)."""
+    if isinstance(inputs, (tuple, list)) and len(inputs) == 1 and hasattr(inputs[0], "keys"):
+        bound = bound_to_forward(inputs[0], model)
+        return inputs if bound is inputs[0] else bound
     params = _positional_parameters(model) if hasattr(inputs, "keys") and len(inputs) else None
     if params is None or not set(inputs.keys()) <= set(params):
         return inputs

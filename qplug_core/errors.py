@@ -135,7 +135,7 @@ class BackendNotFoundError(BackendError):
 
 
 class BackendUnavailableError(BackendError):
-    """The backend is installed but cannot run on this machine (engine missing, wrong CPU...)."""
+    """The backend is installed but cannot run (engine missing, wrong CPU, its plugin broken...)."""
 
 
 class DelegateRuntimeError(BackendError):

@@ -85,10 +85,12 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
         found["summary"] = lower_graph(graph_module, backend, keep_reference,
                                        replaced=lambda path: hold_weight_as_int8(graph_module, path, copies))
 
-    # a delegating backend compiles its partitions first; a backend without kernels (reference)
-    # runs the reference form itself: nothing to lower
+    # a delegating backend compiles its partitions first; the reference backend runs the reference
+    # form itself: nothing to lower. A kernel backend lowers even with an empty kernel table, so
+    # that its layers left in reference form are warned of and counted in the report.
     lowering = [delegate_partitions] if delegate is not None else []
-    lowering += [lower_to_kernels] if lower and backend.kernels else []
+    kernel_backend = delegate is None and backend.name != "reference"
+    lowering += [lower_to_kernels] if lower and (backend.kernels or kernel_backend) else []
     run_passes(gm, [*lowering, *plugin_passes(backend, Stage.POST_CONVERT)])
     summary = found.get("summary", LoweringSummary())
     report = conversion_report(gm, backend.name, mode, regions,

@@ -63,7 +63,8 @@ class Backend:
     kernels: dict[Any, KernelSpec] = field(default_factory=dict)
     #: plugins that registered or extended this backend (the registering one first)
     contributors: list[plugins.PluginRecord] = field(default_factory=list)
-    #: hook failures of contributing plugins; their contributions are left out
+    #: hook failures of contributing plugins; their contributions are left out (those of the
+    #: registering plugin break the backend: see :attr:`status`)
     problems: list[PluginError] = field(default_factory=list)
     #: which plugin contributed each kernel (warnings about a kernel name it)
     kernel_plugins: dict[Any, plugins.PluginRecord] = field(default_factory=dict)
@@ -134,18 +135,25 @@ class Backend:
 
     def require_available(self) -> Backend:
         """Return ``self``, or raise :class:`BackendUnavailableError` saying why and what to use."""
+        refuse_broken(self)
         availability = self.availability()
         if not availability.ok:
-            others = [info.name for info in list_backends() if info.status == BackendStatus.OK]
             raise BackendUnavailableError(
                 f"backend {self.name!r} cannot run on this machine ({platform_name()}): "
-                f"{availability.reason}; use one of: {', '.join(others) or 'none'}",
-                backend=self.name)
+                f"{availability.reason}; use one of: {_usable_names()}", backend=self.name)
         return self
 
     @property
+    def own_problems(self) -> list[PluginError]:
+        """Hook failures of the plugin registering this backend: what is left of it is not the
+        backend its author wrote (a rejected kernel table leaves every layer in reference form).
+        Another plugin's failure only loses that plugin's contribution."""
+        owner = self.contributors[0].name if self.contributors else None
+        return [problem for problem in self.problems if problem.plugin == owner]
+
+    @property
     def status(self) -> BackendStatus:
-        if self.problems:
+        if self.own_problems:
             return BackendStatus.BROKEN
         return BackendStatus.OK if self.availability().ok else BackendStatus.UNAVAILABLE
 
@@ -399,6 +407,18 @@ def list_backends() -> list[BackendInfo]:
     return rows
 
 
+def _usable_names() -> str:
+    return ", ".join(info.name for info in list_backends() if info.status == BackendStatus.OK) or "none"
+
+
+def refuse_broken(backend: Backend) -> None:
+    """Raise :class:`BackendUnavailableError` with the recorded failures of a broken backend."""
+    if backend.status is BackendStatus.BROKEN:
+        failures = "; ".join(str(problem) for problem in backend.own_problems)
+        raise BackendUnavailableError(f"backend {backend.name!r} is broken: {failures}; use one of: "
+                                      f"{_usable_names()}", backend=backend.name) from backend.own_problems[0]
+
+
 def _default_backend_name() -> str:
     available = [info.name for info in list_backends() if info.status == BackendStatus.OK]
     choice = plugins.collect_first("qplug_select_default_backend", available=available)
@@ -434,6 +454,7 @@ def get_backend(name_or_backend: str | Backend | None = None) -> Backend:
         raise not_a_backend(name)
     if entry.error is not None:
         raise entry.error
+    refuse_broken(entry.backend)
     return entry.backend
 
 

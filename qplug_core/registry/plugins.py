@@ -340,6 +340,15 @@ def _import_shared() -> None:
             importlib.import_module(name)
 
 
+def _is_backend_plugin_class(plugin: object) -> bool:
+    """Whether an entry point named a BackendPlugin subclass, not its instance: its hooks are
+    plain functions then, each missing ``self``. Refused rather than instantiated: the entry
+    point names the plugin object, which other tools read too, and a class may need arguments."""
+    from qplug_core.registry.backend_plugin import BackendPlugin
+
+    return isinstance(plugin, type) and issubclass(plugin, BackendPlugin)
+
+
 class QplugPluginManager:
     """pluggy's PluginManager plus records, safe loading and isolated, type-checked hook calls."""
 
@@ -429,6 +438,14 @@ class QplugPluginManager:
                 exc = caught
         record.load_seconds = effects.seconds
         self._report_side_effects(record, effects)
+        if exc is None and _is_backend_plugin_class(plugin):
+            self.pm.unregister(plugin)
+            self._reject(record, PluginStatus.BROKEN, PluginLoadError(
+                f"plugin {record.label} failed to load: its entry point names the class "
+                f"{plugin.__name__}; name an instance: `plugin = {plugin.__name__}()` in "
+                f"{plugin.__module__} and the entry point {plugin.__module__}:plugin; disable with "
+                f"{ENV_DISABLE}={record.name}", **record.attribution()))
+            return
         if exc is not None:
             self._reject(record, PluginStatus.BROKEN, _load_error(record, exc))
             return
@@ -490,19 +507,26 @@ class QplugPluginManager:
         return self._return_types[hook_name]
 
     def collect(self, hook_name: str, **kwargs: Any) -> list[HookResult]:
-        """Call every implementation of ``hook_name`` in registration order, each in isolation."""
+        """Call every working implementation of ``hook_name`` in registration order, each in
+        isolation."""
         self.load()
-        return [self._call(impl, hook_name, kwargs)
-                for impl in getattr(self.pm.hook, hook_name).get_hookimpls()]
+        return [self._call(impl, hook_name, kwargs) for impl in self._working(hook_name)]
 
     def collect_first(self, hook_name: str, **kwargs: Any) -> HookResult | None:
         """firstresult semantics: the latest registered implementation answering non-``None`` wins."""
         self.load()
-        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+        for impl in reversed(self._working(hook_name)):
             result = self._call(impl, hook_name, kwargs)
             if result.ok and result.value is not None:
                 return result
         return None
+
+    def _working(self, hook_name: str) -> list[pluggy.HookImpl]:
+        """The implementations of plugins with no failure so far: a plugin is skipped from its
+        first failure on, or one that fails for every backend (an entry point naming a class)
+        would be charged to each backend assembled after it, ``reference`` included."""
+        return [impl for impl in getattr(self.pm.hook, hook_name).get_hookimpls()
+                if self._by_name[impl.plugin_name].status is PluginStatus.OK]
 
     def _call(self, impl: pluggy.HookImpl, hook_name: str, kwargs: dict[str, Any]) -> HookResult:
         record = self._by_name[impl.plugin_name]

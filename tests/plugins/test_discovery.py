@@ -158,7 +158,9 @@ def qplug_backend_pattern_configs(backend):
     with pytest.warns(plugins.QplugPluginWarning, match="no configs today"):
         status = {info.name: info.status for info in list_backends()}
     assert status["flaky"] == "broken" and status["reference"] == "ok"
-    assert get_backend("flaky").problems[0].hook == "qplug_backend_pattern_configs"
+    with pytest.raises(BackendUnavailableError, match="backend 'flaky' is broken: .*no configs today") as raised:
+        get_backend("flaky")
+    assert raised.value.__cause__.hook == "qplug_backend_pattern_configs"
 
 
 @pytest.mark.parametrize("value, actual", [

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.errors import PluginContractError, PluginHookError
+from qplug_core.errors import BackendUnavailableError, PluginContractError, PluginHookError
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import environment_diagnostics
 
@@ -186,3 +186,79 @@ plugin = P()
     broken = [d for d in doctor if "int8_gemm() probe is broken" in d.message]
     assert len(broken) == 1 and broken[0].level == "warning" and says in broken[0].message
     assert "[M, N]" in broken[0].hint
+
+
+def test_entry_point_naming_the_class_is_refused_plainly_and_stops_no_other_backend(fake_dist, monkeypatch):
+    fake_dist("qplug-vendor", HEAD, module="qplug_vendor:Vendor", entry_point="vendor")
+    monkeypatch.setenv(plugins.ENV_LOAD, "qplug-vendor,fbgemm")
+    plugins.reset()
+    with pytest.warns(plugins.QplugPluginWarning, match=r"entry point names the class Vendor; name an "
+                                                        r"instance: `plugin = Vendor\(\)`"):
+        rows = {info.name: info.status for info in qp.list_backends()}
+    assert rows == {"reference": "ok", "fbgemm": "ok"}
+    report = qp.quantization_report(qp.quantize(model(), batches()[0], batches(), backend="fbgemm"))
+    assert set(report.kernels) == {"0", "2"}  # both layers on fbgemm's kernels
+
+
+RAISES_FOR_EVERY_BACKEND = """
+from qplug_core.plugin_api import hookimpl
+
+asked = []
+
+
+@hookimpl
+def qplug_fuser_methods(backend):
+    asked.append(backend)
+    raise RuntimeError("vendor SDK not initialised")
+"""
+
+
+def test_a_plugin_failing_in_a_hook_is_not_asked_again(fake_dist, monkeypatch):
+    fake_dist("qplug-meddler", RAISES_FOR_EVERY_BACKEND)
+    monkeypatch.setenv(plugins.ENV_LOAD, "qplug-meddler,fbgemm")
+    plugins.reset()
+    with pytest.warns(plugins.QplugPluginWarning, match="vendor SDK not initialised"):
+        rows = qp.list_backends()
+    import qplug_meddler
+
+    assert len(qplug_meddler.asked) == 1  # not once per backend assembled
+    assert [row.status for row in rows] == ["ok", "ok"]  # another plugin's failure breaks neither
+    report = qp.quantization_report(qp.quantize(model(), batches()[0], batches(), backend="fbgemm"))
+    assert set(report.kernels) == {"0", "2"}  # both layers on fbgemm's kernels
+
+
+def test_a_backend_whose_kernel_table_was_rejected_is_refused_with_its_problem(fake_dist):
+    install(fake_dist, '''
+class P(Vendor):
+    def kernels(self):
+        return list(super().kernels().values())
+
+
+plugin = P()
+''')
+    with pytest.warns(plugins.QplugPluginWarning):
+        assert next(i for i in qp.list_backends() if i.name == "vendor").status == "broken"
+    with pytest.raises(BackendUnavailableError, match=r"backend 'vendor' is broken: plugin 'vendor' "
+                                                      r"\(qplug-vendor 0.1\): hook qplug_int8_kernels must "
+                                                      r"return dict\[Pattern, KernelSpec\], got "
+                                                      r"list\[KernelSpec\]") as raised:
+        qp.quantize(model(), batches()[0], batches(), backend="vendor")
+    assert isinstance(raised.value.__cause__, PluginContractError)
+
+
+def test_a_kernel_backend_lowering_nothing_says_so_and_counts_its_reference_form_layers(fake_dist):
+    install(fake_dist, '''
+class P(Vendor):
+    def kernels(self):
+        return {}
+
+
+plugin = P()
+''')
+    with pytest.warns(UserWarning, match=r"backend 'vendor' has no int8 kernel for these layers, which "
+                                         r"run in reference form .*'0' .*'2'"):
+        lowered = qp.quantize(model(), batches()[0], batches(), backend="vendor")
+    report = qp.quantization_report(lowered)
+    assert set(report.reference) == {"0", "2"} and report.kernels == {}
+    assert "reference form (no kernel): 2" in str(report)
+

@@ -149,6 +149,16 @@ class DelegateRuntimeError(BackendError):
         self.plugin, self.dist, self.partition = plugin, dist, partition
 
 
+class KernelRuntimeError(BackendError):
+    """A backend's per-op kernel raised while a converted model ran; ``plugin``, ``dist``,
+    ``kernel`` and ``layer`` say where, and the kernel's exception is the cause."""
+
+    def __init__(self, message: str, *, backend: str | None = None, plugin: str | None = None,
+                 dist: str | None = None, kernel: str | None = None, layer: str | None = None):
+        super().__init__(message, backend=backend)
+        self.plugin, self.dist, self.kernel, self.layer = plugin, dist, kernel, layer
+
+
 # -- configs and patterns --------------------------------------------------------------------------
 
 

@@ -16,27 +16,22 @@ raised as it was. A swapped layer called on its own, not through the model, does
 
 from __future__ import annotations
 
-import traceback
-
 import torch
 from torch import nn
 
+from qplug_core.ir.failed_calls import failed_module_calls
 from qplug_core.kernels.layer_faults import ExplainedLayer, Fault, explained_error, wrong_dtype
 
 __all__ = ["named_error"]
-
-#: the frame of a module's call: its locals hold the module (``self``) and what its forward got (``args``)
-_MODULE_CALL = nn.Module._call_impl.__code__
 
 
 def named_error(model: nn.Module, names: frozenset[str], error: Exception) -> Exception | None:
     """``error`` of a call of ``model`` naming the module among ``names`` (its swapped ones) whose call
     raised it, or None to raise it as it is."""
     layers = {id(m): (n, m) for n, m in model.named_modules() if n in names and not isinstance(m, ExplainedLayer)}
-    for frame, _ in traceback.walk_tb(error.__traceback__):
-        if frame.f_code is _MODULE_CALL and id(frame.f_locals.get("self")) in layers:
-            name, module = layers[id(frame.f_locals["self"])]
-            args = frame.f_locals.get("args", ())
+    for called, args in failed_module_calls(error):
+        if id(called) in layers:
+            name, module = layers[id(called)]
             return explained_error(module, name, error, lambda: _float_input_fault(args))
     return None
 

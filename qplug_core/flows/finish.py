@@ -19,7 +19,7 @@ from qplug_core.flows.float_outputs import drop_unread_output_grids
 from qplug_core.flows.freed_memory import give_back_freed_memory
 from qplug_core.flows.held_forms import hold_reference_forms_as_int8
 from qplug_core.flows.input_dtypes import guard_input_dtypes
-from qplug_core.flows.input_faults import explain_input_faults
+from qplug_core.flows.input_faults import explain_call_faults
 from qplug_core.flows.lower import LoweringSummary, lower_graph
 from qplug_core.flows.pickle_guard import refuse_torch_shipping
 from qplug_core.flows.pipeline import plugin_passes, run_passes
@@ -107,7 +107,7 @@ def finish_conversion(gm: fx.GraphModule, backend: Backend, *, mode: str, lower:
     guard_input_names(gm, gm.meta.get(FIXED_KEYWORDS, {}))  # a misspelt or missing input: the inputs it takes, not forward()'s TypeError
     guard_exported_inputs(gm)  # what export assumed of an input: one qplug error at the call, not deep inside
     guard_input_dtypes(gm)  # a float16 input, a float mask for a bool one: one qplug error, not a runtime's
-    explain_input_faults(gm)  # a call that fails inside (an id beyond the vocabulary): the input at fault
+    explain_call_faults(gm)  # a call that fails inside: the input at fault (an id beyond the vocabulary), else the kernel
     hold_reference_forms_as_int8(gm, copies)  # the reference weights it no longer runs: int8 in RAM, as in the file
     give_back_freed_memory()  # the rounded float weights lowering let go of, from glibc's heap
     return report

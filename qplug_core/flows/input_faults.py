@@ -21,17 +21,23 @@ import torch
 from torch import fx
 
 from qplug_core.errors import BackendError, InputMismatchError, QplugError, first_line, input_mismatch
+from qplug_core.flows.kernel_faults import kernel_fault
 from qplug_core.flows.table_lookups import TableLookup, table_lookups
 from qplug_core.flows.tags import INPUT_SPEC, SPEC_DTYPES
 from qplug_core.ir.call_inputs import input_paths
 from qplug_core.ir.failed_calls import explain_failures
 
-__all__ = ["explain_input_faults"]
+__all__ = ["explain_call_faults"]
 
 
-def explain_input_faults(gm: fx.GraphModule) -> None:
-    """Make a failing call of the converted model ``gm`` name the input at fault where one is."""
-    explain_failures(gm, input_fault)
+def explain_call_faults(gm: fx.GraphModule) -> None:
+    """Make a failing call of the converted model ``gm`` name the input at fault where one is, else
+    the backend kernel that raised (``flows/kernel_faults.py``)."""
+    explain_failures(gm, _call_fault)
+
+
+def _call_fault(gm: fx.GraphModule, args: tuple, kwargs: dict, error: Exception) -> QplugError | None:
+    return input_fault(gm, args, kwargs, error) or kernel_fault(gm, error)
 
 
 def input_fault(gm: fx.GraphModule, args: tuple, kwargs: dict, error: Exception) -> InputMismatchError | None:

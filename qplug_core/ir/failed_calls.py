@@ -18,12 +18,16 @@ leaves the error to its caller.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import fx, nn
 
-__all__ = ["Explain", "explain_failures", "quiet_call"]
+__all__ = ["Explain", "explain_failures", "failed_module_calls", "quiet_call"]
+
+#: the frame of a module's call: its locals hold the module (``self``) and what its forward got (``args``)
+_MODULE_CALL = nn.Module._call_impl.__code__
 
 #: ``(model, args, kwargs, error) -> the error to raise instead`` (from ``error``), or None
 Explain = Callable[[fx.GraphModule, tuple, dict, Exception], "Exception | None"]
@@ -61,6 +65,14 @@ def _explained_call(cls: type, explain: Explain) -> Callable[..., Any]:
             raise instead from error
 
     return explained_call
+
+
+def failed_module_calls(error: BaseException) -> Iterator[tuple[Any, tuple]]:
+    """The modules whose calls ``error`` passed through, outermost first, each with the positional
+    arguments its call got: read from the traceback once a call failed, at no cost before."""
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        if frame.f_code is _MODULE_CALL:
+            yield frame.f_locals.get("self"), frame.f_locals.get("args", ())
 
 
 class _ExplainCopies:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.errors import BackendUnavailableError, PluginContractError, PluginHookError
+from qplug_core.errors import BackendUnavailableError, KernelRuntimeError, PluginContractError, PluginHookError
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import environment_diagnostics
 
@@ -262,3 +262,29 @@ plugin = P()
     assert set(report.reference) == {"0", "2"} and report.kernels == {}
     assert "reference form (no kernel): 2" in str(report)
 
+
+def test_a_kernel_raising_after_convert_names_its_layer_plugin_and_kernel(fake_dist):
+    install(fake_dist, '''
+class SmallBuffer(GoodLinear):
+    def forward(self, x):
+        if x.shape[0] > 16:
+            raise RuntimeError("ACME driver: batch exceeds on-chip buffer")
+        return super().forward(x)
+
+
+class P(Vendor):
+    def kernels(self):
+        return {nn.Linear: KernelSpec("vendor::linear", build=SmallBuffer)}
+
+
+plugin = P()
+''')
+    qmodel = qp.quantize(model(), batches()[0], batches(), backend="vendor")
+    qmodel(torch.randn(16, 8))  # within the runtime's buffer
+    with pytest.raises(KernelRuntimeError, match=r"backend 'vendor': kernel vendor::linear of plugin 'vendor' "
+                                                 r"\(qplug-vendor 0.1\) raised RuntimeError in layer '0': "
+                                                 r"ACME driver: batch exceeds on-chip buffer") as raised:
+        qmodel(torch.randn(32, 8))
+    error = raised.value
+    assert (error.plugin, error.dist, error.kernel, error.layer) == ("vendor", "qplug-vendor", "vendor::linear", "0")
+    assert isinstance(error.__cause__, RuntimeError) and "on-chip buffer" in str(error.__cause__)

@@ -59,26 +59,36 @@ weight_only_quint8_dtype_config = DTypeConfig(
 class DTypeConfigSet:
     """The dtype configs a backend supports for each family of the shared pattern set.
 
-    The defaults are torch's native set (static quint8/qint8, dynamic int8 and float16 for linear
-    and RNNs, quint8 weight-only embeddings, quantized in/out layer norm), which is what the
-    reference and fbgemm backends run; a backend with other constraints replaces the fields that
-    differ. Fields left ``None`` follow another: ``fixed_qparams_op``, ``share_qparams_op``,
-    ``tensor_info_op`` and ``binary_op`` follow ``default_op``; ``rnn_op`` follows ``dynamic``;
-    ``linear`` is ``weighted_op + dynamic``.
+    A family claims what it is given and nothing else: a backend setting ``weighted_op`` and
+    ``default_op`` declares no embedding, dynamic, recurrent or layer-norm pattern it has no
+    kernel for (those patterns keep no dtype config, so their ops stay float). :meth:`native` is
+    torch's native set (static quint8/qint8, dynamic int8 and float16 for linear and RNNs, quint8
+    weight-only embeddings, quantized in/out layer norm), which the reference and fbgemm backends
+    run, with the fields given replaced. Fields left ``None`` follow another:
+    ``fixed_qparams_op``, ``share_qparams_op``, ``tensor_info_op`` and ``binary_op`` follow
+    ``default_op``; ``rnn_op`` follows ``dynamic``; ``linear`` is ``weighted_op + dynamic``.
     """
 
-    weighted_op: tuple[DTypeConfig, ...] = (weighted_op_quint8_dtype_config,)
-    default_op: tuple[DTypeConfig, ...] = (default_op_quint8_dtype_config,)
-    dynamic: tuple[DTypeConfig, ...] = (default_dynamic_int8_dtype_config,
-                                        default_dynamic_float16_dtype_config)
-    embedding: tuple[DTypeConfig, ...] = (weight_only_quint8_dtype_config,)
-    layer_norm: tuple[DTypeConfig, ...] = (input_output_only_quint8_dtype_config,)
+    weighted_op: tuple[DTypeConfig, ...] = ()
+    default_op: tuple[DTypeConfig, ...] = ()
+    dynamic: tuple[DTypeConfig, ...] = ()
+    embedding: tuple[DTypeConfig, ...] = ()
+    layer_norm: tuple[DTypeConfig, ...] = ()
     fixed_qparams_op: tuple[DTypeConfig, ...] | None = None
     share_qparams_op: tuple[DTypeConfig, ...] | None = None
     tensor_info_op: tuple[DTypeConfig, ...] | None = None
     binary_op: tuple[DTypeConfig, ...] | None = None
     rnn_op: tuple[DTypeConfig, ...] | None = None
     linear: tuple[DTypeConfig, ...] | None = None
+
+    @classmethod
+    def native(cls, **fields: tuple[DTypeConfig, ...] | None) -> DTypeConfigSet:
+        """torch's native set with ``fields`` replaced (``native(dynamic=())`` drops dynamic)."""
+        return cls(**{"weighted_op": (weighted_op_quint8_dtype_config,),
+                      "default_op": (default_op_quint8_dtype_config,),
+                      "dynamic": (default_dynamic_int8_dtype_config, default_dynamic_float16_dtype_config),
+                      "embedding": (weight_only_quint8_dtype_config,),
+                      "layer_norm": (input_output_only_quint8_dtype_config,), **fields})
 
     def builder_kwargs(self) -> dict[str, list[DTypeConfig]]:
         """Keyword arguments of :func:`~qplug_core.config.common_patterns.common_pattern_configs`."""
@@ -111,4 +121,4 @@ def reference_dtype_configs() -> dict[str, list[DTypeConfig]]:
     """Keyword arguments of :func:`~qplug_core.config.common_patterns.common_pattern_configs` for
     the core's reference backend: torch's native set (no 4-bit embeddings: the reference kernels
     do not pack quint4x2)."""
-    return DTypeConfigSet().builder_kwargs()
+    return DTypeConfigSet.native().builder_kwargs()

@@ -57,7 +57,7 @@ class BackendPlugin:
     engine: ClassVar[str | None] = None
     machines: ClassVar[tuple[str, ...]] = ()
     preferred_machines: ClassVar[tuple[str, ...]] = ()
-    dtype_configs: ClassVar[DTypeConfigSet | None] = DTypeConfigSet()
+    dtype_configs: ClassVar[DTypeConfigSet | None] = DTypeConfigSet.native()
     int8_arithmetic: ClassVar[Int8Arithmetic | None] = None
     pairs_in_torch_order: ClassVar[bool] = True
     float_outputs: ClassVar[bool | frozenset[str]] = False

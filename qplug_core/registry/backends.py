@@ -174,18 +174,22 @@ class Backend:
                               f"{self.name!r}; pass a QConfigMapping explicitly",
                               field="mode", value=mode)
         mapping = result.value
-        if mode == "dynamic":
-            self._request_only_dynamic_kernels(mapping)
+        self._request_only_claimed(mapping, mode)
         return mapping
 
-    def _request_only_dynamic_kernels(self, mapping: QConfigMapping) -> None:
-        """Set None the module types the backend has no dynamic int8 kernel for (onnxruntime's
-        nn.GRU): a default that requested them left them float with a warning the user could not
-        act on, while their report reason says the backend has no kernel."""
+    def _request_only_claimed(self, mapping: QConfigMapping, mode: str) -> None:
+        """Set None the module types the backend claims no int8 form of: in a dynamic mapping those
+        without a dynamic dtype config (onnxruntime's nn.GRU), in the others those whose pattern
+        has no dtype config (a vendor's DTypeConfigSet without embeddings). A default that
+        requested them left them float with a warning the user could not act on."""
         configs = self.config.pattern_to_config()
         for module_type, qconfig in list(mapping.object_type_qconfigs.items()):
             config = configs.get(module_type)
-            if qconfig is not None and not any(dc.is_dynamic for dc in (config.dtype_configs if config else [])):
+            if mode == "dynamic":
+                unclaimed = not any(dc.is_dynamic for dc in (config.dtype_configs if config else []))
+            else:
+                unclaimed = config is not None and not config.dtype_configs
+            if qconfig is not None and unclaimed:
                 mapping.set_object_type(module_type, None)
 
     def passes(self, stage: str) -> list[tuple[str, Callable]]:

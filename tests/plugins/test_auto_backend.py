@@ -58,7 +58,7 @@ def qplug_register_backends():
 
 @hookimpl
 def qplug_backend_pattern_configs(backend):
-    return DTypeConfigSet().pattern_configs() if backend == NAME else []
+    return DTypeConfigSet.native().pattern_configs() if backend == NAME else []
 
 
 @hookimpl

@@ -172,7 +172,7 @@ def qplug_register_backends():
 
 @hookimpl
 def qplug_backend_pattern_configs(backend):
-    return DTypeConfigSet().pattern_configs() if backend == "npu" else []
+    return DTypeConfigSet.native().pattern_configs() if backend == "npu" else []
 
 
 @hookimpl

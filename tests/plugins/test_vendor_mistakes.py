@@ -288,3 +288,27 @@ plugin = P()
     error = raised.value
     assert (error.plugin, error.dist, error.kernel, error.layer) == ("vendor", "qplug-vendor", "vendor::linear", "0")
     assert isinstance(error.__cause__, RuntimeError) and "on-chip buffer" in str(error.__cause__)
+
+
+def test_dtype_config_set_claims_only_the_families_a_vendor_sets(fake_dist):
+    install(fake_dist, '''
+from qplug_core.plugin_api import DTypeConfigSet
+
+
+class P(Vendor):
+    dtype_configs = DTypeConfigSet(weighted_op=(INT8,), default_op=(INT8,))
+
+    def pattern_configs(self):
+        return BackendPlugin.pattern_configs(self)
+
+
+plugin = P()
+''')
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 4)).eval()
+    ids = torch.randint(0, 10, (4, 3))
+    claimed = {cfg.pattern for cfg in qp.get_backend("vendor").config.configs if cfg.dtype_configs}
+    assert nn.Linear in claimed and not claimed & {nn.Embedding, nn.LSTM, nn.LayerNorm, nn.GRUCell}
+    with pytest.warns(UserWarning, match=r"weights stay float: '0' \(the backend has no int8 kernel for Embedding\)"):
+        report = qp.quantization_report(qp.quantize(net, (ids,), [(ids,)], backend="vendor"))
+    assert set(report.quantized) == {"1"} and report.kernels == {"1": "vendor::linear"}

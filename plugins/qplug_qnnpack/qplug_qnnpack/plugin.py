@@ -18,6 +18,7 @@ from qplug_core.plugin_api import (
     DTypeConfigSet,
     Int8Arithmetic,
     default_op_quint8_dtype_config,
+    weight_only_quint8_dtype_config,
 )
 from qplug_core.plugin_api import DTypeWithConstraints as Constrained
 
@@ -41,6 +42,7 @@ class QnnpackPlugin(BackendPlugin):
         default_op=(DTypeConfig(_activation, _activation),),
         dynamic=(DTypeConfig(torch.quint8, torch.float, _weight, torch.float, is_dynamic=True),),
         layer_norm=(DTypeConfig(_activation, _activation, torch.float, torch.float),),
+        embedding=(weight_only_quint8_dtype_config,),
         # fixed-qparams ops carry their own exact scale (1/256 or 2/256), above the bound anyway
         fixed_qparams_op=(default_op_quint8_dtype_config,))
 

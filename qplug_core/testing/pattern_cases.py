@@ -475,10 +475,21 @@ def _qconfigs(backend: Backend) -> dict[str, Any]:
             "embedding": mapping.object_type_qconfigs.get(nn.Embedding)}
 
 
+def _has_default(backend: Backend, mode: str) -> bool:
+    try:
+        backend.default_qconfig_mapping(mode)
+    except ConfigError:
+        return False
+    return True
+
+
 def cases_for(backend: str | Backend) -> list[PatternCase]:
-    """One :class:`PatternCase` per pattern config of ``backend`` (ids are unique and readable)."""
+    """One :class:`PatternCase` per pattern config of ``backend`` (ids are unique and readable).
+    A pattern the backend gives no dtype config (a family its DTypeConfigSet leaves out), and a
+    QAT or dynamic case of a backend without a default mapping for that mode, is skipped saying so."""
     chosen = get_backend(backend)
     qconfigs = _qconfigs(chosen)
+    dynamic_default = _has_default(chosen, "dynamic")
     cases: list[PatternCase] = []
     seen: dict[str, int] = {}
     for config in chosen.config.configs:
@@ -490,6 +501,10 @@ def cases_for(backend: str | Backend) -> list[PatternCase]:
         if pattern in UNMATCHABLE:
             cases.append(PatternCase(pattern, ident, None, skip_reason=UNMATCHABLE[pattern]))
             continue
+        if not config.dtype_configs:
+            cases.append(PatternCase(pattern, ident, None, skip_reason=(
+                f"backend {chosen.name!r} gives this pattern no dtype config: it claims no int8 form of it")))
+            continue
         no_qat = f"backend {chosen.name!r} has no default 'qat' qconfig mapping to build this QAT case with"
         try:
             make, example, batches, mode = _build(pattern, qconfigs)
@@ -500,6 +515,10 @@ def cases_for(backend: str | Backend) -> list[PatternCase]:
             continue
         if mode == "qat" and not qconfigs:
             cases.append(PatternCase(pattern, ident, None, skip_reason=no_qat))
+            continue
+        if mode == "dynamic" and not dynamic_default:
+            cases.append(PatternCase(pattern, ident, None, skip_reason=(
+                f"backend {chosen.name!r} has no default 'dynamic' qconfig mapping to run this dynamic case with")))
             continue
         chain = _chain(pattern)
         case = PatternCase(

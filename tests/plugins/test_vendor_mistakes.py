@@ -11,6 +11,7 @@ import qplug_core as qp
 from qplug_core.errors import BackendUnavailableError, KernelRuntimeError, PluginContractError, PluginHookError
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import environment_diagnostics
+from qplug_core.testing.pattern_cases import cases_for
 
 HEAD = '''
 import torch
@@ -312,3 +313,31 @@ plugin = P()
     with pytest.warns(UserWarning, match=r"weights stay float: '0' \(the backend has no int8 kernel for Embedding\)"):
         report = qp.quantization_report(qp.quantize(net, (ids,), [(ids,)], backend="vendor"))
     assert set(report.quantized) == {"1"} and report.kernels == {"1": "vendor::linear"}
+
+
+def test_pattern_suite_skips_what_a_backend_has_no_default_or_dtype_config_for(fake_dist):
+    install(fake_dist, '''
+from qplug_core.plugin_api import DTypeConfigSet, default_dynamic_int8_dtype_config
+
+
+class P(Vendor):
+    dtype_configs = DTypeConfigSet(weighted_op=(INT8,), default_op=(INT8,),
+                                   dynamic=(default_dynamic_int8_dtype_config,))
+
+    def pattern_configs(self):  # three of the shared set's patterns: the cases build in no time
+        return [config for config in BackendPlugin.pattern_configs(self)
+                if config.pattern in (nn.Linear, nn.LSTM, nn.Embedding)]
+
+    def qconfig_options(self, mode):
+        return None if mode == "dynamic" else {"per_channel": False}
+
+
+plugin = P()
+''')
+    cases = {case.id: case for case in cases_for("vendor")}
+    assert cases["LSTM"].make_model is None
+    assert cases["LSTM"].skip_reason == ("backend 'vendor' has no default 'dynamic' qconfig mapping to run this "
+                                         "dynamic case with")
+    assert cases["Embedding"].skip_reason == ("backend 'vendor' gives this pattern no dtype config: it claims "
+                                              "no int8 form of it")
+    assert cases["Linear"].skip_reason is None and cases["Linear"].make_model is not None

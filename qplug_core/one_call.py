@@ -193,9 +193,15 @@ def _quantize_graph(model: nn.Module, example_inputs: Any, calibration_data: Any
             return _quantize_correcting_bias(model, example_inputs, calibration_data, backend=backend,
                                              qconfig_mapping=qconfig_mapping, progress=progress,
                                              strict=strict, allow_float=allow_float, **prepare_options)
-        return flows.quantize_static(model, example_inputs, calibration_data, backend=backend,
-                              qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
-                              allow_float=allow_float, **prepare_options)
+        qmodel = flows.quantize_static(model, example_inputs, calibration_data, backend=backend,
+                                       qconfig_mapping=qconfig_mapping, progress=progress, strict=strict,
+                                       allow_float=allow_float, **prepare_options)
+        if recipe == "auto" and users_own(qconfig_mapping):
+            # even one equal to the backend's default: the two runs differ, and the report says why
+            _say_recipe(qmodel, "none: a qconfig_mapping was given, which is quantized exactly as it "
+                                "says (recipe='auto' corrects biases only with the backend's default "
+                                "qconfigs); recipe='bias_correction' asks for it")
+        return qmodel
     flow_checks.check_preparable(model)
     flow_checks.check_calibration_data(calibration_data)
     chosen = resolve_backend(backend).require_available()

@@ -341,3 +341,12 @@ plugin = P()
     assert cases["Embedding"].skip_reason == ("backend 'vendor' gives this pattern no dtype config: it claims "
                                               "no int8 form of it")
     assert cases["Linear"].skip_reason is None and cases["Linear"].make_model is not None
+
+
+def test_an_explicit_mapping_equal_to_the_default_says_the_bias_correction_is_off(fake_dist):
+    install(fake_dist, "plugin = Vendor()\n")
+    default = qp.quantization_report(qp.quantize(model(), batches()[0], batches(), backend="vendor"))
+    given = qp.quantization_report(qp.quantize(model(), batches()[0], batches(), backend="vendor",
+                                               qconfig_mapping=qp.get_default_qconfig_mapping("vendor")))
+    assert default.recipe.startswith("auto: bias correction")
+    assert given.recipe.startswith("none: a qconfig_mapping was given") and "recipe: none" in str(given)

@@ -232,9 +232,10 @@ def doctor(
 ) -> None:
     """Check this environment: torch, quantized engines, plugins and each backend's own checks."""
     from qplug_core.cli._table import terminal_width
+    from qplug_core.flows.default_fit import default_fit_diagnostics
     from qplug_core.registry.backends import environment_diagnostics
 
-    findings = environment_diagnostics()
+    findings = environment_diagnostics() + default_fit_diagnostics()
     if as_json:
         emit_json({"diagnostics": [{"scope": scope, "level": d.level, "message": d.message,
                                      "hint": d.hint} for scope, d in findings]})

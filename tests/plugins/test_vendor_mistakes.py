@@ -350,3 +350,30 @@ def test_an_explicit_mapping_equal_to_the_default_says_the_bias_correction_is_of
                                                qconfig_mapping=qp.get_default_qconfig_mapping("vendor")))
     assert default.recipe.startswith("auto: bias correction")
     assert given.recipe.startswith("none: a qconfig_mapping was given") and "recipe: none" in str(given)
+
+
+def test_doctor_names_a_default_qconfig_that_contradicts_the_backends_own_dtype_configs(fake_dist):
+    from qplug_core.flows.default_fit import default_fit_diagnostics
+
+    install(fake_dist, '''
+from qplug_core.plugin_api import DTypeWithConstraints
+
+SEVEN_BITS = DTypeConfig(input_dtype=DTypeWithConstraints(torch.quint8, quant_min_lower_bound=0,
+                                                          quant_max_upper_bound=127),
+                         output_dtype=torch.quint8, weight_dtype=torch.qint8, bias_dtype=torch.float)
+
+
+class P(Vendor):
+    def pattern_configs(self):
+        return [BackendPatternConfig(nn.Linear).add_dtype_config(SEVEN_BITS).set_root_module(nn.Linear)]
+
+
+plugin = P()
+''')
+    assert next(i for i in qp.list_backends() if i.name == "vendor").status == "ok"
+    findings = [(scope, d.level, d.message) for scope, d in default_fit_diagnostics()]  # qplug doctor's
+    assert [(scope, level) for scope, level, _ in findings] == [("backend vendor", "error")] * 2  # static, qat
+    assert findings[0][2] == (
+        "its default 'static' qconfig contradicts its own dtype configs of 1 weighted pattern(s) (Linear): "
+        "activation: quant range (0, 255) must fall within the backend's (0, 127); qp.quantize with the "
+        "defaults leaves them float: set reduce_range=True (activations in [0, 127]) in qconfig_options('static')")

@@ -8,7 +8,12 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.errors import BackendUnavailableError, KernelRuntimeError, PluginContractError, PluginHookError
+from qplug_core.errors import (
+    BackendUnavailableError,
+    KernelRuntimeError,
+    PluginContractError,
+    PluginHookError,
+)
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import environment_diagnostics
 from qplug_core.testing.pattern_cases import cases_for

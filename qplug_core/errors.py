@@ -149,9 +149,10 @@ class DelegateRuntimeError(BackendError):
         self.plugin, self.dist, self.partition = plugin, dist, partition
 
 
-class KernelRuntimeError(BackendError):
+class KernelRuntimeError(BackendError, RuntimeError):
     """A backend's per-op kernel raised while a converted model ran; ``plugin``, ``dist``,
-    ``kernel`` and ``layer`` say where, and the kernel's exception is the cause."""
+    ``kernel`` and ``layer`` say where, and the kernel's exception is the cause. Also a
+    ``RuntimeError``, as torch's own kernel errors are, so callers catching those still catch it."""
 
     def __init__(self, message: str, *, backend: str | None = None, plugin: str | None = None,
                  dist: str | None = None, kernel: str | None = None, layer: str | None = None):

@@ -294,6 +294,7 @@ plugin = P()
     error = raised.value
     assert (error.plugin, error.dist, error.kernel, error.layer) == ("vendor", "qplug-vendor", "vendor::linear", "0")
     assert isinstance(error.__cause__, RuntimeError) and "on-chip buffer" in str(error.__cause__)
+    assert isinstance(error, RuntimeError)  # code catching torch's kernel errors still catches it
 
 
 def test_dtype_config_set_claims_only_the_families_a_vendor_sets(fake_dist):

@@ -16,6 +16,7 @@ from cli_testkit import assert_one_line_error, invoke
 
 import qplug_core as qp
 from qplug_core.cli.new_backend import core_requirement
+from qplug_core.plugin_api import override_cpu_flags
 from qplug_core.testing.dists import child_venv, pip_install_into
 
 NAME = "acme_npu"
@@ -60,6 +61,22 @@ def test_plugin_is_discovered_and_quantizes(scaffolded, fake_dist):
     assert qp.quantization_report(qmodel).kernels == {"0": "quantized::linear"}
     shown = invoke("show-backend", NAME, "--json").json()
     assert shown["pattern_configs"][0]["kernel"] == "quantized::linear"
+
+
+def _ranges(backend: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    qconfig = qp.get_default_qconfig_mapping(backend=backend).global_qconfig
+    activation, weight = qconfig.activation(), qconfig.weight()
+    return (activation.quant_min, activation.quant_max), (weight.quant_min, weight.quant_max)
+
+
+def test_scaffold_defaults_are_full_8_bits_with_vnni_and_7_bit_weights_without(scaffolded, fake_dist):
+    """The scaffold leaves the CPU's limits to the core (it wrote 7-bit activations everywhere)."""
+    fake_dist("qplug-acme-npu", module="qplug_acme_npu.plugin:plugin", entry_point=NAME,
+              version="0.1.0", location=scaffolded)
+    with override_cpu_flags("avx2 fma avx512f avx512bw avx512vl avx512_vnni"):
+        assert _ranges(NAME) == ((0, 255), (-128, 127))
+    with override_cpu_flags("avx2 fma"):
+        assert _ranges(NAME) == ((0, 255), (-64, 64))
 
 
 def test_plugin_module_is_short_and_uses_only_the_plugin_api(scaffolded):

@@ -54,7 +54,7 @@ from qplug_core.kernels.reference import (
     ReferenceRecurrent,
     ReferenceWeighted,
 )
-from qplug_core.kernels.table import torch_int8_kernels
+from qplug_core.kernels.table import kernel_table, torch_int8_kernels
 from qplug_core.kernels.weight_only import WeightOnlyKernel
 from qplug_core.kernels.weight_only_scheme import QuantizedWeight, WeightOnlyScheme
 from qplug_core.kernels.weight_only_scheme import quantize as quantize_weight
@@ -130,6 +130,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'qplug_core.plugin_api' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    # the lazy names above too: tab completion and help() list what a plugin may import
+    return sorted(set(globals()) | set(__all__))
+
+
 __all__ = [
     # hooks
     "hookimpl",
@@ -184,6 +189,7 @@ __all__ = [
     "int_values",
     "quantized_from_int",
     "torch_int8_kernels",
+    "kernel_table",
     # weight-only kernels (the qplug_weight_only_kernels hook)
     "QuantizedWeight",
     "WeightOnlyKernel",

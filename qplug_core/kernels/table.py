@@ -9,7 +9,7 @@ A pattern that no kernel implements is simply absent: lowering keeps it in refer
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,9 @@ from qplug_core.kernels import torch_int8 as K
 from qplug_core.kernels.base import KernelContext, KernelSpec
 from qplug_core.kernels.passthrough import PASSTHROUGH_CHECKS
 from qplug_core.nn.intrinsic import FusedModule
+
+if TYPE_CHECKING:
+    from qplug_core.config import BackendPatternConfig
 
 _RELU = (nn.ReLU, F.relu, torch.relu, "relu", "relu_")
 _ADD = (operator.add, torch.add, "add")
@@ -106,17 +109,55 @@ def _spec(op: str, kernel: type, engine: str,
     return KernelSpec(op, build=build or kernel.from_context, self_test=lambda: kernel.self_test(engine))
 
 
-def _kernel_for(pattern: Any, passthrough: tuple, engine: str) -> KernelSpec | None:
+#: the binary families' torch kernels
+_BINARY = {"add": K.Add, "add_relu": K.AddReLU, "mul": K.Mul, "mul_relu": K.MulReLU}
+
+
+def op_family(pattern: Any) -> str | None:
+    """The family of a complex-format pattern, for keying kernels written once per family:
+    ``"weighted"`` (Linear, the convs and their fused and QAT modules), ``"add"``, ``"mul"``,
+    ``"add_relu"``, ``"mul_relu"`` (a relu of either spelling after one), ``"relu"`` alone; else None."""
     if isinstance(pattern, tuple):
-        if len(pattern) == 2 and pattern[0] in _RELU and pattern[1] in _ADD:
-            return _spec("quantized::add_relu", K.AddReLU, engine)
-        if len(pattern) == 2 and pattern[0] in _RELU and pattern[1] in _MUL:
-            return _spec("quantized::mul_relu", K.MulReLU, engine)
-        return None
+        inner = op_family(pattern[1]) if len(pattern) == 2 and pattern[0] in _RELU else None
+        return f"{inner}_relu" if inner in ("add", "mul") else None
     if pattern in _ADD:
-        return _spec("quantized::add", K.Add, engine)
+        return "add"
     if pattern in _MUL:
-        return _spec("quantized::mul", K.Mul, engine)
+        return "mul"
+    if pattern in _RELU:
+        return "relu"
+    return "weighted" if isinstance(pattern, type) and _weighted_base(pattern) is not None else None
+
+
+def kernel_table(configs: Iterable[BackendPatternConfig], *,
+                 weighted: KernelSpec | Mapping[type, KernelSpec] | None = None,
+                 add: KernelSpec | None = None, add_relu: KernelSpec | None = None,
+                 mul: KernelSpec | None = None, mul_relu: KernelSpec | None = None,
+                 relu: KernelSpec | None = None) -> dict[Any, KernelSpec]:
+    """A backend's kernels keyed by every pattern of ``configs`` in their family (:func:`op_family`):
+    the shared set spells each family many ways (four relus after ``operator.add`` or ``torch.add``,
+    fused and QAT modules), and lowering finds a kernel by the exact pattern. ``weighted`` is one
+    spec for every weighted class, or one per plain class (``{nn.Conv2d: ..., nn.Linear: ...}``)."""
+    families = {"add": add, "add_relu": add_relu, "mul": mul, "mul_relu": mul_relu, "relu": relu}
+    table: dict[Any, KernelSpec] = {}
+    for config in configs:
+        pattern = config.pattern_complex_format
+        family = op_family(pattern)
+        if family == "weighted" and isinstance(weighted, Mapping):
+            spec = weighted.get(_weighted_base(pattern))
+        else:
+            spec = weighted if family == "weighted" else families.get(family or "")
+        if spec is not None:
+            table[pattern] = spec
+    return table
+
+
+def _kernel_for(pattern: Any, passthrough: tuple, engine: str) -> KernelSpec | None:
+    family = op_family(pattern)
+    if family in _BINARY:
+        return _spec(f"quantized::{family}", _BINARY[family], engine)
+    if isinstance(pattern, tuple):
+        return None
     if pattern is torch.cat:
         return _spec("quantized::cat", K.Cat, engine)
     if pattern in _MATMUL:

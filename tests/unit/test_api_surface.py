@@ -135,3 +135,10 @@ def test_type_checkers_see_every_lazy_name():
                         dotted if _is_module(dotted) else f"{statement.module}:{alias.name}")
     assert seen == qplug_core._EXPORTS
     assert sorted([*qplug_core._EXPORTS, "__version__"]) == sorted(qplug_core.__all__)
+
+
+def test_dir_lists_the_lazy_names():
+    """Tab completion and ``help()`` show what a plugin may import, the lazily imported ones too."""
+    for module in (qplug_core, plugin_api):
+        assert set(module.__all__) <= set(dir(module))
+    assert "to_onnx_proto" in dir(plugin_api) and "onnx_source" in dir(plugin_api)

@@ -350,6 +350,22 @@ def _kernel_lines(report: QuantizationReport, width: int) -> list[str]:
         lines += _wrap(f"compiled partitions: {len(report.partitions)} ("
                        + ", ".join(f"{m} {n}" for m, n in modules) + f"), {len(report.outside)} "
                        "node(s) left in PyTorch", width, "  ", "    ")
+        lines += _reference_input_lines(report, width)
+    return lines
+
+
+def _reference_input_lines(report: QuantizationReport, width: int) -> list[str]:
+    """``delegate_0: reference form for (32, 1, 8, 8) float32: its compiled model raised ...``: the
+    input signatures a compiled partition answers in reference form (a benchmark at those sizes
+    measures the reference form, though the partition reads "compiled")."""
+    lines = []
+    for record in report.partitions:
+        by_reason: dict[str, list[str]] = {}
+        for signature, reason in record.get("reference_inputs", {}).items():
+            by_reason.setdefault(reason, []).append(signature)
+        for reason, signatures in by_reason.items():
+            lines += _wrap(f"{record['name']}: reference form for {'; '.join(signatures)}: {reason}",
+                           width, "    ", "      ")
     return lines
 
 

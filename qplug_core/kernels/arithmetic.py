@@ -52,6 +52,10 @@ class Int8Arithmetic(str, Enum):
     #: pairs of u8 x s8 products summed in int16 with saturation on x86 without VNNI (FBGEMM,
     #: oneDNN, ONNX Runtime's MLAS U8S8 kernels); int32 with VNNI or AMX
     U8S8_INT16_PAIRS_WITHOUT_VNNI = "u8 x s8 pair sums in int16 without VNNI"
+    #: the whole dot product in int16 with saturation, on every CPU (an accelerator's narrow
+    #: accumulator): no operand range is safe for every layer, so each weighted layer whose
+    #: worst case exceeds int16 is refused at convert and keeps the reference form (``limits.py``)
+    INT16 = "whole dot products accumulate in int16"
     #: pairs summed in int16 on this machine whatever its flags say: a worst-case product of the
     #: backend's kernels saturated (a library held to AVX2 on a VNNI CPU); set flags still decide
     U8S8_INT16_PAIRS_MEASURED = "u8 x s8 pair sums in int16 (measured on this machine's kernels)"
@@ -76,7 +80,7 @@ def pair_sums_saturate(arithmetic: Int8Arithmetic | str, cpu: CpuInt8 | None = N
     """Whether ``arithmetic`` sums products in int16 on ``cpu`` (default: this one)."""
     cpu = cpu_int8() if cpu is None else cpu
     arithmetic = Int8Arithmetic(arithmetic)
-    if arithmetic is Int8Arithmetic.INT32:
+    if arithmetic in (Int8Arithmetic.INT32, Int8Arithmetic.INT16):  # INT16: checked per layer
         return False
     if arithmetic is Int8Arithmetic.U8S8_INT16_PAIRS_MEASURED and not cpu.overridden:
         return True

@@ -26,6 +26,7 @@ from qplug_core.kernels.arithmetic import (
     engine_arithmetic,
     safe_qconfig_options,
 )
+from qplug_core.kernels.limits import within_limits
 from qplug_core.kernels.pair_sums_probe import Gemm, torch_engine_gemm
 from qplug_core.registry.contract import Availability, BackendSpec, Diagnostic, engine_availability
 from qplug_core.registry.cpu_diagnostics import cpu_diagnostic, speed_diagnostics
@@ -59,6 +60,9 @@ class BackendPlugin:
     preferred_machines: ClassVar[tuple[str, ...]] = ()
     dtype_configs: ClassVar[DTypeConfigSet | None] = DTypeConfigSet.native()
     int8_arithmetic: ClassVar[Int8Arithmetic | None] = None
+    #: the kernels take symmetric int8 weights only (zero point 0, range [-q, q]): the defaults
+    #: are made so, and a layer quantized otherwise keeps the reference form (``kernels/limits.py``)
+    symmetric_weights: ClassVar[bool] = False
     pairs_in_torch_order: ClassVar[bool] = True
     float_outputs: ClassVar[bool | frozenset[str]] = False
 
@@ -106,7 +110,11 @@ class BackendPlugin:
         return self.int8_arithmetic or engine_arithmetic(self.engine)
 
     def default_qconfig_mapping(self, mode: str) -> QConfigMapping | None:
-        options = safe_qconfig_options(self.arithmetic(), self.qconfig_options(mode))
+        options = self.qconfig_options(mode)
+        if options is not None and self.symmetric_weights:
+            bound = min(-options.get("weight_quant_min", -128), options.get("weight_quant_max", 127))
+            options = {**options, "weight_quant_min": -bound, "weight_quant_max": bound}
+        options = safe_qconfig_options(self.arithmetic(), options)
         if options is None:
             return None
         from qplug_core.config.defaults import default_qconfig_mapping
@@ -171,7 +179,10 @@ class BackendPlugin:
 
     @hookimpl
     def qplug_int8_kernels(self, backend: str) -> dict[Any, KernelSpec]:
-        return self.kernels() if backend == self.name else {}
+        if backend != self.name:
+            return {}
+        return within_limits(self.kernels(), symmetric_weights=self.symmetric_weights,
+                             int16_accumulator=self._declared_arithmetic() is Int8Arithmetic.INT16)
 
     @hookimpl
     def qplug_weight_only_kernels(self, backend: str) -> list[WeightOnlyKernel]:

@@ -35,6 +35,9 @@ def cpu_diagnostic(arithmetic: Int8Arithmetic | str, cpu: CpuInt8 | None = None,
     arithmetic = Int8Arithmetic(arithmetic)
     if arithmetic is Int8Arithmetic.INT32:
         return Diagnostic("ok", "its kernels accumulate in int32: full 8-bit operands on any CPU")
+    if arithmetic is Int8Arithmetic.INT16:
+        return Diagnostic("ok", "its kernels accumulate whole dot products in int16, on any CPU: a "
+                          "layer whose worst case exceeds it keeps the reference form (convert says which)")
     by_flags = _by_flags(arithmetic, cpu, compiles)
     if gemm is None:
         return by_flags

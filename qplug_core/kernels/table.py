@@ -9,7 +9,7 @@ A pattern that no kernel implements is simply absent: lowering keeps it in refer
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -20,9 +20,6 @@ from qplug_core.kernels import torch_int8 as K
 from qplug_core.kernels.base import KernelContext, KernelSpec
 from qplug_core.kernels.passthrough import PASSTHROUGH_CHECKS
 from qplug_core.nn.intrinsic import FusedModule
-
-if TYPE_CHECKING:
-    from qplug_core.config import BackendPatternConfig
 
 _RELU = (nn.ReLU, F.relu, torch.relu, "relu", "relu_")
 _ADD = (operator.add, torch.add, "add")
@@ -129,15 +126,16 @@ def op_family(pattern: Any) -> str | None:
     return "weighted" if isinstance(pattern, type) and _weighted_base(pattern) is not None else None
 
 
-def kernel_table(configs: Iterable[BackendPatternConfig], *,
+def kernel_table(configs: Iterable[Any], *,
                  weighted: KernelSpec | Mapping[type, KernelSpec] | None = None,
                  add: KernelSpec | None = None, add_relu: KernelSpec | None = None,
                  mul: KernelSpec | None = None, mul_relu: KernelSpec | None = None,
                  relu: KernelSpec | None = None) -> dict[Any, KernelSpec]:
-    """A backend's kernels keyed by every pattern of ``configs`` in their family (:func:`op_family`):
-    the shared set spells each family many ways (four relus after ``operator.add`` or ``torch.add``,
-    fused and QAT modules), and lowering finds a kernel by the exact pattern. ``weighted`` is one
-    spec for every weighted class, or one per plain class (``{nn.Conv2d: ..., nn.Linear: ...}``)."""
+    """A backend's kernels keyed by every pattern of ``configs`` (its ``BackendPatternConfig``
+    objects) in their family (:func:`op_family`): the shared set spells each family many ways (four
+    relus after ``operator.add`` or ``torch.add``, fused and QAT modules), and lowering finds a
+    kernel by the exact pattern. ``weighted`` is one spec for every weighted class, or one per
+    plain class (``{nn.Conv2d: ..., nn.Linear: ...}``)."""
     families = {"add": add, "add_relu": add_relu, "mul": mul, "mul_relu": mul_relu, "relu": relu}
     table: dict[Any, KernelSpec] = {}
     for config in configs:

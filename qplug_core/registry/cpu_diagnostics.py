@@ -11,12 +11,13 @@ from qplug_core.kernels.pair_sums_probe import PAIRS_EXACT, PAIRS_SATURATE, Gemm
 from qplug_core.kernels.per_token import per_token_is_fast
 from qplug_core.registry.contract import X86_MACHINES, Diagnostic
 
-#: engines whose int8 kernels are ARM's (QNNPACK/XNNPACK): built for x86 too, but not its fast path;
-#: measured on an x86 Xeon with VNNI, at one thread
+#: engines whose int8 kernels are ARM's (QNNPACK/XNNPACK): built for x86 too, but not its fast path.
+#: Measured at one thread, int8 ran at 0.24x float speed (an LSTM, x86 Xeon) to 1.96x (a
+#: MobileNetV3-style CNN, Zen 4): it depends on the model and the CPU, so the warning quotes no number
 ARM_FIRST_ENGINES = frozenset({"qnnpack"})
 ARM_FIRST_ON_X86 = ("its int8 kernels (QNNPACK) are built for ARM; on x86 they are not the fast path: "
-                    "int8 measured 2.8-4x slower than float on an x86 Xeon (ResNet-18 at 0.36x float "
-                    "speed, a wide MLP 0.31x, an LSTM 0.24x)")
+                    "int8 may run slower than float here, by an amount that depends on the model "
+                    "(measure it), and x86 speed says nothing about speed on a phone")
 X86_INSTEAD = "on x86 use backend fbgemm, onnxruntime or openvino; qnnpack is for ARM CPUs"
 #: backends the slow-here warning was given for in this process
 _warned: set[str] = set()

@@ -39,7 +39,7 @@ def test_quantizing_for_qnnpack_on_x86_warns_once_naming_the_cost_and_the_x86_ba
     said = _slow_warnings(X86)
     assert len(said) == 1
     assert said[0].startswith("qplug: backend 'qnnpack' on x86_64: its int8 kernels (QNNPACK) are built for ARM")
-    assert "2.8-4x slower than float" in said[0] and "use backend fbgemm, onnxruntime or openvino" in said[0]
+    assert "may run slower than float" in said[0] and "use backend fbgemm, onnxruntime or openvino" in said[0]
 
 
 def test_loading_a_qnnpack_file_on_x86_warns_too(qplug_only, tmp_path):
@@ -67,5 +67,5 @@ def test_doctor_warns_about_qnnpack_speed_on_x86_only(qplug_only, cpu, levels):
     findings = result.value
     assert [finding.level for finding in findings] == levels
     if cpu is X86:
-        assert SLOW in findings[-1].message and "2.8-4x slower than float" in findings[-1].message
+        assert SLOW in findings[-1].message and "may run slower than float" in findings[-1].message
         assert findings[-1].hint == "on x86 use backend fbgemm, onnxruntime or openvino; qnnpack is for ARM CPUs"

@@ -16,6 +16,7 @@ from qplug_core.flows.op_kinds import base_name
 from qplug_core.flows.report import report_names
 from qplug_core.flows.tags import region_tag
 from qplug_core.kernels.reference import ReferenceRecurrent, ReferenceWeighted
+from qplug_core.nn.intrinsic import FusedModule
 
 #: ops whose MACs follow from their weight and output shapes (output elements x weight per output)
 _WEIGHTED = {"linear", "conv1d", "conv2d", "conv3d", "convolution", "addmm"}
@@ -50,6 +51,8 @@ def _node_work(gm: fx.GraphModule, node: fx.Node) -> tuple[int, int | None]:
         if isinstance(module, (ReferenceWeighted, ReferenceRecurrent)):
             module = module.module
         weights = sum(p.numel() for p in module.parameters())
+        if isinstance(module, FusedModule):  # ConvBnReLU2d, LinearReLU, ...: its [0] does the MACs
+            module = module[0]
         if isinstance(module, _RECURRENT):
             return weights, _recurrent_macs(module, node)
         if isinstance(module, nn.modules.conv._ConvTransposeNd):  # each input element meets the kernel

@@ -73,3 +73,28 @@ def test_a_report_without_work_counts_regions():
     report = QuantizationReport("fbgemm", "static", quantized={"a": "add"},
                                 skipped=[SkippedNode("b", "erf", "no pattern")])
     assert int8_share_line(report) == "int8: 1 region(s), 1 compute op(s) left in float (50% int8)"
+
+
+class ConvBnReLUThenGram(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return y @ y.transpose(-1, -2)
+
+
+@pytest.mark.slow  # torch.export: ~2-4 s on the shared machine
+def test_a_fused_conv_bn_relu_counts_its_macs(plugin_autoload):
+    """The fused ConvReLU2d (BN folded) holds its conv's MACs, 4*8*8 outputs x 3*3*3 each; the
+    float matmul between activations 4*8*8 outputs x 8: 77% of the MACs (it read 0% when a fused
+    region counted as no work)."""
+    x = torch.randn(1, 3, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # qnnpack on x86: tested elsewhere
+        quantized = qp.quantize(ConvBnReLUThenGram().eval(), (x,), [(x,)], backend="qnnpack", capture="export",
+                                recipe="none", progress=False)
+    conv, matmul = 4 * 8 * 8 * 27, 4 * 8 * 8 * 8
+    share = round(100 * conv / (conv + matmul))
+    assert f"int8: {share}% of MACs, " in str(qp.quantization_report(quantized))

@@ -141,6 +141,16 @@ class PackedStateModule(SwappedLayer):
             "float model and quantize it again.")
 
 
+class PackedHolder(nn.Module):
+    """One packed object (an RNN layer's cell) as a submodule's attribute: ``torch.jit.trace``
+    reaches packed objects only there (a plain list of them failed as "not part of the active
+    trace"); torch's own dynamic LSTM keeps its cells the same way."""
+
+    def __init__(self, param: object):
+        super().__init__()
+        self.param = param
+
+
 #: .models: the pinned models whose forward this thread is in, innermost last
 _ENTERED = threading.local()
 

@@ -27,7 +27,7 @@ from qplug_core.kernels._common import (
     wrong_input_size,
 )
 from qplug_core.kernels.arithmetic import engine_arithmetic, pair_sums_saturate
-from qplug_core.kernels.base import PackedStateModule, engine_context, quiet_quantized_dtypes
+from qplug_core.kernels.base import PackedHolder, PackedStateModule, engine_context, quiet_quantized_dtypes
 from qplug_core.kernels.capabilities import engine_capabilities
 from qplug_core.kernels.layer_faults import (
     ExplainedLayer,
@@ -360,7 +360,11 @@ class _DynamicRNN(_DynamicRecurrent):
                 else:
                     params.append(_Q.make_quantized_cell_params_dynamic(p_ih, p_hh, b_ih, b_hh,
                                                                         self.reduce_range))
-        self._params = params
+        self._cells = nn.ModuleList(PackedHolder(param) for param in params)
+
+    @property
+    def _params(self) -> list[object]:
+        return [cell.param for cell in self._cells]
 
     OPTIONS = ("input_size", "hidden_size", "num_layers", "bidirectional", "batch_first")
 
@@ -505,6 +509,7 @@ class _DynamicCell(_DynamicRecurrent):
         self._packed_by_name = {name: self._pack(getattr(mod, name), getattr(mod, name.replace("weight", "bias")),
                                                  per_channel, weight_qparams.get(name))
                                 for name in ("weight_ih", "weight_hh")}
+        self._holders = nn.ModuleDict({name: PackedHolder(packed) for name, packed in self._packed_by_name.items()})
 
     def forward(self, x: torch.Tensor, hx=None):
         """What the float cell takes: a batch ``(N, input_size)`` or one unbatched ``(input_size,)``
@@ -535,7 +540,7 @@ class _DynamicCell(_DynamicRecurrent):
             return _Q.linear_dynamic(x, packed, self.reduce_range)
 
     def _gates(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._linear(x, self._packed_by_name["weight_ih"]), self._linear(h, self._packed_by_name["weight_hh"])
+        return self._linear(x, self._holders["weight_ih"].param), self._linear(h, self._holders["weight_hh"].param)
 
     def _zeros(self, x: torch.Tensor) -> torch.Tensor:
         return torch.zeros(x.shape[0], self.hidden_size, dtype=x.dtype)

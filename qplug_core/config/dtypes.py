@@ -49,6 +49,12 @@ def _check_dtype(value: Any, path: str) -> torch.dtype:
     return value
 
 
+def _as_power_of_two(value: float) -> str:
+    """``2**-12`` for 0.000244140625, as users write a scale bound in code; else the number."""
+    exponent = math.log2(value) if value > 0 else 0.5
+    return f"2**{int(exponent)}" if exponent.is_integer() else repr(value)
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -152,14 +158,18 @@ class DTypeWithConstraints:
             if quant_min is None or quant_max is None:
                 reasons.append("quant_min and quant_max must be set")
             elif (low is not None and quant_min < low) or (high is not None and quant_max > high):
+                fixed = (quant_min if low is None else max(quant_min, low),
+                         quant_max if high is None else min(quant_max, high))
                 reasons.append(f"quant range ({quant_min}, {quant_max}) must fall within the backend's "
-                               f"({low}, {high})")
+                               f"({low}, {high}): give the observer quant_min={fixed[0]}, "
+                               f"quant_max={fixed[1]}")
         if self.scale_min_lower_bound is not None:
             if eps is None:
                 reasons.append("eps (the minimum scale) must be set")
             elif eps < self.scale_min_lower_bound:
                 reasons.append(f"eps {eps} is below the backend's minimum scale "
-                               f"{self.scale_min_lower_bound}")
+                               f"{self.scale_min_lower_bound}: give the observer "
+                               f"eps={_as_power_of_two(self.scale_min_lower_bound)}")
         if self.scale_exact_match is not None:
             if scale is None or zero_point is None:
                 reasons.append(f"this op needs fixed qparams (scale={self.scale_exact_match}, "

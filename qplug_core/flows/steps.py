@@ -35,7 +35,7 @@ from qplug_core.flows.exported_inputs import guard_exported_inputs
 from qplug_core.flows.final_check import check_converted
 from qplug_core.flows.finish import finish_conversion
 from qplug_core.flows.input_dtypes import guard_input_dtypes
-from qplug_core.flows.int16_pairs import warn_saturating_pairs
+from qplug_core.flows.int16_pairs import warn_needless_reduce_range, warn_saturating_pairs
 from qplug_core.flows.kernel_check import remember_example
 from qplug_core.flows.narrowed_ranges import reporting_narrowed
 from qplug_core.flows.pipeline import (
@@ -206,7 +206,10 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     default = chosen.default_qconfig_mapping(mode) if users_own else None
     backend_passes = reporting_narrowed(chosen.name, plugin_passes(chosen, Stage.POST_PREPARE), users_own=users_own,
                                         default_qconfig=None if default is None else default.global_qconfig)
-    run_passes(gm, [annotate, observe, warn_saturating_pairs(chosen.name, chosen.arithmetic), *backend_passes])
+    run_passes(gm, [annotate, observe, warn_saturating_pairs(chosen.name, chosen.arithmetic),
+                     warn_needless_reduce_range(chosen.name, chosen.arithmetic,
+                                                has_kernels=bool(chosen.kernels or chosen.delegate)),
+                     *backend_passes])
     gm.meta[STATE] = {"backend": chosen.name, "mode": mode}
     weight_bits.mark(gm, chosen, mode, user_mapping=users_own)
     remember_example(gm, inputs)

@@ -58,6 +58,23 @@ def _weight_factory(*, per_channel: bool, qat: bool, weight_quant_min: int, weig
     return (PerChannelMinMaxObserver if per_channel else MinMaxObserver).with_args(**kwargs)
 
 
+def grouped_transpose_qconfig(qconfig: QConfig, module: nn.Module) -> QConfig:
+    """``qconfig`` as a default mapping means it for ``module``: a grouped transposed conv gets
+    per-tensor weights of the same range and eps, since torch's quantized transposed convs take
+    per-channel weights only with ``groups == 1`` (on every engine; the region would stay float);
+    any other layer keeps ``qconfig``."""
+    root = module[0] if isinstance(module, nn.Sequential) and len(module) else module
+    if not (isinstance(root, nn.modules.conv._ConvTransposeNd) and root.groups != 1 and qconfig.weight is not None):
+        return qconfig
+    weight = qconfig.weight()
+    inner = getattr(weight, "activation_post_process", weight)
+    if getattr(inner, "qscheme", None) != torch.per_channel_symmetric:
+        return qconfig
+    return QConfig(activation=qconfig.activation, weight=_weight_factory(
+        per_channel=False, qat=isinstance(weight, FakeQuantize), weight_quant_min=int(weight.quant_min),
+        weight_quant_max=int(weight.quant_max), eps=float(inner.eps)))
+
+
 def _activation_factory(*, qat: bool, reduce_range: bool, eps: float):
     quant_max = 127 if reduce_range else 255
     kwargs = dict(dtype=torch.quint8, quant_min=0, quant_max=quant_max, eps=eps)

@@ -21,7 +21,7 @@ import torch
 from torch import fx, nn
 
 from qplug_core.config import DTypeConfig, ObservationType, QConfig, QConfigMapping
-from qplug_core.config.defaults import FLOAT_IN_STATIC, FLOAT_IN_STATIC_REASON
+from qplug_core.config.defaults import FLOAT_IN_STATIC, FLOAT_IN_STATIC_REASON, grouped_transpose_qconfig
 from qplug_core.errors import ConfigValidationError, ConstraintViolationError, spelled, warn_user
 from qplug_core.flows.checks import mapping_qconfigs
 from qplug_core.flows.exact_share import inexact_share_reason
@@ -193,10 +193,14 @@ class RegionPlanner:
     """Matches a backend's quantization patterns and decides every region's fate."""
 
     def __init__(self, gm: fx.GraphModule, backend, qconfig_mapping: QConfigMapping, *,
-                 keep_isolated_ops_float: bool = True, on_unsupported: str = "warn"):
+                 keep_isolated_ops_float: bool = True, on_unsupported: str = "warn",
+                 backend_defaults: bool = False):
         self.gm = gm
         self.backend = backend
         self.mapping = qconfig_mapping
+        #: the mapping is the backend's default one, so its per-layer meaning applies
+        #: (``grouped_transpose_qconfig``); a user's own qconfig is taken as written
+        self.backend_defaults = backend_defaults
         self.keep_isolated_ops_float = keep_isolated_ops_float
         self.on_unsupported = on_unsupported
         self.modules = dict(gm.named_modules(remove_duplicate=False))
@@ -223,6 +227,8 @@ class RegionPlanner:
             region.inputs = self._external_inputs(match)
             region.qconfig = resolve_qconfig(self.mapping, region.root, self.modules, counter)
             region.weighted = _is_weighted(region.root, self.modules)
+            if region.weighted and region.qconfig is not None and self.backend_defaults:
+                region.qconfig = grouped_transpose_qconfig(region.qconfig, self.modules[region.root.target])
             if region.weighted and region.qconfig is not None:
                 self._check_weight_axis(region.qconfig, region.root)
             self._choose_dtype_config(region)

@@ -189,6 +189,8 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
     _check_device(gm, chosen)
     flow_checks.warn_fused_away_module_names(mapping, model_names, gm)
 
+    users_own = weight_bits.users_own(qconfig_mapping)
+
     def annotate(graph_module: fx.GraphModule) -> PassResult:
         if _requests_quantization(mapping):  # else no observer to place: prepare only fuses
             _annotate(graph_module, inputs)
@@ -196,13 +198,13 @@ def _prepare(model, qconfig_mapping, example_inputs, *, backend, is_qat, inplace
 
     def observe(graph_module: fx.GraphModule) -> None:
         regions = RegionPlanner(graph_module, chosen, mapping, on_unsupported=on_unsupported,
-                                keep_isolated_ops_float=keep_isolated_ops_float).plan()
+                                keep_isolated_ops_float=keep_isolated_ops_float,
+                                backend_defaults=not users_own).plan()
         if is_qat:
             swap_qat_modules(graph_module, regions)
         ObserverInserter(graph_module, is_qat=is_qat).insert(regions)
         tag_regions(regions)
 
-    users_own = weight_bits.users_own(qconfig_mapping)
     default = chosen.default_qconfig_mapping(mode) if users_own else None
     backend_passes = reporting_narrowed(chosen.name, plugin_passes(chosen, Stage.POST_PREPARE), users_own=users_own,
                                         default_qconfig=None if default is None else default.global_qconfig)

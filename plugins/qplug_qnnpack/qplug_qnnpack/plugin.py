@@ -47,6 +47,8 @@ class QnnpackPlugin(BackendPlugin):
         fixed_qparams_op=(default_op_quint8_dtype_config,))
 
     def qconfig_options(self, mode: str) -> dict:
+        # per-channel transposed convs where torch has them: the default mapping gives grouped
+        # ones per-tensor weights (``grouped_transpose_qconfig``), else they would stay float
         return {"reduce_range": False, "per_channel": True, "per_channel_conv_transpose": True,
                 "weight_quant_min": WEIGHT_RANGE[0], "weight_quant_max": WEIGHT_RANGE[1],
                 "eps": MIN_SCALE}

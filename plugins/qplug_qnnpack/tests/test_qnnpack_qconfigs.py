@@ -11,9 +11,8 @@ import torch
 from torch import nn
 
 import qplug_core as qp
-from qplug_core.errors import ConstraintViolationError
-from qplug_core.observers import MinMaxObserver, PerChannelMinMaxObserver
 
+MinMaxObserver, PerChannelMinMaxObserver = qp.observers.MinMaxObserver, qp.observers.PerChannelMinMaxObserver
 SEVEN_BITS = "get 7 bits, quint8 [0, 127] (reduce_range=True"
 E = 2 ** -12
 
@@ -54,7 +53,7 @@ def test_the_migration_guide_s_default_qconfig_is_refused_naming_the_values_to_s
     default_qconfig = qp.QConfig(
         activation=MinMaxObserver.with_args(reduce_range=True),
         weight=MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric))
-    with pytest.raises(ConstraintViolationError) as refused:
+    with pytest.raises(qp.errors.ConstraintViolationError) as refused:
         _prepare(default_qconfig, on_unsupported="raise")
     assert "below the backend's minimum scale 0.000244140625: give the observer eps=2**-12" in str(refused.value)
     assert ("quant range (-128, 127) must fall within the backend's (-127, 127): give the observer "

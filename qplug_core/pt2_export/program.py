@@ -4,7 +4,8 @@
 torch script objects with no fake class (torch 2.13 registers none), and delegated partitions run
 in other runtimes. What exports is the reference form the model keeps (``onnx_export.api``): with
 int8 weights behind dequantize ops and float biases, it is what PT2E's ``convert_pt2e`` gives, so
-``torch.compile``/AOTInductor's x86 int8 lowering and ExecuTorch can take it from here.
+``torch.compile``/AOTInductor's x86 int8 lowering and ExecuTorch can take it from here (not
+XNNPACK's delegate from a qnnpack model: ``xnnpack_layout``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from qplug_core.errors import ConfigValidationError, ExportError
 from qplug_core.flows.pipeline import as_input_tuple
 from qplug_core.onnx_export.api import recorded_inputs, reference_form
 from qplug_core.onnx_export.weights import with_int8_weights
+from qplug_core.flows.tags import STATE
 from qplug_core.pt2_export.decomposed import require_namespace, to_decomposed
+from qplug_core.pt2_export.xnnpack_layout import warn_if_not_xnnpack_layout
 
 #: what ``ops=`` takes
 OPS = ("quantized_decomposed", "qplug")
@@ -54,8 +57,9 @@ def export_program(qmodel: nn.Module, example_inputs: Any = None, *, dynamic_sha
     inputs = recorded_inputs(gm) if example_inputs is None else as_input_tuple(example_inputs)
     weights = with_int8_weights(gm, int32_bias=False, dynamic_linears=False)
     program = _export(weights.eval(), inputs, dynamic_shapes)
-    if ops == "qplug":
-        return program
-    module = program.module()
-    to_decomposed(module)
-    return _export(module, inputs, dynamic_shapes)
+    if ops == "quantized_decomposed":
+        module = program.module()
+        to_decomposed(module)
+        program = _export(module, inputs, dynamic_shapes)
+    warn_if_not_xnnpack_layout(program, qmodel.meta.get(STATE, {}).get("backend"))
+    return program

@@ -25,6 +25,7 @@ class TextRNN(nn.Module):
         return self.fc(self.rnn(x)[0][:, -1])
 
 
+@pytest.mark.slow  # the process's first torch.jit.trace takes ~4 s; each case itself ~0.5 s
 @pytest.mark.parametrize("rnn", [nn.LSTM, nn.GRU])
 def test_a_traced_dynamic_rnn_answers_as_the_model_after_jit_save_and_load(plugin_autoload, tmp_path, rnn):
     torch.manual_seed(0)

@@ -17,9 +17,9 @@ from torch import nn
 
 from qplug_core.errors import ConfigValidationError, ExportError
 from qplug_core.flows.pipeline import as_input_tuple
+from qplug_core.flows.tags import STATE
 from qplug_core.onnx_export.api import recorded_inputs, reference_form
 from qplug_core.onnx_export.weights import with_int8_weights
-from qplug_core.flows.tags import STATE
 from qplug_core.pt2_export.decomposed import require_namespace, to_decomposed
 from qplug_core.pt2_export.xnnpack_layout import warn_if_not_xnnpack_layout
 

@@ -50,12 +50,14 @@ from qplug_core.errors import DelegateRuntimeError, PluginHookError, QplugError,
 from qplug_core.flows.boundary_tuples import unpack_boundary_tuples
 from qplug_core.flows.kernel_check import (
     CONTRACT_BROKEN,
+    MAX_BIAS_STEPS,
     MAX_OUTLIER_FRACTION,
     MAX_STEPS,
     ValueRecorder,
-    float_step,
+    as_outputs,
+    bias_steps,
+    biased,
     output_violation,
-    signed_steps,
 )
 from qplug_core.flows.native_stderr import echo, native_stderr, raised
 from qplug_core.flows.progress import Steps
@@ -86,9 +88,6 @@ if TYPE_CHECKING:
 REGION_STEPS = 1
 #: ... on at least this fraction of its elements (ORT and OpenVINO: 100% on every zoo model)
 REGION_MIN_WITHIN = 0.99
-#: a partition's or region's mean signed error, in steps: roundings that differ go both ways, a
-#: zero-point off by one moves every element the same way (within MAX_STEPS on all of them)
-MAX_BIAS_STEPS = 0.25
 #: a multi-region partition's float outputs: error L2 norm relative to the reference's, where
 #: the reference form's own rounding noise cannot be measured (``_scale_problem``)
 MAX_RELATIVE_L2 = 0.2
@@ -635,10 +634,6 @@ def _recompiled(delegate: Delegate, reference: fx.GraphModule, inputs: tuple,
     return module, *_problem(delegate, module, reference, inputs, regions, backend_name)
 
 
-def _outputs(value: object) -> list:
-    return list(value) if isinstance(value, (tuple, list)) else [value]
-
-
 def _contract_problem(compiled: Callable[..., Any], reference: fx.GraphModule, inputs: tuple,
                       regions: int) -> tuple[str, bool, str]:
     """Why ``compiled`` breaks the contract against its reference form ('' if it holds), whether
@@ -654,10 +649,10 @@ def _contract_problem(compiled: Callable[..., Any], reference: fx.GraphModule, i
     within one kernel's contract, its regions are checked one by one (:func:`_region_problem`).
     """
     with torch.no_grad():
-        expected = _outputs(reference(*inputs))
+        expected = as_outputs(reference(*inputs))
         with native_stderr() as printed:
             try:
-                got = _outputs(compiled(*inputs))
+                got = as_outputs(compiled(*inputs))
             except Exception as error:  # noqa: BLE001 - a raising partition is a broken one
                 failure = error
             else:
@@ -675,7 +670,7 @@ def _contract_problem(compiled: Callable[..., Any], reference: fx.GraphModule, i
                                    max_outlier_fraction=MAX_OUTLIER_FRACTION if regions <= 1 else 1.0)
         # a deep partition's outputs drift, biased too (ORT on the zoo's MobileNetV2: +0.82 steps
         # on average, right region by region): only integer outputs and single regions are held to it
-        biased = abs(bias := _bias(out, ref, scale)) > MAX_BIAS_STEPS and (integer or regions <= 1)
+        off_average = abs(bias := bias_steps(out, ref, scale)) > MAX_BIAS_STEPS and (integer or regions <= 1)
         loose = regions > 1 and bool(output_violation(out, ref, dtype, scale))
         if not problem and regions > 1 and isinstance(ref, torch.Tensor) and bool(ref.any()):
             cosine = float(torch.nn.functional.cosine_similarity(
@@ -686,23 +681,12 @@ def _contract_problem(compiled: Callable[..., Any], reference: fx.GraphModule, i
                 noise = rounding_noise(reference, inputs, expected) if noise is None else noise
                 if off := _scale_problem(out, ref, noise[i]):
                     off_scale = f"output {i}: {off}" if len(expected) > 1 else off
-        if not problem and regions <= 1 and biased:
-            problem = f"its outputs are {_biased(bias)}"
+        if not problem and regions <= 1 and off_average:
+            problem = f"its outputs are {biased(bias)}"
         if problem:
             return (f"output {i}: {problem}" if len(expected) > 1 else problem), False, ""
-        strict = strict and not loose and not biased
+        strict = strict and not loose and not off_average
     return "", strict and not off_scale, off_scale
-
-
-def _bias(out: object, ref: object, scale: float | None) -> float:
-    """The mean signed difference of ``out`` from ``ref`` in steps (``scale``, or the reference's
-    range / 255 as the contract counts float outputs); 0 where they are not tensors to compare."""
-    if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor) or out.shape != ref.shape \
-            or ref.numel() == 0:
-        return 0.0
-    if ref.is_floating_point():
-        return float(signed_steps(out, ref, scale or float_step(ref)).mean())
-    return float((out.double() - ref.double()).mean()) / (scale or 1.0)
 
 
 def _scale_problem(out: torch.Tensor, ref: torch.Tensor, noise: float | None) -> str:
@@ -753,15 +737,10 @@ def _wrong_regions(delegate: Delegate, reference: fx.GraphModule, inputs: tuple,
                           f"within {REGION_STEPS} step of the reference on {region.within:.1%} of its "
                           f"{region.elements} elements (needs {REGION_MIN_WITHIN:.0%}; up to "
                           f"{region.max_steps} steps)" + _channel_note(region.wrong_channel))
-            + (f"; {_biased(region.bias)}" if abs(region.bias) > MAX_BIAS_STEPS else "")
+            + (f"; {biased(region.bias)}" if abs(region.bias) > MAX_BIAS_STEPS else "")
             for region in sorted(parity.regions, key=lambda r: r.within)
             if region.within < REGION_MIN_WITHIN or region.wrong_channel is not None
             or abs(region.bias) > MAX_BIAS_STEPS}, ""
-
-
-def _biased(bias: float) -> str:
-    return (f"off by {bias:+.2f} steps on average (at most {MAX_BIAS_STEPS} either way: a biased "
-            "kernel, e.g. a zero-point off by one)")
 
 
 def _channel_note(channel: tuple[int, int] | None) -> str:

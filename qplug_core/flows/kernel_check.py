@@ -11,8 +11,11 @@ on one layout only: a batch-1 view of transposed tokens), and compares with the 
   ``1 - MAX_OUTLIER_FRACTION`` of the elements (a float output is measured in steps of an 8-bit
   grid over the reference output's range). Real kernels differ from the reference by rounding
   (at most 1 step on every model of the zoo, fbgemm and qnnpack);
-* and no channel wrong as a whole (:func:`wrong_channel`): one output channel of 256 off on every
-  element (an int32 bias that overflowed) is under 1% of the elements, but a broken kernel.
+* no channel wrong as a whole (:func:`wrong_channel`): one output channel of 256 off on every
+  element (an int32 bias that overflowed) is under 1% of the elements, but a broken kernel;
+* and not off the same way on average (:data:`MAX_BIAS_STEPS`): an output zero point off by one
+  is one step off on every element, within MAX_STEPS everywhere. Compiled partitions are held to
+  the same rule (:mod:`qplug_core.flows.delegate`).
 
 A kernel that breaks it is not used: its region keeps the reference form, with a warning naming
 the plugin, and the report says why. A model without recorded example inputs (``qp.load``) skips
@@ -38,6 +41,9 @@ CONTRACT_BROKEN = "broke the kernel contract"
 MAX_STEPS = 2
 #: ... except on this fraction of its elements (measured on the zoo: real kernels are within 1 step)
 MAX_OUTLIER_FRACTION = 0.01
+#: an output's mean signed error, in steps: roundings that differ go both ways, a zero point off by
+#: one moves every element the same way (within MAX_STEPS on all of them)
+MAX_BIAS_STEPS = 0.25
 
 
 def wrong_channel(off: torch.Tensor) -> tuple[int, int] | None:
@@ -77,6 +83,25 @@ def signed_steps(actual: torch.Tensor, expected: torch.Tensor, step: float) -> t
     :data:`FLOAT_SLACK`: the mean says whether a kernel is biased."""
     diff = actual.double() - expected.double()
     return diff.sign() * (diff.abs() - FLOAT_SLACK).clamp_min(0) / step
+
+
+def bias_steps(out: object, ref: object, scale: float | None) -> float:
+    """The mean signed difference of ``out`` from ``ref`` in steps (``scale``, or the reference's
+    range / 255 as the contract counts float outputs; quantized outputs dequantized); 0 where
+    they are not tensors to compare."""
+    if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor) or out.shape != ref.shape \
+            or ref.numel() == 0:
+        return 0.0
+    out, ref = as_float(out), as_float(ref)
+    if ref.is_floating_point():
+        return float(signed_steps(out, ref, scale or float_step(ref)).mean())
+    return float((out.double() - ref.double()).mean()) / (scale or 1.0)
+
+
+def biased(bias: float) -> str:
+    """What a contract violation says of an output ``bias`` steps off on average."""
+    return (f"off by {bias:+.2f} steps on average (at most {MAX_BIAS_STEPS} either way: a biased "
+            "kernel, e.g. a zero point off by one)")
 
 
 def remember_example(gm: fx.GraphModule, example_inputs: tuple) -> None:
@@ -247,7 +272,15 @@ def violation(kernel: nn.Module, args: tuple, kwargs: dict, reference: Any, expe
     if failure is not None:
         return raised(failure, printed)
     echo(printed)
-    return output_violation(out, reference, expected_dtype, output_scale)
+    problem = output_violation(out, reference, expected_dtype, output_scale)
+    bias = max((bias_steps(got, want, output_scale) for got, want in zip(as_outputs(out), as_outputs(reference))),
+               key=abs, default=0.0)
+    return problem or (f"its outputs are {biased(bias)}" if abs(bias) > MAX_BIAS_STEPS else "")
+
+
+def as_outputs(value: Any) -> list:
+    """A module's outputs as a list (one unless it returned a tuple or list)."""
+    return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
 def _structure(value: Any) -> str:

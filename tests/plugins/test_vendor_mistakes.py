@@ -99,6 +99,35 @@ plugin = P()
     torch.testing.assert_close(lowered(x), qp.convert_to_reference_fx(observed)(x), rtol=0, atol=0)
 
 
+def test_kernel_one_step_off_on_every_output_leaves_its_regions_in_reference_form(fake_dist):
+    """An output zero point off by one (a runtime's convention differing by one) is one step off
+    on every element, within the contract's steps everywhere: only its mean signed error shows it
+    (it passed convert silently)."""
+    install(fake_dist, '''
+class ZeroPointOffByOne(GoodLinear):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.oz += 1
+
+
+class P(Vendor):
+    def kernels(self):
+        return {nn.Linear: KernelSpec("vendor::linear", build=ZeroPointOffByOne)}
+
+
+plugin = P()
+''')
+    observed = qp.calibrate(qp.prepare_fx(model(), None, batches()[0], backend="vendor"), batches())
+    with pytest.warns(UserWarning, match=r"node '2': kernel vendor::linear of plugin 'vendor' \(qplug-vendor 0.1\) "
+                                         r"broke the kernel contract on the example inputs \(its outputs are off by "
+                                         r"\+(1.00|0.9\d) steps on average \(at most 0.25 either way"):
+        lowered = qp.convert_fx(observed)
+    report = qp.quantization_report(lowered)
+    assert report.kernels == {} and "on average" in report.reference["2"]
+    x = batches()[1][0]
+    torch.testing.assert_close(lowered(x), qp.convert_to_reference_fx(observed)(x), rtol=0, atol=0)
+
+
 FUSER_RAISES = '''
 def fuse(is_qat, linear, relu):
     raise RuntimeError("ACME fuser: unsupported")

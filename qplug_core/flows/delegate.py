@@ -52,7 +52,6 @@ from qplug_core.flows.kernel_check import (
     CONTRACT_BROKEN,
     MAX_BIAS_STEPS,
     MAX_OUTLIER_FRACTION,
-    MAX_STEPS,
     ValueRecorder,
     as_outputs,
     bias_steps,
@@ -84,10 +83,9 @@ from qplug_core.registry.contract import Delegate
 if TYPE_CHECKING:
     from qplug_core.registry.plugins import PluginRecord
 
-#: a region of a multi-region partition must agree with the reference within one integer step ...
+#: a region of a multi-region partition must agree with the reference within one integer step
+#: (on ``region_parity.REGION_MIN_WITHIN`` of its elements, :meth:`RegionParity.problem`)
 REGION_STEPS = 1
-#: ... on at least this fraction of its elements (ORT and OpenVINO: 100% on every zoo model)
-REGION_MIN_WITHIN = 0.99
 #: a multi-region partition's float outputs: error L2 norm relative to the reference's, where
 #: the reference form's own rounding noise cannot be measured (``_scale_problem``)
 MAX_RELATIVE_L2 = 0.2
@@ -735,19 +733,7 @@ def _wrong_regions(delegate: Delegate, reference: fx.GraphModule, inputs: tuple,
     except Exception as error:  # noqa: BLE001 - the check graph, not the partition, failed
         return {}, (f"was checked as a whole only: its {regions} int8 regions could not be checked one by "
                     f"one ({type(error).__name__}: {first_line(error)})")
-    return {region.name: (f"int8 region {region.name}, compiled alone on the reference's own inputs, is "
-                          f"within {REGION_STEPS} step of the reference on {region.within:.1%} of its "
-                          f"{region.elements} elements (needs {REGION_MIN_WITHIN:.0%}; up to "
-                          f"{region.max_steps} steps)" + _channel_note(region.wrong_channel))
-            + (f"; {biased(region.bias)}" if abs(region.bias) > MAX_BIAS_STEPS else "")
-            for region in sorted(parity.regions, key=lambda r: r.within)
-            if region.within < REGION_MIN_WITHIN or region.wrong_channel is not None
-            or abs(region.bias) > MAX_BIAS_STEPS}, ""
-
-
-def _channel_note(channel: tuple[int, int] | None) -> str:
-    return "" if channel is None else (f"; its channel {channel[1]} (dimension {channel[0]}) is wrong "
-                                       f"as a whole, beyond {MAX_STEPS} steps on most elements")
+    return parity.problems, ""
 
 
 def _delegate_record(backend_name: str) -> PluginRecord | None:

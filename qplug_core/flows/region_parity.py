@@ -33,8 +33,10 @@ from torch import fx, nn
 
 from qplug_core.errors import PluginContractError
 from qplug_core.flows.kernel_check import (
+    MAX_BIAS_STEPS,
     MAX_STEPS,
     ValueRecorder,
+    biased,
     float_step,
     signed_steps,
     steps_off,
@@ -44,7 +46,12 @@ from qplug_core.flows.tags import CHECK_REGIONS
 from qplug_core.kernels.reference import Dequantize, Quantize, ReferenceWeighted
 from qplug_core.partition import OperatorSupportBase
 
-__all__ = ["LayerParity", "RegionParity", "is_float_output", "layer_parity", "region_of", "reusing_exports"]
+__all__ = ["REGION_MIN_WITHIN", "LayerParity", "RegionParity", "is_float_output", "layer_parity", "region_of",
+           "reusing_exports"]
+
+#: a region must agree with the reference within ``steps`` on at least this fraction of its
+#: elements (ORT and OpenVINO: 100% on every zoo model)
+REGION_MIN_WITHIN = 0.99
 
 _INTEGER = (torch.uint8, torch.int8, torch.int16, torch.int32)
 
@@ -83,6 +90,20 @@ class RegionParity:
     #: mean signed difference in steps: rounding ties go both ways, a zero-point off by one does not
     bias: float = 0.0
 
+    def problem(self, steps: int) -> str:
+        """Why this region breaks the contract at ``steps`` ('' if it holds): under
+        REGION_MIN_WITHIN of its elements within ``steps``, a channel wrong as a whole, or a mean
+        signed error beyond MAX_BIAS_STEPS (one step off everywhere is within one step everywhere)."""
+        if self.within >= REGION_MIN_WITHIN and self.wrong_channel is None and abs(self.bias) <= MAX_BIAS_STEPS:
+            return ""
+        channel = "" if self.wrong_channel is None else (
+            f"; its channel {self.wrong_channel[1]} (dimension {self.wrong_channel[0]}) is wrong as a whole, "
+            f"beyond {MAX_STEPS} steps on most elements")
+        return (f"int8 region {self.name}, compiled alone on the reference's own inputs, is within {steps} step of "
+                f"the reference on {self.within:.1%} of its {self.elements} elements (needs {REGION_MIN_WITHIN:.0%}; "
+                f"up to {self.max_steps} steps){channel}"
+                + (f"; {biased(self.bias)}" if abs(self.bias) > MAX_BIAS_STEPS else ""))
+
 
 @dataclass(frozen=True)
 class LayerParity:
@@ -98,6 +119,23 @@ class LayerParity:
     @property
     def worst(self) -> RegionParity:
         return min(self.regions, key=lambda r: r.within)
+
+    @property
+    def problems(self) -> dict[str, str]:
+        """Why each region that breaks the contract does (:meth:`RegionParity.problem`), worst first."""
+        return {r.name: why for r in sorted(self.regions, key=lambda r: r.within) if (why := r.problem(self.steps))}
+
+    @property
+    def ok(self) -> bool:
+        """Whether every region keeps the contract convert holds compiled regions to."""
+        return not self.problems
+
+    def assert_ok(self) -> None:
+        """Raise :class:`PluginContractError` naming each region that breaks the contract (a
+        backend's parity test: ``within`` alone passes a region one step off on every element)."""
+        if self.problems:
+            raise PluginContractError(f"{len(self.problems)} of {len(self.regions)} int8 region(s) break the "
+                                      "kernel contract: " + "; ".join(self.problems.values()))
 
 
 def _is_integer_output(gm: fx.GraphModule, node: fx.Node) -> bool:

@@ -276,17 +276,16 @@ def test_one_whole_channel_wrong_breaks_the_contract():
 def test_a_region_with_one_wrong_channel_is_found_by_region_parity():
     """A delegated partition of several regions is checked region by region: a region whose
     channel is wrong as a whole is flagged though 99.6% of its elements are right."""
-    from qplug_core.flows import delegate
-    from qplug_core.flows.region_parity import _compare
+    from qplug_core.flows.region_parity import REGION_MIN_WITHIN, _compare
 
     want = torch.randint(0, 256, (2, 256), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
     got = want.clone()
     got[:, 0] = want[:, 0] ^ 128  # 128 steps off
     region = _compare("linear_quantize", got, want, steps=1)
-    assert region.within > delegate.REGION_MIN_WITHIN and region.wrong_channel == (1, 0)
+    assert region.within > REGION_MIN_WITHIN and region.wrong_channel == (1, 0)
     assert _compare("linear_quantize", want, want, steps=1).wrong_channel is None
-    note = delegate._channel_note(region.wrong_channel)
-    assert note == "; its channel 0 (dimension 1) is wrong as a whole, beyond 2 steps on most elements"
+    assert region.problem(1).endswith("; its channel 0 (dimension 1) is wrong as a whole, beyond 2 steps on most "
+                                      "elements")
 
 
 def test_a_contract_and_weight_search_that_cannot_run_say_so_in_a_warning_and_the_report():

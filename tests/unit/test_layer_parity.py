@@ -70,6 +70,21 @@ def test_a_region_one_step_off_on_every_element_shows_its_bias():
     assert all(r.bias == 0.0 for r in layer_parity(reference, lambda gm, example: copy.deepcopy(gm), x).regions)
 
 
+def test_ok_and_assert_ok_hold_each_region_to_convert_s_contract_bias_included():
+    """``within`` passes a compile one step off on every element; ``ok``/``assert_ok()`` do not
+    (a backend's parity test asserting ``within`` alone shipped that bias)."""
+    reference, x = _reference()
+    right = layer_parity(reference, lambda gm, example: copy.deepcopy(gm), x)
+    assert right.ok and right.problems == {}
+    right.assert_ok()
+    shifted = layer_parity(reference, _shifted, x)
+    assert not shifted.ok and set(shifted.problems) == {r.name for r in shifted.regions if r.elements}
+    with pytest.raises(PluginContractError, match=rf"{len(shifted.problems)} of {len(shifted.regions)} int8 "
+                                                  r"region\(s\) break the kernel contract: int8 region \S+, .* "
+                                                  r"off by \+1.00 steps on average \(at most 0.25 either way"):
+        shifted.assert_ok()
+
+
 def test_a_region_of_the_wrong_shape_is_named_with_both_shapes():
     reference, x = _reference()
 

@@ -65,7 +65,7 @@ def test_every_int8_region_matches_the_reference_form_within_one_step(name):
         parity = layer_parity(reference, _compiler(level, exported), inputs(name, 10),
                               operator_support=OrtSupport())
         assert parity.regions, f"{name}: no int8 region was checked"
-        assert parity.worst.within >= 0.99, f"{name}, graph optimization {level!r}: {parity.worst}"
+        assert parity.ok, f"{name}, graph optimization {level!r}: {parity.problems}"  # bias included
         assert parity.within >= 0.999, f"{name}, graph optimization {level!r}: {parity.within:.4%}"
 
 

@@ -74,58 +74,57 @@ def install(fake_dist, body: str, dist: str = "qplug-vendor") -> None:
     fake_dist(dist, HEAD + body, module="qplug_vendor:plugin", entry_point="vendor")
 
 
-def test_kernel_whose_build_raises_leaves_its_regions_in_reference_form_naming_plugin_and_node(fake_dist):
-    install(fake_dist, '''
-class OutOfSram(nn.Module):
-    def __init__(self, ctx):
-        raise RuntimeError("ACME driver: out of SRAM")
-
+def _with_kernel(fake_dist, kernel: str, build: str) -> torch.fx.GraphModule:
+    """The model calibrated for a vendor whose linear kernel is ``build`` (its class in ``kernel``)."""
+    install(fake_dist, kernel + f'''
 
 class P(Vendor):
     def kernels(self):
-        return {nn.Linear: KernelSpec("vendor::linear", build=OutOfSram)}
+        return {{nn.Linear: KernelSpec("vendor::linear", build={build})}}
 
 
 plugin = P()
 ''')
-    observed = qp.calibrate(qp.prepare_fx(model(), None, batches()[0], backend="vendor"), batches())
+    return qp.calibrate(qp.prepare_fx(model(), None, batches()[0], backend="vendor"), batches())
+
+
+def _answers_as_reference_form(lowered, observed) -> None:
+    x = batches()[1][0]
+    torch.testing.assert_close(lowered(x), qp.convert_to_reference_fx(observed)(x), rtol=0, atol=0)
+
+
+def test_kernel_whose_build_raises_leaves_its_regions_in_reference_form_naming_plugin_and_node(fake_dist):
+    observed = _with_kernel(fake_dist, '''
+class OutOfSram(nn.Module):
+    def __init__(self, ctx):
+        raise RuntimeError("ACME driver: out of SRAM")
+''', "OutOfSram")
     with pytest.warns(UserWarning, match=r"qplug: backend 'vendor', node '0': kernel vendor::linear of "
                                          r"plugin 'vendor' \(qplug-vendor 0.1\) raised RuntimeError in "
                                          r"build\(ctx\): ACME driver: out of SRAM; using the reference form"):
         lowered = qp.convert_fx(observed)
     report = qp.quantization_report(lowered)
     assert report.kernels == {} and "out of SRAM" in report.reference["0"]
-    x = batches()[0][0]
-    torch.testing.assert_close(lowered(x), qp.convert_to_reference_fx(observed)(x), rtol=0, atol=0)
+    _answers_as_reference_form(lowered, observed)
 
 
 def test_kernel_one_step_off_on_every_output_leaves_its_regions_in_reference_form(fake_dist):
     """An output zero point off by one (a runtime's convention differing by one) is one step off
     on every element, within the contract's steps everywhere: only its mean signed error shows it
     (it passed convert silently)."""
-    install(fake_dist, '''
+    observed = _with_kernel(fake_dist, '''
 class ZeroPointOffByOne(GoodLinear):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.oz += 1
-
-
-class P(Vendor):
-    def kernels(self):
-        return {nn.Linear: KernelSpec("vendor::linear", build=ZeroPointOffByOne)}
-
-
-plugin = P()
-''')
-    observed = qp.calibrate(qp.prepare_fx(model(), None, batches()[0], backend="vendor"), batches())
+''', "ZeroPointOffByOne")
     with pytest.warns(UserWarning, match=r"node '2': kernel vendor::linear of plugin 'vendor' \(qplug-vendor 0.1\) "
                                          r"broke the kernel contract on the example inputs \(its outputs are off by "
                                          r"\+(1.00|0.9\d) steps on average \(at most 0.25 either way"):
         lowered = qp.convert_fx(observed)
     report = qp.quantization_report(lowered)
     assert report.kernels == {} and "on average" in report.reference["2"]
-    x = batches()[1][0]
-    torch.testing.assert_close(lowered(x), qp.convert_to_reference_fx(observed)(x), rtol=0, atol=0)
+    _answers_as_reference_form(lowered, observed)
 
 
 FUSER_RAISES = '''

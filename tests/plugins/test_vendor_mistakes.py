@@ -3,6 +3,8 @@ named with the plugin, its distribution and the pattern or kernel, and costs no 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -88,43 +90,37 @@ plugin = P()
     return qp.calibrate(qp.prepare_fx(model(), None, batches()[0], backend="vendor"), batches())
 
 
-def _answers_as_reference_form(lowered, observed) -> None:
-    x = batches()[1][0]
-    torch.testing.assert_close(lowered(x), qp.convert_to_reference_fx(observed)(x), rtol=0, atol=0)
-
-
-def test_kernel_whose_build_raises_leaves_its_regions_in_reference_form_naming_plugin_and_node(fake_dist):
-    observed = _with_kernel(fake_dist, '''
+OUT_OF_SRAM = '''
 class OutOfSram(nn.Module):
     def __init__(self, ctx):
         raise RuntimeError("ACME driver: out of SRAM")
-''', "OutOfSram")
-    with pytest.warns(UserWarning, match=r"qplug: backend 'vendor', node '0': kernel vendor::linear of "
-                                         r"plugin 'vendor' \(qplug-vendor 0.1\) raised RuntimeError in "
-                                         r"build\(ctx\): ACME driver: out of SRAM; using the reference form"):
-        lowered = qp.convert_fx(observed)
-    report = qp.quantization_report(lowered)
-    assert report.kernels == {} and "out of SRAM" in report.reference["0"]
-    _answers_as_reference_form(lowered, observed)
-
-
-def test_kernel_one_step_off_on_every_output_leaves_its_regions_in_reference_form(fake_dist):
-    """An output zero point off by one (a runtime's convention differing by one) is one step off
-    on every element, within the contract's steps everywhere: only its mean signed error shows it
-    (it passed convert silently)."""
-    observed = _with_kernel(fake_dist, '''
+'''
+ZERO_POINT_OFF_BY_ONE = '''
 class ZeroPointOffByOne(GoodLinear):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.oz += 1
-''', "ZeroPointOffByOne")
-    with pytest.warns(UserWarning, match=r"node '2': kernel vendor::linear of plugin 'vendor' \(qplug-vendor 0.1\) "
-                                         r"broke the kernel contract on the example inputs \(its outputs are off by "
-                                         r"\+(1.00|0.9\d) steps on average \(at most 0.25 either way"):
+'''
+
+
+@pytest.mark.parametrize("kernel, build, node, says", [
+    (OUT_OF_SRAM, "OutOfSram", "0", r"raised RuntimeError in build\(ctx\): ACME driver: out of SRAM; using the "
+                                    r"reference form"),
+    # one step off on every element (a runtime's zero point convention differing by one), within the
+    # contract's steps everywhere: only its mean signed error shows it (it passed convert silently)
+    (ZERO_POINT_OFF_BY_ONE, "ZeroPointOffByOne", "2", r"broke the kernel contract on the example inputs \(its outputs "
+                                                      r"are off by \+(1.00|0.9\d) steps on average \(at most 0.25 either way"),
+], ids=["build_raises", "one_step_off_on_every_output"])
+def test_a_failing_kernel_leaves_its_regions_in_reference_form_naming_plugin_and_node(fake_dist, kernel, build,
+                                                                                       node, says):
+    observed = _with_kernel(fake_dist, kernel, build)
+    with pytest.warns(UserWarning, match=rf"qplug: backend 'vendor', node '{node}': kernel vendor::linear of "
+                                         rf"plugin 'vendor' \(qplug-vendor 0.1\) {says}"):
         lowered = qp.convert_fx(observed)
     report = qp.quantization_report(lowered)
-    assert report.kernels == {} and "on average" in report.reference["2"]
-    _answers_as_reference_form(lowered, observed)
+    assert report.kernels == {} and re.search(says, report.reference[node])
+    x = batches()[1][0]
+    torch.testing.assert_close(lowered(x), qp.convert_to_reference_fx(observed)(x), rtol=0, atol=0)
 
 
 FUSER_RAISES = '''

@@ -27,6 +27,7 @@ from qplug_core.ir.capture import (
     export_module,
     export_with_shapes,
     is_image,
+    widened_ones,
 )
 
 __all__ = ["CAPTURE_LEVELS", "capture_for_quantization", "generates"]
@@ -288,11 +289,25 @@ def _raised_export(model: nn.Module, example_inputs: tuple[Any, ...],
                 fixed = f"the {len(sizes)} sizes calibrated could not stay dynamic: {error}"
         if gm is None:
             try:
-                gm = export_module(model, example_inputs)
+                gm, not_widened = export_module(model, example_inputs)
             except Exception as e:
                 raise TraceError(f"torch.export could not capture {type(model).__name__}: "
                                  f"{type(e).__name__}: {first_line(e)}") from e
+            if not_widened is not None:
+                _warn_fixed_ones(model, example_inputs, not_widened)
     return raise_aten_graph(gm).graph_module, fixed
+
+
+def _warn_fixed_ones(model: nn.Module, example_inputs: tuple[Any, ...], not_widened: str) -> None:
+    """Say at quantize time which sizes of 1 the export fixed because the graph exported at 2 was
+    not kept (``not_widened``: why): a WavLM quantized from a batch-1 example refused its first
+    batch of 3, with nothing said before."""
+    ones = [f"dim {dim}{' (the batch)' if dim == 0 else ''} of input {name}"
+            for name, value in _named(model, example_inputs) for dim in widened_ones(value)]
+    warn_user(f"qplug: {type(model).__name__}: torch.export fixes {', '.join(ones)} at the example's size 1, so "
+              f"the quantized model takes size 1 only there: {not_widened}. To serve other sizes, quantize "
+              "with an example of the size you serve (a graph exported at 2 or more takes other sizes where "
+              "the model's code does not read them as numbers), or pass dynamic_shapes= (docs/guide/export.md)")
 
 
 def _check_dynamic_shapes(dynamic_shapes: Any, example_inputs: tuple[Any, ...] | None, model: Any,

@@ -29,7 +29,7 @@ from qplug_core.ir.quiet import quiet_torch
 from qplug_core.ir.thread_confined import ThreadConfinedTracer
 
 __all__ = ["QplugTracer", "capture_aten", "capture_module", "export_images_dynamic", "export_module",
-           "export_with_shapes"]
+           "export_with_shapes", "widened_ones"]
 
 
 
@@ -131,7 +131,7 @@ def _keep_modes(model: nn.Module, gm: GraphModule) -> None:
     gm.training = model.training
 
 
-def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphModule:
+def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> tuple[GraphModule, str | None]:
     """``torch.export`` (non-strict: the model's Python runs as written) -> runnable GraphModule.
 
     Every dimension of every tensor input is exported as dynamic where the model allows it
@@ -146,17 +146,23 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphMod
     size 2 along them, and kept only where the exported graph answers the example itself as the
     model does (a branch on ``batch > 1`` is then traced the other way: the example's own sizes
     are exported instead). When every shape is specialised, a warning says so and why.
+    Returns the graph and why the widened export was not kept (None: it was, or none was tried;
+    the caller says which sizes of 1 stay fixed, WavLM's batch among them).
     """
     widened = tuple(_widened(value) for value in example_inputs)
+    not_widened = None
     if any(a is not b for a, b in zip(widened, example_inputs)):
         try:
             exported = _export(model, widened, _auto(widened))
-            if _answers_alike(model, exported, example_inputs):
-                return exported
-        except Exception:  # noqa: BLE001 - exported from the example's own sizes below
-            pass
+        except Exception as e:  # noqa: BLE001 - exported from the example's own sizes below
+            not_widened = f"torch.export failed at size 2 ({type(e).__name__}: {first_line(e)[:200]})"
+        else:
+            not_widened = _disagreement(model, exported, example_inputs)
+            if not_widened is None:
+                return exported, None
+            not_widened = f"the graph exported at size 2 {not_widened}"
     try:
-        return _export(model, example_inputs, _auto(example_inputs))
+        return _export(model, example_inputs, _auto(example_inputs)), not_widened
     except Exception as dynamic_failure:  # noqa: BLE001 - every shape specialised below, or both errors
         try:
             exported = _export(model, example_inputs, None)
@@ -164,7 +170,7 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> GraphMod
             raise static_failure from dynamic_failure
         warn_user(f"qplug: torch.export could not keep the input sizes dynamic ({type(dynamic_failure).__name__}: "
                   f"{first_line(dynamic_failure)}); the captured model takes inputs of the example's shapes only")
-        return exported
+        return exported, None
 
 
 #: where torch.export logs a failure's notes (it prints the partial graph on stderr itself)
@@ -222,7 +228,7 @@ def export_images_dynamic(model: nn.Module, example_inputs: tuple[Any, ...],
     except Exception as e:
         raise TraceError(f"{type(e).__name__}: {first_line(e)[:200]}") from e
     for inputs in seen:
-        if not _answers_alike(model, exported, inputs):
+        if _disagreement(model, exported, inputs) is not None:
             sizes = "x".join(str(n) for n in next(v for v in inputs if is_image(v)).shape[2:])
             raise TraceError(f"the graph exported with dynamic height and width does not answer a {sizes} "
                              "image as the model does")
@@ -238,27 +244,27 @@ def export_with_shapes(model: nn.Module, example_inputs: tuple[Any, ...], dynami
                          f"given: {type(e).__name__}: {first_line(e)[:300]}") from e
 
 
-def _widened_dims(value: Any) -> tuple[int, ...]:
-    """The dimensions a size-1 example is widened along: the batch, and every one of an integer
+def widened_ones(value: Any) -> tuple[int, ...]:
+    """The dimensions of size 1 an example is widened along: the batch, and every one of an integer
     input (token ids and masks). Not a float input's others: a single channel or feature is the
     model's own size (a mono Conv1d), and widening it only costs a failed export."""
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return ()
     integer = not (value.dtype.is_floating_point or value.is_complex())
-    return tuple(range(value.dim())) if integer else (0,)
+    return tuple(dim for dim in (range(value.dim()) if integer else (0,)) if value.shape[dim] == 1)
 
 
 def _widened(value: Any) -> Any:
     """``value`` repeated to size 2 along its widened dimensions of size 1 (itself if none)."""
-    for dim in _widened_dims(value):
-        if value.shape[dim] == 1:
-            value = torch.cat([value, value], dim=dim)
+    for dim in widened_ones(value):
+        value = torch.cat([value, value], dim=dim)
     return value
 
 
 @torch.no_grad()
-def _answers_alike(model: nn.Module, exported: nn.Module, example_inputs: tuple[Any, ...]) -> bool:
-    """Whether ``exported`` gives the model's own outputs for ``example_inputs``.
+def _disagreement(model: nn.Module, exported: nn.Module, example_inputs: tuple[Any, ...]) -> str | None:
+    """How ``exported`` fails to give the model's own outputs for ``example_inputs`` (None: it gives
+    them): the error it raises (a guard of torch.export's refusing the sizes), or that they differ.
 
     Both run as they are, so a model in training mode updates its BatchNorm statistics and draws
     dropout masks: buffers and the random state are put back after, as capture never changes the
@@ -271,14 +277,15 @@ def _answers_alike(model: nn.Module, exported: nn.Module, example_inputs: tuple[
             expected = pytree.tree_leaves(model(*example_inputs))
             torch.manual_seed(0)
             got = pytree.tree_leaves(exported(*example_inputs))
-    except Exception:  # noqa: BLE001 - a graph that cannot take the example does not answer it
-        return False
+    except Exception as e:  # noqa: BLE001 - a graph that cannot take the example does not answer it
+        return f"refuses the example's sizes ({type(e).__name__}: {first_line(e)[:200]})"
     finally:
         for buffer, value in zip(buffers, kept):
             buffer.copy_(value)
-    return len(expected) == len(got) and all(
+    alike = len(expected) == len(got) and all(
         torch.allclose(a, b, rtol=1e-4, atol=1e-5) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
         else a == b for a, b in zip(expected, got))
+    return None if alike else "answers the example otherwise than the model (a branch on the size)"
 
 
 def capture_aten(model: nn.Module, example_inputs: tuple[Any, ...], *,

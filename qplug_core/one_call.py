@@ -36,6 +36,7 @@ from qplug_core.flows import steps as flows
 from qplug_core.flows.capture import generates
 from qplug_core.flows.final_check import check_final_model
 from qplug_core.flows.image_sizes import calibrated_sizes
+from qplug_core.flows.lost_methods import lost_methods
 from qplug_core.flows.method_views import method_view
 from qplug_core.flows.pipeline import as_input_tuple, bound_batches, bound_to_forward
 from qplug_core.flows.tags import RECIPE, REPORT, TARGET
@@ -101,7 +102,7 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
                        "--mode w8a8 or --mode weight-only")
         warn_user(f"qp.quantize captures {type(model).__name__} as a graph, which has no generate() and no KV "
                   f"cache; {keep} keep the model and generate()")
-    model = view
+    whole, model = view is model, view
     example_inputs, calibration_data = bound_to_forward(example_inputs, model), bound_batches(calibration_data, model)
     if not (isinstance(backend, str) and backend == auto.AUTO):  # auto measures every backend itself
         named = get_backend(backend)
@@ -115,7 +116,22 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
             first_batch.take(qmodel)
             qmodel = check_final_model(qmodel, model, calibration_data, kept[0] if kept else None,
                                        scored_embedding(qmodel))
+    if whole and isinstance(qmodel, fx.GraphModule) and not _INSIDE_AUTO.get():
+        _warn_lost_methods(model, qmodel)
     return qmodel
+
+
+def _warn_lost_methods(model: nn.Module, qmodel: fx.GraphModule) -> None:
+    """Say which of the model's other methods the returned graph does not have, and the ways to keep them."""
+    lost = lost_methods(model, qmodel)
+    if not lost:
+        return
+    shown = ", ".join(f"{name}()" for name in lost[:4]) + (f" and {len(lost) - 4} more" if len(lost) > 4 else "")
+    warn_user(f"qplug: qp.quantize returns a GraphModule of {type(model).__name__}.forward only: "
+              f"{shown} {'is' if len(lost) == 1 else 'are'} not on it. Quantize a method as its own graph with "
+              f"qp.quantize(model.{lost[0]}, example_inputs, calibration_data), or keep the model object with a "
+              "module-swap route (qp.quantize_dynamic(model), qp.quantize_w8a8(model, calibration_data), "
+              "qp.quantize_weights(model))")
 
 
 #: set while backend="auto" quantizes its bases (each a qp.quantize call of its own)

@@ -5,6 +5,7 @@ get_text_features are asserted by docs_src/export_methods.py (tests/docs)."""
 from __future__ import annotations
 
 import functools
+import warnings
 
 import pytest
 import torch
@@ -49,13 +50,26 @@ def two_heads():
 def test_a_bound_method_is_quantized_as_forward(two_heads):
     model, batches = two_heads
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    q = qp.quantize(model.embed, batches[0], batches, backend="fbgemm")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        q = qp.quantize(model.embed, batches[0], batches, backend="fbgemm")
+    assert not [w for w in caught if "not on it" in str(w.message)]  # the method asked for is the graph
     x = batches[1][0]
     assert q(x).shape == (4, 8)
     assert _cosine(q(x), model.embed(x)) > 0.999
     assert qp.quantization_report(q).kernels["other"] == "quantized::linear"
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert type(model) is _TwoHeads and model(x).shape == (4, 4)  # the user's model as it was
+
+
+def test_the_whole_model_quantized_names_the_methods_its_graph_lacks(two_heads):
+    """A whole CLIPModel came back without get_text_features / get_image_features, with nothing said."""
+    model, batches = two_heads
+    with pytest.warns(UserWarning, match=r"qp.quantize returns a GraphModule of _TwoHeads.forward only: embed\(\), "
+                                         r"proba\(\), proba_of_forward\(\) are not on it\. Quantize a method as its "
+                                         r"own graph with qp.quantize\(model.embed, .*module-swap route"):
+        q = qp.quantize(model, batches[0], batches, backend="fbgemm")
+    assert not any(hasattr(q, name) for name in ("embed", "proba", "proba_of_forward"))
 
 
 @pytest.mark.parametrize("method", ["proba", "proba_of_forward"])

@@ -32,6 +32,7 @@ from qplug_core.flows.normalize import record_functional_weight
 from qplug_core.flows.tags import EXPORT_RANGES
 from qplug_core.ir import module_stack
 from qplug_core.ir.attributes import fetch_attribute
+from qplug_core.ir.capture import drop_guard_call
 from qplug_core.ir.hooks import drop_pre_hooks
 from qplug_core.passes import ConstantFoldingPass, PassResult
 from qplug_core.passes.remove_noops import remove_noops
@@ -182,9 +183,7 @@ def _drop_guards(gm: fx.GraphModule) -> None:
     the report) and its pre-hook (a raw RuntimeError, run only where convert keeps this module):
     the observed and the converted model check what export assumed of the inputs themselves,
     with a qplug error (:mod:`qplug_core.flows.exported_inputs`), also after ``qp.load``."""
-    for node in list(gm.graph.nodes):
-        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
-            gm.graph.erase_node(node)
+    drop_guard_call(gm)
     drop_pre_hooks(gm, lambda hook: getattr(hook, "__name__", "") == _EXPORT_INPUT_CHECK)
 
 

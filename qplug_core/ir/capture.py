@@ -28,8 +28,8 @@ from qplug_core.ir.deferred_code import graph_module_without_code
 from qplug_core.ir.quiet import quiet_torch
 from qplug_core.ir.thread_confined import ThreadConfinedTracer
 
-__all__ = ["QplugTracer", "capture_aten", "capture_module", "export_images_dynamic", "export_module",
-           "export_with_shapes", "widened_ones"]
+__all__ = ["QplugTracer", "capture_aten", "capture_module", "drop_guard_call", "export_images_dynamic",
+           "export_module", "export_with_shapes", "widened_ones"]
 
 
 
@@ -144,10 +144,11 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> tuple[Gr
     (0/1 specialisation: a batch-1 example gave a model that refused batch 4), so the batch and
     the dimensions of integer inputs (token ids, masks) are exported from the example repeated to
     size 2 along them, and kept only where the exported graph answers the example itself as the
-    model does (a branch on ``batch > 1`` is then traced the other way: the example's own sizes
-    are exported instead). When every shape is specialised, a warning says so and why.
-    Returns the graph and why the widened export was not kept (None: it was, or none was tried;
-    the caller says which sizes of 1 stay fixed, WavLM's batch among them).
+    model does, run without its guards on size relations as qplug's raised graph runs (a branch on
+    ``batch > 1`` is then traced the other way: the example's own sizes are exported instead).
+    When every shape is specialised, a warning says so and why. Returns the graph and why the
+    widened export was not kept (None: it was, or none was tried), with which the caller names
+    the sizes of 1 that stay fixed.
     """
     widened = tuple(_widened(value) for value in example_inputs)
     not_widened = None
@@ -157,6 +158,8 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> tuple[Gr
         except Exception as e:  # noqa: BLE001 - exported from the example's own sizes below
             not_widened = f"torch.export failed at size 2 ({type(e).__name__}: {first_line(e)[:200]})"
         else:
+            drop_guard_call(exported)  # as raised: the relations it guards, qplug's graph does not check
+            exported.recompile()
             not_widened = _disagreement(model, exported, example_inputs)
             if not_widened is None:
                 return exported, None
@@ -171,6 +174,15 @@ def export_module(model: nn.Module, example_inputs: tuple[Any, ...]) -> tuple[Gr
         warn_user(f"qplug: torch.export could not keep the input sizes dynamic ({type(dynamic_failure).__name__}: "
                   f"{first_line(dynamic_failure)}); the captured model takes inputs of the example's shapes only")
         return exported, None
+
+
+def drop_guard_call(gm: GraphModule) -> None:
+    """Remove the ``_guards_fn`` call of an ``ExportedProgram.module()``: the relations between input
+    sizes torch.export assumed while tracing. At batch 2, WavLM's guard ``batch * frames != frames``
+    refused batch 1, which the graph computes as the model does."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
+            gm.graph.erase_node(node)
 
 
 #: where torch.export logs a failure's notes (it prints the partial graph on stderr itself)

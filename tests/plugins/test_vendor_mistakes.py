@@ -405,5 +405,6 @@ plugin = P()
     assert [(scope, level) for scope, level, _ in findings] == [("backend vendor", "error")] * 2  # static, qat
     assert findings[0][2] == (
         "its default 'static' qconfig contradicts its own dtype configs of 1 weighted pattern(s) (Linear): "
-        "activation: quant range (0, 255) must fall within the backend's (0, 127); qp.quantize with the "
+        "activation: quant range (0, 255) must fall within the backend's (0, 127): give the observer "
+        "quant_min=0, quant_max=127; qp.quantize with the "
         "defaults leaves them float: set reduce_range=True (activations in [0, 127]) in qconfig_options('static')")

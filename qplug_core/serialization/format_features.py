@@ -73,15 +73,24 @@ WRITTEN: dict[str, Feature] = {
     "folded_affines": Feature(required=False, since="0.1.0", keys=("model.folded_affines",),
                               lost="the per-channel affines folded into convs: qp.compare pairs those convs "
                                    "with their float output before the affine"),
+    "shared_transposed": Feature(
+        required=False, since="0.1.0", keys=("model.partition_models.*.models.*.shared_transposed",),
+        lost="stored partition models whose linear weights the file holds once (transposed): each such partition "
+             "is exported again at its first call (seconds)"),
 }
 KNOWN: frozenset[str] = frozenset(WRITTEN)
 
 
 def declarations(model: dict[str, Any]) -> dict[str, Any]:
     """The ``features`` object for a document whose ``model`` is ``model``: the written features
-    whose top-level keys it holds (empty where it holds none, so such files read as format 1)."""
+    whose keys it holds (empty where it holds none, so such files read as format 1)."""
     return {name: feature.to_document() for name, feature in WRITTEN.items()
-            if any(key.split(".")[1] in model for key in feature.keys)}
+            if any(_holds(model, key.split(".")[1:]) for key in feature.keys)}
+
+
+def _holds(node: Any, segments: list[str]) -> bool:
+    """Whether ``node`` has a key at the path ``segments`` (``*``: any entry)."""
+    return any(len(segments) == 1 or _holds(entry, segments[1:]) for entry in _entries(node, segments[0]))
 
 
 def accept(document: Any, tensors: dict[str, torch.Tensor], source: Path) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -167,12 +176,15 @@ def _remove(node: Any, segments: list[str]) -> None:
         if isinstance(node, dict):
             node.pop(head, None)
         return
-    if head == "*":
-        entries = node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
-    else:
-        entries = [node[head]] if isinstance(node, dict) and head in node else []
-    for entry in entries:
+    for entry in _entries(node, head):
         _remove(entry, rest)
+
+
+def _entries(node: Any, segment: str) -> list[Any]:
+    """What ``segment`` of a key path names in ``node``: its entry, or all of them for ``*``."""
+    if segment == "*":
+        return list(node.values()) if isinstance(node, dict) else list(node) if isinstance(node, list) else []
+    return [node[segment]] if isinstance(node, dict) and segment in node else []
 
 
 def _remove_tensors(model: Any, prefixes: tuple[str, ...]) -> None:

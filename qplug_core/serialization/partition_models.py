@@ -7,9 +7,9 @@ model each compiled partition was built from, for each input signature it was co
 uint8 tensors under ``partition_models/<partition>/<i>`` (covered by the file's digest); the record
 (partition -> the CPU's VNNI at save, the runtime's name and version where its plugin says them,
 and, per model, its tensor, input signature and the initializers whose bytes are the reference
-form's tensors: :mod:`~qplug_core.serialization.shared_initializers`) is plain data. ``qp.load`` hands them to the first
-call (``flows/delegate.FirstCallCheck``), which builds the runtime's models from them instead of
-exporting, once each has passed the checks of :mod:`qplug_core.partition.stored_model`, and holds
+form's tensors, as they are or transposed: :mod:`~qplug_core.serialization.shared_initializers`)
+is plain data. ``qp.load`` hands them to the first call (``flows/delegate.FirstCallCheck``), which
+builds the runtime's models from them instead of exporting, once each has passed the checks of :mod:`qplug_core.partition.stored_model`, and holds
 them to the contract again where the runtime's version is not the recorded one. Files without the
 record load as they did; files without the runtime load as before it was recorded.
 """
@@ -37,6 +37,9 @@ _ENTRY = ("vnni", "models")
 _RUNTIME = ("name", "version")
 _MODEL = ("tensor", "inputs")
 _SHARED = "shared"
+#: initializers holding a reference tensor's transpose: a declared file-format feature (older
+#: readers, which would fill a square weight untransposed, leave them out and export again)
+_TRANSPOSED = "shared_transposed"
 _INPUT = ("shape", "dtype")
 #: a stored model's signature: (shape, dtype) of each input, as ``CompiledPartition`` keys it
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
@@ -58,13 +61,14 @@ def record(model: dict[str, Any], tensors: dict[str, torch.Tensor], qmodel: nn.M
             source = whole_model(kept)
             if source is None:
                 continue
-            source, shared = left_out(source, reference)
+            source, shared, transposed = left_out(source, reference)
             key = f"{_PREFIX}{name}/{i}"
             tensors[key] = torch.frombuffer(bytearray(source), dtype=torch.uint8)
             table[key] = {"dtype": encode_dtype(torch.uint8), "shape": [len(source)]}
             models.append({"tensor": key, "inputs": [{"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
                                                      for shape, dtype in signature],
-                           **({_SHARED: shared} if shared else {})})
+                           **({_SHARED: shared} if shared else {}),
+                           **({_TRANSPOSED: transposed} if transposed else {})})
         if models:
             runtime = compiled.runtime()
             entries[name] = {"vnni": cpu_int8().vnni, "models": models,
@@ -86,7 +90,7 @@ def check(doc: Any, tensors: dict[str, torch.Tensor], path: str) -> None:
                 expect(entry["runtime"][key], str, child(child(at, "runtime"), key), "a string")
         for i, stored in enumerate(expect(entry["models"], list, child(at, "models"), "a JSON list")):
             here = child(child(at, "models"), i)
-            read_fields(stored, here, (*_MODEL, _SHARED), required=_MODEL)
+            read_fields(stored, here, (*_MODEL, _SHARED, _TRANSPOSED), required=_MODEL)
             key = expect(stored["tensor"], str, child(here, "tensor"), "a tensor name")
             tensor = tensors.get(key)
             if not key.startswith(_PREFIX) or key in seen or tensor is None or tensor.dtype != torch.uint8 \
@@ -94,10 +98,11 @@ def check(doc: Any, tensors: dict[str, torch.Tensor], path: str) -> None:
                 raise ConfigError(f"{where(child(here, 'tensor'))}: {key!r} is not a stored partition model's "
                                   "tensor of its own (1-D uint8)", field=child(here, "tensor"), value=key)
             seen.add(key)
-            for initializer, held in expect(stored.get(_SHARED, {}), dict, child(here, _SHARED), "a JSON object").items():
-                if not isinstance(held, str) or held.startswith(_PREFIX) or held not in tensors:
-                    raise ConfigError(f"{where(child(child(here, _SHARED), initializer))}: {held!r} is not a tensor of "
-                                      "the file's reference form", field=child(here, _SHARED), value=held)
+            for field in (_SHARED, _TRANSPOSED):
+                for initializer, held in expect(stored.get(field, {}), dict, child(here, field), "a JSON object").items():
+                    if not isinstance(held, str) or held.startswith(_PREFIX) or held not in tensors:
+                        raise ConfigError(f"{where(child(child(here, field), initializer))}: {held!r} is not a tensor "
+                                          "of the file's reference form", field=child(here, field), value=held)
             for j, spec in enumerate(expect(stored["inputs"], list, child(here, "inputs"), "a JSON list")):
                 _check_input(spec, child(child(here, "inputs"), j))
 
@@ -142,7 +147,8 @@ def stored_models(model: dict[str, Any], tensors: dict[str, torch.Tensor]) -> di
             continue
         try:
             models = [(tuple((torch.Size(spec["shape"]), SPEC_DTYPES[spec["dtype"]]) for spec in record["inputs"]),
-                       put_back(tensors[record["tensor"]].numpy().tobytes(), record.get(_SHARED, {}), tensors, room))
+                       put_back(tensors[record["tensor"]].numpy().tobytes(), record.get(_SHARED, {}), tensors, room,
+                                record.get(_TRANSPOSED, {})))
                       for record in entry["models"]]
         except SerializationError as exc:
             warn_user(f"qplug: the ONNX model the file stores for partition {name} is not used: {exc}; the "

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from qplug_core.errors import SerializationError
-from qplug_core.serialization.shared_initializers import FILL_FACTOR, Room, put_back
+from qplug_core.serialization.shared_initializers import FILL_FACTOR, Room, left_out, put_back
 
 WEIGHT = torch.arange(64 * 64, dtype=torch.int32).remainder(255).sub(127).to(torch.int8).reshape(64, 64)
 TENSORS = {"fc.weight": WEIGHT}
@@ -52,3 +52,31 @@ def test_the_models_of_one_file_fill_at_most_the_factor_times_its_weights():
     with pytest.raises(SerializationError, match=r"would fill 4096 bytes where the file's stored models may fill 0 "
                                                  rf"more \(at most {FILL_FACTOR} times the reference form's weights"):
         put_back(_model("w"), {"w": "fc.weight"}, TENSORS, room)
+
+
+def _linear_model(weight: torch.Tensor) -> bytes:
+    """A model holding ``weight`` transposed, as the onnxruntime export holds a linear's (``*_weight_t``)."""
+    initializer = onnx.numpy_helper.from_array(weight.T.contiguous().numpy(), "fc_weight_t")
+    node = onnx.helper.make_node("Identity", ["fc_weight_t"], ["out"])
+    output = onnx.helper.make_tensor_value_info("out", onnx.TensorProto.INT8, list(weight.T.shape))
+    return onnx.helper.make_model(onnx.helper.make_graph([node], "g", [], [output], [initializer])).SerializeToString()
+
+
+@pytest.mark.parametrize("shape", [(32, 128), (64, 64)], ids=["linear", "square"])
+def test_a_transposed_weight_is_left_out_and_put_back_transposed(shape):
+    """A linear's weight is stored [in, out] (Wav2Vec2 on onnxruntime: every linear's int8 weights
+    again in the file, once per input signature); a square one must not come back untransposed."""
+    weight = torch.arange(shape[0] * shape[1]).remainder(251).sub(125).to(torch.int8).reshape(shape)
+    tensors = {"fc.weight": weight}
+    source = _linear_model(weight)
+    stored, shared, transposed = left_out(source, tensors)
+    assert (shared, transposed) == ({}, {"fc_weight_t": "fc.weight"})
+    assert len(stored) < len(source) - weight.numel()
+    assert put_back(stored, shared, tensors, Room(tensors), transposed) == source
+
+
+def test_a_transposed_slot_of_another_shape_is_refused():
+    weight = torch.zeros(32, 128, dtype=torch.int8)
+    stored, _, transposed = left_out(_linear_model(weight), {"fc.weight": weight})
+    with pytest.raises(SerializationError, match="'fc_weight_t' is not an empty slot for the reference tensor"):
+        put_back(stored, {}, {"fc.weight": weight.T.contiguous()}, Room({"fc.weight": weight}), transposed)

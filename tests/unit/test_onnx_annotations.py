@@ -35,14 +35,18 @@ def _notes(model: onnx.ModelProto) -> list[str]:
     return found + [f"value_info {v.name}" for v in model.graph.value_info]
 
 
+def _quantized(backend: str) -> fx.GraphModule:
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return qp.quantize(_Causal().eval(), (torch.randn(1, 2, 16),), [(torch.randn(1, 2, 16),) for _ in range(2)],
+                           backend=backend)
+
+
 @pytest.mark.slow  # 18 s in a fresh process (torch.onnx warms up; a quantize, a save, a load)
 def test_a_stored_partition_model_has_no_exporter_notes(tmp_path):
     pytest.importorskip("qplug_onnxruntime")
-    torch.manual_seed(0)
-    model, x = _Causal().eval(), torch.randn(1, 2, 16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        qmodel = qp.quantize(model, (x,), [(torch.randn(1, 2, 16),) for _ in range(2)], backend="onnxruntime")
+    qmodel = _quantized("onnxruntime")
     path = qp.save(qmodel, tmp_path / "causal.safetensors")
     with safe_open(str(path), framework="pt") as f:
         blobs = [f.get_tensor(k).numpy().tobytes() for k in f.keys() if k.startswith("partition_models/")]  # noqa: SIM118
@@ -68,11 +72,7 @@ def test_an_exported_file_has_no_exporter_notes_and_answers_as_with_them(tmp_pat
     24.8 of the digits CNN's 55.0 kB) into the file a user ships; the runtime's answer is the same."""
     import onnxruntime as ort
 
-    torch.manual_seed(0)
-    model, x = _Causal().eval(), torch.randn(1, 2, 16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        qmodel = qp.quantize(model, (x,), [(torch.randn(1, 2, 16),) for _ in range(2)], backend="fbgemm")
+    qmodel, x = _quantized("fbgemm"), torch.randn(1, 2, 16)
     path = qp.export_onnx(qmodel, tmp_path / "causal.onnx")
     monkeypatch.setenv("QPLUG_DEBUG", "1")
     kept = qp.export_onnx(qmodel, tmp_path / "causal_debug.onnx")

@@ -16,13 +16,20 @@ from torch import fx, nn
 
 from qplug_core.errors import QplugError, first_line, warn_user
 from qplug_core.flows.steps import fuse_fx
-from qplug_core.flows.tags import FUSIONS, STATE
+from qplug_core.flows.tags import FUSIONS, REPORT, STATE
 
 __all__ = ["fused_like", "unfused_layers"]
 
 
 def _meta(model: nn.Module) -> dict[str, Any]:
     return model.meta if isinstance(model, fx.GraphModule) else {}
+
+
+def _backend(quantized_model: nn.Module) -> str | None:
+    """The backend that fused ``quantized_model``: a loaded model has no prepare state, only the
+    report qp.load's conversion attached (same backend name)."""
+    meta = _meta(quantized_model)
+    return meta.get(STATE, {}).get("backend") or getattr(meta.get(REPORT), "backend", None)
 
 
 def unfused_layers(float_model: nn.Module, quantized_model: nn.Module) -> list[str]:
@@ -40,7 +47,7 @@ def fused_like(float_model: nn.Module, quantized_model: nn.Module, example: tupl
     layers: ``float_model`` fused by the quantized model's backend, or, when that fails, the float
     model as given with those layers skipped."""
     named = ", ".join(unfused[:3]) + (", ..." if len(unfused) > 3 else "")
-    backend = _meta(quantized_model).get(STATE, {}).get("backend")
+    backend = _backend(quantized_model)
     if backend is not None:
         try:
             fused = fuse_fx(float_model, example, backend=backend)

@@ -36,6 +36,7 @@ from qplug_core.flows.tags import (
     FUSIONS,
 )
 from qplug_core.flows.target_rungs import name_rungs
+from qplug_core.ir import module_stack
 from qplug_core.kernels.per_token import PER_TOKEN_LAYERS, swap_in_per_token
 from qplug_core.registry import plugins
 from qplug_core.registry.backends import Backend, get_backend, list_backends
@@ -243,6 +244,8 @@ def rebuild_graph(artifact: Artifact, source: Path) -> fx.GraphModule:
         gm.graph.lint()
         if tree_record.KEY in model:
             tree_record.install(gm, model[tree_record.KEY], f"model.{tree_record.KEY}")
+        if model.get("capture", "symbolic") == "symbolic":
+            _scope_module_calls(gm)
         gm.meta[FIXED_KEYWORDS] = model.get(FIXED_KEYWORDS_KEY, {})
         if affine_record.KEY in model:
             gm.meta[FOLDED_AFFINES] = affine_record.from_document(model[affine_record.KEY], affine_record.KEY,
@@ -264,6 +267,16 @@ def rebuild_graph(artifact: Artifact, source: Path) -> fx.GraphModule:
         gm.meta[FUNCTIONAL_WEIGHTS] = functional_record.from_document(
             model[functional_record.KEY], functional_record.KEY, len(model["graph"]))
     return gm
+
+
+def _scope_module_calls(gm: fx.GraphModule) -> None:
+    """Give each module call the module stack symbolic tracing wrote for it (its own module): the
+    file keeps no node meta, and lowering carries the stack to the kernel that replaces the call,
+    which is how qp.compare tells what a float module became (``b1`` run by ``batchnorm2d``)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            target = str(node.target)
+            node.meta.setdefault(module_stack.KEY, {target: (target, type(gm.get_submodule(target)))})
 
 
 def _resolve_backend(artifact: Artifact, backend: str | Backend | None, source: Path) -> Backend:

@@ -30,8 +30,33 @@ def own_call(model: nn.Module, names: set[str], engine: str | None) -> None:
     if "forward" in vars(model):
         pin_engine(model, engine)
     elif names or engine is not None:
-        # a partial of a module-level function: the model still deep-copies and pickles
-        model.forward = functools.partial(_model_call, model, frozenset(names), engine)
+        _bind(model, frozenset(names), engine)
+
+
+#: the instance entries :func:`_bind` sets, each bound to its model
+_BOUND = ("forward", "__reduce_ex__")
+
+
+def _bind(model: nn.Module, names: frozenset[str], engine: str | None) -> None:
+    """Put the call on the instance. A shallow copy shares instance entries, so one bound to this
+    model would make ``copy.copy(model)`` call the original; copy, deepcopy and pickle look
+    ``__reduce_ex__`` up on the instance too, and this one rebuilds the model bound to itself
+    (partials of module-level functions: the model still pickles)."""
+    vars(model)["forward"] = functools.partial(_model_call, model, names, engine)
+    vars(model)["__reduce_ex__"] = functools.partial(_reduce, model, names, engine)
+
+
+def _reduce(model: nn.Module, names: frozenset[str], engine: str | None,
+            protocol: int) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    state = {key: value for key, value in vars(model).items() if key not in _BOUND}
+    return _rebound, (type(model), names, engine), state
+
+
+def _rebound(cls: type[nn.Module], names: frozenset[str], engine: str | None) -> nn.Module:
+    """A new ``cls`` bound to its own call; the copy protocol then sets its state."""
+    model = cls.__new__(cls)
+    _bind(model, names, engine)
+    return model
 
 
 def _model_call(model: nn.Module, names: frozenset[str], engine: str | None, *args: Any, **kwargs: Any) -> Any:

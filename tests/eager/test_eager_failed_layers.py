@@ -75,3 +75,30 @@ def test_a_wrong_shape_names_the_int8_layer_and_copies_keep_naming_it(converted)
     with pytest.raises(InputMismatchError, match=r"^layer 'fc' \(.*\): int8 Linear takes inputs with 144 features"):
         copied(torch.randn(2, 3, 9, 9))
     assert torch.equal(copied(torch.ones(1, 3, 8, 8)), int8(torch.ones(1, 3, 8, 8)))  # (assert_close imports 4 s)
+
+
+class ScaledNet(Net):
+    """Net whose forward reads a plain attribute of the root: a copy that sets it must see it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.scale
+
+
+@pytest.mark.parametrize("make_copy", [copy.copy, copy.deepcopy])
+def test_a_copy_of_a_converted_model_calls_itself(make_copy):
+    # before: the call on the instance was bound to the model it was made for, and a shallow copy
+    # shares instance entries: copy.copy(int8) ran the original, ignoring what was set on the copy
+    torch.manual_seed(0)
+    int8 = _converted(ScaledNet().eval(), "fbgemm")
+    x = torch.randn(1, 3, 8, 8)
+    expected = int8(x)
+    copied = make_copy(int8)
+    copied.scale = 2.0
+    assert torch.equal(copied(x), 2 * expected)
+    assert torch.equal(int8(x), expected)
+    with pytest.raises(InputMismatchError, match=r"^layer 'conv' \(.*\): int8 Conv2d takes inputs with 3 channels"):
+        copied(torch.randn(2, 5, 8, 8))  # the copy still names its failing layer

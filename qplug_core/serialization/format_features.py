@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -34,6 +34,9 @@ _SEGMENT = re.compile(r"[A-Za-z0-9_]{1,100}\Z|\*\Z")
 #: keys no feature may take out: the rule's own
 _RULE_KEYS = ("format", "schema_version", KEY)
 _MAX_FEATURES, _MAX_PATHS, _MAX_DEPTH, _MAX_TEXT = 64, 64, 16, 300
+#: the removals visit at most this many nodes per node of the document, all paths together: past
+#: it the file is refused (64 features x 64 ``*`` paths would otherwise walk it 4096 times)
+_VISITS_PER_NODE = 4
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def accept(document: Any, tensors: dict[str, torch.Tensor], source: Path) -> tup
         declared = {name: Feature.from_document(doc, child(KEY, name))
                     for name, doc in _checked_names(document[KEY]).items()}
     except ConfigError as exc:
-        raise SerializationError(f"{source} is not a valid qplug artifact: {exc}", path=str(source)) from exc
+        raise _invalid(source, exc) from exc
     unknown = {name: feature for name, feature in declared.items() if name not in KNOWN}
     needed = {name: feature for name, feature in unknown.items() if feature.required}
     if needed:
@@ -117,9 +120,10 @@ def accept(document: Any, tensors: dict[str, torch.Tensor], source: Path) -> tup
     if not unknown:
         return document, tensors
     prefixes = tuple(prefix for feature in unknown.values() for prefix in feature.tensors)
-    for feature in unknown.values():
-        for key in feature.keys:
-            _remove(document, key.split("."))
+    try:
+        _Removal(document).remove(dict.fromkeys(key for feature in unknown.values() for key in feature.keys))
+    except ConfigError as exc:
+        raise _invalid(source, exc) from exc
     if prefixes:
         tensors = {name: t for name, t in tensors.items() if not name.startswith(prefixes)}
         _remove_tensors(document.get("model"), prefixes)
@@ -131,6 +135,10 @@ def accept(document: Any, tensors: dict[str, torch.Tensor], source: Path) -> tup
               + "; ".join(f"{name} (since {f.since}): {f.lost or 'nothing said'}" for name, f in unknown.items())
               + f". Upgrade qplug-core to {max((f.since for f in unknown.values()), key=_sortable)} or later to keep them")
     return document, tensors
+
+
+def _invalid(source: Path, exc: ConfigError) -> SerializationError:
+    return SerializationError(f"{source} is not a valid qplug artifact: {exc}", path=str(source))
 
 
 def _checked_names(doc: Any) -> dict[str, Any]:
@@ -160,24 +168,54 @@ def _text(value: Any, path: str, *, empty: bool = False) -> str:
 
 
 def _key_path(value: Any, path: str) -> str:
-    """``model.partition_models.*.runtime``: a feature's key, never one of the rule's own."""
+    """``model.partition_models.*.runtime``: a feature's key, never one of the rule's own (the
+    top-level keys are a fixed list, so a path starts with a name, never ``*``)."""
     segments = _text(value, path).split(".")
-    if (len(segments) > _MAX_DEPTH or not all(_SEGMENT.match(s) for s in segments) or segments[-1] == "*"
+    if (len(segments) > _MAX_DEPTH or not all(_SEGMENT.match(s) for s in segments) or "*" in (segments[0], segments[-1])
             or segments[0] in _RULE_KEYS):
         raise ConfigError(f"{where(path)}: {value!r} is not a key path (dotted names, * for every entry, at most "
-                          f"{_MAX_DEPTH}, ending in a name, not {', '.join(_RULE_KEYS)})", field=path, value=value)
+                          f"{_MAX_DEPTH}, starting and ending in a name, not {', '.join(_RULE_KEYS)})",
+                          field=path, value=value)
     return value
 
 
-def _remove(node: Any, segments: list[str]) -> None:
-    """Remove the keys at the path ``segments`` from ``node``, wherever ``*`` leads."""
-    head, rest = segments[0], segments[1:]
-    if not rest:
-        if isinstance(node, dict):
-            node.pop(head, None)
-        return
-    for entry in _entries(node, head):
-        _remove(entry, rest)
+class _Removal:
+    """Removes keys from a document within a budget of visited nodes, so that a hostile file's
+    declarations cost time in proportion to its size (as the rest of the reader), not 4096 walks."""
+
+    def __init__(self, document: Any) -> None:
+        self.nodes = _size(document)
+        self.left = _VISITS_PER_NODE * self.nodes
+        self.document = document
+
+    def remove(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._remove(self.document, key.split("."))
+
+    def _remove(self, node: Any, segments: list[str]) -> None:
+        """Remove the keys at the path ``segments`` from ``node``, wherever ``*`` leads."""
+        self.left -= 1
+        if self.left < 0:
+            raise ConfigError(f"{KEY}: the declared keys' paths visit more than {_VISITS_PER_NODE} nodes per node of "
+                              f"the document ({self.nodes} nodes), where a writer declares a few paths to its own keys",
+                              field=KEY, value=self.nodes)
+        head, rest = segments[0], segments[1:]
+        if not rest:
+            if isinstance(node, dict):
+                node.pop(head, None)
+            return
+        for entry in _entries(node, head):
+            self._remove(entry, rest)
+
+
+def _size(document: Any) -> int:
+    """The number of nodes (objects, lists and values) in ``document``."""
+    count, stack = 0, [document]
+    while stack:
+        node = stack.pop()
+        count += 1
+        stack.extend(node.values() if isinstance(node, dict) else node if isinstance(node, list) else ())
+    return count
 
 
 def _entries(node: Any, segment: str) -> list[Any]:

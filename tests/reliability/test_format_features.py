@@ -23,7 +23,7 @@ from qplug_core import zoo
 from qplug_core.cli.app import app
 from qplug_core.errors import SerializationError
 from qplug_core.kernels.cpu import cpu_int8
-from qplug_core.serialization import load, save
+from qplug_core.serialization import format_features, load, save
 from qplug_core.serialization.format_features import Feature
 
 X = torch.randn(2, 4)
@@ -97,6 +97,7 @@ def test_qplug_report_describes_a_file_with_an_unknown_optional_feature(saved):
 @pytest.mark.parametrize("declaration", [
     {"required": False, "since": "0.9.0", "keys": ["format"]},  # the rule's own keys
     {"required": False, "since": "0.9.0", "keys": ["model.*"]},  # a path ends in a name
+    {"required": False, "since": "0.9.0", "keys": ["*.*.x"]},  # and starts with one (top-level keys are a fixed list)
     {"required": False, "since": "0.9.0", "lost": "\x1b]0;title\x07"},  # printed in a warning
     {"required": "no", "since": "0.9.0"},
     {"required": False},
@@ -107,6 +108,45 @@ def test_a_malformed_declaration_is_refused(saved, declaration):
 
     with pytest.raises(SerializationError, match=r"is not a valid qplug artifact: features\.histograms"):
         load(rewrite(saved, edit))
+
+
+def _hostile(document, tensors) -> None:
+    """64 optional features x 64 paths of 16 segments over 4,000 junk nodes (refused by the strict
+    reader): a document of under 10,000 nodes (4,400 in the declarations), which one walk per path
+    would visit 4096 times."""
+    document["features"] = {f"f{i}": {"required": False, "since": "0.9.0",
+                                      "keys": ["model." + "*." * 14 + f"x{j}" for j in range(64)]} for i in range(64)}
+    document["model"]["junk"] = [[0]] * 2000
+
+
+@pytest.fixture
+def visits(monkeypatch):
+    """The number of document nodes the removal of declared keys looks into."""
+    seen = [0]
+    entries = format_features._entries
+
+    def counted(node, segment):
+        seen[0] += 1
+        return entries(node, segment)
+
+    monkeypatch.setattr(format_features, "_entries", counted)
+    return seen
+
+
+def test_a_file_declaring_many_star_paths_is_refused_within_a_few_visits_per_node(saved, visits):
+    with pytest.raises(SerializationError, match=r"is not a valid qplug artifact: features: the declared keys' paths "
+                                                 r"visit more than 4 nodes per node of the document"):
+        load(rewrite(saved, _hostile))
+    assert 0 < visits[0] <= 4 * 10_000
+
+
+def test_qplug_report_refuses_the_same_file_within_the_same_budget(saved, visits):
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["report", str(rewrite(saved, _hostile))])
+    assert result.exit_code != 0
+    assert "visit more than 4 nodes per node of the document" in result.output
+    assert 0 < visits[0] <= 4 * 10_000
 
 
 DATA = Path(__file__).parent / "data"

@@ -36,7 +36,7 @@ _RULE_KEYS = ("format", "schema_version", KEY)
 _MAX_FEATURES, _MAX_PATHS, _MAX_DEPTH, _MAX_TEXT = 64, 64, 16, 300
 #: the removals visit at most this many nodes per node of the document, all paths together: past
 #: it the file is refused (64 features x 64 ``*`` paths would otherwise walk it 4096 times)
-_VISITS_PER_NODE = 4
+_VISITS_PER_NODE = 2
 
 
 @dataclass(frozen=True)

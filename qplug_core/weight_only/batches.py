@@ -18,8 +18,9 @@ from qplug_core.errors import QplugError, notify
 from qplug_core.flows.checks import check_calibration_data
 from qplug_core.flows.steps import batch_does_not_fit
 
-#: the inputs that give an encoder-decoder's decoder its tokens
-_DECODER_INPUTS = ("decoder_input_ids", "decoder_inputs_embeds")
+#: the inputs that give an encoder-decoder's decoder its tokens (Hugging Face models shift ``labels``
+#: right into ``decoder_input_ids`` when none are given)
+_DECODER_INPUTS = ("decoder_input_ids", "decoder_inputs_embeds", "labels")
 
 
 def calibration_batches(calibration: Any, model: nn.Module) -> Iterable[Any]:

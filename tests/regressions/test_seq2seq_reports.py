@@ -75,6 +75,24 @@ def test_reading_a_per_token_weight_dtype_makes_no_float_copy():
     assert torch.equal(weight + 0, make()) and made == [1]  # an op reading the values makes them once
 
 
+
+@pytest.mark.parametrize("quantize", [
+    lambda model, data: qp.quantize_w8a8(model, data),
+    lambda model, data: qp.quantize_weights(model, calibration_data=data, algorithm="awq", kernel="reference"),
+], ids=["w8a8", "awq"])
+def test_batches_with_labels_calibrate_as_their_decoder_inputs(quantize, capsys):
+    """A tokenized seq2seq dataset's batches carry ``labels``, which T5 shifts right into its decoder
+    inputs: qplug gave them a 1-token ``decoder_input_ids`` besides, and T5's loss of 1-token logits
+    against 8-token labels failed calibration. They now calibrate as the same batches with the shifted
+    labels as ``decoder_input_ids`` do, and no notice says the batches have no decoder inputs."""
+    labels = torch.randint(5, 295, (2, 8), generator=torch.Generator().manual_seed(2))
+    shifted = {**batch(), "decoder_input_ids": torch.cat([torch.zeros(2, 1, dtype=torch.long), labels[:, :-1]], 1)}
+    quantized = quantize(t5(), [{**batch(), "labels": labels}])
+    assert "no decoder inputs" not in capsys.readouterr().err
+    expected = quantize(t5(), [shifted])
+    with torch.no_grad():
+        assert torch.equal(quantized(**shifted).logits, expected(**shifted).logits)
+
 def _quantized_models():
     calibration = [{**batch(), "decoder_input_ids": torch.tensor([[0, 7, 8], [0, 9, 10]])}]
     yield "weight-only", qp.quantize_weights(t5(), bits=8)

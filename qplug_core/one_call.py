@@ -79,7 +79,7 @@ def quantize(model: nn.Module, example_inputs: Any, calibration_data: Any, *,
     Batches (``example_inputs`` and each calibration batch) are a tensor, a tuple of positional
     inputs or a dict of keyword inputs on either route: a captured graph takes positional inputs,
     so a dict whose keys are ``forward()``'s parameters is bound to them by name (parameters between
-    them at their defaults), from a list or an iterator of batches.
+    them at their defaults), from a list, an iterator or a loader (a ``DataLoader``) of batches.
 
     A torch.export capture keeps image heights and widths dynamic when ``calibration_data`` (a
     list) holds images of several sizes and the exported graph answers each as the model does;

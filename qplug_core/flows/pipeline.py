@@ -10,7 +10,7 @@ import contextlib
 import gc
 import inspect
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch
 from torch import fx, nn
@@ -78,13 +78,34 @@ def bound_to_forward(inputs: Any, model: Any) -> Any:
 
 
 def bound_batches(data: Any, model: Any) -> Any:
-    """:func:`bound_to_forward` on each batch of a list or an iterator (read once either way);
-    other data unchanged (a re-iterable loader is read again by some flows)."""
+    """:func:`bound_to_forward` on each batch of a list or an iterator (read once either way), and
+    of a re-iterable loader (a DataLoader) each time it is read, as a re-iterable view of it; a
+    tensor (one batch), a dict and what is not iterable unchanged (read or refused as given)."""
     if isinstance(data, (list, tuple)):
         return [bound_to_forward(batch, model) for batch in data]
     if isinstance(data, Iterator):
         return (bound_to_forward(batch, model) for batch in data)
-    return data
+    if isinstance(data, (torch.Tensor, str, bytes)) or hasattr(data, "keys") or not isinstance(data, Iterable):
+        return data
+    return (_SizedBoundBatches if hasattr(data, "__len__") else _BoundBatches)(data, model)
+
+
+class _BoundBatches:
+    """A loader's batches bound to ``model``'s forward as they are read, each time it is read: a
+    DataLoader loads lazily, and a list of it would hold every batch at once."""
+
+    def __init__(self, data: Iterable[Any], model: Any) -> None:
+        self.data, self.model = data, model
+
+    def __iter__(self) -> Iterator[Any]:
+        return (bound_to_forward(batch, self.model) for batch in self.data)
+
+
+class _SizedBoundBatches(_BoundBatches):
+    """:class:`_BoundBatches` of a loader with a length (a progress bar's total)."""
+
+    def __len__(self) -> int:
+        return len(self.data)  # type: ignore[arg-type]
 
 
 def _dict_advice(keys: list[str], model: Any) -> str:

@@ -154,3 +154,22 @@ def test_dict_batches_of_an_encoder_decoder_fit_every_backend(backend, keys):
         got = quantized(test["input_features"], test["attention_mask"] if "attention_mask" in keys else None,
                         test["decoder_input_ids"])
     assert torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0) > 0.99
+
+
+def test_dict_batches_from_a_dataloader_bind_as_the_same_list_does():
+    """The graph route bound dict batches from a list or an iterator, but passed a DataLoader of the
+    same dicts (what a Hugging Face collator gives) through and refused its batches ("got a dict of
+    keyword inputs ... positional inputs"); they are bound as the loader is read, to the model a
+    list of the same batches gives."""
+    torch.manual_seed(0)
+    model = FeaturesToTokens().eval()
+    mask, ids = torch.ones(_FRAMES), torch.tensor([1, 5, 9, 13])
+    examples = [{"input_features": features(seed)[0], "attention_mask": mask, "decoder_input_ids": ids}
+                for seed in range(2)]
+    loader = torch.utils.data.DataLoader(examples, batch_size=1)  # collated: each a dict of 1-row tensors
+    batches = list(loader)
+    from_loader = qp.quantize(model, batches[0], loader, backend="fbgemm", recipe="none")
+    from_list = qp.quantize(model, batches[0], batches, backend="fbgemm", recipe="none")
+    test = (features(5), mask[None], ids[None])
+    assert qp.quantization_report(from_loader).quantized
+    assert torch.equal(from_loader(*test), from_list(*test))

@@ -280,6 +280,15 @@ def iter_batches(data: Any, model: Any = None) -> Iterable[tuple]:
         yield as_input_tuple(batch, model)
 
 
+def _length(data: Any) -> int | None:
+    """``len(data)`` for a progress bar's total; None without one (a DataLoader of an
+    IterableDataset defines ``__len__`` and raises TypeError)."""
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
 @renamed_keywords(data="calibration_data")
 def calibrate(model: nn.Module, calibration_data: Any, *, progress: bool | None = None) -> nn.Module:
     """Run calibration batches through an observed model (no gradients); returns the model.
@@ -290,8 +299,7 @@ def calibrate(model: nn.Module, calibration_data: Any, *, progress: bool | None 
     """
     flow_checks.check_calibratable(model, calibration_data)
     show = shown(progress)
-    sized = hasattr(calibration_data, "__len__") and not isinstance(calibration_data, torch.Tensor)
-    total = len(calibration_data) if sized else None
+    total = None if isinstance(calibration_data, torch.Tensor) else _length(calibration_data)
     batches = non_empty = 0
     # observers see the float32 values the int8 model will compute from, whatever autocast is on
     with torch.no_grad(), torch.autocast("cpu", enabled=False), distributed.calibration_session(model) as ranks:

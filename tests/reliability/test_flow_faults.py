@@ -240,6 +240,20 @@ def test_empty_batches_are_skipped_among_good_ones():
     assert torch.equal(with_empty(X[0]), without(X[0]))
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    """Batches read as a stream (a Hugging Face streaming dataset): it has no length."""
+
+    def __iter__(self):
+        return iter(images(2))
+
+
+def test_a_dataloader_of_a_stream_calibrates_as_a_list_of_its_batches():
+    """A DataLoader of an IterableDataset defines ``__len__`` and raises TypeError: calibration asked
+    it for the progress bar's total and failed with that TypeError, "object of type '_Stream' has no len()"."""
+    streamed = qp.quantize(conv_net(), X, torch.utils.data.DataLoader(_Stream(), batch_size=None), backend="reference")
+    listed = qp.quantize(conv_net(), X, images(2), backend="reference")
+    assert torch.equal(streamed(X[0]), listed(X[0]))
+
 def test_convert_before_calibration_lists_the_observers():
     observed = qp.prepare_fx(conv_net(), None, X, backend="fbgemm")
     with pytest.raises(UncalibratedObserverError) as raised:

@@ -231,7 +231,10 @@ def correct_bias(gm: fx.GraphModule, calibration_data: Any, *, qconfig_mapping: 
         run_hooked(gm, calibration_data, [], "bias correction")
     finally:
         meters.remove()
-    return meters.correct(significance)
+    corrections = meters.correct(significance)
+    if corrections:  # the final check then runs the user's float model, not this one
+        gm.meta[tags.FLOAT_EDITED] = "bias correction"
+    return corrections
 
 
 @contextlib.contextmanager

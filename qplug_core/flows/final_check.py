@@ -117,14 +117,16 @@ def check_final_model(qmodel: nn.Module, model: Any, calibration_data: Any, kept
     report = qmodel.meta.get(REPORT) if isinstance(qmodel, fx.GraphModule) else None
     if report is None or snapshot_of(qmodel) is None:
         return qmodel
+    float_model = model.module() if isinstance(model, torch.export.ExportedProgram) else model
     if kept is None:
-        float_model = model.module() if isinstance(model, torch.export.ExportedProgram) else model
         batch = first_batch(calibration_data, float_model) if isinstance(float_model, nn.Module) else None
         if batch is None:
             report.notes.append("the final model was not run against the float model: the calibration data "
                                 "was a one-pass iterable (pass a list to have it checked)")
             return qmodel
-        kept = FirstBatch(batch, _float_output(float_model, batch))
+        kept = FirstBatch(batch, None)
+    if kept.output is None:  # the user's float model on the batch, where calibration's output is not its own
+        kept = dataclasses.replace(kept, output=_float_output(float_model, kept))
     return check_against(qmodel, kept, derived)
 
 
@@ -142,14 +144,21 @@ def check_converted(qmodel: fx.GraphModule) -> nn.Module:
                                 "recorded no call (a QAT model's outputs are not float; calibrate by running "
                                 "the observed model to have it checked)")
         return qmodel
+    if kept.output is None:
+        if report is not None:
+            report.notes.append(f"the final model was not run against the float model: {kept.unkept}, so its "
+                                "float output on the first calibration batch was not kept; "
+                                "qp.compare(model, qmodel, inputs) scores it")
+        return qmodel
     return check_against(qmodel, kept)
 
 
-def _float_output(model: nn.Module, batch: tuple) -> Any:
+def _float_output(model: Any, kept: FirstBatch) -> Any:
     with torch.no_grad(), contextlib.ExitStack() as modes:
-        with contextlib.suppress(NotImplementedError):  # torch's exported modules have no mode
-            modes.enter_context(eval_mode(model))  # as it was calibrated: dropout off
-        return model(*fresh(batch))
+        if isinstance(model, nn.Module):  # not a method given to qp.quantize
+            with contextlib.suppress(NotImplementedError):  # torch's exported modules have no mode
+                modes.enter_context(eval_mode(model))  # as it was calibrated: dropout off
+        return kept.call(model)
 
 
 def check_against(qmodel: fx.GraphModule, kept: FirstBatch, derived: tuple[str, Derived] | None = None

@@ -400,6 +400,7 @@ def _convert(observed: fx.GraphModule, backend: Backend, *, lower: bool, allow_u
         raise_nothing_quantized(report, backend)
     preserve(gm, observed, preserved_attributes, copy_modules=not inplace)
     if kept is not None and lower:  # a reference form is not checked against itself
+        first_batch.take(observed)  # the check is its last use: the observed model lets it go too
         gm.meta[FIRST_BATCH] = kept
     return gm
 

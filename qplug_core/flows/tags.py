@@ -129,6 +129,9 @@ CALIBRATION_SAMPLE = "qplug_calibration_sample"
 FIRST_BATCH = "qplug_first_batch"
 #: ... and the inputs of the observed model's first call, held while that call runs
 FIRST_CALL_INPUTS = "qplug_first_call_inputs"
+#: GraphModule.meta on a fused float graph whose function a step changed before prepare (bias
+#: correction moves biases): what changed it. Its observed model's outputs are not the float model's
+FLOAT_EDITED = "qplug_float_edited"
 #: node.meta key on tensor placeholders: ``{"shape": [...], "dtype": "float32"}`` of the example
 #: input, so exporters and compiling backends can rebuild inputs of the same kind (also after load)
 INPUT_SPEC = "qplug_input_spec"

@@ -30,7 +30,7 @@ from qplug_core.flows.pipeline import as_input_tuple, eval_mode
 from qplug_core.flows.refinish import finish_on
 from qplug_core.flows.report import QuantizationReport
 from qplug_core.flows.snapshot import ReferenceSnapshot, snapshot_of
-from qplug_core.flows.tags import REPORT, SNAPSHOT
+from qplug_core.flows.tags import REPORT, SNAPSHOT, TARGET
 from qplug_core.kernels.per_token import swap_in_per_token
 from qplug_core.registry.backends import get_backend
 
@@ -41,6 +41,9 @@ MAX_GAP_DB = 6.0
 #: ... and below this SQNR (its error over 1% of the outputs' energy; above it the reference form
 #: is not run) is warned about
 NOISY_DB = 20.0
+#: a returned model below this cosine against the float model, with no accuracy target applied,
+#: is warned about (zoo MobileNetV2 at random init scored 0.00, its outputs under one int8 step)
+LOW_COSINE = 0.9
 
 
 #: what scores a derived output of a model's first output on its batch (the pooled embedding an
@@ -175,6 +178,7 @@ def check_against(qmodel: fx.GraphModule, kept: FirstBatch, derived: tuple[str, 
         return qmodel
     _record(report, final, reference, derived and _derived_score(derived, got, kept))
     if reference is None or final.sqnr_db >= reference.sqnr_db - MAX_GAP_DB:
+        _warn_if_far(qmodel, report, final)
         return qmodel
     gap = (f"the quantized model was {reference.sqnr_db - final.sqnr_db:.1f} dB worse than its reference form "
            f"against the float model on a calibration batch ({final}; reference form: {reference})")
@@ -194,6 +198,17 @@ def check_against(qmodel: fx.GraphModule, kept: FirstBatch, derived: tuple[str, 
               f"batch and run in reference form now ({now if now is not None else 'not scored'}); the "
               "report says why each")
     return model
+
+
+def _warn_if_far(qmodel: fx.GraphModule, report: QuantizationReport, final: Score) -> None:
+    """Say so where the model returned is far from the float model and no accuracy target decided
+    it (the report's line alone was missed)."""
+    if final.cosine >= LOW_COSINE or TARGET in qmodel.meta:
+        return
+    warn_user(f"backend {report.backend!r}: the quantized model does not reproduce the float model on the first "
+              f"calibration batch ({final.output}: {final}) and no accuracy target was applied: "
+              "qp.quantize(..., target=qp.Target(cosine=0.99)) keeps float the layers it takes, "
+              "qp.compare(model, qmodel, inputs) shows the layer where the error starts")
 
 
 def _scores(qmodel: fx.GraphModule, snapshot: ReferenceSnapshot, kept: FirstBatch, *, reference_too: bool = True
@@ -271,5 +286,5 @@ def _reference_form(snapshot: ReferenceSnapshot) -> fx.GraphModule:
     return gm
 
 
-__all__ = ["Derived", "Score", "check_against", "check_converted", "check_final_model", "first_batch", "mended", "named_outputs",
+__all__ = ["LOW_COSINE", "Derived", "Score", "check_against", "check_converted", "check_final_model", "first_batch", "mended", "named_outputs",
            "output_tensors", "score", "sqnr_db"]

@@ -181,3 +181,19 @@ def test_a_target_scoring_the_pooled_embedding_has_it_reported_beside_the_token_
     assert "pooled embedding (what the accuracy target scores): cosine" in str(report)
     plain = qp.quantize(Encoder().eval(), data[0], data, backend="fbgemm", recipe="none")
     assert "derived" not in qp.quantization_report(plain).final_check  # no target, nothing derived
+
+
+def test_a_model_far_from_the_float_model_without_a_target_is_warned_about_once():
+    """Outputs under one int8 step (zoo MobileNetV2 at random init: cosine 0.00) were in the report only."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    with torch.no_grad():
+        model[2].weight.mul_(1e-9)
+        model[2].bias.zero_()
+    data = [(torch.randn(4, 16),) for _ in range(2)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qmodel = qp.quantize(model, data[0], data, backend="fbgemm", recipe="none")
+    far = [str(w.message) for w in caught if "does not reproduce the float model" in str(w.message)]
+    assert qp.quantization_report(qmodel).final_check["cosine"] < 0.9
+    assert len(far) == 1 and "target=qp.Target(" in far[0] and "qp.compare(" in far[0]

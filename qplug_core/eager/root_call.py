@@ -60,8 +60,7 @@ def _rebound(cls: type[nn.Module], names: frozenset[str], engine: str | None) ->
 
 
 def _model_call(model: nn.Module, names: frozenset[str], engine: str | None, *args: Any, **kwargs: Any) -> Any:
-    if engine is not None:
-        engine_lease.acquire(engine)
+    token = engine_lease.acquire(engine) if engine is not None else None
     try:
         return type(model).forward(model, *args, **kwargs)
     except Exception as error:
@@ -70,5 +69,5 @@ def _model_call(model: nn.Module, names: frozenset[str], engine: str | None, *ar
             raise
         raise instead from error
     finally:
-        if engine is not None:
-            engine_lease.release()
+        if token is not None:
+            engine_lease.release(token)

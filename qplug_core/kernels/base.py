@@ -53,12 +53,12 @@ def engine_context(engine: str | None) -> Iterator[None]:
     if engine is None:
         yield
         return
-    engine_lease.acquire(engine)
+    token = engine_lease.acquire(engine)
     try:
         with quiet_quantized_dtypes():
             yield
     finally:
-        engine_lease.release()
+        engine_lease.release(token)
 
 
 _INT_RANGE = {torch.quint8: (0, 255), torch.qint8: (-128, 127)}
@@ -151,7 +151,7 @@ class PackedHolder(nn.Module):
         self.param = param
 
 
-#: .models: the pinned models whose forward this thread is in, innermost last
+#: .calls: ``[model, lease token]`` per pinned model whose forward this thread is in, innermost last
 _ENTERED = threading.local()
 
 
@@ -162,17 +162,25 @@ class _EnterEngine:
         self.engine = engine
 
     def __call__(self, module: nn.Module, args: Any) -> None:
-        engine_lease.acquire(self.engine)
-        _ENTERED.__dict__.setdefault("models", []).append(module)
+        entry: list[Any] = [module, None]  # the token, once held: a recursive call's hook pops its own entry
+        calls = _ENTERED.__dict__.setdefault("calls", [])
+        calls.append(entry)
+        try:
+            entry[1] = engine_lease.acquire(self.engine)
+        except BaseException as error:
+            if not isinstance(error, Exception):  # torch runs no forward hook then
+                calls.pop()
+            raise
 
 
 def _leave_engine(module: nn.Module, args: Any, output: Any) -> None:
-    """Forward hook (always called, also on errors): end the lease the pre-hook took, if it took one
-    (a pre-hook before it may have raised)."""
-    entered = getattr(_ENTERED, "models", None)
-    if entered and entered[-1] is module:
-        entered.pop()
-        engine_lease.release()
+    """Forward hook (always called, also on errors): end the lease this call's pre-hook took, if it
+    took one (a pre-hook before it may have raised)."""
+    calls = getattr(_ENTERED, "calls", None)
+    if calls and calls[-1][0] is module:
+        token = calls.pop()[1]
+        if token is not None:
+            engine_lease.release(token)
 
 
 def pin_engine(model: nn.Module, engine: str | None) -> nn.Module:
@@ -186,7 +194,7 @@ def pin_engine(model: nn.Module, engine: str | None) -> nn.Module:
     """
     if engine is None or any(isinstance(h, _EnterEngine) for h in model._forward_pre_hooks.values()):
         return model
-    model.register_forward_pre_hook(_EnterEngine(engine))
+    model.register_forward_pre_hook(_EnterEngine(engine), prepend=True)
     model.register_forward_hook(_leave_engine, always_call=True)
     keep_in_copies(model)
     return model

@@ -227,6 +227,30 @@ def test_pinned_models_nested_in_two_threads_answer_as_one_thread(two_engines):
     assert torch.backends.quantized.engine == engine
 
 
+class Recursive(nn.Module):
+    """Calls itself once; the inner call fails in a pre-hook before its forward runs."""
+
+    def forward(self, depth: int) -> str:
+        if depth:
+            with pytest.raises(ValueError, match="refused"):
+                self(depth - 1)
+        return torch.backends.quantized.engine
+
+
+def refuse_depth_0(module: nn.Module, args: tuple[int]) -> None:
+    if args[0] == 0:
+        raise ValueError("refused")
+
+
+def test_a_recursive_call_failing_before_its_forward_leaves_the_outer_call_its_engine():
+    """The inner call's always-called forward hook ended the outer call's lease (the user's engine
+    came back under the outer forward)."""
+    model, engine = Recursive(), torch.backends.quantized.engine
+    model.register_forward_pre_hook(refuse_depth_0)
+    assert pin_engine(model, "fbgemm")(1) == "fbgemm"
+    assert torch.backends.quantized.engine == engine
+
+
 def test_a_forward_that_raises_gives_its_engine_back(two_engines):
     fbgemm, engine = two_engines["fbgemm"][0], torch.backends.quantized.engine
     with pytest.raises(InputMismatchError, match="3 channels"):  # raised inside forward, by the conv

@@ -42,17 +42,19 @@ class _Lease:
         self.waiting: list[list[str]] = []  # one ticket per waiting thread, in arrival order
         self.local = threading.local()  # .calls: this thread's tokens ([engine]), innermost last
 
-    def settle(self, engine: str | None) -> None:
-        """Make this thread hold the lease on ``engine`` (None: no lease), under ``lock``."""
-        me = _ident()
+    def settle(self, me: int, engine: str | None) -> None:
+        """Make thread ``me`` hold the lease on ``engine`` (None: no lease), under ``lock``."""
         if me in self.holding:
             if self.engine == engine:
                 return
-            self.holding.discard(me)
-            if not self.holding:
-                self.put_back()
+            self.leave(me)
         if engine is not None:
             self.enter(me, engine)
+
+    def leave(self, me: int) -> None:
+        self.holding.discard(me)
+        if not self.holding:
+            self.put_back()
 
     def enter(self, me: int, engine: str) -> None:
         """Join the holders of ``engine``, waiting while others hold another one."""
@@ -61,7 +63,8 @@ class _Lease:
                 if self.holding or self.waiting:
                     self.wait_for(engine)
                 if not self.holding:
-                    self.put_back()  # a holder interrupted while leaving may not have
+                    if self.engine is not None:
+                        self.put_back()  # a holder interrupted while leaving did not
                     self.found = torch.backends.quantized.engine
                     self.engine = engine
                     if self.found != engine:
@@ -92,7 +95,7 @@ class _Lease:
     def put_back(self) -> None:
         """With no holders left, restore the engine the first one found (once)."""
         if self.engine is not None:
-            if torch.backends.quantized.engine != self.found:
+            if self.engine != self.found:
                 torch.backends.quantized.engine = self.found
             self.engine = None
             if self.waiting:
@@ -108,10 +111,13 @@ def acquire(engine: str) -> list[str]:
     calls = _LEASE.local.__dict__.setdefault("calls", [])
     token = [engine]
     calls.append(token)
-    if _LEASE.engine != engine or _ident() not in _LEASE.holding:
+    me = _ident()
+    if _LEASE.engine != engine or me not in _LEASE.holding:
         try:
             with _LEASE.lock:
-                _LEASE.settle(engine)
+                if me in _LEASE.holding:  # of another engine (an outer call's)
+                    _LEASE.leave(me)
+                _LEASE.enter(me, engine)
         except BaseException:
             release(token)  # back to the lease of the call around it
             raise
@@ -127,6 +133,11 @@ def release(token: list[str]) -> None:
     else:
         del calls[next((i for i, call in enumerate(calls) if call is token), len(calls)):]
     wanted = calls[-1][0] if calls else None
-    if (_LEASE.engine if _ident() in _LEASE.holding else None) != wanted:
+    me = _ident()
+    if wanted is None:
+        if me in _LEASE.holding:
+            with _LEASE.lock:
+                _LEASE.leave(me)
+    elif _LEASE.engine != wanted or me not in _LEASE.holding:
         with _LEASE.lock:
-            _LEASE.settle(wanted)
+            _LEASE.settle(me, wanted)

@@ -129,6 +129,17 @@ def holding_qnnpack(go: threading.Event, seen: list[str]) -> threading.Thread:
     return thread
 
 
+def interrupted_taking_fbgemm_back(go: threading.Event, seen: list[str]) -> tuple[list[str], threading.Thread]:
+    """An fbgemm call runs a qnnpack one inside while another thread serves qnnpack; Ctrl-C comes
+    as the inner call waits to take fbgemm back. Returns the outer call's token and that thread."""
+    outer = engine_lease.acquire("fbgemm")
+    inner = engine_lease.acquire("qnnpack")
+    other = holding_qnnpack(go, seen)
+    with interrupted_once_waiting():
+        engine_lease.release(inner)
+    return outer, other
+
+
 def test_ctrl_c_while_a_nested_call_takes_the_outer_lease_back_leaves_other_threads_theirs():
     """An fbgemm model's forward runs a qnnpack model, another thread serves a qnnpack model, and
     Ctrl-C comes while the inner call waits to take fbgemm back: the outer call's release must not
@@ -136,11 +147,7 @@ def test_ctrl_c_while_a_nested_call_takes_the_outer_lease_back_leaves_other_thre
     the count went to -1 and every later call blocked)."""
     user = torch.backends.quantized.engine
     go, seen = threading.Event(), []
-    outer = engine_lease.acquire("fbgemm")
-    inner = engine_lease.acquire("qnnpack")
-    other = holding_qnnpack(go, seen)
-    with interrupted_once_waiting():
-        engine_lease.release(inner)
+    outer, other = interrupted_taking_fbgemm_back(go, seen)
     engine_lease.release(outer)  # the outer forward's finally
     go.set()
     other.join(10)
@@ -157,11 +164,7 @@ def test_after_ctrl_c_with_no_outer_release_the_next_call_holds_its_engine():
     comes: the thread's next fbgemm call must still wait for the qnnpack holder and run under
     fbgemm (it ran with no lease, under qnnpack)."""
     go, seen = threading.Event(), []
-    outer = engine_lease.acquire("fbgemm")
-    inner = engine_lease.acquire("qnnpack")
-    other = holding_qnnpack(go, seen)
-    with interrupted_once_waiting():
-        engine_lease.release(inner)
+    outer, other = interrupted_taking_fbgemm_back(go, seen)
     threading.Thread(target=lambda: (waiting_threads(1), go.set())).start()
     token = engine_lease.acquire("fbgemm")
     assert torch.backends.quantized.engine == "fbgemm" and seen == ["qnnpack"]

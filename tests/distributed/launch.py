@@ -109,3 +109,20 @@ def write_errors(path: Path, attempts: list[Callable[[], object]]) -> None:
         else:
             messages.append("no error")
     path.write_text("\n".join(messages))
+
+
+def saved_model(path: Path) -> tuple[bytes, dict, dict]:
+    """What must match byte for byte between ranks and one process: a saved file's tensor bytes, its
+    tensor table, and its document without the final check's scores, which each process takes on
+    the first calibration batch it saw (a rank's shard of the global batch) and records in the file."""
+    import json
+    import struct
+
+    data = path.read_bytes()
+    size = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + size])
+    document = json.loads(header.pop("__metadata__")["qplug"])
+    assert "final_check" in document["model"], f"{path.name} holds no final check"
+    document["model"].pop("final_check")
+    document["features"].pop("final_check")
+    return data[8 + size:], header, document

@@ -27,8 +27,8 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
     return out, results
 
 
-def read(out: Path, case: str, who: str) -> bytes:
-    return (out / f"{case}.{who}.safetensors").read_bytes()
+def read(out: Path, case: str, who: str) -> tuple[bytes, dict, dict]:
+    return launch.saved_model(out / f"{case}.{who}.safetensors")
 
 
 @pytest.mark.parametrize("case", CASES)

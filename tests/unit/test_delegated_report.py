@@ -37,7 +37,7 @@ def test_a_float_layer_inside_a_compiled_partition_is_listed(plugin_autoload, ba
     assert len(report.partitions) == 1 and report.partitions[0]["int8_regions"] == 2
     assert [(s.node, s.reason, s.partition) for s in report.skipped] == [
         ("middle", "qconfig is None for this op (not requested)", "delegate_0")]
-    assert int8_share_line(report) == "int8: 67% of weights, MACs unknown for 1 op(s) without shapes (1 compute op(s) left in float)"  # 3 equal linears
+    assert int8_share_line(report) == "int8: 67% of weights, MACs unknown for 3 op(s) without shapes (1 compute op(s) left in float)"  # 3 equal linears, traced without shapes
     assert "left in float: 1 compute op(s) (1 inside compiled partitions), by reason" in str(report)
 
 
